@@ -1,0 +1,1 @@
+"""respawn: a serverless reconciliation controller for Spot training jobs on Compute Engine."""

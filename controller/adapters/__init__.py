@@ -1,0 +1,1 @@
+"""Adapters behind the ports: in-memory fakes here, Google clients beside them."""

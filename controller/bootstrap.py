@@ -1,0 +1,68 @@
+"""Wiring in one place: settings -> adapters -> engine, built lazily on first use.
+
+Nothing is built at import time, so importing ``main`` costs nothing and tests can
+install their own engine (over the fakes) with ``override``.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from controller import errors, logs
+from controller.clock import SystemClock
+from controller.config import Settings
+from controller.engine import Engine
+from controller.executor import Executor
+from controller.launch import LaunchContext
+from controller.observe import Observer
+
+_lock = threading.Lock()
+_engine: Engine | None = None
+_settings: Settings | None = None
+
+
+def settings() -> Settings:
+    global _settings
+    with _lock:
+        if _settings is None:
+            _settings = Settings()
+        return _settings
+
+
+def engine() -> Engine:
+    """The process's engine, built on first use from the environment."""
+    global _engine
+    with _lock:
+        if _engine is None:
+            _engine = build(settings())
+        return _engine
+
+
+def override(engine: Engine | None, config: Settings | None = None) -> None:
+    """Install (or, with None, forget) the engine and settings; for tests and the local cloud."""
+    global _engine, _settings
+    with _lock:
+        _engine, _settings = engine, config
+
+
+def build(config: Settings) -> Engine:
+    if not config.bucket or not config.project:
+        raise errors.ConfigError("set RESPAWN_BUCKET and RESPAWN_PROJECT (or GOOGLE_CLOUD_PROJECT)")
+    logs.setup(cloud=config.cloud_logging)
+    from controller.adapters.google import compute_gateway, gcs_store  # heavy imports, only when needed
+
+    store = gcs_store(config)
+    compute = compute_gateway(config)
+    ctx = launch_context(config)
+    observer = Observer(store, compute, config.bucket, config.policy())
+    return Engine(observer, Executor(store, compute, config.bucket), ctx, SystemClock())
+
+
+def launch_context(config: Settings) -> LaunchContext:
+    """The VM scripts ship with the controller's own source, never from the bucket."""
+    try:
+        startup = (config.vm_scripts / "startup.sh").read_text()
+        shutdown = (config.vm_scripts / "shutdown.sh").read_text()
+    except OSError as e:
+        raise errors.ConfigError(f"VM scripts not found under {config.vm_scripts}: {e}") from e
+    return LaunchContext(config.bucket, config.project, startup, shutdown)

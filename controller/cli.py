@@ -1,0 +1,71 @@
+"""The ``respawn`` command line. Every option can also be set by environment variable."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from controller import bootstrap, errors
+from controller.config import Settings
+from controller.spec import SpecError, parse_spec
+
+app = typer.Typer(help="Keep Spot training jobs on Compute Engine alive.", no_args_is_help=True)
+out = Console()
+err = Console(stderr=True)
+
+
+@app.command()
+def validate(
+    spec: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="spec.yaml or .json")],
+    job: Annotated[str | None, typer.Option(envvar="RESPAWN_JOB", help="job name (default: spec's name or file stem)")] = None,
+) -> None:
+    """Check a spec against the schema and this controller's policy. Exit 2 if invalid."""
+    raw = spec.read_bytes()
+    name = job or _declared_name(raw) or spec.stem
+    try:
+        parsed = parse_spec(raw, name)
+        problems = Settings().policy().violations(parsed)
+    except SpecError as e:
+        problems = e.problems
+    if problems:
+        for line in problems:
+            err.print(f"[red]✗[/red] {line}", highlight=False)
+        raise typer.Exit(2)
+    out.print(f"[green]✓[/green] {name}: valid ({len(parsed.zones)} zones, {parsed.nodes} node(s), {parsed.provisioning})")
+
+
+@app.command()
+def reconcile(
+    job: Annotated[str | None, typer.Argument(help="one job (default: every job)")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the planned actions, change nothing")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Run one reconcile pass from the terminal."""
+    try:
+        summary = bootstrap.engine().reconcile(job, dry_run=dry_run)
+    except errors.ConfigError as e:
+        err.print(f"[red]configuration:[/red] {e}")
+        raise typer.Exit(2) from e
+    if as_json:
+        out.print_json(json.dumps(summary.as_dict()))
+        return
+    table = Table("job", "planned" if dry_run else "done", "error")
+    for name, done in summary.jobs.items():
+        table.add_row(name, "\n".join(done) or "—", summary.errors.get(name, ""))
+    out.print(table)
+
+
+def _declared_name(raw: bytes) -> str | None:
+    import yaml
+
+    try:
+        data = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return None
+    name = data.get("name") if isinstance(data, dict) else None
+    return name if isinstance(name, str) else None

@@ -1,0 +1,63 @@
+"""The controller's configuration: the only module that reads the environment.
+
+Every setting is a ``RESPAWN_*`` variable (lists are comma-separated), so the same
+code runs as a deployed function, under the local cloud, and from the CLI.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import field_validator
+
+from controller.policy import ControllerPolicy
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CsvList = Annotated[tuple[str, ...], NoDecode]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RESPAWN_", frozen=True)
+
+    bucket: str = ""
+    project: str = Field(default="", validation_alias=AliasChoices("RESPAWN_PROJECT", "GOOGLE_CLOUD_PROJECT"))
+    backend: Literal["google", "memory"] = "google"
+    compute_endpoint: str | None = None  # e.g. http://127.0.0.1:8123 for the local cloud
+    vm_scripts: Path = REPO_ROOT / "deploy" / "vm"
+    log_format: Literal["auto", "cloud", "text"] = "auto"
+    function_target: str | None = Field(default=None, validation_alias="FUNCTION_TARGET")
+
+    allowed_projects: CsvList = ()
+    allowed_zones: CsvList = ()
+    allowed_machine_types: CsvList = ()
+    allowed_service_accounts: CsvList = ()
+    max_nodes: int = 8
+    max_accelerators: int = 16
+
+    @field_validator(
+        "allowed_projects", "allowed_zones", "allowed_machine_types", "allowed_service_accounts", mode="before"
+    )
+    @classmethod
+    def _csv(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    def policy(self) -> ControllerPolicy:
+        return ControllerPolicy(
+            default_project=self.project,
+            allowed_projects=self.allowed_projects,
+            allowed_zones=self.allowed_zones,
+            allowed_machine_types=self.allowed_machine_types,
+            allowed_service_accounts=self.allowed_service_accounts,
+            max_nodes=self.max_nodes,
+            max_accelerators=self.max_accelerators,
+        )
+
+    @property
+    def cloud_logging(self) -> bool:
+        """Structured JSON for Cloud Logging when running as a deployed function."""
+        return self.log_format == "cloud" or (self.log_format == "auto" and self.function_target is not None)

@@ -1,0 +1,54 @@
+"""The project's own small error hierarchy.
+
+Adapters translate library errors into these (``raise ... from e``) so that the core
+never imports ``google.api_core``. The executor decides what each one means: a
+transient error is retried by the platform, a terminal one is recorded and absorbed.
+"""
+
+from __future__ import annotations
+
+
+class RespawnError(Exception):
+    """Base of every error the controller raises on purpose."""
+
+
+class TransientError(RespawnError):
+    """Worth retrying later: 5xx, timeouts, rate limits."""
+
+
+class NotFound(RespawnError):
+    """The object or instance does not exist (HTTP 404)."""
+
+
+class AlreadyExists(RespawnError):
+    """An insert named something that already exists (HTTP 409)."""
+
+
+class PreconditionFailed(RespawnError):
+    """A generation precondition did not hold: another writer got there first (HTTP 412)."""
+
+
+class CapacityError(RespawnError):
+    """The zone has no capacity for this shape right now (stockout)."""
+
+    def __init__(self, zone: str, reason: str) -> None:
+        super().__init__(f"{reason} in {zone}")
+        self.zone = zone
+        self.reason = reason
+
+
+class QuotaError(RespawnError):
+    """A quota (CPUs, GPUs, IPs...) would be exceeded."""
+
+    def __init__(self, zone: str, reason: str) -> None:
+        super().__init__(f"{reason} in {zone}")
+        self.zone = zone
+        self.reason = reason
+
+
+class RequestError(RespawnError):
+    """The request itself is wrong (bad image, permission denied...): retrying will not help."""
+
+
+class ConfigError(RespawnError):
+    """The controller's own configuration is missing or wrong."""

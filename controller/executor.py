@@ -1,0 +1,153 @@
+"""Act: apply one job's chain of actions, idempotently, stopping at the first failure.
+
+- status.json is written only by compare-and-swap on the generation this pass read
+  (or last wrote); losing that race means another pass owns the job right now.
+- "already exists" on insert and "not found" on delete are success.
+- an insert error becomes a status update (``transitions.after_create_error``), so
+  every stockout, quota error and rejection is visible in the job's history.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from controller import errors, names, transitions
+from controller.actions import Action, CreateInstances, DeleteInstance, DeleteRecord, WriteStatus
+from controller.ports import BlobStore, ComputeGateway
+from controller.state import JobStatus
+from controller.world import JobView
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Outcome:
+    """What became of one job's chain in one round."""
+
+    job: str
+    done: list[str] = field(default_factory=list)
+    error: str | None = None
+    transient: bool = False
+    conflict: bool = False  # another pass committed first; it owns this step
+    replan: bool = False
+
+
+class Executor:
+    def __init__(self, store: BlobStore, compute: ComputeGateway, bucket: str) -> None:
+        self.store = store
+        self.compute = compute
+        self.bucket = bucket
+
+    def apply(self, view: JobView, actions: list[Action], now: datetime) -> Outcome:
+        chain = _Chain(view.job, view.status, view.status_generation)
+        for action in actions:
+            try:
+                self._apply(chain, action, now)
+            except errors.PreconditionFailed:
+                chain.outcome.conflict = True
+                _log(action, "skipped: another pass changed the job first")
+                break
+            except errors.RespawnError as e:
+                self._failed(chain, action, e, now)
+                break
+            chain.outcome.done.append(_describe(action))
+            _log(action, "done")
+        return chain.outcome
+
+    def _apply(self, chain: _Chain, action: Action, now: datetime) -> None:
+        match action:
+            case WriteStatus(status=status, replan=replan):
+                chain.write(self.store, self.bucket, status)
+                chain.outcome.replan |= replan
+            case CreateInstances():
+                try:
+                    self.compute.insert(action.requests, action.request_id)
+                except errors.AlreadyExists:
+                    pass  # an earlier try of this very attempt got there
+            case DeleteInstance():
+                if action.only_if_spec_absent and self._spec_exists(action.job):
+                    raise _Spared()
+                try:
+                    self.compute.delete(action.project, action.zone, action.name)
+                except errors.NotFound:
+                    pass
+            case DeleteRecord():
+                try:
+                    self.store.delete(self.bucket, action.key, if_generation_match=action.generation)
+                except errors.NotFound:
+                    pass
+
+    def _failed(self, chain: _Chain, action: Action, error: errors.RespawnError, now: datetime) -> None:
+        """Record what went wrong where a person will look: the job's history."""
+        if isinstance(error, _Spared):
+            _log(action, "skipped: a spec appeared for this job since the listing")
+            return
+        out = chain.outcome
+        out.error = f"{_describe(action)}: {type(error).__name__}: {error}"
+        out.transient = isinstance(error, errors.TransientError)
+        _log(action, f"failed: {error}", level=logging.WARNING)
+        if isinstance(action, WriteStatus) or chain.status is None:
+            return
+        if isinstance(action, CreateInstances):
+            after = transitions.after_create_error(chain.status, action.spec, error, now)
+            out.replan = isinstance(error, errors.CapacityError) and after.zone is not None
+        else:
+            after = chain.status.but(transitions.event(now, chain.status, "error", out.error))
+        try:
+            chain.write(self.store, self.bucket, after)
+        except errors.RespawnError as e:  # the next pass will see the same trouble again
+            log.warning("could not record error", extra={"json_fields": {"job": chain.job, "error": str(e)}})
+
+    def _spec_exists(self, job: str) -> bool:
+        try:
+            self.store.read(self.bucket, names.spec_key(job))
+            return True
+        except errors.NotFound:
+            return False
+
+
+class _Spared(errors.RespawnError):
+    """An orphan delete called off because the job turned out to have a spec."""
+
+
+@dataclass
+class _Chain:
+    job: str
+    status: JobStatus | None
+    generation: int
+    outcome: Outcome = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.outcome = Outcome(self.job)
+
+    def write(self, store: BlobStore, bucket: str, status: JobStatus) -> None:
+        info = store.write(bucket, names.status_key(self.job), status.to_json(), if_generation_match=self.generation)
+        self.status, self.generation = status, info.generation
+
+
+def _describe(action: Action) -> str:
+    match action:
+        case WriteStatus(status=s):
+            return f"status {s.phase} attempt {s.attempt} ({action.reason})"
+        case CreateInstances(requests=r):
+            return f"create {', '.join(x.name for x in r)} in {r[0].zone}"
+        case DeleteInstance():
+            return f"delete {action.name} ({action.reason})"
+        case DeleteRecord():
+            return f"delete {action.key} ({action.reason})"
+    raise TypeError(action)
+
+
+def _log(action: Action, result: str, level: int = logging.INFO) -> None:
+    fields: dict[str, object] = {"job": action.job, "action": type(action).__name__, "result": result}
+    match action:
+        case WriteStatus(status=s):
+            fields.update(attempt=s.attempt, phase=str(s.phase), instance=",".join(s.instances) or None)
+        case CreateInstances():
+            fields.update(attempt=action.attempt, instance=",".join(r.name for r in action.requests),
+                          zone=action.requests[0].zone)
+        case DeleteInstance():
+            fields.update(instance=action.name, zone=action.zone)
+    log.log(level, "%s: %s", _describe(action), result, extra={"json_fields": fields})

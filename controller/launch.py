@@ -1,0 +1,87 @@
+"""Build the insert requests for one attempt: names, labels, metadata, machine shape."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from controller import names
+from controller.ports import InstanceRequest
+from controller.spec import JobSpec
+from controller.state import JobStatus
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    """What every launch needs besides the spec: where the controller lives, the VM scripts."""
+
+    bucket: str
+    default_project: str
+    startup_script: str
+    shutdown_script: str
+
+
+def boot_image(spec: JobSpec) -> str:
+    disk = spec.boot_disk
+    if disk.image:
+        return disk.image
+    return f"projects/{disk.image_project}/global/images/family/{disk.image_family}"
+
+
+def requests_for(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext) -> tuple[InstanceRequest, ...]:
+    """One request per node of the status's current attempt, all in its zone."""
+    assert status.zone is not None and status.project is not None
+    node_names = names.node_names(job, status.attempt, spec.nodes)
+    return tuple(
+        _request(job, spec, status, ctx, name, rank, node_names[0]) for rank, name in enumerate(node_names)
+    )
+
+
+def _request(
+    job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, name: str, rank: int, master: str
+) -> InstanceRequest:
+    labels = {
+        **spec.labels,
+        names.MANAGED_LABEL: "true",
+        names.JOB_LABEL: job,
+        names.ATTEMPT_LABEL: str(status.attempt),
+        names.NODE_LABEL: str(rank),
+    }
+    metadata = {
+        "respawn-job": job,
+        "respawn-bucket": ctx.bucket,
+        "respawn-attempt": str(status.attempt),
+        "respawn-resume-from": status.resume_from.uri if status.resume_from else "",
+        "respawn-checkpoint-uri": spec.checkpoint.uri if spec.checkpoint else "",
+        "respawn-command": spec.command_line,
+        "respawn-code": spec.code or "",
+        "respawn-env": json.dumps(spec.env, sort_keys=True),
+        "respawn-nodes": str(spec.nodes),
+        "respawn-node-rank": str(rank),
+        "respawn-master-addr": master,
+        "respawn-heartbeat-interval": str(int(spec.heartbeat_interval.total_seconds())),
+        "startup-script": ctx.startup_script,
+        "shutdown-script": ctx.shutdown_script,
+    }
+    accel = spec.accelerators
+    return InstanceRequest(
+        project=status.project or ctx.default_project,
+        zone=status.zone or spec.zones[0],
+        name=name,
+        machine_type=spec.machine_type,
+        spot=spec.provisioning == "spot",
+        termination_action=spec.policy.termination_action,
+        boot_image=boot_image(spec),
+        boot_disk_gb=spec.boot_disk.size_gb,
+        boot_disk_type=spec.boot_disk.type,
+        service_account=spec.service_account.email,
+        scopes=spec.service_account.scopes,
+        network=spec.network.network,
+        subnetwork=spec.network.subnetwork,
+        external_ip=spec.network.external_ip,
+        labels=labels,
+        metadata=metadata,
+        tags=spec.network.tags,
+        accelerator_type=accel.type if accel else None,
+        accelerator_count=accel.count if accel else 0,
+    )

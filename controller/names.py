@@ -1,0 +1,118 @@
+"""Every name the controller derives: bucket keys, instance names, request ids.
+
+One pure module so that two passes, or a pass and a crash-recovered pass, always
+compute the same identity for the same thing.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+from typing import NewType
+
+JobName = NewType("JobName", str)
+
+JOBS_PREFIX = "jobs/"
+MARKERS_PREFIX = "preempted-jobs/"
+SPEC = "spec.yaml"
+CANCEL = "cancel"
+STATUS = "status.json"
+EXIT = "exit"
+HEARTBEAT = "heartbeat"
+
+MANAGED_LABEL = "respawn-managed"
+JOB_LABEL = "respawn-job"
+ATTEMPT_LABEL = "respawn-attempt"
+NODE_LABEL = "respawn-node"
+
+# Compute Engine names are RFC 1035 labels of at most 63 characters. A job name leaves
+# room for "-<attempt up to 6 digits>-<rank up to 4 digits>".
+MAX_JOB_NAME = 50
+_JOB_RE = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+# Namespace for insert request ids; any fixed UUID works, it must simply never change.
+_REQUEST_NS = uuid.UUID("5f0c7a7e-9a39-4a4b-8d3b-2f1e6b0d9c11")
+
+
+def job_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a job name, or None when it can."""
+    if not _JOB_RE.fullmatch(name):
+        return (
+            f"{name!r} is not a valid job name: use lowercase letters, digits and '-', "
+            "starting with a letter and not ending with '-'"
+        )
+    if len(name) > MAX_JOB_NAME:
+        return f"{name!r} is {len(name)} characters long; job names are at most {MAX_JOB_NAME}"
+    return None
+
+
+def spec_key(job: str) -> str:
+    return f"{JOBS_PREFIX}{job}/{SPEC}"
+
+
+def cancel_key(job: str) -> str:
+    return f"{JOBS_PREFIX}{job}/{CANCEL}"
+
+
+def status_key(job: str) -> str:
+    return f"{JOBS_PREFIX}{job}/{STATUS}"
+
+
+def exit_key(job: str) -> str:
+    return f"{JOBS_PREFIX}{job}/{EXIT}"
+
+
+def heartbeat_key(job: str) -> str:
+    return f"{JOBS_PREFIX}{job}/{HEARTBEAT}"
+
+
+def marker_key(job: str) -> str:
+    return f"{MARKERS_PREFIX}{job}"
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    """What a bucket object means under the contract: whose it is and which kind."""
+
+    job: str
+    kind: str  # spec | cancel | status | exit | heartbeat | marker
+
+
+_KINDS = {SPEC: "spec", CANCEL: "cancel", STATUS: "status", EXIT: "exit", HEARTBEAT: "heartbeat"}
+
+
+def parse_object_name(name: str) -> ObjectRef | None:
+    """Map a bucket object name to the job it belongs to; None when outside the contract.
+
+    The job part is returned even when it is not a valid job name, so that a hostile
+    name gets a status that says why it was rejected instead of vanishing.
+    """
+    if name.startswith(MARKERS_PREFIX):
+        job = name[len(MARKERS_PREFIX) :]
+        return ObjectRef(job, "marker") if job and "/" not in job else None
+    if name.startswith(JOBS_PREFIX):
+        job, sep, leaf = name[len(JOBS_PREFIX) :].partition("/")
+        if job and sep and leaf in _KINDS:
+            return ObjectRef(job, _KINDS[leaf])
+    return None
+
+
+def instance_name(job: str, attempt: int, node: int | None = None) -> str:
+    """``<job>-<attempt>`` for a single VM, ``<job>-<attempt>-<rank>`` for a gang node."""
+    return f"{job}-{attempt}" if node is None else f"{job}-{attempt}-{node}"
+
+
+def node_names(job: str, attempt: int, nodes: int) -> list[str]:
+    if nodes == 1:
+        return [instance_name(job, attempt)]
+    return [instance_name(job, attempt, rank) for rank in range(nodes)]
+
+
+def request_id(job: str, attempt: int, placement: int) -> str:
+    """Deterministic insert ``request_id`` (Compute requires a UUID).
+
+    Every retry of one insert reuses the id, so Compute deduplicates it. ``placement``
+    counts capacity failures within the attempt: Compute answers a reused id with the
+    *original* operation, so trying the next zone after a stockout needs a new id.
+    """
+    return str(uuid.uuid5(_REQUEST_NS, f"{job}/{attempt}/{placement}"))

@@ -1,0 +1,144 @@
+"""Observe: one listing of the bucket, one label-filtered instance list, then reads.
+
+Order matters. The bucket is listed *before* the instances, so an instance seen is
+never older than the status it is judged against: "status says inserted, instance
+missing" really means missing. The price is that a job created in between looks
+spec-less; orphan deletes therefore re-check the spec just before acting (executor).
+For a VM seen stopped or gone, its job's marker and exit record are re-read *after*
+the instance list, because a VM writes them before it powers off: a fresh read cannot
+miss them, where the earlier listing could.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import replace
+
+from controller import checkpoints, errors, names
+from controller.policy import ControllerPolicy
+from controller.ports import BlobInfo, BlobStore, ComputeGateway, Instance
+from controller.spec import SpecError, parse_spec
+from controller.state import CheckpointRef, JobStatus
+from controller.world import JobView, Record, World
+
+log = logging.getLogger(__name__)
+
+
+class Observer:
+    def __init__(self, store: BlobStore, compute: ComputeGateway, bucket: str, policy: ControllerPolicy) -> None:
+        self.store = store
+        self.compute = compute
+        self.bucket = bucket
+        self.policy = policy
+        self.failed: dict[str, str] = {}  # job -> why it could not be observed this pass
+
+    def world(self, job: str | None = None) -> World:
+        """Everything the planner needs, for every job or for one."""
+        listing = self._listing(job)
+        found = self.compute.list_managed(self.policy.watched_projects, job)
+        by_job: dict[str, list[Instance]] = defaultdict(list)
+        for instance in found.instances:
+            if instance.job:
+                by_job[instance.job].append(instance)
+        jobs = (set(listing) | set(by_job)) if job is None else {job}
+        views = {}
+        for name in sorted(jobs):
+            try:
+                views[name] = self._view(name, listing.get(name, {}), tuple(by_job.get(name, ())))
+            except errors.RespawnError as e:  # one job's trouble never stops the pass
+                self.failed[name] = f"{type(e).__name__}: {e}"
+                log.warning("could not observe job", extra={"json_fields": {"job": name, "error": str(e)}})
+        return World(views, tuple(found.unreachable))
+
+    def with_checkpoint(self, view: JobView) -> JobView:
+        """The view plus its latest complete checkpoint (listed only when a plan needs it)."""
+        spec = view.spec
+        if spec is None or spec.checkpoint is None:
+            return view
+        bucket, prefix = checkpoints.split_uri(spec.checkpoint.uri)
+        listing = self.store.list(bucket, prefix)
+
+        def read(relative: str) -> bytes | None:
+            try:
+                return self.store.read(bucket, prefix + relative).data
+            except errors.NotFound:
+                return None
+
+        found = checkpoints.latest(spec.checkpoint.uri, listing, read, spec.checkpoint.format)
+        ref = CheckpointRef(uri=found.uri, step=found.step, version=found.version) if found else None
+        return replace(view, checkpoint=ref, checkpoint_loaded=True)
+
+    def _listing(self, job: str | None) -> dict[str, dict[str, BlobInfo]]:
+        jobs_prefix = names.JOBS_PREFIX + (f"{job}/" if job else "")
+        markers_prefix = names.marker_key(job) if job else names.MARKERS_PREFIX
+        out: dict[str, dict[str, BlobInfo]] = defaultdict(dict)
+        for info in [*self.store.list(self.bucket, jobs_prefix), *self.store.list(self.bucket, markers_prefix)]:
+            ref = names.parse_object_name(info.name)
+            if ref and (job is None or ref.job == job):
+                out[ref.job][ref.kind] = info
+        return out
+
+    def _view(self, job: str, objects: dict[str, BlobInfo], instances: tuple[Instance, ...]) -> JobView:
+        status, generation = self._status(objects.get("status"))
+        view = JobView(
+            job=job,
+            cancelled="cancel" in objects,
+            status=status,
+            status_generation=generation,
+            marker=self._record(objects.get("marker")),
+            exit=self._record(objects.get("exit")),
+            heartbeat=self._record(objects.get("heartbeat")),
+            instances=instances,
+        )
+        if "spec" in objects:
+            view = self._with_spec(view, objects["spec"])
+        return self._with_evidence(view) if status and not status.phase.terminal else view
+
+    def _with_spec(self, view: JobView, info: BlobInfo) -> JobView:
+        raw = self.store.read(self.bucket, info.name).data
+        try:
+            spec = parse_spec(raw, view.job)
+        except SpecError as e:
+            return replace(view, problems=tuple(e.problems), spec_generation=info.generation)
+        problems = tuple(self.policy.violations(spec))
+        return replace(view, spec=None if problems else spec, problems=problems, spec_generation=info.generation)
+
+    def _status(self, info: BlobInfo | None) -> tuple[JobStatus | None, int]:
+        if info is None:
+            return None, 0
+        blob = self.store.read(self.bucket, info.name)
+        try:
+            return JobStatus.from_json(blob.data), blob.info.generation
+        except ValueError:
+            # Unreadable (hand-edited?): start over, overwriting it by compare-and-swap.
+            log.warning("unreadable status.json; starting a new run", extra={"json_fields": {"object": info.name}})
+            return None, blob.info.generation
+
+    def _record(self, info: BlobInfo | None) -> Record | None:
+        return self._read_record(info.name) if info else None
+
+    def _read_record(self, name: str) -> Record | None:
+        try:
+            blob = self.store.read(self.bucket, name)
+        except errors.NotFound:
+            return None  # consumed between the listing and the read, or never written
+        return Record.parse(blob.info, blob.data)
+
+    def _with_evidence(self, view: JobView) -> JobView:
+        """For each node of the current attempt that is stopped or gone: fresh records and Compute's why."""
+        st = view.status
+        assert st is not None
+        if not st.inserted or not st.zone or not st.project:
+            return view
+        seen = {i.name: i for i in view.instances if i.attempt == st.attempt}
+        lost = [n for n in st.instances if n not in seen or not seen[n].status.alive]
+        if not lost:
+            return view
+        reasons = {n: self.compute.stop_reason(st.project, st.zone, n) for n in lost}
+        return replace(
+            view,
+            marker=self._read_record(names.marker_key(view.job)),
+            exit=self._read_record(names.exit_key(view.job)),
+            stop_reasons=reasons,
+        )

@@ -1,0 +1,157 @@
+"""The two ports the core talks through, and the plain values that cross them.
+
+Each has one real adapter (Google clients) and one in-memory fake with the same
+semantics (``controller.adapters.memory``); a contract test runs against both.
+Errors crossing a port are ``controller.errors`` types, never library exceptions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Protocol
+
+from controller import names
+
+
+@dataclass(frozen=True)
+class BlobInfo:
+    """An object as a listing shows it: enough to decide whether to read it."""
+
+    bucket: str
+    name: str
+    generation: int
+    updated: datetime
+    size: int = 0
+
+
+@dataclass(frozen=True)
+class Blob:
+    info: BlobInfo
+    data: bytes
+
+
+class BlobStore(Protocol):
+    """Google Cloud Storage, reduced to what the controller needs.
+
+    ``if_generation_match=0`` means "only if the object does not exist"; a failed
+    precondition raises ``PreconditionFailed``; a missing object raises ``NotFound``.
+    """
+
+    def read(self, bucket: str, name: str) -> Blob: ...
+
+    def list(self, bucket: str, prefix: str) -> list[BlobInfo]: ...
+
+    def write(
+        self, bucket: str, name: str, data: bytes, *, if_generation_match: int | None = None
+    ) -> BlobInfo: ...
+
+    def delete(self, bucket: str, name: str, *, if_generation_match: int | None = None) -> None: ...
+
+
+class InstanceStatus(StrEnum):
+    PROVISIONING = "PROVISIONING"
+    STAGING = "STAGING"
+    RUNNING = "RUNNING"
+    STOPPING = "STOPPING"
+    STOPPED = "STOPPED"
+    SUSPENDING = "SUSPENDING"
+    SUSPENDED = "SUSPENDED"
+    REPAIRING = "REPAIRING"
+    TERMINATED = "TERMINATED"
+
+    @property
+    def alive(self) -> bool:
+        """Booting or running: a VM that is, or is about to be, doing the job's work."""
+        return self in (InstanceStatus.PROVISIONING, InstanceStatus.STAGING, InstanceStatus.RUNNING)
+
+
+@dataclass(frozen=True)
+class Instance:
+    """A managed instance as observed; job, attempt and node come from its labels."""
+
+    project: str
+    zone: str
+    name: str
+    status: InstanceStatus
+    labels: Mapping[str, str]
+    created_at: datetime
+    id: str = ""
+
+    @property
+    def managed(self) -> bool:
+        return self.labels.get(names.MANAGED_LABEL) == "true"
+
+    @property
+    def job(self) -> str | None:
+        return self.labels.get(names.JOB_LABEL)
+
+    @property
+    def attempt(self) -> int:
+        value = self.labels.get(names.ATTEMPT_LABEL, "")
+        return int(value) if value.isdigit() else 0
+
+
+@dataclass(frozen=True)
+class InstanceRequest:
+    """Everything needed to insert one VM; the adapter maps it onto the Compute API."""
+
+    project: str
+    zone: str
+    name: str
+    machine_type: str
+    spot: bool
+    termination_action: str  # "stop" | "delete"
+    boot_image: str
+    boot_disk_gb: int
+    boot_disk_type: str
+    service_account: str
+    scopes: tuple[str, ...]
+    network: str
+    subnetwork: str | None
+    external_ip: bool
+    labels: Mapping[str, str]
+    metadata: Mapping[str, str]
+    tags: tuple[str, ...] = ()
+    accelerator_type: str | None = None
+    accelerator_count: int = 0
+
+
+class StopReason(StrEnum):
+    PREEMPTED = "preempted"
+    CRASHED = "crashed"
+    STOPPED = "stopped"  # by a user, an admin or host maintenance
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class InstanceList:
+    instances: list[Instance]
+    unreachable: list[str] = field(default_factory=list)  # zones that did not answer
+
+
+class ComputeGateway(Protocol):
+    """Compute Engine, reduced to what the controller needs.
+
+    Every call is synchronous: an adapter waits for the operation it started and
+    raises ``CapacityError``/``QuotaError`` whether the error came back at once or on
+    the finished operation.
+    """
+
+    def list_managed(self, projects: Sequence[str], job: str | None = None) -> InstanceList:
+        """Instances carrying the controller's label, for every job or one."""
+        ...
+
+    def insert(self, requests: Sequence[InstanceRequest], request_id: str) -> None:
+        """Create one VM, or a gang in one zone all together. Existing names are success."""
+        ...
+
+    def delete(self, project: str, zone: str, name: str) -> None:
+        """Delete one VM; raises NotFound when it is already gone."""
+        ...
+
+    def stop_reason(self, project: str, zone: str, name: str) -> StopReason:
+        """Why a VM stopped or vanished, from Compute's own records."""
+        ...

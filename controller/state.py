@@ -1,0 +1,96 @@
+"""``jobs/<job>/status.json``: the controller's memory of a job, and its audit trail.
+
+Only ever written by compare-and-swap on the object's generation, so whichever pass
+commits a decision first wins and every other concurrent pass backs off.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+HISTORY_LIMIT = 100
+
+
+class Phase(StrEnum):
+    PENDING = "PENDING"
+    PROVISIONING = "PROVISIONING"
+    RUNNING = "RUNNING"
+    RECOVERING = "RECOVERING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED)
+
+
+class Event(BaseModel):
+    """One line of a job's history: what was decided or done, and why, in words."""
+
+    model_config = ConfigDict(frozen=True)
+
+    at: datetime
+    event: str
+    attempt: int = 0
+    detail: str = ""
+    instance: str | None = None
+    zone: str | None = None
+
+
+class CheckpointRef(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    uri: str
+    step: int | None = None
+    version: int = 0  # generation of the object that proves it complete; moves on every save
+
+
+class JobStatus(BaseModel):
+    """Everything the planner must remember between passes; the rest is observed anew."""
+
+    model_config = ConfigDict(frozen=True)
+
+    phase: Phase = Phase.PENDING
+    message: str = ""
+    errors: tuple[str, ...] = ()
+    spec_generation: int | None = None
+
+    attempt: int = 0
+    project: str | None = None
+    zone: str | None = None
+    instances: tuple[str, ...] = ()
+    inserted: bool = False  # the current attempt's insert was acknowledged by Compute
+    placement: int = 0  # capacity failures within this attempt; part of the request id
+    resume_from: CheckpointRef | None = None
+
+    created_at: datetime | None = None
+    started_at: datetime | None = None  # first attempt launched: the max_runtime clock
+    attempt_started_at: datetime | None = None
+    not_before: datetime | None = None  # backoff or zone cooldowns
+    zone_cooldowns: dict[str, datetime] = Field(default_factory=dict)
+
+    restarts: int = 0
+    preemptions: int = 0
+    failures: int = 0
+    recycles: int = 0
+    consecutive_failures: int = 0  # drives the backoff; reset when an attempt runs cleanly
+    stalled_failures: int = 0  # failures in a row with no checkpoint progress
+    stalled_at: CheckpointRef | None = None
+
+    history: tuple[Event, ...] = ()
+
+    def but(self, *events: Event, **changes: object) -> JobStatus:
+        """A copy with ``changes`` applied and ``events`` appended to the bounded history."""
+        history = (*self.history, *events)[-HISTORY_LIMIT:]
+        return self.model_copy(update={**changes, "history": history})
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json(indent=1).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> JobStatus:
+        return cls.model_validate_json(raw)

@@ -1,0 +1,129 @@
+"""Pure status transitions: each takes a status and returns the next one, with a
+history event saying why. The planner chooses which; the executor uses the
+error transitions when an insert fails. No I/O, no clock: ``now`` is passed in.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from controller import errors
+from controller.spec import JobSpec
+from controller.state import CheckpointRef, Event, JobStatus, Phase
+
+
+def event(now: datetime, status: JobStatus, name: str, detail: str, **where: str | None) -> Event:
+    return Event(at=now, event=name, attempt=status.attempt, detail=detail, **where)
+
+
+def new_run(prev: JobStatus | None, attempt: int, spec_generation: int | None, now: datetime) -> JobStatus:
+    """A fresh run of the job: counters reset, attempt numbers keep growing (names stay unique)."""
+    base = JobStatus(history=prev.history if prev else ())
+    return base.but(
+        Event(at=now, event="accepted", attempt=attempt, detail="spec accepted; waiting for a VM"),
+        phase=Phase.PENDING,
+        attempt=attempt,
+        spec_generation=spec_generation,
+        created_at=now,
+        message="spec accepted",
+    )
+
+
+def finish(status: JobStatus, phase: Phase, detail: str, now: datetime, **changes: object) -> JobStatus:
+    return status.but(
+        event(now, status, phase.lower(), detail), phase=phase, message=detail, not_before=None, **changes
+    )
+
+
+def pick_zone(spec: JobSpec, status: JobStatus, now: datetime) -> str | None:
+    """The first zone in the spec's order that is not cooling down after a capacity error."""
+    cooling = status.zone_cooldowns
+    return next((z for z in spec.zones if z not in cooling or cooling[z] <= now), None)
+
+
+def next_free(spec: JobSpec, status: JobStatus) -> datetime | None:
+    return min((status.zone_cooldowns[z] for z in spec.zones if z in status.zone_cooldowns), default=None)
+
+
+def backoff(spec: JobSpec, failures_in_a_row: int) -> timedelta:
+    """Exponential restart delay: initial, 2x, 4x... capped at the spec's max."""
+    initial, cap = spec.policy.backoff.initial, spec.policy.backoff.max
+    return min(cap, initial * (2 ** max(0, failures_in_a_row - 1)))
+
+
+def begin_attempt(
+    status: JobStatus, spec: JobSpec, project: str, zone: str, names: list[str],
+    checkpoint: CheckpointRef | None, now: datetime, why: str, spec_generation: int | None,
+) -> JobStatus:
+    """Commit attempt N+1 before inserting it: the status write is what makes it unique."""
+    attempt = status.attempt + 1
+    resume = f"resuming from {checkpoint.uri}" if checkpoint else "starting from scratch (no complete checkpoint)"
+    detail = f"{why}; creating {', '.join(names)} in {zone}, {resume}"
+    return status.but(
+        Event(at=now, event="launch", attempt=attempt, detail=detail, instance=names[0], zone=zone),
+        phase=Phase.PROVISIONING,
+        attempt=attempt,
+        project=project,
+        zone=zone,
+        instances=tuple(names),
+        inserted=False,
+        placement=0,
+        resume_from=checkpoint,
+        attempt_started_at=now,
+        started_at=status.started_at or now,
+        not_before=None,
+        spec_generation=spec_generation,
+        zone_cooldowns=_unexpired(status, now),
+        message=detail,
+    )
+
+
+def inserted(status: JobStatus, now: datetime) -> JobStatus:
+    detail = f"Compute accepted {', '.join(status.instances)} in {status.zone}"
+    return status.but(
+        event(now, status, "inserted", detail, instance=status.instances[0], zone=status.zone),
+        inserted=True,
+        message=detail,
+    )
+
+
+def move_zone(status: JobStatus, zone: str, now: datetime) -> JobStatus:
+    detail = f"trying {zone} for attempt {status.attempt}"
+    return status.but(
+        event(now, status, "failover", detail, zone=zone),
+        zone=zone, placement=status.placement + 1, not_before=None, message=detail,
+    )
+
+
+def wait_for_zone(status: JobStatus, spec: JobSpec, now: datetime) -> JobStatus:
+    until = next_free(spec, status) or now
+    detail = f"every zone is cooling down after capacity errors; next try at {until:%H:%M:%S} UTC"
+    return status.but(event(now, status, "waiting", detail), not_before=until, message=detail)
+
+
+def after_create_error(status: JobStatus, spec: JobSpec, error: Exception, now: datetime) -> JobStatus:
+    """The status to record when inserting the current attempt failed."""
+    zone = status.zone
+    if isinstance(error, errors.CapacityError):
+        cooldowns = {**_unexpired(status, now), error.zone: now + spec.policy.zone_cooldown}
+        cooled = status.but(zone_cooldowns=cooldowns, placement=status.placement + 1)
+        nxt = pick_zone(spec, cooled, now)
+        then = f"trying {nxt} next" if nxt else "no zone left; waiting for the first cooldown to end"
+        detail = f"no capacity: {error.reason} in {error.zone}; {then}"
+        changes: dict[str, object] = {"zone": nxt} if nxt else {"not_before": next_free(spec, cooled)}
+        return cooled.but(event(now, status, "stockout", detail, zone=error.zone), message=detail, **changes)
+    if isinstance(error, errors.QuotaError):
+        delay = backoff(spec, status.placement + 1)
+        detail = f"quota exceeded: {error.reason} in {error.zone}; retrying in {delay}"
+        return status.but(
+            event(now, status, "quota", detail, zone=zone),
+            placement=status.placement + 1, not_before=now + delay, message=detail,
+        )
+    if isinstance(error, errors.RequestError):
+        return finish(status, Phase.FAILED, f"Compute rejected the instance: {error}", now)
+    detail = f"insert failed ({type(error).__name__}: {error}); will retry"
+    return status.but(event(now, status, "error", detail, zone=zone), message=detail)
+
+
+def _unexpired(status: JobStatus, now: datetime) -> dict[str, datetime]:
+    return {z: t for z, t in status.zone_cooldowns.items() if t > now}

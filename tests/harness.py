@@ -1,0 +1,94 @@
+"""A whole controller over the in-memory fakes, with the helpers a VM or a user would use."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import yaml
+
+from controller import names
+from controller.adapters.memory import MemoryCompute, MemoryStore
+from controller.clock import FakeClock
+from controller.engine import Engine, Summary
+from controller.executor import Executor
+from controller.launch import LaunchContext
+from controller.observe import Observer
+from controller.policy import ControllerPolicy
+from controller.state import JobStatus
+
+BUCKET = "respawn-test"
+PROJECT = "respawn-proj"
+CKPT_BUCKET = "ckpts"
+
+
+def spec_doc(**overrides: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "zones": ["us-central1-a", "us-central1-b"],
+        "machine_type": "g2-standard-8",
+        "accelerators": {"type": "nvidia-l4", "count": 1},
+        "command": "python train.py",
+        "checkpoint": {"uri": f"gs://{CKPT_BUCKET}/run"},
+        "policy": {"backoff": {"initial": "30s", "max": "5m"}},
+    }
+    doc.update(overrides)
+    return doc
+
+
+class Harness:
+    def __init__(self, policy: ControllerPolicy | None = None) -> None:
+        self.clock = FakeClock()
+        self.store = MemoryStore(self.clock)
+        self.compute = MemoryCompute(self.clock)
+        self.policy = policy or ControllerPolicy(default_project=PROJECT)
+        self.ctx = LaunchContext(BUCKET, PROJECT, "#!/bin/bash\necho startup", "#!/bin/bash\necho shutdown")
+
+    def engine(self, store: Any = None, compute: Any = None) -> Engine:
+        store, compute = store or self.store, compute or self.compute
+        observer = Observer(store, compute, BUCKET, self.policy)
+        return Engine(observer, Executor(store, compute, BUCKET), self.ctx, self.clock)
+
+    def tick(self, job: str | None = None) -> Summary:
+        return self.engine().reconcile(job)
+
+    # -- what a user does ----------------------------------------------------------
+    def submit(self, job: str, doc: dict[str, Any] | str | None = None) -> None:
+        body = doc if isinstance(doc, str) else yaml.safe_dump(doc or spec_doc())
+        self.store.put(BUCKET, names.spec_key(job), body)
+
+    def cancel(self, job: str) -> None:
+        self.store.put(BUCKET, names.cancel_key(job), "")
+
+    # -- what a VM does --------------------------------------------------------------
+    def exit(self, job: str, code: int, attempt: int | None = None) -> None:
+        attempt = self.status(job).attempt if attempt is None else attempt
+        body = {"exit_code": code, "instance": names.instance_name(job, attempt), "attempt": attempt}
+        self.store.put(BUCKET, names.exit_key(job), json.dumps(body))
+
+    def marker(self, job: str, attempt: int | None = None) -> None:
+        attempt = self.status(job).attempt if attempt is None else attempt
+        body = {"instance": names.instance_name(job, attempt), "attempt": attempt, "reason": "preempted"}
+        self.store.put(BUCKET, names.marker_key(job), json.dumps(body))
+
+    def heartbeat(self, job: str) -> None:
+        attempt = self.status(job).attempt
+        self.store.put(BUCKET, names.heartbeat_key(job), json.dumps({"attempt": attempt}))
+
+    def checkpoint(self, step: int, complete: bool = True) -> None:
+        self.store.put(CKPT_BUCKET, f"run/{step}/state.bin", b"w" * 8)
+        if complete:
+            self.store.put(CKPT_BUCKET, f"run/{step}/commit_success.txt", b"")
+
+    # -- what a test looks at ----------------------------------------------------------
+    def status(self, job: str) -> JobStatus:
+        return JobStatus.from_json(self.store.read(BUCKET, names.status_key(job)).data)
+
+    def live(self, job: str | None = None) -> list[str]:
+        return sorted(i.name for i in self.compute.live(job))
+
+    def metadata(self, name: str) -> dict[str, str]:
+        return dict(self.compute.request_of(name).metadata)
+
+    def advance(self, **kw: float) -> None:
+        self.clock.advance(timedelta(**kw))
