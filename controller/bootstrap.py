@@ -16,7 +16,7 @@ from controller.executor import Executor
 from controller.launch import LaunchContext
 from controller.observe import Observer
 
-_lock = threading.Lock()
+_lock = threading.RLock()
 _engine: Engine | None = None
 _settings: Settings | None = None
 

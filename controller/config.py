@@ -20,7 +20,7 @@ CsvList = Annotated[tuple[str, ...], NoDecode]
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RESPAWN_", frozen=True)
+    model_config = SettingsConfigDict(env_prefix="RESPAWN_", frozen=True, populate_by_name=True)
 
     bucket: str = ""
     project: str = Field(default="", validation_alias=AliasChoices("RESPAWN_PROJECT", "GOOGLE_CLOUD_PROJECT"))

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from controller import checkpoints, errors, names
 from controller.policy import ControllerPolicy
@@ -36,20 +38,29 @@ class Observer:
     def world(self, job: str | None = None) -> World:
         """Everything the planner needs, for every job or for one."""
         listing = self._listing(job)
+        views: dict[str, JobView] = {}
+        for name in sorted(listing) if job is None else [job]:
+            if view := self._guarded(name, self._bucket_view, name, listing.get(name, {})):
+                views[name] = view
+        # Only now, after every status was read, the instances: see the module docstring.
         found = self.compute.list_managed(self.policy.watched_projects, job)
         by_job: dict[str, list[Instance]] = defaultdict(list)
         for instance in found.instances:
-            if instance.job:
+            if instance.job and instance.job not in self.failed:
                 by_job[instance.job].append(instance)
-        jobs = (set(listing) | set(by_job)) if job is None else {job}
-        views = {}
-        for name in sorted(jobs):
-            try:
-                views[name] = self._view(name, listing.get(name, {}), tuple(by_job.get(name, ())))
-            except errors.RespawnError as e:  # one job's trouble never stops the pass
-                self.failed[name] = f"{type(e).__name__}: {e}"
-                log.warning("could not observe job", extra={"json_fields": {"job": name, "error": str(e)}})
-        return World(views, tuple(found.unreachable))
+        for name, instances in by_job.items():
+            views[name] = replace(views.get(name) or JobView(job=name), instances=tuple(instances))
+        complete = {n: self._guarded(n, self._with_evidence, views[n]) for n in sorted(views)}
+        return World({n: v for n, v in complete.items() if v}, tuple(found.unreachable))
+
+    def _guarded(self, job: str, step: Callable[..., JobView], *args: Any) -> JobView | None:
+        """One job's observation step; its trouble is recorded and never stops the pass."""
+        try:
+            return step(*args)
+        except errors.RespawnError as e:
+            self.failed[job] = f"{type(e).__name__}: {e}"
+            log.warning("could not observe job", extra={"json_fields": {"job": job, "error": str(e)}})
+            return None
 
     def with_checkpoint(self, view: JobView) -> JobView:
         """The view plus its latest complete checkpoint (listed only when a plan needs it)."""
@@ -79,7 +90,7 @@ class Observer:
                 out[ref.job][ref.kind] = info
         return out
 
-    def _view(self, job: str, objects: dict[str, BlobInfo], instances: tuple[Instance, ...]) -> JobView:
+    def _bucket_view(self, job: str, objects: dict[str, BlobInfo]) -> JobView:
         status, generation = self._status(objects.get("status"))
         view = JobView(
             job=job,
@@ -89,11 +100,8 @@ class Observer:
             marker=self._record(objects.get("marker")),
             exit=self._record(objects.get("exit")),
             heartbeat=self._record(objects.get("heartbeat")),
-            instances=instances,
         )
-        if "spec" in objects:
-            view = self._with_spec(view, objects["spec"])
-        return self._with_evidence(view) if status and not status.phase.terminal else view
+        return self._with_spec(view, objects["spec"]) if "spec" in objects else view
 
     def _with_spec(self, view: JobView, info: BlobInfo) -> JobView:
         raw = self.store.read(self.bucket, info.name).data
@@ -128,8 +136,7 @@ class Observer:
     def _with_evidence(self, view: JobView) -> JobView:
         """For each node of the current attempt that is stopped or gone: fresh records and Compute's why."""
         st = view.status
-        assert st is not None
-        if not st.inserted or not st.zone or not st.project:
+        if st is None or st.phase.terminal or not st.inserted or not st.zone or not st.project:
             return view
         seen = {i.name: i for i in view.instances if i.attempt == st.attempt}
         lost = [n for n in st.instances if n not in seen or not seen[n].status.alive]

@@ -11,6 +11,7 @@ from dataclasses import replace
 from datetime import datetime
 
 from controller import names, transitions as t
+from controller.durations import format_duration as fmt
 from controller.actions import Action, CreateInstances, DeleteInstance, DeleteRecord, WriteStatus
 from controller.launch import LaunchContext, requests_for
 from controller.ports import Instance, InstanceStatus, StopReason
@@ -71,7 +72,7 @@ def _running_job(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: L
     policy = spec.policy
     born = st.created_at or st.started_at
     if policy.max_runtime and born and now - born >= policy.max_runtime:
-        return _end(v, st, Phase.FAILED, f"deadline: max_runtime {policy.max_runtime} reached", now)
+        return _end(v, st, Phase.FAILED, f"deadline: max_runtime {fmt(policy.max_runtime)} reached", now)
     # Between attempts the current attempt's records were already acted on (counted
     # in this very status); they are consumed once the next insert is acknowledged.
     if st.phase in (Phase.PENDING, Phase.RECOVERING):
@@ -106,10 +107,10 @@ def _watch(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchC
         return [WriteStatus(v.job, st.but(t.event(now, st, "running", detail), phase=Phase.RUNNING, message=detail),
                             "instances running")]
     if _stale_heartbeat(v, spec, st, now):
-        return _failure(v, spec, st, f"no heartbeat for {spec.policy.idle_timeout} (idle or hung)", now)
+        return _failure(v, spec, st, f"no heartbeat for {fmt(spec.policy.idle_timeout)} (idle or hung)", now)
     oldest = min(mine[n].created_at for n in st.instances)
     if spec.policy.max_instance_age and now - oldest >= spec.policy.max_instance_age:
-        return _restart(v, spec, st, "recycled", f"instance older than max_instance_age {spec.policy.max_instance_age}",
+        return _restart(v, spec, st, "recycled", f"instance older than max_instance_age {fmt(spec.policy.max_instance_age)}",
                         now, ctx)
     return []
 
@@ -162,7 +163,7 @@ def _failure(v: JobView, spec: JobSpec, st: JobStatus, detail: str, now: datetim
         return _end(v, counted, Phase.FAILED, f"{detail}; restart budget exhausted "
                     f"(max_restarts {policy.max_restarts})", now)
     delay = t.backoff(spec, stalled)
-    text = f"{detail}; failure {failures} of {policy.max_failures}, restarting in {delay}"
+    text = f"{detail}; failure {failures} of {policy.max_failures}, restarting in {fmt(delay)}"
     nxt = counted.but(t.event(now, st, "failed", text), phase=Phase.RECOVERING, restarts=restarts,
                       not_before=now + delay, message=text)
     return [WriteStatus(v.job, nxt, "failure"), *_delete_current(v, st, "attempt failed"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from controller import errors
+from controller.durations import format_duration
 from controller.spec import JobSpec
 from controller.state import CheckpointRef, Event, JobStatus, Phase
 
@@ -114,7 +115,7 @@ def after_create_error(status: JobStatus, spec: JobSpec, error: Exception, now: 
         return cooled.but(event(now, status, "stockout", detail, zone=error.zone), message=detail, **changes)
     if isinstance(error, errors.QuotaError):
         delay = backoff(spec, status.placement + 1)
-        detail = f"quota exceeded: {error.reason} in {error.zone}; retrying in {delay}"
+        detail = f"quota exceeded: {error.reason} in {error.zone}; retrying in {format_duration(delay)}"
         return status.but(
             event(now, status, "quota", detail, zone=zone),
             placement=status.placement + 1, not_before=now + delay, message=detail,

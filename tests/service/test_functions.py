@@ -1,0 +1,110 @@
+"""main.py as the platform runs it: functions-framework apps, no server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cloudevents.conversion import to_binary
+from cloudevents.http import CloudEvent
+from functions_framework import create_app
+
+from controller import bootstrap, names
+from controller.config import Settings
+from controller.errors import TransientError
+from controller.state import Phase
+from tests.harness import BUCKET, Harness
+
+MAIN = str(Path(__file__).resolve().parents[2] / "main.py")
+
+
+@pytest.fixture
+def wired(h: Harness) -> Harness:
+    bootstrap.override(h.engine(), Settings(bucket=BUCKET, project="respawn-proj"))
+    return h
+
+
+def post_event(name: str, bucket: str = BUCKET, generation: str = "1"):
+    client = create_app("on_object", MAIN, "cloudevent").test_client()
+    event = CloudEvent(
+        {"type": "google.cloud.storage.object.v1.finalized", "source": f"//storage.googleapis.com/projects/_/buckets/{bucket}",
+         "subject": f"objects/{name}"},
+        {"bucket": bucket, "name": name, "generation": generation},
+    )
+    headers, body = to_binary(event)
+    return client.post("/", headers=headers, data=body)
+
+
+def test_tick_reconciles_every_job_and_returns_a_summary(wired):
+    wired.submit("a")
+    wired.submit("b")
+    client = create_app("tick", MAIN).test_client()
+    response = client.post("/")
+    assert response.status_code == 200
+    body = response.get_json()
+    assert set(body["actions"]) == {"a", "b"} and body["errors"] == {}
+    assert wired.live() == ["a-1", "b-1"]
+
+
+def test_on_object_reconciles_only_that_job(wired):
+    wired.submit("a")
+    wired.submit("b")
+    response = post_event(names.spec_key("a"))
+    assert response.status_code == 200
+    assert wired.live() == ["a-1"]
+
+
+def test_duplicate_and_late_events_change_nothing(wired):
+    wired.submit("a")
+    for _ in range(3):
+        assert post_event(names.spec_key("a")).status_code == 200
+    wired.tick()
+    assert post_event(names.spec_key("a"), generation="0").status_code == 200
+    assert wired.live() == ["a-1"] and wired.status("a").attempt == 1
+
+
+def test_marker_event_recovers_within_the_event(wired):
+    wired.submit("a")
+    wired.tick()
+    wired.tick()
+    wired.compute.preempt("a-1")
+    wired.marker("a")
+    assert post_event(names.marker_key("a")).status_code == 200
+    assert wired.live() == ["a-2"]
+
+
+@pytest.mark.parametrize("name", ["checkpoints/a/100/x", "jobs/a/status.json", "jobs/a/heartbeat", "", "jobs/../x"])
+def test_objects_outside_the_contract_are_ignored(wired, name):
+    wired.submit("a")
+    assert post_event(name).status_code == 200
+    assert wired.live() == []
+
+
+def test_event_from_another_bucket_is_ignored(wired):
+    wired.submit("a")
+    assert post_event(names.spec_key("a"), bucket="elsewhere").status_code == 200
+    assert wired.live() == []
+
+
+def test_transient_failure_raises_so_the_platform_retries(wired):
+    wired.submit("a")
+    wired.compute.faults.fail_next("insert", TransientError("503"))
+    assert post_event(names.spec_key("a")).status_code == 500
+    assert post_event(names.spec_key("a")).status_code == 200
+    assert wired.live() == ["a-1"]
+
+
+def test_terminal_error_is_absorbed(wired):
+    from controller.errors import RequestError
+
+    wired.submit("a")
+    wired.compute.faults.fail_next("insert", RequestError("bad image"))
+    assert post_event(names.spec_key("a")).status_code == 200
+    assert wired.status("a").phase == Phase.FAILED
+
+
+def test_misconfigured_controller_is_reported_not_crashed():
+    client = create_app("tick", MAIN).test_client()
+    response = client.post("/")
+    assert response.status_code == 500 and "RESPAWN_BUCKET" in response.get_json()["error"]
+    assert post_event(names.spec_key("a")).status_code == 200

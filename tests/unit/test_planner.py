@@ -1,0 +1,161 @@
+"""The planner alone: plain values in, actions out, no fakes and no clock."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import yaml
+from hypothesis import given, settings, strategies as st
+
+from controller import names
+from controller.actions import CreateInstances, DeleteInstance, DeleteRecord, WriteStatus
+from controller.launch import LaunchContext
+from controller.planner import plan_job
+from controller.ports import Instance, InstanceStatus, StopReason
+from controller.spec import parse_spec
+from controller.state import JobStatus, Phase
+from controller.world import JobView, Record
+from tests.harness import spec_doc
+
+NOW = datetime(2026, 3, 1, 12, tzinfo=UTC)
+CTX = LaunchContext("bkt", "proj-1", "startup", "shutdown")
+SPEC = parse_spec(yaml.safe_dump(spec_doc()), "job")
+
+
+def vm(name: str, attempt: int, status: InstanceStatus = InstanceStatus.RUNNING, managed: bool = True,
+       job: str = "job", age: timedelta = timedelta(hours=1)) -> Instance:
+    labels = {names.JOB_LABEL: job, names.ATTEMPT_LABEL: str(attempt)}
+    if managed:
+        labels[names.MANAGED_LABEL] = "true"
+    return Instance("proj-1", "us-central1-a", name, status, labels, NOW - age)
+
+
+def running(attempt: int = 1, **changes) -> JobStatus:
+    base = JobStatus(phase=Phase.RUNNING, attempt=attempt, project="proj-1", zone="us-central1-a",
+                     instances=(f"job-{attempt}",), inserted=True, created_at=NOW - timedelta(hours=2),
+                     started_at=NOW - timedelta(hours=2), attempt_started_at=NOW - timedelta(hours=1),
+                     spec_generation=1)
+    return base.model_copy(update=changes)
+
+
+def view(**kw) -> JobView:
+    beat = Record("jobs/job/heartbeat", 2, NOW - timedelta(minutes=1), attempt=1)
+    defaults = dict(job="job", spec=SPEC, spec_generation=1, status=running(), status_generation=7,
+                    instances=(vm("job-1", 1),), heartbeat=beat)
+    return JobView(**{**defaults, **kw})
+
+
+def kinds(actions) -> list[str]:
+    return [type(a).__name__ for a in actions]
+
+
+def test_does_nothing_when_converged():
+    assert plan_job(view(), NOW, CTX) == []
+
+
+def test_first_action_of_a_decision_is_the_status_commit():
+    record = Record("preempted-jobs/job", 5, NOW, attempt=1, instance="job-1")
+    actions = plan_job(view(marker=record), NOW, CTX)
+    assert kinds(actions) == ["WriteStatus", "DeleteInstance", "CreateInstances", "WriteStatus", "DeleteRecord"]
+    assert actions[0].status.attempt == 2 and actions[3].status.inserted
+    assert actions[-1] == DeleteRecord("job", "preempted-jobs/job", 5, "acted on by attempt 2")
+
+
+@pytest.mark.parametrize(
+    "reason, counted",
+    [
+        (StopReason.PREEMPTED, dict(preemptions=1, failures=0, restarts=1)),
+        (StopReason.STOPPED, dict(preemptions=0, failures=0, restarts=1)),
+        (StopReason.UNKNOWN, dict(preemptions=0, failures=0, restarts=1)),
+        (StopReason.CRASHED, dict(preemptions=0, failures=1, restarts=1)),
+    ],
+)
+@pytest.mark.parametrize("gone", [True, False], ids=["missing", "terminated"])
+def test_lost_vm_counted_against_the_right_budget(reason, counted, gone):
+    instances = () if gone else (vm("job-1", 1, InstanceStatus.TERMINATED),)
+    actions = plan_job(view(instances=instances, stop_reasons={"job-1": reason}), NOW, CTX)
+    status = actions[0].status
+    assert {k: getattr(status, k) for k in counted} == counted
+
+
+@pytest.mark.parametrize("settling", [InstanceStatus.STOPPING, InstanceStatus.REPAIRING])
+def test_settling_vm_is_waited_for(settling):
+    assert plan_job(view(instances=(vm("job-1", 1, settling),)), NOW, CTX) == []
+
+
+def test_status_behind_instances_adopts_instead_of_launching():
+    actions = plan_job(view(instances=(vm("job-1", 1), vm("job-2", 2))), NOW, CTX)
+    assert kinds(actions) == ["WriteStatus"] and actions[0].status.attempt == 2
+
+
+def test_provisioning_not_inserted_reinserts_same_attempt_with_same_request_id():
+    st = running(phase=Phase.PROVISIONING, inserted=False)
+    first = plan_job(view(status=st, instances=()), NOW, CTX)
+    again = plan_job(view(status=st, instances=()), NOW + timedelta(minutes=1), CTX)
+    creates = [a for a in first + again if isinstance(a, CreateInstances)]
+    assert len(creates) == 2 and creates[0].request_id == creates[1].request_id
+    assert creates[0].requests[0].name == "job-1"
+
+
+def test_records_of_the_current_attempt_are_not_acted_on_twice_while_recovering():
+    st = running(phase=Phase.RECOVERING, failures=1, not_before=NOW + timedelta(minutes=1))
+    exit_record = Record("jobs/job/exit", 3, NOW, attempt=1, exit_code=1)
+    assert plan_job(view(status=st, instances=(), exit=exit_record), NOW, CTX) == []
+
+
+def test_unreadable_record_is_dated_by_its_update_time():
+    st = running()
+    old = Record("preempted-jobs/job", 3, st.attempt_started_at - timedelta(seconds=1))
+    new = Record("preempted-jobs/job", 3, st.attempt_started_at + timedelta(seconds=1))
+    assert not old.belongs_to(st) and new.belongs_to(st)
+
+
+statuses = st.builds(
+    JobStatus,
+    phase=st.sampled_from(list(Phase)),
+    attempt=st.integers(0, 4),
+    inserted=st.booleans(),
+    project=st.just("proj-1"),
+    zone=st.sampled_from(["us-central1-a", "us-central1-b"]),
+    instances=st.just(("job-1",)),
+    spec_generation=st.sampled_from([1, 2]),
+    created_at=st.just(NOW - timedelta(days=3)),
+    attempt_started_at=st.just(NOW - timedelta(hours=5)),
+)
+instances = st.builds(
+    vm,
+    name=st.sampled_from(["job-1", "job-2", "job-3", "x"]),
+    attempt=st.integers(0, 5),
+    status=st.sampled_from(list(InstanceStatus)),
+    managed=st.booleans(),
+    job=st.sampled_from(["job", "other"]),
+    age=st.timedeltas(timedelta(0), timedelta(days=5)),
+)
+records = st.none() | st.builds(Record, key=st.just("preempted-jobs/job"), generation=st.just(1),
+                                updated=st.just(NOW), attempt=st.none() | st.integers(0, 4),
+                                exit_code=st.none() | st.integers(0, 2))
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    status=st.none() | statuses,
+    found=st.lists(instances, max_size=5),
+    has_spec=st.booleans(),
+    cancelled=st.booleans(),
+    marker=records,
+    exit_record=records,
+    reasons=st.dictionaries(st.sampled_from(["job-1", "job-2"]), st.sampled_from(list(StopReason))),
+)
+def test_never_deletes_an_unlabelled_instance(status, found, has_spec, cancelled, marker, exit_record, reasons):
+    v = JobView(job="job", spec=SPEC if has_spec else None, spec_generation=1, cancelled=cancelled,
+                status=status, status_generation=3, instances=tuple(found), marker=marker, exit=exit_record,
+                stop_reasons=reasons)
+    actions = plan_job(v, NOW, CTX)
+    unlabelled = {i.name for i in found if not i.managed or i.job != "job"}
+    deleted = {a.name for a in actions if isinstance(a, DeleteInstance)}
+    assert not deleted & (unlabelled - {i.name for i in found if i.managed and i.job == "job"})
+    # and every chain that changes anything in Compute commits its status first, or is cleanup
+    writes = [i for i, a in enumerate(actions) if isinstance(a, WriteStatus)]
+    creates = [i for i, a in enumerate(actions) if isinstance(a, CreateInstances)]
+    assert all(c > min(writes, default=-1) or (status and not status.inserted) for c in creates)
