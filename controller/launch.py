@@ -29,23 +29,22 @@ def boot_image(spec: JobSpec) -> str:
 
 
 def requests_for(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext) -> tuple[InstanceRequest, ...]:
-    """One request per node of the status's current attempt, all in its zone."""
+    """One request per node of the status's current attempt, all in its zone.
+
+    Nodes differ only by name: a gang is one bulkInsert, which gives every instance
+    the same labels and metadata, so a node reads its rank from its name's suffix.
+    """
     assert status.zone is not None and status.project is not None
     node_names = names.node_names(job, status.attempt, spec.nodes)
-    return tuple(
-        _request(job, spec, status, ctx, name, rank, node_names[0]) for rank, name in enumerate(node_names)
-    )
+    return tuple(_request(job, spec, status, ctx, name, node_names[0]) for name in node_names)
 
 
-def _request(
-    job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, name: str, rank: int, master: str
-) -> InstanceRequest:
+def _request(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, name: str, master: str) -> InstanceRequest:
     labels = {
         **spec.labels,
         names.MANAGED_LABEL: "true",
         names.JOB_LABEL: job,
         names.ATTEMPT_LABEL: str(status.attempt),
-        names.NODE_LABEL: str(rank),
     }
     metadata = {
         "respawn-job": job,
@@ -57,7 +56,6 @@ def _request(
         "respawn-code": spec.code or "",
         "respawn-env": json.dumps(spec.env, sort_keys=True),
         "respawn-nodes": str(spec.nodes),
-        "respawn-node-rank": str(rank),
         "respawn-master-addr": master,
         "respawn-heartbeat-interval": str(int(spec.heartbeat_interval.total_seconds())),
         "startup-script": ctx.startup_script,

@@ -24,7 +24,6 @@ HEARTBEAT = "heartbeat"
 MANAGED_LABEL = "respawn-managed"
 JOB_LABEL = "respawn-job"
 ATTEMPT_LABEL = "respawn-attempt"
-NODE_LABEL = "respawn-node"
 
 # Compute Engine names are RFC 1035 labels of at most 63 characters. A job name leaves
 # room for "-<attempt up to 6 digits>-<rank up to 4 digits>".

@@ -154,7 +154,8 @@ class MemoryCompute:
             if (project, zone, name) not in self._vms:
                 raise errors.NotFound(f"instance {name} in {zone}")
             vm = self._vms.pop((project, zone, name))
-            self._gone.setdefault((project, zone, name), vm.stop_reason)
+            first = vm.stop_reason if vm.stop_reason != StopReason.UNKNOWN else StopReason.STOPPED
+            self._gone[(project, zone, name)] = first
             self.deleted.append(name)
 
     def stop_reason(self, project: str, zone: str, name: str) -> StopReason:
@@ -184,7 +185,7 @@ class MemoryCompute:
         """Compute reclaims a Spot VM: TERMINATED (or gone, for termination action DELETE)."""
         with self._lock:
             key, vm = self._find(name)
-            vm.stop_reason = StopReason.PREEMPTED
+            vm.stop_reason = vm.stop_reason if vm.stop_reason != StopReason.UNKNOWN else StopReason.PREEMPTED
             if vm.request and vm.request.termination_action == "delete":
                 self._gone[key] = StopReason.PREEMPTED
                 del self._vms[key]
@@ -195,7 +196,7 @@ class MemoryCompute:
         """The guest powered off or crashed, or a user stopped the VM."""
         with self._lock:
             _, vm = self._find(name)
-            vm.stop_reason = reason
+            vm.stop_reason = vm.stop_reason if vm.stop_reason != StopReason.UNKNOWN else reason
             vm.instance = replace(vm.instance, status=InstanceStatus.TERMINATED)
 
     def set_status(self, name: str, status: InstanceStatus) -> None:

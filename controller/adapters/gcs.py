@@ -1,0 +1,94 @@
+"""The BlobStore port on google-cloud-storage.
+
+Every compare-and-swap is a generation precondition. google-cloud-storage 3.x retries
+conditional uploads by itself, so a write whose first try succeeded can answer 412 on
+the retry: on 412 the object is read back, and our own bytes there mean success.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from google.api_core import exceptions as gexc
+from google.cloud import storage
+
+from controller import errors
+from controller.ports import Blob, BlobInfo
+
+_TRANSIENT = (gexc.TooManyRequests, gexc.InternalServerError, gexc.BadGateway, gexc.ServiceUnavailable,
+              gexc.GatewayTimeout, gexc.DeadlineExceeded)
+
+
+@contextmanager
+def translated(what: str) -> Iterator[None]:
+    """Library errors in, the project's own errors out."""
+    try:
+        yield
+    except gexc.NotFound as e:
+        raise errors.NotFound(what) from e
+    except gexc.PreconditionFailed as e:
+        raise errors.PreconditionFailed(what) from e
+    except gexc.Conflict as e:
+        raise errors.AlreadyExists(what) from e
+    except _TRANSIENT as e:
+        raise errors.TransientError(f"{what}: {e}") from e
+    except gexc.GoogleAPICallError as e:
+        raise errors.RequestError(f"{what}: {e}") from e
+    except (ConnectionError, OSError) as e:  # requests' connection errors derive from OSError
+        raise errors.TransientError(f"{what}: {e}") from e
+
+
+class GcsStore:
+    def __init__(self, client: storage.Client, page_size: int = 1000) -> None:
+        self.client = client
+        self.page_size = page_size
+
+    def read(self, bucket: str, name: str) -> Blob:
+        where = f"gs://{bucket}/{name}"
+        for _ in range(3):  # the object may be replaced between its metadata and its bytes
+            with translated(where):
+                blob = self.client.bucket(bucket).get_blob(name)
+                if blob is None:
+                    raise errors.NotFound(where)
+                try:
+                    data = blob.download_as_bytes(if_generation_match=blob.generation)
+                except gexc.PreconditionFailed:
+                    continue
+                return Blob(_info(blob), data)
+        raise errors.TransientError(f"{where} kept changing while being read")
+
+    def list(self, bucket: str, prefix: str) -> list[BlobInfo]:
+        with translated(f"gs://{bucket}/{prefix}*"):
+            return [_info(b) for b in self.client.list_blobs(bucket, prefix=prefix, page_size=self.page_size)]
+
+    def write(self, bucket: str, name: str, data: bytes, *, if_generation_match: int | None = None) -> BlobInfo:
+        where = f"gs://{bucket}/{name}"
+        blob = self.client.bucket(bucket).blob(name)
+        try:
+            with translated(where):
+                blob.upload_from_string(data, if_generation_match=if_generation_match)
+        except errors.PreconditionFailed:
+            if if_generation_match is None:
+                raise
+            mine = self._ours(bucket, name, data)
+            if mine is None:
+                raise
+            return mine
+        return _info(blob)
+
+    def delete(self, bucket: str, name: str, *, if_generation_match: int | None = None) -> None:
+        with translated(f"gs://{bucket}/{name}"):
+            self.client.bucket(bucket).blob(name).delete(if_generation_match=if_generation_match)
+
+    def _ours(self, bucket: str, name: str, data: bytes) -> BlobInfo | None:
+        """After a 412: is the object there now the one this very write put there?"""
+        try:
+            current = self.read(bucket, name)
+        except errors.NotFound:
+            return None
+        return current.info if current.data == data else None
+
+
+def _info(blob: storage.Blob) -> BlobInfo:
+    return BlobInfo(blob.bucket.name, blob.name, int(blob.generation), blob.updated, int(blob.size or 0))

@@ -1,0 +1,27 @@
+"""Build the Google adapters from settings: real endpoints, or the local cloud's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.api_core.client_options import ClientOptions
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import compute_v1, storage
+
+from controller.adapters.compute import ComputeEngine
+from controller.adapters.gcs import GcsStore
+from controller.config import Settings
+
+
+def gcs_store(config: Settings) -> GcsStore:
+    # With STORAGE_EMULATOR_HOST set, the client talks to it with anonymous credentials.
+    return GcsStore(storage.Client(project=config.project))
+
+
+def compute_gateway(config: Settings) -> ComputeEngine:
+    kwargs: dict[str, Any] = {"transport": "rest"}
+    if config.compute_endpoint:  # the local cloud: no Google credentials anywhere
+        kwargs.update(client_options=ClientOptions(api_endpoint=config.compute_endpoint),
+                      credentials=AnonymousCredentials())
+    return ComputeEngine(compute_v1.InstancesClient(**kwargs), compute_v1.RegionInstancesClient(**kwargs),
+                         compute_v1.ZoneOperationsClient(**kwargs), compute_v1.RegionOperationsClient(**kwargs))

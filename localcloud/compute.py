@@ -1,0 +1,614 @@
+"""A local Compute Engine REST server: the subset respawn (and gcloud) uses.
+
+Routes and request schemas come from Google's discovery document; answers have the
+real API's fields (numeric ``id``, ``selfLink``, ``creationTimestamp``, zone URLs),
+instances move PROVISIONING -> STAGING -> RUNNING, operations PENDING -> RUNNING ->
+DONE, and errors carry ``errors[].reason`` as Google sends them. Each RUNNING instance
+is a real local process (``localcloud.vm``) with its own metadata server.
+
+Faults are injected from Python or over HTTP (``POST /_local/<fault>``): stockouts
+and quota per zone (on the operation or synchronously), transient 5xx per method,
+slow operations, unreachable zones, preemption and guest crashes of named instances.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flask import Flask, Response, request
+
+from localcloud import discovery, gce
+from localcloud.filters import FilterError, compile_filter
+from localcloud.gce import ApiError
+from localcloud.http import Served
+from localcloud.metadata import MetadataServer
+from localcloud.vm import VmProcess
+
+SUPPORTED = {
+    "instances": ("aggregatedList", "list", "get", "insert", "delete", "bulkInsert", "stop", "start"),
+    "regionInstances": ("bulkInsert",),
+    "zoneOperations": ("get", "wait", "list", "delete"),
+    "regionOperations": ("get", "wait", "list"),
+}
+ZONES = ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f", "us-east1-b", "us-east1-c",
+         "us-east1-d", "us-west1-a", "us-west1-b", "europe-west4-a", "europe-west4-b", "europe-west4-c")
+USER = "respawn-controller@localcloud.iam.gserviceaccount.com"
+
+
+@dataclass
+class Vm:
+    project: str
+    zone: str
+    resource: dict[str, Any]
+    preempted: bool = False
+    process: VmProcess | None = None
+    metadata: MetadataServer | None = None
+
+    @property
+    def name(self) -> str:
+        return self.resource["name"]
+
+    def attribute(self, key: str) -> str | None:
+        return next((i.get("value") for i in self.resource["metadata"]["items"] if i.get("key") == key), None)
+
+
+@dataclass
+class Faults:
+    stockouts: dict[str, str] = field(default_factory=dict)  # zone -> "operation" | "sync"
+    quota: dict[str, str] = field(default_factory=dict)
+    unreachable: set[str] = field(default_factory=set)
+    failures: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))  # "instances.insert" -> [503]
+    op_delay: float = 0.05
+
+
+class ComputeServer:
+    def __init__(self, *, vm_env: dict[str, str] | None = None, workdir: Path | None = None,
+                 boot_delay: float = 0.1, shutdown_budget: float = 30.0, run_vms: bool = True,
+                 zones: tuple[str, ...] = ZONES) -> None:
+        self.vm_env = dict(vm_env or {})
+        self.boot_delay = boot_delay
+        self.shutdown_budget = shutdown_budget
+        self.run_vms = run_vms
+        self.zones = zones
+        self.faults = Faults()
+        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="localcloud-vms-")
+        self.workdir = workdir or Path(self._tmp.name)  # type: ignore[union-attr]
+        self._vms: dict[tuple[str, str, str], Vm] = {}
+        self._ops: dict[tuple[str, str], dict[str, Any]] = {}  # (scope url, name) -> op
+        self._requests: dict[tuple[str, str], dict[str, Any]] = {}  # (project, requestId) -> op
+        self._lock = threading.RLock()
+        self._done = threading.Condition(self._lock)
+        self._timers: list[threading.Timer] = []
+        self._routes = discovery.methods({k: v for k, v in SUPPORTED.items()})
+        self._served: Served | None = None
+        self.urls = gce.Urls("http://127.0.0.1")
+
+    # -- lifecycle ---------------------------------------------------------------
+    def start(self) -> ComputeServer:
+        self._served = Served(self._app(), "compute")
+        self.urls = gce.Urls(self._served.url)
+        return self
+
+    @property
+    def endpoint(self) -> str:
+        """What ``client_options.api_endpoint`` (and gcloud's override, + /compute/v1/) take."""
+        assert self._served, "not started"
+        return self._served.url
+
+    def stop(self) -> None:
+        with self._lock:
+            timers, self._timers = self._timers, []
+            vms = list(self._vms.values())
+        for timer in timers:
+            timer.cancel()
+        for vm in vms:
+            self._power_off(vm, budget=0)
+        if self._served:
+            self._served.stop()
+        if self._tmp:
+            self._tmp.cleanup()
+
+    def __enter__(self) -> ComputeServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- faults and inspection ---------------------------------------------------
+    def stockout(self, zone: str, on: bool = True, mode: str = "operation") -> None:
+        with self._lock:
+            self.faults.stockouts.pop(zone, None) if not on else self.faults.stockouts.__setitem__(zone, mode)
+
+    def quota(self, zone: str, on: bool = True, mode: str = "sync") -> None:
+        with self._lock:
+            self.faults.quota.pop(zone, None) if not on else self.faults.quota.__setitem__(zone, mode)
+
+    def fail_next(self, method: str, code: int = 503, times: int = 1) -> None:
+        """The next ``times`` calls of e.g. ``instances.insert`` answer HTTP ``code``."""
+        with self._lock:
+            self.faults.failures[method].extend([code] * times)
+
+    def slow_operations(self, seconds: float) -> None:
+        self.faults.op_delay = seconds
+
+    def unreachable(self, zone: str, on: bool = True) -> None:
+        with self._lock:
+            (self.faults.unreachable.add if on else self.faults.unreachable.discard)(zone)
+
+    def preempt(self, name: str) -> None:
+        """Reclaim a Spot VM: preempted=TRUE, STOPPING, shutdown script, then TERMINATED or deleted."""
+        vm = self._find(name)
+        with self._lock:
+            vm.preempted = True
+            self._record(vm, "compute.instances.preempted")
+            self._set_status(vm, "STOPPING")
+        action = vm.resource["scheduling"].get("instanceTerminationAction", "STOP")
+        threading.Thread(target=self._stop_then, args=(vm, "DELETE" if action == "DELETE" else "TERMINATED"),
+                         daemon=True).start()
+
+    def crash(self, name: str) -> None:
+        """The guest dies (kernel panic, OOM of PID 1): the process is killed, the VM terminates."""
+        vm = self._find(name)
+        if vm.process:
+            vm.process.kill()
+
+    def instance(self, name: str) -> dict[str, Any]:
+        with self._lock:
+            return json.loads(json.dumps(self._find(name).resource))
+
+    def instances(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [json.loads(json.dumps(vm.resource)) for vm in self._vms.values()]
+
+    def workdir_of(self, name: str) -> Path:
+        return self.workdir / name
+
+    def operations(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [dict(op) for op in self._ops.values()]
+
+    # -- HTTP ----------------------------------------------------------------------
+    def _app(self) -> Flask:
+        app = Flask("compute")
+
+        @app.route("/compute/v1/<path:path>", methods=["GET", "POST", "DELETE", "PATCH", "PUT"])
+        def api(path: str) -> Response:
+            try:
+                return _json(self._dispatch(request.method, path))
+            except ApiError as e:
+                return _json(e.body(), e.code)
+
+        @app.post("/_local/<fault>")
+        def fault(fault: str) -> Response:
+            args = request.get_json(force=True, silent=True) or {}
+            actions = {"stockout": self.stockout, "quota": self.quota, "fail_next": self.fail_next,
+                       "preempt": self.preempt, "crash": self.crash, "unreachable": self.unreachable,
+                       "slow_operations": self.slow_operations}
+            if fault not in actions:
+                return _json({"error": f"unknown fault {fault}"}, 404)
+            actions[fault](**args)
+            return _json({"ok": True})
+
+        return app
+
+    def _dispatch(self, verb: str, path: str) -> dict[str, Any]:
+        for method in self._routes:
+            match = method.pattern.match(path)
+            if match and method.http_method == verb:
+                break
+        else:
+            raise ApiError(404, f"The requested URL /compute/v1/{path} was not found on this server.", "notFound")
+        name = f"{method.resource}.{method.name}"
+        with self._lock:
+            if self.faults.failures.get(name):
+                code = self.faults.failures[name].pop(0)
+                raise ApiError(code, "Internal error. Please try again or contact Google Support.", "backendError")
+        body = request.get_json(silent=True) if method.request_schema else None
+        if method.request_schema:
+            if not isinstance(body, dict):
+                raise ApiError(400, "Invalid JSON payload received.", "parseError")
+            problems = discovery.validate(body, method.request_schema)
+            if problems:
+                raise ApiError(400, problems[0], "invalid")
+        handler = getattr(self, f"_{method.resource}_{method.name}")
+        return handler(match.groupdict(), request.args, body)
+
+    # -- instances -------------------------------------------------------------------
+    def _instances_get(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
+        with self._lock:
+            return self._vm(p["project"], p["zone"], p["instance"]).resource
+
+    def _instances_list(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
+        self._zone(p["zone"])
+        with self._lock:
+            items = [vm.resource for (pr, z, _), vm in sorted(self._vms.items()) if pr == p["project"] and z == p["zone"]]
+        page, token = _page(_filtered(items, q.get("filter")), q)
+        out = {"kind": "compute#instanceList", "id": f"projects/{p['project']}/zones/{p['zone']}/instances",
+               "items": page, "selfLink": f"{self.urls.zone(p['project'], p['zone'])}/instances"}
+        return {**out, "nextPageToken": token} if token else out
+
+    def _instances_aggregatedList(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
+        project = p["project"]
+        with self._lock:
+            vms = [vm for (pr, _, _), vm in sorted(self._vms.items()) if pr == project]
+            unreachable = sorted(self.faults.unreachable)
+        predicate = _compile(q.get("filter"))
+        zones = sorted(set(self.zones) | {vm.zone for vm in vms})
+        # Paging is over scopes here; a page never splits a zone (real pages may).
+        scopes, token = _page(zones, q)
+        items: dict[str, Any] = {}
+        for zone in scopes:
+            if zone in unreachable:
+                continue
+            found = [vm.resource for vm in vms if vm.zone == zone and predicate(vm.resource)]
+            items[f"zones/{zone}"] = {"instances": found} if found else {"warning": {
+                "code": "NO_RESULTS_ON_PAGE", "message": f"There are no results for scope 'zones/{zone}' on this page.",
+                "data": [{"key": "scope", "value": f"zones/{zone}"}]}}
+        out: dict[str, Any] = {"kind": "compute#instanceAggregatedList", "id": f"projects/{project}/aggregated/instances",
+                               "items": items, "selfLink": f"{self.urls.base}projects/{project}/aggregated/instances"}
+        if unreachable:
+            out["unreachables"] = [f"zones/{z}" for z in unreachable]
+        return {**out, "nextPageToken": token} if token else out
+
+    def _instances_insert(self, p: dict[str, str], q: Any, body: dict[str, Any]) -> dict[str, Any]:
+        project, zone = p["project"], self._zone(p["zone"])
+        with self._lock:
+            if replay := self._replay(project, q.get("requestId")):
+                return replay
+            gce.check_instance(body, zone)
+            self._admit(project, zone, [body["name"]])
+            vm = self._create(project, zone, body)
+            op = self._zone_op(project, zone, "insert", vm)
+            self._remember(project, q.get("requestId"), op)
+        self._later(self.faults.op_delay, self._provision, [vm], op)
+        return op
+
+    def _instances_bulkInsert(self, p: dict[str, str], q: Any, body: dict[str, Any]) -> dict[str, Any]:
+        project, zone = p["project"], self._zone(p["zone"])
+        return self._bulk(project, [zone], body, q, self.urls.zone(project, zone), "zone")
+
+    def _regionInstances_bulkInsert(self, p: dict[str, str], q: Any, body: dict[str, Any]) -> dict[str, Any]:
+        project, region = p["project"], p["region"]
+        locations = (body.get("locationPolicy") or {}).get("locations") or {}
+        allowed = [k.removeprefix("zones/") for k, v in locations.items() if v.get("preference") == "ALLOW"]
+        denied = {k.removeprefix("zones/") for k, v in locations.items() if v.get("preference") == "DENY"}
+        candidates = allowed or [z for z in self.zones if gce.region_of(z) == region and z not in denied]
+        if not candidates or any(gce.region_of(z) != region for z in candidates):
+            raise ApiError(400, f"Invalid location policy for region {region}.", "invalid")
+        return self._bulk(project, candidates, body, q, self.urls.region(project, region), "region")
+
+    def _bulk(self, project: str, zones: list[str], body: dict[str, Any], q: Any, scope: str, key: str) -> dict[str, Any]:
+        """bulkInsert: all ``minCount`` (= ``count`` here) instances in one zone, or none."""
+        props = body.get("instanceProperties")
+        if not props:
+            raise ApiError(400, "instanceProperties (or a source instance template) is required.", "invalid")
+        names = list((body.get("perInstanceProperties") or {}))
+        if not names and body.get("namePattern"):
+            pattern = body["namePattern"]
+            width = pattern.count("#")
+            names = [pattern.replace("#" * width, str(i + 1).zfill(width)) for i in range(int(body.get("count", 0)))]
+        if not names or int(body.get("count", len(names))) != len(names):
+            raise ApiError(400, "count must equal the number of perInstanceProperties names.", "invalid")
+        with self._lock:
+            if replay := self._replay(project, q.get("requestId")):
+                return replay
+            chosen, last_error = None, None
+            for zone in zones:
+                try:
+                    gce.properties_check({**props, "name": names[0]}, None, "resource.instanceProperties")
+                    self._admit(project, zone, names)
+                    chosen = zone
+                    break
+                except ApiError as e:
+                    if e.code == 400:
+                        raise
+                    last_error = e
+            if chosen is None:
+                assert last_error is not None
+                raise last_error
+            # instanceProperties names a bare machine type; each VM gets the chosen zone's.
+            base = {**props, "machineType": f"zones/{chosen}/machineTypes/{props['machineType'].rsplit('/', 1)[-1]}"}
+            per = body.get("perInstanceProperties") or {}
+            vms = [self._create(project, chosen, {**base, "name": n, **_hostname(per.get(n))}) for n in names]
+            op = gce.operation("bulkInsert", scope, key, "", "", USER)
+            op["status"] = "RUNNING"
+            op["startTime"] = gce.now()
+            self._ops[(op[key], op["name"])] = op
+            self._remember(project, q.get("requestId"), op)
+        self._later(self.faults.op_delay, self._provision, vms, op)
+        return op
+
+    def _instances_delete(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
+        with self._lock:
+            if replay := self._replay(p["project"], q.get("requestId")):
+                return replay
+            vm = self._vm(p["project"], p["zone"], p["instance"])
+            op = self._zone_op(vm.project, vm.zone, "delete", vm)
+            self._remember(vm.project, q.get("requestId"), op)
+            if vm.resource["status"] not in ("STOPPING",):
+                self._set_status(vm, "STOPPING")
+        budget = 0 if q.get("noGracefulShutdown") == "true" else self.shutdown_budget
+        threading.Thread(target=self._stop_then, args=(vm, "DELETE", op, budget), daemon=True).start()
+        return op
+
+    def _instances_stop(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
+        with self._lock:
+            vm = self._vm(p["project"], p["zone"], p["instance"])
+            op = self._zone_op(vm.project, vm.zone, "stop", vm)
+            if vm.resource["status"] in ("TERMINATED", "STOPPED"):
+                gce.finish(op)
+                return op
+            self._set_status(vm, "STOPPING")
+        threading.Thread(target=self._stop_then, args=(vm, "TERMINATED", op), daemon=True).start()
+        return op
+
+    def _instances_start(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
+        with self._lock:
+            vm = self._vm(p["project"], p["zone"], p["instance"])
+            op = self._zone_op(vm.project, vm.zone, "start", vm)
+            if vm.resource["status"] != "TERMINATED":
+                gce.finish(op)
+                return op
+            self._admit(vm.project, vm.zone, [])
+            vm.preempted = False
+            self._set_status(vm, "PROVISIONING")
+        self._later(self.faults.op_delay, self._provision, [vm], op)
+        return op
+
+    # -- operations ----------------------------------------------------------------------
+    def _zoneOperations_get(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
+        with self._lock:
+            return self._op(self.urls.zone(p["project"], p["zone"]), p["operation"])
+
+    def _regionOperations_get(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
+        with self._lock:
+            return self._op(self.urls.region(p["project"], p["region"]), p["operation"])
+
+    def _zoneOperations_wait(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
+        return self._wait(self.urls.zone(p["project"], p["zone"]), p["operation"])
+
+    def _regionOperations_wait(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
+        return self._wait(self.urls.region(p["project"], p["region"]), p["operation"])
+
+    def _zoneOperations_list(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
+        return self._list_ops(self.urls.zone(p["project"], p["zone"]), q)
+
+    def _regionOperations_list(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
+        return self._list_ops(self.urls.region(p["project"], p["region"]), q)
+
+    def _zoneOperations_delete(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
+        with self._lock:
+            scope = self.urls.zone(p["project"], p["zone"])
+            self._op(scope, p["operation"])
+            del self._ops[(scope, p["operation"])]
+        return {}
+
+    def _wait(self, scope: str, name: str) -> dict[str, Any]:
+        """Returns when the operation is DONE, or after two minutes at most (as Google's does)."""
+        with self._done:
+            op = self._op(scope, name)
+            self._done.wait_for(lambda: op["status"] == "DONE", timeout=120)
+            return op
+
+    def _list_ops(self, scope: str, q: Any) -> dict[str, Any]:
+        with self._lock:
+            ops = [op for (s, _), op in self._ops.items() if s == scope]
+        page, token = _page(_filtered(ops, q.get("filter")), q)
+        out = {"kind": "compute#operationList", "id": scope, "items": page, "selfLink": f"{scope}/operations"}
+        return {**out, "nextPageToken": token} if token else out
+
+    # -- state machine ---------------------------------------------------------------
+    def _admit(self, project: str, zone: str, names: list[str]) -> None:
+        """Synchronous refusals: name taken, sync stockout or quota."""
+        for name in names:
+            if (project, zone, name) in self._vms:
+                raise ApiError(409, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' already exists",
+                               "alreadyExists")
+        if self.faults.stockouts.get(zone) == "sync":
+            raise gce.stockout(project, zone)
+        if self.faults.quota.get(zone) == "sync":
+            raise gce.quota(gce.region_of(zone))
+
+    def _create(self, project: str, zone: str, body: dict[str, Any]) -> Vm:
+        vm = Vm(project, zone, gce.instance_resource(body, project, zone, self.urls))
+        self._vms[(project, zone, vm.name)] = vm
+        return vm
+
+    def _provision(self, vms: list[Vm], op: dict[str, Any]) -> None:
+        """The insert operation finishes: capacity is decided now (as on the real API)."""
+        with self._lock:
+            zone = vms[0].zone
+            error = None
+            if self.faults.stockouts.get(zone) == "operation":
+                error, code = gce.stockout(vms[0].project, zone), "ZONE_RESOURCE_POOL_EXHAUSTED"
+            elif self.faults.quota.get(zone) == "operation":
+                error, code = gce.quota(gce.region_of(zone)), "QUOTA_EXCEEDED"
+            if error is not None:
+                for vm in vms:
+                    if op["operationType"] != "start":
+                        self._vms.pop((vm.project, vm.zone, vm.name), None)
+                    else:
+                        self._set_status(vm, "TERMINATED")
+                gce.finish(op, error, code)
+                self._done.notify_all()
+                return
+            for vm in vms:
+                self._set_status(vm, "STAGING")
+            gce.finish(op)
+            self._done.notify_all()
+        self._later(self.boot_delay, self._boot, vms)
+
+    def _boot(self, vms: list[Vm]) -> None:
+        for vm in vms:
+            with self._lock:
+                if self._vms.get((vm.project, vm.zone, vm.name)) is not vm or vm.resource["status"] != "STAGING":
+                    continue
+                self._set_status(vm, "RUNNING")
+                vm.resource["lastStartTimestamp"] = gce.now()
+            if self.run_vms:
+                self._start_process(vm)
+
+    def _start_process(self, vm: Vm) -> None:
+        if vm.metadata is None:
+            vm.metadata = MetadataServer(lambda: self._metadata_tree(vm))
+        workdir = self.workdir_of(vm.name)
+        workdir.mkdir(parents=True, exist_ok=True)
+        env = {**self.vm_env, "GCE_METADATA_HOST": vm.metadata.host, "GCE_METADATA_IP": vm.metadata.host}
+        process = VmProcess(workdir, env, lambda code: self._guest_exited(vm, process))
+        vm.process = process
+        process.start(vm.attribute("startup-script") or "#!/bin/bash\n# no startup-script: idle\nsleep infinity\n")
+
+    def _guest_exited(self, vm: Vm, process: VmProcess) -> None:
+        """The guest powered itself off (or its init died): TERMINATED, as a guest shutdown is."""
+        with self._lock:
+            if vm.process is not process or vm.resource["status"] != "RUNNING":
+                return
+            self._record(vm, "compute.instances.guestTerminate")
+            self._set_status(vm, "STOPPING")
+        self._later(0.05, self._terminated, vm)
+
+    def _stop_then(self, vm: Vm, outcome: str, op: dict[str, Any] | None = None, budget: float | None = None) -> None:
+        self._power_off(vm, self.shutdown_budget if budget is None else budget)
+        with self._lock:
+            if outcome == "DELETE":
+                self._vms.pop((vm.project, vm.zone, vm.name), None)
+            else:
+                self._set_status(vm, "TERMINATED")
+                vm.resource["lastStopTimestamp"] = gce.now()
+            if op is not None:
+                gce.finish(op)
+            self._done.notify_all()
+
+    def _terminated(self, vm: Vm) -> None:
+        with self._lock:
+            if vm.resource["status"] == "STOPPING":
+                self._set_status(vm, "TERMINATED")
+                vm.resource["lastStopTimestamp"] = gce.now()
+        self._power_off(vm, 0)
+
+    def _power_off(self, vm: Vm, budget: float) -> None:
+        process, vm.process = vm.process, None
+        if process is not None:
+            process.stop(vm.attribute("shutdown-script"), budget)
+        if vm.metadata is not None:
+            vm.metadata.stop()
+            vm.metadata = None
+
+    def _metadata_tree(self, vm: Vm) -> dict[str, Any]:
+        with self._lock:
+            r = vm.resource
+            attributes = {i["key"]: i.get("value", "") for i in r["metadata"]["items"]}
+            accounts = r.get("serviceAccounts") or [{"email": "default", "scopes": []}]
+            token = {"access_token": "ya29.localcloud-token", "expires_in": 3599, "token_type": "Bearer"}
+            account = {"email": accounts[0]["email"], "scopes": "\n".join(accounts[0].get("scopes", [])), "token": token,
+                       "aliases": "default"}
+            return {
+                "instance": {
+                    "attributes": attributes, "name": r["name"], "id": r["id"], "zone": f"projects/0/zones/{vm.zone}",
+                    "hostname": f"{r['name']}.{vm.zone}.c.{vm.project}.internal", "machine-type": r["machineType"],
+                    "preempted": "TRUE" if vm.preempted else "FALSE", "maintenance-event": "NONE",
+                    "service-accounts": {"default": account, accounts[0]["email"]: account},
+                    "network-interfaces": {"0": {"ip": "127.0.0.1"}},
+                },
+                "project": {"project-id": vm.project, "numeric-project-id": "0"},
+            }
+
+    # -- helpers ------------------------------------------------------------------------
+    def _set_status(self, vm: Vm, status: str) -> None:
+        vm.resource["status"] = status
+        if vm.metadata:
+            vm.metadata.changed()
+
+    def _record(self, vm: Vm, kind: str) -> dict[str, Any]:
+        """A system event (preemption, guest termination) as the zone operation Google logs."""
+        op = self._zone_op(vm.project, vm.zone, kind, vm)
+        gce.finish(op)
+        op["user"] = "system"
+        if vm.metadata:
+            vm.metadata.changed()
+        return op
+
+    def _zone_op(self, project: str, zone: str, kind: str, vm: Vm) -> dict[str, Any]:
+        scope = self.urls.zone(project, zone)
+        op = gce.operation(kind, scope, "zone", vm.resource["selfLink"], vm.resource["id"], USER)
+        op.update(status="RUNNING", startTime=gce.now())
+        self._ops[(scope, op["name"])] = op
+        return op
+
+    def _replay(self, project: str, request_id: str | None) -> dict[str, Any] | None:
+        if not gce.valid_request_id(request_id):
+            raise gce.invalid("requestId", request_id, "The request id must be a valid UUID.")
+        return self._requests.get((project, request_id)) if request_id else None
+
+    def _remember(self, project: str, request_id: str | None, op: dict[str, Any]) -> None:
+        if request_id:
+            self._requests[(project, request_id)] = op
+
+    def _zone(self, zone: str) -> str:
+        if zone not in self.zones:
+            raise gce.not_found(f"zones/{zone}")
+        return zone
+
+    def _vm(self, project: str, zone: str, name: str) -> Vm:
+        self._zone(zone)
+        vm = self._vms.get((project, zone, name))
+        if vm is None:
+            raise gce.not_found(f"projects/{project}/zones/{zone}/instances/{name}")
+        return vm
+
+    def _find(self, name: str) -> Vm:
+        with self._lock:
+            for (_, _, n), vm in self._vms.items():
+                if n == name:
+                    return vm
+        raise KeyError(name)
+
+    def _op(self, scope: str, name: str) -> dict[str, Any]:
+        op = self._ops.get((scope, name))
+        if op is None:
+            raise gce.not_found(f"{scope.split('/compute/v1/')[-1]}/operations/{name}")
+        return op
+
+    def _later(self, delay: float, fn: Any, *args: Any) -> None:
+        timer = threading.Timer(delay, fn, args)
+        timer.daemon = True
+        with self._lock:
+            self._timers = [t for t in self._timers if t.is_alive()] + [timer]
+        timer.start()
+
+
+def _hostname(per_instance: dict[str, Any] | None) -> dict[str, Any]:
+    hostname = (per_instance or {}).get("hostname")
+    return {"hostname": hostname} if hostname else {}
+
+
+def _json(body: dict[str, Any], status: int = 200) -> Response:
+    return Response(json.dumps(body), status=status, mimetype="application/json")
+
+
+def _compile(text: str | None) -> Any:
+    try:
+        return compile_filter(text)
+    except FilterError as e:
+        raise ApiError(400, str(e), "invalid") from e
+
+
+def _filtered(items: list[dict[str, Any]], text: str | None) -> list[dict[str, Any]]:
+    predicate = _compile(text)
+    return [i for i in items if predicate(i)]
+
+
+def _page(items: list[Any], q: Any) -> tuple[list[Any], str | None]:
+    size = min(int(q.get("maxResults", 500)), 500)
+    start = int(base64.urlsafe_b64decode(q["pageToken"]).decode()) if q.get("pageToken") else 0
+    end = start + size
+    token = base64.urlsafe_b64encode(str(end).encode()).decode() if end < len(items) else None
+    return items[start:end], token

@@ -1,0 +1,222 @@
+"""How Compute Engine shapes its resources: instances, operations, errors, URLs, times.
+
+Pure functions from request bodies to the dicts the real API returns, so the server
+module can stay about state and time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import secrets
+import time
+import uuid
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+_NAME_RE = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
+_LABEL_KEY = re.compile(r"[a-z][-_a-z0-9]{0,62}")
+_LABEL_VALUE = re.compile(r"[-_a-z0-9]{0,63}")
+_ids = itertools.count(int(time.time() * 1000) * 1000)
+try:  # Google stamps resources in Pacific time, e.g. 2024-06-26T11:42:22.006-07:00
+    _TZ: Any = ZoneInfo("America/Los_Angeles")
+except Exception:  # noqa: BLE001 - no tzdata on this machine
+    _TZ = None
+
+
+class ApiError(Exception):
+    """An HTTP error answered in Google's JSON error shape."""
+
+    def __init__(self, code: int, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.code, self.message, self.reason = code, message, reason
+
+    def body(self) -> dict[str, Any]:
+        status = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 404: "NOT_FOUND", 409: "ALREADY_EXISTS",
+                  412: "FAILED_PRECONDITION", 429: "RESOURCE_EXHAUSTED", 503: "UNAVAILABLE"}.get(self.code, "UNKNOWN")
+        return {"error": {"code": self.code, "message": self.message, "status": status,
+                          "errors": [{"message": self.message, "domain": "global", "reason": self.reason}]}}
+
+
+def not_found(path: str) -> ApiError:
+    return ApiError(404, f"The resource '{path}' was not found", "notFound")
+
+
+def invalid(field: str, value: Any, why: str) -> ApiError:
+    return ApiError(400, f"Invalid value for field '{field}': '{value}'. {why}", "invalid")
+
+
+def now() -> str:
+    moment = datetime.now(_TZ).astimezone(_TZ) if _TZ else datetime.now().astimezone()
+    return moment.isoformat(timespec="milliseconds")
+
+
+def new_id() -> str:
+    return str(next(_ids))
+
+
+class Urls:
+    def __init__(self, base: str) -> None:
+        self.base = base.rstrip("/") + "/compute/v1/"
+
+    def zone(self, project: str, zone: str) -> str:
+        return f"{self.base}projects/{project}/zones/{zone}"
+
+    def region(self, project: str, region: str) -> str:
+        return f"{self.base}projects/{project}/regions/{region}"
+
+    def instance(self, project: str, zone: str, name: str) -> str:
+        return f"{self.zone(project, zone)}/instances/{name}"
+
+    def absolute(self, project: str, zone: str, ref: str, kind: str) -> str:
+        """Expand a partial URL (``zones/z/machineTypes/n1``, a bare name) the way the API does."""
+        if ref.startswith("http"):
+            return ref
+        if ref.startswith("projects/"):
+            return self.base + ref
+        if ref.startswith(("zones/", "global/", "regions/")):
+            return f"{self.base}projects/{project}/{ref}"
+        return f"{self.zone(project, zone)}/{kind}/{ref}"
+
+
+def region_of(zone: str) -> str:
+    return zone.rsplit("-", 1)[0]
+
+
+def check_instance(body: dict[str, Any], zone: str, field: str = "resource") -> None:
+    """The semantic checks Compute makes on an instance before accepting an insert."""
+    name = body.get("name", "")
+    if not _NAME_RE.fullmatch(name or ""):
+        raise invalid(f"{field}.name", name, "Must be a match of regex '(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'")
+    properties_check(body, zone, field)
+
+
+def properties_check(body: dict[str, Any], zone: str | None, field: str) -> None:
+    machine = body.get("machineType", "")
+    if not machine:
+        raise invalid(f"{field}.machineType", machine, "The machine type must be specified.")
+    if zone and "/zones/" in f"/{machine}" and f"zones/{zone}/" not in machine:
+        raise invalid(f"{field}.machineType", machine, f"Machine type must be in zone {zone}.")
+    disks = body.get("disks") or []
+    boot = [d for d in disks if d.get("boot")]
+    if len(boot) != 1:
+        raise ApiError(400, "Exactly one boot disk must be specified.", "invalid")
+    if not (boot[0].get("source") or (boot[0].get("initializeParams") or {}).get("sourceImage")):
+        raise invalid(f"{field}.disks[0].initializeParams.sourceImage", "", "A boot disk needs a source image or disk.")
+    if not body.get("networkInterfaces"):
+        raise ApiError(400, "At least one network interface is required.", "invalid")
+    scheduling = body.get("scheduling") or {}
+    if body.get("guestAccelerators") and scheduling.get("onHostMaintenance", "MIGRATE") != "TERMINATE":
+        raise invalid(f"{field}.scheduling.onHostMaintenance", scheduling.get("onHostMaintenance", "MIGRATE"),
+                      "Instances with guest accelerators do not support live migration.")
+    spot = scheduling.get("provisioningModel") == "SPOT" or scheduling.get("preemptible")
+    if spot and scheduling.get("automaticRestart", True):
+        raise invalid(f"{field}.scheduling.automaticRestart", "true",
+                      "Spot and preemptible instances cannot be set to restart automatically.")
+    for key, value in (body.get("labels") or {}).items():
+        if not _LABEL_KEY.fullmatch(key) or not _LABEL_VALUE.fullmatch(value):
+            raise invalid(f"{field}.labels", f"{key}={value}", "Label keys and values must be lowercase letters, "
+                          "digits, '-' or '_', at most 63 characters.")
+    items = (body.get("metadata") or {}).get("items") or []
+    if sum(len(i.get("key", "")) + len(i.get("value", "")) for i in items) > 512 * 1024:
+        raise ApiError(400, "Metadata is larger than 512 KB.", "invalid")
+
+
+def instance_resource(body: dict[str, Any], project: str, zone: str, urls: Urls) -> dict[str, Any]:
+    """The instance as ``instances.get`` returns it, right after an accepted insert."""
+    name = body["name"]
+    scheduling = {"onHostMaintenance": "MIGRATE", "automaticRestart": True, "preemptible": False,
+                  "provisioningModel": "STANDARD", **(body.get("scheduling") or {})}
+    disks = []
+    for index, disk in enumerate(body.get("disks") or []):
+        params = disk.get("initializeParams") or {}
+        disk_name = params.get("diskName") or (name if disk.get("boot") else f"{name}-{index}")
+        disks.append({"kind": "compute#attachedDisk", "type": "PERSISTENT", "mode": "READ_WRITE",
+                      "source": f"{urls.zone(project, zone)}/disks/{disk_name}", "deviceName": f"persistent-disk-{index}",
+                      "index": index, "boot": bool(disk.get("boot")), "autoDelete": disk.get("autoDelete", True),
+                      "interface": "SCSI", "diskSizeGb": str(params.get("diskSizeGb", 10)), "architecture": "X86_64"})
+    nics = []
+    for index, nic in enumerate(body.get("networkInterfaces") or []):
+        out = {"kind": "compute#networkInterface", "name": f"nic{index}", "stackType": "IPV4_ONLY",
+               "network": urls.absolute(project, zone, nic.get("network", "global/networks/default"), "networks"),
+               "networkIP": f"10.128.0.{next(_ids) % 250 + 2}", "fingerprint": _fingerprint()}
+        if nic.get("subnetwork"):
+            out["subnetwork"] = urls.absolute(project, zone, nic["subnetwork"], "subnetworks")
+        if nic.get("accessConfigs"):
+            out["accessConfigs"] = [{"kind": "compute#accessConfig", "type": "ONE_TO_ONE_NAT", "name": "External NAT",
+                                     "natIP": f"34.1.{index}.{next(_ids) % 250 + 2}", "networkTier": "PREMIUM"}]
+        nics.append(out)
+    resource = {
+        "kind": "compute#instance",
+        "id": new_id(),
+        "creationTimestamp": now(),
+        "name": name,
+        "tags": {"items": list((body.get("tags") or {}).get("items", [])), "fingerprint": _fingerprint()},
+        "machineType": urls.absolute(project, zone, body["machineType"], "machineTypes"),
+        "status": "PROVISIONING",
+        "zone": urls.zone(project, zone),
+        "canIpForward": bool(body.get("canIpForward", False)),
+        "networkInterfaces": nics,
+        "disks": disks,
+        "metadata": {"kind": "compute#metadata", "fingerprint": _fingerprint(),
+                     "items": list((body.get("metadata") or {}).get("items", []))},
+        "serviceAccounts": list(body.get("serviceAccounts") or []),
+        "selfLink": urls.instance(project, zone, name),
+        "scheduling": scheduling,
+        "cpuPlatform": "Unknown CPU Platform",
+        "labels": dict(body.get("labels") or {}),
+        "labelFingerprint": _fingerprint(),
+        "startRestricted": False,
+        "deletionProtection": False,
+        "fingerprint": _fingerprint(),
+    }
+    if body.get("guestAccelerators"):
+        resource["guestAccelerators"] = [
+            {"acceleratorType": urls.absolute(project, zone, a["acceleratorType"], "acceleratorTypes"),
+             "acceleratorCount": int(a.get("acceleratorCount", 1))} for a in body["guestAccelerators"]]
+    if body.get("hostname"):
+        resource["hostname"] = body["hostname"]
+    return resource
+
+
+def operation(kind: str, scope_url: str, scope_key: str, target: str, target_id: str, user: str) -> dict[str, Any]:
+    stamp = int(time.time() * 1000)
+    name = f"operation-{stamp}-{secrets.token_hex(7)[:13]}-{secrets.token_hex(4)}-{secrets.token_hex(4)}"
+    op = {"kind": "compute#operation", "id": new_id(), "name": name, scope_key: scope_url,
+          "operationType": kind, "targetLink": target, "targetId": target_id, "status": "PENDING",
+          "user": user, "progress": 0, "insertTime": now(), "selfLink": f"{scope_url}/operations/{name}"}
+    return {k: v for k, v in op.items() if v != ""}  # a bulk operation has no single target
+
+
+def finish(op: dict[str, Any], error: ApiError | None = None, code: str | None = None) -> None:
+    """Mark an operation DONE; a failed one keeps DONE and carries ``error`` + ``httpErrorStatusCode``."""
+    op.update(status="DONE", progress=100, endTime=now())
+    op.setdefault("startTime", op["endTime"])
+    if error is not None:
+        op["error"] = {"errors": [{"code": code or error.reason.upper(), "message": error.message}]}
+        op["httpErrorStatusCode"] = error.code
+        op["httpErrorMessage"] = {400: "BAD REQUEST", 403: "FORBIDDEN", 404: "NOT FOUND", 409: "CONFLICT",
+                                  503: "SERVICE UNAVAILABLE"}.get(error.code, "ERROR")
+
+
+def valid_request_id(value: str | None) -> bool:
+    if value is None:
+        return True
+    try:
+        return uuid.UUID(value) is not None and value != str(uuid.UUID(int=0))
+    except ValueError:
+        return False
+
+
+def stockout(project: str, zone: str) -> ApiError:
+    return ApiError(503, f"The zone 'projects/{project}/zones/{zone}' does not have enough resources available to "
+                         "fulfill the request.  Try a different zone, or try again later.", "ZONE_RESOURCE_POOL_EXHAUSTED")
+
+
+def quota(region: str) -> ApiError:
+    return ApiError(403, f"Quota 'NVIDIA_L4_GPUS' exceeded.  Limit: 0.0 in region {region}.", "QUOTA_EXCEEDED")
+
+
+def _fingerprint() -> str:
+    return secrets.token_urlsafe(8)[:11] + "="
