@@ -1,0 +1,136 @@
+"""The whole local cloud in one object: GCS, Compute, the two functions, Scheduler, Eventarc.
+
+The functions run as real ``functions-framework`` processes serving ``main.py``, with
+the same environment a deployment gives them, pointed at the local servers.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from controller.config import REPO_ROOT
+from localcloud.compute import ComputeServer
+from localcloud.events import Ticker, Watcher
+from localcloud.gcs import LocalGcs, client
+
+
+@dataclass
+class Options:
+    bucket: str = "respawn-local"
+    project: str = "respawn-local"
+    tick_interval: float = 60.0
+    boot_delay: float = 0.3
+    shutdown_budget: float = 30.0
+    vm_scripts: Path | None = None  # default: the project's deploy/vm
+    log_dir: Path | None = None
+    policy_env: dict[str, str] | None = None
+
+
+class LocalCloud:
+    def __init__(self, options: Options | None = None) -> None:
+        self.options = options or Options()
+        self.gcs = LocalGcs()
+        self.compute: ComputeServer | None = None
+        self._functions: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
+        self.ticker: Ticker | None = None
+        self.watcher: Watcher | None = None
+
+    def start(self) -> LocalCloud:
+        o = self.options
+        try:
+            self.gcs.start()
+            self.storage = client(self.gcs.url, o.project)
+            self.storage.create_bucket(o.bucket)
+            vm_path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+            self.compute = ComputeServer(vm_env={"STORAGE_EMULATOR_HOST": self.gcs.url, "PATH": vm_path},
+                                         boot_delay=o.boot_delay, shutdown_budget=o.shutdown_budget).start()
+            for target in ("tick", "on_object"):
+                self._functions[target] = self._serve(target)
+            self.watcher = Watcher(self.storage, o.bucket, self.function_url("on_object"),
+                                   prefixes=("jobs/", "preempted-jobs/")).start()
+            self.ticker = Ticker(self.function_url("tick"), o.tick_interval).start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def env(self) -> dict[str, str]:
+        """What a user exports to point clients (the CLI, gsutil-free scripts, gcloud) here."""
+        assert self.compute is not None
+        return {
+            "STORAGE_EMULATOR_HOST": self.gcs.url,
+            "RESPAWN_COMPUTE_ENDPOINT": self.compute.endpoint,
+            "RESPAWN_BUCKET": self.options.bucket,
+            "RESPAWN_PROJECT": self.options.project,
+            "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE": f"{self.compute.endpoint}/compute/v1/",
+            "CLOUDSDK_CORE_PROJECT": self.options.project,
+            "RESPAWN_VM_SCRIPTS": str(self.options.vm_scripts or REPO_ROOT / "deploy" / "vm"),
+            **(self.options.policy_env or {}),
+        }
+
+    def function_url(self, target: str) -> str:
+        return f"http://127.0.0.1:{self._functions[target][1]}/"
+
+    def tick(self) -> dict:
+        """One Scheduler run, now (what ``gcloud scheduler jobs run`` does)."""
+        response = requests.post(self.function_url("tick"), json={}, timeout=600)
+        return {"status": response.status_code, **(response.json() if response.content else {})}
+
+    def stop(self) -> None:
+        for loop in (self.ticker, self.watcher):
+            if loop:
+                loop.stop()
+        for process, _ in self._functions.values():
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        self._functions.clear()
+        if self.compute:
+            self.compute.stop()
+        self.gcs.stop()
+
+    def __enter__(self) -> LocalCloud:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _serve(self, target: str) -> tuple[subprocess.Popen[bytes], int]:
+        port = _free_port()
+        env = {**os.environ, **self.env(), "RESPAWN_LOG_FORMAT": "text", "PYTHONUNBUFFERED": "1"}
+        log_dir = self.options.log_dir
+        out = open(log_dir / f"function-{target}.log", "ab") if log_dir else subprocess.DEVNULL
+        process = subprocess.Popen(
+            [sys.executable, "-m", "functions_framework", "--target", target, "--source", str(REPO_ROOT / "main.py"),
+             "--host", "127.0.0.1", "--port", str(port)] + ([] if target == "tick" else ["--signature-type", "cloudevent"]),
+            cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        _wait_for_port(port, process)
+        return process, port
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_port(port: int, process: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"functions-framework exited with {process.returncode}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"functions-framework did not listen on {port} within {timeout}s")

@@ -1,0 +1,256 @@
+"""The ports' contract, run against the in-memory fakes and the real adapters alike.
+
+If a fake drifts from what the real adapter does over the local cloud, a test here
+fails for one backend and not the other.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import compute_v1
+from google.api_core.client_options import ClientOptions
+
+from controller import errors, names
+from controller.adapters.gcs import GcsStore
+from controller.adapters.google import compute_gateway
+from controller.adapters.memory import MemoryCompute, MemoryStore
+from controller.clock import SystemClock
+from controller.config import Settings
+from controller.ports import BlobStore, ComputeGateway, InstanceRequest, InstanceStatus, StopReason
+from localcloud.compute import ComputeServer
+from localcloud.gcs import LocalGcs, client
+
+PROJECT = "contract-proj"
+BUCKET = "contract-bucket"
+
+
+@dataclass
+class Backend:
+    """A store, a gateway, and what Google or a guest would do to them."""
+
+    name: str
+    store: BlobStore
+    compute: ComputeGateway
+    preempt: Callable[[str], None]
+    crash: Callable[[str], None]
+    stockout: Callable[[str, bool], None]
+    quota: Callable[[str, bool], None]
+    foreign: Callable[[str, dict[str, str]], None]
+
+
+@pytest.fixture(scope="module")
+def local() -> Iterator[tuple[LocalGcs, ComputeServer]]:
+    with LocalGcs() as gcs, ComputeServer(boot_delay=0.05, shutdown_budget=0.5, run_vms=True) as srv:
+        client(gcs.url).create_bucket(BUCKET)
+        yield gcs, srv
+
+
+def _memory() -> Backend:
+    clock = SystemClock()
+    compute = MemoryCompute(clock)
+    return Backend(
+        "memory", MemoryStore(clock), compute,
+        preempt=compute.preempt,
+        crash=lambda n: compute.terminate(n, StopReason.CRASHED),
+        stockout=lambda z, on: (compute.stockouts.add if on else compute.stockouts.discard)(z),
+        quota=lambda z, on: (compute.quota_exhausted.add if on else compute.quota_exhausted.discard)(z),
+        foreign=lambda n, labels: compute.add_foreign(PROJECT, "us-central1-a", n, labels),
+    )
+
+
+def _local(gcs: LocalGcs, srv: ComputeServer) -> Backend:
+    settings = Settings(bucket=BUCKET, project=PROJECT, compute_endpoint=srv.endpoint)
+    raw = compute_v1.InstancesClient(transport="rest", credentials=AnonymousCredentials(),
+                                     client_options=ClientOptions(api_endpoint=srv.endpoint))
+
+    def foreign(name: str, labels: dict[str, str]) -> None:
+        body = compute_v1.Instance(**{**_body(name), "labels": labels})
+        raw.insert_unary(project=PROJECT, zone="us-central1-a", instance_resource=body)
+
+    return Backend(
+        "local", GcsStore(client(gcs.url)), compute_gateway(settings),
+        preempt=srv.preempt, crash=srv.crash,
+        stockout=lambda z, on: srv.stockout(z, on), quota=lambda z, on: srv.quota(z, on), foreign=foreign,
+    )
+
+
+def _body(name: str) -> dict[str, Any]:
+    return {"name": name, "machine_type": "zones/us-central1-a/machineTypes/e2-small",
+            "disks": [compute_v1.AttachedDisk(boot=True, initialize_params=compute_v1.AttachedDiskInitializeParams(
+                source_image="projects/debian-cloud/global/images/family/debian-12"))],
+            "network_interfaces": [compute_v1.NetworkInterface(network="global/networks/default")]}
+
+
+@pytest.fixture(params=["memory", "local"])
+def backend(request: pytest.FixtureRequest) -> Backend:
+    if request.param == "memory":
+        return _memory()
+    return _local(*request.getfixturevalue("local"))
+
+
+def unique(prefix: str = "c") -> str:
+    return f"{prefix}{uuid.uuid4().hex[:8]}"
+
+
+def request_for(job: str, attempt: int = 1, zone: str = "us-central1-a", name: str | None = None) -> InstanceRequest:
+    return InstanceRequest(
+        project=PROJECT, zone=zone, name=name or names.instance_name(job, attempt), machine_type="g2-standard-8",
+        spot=True, termination_action="stop", boot_image="projects/debian-cloud/global/images/family/debian-12",
+        boot_disk_gb=50, boot_disk_type="pd-balanced", service_account="default",
+        scopes=("https://www.googleapis.com/auth/cloud-platform",), network="global/networks/default",
+        subnetwork=None, external_ip=False,
+        labels={names.MANAGED_LABEL: "true", names.JOB_LABEL: job, names.ATTEMPT_LABEL: str(attempt)},
+        metadata={"respawn-job": job, "startup-script": "#!/bin/bash\nsleep 300\n"},
+        accelerator_type="nvidia-l4", accelerator_count=1)
+
+
+def eventually(check: Callable[[], Any], timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result or time.monotonic() > deadline:
+            return result
+        time.sleep(0.05)
+
+
+def mine(backend: Backend, job: str) -> dict[str, Any]:
+    return {i.name: i for i in backend.compute.list_managed([PROJECT], job).instances}
+
+
+class TestBlobStore:
+    def test_create_only_write_succeeds_once(self, backend):
+        key = unique("o/")
+        info = backend.store.write(BUCKET, key, b"one", if_generation_match=0)
+        assert info.generation > 0 and info.name == key
+        with pytest.raises(errors.PreconditionFailed):
+            backend.store.write(BUCKET, key, b"two", if_generation_match=0)
+        assert backend.store.read(BUCKET, key).data == b"one"
+
+    def test_compare_and_swap_on_generation(self, backend):
+        key = unique("o/")
+        first = backend.store.write(BUCKET, key, b"1", if_generation_match=0)
+        second = backend.store.write(BUCKET, key, b"2", if_generation_match=first.generation)
+        assert second.generation != first.generation
+        with pytest.raises(errors.PreconditionFailed):
+            backend.store.write(BUCKET, key, b"3", if_generation_match=first.generation)
+        blob = backend.store.read(BUCKET, key)
+        assert (blob.data, blob.info.generation) == (b"2", second.generation)
+        assert blob.info.updated is not None
+
+    def test_missing_object_is_not_found(self, backend):
+        with pytest.raises(errors.NotFound):
+            backend.store.read(BUCKET, unique("missing/"))
+        with pytest.raises(errors.NotFound):
+            backend.store.delete(BUCKET, unique("missing/"))
+
+    def test_conditional_delete(self, backend):
+        key = unique("o/")
+        info = backend.store.write(BUCKET, key, b"marker")
+        with pytest.raises(errors.PreconditionFailed):
+            backend.store.delete(BUCKET, key, if_generation_match=info.generation + 1)
+        assert backend.store.read(BUCKET, key).data == b"marker"
+        backend.store.delete(BUCKET, key, if_generation_match=info.generation)
+        with pytest.raises(errors.NotFound):
+            backend.store.read(BUCKET, key)
+
+    def test_list_by_prefix_across_pages(self, backend):
+        prefix = unique("list/") + "/"
+        for i in range(12):
+            backend.store.write(BUCKET, f"{prefix}{i:02d}", b"x")
+        backend.store.write(BUCKET, prefix.rstrip("/") + "-sibling", b"x")
+        if isinstance(backend.store, GcsStore):
+            backend.store.page_size = 5  # force paging through the real client's iterator
+        listed = backend.store.list(BUCKET, prefix)
+        assert [b.name for b in listed] == [f"{prefix}{i:02d}" for i in range(12)]
+
+
+class TestComputeGateway:
+    def test_insert_then_list_with_labels(self, backend):
+        job = unique("j")
+        backend.compute.insert([request_for(job)], names.request_id(job, 1, 0))
+        found = mine(backend, job)
+        assert list(found) == [f"{job}-1"]
+        instance = found[f"{job}-1"]
+        assert (instance.job, instance.attempt, instance.managed, instance.zone) == (job, 1, True, "us-central1-a")
+        assert instance.status in (InstanceStatus.STAGING, InstanceStatus.RUNNING) and instance.id
+        assert mine(backend, unique("other")) == {}
+
+    def test_repeated_request_id_and_existing_name_are_success(self, backend):
+        job = unique("j")
+        rid = names.request_id(job, 1, 0)
+        backend.compute.insert([request_for(job)], rid)
+        backend.compute.insert([request_for(job)], rid)
+        backend.compute.insert([request_for(job)], names.request_id(job, 1, 1))
+        assert list(mine(backend, job)) == [f"{job}-1"]
+
+    def test_delete_then_not_found(self, backend):
+        job = unique("j")
+        backend.compute.insert([request_for(job)], names.request_id(job, 1, 0))
+        backend.compute.delete(PROJECT, "us-central1-a", f"{job}-1")
+        assert eventually(lambda: mine(backend, job) == {})
+        with pytest.raises(errors.NotFound):
+            backend.compute.delete(PROJECT, "us-central1-a", f"{job}-1")
+
+    def test_stockout_is_a_capacity_error_naming_the_zone(self, backend):
+        job = unique("j")
+        backend.stockout("us-central1-b", True)
+        try:
+            with pytest.raises(errors.CapacityError) as e:
+                backend.compute.insert([request_for(job, zone="us-central1-b")], names.request_id(job, 1, 0))
+            assert e.value.zone == "us-central1-b" and "ZONE_RESOURCE_POOL_EXHAUSTED" in e.value.reason
+        finally:
+            backend.stockout("us-central1-b", False)
+        assert mine(backend, job) == {}
+
+    def test_quota_is_a_quota_error(self, backend):
+        job = unique("j")
+        backend.quota("us-central1-c", True)
+        try:
+            with pytest.raises(errors.QuotaError):
+                backend.compute.insert([request_for(job, zone="us-central1-c")], names.request_id(job, 1, 0))
+        finally:
+            backend.quota("us-central1-c", False)
+
+    def test_gang_lands_in_one_zone(self, backend):
+        job = unique("g")
+        gang = [request_for(job, name=f"{job}-1-{rank}") for rank in range(3)]
+        backend.compute.insert(gang, names.request_id(job, 1, 0))
+        found = mine(backend, job)
+        assert sorted(found) == [f"{job}-1-{r}" for r in range(3)]
+        assert {i.zone for i in found.values()} == {"us-central1-a"}
+
+    def test_unlabelled_instances_are_never_listed(self, backend):
+        job = unique("j")
+        backend.foreign(f"{job}-1", {names.JOB_LABEL: job})
+        backend.foreign(f"{job}-2", {names.MANAGED_LABEL: "false", names.JOB_LABEL: job})
+        assert mine(backend, job) == {}
+        assert all(i.managed for i in backend.compute.list_managed([PROJECT]).instances)
+
+    def test_preemption_is_told_apart_from_a_crash(self, backend):
+        a, b = unique("p"), unique("c")
+        for job in (a, b):
+            backend.compute.insert([request_for(job)], names.request_id(job, 1, 0))
+            assert eventually(lambda j=job: mine(backend, j)[f"{j}-1"].status == InstanceStatus.RUNNING)
+        backend.preempt(f"{a}-1")
+        backend.crash(f"{b}-1")
+        for job in (a, b):
+            assert eventually(lambda j=job: mine(backend, j)[f"{j}-1"].status == InstanceStatus.TERMINATED)
+        assert backend.compute.stop_reason(PROJECT, "us-central1-a", f"{a}-1") == StopReason.PREEMPTED
+        assert backend.compute.stop_reason(PROJECT, "us-central1-a", f"{b}-1") == StopReason.CRASHED
+        # deleting the husk afterwards does not rewrite why it stopped
+        backend.compute.delete(PROJECT, "us-central1-a", f"{a}-1")
+        assert backend.compute.stop_reason(PROJECT, "us-central1-a", f"{a}-1") == StopReason.PREEMPTED
+
+    def test_deleted_by_someone_else_reads_as_stopped(self, backend):
+        job = unique("d")
+        backend.compute.insert([request_for(job)], names.request_id(job, 1, 0))
+        backend.compute.delete(PROJECT, "us-central1-a", f"{job}-1")
+        assert backend.compute.stop_reason(PROJECT, "us-central1-a", f"{job}-1") == StopReason.STOPPED
+        assert backend.compute.stop_reason(PROJECT, "us-central1-a", unique("never")) == StopReason.UNKNOWN
