@@ -7,6 +7,7 @@ install their own engine (over the fakes) with ``override``.
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 from controller import errors, logs
 from controller.clock import SystemClock
@@ -17,6 +18,7 @@ from controller.launch import LaunchContext
 from controller.observe import Observer
 
 _lock = threading.RLock()
+COMMON_MARK = "# @@common.sh@@"
 _engine: Engine | None = None
 _settings: Settings | None = None
 
@@ -60,9 +62,14 @@ def build(config: Settings) -> Engine:
 
 def launch_context(config: Settings) -> LaunchContext:
     """The VM scripts ship with the controller's own source, never from the bucket."""
+    return LaunchContext(config.bucket, config.project, *vm_scripts(config.vm_scripts))
+
+
+def vm_scripts(folder: Path) -> tuple[str, str]:
+    """startup.sh and shutdown.sh, each with common.sh inlined: a VM needs only bash and curl."""
     try:
-        startup = (config.vm_scripts / "startup.sh").read_text()
-        shutdown = (config.vm_scripts / "shutdown.sh").read_text()
+        common = (folder / "common.sh").read_text() if (folder / "common.sh").exists() else ""
+        startup, shutdown = ((folder / n).read_text() for n in ("startup.sh", "shutdown.sh"))
     except OSError as e:
-        raise errors.ConfigError(f"VM scripts not found under {config.vm_scripts}: {e}") from e
-    return LaunchContext(config.bucket, config.project, startup, shutdown)
+        raise errors.ConfigError(f"VM scripts not found under {folder}: {e}") from e
+    return startup.replace(COMMON_MARK, common), shutdown.replace(COMMON_MARK, common)

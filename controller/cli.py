@@ -60,6 +60,39 @@ def reconcile(
     out.print(table)
 
 
+local = typer.Typer(help="The local cloud: GCS, Compute Engine, the functions, Scheduler and Eventarc.")
+app.add_typer(local, name="local")
+
+
+@local.command("up")
+def local_up(
+    bucket: Annotated[str, typer.Option(envvar="RESPAWN_BUCKET")] = "respawn-local",
+    project: Annotated[str, typer.Option(envvar="RESPAWN_PROJECT")] = "respawn-local",
+    tick: Annotated[float, typer.Option(envvar="RESPAWN_LOCAL_TICK", help="seconds between scheduler ticks")] = 60.0,
+    preemption_notice: Annotated[float, typer.Option(envvar="RESPAWN_LOCAL_NOTICE",
+                                                     help="shutdown-script budget in seconds (Spot: 30)")] = 30.0,
+) -> None:
+    """Start the whole local cloud and keep it up until Ctrl-C."""
+    import signal
+    import threading
+
+    from localcloud.stack import LocalCloud, Options
+
+    cloud = LocalCloud(Options(bucket=bucket, project=project, tick_interval=tick, shutdown_budget=preemption_notice))
+    with cloud:
+        out.print("[bold green]local cloud up[/bold green] — point clients at it with:\n")
+        for key, value in cloud.env().items():
+            print(f"export {key}={value}")
+        out.print(f"\nfunctions: tick {cloud.function_url('tick')}  on_object {cloud.function_url('on_object')}")
+        out.print("Ctrl-C stops everything.")
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # explicit: a background job inherits SIGINT ignored
+            signal.signal(sig, lambda *_: stop.set())
+        while not stop.wait(0.5):
+            pass
+    out.print("local cloud stopped")
+
+
 def _declared_name(raw: bytes) -> str | None:
     import yaml
 
@@ -69,3 +102,7 @@ def _declared_name(raw: bytes) -> str | None:
         return None
     name = data.get("name") if isinstance(data, dict) else None
     return name if isinstance(name, str) else None
+
+
+if __name__ == "__main__":
+    app()

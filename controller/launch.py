@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import shlex
 from dataclasses import dataclass
 
 from controller import names
@@ -54,7 +54,8 @@ def _request(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, nam
         "respawn-checkpoint-uri": spec.checkpoint.uri if spec.checkpoint else "",
         "respawn-command": spec.command_line,
         "respawn-code": spec.code or "",
-        "respawn-env": json.dumps(spec.env, sort_keys=True),
+        # Lines the startup script evaluates; keys are validated identifiers, values quoted.
+        "respawn-env": "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(spec.env.items())),
         "respawn-nodes": str(spec.nodes),
         "respawn-master-addr": master,
         "respawn-heartbeat-interval": str(int(spec.heartbeat_interval.total_seconds())),

@@ -461,7 +461,8 @@ class ComputeServer:
             vm.metadata = MetadataServer(lambda: self._metadata_tree(vm))
         workdir = self.workdir_of(vm.name)
         workdir.mkdir(parents=True, exist_ok=True)
-        env = {**self.vm_env, "GCE_METADATA_HOST": vm.metadata.host, "GCE_METADATA_IP": vm.metadata.host}
+        env = {**self.vm_env, "GCE_METADATA_HOST": vm.metadata.host, "GCE_METADATA_IP": vm.metadata.host,
+               "RESPAWN_RUN_DIR": str(workdir)}  # /var/run/respawn on a real VM; one VM per folder here
         process = VmProcess(workdir, env, lambda code: self._guest_exited(vm, process))
         vm.process = process
         process.start(vm.attribute("startup-script") or "#!/bin/bash\n# no startup-script: idle\nsleep infinity\n")
@@ -507,7 +508,8 @@ class ComputeServer:
             r = vm.resource
             attributes = {i["key"]: i.get("value", "") for i in r["metadata"]["items"]}
             accounts = r.get("serviceAccounts") or [{"email": "default", "scopes": []}]
-            token = {"access_token": "ya29.localcloud-token", "expires_in": 3599, "token_type": "Bearer"}
+            # An endpoint, not a directory: Google answers the token as one JSON document.
+            token = json.dumps({"access_token": "ya29.localcloud-token", "expires_in": 3599, "token_type": "Bearer"})
             account = {"email": accounts[0]["email"], "scopes": "\n".join(accounts[0].get("scopes", [])), "token": token,
                        "aliases": "default"}
             return {

@@ -1,0 +1,145 @@
+"""The deployed shape, locally: functions-framework serving main.py, GCS, Compute with
+real VM processes running deploy/vm scripts, the Scheduler and Eventarc stand-ins."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from controller import names
+from controller.state import JobStatus, Phase
+from localcloud.stack import LocalCloud, Options
+
+# A tiny trainer: one step every 0.4 s, a numbered checkpoint object per step, resumes
+# from RESUME_FROM, and prints where it started. Plain bash + curl, like the VM agent.
+TRAINER = r"""
+step=0
+if [ -n "${RESUME_FROM:-}" ]; then s="${RESUME_FROM##*ckpt-}"; step=$((10#${s%.pt})); fi
+echo "trainer: attempt $RESPAWN_ATTEMPT starts at step $step"
+while [ "$step" -lt 8 ]; do
+  sleep 0.4
+  step=$((step + 1))
+  echo "$step" | curl -sf -o /dev/null -X POST --data-binary @- \
+    "$STORAGE_EMULATOR_HOST/upload/storage/v1/b/$RESPAWN_BUCKET/o?uploadType=media&name=ckpt%2F$RESPAWN_JOB%2Fckpt-$(printf %06d "$step").pt"
+done
+echo "trainer: done at step $step"
+"""
+
+
+@pytest.fixture(scope="module")
+def cloud() -> Iterator[LocalCloud]:
+    with LocalCloud(Options(tick_interval=2.0, boot_delay=0.1, shutdown_budget=5.0)) as c:
+        yield c
+
+
+def spec(job: str, **extra: Any) -> dict[str, Any]:
+    return {"zones": ["us-central1-a", "us-central1-b"], "machine_type": "g2-standard-8",
+            "accelerators": {"type": "nvidia-l4", "count": 1}, "command": TRAINER, "heartbeat_interval": "1s",
+            "checkpoint": {"uri": f"gs://respawn-local/ckpt/{job}"},
+            "policy": {"startup_grace": "1m", "idle_timeout": "1m"}, **extra}
+
+
+def submit(cloud: LocalCloud, job: str, doc: dict[str, Any]) -> None:
+    cloud.storage.bucket(cloud.options.bucket).blob(names.spec_key(job)).upload_from_string(yaml.safe_dump(doc))
+
+
+def status(cloud: LocalCloud, job: str) -> JobStatus | None:
+    blob = cloud.storage.bucket(cloud.options.bucket).get_blob(names.status_key(job))
+    return JobStatus.from_json(blob.download_as_bytes()) if blob else None
+
+
+def until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := check():
+            return result
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def running(cloud: LocalCloud, name: str) -> bool:
+    return any(i["name"] == name and i["status"] == "RUNNING" for i in cloud.compute.instances())
+
+
+def checkpoints(cloud: LocalCloud, job: str) -> list[str]:
+    return [b.name for b in cloud.storage.list_blobs(cloud.options.bucket, prefix=f"ckpt/{job}/")]
+
+
+def test_preempted_vm_is_recreated_from_its_checkpoint_and_succeeds(cloud):
+    job = "resume"
+    submit(cloud, job, spec(job))
+    until("the first VM to run", lambda: running(cloud, f"{job}-1"))
+    until("two checkpoints", lambda: len(checkpoints(cloud, job)) >= 2)
+    cloud.compute.preempt(f"{job}-1")
+
+    final = until("success", lambda: (s := status(cloud, job)) and s.phase.terminal and s, timeout=60)
+    assert final.phase == Phase.SUCCEEDED, final.message
+    assert (final.attempt, final.preemptions, final.failures) == (2, 1, 0)
+    assert final.resume_from is not None and final.resume_from.step and final.resume_from.step >= 2
+    log = (cloud.compute.workdir_of(f"{job}-2") / "serial-port-1.log").read_text()
+    assert f"trainer: attempt 2 starts at step {final.resume_from.step}" in log
+    assert "trainer: done at step 8" in log
+    # the shutdown script wrote the marker; it was consumed after the replacement existed
+    events = [e.event for e in final.history]
+    assert events.index("preempted") < events.index("launch", events.index("preempted"))
+    assert not cloud.storage.bucket(cloud.options.bucket).get_blob(names.marker_key(job))
+    until("every VM of the job deleted", lambda: not [i for i in cloud.compute.instances() if i["name"].startswith(f"{job}-")])
+
+
+def test_stockout_in_the_first_zone_moves_the_job_to_the_second(cloud):
+    job = "failover"
+    cloud.compute.stockout("us-central1-a")
+    try:
+        submit(cloud, job, spec(job, command="sleep 1"))
+        until("a VM in the second zone", lambda: running(cloud, f"{job}-1"))
+        instance = next(i for i in cloud.compute.instances() if i["name"] == f"{job}-1")
+        assert instance["zone"].endswith("/zones/us-central1-b")
+        st = until("the failover in the history", lambda: (s := status(cloud, job)) and s.zone == "us-central1-b" and s)
+        assert "us-central1-a" in st.zone_cooldowns
+        assert any(e.event == "stockout" and e.zone == "us-central1-a" for e in st.history)
+    finally:
+        cloud.compute.stockout("us-central1-a", on=False)
+    until("success", lambda: (s := status(cloud, job)) and s.phase == Phase.SUCCEEDED)
+
+
+def test_tick_alone_is_enough(cloud):
+    """Events are hints: with the watcher stopped, the scheduler tick still converges."""
+    cloud.watcher.stop()
+    job = "tickonly"
+    submit(cloud, job, spec(job, command="sleep 0.5"))
+    result = until("a tick that creates the VM", lambda: cloud.tick()["actions"].get(job))
+    assert any("create" in a for a in result)
+    until("success", lambda: (s := status(cloud, job)) and s.phase == Phase.SUCCEEDED)
+    # consumed once acted on (the delete is the step right after the SUCCEEDED write)
+    until("the exit record consumed", lambda: cloud.storage.bucket(cloud.options.bucket).get_blob(names.exit_key(job)) is None)
+
+
+def test_local_up_prints_the_environment_and_stops_on_interrupt(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-m", "controller.cli", "local", "up", "--tick", "3600"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "COLUMNS": "200"})
+    lines: list[str] = []
+    try:
+        for line in process.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if "Ctrl-C" in line:
+                break
+        exports = dict(l.removeprefix("export ").strip().split("=", 1) for l in lines if l.startswith("export "))
+        assert exports["STORAGE_EMULATOR_HOST"].startswith("http://127.0.0.1:")
+        assert exports["RESPAWN_COMPUTE_ENDPOINT"].startswith("http://127.0.0.1:")
+        assert exports["CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE"].endswith("/compute/v1/")
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+        assert "local cloud stopped" in process.stdout.read()  # type: ignore[union-attr]
+    finally:
+        process.kill()
