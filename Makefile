@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test unit install clean
+.PHONY: test unit demo install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,9 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+demo: $(STAMP)
+	$(BIN)/respawn demo
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit

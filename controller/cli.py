@@ -79,18 +79,54 @@ def local_up(
     from localcloud.stack import LocalCloud, Options
 
     cloud = LocalCloud(Options(bucket=bucket, project=project, tick_interval=tick, shutdown_budget=preemption_notice))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # explicit: a background job inherits SIGINT ignored
+        signal.signal(sig, lambda *_: stop.set())
     with cloud:
         out.print("[bold green]local cloud up[/bold green] — point clients at it with:\n")
         for key, value in cloud.env().items():
             print(f"export {key}={value}")
         out.print(f"\nfunctions: tick {cloud.function_url('tick')}  on_object {cloud.function_url('on_object')}")
         out.print("Ctrl-C stops everything.")
-        stop = threading.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):  # explicit: a background job inherits SIGINT ignored
-            signal.signal(sig, lambda *_: stop.set())
         while not stop.wait(0.5):
             pass
     out.print("local cloud stopped")
+
+
+@app.command()
+def demo(
+    notice: Annotated[float, typer.Option(envvar="RESPAWN_DEMO_NOTICE",
+                                          help="preemption notice in seconds (Spot gives 30; shortened for the demo)")] = 3.0,
+) -> None:
+    """Run the whole story locally: a Spot job preempted three times still ends exactly right."""
+    from localcloud import demo as story
+
+    try:
+        result = story.run(out, notice)
+    except TimeoutError as e:
+        err.print(f"[red]demo failed:[/red] {e}")
+        raise typer.Exit(1) from e
+    table = Table(title="respawn demo", show_header=False)
+    rows = [
+        ("outcome", str(result.phase)),
+        ("attempts", str(result.attempts)),
+        ("preemptions", str(result.preemptions)),
+        ("failures", str(result.failures)),
+        ("steps lost to preemption", str(result.steps_lost)),
+        ("final loss", result.final_loss or "?"),
+        ("final weights", result.final_hash or "?"),
+        ("uninterrupted run", result.reference_hash),
+        ("wall time", f"{result.seconds:.0f} s"),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    out.print(table)
+    for line in result.story:
+        out.print(f"  {line}")
+    if not result.ok:
+        err.print("[red]the story did not come out right[/red]")
+        raise typer.Exit(1)
+    out.print("[bold green]✓ same weights as an uninterrupted run[/bold green]")
 
 
 def _declared_name(raw: bytes) -> str | None:

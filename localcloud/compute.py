@@ -143,15 +143,20 @@ class ComputeServer:
         with self._lock:
             (self.faults.unreachable.add if on else self.faults.unreachable.discard)(zone)
 
-    def preempt(self, name: str) -> None:
-        """Reclaim a Spot VM: preempted=TRUE, STOPPING, shutdown script, then TERMINATED or deleted."""
+    def preempt(self, name: str, graceful: bool = True) -> None:
+        """Reclaim a Spot VM: preempted=TRUE, STOPPING, shutdown script, then TERMINATED or deleted.
+
+        ``graceful=False``: the guest never runs its shutdown script (it was still booting),
+        so no marker is written; only Compute's preemption record tells what happened.
+        """
         vm = self._find(name)
         with self._lock:
             vm.preempted = True
             self._record(vm, "compute.instances.preempted")
             self._set_status(vm, "STOPPING")
         action = vm.resource["scheduling"].get("instanceTerminationAction", "STOP")
-        threading.Thread(target=self._stop_then, args=(vm, "DELETE" if action == "DELETE" else "TERMINATED"),
+        outcome = "DELETE" if action == "DELETE" else "TERMINATED"
+        threading.Thread(target=self._stop_then, args=(vm, outcome, None, None if graceful else 0),
                          daemon=True).start()
 
     def crash(self, name: str) -> None:

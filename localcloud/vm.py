@@ -34,7 +34,11 @@ class VmProcess:
             shim = bin_dir / name
             shim.write_text(_SHIM)
             shim.chmod(0o755)
-        self.env = {**env, "PATH": f"{bin_dir}:{env.get('PATH', os.environ.get('PATH', ''))}", "HOME": str(workdir)}
+        # Every process of this VM inherits the tag, even one that leaves the process group
+        # (the VM agent runs the trainer under setsid): power-off kills all that carry it.
+        self.tag = f"{workdir.name}-{os.getpid()}-{id(self)}"
+        self.env = {**env, "PATH": f"{bin_dir}:{env.get('PATH', os.environ.get('PATH', ''))}", "HOME": str(workdir),
+                    "RESPAWN_LOCAL_VM": self.tag}
 
     def start(self, script: str) -> None:
         path = self.workdir / "startup-script"
@@ -55,7 +59,7 @@ class VmProcess:
         """Run the shutdown script (at most ``budget`` seconds), then hard power-off."""
         self._stopping = True
         deadline = time.monotonic() + budget
-        if shutdown_script and self.running:
+        if shutdown_script and self.running and budget > 0:
             path = self.workdir / "shutdown-script"
             path.write_text(shutdown_script)
             with open(self.workdir / "serial-port-1.log", "ab") as log:
@@ -67,18 +71,39 @@ class VmProcess:
         self.kill(max(0.0, deadline - time.monotonic()))
 
     def kill(self, grace: float = 0.0) -> None:
+        """Hard power-off: SIGTERM to every process of the VM, SIGKILL after ``grace``."""
         if self._proc is None:
             return
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        deadline = time.monotonic() + grace
+        self._signal_all(signal.SIGTERM)
+        while self._pids() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._signal_all(signal.SIGKILL)
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def _signal_all(self, sig: int) -> None:
+        for pid in self._pids():
             try:
-                os.killpg(self._proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self._proc.wait(timeout=max(wait, 0.05))
-                return
-            except subprocess.TimeoutExpired:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _pids(self) -> list[int]:
+        """Live processes carrying this VM's tag (zombies excluded)."""
+        needle = f"RESPAWN_LOCAL_VM={self.tag}".encode()
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
                 continue
+            try:
+                if needle in (entry / "environ").read_bytes().split(b"\0") and b") Z " not in (entry / "stat").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+        return found
 
     def _wait(self) -> None:
         assert self._proc is not None

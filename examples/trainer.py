@@ -1,0 +1,103 @@
+"""A small deterministic trainer that survives preemption.
+
+Linear regression by SGD with numpy. Batch ``k`` is drawn from a generator seeded with
+``k``, so the weights after step N depend only on the weights at any earlier step and
+the steps since: a run resumed from an exact checkpoint ends bit-for-bit where an
+uninterrupted run ends, and the final hash proves it.
+
+Checkpoints go to ``$RESPAWN_CHECKPOINT_URI/step_<N>/weights.npy``, then ``_SUCCESS`` is
+written last: respawn only resumes from a step directory that has it. On SIGTERM (a
+preemption's notice) the trainer checkpoints at the next step boundary and exits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+DIM, BATCH, LR = 32, 64, 0.05
+
+
+def batch(step: int) -> tuple[np.ndarray, np.ndarray]:
+    truth = np.random.default_rng(0).normal(size=DIM)
+    rng = np.random.default_rng(1_000_003 + step)
+    x = rng.normal(size=(BATCH, DIM))
+    return x, x @ truth + 0.1 * rng.normal(size=BATCH)
+
+
+def sgd_step(w: np.ndarray, step: int) -> tuple[np.ndarray, float]:
+    x, y = batch(step)
+    err = x @ w - y
+    return w - LR * (x.T @ err) / BATCH, float(np.mean(err**2))
+
+
+def train(steps: int, w: np.ndarray | None = None, start: int = 0) -> np.ndarray:
+    """The whole computation, no I/O: what an uninterrupted run ends with."""
+    w = np.zeros(DIM) if w is None else w
+    for step in range(start, steps):
+        w, _ = sgd_step(w, step)
+    return w
+
+
+def digest(w: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(w, dtype=np.float64).tobytes()).hexdigest()[:16]
+
+
+class Checkpoints:
+    """``step_<N>/weights.npy`` then ``step_<N>/_SUCCESS`` under a gs:// prefix."""
+
+    def __init__(self, uri: str) -> None:
+        from google.cloud import storage  # honours STORAGE_EMULATOR_HOST under the local cloud
+
+        bucket, _, prefix = uri.removeprefix("gs://").partition("/")
+        self.bucket = storage.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT")).bucket(bucket)
+        self.prefix = prefix.strip("/")
+
+    def save(self, step: int, w: np.ndarray) -> None:
+        buffer = io.BytesIO()
+        np.save(buffer, w)
+        folder = f"{self.prefix}/step_{step:06d}"
+        self.bucket.blob(f"{folder}/weights.npy").upload_from_string(buffer.getvalue())
+        self.bucket.blob(f"{folder}/_SUCCESS").upload_from_string(b"")  # last: the save is complete
+
+    def load(self, uri: str) -> tuple[int, np.ndarray]:
+        folder = uri.removeprefix(f"gs://{self.bucket.name}/").strip("/")
+        data = self.bucket.blob(f"{folder}/weights.npy").download_as_bytes()
+        return int(folder.rsplit("_", 1)[-1]), np.load(io.BytesIO(data))
+
+
+def main() -> int:
+    steps = int(os.environ.get("TRAIN_STEPS", "400"))
+    every = int(os.environ.get("CHECKPOINT_EVERY", "40"))
+    pause = float(os.environ.get("STEP_SECONDS", "0.05"))
+    store = Checkpoints(os.environ["RESPAWN_CHECKPOINT_URI"])
+    stop = {"now": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+
+    resume = os.environ.get("RESUME_FROM", "")
+    start, w = store.load(resume) if resume else (0, np.zeros(DIM))
+    print(f"trainer: attempt {os.environ.get('RESPAWN_ATTEMPT', '?')} starting at step {start}", flush=True)
+    step, loss = start, float("nan")
+    while step < steps:
+        w, loss = sgd_step(w, step)
+        step += 1
+        time.sleep(pause)
+        print(f"trainer: step {step} loss {loss:.5f}", flush=True)
+        if step % every == 0 or stop["now"]:
+            store.save(step, w)
+            print(f"trainer: checkpoint at step {step}", flush=True)
+        if stop["now"]:
+            print(f"trainer: SIGTERM, checkpointed at step {step}, exiting", flush=True)
+            return 143
+    print(f"trainer: final step {step} loss {loss:.6f} weights {digest(w)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
