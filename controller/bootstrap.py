@@ -16,11 +16,13 @@ from controller.engine import Engine
 from controller.executor import Executor
 from controller.launch import LaunchContext
 from controller.observe import Observer
+from controller.ports import BlobStore, ComputeGateway
 
 _lock = threading.RLock()
 COMMON_MARK = "# @@common.sh@@"
 _engine: Engine | None = None
 _settings: Settings | None = None
+_adapters: tuple[BlobStore, ComputeGateway] | None = None
 
 
 def settings() -> Settings:
@@ -40,21 +42,32 @@ def engine() -> Engine:
         return _engine
 
 
-def override(engine: Engine | None, config: Settings | None = None) -> None:
-    """Install (or, with None, forget) the engine and settings; for tests and the local cloud."""
-    global _engine, _settings
+def adapters() -> tuple[BlobStore, ComputeGateway]:
+    """The store and the gateway alone (the CLI's status, submit, cancel need no VM scripts)."""
+    global _adapters
+    with _lock:
+        if _adapters is None:
+            config = settings()
+            if not config.bucket or not config.project:
+                raise errors.ConfigError("set RESPAWN_BUCKET and RESPAWN_PROJECT (or GOOGLE_CLOUD_PROJECT)")
+            from controller.adapters.google import compute_gateway, gcs_store  # heavy: only when needed
+
+            _adapters = (gcs_store(config), compute_gateway(config))
+        return _adapters
+
+
+def override(engine: Engine | None, config: Settings | None = None,
+             store: BlobStore | None = None, compute: ComputeGateway | None = None) -> None:
+    """Install (or, with None, forget) what the process uses; for tests and the local cloud."""
+    global _engine, _settings, _adapters
     with _lock:
         _engine, _settings = engine, config
+        _adapters = (store, compute) if store is not None and compute is not None else None
 
 
 def build(config: Settings) -> Engine:
-    if not config.bucket or not config.project:
-        raise errors.ConfigError("set RESPAWN_BUCKET and RESPAWN_PROJECT (or GOOGLE_CLOUD_PROJECT)")
     logs.setup(cloud=config.cloud_logging)
-    from controller.adapters.google import compute_gateway, gcs_store  # heavy imports, only when needed
-
-    store = gcs_store(config)
-    compute = compute_gateway(config)
+    store, compute = adapters()
     ctx = launch_context(config)
     observer = Observer(store, compute, config.bucket, config.policy())
     return Engine(observer, Executor(store, compute, config.bucket), ctx, SystemClock())

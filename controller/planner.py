@@ -104,8 +104,10 @@ def _watch(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchC
         return []  # booting or settling; the next pass looks again
     if st.phase == Phase.PROVISIONING:
         detail = f"{', '.join(st.instances)} running in {st.zone}"
-        return [WriteStatus(v.job, st.but(t.event(now, st, "running", detail), phase=Phase.RUNNING, message=detail),
-                            "instances running")]
+        ids = {**st.instance_ids, **{n: mine[n].id for n in st.instances}}
+        running = st.but(t.event(now, st, "running", detail), phase=Phase.RUNNING, message=detail,
+                         instance_ids=dict(list(ids.items())[-50:]))
+        return [WriteStatus(v.job, running, "instances running")]
     if _stale_heartbeat(v, spec, st, now):
         return _failure(v, spec, st, f"no heartbeat for {fmt(spec.policy.idle_timeout)} (idle or hung)", now)
     oldest = min(mine[n].created_at for n in st.instances)

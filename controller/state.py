@@ -81,6 +81,7 @@ class JobStatus(BaseModel):
     stalled_failures: int = 0  # failures in a row with no checkpoint progress
     stalled_at: CheckpointRef | None = None
 
+    instance_ids: dict[str, str] = Field(default_factory=dict)  # name -> Compute id, to find their logs
     history: tuple[Event, ...] = ()
 
     def but(self, *events: Event, **changes: object) -> JobStatus:

@@ -33,7 +33,8 @@ from localcloud.metadata import MetadataServer
 from localcloud.vm import VmProcess
 
 SUPPORTED = {
-    "instances": ("aggregatedList", "list", "get", "insert", "delete", "bulkInsert", "stop", "start"),
+    "instances": ("aggregatedList", "list", "get", "insert", "delete", "bulkInsert", "stop", "start",
+                  "getSerialPortOutput"),
     "regionInstances": ("bulkInsert",),
     "zoneOperations": ("get", "wait", "list", "delete"),
     "regionOperations": ("get", "wait", "list"),
@@ -230,6 +231,15 @@ class ComputeServer:
     def _instances_get(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
         with self._lock:
             return self._vm(p["project"], p["zone"], p["instance"]).resource
+
+    def _instances_getSerialPortOutput(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
+        with self._lock:
+            vm = self._vm(p["project"], p["zone"], p["instance"])
+        log = self.workdir_of(vm.name) / "serial-port-1.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        start = int(q.get("start", 0))
+        return {"kind": "compute#serialPortOutput", "contents": text[start:], "start": str(start),
+                "next": str(len(text)), "selfLink": f"{vm.resource['selfLink']}/serialPort"}
 
     def _instances_list(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
         self._zone(p["zone"])

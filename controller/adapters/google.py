@@ -18,10 +18,19 @@ def gcs_store(config: Settings) -> GcsStore:
     return GcsStore(storage.Client(project=config.project))
 
 
-def compute_gateway(config: Settings) -> ComputeEngine:
+def _client_args(config: Settings) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"transport": "rest"}
     if config.compute_endpoint:  # the local cloud: no Google credentials anywhere
         kwargs.update(client_options=ClientOptions(api_endpoint=config.compute_endpoint),
                       credentials=AnonymousCredentials())
+    return kwargs
+
+
+def instances_client(config: Settings) -> compute_v1.InstancesClient:
+    return compute_v1.InstancesClient(**_client_args(config))
+
+
+def compute_gateway(config: Settings) -> ComputeEngine:
+    kwargs = _client_args(config)
     return ComputeEngine(compute_v1.InstancesClient(**kwargs), compute_v1.RegionInstancesClient(**kwargs),
                          compute_v1.ZoneOperationsClient(**kwargs), compute_v1.RegionOperationsClient(**kwargs))

@@ -1,0 +1,108 @@
+"""What a user does to the bucket: submit, cancel, and read every job's status.
+
+The CLI's verbs, kept apart from the CLI so they are tested over the in-memory store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from controller import errors, names
+from controller.policy import ControllerPolicy
+from controller.ports import BlobStore
+from controller.spec import JobSpec, SpecError, parse_spec
+from controller.state import JobStatus
+
+
+class Refused(Exception):
+    """The request was understood and declined; the message says what to do instead."""
+
+
+@dataclass(frozen=True)
+class JobRow:
+    job: str
+    status: JobStatus | None
+    has_spec: bool
+    cancelled: bool
+
+    def as_dict(self, now: datetime, ids: dict[str, str]) -> dict[str, Any]:
+        st = self.status
+        last = st.history[-1] if st and st.history else None
+        instance = st.instances[0] if st and st.instances else None
+        return {
+            "job": self.job,
+            "phase": str(st.phase) if st else ("CANCELLED" if self.cancelled else "SUBMITTED"),
+            "attempt": st.attempt if st else 0,
+            "preemptions": st.preemptions if st else 0,
+            "failures": st.failures if st else 0,
+            "zone": st.zone if st else None,
+            "instance": instance,
+            "instance_id": ids.get(instance or "") or (st.instance_ids.get(instance or "") if st else None),
+            "checkpoint_step": st.resume_from.step if st and st.resume_from else None,
+            "age_seconds": int((now - st.created_at).total_seconds()) if st and st.created_at else None,
+            "last_event": f"{last.event}: {last.detail}" if last else "",
+            "message": st.message if st else "",
+            "errors": list(st.errors) if st else [],
+        }
+
+
+class Jobs:
+    def __init__(self, store: BlobStore, bucket: str, policy: ControllerPolicy) -> None:
+        self.store = store
+        self.bucket = bucket
+        self.policy = policy
+
+    def check(self, raw: bytes, job: str) -> JobSpec:
+        """Parse and apply the policy; SpecError lists every problem."""
+        spec = parse_spec(raw, job)
+        if problems := self.policy.violations(spec):
+            raise SpecError(problems)
+        return spec
+
+    def submit(self, raw: bytes, job: str, replace: bool = False) -> int:
+        """Upload the spec; a job still running is only overwritten with ``replace``."""
+        self.check(raw, job)
+        current = self._generation(names.spec_key(job))
+        if current and not replace:
+            status = self.status(job)
+            if status is None or not status.phase.terminal:
+                phase = status.phase if status else "submitted"
+                raise Refused(f"job {job!r} is {phase}; pass --replace to change its spec "
+                              "(it applies from the next attempt)")
+        # A cancel left from an earlier run would cancel the new one: remove it first.
+        try:
+            self.store.delete(self.bucket, names.cancel_key(job))
+        except errors.NotFound:
+            pass
+        info = self.store.write(self.bucket, names.spec_key(job), raw, if_generation_match=None if replace else current)
+        return info.generation
+
+    def cancel(self, job: str) -> None:
+        if not self._generation(names.spec_key(job)) and self.status(job) is None:
+            raise Refused(f"no job named {job!r} in gs://{self.bucket}")
+        self.store.write(self.bucket, names.cancel_key(job), b"")
+
+    def status(self, job: str) -> JobStatus | None:
+        try:
+            return JobStatus.from_json(self.store.read(self.bucket, names.status_key(job)).data)
+        except errors.NotFound:
+            return None
+        except ValueError:
+            return None
+
+    def rows(self, job: str | None = None) -> list[JobRow]:
+        prefix = names.JOBS_PREFIX + (f"{job}/" if job else "")
+        kinds: dict[str, set[str]] = {}
+        for info in self.store.list(self.bucket, prefix):
+            if ref := names.parse_object_name(info.name):
+                kinds.setdefault(ref.job, set()).add(ref.kind)
+        return [JobRow(name, self.status(name) if "status" in k else None, "spec" in k, "cancel" in k)
+                for name, k in sorted(kinds.items())]
+
+    def _generation(self, key: str) -> int:
+        try:
+            return self.store.read(self.bucket, key).info.generation
+        except errors.NotFound:
+            return 0

@@ -1,0 +1,182 @@
+"""Every respawn command, against the local GCS and Compute servers through the real clients."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from controller import bootstrap, names
+from controller.cli import app, logs_filter
+from localcloud.compute import ComputeServer
+from localcloud.gcs import LocalGcs, client
+from tests.harness import spec_doc
+
+BUCKET = "cli-bucket"
+PROJECT = "cli-proj"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[tuple[LocalGcs, ComputeServer]]:
+    env = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    with LocalGcs() as gcs, ComputeServer(vm_env={**env}, boot_delay=0.05, shutdown_budget=0.5) as srv:
+        srv.vm_env["STORAGE_EMULATOR_HOST"] = gcs.url
+        client(gcs.url).create_bucket(BUCKET)
+        yield gcs, srv
+
+
+@pytest.fixture
+def cli(servers, monkeypatch) -> Any:
+    gcs, srv = servers
+    for key, value in {"STORAGE_EMULATOR_HOST": gcs.url, "RESPAWN_BUCKET": BUCKET, "RESPAWN_PROJECT": PROJECT,
+                       "RESPAWN_COMPUTE_ENDPOINT": srv.endpoint, "COLUMNS": "250"}.items():
+        monkeypatch.setenv(key, value)
+    bootstrap.override(None)
+
+    def invoke(*args: str) -> Any:
+        return runner.invoke(app, list(args))
+
+    return invoke
+
+
+def spec_file(tmp_path: Path, job: str, **overrides: Any) -> Path:
+    path = tmp_path / f"{job}.yaml"
+    doc = spec_doc(command="sleep 600", **overrides)
+    doc["checkpoint"] = {"uri": f"gs://{BUCKET}/ckpt/{job}"}
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_submit_uploads_the_spec_and_refuses_to_overwrite_a_running_job(cli, tmp_path, servers):
+    path = spec_file(tmp_path, "sub")
+    result = cli("submit", str(path))
+    assert result.exit_code == 0, result.output
+    assert "submitted sub" in result.output
+    assert client(servers[0].url).bucket(BUCKET).get_blob(names.spec_key("sub")) is not None
+    again = cli("submit", str(path))
+    assert again.exit_code == 2 and "--replace" in again.output
+    assert cli("submit", str(path), "--replace").exit_code == 0
+
+
+def test_submit_rejects_an_invalid_spec_naming_the_field(cli, tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(spec_doc(policy={"max_restart": 2})))
+    result = cli("submit", str(path))
+    assert result.exit_code == 2 and "policy.max_restart" in result.output
+
+
+def test_reconcile_then_status_shows_the_job(cli, tmp_path):
+    assert cli("submit", str(spec_file(tmp_path, "stat"))).exit_code == 0
+    dry = cli("reconcile", "stat", "--dry-run")
+    assert dry.exit_code == 0 and "would WriteStatus" in dry.output
+    result = cli("reconcile", "stat")
+    assert result.exit_code == 0 and "create stat-1" in result.output
+    cli("reconcile", "stat")  # sees it running, records its id
+    table = cli("status")
+    assert table.exit_code == 0 and "stat" in table.output and "stat-1" in table.output
+    rows = json.loads(cli("status", "stat", "--json").output)
+    assert [r["job"] for r in rows] == ["stat"]
+    row = rows[0]
+    assert row["phase"] in ("PROVISIONING", "RUNNING") and row["attempt"] == 1 and row["zone"] == "us-central1-a"
+    assert row["instance"] == "stat-1" and row["instance_id"] and row["instance_id"].isdigit()
+    watched = cli("status", "--watch", "--interval", "0.1", "--refreshes", "2")
+    assert watched.exit_code == 0 and "stat" in watched.output
+
+
+def test_cancel(cli, tmp_path, servers):
+    cli("submit", str(spec_file(tmp_path, "can")))
+    result = cli("cancel", "can")
+    assert result.exit_code == 0 and "cancel requested" in result.output
+    assert client(servers[0].url).bucket(BUCKET).get_blob(names.cancel_key("can")) is not None
+    missing = cli("cancel", "nosuchjob")
+    assert missing.exit_code == 2 and "no job named" in missing.output
+
+
+def test_logs_reads_cloud_logging_by_instance_id(cli, tmp_path, monkeypatch):
+    cli("submit", str(spec_file(tmp_path, "lg")))
+    cli("reconcile", "lg")
+    cli("reconcile", "lg")
+    row = json.loads(cli("status", "lg", "--json").output)[0]
+    seen: dict[str, Any] = {}
+
+    class FakeLogging:
+        def __init__(self, project: str) -> None:
+            seen["project"] = project
+
+        def list_entries(self, filter_: str, order_by: str, max_results: int) -> list[Any]:
+            seen.update(filter=filter_, limit=max_results)
+            from datetime import UTC, datetime
+
+            return [SimpleNamespace(timestamp=datetime(2026, 1, 1, tzinfo=UTC), payload="step 10 loss 0.5",
+                                    labels={"compute.googleapis.com/resource_name": "lg-1"})]
+
+    import google.cloud.logging as cloud_logging
+
+    monkeypatch.setattr(cloud_logging, "Client", FakeLogging)
+    result = cli("logs", "lg", "--limit", "5")
+    assert result.exit_code == 0 and "step 10 loss 0.5" in result.output
+    assert seen["filter"] == logs_filter([row["instance_id"]]) and seen["limit"] == 5
+    assert f'resource.labels.instance_id=("{row["instance_id"]}")' in seen["filter"]
+
+
+def test_logs_serial_reads_the_console_through_the_compute_api(cli, tmp_path):
+    path = spec_file(tmp_path, "ser")
+    cli("submit", str(path))
+    cli("reconcile", "ser")
+    result = cli("logs", "ser", "--serial")
+    assert result.exit_code == 0 and "== ser-1" in result.output
+
+
+def test_deploy_dry_run_prints_every_command_with_the_right_flags(cli, monkeypatch):
+    monkeypatch.setenv("RESPAWN_ALLOWED_ZONES", "us-central1-*")
+    result = cli("deploy", "--project", "prod-proj", "--region", "us-central1", "--bucket", "prod-bucket", "--dry-run")
+    assert result.exit_code == 0, result.output
+    text = result.output
+    tick = next(l for l in text.splitlines() if l.startswith("gcloud functions deploy respawn-tick"))
+    for flag in ("--gen2", "--trigger-http", "--no-allow-unauthenticated", "--entry-point=tick", "--region=us-central1",
+                 "--project=prod-proj", "--service-account=respawn-controller@prod-proj.iam.gserviceaccount.com"):
+        assert flag in tick, flag
+    assert "RESPAWN_BUCKET=prod-bucket" in tick and "RESPAWN_ALLOWED_ZONES=us-central1-*" in tick
+    assert "--allow-unauthenticated " not in tick.replace("--no-allow-unauthenticated", "")
+    event = next(l for l in text.splitlines() if l.startswith("gcloud functions deploy respawn-on-object"))
+    for flag in ("--gen2", "--entry-point=on_object", "--retry",
+                 "--trigger-event-filters=type=google.cloud.storage.object.v1.finalized",
+                 "--trigger-event-filters=bucket=prod-bucket"):
+        assert flag in event, flag
+    assert "add-invoker-policy-binding respawn-tick" in text
+    request = json.loads(text[text.index("{"): text.rindex("}") + 1])
+    job = request["job"]
+    assert request["parent"] == "projects/prod-proj/locations/us-central1"
+    assert job["schedule"] == "* * * * *" and job["http_target"]["http_method"] == "POST"
+    assert job["http_target"]["oidc_token"]["service_account_email"] == "respawn-scheduler@prod-proj.iam.gserviceaccount.com"
+    assert "upload" in text and "gs://prod-bucket/respawn/vm/startup.sh" in text
+
+
+def test_deploy_runs_the_plan_in_order(monkeypatch):
+    from controller import deploy
+
+    ran: list[tuple[str, ...]] = []
+    scheduled: list[dict[str, Any]] = []
+    uploaded: list[Any] = []
+    monkeypatch.setattr(deploy, "_upsert_scheduler_job", scheduled.append)
+    monkeypatch.setattr(deploy, "_upload", lambda uploads, project: uploaded.extend(uploads))
+
+    def fake_gcloud(argv: tuple[str, ...]) -> str:
+        ran.append(argv)
+        return "https://respawn-tick-xyz.a.run.app\n" if "describe" in argv else ""
+
+    target = deploy.Target("p-proj", "us-central1", "b", "c@p.iam.gserviceaccount.com", "s@p.iam.gserviceaccount.com")
+    deploy.execute(deploy.plan(target), target, run=fake_gcloud, say=lambda _: None)
+    assert [a[3] for a in ran] == ["respawn-tick", "respawn-tick", "respawn-on-object", "respawn-tick"]
+    assert scheduled[0]["job"]["http_target"]["uri"] == "https://respawn-tick-xyz.a.run.app"
+    assert scheduled[0]["job"]["http_target"]["oidc_token"]["audience"] == "https://respawn-tick-xyz.a.run.app"
+    assert {dest for _, dest in uploaded} >= {"b/respawn/vm/startup.sh", "b/respawn/vm/shutdown.sh"}
