@@ -163,8 +163,12 @@ class ComputeServer:
     def crash(self, name: str) -> None:
         """The guest dies (kernel panic, OOM of PID 1): the process is killed, the VM terminates."""
         vm = self._find(name)
-        if vm.process:
-            vm.process.kill()
+        with self._lock:
+            process = vm.process
+        if process is not None and process.running:
+            process.kill()  # its exit is seen, and recorded, as the guest terminating
+        else:
+            self._guest_exited(vm, process)
 
     def instance(self, name: str) -> dict[str, Any]:
         with self._lock:
@@ -463,13 +467,15 @@ class ComputeServer:
 
     def _boot(self, vms: list[Vm]) -> None:
         for vm in vms:
+            # One step under the lock: no one may see RUNNING without its process (a crash
+            # injected in between would find nothing to kill).
             with self._lock:
                 if self._vms.get((vm.project, vm.zone, vm.name)) is not vm or vm.resource["status"] != "STAGING":
                     continue
                 self._set_status(vm, "RUNNING")
                 vm.resource["lastStartTimestamp"] = gce.now()
-            if self.run_vms:
-                self._start_process(vm)
+                if self.run_vms:
+                    self._start_process(vm)
 
     def _start_process(self, vm: Vm) -> None:
         if vm.metadata is None:
