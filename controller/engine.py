@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller import errors
 from controller.actions import Action, WriteStatus
 from controller.clock import Clock
 from controller.executor import Executor, Outcome
@@ -58,12 +59,15 @@ class Engine:
 
     def reconcile(self, job: str | None = None, dry_run: bool = False) -> Summary:
         """Reconcile every job (``job`` None) or one; ``dry_run`` plans without acting."""
-        self.observer.failed.clear()
         world = self.observer.world(job)
         summary = Summary(unreachable=list(world.unreachable))
         for view in world.jobs.values():
-            self._reconcile_job(view, summary, dry_run)
-        for name, why in self.observer.failed.items():
+            try:
+                self._reconcile_job(view, summary, dry_run)
+            except errors.RespawnError as e:  # e.g. its checkpoint bucket did not answer
+                summary.errors[view.job] = f"{type(e).__name__}: {e}"
+                summary.transient.append(view.job)
+        for name, why in world.failed.items():
             summary.errors[name] = f"observe: {why}"
             summary.transient.append(name)
         return summary

@@ -33,32 +33,33 @@ class Observer:
         self.compute = compute
         self.bucket = bucket
         self.policy = policy
-        self.failed: dict[str, str] = {}  # job -> why it could not be observed this pass
 
     def world(self, job: str | None = None) -> World:
         """Everything the planner needs, for every job or for one."""
         listing = self._listing(job)
         views: dict[str, JobView] = {}
+        failed: dict[str, str] = {}
         for name in sorted(listing) if job is None else [job]:
-            if view := self._guarded(name, self._bucket_view, name, listing.get(name, {})):
+            if view := self._guarded(failed, name, self._bucket_view, name, listing.get(name, {})):
                 views[name] = view
         # Only now, after every status was read, the instances: see the module docstring.
         found = self.compute.list_managed(self.policy.watched_projects, job)
         by_job: dict[str, list[Instance]] = defaultdict(list)
         for instance in found.instances:
-            if instance.job and instance.job not in self.failed:
+            if instance.job and instance.job not in failed:
                 by_job[instance.job].append(instance)
         for name, instances in by_job.items():
             views[name] = replace(views.get(name) or JobView(job=name), instances=tuple(instances))
-        complete = {n: self._guarded(n, self._with_evidence, views[n]) for n in sorted(views)}
-        return World({n: v for n, v in complete.items() if v}, tuple(found.unreachable))
+        complete = {n: self._guarded(failed, n, self._with_evidence, views[n]) for n in sorted(views)}
+        return World({n: v for n, v in complete.items() if v}, tuple(found.unreachable), failed)
 
-    def _guarded(self, job: str, step: Callable[..., JobView], *args: Any) -> JobView | None:
+    @staticmethod
+    def _guarded(failed: dict[str, str], job: str, step: Callable[..., JobView], *args: Any) -> JobView | None:
         """One job's observation step; its trouble is recorded and never stops the pass."""
         try:
             return step(*args)
         except errors.RespawnError as e:
-            self.failed[job] = f"{type(e).__name__}: {e}"
+            failed[job] = f"{type(e).__name__}: {e}"
             log.warning("could not observe job", extra={"json_fields": {"job": job, "error": str(e)}})
             return None
 

@@ -80,3 +80,4 @@ class JobView:
 class World:
     jobs: Mapping[str, JobView]
     unreachable: tuple[str, ...] = ()
+    failed: Mapping[str, str] = field(default_factory=dict)  # job -> why it could not be observed

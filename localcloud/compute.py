@@ -17,7 +17,6 @@ import base64
 import json
 import tempfile
 import threading
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path

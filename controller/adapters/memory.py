@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
-from controller import errors, names
+from controller import errors
 from controller.clock import Clock, FakeClock
 from controller.ports import Blob, BlobInfo, Instance, InstanceList, InstanceRequest, InstanceStatus, StopReason
 
@@ -234,6 +234,3 @@ class MemoryCompute:
         self.calls.append((op, what))
         self.faults.check(op)
 
-
-def managed_labels(job: str, attempt: int) -> dict[str, str]:
-    return {names.MANAGED_LABEL: "true", names.JOB_LABEL: job, names.ATTEMPT_LABEL: str(attempt)}

@@ -6,7 +6,6 @@ fails for one backend and not the other.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from controller.config import Settings
 from controller.ports import BlobStore, ComputeGateway, InstanceRequest, InstanceStatus, StopReason
 from localcloud.compute import ComputeServer
 from localcloud.gcs import LocalGcs, client
+from tests.wait import until
 
 PROJECT = "contract-proj"
 BUCKET = "contract-bucket"
@@ -111,13 +111,6 @@ def request_for(job: str, attempt: int = 1, zone: str = "us-central1-a", name: s
         accelerator_type="nvidia-l4", accelerator_count=1)
 
 
-def eventually(check: Callable[[], Any], timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result or time.monotonic() > deadline:
-            return result
-        time.sleep(0.05)
 
 
 def mine(backend: Backend, job: str) -> dict[str, Any]:
@@ -194,7 +187,7 @@ class TestComputeGateway:
         job = unique("j")
         backend.compute.insert([request_for(job)], names.request_id(job, 1, 0))
         backend.compute.delete(PROJECT, "us-central1-a", f"{job}-1")
-        assert eventually(lambda: mine(backend, job) == {})
+        until("the instance to go", lambda: mine(backend, job) == {})
         with pytest.raises(errors.NotFound):
             backend.compute.delete(PROJECT, "us-central1-a", f"{job}-1")
 
@@ -237,11 +230,11 @@ class TestComputeGateway:
         a, b = unique("p"), unique("c")
         for job in (a, b):
             backend.compute.insert([request_for(job)], names.request_id(job, 1, 0))
-            assert eventually(lambda j=job: mine(backend, j)[f"{j}-1"].status == InstanceStatus.RUNNING)
+            until("RUNNING", lambda j=job: mine(backend, j)[f"{j}-1"].status == InstanceStatus.RUNNING)
         backend.preempt(f"{a}-1")
         backend.crash(f"{b}-1")
         for job in (a, b):
-            assert eventually(lambda j=job: mine(backend, j)[f"{j}-1"].status == InstanceStatus.TERMINATED)
+            until("TERMINATED", lambda j=job: mine(backend, j)[f"{j}-1"].status == InstanceStatus.TERMINATED)
         assert backend.compute.stop_reason(PROJECT, "us-central1-a", f"{a}-1") == StopReason.PREEMPTED
         assert backend.compute.stop_reason(PROJECT, "us-central1-a", f"{b}-1") == StopReason.CRASHED
         # deleting the husk afterwards does not rewrite why it stopped

@@ -3,9 +3,7 @@ real VM processes running deploy/vm scripts, the Scheduler and Eventarc stand-in
 
 from __future__ import annotations
 
-import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,6 +12,7 @@ import yaml
 from controller import names
 from controller.state import JobStatus, Phase
 from localcloud.stack import LocalCloud, Options
+from tests.wait import until
 
 # A tiny trainer: one step every 0.4 s, a numbered checkpoint object per step, resumes
 # from RESUME_FROM, and prints where it started. Plain bash + curl, like the VM agent.
@@ -53,13 +52,6 @@ def status(cloud: LocalCloud, job: str) -> JobStatus | None:
     return JobStatus.from_json(blob.download_as_bytes()) if blob else None
 
 
-def until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := check():
-            return result
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def running(cloud: LocalCloud, name: str) -> bool:

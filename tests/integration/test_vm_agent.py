@@ -8,7 +8,7 @@ import os
 import sys
 import tarfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from controller.bootstrap import vm_scripts
 from controller.config import REPO_ROOT
 from localcloud.compute import ComputeServer
 from localcloud.gcs import LocalGcs, client
+from tests.wait import until
 
 BUCKET = "agent-bucket"
 PROJECT = "agent-proj"
@@ -60,13 +61,6 @@ def read(gcs: LocalGcs, name: str) -> dict[str, Any] | None:
     return json.loads(blob.download_as_bytes()) if blob else None
 
 
-def until(what: str, check: Callable[[], Any], timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := check():
-            return result
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def status(srv: ComputeServer, name: str) -> str:

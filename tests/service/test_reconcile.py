@@ -433,6 +433,21 @@ class TestBadInput:
         h.tick()
         assert h.live() == ["llm-1"]
 
+    def test_one_jobs_checkpoint_bucket_error_does_not_stop_the_others(self, h):
+        class BrokenCheckpoints:
+            def __getattr__(self, name):
+                return getattr(h.store, name)
+
+            def list(self, bucket, prefix):
+                if bucket == "broken-ckpts":
+                    raise errors.TransientError("checkpoint bucket 503")
+                return h.store.list(bucket, prefix)
+
+        h.submit("a", spec_doc(checkpoint={"uri": "gs://broken-ckpts/a"}))
+        h.submit("b")
+        summary = h.engine(store=BrokenCheckpoints()).reconcile()
+        assert h.live() == ["b-1"] and summary.transient == ["a"] and "checkpoint bucket 503" in summary.errors["a"]
+
     def test_one_jobs_read_error_does_not_stop_the_others(self, h):
         h.submit("a")
         h.submit("b")
