@@ -122,7 +122,8 @@ def _status_rows(job: str | None) -> list[dict[str, object]]:
     _, compute = bootstrap.adapters()
     config = bootstrap.settings()
     ids = {i.name: i.id for i in compute.list_managed(config.policy().watched_projects, job).instances}
-    return [row.as_dict(datetime.now(UTC), ids) for row in _jobs().rows(job)]
+    jobs = _jobs()
+    return [row.as_dict(datetime.now(UTC), ids, jobs.checkpoint_step(row.job)) for row in jobs.rows(job)]
 
 
 def _status_table(rows: list[dict[str, object]]) -> Table:

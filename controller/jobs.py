@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from controller import errors, names
+from controller.observe import discover
 from controller.policy import ControllerPolicy
 from controller.ports import BlobStore
 from controller.spec import JobSpec, SpecError, parse_spec
@@ -27,7 +28,7 @@ class JobRow:
     has_spec: bool
     cancelled: bool
 
-    def as_dict(self, now: datetime, ids: dict[str, str]) -> dict[str, Any]:
+    def as_dict(self, now: datetime, ids: dict[str, str], checkpoint_step: int | None = None) -> dict[str, Any]:
         st = self.status
         last = st.history[-1] if st and st.history else None
         instance = st.instances[0] if st and st.instances else None
@@ -40,7 +41,7 @@ class JobRow:
             "zone": st.zone if st else None,
             "instance": instance,
             "instance_id": ids.get(instance or "") or (st.instance_ids.get(instance or "") if st else None),
-            "checkpoint_step": st.resume_from.step if st and st.resume_from else None,
+            "checkpoint_step": checkpoint_step,
             "age_seconds": int((now - st.created_at).total_seconds()) if st and st.created_at else None,
             "last_event": f"{last.event}: {last.detail}" if last else "",
             "message": st.message if st else "",
@@ -100,6 +101,17 @@ class Jobs:
                 kinds.setdefault(ref.job, set()).add(ref.kind)
         return [JobRow(name, self.status(name) if "status" in k else None, "spec" in k, "cancel" in k)
                 for name, k in sorted(kinds.items())]
+
+    def checkpoint_step(self, job: str) -> int | None:
+        """The step of the job's latest complete checkpoint, if its spec names one and it is readable."""
+        try:
+            spec = parse_spec(self.store.read(self.bucket, names.spec_key(job)).data, job)
+        except (errors.NotFound, SpecError):
+            return None
+        if spec.checkpoint is None:
+            return None
+        found = discover(self.store, spec.checkpoint.uri, spec.checkpoint.format)
+        return found.step if found else None
 
     def _generation(self, key: str) -> int:
         try:

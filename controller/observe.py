@@ -68,16 +68,7 @@ class Observer:
         spec = view.spec
         if spec is None or spec.checkpoint is None:
             return view
-        bucket, prefix = checkpoints.split_uri(spec.checkpoint.uri)
-        listing = self.store.list(bucket, prefix)
-
-        def read(relative: str) -> bytes | None:
-            try:
-                return self.store.read(bucket, prefix + relative).data
-            except errors.NotFound:
-                return None
-
-        found = checkpoints.latest(spec.checkpoint.uri, listing, read, spec.checkpoint.format)
+        found = discover(self.store, spec.checkpoint.uri, spec.checkpoint.format)
         ref = CheckpointRef(uri=found.uri, step=found.step, version=found.version) if found else None
         return replace(view, checkpoint=ref, checkpoint_loaded=True)
 
@@ -150,3 +141,16 @@ class Observer:
             exit=self._read_record(names.exit_key(view.job)),
             stop_reasons=reasons,
         )
+
+
+def discover(store: BlobStore, uri: str, fmt: str = "auto") -> checkpoints.Found | None:
+    """The latest complete checkpoint under ``uri``: one listing, plus pointer files read."""
+    bucket, prefix = checkpoints.split_uri(uri)
+
+    def read(relative: str) -> bytes | None:
+        try:
+            return store.read(bucket, prefix + relative).data
+        except errors.NotFound:
+            return None
+
+    return checkpoints.latest(uri, store.list(bucket, prefix), read, fmt)

@@ -88,6 +88,12 @@ def test_reconcile_then_status_shows_the_job(cli, tmp_path):
     row = rows[0]
     assert row["phase"] in ("PROVISIONING", "RUNNING") and row["attempt"] == 1 and row["zone"] == "us-central1-a"
     assert row["instance"] == "stat-1" and row["instance_id"] and row["instance_id"].isdigit()
+    assert row["checkpoint_step"] is None
+    bucket = client(os.environ["STORAGE_EMULATOR_HOST"]).bucket(BUCKET)
+    for step in (40, 80):
+        bucket.blob(f"ckpt/stat/{step}/commit_success.txt").upload_from_string(b"")
+    bucket.blob("ckpt/stat/120/state").upload_from_string(b"partial")
+    assert json.loads(cli("status", "stat", "--json").output)[0]["checkpoint_step"] == 80
     watched = cli("status", "--watch", "--interval", "0.1", "--refreshes", "2")
     assert watched.exit_code == 0 and "stat" in watched.output
 
