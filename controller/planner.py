@@ -83,7 +83,8 @@ def _running_job(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: L
         code = "unreadable" if v.exit.exit_code is None else str(v.exit.exit_code)
         return _failure(v, spec, st, f"command exited with code {code}", now)
     if v.marker and v.marker.belongs_to(st):
-        return _restart(v, spec, st, "preempted", f"preemption marker from {v.marker.instance or 'a VM'}", now, ctx)
+        cause = "maintenance" if v.marker.detail == "maintenance" else "preempted"
+        return _restart(v, spec, st, cause, f"{cause} marker from {v.marker.instance or 'a VM'}", now, ctx)
     if not st.inserted:
         return _insert(v, spec, st, now, ctx)
     return _watch(v, spec, st, now, ctx)

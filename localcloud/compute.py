@@ -49,6 +49,7 @@ class Vm:
     zone: str
     resource: dict[str, Any]
     preempted: bool = False
+    maintenance: str = "NONE"
     process: VmProcess | None = None
     metadata: MetadataServer | None = None
 
@@ -159,6 +160,16 @@ class ComputeServer:
         threading.Thread(target=self._stop_then, args=(vm, outcome, None, None if graceful else 0),
                          daemon=True).start()
 
+    def maintenance(self, name: str) -> None:
+        """Host maintenance on a VM that cannot live-migrate (GPUs, onHostMaintenance=TERMINATE):
+        maintenance-event turns TERMINATE_ON_HOST_MAINTENANCE, then the VM is stopped."""
+        vm = self._find(name)
+        with self._lock:
+            vm.maintenance = "TERMINATE_ON_HOST_MAINTENANCE"
+            self._record(vm, "compute.instances.terminateOnHostMaintenance")
+            self._set_status(vm, "STOPPING")
+        threading.Thread(target=self._stop_then, args=(vm, "TERMINATED"), daemon=True).start()
+
     def crash(self, name: str) -> None:
         """The guest dies (kernel panic, OOM of PID 1): the process is killed, the VM terminates."""
         vm = self._find(name)
@@ -200,6 +211,7 @@ class ComputeServer:
             args = request.get_json(force=True, silent=True) or {}
             actions = {"stockout": self.stockout, "quota": self.quota, "fail_next": self.fail_next,
                        "preempt": self.preempt, "crash": self.crash, "unreachable": self.unreachable,
+                       "maintenance": self.maintenance,
                        "slow_operations": self.slow_operations}
             if fault not in actions:
                 return _json({"error": f"unknown fault {fault}"}, 404)
@@ -376,7 +388,7 @@ class ComputeServer:
                 gce.finish(op)
                 return op
             self._admit(vm.project, vm.zone, [])
-            vm.preempted = False
+            vm.preempted, vm.maintenance = False, "NONE"
             self._set_status(vm, "PROVISIONING")
         self._later(self.faults.op_delay, self._provision, [vm], op)
         return op
@@ -536,7 +548,7 @@ class ComputeServer:
                 "instance": {
                     "attributes": attributes, "name": r["name"], "id": r["id"], "zone": f"projects/0/zones/{vm.zone}",
                     "hostname": f"{r['name']}.{vm.zone}.c.{vm.project}.internal", "machine-type": r["machineType"],
-                    "preempted": "TRUE" if vm.preempted else "FALSE", "maintenance-event": "NONE",
+                    "preempted": "TRUE" if vm.preempted else "FALSE", "maintenance-event": vm.maintenance,
                     "service-accounts": {"default": account, accounts[0]["email"]: account},
                     "network-interfaces": {"0": {"ip": "127.0.0.1"}},
                 },

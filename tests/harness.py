@@ -66,9 +66,9 @@ class Harness:
         body = {"exit_code": code, "instance": names.instance_name(job, attempt), "attempt": attempt}
         self.store.put(BUCKET, names.exit_key(job), json.dumps(body))
 
-    def marker(self, job: str, attempt: int | None = None) -> None:
+    def marker(self, job: str, attempt: int | None = None, reason: str = "preempted") -> None:
         attempt = self.status(job).attempt if attempt is None else attempt
-        body = {"instance": names.instance_name(job, attempt), "attempt": attempt, "reason": "preempted"}
+        body = {"instance": names.instance_name(job, attempt), "attempt": attempt, "reason": reason}
         self.store.put(BUCKET, names.marker_key(job), json.dumps(body))
 
     def heartbeat(self, job: str) -> None:

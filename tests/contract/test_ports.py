@@ -43,6 +43,7 @@ class Backend:
     stockout: Callable[[str, bool], None]
     quota: Callable[[str, bool], None]
     foreign: Callable[[str, dict[str, str]], None]
+    maintenance: Callable[[str], None]
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +63,7 @@ def _memory() -> Backend:
         stockout=lambda z, on: (compute.stockouts.add if on else compute.stockouts.discard)(z),
         quota=lambda z, on: (compute.quota_exhausted.add if on else compute.quota_exhausted.discard)(z),
         foreign=lambda n, labels: compute.add_foreign(PROJECT, "us-central1-a", n, labels),
+        maintenance=lambda n: compute.terminate(n, StopReason.STOPPED),
     )
 
 
@@ -78,6 +80,7 @@ def _local(gcs: LocalGcs, srv: ComputeServer) -> Backend:
         "local", GcsStore(client(gcs.url)), compute_gateway(settings),
         preempt=srv.preempt, crash=srv.crash,
         stockout=lambda z, on: srv.stockout(z, on), quota=lambda z, on: srv.quota(z, on), foreign=foreign,
+        maintenance=srv.maintenance,
     )
 
 
@@ -247,3 +250,11 @@ class TestComputeGateway:
         backend.compute.delete(PROJECT, "us-central1-a", f"{job}-1")
         assert backend.compute.stop_reason(PROJECT, "us-central1-a", f"{job}-1") == StopReason.STOPPED
         assert backend.compute.stop_reason(PROJECT, "us-central1-a", unique("never")) == StopReason.UNKNOWN
+
+    def test_host_maintenance_reads_as_stopped(self, backend):
+        job = unique("m")
+        backend.compute.insert([request_for(job)], names.request_id(job, 1, 0))
+        until("RUNNING", lambda: mine(backend, job)[f"{job}-1"].status == InstanceStatus.RUNNING)
+        backend.maintenance(f"{job}-1")
+        until("TERMINATED", lambda: mine(backend, job)[f"{job}-1"].status == InstanceStatus.TERMINATED)
+        assert backend.compute.stop_reason(PROJECT, "us-central1-a", f"{job}-1") == StopReason.STOPPED

@@ -131,6 +131,16 @@ def test_preemption_sigterms_the_trainer_then_writes_the_marker_and_no_exit_reco
     assert log.index("VM is stopping: no exit record") >= 0
 
 
+def test_terminating_host_maintenance_writes_a_maintenance_marker(gcs, srv):
+    boot(srv, "mnt-2", TRAP)
+    until("the trainer to start", lambda: (srv.workdir_of("mnt-2") / "started.txt").exists())
+    srv.maintenance("mnt-2")
+    marker = until("the marker", lambda: read(gcs, "preempted-jobs/mnt"))
+    assert (marker["attempt"], marker["reason"]) == (2, "maintenance")
+    until("the VM to stop", lambda: status(srv, "mnt-2") == "TERMINATED")
+    assert read(gcs, "jobs/mnt/exit") is None
+
+
 def test_plain_delete_sigterms_the_trainer_without_a_marker(gcs, srv):
     boot(srv, "del-1", TRAP)
     until("the trainer to start", lambda: (srv.workdir_of("del-1") / "started.txt").exists())

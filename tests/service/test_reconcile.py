@@ -81,6 +81,14 @@ class TestPreemption:
         assert h.live() == ["llm-2"] and not h.store.exists(BUCKET, names.marker_key("llm"))
         assert h.status("llm").preemptions == 1  # counted once, not once per pass
 
+    def test_maintenance_marker_recovers_without_counting_a_preemption(self, h):
+        started(h)
+        h.marker("llm", reason="maintenance")
+        h.tick()
+        st = h.status("llm")
+        assert (st.attempt, st.preemptions, st.restarts, st.failures) == (2, 0, 1, 0)
+        assert "maintenance marker" in st.history[-3].detail
+
     def test_marker_on_a_still_running_vm_deletes_it_first(self, h):
         started(h)
         h.marker("llm")  # the 30 s notice: the shutdown script wrote it, the VM is still up
