@@ -62,10 +62,7 @@ class Executor:
                 chain.write(self.store, self.bucket, status)
                 chain.outcome.replan |= replan
             case CreateInstances():
-                try:
-                    self.compute.insert(action.requests, action.request_id)
-                except errors.AlreadyExists:
-                    pass  # an earlier try of this very attempt got there
+                self.compute.insert(action.requests, action.request_id)  # existing names are success (port)
             case DeleteInstance():
                 if action.only_if_spec_absent and self._spec_exists(action.job):
                     raise _Spared()

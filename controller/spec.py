@@ -8,6 +8,7 @@ Every problem is reported as ``field.path: what is wrong; what is accepted``.
 from __future__ import annotations
 
 import difflib
+import shlex
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
@@ -135,11 +136,7 @@ class JobSpec(Strict):
     @property
     def command_line(self) -> str:
         """The command as one bash line (a list is quoted element by element)."""
-        if isinstance(self.command, str):
-            return self.command
-        import shlex
-
-        return shlex.join(self.command)
+        return self.command if isinstance(self.command, str) else shlex.join(self.command)
 
 
 class SpecError(ValueError):

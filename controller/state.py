@@ -77,7 +77,6 @@ class JobStatus(BaseModel):
     preemptions: int = 0
     failures: int = 0
     recycles: int = 0
-    consecutive_failures: int = 0  # drives the backoff; reset when an attempt runs cleanly
     stalled_failures: int = 0  # failures in a row with no checkpoint progress
     stalled_at: CheckpointRef | None = None
 

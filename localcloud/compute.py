@@ -125,12 +125,10 @@ class ComputeServer:
 
     # -- faults and inspection ---------------------------------------------------
     def stockout(self, zone: str, on: bool = True, mode: str = "operation") -> None:
-        with self._lock:
-            self.faults.stockouts.pop(zone, None) if not on else self.faults.stockouts.__setitem__(zone, mode)
+        _switch(self._lock, self.faults.stockouts, zone, mode if on else None)
 
     def quota(self, zone: str, on: bool = True, mode: str = "sync") -> None:
-        with self._lock:
-            self.faults.quota.pop(zone, None) if not on else self.faults.quota.__setitem__(zone, mode)
+        _switch(self._lock, self.faults.quota, zone, mode if on else None)
 
     def fail_next(self, method: str, code: int = 503, times: int = 1) -> None:
         """The next ``times`` calls of e.g. ``instances.insert`` answer HTTP ``code``."""
@@ -142,7 +140,10 @@ class ComputeServer:
 
     def unreachable(self, zone: str, on: bool = True) -> None:
         with self._lock:
-            (self.faults.unreachable.add if on else self.faults.unreachable.discard)(zone)
+            if on:
+                self.faults.unreachable.add(zone)
+            else:
+                self.faults.unreachable.discard(zone)
 
     def preempt(self, name: str, graceful: bool = True) -> None:
         """Reclaim a Spot VM: preempted=TRUE, STOPPING, shutdown script, then TERMINATED or deleted.
@@ -617,6 +618,15 @@ class ComputeServer:
         with self._lock:
             self._timers = [t for t in self._timers if t.is_alive()] + [timer]
         timer.start()
+
+
+def _switch(lock: threading.RLock, faults: dict[str, str], zone: str, mode: str | None) -> None:
+    """Turn a per-zone fault on (with its mode) or off."""
+    with lock:
+        if mode is None:
+            faults.pop(zone, None)
+        else:
+            faults[zone] = mode
 
 
 def _hostname(per_instance: dict[str, Any] | None) -> dict[str, Any]:

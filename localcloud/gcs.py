@@ -22,7 +22,9 @@ _HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "content-en
 
 
 class LocalGcs:
-    def __init__(self) -> None:
+    def __init__(self, buckets: tuple[str, ...] = (), project: str = "local") -> None:
+        self.buckets = buckets
+        self.project = project
         self._server = FakeGCSServer()
         self._served: Served | None = None
         self._session = requests.Session()
@@ -36,6 +38,9 @@ class LocalGcs:
         stderr = self._server._process.stderr  # noqa: SLF001
         threading.Thread(target=lambda: [None for _ in stderr], name="fake-gcs-stderr", daemon=True).start()
         self._served = Served(self._proxy(), "gcs-proxy")
+        storage = client(self.url, self.project)
+        for bucket in self.buckets:
+            storage.create_bucket(bucket)
         return self
 
     @property

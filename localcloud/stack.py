@@ -37,7 +37,7 @@ class Options:
 class LocalCloud:
     def __init__(self, options: Options | None = None) -> None:
         self.options = options or Options()
-        self.gcs = LocalGcs()
+        self.gcs = LocalGcs(buckets=(self.options.bucket,), project=self.options.project)
         self.compute: ComputeServer | None = None
         self._functions: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
         self.ticker: Ticker | None = None
@@ -48,7 +48,6 @@ class LocalCloud:
         try:
             self.gcs.start()
             self.storage = client(self.gcs.url, o.project)
-            self.storage.create_bucket(o.bucket)
             vm_path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
             self.compute = ComputeServer(vm_env={"STORAGE_EMULATOR_HOST": self.gcs.url, "PATH": vm_path},
                                          boot_delay=o.boot_delay, shutdown_budget=o.shutdown_budget).start()

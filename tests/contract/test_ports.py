@@ -48,8 +48,7 @@ class Backend:
 
 @pytest.fixture(scope="module")
 def local() -> Iterator[tuple[LocalGcs, ComputeServer]]:
-    with LocalGcs() as gcs, ComputeServer(boot_delay=0.05, shutdown_budget=0.5, run_vms=True) as srv:
-        client(gcs.url).create_bucket(BUCKET)
+    with LocalGcs(buckets=(BUCKET,)) as gcs, ComputeServer(boot_delay=0.05, shutdown_budget=0.5, run_vms=True) as srv:
         yield gcs, srv
 
 

@@ -28,8 +28,7 @@ BUCKET = "adapter-bucket"
 
 @pytest.fixture(scope="module")
 def gcs() -> Iterator[LocalGcs]:
-    with LocalGcs() as g:
-        client(g.url).create_bucket(BUCKET)
+    with LocalGcs(buckets=(BUCKET,)) as g:
         yield g
 
 

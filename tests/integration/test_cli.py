@@ -28,9 +28,8 @@ runner = CliRunner()
 @pytest.fixture(scope="module")
 def servers() -> Iterator[tuple[LocalGcs, ComputeServer]]:
     env = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    with LocalGcs() as gcs, ComputeServer(vm_env={**env}, boot_delay=0.05, shutdown_budget=0.5) as srv:
+    with LocalGcs(buckets=(BUCKET,)) as gcs, ComputeServer(vm_env={**env}, boot_delay=0.05, shutdown_budget=0.5) as srv:
         srv.vm_env["STORAGE_EMULATOR_HOST"] = gcs.url
-        client(gcs.url).create_bucket(BUCKET)
         yield gcs, srv
 
 

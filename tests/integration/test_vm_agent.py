@@ -30,8 +30,7 @@ STARTUP, SHUTDOWN = vm_scripts(REPO_ROOT / "deploy" / "vm")
 
 @pytest.fixture(scope="module")
 def gcs() -> Iterator[LocalGcs]:
-    with LocalGcs() as g:
-        client(g.url).create_bucket(BUCKET)
+    with LocalGcs(buckets=(BUCKET,)) as g:
         yield g
 
 
