@@ -46,6 +46,15 @@ class QuotaError(RespawnError):
         self.reason = reason
 
 
+class OperationPending(RespawnError):
+    """Compute accepted the request, but its operation had not finished by the wait's deadline.
+
+    Not a success: the operation may still fail (a late stockout). The next pass sends
+    the same request again under the same request id, and Compute answers with the
+    original operation, whose outcome is then read.
+    """
+
+
 class RequestError(RespawnError):
     """The request itself is wrong (bad image, permission denied...): retrying will not help."""
 

@@ -26,9 +26,10 @@ JOB_LABEL = "respawn-job"
 ATTEMPT_LABEL = "respawn-attempt"
 
 # Compute Engine names are RFC 1035 labels of at most 63 characters. A job name leaves
-# room for "-<attempt up to 6 digits>-<rank up to 4 digits>".
+# room for "-<attempt up to 6 digits>-n<rank up to 4 digits>".
 MAX_JOB_NAME = 50
 _JOB_RE = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_INSTANCE_RE = re.compile(r"(?P<job>[a-z](?:[-a-z0-9]*[a-z0-9])?)-(?P<attempt>[1-9][0-9]*)(?:-n(?P<rank>0|[1-9][0-9]*))?")
 # Namespace for insert request ids; any fixed UUID works, it must simply never change.
 _REQUEST_NS = uuid.UUID("5f0c7a7e-9a39-4a4b-8d3b-2f1e6b0d9c11")
 
@@ -97,8 +98,23 @@ def parse_object_name(name: str) -> ObjectRef | None:
 
 
 def instance_name(job: str, attempt: int, node: int | None = None) -> str:
-    """``<job>-<attempt>`` for a single VM, ``<job>-<attempt>-<rank>`` for a gang node."""
-    return f"{job}-{attempt}" if node is None else f"{job}-{attempt}-{node}"
+    """``<job>-<attempt>`` for a single VM, ``<job>-<attempt>-n<rank>`` for a gang node.
+
+    Injective across jobs: a single VM's name ends in ``-<digits>``, a gang node's in
+    ``-n<digits>``, so reading from the right recovers (job, attempt, rank) uniquely.
+    (With a bare ``-<rank>``, gang ``a`` attempt 1 node 1 and job ``a-1`` attempt 1 were
+    both ``a-1-1``.)
+    """
+    return f"{job}-{attempt}" if node is None else f"{job}-{attempt}-n{node}"
+
+
+def parse_instance_name(name: str) -> tuple[str, int, int | None] | None:
+    """(job, attempt, rank or None) for a name ``instance_name`` made; None otherwise."""
+    match = _INSTANCE_RE.fullmatch(name)
+    if not match:
+        return None
+    rank = match.group("rank")
+    return match.group("job"), int(match.group("attempt")), None if rank is None else int(rank)
 
 
 def node_names(job: str, attempt: int, nodes: int) -> list[str]:

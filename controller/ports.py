@@ -52,20 +52,53 @@ class BlobStore(Protocol):
 
 
 class InstanceStatus(StrEnum):
+    """``Instance.status`` as the v1 discovery document lists it, plus UNKNOWN.
+
+    Google adds values over time (PENDING and PENDING_STOP are recent), so anything the
+    API sends that is not listed here reads as UNKNOWN: a VM in a state we cannot judge
+    is left to settle, never taken for lost and never an exception.
+    """
+
+    DEPROVISIONING = "DEPROVISIONING"
+    PENDING = "PENDING"  # Flex-start: waiting for capacity
+    PENDING_STOP = "PENDING_STOP"  # graceful shutdown under way
     PROVISIONING = "PROVISIONING"
-    STAGING = "STAGING"
-    RUNNING = "RUNNING"
-    STOPPING = "STOPPING"
-    STOPPED = "STOPPED"
-    SUSPENDING = "SUSPENDING"
-    SUSPENDED = "SUSPENDED"
     REPAIRING = "REPAIRING"
+    RUNNING = "RUNNING"
+    STAGING = "STAGING"
+    STOPPED = "STOPPED"
+    STOPPING = "STOPPING"
+    SUSPENDED = "SUSPENDED"
+    SUSPENDING = "SUSPENDING"
     TERMINATED = "TERMINATED"
+    UNKNOWN = "UNKNOWN"
+
+    @classmethod
+    def of(cls, value: object) -> InstanceStatus:
+        """The status Compute sent, or UNKNOWN for a value this code does not know."""
+        try:
+            return cls(str(value))
+        except ValueError:
+            return cls.UNKNOWN
 
     @property
     def alive(self) -> bool:
         """Booting or running: a VM that is, or is about to be, doing the job's work."""
-        return self in (InstanceStatus.PROVISIONING, InstanceStatus.STAGING, InstanceStatus.RUNNING)
+        return self in _ALIVE
+
+    @property
+    def down(self) -> bool:
+        """Stopped for good until someone starts it again: its work is lost."""
+        return self in _DOWN
+
+    @property
+    def settling(self) -> bool:
+        """On its way somewhere (down, repaired, or a state we do not know): wait and look again."""
+        return not self.alive and not self.down
+
+
+_ALIVE = frozenset({InstanceStatus.PENDING, InstanceStatus.PROVISIONING, InstanceStatus.STAGING, InstanceStatus.RUNNING})
+_DOWN = frozenset({InstanceStatus.TERMINATED, InstanceStatus.STOPPED, InstanceStatus.SUSPENDED})
 
 
 @dataclass(frozen=True)
@@ -120,9 +153,17 @@ class InstanceRequest:
 
 
 class StopReason(StrEnum):
-    PREEMPTED = "preempted"
-    CRASHED = "crashed"
-    STOPPED = "stopped"  # by a user, an admin or host maintenance
+    """Why a VM stopped, from Compute's own records (zone operations).
+
+    Only CRASHED (the guest shut itself down: ``compute.instances.guestTerminate``) is
+    the trainer's fault; every other cause is the platform's or a person's.
+    """
+
+    PREEMPTED = "preempted"  # compute.instances.preempted
+    MAINTENANCE = "maintenance"  # compute.instances.terminateOnHostMaintenance
+    HOST_ERROR = "host error"  # compute.instances.hostError
+    CRASHED = "crashed"  # compute.instances.guestTerminate
+    STOPPED = "stopped"  # a user or an admin: stop, suspend, delete
     UNKNOWN = "unknown"
 
 
