@@ -203,10 +203,17 @@ def deploy(
                                                         help="the controller's service account")] = None,
     scheduler_account: Annotated[str | None, typer.Option(envvar="RESPAWN_SCHEDULER_ACCOUNT",
                                                           help="the scheduler's service account")] = None,
+    trainer_account: Annotated[str | None, typer.Option(
+        envvar="RESPAWN_TRAINER_SERVICE_ACCOUNT",
+        help="the trainer VMs' service account, created if it is in the project "
+             "(default respawn-trainer@PROJECT.iam.gserviceaccount.com)")] = None,
     schedule: Annotated[str, typer.Option(envvar="RESPAWN_SCHEDULE", help="cron schedule of tick")] = "* * * * *",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print every command and API request, run nothing")] = False,
 ) -> None:
-    """Deploy both functions, the Cloud Scheduler job and the VM scripts."""
+    """Deploy the trainer account and the bucket's IAM, both functions, the Cloud Scheduler job and the VM scripts."""
+    import shlex
+    import subprocess
+
     from controller import deploy as deployment
 
     config = Settings()
@@ -216,16 +223,23 @@ def deploy(
                   if v not in ((), None)}
     target = deployment.Target(
         project=project, region=region, bucket=bucket,
-        controller_sa=service_account or f"respawn-controller@{project}.iam.gserviceaccount.com",
-        scheduler_sa=scheduler_account or f"respawn-scheduler@{project}.iam.gserviceaccount.com",
+        controller_sa=service_account or deployment.account_email("respawn-controller", project),
+        scheduler_sa=scheduler_account or deployment.account_email("respawn-scheduler", project),
+        trainer_sa=trainer_account or deployment.account_email(deployment.TRAINER_ACCOUNT_ID, project),
         schedule=schedule, env=policy_env)
-    steps = deployment.plan(target)
+    try:
+        steps = deployment.plan(target)
+    except ValueError as error:
+        _fail(str(error))
     if dry_run:
         for number, step in enumerate(steps, 1):
-            out.print(f"[bold]# {number}. {step.title}[/bold]")
+            out.print(f"[bold]# {number}. {step.title}[/bold]", soft_wrap=True)
             print(step.render())
         return
-    deployment.execute(steps, target, say=lambda title: out.print(f"[bold]→[/bold] {title}"))
+    try:
+        deployment.execute(steps, target, say=lambda title: out.print(f"[bold]→[/bold] {title}"))
+    except subprocess.CalledProcessError as error:
+        _fail(f"{shlex.join(error.cmd)} failed:\n{(error.stderr or '').strip()}", 1)
     out.print("[green]✓[/green] deployed")
 
 

@@ -1,23 +1,76 @@
-"""``respawn deploy``: both functions, the Scheduler job, the VM scripts, as a plan of steps.
+"""``respawn deploy``: the trainer identity, the bucket's IAM, both functions, the Scheduler
+job and the VM scripts, as a plan of steps.
 
-The plan is data, so ``--dry-run`` prints exactly what a real run would execute: the
-``gcloud functions deploy`` command lines and the Cloud Scheduler API request.
+The plan is data, so ``--dry-run`` prints exactly what a real run would execute: every
+``gcloud`` command line and the Cloud Scheduler API request.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controller import names
 from controller.config import REPO_ROOT
 
 TICK, ON_OBJECT = "respawn-tick", "respawn-on-object"
 URL_PLACEHOLDER = "<url of respawn-tick>"
+TRAINER_ACCOUNT_ID = "respawn-trainer"
+TRAINER_CONDITION_TITLE = "respawn-trainer-vm-records-only"
+
+# Single characters tried, in order, as gcloud's alternate list/dict delimiter. None is
+# '=' (the key/value separator), '^' (the escape marker) or ',' (the default delimiter).
+_DELIMITERS = ("|", ";", "#", "~", "!", "+", "%", "*", ":", "@", "&", "$")
+_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")
+
+
+def gcloud_dict(pairs: Mapping[str, str]) -> str:
+    """The value of a gcloud dict flag that gcloud parses back to exactly ``pairs``.
+
+    ``gcloud topic escaping``: a value starting with ``^DELIM^`` is split on DELIM instead
+    of ',', and each item on its first '='. DELIM is the first single character of
+    ``_DELIMITERS`` that occurs in no key and no value, so that a policy list such as
+    ``us-central1-a,us-central1-b`` stays one value.
+    """
+    for key in pairs:
+        if not key or "=" in key:
+            raise ValueError(f"{key!r} cannot be a key of a gcloud dict flag")
+    items = [f"{key}={value}" for key, value in pairs.items()]
+    text = "".join(items)
+    for delim in _DELIMITERS:
+        if delim not in text:
+            return f"^{delim}^" + delim.join(items)
+    raise ValueError("every candidate delimiter occurs in a key or value; use a flags file instead")
+
+
+def account_email(account_id: str, project: str) -> str:
+    return f"{account_id}@{project}.iam.gserviceaccount.com"
+
+
+def trainer_condition(bucket: str) -> str:
+    """CEL for the trainer's bucket binding: the VM records of any job, nothing else.
+
+    Object resource names are ``projects/_/buckets/BUCKET/objects/OBJECT``. Any name this
+    admits is, under the bucket contract, an exit record, a heartbeat or a marker, or is
+    outside the contract (``jobs/a/b/exit``) and ignored by the controller: never a spec,
+    a status, a cancel request or anything the controller executes. Listing the bucket is
+    checked against the bucket's own name, which this never admits.
+    """
+    if not _BUCKET_RE.fullmatch(bucket):
+        raise ValueError(f"{bucket!r} is not a Cloud Storage bucket name")
+    objects = f"projects/_/buckets/{bucket}/objects/"
+    return (
+        f'resource.name.startsWith("{objects}{names.MARKERS_PREFIX}") || '
+        f'(resource.name.startsWith("{objects}{names.JOBS_PREFIX}") && '
+        f'(resource.name.endsWith("/{names.EXIT}") || resource.name.endsWith("/{names.HEARTBEAT}")))'
+    )
 
 
 @dataclass(frozen=True)
@@ -30,6 +83,23 @@ class Target:
     schedule: str = "* * * * *"
     source: Path = REPO_ROOT
     env: dict[str, str] = field(default_factory=dict)
+    trainer_sa: str = ""  # default: respawn-trainer@PROJECT.iam.gserviceaccount.com
+
+    @property
+    def trainer(self) -> str:
+        return self.trainer_sa or account_email(TRAINER_ACCOUNT_ID, self.project)
+
+    def function_env(self) -> dict[str, str]:
+        """What the functions are deployed with: bucket, project, policy, trainer account.
+
+        Specs that name no service account run as the trainer account, and unless the
+        policy already lists the accounts a spec may use, that account is the only one.
+        """
+        env = {"RESPAWN_BUCKET": self.bucket, "RESPAWN_PROJECT": self.project, **self.env,
+               "RESPAWN_TRAINER_SERVICE_ACCOUNT": self.trainer}
+        if not env.get("RESPAWN_ALLOWED_SERVICE_ACCOUNTS"):
+            env["RESPAWN_ALLOWED_SERVICE_ACCOUNTS"] = self.trainer
+        return dict(sorted(env.items()))
 
 
 @dataclass(frozen=True)
@@ -38,6 +108,12 @@ class Step:
     argv: tuple[str, ...] = ()
     request: dict[str, Any] | None = None
     uploads: tuple[tuple[Path, str], ...] = ()
+    # a failure whose message contains one of these means "already done"
+    done_if: tuple[str, ...] = ()
+    # a failure whose message contains one of these is retried (IAM is eventually consistent)
+    retry_if: tuple[str, ...] = ()
+    # the tick function's deploy: its URL is what the Scheduler job calls
+    yields_tick_url: bool = False
 
     def render(self) -> str:
         if self.argv:
@@ -48,23 +124,56 @@ class Step:
 
 
 def plan(t: Target) -> list[Step]:
-    env = {"RESPAWN_BUCKET": t.bucket, "RESPAWN_PROJECT": t.project, **t.env}
-    common = ("--gen2", "--runtime=python311", f"--region={t.region}", f"--project={t.project}",
+    project = f"--project={t.project}"
+    bucket = f"gs://{t.bucket}"
+    common = ("--gen2", "--runtime=python311", f"--region={t.region}", project,
               f"--source={t.source}", f"--service-account={t.controller_sa}",
-              "--set-env-vars=" + ",".join(f"{k}={v}" for k, v in sorted(env.items())), "--memory=512Mi")
+              "--set-env-vars=" + gcloud_dict(t.function_env()), "--memory=512Mi")
+    trainer_id, _, trainer_domain = t.trainer.partition("@")
     job = f"projects/{t.project}/locations/{t.region}/jobs/respawn-tick"
     scripts = REPO_ROOT / "deploy" / "vm"
-    return [
+    iam_lag = ("does not exist", "NOT_FOUND")
+    steps: list[Step] = []
+    if trainer_domain == f"{t.project}.iam.gserviceaccount.com":
+        steps.append(Step(
+            "create the trainer VMs' service account (no roles yet; already there is fine)",
+            ("gcloud", "iam", "service-accounts", "create", trainer_id, project,
+             "--display-name=respawn trainer VMs",
+             "--description=runs respawn training VMs: writes only their records in the control bucket"),
+            done_if=("already exists", "ALREADY_EXISTS")))
+    steps += [
+        Step("turn on uniform bucket-level access on the control bucket (IAM Conditions need it)",
+             ("gcloud", "storage", "buckets", "update", bucket, "--uniform-bucket-level-access", project)),
+        Step("let the controller read and write every object of the control bucket",
+             ("gcloud", "storage", "buckets", "add-iam-policy-binding", bucket,
+              f"--member=serviceAccount:{t.controller_sa}", "--role=roles/storage.objectUser",
+              "--condition=None", project)),
+        Step("let the trainer VMs write only jobs/<job>/exit, jobs/<job>/heartbeat and preempted-jobs/<job>",
+             ("gcloud", "storage", "buckets", "add-iam-policy-binding", bucket,
+              f"--member=serviceAccount:{t.trainer}", "--role=roles/storage.objectUser",
+              "--condition=" + gcloud_dict({
+                  "expression": trainer_condition(t.bucket),
+                  "title": TRAINER_CONDITION_TITLE,
+                  "description": "respawn VM records only: jobs/<job>/exit, jobs/<job>/heartbeat, "
+                                 "preempted-jobs/<job>"}),
+              project),
+             retry_if=iam_lag),
+        Step("let the controller create VMs that run as the trainer account (on that account only)",
+             ("gcloud", "iam", "service-accounts", "add-iam-policy-binding", t.trainer,
+              f"--member=serviceAccount:{t.controller_sa}", "--role=roles/iam.serviceAccountUser",
+              "--condition=None", project),
+             retry_if=iam_lag),
         Step("deploy the tick function (HTTP, authenticated only)",
              ("gcloud", "functions", "deploy", TICK, *common, "--entry-point=tick", "--trigger-http",
-              "--no-allow-unauthenticated", "--timeout=540s")),
+              "--no-allow-unauthenticated", "--timeout=540s"),
+             yields_tick_url=True),
         Step("deploy the on_object function (GCS finalize events, retried)",
              ("gcloud", "functions", "deploy", ON_OBJECT, *common, "--entry-point=on_object",
               "--trigger-event-filters=type=google.cloud.storage.object.v1.finalized",
               f"--trigger-event-filters=bucket={t.bucket}", "--retry", "--timeout=540s")),
         Step("let the scheduler's service account invoke tick",
              ("gcloud", "functions", "add-invoker-policy-binding", TICK, "--gen2", f"--region={t.region}",
-              f"--project={t.project}", f"--member=serviceAccount:{t.scheduler_sa}")),
+              project, f"--member=serviceAccount:{t.scheduler_sa}")),
         Step("create or update the Cloud Scheduler job (google-cloud-scheduler API)", request={
             "parent": f"projects/{t.project}/locations/{t.region}",
             "job": {
@@ -82,23 +191,40 @@ def plan(t: Target) -> list[Step]:
         Step("upload the VM scripts, for reference (the controller embeds its own copy)",
              uploads=tuple((p, f"{t.bucket}/respawn/vm/{p.name}") for p in sorted(scripts.glob("*.sh")))),
     ]
+    return steps
 
 
 Runner = Callable[[tuple[str, ...]], str]
 
 
 def run_command(argv: tuple[str, ...]) -> str:
-    return subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    # stdin closed: gcloud must never wait for an answer nobody will type
+    return subprocess.run(argv, check=True, capture_output=True, text=True, stdin=subprocess.DEVNULL).stdout
 
 
-def execute(steps: list[Step], t: Target, run: Runner = run_command, say: Callable[[str], None] = print) -> None:
+def _run_step(step: Step, run: Runner, sleep: Callable[[float], None], tries: int = 6) -> None:
+    for attempt in range(1, tries + 1):
+        try:
+            run(step.argv)
+            return
+        except subprocess.CalledProcessError as error:
+            message = f"{error.stderr or ''}{error.stdout or ''}"
+            if any(text in message for text in step.done_if):
+                return
+            if attempt == tries or not any(text in message for text in step.retry_if):
+                raise
+            sleep(10.0 * attempt)
+
+
+def execute(steps: list[Step], t: Target, run: Runner = run_command, say: Callable[[str], None] = print,
+            sleep: Callable[[float], None] = time.sleep) -> None:
     """Carry the plan out; the Scheduler job gets the tick function's real URL."""
     url = URL_PLACEHOLDER
     for step in steps:
         say(step.title)
         if step.argv:
-            run(step.argv)
-            if step.argv[3] == TICK and "deploy" in step.argv:
+            _run_step(step, run, sleep)
+            if step.yields_tick_url:
                 url = run(("gcloud", "functions", "describe", TICK, "--gen2", f"--region={t.region}",
                            f"--project={t.project}", "--format=value(serviceConfig.uri)")).strip()
         elif step.request is not None:

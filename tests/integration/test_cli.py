@@ -141,18 +141,41 @@ def test_logs_serial_reads_the_console_through_the_compute_api(cli, tmp_path):
     assert result.exit_code == 0 and "== ser-1" in result.output
 
 
+def _dict_flag(value: str) -> dict[str, str]:
+    """A gcloud dict-flag value read back by the rule of `gcloud topic escaping`."""
+    delim = ","
+    if value.startswith("^") and "^" in value[1:]:
+        delim, value = value[1:].split("^", 1)
+    return dict(item.split("=", 1) for item in value.split(delim))
+
+
 def test_deploy_dry_run_prints_every_command_with_the_right_flags(cli, monkeypatch):
-    monkeypatch.setenv("RESPAWN_ALLOWED_ZONES", "us-central1-*")
+    import shlex
+
+    monkeypatch.setenv("RESPAWN_ALLOWED_ZONES", "us-central1-a,us-central1-b")
+    monkeypatch.setenv("RESPAWN_ALLOWED_MACHINE_TYPES", "g2-standard-8,a2-highgpu-1g")
+    monkeypatch.delenv("RESPAWN_TRAINER_SERVICE_ACCOUNT", raising=False)
     result = cli("deploy", "--project", "prod-proj", "--region", "us-central1", "--bucket", "prod-bucket", "--dry-run")
     assert result.exit_code == 0, result.output
     text = result.output
-    tick = next(l for l in text.splitlines() if l.startswith("gcloud functions deploy respawn-tick"))
+    lines = text.splitlines()
+    trainer = "respawn-trainer@prod-proj.iam.gserviceaccount.com"
+    assert "gcloud iam service-accounts create respawn-trainer --project=prod-proj" in text
+    assert "gcloud storage buckets update gs://prod-bucket --uniform-bucket-level-access" in text
+    grant = shlex.split(next(l for l in lines if f"--member=serviceAccount:{trainer}" in l and "storage buckets" in l))
+    condition = _dict_flag(next(a for a in grant if a.startswith("--condition=")).split("=", 1)[1])
+    assert condition["expression"].startswith('resource.name.startsWith("projects/_/buckets/prod-bucket/objects/')
+    assert "--role=roles/storage.objectUser" in grant
+    tick = next(l for l in lines if l.startswith("gcloud functions deploy respawn-tick"))
     for flag in ("--gen2", "--trigger-http", "--no-allow-unauthenticated", "--entry-point=tick", "--region=us-central1",
                  "--project=prod-proj", "--service-account=respawn-controller@prod-proj.iam.gserviceaccount.com"):
         assert flag in tick, flag
-    assert "RESPAWN_BUCKET=prod-bucket" in tick and "RESPAWN_ALLOWED_ZONES=us-central1-*" in tick
+    env = _dict_flag(next(a for a in shlex.split(tick) if a.startswith("--set-env-vars=")).split("=", 1)[1])
+    assert env["RESPAWN_BUCKET"] == "prod-bucket" and env["RESPAWN_ALLOWED_ZONES"] == "us-central1-a,us-central1-b"
+    assert env["RESPAWN_ALLOWED_MACHINE_TYPES"] == "g2-standard-8,a2-highgpu-1g"
+    assert env["RESPAWN_TRAINER_SERVICE_ACCOUNT"] == trainer == env["RESPAWN_ALLOWED_SERVICE_ACCOUNTS"]
     assert "--allow-unauthenticated " not in tick.replace("--no-allow-unauthenticated", "")
-    event = next(l for l in text.splitlines() if l.startswith("gcloud functions deploy respawn-on-object"))
+    event = next(l for l in lines if l.startswith("gcloud functions deploy respawn-on-object"))
     for flag in ("--gen2", "--entry-point=on_object", "--retry",
                  "--trigger-event-filters=type=google.cloud.storage.object.v1.finalized",
                  "--trigger-event-filters=bucket=prod-bucket"):
@@ -164,6 +187,41 @@ def test_deploy_dry_run_prints_every_command_with_the_right_flags(cli, monkeypat
     assert job["schedule"] == "* * * * *" and job["http_target"]["http_method"] == "POST"
     assert job["http_target"]["oidc_token"]["service_account_email"] == "respawn-scheduler@prod-proj.iam.gserviceaccount.com"
     assert "upload" in text and "gs://prod-bucket/respawn/vm/startup.sh" in text
+    titles = [l for l in lines if l.startswith("# ")]
+    assert [int(t.split(".")[0][2:]) for t in titles] == list(range(1, 11))  # every step, numbered, one line each
+
+
+def test_deploy_takes_the_trainer_account_and_the_users_allow_list(cli, monkeypatch):
+    import shlex
+
+    monkeypatch.setenv("RESPAWN_ALLOWED_SERVICE_ACCOUNTS", "x@prod-proj.iam.gserviceaccount.com,y@prod-proj.iam.gserviceaccount.com")
+    result = cli("deploy", "--project", "prod-proj", "--region", "us-central1", "--bucket", "prod-bucket",
+                 "--trainer-account", "ml@prod-proj.iam.gserviceaccount.com", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "gcloud iam service-accounts create ml --project=prod-proj" in result.output
+    tick = next(l for l in result.output.splitlines() if l.startswith("gcloud functions deploy respawn-tick"))
+    env = _dict_flag(next(a for a in shlex.split(tick) if a.startswith("--set-env-vars=")).split("=", 1)[1])
+    assert env["RESPAWN_TRAINER_SERVICE_ACCOUNT"] == "ml@prod-proj.iam.gserviceaccount.com"
+    assert env["RESPAWN_ALLOWED_SERVICE_ACCOUNTS"] == "x@prod-proj.iam.gserviceaccount.com,y@prod-proj.iam.gserviceaccount.com"
+
+
+def test_deploy_refuses_a_bucket_name_that_is_not_one(cli):
+    result = cli("deploy", "--project", "p", "--region", "r", "--bucket", 'b"||true', "--dry-run")
+    assert result.exit_code == 2 and "not a Cloud Storage bucket name" in result.output
+
+
+def test_deploy_reports_the_failing_command_and_stops(cli, monkeypatch):
+    import subprocess
+
+    from controller import deploy
+
+    def fail(steps, target, say, **_):
+        raise subprocess.CalledProcessError(1, ("gcloud", "storage", "buckets", "update"), "", "ERROR: PERMISSION_DENIED")
+
+    monkeypatch.setattr(deploy, "execute", fail)
+    result = cli("deploy", "--project", "p-proj", "--region", "us-central1", "--bucket", "b-bucket")
+    assert result.exit_code == 1
+    assert "gcloud storage buckets update failed" in result.output and "PERMISSION_DENIED" in result.output
 
 
 def test_deploy_runs_the_plan_in_order(monkeypatch):
@@ -179,9 +237,13 @@ def test_deploy_runs_the_plan_in_order(monkeypatch):
         ran.append(argv)
         return "https://respawn-tick-xyz.a.run.app\n" if "describe" in argv else ""
 
-    target = deploy.Target("p-proj", "us-central1", "b", "c@p.iam.gserviceaccount.com", "s@p.iam.gserviceaccount.com")
+    target = deploy.Target("p-proj", "us-central1", "b-bucket", "c@p-proj.iam.gserviceaccount.com",
+                           "s@p-proj.iam.gserviceaccount.com")
     deploy.execute(deploy.plan(target), target, run=fake_gcloud, say=lambda _: None)
-    assert [a[3] for a in ran] == ["respawn-tick", "respawn-tick", "respawn-on-object", "respawn-tick"]
+    assert [a[1:3] for a in ran[:5]] == [("iam", "service-accounts"), ("storage", "buckets"), ("storage", "buckets"),
+                                         ("storage", "buckets"), ("iam", "service-accounts")]
+    assert [a[3] for a in ran if a[1] == "functions"] == ["respawn-tick", "respawn-tick", "respawn-on-object",
+                                                          "respawn-tick"]
     assert scheduled[0]["job"]["http_target"]["uri"] == "https://respawn-tick-xyz.a.run.app"
     assert scheduled[0]["job"]["http_target"]["oidc_token"]["audience"] == "https://respawn-tick-xyz.a.run.app"
-    assert {dest for _, dest in uploaded} >= {"b/respawn/vm/startup.sh", "b/respawn/vm/shutdown.sh"}
+    assert {dest for _, dest in uploaded} >= {"b-bucket/respawn/vm/startup.sh", "b-bucket/respawn/vm/shutdown.sh"}

@@ -1,0 +1,226 @@
+"""The deploy plan: gcloud-escaped flag values, the trainer account and its conditional binding.
+
+No gcloud needed: dict-flag values are parsed back with the rule `gcloud topic escaping`
+documents, and the binding's CEL is evaluated on object names by a literal translation.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from controller import deploy, names
+
+PROJECT, BUCKET = "prod-proj", "prod-bucket"
+CONTROLLER = "respawn-controller@prod-proj.iam.gserviceaccount.com"
+TRAINER = "respawn-trainer@prod-proj.iam.gserviceaccount.com"
+ZONES = "us-central1-a,us-central1-b,us-central1-c"
+MACHINES = "a2-highgpu-1g,g2-standard-8"
+EXPECTED_CEL = (
+    'resource.name.startsWith("projects/_/buckets/prod-bucket/objects/preempted-jobs/") || '
+    '(resource.name.startsWith("projects/_/buckets/prod-bucket/objects/jobs/") && '
+    '(resource.name.endsWith("/exit") || resource.name.endsWith("/heartbeat")))'
+)
+
+
+def parse_dict_flag(value: str) -> dict[str, str]:
+    """`gcloud topic escaping`: ``^DELIM^`` up front replaces ',' as the item delimiter;
+    each item is split on its first '='."""
+    delim = ","
+    if value.startswith("^") and "^" in value[1:]:
+        delim, value = value[1:].split("^", 1)
+    items = value.split(delim) if value else []
+    return dict(item.split("=", 1) for item in items)
+
+
+def target(**overrides) -> deploy.Target:
+    fields = dict(project=PROJECT, region="us-central1", bucket=BUCKET, controller_sa=CONTROLLER,
+                  scheduler_sa="respawn-scheduler@prod-proj.iam.gserviceaccount.com",
+                  env={"RESPAWN_ALLOWED_ZONES": ZONES, "RESPAWN_ALLOWED_MACHINE_TYPES": MACHINES})
+    return deploy.Target(**{**fields, **overrides})
+
+
+def flag(argv: tuple[str, ...], name: str) -> str:
+    (value,) = [a.split("=", 1)[1] for a in argv if a.startswith(f"--{name}=")]
+    return value
+
+
+def step(steps: list[deploy.Step], *words: str) -> deploy.Step:
+    (found,) = [s for s in steps if s.argv[: len(words)] == words]
+    return found
+
+
+def functions(steps: list[deploy.Step]) -> list[deploy.Step]:
+    return [s for s in steps if s.argv[:3] == ("gcloud", "functions", "deploy")]
+
+
+def allowed(expression: str, object_name: str) -> bool:
+    """Evaluate the binding's CEL on one resource name (it uses only startsWith/endsWith, ||, &&)."""
+    python = (expression.replace("||", " or ").replace("&&", " and ")
+              .replace(".startsWith(", ".startswith(").replace(".endsWith(", ".endswith("))
+    return eval(python, {"__builtins__": {}}, {"resource": SimpleNamespace(name=object_name)})  # noqa: S307
+
+
+def test_multi_entry_allow_lists_round_trip_through_the_env_vars_flag():
+    t = target()
+    env = t.function_env()
+    assert env["RESPAWN_ALLOWED_ZONES"] == ZONES and env["RESPAWN_ALLOWED_MACHINE_TYPES"] == MACHINES
+    for fn in functions(deploy.plan(t)):
+        value = flag(fn.argv, "set-env-vars")
+        assert value.startswith("^") and "," not in value.split("^")[1]  # an alternate delimiter, never ','
+        assert parse_dict_flag(value) == env
+    # the bug this replaces: joined with commas, the lists fall apart into keyless items
+    naive = ",".join(f"{k}={v}" for k, v in env.items())
+    with pytest.raises(ValueError):
+        parse_dict_flag(naive)
+
+
+@given(st.dictionaries(
+    st.text(st.characters(codec="utf-8", exclude_characters="="), min_size=1, max_size=12),
+    st.text(st.characters(codec="utf-8"), max_size=20), max_size=6))
+def test_gcloud_dict_round_trips_any_keys_and_values(pairs):
+    try:
+        value = deploy.gcloud_dict(pairs)
+    except ValueError:  # every candidate delimiter is taken: refused, never mis-encoded
+        used = "".join(f"{k}{v}" for k, v in pairs.items())
+        assert all(d in used for d in deploy._DELIMITERS)
+        return
+    assert parse_dict_flag(value) == pairs
+
+
+@pytest.mark.parametrize("bad_key", ["", "A=B"])
+def test_gcloud_dict_refuses_keys_gcloud_cannot_carry(bad_key):
+    with pytest.raises(ValueError):
+        deploy.gcloud_dict({bad_key: "v"})
+
+
+def test_functions_run_with_the_trainer_account_and_allow_only_it_by_default():
+    env = parse_dict_flag(flag(functions(deploy.plan(target()))[0].argv, "set-env-vars"))
+    assert env["RESPAWN_TRAINER_SERVICE_ACCOUNT"] == TRAINER
+    assert env["RESPAWN_ALLOWED_SERVICE_ACCOUNTS"] == TRAINER
+    assert env["RESPAWN_BUCKET"] == BUCKET and env["RESPAWN_PROJECT"] == PROJECT
+
+
+def test_an_allow_list_of_service_accounts_the_user_set_is_kept():
+    mine = "a@prod-proj.iam.gserviceaccount.com,b@prod-proj.iam.gserviceaccount.com"
+    env = parse_dict_flag(flag(functions(deploy.plan(target(env={"RESPAWN_ALLOWED_SERVICE_ACCOUNTS": mine})))[0].argv,
+                               "set-env-vars"))
+    assert env["RESPAWN_ALLOWED_SERVICE_ACCOUNTS"] == mine
+    assert env["RESPAWN_TRAINER_SERVICE_ACCOUNT"] == TRAINER
+
+
+def test_the_trainer_account_is_created_idempotently():
+    create = step(deploy.plan(target()), "gcloud", "iam", "service-accounts", "create")
+    assert create.argv[4] == "respawn-trainer" and f"--project={PROJECT}" in create.argv
+    assert "already exists" in create.done_if
+
+    ran: list[tuple[str, ...]] = []
+
+    def gcloud(argv: tuple[str, ...]) -> str:
+        ran.append(argv)
+        if argv[:4] == ("gcloud", "iam", "service-accounts", "create"):
+            raise subprocess.CalledProcessError(1, argv, "", "ERROR: Service account respawn-trainer already exists "
+                                                             "within project projects/prod-proj.")
+        return "https://tick.example\n" if "describe" in argv else ""
+
+    steps = [s for s in deploy.plan(target()) if s.argv]
+    deploy.execute(steps, target(), run=gcloud, say=lambda _: None, sleep=lambda _: None)
+    assert len(ran) == len(steps) + 1  # every step went on, plus the tick URL lookup
+
+
+def test_a_trainer_account_outside_the_project_is_used_not_created():
+    other = "trainer@other-proj.iam.gserviceaccount.com"
+    steps = deploy.plan(target(trainer_sa=other))
+    assert not [s for s in steps if s.argv[:4] == ("gcloud", "iam", "service-accounts", "create")]
+    binding = [s for s in steps if f"--member=serviceAccount:{other}" in s.argv]
+    assert binding and flag(binding[0].argv, "role") == "roles/storage.objectUser"
+
+
+def test_the_trainer_binding_is_conditional_to_exactly_the_vm_records():
+    steps = deploy.plan(target())
+    bindings = [s for s in steps if s.argv[:4] == ("gcloud", "storage", "buckets", "add-iam-policy-binding")]
+    (trainer,) = [s for s in bindings if f"--member=serviceAccount:{TRAINER}" in s.argv]
+    assert trainer.argv[4] == f"gs://{BUCKET}" and flag(trainer.argv, "role") == "roles/storage.objectUser"
+    condition = parse_dict_flag(flag(trainer.argv, "condition"))
+    assert condition["expression"] == EXPECTED_CEL
+    assert condition["title"] == deploy.TRAINER_CONDITION_TITLE
+    # IAM Conditions on a bucket need uniform bucket-level access, turned on before the binding
+    ubla = step(steps, "gcloud", "storage", "buckets", "update")
+    assert ubla.argv[4] == f"gs://{BUCKET}" and "--uniform-bucket-level-access" in ubla.argv
+    assert steps.index(ubla) < steps.index(trainer)
+
+
+def test_the_controller_gets_the_whole_bucket_and_may_attach_only_the_trainer_account():
+    steps = deploy.plan(target())
+    (controller,) = [s for s in steps if s.argv[:4] == ("gcloud", "storage", "buckets", "add-iam-policy-binding")
+                     and f"--member=serviceAccount:{CONTROLLER}" in s.argv]
+    assert flag(controller.argv, "role") == "roles/storage.objectUser"
+    assert flag(controller.argv, "condition") == "None"  # explicit: the bucket policy has conditions
+    act_as = step(steps, "gcloud", "iam", "service-accounts", "add-iam-policy-binding")
+    assert act_as.argv[4] == TRAINER and flag(act_as.argv, "member") == f"serviceAccount:{CONTROLLER}"
+    assert flag(act_as.argv, "role") == "roles/iam.serviceAccountUser"
+    assert steps.index(step(steps, "gcloud", "iam", "service-accounts", "create")) < steps.index(act_as)
+
+
+@pytest.mark.parametrize("name, admitted", [
+    ("jobs/train/exit", True),
+    ("jobs/train/heartbeat", True),
+    ("preempted-jobs/train", True),
+    ("jobs/train/spec.yaml", False),
+    ("jobs/train/status.json", False),
+    ("jobs/train/cancel", False),
+    ("jobs/train/exit.tmp", False),
+    ("jobs/train/myexit", False),
+    ("respawn/vm/startup.sh", False),
+    ("ckpt/train/step-100/model.pt", False),
+    ("exit", False),
+])
+def test_the_condition_admits_vm_records_and_refuses_everything_else(name, admitted):
+    assert allowed(EXPECTED_CEL, f"projects/_/buckets/{BUCKET}/objects/{name}") is admitted
+
+
+def test_the_condition_refuses_the_bucket_itself_and_other_buckets():
+    assert not allowed(EXPECTED_CEL, f"projects/_/buckets/{BUCKET}")  # listing is a bucket-level check
+    assert not allowed(EXPECTED_CEL, f"projects/_/buckets/{BUCKET}-2/objects/jobs/train/exit")
+    assert not allowed(EXPECTED_CEL, f"projects/_/buckets/{BUCKET}/managedFolders/jobs/")
+
+
+@given(st.text(st.sampled_from("jobs/preempted-exitheartbspc.yamlstu_1"), max_size=40))
+def test_every_object_a_trainer_may_write_is_a_vm_record_or_ignored(name):
+    if allowed(deploy.trainer_condition(BUCKET), f"projects/_/buckets/{BUCKET}/objects/{name}"):
+        ref = names.parse_object_name(name)
+        assert ref is None or ref.kind in {"exit", "heartbeat", "marker"}
+
+
+@pytest.mark.parametrize("bucket", ['b"||true||"', "UPPER", "a", "with space"])
+def test_a_bucket_name_that_is_not_one_is_refused_before_it_reaches_the_condition(bucket):
+    with pytest.raises(ValueError):
+        deploy.plan(target(bucket=bucket))
+
+
+def test_a_new_account_not_yet_visible_to_iam_is_retried_then_succeeds():
+    binding = step(deploy.plan(target()), "gcloud", "iam", "service-accounts", "add-iam-policy-binding")
+    calls, waits = [], []
+
+    def gcloud(argv: tuple[str, ...]) -> str:
+        calls.append(argv)
+        if len(calls) < 3:
+            raise subprocess.CalledProcessError(1, argv, "", f"NOT_FOUND: Service account {TRAINER} does not exist.")
+        return ""
+
+    deploy._run_step(binding, gcloud, waits.append)
+    assert len(calls) == 3 and len(waits) == 2
+
+
+def test_any_other_failure_stops_the_deploy():
+    binding = step(deploy.plan(target()), "gcloud", "storage", "buckets", "update")
+
+    def gcloud(argv: tuple[str, ...]) -> str:
+        raise subprocess.CalledProcessError(1, argv, "", "PERMISSION_DENIED")
+
+    with pytest.raises(subprocess.CalledProcessError):
+        deploy._run_step(binding, gcloud, lambda _: pytest.fail("must not retry"))
