@@ -2,19 +2,61 @@
 # The controller inlines this file at the top of both scripts, so a VM needs nothing
 # but bash and curl. GCE_METADATA_HOST and STORAGE_EMULATOR_HOST are honoured, so the
 # very same scripts run on Compute Engine and under the local cloud.
+#
+# The agent's own state lives in lowercase agent_* shell variables: never exported,
+# readonly once read, and named apart from everything the trainer sees (RESPAWN_*,
+# RESUME_FROM, NODE_RANK...). The spec's env is applied only inside the trainer's
+# process (see startup.sh), so nothing a spec sets can redirect the agent's records.
 
-RUN_DIR="${RESPAWN_RUN_DIR:-/var/run/respawn}"
-MD_URL="http://${GCE_METADATA_HOST:-metadata.google.internal}/computeMetadata/v1"
-GCS_URL="${STORAGE_EMULATOR_HOST:-https://storage.googleapis.com}"
-case "$GCS_URL" in *://*) ;; *) GCS_URL="http://$GCS_URL" ;; esac
+agent_run_dir="${RESPAWN_RUN_DIR:-/var/run/respawn}"
+agent_md_url="http://${GCE_METADATA_HOST:-metadata.google.internal}/computeMetadata/v1"
+agent_gcs_url="${STORAGE_EMULATOR_HOST:-https://storage.googleapis.com}"
+case "$agent_gcs_url" in *://*) ;; *) agent_gcs_url="http://$agent_gcs_url" ;; esac
+readonly agent_run_dir agent_md_url agent_gcs_url
 
-md() { curl -sf --retry 3 -H "Metadata-Flavor: Google" "$MD_URL/$1"; }
-attr() { md "instance/attributes/$1"; }
+# Deadlines. Every curl call has a per-try limit and every retry loop a total one, so a
+# hung metadata server or GCS never hangs the agent. The shutdown script, which has 30 s
+# in all, lowers them after this file.
+agent_md_patience=120  # seconds to keep retrying one metadata read that fails (not 404)
+agent_gcs_try=30       # seconds for one GCS request
+agent_gcs_patience=120 # seconds within which a failed GCS request is retried
+
 now() { date -u +%Y-%m-%dT%H:%M:%S.%3NZ; }
 log() { echo "respawn: $(now) $*" >&2; }
 
+# md PATH: the metadata value on stdout. Status 0: read; 1: absent (HTTP 404);
+# 2: could not be read (connection errors, timeouts, other statuses) within
+# agent_md_patience seconds. A value that could not be read is never taken as absent.
+md() {
+  local deadline=$((SECONDS + agent_md_patience)) left resp rc
+  while :; do
+    left=$((deadline - SECONDS))
+    ((left > 10)) && left=10
+    ((left < 1)) && left=1
+    resp="$(curl -s --connect-timeout 2 --max-time "$left" -H "Metadata-Flavor: Google" \
+      -w '%{http_code}' "$agent_md_url/$1")"
+    rc=$?
+    if [ "$rc" = 0 ]; then
+      case "${resp: -3}" in
+        200) printf '%s' "${resp%???}"; return 0 ;;
+        404) return 1 ;;
+      esac
+    fi
+    ((SECONDS < deadline)) || { log "metadata $1 unreadable (curl $rc, HTTP ${resp: -3})"; return 2; }
+    sleep 1
+  done
+}
+attr() { md "instance/attributes/$1"; }
+
+# attr_or NAME DEFAULT: the attribute, DEFAULT when it is absent; fails when unreadable.
+attr_or() {
+  local value
+  value="$(attr "$1")"
+  case $? in 0) printf '%s' "$value" ;; 1) printf '%s' "$2" ;; *) return 2 ;; esac
+}
+
 urlencode() {
-  local s="$1" out="" c i
+  local LC_ALL=C s="$1" out="" c i  # bytewise: a UTF-8 character becomes %XX%XX
   for ((i = 0; i < ${#s}; i++)); do
     c="${s:i:1}"
     case "$c" in [a-zA-Z0-9.~_-]) out+="$c" ;; *) out+=$(printf '%%%02X' "'$c") ;; esac
@@ -22,45 +64,107 @@ urlencode() {
   printf '%s' "$out"
 }
 
-json_escape() { local s="${1//\\/\\\\}"; s="${s//\"/\\\"}"; printf '%s' "${s//$'\n'/\\n}"; }
+# json_escape STRING: the body of a JSON string (no quotes). Control characters are
+# escaped; other bytes pass through (valid UTF-8 in, valid UTF-8 out).
+json_escape() {
+  local LC_ALL=C s="$1" out="" c i
+  s="${s//\\/\\\\}"; s="${s//\"/\\\"}"
+  s="${s//$'\n'/\\n}"; s="${s//$'\r'/\\r}"; s="${s//$'\t'/\\t}"
+  if [[ "$s" == *[[:cntrl:]]* ]]; then
+    for ((i = 0; i < ${#s}; i++)); do
+      c="${s:i:1}"
+      case "$c" in [[:cntrl:]]) out+=$(printf '\\u%04x' "'$c") ;; *) out+="$c" ;; esac
+    done
+    s="$out"
+  fi
+  printf '%s' "$s"
+}
 
-token() {  # the VM's service-account token (a placeholder under the local cloud)
-  md "instance/service-accounts/default/token" | sed -E 's/.*"access_token" *: *"([^"]+)".*/\1/'
+# auth_header: the curl header for the VM's service account ("" when it has none);
+# fails when the token could not be read. (A placeholder token under the local cloud.)
+auth_header() {
+  local doc rc
+  doc="$(md "instance/service-accounts/default/token")"
+  rc=$?
+  [ "$rc" = 1 ] && return 0
+  [ "$rc" = 0 ] || return 1
+  printf 'Authorization: Bearer %s' "$(sed -E 's/.*"access_token" *: *"([^"]+)".*/\1/' <<< "$doc")"
 }
 
 # gcs_put BUCKET OBJECT  (body on stdin): a simple upload, retried on errors. The body
 # is spooled to a file first: a retry must send it again, and stdin is read only once.
 gcs_put() {
   local body rc auth
-  body="$(mktemp)"
+  body="$(mktemp)" || return 1
   cat > "$body"
-  auth="$(token)"
-  curl -sf --retry 5 --retry-all-errors -o /dev/null -X POST \
-    -H "Authorization: Bearer $auth" -H "Content-Type: application/json" --data-binary @"$body" \
-    "$GCS_URL/upload/storage/v1/b/$1/o?uploadType=media&name=$(urlencode "$2")"
-  rc=$?
+  if auth="$(auth_header)"; then
+    curl -sf --connect-timeout 10 --max-time "$agent_gcs_try" --retry 5 --retry-all-errors \
+      --retry-max-time "$agent_gcs_patience" -o /dev/null -X POST ${auth:+-H "$auth"} \
+      -H "Content-Type: application/json" --data-binary @"$body" \
+      "$agent_gcs_url/upload/storage/v1/b/$1/o?uploadType=media&name=$(urlencode "$2")"
+    rc=$?
+  else
+    rc=1
+  fi
   rm -f "$body"
   return $rc
 }
 
-# gcs_get gs://BUCKET/OBJECT FILE
+# gcs_get gs://BUCKET/OBJECT FILE: a download that may be large, so no fixed total
+# limit: it is abandoned when slower than 1 KiB/s for a minute (or after an hour).
 gcs_get() {
-  local path="${1#gs://}"
-  curl -sf --retry 5 -o "$2" -H "Authorization: Bearer $(token)" \
-    "$GCS_URL/storage/v1/b/${path%%/*}/o/$(urlencode "${path#*/}")?alt=media"
+  local path="${1#gs://}" auth
+  auth="$(auth_header)" || return 1
+  curl -sf --connect-timeout 10 --max-time 3600 --speed-limit 1024 --speed-time 60 \
+    --retry 5 --retry-max-time 600 -o "$2" ${auth:+-H "$auth"} \
+    "$agent_gcs_url/storage/v1/b/${path%%/*}/o/$(urlencode "${path#*/}")?alt=media"
 }
 
+# load_identity: who this VM is, into readonly agent_* variables. Exits 0 on a VM that is
+# not a respawn VM (no respawn-job); returns 1, having logged why, when anything needed
+# could not be read (or makes no sense): the caller must then write no record at all.
 load_identity() {
-  JOB="$(attr respawn-job)" || { log "no respawn-job metadata: not a respawn VM"; exit 0; }
-  BUCKET="$(attr respawn-bucket)"
-  ATTEMPT="$(attr respawn-attempt)"
-  NAME="$(md instance/name)"
-  NODES="$(attr respawn-nodes || echo 1)"
-  if [ "${NODES:-1}" -gt 1 ]; then NODE_RANK="${NAME##*-}"; else NODE_RANK=0; fi
+  local value
+  value="$(attr respawn-job)"
+  case $? in
+    0) agent_job="$value" ;;
+    1) log "no respawn-job metadata: not a respawn VM"; exit 0 ;;
+    *) log "respawn-job unreadable"; return 1 ;;
+  esac
+  agent_bucket="$(attr respawn-bucket)" || { log "respawn-bucket unreadable or absent"; return 1; }
+  agent_attempt="$(attr respawn-attempt)" || { log "respawn-attempt unreadable or absent"; return 1; }
+  agent_name="$(md instance/name)" || { log "instance/name unreadable"; return 1; }
+  agent_nodes="$(attr_or respawn-nodes 1)" || { log "respawn-nodes unreadable"; return 1; }
+  agent_nodes="${agent_nodes:-1}"
+  # The per-attempt secret every record carries. Absent (an older controller): records
+  # go without it. Unreadable: no record can be written, never one claiming no token.
+  agent_token="$(attr respawn-token)"
+  case $? in
+    0) ;;
+    1) agent_token="" ;;
+    *) log "respawn-token unreadable"; return 1 ;;
+  esac
+  [[ "$agent_attempt" =~ ^(0|[1-9][0-9]{0,8})$ ]] || { log "bad respawn-attempt '$agent_attempt'"; return 1; }
+  [[ "$agent_nodes" =~ ^[1-9][0-9]{0,5}$ ]] || { log "bad respawn-nodes '$agent_nodes'"; return 1; }
+  # Single VM: <job>-<attempt>, rank 0. Gang node: <job>-<attempt>-n<rank>.
+  agent_rank=0
+  if ((agent_nodes > 1)); then
+    agent_rank="${agent_name##*-n}"
+    if [ "$agent_rank" = "$agent_name" ] || ! [[ "$agent_rank" =~ ^(0|[1-9][0-9]{0,5})$ ]] \
+      || ((agent_rank >= agent_nodes)); then
+      log "cannot read a node rank below $agent_nodes from the instance name '$agent_name'"
+      return 1
+    fi
+  fi
+  readonly agent_job agent_bucket agent_attempt agent_name agent_nodes agent_token agent_rank
 }
 
-# record KIND OBJECT [EXTRA_JSON]: {"instance", "attempt", "node", "at", ...} into the bucket
+# record KIND OBJECT [EXTRA_JSON]: {"instance", "attempt", "node", "at", "token", ...}
+# into the bucket. KIND only names it for the reader.
 record() {
-  printf '{"instance": "%s", "attempt": %s, "node": %s, "at": "%s"%s}' \
-    "$NAME" "$ATTEMPT" "$NODE_RANK" "$(now)" "${3:+, $3}" | gcs_put "$BUCKET" "$2"
+  local token=""
+  [ -n "$agent_token" ] && token=", \"token\": \"$(json_escape "$agent_token")\""
+  printf '{"instance": "%s", "attempt": %s, "node": %s, "at": "%s"%s%s}' \
+    "$(json_escape "$agent_name")" "$agent_attempt" "$agent_rank" "$(now)" "$token" "${3:+, $3}" \
+    | gcs_put "$agent_bucket" "$2"
 }

@@ -5,10 +5,14 @@ from __future__ import annotations
 import io
 import json
 import os
+import shlex
+import subprocess
 import sys
 import tarfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +45,18 @@ def srv(gcs: LocalGcs) -> Iterator[ComputeServer]:
         yield s
 
 
-def boot(srv: ComputeServer, name: str, command: str, **attributes: str) -> None:
+def token_of(name: str) -> str:
+    return f"secret-of-{name}"
+
+
+def boot(srv: ComputeServer, name: str, command: str, **attributes: str | None) -> None:
+    """Boot a VM named <job>-<attempt>[-n<rank>]; an attribute given as None is left out."""
     job, attempt = name.split("-")[0], name.split("-")[1]
     md = {"startup-script": STARTUP, "shutdown-script": SHUTDOWN, "respawn-job": job, "respawn-bucket": BUCKET,
-          "respawn-attempt": attempt, "respawn-command": command, "respawn-nodes": "1",
-          "respawn-heartbeat-interval": "1", "respawn-master-addr": f"{job}-{attempt}", **attributes}
+          "respawn-attempt": attempt, "respawn-token": token_of(name), "respawn-command": command,
+          "respawn-nodes": "1", "respawn-heartbeat-interval": "1", "respawn-master-addr": f"{job}-{attempt}",
+          **attributes}
+    md = {k: v for k, v in md.items() if v is not None}
     body = {"name": name, "machineType": "zones/us-central1-a/machineTypes/g2-standard-8",
             "disks": [{"boot": True, "initializeParams": {"sourceImage": "projects/debian-cloud/global/images/family/debian-12"}}],
             "networkInterfaces": [{"network": "global/networks/default"}],
@@ -76,6 +87,7 @@ def test_startup_runs_the_command_with_its_environment_then_records_exit_and_pow
          **{"respawn-resume-from": "gs://ck/run/step_000040", "respawn-env": "export GREETING='hello world'"})
     record = until("the exit record", lambda: read(gcs, "jobs/envjob/exit"))
     assert (record["exit_code"], record["attempt"], record["instance"], record["node"]) == (7, 3, "envjob-3", 0)
+    assert record["token"] == token_of("envjob-3")
     env = dict(line.split("=", 1) for line in (srv.workdir_of("envjob-3") / "env.txt").read_text().splitlines())
     assert env["RESUME_FROM"] == "gs://ck/run/step_000040" and env["RESPAWN_ATTEMPT"] == "3"
     assert (env["NODE_RANK"], env["NODES"], env["MASTER_ADDR"]) == ("0", "1", "envjob-3")
@@ -87,7 +99,7 @@ def test_startup_runs_the_command_with_its_environment_then_records_exit_and_pow
 def test_heartbeat_while_running(gcs, srv):
     boot(srv, "beat-1", "sleep 30")
     first = until("a heartbeat", lambda: read(gcs, "jobs/beat/heartbeat"))
-    assert (first["attempt"], first["instance"]) == (1, "beat-1")
+    assert (first["attempt"], first["instance"], first["token"]) == (1, "beat-1", token_of("beat-1"))
     until("a newer heartbeat", lambda: (hb := read(gcs, "jobs/beat/heartbeat")) and hb["at"] != first["at"])
 
 
@@ -105,10 +117,11 @@ def test_code_tarball_is_fetched_before_the_command(gcs, srv):
 
 
 def test_gang_node_reads_its_rank_from_its_name(gcs, srv):
-    boot(srv, "gang-2-1", 'echo "$NODE_RANK/$NODES" > rank.txt; exit 0', **{"respawn-nodes": "3", "respawn-master-addr": "gang-2-0"})
-    until("the command to run", lambda: (srv.workdir_of("gang-2-1") / "rank.txt").exists())
-    until("the VM to power off", lambda: status(srv, "gang-2-1") == "TERMINATED")
-    assert (srv.workdir_of("gang-2-1") / "rank.txt").read_text().strip() == "1/3"
+    boot(srv, "gang-2-n1", 'echo "$NODE_RANK/$NODES $MASTER_ADDR" > rank.txt; exit 0',
+         **{"respawn-nodes": "3", "respawn-master-addr": "gang-2-n0"})
+    until("the command to run", lambda: (srv.workdir_of("gang-2-n1") / "rank.txt").exists())
+    until("the VM to power off", lambda: status(srv, "gang-2-n1") == "TERMINATED")
+    assert (srv.workdir_of("gang-2-n1") / "rank.txt").read_text().strip() == "1/3 gang-2-n0"
     assert read(gcs, "jobs/gang/exit") is None, "only rank 0 reports success"
     assert read(gcs, "jobs/gang/heartbeat") is None, "only rank 0 heartbeats"
 
@@ -123,6 +136,7 @@ def test_preemption_sigterms_the_trainer_then_writes_the_marker_and_no_exit_reco
     srv.preempt("pre-5")
     marker = until("the marker", lambda: read(gcs, "preempted-jobs/pre"))
     assert (marker["attempt"], marker["instance"], marker["reason"]) == (5, "pre-5", "preempted")
+    assert marker["token"] == token_of("pre-5")
     assert (srv.workdir_of("pre-5") / "got-sigterm.txt").exists(), "trainer got no SIGTERM"
     until("the VM to stop", lambda: status(srv, "pre-5") == "TERMINATED")
     assert read(gcs, "jobs/pre/exit") is None, "a trainer exiting 0 on SIGTERM must not look like success"
@@ -135,7 +149,7 @@ def test_terminating_host_maintenance_writes_a_maintenance_marker(gcs, srv):
     until("the trainer to start", lambda: (srv.workdir_of("mnt-2") / "started.txt").exists())
     srv.maintenance("mnt-2")
     marker = until("the marker", lambda: read(gcs, "preempted-jobs/mnt"))
-    assert (marker["attempt"], marker["reason"]) == (2, "maintenance")
+    assert (marker["attempt"], marker["reason"], marker["token"]) == (2, "maintenance", token_of("mnt-2"))
     until("the VM to stop", lambda: status(srv, "mnt-2") == "TERMINATED")
     assert read(gcs, "jobs/mnt/exit") is None
 
@@ -167,3 +181,181 @@ def test_preemption_in_the_middle_of_a_checkpoint_write_leaves_the_previous_one_
     assert {b.name for b in listing} >= {"ck/mid/step_000020/weights.npy"}
     found = checkpoints.latest(f"gs://{BUCKET}/ck/mid", listing, lambda rel: store.read(BUCKET, f"ck/mid/{rel}").data)
     assert found is not None and found.uri == f"gs://{BUCKET}/ck/mid/step_000010" and found.step == 10
+
+
+# -- the spec's env and the agent's own state ---------------------------------------------
+
+def test_spec_env_reaches_only_the_trainer_and_never_redirects_the_agent(gcs, srv):
+    # What the controller writes (values quoted by shlex), with names the agent uses or
+    # has used for itself, and names of the contract (the controller rejects those too).
+    hostile = {"JOB": "victim", "BUCKET": "elsewhere", "NAME": "victim-1", "ATTEMPT": "99", "NODE_RANK": "5",
+               "NODES": "9", "MASTER_ADDR": "evil", "RESUME_FROM": "gs://evil/step_1", "RESPAWN_JOB": "victim",
+               "RESPAWN_ATTEMPT": "99", "RESPAWN_BUCKET": "elsewhere", "RESPAWN_CHECKPOINT_URI": "gs://evil",
+               "agent_job": "victim", "agent_bucket": "elsewhere", "agent_token": "forged", "RUN_DIR": "/tmp/evil",
+               "QUOTED": "it's \"$HOME\" `id`\n; exit 1"}
+    lines = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(hostile.items()))
+    dump = 'python -c "import json, os; json.dump(dict(os.environ), open(\'env.json\', \'w\'))"; sleep 1.5; exit 3'
+    boot(srv, "safe-4", dump, **{"respawn-env": lines, "respawn-resume-from": "gs://ck/safe/step_000040",
+                                  "respawn-checkpoint-uri": "gs://ck/safe"})
+    beat = until("a heartbeat", lambda: read(gcs, "jobs/safe/heartbeat"))
+    assert (beat["attempt"], beat["instance"], beat["node"], beat["token"]) == (4, "safe-4", 0, token_of("safe-4"))
+    record = until("the exit record", lambda: read(gcs, "jobs/safe/exit"))
+    assert (record["exit_code"], record["attempt"], record["instance"], record["node"], record["token"]) == \
+        (3, 4, "safe-4", 0, token_of("safe-4"))
+    until("the VM to power off", lambda: status(srv, "safe-4") == "TERMINATED")
+    assert not list(client(gcs.url).bucket(BUCKET).list_blobs(prefix="jobs/victim")), "the env redirected a record"
+    env = json.loads((srv.workdir_of("safe-4") / "env.json").read_text())
+    # The trainer's own (non-reserved) values, byte for byte...
+    for key in ("JOB", "BUCKET", "NAME", "ATTEMPT", "agent_job", "agent_bucket", "agent_token", "RUN_DIR", "QUOTED"):
+        assert env[key] == hostile[key], key
+    # ...and the contract's variables keep their true values.
+    assert {k: env[k] for k in ("RESUME_FROM", "RESPAWN_JOB", "RESPAWN_ATTEMPT", "RESPAWN_BUCKET",
+                                "RESPAWN_CHECKPOINT_URI", "NODE_RANK", "NODES", "MASTER_ADDR")} == {
+        "RESUME_FROM": "gs://ck/safe/step_000040", "RESPAWN_JOB": "safe", "RESPAWN_ATTEMPT": "4",
+        "RESPAWN_BUCKET": BUCKET, "RESPAWN_CHECKPOINT_URI": "gs://ck/safe", "NODE_RANK": "0", "NODES": "1",
+        "MASTER_ADDR": "safe-4"}
+
+
+def test_records_carry_the_attempt_token_json_escaped(gcs, srv):
+    token = 'q"b\\s\ttab\nnl\x01ctl é/%'
+    boot(srv, "tok-2", "sleep 1.5; exit 0", **{"respawn-token": token})
+    assert until("a heartbeat", lambda: read(gcs, "jobs/tok/heartbeat"))["token"] == token
+    assert until("the exit record", lambda: read(gcs, "jobs/tok/exit"))["token"] == token
+
+
+@pytest.mark.parametrize("token", [None, ""], ids=["absent", "empty"])
+def test_without_a_token_from_the_controller_records_have_no_token_field(gcs, srv, token):
+    name = "old-1" if token is None else "older-1"
+    boot(srv, name, "exit 0", **{"respawn-token": token})
+    record = until("the exit record", lambda: read(gcs, f"jobs/{name.split('-')[0]}/exit"))
+    assert record["attempt"] == 1 and "token" not in record
+
+
+# -- common.sh against a metadata server that misbehaves ----------------------------------
+
+class FakeMetadata:
+    """A metadata server whose answers a test scripts: per path, a value (str), a list of
+    HTTP statuses to answer first (then the value), or "hang"; unknown paths are 404."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.values = values
+        self.release = threading.Event()
+        self.hits: dict[str, int] = {}
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.partition("?")[0].removeprefix("/computeMetadata/v1/")
+                owner.hits[path] = owner.hits.get(path, 0) + 1
+                value = owner.values.get(path)
+                if value == "hang":
+                    owner.release.wait(30)
+                    return
+                if isinstance(value, tuple):
+                    statuses, value = value
+                    if owner.hits[path] <= len(statuses):
+                        return self.reply(statuses[owner.hits[path] - 1], b"try again")
+                if value is None:
+                    return self.reply(404, b"Not Found")
+                self.reply(200, value.encode())
+
+            do_POST = do_GET  # a stand-in GCS takes uploads too
+
+            def reply(self, code: int, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+COMMON = (REPO_ROOT / "deploy" / "vm" / "common.sh").read_text()
+
+
+def identity(name: str, attempt: str | None = None, **attributes: Any) -> dict[str, Any]:
+    job, attempt = name.split("-")[0], attempt or name.split("-")[1]
+    values: dict[str, Any] = {"instance/name": name, "instance/attributes/respawn-job": job,
+                              "instance/attributes/respawn-bucket": BUCKET,
+                              "instance/attributes/respawn-attempt": attempt}
+    values.update({f"instance/attributes/{k}": v for k, v in attributes.items()})
+    return values
+
+
+def agent(md: FakeMetadata, script: str, gcs_url: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """common.sh, then ``script``, in bash, as the VM scripts run it."""
+    env = {"PATH": os.environ["PATH"], "GCE_METADATA_HOST": md.host, "STORAGE_EMULATOR_HOST": gcs_url}
+    return subprocess.run(["bash", "-c", f"set -uo pipefail\n{COMMON}\n{script}"], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture
+def fake_md() -> Iterator[Callable[[dict[str, Any]], FakeMetadata]]:
+    servers: list[FakeMetadata] = []
+
+    def make(values: dict[str, Any]) -> FakeMetadata:
+        servers.append(FakeMetadata(values))
+        return servers[-1]
+
+    yield make
+    for s in servers:
+        s.close()
+
+
+WRITE_EXIT = 'load_identity || { echo NO-IDENTITY; exit 0; }; record exit "jobs/$agent_job/exit" \'"exit_code": 0\' && echo WROTE'
+
+
+def test_a_token_that_fails_to_read_at_first_is_retried(gcs, fake_md):
+    md = fake_md(identity("flaky-3", **{"respawn-token": ((503, 500), "the-token")}))
+    out = agent(md, WRITE_EXIT, gcs.url)
+    assert "WROTE" in out.stdout, out.stderr
+    assert md.hits["instance/attributes/respawn-token"] == 3
+    assert read(gcs, "jobs/flaky/exit")["token"] == "the-token"
+
+
+def test_a_token_that_cannot_be_read_means_no_record_at_all(gcs, fake_md):
+    md = fake_md(identity("mute-3", **{"respawn-token": ((503,) * 1000, "never")}))
+    started = time.monotonic()
+    out = agent(md, f"agent_md_patience=2\n{WRITE_EXIT}", gcs.url)
+    assert "NO-IDENTITY" in out.stdout and "respawn-token unreadable" in out.stderr, out.stderr
+    assert time.monotonic() - started < 10
+    assert read(gcs, "jobs/mute/exit") is None
+
+
+def test_a_hung_metadata_server_or_gcs_does_not_hang_the_agent(gcs, fake_md):
+    md = fake_md({**identity("hung-1"), "instance/preempted": "hang"})
+    started = time.monotonic()
+    out = agent(md, 'agent_md_patience=2; md instance/preempted; echo "status $?"', gcs.url)
+    assert "status 2" in out.stdout and time.monotonic() - started < 10, out.stderr
+    hung_gcs = fake_md({"/upload/storage/v1/b/agent-bucket/o": "hang"})  # accepts connections, never answers
+    started = time.monotonic()
+    out = agent(md, 'agent_gcs_try=1; agent_gcs_patience=2; load_identity; record exit x "" || echo "failed $?"',
+                f"http://{hung_gcs.host}")
+    assert "failed 28" in out.stdout and time.monotonic() - started < 15, out.stderr  # 28: curl's timeout
+    assert hung_gcs.hits["/upload/storage/v1/b/agent-bucket/o"] >= 2, "the upload was not retried"
+
+
+@pytest.mark.parametrize(("name", "nodes", "rank"), [
+    ("a-n1-3-n2", "3", "2"),      # a job name with "-n" in it: the rank is after the last one
+    ("solo-n4-2", "1", "0"),      # a single VM is rank 0 whatever its name
+    ("gang-3-1", "3", None),      # the old gang name: no rank to read
+    ("gang-3-n3", "3", None),     # a rank outside the gang
+    ("gang-3-n01", "3", None),
+])
+def test_gang_rank_is_read_from_the_n_suffix(gcs, fake_md, name, nodes, rank):
+    md = fake_md(identity(name, attempt="3", **{"respawn-nodes": nodes}))
+    out = agent(md, 'load_identity && echo "rank=$agent_rank"', gcs.url)
+    assert out.stdout.strip() == ("" if rank is None else f"rank={rank}"), out.stderr
