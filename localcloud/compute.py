@@ -7,8 +7,10 @@ DONE, and errors carry ``errors[].reason`` as Google sends them. Each RUNNING in
 is a real local process (``localcloud.vm``) with its own metadata server.
 
 Faults are injected from Python or over HTTP (``POST /_local/<fault>``): stockouts
-and quota per zone (on the operation or synchronously), transient 5xx per method,
-slow operations, unreachable zones, preemption and guest crashes of named instances.
+and quota per zone (on the operation or synchronously), any HTTP error per method,
+slow or held operations, unreachable zones, images and machine types that do not
+exist, and, on named instances: preemption, host maintenance, host errors, guest
+crashes, and any status string at all (values Google may add later).
 """
 
 from __future__ import annotations
@@ -66,8 +68,12 @@ class Faults:
     stockouts: dict[str, str] = field(default_factory=dict)  # zone -> "operation" | "sync"
     quota: dict[str, str] = field(default_factory=dict)
     unreachable: set[str] = field(default_factory=set)
-    failures: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))  # "instances.insert" -> [503]
+    # "instances.insert" -> [(503, message, reason)]
+    failures: dict[str, list[tuple[int, str, str]]] = field(default_factory=lambda: defaultdict(list))
     op_delay: float = 0.05
+    hold: bool = False  # insert operations stay RUNNING until released
+    held: list[tuple[list[Vm], dict[str, Any]]] = field(default_factory=list)
+    unknown: set[tuple[str, str]] = field(default_factory=set)  # ("image" | "machineType", name)
 
 
 class ComputeServer:
@@ -130,13 +136,35 @@ class ComputeServer:
     def quota(self, zone: str, on: bool = True, mode: str = "sync") -> None:
         _switch(self._lock, self.faults.quota, zone, mode if on else None)
 
-    def fail_next(self, method: str, code: int = 503, times: int = 1) -> None:
-        """The next ``times`` calls of e.g. ``instances.insert`` answer HTTP ``code``."""
+    def fail_next(self, method: str, code: int = 503, times: int = 1, reason: str = "backendError",
+                  message: str = "Internal error. Please try again or contact Google Support.") -> None:
+        """The next ``times`` calls of e.g. ``instances.insert`` answer HTTP ``code`` with ``errors[].reason``
+        ``reason`` (e.g. 403 ``rateLimitExceeded``, 503 ``insufficientCapacity``)."""
         with self._lock:
-            self.faults.failures[method].extend([code] * times)
+            self.faults.failures[method].extend([(code, message, reason)] * times)
 
     def slow_operations(self, seconds: float) -> None:
+        """Insert, bulkInsert, start and delete operations run this long before they finish."""
         self.faults.op_delay = seconds
+
+    def hold_operations(self, on: bool = True) -> None:
+        """While on, insert/bulkInsert/start operations stay RUNNING (capacity not yet decided);
+        turning it off lets every held one finish now, with the zone's faults as they are then."""
+        with self._lock:
+            self.faults.hold = on
+            held: list[tuple[list[Vm], dict[str, Any]]] = []
+            if not on:
+                held, self.faults.held = self.faults.held, []
+        for vms, op in held:
+            self._provision(vms, op)
+
+    def unknown(self, kind: str, name: str, on: bool = True) -> None:
+        """An image (``kind="image"``, as the request names it or its last path segment) or machine
+        type (``kind="machineType"``, bare name) that does not exist: inserts naming it are refused."""
+        if kind not in ("image", "machineType"):
+            raise ValueError(f"unknown resource kind {kind!r}")
+        with self._lock:
+            (self.faults.unknown.add if on else self.faults.unknown.discard)((kind, name))
 
     def unreachable(self, zone: str, on: bool = True) -> None:
         with self._lock:
@@ -171,15 +199,32 @@ class ComputeServer:
             self._set_status(vm, "STOPPING")
         threading.Thread(target=self._stop_then, args=(vm, "TERMINATED"), daemon=True).start()
 
+    def host_error(self, name: str) -> None:
+        """The host under the VM fails: ``compute.instances.hostError`` is recorded and the VM is
+        gone at once (no shutdown script runs); with automaticRestart off it stays TERMINATED."""
+        vm = self._find(name)
+        with self._lock:
+            self._record(vm, "compute.instances.hostError")
+            self._set_status(vm, "STOPPING")
+        threading.Thread(target=self._stop_then, args=(vm, "TERMINATED", None, 0), daemon=True).start()
+
     def crash(self, name: str) -> None:
-        """The guest dies (kernel panic, OOM of PID 1): the process is killed, the VM terminates."""
+        """The guest powers itself off or dies (kernel panic, OOM of PID 1): Compute records
+        ``compute.instances.guestTerminate``. A running guest's process is killed (its exit is
+        seen, and recorded, as the guest terminating); a guest already on its way down (a
+        preempted one shutting itself down) gets the record too."""
         vm = self._find(name)
         with self._lock:
             process = vm.process
         if process is not None and process.running:
-            process.kill()  # its exit is seen, and recorded, as the guest terminating
+            process.kill()
         else:
-            self._guest_exited(vm, process)
+            self._guest_terminated(vm)
+
+    def set_status(self, name: str, status: str) -> None:
+        """Give a named instance any status string at all, e.g. PENDING_STOP or one Google adds later."""
+        with self._lock:
+            self._set_status(self._find(name), status)
 
     def instance(self, name: str) -> dict[str, Any]:
         with self._lock:
@@ -212,8 +257,9 @@ class ComputeServer:
             args = request.get_json(force=True, silent=True) or {}
             actions = {"stockout": self.stockout, "quota": self.quota, "fail_next": self.fail_next,
                        "preempt": self.preempt, "crash": self.crash, "unreachable": self.unreachable,
-                       "maintenance": self.maintenance,
-                       "slow_operations": self.slow_operations}
+                       "maintenance": self.maintenance, "host_error": self.host_error, "set_status": self.set_status,
+                       "slow_operations": self.slow_operations, "hold_operations": self.hold_operations,
+                       "unknown": self.unknown}
             if fault not in actions:
                 return _json({"error": f"unknown fault {fault}"}, 404)
             actions[fault](**args)
@@ -231,8 +277,7 @@ class ComputeServer:
         name = f"{method.resource}.{method.name}"
         with self._lock:
             if self.faults.failures.get(name):
-                code = self.faults.failures[name].pop(0)
-                raise ApiError(code, "Internal error. Please try again or contact Google Support.", "backendError")
+                raise ApiError(*self.faults.failures[name].pop(0))
         body = request.get_json(silent=True) if method.request_schema else None
         if method.request_schema:
             if not isinstance(body, dict):
@@ -295,6 +340,7 @@ class ComputeServer:
             if replay := self._replay(project, q.get("requestId")):
                 return replay
             gce.check_instance(body, zone)
+            self._exists(body, zone, "resource")
             self._admit(project, zone, [body["name"]])
             vm = self._create(project, zone, body)
             op = self._zone_op(project, zone, "insert", vm)
@@ -307,13 +353,20 @@ class ComputeServer:
         return self._bulk(project, [zone], body, q, self.urls.zone(project, zone), "zone")
 
     def _regionInstances_bulkInsert(self, p: dict[str, str], q: Any, body: dict[str, Any]) -> dict[str, Any]:
+        """Google's rule: a zone the location policy leaves out is allowed (the default preference
+        is ALLOW), only DENY excludes; so one ALLOW entry does not pin the request to that zone.
+        Compute picks a zone that has room (here: the first allowed one without a fault)."""
         project, region = p["project"], p["region"]
-        locations = (body.get("locationPolicy") or {}).get("locations") or {}
-        allowed = [k.removeprefix("zones/") for k, v in locations.items() if v.get("preference") == "ALLOW"]
-        denied = {k.removeprefix("zones/") for k, v in locations.items() if v.get("preference") == "DENY"}
-        candidates = allowed or [z for z in self.zones if gce.region_of(z) == region and z not in denied]
-        if not candidates or any(gce.region_of(z) != region for z in candidates):
-            raise ApiError(400, f"Invalid location policy for region {region}.", "invalid")
+        locations = {k.removeprefix("zones/"): (v or {}).get("preference", "ALLOW")
+                     for k, v in ((body.get("locationPolicy") or {}).get("locations") or {}).items()}
+        if any(gce.region_of(z) != region for z in locations):
+            raise ApiError(400, f"Invalid location policy for region {region}: every location must be a zone of it.",
+                           "invalid")
+        candidates = [z for z in self.zones if gce.region_of(z) == region and locations.get(z) != "DENY"]
+        if not candidates:
+            raise ApiError(400, f"Invalid location policy for region {region}: no zone is allowed.", "invalid")
+        with self._lock:
+            candidates.sort(key=lambda z: z in self.faults.stockouts or z in self.faults.quota)
         return self._bulk(project, candidates, body, q, self.urls.region(project, region), "region")
 
     def _bulk(self, project: str, zones: list[str], body: dict[str, Any], q: Any, scope: str, key: str) -> dict[str, Any]:
@@ -335,7 +388,8 @@ class ComputeServer:
             for zone in zones:
                 try:
                     gce.properties_check({**props, "name": names[0]}, None, "resource.instanceProperties")
-                    self._admit(project, zone, names)
+                    self._exists(props, zone, "resource.instanceProperties")
+                    self._admit(project, zone, names, bulk=True)
                     chosen = zone
                     break
                 except ApiError as e:
@@ -367,7 +421,8 @@ class ComputeServer:
             if vm.resource["status"] not in ("STOPPING",):
                 self._set_status(vm, "STOPPING")
         budget = 0 if q.get("noGracefulShutdown") == "true" else self.shutdown_budget
-        threading.Thread(target=self._stop_then, args=(vm, "DELETE", op, budget), daemon=True).start()
+        # A delete takes a while on Google too: the slow_operations delay, then the guest's shutdown.
+        self._later(self.faults.op_delay, self._stop_then, vm, "DELETE", op, budget)
         return op
 
     def _instances_stop(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
@@ -437,14 +492,25 @@ class ComputeServer:
         return {**out, "nextPageToken": token} if token else out
 
     # -- state machine ---------------------------------------------------------------
-    def _admit(self, project: str, zone: str, names: list[str]) -> None:
-        """Synchronous refusals: name taken, sync stockout or quota."""
+    def _exists(self, body: dict[str, Any], zone: str, field: str) -> None:
+        """The image and machine type an insert names must exist (unknown ones are injected faults):
+        Google answers 404 for a missing image and 400 for a machine type the zone does not have."""
+        machine = body.get("machineType", "")
+        if ("machineType", machine.rsplit("/", 1)[-1]) in self.faults.unknown:
+            raise gce.unknown_machine_type(f"{field}.machineType", machine, zone)
+        for disk in body.get("disks") or []:
+            image = (disk.get("initializeParams") or {}).get("sourceImage") or ""
+            if image and {("image", image), ("image", image.rsplit("/", 1)[-1])} & self.faults.unknown:
+                raise gce.not_found(image.split("/compute/v1/")[-1])
+
+    def _admit(self, project: str, zone: str, names: list[str], bulk: bool = False) -> None:
+        """Synchronous refusals: name taken, sync stockout (bulkInsert: ``insufficientCapacity``) or quota."""
         for name in names:
             if (project, zone, name) in self._vms:
                 raise ApiError(409, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' already exists",
                                "alreadyExists")
         if self.faults.stockouts.get(zone) == "sync":
-            raise gce.stockout(project, zone)
+            raise gce.insufficient_capacity(project, zone) if bulk else gce.stockout(project, zone)
         if self.faults.quota.get(zone) == "sync":
             raise gce.quota(gce.region_of(zone))
 
@@ -456,19 +522,23 @@ class ComputeServer:
     def _provision(self, vms: list[Vm], op: dict[str, Any]) -> None:
         """The insert operation finishes: capacity is decided now (as on the real API)."""
         with self._lock:
+            if self.faults.hold:
+                self.faults.held.append((vms, op))
+                return
             zone = vms[0].zone
-            error = None
+            error, details = None, None
             if self.faults.stockouts.get(zone) == "operation":
                 error, code = gce.stockout(vms[0].project, zone), "ZONE_RESOURCE_POOL_EXHAUSTED"
             elif self.faults.quota.get(zone) == "operation":
                 error, code = gce.quota(gce.region_of(zone)), "QUOTA_EXCEEDED"
+                details = gce.quota_details(gce.region_of(zone))
             if error is not None:
                 for vm in vms:
                     if op["operationType"] != "start":
                         self._vms.pop((vm.project, vm.zone, vm.name), None)
                     else:
                         self._set_status(vm, "TERMINATED")
-                gce.finish(op, error, code)
+                gce.finish(op, error, code, details)
                 self._done.notify_all()
                 return
             for vm in vms:
@@ -505,7 +575,13 @@ class ComputeServer:
         with self._lock:
             if vm.process is not process or vm.resource["status"] != "RUNNING":
                 return
+            self._guest_terminated(vm)
+
+    def _guest_terminated(self, vm: Vm) -> None:
+        with self._lock:
             self._record(vm, "compute.instances.guestTerminate")
+            if vm.resource["status"] in ("TERMINATED", "STOPPED", "STOPPING"):
+                return  # already on its way down (preempted, stopped): only the record is new
             self._set_status(vm, "STOPPING")
         self._later(0.05, self._terminated, vm)
 

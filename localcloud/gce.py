@@ -189,12 +189,17 @@ def operation(kind: str, scope_url: str, scope_key: str, target: str, target_id:
     return {k: v for k, v in op.items() if v != ""}  # a bulk operation has no single target
 
 
-def finish(op: dict[str, Any], error: ApiError | None = None, code: str | None = None) -> None:
-    """Mark an operation DONE; a failed one keeps DONE and carries ``error`` + ``httpErrorStatusCode``."""
+def finish(op: dict[str, Any], error: ApiError | None = None, code: str | None = None,
+           details: list[dict[str, Any]] | None = None) -> None:
+    """Mark an operation DONE; a failed one keeps DONE and carries ``error`` + ``httpErrorStatusCode``
+    (and ``errorDetails``, e.g. ``quotaInfo`` for a quota failure, where Google sends them)."""
     op.update(status="DONE", progress=100, endTime=now())
     op.setdefault("startTime", op["endTime"])
     if error is not None:
-        op["error"] = {"errors": [{"code": code or error.reason.upper(), "message": error.message}]}
+        entry: dict[str, Any] = {"code": code or error.reason.upper(), "message": error.message}
+        if details:
+            entry["errorDetails"] = details
+        op["error"] = {"errors": [entry]}
         op["httpErrorStatusCode"] = error.code
         op["httpErrorMessage"] = {400: "BAD REQUEST", 403: "FORBIDDEN", 404: "NOT FOUND", 409: "CONFLICT",
                                   503: "SERVICE UNAVAILABLE"}.get(error.code, "ERROR")
@@ -216,6 +221,23 @@ def stockout(project: str, zone: str) -> ApiError:
 
 def quota(region: str) -> ApiError:
     return ApiError(403, f"Quota 'NVIDIA_L4_GPUS' exceeded.  Limit: 0.0 in region {region}.", "QUOTA_EXCEEDED")
+
+
+def quota_details(region: str) -> list[dict[str, Any]]:
+    """``errorDetails`` of a failed operation's quota error (the discovery document's QuotaExceededInfo)."""
+    return [{"quotaInfo": {"metricName": "compute.googleapis.com/nvidia_l4_gpus", "limitName": "NVIDIA-L4-GPUS-per-project-region",
+                           "dimensions": {"region": region}, "limit": 0}}]
+
+
+def insufficient_capacity(project: str, zone: str) -> ApiError:
+    """bulkInsert's synchronous refusal when no zone it may use has room for ``minCount`` VMs."""
+    return ApiError(503, f"Not enough resources available in 'projects/{project}/zones/{zone}' to fulfill the request. "
+                         "Try a different zone, or try again later.", "insufficientCapacity")
+
+
+def unknown_machine_type(field: str, machine_type: str, zone: str) -> ApiError:
+    name = machine_type.rsplit("/", 1)[-1]
+    return invalid(field, machine_type, f"Machine type with name '{name}' does not exist in zone '{zone}'.")
 
 
 def _fingerprint() -> str:

@@ -4,18 +4,26 @@ Surprises handled here, each checked against the installed client:
 - ``ExtendedOperation.result()`` polls through a ZoneOperationsClient built without
   the client's ``api_endpoint``, i.e. against Google's host whatever endpoint we set.
   So inserts and deletes use the ``*_unary`` methods and this adapter waits for the
-  operation itself, with operations clients pointed at the same endpoint.
+  operation itself, with an operations client pointed at the same endpoint.
 - An operation can finish DONE and still have failed (``error.errors[].code`` plus
-  ``httpErrorStatusCode``); capacity errors also come back synchronously (HTTP 503).
+  ``httpErrorStatusCode``, quota failures with ``errorDetails[].quotaInfo``); capacity
+  errors also come back synchronously (HTTP 503, ``insufficientCapacity`` on bulkInsert).
+- An operation still RUNNING at the wait's deadline is not a success: an insert raises
+  ``OperationPending`` and the next pass, sending the same request id, is answered with
+  that very operation and reads its outcome.
+- A gang is a *zonal* ``instances.bulkInsert``: a regional one is not pinned by a
+  ``locationPolicy`` that allows one zone (zones left out default to ALLOW).
 - There is no ``return_partial_success`` on aggregated list in google-cloud-compute >=
   1.55: zones that did not answer are read from each page's ``unreachables``.
+- ``Instance.status`` is a plain string in the client: values added after this code was
+  written read as ``InstanceStatus.UNKNOWN``.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import requests
@@ -23,31 +31,39 @@ from google.api_core import exceptions as gexc
 from google.api_core import retry as retries
 from google.cloud import compute_v1
 
-from controller import errors
+from controller import errors, names
 from controller.ports import Instance, InstanceList, InstanceRequest, InstanceStatus, StopReason
 
 MANAGED_FILTER = 'labels.respawn-managed = "true"'
-_CAPACITY = ("ZONE_RESOURCE_POOL_EXHAUSTED", "STOCKOUT", "does not have enough resources")
+_CAPACITY = ("ZONE_RESOURCE_POOL_EXHAUSTED", "insufficientCapacity", "STOCKOUT", "does not have enough resources")
 _QUOTA = ("QUOTA_EXCEEDED", "quotaExceeded", "Quota '")
 _RATE = ("rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED")
-_LIBRARY = (gexc.GoogleAPICallError, requests.exceptions.ConnectionError)
+# RetryError: RETRY gave up; RequestException: no answer at all (connection refused, read timeout).
+_LIBRARY = (gexc.GoogleAPIError, requests.exceptions.RequestException)
 _TRANSIENT = (gexc.TooManyRequests, gexc.InternalServerError, gexc.BadGateway, gexc.ServiceUnavailable,
               gexc.GatewayTimeout, gexc.DeadlineExceeded)
+_DONE = compute_v1.Operation.Status.DONE
 # Compute's own records of why an instance stopped (zone operation types).
 _REASONS = {
     "compute.instances.preempted": StopReason.PREEMPTED,
+    "compute.instances.terminateOnHostMaintenance": StopReason.MAINTENANCE,
+    "compute.instances.hostError": StopReason.HOST_ERROR,
     "compute.instances.guestTerminate": StopReason.CRASHED,
-    "compute.instances.hostError": StopReason.STOPPED,
-    "compute.instances.terminateOnHostMaintenance": StopReason.STOPPED,
     "stop": StopReason.STOPPED,
     "suspend": StopReason.STOPPED,
     "delete": StopReason.STOPPED,
 }
+_STARTS = ("insert", "bulkInsert", "start", "resume")
+# When several causes were recorded, the platform's beats a person's, which beats the
+# guest's own shutdown: a preempted or stopped guest powers itself off too.
+_PRECEDENCE = {StopReason.PREEMPTED: 0, StopReason.MAINTENANCE: 0, StopReason.HOST_ERROR: 0,
+               StopReason.STOPPED: 1, StopReason.CRASHED: 2}
 
 
 def _text(e: gexc.GoogleAPICallError) -> str:
-    reasons = " ".join(str(x.get("reason", "")) + " " + str(x.get("message", "")) for x in (e.errors or []))
-    return f"{e.message} {reasons}"
+    reasons = " ".join(str(x.get("reason", "")) + " " + str(x.get("message", ""))
+                       for x in (e.errors or []) if isinstance(x, dict))
+    return f"{e.message} {e.reason or ''} {reasons}"
 
 
 def _retryable(e: Exception) -> bool:
@@ -65,34 +81,38 @@ def _retryable(e: Exception) -> bool:
 RETRY = retries.Retry(predicate=_retryable, initial=0.5, maximum=8.0, multiplier=2.0, timeout=60.0)
 
 
-def translate(e: Exception, zone: str) -> errors.RespawnError:
-    if not isinstance(e, gexc.GoogleAPICallError):  # a connection error
+def translate(e: Exception, zone: str, *, creating: bool = False) -> errors.RespawnError:
+    """A library error as one of the project's. ``creating``: the answer to an insert, where
+    a 404 names something the request refers to (zone, image, machine type), not a VM."""
+    if not isinstance(e, gexc.GoogleAPICallError):  # no answer, or RETRY gave up on transient ones
         return errors.TransientError(str(e))
     text = _text(e)
+    if _retryable(e):  # still failing after RETRY gave up: rate limits, 5xx
+        return errors.TransientError(e.message)
     if any(m in text for m in _CAPACITY):
         return errors.CapacityError(zone, next(m for m in _CAPACITY if m in text))
     if any(m in text for m in _QUOTA):
         return errors.QuotaError(zone, "QUOTA_EXCEEDED")
-    if isinstance(e, gexc.NotFound):
-        return errors.NotFound(e.message)
     if isinstance(e, gexc.Conflict):
         return errors.AlreadyExists(e.message)
-    if _retryable(e):
-        return errors.TransientError(e.message)
+    if isinstance(e, gexc.NotFound) and not creating:
+        return errors.NotFound(e.message)
     return errors.RequestError(e.message)
 
 
 class ComputeEngine:
-    def __init__(self, instances: compute_v1.InstancesClient, region_instances: compute_v1.RegionInstancesClient,
-                 zone_ops: compute_v1.ZoneOperationsClient, region_ops: compute_v1.RegionOperationsClient,
-                 operation_timeout: float = 180.0) -> None:
+    """``region_instances`` and ``region_ops`` are accepted for the factory's sake and unused:
+    gangs are zonal bulk inserts."""
+
+    def __init__(self, instances: compute_v1.InstancesClient, region_instances: Any, zone_ops: compute_v1.ZoneOperationsClient,
+                 region_ops: Any = None, operation_timeout: float = 180.0) -> None:
         self.instances = instances
-        self.region_instances = region_instances
         self.zone_ops = zone_ops
-        self.region_ops = region_ops
         self.operation_timeout = operation_timeout
 
     def list_managed(self, projects: Sequence[str], job: str | None = None) -> InstanceList:
+        if job is not None and (problem := names.job_name_problem(job)):
+            raise errors.RequestError(problem)  # never put into a filter expression
         expr = MANAGED_FILTER if job is None else f'({MANAGED_FILTER}) AND (labels.respawn-job = "{job}")'
         found: list[Instance] = []
         unreachable: list[str] = []
@@ -112,77 +132,93 @@ class ComputeEngine:
 
     def insert(self, requests_: Sequence[InstanceRequest], request_id: str) -> None:
         first = requests_[0]
+        if len({(r.project, r.zone) for r in requests_}) != 1:
+            raise errors.RequestError("a gang must be inserted in a single zone of one project")
         try:
             if len(requests_) == 1:
                 op = self.instances.insert_unary(request=compute_v1.InsertInstanceRequest(
                     project=first.project, zone=first.zone, request_id=request_id,
                     instance_resource=instance_body(first)), retry=RETRY)
-                self._wait_zone(first.project, first.zone, op)
             else:
-                region = first.zone.rsplit("-", 1)[0]
-                # Sic: the regional request's field is ``bulk_insert_instance_resource_resource``
-                # (the zonal one has a single ``_resource``), a quirk of the generated client.
-                op = self.region_instances.bulk_insert_unary(request=compute_v1.BulkInsertRegionInstanceRequest(
-                    project=first.project, region=region, request_id=request_id,
+                op = self.instances.bulk_insert_unary(request=compute_v1.BulkInsertInstanceRequest(
+                    project=first.project, zone=first.zone, request_id=request_id,
                     bulk_insert_instance_resource_resource=bulk_body(requests_)), retry=RETRY)
-                self._wait_region(first.project, region, op, first.zone)
+        except _LIBRARY as e:
+            error = translate(e, first.zone, creating=True)
+            if isinstance(error, errors.AlreadyExists):
+                return  # an earlier try with this very request, or another pass, got there: success
+            raise error from e
+        op = self._wait(first.project, first.zone, op)
+        if op.status != _DONE:
+            raise errors.OperationPending(
+                f"{op.operation_type or 'insert'} of {', '.join(r.name for r in requests_)} in {first.zone} still "
+                f"running after {self.operation_timeout:g}s (operation {op.name}); its outcome is read on the next try")
+        try:
+            _raise_for(op, first.zone)
         except errors.AlreadyExists:
             return
-        except _LIBRARY as e:
-            error = translate(e, first.zone)
-            if isinstance(error, errors.AlreadyExists):
-                return  # an earlier try with this very request got there: success
-            raise error from e
 
     def delete(self, project: str, zone: str, name: str) -> None:
+        """Returns once the delete is done, or still running at the deadline: it was accepted."""
         try:
             op = self.instances.delete_unary(project=project, zone=zone, instance=name, retry=RETRY)
-            self._wait_zone(project, zone, op)
         except _LIBRARY as e:
             raise translate(e, zone) from e
+        _raise_for(self._wait(project, zone, op), zone)
 
     def stop_reason(self, project: str, zone: str, name: str) -> StopReason:
-        """Compute's own record of what stopped this instance: the first stop-causing
-        operation since it last started (a preempted husk we then delete was preempted)."""
+        """Compute's own record of what stopped this instance, among the stop-causing
+        operations since it last started: the platform's cause (preemption, maintenance, host
+        error) beats a person's stop or delete, which beats the guest's own shutdown (a
+        preempted guest powers itself off too; a preempted husk we then delete was preempted)."""
         request = compute_v1.ListZoneOperationsRequest(project=project, zone=zone,
                                                        filter=f'targetLink eq ".*/instances/{name}"')
         try:
             ops = list(self.zone_ops.list(request=request, retry=RETRY))
         except _LIBRARY as e:
             raise translate(e, zone) from e
-        ops = sorted((op for op in ops if op.target_link.endswith(f"/instances/{name}")), key=lambda op: op.insert_time)
-        starts = [i for i, op in enumerate(ops) if op.operation_type in ("insert", "start", "bulkInsert")]
+        ops = sorted((op for op in ops if op.target_link.endswith(f"/instances/{name}")), key=_inserted)
+        starts = [i for i, op in enumerate(ops) if op.operation_type in _STARTS]
         since = ops[starts[-1] + 1 :] if starts else ops
-        return next((_REASONS[op.operation_type] for op in since if op.operation_type in _REASONS), StopReason.UNKNOWN)
+        causes = [_REASONS[op.operation_type] for op in since if op.operation_type in _REASONS]
+        return min(causes, key=_PRECEDENCE.__getitem__, default=StopReason.UNKNOWN)
 
     # -- operations -----------------------------------------------------------------
-    def _wait_zone(self, project: str, zone: str, op: compute_v1.Operation) -> None:
+    def _wait(self, project: str, zone: str, op: compute_v1.Operation) -> compute_v1.Operation:
+        """The operation once DONE, or as it stands at ``operation_timeout`` (not DONE)."""
         deadline = time.monotonic() + self.operation_timeout
-        while op.status != compute_v1.Operation.Status.DONE and time.monotonic() < deadline:
-            op = self.zone_ops.wait(project=project, zone=zone, operation=op.name, retry=RETRY)
-        _raise_for(op, zone)
+        while op.status != _DONE and (left := deadline - time.monotonic()) > 0:
+            try:
+                # zoneOperations.wait answers when the operation is done or after about two
+                # minutes; the client-side timeout cuts it short at our own deadline.
+                op = self.zone_ops.wait(project=project, zone=zone, operation=op.name,
+                                        retry=RETRY.with_timeout(left), timeout=left)
+            except requests.exceptions.Timeout:
+                continue
+            except _LIBRARY as e:
+                raise translate(e, zone) from e
+        return op
 
-    def _wait_region(self, project: str, region: str, op: compute_v1.Operation, zone: str) -> None:
-        deadline = time.monotonic() + self.operation_timeout
-        while op.status != compute_v1.Operation.Status.DONE and time.monotonic() < deadline:
-            op = self.region_ops.wait(project=project, region=region, operation=op.name, retry=RETRY)
-        _raise_for(op, zone)
+
+def _inserted(op: compute_v1.Operation) -> datetime:
+    return datetime.fromisoformat(op.insert_time) if op.insert_time else datetime.min.replace(tzinfo=timezone.utc)
 
 
 def _raise_for(op: compute_v1.Operation, zone: str) -> None:
-    """A DONE operation that failed, as one of the project's errors; nothing if it succeeded.
-
-    An operation still running at the deadline is left to finish on its own: the next
-    pass observes its result.
-    """
-    if op.status != compute_v1.Operation.Status.DONE or not op.error.errors:
+    """A DONE operation that failed, as one of the project's errors; nothing if it succeeded."""
+    if op.status != _DONE or not op.error.errors:
         return
     codes = [e.code for e in op.error.errors]
     message = "; ".join(f"{e.code}: {e.message}" for e in op.error.errors)
     if any(any(m in c for m in _CAPACITY) for c in codes):
         raise errors.CapacityError(zone, next(c for c in codes if any(m in c for m in _CAPACITY)))
-    if any("QUOTA" in c for c in codes):
-        raise errors.QuotaError(zone, next(c for c in codes if "QUOTA" in c))
+    quota = [(e.code, d.quota_info) for e in op.error.errors for d in e.error_details if d.quota_info.metric_name
+             or d.quota_info.limit_name]
+    if quota:
+        code, info = quota[0]
+        raise errors.QuotaError(zone, f"{code} ({info.metric_name or info.limit_name}, limit {info.limit:g})")
+    if any("QUOTA" in c or "RATE_LIMIT" in c for c in codes):
+        raise errors.QuotaError(zone, next(c for c in codes if "QUOTA" in c or "RATE_LIMIT" in c))
     if any(c in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS") for c in codes):
         raise errors.AlreadyExists(message)
     status = op.http_error_status_code
@@ -192,7 +228,7 @@ def _raise_for(op: compute_v1.Operation, zone: str) -> None:
 
 
 def _instance(project: str, zone: str, i: compute_v1.Instance) -> Instance:
-    return Instance(project=project, zone=zone, name=i.name, status=InstanceStatus(i.status), labels=dict(i.labels),
+    return Instance(project=project, zone=zone, name=i.name, status=InstanceStatus.of(i.status), labels=dict(i.labels),
                     created_at=datetime.fromisoformat(i.creation_timestamp), id=str(i.id))
 
 
@@ -237,19 +273,14 @@ def instance_body(r: InstanceRequest) -> compute_v1.Instance:
 
 
 def bulk_body(rs: Sequence[InstanceRequest]) -> compute_v1.BulkInsertInstanceResource:
-    """A gang: one regional bulkInsert, all or none, in exactly the chosen zone.
+    """A gang for the *zonal* bulkInsert: all ``count`` instances or none (``minCount``).
 
-    bulkInsert gives every instance the same properties, so nodes differ only by name;
-    the VM reads its rank from its name's last ``-<rank>``.
+    bulkInsert gives every instance the same properties (which take bare type names), so
+    nodes differ only by name; the VM reads its rank from its name's ``-n<rank>``.
     """
-    zone = rs[0].zone
     return compute_v1.BulkInsertInstanceResource(
         count=len(rs),
         min_count=len(rs),
         instance_properties=compute_v1.InstanceProperties(**_common(rs[0], "")),
         per_instance_properties={r.name: compute_v1.BulkInsertInstanceResourcePerInstanceProperties(name=r.name) for r in rs},
-        location_policy=compute_v1.LocationPolicy(
-            locations={f"zones/{zone}": compute_v1.LocationPolicyLocation(preference="ALLOW")},
-            target_shape="ANY_SINGLE_ZONE",
-        ),
     )

@@ -12,10 +12,10 @@ import itertools
 import threading
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
-from controller import errors
+from controller import errors, names
 from controller.clock import Clock, FakeClock
 from controller.ports import Blob, BlobInfo, Instance, InstanceList, InstanceRequest, InstanceStatus, StopReason
 
@@ -99,11 +99,36 @@ class MemoryStore:
 class _Vm:
     instance: Instance
     request: InstanceRequest | None
-    stop_reason: StopReason = StopReason.UNKNOWN
+    causes: list[StopReason] = field(default_factory=list)  # stop causes Compute recorded, in order
+
+
+@dataclass
+class _Pending:
+    """An insert whose operation is still RUNNING: its instances exist (PROVISIONING), its outcome is not decided."""
+
+    keys: list[tuple[str, str, str]]
+    zone: str
+
+
+# When several causes were recorded, the platform's beats a person's, which beats the
+# guest's own shutdown (as the real adapter reads Compute's operations).
+_PRECEDENCE = {StopReason.PREEMPTED: 0, StopReason.MAINTENANCE: 0, StopReason.HOST_ERROR: 0,
+               StopReason.STOPPED: 1, StopReason.CRASHED: 2}
+
+
+def _strongest(causes: list[StopReason]) -> StopReason:
+    return min(causes, key=_PRECEDENCE.__getitem__, default=StopReason.UNKNOWN)
 
 
 class MemoryCompute:
-    """A fake Compute Engine: instances by (project, zone, name), label-filtered listing."""
+    """A fake Compute Engine: instances by (project, zone, name), label-filtered listing.
+
+    ``hold_inserts = True`` models inserts whose operation is still running at the adapter's
+    deadline: the instances appear PROVISIONING and ``insert`` raises ``OperationPending``.
+    The outcome is decided when the operation finishes (``release_inserts()``, or the same
+    request sent again once no longer held), with the zone's stockout/quota as they are then:
+    a late stockout removes the instances, and the same request id then answers CapacityError.
+    """
 
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock = clock or FakeClock()
@@ -113,16 +138,19 @@ class MemoryCompute:
         self.quota_exhausted: set[str] = set()
         self.unreachable: set[str] = set()
         self.boot_status = InstanceStatus.RUNNING
+        self.hold_inserts = False
         self.deleted: list[str] = []
         self._vms: dict[tuple[str, str, str], _Vm] = {}
-        self._requests: dict[str, Exception | None] = {}
+        self._requests: dict[str, Exception | _Pending | None] = {}
         self._ids = itertools.count(4_000_000_000_000_000_001)
-        self._gone: dict[tuple[str, str, str], StopReason] = {}
+        self._gone: dict[tuple[str, str, str], list[StopReason]] = {}
         self._lock = threading.RLock()
 
     def list_managed(self, projects: Sequence[str], job: str | None = None) -> InstanceList:
         with self._lock:
             self._call("list", job or "*")
+            if job is not None and (problem := names.job_name_problem(job)):
+                raise errors.RequestError(problem)
             found = [
                 vm.instance for (p, z, _), vm in sorted(self._vms.items())
                 if p in projects and z not in self.unreachable and vm.instance.managed
@@ -133,20 +161,26 @@ class MemoryCompute:
     def insert(self, requests: Sequence[InstanceRequest], request_id: str) -> None:
         with self._lock:
             self._call("insert", ",".join(r.name for r in requests))
-            if len({r.zone for r in requests}) != 1:
-                raise errors.RequestError("a gang must be inserted in a single zone")
-            if request_id in self._requests:  # Compute answers a repeated id with the first outcome
-                if (first := self._requests[request_id]) is not None:
-                    raise first
-                return
-            outcome = self._admit(requests[0].zone)
-            self._requests[request_id] = outcome
+            if len({(r.project, r.zone) for r in requests}) != 1:
+                raise errors.RequestError("a gang must be inserted in a single zone of one project")
+            zone = requests[0].zone
+            if request_id not in self._requests:
+                if self.hold_inserts:  # accepted; capacity is decided when the operation finishes
+                    keys = [self._create(r, InstanceStatus.PROVISIONING) for r in requests]
+                    self._requests[request_id] = _Pending([k for k in keys if k is not None], zone)
+                else:
+                    self._requests[request_id] = outcome = self._admit(zone)
+                    if outcome is None:
+                        for r in requests:
+                            self._create(r, self.boot_status)
+            # Compute answers a repeated id with the first request's operation, as it stands now.
+            if isinstance(self._requests[request_id], _Pending) and not self.hold_inserts:
+                self._finish(request_id)
+            outcome = self._requests[request_id]
+            if isinstance(outcome, _Pending):
+                raise errors.OperationPending(f"insert of {', '.join(r.name for r in requests)} in {zone} still running")
             if outcome is not None:
                 raise outcome
-            for r in requests:
-                key = (r.project, r.zone, r.name)
-                if key not in self._vms:
-                    self._vms[key] = _Vm(self._new_instance(r), r)
 
     def delete(self, project: str, zone: str, name: str) -> None:
         with self._lock:
@@ -154,15 +188,14 @@ class MemoryCompute:
             if (project, zone, name) not in self._vms:
                 raise errors.NotFound(f"instance {name} in {zone}")
             vm = self._vms.pop((project, zone, name))
-            first = vm.stop_reason if vm.stop_reason != StopReason.UNKNOWN else StopReason.STOPPED
-            self._gone[(project, zone, name)] = first
+            self._gone[(project, zone, name)] = [*vm.causes, StopReason.STOPPED]
             self.deleted.append(name)
 
     def stop_reason(self, project: str, zone: str, name: str) -> StopReason:
         with self._lock:
             self._call("stop_reason", name)
             vm = self._vms.get((project, zone, name))
-            return vm.stop_reason if vm else self._gone.get((project, zone, name), StopReason.UNKNOWN)
+            return _strongest(vm.causes if vm else self._gone.get((project, zone, name), []))
 
     # -- test helpers: what Google, a user or a guest OS would do -----------------
     def live(self, job: str | None = None) -> list[Instance]:
@@ -181,28 +214,47 @@ class MemoryCompute:
             assert vm.request is not None
             return vm.request
 
+    def release_inserts(self) -> None:
+        """Every held insert operation finishes now (``hold_inserts`` off): capacity decided now."""
+        with self._lock:
+            self.hold_inserts = False
+            for request_id, outcome in list(self._requests.items()):
+                if isinstance(outcome, _Pending):
+                    self._finish(request_id)
+
     def preempt(self, name: str) -> None:
         """Compute reclaims a Spot VM: TERMINATED (or gone, for termination action DELETE)."""
         with self._lock:
             key, vm = self._find(name)
-            vm.stop_reason = vm.stop_reason if vm.stop_reason != StopReason.UNKNOWN else StopReason.PREEMPTED
+            vm.causes.append(StopReason.PREEMPTED)
             if vm.request and vm.request.termination_action == "delete":
-                self._gone[key] = StopReason.PREEMPTED
+                self._gone[key] = vm.causes
                 del self._vms[key]
             else:
                 vm.instance = replace(vm.instance, status=InstanceStatus.TERMINATED)
 
     def terminate(self, name: str, reason: StopReason = StopReason.CRASHED) -> None:
-        """The guest powered off or crashed, or a user stopped the VM."""
+        """The VM stops for ``reason`` (CRASHED: the guest powered off or crashed; STOPPED: a
+        user; MAINTENANCE, HOST_ERROR...); UNKNOWN leaves no record of why."""
         with self._lock:
             _, vm = self._find(name)
-            vm.stop_reason = vm.stop_reason if vm.stop_reason != StopReason.UNKNOWN else reason
+            if reason != StopReason.UNKNOWN:
+                vm.causes.append(reason)
             vm.instance = replace(vm.instance, status=InstanceStatus.TERMINATED)
 
-    def set_status(self, name: str, status: InstanceStatus) -> None:
+    def maintenance(self, name: str) -> None:
+        """Terminating host maintenance (a VM with GPUs cannot live-migrate)."""
+        self.terminate(name, StopReason.MAINTENANCE)
+
+    def host_error(self, name: str) -> None:
+        """The host failed under the VM: ``compute.instances.hostError``, the VM terminates."""
+        self.terminate(name, StopReason.HOST_ERROR)
+
+    def set_status(self, name: str, status: InstanceStatus | str) -> None:
+        """Any status Compute might send; a value this code does not know reads as UNKNOWN."""
         with self._lock:
             _, vm = self._find(name)
-            vm.instance = replace(vm.instance, status=status)
+            vm.instance = replace(vm.instance, status=InstanceStatus.of(status))
 
     def vanish(self, name: str) -> None:
         """The instance disappears without a trace (deleted out of band)."""
@@ -220,6 +272,30 @@ class MemoryCompute:
     def _find(self, name: str) -> tuple[tuple[str, str, str], _Vm]:
         return next((k, vm) for k, vm in self._vms.items() if k[2] == name)
 
+    def _create(self, r: InstanceRequest, status: InstanceStatus) -> tuple[str, str, str] | None:
+        """The instance, unless one of that name exists (an existing name is success)."""
+        key = (r.project, r.zone, r.name)
+        if key in self._vms:
+            return None
+        instance = Instance(r.project, r.zone, r.name, status, dict(r.labels), self.clock.now(), str(next(self._ids)))
+        self._vms[key] = _Vm(instance, r)
+        return key
+
+    def _finish(self, request_id: str) -> None:
+        """A held insert's operation finishes: a late stockout or quota removes what it created."""
+        pending = self._requests[request_id]
+        assert isinstance(pending, _Pending)
+        outcome = self._admit(pending.zone)
+        for key in pending.keys:
+            vm = self._vms.get(key)
+            if vm is None or vm.instance.status != InstanceStatus.PROVISIONING:
+                continue
+            if outcome is None:
+                vm.instance = replace(vm.instance, status=self.boot_status)
+            else:
+                del self._vms[key]
+        self._requests[request_id] = outcome
+
     def _admit(self, zone: str) -> Exception | None:
         if zone in self.stockouts:
             return errors.CapacityError(zone, "ZONE_RESOURCE_POOL_EXHAUSTED")
@@ -227,10 +303,6 @@ class MemoryCompute:
             return errors.QuotaError(zone, "QUOTA_EXCEEDED")
         return None
 
-    def _new_instance(self, r: InstanceRequest) -> Instance:
-        return Instance(r.project, r.zone, r.name, self.boot_status, dict(r.labels), self.clock.now(), str(next(self._ids)))
-
     def _call(self, op: str, what: str) -> None:
         self.calls.append((op, what))
         self.faults.check(op)
-

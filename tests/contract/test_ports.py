@@ -44,6 +44,9 @@ class Backend:
     quota: Callable[[str, bool], None]
     foreign: Callable[[str, dict[str, str]], None]
     maintenance: Callable[[str], None]
+    host_error: Callable[[str], None]
+    set_status: Callable[[str, str], None]
+    hold_inserts: Callable[[bool], None]  # True: insert operations stay RUNNING past the wait; False: they finish now
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +65,8 @@ def _memory() -> Backend:
         stockout=lambda z, on: (compute.stockouts.add if on else compute.stockouts.discard)(z),
         quota=lambda z, on: (compute.quota_exhausted.add if on else compute.quota_exhausted.discard)(z),
         foreign=lambda n, labels: compute.add_foreign(PROJECT, "us-central1-a", n, labels),
-        maintenance=lambda n: compute.terminate(n, StopReason.STOPPED),
+        maintenance=compute.maintenance, host_error=compute.host_error, set_status=compute.set_status,
+        hold_inserts=lambda on: setattr(compute, "hold_inserts", True) if on else compute.release_inserts(),
     )
 
 
@@ -75,11 +79,17 @@ def _local(gcs: LocalGcs, srv: ComputeServer) -> Backend:
         body = compute_v1.Instance(**{**_body(name), "labels": labels})
         raw.insert_unary(project=PROJECT, zone="us-central1-a", instance_resource=body)
 
+    gateway = compute_gateway(settings)
+
+    def hold_inserts(on: bool) -> None:
+        gateway.operation_timeout = 0.5 if on else 180.0  # the adapter's wait gives up at its deadline
+        srv.hold_operations(on)
+
     return Backend(
-        "local", GcsStore(client(gcs.url)), compute_gateway(settings),
+        "local", GcsStore(client(gcs.url)), gateway,
         preempt=srv.preempt, crash=srv.crash,
         stockout=lambda z, on: srv.stockout(z, on), quota=lambda z, on: srv.quota(z, on), foreign=foreign,
-        maintenance=srv.maintenance,
+        maintenance=srv.maintenance, host_error=srv.host_error, set_status=srv.set_status, hold_inserts=hold_inserts,
     )
 
 
@@ -215,11 +225,23 @@ class TestComputeGateway:
 
     def test_gang_lands_in_one_zone(self, backend):
         job = unique("g")
-        gang = [request_for(job, name=f"{job}-1-{rank}") for rank in range(3)]
+        gang = [request_for(job, name=n) for n in names.node_names(job, 1, 3)]
         backend.compute.insert(gang, names.request_id(job, 1, 0))
         found = mine(backend, job)
-        assert sorted(found) == [f"{job}-1-{r}" for r in range(3)]
+        assert sorted(found) == [f"{job}-1-n{r}" for r in range(3)]
         assert {i.zone for i in found.values()} == {"us-central1-a"}
+
+    def test_gang_stockout_in_its_zone_is_a_capacity_error_not_another_zone(self, backend):
+        job = unique("g")
+        backend.stockout("us-central1-f", True)
+        try:
+            with pytest.raises(errors.CapacityError) as e:
+                backend.compute.insert([request_for(job, zone="us-central1-f", name=n) for n in names.node_names(job, 1, 2)],
+                                       names.request_id(job, 1, 0))
+            assert e.value.zone == "us-central1-f"
+        finally:
+            backend.stockout("us-central1-f", False)
+        until("nothing left of the gang", lambda: mine(backend, job) == {})
 
     def test_unlabelled_instances_are_never_listed(self, backend):
         job = unique("j")
@@ -250,10 +272,86 @@ class TestComputeGateway:
         assert backend.compute.stop_reason(PROJECT, "us-central1-a", f"{job}-1") == StopReason.STOPPED
         assert backend.compute.stop_reason(PROJECT, "us-central1-a", unique("never")) == StopReason.UNKNOWN
 
-    def test_host_maintenance_reads_as_stopped(self, backend):
+    def test_host_maintenance_reads_as_maintenance(self, backend):
         job = unique("m")
         backend.compute.insert([request_for(job)], names.request_id(job, 1, 0))
         until("RUNNING", lambda: mine(backend, job)[f"{job}-1"].status == InstanceStatus.RUNNING)
         backend.maintenance(f"{job}-1")
         until("TERMINATED", lambda: mine(backend, job)[f"{job}-1"].status == InstanceStatus.TERMINATED)
-        assert backend.compute.stop_reason(PROJECT, "us-central1-a", f"{job}-1") == StopReason.STOPPED
+        assert backend.compute.stop_reason(PROJECT, "us-central1-a", f"{job}-1") == StopReason.MAINTENANCE
+
+    def test_host_error_reads_as_host_error(self, backend):
+        job = unique("h")
+        backend.compute.insert([request_for(job)], names.request_id(job, 1, 0))
+        until("RUNNING", lambda: mine(backend, job)[f"{job}-1"].status == InstanceStatus.RUNNING)
+        backend.host_error(f"{job}-1")
+        until("TERMINATED", lambda: mine(backend, job)[f"{job}-1"].status == InstanceStatus.TERMINATED)
+        assert backend.compute.stop_reason(PROJECT, "us-central1-a", f"{job}-1") == StopReason.HOST_ERROR
+
+    def test_a_preempted_guest_shutting_itself_down_still_reads_preempted(self, backend):
+        job = unique("p")
+        backend.compute.insert([request_for(job)], names.request_id(job, 1, 0))
+        until("RUNNING", lambda: mine(backend, job)[f"{job}-1"].status == InstanceStatus.RUNNING)
+        backend.preempt(f"{job}-1")
+        until("TERMINATED", lambda: mine(backend, job)[f"{job}-1"].status == InstanceStatus.TERMINATED)
+        backend.crash(f"{job}-1")  # compute.instances.guestTerminate, recorded after the preemption
+        assert backend.compute.stop_reason(PROJECT, "us-central1-a", f"{job}-1") == StopReason.PREEMPTED
+        backend.compute.delete(PROJECT, "us-central1-a", f"{job}-1")
+        assert backend.compute.stop_reason(PROJECT, "us-central1-a", f"{job}-1") == StopReason.PREEMPTED
+
+    @pytest.mark.parametrize("sent, read", [
+        ("SOMETHING_NEW", InstanceStatus.UNKNOWN),
+        ("PENDING_STOP", InstanceStatus.PENDING_STOP),
+        ("DEPROVISIONING", InstanceStatus.DEPROVISIONING),
+    ])
+    def test_any_status_compute_sends_is_read_never_raised(self, backend, sent, read):
+        job = unique("s")
+        backend.compute.insert([request_for(job)], names.request_id(job, 1, 0))
+        until("RUNNING", lambda: mine(backend, job)[f"{job}-1"].status == InstanceStatus.RUNNING)
+        backend.set_status(f"{job}-1", sent)
+        assert mine(backend, job)[f"{job}-1"].status is read
+        assert f"{job}-1" in {i.name for i in backend.compute.list_managed([PROJECT]).instances}
+
+    @pytest.mark.parametrize("job", ['x" OR labels.respawn-job = "y', "Upper", "-dash", "a" * 51, "a-"])
+    def test_an_invalid_job_name_is_refused_before_any_filter(self, backend, job):
+        with pytest.raises(errors.RequestError):
+            backend.compute.list_managed([PROJECT], job)
+
+    @pytest.mark.parametrize("nodes", [1, 2])
+    def test_insert_still_running_at_the_deadline_is_pending_then_succeeds(self, backend, nodes):
+        job = unique("w")
+        rid = names.request_id(job, 1, 0)
+        requests_ = [request_for(job, name=n) for n in names.node_names(job, 1, nodes)]
+        backend.hold_inserts(True)
+        try:
+            with pytest.raises(errors.OperationPending):
+                backend.compute.insert(requests_, rid)
+            assert {i.status for i in mine(backend, job).values()} == {InstanceStatus.PROVISIONING}
+            assert len(mine(backend, job)) == nodes
+        finally:
+            backend.hold_inserts(False)
+        backend.compute.insert(requests_, rid)  # the same request: Compute answers with its operation, now done
+        assert sorted(mine(backend, job)) == [r.name for r in requests_]
+        assert all(i.status.alive for i in mine(backend, job).values())
+
+    @pytest.mark.parametrize("nodes", [1, 2])
+    def test_insert_pending_at_the_deadline_then_stocked_out_reads_the_stockout(self, backend, nodes):
+        job = unique("l")
+        rid = names.request_id(job, 1, 0)
+        requests_ = [request_for(job, zone="us-east1-b", name=n) for n in names.node_names(job, 1, nodes)]
+        backend.hold_inserts(True)
+        try:
+            with pytest.raises(errors.OperationPending):
+                backend.compute.insert(requests_, rid)
+            backend.stockout("us-east1-b", True)  # capacity is decided when the operation finishes
+        finally:
+            backend.hold_inserts(False)
+        try:
+            with pytest.raises(errors.CapacityError) as e:
+                backend.compute.insert(requests_, rid)
+            assert e.value.zone == "us-east1-b"
+        finally:
+            backend.stockout("us-east1-b", False)
+        until("the stocked-out instances to go", lambda: mine(backend, job) == {})
+        with pytest.raises(errors.CapacityError):  # the same id keeps its first outcome
+            backend.compute.insert(requests_, rid)

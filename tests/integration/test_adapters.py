@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,12 +17,15 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1, storage
 
 from controller import errors, names
+from controller.adapters.compute import ComputeEngine, _raise_for
 from controller.adapters.gcs import GcsStore
 from controller.adapters.google import compute_gateway
 from controller.config import Settings
+from controller.ports import InstanceRequest, InstanceStatus
 from localcloud.compute import ComputeServer
 from localcloud.gcs import LocalGcs, client
 from tests.contract.test_ports import PROJECT, request_for
+from tests.wait import until
 
 BUCKET = "adapter-bucket"
 
@@ -38,8 +42,28 @@ def srv() -> Iterator[ComputeServer]:
         yield s
 
 
-def gateway(srv: ComputeServer) -> Any:
-    return compute_gateway(Settings(bucket="b", project=PROJECT, compute_endpoint=srv.endpoint))
+def gateway(srv: ComputeServer, operation_timeout: float | None = None) -> ComputeEngine:
+    gw = compute_gateway(Settings(bucket="b", project=PROJECT, compute_endpoint=srv.endpoint))
+    if operation_timeout is not None:
+        gw.operation_timeout = operation_timeout
+    return gw
+
+
+def gang(job: str, nodes: int = 2, zone: str = "us-central1-a") -> list[InstanceRequest]:
+    return [request_for(job, zone=zone, name=n) for n in names.node_names(job, 1, nodes)]
+
+
+def counting(srv: ComputeServer, handler: str) -> list[int]:
+    """Count the calls the server's handler sees (after its injected failures)."""
+    calls: list[int] = []
+    original = getattr(srv, handler)
+
+    def wrapper(*args: Any) -> Any:
+        calls.append(1)
+        return original(*args)
+
+    setattr(srv, handler, wrapper)
+    return calls
 
 
 def api(srv: ComputeServer, method: str, path: str, **kw: Any) -> requests.Response:
@@ -86,17 +110,64 @@ class TestComputeAdapter:
 
     def test_a_synchronous_stockout_is_not_retried(self, srv):
         srv.stockout("us-central1-a", mode="sync")
-        calls = []
-        original = srv._instances_insert  # noqa: SLF001 - counting calls the server sees
-
-        def counting(*args: Any) -> Any:
-            calls.append(1)
-            return original(*args)
-
-        srv._instances_insert = counting  # noqa: SLF001
+        calls = counting(srv, "_instances_insert")
         with pytest.raises(errors.CapacityError):
             gateway(srv).insert([request_for("s")], names.request_id("s", 1, 0))
         assert len(calls) == 1
+
+    def test_bulk_insert_insufficient_capacity_is_a_capacity_error_not_retried(self, srv):
+        srv.stockout("us-central1-a", mode="sync")  # bulkInsert refuses with 503 insufficientCapacity
+        calls = counting(srv, "_instances_bulkInsert")
+        with pytest.raises(errors.CapacityError) as e:
+            gateway(srv).insert(gang("ic"), names.request_id("ic", 1, 0))
+        assert (e.value.zone, e.value.reason, len(calls)) == ("us-central1-a", "insufficientCapacity", 1)
+        assert srv.instances() == []
+
+    def test_rate_limit_exceeded_is_retried(self, srv):
+        srv.fail_next("instances.insert", 403, 2, reason="rateLimitExceeded", message="Rate Limit Exceeded")
+        srv.fail_next("instances.bulkInsert", 403, 1, reason="rateLimitExceeded", message="Rate Limit Exceeded")
+        gw = gateway(srv)
+        gw.insert([request_for("rl")], names.request_id("rl", 1, 0))
+        gw.insert(gang("rg"), names.request_id("rg", 1, 0))
+        assert sorted(i["name"] for i in srv.instances()) == ["rg-1-n0", "rg-1-n1", "rl-1"]
+
+    def test_quota_on_the_operation_is_a_quota_error_read_from_its_details(self, srv):
+        srv.quota("us-central1-b", mode="operation")
+        with pytest.raises(errors.QuotaError) as e:
+            gateway(srv).insert([request_for("q", zone="us-central1-b")], names.request_id("q", 1, 0))
+        assert e.value.zone == "us-central1-b" and "nvidia_l4_gpus" in e.value.reason
+        op = next(o for o in srv.operations() if o["operationType"] == "insert")
+        assert op["error"]["errors"][0]["errorDetails"][0]["quotaInfo"]["limit"] == 0
+
+    def test_quota_exceeded_info_alone_makes_a_quota_error(self):
+        """Whatever the code, an operation error carrying QuotaExceededInfo is a quota answer."""
+        op = compute_v1.Operation(status=compute_v1.Operation.Status.DONE, http_error_status_code=403, error=compute_v1.Error(
+            errors=[compute_v1.Errors(code="SOME_NEW_CODE", message="no", error_details=[compute_v1.ErrorDetails(
+                quota_info=compute_v1.QuotaExceededInfo(metric_name="compute.googleapis.com/gpus", limit=8))])]))
+        with pytest.raises(errors.QuotaError) as e:
+            _raise_for(op, "us-central1-a")
+        assert "compute.googleapis.com/gpus" in e.value.reason
+
+    @pytest.mark.parametrize("change, expected", [
+        ({"zone": "us-central1-z"}, "zones/us-central1-z"),  # 404
+        ({"boot_image": "projects/debian-cloud/global/images/family/debian-99"}, "debian-99"),  # 404
+        ({"machine_type": "g9-nonexistent-1"}, "g9-nonexistent-1"),  # 400
+    ])
+    @pytest.mark.parametrize("nodes", [1, 2])
+    def test_an_insert_naming_what_does_not_exist_is_a_request_error(self, srv, change, expected, nodes):
+        srv.unknown("image", "projects/debian-cloud/global/images/family/debian-99")
+        srv.unknown("machineType", "g9-nonexistent-1")
+        requests_ = [replace(r, **change) for r in (gang("nx", nodes) if nodes > 1 else [request_for("nx")])]
+        with pytest.raises(errors.RequestError) as e:  # not NotFound, which would be retried forever
+            gateway(srv).insert(requests_, names.request_id("nx", 1, 0))
+        assert expected in str(e.value)
+        assert srv.instances() == []
+
+    def test_an_invalid_job_name_never_reaches_the_server(self, srv):
+        calls = counting(srv, "_instances_aggregatedList")
+        with pytest.raises(errors.RequestError):
+            gateway(srv).list_managed([PROJECT], 'a") OR (labels.x = "y')
+        assert calls == []
 
     def test_rejected_request_is_a_request_error(self, srv):
         bad = request_for("b")
@@ -116,12 +187,75 @@ class TestComputeAdapter:
         assert time.monotonic() - started >= 1.0
         assert srv.instance("w-1")["status"] in ("STAGING", "RUNNING")
 
-    def test_gang_is_one_regional_bulk_insert(self, srv):
-        gang = [request_for("g", name=f"g-1-{r}") for r in range(2)]
-        gateway(srv).insert(gang, names.request_id("g", 1, 0))
+    def test_gang_is_one_zonal_bulk_insert(self, srv):
+        srv.stockout("us-central1-a", mode="sync")  # a regional request allowed to move would land in -b
+        gw = gateway(srv)
+        with pytest.raises(errors.CapacityError):
+            gw.insert(gang("g", zone="us-central1-a"), names.request_id("g", 1, 0))
+        srv.stockout("us-central1-a", on=False)
+        gw.insert(gang("g", zone="us-central1-a"), names.request_id("g", 1, 1))
         ops = [o for o in srv.operations() if o["operationType"] == "bulkInsert"]
-        assert len(ops) == 1 and ops[0]["region"].endswith("/regions/us-central1")
-        assert {srv.instance(f"g-1-{r}")["zone"].rsplit("/", 1)[-1] for r in range(2)} == {"us-central1-a"}
+        assert len(ops) == 1 and ops[0]["zone"].endswith("/zones/us-central1-a") and "region" not in ops[0]
+        assert {srv.instance(f"g-1-n{r}")["zone"].rsplit("/", 1)[-1] for r in range(2)} == {"us-central1-a"}
+
+    @pytest.mark.parametrize("nodes", [1, 2])
+    def test_insert_running_past_the_deadline_is_pending_and_its_late_stockout_is_read_later(self, srv, nodes):
+        srv.slow_operations(1.5)
+        gw = gateway(srv, operation_timeout=0.3)
+        requests_ = gang("late", nodes) if nodes > 1 else [request_for("late")]
+        rid = names.request_id("late", 1, 0)
+        started = time.monotonic()
+        with pytest.raises(errors.OperationPending):
+            gw.insert(requests_, rid)
+        assert time.monotonic() - started < 1.2
+        assert {i["status"] for i in srv.instances()} == {"PROVISIONING"}
+        srv.stockout("us-central1-a")  # decided when the operation finishes
+        until("the stocked-out instances to go", lambda: srv.instances() == [])
+        srv.slow_operations(0.05)
+        srv.stockout("us-central1-a", on=False)
+        with pytest.raises(errors.CapacityError):  # the same request id: the original operation's outcome
+            gw.insert(requests_, rid)
+
+    def test_insert_pending_then_done_is_success_on_the_next_try(self, srv):
+        srv.slow_operations(1.0)
+        gw = gateway(srv, operation_timeout=0.2)
+        rid = names.request_id("ok", 1, 0)
+        with pytest.raises(errors.OperationPending) as e:
+            gw.insert([request_for("ok")], rid)
+        assert "ok-1" in str(e.value) and "us-central1-a" in str(e.value)
+        gw.operation_timeout = 30.0
+        gw.insert([request_for("ok")], rid)  # waits on the very same operation
+        assert srv.instance("ok-1")["status"] in ("STAGING", "RUNNING")
+        assert len([o for o in srv.operations() if o["operationType"] == "insert"]) == 1
+
+    def test_delete_running_past_the_deadline_returns(self, srv):
+        gw = gateway(srv)
+        gw.insert([request_for("del")], names.request_id("del", 1, 0))
+        srv.slow_operations(1.5)
+        gw.operation_timeout = 0.3
+        started = time.monotonic()
+        gw.delete(PROJECT, "us-central1-a", "del-1")
+        assert time.monotonic() - started < 1.2
+        assert srv.instance("del-1")["status"] == "STOPPING"
+        until("the delete to finish", lambda: srv.instances() == [])
+
+    def test_any_status_over_http_is_listed(self, srv):
+        gw = gateway(srv)
+        gw.insert([request_for("st")], names.request_id("st", 1, 0))
+        for sent, read in (("PENDING_STOP", InstanceStatus.PENDING_STOP), ("FLOATING", InstanceStatus.UNKNOWN)):
+            assert requests.post(f"{srv.endpoint}/_local/set_status", json={"name": "st-1", "status": sent}, timeout=5).ok
+            assert api(srv, "GET", "zones/us-central1-a/instances/st-1").json()["status"] == sent
+            assert [i.status for i in gw.list_managed([PROJECT], "st").instances] == [read]
+
+    def test_host_error_over_http_is_recorded(self, srv):
+        gw = gateway(srv)
+        gw.insert([request_for("he")], names.request_id("he", 1, 0))
+        until("RUNNING", lambda: srv.instance("he-1")["status"] == "RUNNING")
+        assert requests.post(f"{srv.endpoint}/_local/host_error", json={"name": "he-1"}, timeout=5).ok
+        until("TERMINATED", lambda: srv.instance("he-1")["status"] == "TERMINATED")
+        ops = api(srv, "GET", "zones/us-central1-a/operations",
+                  params={"filter": 'operationType = "compute.instances.hostError"'}).json()["items"]
+        assert [o["targetLink"].rsplit("/", 1)[-1] for o in ops] == ["he-1"]
 
 
 class TestLocalComputeFidelity:
@@ -192,6 +326,35 @@ class TestLocalComputeFidelity:
         ops = api(srv, "GET", "zones/us-central1-a/operations",
                   params={"filter": 'operationType = "compute.instances.preempted"'}).json()["items"]
         assert [o["targetLink"].rsplit("/", 1)[-1] for o in ops] == ["gone"]
+
+    def _regional(self, srv: ComputeServer, job: str, locations: dict[str, str]) -> requests.Response:
+        props = {k: v for k, v in body("x").items() if k != "name"}
+        props["machineType"] = "e2-small"
+        return api(srv, "POST", "regions/us-central1/instances/bulkInsert", json={
+            "count": 2, "minCount": 2, "instanceProperties": props,
+            "perInstanceProperties": {f"{job}-1-n{r}": {"name": f"{job}-1-n{r}"} for r in range(2)},
+            "locationPolicy": {"locations": {f"zones/{z}": {"preference": p} for z, p in locations.items()},
+                               "targetShape": "ANY_SINGLE_ZONE"}})
+
+    def _zone_of(self, srv: ComputeServer, op: dict[str, Any], name: str) -> str:
+        api(srv, "POST", f"regions/us-central1/operations/{op['name']}/wait")
+        return srv.instance(name)["zone"].rsplit("/", 1)[-1]
+
+    def test_regional_bulk_insert_zones_left_out_are_allowed(self, srv):
+        """Google's rule: unlisted zones default to ALLOW, so one ALLOW entry does not pin the gang."""
+        srv.stockout("us-central1-a", mode="sync")
+        r = self._regional(srv, "ra", {"us-central1-a": "ALLOW"})
+        assert r.ok, r.text
+        assert self._zone_of(srv, r.json(), "ra-1-n0") != "us-central1-a"
+        assert self._zone_of(srv, r.json(), "ra-1-n1") == self._zone_of(srv, r.json(), "ra-1-n0")
+
+    def test_regional_bulk_insert_deny_excludes(self, srv):
+        r = self._regional(srv, "rd", {"us-central1-a": "DENY", "us-central1-b": "DENY", "us-central1-c": "ALLOW"})
+        assert r.ok, r.text
+        assert self._zone_of(srv, r.json(), "rd-1-n0") == "us-central1-c"
+        everything = {z: "DENY" for z in ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f")}
+        assert self._regional(srv, "rn", everything).status_code == 400
+        assert self._regional(srv, "ro", {"us-east1-b": "ALLOW"}).status_code == 400
 
     def test_stop_and_start(self, srv):
         op = api(srv, "POST", "zones/us-central1-a/instances", json=body("ss")).json()
