@@ -5,6 +5,14 @@ Linear regression by SGD with numpy. Batch ``k`` is drawn from a generator seede
 the steps since: a run resumed from an exact checkpoint ends bit-for-bit where an
 uninterrupted run ends, and the final hash proves it.
 
+No step goes through BLAS (``@``). numpy hands a matrix product to OpenBLAS, which picks
+a kernel for the CPU it finds (or the one ``OPENBLAS_CORETYPE`` names), and with it the
+summation order and FMA use: the same steps then give other weights on another CPU or
+under another environment, and an attempt resumed elsewhere would not end where an
+uninterrupted run does. Products here are elementwise and sums are numpy's own
+fixed-order pairwise sum along a contiguous axis: the same bits whatever the CPU, BLAS
+kernel or thread count.
+
 Checkpoints go to ``$RESPAWN_CHECKPOINT_URI/step_<N>/weights.npy``, then ``_SUCCESS`` is
 written last: respawn only resumes from a step directory that has it. On SIGTERM (a
 preemption's notice) the trainer checkpoints at the next step boundary and exits.
@@ -24,17 +32,22 @@ import numpy as np
 DIM, BATCH, LR = 32, 64, 0.05
 
 
+def matvec(a: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """``a @ v`` without BLAS: elementwise products, then a fixed-order sum along each row."""
+    return np.add.reduce(np.ascontiguousarray(a) * v, axis=1)
+
+
 def batch(step: int) -> tuple[np.ndarray, np.ndarray]:
     truth = np.random.default_rng(0).normal(size=DIM)
     rng = np.random.default_rng(1_000_003 + step)
     x = rng.normal(size=(BATCH, DIM))
-    return x, x @ truth + 0.1 * rng.normal(size=BATCH)
+    return x, matvec(x, truth) + 0.1 * rng.normal(size=BATCH)
 
 
 def sgd_step(w: np.ndarray, step: int) -> tuple[np.ndarray, float]:
     x, y = batch(step)
-    err = x @ w - y
-    return w - LR * (x.T @ err) / BATCH, float(np.mean(err**2))
+    err = matvec(x, w) - y
+    return w - LR * matvec(x.T, err) / BATCH, float(np.mean(err**2))
 
 
 def train(steps: int, w: np.ndarray | None = None, start: int = 0) -> np.ndarray:

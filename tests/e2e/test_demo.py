@@ -7,6 +7,10 @@ import re
 import subprocess
 import sys
 
+from controller.config import REPO_ROOT
+
+_DIGEST = "import trainer; print(trainer.digest(trainer.train(400)))"
+
 
 def test_demo_survives_three_preemptions_with_the_uninterrupted_weights():
     result = subprocess.run([sys.executable, "-m", "controller.cli", "demo"], capture_output=True, text=True,
@@ -20,3 +24,36 @@ def test_demo_survives_three_preemptions_with_the_uninterrupted_weights():
     assert final and reference and final.group(1) == reference.group(1)
     assert "preempting demo-1 hard" in output and "stockout in us-central1-a" in output
     assert "same weights as an uninterrupted run" in output
+
+
+def test_the_example_trainer_computes_the_same_bits_whatever_blas_kernel_or_threads():
+    """The demo's VMs get a clean environment while the shell that starts it may pin OpenBLAS
+    (OPENBLAS_CORETYPE) or thread counts; a resumed job may land on another CPU. None of it may
+    change the weights: the trainer keeps its arithmetic out of BLAS."""
+    settings = [{}, {"OPENBLAS_CORETYPE": "Haswell"}, {"OPENBLAS_CORETYPE": "SkylakeX"},
+                {"OPENBLAS_CORETYPE": "Prescott"}, {"OPENBLAS_NUM_THREADS": "1"}, {"OPENBLAS_NUM_THREADS": "2"}]
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("OPENBLAS_", "OMP_", "MKL_", "NPY_"))}
+    digests = {}
+    for extra in settings:
+        done = subprocess.run([sys.executable, "-c", _DIGEST], cwd=REPO_ROOT / "examples", env={**base, **extra},
+                              capture_output=True, text=True, timeout=60, check=True)
+        digests[str(extra)] = done.stdout.strip()
+    assert len(set(digests.values())) == 1, digests
+
+
+def test_the_example_trainer_resumed_from_a_saved_checkpoint_ends_where_an_uninterrupted_run_ends():
+    import io
+
+    import numpy as np
+
+    sys.path.insert(0, str(REPO_ROOT / "examples"))
+    try:
+        import trainer
+    finally:
+        sys.path.remove(str(REPO_ROOT / "examples"))
+    w = trainer.train(400)
+    for cut in (1, 40, 123, 399):
+        saved = io.BytesIO()
+        np.save(saved, trainer.train(cut))
+        resumed = trainer.train(400, np.load(io.BytesIO(saved.getvalue())), cut)
+        assert trainer.digest(resumed) == trainer.digest(w)
