@@ -33,7 +33,8 @@ class Settings(BaseSettings):
     allowed_projects: CsvList = ()
     allowed_zones: CsvList = ()
     allowed_machine_types: CsvList = ()
-    allowed_service_accounts: CsvList = ()
+    allowed_service_accounts: CsvList = ()  # default: the trainer account alone
+    trainer_service_account: str | None = None  # what VMs run as when a spec names no account
     max_nodes: int = 8
     max_accelerators: int = 16
 
@@ -46,6 +47,19 @@ class Settings(BaseSettings):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
 
+    @field_validator("allowed_projects")
+    @classmethod
+    def _literal_projects(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        # The controller lists instances in each of these projects: a pattern cannot be listed.
+        if globbed := [p for p in value if any(c in p for c in "*?[")]:
+            raise ValueError(f"project ids, not patterns: {', '.join(globbed)}")
+        return value
+
+    @field_validator("trainer_service_account", mode="before")
+    @classmethod
+    def _unset_when_empty(cls, value: object) -> object:
+        return (value.strip() or None) if isinstance(value, str) else value
+
     def policy(self) -> ControllerPolicy:
         return ControllerPolicy(
             default_project=self.project,
@@ -53,6 +67,7 @@ class Settings(BaseSettings):
             allowed_zones=self.allowed_zones,
             allowed_machine_types=self.allowed_machine_types,
             allowed_service_accounts=self.allowed_service_accounts,
+            trainer_service_account=self.trainer_service_account,
             max_nodes=self.max_nodes,
             max_accelerators=self.max_accelerators,
         )

@@ -1,36 +1,61 @@
-"""Human durations in specs and settings: ``90s``, ``30m``, ``72h``, ``7d``, ``1h30m``."""
+"""Human durations in specs and settings: ``90s``, ``30m``, ``72h``, ``7d``, ``1h30m``.
+
+Bounded on purpose: a duration comes from a user's file, and ``99999999999999d``,
+``1e300``, ``.inf`` or ``nan`` must be a readable validation error naming the field,
+never an OverflowError out of ``timedelta`` (which tops out near 2.7 million years).
+Every error raised here is a ValueError, which pydantic turns into a field error.
+"""
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import timedelta
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, PlainSerializer
 
-_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+MAX_DAYS = 3650
+MAX_SECONDS = MAX_DAYS * 86400
+_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhdw])")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_HINT = "use e.g. '90s', '30m', '72h', '7d' or '1h30m'"
 
 
 def parse_duration(value: Any) -> timedelta:
-    """Parse a duration; a bare number means seconds."""
+    """Parse a duration between 0 and ``MAX_DAYS`` days; a bare number means seconds."""
     if isinstance(value, timedelta):
-        return value
+        return _bounded(value.total_seconds())
     if isinstance(value, bool):
-        raise ValueError("expected a duration like '90m', '72h' or '7d', got a boolean")
-    if isinstance(value, (int, float)):
-        if value < 0:
-            raise ValueError("a duration cannot be negative")
-        return timedelta(seconds=value)
+        raise ValueError(f"expected a duration, not a boolean; {_HINT}")
+    if isinstance(value, int):
+        return _bounded(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"a duration must be finite; {_HINT}")
+        return _bounded(value)
     if not isinstance(value, str):
-        raise ValueError(f"expected a duration like '90m', '72h' or '7d', got {value!r}")
+        raise ValueError(f"expected a duration, not {type(value).__name__}; {_HINT}")
     text = value.strip().lower().replace(" ", "")
-    if text.isdigit():
-        return timedelta(seconds=int(text))
+    if len(text) > 64:
+        raise ValueError(f"not a duration (too long to be one); {_HINT}")
+    if text.startswith("-"):
+        raise ValueError(f"a duration cannot be negative; {_HINT}")
+    if re.fullmatch(r"[0-9]+(\.[0-9]+)?", text):
+        return _bounded(float(text))
     parts = _PART.findall(text)
     if not text or "".join(n + u for n, u in parts) != text:
-        raise ValueError(f"{value!r} is not a duration; use e.g. '90s', '30m', '72h', '7d' or '1h30m'")
-    return timedelta(seconds=sum(float(n) * _UNIT[u] for n, u in parts))
+        raise ValueError(f"not a duration; {_HINT}")
+    return _bounded(sum(float(n) * _UNIT[u] for n, u in parts))
+
+
+def _bounded(seconds: float | int) -> timedelta:
+    # Compare before converting: float(10**400) and timedelta(seconds=1e20) both raise OverflowError.
+    if seconds < 0:
+        raise ValueError(f"a duration cannot be negative; {_HINT}")
+    if seconds > MAX_SECONDS:
+        raise ValueError(f"too long: durations are at most {MAX_DAYS}d")
+    return timedelta(seconds=float(seconds))
 
 
 def format_duration(value: timedelta) -> str:

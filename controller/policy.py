@@ -1,16 +1,32 @@
 """The controller-wide policy: what any spec may ask for.
 
 Set by whoever deploys the controller (environment of the functions), it bounds every
-user's spec so that a typo or a hostile spec cannot start 64 A100s in a foreign project.
-Patterns use shell globs (``us-central1-*``, ``a2-*``); an empty list allows anything.
+user's spec so that a typo or a hostile spec cannot start 64 A100s in a foreign project
+or run its VMs as a powerful identity. Zone, machine type and service account patterns
+use shell globs (``us-central1-*``, ``a2-*``); an empty list allows anything, except:
+
+- a project must be one the controller watches (it lists instances only there, so a VM
+  elsewhere would never be seen again: never recreated, never deleted);
+- service accounts default to the controller's trainer account alone, and the Compute
+  Engine default service account is refused unless listed by name.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
-from controller.spec import JobSpec
+from controller.spec import JobSpec, SpecError
+
+TRAINER_SETTING = "RESPAWN_TRAINER_SERVICE_ACCOUNT"
+ALLOWED_ACCOUNTS_SETTING = "RESPAWN_ALLOWED_SERVICE_ACCOUNTS"
+_COMPUTE_DEFAULT = re.compile(r"\d+-compute@developer\.gserviceaccount\.com")
+
+
+def is_compute_default_account(email: str) -> bool:
+    """``default`` or ``PROJECT_NUMBER-compute@developer.gserviceaccount.com``."""
+    return email == "default" or bool(_COMPUTE_DEFAULT.fullmatch(email))
 
 
 @dataclass(frozen=True)
@@ -19,42 +35,91 @@ class ControllerPolicy:
     allowed_projects: tuple[str, ...] = ()
     allowed_zones: tuple[str, ...] = ()
     allowed_machine_types: tuple[str, ...] = ()
-    allowed_service_accounts: tuple[str, ...] = ()
+    allowed_service_accounts: tuple[str, ...] = ()  # empty: the trainer account alone
     max_nodes: int = 8
     max_accelerators: int = 16
     projects_to_watch: tuple[str, ...] = field(default=())
+    trainer_service_account: str | None = None  # what VMs run as when a spec names no account
 
     @property
     def watched_projects(self) -> tuple[str, ...]:
         """Where managed instances may live, so orphans are found in every one of them."""
-        return tuple(dict.fromkeys((self.default_project, *self.allowed_projects, *self.projects_to_watch)))
+        projects = (self.default_project, *self.allowed_projects, *self.projects_to_watch)
+        return tuple(p for p in dict.fromkeys(projects) if p)
+
+    @property
+    def service_accounts(self) -> tuple[str, ...]:
+        """The accounts specs may name: the allowed list, else the trainer account (else any)."""
+        if self.allowed_service_accounts:
+            return self.allowed_service_accounts
+        return (self.trainer_service_account,) if self.trainer_service_account else ()
 
     def project_of(self, spec: JobSpec) -> str:
         return spec.project or self.default_project
 
+    def service_account_of(self, spec: JobSpec) -> str | None:
+        return spec.service_account.email or self.trainer_service_account
+
+    def resolve(self, spec: JobSpec) -> JobSpec:
+        """The spec as the controller runs it: project and service account filled in from the policy.
+
+        Raises SpecError with every violation: an insert is built from the resolved spec
+        alone, never from defaults elsewhere.
+        """
+        if problems := self.violations(spec):
+            raise SpecError(problems)
+        account = spec.service_account.model_copy(update={"email": self.service_account_of(spec)})
+        return spec.model_copy(update={"project": self.project_of(spec), "service_account": account})
+
     def violations(self, spec: JobSpec) -> list[str]:
         """One readable line per thing the spec asks for that this controller does not allow."""
-        out: list[str] = []
-        project = self.project_of(spec)
-        if self.allowed_projects and project not in (*self.allowed_projects, self.default_project):
-            out.append(_refuse("project", project, (self.default_project, *self.allowed_projects)))
+        out = self._project(spec)
         for i, zone in enumerate(spec.zones):
             if not _allowed(zone, self.allowed_zones):
                 out.append(_refuse(f"zones.{i}", zone, self.allowed_zones))
         if not _allowed(spec.machine_type, self.allowed_machine_types):
             out.append(_refuse("machine_type", spec.machine_type, self.allowed_machine_types))
-        email = spec.service_account.email
-        if not _allowed(email, self.allowed_service_accounts):
-            out.append(_refuse("service_account.email", email, self.allowed_service_accounts))
+        out += self._service_account(spec)
         if spec.nodes > self.max_nodes:
             out.append(f"nodes: {spec.nodes} exceeds this controller's limit; use at most {self.max_nodes}")
-        total = spec.nodes * (spec.accelerators.count if spec.accelerators else 0)
-        if total > self.max_accelerators:
-            out.append(
-                f"accelerators.count: {total} accelerators in all (nodes x count) exceeds this "
-                f"controller's limit of {self.max_accelerators}"
-            )
+        if (total := spec.total_gpus) > self.max_accelerators:
+            out.append(self._too_many_gpus(spec, total))
         return out
+
+    def _project(self, spec: JobSpec) -> list[str]:
+        project = self.project_of(spec)
+        usable = tuple(p for p in (self.default_project, *self.allowed_projects) if p)
+        if not project:
+            return ["project: not given, and this controller has no default project; "
+                    "name one in the spec or set RESPAWN_PROJECT"]
+        if project not in self.watched_projects:
+            choices = f"use one of: {', '.join(usable)}, or" if usable else "set RESPAWN_PROJECT, or"
+            return [f"project: {project!r} is not watched by this controller (it would never see the VMs "
+                    f"again); {choices} add it to RESPAWN_ALLOWED_PROJECTS"]
+        if project not in usable:
+            return [_refuse("project", project, usable)]
+        return []
+
+    def _service_account(self, spec: JobSpec) -> list[str]:
+        email = self.service_account_of(spec)
+        if email is None:
+            return [f"service_account.email: not given, and this controller has no trainer service account; "
+                    f"name one in the spec, or set {TRAINER_SETTING}"]
+        if is_compute_default_account(email) and email not in self.allowed_service_accounts:
+            return [f"service_account.email: {email!r} is the Compute Engine default service account, which "
+                    "usually holds the Editor role on the whole project; use a dedicated trainer account "
+                    f"({TRAINER_SETTING}), or list it by name in {ALLOWED_ACCOUNTS_SETTING}"]
+        if not _allowed(email, self.service_accounts):
+            return [_refuse("service_account.email", email, self.service_accounts)]
+        return []
+
+    def _too_many_gpus(self, spec: JobSpec, total: int) -> str:
+        per_node = spec.gpus_per_node
+        built_in = spec.accelerators is None and per_node is not None
+        path = "machine_type" if built_in else "accelerators.count"
+        how = f"{spec.machine_type} has {per_node[1]} built in" if built_in and per_node else "count per node"
+        return (f"{path}: {total} GPUs in all ({spec.nodes} node(s) x {per_node[1] if per_node else 0}; {how}) "
+                f"exceeds this controller's limit of {self.max_accelerators}; use fewer nodes or a smaller machine")
 
 
 def _allowed(value: str, patterns: tuple[str, ...]) -> bool:

@@ -3,40 +3,136 @@
 Strict on purpose: an unknown field is almost always a typo (``max_restart``) that
 would otherwise silently fall back to a default on a job that costs money per hour.
 Every problem is reported as ``field.path: what is wrong; what is accepted``.
+
+Hostile on purpose too: the bucket is writable by anyone who may submit a job, so
+``parse_spec`` bounds everything before it is walked (size, nesting, YAML alias
+expansion, every string and number) and raises nothing but ``SpecError``.
 """
 
 from __future__ import annotations
 
 import difflib
+import re
 import shlex
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from yaml.composer import Composer
+from yaml.constructor import SafeConstructor
+from yaml.parser import Parser
+from yaml.reader import Reader
+from yaml.resolver import Resolver
+from yaml.scanner import Scanner
+
+try:
+    from yaml._yaml import CParser  # libyaml's scanner and parser: iterative, in C
+except ImportError:  # pragma: no cover
+    CParser = None
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from controller.durations import Duration
 from controller.names import job_name_problem
 
-GCS_URI = r"^gs://[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9](/.*)?$"
+MAX_SPEC_BYTES = 256 * 1024  # the whole file; the caller also checks the listed size
+MAX_DEPTH = 32  # a real spec nests 4 deep
+MAX_NODES = 10_000  # YAML values, aliases expanded: a real spec has a few hundred
+MAX_PROBLEMS = 20  # lines reported; the rest are counted
+MAX_COMMAND_BYTES = 64 * 1024
+MAX_ENV_VALUE_BYTES = 32 * 1024
+MAX_ENV_BYTES = 128 * 1024  # the rendered respawn-env metadata value (limit: 256 KiB per value)
+MAX_NODES_PER_JOB = 1000  # a bulkInsert creates at most 1000 instances
+MAX_COUNT = 1_000_000  # restarts, failures: anything larger is a typo
+
+GCS_URI = r"^gs://[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9](/[^\s\x00-\x1f\x7f]*)?$"
+_NAME = r"^[a-z][-a-z0-9]{0,62}$"  # machine types, accelerator and disk types
+_RESOURCE = r"^[-A-Za-z0-9_.:/]{1,1024}$"  # image, network, subnetwork: names, paths or URLs
 _LABEL_RE = r"^[a-z][-_a-z0-9]{0,62}$"
+
+# Environment the VM agent sets for the command, or reads itself: a spec may not override them.
+RESERVED_ENV = {
+    "RESUME_FROM": "the VM agent sets it",
+    "NODE_RANK": "the VM agent sets it",
+    "NODES": "the VM agent sets it",
+    "MASTER_ADDR": "the VM agent sets it",
+    "GCE_METADATA_HOST": "the VM agent relies on it",
+    "GCE_METADATA_IP": "the VM agent relies on it",
+    "STORAGE_EMULATOR_HOST": "the VM agent relies on it",
+}
+RESERVED_ENV_PREFIX = "RESPAWN_"
+
+# GPUs built into accelerator-optimized machine types: machine type -> (GPU type, count per VM).
+# Source: Google Cloud, "GPU machine types" (cloud.google.com/compute/docs/gpus) and
+# "Accelerator-optimized machine family" (cloud.google.com/compute/docs/accelerator-optimized-machines):
+# each A and G series machine type comes with a fixed model and number of GPUs attached, and
+# GPUs cannot be added to it. GPU models per series and the A4X (4 GPUs) and A3/A4 (8 GPUs)
+# counts were confirmed on Google's pages; the per-type counts of A2, A3 High 1/2/4g and G2
+# follow the "-<N>g" naming and Google's published tables as mirrored by Google's xpk tool
+# (g2-standard-24/48/96 = 2/4/8 L4), and could not be re-read verbatim from Google's tables.
+# Variants with a suffix (a3-highgpu-8g-nolssd, a4-highgpu-8g-lowmem) have the same GPUs.
+BUILT_IN_GPUS: dict[str, tuple[str, int]] = {
+    **{f"a2-highgpu-{n}g": ("nvidia-tesla-a100", n) for n in (1, 2, 4, 8)},
+    "a2-megagpu-16g": ("nvidia-tesla-a100", 16),
+    **{f"a2-ultragpu-{n}g": ("nvidia-a100-80gb", n) for n in (1, 2, 4, 8)},
+    **{f"a3-highgpu-{n}g": ("nvidia-h100-80gb", n) for n in (1, 2, 4, 8)},
+    "a3-megagpu-8g": ("nvidia-h100-mega-80gb", 8),
+    "a3-edgegpu-8g": ("nvidia-h100-80gb", 8),
+    "a3-ultragpu-8g": ("nvidia-h200-141gb", 8),
+    "a4-highgpu-8g": ("nvidia-b200", 8),
+    "a4x-highgpu-4g": ("nvidia-gb200", 4),
+    **{f"g2-standard-{n}": ("nvidia-l4", 1) for n in (4, 8, 12, 16, 32)},
+    "g2-standard-24": ("nvidia-l4", 2),
+    "g2-standard-48": ("nvidia-l4", 4),
+    "g2-standard-96": ("nvidia-l4", 8),
+}
+# A GPU machine type of a newer A series than the table knows: "a5-highgpu-8g" -> 8.
+_A_SERIES_GPU = re.compile(r"a\d+x?-[a-z]+gpu-(\d{1,3})g(-[a-z0-9]+)*")
+
+
+def built_in_gpus(machine_type: str) -> tuple[str, int] | None:
+    """(GPU type, count per VM) that come with ``machine_type``; None for a type without GPUs."""
+    parts = machine_type.split("-")
+    for end in range(len(parts), 2, -1):  # "a4-highgpu-8g-lowmem" -> "a4-highgpu-8g"
+        if (found := BUILT_IN_GPUS.get("-".join(parts[:end]))) is not None:
+            return found
+    if match := _A_SERIES_GPU.fullmatch(machine_type):
+        return "built-in", int(match.group(1))
+    return None
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class FieldProblem(ValueError):
+    """A validator's error about a field below the one it validates (``policy`` -> ``idle_timeout``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class Accelerators(Strict):
-    type: str = Field(min_length=1, description="e.g. nvidia-l4, nvidia-tesla-a100")
+    type: str = Field(pattern=_NAME, description="e.g. nvidia-l4, nvidia-tesla-t4")
     count: int = Field(default=1, ge=1, le=16)
 
 
 class BootDisk(Strict):
-    image: str | None = Field(default=None, description="image URL or projects/P/global/images/NAME")
-    image_family: str | None = None
-    image_project: str | None = None
+    image: str | None = Field(default=None, pattern=_RESOURCE, description="image URL or projects/P/global/images/NAME")
+    image_family: str | None = Field(default=None, pattern=r"^[a-z][-a-z0-9]{0,62}$")
+    image_project: str | None = Field(default=None, pattern=r"^[a-z][-a-z0-9.:]{0,127}$")
     size_gb: int = Field(default=100, ge=10, le=65536)
-    type: str = "pd-balanced"
+    type: str = Field(default="pd-balanced", pattern=_NAME)
 
     @model_validator(mode="after")
     def _one_source(self) -> BootDisk:
@@ -52,15 +148,23 @@ def _default_boot() -> BootDisk:
 
 
 class ServiceAccount(Strict):
-    email: str = "default"
-    scopes: tuple[str, ...] = ("https://www.googleapis.com/auth/cloud-platform",)
+    email: str | None = Field(
+        default=None,
+        pattern=r"^(default|[-A-Za-z0-9_.+]{1,64}@[-a-z0-9.]{1,253})$",
+        description="default: the controller's trainer service account",
+    )
+    scopes: tuple[Annotated[str, Field(pattern=r"^[-A-Za-z0-9_.:/]{1,256}$")], ...] = Field(
+        default=("https://www.googleapis.com/auth/cloud-platform",), max_length=64
+    )
 
 
 class Network(Strict):
-    network: str = "global/networks/default"
-    subnetwork: str | None = None
+    network: str = Field(default="global/networks/default", pattern=_RESOURCE)
+    subnetwork: str | None = Field(default=None, pattern=_RESOURCE)
     external_ip: bool = True
-    tags: tuple[Annotated[str, Field(pattern=r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")], ...] = ()
+    tags: tuple[Annotated[str, Field(pattern=r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")], ...] = Field(
+        default=(), max_length=64
+    )
 
 
 class Checkpoint(Strict):
@@ -80,33 +184,71 @@ class Backoff(Strict):
 
 
 class JobPolicy(Strict):
-    max_restarts: int = Field(default=100, ge=0, description="recreations of any cause")
-    max_failures: int = Field(default=3, ge=0, description="non-zero exits, crashes and stalls")
+    max_restarts: int = Field(default=100, ge=0, le=MAX_COUNT, description="recreations of any cause")
+    max_failures: int = Field(default=3, ge=0, le=MAX_COUNT, description="non-zero exits, crashes and stalls")
     max_runtime: Duration | None = Field(default=None, description="deadline for the whole job")
     max_instance_age: Duration | None = Field(default=None, description="recycle a VM older than this")
     idle_timeout: Duration | None = timedelta(minutes=30)
     startup_grace: Duration = timedelta(minutes=15)
     backoff: Backoff = Backoff()
     zone_cooldown: Duration = timedelta(minutes=10)
-    crash_loop_failures: int = Field(default=3, ge=1, description="failures without checkpoint progress")
+    crash_loop_failures: int = Field(default=3, ge=1, le=MAX_COUNT, description="failures without checkpoint progress")
     termination_action: Literal["stop", "delete"] = "stop"
+
+
+def _env_name(name: str) -> str:
+    if name.startswith(RESERVED_ENV_PREFIX):
+        raise ValueError(f"reserved: names starting with {RESERVED_ENV_PREFIX} are the VM agent's; rename the variable")
+    if name in RESERVED_ENV:
+        raise ValueError(f"reserved: {RESERVED_ENV[name]}; rename the variable")
+    return name
+
+
+def _env_value(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("contains a NUL character, which no environment variable can hold")
+    if len(value.encode("utf-8", "surrogatepass")) > MAX_ENV_VALUE_BYTES:
+        raise ValueError(f"longer than {MAX_ENV_VALUE_BYTES // 1024} KiB; "
+                         "pass large data through a file under 'code' or gs://")
+    return value
+
+
+def _command_shape(value: Any) -> Any:
+    """A bash line or a list of arguments, each text; checked here so errors name no union branch."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise ValueError("must not be empty")
+        return value
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise ValueError("must not be empty")
+        if bad := [i for i, part in enumerate(value) if not isinstance(part, str)]:
+            raise ValueError(f"argument {bad[0]} is not text; quote it")
+        return tuple(value)
+    raise ValueError(f"expected a bash line or a list of arguments, not {type(value).__name__}")
+
+
+LabelKey = Annotated[str, Field(pattern=_LABEL_RE)]
+LabelValue = Annotated[str, Field(pattern=r"^[-_a-z0-9]{0,63}$")]
+EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"), AfterValidator(_env_name)]
+EnvValue = Annotated[str, AfterValidator(_env_value)]
 
 
 class JobSpec(Strict):
     name: str | None = Field(default=None, description="defaults to the job's folder name")
     project: str | None = Field(default=None, pattern=r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
-    zones: tuple[Annotated[str, Field(pattern=r"^[a-z]+-[a-z]+\d+-[a-z]$")], ...] = Field(min_length=1)
-    machine_type: str = Field(min_length=1)
+    zones: tuple[Annotated[str, Field(pattern=r"^[a-z]+-[a-z]+\d+-[a-z]$")], ...] = Field(min_length=1, max_length=64)
+    machine_type: str = Field(pattern=_NAME)
     accelerators: Accelerators | None = None
     provisioning: Literal["spot", "standard"] = "spot"
     boot_disk: BootDisk = Field(default_factory=_default_boot)
     service_account: ServiceAccount = ServiceAccount()
     network: Network = Network()
-    labels: dict[Annotated[str, Field(pattern=_LABEL_RE)], Annotated[str, Field(pattern=r"^[-_a-z0-9]{0,63}$")]] = {}
-    command: str | tuple[str, ...] = Field(min_length=1)
+    labels: dict[LabelKey, LabelValue] = Field(default={}, max_length=60)
+    command: Annotated[str | tuple[str, ...], BeforeValidator(_command_shape)]
     code: str | None = Field(default=None, pattern=GCS_URI)
-    env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = {}
-    nodes: int = Field(default=1, ge=1)
+    env: dict[EnvName, EnvValue] = Field(default={}, max_length=512)
+    nodes: int = Field(default=1, ge=1, le=MAX_NODES_PER_JOB)
     checkpoint: Checkpoint | None = None
     heartbeat_interval: Duration = timedelta(seconds=60)
     policy: JobPolicy = JobPolicy()
@@ -125,6 +267,18 @@ class JobSpec(Strict):
             raise ValueError("a zone is listed twice")
         return value
 
+    @field_validator("accelerators")
+    @classmethod
+    def _not_built_in(cls, value: Accelerators | None, info: ValidationInfo) -> Accelerators | None:
+        machine = info.data.get("machine_type")
+        if value is not None and machine and (built := built_in_gpus(machine)):
+            gpu, count = built
+            raise ValueError(
+                f"machine type {machine!r} comes with {count} {gpu} GPU(s) built in, and Compute Engine "
+                "refuses accelerators added to it; remove 'accelerators' (or use an N1 machine type to attach GPUs)"
+            )
+        return value
+
     @field_validator("labels")
     @classmethod
     def _not_ours(cls, value: dict[str, str]) -> dict[str, str]:
@@ -133,10 +287,71 @@ class JobSpec(Strict):
             raise ValueError(f"labels starting with 'respawn-' are the controller's: {reserved}")
         return value
 
+    @field_validator("command")
+    @classmethod
+    def _runnable(cls, value: str | tuple[str, ...]) -> str | tuple[str, ...]:
+        parts = (value,) if isinstance(value, str) else value
+        if any("\x00" in p for p in parts):
+            raise ValueError("contains a NUL character, which no command line can hold")
+        if sum(len(p.encode("utf-8", "surrogatepass")) + 1 for p in parts) > MAX_COMMAND_BYTES:
+            raise ValueError(f"longer than {MAX_COMMAND_BYTES // 1024} KiB; put long scripts in 'code'")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _fits_metadata(cls, value: dict[str, str]) -> dict[str, str]:
+        if len(render_env(value).encode("utf-8", "surrogatepass")) > MAX_ENV_BYTES:
+            raise ValueError(
+                f"all variables together exceed {MAX_ENV_BYTES // 1024} KiB of instance metadata; "
+                "pass large data through a file under 'code' or gs://"
+            )
+        return value
+
+    @field_validator("heartbeat_interval")
+    @classmethod
+    def _positive(cls, value: timedelta) -> timedelta:
+        if value < timedelta(seconds=1):
+            raise ValueError("must be at least 1s")
+        return value
+
+    @field_validator("policy")
+    @classmethod
+    def _heartbeats_fit(cls, value: JobPolicy, info: ValidationInfo) -> JobPolicy:
+        interval = info.data.get("heartbeat_interval")
+        if value.idle_timeout is not None and interval is not None and value.idle_timeout <= interval:
+            raise FieldProblem(
+                "idle_timeout",
+                f"must be longer than heartbeat_interval ({_seconds(interval)}), or every VM looks hung; "
+                "raise it or set it to null to disable hang detection",
+            )
+        return value
+
     @property
     def command_line(self) -> str:
         """The command as one bash line (a list is quoted element by element)."""
         return self.command if isinstance(self.command, str) else shlex.join(self.command)
+
+    @property
+    def gpus_per_node(self) -> tuple[str, int] | None:
+        """(GPU type, count) on each VM: built into the machine type, else ``accelerators``."""
+        if built := built_in_gpus(self.machine_type):
+            return built
+        return (self.accelerators.type, self.accelerators.count) if self.accelerators else None
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs of the whole job: nodes x GPUs per node."""
+        per_node = self.gpus_per_node
+        return self.nodes * (per_node[1] if per_node else 0)
+
+
+def render_env(env: dict[str, str]) -> str:
+    """The ``respawn-env`` metadata value: lines the startup script evaluates, values quoted."""
+    return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+
+
+def _seconds(value: timedelta) -> str:
+    return f"{int(value.total_seconds())}s"
 
 
 class SpecError(ValueError):
@@ -148,40 +363,274 @@ class SpecError(ValueError):
 
 
 def parse_spec(raw: bytes | str, job: str) -> JobSpec:
-    """Parse and validate the spec stored under ``jobs/<job>/``; raise SpecError."""
-    if problem := job_name_problem(job):
-        raise SpecError([f"name: {problem}; rename the job's folder"])
+    """Parse and validate the spec stored under ``jobs/<job>/``; raise SpecError, and nothing else."""
     try:
-        data = yaml.safe_load(raw)
-    except yaml.YAMLError as e:
-        raise SpecError([f"spec.yaml: not valid YAML or JSON: {_yaml_where(e)}"]) from e
+        return _parse(raw, job)
+    except SpecError:
+        raise
+    except RecursionError as e:
+        raise SpecError([f"spec.yaml: nested too deeply to read; keep the structure under {MAX_DEPTH} levels"]) from e
+    except Exception as e:  # anything unforeseen in a hostile file is that file's problem, not the pass's
+        raise SpecError([f"spec.yaml: could not be read ({type(e).__name__}: {_clip(str(e), 120)}); "
+                         "write it as plain YAML or JSON with the fields of the spec reference"]) from e
+
+
+def _parse(raw: bytes | str, job: str) -> JobSpec:
+    if problem := job_name_problem(job):
+        raise SpecError([_one_line(f"name: {_clip(problem, 300)}; rename the job's folder")])
+    data = load_document(raw)
     if not isinstance(data, dict):
-        raise SpecError([f"spec.yaml: expected a mapping of fields, got {type(data).__name__}"])
+        got = "nothing (the file is empty)" if data is None else type(data).__name__
+        raise SpecError([f"spec.yaml: expected a mapping of fields, got {got}"])
     try:
         spec = JobSpec.model_validate(data)
     except ValidationError as e:
-        raise SpecError([_describe(err) for err in e.errors()]) from e
+        errors = e.errors()
+        lines = [_describe(err) for err in errors[:MAX_PROBLEMS]]
+        if len(errors) > MAX_PROBLEMS:
+            lines.append(f"spec.yaml: {len(errors) - MAX_PROBLEMS} more problems not shown; fix the ones above first")
+        raise SpecError(lines) from e
     if spec.name is not None and spec.name != job:
         raise SpecError([f"name: {spec.name!r} does not match the job's folder {job!r}; make them equal"])
     return spec.model_copy(update={"name": job})
 
 
+# -- reading YAML or JSON, bounded ------------------------------------------------------
+
+
+class _Unbounded(yaml.composer.ComposerError):
+    """Valid YAML, maybe, but more than a spec may hold."""
+
+
+class _BoundedComposer(Composer):
+    """PyYAML's composer, refusing to nest deeper than MAX_DEPTH or to compose more than MAX_NODES values.
+
+    The composer is recursive (a RecursionError at ``[`` x 1000 in pure Python; libyaml's
+    own C composer crashes the process outright), so it is always this Python one, fed
+    by libyaml's C parser when available (iterative, and 3x faster) or by PyYAML's.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._depth = 0
+        self._nodes = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        self._nodes += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark  # type: ignore[attr-defined]
+                raise _Unbounded(None, None, f"nested more than {MAX_DEPTH} levels deep", mark)
+            if self._nodes > MAX_NODES:  # stop early: composing costs microseconds per value
+                mark = self.peek_event().start_mark  # type: ignore[attr-defined]
+                raise _Unbounded(None, None, f"more than {MAX_NODES} values; a job spec needs far fewer", mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+if CParser is not None:
+
+    class _BoundedLoader(_BoundedComposer, CParser, SafeConstructor, Resolver):  # type: ignore[misc]
+        def __init__(self, stream: Any) -> None:
+            CParser.__init__(self, stream)
+            SafeConstructor.__init__(self)
+            Resolver.__init__(self)
+            _BoundedComposer.__init__(self)
+
+else:  # pragma: no cover - PyYAML without libyaml
+
+    class _BoundedLoader(  # type: ignore[no-redef]
+        Reader, Scanner, Parser, _BoundedComposer, SafeConstructor, Resolver
+    ):
+        def __init__(self, stream: Any) -> None:
+            Reader.__init__(self, stream)
+            Scanner.__init__(self)
+            Parser.__init__(self)
+            _BoundedComposer.__init__(self)
+            SafeConstructor.__init__(self)
+            Resolver.__init__(self)
+
+
+def load_document(raw: bytes | str) -> Any:
+    """One YAML (or JSON) document as Python data; SpecError when it is not safe to walk.
+
+    Bounded before anything walks it: its size, its nesting, the node count after
+    expanding aliases (a "billion laughs" document is a few hundred bytes), cycles
+    made with aliases, and keys given twice.
+    """
+    size = len(raw) if isinstance(raw, bytes) else len(raw.encode("utf-8", "surrogatepass"))
+    if size > MAX_SPEC_BYTES:
+        raise SpecError([f"spec.yaml: {size} bytes is larger than the limit of {MAX_SPEC_BYTES // 1024} KiB; "
+                         "keep the spec small and put data in 'code' or gs://"])
+    try:
+        loader = _BoundedLoader(raw)  # a str is encoded, or checked for unprintable characters, right here
+    except yaml.YAMLError as e:
+        raise SpecError([f"spec.yaml: not valid YAML or JSON: {_yaml_where(e)}"]) from e
+    except UnicodeError as e:
+        raise SpecError([f"spec.yaml: not valid UTF-8 text ({_clip(str(e), 100)})"]) from e
+    try:
+        try:
+            node = loader.get_single_node()
+        except _Unbounded as e:
+            raise SpecError([f"spec.yaml: {_yaml_where(e)}"]) from e
+        except yaml.YAMLError as e:
+            raise SpecError([f"spec.yaml: not valid YAML or JSON: {_yaml_where(e)}"]) from e
+        if node is None:
+            return None
+        _check_graph(node)
+        try:
+            return loader.construct_document(node)
+        except yaml.YAMLError as e:
+            raise SpecError([f"spec.yaml: not valid YAML or JSON: {_yaml_where(e)}"]) from e
+        except (ValueError, TypeError, OverflowError) as e:  # e.g. an integer of 5000 digits
+            raise SpecError([f"spec.yaml: a value could not be read: {_clip(str(e), 120)}"]) from e
+    finally:
+        loader.dispose()
+
+
+_SET_TAG = "tag:yaml.org,2002:set"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_Where = tuple[Any, Any] | None  # (parent's where, index or key node): a path, built only to report it
+
+
+def _check_graph(root: yaml.Node) -> None:
+    """Size and depth after alias expansion, alias cycles and duplicate keys, without recursion.
+
+    Aliases make the node graph a DAG (or a cycle), so sizes are memoized per node: the
+    work is linear in the document while the counted size is the expanded one.
+    """
+    size: dict[int, int] = {}  # scalars are left out: 1 each
+    depth: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, _Where, bool]] = [(root, None, False)]
+    while stack:
+        node, where, finished = stack.pop()
+        key = id(node)
+        if finished:
+            on_path.discard(key)
+            total, deepest = 1, 0
+            for kid in _kids(node):
+                total += size.get(id(kid), 1)
+                deepest = max(deepest, depth.get(id(kid), 1))
+            size[key], depth[key] = total, deepest + 1
+            if total > MAX_NODES:
+                raise SpecError([f"{_path(where)}: expands to more than {MAX_NODES} values (YAML aliases); "
+                                 "write the values out instead of repeating aliases"])
+            if deepest + 1 > MAX_DEPTH:
+                raise SpecError([f"{_path(where)}: nested more than {MAX_DEPTH} levels deep (YAML aliases)"])
+            continue
+        if key in size or isinstance(node, yaml.ScalarNode):
+            continue
+        if node.tag == _SET_TAG:
+            raise SpecError([f"{_path(where)}: YAML sets (!!set) are not accepted; use a list"])
+        if isinstance(node, yaml.MappingNode):
+            _no_duplicates(node, where)
+        on_path.add(key)
+        stack.append((node, where, True))
+        for kid, label in _labelled_kids(node):
+            if id(kid) in on_path:
+                raise SpecError([f"{_path((where, label))}: a YAML alias refers to a value that contains it; "
+                                 "write the value out"])
+            if not isinstance(kid, yaml.ScalarNode) and id(kid) not in size:
+                stack.append((kid, (where, label), False))
+
+
+def _kids(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return node.value  # type: ignore[no-any-return]
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
+def _labelled_kids(node: yaml.Node) -> list[tuple[yaml.Node, Any]]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(zip(node.value, range(len(node.value))))
+    return [(part, k) for k, v in node.value for part in (k, v)]
+
+
+def _path(where: _Where) -> str:
+    """The field path of a place in the document, for a message: ``policy.backoff``."""
+    parts: list[str] = []
+    while where is not None:
+        where, label = where
+        if isinstance(label, yaml.Node):
+            label = label.value if isinstance(label, yaml.ScalarNode) else "<key>"
+        parts.append(_segment(label))
+    return _clip(".".join(reversed(parts)), 80) or "spec.yaml"
+
+
+def _no_duplicates(node: yaml.MappingNode, where: _Where) -> None:
+    seen: dict[str, int] = {}
+    for k, _ in node.value:
+        if isinstance(k, yaml.ScalarNode) and k.tag != _MERGE_TAG:
+            line = k.start_mark.line + 1
+            if k.value in seen:
+                raise SpecError([f"{_path((where, k))}: given twice (lines {seen[k.value]} and {line}); keep one"])
+            seen[k.value] = line
+
+
+def _segment(part: Any) -> str:
+    """One part of a field path, printable on one line: ``env``, ``0``, ``'bad key'``."""
+    text = str(part) if isinstance(part, (str, int)) and not isinstance(part, bool) else repr(part)
+    if re.fullmatch(r"[A-Za-z0-9_\-]{1,64}", text):
+        return text
+    return ascii(_clip(text, 40))
+
+
 def _yaml_where(error: yaml.YAMLError) -> str:
+    if isinstance(error, yaml.reader.ReaderError):  # its str() spans lines
+        char = error.character
+        shown = f" {char!r}" if isinstance(char, str) else ""
+        if isinstance(char, int) and char >= 0:
+            shown = f" #x{char:04x}"
+        return f"{error.reason}: character{shown} at position {error.position}"
     mark = getattr(error, "problem_mark", None)
     problem = getattr(error, "problem", None) or str(error)
-    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
+    if context := getattr(error, "context", None):
+        problem = f"{context}, {problem}"
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    return _clip(_one_line(str(problem)), 160) + where
+
+
+# -- describing validation errors ----------------------------------------------------------
 
 
 def _describe(err: Any) -> str:
-    path = ".".join(str(p) for p in err["loc"]) or "spec"
+    about_key = "[key]" in err["loc"]
+    loc = tuple(p for p in err["loc"] if p != "[key]")
+    problem = (err.get("ctx") or {}).get("error")
+    if isinstance(problem, FieldProblem):
+        loc = (*loc, problem.field)
+    path = ".".join(_segment(p) for p in loc) or "spec.yaml"
     if err["type"] == "extra_forbidden":
-        return f"{path}: unknown field{_suggest(err['loc'])}"
+        return _one_line(f"{path}: unknown field{_suggest(loc)}")
     if err["type"] == "missing":
         return f"{path}: required field is missing"
+    if err["type"] == "invalid_key":
+        return f"{path}: field names must be text"
     got = err.get("input")
-    shown = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
     message = err["msg"].removeprefix("Value error, ").replace("valid tuple", "list")
-    return f"{path}: {message}{shown}"
+    quiet = about_key or isinstance(got, (dict, list, tuple, set)) or isinstance(problem, FieldProblem)
+    shown = "" if quiet else f" (got {_shown(got)})"
+    return _one_line(f"{path}: {_clip(message, 300)}{shown}")
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**18:
+        return "a huge number"
+    return _clip(repr(value), 60)
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _one_line(text: str) -> str:
+    """No line breaks or control characters: one problem is exactly one line."""
+    return re.sub(r"[\x00-\x1f\x7f\u2028\u2029\x85]", lambda m: ascii(m.group())[1:-1], text)
 
 
 def _suggest(loc: tuple[Any, ...]) -> str:
@@ -196,5 +645,5 @@ def _suggest(loc: tuple[Any, ...]) -> str:
             return ""
     fields = sorted(getattr(model, "model_fields", {}))
     close = difflib.get_close_matches(str(loc[-1]), fields, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
+    hint = f"; did you mean {close[0]!r}?" if close else ";"
     return f"{hint} accepted: {', '.join(fields)}"

@@ -1,21 +1,30 @@
-"""The job spec: defaults, durations, and errors that name the field and the fix."""
+"""The job spec: defaults, durations, errors that name the field and the fix, hostile input."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import yaml
 
 from controller import names
-from controller.durations import format_duration, parse_duration
-from controller.policy import ControllerPolicy
-from controller.spec import SpecError, parse_spec
+from controller.durations import MAX_DAYS, format_duration, parse_duration
+from controller.spec import MAX_SPEC_BYTES, RESERVED_ENV, SpecError, built_in_gpus, parse_spec
 from tests.harness import spec_doc
 
 
-def problems(doc, job: str = "job") -> list[str]:
-    raw = doc if isinstance(doc, (str, bytes)) else yaml.safe_dump(doc)
+def doc(**overrides: Any) -> dict[str, Any]:
+    """A valid spec document (the harness's, without GPUs added to a machine type that has them)."""
+    out = spec_doc(**overrides)
+    if "accelerators" not in overrides and built_in_gpus(out["machine_type"]):
+        out.pop("accelerators", None)
+    return out
+
+
+def problems(spec: Any, job: str = "job") -> list[str]:
+    raw = spec if isinstance(spec, (str, bytes)) else yaml.safe_dump(spec)
     with pytest.raises(SpecError) as e:
         parse_spec(raw, job)
     return e.value.problems
@@ -28,6 +37,12 @@ def test_minimal_spec_gets_sensible_defaults():
     assert spec.nodes == 1
     assert spec.policy.max_failures >= 1 and spec.policy.idle_timeout == timedelta(minutes=30)
     assert spec.boot_disk.image_family and spec.boot_disk.image_project
+    assert spec.service_account.email is None  # the controller's trainer account, filled in by the policy
+    assert spec.gpus_per_node == ("nvidia-l4", 1)
+
+
+def test_the_harness_spec_is_valid():
+    assert parse_spec(yaml.safe_dump(doc()), "job").zones == ("us-central1-a", "us-central1-b")
 
 
 def test_json_is_accepted_too():
@@ -37,7 +52,8 @@ def test_json_is_accepted_too():
 
 @pytest.mark.parametrize(
     "text, seconds",
-    [("90s", 90), ("90m", 5400), ("72h", 259200), ("7d", 604800), ("1h30m", 5400), (120, 120), ("45", 45)],
+    [("90s", 90), ("90m", 5400), ("72h", 259200), ("7d", 604800), ("1h30m", 5400), (120, 120), ("45", 45),
+     ("1.5h", 5400), (f"{MAX_DAYS}d", MAX_DAYS * 86400), (0, 0)],
 )
 def test_durations(text, seconds):
     assert parse_duration(text) == timedelta(seconds=seconds)
@@ -45,19 +61,29 @@ def test_durations(text, seconds):
 
 def test_durations_round_trip_in_status_json():
     assert format_duration(timedelta(hours=1, minutes=30)) == "1h30m"
-    for bad in ("soon", "7x", "-5m", True):
-        with pytest.raises(ValueError):
-            parse_duration(bad)
+
+
+@pytest.mark.parametrize("bad", ["soon", "7x", "-5m", True, -1, float("inf"), float("-inf"), float("nan"), 1e300,
+                                 10**400, "99999999999999d", "1e300", f"{MAX_DAYS + 1}d", "9" * 100, None, [1]])
+def test_bad_durations_are_value_errors_never_overflow(bad):
+    with pytest.raises(ValueError):
+        parse_duration(bad)
+
+
+@pytest.mark.parametrize("value", ["99999999999999d", 1.0e300, float("inf"), float("nan"), -5, "-5m", 10**400])
+def test_bad_duration_in_a_spec_names_the_field(value):
+    [line] = problems(doc(policy={"max_runtime": value}))
+    assert line.startswith("policy.max_runtime: ")
 
 
 def test_unknown_field_names_field_and_suggests_the_fix():
-    [line] = problems(spec_doc(policy={"max_restart": 3}))
+    [line] = problems(doc(policy={"max_restart": 3}))
     assert line.startswith("policy.max_restart: unknown field")
     assert "did you mean 'max_restarts'" in line
 
 
 def test_unknown_top_level_field():
-    [line] = problems(spec_doc(zone="us-central1-a"))
+    [line] = problems(doc(zone="us-central1-a"))
     assert line.startswith("zone: unknown field") and "'zones'" in line
 
 
@@ -67,7 +93,7 @@ def test_malformed_yaml_says_where():
 
 
 def test_wrong_types_each_named():
-    lines = problems(spec_doc(nodes="two", zones="us-central1-a", policy={"max_runtime": "forever"}))
+    lines = problems(doc(nodes="two", zones="us-central1-a", policy={"max_runtime": "forever"}))
     assert any(l.startswith("nodes:") for l in lines)
     assert any(l.startswith("zones:") and "list" in l for l in lines)
     assert any(l.startswith("policy.max_runtime:") and "'7d'" in l for l in lines)
@@ -79,14 +105,14 @@ def test_missing_required_fields():
     assert "command: required field is missing" in lines
 
 
-@pytest.mark.parametrize("job", ["Bad", "9lives", "a_b", "x-", "a" * 51, "../../etc", "a/b"])
+@pytest.mark.parametrize("job", ["Bad", "9lives", "a_b", "x-", "a" * 51, "../../etc", "a/b", "a\nb", "x" * 5000])
 def test_hostile_or_invalid_job_names_rejected(job):
-    [line] = problems(spec_doc(), job=job)
-    assert line.startswith("name:")
+    [line] = problems(doc(), job=job)
+    assert line.startswith("name:") and "\n" not in line and len(line) < 500
 
 
 def test_name_must_match_the_folder():
-    [line] = problems(spec_doc(name="other"), job="mine")
+    [line] = problems(doc(name="other"), job="mine")
     assert "does not match" in line
 
 
@@ -97,7 +123,7 @@ def test_longest_job_name_still_makes_valid_instance_names():
 
 
 def test_controller_labels_are_reserved():
-    [line] = problems(spec_doc(labels={"respawn-managed": "true"}))
+    [line] = problems(doc(labels={"respawn-managed": "true"}))
     assert line.startswith("labels:")
 
 
@@ -105,26 +131,158 @@ def test_not_a_mapping():
     assert problems("- a\n- b\n") == ["spec.yaml: expected a mapping of fields, got list"]
 
 
-class TestPolicy:
-    policy = ControllerPolicy(
-        default_project="home-proj",
-        allowed_projects=("other-proj",),
-        allowed_zones=("us-central1-*",),
-        allowed_machine_types=("g2-*",),
-        allowed_service_accounts=("trainer@home-proj.iam.gserviceaccount.com",),
-        max_nodes=2,
-        max_accelerators=4,
-    )
+def test_empty_file():
+    assert problems("") == ["spec.yaml: expected a mapping of fields, got nothing (the file is empty)"]
 
-    def test_allows_what_is_inside(self):
-        spec = parse_spec(yaml.safe_dump(spec_doc(
-            service_account={"email": "trainer@home-proj.iam.gserviceaccount.com"})), "j")
-        assert self.policy.violations(spec) == []
 
-    def test_each_violation_names_field_and_what_is_allowed(self):
-        doc = spec_doc(project="evil-proj", zones=["europe-west4-a"], machine_type="a3-megagpu-8g",
-                       nodes=3, accelerators={"type": "nvidia-h100-80gb", "count": 8})
-        lines = self.policy.violations(parse_spec(yaml.safe_dump(doc), "j"))
-        fields = [l.split(":")[0] for l in lines]
-        assert fields == ["project", "zones.0", "machine_type", "service_account.email", "nodes", "accelerators.count"]
-        assert "allowed: us-central1-*" in lines[1]
+# -- hostile documents: SpecError naming spec.yaml, never another exception --------------------
+
+_LAUGHS = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi")
+)
+
+
+@pytest.mark.parametrize(
+    "raw, says",
+    [
+        ("x: " + "y" * MAX_SPEC_BYTES, f"{MAX_SPEC_BYTES // 1024} KiB"),
+        (b"\x00" * (MAX_SPEC_BYTES + 1), "KiB"),
+        ("[" * 100_000, "nested"),
+        ('{"a": ' * 40_000, "nested"),
+        ("- " * 100_000 + "x", "nested"),
+        ("a:\n" + "".join(" " * i + "b:\n" for i in range(1, 200)), "nested"),
+        (_LAUGHS, "alias"),
+        ("a: &a [*a]\n", "alias"),
+        ("a: &a {b: *a}\n", "alias"),
+        ("nodes: " + "9" * 5000, "could not be read"),
+        ("a: !!python/object/apply:os.system [echo hi]", "not valid YAML"),
+        (b"\xff\xfe\x00\xd8", "not valid"),
+        (b"\x80\x81", "not valid"),
+        ("a: \x07", "not valid"),
+        ("a: \ud800", "UTF-8"),
+        ("---\na: 1\n---\nb: 2\n", "single document"),
+        ("zones: !!set {a, b}", "set"),
+        ("zones: [a]\nzones: [b]\n", "twice"),
+        ("{[1, 2]: 3}", "not valid"),
+        ("a: 2001-13-45 25:61:61", "spec"),
+    ],
+)
+def test_hostile_documents_are_spec_errors(raw, says):
+    lines = problems(raw)
+    assert says in " ".join(lines)
+    assert all("\n" not in line and len(line) < 1000 for line in lines)
+
+
+def test_deep_json_is_refused_without_recursion():
+    raw = json.dumps(doc()).replace('"python train.py"', "[" * 5000 + "]" * 5000)
+    [line] = problems(raw)
+    assert line.startswith("spec.yaml:") and "nested" in line
+
+
+def test_aliases_within_bounds_are_fine():
+    raw = "zones: &z [us-central1-a]\nmachine_type: n1-standard-8\ncommand: x\npolicy: {<<: {max_restarts: 3}}\n"
+    assert parse_spec(raw, "j").policy.max_restarts == 3
+
+
+def test_many_problems_are_capped_with_a_count():
+    lines = problems(doc(zones=[f"BAD{i}" for i in range(60)]))
+    assert len(lines) == 21 and lines[-1].startswith("spec.yaml: ") and "more problems" in lines[-1]
+
+
+def test_odd_keys_stay_on_one_line_and_start_with_their_path():
+    lines = problems({**doc(), "a\nb": 1, 7: 2})
+    assert all("\n" not in line for line in lines)
+    assert any(line.startswith("'a\\nb': unknown field") for line in lines)
+    assert any(line.startswith("7: ") for line in lines)
+
+
+def test_huge_values_are_shown_clipped():
+    [line] = problems(doc(machine_type="X" * 100_000))
+    assert line.startswith("machine_type: ") and len(line) < 500
+
+
+@pytest.mark.parametrize("field, value", [("nodes", 10**300), ("nodes", 1001), ("nodes", float("inf")),
+                                          ("policy", {"max_restarts": 10**30}), ("nodes", -1)])
+def test_numbers_are_bounded(field, value):
+    [line] = problems(doc(**{field: value}))
+    assert line.startswith(field)
+
+
+# -- env: reserved names, bounded sizes ------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(RESERVED_ENV))
+def test_env_names_the_vm_agent_owns_are_reserved(name):
+    [line] = problems(doc(env={name: "x"}))
+    assert line.startswith(f"env.{name}: reserved: ") and line.endswith("; rename the variable")
+
+
+def test_env_node_rank_message():
+    expected = "env.NODE_RANK: reserved: the VM agent sets it; rename the variable"
+    assert problems(doc(env={"NODE_RANK": "3"})) == [expected]
+
+
+def test_env_respawn_prefix_is_reserved():
+    [line] = problems(doc(env={"RESPAWN_BUCKET": "mine"}))
+    assert line.startswith("env.RESPAWN_BUCKET: reserved:") and "RESPAWN_" in line
+
+
+def test_env_values_are_bounded():
+    lines = problems(doc(env={"BIG": "x" * 40_000, "NUL": "a\x00b"}))
+    assert any(l.startswith("env.BIG:") and "KiB" in l for l in lines)
+    assert any(l.startswith("env.NUL:") and "NUL" in l for l in lines)
+
+
+def test_env_in_all_is_bounded_as_metadata_is():
+    [line] = problems(doc(env={f"V{i}": "'" * 12_000 for i in range(3)}))
+    assert line.startswith("env: ") and "metadata" in line
+
+
+def test_ordinary_env_is_fine():
+    assert parse_spec(yaml.safe_dump(doc(env={"WANDB_MODE": "offline", "RESUME": "x"})), "j").env["RESUME"] == "x"
+
+
+def test_command_is_bounded_and_has_no_nul():
+    assert problems(doc(command="x" * 70_000))[0].startswith("command: ")
+    assert problems(doc(command=["a", "b\x00"]))[0].startswith("command: ")
+    assert problems(doc(command=[]))[0] == "command: must not be empty"
+    assert problems(doc(command=["python", 3]))[0] == "command: argument 1 is not text; quote it"
+
+
+def test_idle_timeout_must_outlast_the_heartbeat():
+    [line] = problems(doc(heartbeat_interval="10m", policy={"idle_timeout": "5m"}))
+    assert line.startswith("policy.idle_timeout: ") and "heartbeat_interval" in line
+
+
+def test_service_account_email_is_optional_but_checked():
+    spec = parse_spec(yaml.safe_dump(doc(service_account={"scopes": ["cloud-platform"]})), "j")
+    assert spec.service_account.email is None
+    [line] = problems(doc(service_account={"email": "not an email"}))
+    assert line.startswith("service_account.email: ")
+
+
+# -- machine types with GPUs built in ---------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "machine, gpus",
+    [("a3-highgpu-8g", ("nvidia-h100-80gb", 8)), ("a3-highgpu-1g", ("nvidia-h100-80gb", 1)),
+     ("a3-megagpu-8g", ("nvidia-h100-mega-80gb", 8)), ("a3-edgegpu-8g", ("nvidia-h100-80gb", 8)),
+     ("a3-ultragpu-8g", ("nvidia-h200-141gb", 8)), ("a2-megagpu-16g", ("nvidia-tesla-a100", 16)),
+     ("a2-highgpu-4g", ("nvidia-tesla-a100", 4)), ("a2-ultragpu-2g", ("nvidia-a100-80gb", 2)),
+     ("a4-highgpu-8g", ("nvidia-b200", 8)), ("a4x-highgpu-4g", ("nvidia-gb200", 4)),
+     ("g2-standard-4", ("nvidia-l4", 1)), ("g2-standard-24", ("nvidia-l4", 2)), ("g2-standard-96", ("nvidia-l4", 8)),
+     ("a3-highgpu-8g-nolssd", ("nvidia-h100-80gb", 8)), ("a4-highgpu-8g-lowmem", ("nvidia-b200", 8)),
+     ("a9-highgpu-8g", ("built-in", 8)), ("n1-standard-8", None), ("e2-medium", None), ("g2", None)],
+)
+def test_built_in_gpus(machine, gpus):
+    assert built_in_gpus(machine) == gpus
+
+
+def test_accelerators_on_a_machine_type_with_built_in_gpus_are_refused():
+    [line] = problems(doc(machine_type="a3-highgpu-8g", accelerators={"type": "nvidia-h100-80gb", "count": 8}))
+    assert line.startswith("accelerators: ") and "8 nvidia-h100-80gb" in line and "remove 'accelerators'" in line
+
+
+def test_accelerators_on_n1_are_fine():
+    t4 = {"type": "nvidia-tesla-t4", "count": 2}
+    spec = parse_spec(yaml.safe_dump(doc(machine_type="n1-standard-8", accelerators=t4, nodes=3)), "j")
+    assert spec.gpus_per_node == ("nvidia-tesla-t4", 2) and spec.total_gpus == 6
