@@ -22,6 +22,9 @@ class WriteStatus:
     status: JobStatus
     reason: str
     replan: bool = False  # the job has a next step right away: plan it in the same pass
+    # Evidence this decision must be taken on, loaded and planned again before it is
+    # acted on: "records" (marker and exit record re-read now).
+    needs: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -38,13 +41,19 @@ class CreateInstances:
 
 @dataclass(frozen=True)
 class DeleteInstance:
+    """Delete one of the job's instances, re-checked right before it goes.
+
+    Every delete is decided on a bucket listing older than the instance list, so the
+    executor re-reads first: an orphan's spec must still be absent (a job created
+    meanwhile is spared); any other delete needs status.json still at the generation
+    this chain last saw or wrote (a newer run started by another pass is spared).
+    """
+
     job: str
     project: str
     zone: str
     name: str
     reason: str
-    # Orphans are judged on a listing older than the instance list; the executor
-    # re-reads the spec right before deleting, so a job created meanwhile is spared.
     only_if_spec_absent: bool = False
 
 

@@ -15,7 +15,7 @@ from rich.table import Table
 from controller import bootstrap, errors
 from controller.config import Settings
 from controller.jobs import Jobs, Refused
-from controller.spec import SpecError, parse_spec
+from controller.spec import SpecError, load_document, parse_spec
 
 app = typer.Typer(help="Keep Spot training jobs on Compute Engine alive.", no_args_is_help=True)
 out = Console()
@@ -30,9 +30,11 @@ def validate(
     """Check a spec against the schema and this controller's policy. Exit 2 if invalid."""
     raw = spec.read_bytes()
     name = job or _declared_name(raw) or spec.stem
+    config = Settings()
     try:
         parsed = parse_spec(raw, name)
-        problems = Settings().policy().violations(parsed)
+        # Without the controller's settings there is no policy to check against.
+        problems = config.policy().violations(parsed) if config.project else []
     except SpecError as e:
         problems = e.problems
     if problems:
@@ -40,6 +42,8 @@ def validate(
             err.print(f"[red]✗[/red] {line}", highlight=False)
         raise typer.Exit(2)
     out.print(f"[green]✓[/green] {name}: valid ({len(parsed.zones)} zones, {parsed.nodes} node(s), {parsed.provisioning})")
+    if not config.project:
+        out.print("[dim]schema only: set RESPAWN_PROJECT (and the policy variables) to check this controller's policy[/dim]")
 
 
 def _jobs() -> Jobs:
@@ -334,11 +338,9 @@ def demo(
 
 
 def _declared_name(raw: bytes) -> str | None:
-    import yaml
-
     try:
-        data = yaml.safe_load(raw)
-    except yaml.YAMLError:
+        data = load_document(raw)  # bounded: a hostile file must not blow the stack here either
+    except SpecError:
         return None
     name = data.get("name") if isinstance(data, dict) else None
     return name if isinstance(name, str) else None

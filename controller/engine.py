@@ -16,7 +16,7 @@ from controller.actions import Action, WriteStatus
 from controller.clock import Clock
 from controller.executor import Executor, Outcome
 from controller.launch import LaunchContext
-from controller.observe import Observer
+from controller.observe import UNEXPECTED, Observer
 from controller.planner import plan_job
 from controller.world import JobView
 
@@ -64,23 +64,34 @@ class Engine:
         for view in world.jobs.values():
             try:
                 self._reconcile_job(view, summary, dry_run)
-            except errors.RespawnError as e:  # e.g. its checkpoint bucket did not answer
+            except errors.RespawnError as e:  # e.g. its bucket objects did not answer
                 summary.errors[view.job] = f"{type(e).__name__}: {e}"
                 summary.transient.append(view.job)
+            except Exception as e:  # noqa: BLE001 - a bug or a surprise: this job only, never the pass
+                summary.errors[view.job] = f"unexpected {type(e).__name__}: {e}"
+                log.exception("reconciling a job failed", extra={"json_fields": {"job": view.job}})
         for name, why in world.failed.items():
             summary.errors[name] = f"observe: {why}"
-            summary.transient.append(name)
+            if not why.startswith(UNEXPECTED):
+                summary.transient.append(name)
         return summary
 
     def plan(self, view: JobView) -> tuple[JobView, list[Action]]:
-        """Plan one job, loading its checkpoint first if the plan commits a decision."""
+        """Plan one job; when the plan commits a decision, load the evidence it must rest on
+        (the latest checkpoint; records read again) and plan again with it."""
         now = self.clock.now()
         actions = plan_job(view, now, self.ctx)
-        needs_checkpoint = any(isinstance(a, WriteStatus) for a in actions) and not view.checkpoint_loaded
-        if needs_checkpoint and view.spec and view.spec.checkpoint:
-            view = self.observer.with_checkpoint(view)
-            actions = plan_job(view, now, self.ctx)
-        return view, actions
+        decisions = [a for a in actions if isinstance(a, WriteStatus)]
+        if not decisions:
+            return view, actions
+        loaded = view
+        if not view.checkpoint_loaded and view.spec and view.spec.checkpoint:
+            loaded = self.observer.with_checkpoint(loaded)
+        if any("records" in a.needs for a in decisions) and not view.records_fresh:
+            loaded = self.observer.with_fresh_records(loaded)
+        if loaded is view:
+            return view, actions
+        return loaded, plan_job(loaded, now, self.ctx)
 
     def _reconcile_job(self, view: JobView, summary: Summary, dry_run: bool) -> None:
         for _ in range(MAX_ROUNDS):

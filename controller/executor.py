@@ -62,10 +62,14 @@ class Executor:
                 chain.write(self.store, self.bucket, status)
                 chain.outcome.replan |= replan
             case CreateInstances():
+                # A late pass must not bring back an attempt another pass has moved past.
+                self._unchanged(chain)
                 self.compute.insert(action.requests, action.request_id)  # existing names are success (port)
             case DeleteInstance():
-                if action.only_if_spec_absent and self._spec_exists(action.job):
-                    raise _Spared()
+                if action.only_if_spec_absent:
+                    self._spec_absent(action.job)
+                else:
+                    self._unchanged(chain)
                 try:
                     self.compute.delete(action.project, action.zone, action.name)
                 except errors.NotFound:
@@ -79,7 +83,8 @@ class Executor:
     def _failed(self, chain: _Chain, action: Action, error: errors.RespawnError, now: datetime) -> None:
         """Record what went wrong where a person will look: the job's history."""
         if isinstance(error, _Spared):
-            _log(action, "skipped: a spec appeared for this job since the listing")
+            _log(action, f"skipped: {error}")
+            chain.outcome.transient |= isinstance(error.__cause__, errors.TransientError)
             return
         out = chain.outcome
         out.error = f"{_describe(action)}: {type(error).__name__}: {error}"
@@ -90,6 +95,10 @@ class Executor:
         if isinstance(action, CreateInstances):
             after = transitions.after_create_error(chain.status, action.spec, error, now)
             out.replan = isinstance(error, errors.CapacityError) and after.zone is not None
+            if isinstance(error, errors.OperationPending):
+                out.error = None  # accepted and under way: not an error, and not "inserted" either
+                if chain.status.message == after.message:
+                    return
         else:
             after = chain.status.but(transitions.event(now, chain.status, "error", out.error))
         try:
@@ -97,16 +106,30 @@ class Executor:
         except errors.RespawnError as e:  # the next pass will see the same trouble again
             log.warning("could not record error", extra={"json_fields": {"job": chain.job, "error": str(e)}})
 
-    def _spec_exists(self, job: str) -> bool:
+    def _spec_absent(self, job: str) -> None:
+        if self._exists(names.spec_key(job)):
+            raise _Spared("a spec appeared for this job since the listing")
+
+    def _unchanged(self, chain: _Chain) -> None:
+        if self._exists(names.status_key(chain.job), chain.generation):
+            raise _Spared("another pass changed the job's status since this decision")
+
+    def _exists(self, key: str, unless_generation: int | None = None) -> bool:
+        """Whether ``key`` exists (at another generation than ``unless_generation``, if given).
+
+        A read that fails is no answer: the action is called off, and retried next pass.
+        """
         try:
-            self.store.read(self.bucket, names.spec_key(job))
-            return True
+            generation = self.store.read(self.bucket, key).info.generation
         except errors.NotFound:
-            return False
+            generation = 0
+        except errors.RespawnError as e:
+            raise _Spared(f"could not re-check {key}: {e}") from e
+        return generation != (unless_generation if unless_generation is not None else 0)
 
 
 class _Spared(errors.RespawnError):
-    """An orphan delete called off because the job turned out to have a spec."""
+    """A delete called off because its re-check failed (see ``DeleteInstance``)."""
 
 
 @dataclass

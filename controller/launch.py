@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import shlex
+import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from controller import names
 from controller.ports import InstanceRequest
-from controller.spec import JobSpec
+from controller.spec import JobSpec, render_env
 from controller.state import JobStatus
 
 
@@ -19,6 +20,8 @@ class LaunchContext:
     default_project: str
     startup_script: str
     shutdown_script: str
+    # A fresh secret per attempt (see JobStatus.attempt_token); tests pass their own.
+    new_token: Callable[[], str] = lambda: secrets.token_urlsafe(24)
 
 
 def boot_image(spec: JobSpec) -> str:
@@ -34,7 +37,6 @@ def requests_for(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext)
     Nodes differ only by name: a gang is one bulkInsert, which gives every instance
     the same labels and metadata, so a node reads its rank from its name's suffix.
     """
-    assert status.zone is not None and status.project is not None
     node_names = names.node_names(job, status.attempt, spec.nodes)
     return tuple(_request(job, spec, status, ctx, name, node_names[0]) for name in node_names)
 
@@ -50,12 +52,13 @@ def _request(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, nam
         "respawn-job": job,
         "respawn-bucket": ctx.bucket,
         "respawn-attempt": str(status.attempt),
+        "respawn-token": status.attempt_token or "",
         "respawn-resume-from": status.resume_from.uri if status.resume_from else "",
         "respawn-checkpoint-uri": spec.checkpoint.uri if spec.checkpoint else "",
         "respawn-command": spec.command_line,
         "respawn-code": spec.code or "",
         # Lines the startup script evaluates; keys are validated identifiers, values quoted.
-        "respawn-env": "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(spec.env.items())),
+        "respawn-env": render_env(spec.env),
         "respawn-nodes": str(spec.nodes),
         "respawn-master-addr": master,
         "respawn-heartbeat-interval": str(int(spec.heartbeat_interval.total_seconds())),
@@ -63,9 +66,12 @@ def _request(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, nam
         "shutdown-script": ctx.shutdown_script,
     }
     accel = spec.accelerators
+    # Where it goes comes from the policy-checked spec, never from status.json alone:
+    # the status's zone is used only when it is one of the spec's.
+    zone = status.zone if status.zone in spec.zones else spec.zones[0]
     return InstanceRequest(
-        project=status.project or ctx.default_project,
-        zone=status.zone or spec.zones[0],
+        project=spec.project or ctx.default_project,
+        zone=zone,
         name=name,
         machine_type=spec.machine_type,
         spot=spec.provisioning == "spot",

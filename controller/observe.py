@@ -19,12 +19,15 @@ from typing import Any
 
 from controller import checkpoints, errors, names
 from controller.policy import ControllerPolicy
-from controller.ports import BlobInfo, BlobStore, ComputeGateway, Instance
-from controller.spec import SpecError, parse_spec
+from controller.ports import BlobInfo, BlobStore, ComputeGateway, Instance, InstanceList
+from controller.spec import MAX_SPEC_BYTES, SpecError, parse_spec
 from controller.state import CheckpointRef, JobStatus
-from controller.world import JobView, Record, World
+from controller.world import MAX_RECORD_BYTES, JobView, Record, World
 
 log = logging.getLogger(__name__)
+UNEXPECTED = "unexpected"  # prefix of a failure no retry is known to fix
+# status.json is the controller's own, bounded by its history limit: a few hundred KiB.
+MAX_STATUS_BYTES = 4 * 1024 * 1024
 
 
 class Observer:
@@ -43,34 +46,63 @@ class Observer:
             if view := self._guarded(failed, name, self._bucket_view, name, listing.get(name, {})):
                 views[name] = view
         # Only now, after every status was read, the instances: see the module docstring.
-        found = self.compute.list_managed(self.policy.watched_projects, job)
+        found = self._instances(job)
+        unreachable = tuple(found.unreachable)
         by_job: dict[str, list[Instance]] = defaultdict(list)
         for instance in found.instances:
             if instance.job and instance.job not in failed:
                 by_job[instance.job].append(instance)
         for name, instances in by_job.items():
             views[name] = replace(views.get(name) or JobView(job=name), instances=tuple(instances))
+        views = {n: replace(v, unreachable=unreachable) for n, v in views.items()}
         complete = {n: self._guarded(failed, n, self._with_evidence, views[n]) for n in sorted(views)}
-        return World({n: v for n, v in complete.items() if v}, tuple(found.unreachable), failed)
+        return World({n: v for n, v in complete.items() if v}, unreachable, failed)
+
+    def _instances(self, job: str | None) -> InstanceList:
+        # A job name from an event's object name goes into a Compute filter: only a valid
+        # one does. No instance can carry an invalid one, since respawn never creates it.
+        if job is not None and names.job_name_problem(job):
+            return InstanceList([])
+        return self.compute.list_managed(self.policy.watched_projects, job)
 
     @staticmethod
     def _guarded(failed: dict[str, str], job: str, step: Callable[..., JobView], *args: Any) -> JobView | None:
-        """One job's observation step; its trouble is recorded and never stops the pass."""
+        """One job's observation step; its trouble, whatever it is, is recorded and never stops the pass."""
         try:
             return step(*args)
         except errors.RespawnError as e:
             failed[job] = f"{type(e).__name__}: {e}"
             log.warning("could not observe job", extra={"json_fields": {"job": job, "error": str(e)}})
-            return None
+        except Exception as e:  # noqa: BLE001 - a bug or a library surprise: this job only
+            failed[job] = f"{UNEXPECTED} {type(e).__name__}: {e}"
+            log.exception("could not observe job", extra={"json_fields": {"job": job}})
+        return None
 
     def with_checkpoint(self, view: JobView) -> JobView:
-        """The view plus its latest complete checkpoint (listed only when a plan needs it)."""
+        """The view plus its latest complete checkpoint (listed only when a plan needs it).
+
+        A prefix that cannot be listed (a typo in the bucket name, missing IAM, an outage)
+        is a fact about this job, carried to the planner, which says so in its status.
+        """
         spec = view.spec
         if spec is None or spec.checkpoint is None:
             return view
-        found = discover(self.store, spec.checkpoint.uri, spec.checkpoint.format)
+        try:
+            found = discover(self.store, spec.checkpoint.uri, spec.checkpoint.format)
+        except errors.RespawnError as e:
+            log.warning("cannot list checkpoints", extra={"json_fields": {"job": view.job, "error": str(e)}})
+            return replace(view, checkpoint=None, checkpoint_loaded=True, checkpoint_error=_short(e))
         ref = CheckpointRef(uri=found.uri, step=found.step, version=found.version) if found else None
-        return replace(view, checkpoint=ref, checkpoint_loaded=True)
+        return replace(view, checkpoint=ref, checkpoint_loaded=True, checkpoint_error=None)
+
+    def with_fresh_records(self, view: JobView) -> JobView:
+        """The marker and exit record read again now, after the instance list.
+
+        Used before restarting a VM that looked alive (recycle, stale heartbeat): its exit
+        record may have landed since the listing, and an ``exit 0`` must never be lost.
+        """
+        return replace(view, marker=self._read_record(names.marker_key(view.job)),
+                       exit=self._read_record(names.exit_key(view.job)), records_fresh=True)
 
     def _listing(self, job: str | None) -> dict[str, dict[str, BlobInfo]]:
         jobs_prefix = names.JOBS_PREFIX + (f"{job}/" if job else "")
@@ -96,27 +128,41 @@ class Observer:
         return self._with_spec(view, objects["spec"]) if "spec" in objects else view
 
     def _with_spec(self, view: JobView, info: BlobInfo) -> JobView:
+        if info.size > MAX_SPEC_BYTES:  # never download it: a 150 MB spec would eat the pass
+            problem = f"spec.yaml: {info.size} bytes is larger than the {MAX_SPEC_BYTES // 1024} KiB limit; shrink it"
+            return replace(view, problems=(problem,), spec_generation=info.generation)
         raw = self.store.read(self.bucket, info.name).data
         try:
             spec = parse_spec(raw, view.job)
         except SpecError as e:
             return replace(view, problems=tuple(e.problems), spec_generation=info.generation)
         problems = tuple(self.policy.violations(spec))
-        return replace(view, spec=None if problems else spec, problems=problems, spec_generation=info.generation)
+        if problems:
+            return replace(view, problems=problems, spec_generation=info.generation)
+        # From here on the spec says exactly where and as whom VMs run: the project and
+        # service account filled in from the policy, never from status.json.
+        return replace(view, spec=self.policy.resolve(spec), spec_generation=info.generation)
 
     def _status(self, info: BlobInfo | None) -> tuple[JobStatus | None, int]:
         if info is None:
             return None, 0
+        if info.size > MAX_STATUS_BYTES:
+            log.warning("oversized status.json; starting a new run", extra={"json_fields": {"object": info.name}})
+            return None, info.generation
         blob = self.store.read(self.bucket, info.name)
         try:
             return JobStatus.from_json(blob.data), blob.info.generation
-        except ValueError:
+        except (ValueError, RecursionError):
             # Unreadable (hand-edited?): start over, overwriting it by compare-and-swap.
             log.warning("unreadable status.json; starting a new run", extra={"json_fields": {"object": info.name}})
             return None, blob.info.generation
 
     def _record(self, info: BlobInfo | None) -> Record | None:
-        return self._read_record(info.name) if info else None
+        if info is None:
+            return None
+        if info.size > MAX_RECORD_BYTES:  # not a record: keep its identity so it is cleaned up
+            return Record(info.name, info.generation, info.updated, detail=f"unreadable: {info.size} bytes")
+        return self._read_record(info.name)
 
     def _read_record(self, name: str) -> Record | None:
         try:
@@ -126,21 +172,27 @@ class Observer:
         return Record.parse(blob.info, blob.data)
 
     def _with_evidence(self, view: JobView) -> JobView:
-        """For each node of the current attempt that is stopped or gone: fresh records and Compute's why."""
+        """For each node of the current attempt that is stopped or gone: fresh records and Compute's why.
+
+        Not for a zone the instance list could not see: there "not seen" means nothing.
+        """
         st = view.status
-        if st is None or st.phase.terminal or not st.inserted or not st.zone or not st.project:
+        if st is None or st.phase.terminal or not st.zone or not st.project:
+            return view
+        if st.zone in view.unreachable or st.project not in self.policy.watched_projects:
             return view
         seen = {i.name: i for i in view.instances if i.attempt == st.attempt}
+        if not st.inserted and not seen:
+            return view  # nothing of this attempt exists yet: nothing was lost
         lost = [n for n in st.instances if n not in seen or not seen[n].status.alive]
         if not lost:
             return view
         reasons = {n: self.compute.stop_reason(st.project, st.zone, n) for n in lost}
-        return replace(
-            view,
-            marker=self._read_record(names.marker_key(view.job)),
-            exit=self._read_record(names.exit_key(view.job)),
-            stop_reasons=reasons,
-        )
+        return replace(self.with_fresh_records(view), stop_reasons=reasons)
+
+
+def _short(error: Exception) -> str:
+    return f"{type(error).__name__}: {error}"[:300]
 
 
 def discover(store: BlobStore, uri: str, fmt: str = "auto") -> checkpoints.Found | None:

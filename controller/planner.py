@@ -17,10 +17,11 @@ from controller.launch import LaunchContext, requests_for
 from controller.ports import Instance, InstanceStatus, StopReason
 from controller.spec import JobSpec
 from controller.state import JobStatus, Phase
-from controller.world import JobView, World
+from controller.world import JobView, Record, World
 
-# A VM in one of these is on its way down or being repaired: wait for it to settle.
-_SETTLING = (InstanceStatus.STOPPING, InstanceStatus.SUSPENDING, InstanceStatus.REPAIRING)
+# Causes of a lost VM that are nobody's fault but the platform's, most telling first.
+_PLATFORM = {StopReason.PREEMPTED: "preempted", StopReason.MAINTENANCE: "maintenance",
+             StopReason.HOST_ERROR: "host error"}
 
 
 def plan(world: World, now: datetime, ctx: LaunchContext) -> list[Action]:
@@ -78,65 +79,149 @@ def _running_job(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: L
     if st.phase in (Phase.PENDING, Phase.RECOVERING):
         return _launch(v, spec, st, "start" if st.phase == Phase.PENDING else "recover", now, ctx)
     if v.exit and v.exit.belongs_to(st):
-        if v.exit.exit_code == 0:
-            return _end(v, st, Phase.SUCCEEDED, f"command exited 0 on {v.exit.instance or st.instances[0]}", now)
-        code = "unreadable" if v.exit.exit_code is None else str(v.exit.exit_code)
-        return _failure(v, spec, st, f"command exited with code {code}", now)
+        return _exited(v, spec, st, now, ctx)
     if v.marker and v.marker.belongs_to(st):
         cause = "maintenance" if v.marker.detail == "maintenance" else "preempted"
         return _restart(v, spec, st, cause, f"{cause} marker from {v.marker.instance or 'a VM'}", now, ctx)
+    if not st.instances:  # hand-edited: an attempt with no VM names; insert the ones it should have
+        repaired = st.but(instances=tuple(names.node_names(v.job, st.attempt, spec.nodes)), inserted=False)
+        return [WriteStatus(v.job, repaired, "status names no instance")]
     if not st.inserted:
         return _insert(v, spec, st, now, ctx)
     return _watch(v, spec, st, now, ctx)
 
 
+def _exited(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchContext) -> list[Action]:
+    """The command exited. For a gang, rank 0's exit 0 is the job's success; a non-zero
+    exit after the platform took a node away is that loss, not the trainer's failure."""
+    assert v.exit is not None
+    if v.exit.exit_code == 0:
+        return _end(v, st, Phase.SUCCEEDED, f"command exited 0 on {v.exit.instance or st.instances[0]}", now)
+    code = "unreadable" if v.exit.exit_code is None else str(v.exit.exit_code)
+    detail = f"command exited with code {code} on {v.exit.instance or 'a VM'}"
+    if cause := _platform_cause(v, st):
+        return _restart(v, spec, st, cause, f"{detail} after a node was {cause}", now, ctx)
+    if len(st.instances) > 1:
+        # A gang: a rank failing because another node went away is that node's loss.
+        if st.zone in v.unreachable:
+            return []  # cannot see the other nodes: wait until the zone answers
+        mine = _current(v, st)
+        if any(i.status.settling for i in mine.values()):
+            return []  # a node is on its way down: wait to learn why
+        others = [n for n in st.instances if n != v.exit.instance and (n not in mine or mine[n].status.down)]
+        if others and mine:  # a gang is inserted whole or not at all: seen in part means lost in part
+            return _lost(v, spec, st, mine, others, now, ctx, also=detail)
+    return _failure(v, spec, st, detail, now)
+
+
+def _platform_cause(v: JobView, st: JobStatus) -> str | None:
+    """'preempted', 'maintenance' or 'host error' when the platform took a node of this attempt."""
+    if v.marker and v.marker.belongs_to(st):
+        return "maintenance" if v.marker.detail == "maintenance" else "preempted"
+    reasons = set(v.stop_reasons.values())
+    return next((cause for reason, cause in _PLATFORM.items() if reason in reasons), None)
+
+
 def _watch(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchContext) -> list[Action]:
     """The current attempt was inserted: is every node alive, working and young enough?"""
-    mine = {i.name: i for i in v.instances if i.attempt == st.attempt}
-    lost = [n for n in st.instances if n not in mine or not (mine[n].status.alive or mine[n].status in _SETTLING)]
+    if st.zone in v.unreachable:
+        return []  # its zone did not answer the list: "not seen" is not "gone"
+    mine = _current(v, st)
+    lost = [n for n in st.instances if n not in mine or mine[n].status.down]
     if lost:
-        reasons = {v.stop_reasons.get(n, StopReason.UNKNOWN) for n in lost}
-        detail = ", ".join(f"{n} {_lost_how(mine.get(n), v.stop_reasons.get(n))}" for n in lost)
-        if StopReason.CRASHED in reasons:
-            return _failure(v, spec, st, detail, now)
-        cause = "preempted" if StopReason.PREEMPTED in reasons else "lost"
-        return _restart(v, spec, st, cause, detail, now, ctx)
+        return _lost(v, spec, st, mine, lost, now, ctx)
     if not all(mine[n].status == InstanceStatus.RUNNING for n in st.instances):
-        return []  # booting or settling; the next pass looks again
+        return _settling(v, st, mine, now)  # booting, settling, or a status we do not know
+    if st.settling:
+        # Back from a state its trainer may not have run in: heartbeats get a new grace.
+        back = st.but(t.event(now, st, "resumed", "every node is RUNNING again"), settling=False, resumed_at=now)
+        return [WriteStatus(v.job, back, "resumed")]
     if st.phase == Phase.PROVISIONING:
         detail = f"{', '.join(st.instances)} running in {st.zone}"
         ids = {**st.instance_ids, **{n: mine[n].id for n in st.instances}}
         running = st.but(t.event(now, st, "running", detail), phase=Phase.RUNNING, message=detail,
                          instance_ids=dict(list(ids.items())[-50:]))
         return [WriteStatus(v.job, running, "instances running")]
-    if _stale_heartbeat(v, spec, st, now):
-        return _failure(v, spec, st, f"no heartbeat for {fmt(spec.policy.idle_timeout)} (idle or hung)", now)
+    if _stale_heartbeat(v, spec, st, mine, now):
+        return _fresh(v, _failure(v, spec, st, f"no heartbeat for {fmt(spec.policy.idle_timeout)} (idle or hung)", now))
     oldest = min(mine[n].created_at for n in st.instances)
     if spec.policy.max_instance_age and now - oldest >= spec.policy.max_instance_age:
-        return _restart(v, spec, st, "recycled", f"instance older than max_instance_age {fmt(spec.policy.max_instance_age)}",
-                        now, ctx)
+        why = f"instance older than max_instance_age {fmt(spec.policy.max_instance_age)}"
+        return _fresh(v, _restart(v, spec, st, "recycled", why, now, ctx))
     return []
 
 
-def _lost_how(instance: Instance | None, reason: StopReason | None) -> str:
+def _lost(v: JobView, spec: JobSpec, st: JobStatus, mine: dict[str, Instance], lost: list[str],
+          now: datetime, ctx: LaunchContext, also: str = "") -> list[Action]:
+    """Some node of the current attempt is down or gone: whose fault, and what next."""
+    reasons = {n: v.stop_reasons.get(n, StopReason.UNKNOWN) for n in lost}
+    leader = st.instances[0]
+    if not also and len(st.instances) > 1 and leader not in lost and all(
+            _rank(n) and reasons[n] == StopReason.CRASHED for n in lost):
+        # Gang workers that powered themselves off without an exit record finished their
+        # part (exit 0); rank 0's exit decides the gang. A worker that really crashed
+        # breaks the collective, and rank 0's own non-zero exit then says so.
+        return []
+    detail = ", ".join(f"{n} {_lost_how(mine.get(n), reasons[n])}" for n in lost) + (f"; {also}" if also else "")
+    if cause := _platform_cause(replace(v, stop_reasons=reasons), st):
+        return _restart(v, spec, st, cause, detail, now, ctx)
+    if all(r == StopReason.CRASHED for r in reasons.values()):
+        return _failure(v, spec, st, detail, now)
+    # A node stopped by a person or gone for reasons unknown: the other nodes' crashes
+    # are the broken collective's echo, not the trainer's fault.
+    return _restart(v, spec, st, "lost", detail, now, ctx)
+
+
+def _settling(v: JobView, st: JobStatus, mine: dict[str, Instance], now: datetime) -> list[Action]:
+    """Wait; say once in the status which node is in which state (booting is no news)."""
+    odd = [f"{n} is {mine[n].status}" for n in st.instances if mine[n].status.settling]
+    if not odd or st.settling:
+        return []
+    text = f"waiting: {', '.join(odd)}"
+    return [WriteStatus(v.job, st.but(t.event(now, st, "settling", text), settling=True, message=text), "settling")]
+
+
+def _current(v: JobView, st: JobStatus) -> dict[str, Instance]:
+    return {i.name: i for i in v.instances if i.attempt == st.attempt}
+
+
+def _rank(name: str) -> int:
+    parsed = names.parse_instance_name(name)
+    return (parsed[2] or 0) if parsed else 0
+
+
+def _lost_how(instance: Instance | None, reason: StopReason) -> str:
     state = "is gone" if instance is None else f"is {instance.status}"
-    return f"{state} ({(reason or StopReason.UNKNOWN).value})"
+    return f"{state} ({reason.value})"
 
 
-def _stale_heartbeat(v: JobView, spec: JobSpec, st: JobStatus, now: datetime) -> bool:
+def _fresh(v: JobView, actions: list[Action]) -> list[Action]:
+    """Restarting a VM that looked alive: ask for its exit record to be read again first,
+    so an ``exit 0`` that landed since the listing is never lost to a restart."""
+    if v.records_fresh or not actions or not isinstance(actions[0], WriteStatus):
+        return actions
+    return [replace(actions[0], needs=frozenset({"records"})), *actions[1:]]
+
+
+def _stale_heartbeat(v: JobView, spec: JobSpec, st: JobStatus, mine: dict[str, Instance], now: datetime) -> bool:
+    """No heartbeat of this attempt for ``idle_timeout``, counting from the end of the startup
+    grace, which begins when Compute acknowledged the insert (or the VM was created, if later),
+    not when the attempt was committed: a long stockout must not eat the grace."""
     timeout = spec.policy.idle_timeout
     if timeout is None or st.attempt_started_at is None:
         return False
-    if now - st.attempt_started_at < spec.policy.startup_grace:
+    since = [st.inserted_at or st.attempt_started_at, *(i.created_at for i in mine.values())]
+    booted = max(since + [st.resumed_at] if st.resumed_at else since)
+    if now - booted < spec.policy.startup_grace:
         return False
     beat = v.heartbeat if v.heartbeat and v.heartbeat.belongs_to(st) else None
-    last = beat.updated if beat else st.attempt_started_at + spec.policy.startup_grace
+    last = max(beat.updated, booted) if beat else booted + spec.policy.startup_grace
     return now - last > timeout
 
 
 def _restart(v: JobView, spec: JobSpec, st: JobStatus, cause: str, detail: str, now: datetime,
              ctx: LaunchContext) -> list[Action]:
-    """A loss that is not the trainer's fault: preemption, maintenance, recycling."""
+    """A loss that is not the trainer's fault: preemption, maintenance, host error, recycling."""
     if cause == "recycled":
         st = st.but(recycles=st.recycles + 1)
     else:
@@ -174,46 +259,109 @@ def _failure(v: JobView, spec: JobSpec, st: JobStatus, detail: str, now: datetim
 
 
 def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, ctx: LaunchContext) -> list[Action]:
-    """Commit and insert the next attempt, once backoff and zone cooldowns allow."""
+    """Commit and insert the next attempt, once backoff, zone cooldowns and evidence allow."""
+    if _blind(v, spec, st):
+        return []  # an attempt's VMs may live, unseen, in a zone that did not answer
     if st.not_before and now < st.not_before:
         return _delete_current(v, st, why)  # backing off; a VM whose delete failed still goes
+    if spec.checkpoint and v.checkpoint_loaded and v.checkpoint_error:
+        text = (f"waiting: cannot list checkpoint.uri {spec.checkpoint.uri} ({v.checkpoint_error}); "
+                "fix the URI or grant the controller's service account roles/storage.objectViewer on it")
+        return [*_note(v, st, "checkpoint", text, now), *_delete_current(v, st, why)]
     zone = t.pick_zone(spec, st, now)
     if zone is None:
         return [WriteStatus(v.job, t.wait_for_zone(st, spec, now), "zones cooling"),
                 *_delete_current(v, st, why)]
-    project = spec.project or ctx.default_project
     nodes = names.node_names(v.job, st.attempt + 1, spec.nodes)
-    nxt = t.begin_attempt(st, spec, project, zone, nodes, v.checkpoint, now, why, v.spec_generation)
+    nxt = t.begin_attempt(st, spec, _project(spec, ctx), zone, nodes, v.checkpoint, now, why, v.spec_generation,
+                          ctx.new_token())
     return [WriteStatus(v.job, nxt, why), *_delete_current(v, st, why), *_insert(v, spec, nxt, now, ctx)]
 
 
 def _insert(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchContext) -> list[Action]:
-    """(Re)issue the current attempt's insert; the request id makes a repeat harmless."""
+    """(Re)issue the current attempt's insert; the request id makes a repeat harmless.
+
+    Before any insert, the attempt's VMs are looked for everywhere: an earlier insert
+    may have been accepted with its status write lost (or still running), and a new
+    zone would then mean the same attempt in two zones.
+    """
     if st.not_before and now < st.not_before:
         return []
+    if _blind(v, spec, st):
+        return []  # an earlier try of this attempt may live, unseen, in a zone that did not answer
+    found = [i for i in v.instances if i.attempt == st.attempt]
+    if found and (any(i.zone != st.zone for i in found) or st.zone not in spec.zones
+                  or {i.name for i in found} != set(st.instances)
+                  or tuple(st.instances) != tuple(names.node_names(v.job, st.attempt, spec.nodes))):
+        # Where it is, how much of it is left, or what the spec now asks differs from what
+        # the status committed (a status write lost, a node gone, a spec replaced since):
+        # adopt what exists, never insert anew; a missing node is then a lost one.
+        return [WriteStatus(v.job, _adopt(v, st, st.attempt, now), "attempt found")]
     head: list[Action] = []
-    zone = t.pick_zone(spec, st, now)
-    if zone is None:
-        return [WriteStatus(v.job, t.wait_for_zone(st, spec, now), "zones cooling")]
-    if zone != st.zone or st.not_before:
-        st = t.move_zone(st, zone, now)
-        head = [WriteStatus(v.job, st, "zone chosen")]
+    if not found:  # else: ask again under the same request id, and Compute tells the outcome
+        zone = t.pick_zone(spec, st, now)
+        if zone is None:
+            return [WriteStatus(v.job, t.wait_for_zone(st, spec, now), "zones cooling")]
+        wanted = tuple(names.node_names(v.job, st.attempt, spec.nodes))
+        if zone != st.zone or st.not_before or st.instances != wanted:
+            # The status names exactly what is inserted, where (a spec replaced since the
+            # attempt began may have changed both).
+            moved = t.move_zone(st, zone, now) if zone != st.zone or st.not_before else st
+            st = moved.but(instances=wanted)
+            head = [WriteStatus(v.job, st, "zone chosen")]
     create = CreateInstances(v.job, st.attempt, requests_for(v.job, spec, st, ctx),
                              names.request_id(v.job, st.attempt, st.placement), spec, f"attempt {st.attempt}")
     return [*head, create, WriteStatus(v.job, t.inserted(st, now), "inserted"), *_consume(v, st)]
 
 
+def _blind(v: JobView, spec: JobSpec, st: JobStatus) -> bool:
+    """Whether a zone this job may have VMs in (its spec's, and every zone its history
+    names, a previous run's included) did not answer the instance list."""
+    if not v.unreachable:
+        return False
+    zones = {*spec.zones, st.zone, *(e.zone for e in st.history)}
+    return bool(zones & set(v.unreachable))
+
+
+def _project(spec: JobSpec, ctx: LaunchContext) -> str:
+    """Where VMs go: the spec's project, which the policy checked is one the controller lists."""
+    return spec.project or ctx.default_project
+
+
+def _note(v: JobView, st: JobStatus, name: str, text: str, now: datetime) -> list[Action]:
+    """Say why the job waits, once (not a status write on every pass)."""
+    if st.message == text:
+        return []
+    return [WriteStatus(v.job, st.but(t.event(now, st, name, text), message=text), name)]
+
+
 def _end(v: JobView, st: JobStatus, phase: Phase, detail: str, now: datetime, **changes: object) -> list[Action]:
+    # The spec generation this was decided under: a spec replaced during the run
+    # (``--replace``) applied to its remaining attempts, not to a run after the end.
+    changes.setdefault("spec_generation", v.spec_generation)
     done = t.finish(st, phase, detail, now, **changes)
     return [WriteStatus(v.job, done, phase.lower()), *_leftovers(v)]
 
 
 def _adopt(v: JobView, st: JobStatus, attempt: int, now: datetime) -> JobStatus:
-    found = sorted(i.name for i in v.instances if i.attempt == attempt)
-    first = next(i for i in v.instances if i.attempt == attempt)
-    detail = f"found {', '.join(found)} newer than status attempt {st.attempt}; adopting it"
+    found = sorted((i for i in v.instances if i.attempt == attempt), key=lambda i: _rank(i.name))
+    first = found[0]
+    # Every node the attempt has, not only those still there: a missing one is lost.
+    parsed = [names.parse_instance_name(i.name) for i in found]
+    ranks = [p[2] for p in parsed if p and p[2] is not None]
+    if ranks:
+        # This attempt's size is what its status committed; a newer one's, the spec's.
+        size = len(st.instances) if attempt == st.attempt else (v.spec.nodes if v.spec else 0)
+        count = max(max(ranks) + 1, size)
+        names_ = tuple(names.instance_name(v.job, attempt, r) for r in range(count))
+    else:
+        names_ = (names.instance_name(v.job, attempt),)
+    where = f"{', '.join(i.name for i in found if i.zone == first.zone)} in {first.zone}"
+    detail = (f"found {where} for attempt {attempt}; adopting it" if attempt == st.attempt
+              else f"found {where} newer than status attempt {st.attempt}; adopting it")
     return st.but(t.event(now, st, "adopted", detail), phase=Phase.PROVISIONING, attempt=attempt,
-                  instances=tuple(found), project=first.project, zone=first.zone, inserted=True,
+                  instances=names_, project=first.project, zone=first.zone, inserted=True, inserted_at=now,
+                  attempt_token=st.attempt_token if attempt == st.attempt else None,
                   attempt_started_at=st.attempt_started_at or now, started_at=st.started_at or now, message=detail)
 
 
@@ -227,7 +375,15 @@ def _cleanup(v: JobView, st: JobStatus) -> list[Action]:
     if not st.inserted:
         return husks
     stale = [r for r in (v.marker, v.exit) if r and not r.belongs_to(st)]
-    return [*husks, *(DeleteRecord(v.job, r.key, r.generation, "stale: from an older attempt") for r in stale)]
+    return [*husks, *(DeleteRecord(v.job, r.key, r.generation, _why_stale(r, st)) for r in stale)]
+
+
+def _why_stale(record: Record, st: JobStatus) -> str:
+    if record.attempt is None:
+        return f"ignored: unreadable ({record.detail})"
+    if record.attempt == st.attempt:
+        return "ignored: it lacks the attempt's secret (not written by this attempt's VMs)"
+    return f"stale: from attempt {record.attempt}"
 
 
 def _consume(v: JobView, st: JobStatus) -> list[Action]:
@@ -239,8 +395,9 @@ def _consume(v: JobView, st: JobStatus) -> list[Action]:
 def _leftovers(v: JobView, orphan: bool = False) -> list[Action]:
     """A finished, cancelled or spec-less job: delete what it still has.
 
-    Records are only cleaned up for a job the controller ran (it has a status); a
-    stray marker with neither spec nor status is left for a person to look at.
+    Only what this pass saw, and each delete re-checked by the executor (see
+    ``DeleteInstance``). Records are only cleaned up for a job the controller ran (it
+    has a status); a stray marker with neither spec nor status is left for a person.
     """
     why = "orphan: its job has no spec" if orphan else "job has ended"
     records = [r for r in (v.marker, v.exit) if r] if v.status else []

@@ -64,6 +64,12 @@ class JobStatus(BaseModel):
     zone: str | None = None
     instances: tuple[str, ...] = ()
     inserted: bool = False  # the current attempt's insert was acknowledged by Compute
+    inserted_at: datetime | None = None  # when it was: startup grace counts from here
+    settling: bool = False  # a node is in a state we wait out (REPAIRING, UNKNOWN...)
+    resumed_at: datetime | None = None  # when every node was RUNNING again after settling
+    # A secret only this attempt's VMs receive (instance metadata); a VM record without
+    # it is not this attempt's and is ignored. None for attempts begun before tokens.
+    attempt_token: str | None = None
     placement: int = 0  # capacity failures within this attempt; part of the request id
     resume_from: CheckpointRef | None = None
 

@@ -47,14 +47,19 @@ def next_free(spec: JobSpec, status: JobStatus) -> datetime | None:
 
 
 def backoff(spec: JobSpec, failures_in_a_row: int) -> timedelta:
-    """Exponential restart delay: initial, 2x, 4x... capped at the spec's max."""
+    """Exponential restart delay: initial, 2x, 4x... capped at the spec's max.
+
+    The exponent is capped before multiplying: after hours of stockouts the count is in
+    the hundreds, and ``timedelta * 2**n`` would overflow long before ``min`` applies.
+    """
     initial, cap = spec.policy.backoff.initial, spec.policy.backoff.max
-    return min(cap, initial * (2 ** max(0, failures_in_a_row - 1)))
+    exponent = min(max(0, failures_in_a_row - 1), 40)
+    return min(cap, timedelta(seconds=initial.total_seconds() * 2.0**exponent))
 
 
 def begin_attempt(
     status: JobStatus, spec: JobSpec, project: str, zone: str, names: list[str],
-    checkpoint: CheckpointRef | None, now: datetime, why: str, spec_generation: int | None,
+    checkpoint: CheckpointRef | None, now: datetime, why: str, spec_generation: int | None, token: str,
 ) -> JobStatus:
     """Commit attempt N+1 before inserting it: the status write is what makes it unique."""
     attempt = status.attempt + 1
@@ -68,6 +73,10 @@ def begin_attempt(
         zone=zone,
         instances=tuple(names),
         inserted=False,
+        inserted_at=None,
+        settling=False,
+        resumed_at=None,
+        attempt_token=token,
         placement=0,
         resume_from=checkpoint,
         attempt_started_at=now,
@@ -84,6 +93,7 @@ def inserted(status: JobStatus, now: datetime) -> JobStatus:
     return status.but(
         event(now, status, "inserted", detail, instance=status.instances[0], zone=status.zone),
         inserted=True,
+        inserted_at=now,
         message=detail,
     )
 
@@ -120,8 +130,15 @@ def after_create_error(status: JobStatus, spec: JobSpec, error: Exception, now: 
             event(now, status, "quota", detail, zone=zone),
             placement=status.placement + 1, not_before=now + delay, message=detail,
         )
-    if isinstance(error, errors.RequestError):
+    if isinstance(error, errors.OperationPending):
+        detail = f"Compute accepted the insert in {zone}, but it was still running; its outcome is read next pass"
+        return status.but(event(now, status, "insert-pending", detail, zone=zone), message=detail)
+    if isinstance(error, (errors.RequestError, errors.NotFound)):
+        # 400 (bad field) or 404 (unknown zone, image, machine type): no retry can help.
         return finish(status, Phase.FAILED, f"Compute rejected the instance: {error}", now)
+    # The retry keeps the request id: if the failed call was in fact accepted, Compute
+    # answers the same id with that operation instead of creating anything again (a new
+    # id could bring back a node deleted meanwhile, beside the rest of its gang).
     detail = f"insert failed ({type(error).__name__}: {error}); will retry"
     return status.but(event(now, status, "error", detail, zone=zone), message=detail)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from controller.ports import BlobInfo, Instance, StopReason
@@ -12,12 +12,20 @@ from controller.spec import JobSpec
 from controller.state import CheckpointRef, JobStatus
 
 
+# A VM record is a few hundred bytes; anything much larger is not one (and must not
+# cost a function its memory or its 540 s).
+MAX_RECORD_BYTES = 64 * 1024
+_MAX_ATTEMPT = 10**9
+
+
 @dataclass(frozen=True)
 class Record:
     """A marker, exit record or heartbeat written by a VM.
 
-    ``attempt`` is None when the content could not be read (truncated by a hard-off,
-    or garbage); the planner then dates it by the object's ``updated`` time instead.
+    Written by trainer VMs, which run third-party code: every field is checked, and a
+    record that cannot be read (garbage, wrong types, too large) keeps only its
+    object's identity with ``attempt`` None, so it belongs to no attempt and is only
+    ever cleaned up.
     """
 
     key: str
@@ -26,32 +34,58 @@ class Record:
     attempt: int | None = None
     instance: str | None = None
     exit_code: int | None = None
+    node: int | None = None
+    token: str | None = None
     detail: str = ""
 
     @classmethod
     def parse(cls, info: BlobInfo, data: bytes) -> Record:
+        base = cls(key=info.name, generation=info.generation, updated=info.updated, detail="unreadable")
+        if len(data) > MAX_RECORD_BYTES:
+            return replace(base, detail=f"unreadable: {len(data)} bytes")
         try:
             body = json.loads(data)
-            attempt = body.get("attempt")
-            code = body.get("exit_code")
-            return cls(
-                key=info.name,
-                generation=info.generation,
-                updated=info.updated,
-                attempt=int(attempt) if attempt is not None else None,
-                instance=str(body["instance"]) if body.get("instance") else None,
-                exit_code=int(code) if code is not None else None,
-                detail=str(body.get("reason", ""))[:200],
-            )
-        except (ValueError, TypeError, AttributeError):
-            return cls(key=info.name, generation=info.generation, updated=info.updated, detail="unreadable")
+        except (ValueError, RecursionError):
+            return base
+        if not isinstance(body, dict):
+            return base
+        attempt = _whole(body.get("attempt"), 0, _MAX_ATTEMPT)
+        if attempt is None:
+            return base
+        instance = body.get("instance")
+        token = body.get("token")
+        reason = body.get("reason")
+        return cls(
+            key=info.name,
+            generation=info.generation,
+            updated=info.updated,
+            attempt=attempt,
+            instance=instance[:63] if isinstance(instance, str) and instance else None,
+            exit_code=_whole(body.get("exit_code"), -(2**31), 2**31 - 1),
+            node=_whole(body.get("node"), 0, 10**6),
+            token=token if isinstance(token, str) and 0 < len(token) <= 256 else None,
+            detail=reason[:200] if isinstance(reason, str) else "",
+        )
 
     def belongs_to(self, status: JobStatus) -> bool:
-        """Written by the current attempt (anything older is stale and only cleaned up)."""
-        if self.attempt is not None:
-            return self.attempt == status.attempt
-        started = status.attempt_started_at
-        return started is not None and self.updated >= started
+        """Written by the current attempt's VMs; anything else is stale or forged and only cleaned up.
+
+        The attempt number is not enough on its own: a trainer of another job sharing the
+        service account could write it. The attempt's secret token is.
+        """
+        if self.attempt is None or self.attempt != status.attempt:
+            return False
+        return status.attempt_token is None or self.token == status.attempt_token
+
+
+def _whole(value: object, low: int, high: int) -> int | None:
+    """An integer in [low, high] as JSON gives it (1, 1.0), or None (bools, 1e999, NaN, strings...)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not value.is_integer():
+        return None  # also NaN and infinities
+    number = int(value)
+    return number if low <= number <= high else None
 
 
 @dataclass(frozen=True)
@@ -70,6 +104,9 @@ class JobView:
     stop_reasons: Mapping[str, StopReason] = field(default_factory=dict)
     checkpoint: CheckpointRef | None = None
     checkpoint_loaded: bool = False  # observed lazily, only when a plan launches or fails
+    checkpoint_error: str | None = None  # why the checkpoint prefix could not be listed
+    records_fresh: bool = False  # marker and exit record re-read after the instance list
+    unreachable: tuple[str, ...] = ()  # zones the instance list could not see this pass
 
     @property
     def has_spec(self) -> bool:

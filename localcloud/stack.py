@@ -72,6 +72,8 @@ class LocalCloud:
             "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE": f"{self.compute.endpoint}/compute/v1/",
             "CLOUDSDK_CORE_PROJECT": self.options.project,
             "RESPAWN_VM_SCRIPTS": str(self.options.vm_scripts or REPO_ROOT / "deploy" / "vm"),
+            # What `respawn deploy` creates on a real project: VMs run as a dedicated account.
+            "RESPAWN_TRAINER_SERVICE_ACCOUNT": f"respawn-trainer@{self.options.project}.iam.gserviceaccount.com",
             **(self.options.policy_env or {}),
         }
 

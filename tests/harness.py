@@ -21,13 +21,13 @@ from controller.state import JobStatus
 BUCKET = "respawn-test"
 PROJECT = "respawn-proj"
 CKPT_BUCKET = "ckpts"
+TRAINER = f"respawn-trainer@{PROJECT}.iam.gserviceaccount.com"
 
 
 def spec_doc(**overrides: Any) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "zones": ["us-central1-a", "us-central1-b"],
-        "machine_type": "g2-standard-8",
-        "accelerators": {"type": "nvidia-l4", "count": 1},
+        "machine_type": "g2-standard-8",  # one L4 built in
         "command": "python train.py",
         "checkpoint": {"uri": f"gs://{CKPT_BUCKET}/run"},
         "policy": {"backoff": {"initial": "30s", "max": "5m"}},
@@ -41,7 +41,7 @@ class Harness:
         self.clock = FakeClock()
         self.store = MemoryStore(self.clock)
         self.compute = MemoryCompute(self.clock)
-        self.policy = policy or ControllerPolicy(default_project=PROJECT)
+        self.policy = policy or ControllerPolicy(default_project=PROJECT, trainer_service_account=TRAINER)
         self.ctx = LaunchContext(BUCKET, PROJECT, "#!/bin/bash\necho startup", "#!/bin/bash\necho shutdown")
 
     def engine(self, store: Any = None, compute: Any = None) -> Engine:
@@ -61,19 +61,31 @@ class Harness:
         self.store.put(BUCKET, names.cancel_key(job), "")
 
     # -- what a VM does --------------------------------------------------------------
-    def exit(self, job: str, code: int, attempt: int | None = None) -> None:
+    # Each record carries the attempt's secret, as the VM agent copies it from the
+    # instance's metadata; ``token=""`` writes one without it (a forger).
+    def exit(self, job: str, code: int, attempt: int | None = None, token: str | None = None,
+             node: int = 0) -> None:
         attempt = self.status(job).attempt if attempt is None else attempt
-        body = {"exit_code": code, "instance": names.instance_name(job, attempt), "attempt": attempt}
+        body = {"exit_code": code, "instance": names.instance_name(job, attempt), "attempt": attempt,
+                "node": node, "token": self._token(job, attempt, token)}
         self.store.put(BUCKET, names.exit_key(job), json.dumps(body))
 
-    def marker(self, job: str, attempt: int | None = None, reason: str = "preempted") -> None:
+    def marker(self, job: str, attempt: int | None = None, reason: str = "preempted", token: str | None = None) -> None:
         attempt = self.status(job).attempt if attempt is None else attempt
-        body = {"instance": names.instance_name(job, attempt), "attempt": attempt, "reason": reason}
+        body = {"instance": names.instance_name(job, attempt), "attempt": attempt, "reason": reason,
+                "token": self._token(job, attempt, token)}
         self.store.put(BUCKET, names.marker_key(job), json.dumps(body))
 
-    def heartbeat(self, job: str) -> None:
+    def heartbeat(self, job: str, token: str | None = None) -> None:
         attempt = self.status(job).attempt
-        self.store.put(BUCKET, names.heartbeat_key(job), json.dumps({"attempt": attempt}))
+        body = {"attempt": attempt, "token": self._token(job, attempt, token)}
+        self.store.put(BUCKET, names.heartbeat_key(job), json.dumps(body))
+
+    def _token(self, job: str, attempt: int, token: str | None) -> str:
+        if token is not None:
+            return token
+        st = self.status(job)
+        return (st.attempt_token or "") if st.attempt == attempt else f"old-token-{attempt}"
 
     def checkpoint(self, step: int, complete: bool = True) -> None:
         self.store.put(CKPT_BUCKET, f"run/{step}/state.bin", b"w" * 8)

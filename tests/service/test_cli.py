@@ -27,6 +27,8 @@ def test_validate_names_each_bad_field_and_exits_2(tmp_path):
 
 
 def test_validate_applies_the_controller_policy_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("RESPAWN_PROJECT", "proj-1")
+    monkeypatch.setenv("RESPAWN_TRAINER_SERVICE_ACCOUNT", "t@proj-1.iam.gserviceaccount.com")
     monkeypatch.setenv("RESPAWN_ALLOWED_MACHINE_TYPES", "n2-*")
     path = tmp_path / "j.yaml"
     path.write_text(yaml.safe_dump(spec_doc()))

@@ -369,21 +369,21 @@ class TestGang:
     def test_gang_created_together_in_one_zone(self, h):
         h.submit("dist", spec_doc(nodes=3))
         h.tick()
-        assert h.live() == ["dist-1-0", "dist-1-1", "dist-1-2"]
+        assert h.live() == ["dist-1-n0", "dist-1-n1", "dist-1-n2"]
         zones = {h.compute.request_of(n).zone for n in h.live()}
         assert zones == {"us-central1-a"}
-        md = [h.metadata(f"dist-1-{r}") for r in range(3)]
+        md = [h.metadata(f"dist-1-n{r}") for r in range(3)]
         assert all(m == md[0] for m in md), "bulkInsert gives every node the same metadata"
-        assert md[0]["respawn-master-addr"] == "dist-1-0" and md[0]["respawn-nodes"] == "3"
+        assert md[0]["respawn-master-addr"] == "dist-1-n0" and md[0]["respawn-nodes"] == "3"
 
     def test_losing_one_node_recreates_the_whole_gang(self, h):
         h.submit("dist", spec_doc(nodes=3))
         h.tick()
         h.tick()
-        h.compute.preempt("dist-1-1")
+        h.compute.preempt("dist-1-n1")
         h.tick()
-        assert h.live() == ["dist-2-0", "dist-2-1", "dist-2-2"]
-        assert {"dist-1-0", "dist-1-1", "dist-1-2"} <= set(h.compute.deleted)
+        assert h.live() == ["dist-2-n0", "dist-2-n1", "dist-2-n2"]
+        assert {"dist-1-n0", "dist-1-n1", "dist-1-n2"} <= set(h.compute.deleted)
         assert h.status("dist").preemptions == 1
 
     def test_gang_stockout_moves_all_nodes(self, h):
@@ -429,11 +429,11 @@ class TestBadInput:
         h.tick()
         assert h.live() == ["llm-1"]
 
-    def test_garbage_marker_is_dated_by_its_timestamp(self, h):
+    def test_garbage_marker_is_never_acted_on(self, h):
         started(h)
         h.store.put(BUCKET, names.marker_key("llm"), b"\x00\xffnot json")
         h.tick()
-        assert h.status("llm").preemptions == 1 and h.live() == ["llm-2"]
+        assert h.status("llm").preemptions == 0 and h.live() == ["llm-1"]
 
     def test_unreadable_status_starts_over_instead_of_crashing(self, h):
         h.submit("llm")
@@ -454,7 +454,9 @@ class TestBadInput:
         h.submit("a", spec_doc(checkpoint={"uri": "gs://broken-ckpts/a"}))
         h.submit("b")
         summary = h.engine(store=BrokenCheckpoints()).reconcile()
-        assert h.live() == ["b-1"] and summary.transient == ["a"] and "checkpoint bucket 503" in summary.errors["a"]
+        assert h.live() == ["b-1"] and summary.transient == []
+        assert "cannot list checkpoint.uri gs://broken-ckpts/a" in h.status("a").message
+        assert "checkpoint bucket 503" in h.status("a").message
 
     def test_one_jobs_read_error_does_not_stop_the_others(self, h):
         h.submit("a")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from hypothesis import given, strategies as st
 
 from controller import names
 from controller.names import ObjectRef, parse_object_name
@@ -34,7 +35,25 @@ def test_object_names_map_to_jobs(name, ref):
 def test_instance_names():
     assert names.instance_name("llm", 3) == "llm-3"
     assert names.node_names("llm", 3, 1) == ["llm-3"]
-    assert names.node_names("llm", 3, 2) == ["llm-3-0", "llm-3-1"]
+    assert names.node_names("llm", 3, 2) == ["llm-3-n0", "llm-3-n1"]
+
+
+def test_gang_node_and_single_vm_of_look_alike_jobs_never_share_a_name():
+    # Regression: gang "a" attempt 1 node 1 and job "a-1" attempt 1 were both "a-1-1".
+    assert names.instance_name("a", 1, 1) != names.instance_name("a-1", 1)
+
+
+@given(
+    job=st.from_regex(r"[a-z]([-a-z0-9n]{0,10}[a-z0-9])?", fullmatch=True),
+    attempt=st.integers(1, 999_999),
+    rank=st.none() | st.integers(0, 9999),
+)
+def test_instance_names_are_injective(job, attempt, rank):
+    """Reading a name back gives exactly what made it, so no two (job, attempt, rank) collide."""
+    name = names.instance_name(job, attempt, rank)
+    assert names.parse_instance_name(name) == (job, attempt, rank)
+    if len(job) <= names.MAX_JOB_NAME:
+        assert len(names.instance_name(job + "x" * (names.MAX_JOB_NAME - len(job)), 999_999, 9999)) <= 63
 
 
 def test_request_id_is_a_deterministic_uuid():

@@ -79,9 +79,13 @@ def test_lost_vm_counted_against_the_right_budget(reason, counted, gone):
     assert {k: getattr(status, k) for k in counted} == counted
 
 
-@pytest.mark.parametrize("settling", [InstanceStatus.STOPPING, InstanceStatus.REPAIRING])
-def test_settling_vm_is_waited_for(settling):
-    assert plan_job(view(instances=(vm("job-1", 1, settling),)), NOW, CTX) == []
+@pytest.mark.parametrize("settling", [InstanceStatus.STOPPING, InstanceStatus.REPAIRING, InstanceStatus.PENDING_STOP,
+                                      InstanceStatus.DEPROVISIONING, InstanceStatus.UNKNOWN])
+def test_settling_vm_is_waited_for_and_said_once(settling):
+    actions = plan_job(view(instances=(vm("job-1", 1, settling),)), NOW, CTX)
+    assert kinds(actions) == ["WriteStatus"] and f"job-1 is {settling}" in actions[0].status.message
+    said = view(instances=(vm("job-1", 1, settling),), status=actions[0].status)
+    assert plan_job(said, NOW, CTX) == []
 
 
 def test_status_behind_instances_adopts_instead_of_launching():
@@ -104,11 +108,19 @@ def test_records_of_the_current_attempt_are_not_acted_on_twice_while_recovering(
     assert plan_job(view(status=st, instances=(), exit=exit_record), NOW, CTX) == []
 
 
-def test_unreadable_record_is_dated_by_its_update_time():
+def test_unreadable_record_belongs_to_no_attempt():
+    # A GCS upload lands whole or not at all, so a record that cannot be read was not
+    # written by a VM agent: it is never acted on, only cleaned up.
     st = running()
-    old = Record("preempted-jobs/job", 3, st.attempt_started_at - timedelta(seconds=1))
-    new = Record("preempted-jobs/job", 3, st.attempt_started_at + timedelta(seconds=1))
-    assert not old.belongs_to(st) and new.belongs_to(st)
+    garbage = Record("preempted-jobs/job", 3, st.attempt_started_at + timedelta(seconds=1))
+    assert not garbage.belongs_to(st)
+
+
+@pytest.mark.parametrize("token, belongs", [("s3cret", True), ("guess", False), (None, False)])
+def test_record_needs_the_attempts_secret(token, belongs):
+    st = running().but(attempt_token="s3cret")
+    record = Record("jobs/job/exit", 3, NOW, attempt=st.attempt, exit_code=0, token=token)
+    assert record.belongs_to(st) is belongs
 
 
 statuses = st.builds(

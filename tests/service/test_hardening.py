@@ -1,0 +1,386 @@
+"""Regressions for the holes found by trying respawn as an attacker, a buggy trainer and an
+unlucky operator would (issue 7). Each test names the defect it pins down."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from controller import errors, names
+from controller.engine import Summary
+from controller.ports import InstanceStatus, StopReason
+from controller.state import JobStatus, Phase
+from tests.harness import BUCKET, PROJECT, Harness, spec_doc
+
+
+def started(h: Harness, job: str = "llm", **spec: Any) -> None:
+    h.submit(job, spec_doc(**spec) if spec else None)
+    h.tick()
+    h.tick()
+    assert h.status(job).phase == Phase.RUNNING
+
+
+def inserts(h: Harness) -> list[str]:
+    return [what for op, what in h.compute.calls if op == "insert"]
+
+
+class FailStatusWrite:
+    """A store whose ``n``-th write of a status.json is lost (GCS 5xx, or the function killed)."""
+
+    def __init__(self, store: Any, n: int) -> None:
+        self._store, self._left = store, n
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def write(self, bucket: str, name: str, data: bytes, **kw: Any) -> Any:
+        if name.endswith("/status.json"):
+            self._left -= 1
+            if self._left == 0:
+                raise errors.TransientError("503 on status write")
+        return self._store.write(bucket, name, data, **kw)
+
+
+# -- 1. VMs created only where the controller looks ---------------------------------------
+
+def test_forged_status_project_and_zone_never_redirect_an_insert(h):
+    h.submit("llm")
+    forged = JobStatus(phase=Phase.PROVISIONING, attempt=1, project="evil-proj", zone="asia-east1-a",
+                       instances=("llm-1",), spec_generation=None)
+    spec_gen = h.store.read(BUCKET, names.spec_key("llm")).info.generation
+    h.store.put(BUCKET, names.status_key("llm"), forged.model_copy(update={"spec_generation": spec_gen}).to_json())
+    h.tick()
+    request = h.compute.request_of("llm-1")
+    assert (request.project, request.zone) == (PROJECT, "us-central1-a")
+
+
+# -- 2. Per-job isolation is total ------------------------------------------------------------
+
+@pytest.mark.parametrize("body", [
+    b'{"attempt": 1e999, "exit_code": 0}',
+    b'{"attempt": Infinity, "exit_code": 0}',
+    b'{"attempt": 1, "exit_code": NaN}',
+    b"[" * 100_000,
+    b'{"attempt": true, "exit_code": 0}',
+    b'{"attempt": "1", "exit_code": "0"}',
+    b'{"attempt": 1, "exit_code": 1e300}',
+])
+def test_hostile_vm_record_is_ignored_and_the_pass_goes_on(h, body):
+    started(h)
+    h.submit("other")
+    h.store.put(BUCKET, names.exit_key("llm"), body)
+    h.store.put(BUCKET, names.marker_key("llm"), body)
+    summary = h.tick()
+    assert not summary.errors
+    assert h.status("llm").phase == Phase.RUNNING and "llm-1" in h.live()
+    assert "other-1" in h.live()
+
+
+def test_oversized_spec_is_refused_without_being_read(h):
+    h.store.put(BUCKET, names.spec_key("big"), b"#" * (300 * 1024))
+    h.submit("ok")
+    h.tick()
+    st = h.status("big")
+    assert st.phase == Phase.FAILED and "spec.yaml" in st.message and "limit" in st.message
+    assert ("read", names.spec_key("big")) not in h.store.calls
+    assert "ok-1" in h.live()
+
+
+@pytest.mark.parametrize("status", [InstanceStatus.PENDING_STOP, InstanceStatus.DEPROVISIONING,
+                                    InstanceStatus.REPAIRING, InstanceStatus.UNKNOWN])
+def test_status_we_cannot_judge_is_waited_out_never_taken_for_lost(h, status):
+    started(h)
+    h.compute.set_status("llm-1", status)
+    summary = h.tick()
+    assert not summary.errors and h.status("llm").attempt == 1 and h.status("llm").restarts == 0
+    h.compute.set_status("llm-1", InstanceStatus.RUNNING)
+    h.tick()
+    assert h.tick().jobs == {"llm": []} and h.status("llm").restarts == 0
+
+
+def test_flex_start_pending_vm_is_alive_not_lost(h):
+    h.compute.boot_status = InstanceStatus.PENDING
+    h.submit("llm")
+    h.tick()
+    h.tick()
+    st = h.status("llm")
+    assert st.phase == Phase.PROVISIONING and st.restarts == 0 and h.live() == ["llm-1"]
+
+
+def test_backoff_after_hours_of_quota_errors_does_not_overflow(h):
+    h.compute.quota_exhausted.update({"us-central1-a", "us-central1-b"})
+    h.submit("llm")
+    for _ in range(400):
+        h.tick()
+        h.advance(hours=1)
+    st = h.status("llm")
+    assert st.placement >= 400 and "quota" in st.message
+    h.compute.quota_exhausted.clear()
+    h.tick()
+    assert h.live() == ["llm-1"]
+
+
+def test_an_unexpected_exception_in_one_job_does_not_stop_the_others(h):
+    h.submit("a")
+    h.submit("b")
+
+    class Exploding:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(h.store, name)
+
+        def read(self, bucket: str, name: str) -> Any:
+            if name == names.spec_key("a"):
+                raise ZeroDivisionError("a bug")
+            return h.store.read(bucket, name)
+
+    summary = h.engine(store=Exploding()).reconcile()
+    assert "ZeroDivisionError" in summary.errors["a"] and "a" not in summary.transient
+    assert h.live() == ["b-1"]
+
+
+def test_event_for_a_hostile_job_name_never_reaches_a_compute_filter(h):
+    hostile = 'x" OR labels.respawn-job:*'
+    h.store.put(BUCKET, f"jobs/{hostile}/spec.yaml", "zones: [us-central1-a]")
+    h.tick(hostile)
+    assert not [c for c in h.compute.calls if c[0] == "list"]
+    assert h.status(hostile).phase == Phase.FAILED and "not a valid job name" in h.status(hostile).message
+
+
+# -- 3. Gangs finish once; a loss that began with a preemption is a preemption ----------------
+
+def test_gang_workers_that_finish_first_do_not_restart_a_finished_gang(h):
+    started(h, "dist", nodes=3)
+    for worker in ("dist-1-n1", "dist-1-n2"):  # exit 0: power off, no exit record
+        h.compute.terminate(worker, StopReason.CRASHED)
+    h.tick()
+    assert h.status("dist").phase == Phase.RUNNING and h.status("dist").failures == 0
+    h.exit("dist", 0)
+    h.tick()
+    st = h.status("dist")
+    assert (st.phase, st.attempt, st.failures, st.restarts) == (Phase.SUCCEEDED, 1, 0, 0)
+    assert h.live() == []
+
+
+@pytest.mark.parametrize("with_marker", [True, False])
+def test_gang_rank_failing_on_a_broken_collective_after_a_preemption_is_a_preemption(h, with_marker):
+    started(h, "dist", nodes=2)
+    if with_marker:
+        h.marker("dist")
+    h.compute.preempt("dist-1-n1")
+    h.exit("dist", 1, node=0)  # rank 0's collective broke
+    h.tick()
+    st = h.status("dist")
+    assert (st.failures, st.preemptions, st.attempt) == (0, 1, 2)
+
+
+def test_gang_rank_failing_while_a_node_is_still_stopping_waits_to_learn_why(h):
+    started(h, "dist", nodes=2)
+    h.compute.set_status("dist-1-n1", InstanceStatus.STOPPING)
+    h.exit("dist", 1, node=0)
+    h.tick()
+    assert h.status("dist").failures == 0 and h.status("dist").attempt == 1
+    h.compute.preempt("dist-1-n1")
+    h.tick()
+    assert (h.status("dist").failures, h.status("dist").preemptions) == (0, 1)
+
+
+# -- 4. No duplicate attempt after a failover whose status write was lost -----------------------
+
+def test_lost_inserted_write_after_failover_never_duplicates_the_attempt(h):
+    h.compute.stockouts.add("us-central1-a")
+    h.submit("llm")
+    # Status writes of the first pass: new run, launch (zone a), stockout -> zone b, then
+    # the insert into b is accepted and the 4th write ("inserted") is lost.
+    h.engine(store=FailStatusWrite(h.store, 4)).reconcile()
+    assert h.live() == ["llm-1"] and not h.status("llm").inserted
+    h.compute.stockouts.clear()
+    h.advance(minutes=30)  # zone a's cooldown is long over
+    h.tick()
+    h.tick()
+    live = [(i.name, i.zone) for i in h.compute.live("llm")]
+    assert live == [("llm-1", "us-central1-b")]
+    assert h.status("llm").inserted and h.status("llm").zone == "us-central1-b"
+
+
+# -- 5. An unreachable zone is not a lost VM -----------------------------------------------------
+
+def test_vm_in_an_unreachable_zone_is_left_alone(h):
+    started(h)
+    h.compute.unreachable.add("us-central1-a")
+    h.tick()
+    h.advance(minutes=5)
+    h.tick()
+    st = h.status("llm")
+    assert (st.attempt, st.restarts, st.phase) == (1, 0, Phase.RUNNING)
+    h.compute.unreachable.clear()
+    assert h.tick().jobs == {"llm": []}
+
+
+def test_no_insert_while_a_zone_of_the_job_is_unreachable(h):
+    h.compute.unreachable.add("us-central1-b")
+    h.submit("llm")
+    h.tick()
+    assert h.live() == [] and h.status("llm").phase == Phase.PENDING
+    h.compute.unreachable.clear()
+    h.tick()
+    assert h.live() == ["llm-1"]
+
+
+# -- 7. Startup grace counts from the acknowledged insert -----------------------------------------
+
+def test_startup_grace_counts_from_the_insert_not_from_a_long_stockout(h):
+    policy = {"idle_timeout": "30m", "startup_grace": "15m", "zone_cooldown": "10m"}
+    h.compute.stockouts.update({"us-central1-a", "us-central1-b"})
+    h.submit("llm", spec_doc(policy=policy))
+    for _ in range(12):  # two hours of stockouts
+        h.tick()
+        h.advance(minutes=10)
+    h.compute.stockouts.clear()
+    h.tick()
+    h.advance(minutes=3)
+    h.tick()
+    st = h.status("llm")
+    assert st.failures == 0 and st.phase == Phase.RUNNING and h.live() == ["llm-1"]
+
+
+# -- 8. A stale "finished" view never deletes a new run -------------------------------------------
+
+def test_stale_finished_view_does_not_delete_the_new_run(h):
+    started(h)
+    h.exit("llm", 0)
+    h.tick()
+    assert h.status("llm").phase == Phase.SUCCEEDED
+    engine = h.engine()
+    stale = engine.observer.world().jobs["llm"]  # the tick reads SUCCEEDED...
+    h.submit("llm")  # ...the user resubmits, and the event pass starts attempt 2
+    h.tick("llm")
+    assert h.live() == ["llm-2"]
+    h.compute.add_foreign(PROJECT, "us-central1-a", "llm-2-probe", {})  # noise: must stay
+    stale = stale.__class__(**{**stale.__dict__, "instances": tuple(h.compute.all())})
+    engine._reconcile_job(stale, Summary(), dry_run=False)  # ...then the tick acts on its old view
+    assert "llm-2" in h.live()
+
+
+# -- 9. An insert Compute rejects for good ends the job ------------------------------------------
+
+@pytest.mark.parametrize("error", [
+    errors.RequestError("Invalid value for field 'resource.machineType': 'zones/us-central1-a/machineTypes/nope'"),
+    errors.NotFound("The resource 'projects/p/zones/us-central1-z' was not found"),
+])
+def test_insert_rejected_with_400_or_404_fails_the_job_with_googles_message(h, error):
+    h.compute.faults.fail_next("insert", error)
+    h.submit("llm")
+    h.tick()
+    st = h.status("llm")
+    assert st.phase == Phase.FAILED and str(error) in st.message
+
+
+# -- 13. Names are injective across jobs ----------------------------------------------------------
+
+def test_gang_and_look_alike_job_get_distinct_instances(h):
+    h.submit("a", spec_doc(nodes=2))
+    h.submit("a-1")
+    h.tick()
+    assert h.live() == ["a-1-1", "a-1-n0", "a-1-n1"]
+    h.tick()
+    assert h.status("a").phase == h.status("a-1").phase == Phase.RUNNING
+    assert h.status("a-1").restarts == 0
+
+
+# -- 14. Google's stop causes ----------------------------------------------------------------------
+
+def test_host_error_is_not_the_trainers_fault(h):
+    started(h)
+    h.compute.terminate("llm-1", StopReason.HOST_ERROR)
+    h.tick()
+    st = h.status("llm")
+    assert (st.failures, st.restarts, st.attempt) == (0, 1, 2)
+    assert any(e.event == "host error" for e in st.history)
+
+
+# -- 15. An exit record racing a recycle or an idle decision is never lost -------------------------
+
+@pytest.mark.parametrize("policy", [{"max_instance_age": "1h"}, {"idle_timeout": "10m", "startup_grace": "1m"}])
+def test_exit_zero_landing_after_the_listing_wins_over_a_restart(h, policy):
+    started(h, policy=policy)
+    h.advance(hours=2)
+    engine = h.engine()
+    view = engine.observer.world().jobs["llm"]  # listed before the exit record exists
+    h.exit("llm", 0)
+    engine._reconcile_job(view, Summary(), dry_run=False)
+    st = h.status("llm")
+    assert st.phase == Phase.SUCCEEDED and st.attempt == 1 and st.failures == 0
+
+
+# -- Trainer containment: records need the attempt's secret ---------------------------------------
+
+def test_forged_exit_record_without_the_attempts_secret_is_ignored(h):
+    started(h)
+    token = h.metadata("llm-1")["respawn-token"]
+    assert token and token == h.status("llm").attempt_token
+    h.exit("llm", 0, token="guessed")
+    h.tick()
+    assert h.status("llm").phase == Phase.RUNNING and h.live() == ["llm-1"]
+    h.exit("llm", 0)
+    h.tick()
+    assert h.status("llm").phase == Phase.SUCCEEDED
+
+
+def test_each_attempt_gets_a_new_secret(h):
+    started(h)
+    first = h.status("llm").attempt_token
+    h.marker("llm")
+    h.tick()
+    assert h.metadata("llm-2")["respawn-token"] == h.status("llm").attempt_token != first
+    heartbeat = json.loads(json.dumps({"attempt": 2, "token": first}))
+    h.store.put(BUCKET, names.heartbeat_key("llm"), json.dumps(heartbeat))
+    assert h.tick().jobs["llm"] == [] or h.status("llm").attempt == 2
+
+
+def test_unknown_project_in_spec_is_refused_up_front(h):
+    h.submit("llm", spec_doc(project="someone-elses"))
+    h.tick()
+    st = h.status("llm")
+    assert st.phase == Phase.FAILED and any(e.startswith("project:") for e in st.errors)
+    assert inserts(h) == []
+
+
+def test_two_hundred_passes_of_a_converged_job_write_nothing(h):
+    started(h)
+    before = len(h.store.calls)
+    for _ in range(200):
+        h.heartbeat("llm")
+        h.tick()
+        h.advance(seconds=30)
+    writes = [c for c in h.store.calls[before:] if c[0] in ("write", "delete") and "heartbeat" not in c[1]]
+    assert writes == []
+    assert timedelta(0) < h.clock.now() - h.status("llm").inserted_at
+
+
+# -- 14. An insert still running at the wait deadline is not "inserted" -----------------------------
+
+def test_pending_insert_is_not_inserted_and_its_success_is_read_next_pass(h):
+    h.compute.hold_inserts = True
+    h.submit("llm")
+    h.tick()
+    st = h.status("llm")
+    assert not st.inserted and "still running" in st.message
+    h.compute.hold_inserts = False
+    h.tick()
+    assert h.status("llm").inserted and h.live() == ["llm-1"]
+    assert len([c for c in h.compute.calls if c[0] == "insert"]) == 2  # the same request, asked again
+
+
+def test_pending_insert_that_stocks_out_late_cools_the_zone_and_moves_on(h):
+    h.compute.hold_inserts = True
+    h.submit("llm")
+    h.tick()
+    h.compute.stockouts.add("us-central1-a")
+    h.compute.release_inserts()  # the operation finishes now: no capacity after all
+    h.tick()
+    st = h.status("llm")
+    assert "us-central1-a" in st.zone_cooldowns and st.zone == "us-central1-b" and st.inserted
+    assert [(i.name, i.zone) for i in h.compute.live("llm")] == [("llm-1", "us-central1-b")]
