@@ -1,0 +1,1218 @@
+"""Chaos: seeded randomized runs of the real controller over the in-memory fakes.
+
+Each run builds a small world (1-4 jobs, single VMs and gangs, VMs that are not the
+controller's), then takes 40-80 random steps: passes of the real observer + planner +
+executor (ticks, events for one job, duplicated, retried and *late* ones that act on
+an observation taken several steps earlier), API faults injected by proxies around the
+store and Compute (transient errors before a call, "timeouts" after it took effect,
+crashes at the k-th mutating call of a pass), capacity and quota trouble, unreachable
+zones, odd instance statuses, pending inserts and late stockouts, and the simulated VMs
+and people: trainers that heartbeat, checkpoint (sometimes half), exit 0 or not, crash
+or hang; preemptions with or without a marker; maintenance, host errors, stops,
+vanished VMs; cancel, resubmit and deleted specs; time passing.
+
+Every step is followed by the invariant checks; the end of a run lets the world settle
+without faults and checks that every job ended or runs, and nothing was leaked.
+Everything is deterministic per seed: no threads, no wall clock, ``random.Random``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import random
+import sys
+import traceback
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from controller import errors, names
+from controller import observe as observe_module
+from controller.adapters.memory import MemoryCompute, MemoryStore
+from controller.clock import FakeClock
+from controller.engine import Engine, Summary
+from controller.executor import Executor
+from controller.launch import LaunchContext
+from controller.observe import Observer
+from controller.policy import ControllerPolicy
+from controller.ports import Instance, InstanceStatus, StopReason
+from controller.spec import SpecError
+from controller.state import JobStatus, Phase
+
+BUCKET = "respawn-chaos"
+PROJECT = "chaos-proj"
+CKPT_BUCKET = "ckpts"
+ZONES = ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f")
+# The kinds on the last line, in its order; "budgets" is reported on the line before it.
+KINDS = ("duplicates", "lost", "leaked", "foreign_deletes", "restarted_finished", "stuck", "crashes")
+ALL_KINDS = (*KINDS, "budgets")
+# Per-call error rate of a pass, drawn per pass: about a quarter of all passes meet an
+# injected fault (transient error, timeout or crash); a pass that fails at its first
+# listing tests little, so most passes run clean or nearly so.
+FAULT_RATES = (0.0, 0.0, 0.0, 0.02, 0.05, 0.1, 0.2)
+# Per-mutation rate of "timeouts": the call took effect, and the caller was told it failed.
+TIMEOUT_RATES = (0.0, 0.0, 0.1, 0.3)
+MUTATING = frozenset({"write", "delete", "insert", "bulk_insert", "start", "stop", "resume", "reset"})
+# Statuses a VM is put in "for a while", and what becomes of it afterwards.
+GLITCHES = (
+    (InstanceStatus.REPAIRING, "running"),  # repaired in place
+    (InstanceStatus.REPAIRING, "host_error"),  # the repair failed
+    (InstanceStatus.UNKNOWN, "running"),  # a value this code does not know, then RUNNING again
+    (InstanceStatus.PENDING_STOP, "stopped"),  # graceful shutdown, then TERMINATED
+    (InstanceStatus.DEPROVISIONING, "vanish"),  # on its way out, then gone
+)
+
+
+class InjectedCrash(BaseException):
+    """The function instance died mid-pass (a BaseException: nothing in the controller catches it)."""
+
+
+# -- the simulated world ----------------------------------------------------------------------
+
+
+@dataclass
+class JobSim:
+    name: str
+    doc: dict[str, Any]
+    # Attempts the simulation did something to; a status counter may never exceed them.
+    preempted: set[int] = field(default_factory=set)
+    lost: set[int] = field(default_factory=set)  # any loss that is not the trainer's fault
+    failed: set[int] = field(default_factory=set)  # non-zero exit, guest crash, hang
+    finished: set[int] = field(default_factory=set)  # every node exited 0 (rank 0 wrote exit 0)
+    causes: dict[int, list[str]] = field(default_factory=lambda: defaultdict(list))  # what befell each attempt
+    succeeded_spec: int | None = None  # spec generation current when SUCCEEDED was written
+    succeeded_note: str = ""
+    spec_step: int | None = None  # the step the spec was last written at
+    successes: int = 0  # SUCCEEDED status writes seen
+    step: int = 0  # the trainer's last checkpoint step
+
+
+@dataclass
+class Trainer:
+    """The command on one VM, as the VM agent runs it."""
+
+    job: str
+    attempt: int
+    rank: int
+    nodes: int
+    name: str
+    iid: str
+    token: str
+    state: str = "running"  # running | hung | done
+    end: str = ""  # why it is done: success | failed | crashed | lost | deleted | <VM status>
+
+
+@dataclass
+class Glitch:
+    name: str
+    iid: str
+    status: InstanceStatus
+    fate: str
+    until: int  # the step it ends at
+
+
+@dataclass
+class PassFaults:
+    """The faults one pass meets: a per-call error rate and maybe a crash at its k-th mutation."""
+
+    rate: float
+    timeout: float
+    crash_at: int | None
+    crash_before: bool
+    mutations: int = 0
+
+
+@dataclass
+class RunResult:
+    seed: int
+    violations: dict[str, str]
+    stats: Counter[str]
+    steps: int
+
+
+# -- proxies --------------------------------------------------------------------------------------
+
+
+class FaultyPort:
+    """Wraps a port (store or Compute): every public call goes through ``Run.call``."""
+
+    def __init__(self, inner: Any, run: Run, port: str) -> None:
+        self._inner = inner
+        self._run = run
+        self._port = port
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if name.startswith("_") or not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._run.call(self._port, name, attr, args, kwargs)
+
+        return call
+
+
+class ExecutorSpy:
+    """Remembers which job the executor is acting for, so a delete can be judged against it."""
+
+    def __init__(self, inner: Executor, run: Run) -> None:
+        self._inner = inner
+        self._run = run
+
+    def apply(self, view: Any, actions: Any, now: datetime) -> Any:
+        before, self._run.acting_job = self._run.acting_job, view.job
+        try:
+            return self._inner.apply(view, actions, now)
+        finally:
+            self._run.acting_job = before
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class StaleObserver:
+    """Answers a pass's first observation with one taken earlier: a late pass acting on a stale view."""
+
+    def __init__(self, inner: Observer, world: Any) -> None:
+        self._inner = inner
+        self._world = world
+
+    def world(self, job: str | None = None) -> Any:
+        if self._world is not None:
+            world, self._world = self._world, None
+            return world
+        return self._inner.world(job)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+# -- one run ----------------------------------------------------------------------------------------
+
+
+class Run:
+    def __init__(self, seed: int, steps: int | None = None, verbose: bool = False,
+                 out: Callable[[str], None] = print) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)  # the scenario
+        self.frng = random.Random(f"faults-{seed}")  # API faults: consumed per call
+        self.trng = random.Random(f"tokens-{seed}")
+        self.verbose = verbose
+        self.out = out
+        self.clock = FakeClock()
+        self.start = self.clock.now()
+        self.store = MemoryStore(self.clock)
+        self.compute = MemoryCompute(self.clock)
+        self.policy = ControllerPolicy(default_project=PROJECT)
+        self.ctx = self._launch_context()
+        self.stats: Counter[str] = Counter()
+        self.violations: dict[str, str] = {}
+        self.jobs: dict[str, JobSim] = {}
+        self.trainers: dict[tuple[str, str], Trainer] = {}
+        self.glitches: list[Glitch] = []
+        self.foreign: list[str] = []
+        self.attempt_nodes: dict[tuple[str, int], int] = {}
+        self.tokens: dict[tuple[str, int], str] = {}
+        self.acting_job: str | None = None
+        self.pass_faults: PassFaults | None = None
+        self.faults_on = True
+        self.step_no = 0
+        self.n_steps = steps if steps is not None else self.rng.randint(40, 80)
+        self.breaks: dict[tuple[str, int], int] = {}  # gangs whose collective will fail, at that step
+        self._status_cache: dict[tuple[str, int], JobStatus | None] = {}
+        self._depth = 0
+        self._last_transient = False
+        self._injected = 0
+
+    def _launch_context(self) -> LaunchContext:
+        kwargs: dict[str, Any] = dict(bucket=BUCKET, default_project=PROJECT,
+                                      startup_script="#!/bin/bash\necho startup",
+                                      shutdown_script="#!/bin/bash\necho shutdown")
+        if "new_token" in {f.name for f in dataclasses.fields(LaunchContext)}:
+            kwargs["new_token"] = lambda: f"tok-{self.trng.getrandbits(64):016x}"
+        return LaunchContext(**kwargs)
+
+    # -- output and verdicts -------------------------------------------------------------------
+    def say(self, text: str) -> None:
+        if self.verbose:
+            elapsed = self.clock.now() - self.start
+            self.out(f"  [{self.step_no:02d} +{_hms(elapsed)}] {'  ' * self._depth}{text}")
+
+    def violate(self, kind: str, message: str) -> None:
+        self.stats[f"violation.{kind}"] += 1
+        if kind not in self.violations:
+            self.violations[kind] = f"step {self.step_no}: {message}"
+        if self.verbose and self.stats[f"violation.{kind}"] == 1:
+            self.out(f"  !! {kind}: {message}")
+
+    # -- the whole run ---------------------------------------------------------------------------
+    def execute(self) -> RunResult:
+        self.setup()
+        for self.step_no in range(1, self.n_steps + 1):
+            self.end_glitches()
+            self.step()
+            self.sync()
+            self.check()
+        self.step_no = self.n_steps + 1
+        self.finale()
+        return RunResult(self.seed, dict(self.violations), self.stats, self.n_steps)
+
+    def setup(self) -> None:
+        rng = self.rng
+        count = rng.randint(1, 4)
+        job_names = [f"job{i}" for i in range(count)]
+        if count > 1 and rng.random() < 0.25:
+            job_names[-1] = f"{job_names[0]}-1"  # named like another job's instance
+        for job in job_names:
+            self.jobs[job] = JobSim(job, self.spec_doc(job))
+        if rng.random() < 0.3:
+            self.compute.boot_status = InstanceStatus.STAGING  # VMs take a while to boot
+            self.stats["env.slow_boot"] += 1
+        for i in range(rng.randint(1, 3)):
+            zone = rng.choice(ZONES)
+            job = rng.choice(job_names)
+            labels = rng.choice([
+                {},
+                {"team": "research"},
+                {names.JOB_LABEL: job, names.ATTEMPT_LABEL: "1"},
+                {names.MANAGED_LABEL: "false", names.JOB_LABEL: job, names.ATTEMPT_LABEL: "2"},
+                {names.MANAGED_LABEL: "TRUE", names.JOB_LABEL: job, names.ATTEMPT_LABEL: "1"},
+            ])
+            name = rng.choice([f"notebook-{i}", f"{job}-dev-{i}", f"{job}-x{i}"])
+            self.compute.add_foreign(PROJECT, zone, name, labels, age=timedelta(days=3))
+            self.foreign.append(name)
+        shown = ", ".join(f"{j} (nodes {s.doc['nodes']})" for j, s in self.jobs.items())
+        self.say(f"setup: jobs {shown}; foreign VMs {', '.join(self.foreign)}")
+        for job in job_names:
+            self.submit(job, self.jobs[job].doc)
+
+    def spec_doc(self, job: str) -> dict[str, Any]:
+        rng = self.rng
+        zones = rng.sample(ZONES, rng.randint(1, 3))
+        policy: dict[str, Any] = {
+            "max_restarts": rng.randint(2, 8),
+            "max_failures": rng.randint(1, 3),
+            "crash_loop_failures": rng.randint(2, 4),
+            "idle_timeout": rng.choice(["10m", "15m", "20m"]),
+            "startup_grace": rng.choice(["2m", "5m"]),
+            "backoff": {"initial": "30s", "max": rng.choice(["1m", "2m", "5m"])},
+            "zone_cooldown": rng.choice(["3m", "5m", "10m"]),
+            "termination_action": rng.choice(["stop", "delete"]),
+        }
+        if rng.random() < 0.15:
+            policy["max_instance_age"] = rng.choice(["1h", "2h"])
+        if rng.random() < 0.1:
+            policy["max_runtime"] = rng.choice(["3h", "6h"])
+        return {
+            "zones": zones,
+            "machine_type": "g2-standard-8",
+            "command": "python train.py",
+            "service_account": {"email": f"trainer@{PROJECT}.iam.gserviceaccount.com"},
+            "nodes": 1 if rng.random() < 0.55 else rng.randint(2, 3),
+            "checkpoint": {"uri": f"gs://{CKPT_BUCKET}/{job}/run"},
+            "policy": policy,
+        }
+
+    # -- the steps -----------------------------------------------------------------------------------
+    STEPS = (("tick", 12), ("event", 12), ("late", 8), ("advance", 12), ("checkpoint", 7), ("exit", 7),
+             ("preempt", 6), ("platform", 2), ("glitch", 3), ("zone", 4), ("inserts", 2), ("user", 3),
+             ("stale_record", 1))
+    INNER = (("tick", 4), ("event", 6), ("advance", 3), ("checkpoint", 3), ("exit", 4), ("preempt", 4),
+             ("platform", 1), ("glitch", 1), ("zone", 1), ("inserts", 1), ("user", 2))
+
+    def step(self, menu: tuple[tuple[str, int], ...] | None = None) -> None:
+        menu = menu or self.STEPS
+        kind = self.rng.choices([k for k, _ in menu], [w for _, w in menu])[0]
+        self.stats[f"step.{kind}"] += 1
+        getattr(self, f"step_{kind}")()
+
+    def step_tick(self) -> None:
+        self.run_pass(None)
+
+    def step_event(self) -> None:
+        job = self.rng.choice(list(self.jobs))
+        self.event(job, p=1.0)
+
+    def event(self, job: str, p: float = 0.5) -> None:
+        """The bucket event a VM or a user write causes: maybe lost, maybe duplicated."""
+        if self.rng.random() >= p:
+            return
+        self.run_pass(job)
+        if self.rng.random() < 0.25:
+            self.stats["fault.duplicate_event"] += 1
+            self.run_pass(job, label="duplicate event")
+
+    def step_late(self) -> None:
+        """Observe now; let other passes, VMs and people act; then plan and act on that stale view."""
+        if self._depth:
+            return self.step_tick()
+        job = self.rng.choice([None, *self.jobs])
+        engine, faults = self.engine(), self.new_pass_faults()
+        label = f"late {'tick' if job is None else 'event ' + job}"
+        world = self.guarded(label + " (observe)", faults, lambda: engine.observer.world(job))
+        if world is None:
+            return
+        self.say(f"{label}: observed; acting later")
+        self._depth += 1
+        try:
+            for _ in range(self.rng.randint(1, 3)):
+                self.end_glitches()
+                self.step(self.INNER)
+                self.sync()
+                self.check()
+        finally:
+            self._depth -= 1
+        stale = Engine(StaleObserver(engine.observer, world), engine.executor, self.ctx, self.clock)
+        self.stats["fault.late_pass"] += 1
+        summary = self.guarded(label + " (act)", faults, lambda: stale.reconcile(job))
+        self.report(label, summary)
+
+    def step_advance(self) -> None:
+        r = self.rng.random()
+        if self._depth:  # a late pass is late by seconds to a minute or two, not by an hour
+            seconds = self.rng.randint(1, 60)
+        elif r < 0.6:
+            seconds = self.rng.randint(5, 120)
+        elif r < 0.9:
+            seconds = self.rng.randint(120, 600)
+        else:
+            seconds = self.rng.randint(600, 2400)
+        self.advance(timedelta(seconds=seconds))
+
+    def advance(self, delta: timedelta) -> None:
+        self.clock.advance(delta)
+        self.say(f"time +{_hms(delta)}")
+        self.beat()
+
+    def step_checkpoint(self) -> None:
+        running = [t for t in self.trainers.values() if t.state == "running" and t.rank == 0]
+        if running:
+            t = self.rng.choice(running)
+            self.checkpoint(t.job, complete=self.rng.random() > 0.15)
+
+    def checkpoint(self, job: str, complete: bool) -> None:
+        js = self.jobs[job]
+        js.step += self.rng.randint(10, 100)
+        prefix = f"{job}/run/{js.step}"
+        self.store.write(CKPT_BUCKET, f"{prefix}/state.bin", b"w" * 16)
+        if complete:
+            self.store.write(CKPT_BUCKET, f"{prefix}/commit_success.txt", b"")
+        self.stats["vm.checkpoint" if complete else "vm.checkpoint_half"] += 1
+        self.say(f"{job}: checkpoint step {js.step}{'' if complete else ' (half written: cut off)'}")
+
+    def step_exit(self) -> None:
+        groups = self.running_groups()
+        if not groups:
+            return
+        (job, attempt), group = self.rng.choice(sorted(groups.items()))
+        js = self.jobs[job]
+        outcome = self.rng.choices(["success", "nonzero", "crash", "hang"], [6, 2, 1, 1])[0]
+        self.stats[f"vm.{outcome}"] += 1
+        if outcome == "success":
+            order = self.rng.sample(group, len(group))
+            js.finished.add(attempt)
+            self.say(f"{job}: attempt {attempt} finishes: {', '.join(t.name for t in order)} exit 0 in that order")
+            for i, t in enumerate(order):
+                self.trainer_exit(t, 0)
+                if i < len(order) - 1 and self.rng.random() < 0.3:
+                    self.stats["fault.pass_between_node_exits"] += 1
+                    self.run_pass(self.rng.choice([None, job]), label="pass between node exits")
+            self.event(job)
+        elif outcome == "nonzero":
+            t = self.rng.choice(group)
+            js.failed.add(attempt)
+            code = self.rng.choice([1, 2, 137, 255])
+            js.causes[attempt].append(f"{t.name} exit {code}")
+            self.say(f"{t.name}: command exits {code}")
+            self.trainer_exit(t, code)
+            self.event(job)
+        elif outcome == "crash":
+            t = self.rng.choice(group)
+            js.failed.add(attempt)
+            js.causes[attempt].append(f"{t.name} guest crash")
+            self.say(f"{t.name}: guest crashes (no exit record)")
+            t.state, t.end = "done", "crashed"
+            self.compute.terminate(t.name, StopReason.CRASHED)
+        else:
+            js.failed.add(attempt)
+            js.causes[attempt].append("hang")
+            self.say(f"{job}: attempt {attempt} hangs (no more heartbeats)")
+            for t in group:
+                t.state = "hung"
+
+    def trainer_exit(self, t: Trainer, code: int) -> None:
+        """The VM agent: rank 0 (or any non-zero exit) writes the exit record, then powers off."""
+        if t.rank == 0 or code != 0:
+            self.record(names.exit_key(t.job), t, exit_code=code)
+        t.state, t.end = "done", "success" if code == 0 else "failed"
+        if self.instance(t) is not None:
+            self.compute.terminate(t.name, StopReason.CRASHED)  # guest power-off: guestTerminate
+
+    def step_preempt(self) -> None:
+        self.sync()  # trainers of VMs that are RUNNING have started before anything befalls them
+        candidates = [i for i in self.managed() if i.status.alive]
+        if not candidates:
+            return
+        inst = self.rng.choice(candidates)
+        t = self.trainers.get((inst.name, inst.id))
+        js = self.jobs.get(inst.job or "")
+        graceful = self.rng.random() < 0.6
+        if graceful:
+            if t and t.state == "running" and t.rank == 0 and self.rng.random() < 0.5:
+                self.checkpoint(t.job, complete=self.rng.random() < 0.7)  # the SIGTERM save, maybe cut off
+            self.record(names.marker_key(inst.job or ""), t or self.vm_identity(inst), reason="preempted")
+        self.stats["fault.preempt_graceful" if graceful else "fault.preempt_hard"] += 1
+        if js:
+            js.preempted.add(inst.attempt)
+            js.lost.add(inst.attempt)
+            js.causes[inst.attempt].append(f"{inst.name} preempted")
+        if t:
+            t.state, t.end = "done", "lost"
+        self.say(f"{inst.name}: preempted ({'marker first' if graceful else 'hard: no marker'}, {inst.status})")
+        self.compute.preempt(inst.name)
+        if graceful:
+            self.event(inst.job or "")
+
+    def step_platform(self) -> None:
+        self.sync()  # trainers of VMs that are RUNNING have started before anything befalls them
+        candidates = [i for i in self.managed() if i.status.alive]
+        if not candidates:
+            return
+        inst = self.rng.choice(candidates)
+        t = self.trainers.get((inst.name, inst.id))
+        how = self.rng.choice(["maintenance", "host_error", "stopped", "vanish"])
+        self.stats[f"fault.{how}"] += 1
+        if js := self.jobs.get(inst.job or ""):
+            js.lost.add(inst.attempt)
+            js.causes[inst.attempt].append(f"{inst.name} {how}")
+        if t:
+            t.state, t.end = "done", "lost"
+        self.say(f"{inst.name}: {how}")
+        if how == "maintenance":
+            graceful = self.rng.random() < 0.6
+            if graceful:
+                self.record(names.marker_key(inst.job or ""), t or self.vm_identity(inst), reason="maintenance")
+            self.compute.terminate(inst.name, StopReason.MAINTENANCE)
+            if graceful:
+                self.event(inst.job or "")
+        elif how == "host_error":
+            self.compute.terminate(inst.name, StopReason.HOST_ERROR)
+        elif how == "stopped":
+            self.compute.terminate(inst.name, StopReason.STOPPED)
+        else:
+            self.compute.vanish(inst.name)
+
+    def step_glitch(self) -> None:
+        self.sync()  # a VM that is RUNNING has its trainer started before anything befalls it
+        glitched = {(g.name, g.iid) for g in self.glitches}
+        candidates = [i for i in self.managed() if i.status == InstanceStatus.RUNNING and (i.name, i.id) not in glitched]
+        if not candidates:
+            return
+        inst = self.rng.choice(candidates)
+        status, fate = self.rng.choice(GLITCHES)
+        t = self.trainers.get((inst.name, inst.id))
+        if fate != "running":
+            if js := self.jobs.get(inst.job or ""):
+                js.lost.add(inst.attempt)  # its fate is sealed now
+                js.causes[inst.attempt].append(f"{inst.name} {status} then {fate}")
+            if t:
+                t.state, t.end = "done", "lost"
+        self.stats[f"fault.status_{status.value.lower()}"] += 1
+        until = self.step_no + self.rng.randint(1, 6)
+        self.glitches.append(Glitch(inst.name, inst.id, status, fate, until))
+        self.say(f"{inst.name}: status {status} until step {until}, then {fate}")
+        self.compute.set_status(inst.name, status)
+
+    def end_glitches(self, force: bool = False) -> None:
+        for g in list(self.glitches):
+            if not force and g.until > self.step_no:
+                continue
+            self.glitches.remove(g)
+            inst = self.find(g.name, g.iid)
+            if inst is None or inst.status != g.status:
+                continue
+            self.say(f"{g.name}: {g.status} over: {g.fate}")
+            if g.fate == "running":
+                self.compute.set_status(g.name, InstanceStatus.RUNNING)
+            elif g.fate == "host_error":
+                self.compute.terminate(g.name, StopReason.HOST_ERROR)
+            elif g.fate == "stopped":
+                self.compute.terminate(g.name, StopReason.STOPPED)
+            else:
+                self.compute.vanish(g.name)
+
+    def step_zone(self) -> None:
+        what = self.rng.choice(["stockouts", "quota_exhausted", "unreachable"])
+        zones: set[str] = getattr(self.compute, what)
+        if zones and self.rng.random() < 0.5:
+            zone = self.rng.choice(sorted(zones))
+            zones.discard(zone)
+            self.say(f"{zone}: {what} over")
+        else:
+            zone = self.rng.choice(ZONES)
+            zones.add(zone)
+            self.stats[f"env.{what}"] += 1
+            self.say(f"{zone}: {what}")
+
+    def step_inserts(self) -> None:
+        """Insert operations outlive the adapter's wait (OperationPending), then finish: maybe a late stockout."""
+        if not hasattr(self.compute, "hold_inserts"):
+            return
+        if not self.compute.hold_inserts:
+            self.compute.hold_inserts = True
+            self.stats["env.hold_inserts"] += 1
+            self.say("insert operations now outlive the wait (pending)")
+            return
+        self.release_inserts()
+
+    def release_inserts(self) -> None:
+        if not getattr(self.compute, "hold_inserts", False):
+            return
+        pending = [i for i in self.managed() if i.status == InstanceStatus.PROVISIONING]
+        if pending and self.faults_on and self.rng.random() < 0.5:  # capacity ran out while they waited
+            zone = self.rng.choice(pending).zone
+            self.compute.stockouts.add(zone)
+            self.stats["env.stockouts"] += 1
+            self.say(f"{zone}: stockouts (while inserts were pending)")
+        self.compute.release_inserts()
+        after = {(i.name, i.id) for i in self.managed()}
+        late = [i.name for i in pending if (i.name, i.id) not in after]
+        self.stats["fault.late_stockout"] += bool(late)
+        self.say(f"pending inserts finish{'; late stockout removes ' + ', '.join(late) if late else ''}")
+
+    def step_user(self) -> None:
+        job = self.rng.choice(list(self.jobs))
+        js = self.jobs[job]
+        action = self.rng.choices(["cancel", "resubmit", "delete", "invalid"], [3, 4, 1.5, 1])[0]
+        self.stats[f"user.{action}"] += 1
+        self.say(f"user: {action} {job}")
+        if action == "cancel":
+            self.store.write(BUCKET, names.cancel_key(job), b"")
+        elif action == "resubmit":
+            doc = json.loads(json.dumps(js.doc))
+            change = self.rng.choice(["same", "nodes", "termination", "budget", "zones"])
+            if change == "nodes":
+                doc["nodes"] = self.rng.choice([1, 2, 3])
+            elif change == "termination":
+                doc["policy"]["termination_action"] = self.rng.choice(["stop", "delete"])
+            elif change == "budget":
+                doc["policy"]["max_restarts"] = self.rng.randint(2, 8)
+            elif change == "zones":
+                doc["zones"] = self.rng.sample(ZONES, self.rng.randint(1, 3))
+            js.doc = doc
+            self.submit(job, doc)
+        elif action == "delete":
+            with contextlib.suppress(errors.NotFound):
+                self.store.delete(BUCKET, names.spec_key(job))
+        else:
+            bad = json.loads(json.dumps(js.doc))
+            bad["policy"]["max_restart"] = 3  # a typo: unknown field
+            self.store.write(BUCKET, names.spec_key(job), json.dumps(bad).encode())
+            js.spec_step = self.step_no
+        self.event(job)
+
+    def submit(self, job: str, doc: dict[str, Any]) -> None:
+        """What ``respawn submit [--replace]`` does: a leftover cancel goes first, then the spec."""
+        with contextlib.suppress(errors.NotFound):
+            self.store.delete(BUCKET, names.cancel_key(job))
+        self.store.write(BUCKET, names.spec_key(job), json.dumps(doc).encode())
+        self.jobs[job].spec_step = self.step_no
+        self.event(job)
+
+    def step_stale_record(self) -> None:
+        """A late shutdown script, or a record of an attempt that is over, lands now."""
+        newest: dict[str, int] = defaultdict(int)
+        for job, attempt in self.tokens:
+            newest[job] = max(newest[job], attempt)
+        live = {(i.job, i.attempt) for i in self.managed() if i.status.alive}
+        # Only attempts that are over: a newer one was inserted since, and none of its VMs runs.
+        old = sorted(k for k in self.tokens if k[1] < newest[k[0]] and k not in live and k[0] in self.jobs)
+        if not old:
+            return
+        job, attempt = self.rng.choice(old)
+        marker = attempt in self.jobs[job].lost and self.rng.random() < 0.6  # a shutdown script runs late
+        key = names.marker_key(job) if marker else names.exit_key(job)
+        if self.exists(key):
+            return  # never over a record the controller has not read yet: that would destroy evidence
+        who = Trainer(job, attempt, 0, 1, names.instance_name(job, attempt), "", self.tokens[(job, attempt)])
+        if marker:
+            self.stats["fault.stale_marker"] += 1
+            self.say(f"{job}: late marker of attempt {attempt}")
+            self.record(names.marker_key(job), who, reason="preempted")
+        else:
+            code = self.rng.choice([0, 1])
+            self.stats["fault.stale_exit"] += 1
+            self.say(f"{job}: late exit record ({code}) of attempt {attempt}")
+            self.record(names.exit_key(job), who, exit_code=code)
+        self.event(job)
+
+    # -- the VMs ------------------------------------------------------------------------------------
+    def sync(self) -> None:
+        """Trainers start on VMs that came up; VMs that finished booting come up."""
+        for inst in self.managed():
+            key = (inst.name, inst.id)
+            if key in self.trainers:
+                continue
+            if inst.status == InstanceStatus.RUNNING:
+                t = self.vm_identity(inst)
+                self.trainers[key] = t
+                self.stats["vm.started"] += 1
+                if t.rank == 0:
+                    self.heartbeat(t)
+            elif inst.status == InstanceStatus.STAGING and (not self.faults_on or self.rng.random() < 0.5):
+                self.compute.set_status(inst.name, InstanceStatus.RUNNING)
+        present = {(i.name, i.id): i for i in self.managed()}
+        glitched = {(g.name, g.iid) for g in self.glitches if g.fate == "running"}
+        for key, t in self.trainers.items():
+            if t.state == "done":
+                continue
+            inst = present.get(key)
+            if inst is None or not (inst.status == InstanceStatus.RUNNING or key in glitched):
+                t.state, t.end = "done", "deleted" if inst is None else f"{inst.status}"
+        self.break_collectives()
+
+    def break_collectives(self, now: bool = False) -> None:
+        """A gang whose node went down for any reason but success: the others' collectives
+        fail (an NCCL timeout), and each exits non-zero a little later, writing its exit
+        record, unless it is hung or its VM went first."""
+        groups: dict[tuple[str, int], list[Trainer]] = defaultdict(list)
+        for t in self.trainers.values():
+            if t.nodes > 1:
+                groups[(t.job, t.attempt)].append(t)
+        for key, group in groups.items():
+            running = [t for t in group if t.state == "running"]
+            if running and key not in self.breaks and any(t.state == "done" and t.end != "success" for t in group):
+                self.breaks[key] = self.step_no + self.rng.randint(1, 3)
+        for key, due in list(self.breaks.items()):
+            if due > self.step_no and not now:
+                continue
+            del self.breaks[key]
+            for t in groups.get(key, []):
+                if t.state == "running" and self.instance(t) is not None:
+                    self.stats["vm.collective_broken"] += 1
+                    self.say(f"{t.name}: its collective broke: command exits 134")
+                    self.trainer_exit(t, 134)
+
+    def vm_identity(self, inst: Instance) -> Trainer:
+        try:
+            meta = dict(self.compute.request_of(inst.name).metadata)
+        except (StopIteration, AssertionError):
+            meta = {}
+        nodes = int(meta.get("respawn-nodes") or 1)
+        rank = 0
+        if nodes > 1 and "-n" in inst.name:
+            rank = int(inst.name.rsplit("-n", 1)[1])
+        return Trainer(inst.job or "", inst.attempt, rank, nodes, inst.name, inst.id, meta.get("respawn-token", ""))
+
+    def beat(self) -> None:
+        for t in self.trainers.values():
+            if t.state == "running" and t.rank == 0:
+                self.heartbeat(t)
+
+    def heartbeat(self, t: Trainer) -> None:
+        self.record(names.heartbeat_key(t.job), t)
+
+    def record(self, key: str, t: Trainer, **extra: Any) -> None:
+        body: dict[str, Any] = {"instance": t.name, "attempt": t.attempt, "node": t.rank,
+                                "at": self.clock.now().isoformat()}
+        if t.token:
+            body["token"] = t.token
+        body.update(extra)
+        self.store.write(BUCKET, key, json.dumps(body).encode())
+
+    def running_groups(self) -> dict[tuple[str, int], list[Trainer]]:
+        """Attempts whose every node runs its trainer."""
+        groups: dict[tuple[str, int], list[Trainer]] = defaultdict(list)
+        for t in self.trainers.values():
+            if t.state == "running":
+                groups[(t.job, t.attempt)].append(t)
+        return {k: sorted(g, key=lambda t: t.rank) for k, g in groups.items() if len(g) == g[0].nodes}
+
+    def managed(self) -> list[Instance]:
+        return [i for i in self.compute.all() if i.labels.get(names.MANAGED_LABEL) == "true"]
+
+    def find(self, name: str, iid: str) -> Instance | None:
+        return next((i for i in self.compute.all() if i.name == name and i.id == iid), None)
+
+    def instance(self, t: Trainer) -> Instance | None:
+        return self.find(t.name, t.iid)
+
+    # -- passes ---------------------------------------------------------------------------------------
+    def engine(self) -> Engine:
+        store, compute = FaultyPort(self.store, self, "store"), FaultyPort(self.compute, self, "compute")
+        observer = Observer(store, compute, BUCKET, self.policy)  # type: ignore[arg-type]
+        executor = ExecutorSpy(Executor(store, compute, BUCKET), self)  # type: ignore[arg-type]
+        return Engine(observer, executor, self.ctx, self.clock)  # type: ignore[arg-type]
+
+    def new_pass_faults(self) -> PassFaults | None:
+        if not self.faults_on:
+            return None
+        f = self.frng
+        rate, timeout = f.choice(FAULT_RATES), f.choice(TIMEOUT_RATES)
+        crash = f.random() < 0.12
+        return PassFaults(rate, timeout, f.randint(1, 4) if crash else None, f.random() < 0.5)
+
+    def run_pass(self, job: str | None, label: str | None = None) -> Summary | None:
+        label = label or ("tick" if job is None else f"event {job}")
+        engine = self.engine()
+        faults = self.new_pass_faults()
+        summary = self.guarded(label, faults, lambda: engine.reconcile(job))
+        if summary is None and self.faults_on and self._last_transient and self.frng.random() < 0.5:
+            self.stats["fault.platform_retry"] += 1  # the platform retries a function that raised
+            summary = self.guarded(label + " (retry)", self.new_pass_faults(), lambda: self.engine().reconcile(job))
+        self.report(label, summary)
+        return summary
+
+    def guarded(self, label: str, faults: PassFaults | None, body: Callable[[], Any]) -> Any:
+        """Run (part of) a pass under its faults; an escaping exception is judged here."""
+        before, self.pass_faults = self.pass_faults, faults
+        self._last_transient = False
+        injected = self._injected
+        try:
+            return body()
+        except InjectedCrash as e:
+            self.say(f"{label}: CRASH ({e})")
+            return None
+        except errors.TransientError as e:  # the function raises; the platform retries
+            self.stats["pass.transient_escaped"] += 1
+            self._last_transient = True
+            self.say(f"{label}: raised {type(e).__name__}: {e}")
+            return None
+        except Exception as e:  # noqa: BLE001 - a controller bug: judged, never hidden
+            where = traceback.extract_tb(e.__traceback__)[-1]
+            self.violate("crashes", f"{label}: {type(e).__name__}: {e} (at {where.filename}:{where.lineno})")
+            if self.verbose:
+                self.out(traceback.format_exc())
+            return None
+        finally:
+            self.pass_faults = before
+            self.stats["pass.total"] += 1
+            self.stats["pass.faulted"] += self._injected > injected
+
+    def report(self, label: str, summary: Summary | None) -> None:
+        if summary is None:
+            return
+        for job, why in summary.errors.items():
+            if "unexpected" in why:
+                self.violate("crashes", f"{label}: {job}: {why}")
+        if self.verbose:
+            done = {j: a for j, a in summary.jobs.items() if a}
+            text = "; ".join(f"{j}: {' / '.join(a)}" for j, a in done.items()) or "nothing to do"
+            errs = "; ".join(f"{j}: {e}" for j, e in summary.errors.items())
+            self.say(f"{label}: {text}{' | errors: ' + errs if errs else ''}")
+
+    def call(self, port: str, op: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Every call the controller makes: faults before, the call, hooks, faults after."""
+        p = self.pass_faults
+        mutating = op in MUTATING
+        self.stats["calls.total"] += 1
+        k = 0
+        if p is not None:
+            if mutating:
+                p.mutations += 1
+                k = p.mutations
+                if k == p.crash_at and p.crash_before:
+                    self.stats["fault.crash_before_call"] += 1
+                    self._injected += 1
+                    raise InjectedCrash(f"before {port}.{op} #{k}")
+            if self.frng.random() < p.rate:
+                self.stats[f"fault.transient.{port}.{op}"] += 1
+                self._injected += 1
+                raise errors.TransientError(f"injected: {port}.{op} failed (503)")
+        if port == "compute" and op == "insert":
+            self.before_insert(*args, **kwargs)
+        elif port == "compute" and op == "delete":
+            self.before_delete(*args, **kwargs)
+        elif port == "compute" and op == "list_managed" and self.compute.unreachable:
+            self.stats["fault.unreachable_listing"] += 1
+        try:
+            result = fn(*args, **kwargs)
+        except errors.CapacityError:
+            self.stats["fault.stockout_hit"] += 1
+            raise
+        except errors.QuotaError:
+            self.stats["fault.quota_hit"] += 1
+            raise
+        except errors.OperationPending:
+            self.stats["fault.pending_insert_hit"] += 1
+            self.after_insert(*args, **kwargs)  # accepted: its instances exist
+            raise
+        if port == "compute" and op == "insert":
+            self.after_insert(*args, **kwargs)
+        elif port == "store" and op == "write":
+            self.after_write(*args, **kwargs)
+        if p is not None and mutating:
+            if k == p.crash_at:
+                self.stats["fault.crash_after_call"] += 1
+                self._injected += 1
+                raise InjectedCrash(f"after {port}.{op} #{k} took effect")
+            if self.frng.random() < p.timeout:
+                self.stats[f"fault.timeout.{port}.{op}"] += 1
+                self._injected += 1
+                raise errors.TransientError(f"injected: {port}.{op} timed out (it took effect)")
+        return result
+
+    # -- hooks on the controller's mutations -------------------------------------------------------
+    def before_insert(self, requests: Any, request_id: str | None = None) -> None:
+        first = requests[0]
+        job = first.labels.get(names.JOB_LABEL, "")
+        js = self.jobs.get(job)
+        if js and js.succeeded_spec is not None and self.spec_generation(job) == js.succeeded_spec:
+            self.violate("restarted_finished", f"{job}: insert of {', '.join(r.name for r in requests)} after status "
+                         f"SUCCEEDED, with the spec unchanged since ({js.succeeded_note})")
+        resume = dict(first.metadata).get("respawn-resume-from", "")
+        if resume and not self.complete_checkpoint(resume):
+            self.violate("lost", f"{job}: {first.name} resumes from {resume}, which is not a complete checkpoint")
+
+    def after_insert(self, requests: Any, request_id: str | None = None) -> None:
+        first = requests[0]
+        job = first.labels.get(names.JOB_LABEL, "")
+        attempt = int(first.labels.get(names.ATTEMPT_LABEL, "0"))
+        key = (job, attempt)
+        self.attempt_nodes[key] = max(self.attempt_nodes.get(key, 0), len(requests))
+        self.tokens.setdefault(key, dict(first.metadata).get("respawn-token", ""))
+        self.check_duplicates(f"after inserting {', '.join(r.name for r in requests)}")
+
+    def before_delete(self, project: str, zone: str, name: str) -> None:
+        target = next((i for i in self.compute.all() if (i.project, i.zone, i.name) == (project, zone, name)), None)
+        if target is None:
+            return
+        if target.labels.get(names.MANAGED_LABEL) != "true":
+            self.violate("foreign_deletes", f"deleting {name} in {zone} (labels {dict(target.labels)}), "
+                         f"not labelled {names.MANAGED_LABEL}=true, while acting for {self.acting_job}")
+        elif self.acting_job is not None and target.labels.get(names.JOB_LABEL) != self.acting_job:
+            self.violate("foreign_deletes", f"deleting {name} of job {target.labels.get(names.JOB_LABEL)} "
+                         f"while acting for job {self.acting_job}")
+        self.stats["controller.deletes"] += 1
+
+    def after_write(self, bucket: str, name: str, data: bytes, **_: Any) -> None:
+        ref = names.parse_object_name(name)
+        if bucket != BUCKET or ref is None or ref.kind != "status" or ref.job not in self.jobs:
+            return
+        js = self.jobs[ref.job]
+        status = JobStatus.from_json(data)
+        if status.phase != Phase.SUCCEEDED:
+            return
+        js.successes += 1
+        # The spec the success was decided on: a spec written after the deciding pass
+        # looked (even if before its write landed) is a new submission, and may run.
+        js.succeeded_spec = status.spec_generation
+        js.succeeded_note = (f"SUCCEEDED written at step {self.step_no} with status spec_generation "
+                             f"{status.spec_generation}; the spec object was then at {js.succeeded_spec}"
+                             f"{', written at step ' + str(js.spec_step) if js.spec_step is not None else ''}")
+        base = _run_base(status)
+        if not any(a > base for a in js.finished):
+            self.violate("lost", f"{ref.job}: status SUCCEEDED (\"{status.message}\") but no attempt of this run "
+                         f"(after attempt {base}) exited 0; attempts that did: {sorted(js.finished) or 'none'}")
+
+    # -- invariants --------------------------------------------------------------------------------------
+    def check(self) -> None:
+        self.check_duplicates()
+        self.check_budgets()
+
+    def check_duplicates(self, when: str = "") -> None:
+        alive: dict[str, dict[int, list[Instance]]] = defaultdict(lambda: defaultdict(list))
+        for inst in self.managed():
+            if inst.status.alive and inst.job:
+                alive[inst.job][inst.attempt].append(inst)
+        suffix = f" ({when})" if when else ""
+        for job, attempts in alive.items():
+            if len(attempts) > 1:
+                shown = "; ".join(f"attempt {a}: {', '.join(f'{i.name}@{i.zone[-1]} {i.status}' for i in v)}"
+                                  for a, v in sorted(attempts.items()))
+                self.violate("duplicates", f"{job}: {len(attempts)} attempts alive at once: {shown}{suffix}")
+            for attempt, instances in attempts.items():
+                zones = sorted({i.zone for i in instances})
+                nodes = self.attempt_nodes.get((job, attempt))
+                if len(zones) > 1 or (nodes is not None and len(instances) > nodes):
+                    self.violate("duplicates", f"{job}: attempt {attempt} has {len(instances)} live instances "
+                                 f"in {', '.join(zones)} (nodes {nodes}){suffix}")
+
+    def check_budgets(self) -> None:
+        for job, js in self.jobs.items():
+            st = self.status(job)
+            if st is None:
+                continue
+            base = _run_base(st)
+            what = "; ".join(f"attempt {a}: {', '.join(c)}" for a, c in sorted(js.causes.items()) if a > base)
+            unreachable = sorted(self.compute.unreachable)
+            context = (f"what befell this run: {what or 'nothing'}"
+                       f"{'; unreachable now: ' + ', '.join(unreachable) if unreachable else ''}; {_last(st)}")
+            preempted = len({a for a in js.preempted if a > base})
+            failed = len({a for a in js.failed if a > base})
+            lost = len({a for a in js.lost | js.failed if a > base})
+            if st.preemptions > preempted:
+                self.violate("budgets", f"{job}: status counts {st.preemptions} preemptions; attempts after {base} "
+                             f"preempted: {sorted(a for a in js.preempted if a > base)} ({context})")
+            if st.failures > failed:
+                self.violate("budgets", f"{job}: status counts {st.failures} failures; attempts after {base} whose "
+                             f"trainer failed: {sorted(a for a in js.failed if a > base)} ({context})")
+            if st.restarts > lost:
+                self.violate("budgets", f"{job}: status counts {st.restarts} restarts; attempts after {base} lost "
+                             f"or failed: {sorted(a for a in js.lost | js.failed if a > base)} ({context})")
+
+    # -- the end of a run -----------------------------------------------------------------------------------
+    def finale(self) -> None:
+        self.say("finale: no more faults; letting the world settle")
+        self.faults_on = False
+        self.pass_faults = None
+        for zones in (self.compute.stockouts, self.compute.quota_exhausted, self.compute.unreachable):
+            zones.clear()
+        self.release_inserts()
+        self.end_glitches(force=True)
+        self.settle()
+        for job in self.jobs:
+            if problem := self.unsettled(job, require_message=True):
+                self.violate("lost" if self.had_loss(job) else "stuck", f"{job}: after the world settled: {problem}")
+        # Every job still running finishes: all nodes exit 0 (rank 0 writes its record first).
+        finishing: dict[str, int] = {}
+        for (job, attempt), group in sorted(self.running_groups().items()):
+            st = self.status(job)
+            if st is None or st.phase.terminal or st.attempt != attempt:
+                continue
+            finishing[job] = self.jobs[job].successes
+            self.jobs[job].finished.add(attempt)
+            self.say(f"finale: {job} attempt {attempt} exits 0")
+            for t in group:
+                self.trainer_exit(t, 0)
+        self.settle()
+        for job, successes in finishing.items():
+            st = self.status(job)
+            if self.jobs[job].successes == successes:
+                where = f"{st.phase} attempt {st.attempt}: {st.message}" if st else "no status"
+                self.violate("stuck", f"{job}: every node exited 0 but the status never said SUCCEEDED ({where})")
+        for job in self.jobs:
+            st = self.status(job)
+            self.stats[f"outcome.{st.phase if st else 'no status'}"] += 1
+        for inst in self.managed():
+            if not inst.status.alive or not inst.job:
+                continue
+            st = self.status(inst.job)
+            why = None
+            if not self.exists(names.spec_key(inst.job)):
+                why = "its job has no spec"
+            elif self.exists(names.cancel_key(inst.job)):
+                why = "its job is cancelled"
+            elif st is None:
+                why = "its job has no status"
+            elif st.phase.terminal:
+                why = f"its job is {st.phase}"
+            elif inst.attempt != st.attempt:
+                why = f"it is attempt {inst.attempt}, the job's is {st.attempt}"
+            if why:
+                self.violate("leaked", f"{inst.name} in {inst.zone} is {inst.status} after the world settled: {why}")
+
+    def settle(self, rounds: int = 30) -> None:
+        for _ in range(rounds):
+            self.sync()
+            self.break_collectives(now=True)
+            summary = self.run_pass(None, label="clean tick")
+            self.sync()
+            self.check()
+            quiet = summary is not None and not any(summary.jobs.values()) and not summary.errors
+            if quiet and not any(self.unsettled(job) for job in self.jobs):
+                return
+            self.advance(timedelta(minutes=10))
+
+    def unsettled(self, job: str, require_message: bool = False) -> str | None:
+        """Why the job is neither ended nor fully running, or None."""
+        st = self.status(job)
+        if st is None:
+            return "a spec but no status" if self.exists(names.spec_key(job)) else None
+        if st.phase.terminal:
+            return f"{st.phase} without a message" if require_message and not st.message.strip() else None
+        nodes = {i.name: i for i in self.managed() if i.job == job and i.attempt == st.attempt}
+        down = [n for n in st.instances if n not in nodes or nodes[n].status != InstanceStatus.RUNNING]
+        hung = [t.name for t in self.trainers.values() if t.job == job and t.attempt == st.attempt and t.state == "hung"]
+        if not st.instances or down:
+            shown = ", ".join(f"{n} {nodes[n].status if n in nodes else 'missing'}" for n in down) or "no instances"
+            return f"{st.phase} attempt {st.attempt} ({shown}): {st.message}"
+        if hung:
+            return f"{st.phase} attempt {st.attempt} hung ({', '.join(hung)})"
+        return None
+
+    def had_loss(self, job: str) -> bool:
+        js = self.jobs[job]
+        return bool(js.lost or js.failed)
+
+    # -- reading the world directly (never through the faulty proxies) -------------------------------
+    def status(self, job: str) -> JobStatus | None:
+        try:
+            blob = self.store.read(BUCKET, names.status_key(job))
+        except errors.NotFound:
+            return None
+        key = (job, blob.info.generation)
+        if key not in self._status_cache:
+            try:
+                self._status_cache[key] = JobStatus.from_json(blob.data)
+            except ValueError:
+                self._status_cache[key] = None
+        return self._status_cache[key]
+
+    def exists(self, key: str) -> bool:
+        return self.store.exists(BUCKET, key)
+
+    def spec_generation(self, job: str) -> int:
+        try:
+            return self.store.read(BUCKET, names.spec_key(job)).info.generation
+        except errors.NotFound:
+            return 0
+
+    def complete_checkpoint(self, uri: str) -> bool:
+        bucket, _, path = uri.removeprefix("gs://").partition("/")
+        return any(self.store.exists(bucket, f"{path.rstrip('/')}/{leaf}") for leaf in ("commit_success.txt",))
+
+
+def _run_base(status: JobStatus) -> int:
+    """The attempt number a run started from: the attempts of this run are above it."""
+    for event in reversed(status.history):
+        if event.event == "accepted":
+            return event.attempt
+    return 0
+
+
+def _last(status: JobStatus) -> str:
+    return f"status {status.phase} attempt {status.attempt}: {status.message}"
+
+
+def _hms(delta: timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    return f"{seconds // 3600:d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+# -- many runs ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Totals:
+    runs: int = 0
+    counts: Counter[str] = field(default_factory=Counter)  # runs with at least one violation, per kind
+    stats: Counter[str] = field(default_factory=Counter)
+    examples: dict[str, list[tuple[int, str]]] = field(default_factory=lambda: defaultdict(list))
+    seeds: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+
+    @property
+    def failed(self) -> bool:
+        return any(self.counts[k] for k in ALL_KINDS)
+
+    def last_line(self) -> str:
+        return "chaos: " + " ".join([f"runs={self.runs}", *(f"{k}={self.counts[k]}" for k in KINDS)])
+
+
+@contextlib.contextmanager
+def quiet_and_fast() -> Iterator[None]:
+    """Logging off (the controller logs every action) and spec parsing memoized.
+
+    ``parse_spec`` is a pure function of (bytes, job); memoizing it only spares the pure-Python
+    YAML parser, which would otherwise take most of the time of a run.
+    """
+    previous = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    original = getattr(observe_module, "parse_spec", None)
+    cache: dict[tuple[Any, str], tuple[bool, Any]] = {}
+
+    def parse(raw: Any, job: str) -> Any:
+        key = (bytes(raw) if isinstance(raw, (bytes, bytearray, memoryview)) else raw, job)
+        hit = cache.get(key)
+        if hit is None:
+            try:
+                hit = (True, original(raw, job))  # type: ignore[misc]
+            except SpecError as e:
+                hit = (False, list(e.problems))
+            cache[key] = hit
+        if hit[0]:
+            return hit[1]
+        raise SpecError(list(hit[1]))
+
+    if original is not None:
+        observe_module.parse_spec = parse  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        if original is not None:
+            observe_module.parse_spec = original  # type: ignore[attr-defined]
+        logging.disable(previous)
+
+
+def run_one(seed: int, steps: int | None = None, verbose: bool = False,
+            out: Callable[[str], None] = print) -> RunResult:
+    with quiet_and_fast():
+        return Run(seed, steps, verbose, out).execute()
+
+
+def run_many(seed: int, runs: int, steps: int | None = None, verbose: bool = False,
+             out: Callable[[str], None] = print, max_examples: int = 5) -> Totals:
+    totals = Totals()
+    with quiet_and_fast():
+        for s in range(seed, seed + runs):
+            if verbose:
+                out(f"run seed={s}")
+            result = Run(s, steps, verbose, out).execute()
+            totals.runs += 1
+            totals.stats.update({k: v for k, v in result.stats.items() if not k.startswith("_")})
+            for kind, message in result.violations.items():
+                totals.counts[kind] += 1
+                totals.seeds[kind].append(s)
+                if len(totals.examples[kind]) < max_examples or verbose:
+                    totals.examples[kind].append((s, message))
+                    out(f"seed {s}: {kind}: {message}")
+                    out(f"  replay: .venv/bin/python -m tests.chaos --seed {s} --runs 1 -v")
+    return totals
+
+
+def fault_line(totals: Totals) -> str:
+    s = totals.stats
+    transient = sum(v for k, v in s.items() if k.startswith("fault.transient."))
+    timeouts = sum(v for k, v in s.items() if k.startswith("fault.timeout."))
+    crashes = s["fault.crash_before_call"] + s["fault.crash_after_call"]
+    parts = {
+        "passes": s["pass.total"], "faulted_passes": s["pass.faulted"], "calls": s["calls.total"], "transient": transient, "timeouts": timeouts, "crashes": crashes,
+        "late_passes": s["fault.late_pass"], "dup_events": s["fault.duplicate_event"],
+        "stockouts": s["fault.stockout_hit"], "quota": s["fault.quota_hit"],
+        "unreachable": s["fault.unreachable_listing"], "pending": s["fault.pending_insert_hit"],
+        "late_stockouts": s["fault.late_stockout"],
+        "odd_status": sum(v for k, v in s.items() if k.startswith("fault.status_")),
+        "preempt": s["fault.preempt_graceful"] + s["fault.preempt_hard"],
+        "preempt_hard": s["fault.preempt_hard"],
+        "platform": s["fault.maintenance"] + s["fault.host_error"] + s["fault.stopped"] + s["fault.vanish"],
+        "stale_records": s["fault.stale_marker"] + s["fault.stale_exit"],
+        "exits0": s["vm.success"], "nonzero": s["vm.nonzero"], "guest_crash": s["vm.crash"], "hang": s["vm.hang"],
+        "vms": s["vm.started"], "user": sum(v for k, v in s.items() if k.startswith("user.")),
+    }
+    return "chaos faults: " + " ".join(f"{k}={v}" for k, v in parts.items())
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the first run; run i uses seed+i")
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (default: 40-80, by seed)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="print every step and every pass's actions")
+    args = parser.parse_args(argv)
+
+    def out(line: str) -> None:
+        print(line, flush=False)
+
+    totals = run_many(args.seed, args.runs, args.steps, args.verbose, out)
+    for kind in ALL_KINDS:
+        if totals.counts[kind] > len(totals.examples[kind]):
+            seeds = totals.seeds[kind]
+            shown = " ".join(map(str, seeds[:30])) + (" ..." if len(seeds) > 30 else "")
+            print(f"{kind}: {totals.counts[kind]} runs, seeds {shown}")
+    if args.verbose:
+        for key, value in sorted(totals.stats.items()):
+            print(f"  {key} = {value}")
+    print(fault_line(totals))
+    outcomes = {k.removeprefix("outcome."): v for k, v in sorted(totals.stats.items()) if k.startswith("outcome.")}
+    print("chaos outcomes (jobs at the end): " + " ".join(f"{k.replace(' ', '_')}={v}" for k, v in outcomes.items()))
+    print(f"chaos: budgets={totals.counts['budgets']}")
+    print(totals.last_line())
+    sys.stdout.flush()
+    return 1 if totals.failed else 0
