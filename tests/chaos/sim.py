@@ -583,6 +583,10 @@ class Run:
         after = {(i.name, i.id) for i in self.managed()}
         late = [i.name for i in pending if (i.name, i.id) not in after]
         self.stats["fault.late_stockout"] += bool(late)
+        for i in pending:  # VMs that existed and then went: to a pass that saw them, a lost attempt
+            if (i.name, i.id) not in after and (js := self.jobs.get(i.job or "")):
+                js.lost.add(i.attempt)
+                js.causes[i.attempt].append(f"{i.name} removed by a late stockout")
         self.say(f"pending inserts finish{'; late stockout removes ' + ', '.join(late) if late else ''}")
 
     def step_user(self) -> None:
