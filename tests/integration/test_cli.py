@@ -37,7 +37,8 @@ def servers() -> Iterator[tuple[LocalGcs, ComputeServer]]:
 def cli(servers, monkeypatch) -> Any:
     gcs, srv = servers
     for key, value in {"STORAGE_EMULATOR_HOST": gcs.url, "RESPAWN_BUCKET": BUCKET, "RESPAWN_PROJECT": PROJECT,
-                       "RESPAWN_COMPUTE_ENDPOINT": srv.endpoint, "COLUMNS": "250"}.items():
+                       "RESPAWN_COMPUTE_ENDPOINT": srv.endpoint, "COLUMNS": "250",
+                       "RESPAWN_TRAINER_SERVICE_ACCOUNT": f"respawn-trainer@{PROJECT}.iam.gserviceaccount.com"}.items():
         monkeypatch.setenv(key, value)
     bootstrap.override(None)
 

@@ -38,7 +38,7 @@ def cloud() -> Iterator[LocalCloud]:
 
 def spec(job: str, **extra: Any) -> dict[str, Any]:
     return {"zones": ["us-central1-a", "us-central1-b"], "machine_type": "g2-standard-8",
-            "accelerators": {"type": "nvidia-l4", "count": 1}, "command": TRAINER, "heartbeat_interval": "1s",
+            "command": TRAINER, "heartbeat_interval": "1s",
             "checkpoint": {"uri": f"gs://respawn-local/ckpt/{job}"},
             "policy": {"startup_grace": "1m", "idle_timeout": "1m"}, **extra}
 
