@@ -453,13 +453,19 @@ class Run:
         if self.instance(t) is not None:
             self.compute.terminate(t.name, StopReason.CRASHED)  # guest power-off: guestTerminate
 
-    def step_preempt(self) -> None:
-        self.sync()  # trainers of VMs that are RUNNING have started before anything befalls them
+    def victim(self) -> tuple[Instance, Trainer | None] | None:
+        """A live VM for something to befall, and its trainer (started first if it is RUNNING)."""
+        self.sync()
         candidates = [i for i in self.managed() if i.status.alive]
         if not candidates:
-            return
+            return None
         inst = self.rng.choice(candidates)
-        t = self.trainers.get((inst.name, inst.id))
+        return inst, self.trainers.get((inst.name, inst.id))
+
+    def step_preempt(self) -> None:
+        if (picked := self.victim()) is None:
+            return
+        inst, t = picked
         js = self.jobs.get(inst.job or "")
         graceful = self.rng.random() < 0.6
         if graceful:
@@ -479,12 +485,9 @@ class Run:
             self.event(inst.job or "")
 
     def step_platform(self) -> None:
-        self.sync()  # trainers of VMs that are RUNNING have started before anything befalls them
-        candidates = [i for i in self.managed() if i.status.alive]
-        if not candidates:
+        if (picked := self.victim()) is None:
             return
-        inst = self.rng.choice(candidates)
-        t = self.trainers.get((inst.name, inst.id))
+        inst, t = picked
         how = self.rng.choice(["maintenance", "host_error", "stopped", "vanish"])
         self.stats[f"fault.{how}"] += 1
         if js := self.jobs.get(inst.job or ""):

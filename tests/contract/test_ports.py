@@ -272,21 +272,15 @@ class TestComputeGateway:
         assert backend.compute.stop_reason(PROJECT, "us-central1-a", f"{job}-1") == StopReason.STOPPED
         assert backend.compute.stop_reason(PROJECT, "us-central1-a", unique("never")) == StopReason.UNKNOWN
 
-    def test_host_maintenance_reads_as_maintenance(self, backend):
-        job = unique("m")
+    @pytest.mark.parametrize("fault, reason", [("maintenance", StopReason.MAINTENANCE),
+                                               ("host_error", StopReason.HOST_ERROR)])
+    def test_platform_stop_reads_as_its_cause(self, backend, fault, reason):
+        job = unique(fault[0])
         backend.compute.insert([request_for(job)], names.request_id(job, 1, 0))
         until("RUNNING", lambda: mine(backend, job)[f"{job}-1"].status == InstanceStatus.RUNNING)
-        backend.maintenance(f"{job}-1")
+        getattr(backend, fault)(f"{job}-1")
         until("TERMINATED", lambda: mine(backend, job)[f"{job}-1"].status == InstanceStatus.TERMINATED)
-        assert backend.compute.stop_reason(PROJECT, "us-central1-a", f"{job}-1") == StopReason.MAINTENANCE
-
-    def test_host_error_reads_as_host_error(self, backend):
-        job = unique("h")
-        backend.compute.insert([request_for(job)], names.request_id(job, 1, 0))
-        until("RUNNING", lambda: mine(backend, job)[f"{job}-1"].status == InstanceStatus.RUNNING)
-        backend.host_error(f"{job}-1")
-        until("TERMINATED", lambda: mine(backend, job)[f"{job}-1"].status == InstanceStatus.TERMINATED)
-        assert backend.compute.stop_reason(PROJECT, "us-central1-a", f"{job}-1") == StopReason.HOST_ERROR
+        assert backend.compute.stop_reason(PROJECT, "us-central1-a", f"{job}-1") == reason
 
     def test_a_preempted_guest_shutting_itself_down_still_reads_preempted(self, backend):
         job = unique("p")
