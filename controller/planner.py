@@ -81,7 +81,7 @@ def _running_job(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: L
     if v.exit and v.exit.belongs_to(st):
         return _exited(v, spec, st, now, ctx)
     if v.marker and v.marker.belongs_to(st):
-        cause = "maintenance" if v.marker.detail == "maintenance" else "preempted"
+        cause = _marker_cause(v.marker)
         return _restart(v, spec, st, cause, f"{cause} marker from {v.marker.instance or 'a VM'}", now, ctx)
     if not st.instances:  # hand-edited: an attempt with no VM names; insert the ones it should have
         repaired = st.but(instances=tuple(names.node_names(v.job, st.attempt, spec.nodes)), inserted=False)
@@ -117,9 +117,15 @@ def _exited(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: Launch
 def _platform_cause(v: JobView, st: JobStatus) -> str | None:
     """'preempted', 'maintenance' or 'host error' when the platform took a node of this attempt."""
     if v.marker and v.marker.belongs_to(st):
-        return "maintenance" if v.marker.detail == "maintenance" else "preempted"
+        return _marker_cause(v.marker)
     reasons = set(v.stop_reasons.values())
     return next((cause for reason, cause in _PLATFORM.items() if reason in reasons), None)
+
+
+def _marker_cause(marker: Record) -> str:
+    """A marker's reason: a preemption, a terminating maintenance, or a VM that booted a
+    second time (reset, stop+start) and refused to train again from a stale checkpoint."""
+    return marker.detail if marker.detail in ("maintenance", "rebooted") else "preempted"
 
 
 def _watch(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchContext) -> list[Action]:
@@ -264,6 +270,12 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
         return []  # an attempt's VMs may live, unseen, in a zone that did not answer
     if st.not_before and now < st.not_before:
         return _delete_current(v, st, why)  # backing off; a VM whose delete failed still goes
+    if up := [i for i in v.instances if i.attempt == st.attempt and not i.status.down]:
+        # A VM of this attempt is still up: delete it first (its shutdown script gives the
+        # trainer the SIGTERM save) and choose the checkpoint once it is gone, so that the
+        # save is the one resumed from.
+        head = [WriteStatus(v.job, st, why, replan=True)] if st is not v.status else []
+        return [*head, *(_delete(v.job, i, why) for i in up)]
     if spec.checkpoint and v.checkpoint_loaded and v.checkpoint_error:
         text = (f"waiting: cannot list checkpoint.uri {spec.checkpoint.uri} ({v.checkpoint_error}); "
                 "fix the URI or grant the controller's service account roles/storage.objectViewer on it")

@@ -56,9 +56,14 @@ def test_does_nothing_when_converged():
 
 def test_first_action_of_a_decision_is_the_status_commit():
     record = Record("preempted-jobs/job", 5, NOW, attempt=1, instance="job-1")
+    # The VM is still up: commit the decision, delete it (its SIGTERM save lands), replan.
     actions = plan_job(view(marker=record), NOW, CTX)
-    assert kinds(actions) == ["WriteStatus", "DeleteInstance", "CreateInstances", "WriteStatus", "DeleteRecord"]
-    assert actions[0].status.attempt == 2 and actions[3].status.inserted
+    assert kinds(actions) == ["WriteStatus", "DeleteInstance"]
+    assert actions[0].status.phase == Phase.RECOVERING and actions[0].replan
+    # Once it is gone: commit the next attempt, insert it, and only then consume the marker.
+    actions = plan_job(view(marker=record, status=actions[0].status, instances=()), NOW, CTX)
+    assert kinds(actions) == ["WriteStatus", "CreateInstances", "WriteStatus", "DeleteRecord"]
+    assert actions[0].status.attempt == 2 and actions[2].status.inserted
     assert actions[-1] == DeleteRecord("job", "preempted-jobs/job", 5, "acted on by attempt 2")
 
 
