@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from controller.ports import BlobInfo
 
+MAX_POINTER_BYTES = 64 * 1024  # LATEST and TensorFlow's state file name one checkpoint
 FORMATS = ("auto", "orbax", "tensorflow", "lightning", "dcp", "files", "pointer")
 _DIR_MARKERS = {"commit_success": "orbax", ".metadata": "dcp", "_SUCCESS": "files",
                 "COMPLETE": "files", "DONE": "files", "trainer_state.json": "files"}

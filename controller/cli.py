@@ -1,25 +1,121 @@
-"""The ``respawn`` command line. Every option can also be set by environment variable."""
+"""The ``respawn`` command line. Every option can also be set by environment variable.
+
+Exit codes (README, "The CLI"): 0 done; 1 an operation ran and failed (a deploy step,
+the demo) or a bug; 2 usage, an invalid spec or configuration, an unknown job, or a
+request refused (by respawn or by Google); 3 Google did not answer in time or its
+retries ran out: the same command may succeed later.
+
+Everything that came from a user or the cloud (spec problems, job and object names,
+status messages, errors) is printed as plain text: never parsed as Rich markup, and
+with control characters escaped so that no name can drive the terminal.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+from typer.core import TyperGroup
 
 from controller import bootstrap, errors
 from controller.config import Settings
 from controller.jobs import Jobs, Refused
 from controller.spec import SpecError, load_document, parse_spec
 
-app = typer.Typer(help="Keep Spot training jobs on Compute Engine alive.", no_args_is_help=True)
+OK, FAILED, REFUSED, UNAVAILABLE = 0, 1, 2, 3  # exit codes
+# C0 and C1 controls, DEL, line/paragraph separators and bidirectional overrides: a name
+# holding any of these could move the cursor, recolour or hide text, or reorder a line.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(text: object, keep: str = "") -> str:
+    """``text`` with every control character written as an escape (``\\x1b``), but those in ``keep``."""
+    def escaped(match: re.Match[str]) -> str:
+        c = match.group()
+        if c in keep:
+            return c
+        return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+    return _CONTROL.sub(escaped, str(text))
+
+
+def plain(text: object, style: str = "") -> Text:
+    """User or cloud text as a Rich renderable: no markup parsed, no control character kept."""
+    return Text(printable(text), style=style)
+
+
+def _line(mark: str, style: str, text: object) -> Text:
+    return Text.assemble((mark, style), " ", printable(text))
+
+
+def _code(error: errors.RespawnError) -> int:
+    return UNAVAILABLE if isinstance(error, (errors.TransientError, errors.OperationPending,
+                                             errors.CapacityError)) else REFUSED
+
+
+def _message(error: errors.RespawnError) -> str:
+    if isinstance(error, errors.ConfigError):
+        return f"configuration: {error}"
+    if _code(error) == UNAVAILABLE:
+        return f"{error} (Google did not answer in time; try again)"
+    return str(error)
+
+
+class _Guarded(TyperGroup):
+    """Every command: a RespawnError is one line on stderr and its exit code, never a traceback."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Refused as e:
+            _fail(str(e))
+        except errors.RespawnError as e:
+            _fail(_message(e), _code(e))
+        except ValidationError as e:
+            if e.title != Settings.__name__:
+                raise
+            _fail(_message(errors.ConfigError(_settings_problem(e))))
+
+
+app = typer.Typer(cls=_Guarded, help="Keep Spot training jobs on Compute Engine alive.", no_args_is_help=True)
 out = Console()
 err = Console(stderr=True)
+
+
+def _settings_problem(error: ValidationError) -> str:
+    """One phrase per bad variable, named as the user set it: RESPAWN_MAX_NODES='lots': ..."""
+    parts = []
+    for problem in error.errors():
+        field = str(problem["loc"][0]) if problem["loc"] else ""
+        known = Settings.model_fields.get(field)
+        variable = f"RESPAWN_{field.upper()}" if known and known.validation_alias is None else field
+        parts.append(f"{variable}={problem.get('input')!r}: {problem['msg']}")
+    return "; ".join(parts)
+
+
+def _config(fresh: bool = False) -> Settings:
+    """The settings from the environment; a bad variable is a ConfigError naming it."""
+    try:
+        return Settings() if fresh else bootstrap.settings()
+    except ValidationError as e:
+        raise errors.ConfigError(_settings_problem(e)) from e
+
+
+def _read(spec: Path) -> bytes:
+    try:
+        return spec.read_bytes()
+    except OSError as e:
+        _fail(f"cannot read {spec}: {e.strerror or e}")
 
 
 @app.command()
@@ -28,9 +124,9 @@ def validate(
     job: Annotated[str | None, typer.Option(envvar="RESPAWN_JOB", help="job name (default: spec's name or file stem)")] = None,
 ) -> None:
     """Check a spec against the schema and this controller's policy. Exit 2 if invalid."""
-    raw = spec.read_bytes()
+    raw = _read(spec)
     name = job or _declared_name(raw) or spec.stem
-    config = Settings()
+    config = _config(fresh=True)
     try:
         parsed = parse_spec(raw, name)
         # Without the controller's settings there is no policy to check against.
@@ -39,21 +135,23 @@ def validate(
         problems = e.problems
     if problems:
         for line in problems:
-            err.print(f"[red]✗[/red] {line}", highlight=False)
-        raise typer.Exit(2)
-    out.print(f"[green]✓[/green] {name}: valid ({len(parsed.zones)} zones, {parsed.nodes} node(s), {parsed.provisioning})")
+            err.print(_line("✗", "red", line), soft_wrap=True)
+        raise typer.Exit(REFUSED)
+    out.print(_line("✓", "green", f"{name}: valid ({len(parsed.zones)} zones, {parsed.nodes} node(s), "
+                                  f"{parsed.provisioning})"), soft_wrap=True)
     if not config.project:
         out.print("[dim]schema only: set RESPAWN_PROJECT (and the policy variables) to check this controller's policy[/dim]")
 
 
 def _jobs() -> Jobs:
+    config = _config()
     store, _ = bootstrap.adapters()
-    config = bootstrap.settings()
     return Jobs(store, config.bucket, config.policy())
 
 
-def _fail(message: str, code: int = 2) -> NoReturn:
-    err.print(f"[red]✗[/red] {message}", highlight=False)
+def _fail(message: str, code: int = REFUSED) -> NoReturn:
+    """One line on stderr, then exit: what went wrong, as plain text."""
+    err.print(_line("✗", "red", message), soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -62,30 +160,28 @@ def submit(
     spec: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="spec.yaml or .json")],
     job: Annotated[str | None, typer.Option(envvar="RESPAWN_JOB", help="job name (default: spec's name or file stem)")] = None,
     replace: Annotated[bool, typer.Option("--replace", help="overwrite the spec of a job that is still running")] = False,
+    uncancel: Annotated[bool, typer.Option("--uncancel", help="withdraw a cancel the controller has not acted on "
+                                                              "yet (without it, such a job is refused)")] = False,
 ) -> None:
     """Validate a spec, then upload it to jobs/<name>/spec.yaml."""
-    raw = spec.read_bytes()
+    raw = _read(spec)
     name = job or _declared_name(raw) or spec.stem
+    jobs = _jobs()
     try:
-        generation = _jobs().submit(raw, name, replace)
+        generation = jobs.submit(raw, name, replace, uncancel)
     except SpecError as e:
         for line in e.problems:
-            err.print(f"[red]✗[/red] {line}", highlight=False)
-        raise typer.Exit(2) from e
-    except (Refused, errors.RespawnError) as e:
-        _fail(str(e))
-    config = bootstrap.settings()
-    out.print(f"[green]✓[/green] submitted {name} to gs://{config.bucket}/jobs/{name}/spec.yaml (generation {generation})")
+            err.print(_line("✗", "red", line), soft_wrap=True)
+        raise typer.Exit(REFUSED) from e
+    out.print(_line("✓", "green", f"submitted {name} to gs://{jobs.bucket}/jobs/{name}/spec.yaml "
+                                  f"(generation {generation})"), soft_wrap=True)
 
 
 @app.command()
 def cancel(job: Annotated[str, typer.Argument(help="the job to cancel")]) -> None:
     """Ask the controller to cancel a job and delete its VMs."""
-    try:
-        _jobs().cancel(job)
-    except (Refused, errors.RespawnError) as e:
-        _fail(str(e))
-    out.print(f"[green]✓[/green] cancel requested for {job}")
+    _jobs().cancel(job)
+    out.print(_line("✓", "green", f"cancel requested for {job}"), soft_wrap=True)
 
 
 @app.command()
@@ -96,25 +192,32 @@ def status(
     interval: Annotated[float, typer.Option(envvar="RESPAWN_WATCH_INTERVAL", help="seconds between refreshes")] = 2.0,
     refreshes: Annotated[int, typer.Option(hidden=True, help="stop --watch after this many refreshes (0: never)")] = 0,
 ) -> None:
-    """A table of jobs: phase, attempt, preemptions, failures, zone, instance, checkpoint, age, last event."""
-    try:
-        rows = _status_rows(job)
-    except errors.RespawnError as e:
-        _fail(str(e))
+    """A table of jobs: phase, attempt, preemptions, failures, zone, instance, checkpoint, age, last event.
+
+    A job whose checkpoints cannot be listed keeps its row, with the reason (``checkpoint_error``
+    in --json); the command still exits 0. A JOB that does not exist exits 2.
+    """
+    rows = _status_rows(job)
     if as_json:
         print(json.dumps(rows, indent=2))
         return
     if not watch:
         out.print(_status_table(rows))
+        for problem in _status_problems(rows):
+            err.print(problem, soft_wrap=True)
         return
     from rich.live import Live
 
     count = 0
-    with Live(_status_table(rows), console=out, refresh_per_second=4) as live:
+    with Live(_status_table(rows, watching=True), console=out, refresh_per_second=4) as live:
         try:
             while not refreshes or count < refreshes:
                 time.sleep(interval)
-                live.update(_status_table(_status_rows(job)))
+                try:
+                    rows = _status_rows(job)
+                    live.update(_status_table(rows, watching=True))
+                except (errors.RespawnError, Refused) as e:  # keep the last table, say why it is old
+                    live.update(_status_table(rows, watching=True, stale=str(e)))
                 count += 1
         except KeyboardInterrupt:
             pass
@@ -123,30 +226,57 @@ def status(
 def _status_rows(job: str | None) -> list[dict[str, object]]:
     from datetime import UTC, datetime
 
-    _, compute = bootstrap.adapters()
-    config = bootstrap.settings()
-    ids = {i.name: i.id for i in compute.list_managed(config.policy().watched_projects, job).instances}
+    from controller import names
+
+    config = _config()
     jobs = _jobs()
-    return [row.as_dict(datetime.now(UTC), ids, jobs.checkpoint_step(row.job)) for row in jobs.rows(job)]
+    _, compute = bootstrap.adapters()
+    found = jobs.rows(job)
+    if job is not None and not found:
+        raise Refused(f"no job named {job!r} in gs://{config.bucket}")
+    # A job whose name is not one never had an instance (nor may it go into a filter).
+    listed = [] if job is not None and names.job_name_problem(job) else \
+        compute.list_managed(config.policy().watched_projects, job).instances
+    ids = {i.name: i.id for i in listed}
+    now = datetime.now(UTC)
+    rows = []
+    for row in found:
+        try:  # one job's unreadable checkpoint bucket must not hide every job
+            step, problem = jobs.checkpoint_step(row.job), None
+        except errors.RespawnError as e:
+            step, problem = None, str(e) or type(e).__name__
+        rows.append(row.as_dict(now, ids, step, problem))
+    return rows
 
 
-def _status_table(rows: list[dict[str, object]]) -> Table:
+def _status_problems(rows: list[dict[str, object]]) -> list[Text]:
+    return [_line("!", "yellow", f"{r['job']}: checkpoints not readable: {r['checkpoint_error']}")
+            for r in rows if r.get("checkpoint_error")]
+
+
+def _status_table(rows: list[dict[str, object]], watching: bool = False, stale: str | None = None) -> Table:
     from controller.durations import format_duration
     from datetime import timedelta
 
-    table = Table("job", "phase", "attempt", "preempt.", "fail.", "zone", "instance (id)", "ckpt step", "age", "last event")
+    caption = None
+    if watching:  # --watch: the problems go under the table, which is redrawn
+        lines = _status_problems(rows) + ([_line("!", "yellow", f"not refreshed: {stale}")] if stale else [])
+        caption = Text("\n").join(lines) if lines else None
+    table = Table("job", "phase", "attempt", "preempt.", "fail.", "zone", "instance (id)", "ckpt step", "age",
+                  "last event", caption=caption, caption_justify="left")
     colours = {"RUNNING": "green", "SUCCEEDED": "bold green", "FAILED": "red", "RECOVERING": "yellow",
                "CANCELLED": "dim", "PROVISIONING": "cyan", "PENDING": "cyan"}
     for r in rows:
         phase = str(r["phase"])
         age = r["age_seconds"]
         instance = f"{r['instance']} ({r['instance_id']})" if r["instance_id"] else str(r["instance"] or "—")
-        event = str(r["last_event"])
-        table.add_row(str(r["job"]), f"[{colours.get(phase, 'white')}]{phase}[/]", str(r["attempt"]),
-                      str(r["preemptions"]), str(r["failures"]), str(r["zone"] or "—"), instance,
-                      str(r["checkpoint_step"] if r["checkpoint_step"] is not None else "—"),
-                      format_duration(timedelta(seconds=int(age))) if isinstance(age, int) else "—",
-                      event if len(event) <= 80 else event[:77] + "...")
+        event = printable(r["last_event"])
+        step = plain("unreadable", "yellow") if r.get("checkpoint_error") else \
+            plain(r["checkpoint_step"] if r["checkpoint_step"] is not None else "—")
+        table.add_row(plain(r["job"]), plain(phase, colours.get(phase, "white")), plain(r["attempt"]),
+                      plain(r["preemptions"]), plain(r["failures"]), plain(r["zone"] or "—"), plain(instance), step,
+                      plain(format_duration(timedelta(seconds=int(age))) if isinstance(age, int) else "—"),
+                      Text(event if len(event) <= 80 else event[:77] + "..."))
     return table
 
 
@@ -156,31 +286,44 @@ def logs(
     limit: Annotated[int, typer.Option(envvar="RESPAWN_LOG_LIMIT", help="at most this many entries")] = 200,
     serial: Annotated[bool, typer.Option("--serial", help="read the serial console through the Compute API "
                                                           "instead of Cloud Logging")] = False,
+    raw: Annotated[bool, typer.Option("--raw", help="print control characters (colours, cursor moves) as they are; "
+                                                    "by default they are escaped")] = False,
 ) -> None:
     """Cloud Logging entries of the job's instances (every attempt), oldest first."""
+    config = _config()
     status = _jobs().status(job)
     ids = dict(status.instance_ids) if status else {}
     _, compute = bootstrap.adapters()
-    config = bootstrap.settings()
     live = compute.list_managed(config.policy().watched_projects, job).instances
     ids.update({i.name: i.id for i in live})
     if not ids:
         _fail(f"no instance of {job!r} has been seen yet")
+
+    def show(text: str) -> str:
+        return text if raw else printable(text.replace("\r\n", "\n"), keep="\n\t")
+
     if serial:
         where = {i.name: (i.project, i.zone) for i in live}
         fallback = ((status.project or config.project), status.zone) if status else (config.project, None)
         for name in ids:
-            out.print(f"[bold]== {name}[/bold]")
-            print(_serial_output(config, *where.get(name, fallback), name))
+            out.print(plain(f"== {name}", "bold"), soft_wrap=True)
+            print(show(_serial_output(config, *where.get(name, fallback), name)))
         return
+    from google.auth import exceptions as auth_errors
     from google.cloud import logging as cloud_logging
 
-    client = cloud_logging.Client(project=config.project)
-    for entry in client.list_entries(filter_=logs_filter(ids.values()), order_by=cloud_logging.ASCENDING,
-                                     max_results=limit):
-        payload = entry.payload if isinstance(entry.payload, str) else json.dumps(entry.payload)
-        name = entry.labels.get("compute.googleapis.com/resource_name", "") if entry.labels else ""
-        print(f"{entry.timestamp:%Y-%m-%d %H:%M:%S} {name} {payload}")
+    from controller.adapters.gcs import translated
+
+    try:
+        with translated("Cloud Logging"):
+            client = cloud_logging.Client(project=config.project)
+            for entry in client.list_entries(filter_=logs_filter(ids.values()), order_by=cloud_logging.ASCENDING,
+                                             max_results=limit):
+                payload = entry.payload if isinstance(entry.payload, str) else json.dumps(entry.payload)
+                name = entry.labels.get("compute.googleapis.com/resource_name", "") if entry.labels else ""
+                print(f"{entry.timestamp:%Y-%m-%d %H:%M:%S} {show(name)} {show(payload)}")
+    except auth_errors.GoogleAuthError as e:
+        raise errors.ConfigError(f"no usable Google credentials for Cloud Logging: {e}") from e
 
 
 def logs_filter(instance_ids: Iterable[str]) -> str:
@@ -190,12 +333,21 @@ def logs_filter(instance_ids: Iterable[str]) -> str:
 
 def _serial_output(config: Settings, project: str, zone: str | None, name: str) -> str:
     from google.api_core import exceptions
+
+    from controller.adapters.gcs import translated
     from controller.adapters.google import instances_client
 
     try:
-        return instances_client(config).get_serial_port_output(project=project, zone=zone, instance=name).contents
-    except exceptions.NotFound:
-        return "(instance deleted: its serial console went with it; use Cloud Logging)"
+        with translated(f"serial console of {name}"):
+            try:
+                return instances_client(config).get_serial_port_output(project=project, zone=zone,
+                                                                       instance=name).contents
+            except exceptions.NotFound:
+                return "(instance deleted: its serial console went with it; use Cloud Logging)"
+    except errors.TransientError:
+        raise
+    except errors.RespawnError as e:  # one instance's console, not the others'
+        return f"(serial console not readable: {e})"
 
 
 @app.command()
@@ -220,7 +372,7 @@ def deploy(
 
     from controller import deploy as deployment
 
-    config = Settings()
+    config = _config(fresh=True)
     policy_env = {f"RESPAWN_{k.upper()}": ",".join(v) if isinstance(v, tuple) else str(v)
                   for k, v in config.model_dump(include={"allowed_projects", "allowed_zones", "allowed_machine_types",
                                                          "allowed_service_accounts", "max_nodes", "max_accelerators"}).items()
@@ -237,14 +389,17 @@ def deploy(
         _fail(str(error))
     if dry_run:
         for number, step in enumerate(steps, 1):
-            out.print(f"[bold]# {number}. {step.title}[/bold]", soft_wrap=True)
+            out.print(plain(f"# {number}. {step.title}", "bold"), soft_wrap=True)
             print(step.render())
         return
     try:
-        deployment.execute(steps, target, say=lambda title: out.print(f"[bold]→[/bold] {title}"))
+        deployment.execute(steps, target, say=lambda title: out.print(_line("→", "bold", title), soft_wrap=True))
     except subprocess.CalledProcessError as error:
-        _fail(f"{shlex.join(error.cmd)} failed:\n{(error.stderr or '').strip()}", 1)
-    out.print("[green]✓[/green] deployed")
+        command = shlex.join(error.cmd) if isinstance(error.cmd, (list, tuple)) else str(error.cmd)
+        err.print(_line("✗", "red", f"{command} failed:"), soft_wrap=True)
+        err.print(plain((error.stderr or "").strip()), soft_wrap=True)
+        raise typer.Exit(FAILED) from error
+    out.print(_line("✓", "green", "deployed"))
 
 
 @app.command()
@@ -254,17 +409,15 @@ def reconcile(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Run one reconcile pass from the terminal."""
-    try:
-        summary = bootstrap.engine().reconcile(job, dry_run=dry_run)
-    except errors.ConfigError as e:
-        err.print(f"[red]configuration:[/red] {e}")
-        raise typer.Exit(2) from e
+    _config()
+    summary = bootstrap.engine().reconcile(job, dry_run=dry_run)
     if as_json:
-        out.print_json(json.dumps(summary.as_dict()))
+        print(json.dumps(summary.as_dict(), indent=2))
         return
     table = Table("job", "planned" if dry_run else "done", "error")
     for name, done in summary.jobs.items():
-        table.add_row(name, "\n".join(done) or "—", summary.errors.get(name, ""))
+        table.add_row(plain(name), Text("\n").join(plain(d) for d in done) if done else plain("—"),
+                      plain(summary.errors.get(name, ""), "red"))
     out.print(table)
 
 
@@ -312,8 +465,7 @@ def demo(
     try:
         result = story.run(out, notice)
     except TimeoutError as e:
-        err.print(f"[red]demo failed:[/red] {e}")
-        raise typer.Exit(1) from e
+        _fail(f"demo failed: {e}", FAILED)
     table = Table(title="respawn demo", show_header=False)
     rows = [
         ("outcome", str(result.phase)),
@@ -327,10 +479,10 @@ def demo(
         ("wall time", f"{result.seconds:.0f} s"),
     ]
     for key, value in rows:
-        table.add_row(key, value)
+        table.add_row(key, plain(value))
     out.print(table)
     for line in result.story:
-        out.print(f"  {line}")
+        out.print(plain(f"  {line}"))
     if not result.ok:
         err.print("[red]the story did not come out right[/red]")
         raise typer.Exit(1)

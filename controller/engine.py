@@ -60,7 +60,9 @@ class Engine:
     def reconcile(self, job: str | None = None, dry_run: bool = False) -> Summary:
         """Reconcile every job (``job`` None) or one; ``dry_run`` plans without acting."""
         world = self.observer.world(job)
-        summary = Summary(unreachable=list(world.unreachable))
+        summary = Summary(unreachable=[*world.unreachable, *(f"project {p}" for p in world.unseen_projects)])
+        for project, why in world.unseen_projects.items():
+            summary.errors[f"project {project}"] = f"instance list failed: {why}"
         for view in world.jobs.values():
             try:
                 self._reconcile_job(view, summary, dry_run)

@@ -24,6 +24,10 @@ class AlreadyExists(RespawnError):
     """An insert named something that already exists (HTTP 409)."""
 
 
+class TooLarge(RespawnError):
+    """An object is larger than the caller's limit; it was not downloaded."""
+
+
 class PreconditionFailed(RespawnError):
     """A generation precondition did not hold: another writer got there first (HTTP 412)."""
 

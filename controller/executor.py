@@ -75,6 +75,7 @@ class Executor:
                 except errors.NotFound:
                     pass
             case DeleteRecord():
+                self._unchanged(chain)  # a stale view must not consume the next attempt's record
                 try:
                     self.store.delete(self.bucket, action.key, if_generation_match=action.generation)
                 except errors.NotFound:
@@ -120,7 +121,7 @@ class Executor:
         A read that fails is no answer: the action is called off, and retried next pass.
         """
         try:
-            generation = self.store.read(self.bucket, key).info.generation
+            generation = self.store.stat(self.bucket, key).generation  # metadata only: never the bytes
         except errors.NotFound:
             generation = 0
         except errors.RespawnError as e:

@@ -28,7 +28,8 @@ class JobRow:
     has_spec: bool
     cancelled: bool
 
-    def as_dict(self, now: datetime, ids: dict[str, str], checkpoint_step: int | None = None) -> dict[str, Any]:
+    def as_dict(self, now: datetime, ids: dict[str, str], checkpoint_step: int | None = None,
+                checkpoint_error: str | None = None) -> dict[str, Any]:
         st = self.status
         last = st.history[-1] if st and st.history else None
         instance = st.instances[0] if st and st.instances else None
@@ -42,6 +43,7 @@ class JobRow:
             "instance": instance,
             "instance_id": ids.get(instance or "") or (st.instance_ids.get(instance or "") if st else None),
             "checkpoint_step": checkpoint_step,
+            "checkpoint_error": checkpoint_error,  # why the checkpoints could not be listed
             "age_seconds": int((now - st.created_at).total_seconds()) if st and st.created_at else None,
             "last_event": f"{last.event}: {last.detail}" if last else "",
             "message": st.message if st else "",
@@ -62,21 +64,35 @@ class Jobs:
             raise SpecError(problems)
         return spec
 
-    def submit(self, raw: bytes, job: str, replace: bool = False) -> int:
-        """Upload the spec; a job still running is only overwritten with ``replace``."""
+    def submit(self, raw: bytes, job: str, replace: bool = False, uncancel: bool = False) -> int:
+        """Upload the spec; a job still running is only overwritten with ``replace``.
+
+        A cancel the controller has not acted on yet is only withdrawn with ``uncancel``:
+        replacing the spec must not quietly revoke someone's cancel. A cancel left from a
+        finished run is removed, so that it cannot cancel the new run.
+        """
         self.check(raw, job)
         current = self._generation(names.spec_key(job))
-        if current and not replace:
-            status = self.status(job)
-            if status is None or not status.phase.terminal:
-                phase = status.phase if status else "submitted"
-                raise Refused(f"job {job!r} is {phase}; pass --replace to change its spec "
-                              "(it applies from the next attempt)")
-        # A cancel left from an earlier run would cancel the new one: remove it first.
-        try:
-            self.store.delete(self.bucket, names.cancel_key(job))
-        except errors.NotFound:
-            pass
+        status = self.status(job)
+        finished = status is not None and status.phase.terminal
+        cancel = self._generation(names.cancel_key(job))
+        # A cancel of a job that has neither a spec nor a status cancels nothing: stale.
+        pending_cancel = bool(cancel) and not finished and (bool(current) or status is not None)
+        if pending_cancel and not uncancel:
+            raise Refused(f"job {job!r} has a pending cancel; pass --replace --uncancel to withdraw it and keep "
+                          "the job running with this spec, or wait until it is CANCELLED and submit again")
+        if current and not replace and not finished:
+            phase = status.phase if status else "submitted"
+            raise Refused(f"job {job!r} is {phase}; pass --replace to change its spec "
+                          "(it applies from the next attempt)")
+        if cancel:
+            # Only the cancel seen above: one written since then is someone's new decision.
+            try:
+                self.store.delete(self.bucket, names.cancel_key(job), if_generation_match=cancel)
+            except errors.NotFound:
+                pass
+            except errors.PreconditionFailed:
+                raise Refused(f"job {job!r} was cancelled again while submitting; nothing was changed") from None
         info = self.store.write(self.bucket, names.spec_key(job), raw, if_generation_match=None if replace else current)
         return info.generation
 

@@ -123,11 +123,13 @@ def node_names(job: str, attempt: int, nodes: int) -> list[str]:
     return [instance_name(job, attempt, rank) for rank in range(nodes)]
 
 
-def request_id(job: str, attempt: int, placement: int) -> str:
+def request_id(job: str, attempt: int, placement: int, run: str = "") -> str:
     """Deterministic insert ``request_id`` (Compute requires a UUID).
 
     Every retry of one insert reuses the id, so Compute deduplicates it. ``placement``
     counts capacity failures within the attempt: Compute answers a reused id with the
     *original* operation, so trying the next zone after a stockout needs a new id.
+    ``run`` tells runs of a reused job name apart (attempt numbers start over when its
+    status.json is deleted): Compute would answer run 2's attempt 1 with run 1's.
     """
-    return str(uuid.uuid5(_REQUEST_NS, f"{job}/{attempt}/{placement}"))
+    return str(uuid.uuid5(_REQUEST_NS, f"{job}/{attempt}/{placement}" + (f"/{run}" if run else "")))

@@ -46,24 +46,32 @@ class Observer:
             if view := self._guarded(failed, name, self._bucket_view, name, listing.get(name, {})):
                 views[name] = view
         # Only now, after every status was read, the instances: see the module docstring.
-        found = self._instances(job)
+        found = self._instances(job, views)
         unreachable = tuple(found.unreachable)
+        unseen = tuple(sorted(found.failed_projects))
         by_job: dict[str, list[Instance]] = defaultdict(list)
         for instance in found.instances:
             if instance.job and instance.job not in failed:
                 by_job[instance.job].append(instance)
         for name, instances in by_job.items():
             views[name] = replace(views.get(name) or JobView(job=name), instances=tuple(instances))
-        views = {n: replace(v, unreachable=unreachable) for n, v in views.items()}
+        views = {n: replace(v, unreachable=unreachable, unseen_projects=unseen) for n, v in views.items()}
         complete = {n: self._guarded(failed, n, self._with_evidence, views[n]) for n in sorted(views)}
-        return World({n: v for n, v in complete.items() if v}, unreachable, failed)
+        return World({n: v for n, v in complete.items() if v}, unreachable, dict(found.failed_projects), failed)
 
-    def _instances(self, job: str | None) -> InstanceList:
+    def _instances(self, job: str | None, views: dict[str, JobView]) -> InstanceList:
         # A job name from an event's object name goes into a Compute filter: only a valid
         # one does. No instance can carry an invalid one, since respawn never creates it.
         if job is not None and names.job_name_problem(job):
             return InstanceList([])
-        return self.compute.list_managed(self.policy.watched_projects, job)
+        # Besides the policy's projects, every project a status names: a project dropped
+        # from the policy may still hold VMs of a job, which must be found to be deleted.
+        recorded = sorted({v.status.project for v in views.values() if v.status and v.status.project})
+        projects = tuple(dict.fromkeys((*self.policy.watched_projects, *recorded)))
+        found = self.compute.list_managed(projects, job)
+        for project, why in found.failed_projects.items():
+            log.warning("could not list instances", extra={"json_fields": {"project": project, "error": why}})
+        return found
 
     @staticmethod
     def _guarded(failed: dict[str, str], job: str, step: Callable[..., JobView], *args: Any) -> JobView | None:
@@ -116,14 +124,18 @@ class Observer:
 
     def _bucket_view(self, job: str, objects: dict[str, BlobInfo]) -> JobView:
         status, generation = self._status(objects.get("status"))
+        # Records of a name with neither spec nor status are never acted on (its VMs, if
+        # any, are orphans found by the instance list): not read, so that junk objects
+        # under many names cannot make a tick read them all.
+        ours = "spec" in objects or "status" in objects
         view = JobView(
             job=job,
             cancelled="cancel" in objects,
             status=status,
             status_generation=generation,
-            marker=self._record(objects.get("marker")),
-            exit=self._record(objects.get("exit")),
-            heartbeat=self._record(objects.get("heartbeat")),
+            marker=self._record(objects.get("marker")) if ours else None,
+            exit=self._record(objects.get("exit")) if ours else None,
+            heartbeat=self._record(objects.get("heartbeat")) if ours else None,
         )
         return self._with_spec(view, objects["spec"]) if "spec" in objects else view
 
@@ -131,7 +143,11 @@ class Observer:
         if info.size > MAX_SPEC_BYTES:  # never download it: a 150 MB spec would eat the pass
             problem = f"spec.yaml: {info.size} bytes is larger than the {MAX_SPEC_BYTES // 1024} KiB limit; shrink it"
             return replace(view, problems=(problem,), spec_generation=info.generation)
-        raw = self.store.read(self.bucket, info.name).data
+        try:
+            raw = self.store.read(self.bucket, info.name, limit=MAX_SPEC_BYTES).data
+        except errors.TooLarge:  # grew since the listing
+            problem = f"spec.yaml: larger than the {MAX_SPEC_BYTES // 1024} KiB limit; shrink it"
+            return replace(view, problems=(problem,), spec_generation=info.generation)
         try:
             spec = parse_spec(raw, view.job)
         except SpecError as e:
@@ -149,7 +165,11 @@ class Observer:
         if info.size > MAX_STATUS_BYTES:
             log.warning("oversized status.json; starting a new run", extra={"json_fields": {"object": info.name}})
             return None, info.generation
-        blob = self.store.read(self.bucket, info.name)
+        try:
+            blob = self.store.read(self.bucket, info.name, limit=MAX_STATUS_BYTES)
+        except errors.TooLarge:
+            log.warning("oversized status.json; starting a new run", extra={"json_fields": {"object": info.name}})
+            return None, self.store.stat(self.bucket, info.name).generation
         try:
             return JobStatus.from_json(blob.data), blob.info.generation
         except (ValueError, RecursionError):
@@ -166,9 +186,12 @@ class Observer:
 
     def _read_record(self, name: str) -> Record | None:
         try:
-            blob = self.store.read(self.bucket, name)
+            blob = self.store.read(self.bucket, name, limit=MAX_RECORD_BYTES)
         except errors.NotFound:
             return None  # consumed between the listing and the read, or never written
+        except errors.TooLarge:  # not a record: keep its identity so that it is cleaned up
+            info = self.store.stat(self.bucket, name)
+            return Record(info.name, info.generation, info.updated, detail=f"unreadable: {info.size} bytes")
         return Record.parse(blob.info, blob.data)
 
     def _with_evidence(self, view: JobView) -> JobView:
@@ -179,7 +202,7 @@ class Observer:
         st = view.status
         if st is None or st.phase.terminal or not st.zone or not st.project:
             return view
-        if st.zone in view.unreachable or st.project not in self.policy.watched_projects:
+        if st.zone in view.unreachable or st.project in view.unseen_projects:
             return view
         seen = {i.name: i for i in view.instances if i.attempt == st.attempt}
         if not st.inserted and not seen:
@@ -200,9 +223,9 @@ def discover(store: BlobStore, uri: str, fmt: str = "auto") -> checkpoints.Found
     bucket, prefix = checkpoints.split_uri(uri)
 
     def read(relative: str) -> bytes | None:
-        try:
-            return store.read(bucket, prefix + relative).data
-        except errors.NotFound:
+        try:  # pointer and state files are a line or two: a huge one is no pointer
+            return store.read(bucket, prefix + relative, limit=checkpoints.MAX_POINTER_BYTES).data
+        except (errors.NotFound, errors.TooLarge):
             return None
 
     return checkpoints.latest(uri, store.list(bucket, prefix), read, fmt)

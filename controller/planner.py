@@ -72,7 +72,8 @@ def _plan_job(v: JobView, now: datetime, ctx: LaunchContext) -> list[Action]:
 def _running_job(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchContext) -> list[Action]:
     policy = spec.policy
     born = st.created_at or st.started_at
-    if policy.max_runtime and born and now - born >= policy.max_runtime:
+    finished = v.exit is not None and v.exit.belongs_to(st) and v.exit.exit_code == 0
+    if policy.max_runtime and born and now - born >= policy.max_runtime and not finished:
         return _end(v, st, Phase.FAILED, f"deadline: max_runtime {fmt(policy.max_runtime)} reached", now)
     # Between attempts the current attempt's records were already acted on (counted
     # in this very status); they are consumed once the next insert is acknowledged.
@@ -103,7 +104,7 @@ def _exited(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: Launch
         return _restart(v, spec, st, cause, f"{detail} after a node was {cause}", now, ctx)
     if len(st.instances) > 1:
         # A gang: a rank failing because another node went away is that node's loss.
-        if st.zone in v.unreachable:
+        if st.zone in v.unreachable or st.project in v.unseen_projects:
             return []  # cannot see the other nodes: wait until the zone answers
         mine = _current(v, st)
         if any(i.status.settling for i in mine.values()):
@@ -130,13 +131,15 @@ def _marker_cause(marker: Record) -> str:
 
 def _watch(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchContext) -> list[Action]:
     """The current attempt was inserted: is every node alive, working and young enough?"""
-    if st.zone in v.unreachable:
-        return []  # its zone did not answer the list: "not seen" is not "gone"
+    if st.zone in v.unreachable or st.project in v.unseen_projects:
+        return []  # its zone or project did not answer the list: "not seen" is not "gone"
     mine = _current(v, st)
     lost = [n for n in st.instances if n not in mine or mine[n].status.down]
-    if lost:
+    done = _finished_workers(v, st, mine, lost)
+    if lost and lost != done:
         return _lost(v, spec, st, mine, lost, now, ctx)
-    if not all(mine[n].status == InstanceStatus.RUNNING for n in st.instances):
+    working = {n: i for n, i in mine.items() if n not in done}
+    if not all(working.get(n) and working[n].status == InstanceStatus.RUNNING for n in st.instances if n not in done):
         return _settling(v, st, mine, now)  # booting, settling, or a status we do not know
     if st.settling:
         # Back from a state its trainer may not have run in: heartbeats get a new grace.
@@ -148,9 +151,9 @@ def _watch(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchC
         running = st.but(t.event(now, st, "running", detail), phase=Phase.RUNNING, message=detail,
                          instance_ids=dict(list(ids.items())[-50:]))
         return [WriteStatus(v.job, running, "instances running")]
-    if _stale_heartbeat(v, spec, st, mine, now):
+    if _stale_heartbeat(v, spec, st, working, now):
         return _fresh(v, _failure(v, spec, st, f"no heartbeat for {fmt(spec.policy.idle_timeout)} (idle or hung)", now))
-    oldest = min(mine[n].created_at for n in st.instances)
+    oldest = min(i.created_at for i in working.values())
     if spec.policy.max_instance_age and now - oldest >= spec.policy.max_instance_age:
         why = f"instance older than max_instance_age {fmt(spec.policy.max_instance_age)}"
         return _fresh(v, _restart(v, spec, st, "recycled", why, now, ctx))
@@ -161,13 +164,6 @@ def _lost(v: JobView, spec: JobSpec, st: JobStatus, mine: dict[str, Instance], l
           now: datetime, ctx: LaunchContext, also: str = "") -> list[Action]:
     """Some node of the current attempt is down or gone: whose fault, and what next."""
     reasons = {n: v.stop_reasons.get(n, StopReason.UNKNOWN) for n in lost}
-    leader = st.instances[0]
-    if not also and len(st.instances) > 1 and leader not in lost and all(
-            _rank(n) and reasons[n] == StopReason.CRASHED for n in lost):
-        # Gang workers that powered themselves off without an exit record finished their
-        # part (exit 0); rank 0's exit decides the gang. A worker that really crashed
-        # breaks the collective, and rank 0's own non-zero exit then says so.
-        return []
     detail = ", ".join(f"{n} {_lost_how(mine.get(n), reasons[n])}" for n in lost) + (f"; {also}" if also else "")
     if cause := _platform_cause(replace(v, stop_reasons=reasons), st):
         return _restart(v, spec, st, cause, detail, now, ctx)
@@ -185,6 +181,18 @@ def _settling(v: JobView, st: JobStatus, mine: dict[str, Instance], now: datetim
         return []
     text = f"waiting: {', '.join(odd)}"
     return [WriteStatus(v.job, st.but(t.event(now, st, "settling", text), settling=True, message=text), "settling")]
+
+
+def _finished_workers(v: JobView, st: JobStatus, mine: dict[str, Instance], lost: list[str]) -> list[str]:
+    """Gang workers that powered themselves off with no exit record: they finished their part
+    (exit 0), and rank 0's exit decides the gang, while rank 0 itself is still watched (its
+    heartbeat, its age). A worker that really crashed breaks the collective, and rank 0's
+    own non-zero exit, or its stale heartbeat, then says so."""
+    leader = st.instances[0]
+    if len(st.instances) < 2 or leader not in mine or mine[leader].status.down:
+        return []
+    done = [n for n in lost if _rank(n) and v.stop_reasons.get(n) == StopReason.CRASHED]
+    return done if done == lost else []
 
 
 def _current(v: JobView, st: JobStatus) -> dict[str, Instance]:
@@ -243,7 +251,8 @@ def _failure(v: JobView, spec: JobSpec, st: JobStatus, detail: str, now: datetim
     """The trainer failed: count it, detect a crash loop, back off, or give up."""
     policy = spec.policy
     progressed = v.checkpoint is not None and v.checkpoint != st.stalled_at
-    stalled = 1 if progressed else st.stalled_failures + 1
+    # A checkpoint listing that failed says nothing about progress: not a step to a crash loop.
+    stalled = 1 if progressed else st.stalled_failures + (0 if v.checkpoint_error else 1)
     failures, restarts = st.failures + 1, st.restarts + 1
     counted = st.but(failures=failures, stalled_failures=stalled, stalled_at=v.checkpoint or st.stalled_at)
     if failures > policy.max_failures:
@@ -322,17 +331,24 @@ def _insert(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: Launch
             st = moved.but(instances=wanted)
             head = [WriteStatus(v.job, st, "zone chosen")]
     create = CreateInstances(v.job, st.attempt, requests_for(v.job, spec, st, ctx),
-                             names.request_id(v.job, st.attempt, st.placement), spec, f"attempt {st.attempt}")
+                             names.request_id(v.job, st.attempt, st.placement, _run(st)), spec, f"attempt {st.attempt}")
     return [*head, create, WriteStatus(v.job, t.inserted(st, now), "inserted"), *_consume(v, st)]
 
 
 def _blind(v: JobView, spec: JobSpec, st: JobStatus) -> bool:
     """Whether a zone this job may have VMs in (its spec's, and every zone its history
     names, a previous run's included) did not answer the instance list."""
+    if {spec.project, st.project} & set(v.unseen_projects):
+        return True
     if not v.unreachable:
         return False
     zones = {*spec.zones, st.zone, *(e.zone for e in st.history)}
     return bool(zones & set(v.unreachable))
+
+
+def _run(st: JobStatus) -> str:
+    """What tells this run from an earlier one of the same job name: when it began."""
+    return st.created_at.isoformat() if st.created_at else ""
 
 
 def _project(spec: JobSpec, ctx: LaunchContext) -> str:

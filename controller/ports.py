@@ -40,7 +40,13 @@ class BlobStore(Protocol):
     precondition raises ``PreconditionFailed``; a missing object raises ``NotFound``.
     """
 
-    def read(self, bucket: str, name: str) -> Blob: ...
+    def read(self, bucket: str, name: str, *, limit: int | None = None) -> Blob:
+        """The object's bytes; ``TooLarge`` (without downloading) when over ``limit`` bytes."""
+        ...
+
+    def stat(self, bucket: str, name: str) -> BlobInfo:
+        """The object's metadata only (generation, size): never its bytes."""
+        ...
 
     def list(self, bucket: str, prefix: str) -> list[BlobInfo]: ...
 
@@ -171,6 +177,9 @@ class StopReason(StrEnum):
 class InstanceList:
     instances: list[Instance]
     unreachable: list[str] = field(default_factory=list)  # zones that did not answer
+    # Projects whose list failed as a whole (403, 5xx after retries): nothing in them was
+    # seen, and the error says why. The other projects' instances are still listed.
+    failed_projects: dict[str, str] = field(default_factory=dict)
 
 
 class ComputeGateway(Protocol):

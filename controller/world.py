@@ -107,6 +107,7 @@ class JobView:
     checkpoint_error: str | None = None  # why the checkpoint prefix could not be listed
     records_fresh: bool = False  # marker and exit record re-read after the instance list
     unreachable: tuple[str, ...] = ()  # zones the instance list could not see this pass
+    unseen_projects: tuple[str, ...] = ()  # projects whose instance list failed this pass
 
     @property
     def has_spec(self) -> bool:
@@ -117,4 +118,5 @@ class JobView:
 class World:
     jobs: Mapping[str, JobView]
     unreachable: tuple[str, ...] = ()
+    unseen_projects: Mapping[str, str] = field(default_factory=dict)  # project -> why
     failed: Mapping[str, str] = field(default_factory=dict)  # job -> why it could not be observed

@@ -116,19 +116,22 @@ class ComputeEngine:
         expr = MANAGED_FILTER if job is None else f'({MANAGED_FILTER}) AND (labels.respawn-job = "{job}")'
         found: list[Instance] = []
         unreachable: list[str] = []
+        failed: dict[str, str] = {}
         for project in projects:
             request = compute_v1.AggregatedListInstancesRequest(project=project, filter=expr)
             try:
+                listed: list[Instance] = []
                 pager = self.instances.aggregated_list(request=request, retry=RETRY)
                 for page in pager.pages:
                     unreachable += [u.removeprefix("zones/") for u in page.unreachables]
                     for scope, scoped in page.items.items():
                         if scoped.warning and scoped.warning.code == "NO_RESULTS_ON_PAGE":
                             continue
-                        found += [_instance(project, scope.removeprefix("zones/"), i) for i in scoped.instances]
-            except _LIBRARY as e:
-                raise translate(e, "*") from e
-        return InstanceList(found, sorted(set(unreachable)))
+                        listed += [_instance(project, scope.removeprefix("zones/"), i) for i in scoped.instances]
+                found += listed
+            except _LIBRARY as e:  # one project's trouble (a typo, no IAM) blinds only its jobs
+                failed[project] = str(translate(e, "*"))
+        return InstanceList(found, sorted(set(unreachable)), failed)
 
     def insert(self, requests_: Sequence[InstanceRequest], request_id: str) -> None:
         first = requests_[0]

@@ -33,6 +33,8 @@ def translated(what: str) -> Iterator[None]:
         raise errors.AlreadyExists(what) from e
     except _TRANSIENT as e:
         raise errors.TransientError(f"{what}: {e}") from e
+    except gexc.RetryError as e:  # the library's own retries ran out on transient errors
+        raise errors.TransientError(f"{what}: {e}") from e
     except gexc.GoogleAPICallError as e:
         raise errors.RequestError(f"{what}: {e}") from e
     except (ConnectionError, OSError) as e:  # requests' connection errors derive from OSError
@@ -44,19 +46,29 @@ class GcsStore:
         self.client = client
         self.page_size = page_size
 
-    def read(self, bucket: str, name: str) -> Blob:
+    def read(self, bucket: str, name: str, *, limit: int | None = None) -> Blob:
         where = f"gs://{bucket}/{name}"
         for _ in range(3):  # the object may be replaced between its metadata and its bytes
             with translated(where):
                 blob = self.client.bucket(bucket).get_blob(name)
                 if blob is None:
                     raise errors.NotFound(where)
+                if limit is not None and int(blob.size or 0) > limit:
+                    raise errors.TooLarge(f"{where}: {blob.size} bytes, over {limit}")
                 try:
                     data = blob.download_as_bytes(if_generation_match=blob.generation)
                 except gexc.PreconditionFailed:
                     continue
                 return Blob(_info(blob), data)
         raise errors.TransientError(f"{where} kept changing while being read")
+
+    def stat(self, bucket: str, name: str) -> BlobInfo:
+        where = f"gs://{bucket}/{name}"
+        with translated(where):
+            blob = self.client.bucket(bucket).get_blob(name)
+        if blob is None:
+            raise errors.NotFound(where)
+        return _info(blob)
 
     def list(self, bucket: str, prefix: str) -> list[BlobInfo]:
         with translated(f"gs://{bucket}/{prefix}*"):

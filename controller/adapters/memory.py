@@ -45,13 +45,23 @@ class MemoryStore:
         self._generations = itertools.count(1_700_000_000_000_001)
         self._lock = threading.RLock()
 
-    def read(self, bucket: str, name: str) -> Blob:
+    def read(self, bucket: str, name: str, *, limit: int | None = None) -> Blob:
         with self._lock:
             self._call("read", name)
             blob = self._objects.get((bucket, name))
             if blob is None:
                 raise errors.NotFound(f"gs://{bucket}/{name}")
+            if limit is not None and blob.info.size > limit:
+                raise errors.TooLarge(f"gs://{bucket}/{name}: {blob.info.size} bytes, over {limit}")
             return blob
+
+    def stat(self, bucket: str, name: str) -> BlobInfo:
+        with self._lock:
+            self._call("stat", name)
+            blob = self._objects.get((bucket, name))
+            if blob is None:
+                raise errors.NotFound(f"gs://{bucket}/{name}")
+            return blob.info
 
     def list(self, bucket: str, prefix: str) -> list[BlobInfo]:
         with self._lock:
@@ -139,6 +149,7 @@ class MemoryCompute:
         self.unreachable: set[str] = set()
         self.boot_status = InstanceStatus.RUNNING
         self.hold_inserts = False
+        self.failing_projects: set[str] = set()  # projects whose list fails (403)
         self.deleted: list[str] = []
         self._vms: dict[tuple[str, str, str], _Vm] = {}
         self._requests: dict[str, Exception | _Pending | None] = {}
@@ -151,12 +162,13 @@ class MemoryCompute:
             self._call("list", job or "*")
             if job is not None and (problem := names.job_name_problem(job)):
                 raise errors.RequestError(problem)
+            failed = {p: "RequestError: permission denied" for p in projects if p in self.failing_projects}
             found = [
                 vm.instance for (p, z, _), vm in sorted(self._vms.items())
-                if p in projects and z not in self.unreachable and vm.instance.managed
+                if p in projects and p not in failed and z not in self.unreachable and vm.instance.managed
                 and (job is None or vm.instance.job == job)
             ]
-            return InstanceList(found, sorted(self.unreachable))
+            return InstanceList(found, sorted(self.unreachable), failed)
 
     def insert(self, requests: Sequence[InstanceRequest], request_id: str) -> None:
         with self._lock:

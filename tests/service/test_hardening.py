@@ -131,10 +131,10 @@ def test_an_unexpected_exception_in_one_job_does_not_stop_the_others(h):
         def __getattr__(self, name: str) -> Any:
             return getattr(h.store, name)
 
-        def read(self, bucket: str, name: str) -> Any:
+        def read(self, bucket: str, name: str, **kw: Any) -> Any:
             if name == names.spec_key("a"):
                 raise ZeroDivisionError("a bug")
-            return h.store.read(bucket, name)
+            return h.store.read(bucket, name, **kw)
 
     summary = h.engine(store=Exploding()).reconcile()
     assert "ZeroDivisionError" in summary.errors["a"] and "a" not in summary.transient
@@ -384,3 +384,100 @@ def test_pending_insert_that_stocks_out_late_cools_the_zone_and_moves_on(h):
     st = h.status("llm")
     assert "us-central1-a" in st.zone_cooldowns and st.zone == "us-central1-b" and st.inserted
     assert [(i.name, i.zone) for i in h.compute.live("llm")] == [("llm-1", "us-central1-b")]
+
+
+# -- Found by a hostile review of the fixes above ---------------------------------------------------
+
+def test_gang_rank_zero_hanging_after_its_workers_finished_is_still_caught(h):
+    started(h, "g", nodes=2, policy={"idle_timeout": "30m", "startup_grace": "5m"})
+    h.heartbeat("g")
+    h.compute.terminate("g-1-n1", StopReason.CRASHED)  # worker done: powered off, no record
+    h.tick()
+    assert h.status("g").phase == Phase.RUNNING
+    h.advance(minutes=31)  # rank 0 stops heartbeating
+    h.tick()
+    st = h.status("g")
+    assert st.failures == 1 and "no heartbeat" in st.message
+
+
+def test_vms_in_a_project_dropped_from_the_policy_are_still_deleted():
+    from controller.policy import ControllerPolicy
+    from tests.harness import TRAINER
+
+    wide = Harness(ControllerPolicy(default_project=PROJECT, allowed_projects=("other-proj",),
+                                    trainer_service_account=TRAINER))
+    wide.submit("llm", spec_doc(project="other-proj"))
+    wide.tick()
+    assert [i.project for i in wide.compute.live()] == ["other-proj"]
+    wide.policy = ControllerPolicy(default_project=PROJECT, trainer_service_account=TRAINER)  # narrowed
+    wide.tick()
+    assert wide.status("llm").phase == Phase.FAILED and wide.live() == []
+
+
+def test_one_project_whose_list_fails_blinds_only_its_own_jobs():
+    from controller.policy import ControllerPolicy
+    from tests.harness import TRAINER
+
+    h = Harness(ControllerPolicy(default_project=PROJECT, allowed_projects=("typo-proj",),
+                                 trainer_service_account=TRAINER))
+    started(h)
+    h.compute.failing_projects.add("typo-proj")
+    h.compute.preempt("llm-1")
+    summary = h.tick()
+    assert h.live() == ["llm-2"] and "project typo-proj" in summary.errors
+
+
+def test_a_stale_pass_never_consumes_the_next_attempts_exit_record(h):
+    started(h, policy={"idle_timeout": "10m", "startup_grace": "1m"})
+    h.advance(minutes=30)
+    engine = h.engine()
+    stale = engine.observer.world().jobs["llm"]  # attempt 1, its heartbeat long stale
+    h.marker("llm")
+    h.tick()  # attempt 2 starts...
+    h.exit("llm", 0)  # ...and finishes
+    engine._reconcile_job(stale, Summary(), dry_run=False)
+    assert h.store.exists(BUCKET, names.exit_key("llm"))
+    h.tick()
+    assert h.status("llm").phase == Phase.SUCCEEDED and h.status("llm").failures == 0
+
+
+def test_exit_zero_before_the_deadline_seen_after_it_is_a_success(h):
+    started(h, policy={"max_runtime": "1h"})
+    h.advance(minutes=59)
+    h.exit("llm", 0)
+    h.advance(minutes=2)
+    h.tick()
+    assert h.status("llm").phase == Phase.SUCCEEDED
+
+
+def test_a_reused_job_name_gets_new_request_ids(h):
+    h.submit("x")
+    h.tick()
+    first = h.compute.request_of("x-1")
+    h.compute.delete(PROJECT, first.zone, "x-1")
+    for key in (names.spec_key("x"), names.status_key("x")):
+        h.store.delete(BUCKET, key)
+    h.advance(minutes=5)
+    h.submit("x")
+    h.tick()
+    assert h.live() == ["x-1"], "the new run's insert was answered with the old run's operation"
+
+
+def test_junk_records_under_names_without_spec_or_status_are_never_read(h):
+    for i in range(50):
+        h.store.put(BUCKET, names.marker_key(f"junk{i}"), "{}")
+        h.store.put(BUCKET, names.heartbeat_key(f"junk{i}"), "{}")
+    h.submit("ok")
+    h.tick()
+    assert not [c for c in h.store.calls if c[0] == "read" and "junk" in c[1]]
+    assert h.live() == ["ok-1"]
+
+
+def test_a_huge_record_or_pointer_is_never_downloaded(h):
+    started(h)
+    h.store.put(BUCKET, names.exit_key("llm"), b"x" * (1024 * 1024))
+    from tests.harness import CKPT_BUCKET
+    h.store.put(CKPT_BUCKET, "run/LATEST", b"y" * (1024 * 1024))
+    h.compute.preempt("llm-1")
+    h.tick()
+    assert h.live() == ["llm-2"] and h.status("llm").failures == 0
