@@ -54,6 +54,11 @@ def account_email(account_id: str, project: str) -> str:
     return f"{account_id}@{project}.iam.gserviceaccount.com"
 
 
+TRAINER_ROLE_ID = "respawnVmRecords"
+# Overwriting an object needs delete as well as create; no get, no list.
+TRAINER_PERMISSIONS = ("storage.objects.create", "storage.objects.delete")
+
+
 def trainer_condition(bucket: str) -> str:
     """CEL for the trainer's bucket binding: the VM records of any job, nothing else.
 
@@ -148,9 +153,17 @@ def plan(t: Target) -> list[Step]:
              ("gcloud", "storage", "buckets", "add-iam-policy-binding", bucket,
               f"--member=serviceAccount:{t.controller_sa}", "--role=roles/storage.objectUser",
               "--condition=None", project)),
+        # Write, never read: a record carries its attempt's secret, so a trainer that could
+        # read another job's heartbeat could forge that job's exit record with it.
+        Step(f"create the custom role {TRAINER_ROLE_ID}: create and overwrite objects, nothing else "
+             "(already there is fine)",
+             ("gcloud", "iam", "roles", "create", TRAINER_ROLE_ID, project,
+              "--title=respawn VM records", "--description=write (never read or list) respawn VM records",
+              f"--permissions={','.join(TRAINER_PERMISSIONS)}", "--stage=GA"),
+             done_if=("already exists", "ALREADY_EXISTS")),
         Step("let the trainer VMs write only jobs/<job>/exit, jobs/<job>/heartbeat and preempted-jobs/<job>",
              ("gcloud", "storage", "buckets", "add-iam-policy-binding", bucket,
-              f"--member=serviceAccount:{t.trainer}", "--role=roles/storage.objectUser",
+              f"--member=serviceAccount:{t.trainer}", f"--role=projects/{t.project}/roles/{TRAINER_ROLE_ID}",
               "--condition=" + gcloud_dict({
                   "expression": trainer_condition(t.bucket),
                   "title": TRAINER_CONDITION_TITLE,

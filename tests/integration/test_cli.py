@@ -166,7 +166,7 @@ def test_deploy_dry_run_prints_every_command_with_the_right_flags(cli, monkeypat
     grant = shlex.split(next(l for l in lines if f"--member=serviceAccount:{trainer}" in l and "storage buckets" in l))
     condition = _dict_flag(next(a for a in grant if a.startswith("--condition=")).split("=", 1)[1])
     assert condition["expression"].startswith('resource.name.startsWith("projects/_/buckets/prod-bucket/objects/')
-    assert "--role=roles/storage.objectUser" in grant
+    assert "--role=projects/prod-proj/roles/respawnVmRecords" in grant
     tick = next(l for l in lines if l.startswith("gcloud functions deploy respawn-tick"))
     for flag in ("--gen2", "--trigger-http", "--no-allow-unauthenticated", "--entry-point=tick", "--region=us-central1",
                  "--project=prod-proj", "--service-account=respawn-controller@prod-proj.iam.gserviceaccount.com"):
@@ -189,7 +189,7 @@ def test_deploy_dry_run_prints_every_command_with_the_right_flags(cli, monkeypat
     assert job["http_target"]["oidc_token"]["service_account_email"] == "respawn-scheduler@prod-proj.iam.gserviceaccount.com"
     assert "upload" in text and "gs://prod-bucket/respawn/vm/startup.sh" in text
     titles = [l for l in lines if l.startswith("# ")]
-    assert [int(t.split(".")[0][2:]) for t in titles] == list(range(1, 11))  # every step, numbered, one line each
+    assert [int(t.split(".")[0][2:]) for t in titles] == list(range(1, 12))  # every step, numbered, one line each
 
 
 def test_deploy_takes_the_trainer_account_and_the_users_allow_list(cli, monkeypatch):
@@ -241,8 +241,8 @@ def test_deploy_runs_the_plan_in_order(monkeypatch):
     target = deploy.Target("p-proj", "us-central1", "b-bucket", "c@p-proj.iam.gserviceaccount.com",
                            "s@p-proj.iam.gserviceaccount.com")
     deploy.execute(deploy.plan(target), target, run=fake_gcloud, say=lambda _: None)
-    assert [a[1:3] for a in ran[:5]] == [("iam", "service-accounts"), ("storage", "buckets"), ("storage", "buckets"),
-                                         ("storage", "buckets"), ("iam", "service-accounts")]
+    assert [a[1:3] for a in ran[:6]] == [("iam", "service-accounts"), ("storage", "buckets"), ("storage", "buckets"),
+                                         ("iam", "roles"), ("storage", "buckets"), ("iam", "service-accounts")]
     assert [a[3] for a in ran if a[1] == "functions"] == ["respawn-tick", "respawn-tick", "respawn-on-object",
                                                           "respawn-tick"]
     assert scheduled[0]["job"]["http_target"]["uri"] == "https://respawn-tick-xyz.a.run.app"

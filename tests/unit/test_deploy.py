@@ -137,14 +137,15 @@ def test_a_trainer_account_outside_the_project_is_used_not_created():
     steps = deploy.plan(target(trainer_sa=other))
     assert not [s for s in steps if s.argv[:4] == ("gcloud", "iam", "service-accounts", "create")]
     binding = [s for s in steps if f"--member=serviceAccount:{other}" in s.argv]
-    assert binding and flag(binding[0].argv, "role") == "roles/storage.objectUser"
+    assert binding and flag(binding[0].argv, "role") == f"projects/{PROJECT}/roles/{deploy.TRAINER_ROLE_ID}"
 
 
 def test_the_trainer_binding_is_conditional_to_exactly_the_vm_records():
     steps = deploy.plan(target())
     bindings = [s for s in steps if s.argv[:4] == ("gcloud", "storage", "buckets", "add-iam-policy-binding")]
     (trainer,) = [s for s in bindings if f"--member=serviceAccount:{TRAINER}" in s.argv]
-    assert trainer.argv[4] == f"gs://{BUCKET}" and flag(trainer.argv, "role") == "roles/storage.objectUser"
+    assert trainer.argv[4] == f"gs://{BUCKET}"
+    assert flag(trainer.argv, "role") == f"projects/{PROJECT}/roles/{deploy.TRAINER_ROLE_ID}"
     condition = parse_dict_flag(flag(trainer.argv, "condition"))
     assert condition["expression"] == EXPECTED_CEL
     assert condition["title"] == deploy.TRAINER_CONDITION_TITLE
@@ -224,3 +225,11 @@ def test_any_other_failure_stops_the_deploy():
 
     with pytest.raises(subprocess.CalledProcessError):
         deploy._run_step(binding, gcloud, lambda _: pytest.fail("must not retry"))
+
+
+def test_trainers_may_write_records_but_never_read_them():
+    # A record carries its attempt's secret: a trainer able to read another job's
+    # heartbeat could copy the token into a forged exit record for that job.
+    (create,) = [s for s in deploy.plan(target()) if s.argv[:4] == ("gcloud", "iam", "roles", "create")]
+    assert flag(create.argv, "permissions") == "storage.objects.create,storage.objects.delete"
+    assert "already exists" in create.done_if
