@@ -17,10 +17,12 @@ import re
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
-from controller.spec import JobSpec, SpecError
+from controller.spec import JobSpec, SpecError, built_in_gpus
 
 TRAINER_SETTING = "RESPAWN_TRAINER_SERVICE_ACCOUNT"
 ALLOWED_ACCOUNTS_SETTING = "RESPAWN_ALLOWED_SERVICE_ACCOUNTS"
+# Accelerator-optimized families carry their GPUs (a2, a3, a4, a4x, g2, g4...).
+_GPU_FAMILY = re.compile(r"(a\d+x?|g\d+)-")
 _COMPUTE_DEFAULT = re.compile(r"\d+-compute@developer\.gserviceaccount\.com")
 
 
@@ -82,7 +84,12 @@ class ControllerPolicy:
         out += self._service_account(spec)
         if spec.nodes > self.max_nodes:
             out.append(f"nodes: {spec.nodes} exceeds this controller's limit; use at most {self.max_nodes}")
-        if (total := spec.total_gpus) > self.max_accelerators:
+        if spec.accelerators is None and built_in_gpus(spec.machine_type) is None and _GPU_FAMILY.match(spec.machine_type):
+            # A newer GPU family (g4, a5...) would count as zero GPUs: refuse what cannot be counted.
+            out.append(f"machine_type: {spec.machine_type!r} belongs to a GPU machine family whose GPU count "
+                       f"respawn does not know, so it cannot be held to this controller's limit of "
+                       f"{self.max_accelerators} GPUs; use a listed type or add it to controller/spec.py BUILT_IN_GPUS")
+        elif (total := spec.total_gpus) > self.max_accelerators:
             out.append(self._too_many_gpus(spec, total))
         return out
 

@@ -185,3 +185,8 @@ def test_settings_refuse_project_patterns(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("RESPAWN_ALLOWED_PROJECTS", "team-*")
     with pytest.raises(ValueError, match="not patterns"):
         Settings()
+
+
+def test_a_gpu_family_whose_count_is_unknown_is_refused_not_counted_as_zero():
+    (problem,) = policy().violations(spec(machine_type="g4-standard-384", nodes=8))
+    assert problem.startswith("machine_type:") and "g4-standard-384" in problem
