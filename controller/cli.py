@@ -314,14 +314,20 @@ def logs(
 
     from controller.adapters.gcs import translated
 
-    try:
+    def entries() -> Iterable[Any]:
+        # Only the calls to Cloud Logging are translated: a closed pipe on our side is not Google's.
         with translated("Cloud Logging"):
             client = cloud_logging.Client(project=config.project)
-            for entry in client.list_entries(filter_=logs_filter(ids.values()), order_by=cloud_logging.ASCENDING,
-                                             max_results=limit):
-                payload = entry.payload if isinstance(entry.payload, str) else json.dumps(entry.payload)
-                name = entry.labels.get("compute.googleapis.com/resource_name", "") if entry.labels else ""
-                print(f"{entry.timestamp:%Y-%m-%d %H:%M:%S} {show(name)} {show(payload)}")
+            yield from client.list_entries(filter_=logs_filter(ids.values()), order_by=cloud_logging.ASCENDING,
+                                           max_results=limit)
+
+    try:
+        for entry in entries():
+            payload = entry.payload if isinstance(entry.payload, str) else json.dumps(entry.payload)
+            name = entry.labels.get("compute.googleapis.com/resource_name", "") if entry.labels else ""
+            print(f"{entry.timestamp:%Y-%m-%d %H:%M:%S} {show(name)} {show(payload)}")
+    except auth_errors.TransportError as e:  # the token could not be fetched: the network, not the setup
+        raise errors.TransientError(f"Cloud Logging: {e}") from e
     except auth_errors.GoogleAuthError as e:
         raise errors.ConfigError(f"no usable Google credentials for Cloud Logging: {e}") from e
 

@@ -95,7 +95,8 @@ class Executor:
             return
         if isinstance(action, CreateInstances):
             after = transitions.after_create_error(chain.status, action.spec, error, now)
-            out.replan = isinstance(error, errors.CapacityError) and after.zone is not None
+            out.replan = isinstance(error, (errors.CapacityError, errors.RequestError, errors.NotFound)) \
+                and not after.phase.terminal and after.zone is not None and after.zone != chain.status.zone
             if isinstance(error, errors.OperationPending):
                 out.error = None  # accepted and under way: not an error, and not "inserted" either
                 if chain.status.message == after.message:

@@ -78,6 +78,7 @@ class JobStatus(BaseModel):
     attempt_started_at: datetime | None = None
     not_before: datetime | None = None  # backoff or zone cooldowns
     zone_cooldowns: dict[str, datetime] = Field(default_factory=dict)
+    zone_rejections: dict[str, str] = Field(default_factory=dict)  # zone -> Compute's 400/404 there
 
     restarts: int = 0
     preemptions: int = 0

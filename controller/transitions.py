@@ -38,8 +38,8 @@ def finish(status: JobStatus, phase: Phase, detail: str, now: datetime, **change
 
 def pick_zone(spec: JobSpec, status: JobStatus, now: datetime) -> str | None:
     """The first zone in the spec's order that is not cooling down after a capacity error."""
-    cooling = status.zone_cooldowns
-    return next((z for z in spec.zones if z not in cooling or cooling[z] <= now), None)
+    cooling, rejected = status.zone_cooldowns, status.zone_rejections
+    return next((z for z in spec.zones if z not in rejected and (z not in cooling or cooling[z] <= now)), None)
 
 
 def next_free(spec: JobSpec, status: JobStatus) -> datetime | None:
@@ -84,6 +84,8 @@ def begin_attempt(
         not_before=None,
         spec_generation=spec_generation,
         zone_cooldowns=_unexpired(status, now),
+        # A zone's refusal holds for this spec; a replaced spec may ask for something else.
+        zone_rejections=status.zone_rejections if spec_generation == status.spec_generation else {},
         message=detail,
     )
 
@@ -134,8 +136,22 @@ def after_create_error(status: JobStatus, spec: JobSpec, error: Exception, now: 
         detail = f"Compute accepted the insert in {zone}, but it was still running; its outcome is read next pass"
         return status.but(event(now, status, "insert-pending", detail, zone=zone), message=detail)
     if isinstance(error, (errors.RequestError, errors.NotFound)):
-        # 400 (bad field) or 404 (unknown zone, image, machine type): no retry can help.
-        return finish(status, Phase.FAILED, f"Compute rejected the instance: {error}", now)
+        # 400 (bad field) or 404 (unknown zone, image, machine type): no retry in this zone
+        # can help, but another zone may have the machine type or accelerator. Once every
+        # zone said no, nothing can.
+        zone = zone or ""
+        rejected = {**status.zone_rejections, zone: str(error)[:300]}
+        nxt = pick_zone(spec, status.but(zone_rejections=rejected), now)
+        if nxt is None and all(z in rejected for z in spec.zones):
+            why = "; ".join(f"{z}: {m}" for z, m in rejected.items())
+            return finish(status, Phase.FAILED, f"Compute rejected the instance in every zone: {why}", now,
+                          zone_rejections=rejected)
+        then = f"trying {nxt} next" if nxt else "waiting for a cooling zone"
+        detail = f"Compute rejected the instance in {zone}: {error}; {then}"
+        changes: dict[str, object] = {"zone": nxt, "placement": status.placement + 1} if nxt else {
+            "not_before": next_free(spec, status)}
+        return status.but(event(now, status, "rejected", detail, zone=zone), zone_rejections=rejected,
+                          message=detail, **changes)
     # The retry keeps the request id: if the failed call was in fact accepted, Compute
     # answers the same id with that operation instead of creating anything again (a new
     # id could bring back a node deleted meanwhile, beside the rest of its gang).

@@ -34,3 +34,202 @@ def test_validate_applies_the_controller_policy_from_the_environment(tmp_path, m
     path.write_text(yaml.safe_dump(spec_doc()))
     result = runner.invoke(app, ["validate", str(path)])
     assert result.exit_code == 2 and "machine_type" in result.output and "n2-*" in result.output
+
+
+# -- over the in-memory store ---------------------------------------------------------------
+import json
+from datetime import UTC, datetime
+
+import pytest
+
+from controller import bootstrap, errors, names
+from controller.config import Settings
+from controller.state import Event, JobStatus, Phase
+from tests.harness import BUCKET, PROJECT, TRAINER, Harness
+
+ESC = "\x1b"
+
+
+@pytest.fixture
+def mem(monkeypatch) -> Harness:
+    """The CLI over the in-memory store and compute, on a terminal wide enough for the whole table."""
+    monkeypatch.setenv("COLUMNS", "400")
+    h = Harness()
+    bootstrap.override(None, Settings(bucket=BUCKET, project=PROJECT, trainer_service_account=TRAINER),
+                       h.store, h.compute)
+    return h
+
+
+def _spec(tmp_path, **overrides) -> str:
+    path = tmp_path / "j.yaml"
+    path.write_text(yaml.safe_dump(spec_doc(**overrides)))
+    return str(path)
+
+
+def _one_error_line(result) -> str:
+    """A RespawnError ends a command with one line, never a traceback."""
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+def _put_status(h: Harness, job: str, **fields) -> None:
+    h.submit(job)
+    st = JobStatus(created_at=datetime(2026, 1, 1, tzinfo=UTC), **fields)
+    h.store.put(BUCKET, names.status_key(job), st.to_json())
+
+
+def test_validate_prints_spec_problems_as_plain_text(tmp_path):
+    path = _spec(tmp_path, zones=["us+central", "[/x]", "[key]"])
+    result = runner.invoke(app, ["validate", path])
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert r"'^[a-z]+-[a-z]+\d+-[a-z]$'" in result.output  # not '^+-+\d+-$'
+    assert "(got '[/x]')" in result.output and "(got '[key]')" in result.output
+
+
+def test_submit_with_markup_in_a_value_exits_2_naming_it(mem, tmp_path):
+    result = runner.invoke(app, ["submit", _spec(tmp_path, machine_type="[/x]")])
+    assert result.exit_code == 2, result.output
+    assert "machine_type" in result.output and "[/x]" in result.output
+    assert not mem.store.exists(BUCKET, names.spec_key("j"))
+
+
+def test_status_prints_cloud_text_as_text_not_markup(mem):
+    event = Event(at=datetime(2026, 1, 1, tzinfo=UTC), event="failed", detail="[/x] exit [key] [bold]3[/bold]")
+    _put_status(mem, "mark", phase=Phase.RECOVERING, history=(event,))
+    result = runner.invoke(app, ["status"])
+    assert result.exit_code == 0, result.output
+    assert "failed: [/x] exit [key] [bold]3[/bold]" in result.output
+
+
+def test_status_escapes_control_characters_in_names_and_messages(mem):
+    evil = f"evil{ESC}]0;owned{chr(7)}{ESC}[2J\u202e"
+    mem.store.put(BUCKET, f"jobs/{evil}/spec.yaml", "zones: [x]")
+    detail = f"jobs/{ESC}[31mred{ESC}[0m\r\nforged"
+    _put_status(mem, "ctl", phase=Phase.RUNNING, instances=(f"ctl-1{ESC}[A",),
+                history=(Event(at=datetime(2026, 1, 1, tzinfo=UTC), event="failed", detail=detail),))
+    result = runner.invoke(app, ["status"])
+    assert result.exit_code == 0, result.output
+    assert ESC not in result.output and "\x07" not in result.output and "\r" not in result.output
+    assert "\u202e" not in result.output
+    assert r"evil\x1b]0;owned\x07\x1b[2J\u202e" in result.output
+    assert r"failed: jobs/\x1b[31mred\x1b[0m\r\nforged" in result.output and r"ctl-1\x1b[A" in result.output
+    rows = json.loads(runner.invoke(app, ["status", "--json"]).output)  # JSON escapes them itself
+    assert {r["job"] for r in rows} == {evil, "ctl"}
+
+
+def test_submit_replace_does_not_revoke_a_pending_cancel(mem, tmp_path):
+    path = _spec(tmp_path)
+    assert runner.invoke(app, ["submit", path]).exit_code == 0
+    mem.tick()
+    assert runner.invoke(app, ["cancel", "j"]).exit_code == 0
+    refused = runner.invoke(app, ["submit", path, "--replace"])
+    assert refused.exit_code == 2 and "pending cancel" in refused.output and "--uncancel" in refused.output
+    assert mem.store.exists(BUCKET, names.cancel_key("j"))
+    plain = runner.invoke(app, ["submit", path])
+    assert plain.exit_code == 2 and mem.store.exists(BUCKET, names.cancel_key("j"))
+    mem.tick()
+    assert mem.status("j").phase == Phase.CANCELLED and mem.live("j") == []
+
+
+def test_submit_uncancel_withdraws_a_pending_cancel(mem, tmp_path):
+    path = _spec(tmp_path)
+    runner.invoke(app, ["submit", path])
+    mem.tick()
+    runner.invoke(app, ["cancel", "j"])
+    result = runner.invoke(app, ["submit", path, "--replace", "--uncancel"])
+    assert result.exit_code == 0, result.output
+    assert not mem.store.exists(BUCKET, names.cancel_key("j"))
+    mem.tick()
+    assert mem.status("j").phase != Phase.CANCELLED
+
+
+def test_a_cancel_of_a_finished_run_does_not_cancel_the_next(mem, tmp_path):
+    path = _spec(tmp_path)
+    runner.invoke(app, ["submit", path])
+    mem.tick()
+    runner.invoke(app, ["cancel", "j"])
+    mem.tick()
+    assert mem.status("j").phase == Phase.CANCELLED
+    result = runner.invoke(app, ["submit", path])  # a finished job: a plain submit starts a new run
+    assert result.exit_code == 0, result.output
+    assert not mem.store.exists(BUCKET, names.cancel_key("j"))
+    mem.tick()
+    assert mem.status("j").phase != Phase.CANCELLED
+
+
+def test_status_shows_a_job_whose_checkpoints_cannot_be_listed(mem, monkeypatch):
+    mem.submit("good")
+    mem.submit("locked", spec_doc(checkpoint={"uri": "gs://denied/run"}))
+    mem.checkpoint(40)
+    listing = mem.store.list
+
+    def list_(bucket: str, prefix: str):
+        if bucket == "denied":
+            raise errors.RequestError("gs://denied/run/*: 403 caller does not have storage.objects.list access")
+        return listing(bucket, prefix)
+
+    monkeypatch.setattr(mem.store, "list", list_)
+    result = runner.invoke(app, ["status"])
+    assert result.exit_code == 0, result.output
+    assert "locked" in result.output and "unreadable" in result.output and "good" in result.output
+    assert "locked: checkpoints not readable: gs://denied/run/*: 403" in result.output
+    rows = {r["job"]: r for r in json.loads(runner.invoke(app, ["status", "--json"]).stdout)}
+    assert rows["good"]["checkpoint_step"] == 40 and rows["good"]["checkpoint_error"] is None
+    assert rows["locked"]["checkpoint_step"] is None and "403" in rows["locked"]["checkpoint_error"]
+
+
+def test_status_of_an_unknown_job_exits_2(mem):
+    mem.submit("known")
+    result = runner.invoke(app, ["status", "no-such-job"])
+    assert result.exit_code == 2
+    assert _one_error_line(result) == f"✗ no job named 'no-such-job' in gs://{BUCKET}"
+    assert runner.invoke(app, ["status", "no-such-job", "--json"]).exit_code == 2
+
+
+def test_without_configuration_every_command_says_so_in_one_line(tmp_path):
+    for args in (["logs", "j"], ["status"], ["cancel", "j"], ["reconcile"], ["submit", _spec(tmp_path)]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        line = _one_error_line(result)
+        assert line.startswith("✗ configuration:") and "RESPAWN_BUCKET" in line, line
+
+
+def test_a_bad_setting_is_one_line_naming_the_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("RESPAWN_MAX_NODES", "lots")
+    monkeypatch.setenv("RESPAWN_BUCKET", BUCKET)
+    monkeypatch.setenv("RESPAWN_PROJECT", PROJECT)
+    for args in (["status"], ["logs", "j"], ["validate", _spec(tmp_path)], ["reconcile"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        line = _one_error_line(result)
+        assert line.startswith("✗ configuration: RESPAWN_MAX_NODES='lots'"), line
+
+
+def test_an_error_from_the_store_is_one_line_and_exit_2(mem):
+    mem.store.faults.fail_next("list", errors.RequestError(f"gs://{BUCKET}/jobs/*: 403 [/x] denied"))
+    result = runner.invoke(app, ["status"])
+    assert result.exit_code == 2
+    assert _one_error_line(result) == f"✗ gs://{BUCKET}/jobs/*: 403 [/x] denied"
+
+
+def test_retries_running_out_in_gcs_are_transient_and_exit_3(mem):
+    from google.api_core import exceptions as gexc
+
+    from controller.adapters.gcs import GcsStore
+
+    class Unreachable:
+        def list_blobs(self, *args, **kwargs):
+            raise gexc.RetryError("Timeout of 120.0s exceeded", ConnectionError("connection refused"))
+
+    store = GcsStore(Unreachable())
+    with pytest.raises(errors.TransientError):
+        store.list(BUCKET, "jobs/")
+    bootstrap.override(None, Settings(bucket=BUCKET, project=PROJECT), store, mem.compute)
+    result = runner.invoke(app, ["status"])
+    assert result.exit_code == 3
+    line = _one_error_line(result)
+    assert "Timeout of 120.0s exceeded" in line and "try again" in line

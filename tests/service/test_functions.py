@@ -98,7 +98,7 @@ def test_terminal_error_is_absorbed(wired):
     from controller.errors import RequestError
 
     wired.submit("a")
-    wired.compute.faults.fail_next("insert", RequestError("bad image"))
+    wired.compute.faults.fail_next("insert", RequestError("bad image"), times=2)  # in both zones
     assert post_event(names.spec_key("a")).status_code == 200
     assert wired.status("a").phase == Phase.FAILED
 

@@ -271,11 +271,21 @@ def test_stale_finished_view_does_not_delete_the_new_run(h):
     errors.NotFound("The resource 'projects/p/zones/us-central1-z' was not found"),
 ])
 def test_insert_rejected_with_400_or_404_fails_the_job_with_googles_message(h, error):
-    h.compute.faults.fail_next("insert", error)
+    h.compute.faults.fail_next("insert", error, times=2)  # every zone of the spec says no
     h.submit("llm")
     h.tick()
     st = h.status("llm")
-    assert st.phase == Phase.FAILED and str(error) in st.message
+    assert st.phase == Phase.FAILED and str(error) in st.message and "every zone" in st.message
+
+
+def test_insert_rejected_in_one_zone_tries_the_next(h):
+    # e.g. the machine type or the accelerator does not exist in the first zone
+    h.compute.faults.fail_next("insert", errors.RequestError("Machine type 'a3-highgpu-8g' does not exist in zone"))
+    h.submit("llm")
+    h.tick()
+    st = h.status("llm")
+    assert st.phase == Phase.PROVISIONING and h.compute.request_of("llm-1").zone == "us-central1-b"
+    assert "us-central1-a" in st.zone_rejections
 
 
 # -- 13. Names are injective across jobs ----------------------------------------------------------

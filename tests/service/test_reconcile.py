@@ -265,7 +265,7 @@ class TestCapacity:
         assert h.live() == ["llm-1"]
 
     def test_rejected_request_fails_the_job_with_the_reason(self, h):
-        h.compute.faults.fail_next("insert", errors.RequestError("image family 'nope' not found"))
+        h.compute.faults.fail_next("insert", errors.RequestError("image family 'nope' not found"), times=2)
         h.submit("llm")
         h.tick()
         st = h.status("llm")
