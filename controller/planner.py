@@ -140,10 +140,11 @@ def _watch(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchC
         return _lost(v, spec, st, mine, lost, now, ctx)
     working = {n: i for n, i in mine.items() if n not in done}
     if not all(working.get(n) and working[n].status == InstanceStatus.RUNNING for n in st.instances if n not in done):
-        return _settling(v, st, mine, now)  # booting, settling, or a status we do not know
+        return _settling(v, spec, st, mine, now, ctx)  # booting, settling, or a status we do not know
     if st.settling:
         # Back from a state its trainer may not have run in: heartbeats get a new grace.
-        back = st.but(t.event(now, st, "resumed", "every node is RUNNING again"), settling=False, resumed_at=now)
+        back = st.but(t.event(now, st, "resumed", "every node is RUNNING again"), settling=False,
+                      settling_since=None, resumed_at=now)
         return [WriteStatus(v.job, back, "resumed")]
     if st.phase == Phase.PROVISIONING:
         detail = f"{', '.join(st.instances)} running in {st.zone}"
@@ -174,13 +175,22 @@ def _lost(v: JobView, spec: JobSpec, st: JobStatus, mine: dict[str, Instance], l
     return _restart(v, spec, st, "lost", detail, now, ctx)
 
 
-def _settling(v: JobView, st: JobStatus, mine: dict[str, Instance], now: datetime) -> list[Action]:
-    """Wait; say once in the status which node is in which state (booting is no news)."""
+def _settling(v: JobView, spec: JobSpec, st: JobStatus, mine: dict[str, Instance], now: datetime,
+              ctx: LaunchContext) -> list[Action]:
+    """Wait; say once in the status which node is in which state (booting is no news).
+
+    Not forever: a node still in such a state after ``idle_timeout`` is given up as lost."""
     odd = [f"{n} is {mine[n].status}" for n in st.instances if mine[n].status.settling]
-    if not odd or st.settling:
+    if not odd:
+        return []
+    limit = spec.policy.idle_timeout
+    if st.settling and st.settling_since and limit and now - st.settling_since > limit:
+        return _restart(v, spec, st, "lost", f"{', '.join(odd)} for more than {fmt(limit)}", now, ctx)
+    if st.settling:
         return []
     text = f"waiting: {', '.join(odd)}"
-    return [WriteStatus(v.job, st.but(t.event(now, st, "settling", text), settling=True, message=text), "settling")]
+    return [WriteStatus(v.job, st.but(t.event(now, st, "settling", text), settling=True, settling_since=now,
+                                      message=text), "settling")]
 
 
 def _finished_workers(v: JobView, st: JobStatus, mine: dict[str, Instance], lost: list[str]) -> list[str]:

@@ -75,6 +75,7 @@ def begin_attempt(
         inserted=False,
         inserted_at=None,
         settling=False,
+        settling_since=None,
         resumed_at=None,
         attempt_token=token,
         placement=0,

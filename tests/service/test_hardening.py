@@ -491,3 +491,16 @@ def test_a_huge_record_or_pointer_is_never_downloaded(h):
     h.compute.preempt("llm-1")
     h.tick()
     assert h.live() == ["llm-2"] and h.status("llm").failures == 0
+
+
+def test_a_node_stuck_in_a_state_we_wait_out_is_given_up_after_idle_timeout(h):
+    started(h, policy={"idle_timeout": "30m"})
+    h.compute.set_status("llm-1", InstanceStatus.REPAIRING)
+    h.tick()
+    h.advance(minutes=20)
+    h.tick()
+    assert h.status("llm").attempt == 1
+    h.advance(minutes=15)
+    h.tick()
+    st = h.status("llm")
+    assert (st.attempt, st.restarts, st.failures) == (2, 1, 0) and h.live() == ["llm-2"]
