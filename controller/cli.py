@@ -67,7 +67,7 @@ def _message(error: errors.RespawnError) -> str:
     if isinstance(error, errors.ConfigError):
         return f"configuration: {error}"
     if _code(error) == UNAVAILABLE:
-        return f"{error} (Google did not answer in time; try again)"
+        return f"{error} (transient: try again)"
     return str(error)
 
 

@@ -248,3 +248,71 @@ def test_deploy_runs_the_plan_in_order(monkeypatch):
     assert scheduled[0]["job"]["http_target"]["uri"] == "https://respawn-tick-xyz.a.run.app"
     assert scheduled[0]["job"]["http_target"]["oidc_token"]["audience"] == "https://respawn-tick-xyz.a.run.app"
     assert {dest for _, dest in uploaded} >= {"b-bucket/respawn/vm/startup.sh", "b-bucket/respawn/vm/shutdown.sh"}
+
+
+def test_status_keeps_every_job_when_one_checkpoint_bucket_cannot_be_listed(cli, tmp_path):
+    assert cli("submit", str(spec_file(tmp_path, "ck-ok"))).exit_code == 0
+    gone = tmp_path / "ck-gone.yaml"
+    gone.write_text(yaml.safe_dump({**spec_doc(command="sleep 600"), "checkpoint": {"uri": "gs://no-such-ckpt-bkt/run"}}))
+    assert cli("submit", str(gone)).exit_code == 0
+    result = cli("status")
+    assert result.exit_code == 0, result.output
+    assert "ck-ok" in result.output and "unreadable" in result.output
+    assert "ck-gone: checkpoints not readable: gs://no-such-ckpt-bkt/run/*" in result.output
+    rows = {r["job"]: r for r in json.loads(cli("status", "--json").stdout)}
+    assert rows["ck-ok"]["checkpoint_error"] is None
+    assert rows["ck-gone"]["checkpoint_step"] is None and "no-such-ckpt-bkt" in rows["ck-gone"]["checkpoint_error"]
+    one = cli("status", "ck-gone")
+    assert one.exit_code == 0 and "ck-gone" in one.output
+
+
+def test_submit_replace_does_not_revoke_a_pending_cancel_without_uncancel(cli, tmp_path, servers):
+    bucket = client(servers[0].url).bucket(BUCKET)
+    path = str(spec_file(tmp_path, "unc"))
+    assert cli("submit", path).exit_code == 0
+    assert cli("reconcile", "unc").exit_code == 0
+    assert cli("cancel", "unc").exit_code == 0
+    refused = cli("submit", path, "--replace")
+    assert refused.exit_code == 2 and "pending cancel" in refused.output and "--uncancel" in refused.output
+    assert bucket.get_blob(names.cancel_key("unc")) is not None
+    withdrawn = cli("submit", path, "--replace", "--uncancel")
+    assert withdrawn.exit_code == 0, withdrawn.output
+    assert bucket.get_blob(names.cancel_key("unc")) is None
+    assert cli("reconcile", "unc").exit_code == 0
+    assert json.loads(cli("status", "unc", "--json").stdout)[0]["phase"] != "CANCELLED"
+    cli("cancel", "unc")
+    cli("reconcile", "unc")
+    assert json.loads(cli("status", "unc", "--json").stdout)[0]["phase"] == "CANCELLED"
+
+
+def test_status_escapes_control_characters_in_object_names(cli, servers):
+    blob = client(servers[0].url).bucket(BUCKET).blob("jobs/esc\x1b]0;owned\x07\x1b[2J[x]/spec.yaml")
+    blob.upload_from_string(b"zones: [x]")
+    try:
+        result = cli("status")
+        assert result.exit_code == 0, result.output
+        assert "\x1b" not in result.output and "\x07" not in result.output
+        assert r"esc\x1b]0;owned\x07\x1b[2J[x]" in result.output
+    finally:
+        blob.delete()
+
+
+def test_status_of_an_unknown_job_exits_2_in_one_line(cli):
+    result = cli("status", "no-such-job")
+    assert result.exit_code == 2
+    assert result.output.strip() == f"✗ no job named 'no-such-job' in gs://{BUCKET}"
+
+
+def test_configuration_problems_are_one_line_naming_the_variable(cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("RESPAWN_MAX_NODES", "lots")
+    for args in (("status",), ("logs", "nothing"), ("submit", str(spec_file(tmp_path, "cfg"))), ("reconcile",)):
+        result = cli(*args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1, result.output
+        assert result.output.startswith("✗ configuration: RESPAWN_MAX_NODES='lots'"), result.output
+    monkeypatch.delenv("RESPAWN_MAX_NODES")
+    monkeypatch.delenv("RESPAWN_BUCKET")
+    bootstrap.override(None)
+    result = cli("logs", "nothing")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.output.strip() == "✗ configuration: set RESPAWN_BUCKET and RESPAWN_PROJECT (or GOOGLE_CLOUD_PROJECT)"

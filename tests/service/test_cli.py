@@ -233,3 +233,42 @@ def test_retries_running_out_in_gcs_are_transient_and_exit_3(mem):
     assert result.exit_code == 3
     line = _one_error_line(result)
     assert "Timeout of 120.0s exceeded" in line and "try again" in line
+
+
+def test_status_watch_keeps_the_last_table_when_a_refresh_fails(mem, monkeypatch):
+    mem.submit("w")
+    listing, calls = mem.store.list, []
+
+    def list_(bucket: str, prefix: str):
+        if prefix == "jobs/":
+            calls.append(prefix)
+            if len(calls) == 2:
+                raise errors.TransientError(f"gs://{BUCKET}/jobs/*: 503 [/x]")
+        return listing(bucket, prefix)
+
+    monkeypatch.setattr(mem.store, "list", list_)
+    result = runner.invoke(app, ["status", "--watch", "--interval", "0", "--refreshes", "1"])
+    assert result.exit_code == 0, result.output
+    assert "not refreshed: gs://respawn-test/jobs/*: 503 [/x]" in result.output and "w" in result.output
+
+
+def test_logs_escape_control_characters_unless_raw(mem, monkeypatch):
+    from types import SimpleNamespace
+
+    import google.cloud.logging as cloud_logging
+
+    _put_status(mem, "lg", phase=Phase.RUNNING, instances=("lg-1",), instance_ids={"lg-1": "123"})
+
+    class FakeLogging:
+        def __init__(self, project: str) -> None:
+            pass
+
+        def list_entries(self, **_):
+            return [SimpleNamespace(timestamp=datetime(2026, 1, 1, tzinfo=UTC), payload=f"{ESC}]0;owned\x07step 10\ttab",
+                                    labels={"compute.googleapis.com/resource_name": "lg-1"})]
+
+    monkeypatch.setattr(cloud_logging, "Client", FakeLogging)
+    result = runner.invoke(app, ["logs", "lg"])
+    assert result.exit_code == 0, result.output
+    assert ESC not in result.output and r"\x1b]0;owned\x07step 10" + "\ttab" in result.output
+    assert f"{ESC}]0;owned\x07step 10" in runner.invoke(app, ["logs", "lg", "--raw"]).output
