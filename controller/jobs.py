@@ -10,10 +10,10 @@ from datetime import datetime
 from typing import Any
 
 from controller import errors, names
-from controller.observe import discover
+from controller.observe import MAX_STATUS_BYTES, discover
 from controller.policy import ControllerPolicy
 from controller.ports import BlobStore
-from controller.spec import JobSpec, SpecError, parse_spec
+from controller.spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec
 from controller.state import JobStatus
 
 
@@ -103,10 +103,10 @@ class Jobs:
 
     def status(self, job: str) -> JobStatus | None:
         try:
-            return JobStatus.from_json(self.store.read(self.bucket, names.status_key(job)).data)
-        except errors.NotFound:
+            return JobStatus.from_json(self.store.read(self.bucket, names.status_key(job), limit=MAX_STATUS_BYTES).data)
+        except (errors.NotFound, errors.TooLarge):
             return None
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
 
     def rows(self, job: str | None = None) -> list[JobRow]:
@@ -121,8 +121,8 @@ class Jobs:
     def checkpoint_step(self, job: str) -> int | None:
         """The step of the job's latest complete checkpoint, if its spec names one and it is readable."""
         try:
-            spec = parse_spec(self.store.read(self.bucket, names.spec_key(job)).data, job)
-        except (errors.NotFound, SpecError):
+            spec = parse_spec(self.store.read(self.bucket, names.spec_key(job), limit=MAX_SPEC_BYTES).data, job)
+        except (errors.NotFound, errors.TooLarge, SpecError):
             return None
         if spec.checkpoint is None:
             return None
@@ -131,6 +131,6 @@ class Jobs:
 
     def _generation(self, key: str) -> int:
         try:
-            return self.store.read(self.bucket, key).info.generation
+            return self.store.stat(self.bucket, key).generation  # metadata only
         except errors.NotFound:
             return 0
