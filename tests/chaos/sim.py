@@ -519,6 +519,9 @@ class Run:
         inst = self.rng.choice(candidates)
         status, fate = self.rng.choice(GLITCHES)
         t = self.trainers.get((inst.name, inst.id))
+        if js := self.jobs.get(inst.job or ""):
+            # A VM stuck in such a state past its job's idle_timeout is given up as lost.
+            js.lost.add(inst.attempt)
         if fate != "running":
             if js := self.jobs.get(inst.job or ""):
                 js.lost.add(inst.attempt)  # its fate is sealed now

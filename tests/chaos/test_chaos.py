@@ -10,7 +10,7 @@ import pytest
 
 from tests.chaos import sim
 
-SEEDS = 40
+SEEDS = 100
 
 
 @pytest.fixture(scope="module")
