@@ -8,11 +8,17 @@
 # RESUME_FROM, NODE_RANK...). The spec's env is applied only inside the trainer's
 # process (see startup.sh), so nothing a spec sets can redirect the agent's records.
 
+# The run directory holds what lives for one boot (the lock, trainer.pid, the stopping
+# flag): /var/run is a tmpfs, emptied by every boot. The state directory holds what must
+# survive a reboot (which instance already started a trainer): /var/lib persists. The local
+# cloud gives each VM its own folders through the two variables.
 agent_run_dir="${RESPAWN_RUN_DIR:-/var/run/respawn}"
+agent_state_dir="${RESPAWN_STATE_DIR:-${RESPAWN_RUN_DIR:+$RESPAWN_RUN_DIR/state}}"
+agent_state_dir="${agent_state_dir:-/var/lib/respawn}"
 agent_md_url="http://${GCE_METADATA_HOST:-metadata.google.internal}/computeMetadata/v1"
 agent_gcs_url="${STORAGE_EMULATOR_HOST:-https://storage.googleapis.com}"
 case "$agent_gcs_url" in *://*) ;; *) agent_gcs_url="http://$agent_gcs_url" ;; esac
-readonly agent_run_dir agent_md_url agent_gcs_url
+readonly agent_run_dir agent_state_dir agent_md_url agent_gcs_url
 
 # Deadlines. Every curl call has a per-try limit and every retry loop a total one, so a
 # hung metadata server or GCS never hangs the agent. The shutdown script, which has 30 s
@@ -23,6 +29,28 @@ agent_gcs_patience=120 # seconds within which a failed GCS request is retried
 
 now() { date -u +%Y-%m-%dT%H:%M:%S.%3NZ; }
 log() { echo "respawn: $(now) $*" >&2; }
+
+# ms_now: milliseconds since the epoch (bash 5's EPOCHREALTIME, whatever the locale's
+# decimal point; date on an older bash).
+ms_now() {
+  local t="${EPOCHREALTIME:-}"
+  if [ -n "$t" ]; then t="${t//[!0-9]/}"; echo $((10#$t / 1000)); else date +%s%3N; fi
+}
+
+# group_alive PGID: does any process of the group still run? Zombies do not count (a
+# process left to an init that does not reap them is no longer working).
+group_alive() {
+  local line f
+  local -a field
+  kill -0 -- "-$1" 2>/dev/null || return 1
+  [ -r /proc/self/stat ] || return 0  # no /proc to look closer: kill says it lives
+  for f in /proc/[0-9]*/stat; do
+    { read -r line < "$f"; } 2>/dev/null || continue
+    field=(${line##*) })  # state ppid pgrp ...: after the command name, which may hold anything
+    [ "${field[0]}" != Z ] && [ "${field[2]}" = "$1" ] && return 0
+  done
+  return 1
+}
 
 # md PATH: the metadata value on stdout. Status 0: read; 1: absent (HTTP 404);
 # 2: could not be read (connection errors, timeouts, other statuses) within
@@ -88,26 +116,25 @@ auth_header() {
   rc=$?
   [ "$rc" = 1 ] && return 0
   [ "$rc" = 0 ] || return 1
-  printf 'Authorization: Bearer %s' "$(sed -E 's/.*"access_token" *: *"([^"]+)".*/\1/' <<< "$doc")"
+  # Pure bash (no here-string, which may need a temporary file, nor sed): a document
+  # without a token is unreadable, never a header with garbage in it.
+  local re='"access_token"[[:space:]]*:[[:space:]]*"([^"]+)"'
+  [[ "$doc" =~ $re ]] || { log "no access_token in the service account's token"; return 1; }
+  printf 'Authorization: Bearer %s' "${BASH_REMATCH[1]}"
 }
 
-# gcs_put BUCKET OBJECT  (body on stdin): a simple upload, retried on errors. The body
-# is spooled to a file first: a retry must send it again, and stdin is read only once.
+# gcs_put BUCKET OBJECT BODY: a simple upload, retried on errors. The body goes on curl's
+# command line (records are a few hundred bytes), never through a file: a full disk can
+# neither fail the upload nor, worse, turn a record into an empty one. An empty body is
+# refused: every record is a JSON object.
 gcs_put() {
-  local body rc auth
-  body="$(mktemp)" || return 1
-  cat > "$body"
-  if auth="$(auth_header)"; then
-    curl -sf --connect-timeout 10 --max-time "$agent_gcs_try" --retry 5 --retry-all-errors \
-      --retry-max-time "$agent_gcs_patience" -o /dev/null -X POST ${auth:+-H "$auth"} \
-      -H "Content-Type: application/json" --data-binary @"$body" \
-      "$agent_gcs_url/upload/storage/v1/b/$1/o?uploadType=media&name=$(urlencode "$2")"
-    rc=$?
-  else
-    rc=1
-  fi
-  rm -f "$body"
-  return $rc
+  local auth
+  if [ -z "${3:-}" ]; then log "refusing to upload an empty body to $2"; return 1; fi
+  auth="$(auth_header)" || return 1
+  curl -sf --connect-timeout 10 --max-time "$agent_gcs_try" --retry 5 --retry-all-errors \
+    --retry-max-time "$agent_gcs_patience" -o /dev/null -X POST ${auth:+-H "$auth"} \
+    -H "Content-Type: application/json" --data-raw "$3" \
+    "$agent_gcs_url/upload/storage/v1/b/$1/o?uploadType=media&name=$(urlencode "$2")"
 }
 
 # gcs_get gs://BUCKET/OBJECT FILE: a download that may be large, so no fixed total
@@ -162,9 +189,9 @@ load_identity() {
 # record KIND OBJECT [EXTRA_JSON]: {"instance", "attempt", "node", "at", "token", ...}
 # into the bucket. KIND only names it for the reader.
 record() {
-  local token=""
+  local token="" body
   [ -n "$agent_token" ] && token=", \"token\": \"$(json_escape "$agent_token")\""
-  printf '{"instance": "%s", "attempt": %s, "node": %s, "at": "%s"%s%s}' \
-    "$(json_escape "$agent_name")" "$agent_attempt" "$agent_rank" "$(now)" "$token" "${3:+, $3}" \
-    | gcs_put "$agent_bucket" "$2"
+  printf -v body '{"instance": "%s", "attempt": %s, "node": %s, "at": "%s"%s%s}' \
+    "$(json_escape "$agent_name")" "$agent_attempt" "$agent_rank" "$(now)" "$token" "${3:+, $3}"
+  gcs_put "$agent_bucket" "$2" "$body"
 }

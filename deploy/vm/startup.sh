@@ -1,44 +1,160 @@
 #!/bin/bash
 # respawn VM agent: startup script. Runs the job's command with RESUME_FROM set,
 # heartbeats while it runs, records its exit code, and powers the VM off.
+#
+# Exit records the agent writes itself, when the command never ran, carry a "reason":
+#   96  the run directory or the agent's state directory cannot be used
+#   97  the code tarball could not be fetched or unpacked ("code download failed")
+#   98  a respawn-* metadata value (or instance/id) could not be read
+#   99  the metadata holds no command
+# Any other exit record is the command's own exit code.
 set -uo pipefail
 # @@common.sh@@
 
-# give_up WHY: something the agent must know could not be read. No record (it would be
-# a guess) and no trainer (RESUME_FROM unread is not RESUME_FROM empty): power off, and
-# the controller sees a VM that stopped without a word.
+# give_up WHY: who this VM is could not be read. No record (it would be a guess) and no
+# trainer: power off, and the controller sees a VM that stopped without a word.
 give_up() { log "$*: giving up, powering off"; poweroff; exit 0; }
 
-load_identity || give_up "identity unreadable"
-mkdir -p "$agent_run_dir"
-rm -f "$agent_run_dir/stopping" "$agent_run_dir/trainer.pid"
-cd "$agent_run_dir" || give_up "no run directory $agent_run_dir"
+# never_ran CODE WHY: the command could not be started. The exit record says why.
+never_ran() {
+  log "the command did not run: $2; powering off"
+  record exit "jobs/$agent_job/exit" "\"exit_code\": $1, \"reason\": \"$(json_escape "$2")\"" \
+    || log "could not write the exit record"
+  poweroff
+  exit 0
+}
 
-agent_code_uri="$(attr_or respawn-code "")" || give_up "respawn-code unreadable"
+# stopping: the VM is going down now: the shutdown script's flag, systemd shutting the
+# guest down (it may SIGTERM the command before the shutdown script runs), or a
+# preemption. Status 2: cannot tell. Not a pending maintenance-event: Compute announces a
+# terminating maintenance ahead of time (an hour ahead on GPU VMs), and a command that
+# ends in that window ended on its own; its shutdown, when it comes, is seen here as the
+# other two.
+stopping() {
+  local value
+  [ -e "$agent_run_dir/stopping" ] && return 0
+  if command -v systemctl > /dev/null; then
+    [ "$(timeout 5 systemctl is-system-running 2> /dev/null)" = stopping ] && return 0
+  fi
+  value="$(md instance/preempted)"
+  case $? in 0) [ "$value" = TRUE ] && return 0 ;; 1) ;; *) return 2 ;; esac
+  return 1
+}
+
+load_identity || give_up "identity unreadable"
+mkdir -p "$agent_run_dir" && cd "$agent_run_dir" || never_ran 96 "no run directory $agent_run_dir"
+
+# One agent, hence one trainer, per VM: the lock is held for as long as the agent or
+# anything it started lives (the trainer inherits it). A second run of this script (by
+# hand, as Google's troubleshooting suggests) leaves the VM to the first.
+if command -v flock > /dev/null; then
+  exec {agent_lock}>> "$agent_run_dir/agent.lock" || never_ran 96 "cannot open $agent_run_dir/agent.lock"
+  flock -n "$agent_lock" || { log "another respawn agent runs on this VM: leaving the trainer to it"; exit 0; }
+else
+  log "no flock on this image: a second run of this script is not prevented"
+fi
+# Under the lock, no trainer of this boot exists yet: a trainer.pid is a stale one.
+# The stopping flag is not touched: on a fresh run directory it can only be this boot's
+# shutdown script, already under way.
+rm -f "$agent_run_dir/trainer.pid"
+
+# Boot twice, train twice: a reset, a stop+start or a reboot runs this script again, and
+# the launch-time RESUME_FROM is stale by then. The state directory (which survives a
+# reboot) remembers that this instance already started; a second start trains nothing and
+# asks, with a "rebooted" marker, for a new attempt from the newest complete checkpoint.
+agent_id="$(md instance/id)" || never_ran 98 "metadata unreadable: instance/id"
+readonly agent_id
+if [ -e "$agent_state_dir/instance" ]; then
+  agent_seen=""
+  { read -r agent_seen < "$agent_state_dir/instance"; } 2> /dev/null
+  if [ -z "$agent_seen" ] || [ "$agent_seen" = "$agent_id" ]; then
+    log "this instance started before (a reboot, reset or stop+start): no second trainer; asking for a new attempt"
+    record marker "preempted-jobs/$agent_job" '"reason": "rebooted"' && log "marker written (rebooted)" \
+      || log "could not write the marker"
+    poweroff
+    exit 0
+  fi
+  log "state of another instance ($agent_seen) under $agent_state_dir (a disk image made from a respawn VM?): ignored"
+fi
+mkdir -p "$agent_state_dir" && printf '%s\n' "$agent_id" > "$agent_state_dir/instance.new" \
+  && mv -f "$agent_state_dir/instance.new" "$agent_state_dir/instance" \
+  || never_ran 96 "cannot write the agent's state under $agent_state_dir"
+
+agent_code_uri="$(attr_or respawn-code "")" || never_ran 98 "metadata unreadable: respawn-code"
 if [ -n "$agent_code_uri" ]; then
   log "fetching $agent_code_uri"
   gcs_get "$agent_code_uri" "$agent_run_dir/code.tar.gz" && mkdir -p "$agent_run_dir/code" \
     && tar -xzf "$agent_run_dir/code.tar.gz" -C "$agent_run_dir/code" && cd "$agent_run_dir/code" \
-    || { log "could not fetch the code"; record exit "jobs/$agent_job/exit" '"exit_code": 97, "reason": "code download failed"'; poweroff; exit 0; }
+    || never_ran 97 "code download failed"
 fi
 
-agent_resume_from="$(attr_or respawn-resume-from "")" || give_up "respawn-resume-from unreadable"
-agent_checkpoint_uri="$(attr_or respawn-checkpoint-uri "")" || give_up "respawn-checkpoint-uri unreadable"
-agent_master_addr="$(attr_or respawn-master-addr "$agent_name")" || give_up "respawn-master-addr unreadable"
-agent_env_lines="$(attr_or respawn-env "")" || give_up "respawn-env unreadable"
-agent_command="$(attr_or respawn-command "")" || give_up "respawn-command unreadable"
-agent_interval="$(attr_or respawn-heartbeat-interval 60)" || give_up "respawn-heartbeat-interval unreadable"
+agent_resume_from="$(attr_or respawn-resume-from "")" || never_ran 98 "metadata unreadable: respawn-resume-from"
+agent_checkpoint_uri="$(attr_or respawn-checkpoint-uri "")" || never_ran 98 "metadata unreadable: respawn-checkpoint-uri"
+agent_master_addr="$(attr_or respawn-master-addr "$agent_name")" || never_ran 98 "metadata unreadable: respawn-master-addr"
+agent_env_lines="$(attr_or respawn-env "")" || never_ran 98 "metadata unreadable: respawn-env"
+agent_command="$(attr_or respawn-command "")" || never_ran 98 "metadata unreadable: respawn-command"
+agent_interval="$(attr_or respawn-heartbeat-interval 60)" || never_ran 98 "metadata unreadable: respawn-heartbeat-interval"
 [[ "$agent_interval" =~ ^[1-9][0-9]{0,5}$ ]] || { log "bad heartbeat interval '$agent_interval': 60 s"; agent_interval=60; }
+[[ "$agent_command" == *[![:space:]]* ]] || never_ran 99 "no command"
 readonly agent_code_uri agent_resume_from agent_checkpoint_uri agent_master_addr agent_env_lines agent_command agent_interval
 log "job $agent_job attempt $agent_attempt node $agent_rank/$agent_nodes; RESUME_FROM=${agent_resume_from:-<none>}"
 
+# A stop that began while the VM was booting: its shutdown script writes the marker.
+if [ -e "$agent_run_dir/stopping" ]; then
+  log "VM is stopping before the command started: no command, no exit record"
+  exit 0
+fi
+
 # The trainer gets its own session and process group (the shutdown script signals all of
-# it) and its own shell. The spec's env lines ("export KEY='value'", quoted by the
-# controller) are evaluated there and only there, never in the agent's shell; then the
-# contract's variables are exported, so they win over anything the env lines set. The
-# launcher reads nothing but its positional parameters, which no env line can change.
+# it) and its own shell, which applies the spec's env there and only there, never in the
+# agent's shell (the agent's curl, sleep and poweroff never see a spec PATH). The env lines
+# ("export KEY='value'", quoted by the controller) are read by an `export` function that
+# only collects them; each value's $NAME and ${NAME} references to variables of the
+# environment (the VM's own, and the contract's below) are then expanded, and nothing else
+# is: no command substitution, no globbing, no arithmetic, and a reference to a name the
+# environment lacks stays as written. "$$" is a literal "$". References see the
+# environment as it was before the spec's env, never another spec variable. Then the
+# contract's variables are exported again, so they win over anything the env lines set.
+# The launcher reads nothing but its positional parameters, which no env line can change.
 readonly agent_launcher='
-[ -z "$2" ] || eval "$2" || echo "respawn: the spec env did not apply cleanly" >&2
+export RESUME_FROM="$4" RESPAWN_CHECKPOINT_URI="$5" RESPAWN_JOB="$6" RESPAWN_ATTEMPT="$7" \
+  RESPAWN_BUCKET="$8" NODE_RANK="$9" NODES="${10}" MASTER_ADDR="${11}"
+if [ -n "$2" ]; then
+  declare -A respawn_base=()
+  for respawn_n in $(compgen -e); do respawn_base[$respawn_n]="${!respawn_n}"; done
+  respawn_keys=() respawn_values=()
+  export() {
+    local kv
+    for kv; do respawn_keys+=("${kv%%=*}"); respawn_values+=("${kv#*=}"); done
+  }
+  eval "$2" || echo "respawn: the spec env did not apply cleanly" >&2
+  unset -f export
+  respawn_braced="^[{]([A-Za-z_][A-Za-z0-9_]*)[}]" respawn_bare="^[A-Za-z_][A-Za-z0-9_]*"
+  respawn_expand() {
+    local LC_ALL=C s="$1" out="" name len
+    while [[ "$s" == *"\$"* ]]; do
+      out+="${s%%"\$"*}"; s="${s#*"\$"}"; name=""
+      if [[ "$s" == "\$"* ]]; then out+="\$"; s="${s:1}"; continue; fi
+      if [[ "$s" =~ $respawn_braced ]]; then name="${BASH_REMATCH[1]}"; len="${#BASH_REMATCH[0]}"
+      elif [[ "$s" =~ $respawn_bare ]]; then name="${BASH_REMATCH[0]}"; len="${#name}"; fi
+      if [ -n "$name" ] && [[ -v respawn_base[$name] ]]; then out+="${respawn_base[$name]}"; s="${s:len}"
+      else out+="\$"; fi
+    done
+    respawn_out="$out$s"
+  }
+  for respawn_i in "${!respawn_keys[@]}"; do
+    respawn_k="${respawn_keys[respawn_i]}"
+    if ! [[ "$respawn_k" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]]; then
+      echo "respawn: spec env: bad name ${respawn_k@Q} ignored" >&2; continue
+    fi
+    respawn_expand "${respawn_values[respawn_i]}"
+    respawn_v[respawn_i]="$respawn_out"
+  done
+  for respawn_i in "${!respawn_v[@]}"; do
+    builtin export "${respawn_keys[respawn_i]}=${respawn_v[respawn_i]}" \
+      || echo "respawn: spec env: ${respawn_keys[respawn_i]} could not be set" >&2
+  done
+fi
 export RESUME_FROM="$4" RESPAWN_CHECKPOINT_URI="$5" RESPAWN_JOB="$6" RESPAWN_ATTEMPT="$7" \
   RESPAWN_BUCKET="$8" NODE_RANK="$9" NODES="${10}" MASTER_ADDR="${11}"
 exec "$1" -c "$3"'
@@ -47,7 +163,9 @@ setsid "$BASH" -c "$agent_launcher" respawn-trainer "$BASH" "$agent_env_lines" "
   "$agent_rank" "$agent_nodes" "$agent_master_addr" &
 agent_trainer=$!
 readonly agent_trainer
-echo "$agent_trainer" > "$agent_run_dir/trainer.pid"
+printf '%s\n' "$agent_trainer" > "$agent_run_dir/trainer.pid.new" \
+  && mv -f "$agent_run_dir/trainer.pid.new" "$agent_run_dir/trainer.pid" \
+  || log "could not write trainer.pid: a shutdown will not be able to SIGTERM the command"
 
 if [ "$agent_rank" = 0 ]; then
   ( while kill -0 "$agent_trainer" 2>/dev/null; do
@@ -63,16 +181,23 @@ log "command exited with $agent_code"
 # Being preempted or stopped: the shutdown script writes the marker; an exit record
 # here would be a lie (a trainer that checkpoints on SIGTERM exits 0). Not knowing
 # whether the VM is stopping is no licence to write one either.
-if [ -e "$agent_run_dir/stopping" ]; then
-  log "VM is stopping: no exit record"
-  exit 0
-fi
-agent_preempted="$(md instance/preempted)"
+stopping
 case $? in
-  0) if [ "$agent_preempted" = TRUE ]; then log "VM is stopping: no exit record"; exit 0; fi ;;
+  0) log "VM is stopping: no exit record"; exit 0 ;;
   1) ;;
   *) log "cannot tell whether the VM is being preempted: no exit record"; poweroff; exit 0 ;;
 esac
+
+# The command's exit is the end of the job: it must stay in the foreground. Whatever it
+# left running in its process group (a daemon, a `tensorboard &`) is stopped before the
+# record, so nothing keeps working (or writing checkpoints) after the job is reported.
+if group_alive "$agent_trainer"; then
+  log "the command exited but left processes running (it must stay in the foreground until its work is done): stopping them"
+  kill -TERM -- "-$agent_trainer" 2>/dev/null
+  for _ in $(seq 1 50); do group_alive "$agent_trainer" || break; sleep 0.2; done
+  kill -KILL -- "-$agent_trainer" 2>/dev/null
+fi
+
 if [ "$agent_rank" = 0 ] || [ "$agent_code" != 0 ]; then
   record exit "jobs/$agent_job/exit" "\"exit_code\": $agent_code" || log "could not write the exit record"
 fi

@@ -30,6 +30,7 @@ from tests.wait import until
 BUCKET = "agent-bucket"
 PROJECT = "agent-proj"
 STARTUP, SHUTDOWN = vm_scripts(REPO_ROOT / "deploy" / "vm")
+NOTICE = 4.0  # seconds between the soft-off and the hard-off (30 on Spot)
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +41,9 @@ def gcs() -> Iterator[LocalGcs]:
 
 @pytest.fixture
 def srv(gcs: LocalGcs) -> Iterator[ComputeServer]:
-    env = {"STORAGE_EMULATOR_HOST": gcs.url, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    with ComputeServer(vm_env=env, boot_delay=0.05, shutdown_budget=4.0) as s:
+    env = {"STORAGE_EMULATOR_HOST": gcs.url, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "RESPAWN_NOTICE_SECONDS": str(NOTICE)}  # the shutdown script's budget, as the local cloud gives it
+    with ComputeServer(vm_env=env, boot_delay=0.05, shutdown_budget=NOTICE) as s:
         yield s
 
 
@@ -206,8 +208,10 @@ def test_spec_env_reaches_only_the_trainer_and_never_redirects_the_agent(gcs, sr
     assert not list(client(gcs.url).bucket(BUCKET).list_blobs(prefix="jobs/victim")), "the env redirected a record"
     env = json.loads((srv.workdir_of("safe-4") / "env.json").read_text())
     # The trainer's own (non-reserved) values, byte for byte...
-    for key in ("JOB", "BUCKET", "NAME", "ATTEMPT", "agent_job", "agent_bucket", "agent_token", "RUN_DIR", "QUOTED"):
+    for key in ("JOB", "BUCKET", "NAME", "ATTEMPT", "agent_job", "agent_bucket", "agent_token", "RUN_DIR"):
         assert env[key] == hostile[key], key
+    # $HOME is a reference to the VM's environment, so it expands (see the env tests below); nothing else does.
+    assert env["QUOTED"] == hostile["QUOTED"].replace("$HOME", env["HOME"])
     # ...and the contract's variables keep their true values.
     assert {k: env[k] for k in ("RESUME_FROM", "RESPAWN_JOB", "RESPAWN_ATTEMPT", "RESPAWN_BUCKET",
                                 "RESPAWN_CHECKPOINT_URI", "NODE_RANK", "NODES", "MASTER_ADDR")} == {
@@ -359,3 +363,302 @@ def test_gang_rank_is_read_from_the_n_suffix(gcs, fake_md, name, nodes, rank):
     md = fake_md(identity(name, attempt="3", **{"respawn-nodes": nodes}))
     out = agent(md, 'load_identity && echo "rank=$agent_rank"', gcs.url)
     assert out.stdout.strip() == ("" if rank is None else f"rank={rank}"), out.stderr
+
+
+# -- the marker: "this VM's work is saved or its time is up" ------------------------------
+
+PUT = ('put() { curl -sf -o /dev/null -X POST --data-binary "$2" '
+       '"$STORAGE_EMULATOR_HOST/upload/storage/v1/b/$RESPAWN_BUCKET/o?uploadType=media&name=$1"; }; ')
+
+
+def exists(gcs: LocalGcs, name: str) -> bool:
+    return client(gcs.url).bucket(BUCKET).get_blob(name) is not None
+
+
+def test_the_marker_waits_for_the_checkpoint_the_sigterm_asked_for(gcs, srv):
+    # Step 10 is complete; SIGTERM asks for step 20, which takes half the notice to save.
+    trainer = (PUT + 'put ck%2Fsave%2Fstep_000010%2Fw w10; put ck%2Fsave%2Fstep_000010%2F_SUCCESS ok; '
+               'trap \'sleep 2; put ck%2Fsave%2Fstep_000020%2Fw w20; put ck%2Fsave%2Fstep_000020%2F_SUCCESS ok; '
+               'exit 0\' TERM; echo started > started.txt; while true; do sleep 0.1; done')
+    boot(srv, "save-3", trainer)
+    until("the trainer to start", lambda: (srv.workdir_of("save-3") / "started.txt").exists())
+    srv.preempt("save-3")
+    marker = until("the marker", lambda: read(gcs, "preempted-jobs/save"))
+    assert exists(gcs, "ck/save/step_000020/_SUCCESS"), "the marker was written before the SIGTERM save was complete"
+    assert (marker["reason"], marker["saved"], marker["attempt"], marker["token"]) == \
+        ("preempted", True, 3, token_of("save-3"))
+    until("the VM to stop", lambda: status(srv, "save-3") == "TERMINATED")
+    assert read(gcs, "jobs/save/exit") is None
+
+
+def test_a_trainer_that_ignores_sigterm_gets_its_marker_at_the_deadline_before_the_hard_off(gcs, srv):
+    boot(srv, "deaf-2", 'trap "" TERM; echo started > started.txt; while true; do sleep 0.1; done')
+    until("the trainer to start", lambda: (srv.workdir_of("deaf-2") / "started.txt").exists())
+    preempted = time.monotonic()
+    srv.preempt("deaf-2")
+    marker = until("the marker", lambda: read(gcs, "preempted-jobs/deaf"))
+    waited = time.monotonic() - preempted
+    # The deadline: the notice less a quarter of it (at most 5 s), so 3 s of this 4 s notice.
+    assert NOTICE * 0.75 - 0.5 <= waited < NOTICE, f"marker {waited:.2f} s into a {NOTICE} s notice"
+    assert status(srv, "deaf-2") == "STOPPING", "the marker must land before the hard-off"
+    assert (marker["reason"], marker["saved"], marker["token"]) == ("preempted", False, token_of("deaf-2"))
+    until("the VM to stop", lambda: status(srv, "deaf-2") == "TERMINATED")
+
+
+# -- the VM scripts run by hand, against a scripted metadata server -----------------------
+
+POWEROFF_SHIM = '#!/bin/sh\necho poweroff >> "$RESPAWN_TEST_POWEROFF"\n'
+
+
+class Guest:
+    """One VM's folders and a poweroff that only takes note, for running the scripts by hand."""
+
+    def __init__(self, root: Path, md: FakeMetadata, gcs_url: str, **env: str) -> None:
+        self.root, self.run_dir, self.md = root, root / "run", md
+        (root / "bin").mkdir(parents=True, exist_ok=True)
+        (root / "bin" / "poweroff").write_text(POWEROFF_SHIM)
+        (root / "bin" / "poweroff").chmod(0o755)
+        self.env = {"PATH": f"{root / 'bin'}:{os.environ['PATH']}", "GCE_METADATA_HOST": md.host,
+                    "STORAGE_EMULATOR_HOST": gcs_url, "RESPAWN_RUN_DIR": str(self.run_dir),
+                    "RESPAWN_TEST_POWEROFF": str(root / "poweroffs"), **env}
+        self.processes: list[subprocess.Popen[str]] = []
+
+    def start(self, script: str) -> subprocess.Popen[str]:
+        self.processes.append(subprocess.Popen(["bash", "-c", script], env=self.env, cwd=self.root, text=True,
+                                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                               start_new_session=True))
+        return self.processes[-1]
+
+    def run(self, script: str, timeout: float = 30) -> str:
+        process = self.start(script)
+        out, _ = process.communicate(timeout=timeout)
+        return out
+
+    @property
+    def poweroffs(self) -> int:
+        path = self.root / "poweroffs"
+        return len(path.read_text().splitlines()) if path.exists() else 0
+
+    def lines(self, name: str) -> list[str]:
+        path = self.run_dir / name
+        return path.read_text().splitlines() if path.exists() else []
+
+    def close(self) -> None:
+        pids = [p.pid for p in self.processes]
+        try:
+            pids.append(int((self.run_dir / "trainer.pid").read_text()))
+        except (OSError, ValueError):
+            pass
+        for pid in pids:
+            try:
+                os.killpg(pid, 9)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for p in self.processes:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+@pytest.fixture
+def guest(fake_md, tmp_path) -> Iterator[Callable[..., Guest]]:
+    made: list[Guest] = []
+
+    def make(values: dict[str, Any], gcs_url: str, **env: str) -> Guest:
+        made.append(Guest(tmp_path / f"vm{len(made)}", fake_md(values), gcs_url, **env))
+        return made[-1]
+
+    yield make
+    for g in made:
+        g.close()
+
+
+def vm_identity(name: str, command: str, **attributes: Any) -> dict[str, Any]:
+    return {**identity(name, **{"respawn-token": token_of(name), "respawn-command": command,
+                                "respawn-heartbeat-interval": "1", **attributes}),
+            "instance/id": "4242", "instance/preempted": "FALSE", "instance/maintenance-event": "NONE"}
+
+
+def patient(script: str, seconds: int) -> str:
+    """The script with its metadata patience cut to ``seconds`` (120 s on a VM)."""
+    assert "agent_md_patience=120" in script
+    return script.replace("agent_md_patience=120", f"agent_md_patience={seconds}", 1)
+
+
+COUNTING = 'echo "$$" >> "$RESPAWN_RUN_DIR_FOR_TEST/starts.txt"; '
+
+
+def test_a_second_startup_beside_the_first_starts_no_second_trainer(gcs, guest):
+    g = guest(vm_identity("twice-1", COUNTING + "sleep 4; exit 0"), gcs.url)
+    g.env["RESPAWN_RUN_DIR_FOR_TEST"] = str(g.run_dir)
+    first = g.start(STARTUP)
+    until("the first trainer", lambda: g.lines("starts.txt"))
+    out = g.run(STARTUP, timeout=20)  # Google's troubleshooting advice: run the startup script again
+    assert "another respawn agent runs on this VM" in out, out
+    assert len(g.lines("starts.txt")) == 1, "a second trainer was started beside the first"
+    assert g.poweroffs == 0, "the second run powered the VM off under the first"
+    first.wait(timeout=20)
+    assert read(gcs, "jobs/twice/exit")["exit_code"] == 0 and len(g.lines("starts.txt")) == 1
+
+
+def test_a_second_boot_trains_nothing_and_asks_for_a_new_attempt(gcs, guest):
+    g = guest(vm_identity("reboot-2", COUNTING + "sleep 60"), gcs.url)
+    g.env["RESPAWN_RUN_DIR_FOR_TEST"] = str(g.run_dir)
+    g.start(STARTUP)
+    until("the first trainer", lambda: g.lines("starts.txt"))
+    g.close()  # the power goes: every process of the VM dies; /var/lib (the state) survives
+    for stale in ("trainer.pid", "stopping"):  # /var/run is a tmpfs, emptied by the reboot
+        (g.run_dir / stale).unlink(missing_ok=True)
+    out = g.run(STARTUP, timeout=20)
+    assert len(g.lines("starts.txt")) == 1, f"the second boot trained again from the launch-time RESUME_FROM\n{out}"
+    marker = read(gcs, "preempted-jobs/reboot")
+    assert marker is not None, out
+    assert (marker["reason"], marker["attempt"], marker["instance"], marker["token"]) == \
+        ("rebooted", 2, "reboot-2", token_of("reboot-2"))
+    assert g.poweroffs == 1 and read(gcs, "jobs/reboot/exit") is None
+
+
+def test_state_left_by_another_instance_is_not_a_reboot(gcs, guest):
+    g = guest(vm_identity("baked-1", "echo trained > trained.txt"), gcs.url)
+    (g.run_dir / "state").mkdir(parents=True)
+    (g.run_dir / "state" / "instance").write_text("999\n")  # a disk image made from another respawn VM
+    out = g.run(STARTUP)
+    assert (g.run_dir / "trained.txt").exists(), out
+    assert read(gcs, "jobs/baked/exit")["exit_code"] == 0 and read(gcs, "preempted-jobs/baked") is None
+
+
+def test_the_state_directory_can_be_moved(gcs, guest, tmp_path):
+    state = tmp_path / "var-lib-respawn"
+    g = guest(vm_identity("moved-1", "exit 0"), gcs.url, RESPAWN_STATE_DIR=str(state))
+    g.run(STARTUP)
+    assert (state / "instance").read_text().strip() == "4242"
+
+
+def test_stop_then_start_of_a_local_vm_trains_once(gcs, srv):
+    boot(srv, "restart-4", 'echo "$$" >> starts.txt; sleep 60')
+    until("the trainer to start", lambda: (srv.workdir_of("restart-4") / "starts.txt").exists())
+    url = f"{srv.endpoint}/compute/v1/projects/{PROJECT}/zones/us-central1-a/instances/restart-4"
+    assert requests.post(f"{url}/stop", timeout=10).ok
+    until("the VM to stop", lambda: status(srv, "restart-4") == "TERMINATED", timeout=20)
+    assert read(gcs, "preempted-jobs/restart") is None, "a user's stop is no preemption"
+    assert requests.post(f"{url}/start", timeout=10).ok
+    marker = until("the rebooted marker", lambda: read(gcs, "preempted-jobs/restart"), timeout=20)
+    assert (marker["reason"], marker["attempt"], marker["token"]) == ("rebooted", 4, token_of("restart-4"))
+    until("the VM to power itself off", lambda: status(srv, "restart-4") == "TERMINATED", timeout=20)
+    assert len((srv.workdir_of("restart-4") / "starts.txt").read_text().splitlines()) == 1
+
+
+def test_a_stop_during_boot_starts_no_command(gcs, guest):
+    # The stop comes while the agent still reads its metadata (three 503s: about 3 s).
+    values = vm_identity("early-1", "echo ran > ran.txt; exit 0",
+                         **{"respawn-resume-from": ((503, 503, 503), "gs://ck/early/step_000010")})
+    g = guest(values, gcs.url, RESPAWN_NOTICE_SECONDS="4")
+    booting = g.start(STARTUP)
+    until("the agent to wait on its metadata", lambda: g.md.hits.get("instance/attributes/respawn-resume-from"))
+    values["instance/preempted"] = "TRUE"
+    out = g.run(SHUTDOWN, timeout=10)
+    marker = read(gcs, "preempted-jobs/early")
+    assert marker is not None and (marker["reason"], marker["saved"]) == ("preempted", True), out
+    out, _ = booting.communicate(timeout=20)
+    assert not (g.run_dir / "ran.txt").exists(), f"the command started on a VM being stopped\n{out}"
+    assert read(gcs, "jobs/early/exit") is None, out
+
+
+def test_a_command_ending_while_a_maintenance_is_only_announced_still_reports_its_exit(gcs, guest):
+    # Compute announces a terminating maintenance ahead of time (an hour on GPU VMs): a job
+    # that finishes in that window has finished, and its VM must not idle until then.
+    g = guest({**vm_identity("pend-1", "exit 0"), "instance/maintenance-event": "TERMINATE_ON_HOST_MAINTENANCE"},
+              gcs.url)
+    out = g.run(STARTUP)
+    assert read(gcs, "jobs/pend/exit")["exit_code"] == 0, out
+    assert g.poweroffs == 1
+
+
+def test_the_marker_waits_for_every_process_of_the_command(gcs, srv):
+    # The command's shell dies on SIGTERM at once; the process it started saves for 2 s.
+    trainer = ('(trap \'sleep 2; echo saved > saved.txt; exit 0\' TERM; echo started > started.txt; '
+               'while true; do sleep 0.1; done); echo never')
+    boot(srv, "group-1", trainer)
+    until("the trainer to start", lambda: (srv.workdir_of("group-1") / "started.txt").exists())
+    srv.preempt("group-1")
+    marker = until("the marker", lambda: read(gcs, "preempted-jobs/group"))
+    assert (srv.workdir_of("group-1") / "saved.txt").exists(), "the marker did not wait for the saving process"
+    assert marker["saved"] is True
+
+
+def test_a_command_that_daemonises_is_reported_and_what_it_left_is_stopped(gcs, guest):
+    g = guest(vm_identity("daemon-1", 'nohup sleep 300 > /dev/null 2>&1 & echo $! > daemon.pid; exit 0'), gcs.url)
+    out = g.run(STARTUP)
+    assert read(gcs, "jobs/daemon/exit")["exit_code"] == 0
+    assert "left processes running" in out and "must stay in the foreground" in out, out
+    pid = int((g.run_dir / "daemon.pid").read_text())
+    stat = Path(f"/proc/{pid}/stat")
+    assert not stat.exists() or ") Z " in stat.read_text(), "the daemon outlived the job's exit record"
+
+
+# -- when the command never ran, the exit record says why ---------------------------------
+
+@pytest.mark.parametrize(("case", "code", "reason"), [
+    ("run directory", 96, "no run directory"),
+    ("code", 97, "code download failed"),
+    ("metadata", 98, "metadata unreadable: respawn-env"),
+    ("command", 99, "no command"),
+])
+def test_when_the_command_never_ran_the_exit_record_says_why(gcs, guest, tmp_path, case, code, reason):
+    name = f"why{code}-1"
+    values = vm_identity(name, "echo ran > /dev/null; exit 0")
+    if case == "code":
+        values["instance/attributes/respawn-code"] = f"gs://{BUCKET}/no/such/code.tar.gz"
+    if case == "metadata":
+        values["instance/attributes/respawn-env"] = ((503,) * 1000, "never")
+    if case == "command":
+        values["instance/attributes/respawn-command"] = "  \n"
+    g = guest(values, gcs.url)
+    if case == "run directory":
+        g.run_dir.parent.mkdir(parents=True, exist_ok=True)
+        g.run_dir.write_text("a file where the run directory should be")
+    out = g.run(patient(STARTUP, 2), timeout=60)
+    record = read(gcs, f"jobs/why{code}/exit")
+    assert record is not None, out
+    assert (record["exit_code"], record["reason"][:len(reason)], record["token"]) == (code, reason, token_of(name))
+    assert g.poweroffs == 1
+
+
+# -- a full disk never turns a record into an empty one -----------------------------------
+
+def test_records_are_whole_on_a_full_disk(gcs, fake_md):
+    md = fake_md(identity("full-1", **{"respawn-token": "tok"}))
+    out = agent(md, f'ulimit -f 0  # no file may grow: writes fail as on a full disk\n{WRITE_EXIT}', gcs.url)
+    assert "WROTE" in out.stdout, out.stderr
+    record = read(gcs, "jobs/full/exit")
+    assert (record["exit_code"], record["token"], record["instance"]) == (0, "tok", "full-1")
+
+
+def test_an_empty_body_is_never_uploaded(gcs, fake_md):
+    md = fake_md(identity("empty-1"))
+    out = agent(md, 'gcs_put agent-bucket jobs/empty/exit "" || echo "refused $?"', gcs.url)
+    assert "refused 1" in out.stdout and "empty body" in out.stderr, out.stderr
+    assert read(gcs, "jobs/empty/exit") is None
+
+
+# -- the spec's env: $NAME references to the environment expand, nothing else runs --------
+
+def test_spec_env_expands_references_to_the_environment_and_nothing_else(gcs, srv, tmp_path):
+    touched = tmp_path / "touched"
+    env = {"PATH": "/opt/conda/bin:$PATH", "RUN": "$(touch {t})x`touch {t}`".format(t=touched),
+           "LITERAL": "cost $$5, $NOT_SET_ANYWHERE ${ALSO_NOT} $ {x} $1 $? *", "OUT": "/data/${RESPAWN_JOB}/$RESPAWN_ATTEMPT",
+           "HOMELY": "$HOME/x", "SELF": "$SELF$LITERAL"}
+    lines = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+    dump = 'python -c "import json, os; json.dump(dict(os.environ), open(\'env.json\', \'w\'))"; sleep 1.5; exit 0'
+    boot(srv, "exp-2", dump, **{"respawn-env": lines})
+    record = until("the exit record", lambda: read(gcs, "jobs/exp/exit"))
+    assert record["exit_code"] == 0 and read(gcs, "jobs/exp/heartbeat") is not None
+    seen = json.loads((srv.workdir_of("exp-2") / "env.json").read_text())
+    assert seen["PATH"].startswith("/opt/conda/bin:") and seen["PATH"].endswith(f":{os.environ['PATH']}")
+    assert str(Path(sys.executable).parent) in seen["PATH"].split(":"), "the VM's own PATH was lost"
+    assert seen["RUN"] == env["RUN"] and not touched.exists(), "a command substitution ran"
+    assert seen["LITERAL"] == "cost $5, $NOT_SET_ANYWHERE ${ALSO_NOT} $ {x} $1 $? *"
+    assert seen["OUT"] == "/data/exp/2" and seen["HOMELY"] == f"{seen['HOME']}/x"
+    assert seen["SELF"] == "$SELF$LITERAL", "a reference sees the environment before the spec's env"
+    until("the VM to power off", lambda: status(srv, "exp-2") == "TERMINATED")
