@@ -83,7 +83,8 @@ def _running_job(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: L
         return _exited(v, spec, st, now, ctx)
     if v.marker and v.marker.belongs_to(st):
         cause = _marker_cause(v.marker)
-        return _restart(v, spec, st, cause, f"{cause} marker from {v.marker.instance or 'a VM'}", now, ctx)
+        unsaved = "; its trainer had not finished saving by the deadline" if v.marker.saved is False else ""
+        return _restart(v, spec, st, cause, f"{cause} marker from {v.marker.instance or 'a VM'}{unsaved}", now, ctx)
     if not st.instances:  # hand-edited: an attempt with no VM names; insert the ones it should have
         repaired = st.but(instances=tuple(names.node_names(v.job, st.attempt, spec.nodes)), inserted=False)
         return [WriteStatus(v.job, repaired, "status names no instance")]
@@ -100,6 +101,8 @@ def _exited(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: Launch
         return _end(v, st, Phase.SUCCEEDED, f"command exited 0 on {v.exit.instance or st.instances[0]}", now)
     code = "unreadable" if v.exit.exit_code is None else str(v.exit.exit_code)
     detail = f"command exited with code {code} on {v.exit.instance or 'a VM'}"
+    if v.exit.detail:  # the agent says why the command never ran (code download failed...)
+        detail = f"the command never ran on {v.exit.instance or 'a VM'}: {v.exit.detail} (exit {code})"
     if cause := _platform_cause(v, st):
         return _restart(v, spec, st, cause, f"{detail} after a node was {cause}", now, ctx)
     if len(st.instances) > 1:

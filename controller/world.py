@@ -36,7 +36,8 @@ class Record:
     exit_code: int | None = None
     node: int | None = None
     token: str | None = None
-    detail: str = ""
+    detail: str = ""  # a marker's reason (preempted, maintenance, rebooted); an exit record's why
+    saved: bool | None = None  # a marker: the trainer exited (its SIGTERM save done) before the deadline
 
     @classmethod
     def parse(cls, info: BlobInfo, data: bytes) -> Record:
@@ -65,6 +66,7 @@ class Record:
             node=_whole(body.get("node"), 0, 10**6),
             token=token if isinstance(token, str) and 0 < len(token) <= 256 else None,
             detail=reason[:200] if isinstance(reason, str) else "",
+            saved=body.get("saved") if isinstance(body.get("saved"), bool) else None,
         )
 
     def belongs_to(self, status: JobStatus) -> bool:

@@ -198,7 +198,13 @@ if group_alive "$agent_trainer"; then
   kill -KILL -- "-$agent_trainer" 2>/dev/null
 fi
 
-if [ "$agent_rank" = 0 ] || [ "$agent_code" != 0 ]; then
+# Rank 0's exit record is the gang's and always written. A worker writes only a failure,
+# and only where no record is yet: a worker failing because rank 0 finished and left the
+# collective must not overwrite rank 0's exit 0 (one object per job; last writer wins).
+if [ "$agent_rank" = 0 ]; then
   record exit "jobs/$agent_job/exit" "\"exit_code\": $agent_code" || log "could not write the exit record"
+elif [ "$agent_code" != 0 ]; then
+  RECORD_IF_ABSENT=1 record exit "jobs/$agent_job/exit" "\"exit_code\": $agent_code" \
+    || log "no exit record written: one is already there (rank 0's, or another worker's)"
 fi
 poweroff

@@ -118,6 +118,23 @@ def test_code_tarball_is_fetched_before_the_command(gcs, srv):
     assert (srv.workdir_of("code-1") / "code" / "proof.txt").read_text().strip() == "from-the-tarball"
 
 
+def test_a_worker_failing_after_rank_0_succeeded_never_overwrites_its_exit_record(gcs, srv):
+    gang = {"respawn-nodes": "2", "respawn-master-addr": "ok-5-n0"}
+    boot(srv, "ok-5-n0", "exit 0", **gang)
+    until("rank 0's exit record", lambda: read(gcs, "jobs/ok/exit") is not None)
+    boot(srv, "ok-5-n1", "exit 1", **gang)  # its collective broke when rank 0 left
+    until("the worker to power off", lambda: status(srv, "ok-5-n1") == "TERMINATED")
+    record = read(gcs, "jobs/ok/exit")
+    assert (record["exit_code"], record["node"]) == (0, 0)
+
+
+def test_a_worker_failure_is_recorded_when_no_record_is_there(gcs, srv):
+    boot(srv, "bad-5-n1", "exit 3", **{"respawn-nodes": "2", "respawn-master-addr": "bad-5-n0"})
+    until("the worker's exit record", lambda: read(gcs, "jobs/bad/exit") is not None)
+    record = read(gcs, "jobs/bad/exit")
+    assert (record["exit_code"], record["node"]) == (3, 1)
+
+
 def test_gang_node_reads_its_rank_from_its_name(gcs, srv):
     boot(srv, "gang-2-n1", 'echo "$NODE_RANK/$NODES $MASTER_ADDR" > rank.txt; exit 0',
          **{"respawn-nodes": "3", "respawn-master-addr": "gang-2-n0"})

@@ -504,3 +504,22 @@ def test_a_node_stuck_in_a_state_we_wait_out_is_given_up_after_idle_timeout(h):
     h.tick()
     st = h.status("llm")
     assert (st.attempt, st.restarts, st.failures) == (2, 1, 0) and h.live() == ["llm-2"]
+
+
+def test_an_exit_record_saying_why_the_command_never_ran_is_shown(h):
+    started(h)
+    st = h.status("llm")
+    body = {"exit_code": 97, "reason": "code download failed", "instance": "llm-1", "attempt": 1,
+            "token": st.attempt_token}
+    h.store.put(BUCKET, names.exit_key("llm"), json.dumps(body))
+    h.tick()
+    assert "the command never ran on llm-1: code download failed (exit 97)" in h.status("llm").message
+
+
+def test_a_rebooted_marker_is_a_restart_not_a_failure(h):
+    started(h)
+    h.marker("llm", reason="rebooted")
+    h.tick()
+    st = h.status("llm")
+    assert (st.attempt, st.restarts, st.failures, st.preemptions) == (2, 1, 0, 0)
+    assert any(e.event == "rebooted" for e in st.history)
