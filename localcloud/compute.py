@@ -16,6 +16,7 @@ crashes, and any status string at all (values Google may add later).
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import tempfile
 import threading
@@ -30,7 +31,7 @@ from localcloud import discovery, gce
 from localcloud.filters import FilterError, compile_filter
 from localcloud.gce import ApiError
 from localcloud.http import Served
-from localcloud.metadata import MetadataServer
+from localcloud.metadata import MetadataServer, Tokens, service_account
 from localcloud.vm import VmProcess
 
 SUPPORTED = {
@@ -54,6 +55,7 @@ class Vm:
     maintenance: str = "NONE"
     process: VmProcess | None = None
     metadata: MetadataServer | None = None
+    tokens: Tokens | None = None
 
     @property
     def name(self) -> str:
@@ -79,10 +81,14 @@ class Faults:
 class ComputeServer:
     def __init__(self, *, vm_env: dict[str, str] | None = None, workdir: Path | None = None,
                  boot_delay: float = 0.1, shutdown_budget: float = 30.0, run_vms: bool = True,
-                 zones: tuple[str, ...] = ZONES) -> None:
+                 zones: tuple[str, ...] = ZONES, guest_shutdown_limit: float = 300.0) -> None:
+        """``shutdown_budget``: the shutdown script's time when Compute stops, deletes or preempts
+        a VM (Google: 30 s for Spot and preemptible VMs, 90 s otherwise); ``guest_shutdown_limit``:
+        its time when the guest powers itself off, which Google does not limit (a bound, here)."""
         self.vm_env = dict(vm_env or {})
         self.boot_delay = boot_delay
         self.shutdown_budget = shutdown_budget
+        self.guest_shutdown_limit = guest_shutdown_limit
         self.run_vms = run_vms
         self.zones = zones
         self.faults = Faults()
@@ -94,6 +100,7 @@ class ComputeServer:
         self._lock = threading.RLock()
         self._done = threading.Condition(self._lock)
         self._timers: list[threading.Timer] = []
+        self._processes: set[VmProcess] = set()  # every VM process not yet killed
         self._routes = discovery.methods({k: v for k, v in SUPPORTED.items()})
         self._served: Served | None = None
         self.urls = gce.Urls("http://127.0.0.1")
@@ -118,6 +125,10 @@ class ComputeServer:
             timer.cancel()
         for vm in vms:
             self._power_off(vm, budget=0)
+        with self._lock:
+            stopping, self._processes = list(self._processes), set()
+        for process in stopping:  # VMs part-way through a shutdown script
+            process.kill()
         if self._served:
             self._served.stop()
         if self._tmp:
@@ -209,17 +220,11 @@ class ComputeServer:
         threading.Thread(target=self._stop_then, args=(vm, "TERMINATED", None, 0), daemon=True).start()
 
     def crash(self, name: str) -> None:
-        """The guest powers itself off or dies (kernel panic, OOM of PID 1): Compute records
-        ``compute.instances.guestTerminate``. A running guest's process is killed (its exit is
-        seen, and recorded, as the guest terminating); a guest already on its way down (a
-        preempted one shutting itself down) gets the record too."""
-        vm = self._find(name)
-        with self._lock:
-            process = vm.process
-        if process is not None and process.running:
-            process.kill()
-        else:
-            self._guest_terminated(vm)
+        """The guest dies (kernel panic, OOM of PID 1): Compute records
+        ``compute.instances.guestTerminate`` and every process of the VM is killed at once, no
+        shutdown script. A guest already on its way down (a preempted one shutting itself
+        down) gets the record too."""
+        self._guest_terminated(self._find(name), budget=0)
 
     def set_status(self, name: str, status: str) -> None:
         """Give a named instance any status string at all, e.g. PENDING_STOP or one Google adds later."""
@@ -566,27 +571,33 @@ class ComputeServer:
         workdir.mkdir(parents=True, exist_ok=True)
         env = {**self.vm_env, "GCE_METADATA_HOST": vm.metadata.host, "GCE_METADATA_IP": vm.metadata.host,
                "RESPAWN_RUN_DIR": str(workdir)}  # /var/run/respawn on a real VM; one VM per folder here
-        process = VmProcess(workdir, env, lambda code: self._guest_exited(vm, process))
+        process = VmProcess(workdir, env, lambda: self._guest_powered_off(vm, process))
         vm.process = process
-        process.start(vm.attribute("startup-script") or "#!/bin/bash\n# no startup-script: idle\nsleep infinity\n")
+        self._processes.add(process)
+        process.start(vm.attribute("startup-script") or None)  # none: the VM runs, idle
 
-    def _guest_exited(self, vm: Vm, process: VmProcess) -> None:
-        """The guest powered itself off (or its init died): TERMINATED, as a guest shutdown is."""
+    def _guest_powered_off(self, vm: Vm, process: VmProcess) -> None:
+        """The guest ran ``poweroff`` (or ``shutdown``): Compute records a guest termination;
+        the shutdown script runs, with no deadline from Compute (the guest's own shutdown)."""
         with self._lock:
             if vm.process is not process or vm.resource["status"] != "RUNNING":
                 return
-            self._guest_terminated(vm)
+            self._guest_terminated(vm, budget=self.guest_shutdown_limit)
 
-    def _guest_terminated(self, vm: Vm) -> None:
+    def _guest_terminated(self, vm: Vm, budget: float) -> None:
         with self._lock:
             self._record(vm, "compute.instances.guestTerminate")
             if vm.resource["status"] in ("TERMINATED", "STOPPED", "STOPPING"):
                 return  # already on its way down (preempted, stopped): only the record is new
             self._set_status(vm, "STOPPING")
-        self._later(0.05, self._terminated, vm)
+        threading.Thread(target=self._stop_then, args=(vm, "TERMINATED", None, budget, False), daemon=True).start()
 
-    def _stop_then(self, vm: Vm, outcome: str, op: dict[str, Any] | None = None, budget: float | None = None) -> None:
-        self._power_off(vm, self.shutdown_budget if budget is None else budget)
+    def _stop_then(self, vm: Vm, outcome: str, op: dict[str, Any] | None = None, budget: float | None = None,
+                   deadline: bool = True) -> None:
+        """Power the VM off (shutdown script within ``budget``, Compute's deadline when ``deadline``),
+        then the outcome: TERMINATED, or gone (DELETE)."""
+        budget = self.shutdown_budget if budget is None else budget
+        self._power_off(vm, budget, notice=budget if deadline else None)
         with self._lock:
             if outcome == "DELETE":
                 self._vms.pop((vm.project, vm.zone, vm.name), None)
@@ -597,39 +608,43 @@ class ComputeServer:
                 gce.finish(op)
             self._done.notify_all()
 
-    def _terminated(self, vm: Vm) -> None:
+    def _power_off(self, vm: Vm, budget: float, notice: float | None = None) -> None:
         with self._lock:
-            if vm.resource["status"] == "STOPPING":
-                self._set_status(vm, "TERMINATED")
-                vm.resource["lastStopTimestamp"] = gce.now()
-        self._power_off(vm, 0)
-
-    def _power_off(self, vm: Vm, budget: float) -> None:
-        process, vm.process = vm.process, None
+            process, vm.process = vm.process, None
         if process is not None:
-            process.stop(vm.attribute("shutdown-script"), budget)
+            process.stop(vm.attribute("shutdown-script"), budget, notice)
+            with self._lock:
+                self._processes.discard(process)
         if vm.metadata is not None:
             vm.metadata.stop()
             vm.metadata = None
 
     def _metadata_tree(self, vm: Vm) -> dict[str, Any]:
+        """What the instance's metadata server serves (paths as on Google; see localcloud.metadata)."""
         with self._lock:
             r = vm.resource
+            number = project_number(vm.project)
             attributes = {i["key"]: i.get("value", "") for i in r["metadata"]["items"]}
-            accounts = r.get("serviceAccounts") or [{"email": "default", "scopes": []}]
-            # An endpoint, not a directory: Google answers the token as one JSON document.
-            token = json.dumps({"access_token": "ya29.localcloud-token", "expires_in": 3599, "token_type": "Bearer"})
-            account = {"email": accounts[0]["email"], "scopes": "\n".join(accounts[0].get("scopes", [])), "token": token,
-                       "aliases": "default"}
+            if vm.tokens is None:
+                vm.tokens = Tokens(str(r["id"]))
+            accounts: dict[str, Any] = {}
+            for entry in (r.get("serviceAccounts") or [])[:1]:  # Compute allows one per instance
+                email = entry.get("email") or "default"
+                if email == "default":  # the API resolves it to the project's Compute Engine default account
+                    email = f"{number}-compute@developer.gserviceaccount.com"
+                account = service_account(email, list(entry.get("scopes") or []), str(r["id"]), vm.tokens)
+                accounts = {"default": account, email: account}
             return {
                 "instance": {
-                    "attributes": attributes, "name": r["name"], "id": r["id"], "zone": f"projects/0/zones/{vm.zone}",
-                    "hostname": f"{r['name']}.{vm.zone}.c.{vm.project}.internal", "machine-type": r["machineType"],
-                    "preempted": "TRUE" if vm.preempted else "FALSE", "maintenance-event": vm.maintenance,
-                    "service-accounts": {"default": account, accounts[0]["email"]: account},
+                    "attributes": attributes, "hostname": f"{r['name']}.{vm.zone}.c.{vm.project}.internal",
+                    "id": int(r["id"]), "machine-type": f"projects/{number}/machineTypes/"
+                                                         f"{r['machineType'].rsplit('/', 1)[-1]}",
+                    "maintenance-event": vm.maintenance, "name": r["name"],
                     "network-interfaces": {"0": {"ip": "127.0.0.1"}},
+                    "preempted": "TRUE" if vm.preempted else "FALSE",
+                    "service-accounts": accounts, "zone": f"projects/{number}/zones/{vm.zone}",
                 },
-                "project": {"project-id": vm.project, "numeric-project-id": "0"},
+                "project": {"numeric-project-id": number, "project-id": vm.project},
             }
 
     # -- helpers ------------------------------------------------------------------------
@@ -694,6 +709,11 @@ class ComputeServer:
         with self._lock:
             self._timers = [t for t in self._timers if t.is_alive()] + [timer]
         timer.start()
+
+
+def project_number(project: str) -> int:
+    """A stable 12-digit project number for a project id (Google assigns one to each project)."""
+    return 100_000_000_000 + int(hashlib.sha1(project.encode()).hexdigest(), 16) % 900_000_000_000
 
 
 def _switch(lock: threading.RLock, faults: dict[str, str], zone: str, mode: str | None) -> None:

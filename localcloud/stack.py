@@ -32,12 +32,16 @@ class Options:
     vm_scripts: Path | None = None  # default: the project's deploy/vm
     log_dir: Path | None = None
     policy_env: dict[str, str] | None = None
+    gcs_write_interval: float | None = None  # GCS's per-object write rate (about 1 s), off by default
+    gcs_pin_generations: bool = False  # downloads pinned to the generation read, as on Google
 
 
 class LocalCloud:
     def __init__(self, options: Options | None = None) -> None:
         self.options = options or Options()
-        self.gcs = LocalGcs(buckets=(self.options.bucket,), project=self.options.project)
+        self.gcs = LocalGcs(buckets=(self.options.bucket,), project=self.options.project,
+                            write_interval=self.options.gcs_write_interval,
+                            pin_generations=self.options.gcs_pin_generations)
         self.compute: ComputeServer | None = None
         self._functions: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
         self.ticker: Ticker | None = None

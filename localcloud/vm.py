@@ -2,15 +2,21 @@
 
 Each instance gets its own working directory and metadata server. The process sees
 ``GCE_METADATA_HOST`` and ``STORAGE_EMULATOR_HOST`` (so the same VM scripts run here
-and on GCP) and, first on its PATH, ``poweroff``/``shutdown`` shims: a guest powering
-itself off simply ends the process, which the Compute server records as a guest
-termination. Stopping the VM runs its shutdown-script within a time budget, then
-kills the whole process group, as Compute's hard power-off does.
+and on GCP). As on Compute Engine, where the startup script is a oneshot systemd unit,
+the VM keeps running (and, on Google, billing) after its startup script exits, whatever
+its exit code: the guest agent only logs ``startup-script exit status N`` and "Finished
+running startup scripts." to the serial port. What ends a VM is a power-off: the guest's
+own (``poweroff``, ``halt`` or ``shutdown``, shims first on its PATH that ask Compute to
+power it off: ``shutdown`` without a time waits a minute, as systemd's does), or Compute's
+(stop, delete, preemption, a crash). Powering off runs the shutdown-script, within a time
+budget when Compute imposes one, then kills every process of the VM, as Compute's hard
+power-off does.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import threading
@@ -18,21 +24,60 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-_SHIM = "#!/bin/sh\n# localcloud: a guest power-off ends the VM's process group (its own group: kill 0)\nkill -TERM 0\n"
+POWEROFF_REQUEST = ".poweroff-request"
+
+# poweroff / halt: ask for the power-off and return at once, as systemctl does; the guest
+# goes on running until the shutdown kills it.
+_POWEROFF = """#!/bin/sh
+# localcloud: ask Compute to power this VM off (systemd queues the job and returns)
+: > {request}
+"""
+# shutdown [OPTIONS] [TIME] [WALL...]: TIME is "now", "+m" or "hh:mm"; none means "+1";
+# -c cancels a pending one, -k only writes the wall message.
+_SHUTDOWN = """#!/bin/bash
+# localcloud: systemd's shutdown, as far as timing goes
+pending={pending}
+delay=60 timed=""
+for a in "$@"; do
+  case "$a" in
+    -c|--cancel) [ -f "$pending" ] && kill "$(cat "$pending")" 2>/dev/null; rm -f "$pending"; exit 0 ;;
+    -k) exit 0 ;;
+    -*) ;;
+    *) [ -n "$timed" ] && continue; timed=1
+       case "$a" in
+         now) delay=0 ;;
+         +[0-9]*) delay=$(( ${{a#+}} * 60 )) ;;
+         [0-9]*:[0-9]*) t=$(date -d "$a" +%s) || exit 1; n=$(date +%s)
+                        [ "$t" -ge "$n" ] || t=$((t + 86400)); delay=$((t - n)) ;;
+         *) echo "Failed to parse time specification: $a" >&2; exit 1 ;;
+       esac ;;
+  esac
+done
+if [ "$delay" = 0 ]; then : > {request}; exit 0; fi
+[ -f "$pending" ] && kill "$(cat "$pending")" 2>/dev/null
+( sleep "$delay" && : > {request} ) >/dev/null 2>&1 &
+echo $! > "$pending"
+echo "Shutdown scheduled in $delay s, use 'shutdown -c' to cancel."
+"""
 
 
 class VmProcess:
-    def __init__(self, workdir: Path, env: dict[str, str], on_exit: Callable[[int], None]) -> None:
+    def __init__(self, workdir: Path, env: dict[str, str], on_power_off: Callable[[], None]) -> None:
         self.workdir = workdir
-        self.env = env
-        self._on_exit = on_exit
+        self._on_power_off = on_power_off
         self._proc: subprocess.Popen[bytes] | None = None
-        self._stopping = False
+        self._up = False
+        self._stopping = threading.Event()
         bin_dir = workdir / ".bin"
         bin_dir.mkdir(parents=True, exist_ok=True)
-        for name in ("poweroff", "shutdown", "halt"):
+        self._request = bin_dir / POWEROFF_REQUEST
+        self._request.unlink(missing_ok=True)  # a request left from the VM's last run is no request
+        (bin_dir / ".shutdown-pending").unlink(missing_ok=True)
+        shims = {"poweroff": _POWEROFF, "halt": _POWEROFF, "shutdown": _SHUTDOWN}
+        for name, text in shims.items():
             shim = bin_dir / name
-            shim.write_text(_SHIM)
+            shim.write_text(text.format(request=shlex.quote(str(self._request)),
+                                        pending=shlex.quote(str(bin_dir / ".shutdown-pending"))))
             shim.chmod(0o755)
         # Every process of this VM inherits the tag, even one that leaves the process group
         # (the VM agent runs the trainer under setsid): power-off kills all that carry it.
@@ -40,7 +85,13 @@ class VmProcess:
         self.env = {**env, "PATH": f"{bin_dir}:{env.get('PATH', os.environ.get('PATH', ''))}", "HOME": str(workdir),
                     "RESPAWN_LOCAL_VM": self.tag}
 
-    def start(self, script: str) -> None:
+    def start(self, script: str | None) -> None:
+        """Boot: run the startup script, if there is one (the VM runs on either way)."""
+        self._up = True
+        if not script:
+            with open(self.workdir / "serial-port-1.log", "ab") as log:
+                log.write(b"google_metadata_script_runner: No startup scripts to run.\n")
+            return
         path = self.workdir / "startup-script"
         path.write_text(script)
         log = open(self.workdir / "serial-port-1.log", "ab")
@@ -49,22 +100,36 @@ class VmProcess:
             stdin=subprocess.DEVNULL, start_new_session=True,
         )
         log.close()
-        threading.Thread(target=self._wait, name=f"vm-{self.workdir.name}", daemon=True).start()
+        threading.Thread(target=self._script_ended, name=f"vm-{self.workdir.name}", daemon=True).start()
+        threading.Thread(target=self._watch_power, name=f"vm-power-{self.workdir.name}", daemon=True).start()
+
+    @property
+    def up(self) -> bool:
+        """Powered on: started, and not yet powered off (the startup script may have ended)."""
+        return self._up
 
     @property
     def running(self) -> bool:
+        """The startup script is still running."""
         return self._proc is not None and self._proc.poll() is None
 
-    def stop(self, shutdown_script: str | None, budget: float) -> None:
-        """Run the shutdown script (at most ``budget`` seconds), then hard power-off."""
-        self._stopping = True
+    def stop(self, shutdown_script: str | None, budget: float, notice: float | None = None) -> None:
+        """Run the shutdown script (at most ``budget`` seconds), then hard power-off.
+
+        ``notice``: the deadline Compute imposes, told to the shutdown script as
+        ``RESPAWN_NOTICE_SECONDS`` (whole seconds); ``None`` when there is none (a
+        shutdown the guest asked for)."""
+        self._stopping.set()
         deadline = time.monotonic() + budget
-        if shutdown_script and self.running and budget > 0:
+        if shutdown_script and self._up and budget > 0:
             path = self.workdir / "shutdown-script"
             path.write_text(shutdown_script)
+            env = dict(self.env)
+            if notice is not None:
+                env["RESPAWN_NOTICE_SECONDS"] = str(max(0, int(notice)))
             with open(self.workdir / "serial-port-1.log", "ab") as log:
                 try:
-                    subprocess.run(["bash", str(path)], cwd=self.workdir, env=self.env, stdout=log,
+                    subprocess.run(["bash", str(path)], cwd=self.workdir, env=env, stdout=log,
                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=budget)
                 except subprocess.TimeoutExpired:
                     pass
@@ -72,6 +137,8 @@ class VmProcess:
 
     def kill(self, grace: float = 0.0) -> None:
         """Hard power-off: SIGTERM to every process of the VM, SIGKILL after ``grace``."""
+        self._stopping.set()
+        self._up = False
         if self._proc is None:
             return
         deadline = time.monotonic() + grace
@@ -105,8 +172,23 @@ class VmProcess:
                 continue
         return found
 
-    def _wait(self) -> None:
+    def _script_ended(self) -> None:
+        """The startup script ended: the guest agent logs it; the VM runs on."""
         assert self._proc is not None
         code = self._proc.wait()
-        if not self._stopping:
-            self._on_exit(code)
+        if self._stopping.is_set():
+            return
+        if code == 0:
+            line = "startup-script exit status 0"
+        else:
+            why = f"signal: {signal.strsignal(-code).lower()}" if code < 0 else f"exit status {code}"
+            line = f'Script "startup-script" failed with error: {why}'
+        with open(self.workdir / "serial-port-1.log", "ab") as log:
+            log.write(f"google_metadata_script_runner: {line}\n"
+                      f"google_metadata_script_runner: Finished running startup scripts.\n".encode())
+
+    def _watch_power(self) -> None:
+        while not self._stopping.wait(0.05):
+            if self._request.exists():
+                self._on_power_off()
+                return
