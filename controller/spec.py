@@ -251,7 +251,7 @@ class JobSpec(Strict):
     nodes: int = Field(default=1, ge=1, le=MAX_NODES_PER_JOB)
     checkpoint: Checkpoint | None = None
     heartbeat_interval: Duration = timedelta(seconds=60)
-    policy: JobPolicy = JobPolicy()
+    policy: JobPolicy = Field(default=JobPolicy(), validate_default=True)  # its idle_timeout is checked against heartbeat_interval
 
     @field_validator("name")
     @classmethod

@@ -286,3 +286,11 @@ def test_accelerators_on_n1_are_fine():
     t4 = {"type": "nvidia-tesla-t4", "count": 2}
     spec = parse_spec(yaml.safe_dump(doc(machine_type="n1-standard-8", accelerators=t4, nodes=3)), "j")
     assert spec.gpus_per_node == ("nvidia-tesla-t4", 2) and spec.total_gpus == 6
+
+
+def test_a_heartbeat_interval_the_default_idle_timeout_cannot_honour_is_refused():
+    # Regression: the check ran only when 'policy' was given, so 2h beats with the
+    # default 30m idle_timeout made every attempt look hung.
+    with pytest.raises(SpecError) as e:
+        parse_spec("zones: [us-central1-a]\nmachine_type: n1-standard-8\ncommand: x\nheartbeat_interval: 2h\n", "j")
+    assert e.value.problems[0].startswith("policy.idle_timeout:")
