@@ -117,8 +117,8 @@ class VmProcess:
         """Run the shutdown script (at most ``budget`` seconds), then hard power-off.
 
         ``notice``: the deadline Compute imposes, told to the shutdown script as
-        ``RESPAWN_NOTICE_SECONDS`` (whole seconds); ``None`` when there is none (a
-        shutdown the guest asked for)."""
+        ``RESPAWN_NOTICE_SECONDS`` (seconds, at most three decimals: "30", "0.5"); ``None``
+        when there is none (a shutdown the guest asked for): the variable is then unset."""
         self._stopping.set()
         deadline = time.monotonic() + budget
         if shutdown_script and self._up and budget > 0:
@@ -126,7 +126,7 @@ class VmProcess:
             path.write_text(shutdown_script)
             env = dict(self.env)
             if notice is not None:
-                env["RESPAWN_NOTICE_SECONDS"] = str(max(0, int(notice)))
+                env["RESPAWN_NOTICE_SECONDS"] = f"{max(0.0, notice):.3f}".rstrip("0").rstrip(".")
             with open(self.workdir / "serial-port-1.log", "ab") as log:
                 try:
                     subprocess.run(["bash", str(path)], cwd=self.workdir, env=env, stdout=log,

@@ -57,7 +57,9 @@ class GcsStore:
                     raise errors.TooLarge(f"{where}: {blob.size} bytes, over {limit}")
                 try:
                     data = blob.download_as_bytes(if_generation_match=blob.generation)
-                except gexc.PreconditionFailed:
+                # Replaced since its metadata was read: 412 (ifGenerationMatch), or 404 on
+                # Google, whose download names the generation read (mediaLink). Read again.
+                except (gexc.PreconditionFailed, gexc.NotFound):
                     continue
                 return Blob(_info(blob), data)
         raise errors.TransientError(f"{where} kept changing while being read")

@@ -92,12 +92,7 @@ class TestGcsAdapter:
         monkeypatch.undo()
         assert store.read(BUCKET, key).data == b"status v1"
 
-    @pytest.mark.parametrize("pinned", [
-        False,
-        pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=(
-            "GcsStore.read lets through the 404 Google answers for a generation replaced since get_blob() "
-            "(the download is pinned to it): it must read again, as after a 412"))),
-    ])
+    @pytest.mark.parametrize("pinned", [False, True])
     def test_an_object_replaced_between_its_metadata_and_its_bytes_is_read_again(self, gcs, monkeypatch, pinned):
         """The download names the generation the metadata had (ifGenerationMatch; on Google also the
         generation itself, in mediaLink): a writer in between makes it 412, or 404 when pinned. Either

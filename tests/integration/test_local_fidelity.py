@@ -1,0 +1,377 @@
+"""The local cloud is not kinder than Google: VM lifetimes, the metadata server as
+google-auth sees it, GCS preconditions, reserved characters in object names, the
+per-object write rate, and a start that fails cleaning up after itself."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shlex
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+import requests
+from google.api_core import exceptions as gexc
+
+from localcloud.compute import ComputeServer
+from localcloud.gcs import LocalGcs, client
+from tests.wait import until
+
+PROJECT = "fidelity-proj"
+BUCKET = "fidelity-bucket"
+TRAINER_ACCOUNT = f"trainer@{PROJECT}.iam.gserviceaccount.com"
+CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
+
+
+# -- VMs -------------------------------------------------------------------------------
+@pytest.fixture
+def srv() -> Iterator[ComputeServer]:
+    with ComputeServer(boot_delay=0.05, shutdown_budget=3.0) as s:
+        yield s
+
+
+def boot(srv: ComputeServer, name: str, startup: str | None, shutdown: str | None = None,
+         accounts: list[dict[str, Any]] | None = None) -> None:
+    items = [{"key": k, "value": v} for k, v in (("startup-script", startup), ("shutdown-script", shutdown)) if v]
+    body = {"name": name, "machineType": "zones/us-central1-a/machineTypes/e2-small",
+            "disks": [{"boot": True, "initializeParams": {"sourceImage": "projects/debian-cloud/global/images/family/debian-12"}}],
+            "networkInterfaces": [{"network": "global/networks/default"}],
+            "scheduling": {"provisioningModel": "SPOT", "automaticRestart": False, "onHostMaintenance": "TERMINATE"},
+            "metadata": {"items": items}}
+    if accounts is not None:
+        body["serviceAccounts"] = accounts
+    r = requests.post(f"{srv.endpoint}/compute/v1/projects/{PROJECT}/zones/us-central1-a/instances", json=body, timeout=10)
+    assert r.ok, r.text
+
+
+def status(srv: ComputeServer, name: str) -> str:
+    return srv.instance(name)["status"]
+
+
+def serial(srv: ComputeServer, name: str) -> str:
+    path = srv.workdir_of(name) / "serial-port-1.log"
+    return path.read_text() if path.exists() else ""
+
+
+def guest_terminations(srv: ComputeServer, name: str) -> int:
+    return sum(1 for o in srv.operations()
+               if o["operationType"] == "compute.instances.guestTerminate" and o["targetLink"].endswith(f"/{name}"))
+
+
+def test_a_vm_runs_on_after_its_startup_script_exits(srv):
+    """On Compute Engine the startup script is a oneshot unit: the VM runs (and bills) on."""
+    boot(srv, "ends", "echo the script is done; exit 3")
+    until("the script's end in the serial log", lambda: "failed with error: exit status 3" in serial(srv, "ends"))
+    time.sleep(1.0)
+    assert status(srv, "ends") == "RUNNING"
+    assert guest_terminations(srv, "ends") == 0
+    assert "Finished running startup scripts." in serial(srv, "ends")
+
+
+def test_a_vm_without_a_startup_script_runs(srv):
+    boot(srv, "bare", None)
+    until("RUNNING", lambda: status(srv, "bare") == "RUNNING")
+    time.sleep(0.5)
+    assert status(srv, "bare") == "RUNNING"
+    assert "No startup scripts to run." in serial(srv, "bare")
+
+
+def test_a_guest_poweroff_after_the_script_ended_runs_the_shutdown_script_then_terminates(srv):
+    # the background job outlives the script, as it does under the guest agent
+    boot(srv, "later", "(sleep 1; poweroff) >/dev/null 2>&1 &\nexit 0",
+         shutdown='echo "notice=${RESPAWN_NOTICE_SECONDS:-none}" > shutdown-ran')
+    until("the script's end", lambda: "startup-script exit status 0" in serial(srv, "later"))
+    assert status(srv, "later") == "RUNNING"
+    until("TERMINATED", lambda: status(srv, "later") == "TERMINATED", timeout=15)
+    assert guest_terminations(srv, "later") == 1
+    # Google runs the shutdown script on a guest shutdown, and sets it no deadline
+    assert (srv.workdir_of("later") / "shutdown-ran").read_text().strip() == "notice=none"
+
+
+def test_shutdown_without_a_time_waits_a_minute_and_can_be_cancelled(srv):
+    boot(srv, "sched", "shutdown\nsleep 1.5\nshutdown -c\necho still up\nshutdown -h now\nsleep 30")
+    until("TERMINATED", lambda: status(srv, "sched") == "TERMINATED", timeout=15)
+    log = serial(srv, "sched")
+    assert "Shutdown scheduled in 60 s" in log and "still up" in log
+
+
+@pytest.mark.parametrize("how", ["preempt", "stop"])
+def test_a_deadline_from_compute_reaches_the_shutdown_script(srv, how):
+    name = f"notice-{how}"
+    boot(srv, name, "true", shutdown='echo "$RESPAWN_NOTICE_SECONDS" > notice')
+    until("the script's end", lambda: "startup-script exit status 0" in serial(srv, name))
+    assert status(srv, name) == "RUNNING"  # idle, and still running its shutdown script when stopped
+    if how == "preempt":
+        srv.preempt(name)
+    else:
+        requests.post(f"{srv.endpoint}/compute/v1/projects/{PROJECT}/zones/us-central1-a/instances/{name}/stop",
+                      timeout=10).raise_for_status()
+    until("TERMINATED", lambda: status(srv, name) == "TERMINATED", timeout=15)
+    assert (srv.workdir_of(name) / "notice").read_text().strip() == "3"
+
+
+def test_a_fractional_deadline_is_told_as_it_is():
+    with ComputeServer(boot_delay=0.05, shutdown_budget=1.5) as short:
+        boot(short, "frac", "true", shutdown='echo "$RESPAWN_NOTICE_SECONDS" > notice')
+        until("the script's end", lambda: "startup-script exit status 0" in serial(short, "frac"))
+        short.preempt("frac")
+        until("TERMINATED", lambda: status(short, "frac") == "TERMINATED", timeout=15)
+        assert (short.workdir_of("frac") / "notice").read_text().strip() == "1.5"
+
+
+def test_a_crash_kills_the_guest_at_once_without_its_shutdown_script(srv):
+    boot(srv, "crash", "sleep 60", shutdown="touch shutdown-ran")
+    until("RUNNING", lambda: status(srv, "crash") == "RUNNING")
+    time.sleep(0.3)
+    srv.crash("crash")
+    until("TERMINATED", lambda: status(srv, "crash") == "TERMINATED")
+    assert guest_terminations(srv, "crash") == 1
+    assert not (srv.workdir_of("crash") / "shutdown-ran").exists()
+
+
+# -- the metadata server, as google-auth sees it -----------------------------------------
+AUTH_PROBE = f"""
+import json, google.auth, google.auth.transport.requests as tr
+from google.auth import compute_engine
+from google.auth.compute_engine import _metadata
+request = tr.Request()
+out = {{"on_gce": _metadata.is_on_gce(request)}}
+creds = compute_engine.Credentials()
+creds.refresh(request)
+out.update(token=creds.token, email=creds.service_account_email, scopes=list(creds.scopes or []), valid=creds.valid)
+default, project = google.auth.default()
+default.refresh(request)
+out.update(default_type=type(default).__name__, default_token=default.token, project=project)
+ids = compute_engine.IDTokenCredentials(request, "https://example.test", use_metadata_identity_endpoint=True)
+ids.refresh(request)
+out.update(id_token=ids.token.count("."), id_expiry=str(ids.expiry))
+json.dump(out, open("auth.json", "w"))
+"""
+
+
+def _probe_script() -> str:
+    env = "unset GOOGLE_APPLICATION_CREDENTIALS CLOUDSDK_CONFIG NO_GCE_CHECK"
+    return (f"{env}\necho \"$GCE_METADATA_HOST\" > md-host\n"
+            f"{shlex.quote(sys.executable)} -c {shlex.quote(AUTH_PROBE)}\n")
+
+
+def test_google_auth_gets_its_token_and_project_from_a_local_vm(srv):
+    boot(srv, "auth", _probe_script(), accounts=[{"email": TRAINER_ACCOUNT, "scopes": [CLOUD_PLATFORM]}])
+    result = until("google-auth's answers", lambda: _json(srv.workdir_of("auth") / "auth.json"), timeout=60)
+    assert result["on_gce"] is True
+    assert result["token"].startswith("ya29.") and result["valid"]
+    assert result["email"] == TRAINER_ACCOUNT and result["scopes"] == [CLOUD_PLATFORM]
+    assert result["default_type"] == "Credentials" and result["default_token"] == result["token"]
+    assert result["project"] == PROJECT
+    assert result["id_token"] == 2  # header.payload.signature
+
+
+def test_the_metadata_server_answers_as_googles_does(srv):
+    boot(srv, "md", "echo \"$GCE_METADATA_HOST\" > md-host", accounts=[{"email": "default", "scopes": [CLOUD_PLATFORM]}])
+    host = until("the host", lambda: _text(srv.workdir_of("md") / "md-host"))
+    base, flavor = f"http://{host}", {"Metadata-Flavor": "Google"}
+    root = requests.get(base, timeout=5)  # the probe clients send, with no header at all
+    assert root.status_code == 200 and root.headers["Metadata-Flavor"] == "Google"
+    assert requests.get(f"{base}/computeMetadata/v1/instance/id", timeout=5).status_code == 403
+    token = requests.get(f"{base}/computeMetadata/v1/instance/service-accounts/default/token", headers=flavor, timeout=5)
+    assert token.headers["Content-Type"].startswith("application/json")
+    assert set(token.json()) == {"access_token", "expires_in", "token_type"} and 0 < token.json()["expires_in"] <= 3600
+    account = requests.get(f"{base}/computeMetadata/v1/instance/service-accounts/default/", headers=flavor,
+                           params={"recursive": "true"}, timeout=5).json()
+    assert account["aliases"] == ["default"] and account["scopes"] == [CLOUD_PLATFORM]
+    assert account["email"].endswith("-compute@developer.gserviceaccount.com") and "token" not in account
+    email = requests.get(f"{base}/computeMetadata/v1/instance/service-accounts/default/email", headers=flavor, timeout=5)
+    assert email.text == account["email"]
+    listing = requests.get(f"{base}/computeMetadata/v1/instance/service-accounts/", headers=flavor, timeout=5).text
+    assert listing.splitlines() == ["default/", f"{account['email']}/"]
+    assert requests.get(f"{base}/computeMetadata/v1/project/project-id", headers=flavor, timeout=5).text == PROJECT
+    instance = requests.get(f"{base}/computeMetadata/v1/instance/", headers=flavor, params={"recursive": "true"},
+                            timeout=5).json()
+    assert {"machineType", "maintenanceEvent", "serviceAccounts", "networkInterfaces"} <= instance.keys()
+    assert isinstance(instance["id"], int) and isinstance(instance["networkInterfaces"], list)
+    project = requests.get(f"{base}/computeMetadata/v1/project/", headers=flavor, params={"recursive": "true"},
+                           timeout=5).json()
+    assert project["projectId"] == PROJECT and isinstance(project["numericProjectId"], int)
+    identity = f"{base}/computeMetadata/v1/instance/service-accounts/default/identity"
+    assert requests.get(identity, headers=flavor, timeout=5).status_code == 400
+    assert requests.get(identity, headers=flavor, params={"audience": "x"}, timeout=5).text.count(".") == 2
+
+
+def test_an_instance_without_a_service_account_has_no_token(srv):
+    boot(srv, "nosa", "echo \"$GCE_METADATA_HOST\" > md-host")
+    host = until("the host", lambda: _text(srv.workdir_of("nosa") / "md-host"))
+    answer = requests.get(f"http://{host}/computeMetadata/v1/instance/service-accounts/default/token",
+                          headers={"Metadata-Flavor": "Google"}, timeout=5)
+    assert answer.status_code == 404
+
+
+def _json(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.exists() and path.stat().st_size else None
+
+
+def _text(path: Path) -> str | None:
+    return path.read_text().strip() if path.exists() and path.read_text().strip() else None
+
+
+# -- GCS --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def gcs() -> Iterator[LocalGcs]:
+    with LocalGcs(buckets=(BUCKET,)) as g:
+        yield g
+
+
+def fresh(gcs: LocalGcs, data: bytes = b"v1") -> Any:
+    name = f"obj-{time.monotonic_ns()}"
+    blob = client(gcs.url).bucket(BUCKET).blob(name)
+    blob.upload_from_string(data)
+    blob.reload()
+    return blob
+
+
+def media(gcs: LocalGcs, name: str, data: bytes, **conditions: Any) -> requests.Response:
+    return requests.post(f"{gcs.url}/upload/storage/v1/b/{BUCKET}/o",
+                         params={"uploadType": "media", "name": name, **conditions}, data=data, timeout=10)
+
+
+class TestPreconditions:
+    def test_media_uploads_are_judged_with_googles_412(self, gcs):
+        blob = fresh(gcs)
+        refused = media(gcs, blob.name, b"v2", ifGenerationMatch=0)
+        assert refused.status_code == 412
+        error = refused.json()["error"]
+        assert error["code"] == 412 and error["errors"][0]["reason"] == "conditionNotMet"
+        assert error["message"] == "At least one of the pre-conditions you specified did not hold."
+        assert media(gcs, blob.name, b"v2", ifGenerationMatch=blob.generation + 1).status_code == 412
+        assert media(gcs, blob.name, b"v2", ifMetagenerationMatch=7).status_code == 412
+        assert media(gcs, blob.name, b"v2", ifGenerationNotMatch=blob.generation).status_code == 304
+        assert media(gcs, f"{blob.name}-new", b"x", ifGenerationMatch=blob.generation).status_code == 412
+        assert media(gcs, blob.name, b"v2", ifGenerationMatch=blob.generation).status_code == 200
+        assert client(gcs.url).bucket(BUCKET).blob(blob.name).download_as_bytes() == b"v2"
+
+    def test_reads_are_judged(self, gcs):
+        blob = fresh(gcs)
+        bucket = client(gcs.url).bucket(BUCKET)
+        with pytest.raises(gexc.PreconditionFailed):
+            bucket.blob(blob.name).download_as_bytes(if_generation_match=blob.generation + 1)
+        with pytest.raises(gexc.PreconditionFailed):
+            bucket.get_blob(blob.name, if_metageneration_match=5)
+        with pytest.raises(gexc.NotModified):
+            bucket.get_blob(blob.name, if_generation_not_match=blob.generation)
+        with pytest.raises(gexc.NotFound):  # a missing object is 404 whatever the conditions say
+            bucket.blob("never-written").download_as_bytes(if_generation_match=0)
+        assert bucket.blob(blob.name).download_as_bytes(if_generation_match=blob.generation) == b"v1"
+
+    def test_a_generation_replaced_since_it_was_read_is_gone_when_pinned(self, gcs):
+        """Google pins a download to the generation read (mediaLink); without versioning the old one is 404."""
+        gcs.pin_generations = True
+        try:
+            blob = fresh(gcs)
+            assert f"generation={blob.generation}" in blob.media_link
+            client(gcs.url).bucket(BUCKET).blob(blob.name).upload_from_string(b"v2")
+            with pytest.raises(gexc.NotFound):
+                blob.download_as_bytes()
+        finally:
+            gcs.pin_generations = False
+
+    def test_metadata_updates_bump_the_metageneration_and_are_judged(self, gcs):
+        blob = fresh(gcs)
+        assert blob.metageneration == 1
+        blob.metadata = {"k": "v"}
+        blob.patch(if_metageneration_match=1)
+        assert blob.metageneration == 2
+        with pytest.raises(gexc.PreconditionFailed):
+            blob.patch(if_metageneration_match=1)
+        blob.reload()
+        assert blob.metageneration == 2
+        with pytest.raises(gexc.PreconditionFailed):
+            blob.delete(if_metageneration_match=1)
+        blob.delete(if_metageneration_match=2)
+
+    def test_a_resumable_upload_is_judged_when_it_finishes(self, gcs):
+        blob = fresh(gcs)
+        big = client(gcs.url).bucket(BUCKET).blob(blob.name, chunk_size=256 * 1024)
+        data = b"x" * (300 * 1024)
+        with pytest.raises(gexc.PreconditionFailed):
+            big.upload_from_file(io.BytesIO(data), if_generation_match=0, size=len(data))
+        big.upload_from_file(io.BytesIO(data), if_generation_match=blob.generation, size=len(data))
+        assert client(gcs.url).bucket(BUCKET).blob(blob.name).download_as_bytes() == data
+
+    def test_copies_are_judged_against_their_destination_and_source(self, gcs):
+        src, dst = fresh(gcs, b"src"), fresh(gcs, b"dst")
+        bucket = client(gcs.url).bucket(BUCKET)
+        with pytest.raises(gexc.PreconditionFailed):
+            bucket.copy_blob(src, bucket, dst.name, if_generation_match=0)
+        with pytest.raises(gexc.PreconditionFailed):
+            bucket.copy_blob(src, bucket, dst.name, if_source_generation_match=src.generation + 1)
+        bucket.copy_blob(src, bucket, dst.name, if_generation_match=dst.generation,
+                         if_source_generation_match=src.generation)
+        assert bucket.blob(dst.name).download_as_bytes() == b"src"
+
+    def test_links_lead_back_through_the_proxy(self, gcs):
+        blob = fresh(gcs)
+        assert blob.media_link.startswith(gcs.url)
+        assert blob.self_link.startswith(gcs.url)
+
+
+NAMES = ["hash#tag", "query?x=1&y", "slash%2Fliteral", "with space", "plus+sign", "all # ? %2F of it/ü"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_reserved_characters_in_names_round_trip(gcs, name):
+    bucket = client(gcs.url).bucket(BUCKET)
+    bucket.blob(name).upload_from_string(name.encode())
+    assert name in [b.name for b in bucket.list_blobs(prefix=name)]
+    assert bucket.blob(name).download_as_bytes() == name.encode()
+    assert bucket.get_blob(name).name == name
+    raw = requests.get(f"{gcs.url}/storage/v1/b/{BUCKET}/o/{quote(name, safe='')}", params={"alt": "media"}, timeout=10)
+    assert raw.content == name.encode()
+    bucket.blob(name).delete()
+    assert bucket.get_blob(name) is None
+
+
+def test_the_per_object_write_rate_is_limited_when_asked(gcs):
+    name = f"hot-{time.monotonic_ns()}"
+    assert media(gcs, name, b"1").status_code == 200 and media(gcs, name, b"2").status_code == 200  # off by default
+    gcs.limit_writes(1.0)
+    try:
+        assert media(gcs, name, b"3").status_code == 200
+        refused = media(gcs, name, b"4")
+        assert refused.status_code == 429
+        error = refused.json()["error"]
+        assert error["errors"][0]["reason"] == "rateLimitExceeded" and "gcs429" in error["message"]
+        assert media(gcs, f"{name}-other", b"x").status_code == 200  # per object
+        assert requests.get(f"{gcs.url}/storage/v1/b/{BUCKET}/o/{name}", timeout=10).ok  # reads are not writes
+        started = time.monotonic()
+        client(gcs.url).bucket(BUCKET).blob(name).upload_from_string(b"5")  # the client backs off on 429
+        assert time.monotonic() - started < 30
+        time.sleep(1.0)
+        assert media(gcs, name, b"6").status_code == 200
+    finally:
+        gcs.limit_writes(None)
+
+
+def test_a_start_that_fails_leaves_no_server_behind():
+    before, running = os.environ.get("STORAGE_EMULATOR_HOST"), set(_fake_gcs_children())
+    broken = LocalGcs(buckets=("x",))  # too short for a bucket name: creation fails
+    with pytest.raises(gexc.BadRequest):
+        broken.start()
+    assert set(_fake_gcs_children()) <= running
+    assert os.environ.get("STORAGE_EMULATOR_HOST") == before
+
+
+def _fake_gcs_children() -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "stat").read_text().split(") ")[1].split()[1] == str(os.getpid()) \
+                    and b"fake-gcs-server" in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except (OSError, IndexError):
+            continue
+    return found
