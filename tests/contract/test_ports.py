@@ -130,6 +130,17 @@ def mine(backend: Backend, job: str) -> dict[str, Any]:
 
 
 class TestBlobStore:
+    def test_stat_and_a_read_over_its_limit_never_download(self, backend):
+        key = unique("o/")
+        info = backend.store.write(BUCKET, key, b"x" * 2048)
+        stat = backend.store.stat(BUCKET, key)
+        assert (stat.name, stat.generation, stat.size) == (key, info.generation, 2048)
+        with pytest.raises(errors.TooLarge):
+            backend.store.read(BUCKET, key, limit=1024)
+        assert backend.store.read(BUCKET, key, limit=4096).data == b"x" * 2048
+        with pytest.raises(errors.NotFound):
+            backend.store.stat(BUCKET, unique("missing/"))
+
     def test_create_only_write_succeeds_once(self, backend):
         key = unique("o/")
         info = backend.store.write(BUCKET, key, b"one", if_generation_match=0)
