@@ -67,6 +67,7 @@ fi
 agent_saved=false
 while :; do
   signal_trainer
+  # No trainer.pid means no trainer ran: startup never runs one it could not record.
   if ! trainer_running; then agent_saved=true; break; fi
   (($(ms_now) < agent_deadline)) || break
   sleep 0.2

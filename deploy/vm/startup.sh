@@ -163,9 +163,13 @@ setsid "$BASH" -c "$agent_launcher" respawn-trainer "$BASH" "$agent_env_lines" "
   "$agent_rank" "$agent_nodes" "$agent_master_addr" &
 agent_trainer=$!
 readonly agent_trainer
-printf '%s\n' "$agent_trainer" > "$agent_run_dir/trainer.pid.new" \
-  && mv -f "$agent_run_dir/trainer.pid.new" "$agent_run_dir/trainer.pid" \
-  || log "could not write trainer.pid: a shutdown will not be able to SIGTERM the command"
+if ! { printf '%s\n' "$agent_trainer" > "$agent_run_dir/trainer.pid.new" \
+       && mv -f "$agent_run_dir/trainer.pid.new" "$agent_run_dir/trainer.pid"; }; then
+  # A trainer the shutdown script cannot find gets no SIGTERM, hence no save: never run one.
+  kill -KILL -- "-$agent_trainer" 2>/dev/null
+  wait "$agent_trainer" 2>/dev/null
+  never_ran 96 "cannot write $agent_run_dir/trainer.pid"
+fi
 
 if [ "$agent_rank" = 0 ]; then
   ( while kill -0 "$agent_trainer" 2>/dev/null; do
@@ -179,13 +183,14 @@ agent_code=$?
 log "command exited with $agent_code"
 
 # Being preempted or stopped: the shutdown script writes the marker; an exit record
-# here would be a lie (a trainer that checkpoints on SIGTERM exits 0). Not knowing
-# whether the VM is stopping is no licence to write one either.
+# here would be a lie (a trainer that checkpoints on SIGTERM exits 0).
 stopping
 case $? in
   0) log "VM is stopping: no exit record"; exit 0 ;;
   1) ;;
-  *) log "cannot tell whether the VM is being preempted: no exit record"; poweroff; exit 0 ;;
+  # The shutdown script flags "stopping" before it sends any SIGTERM, so without the
+  # flag this exit is the command's own: an unreadable instance/preempted changes nothing.
+  *) log "could not read instance/preempted; no stop under way here: reporting the exit" ;;
 esac
 
 # The command's exit is the end of the job: it must stay in the foreground. Whatever it

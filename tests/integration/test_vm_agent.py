@@ -679,3 +679,35 @@ def test_spec_env_expands_references_to_the_environment_and_nothing_else(gcs, sr
     assert seen["OUT"] == "/data/exp/2" and seen["HOMELY"] == f"{seen['HOME']}/x"
     assert seen["SELF"] == "$SELF$LITERAL", "a reference sees the environment before the spec's env"
     until("the VM to power off", lambda: status(srv, "exp-2") == "TERMINATED")
+
+
+def test_a_flapping_metadata_server_when_the_command_exits_does_not_lose_its_exit_record(gcs, tmp_path):
+    # Regression: an unreadable instance/preempted after the command exited 0 meant "no exit
+    # record", and the finished job was counted a failure. The "stopping" flag decides.
+    values = vm_identity("flap-1", "echo done; exit 0")
+    values["instance/preempted"] = ((503,) * 1000, "FALSE")
+    md = FakeMetadata(values)
+    guest = Guest(tmp_path, md, gcs.url)
+    try:
+        out = guest.run(patient(STARTUP, 5), timeout=60)
+        assert read(gcs, "jobs/flap/exit")["exit_code"] == 0, out
+    finally:
+        guest.close()
+        md.close()
+
+
+def test_a_trainer_whose_pid_cannot_be_recorded_is_never_left_running(gcs, tmp_path):
+    # Regression: with trainer.pid unwritable (a full disk), a preemption sent no SIGTERM,
+    # and the marker still said the work was saved. Now such a trainer never runs.
+    md = FakeMetadata(vm_identity("nopid-1", "touch ran.txt; sleep 30"))
+    guest = Guest(tmp_path, md, gcs.url)
+    try:
+        guest.run_dir.mkdir(parents=True)
+        (guest.run_dir / "trainer.pid.new").mkdir()  # the write fails
+        out = guest.run(STARTUP, timeout=60)
+        record = read(gcs, "jobs/nopid/exit")
+        assert record and record["exit_code"] == 96 and "trainer.pid" in record["reason"], out
+        assert guest.poweroffs == 1
+    finally:
+        guest.close()
+        md.close()
