@@ -101,6 +101,11 @@ class Executor:
                 out.error = None  # accepted and under way: not an error, and not "inserted" either
                 if chain.status.message == after.message:
                     return
+        elif isinstance(action, DeleteInstance):
+            text = f"cannot delete {action.name}: {error}; retrying every pass"
+            if chain.status.message == text:
+                return  # said already: the history keeps its other entries
+            after = chain.status.but(transitions.event(now, chain.status, "error", out.error), message=text)
         else:
             after = chain.status.but(transitions.event(now, chain.status, "error", out.error))
         try:

@@ -8,7 +8,7 @@ unique among concurrent passes; the effects follow it and are idempotent.
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from controller import names, transitions as t
 from controller.durations import format_duration as fmt
@@ -19,6 +19,8 @@ from controller.spec import JobSpec
 from controller.state import JobStatus, Phase
 from controller.world import JobView, Record, World
 
+# How long a restart waits for the previous attempt's VM to finish going down.
+_SETTLE_LIMIT = timedelta(minutes=10)
 # Causes of a lost VM that are nobody's fault but the platform's, most telling first.
 _PLATFORM = {StopReason.PREEMPTED: "preempted", StopReason.MAINTENANCE: "maintenance",
              StopReason.HOST_ERROR: "host error"}
@@ -78,6 +80,10 @@ def _running_job(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: L
     # Between attempts the current attempt's records were already acted on (counted
     # in this very status); they are consumed once the next insert is acknowledged.
     if st.phase in (Phase.PENDING, Phase.RECOVERING):
+        if st.phase == Phase.RECOVERING and v.exit and v.exit.belongs_to(st) and v.exit.exit_code == 0:
+            # The trainer finished while its VM was being replaced (a recycle whose delete
+            # is slow or failing): the exit 0 wins, the next attempt never starts.
+            return _end(v, st, Phase.SUCCEEDED, f"command exited 0 on {v.exit.instance or st.instances[0]}", now)
         return _launch(v, spec, st, "start" if st.phase == Phase.PENDING else "recover", now, ctx)
     if v.exit and v.exit.belongs_to(st):
         return _exited(v, spec, st, now, ctx)
@@ -256,7 +262,8 @@ def _restart(v: JobView, spec: JobSpec, st: JobStatus, cause: str, detail: str, 
             return _end(v, st, Phase.FAILED, f"{detail}; restart budget exhausted "
                         f"(max_restarts {spec.policy.max_restarts})", now)
         st = st.but(restarts=st.restarts + 1, preemptions=st.preemptions + (cause == "preempted"))
-    recovering = st.but(t.event(now, st, cause, detail), phase=Phase.RECOVERING, message=detail)
+    recovering = st.but(t.event(now, st, cause, detail), phase=Phase.RECOVERING, message=detail,
+                        recovering_since=now)
     return _launch(v, spec, recovering, f"{cause}: {detail}", now, ctx)
 
 
@@ -281,7 +288,7 @@ def _failure(v: JobView, spec: JobSpec, st: JobStatus, detail: str, now: datetim
     delay = t.backoff(spec, stalled)
     text = f"{detail}; failure {failures} of {policy.max_failures}, restarting in {fmt(delay)}"
     nxt = counted.but(t.event(now, st, "failed", text), phase=Phase.RECOVERING, restarts=restarts,
-                      not_before=now + delay, message=text)
+                      not_before=now + delay, message=text, recovering_since=now)
     return [WriteStatus(v.job, nxt, "failure"), *_delete_current(v, st, "attempt failed"),
             *_consume(v, st)]
 
@@ -292,10 +299,14 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
         return []  # an attempt's VMs may live, unseen, in a zone that did not answer
     if st.not_before and now < st.not_before:
         return _delete_current(v, st, why)  # backing off; a VM whose delete failed still goes
-    if up := [i for i in v.instances if i.attempt == st.attempt and not i.status.down]:
+    up = [i for i in v.instances if i.attempt == st.attempt and not i.status.down]
+    since = st.recovering_since or now
+    if any(i.status.alive for i in up) or (up and now - since < _SETTLE_LIMIT):
         # A VM of this attempt is still up: delete it first (its shutdown script gives the
         # trainer the SIGTERM save) and choose the checkpoint once it is gone, so that the
-        # save is the one resumed from.
+        # save is the one resumed from. One still alive is always waited for (never two
+        # live attempts; a delete that keeps failing says so in the status); one stuck on
+        # its way down (STOPPING...) is no longer waited for after _SETTLE_LIMIT.
         head = [WriteStatus(v.job, st, why, replan=True)] if st is not v.status else []
         return [*head, *(_delete(v.job, i, why) for i in up)]
     if spec.checkpoint and v.checkpoint_loaded and v.checkpoint_error:

@@ -67,6 +67,7 @@ class JobStatus(BaseModel):
     inserted_at: datetime | None = None  # when it was: startup grace counts from here
     settling: bool = False  # a node is in a state we wait out (REPAIRING, UNKNOWN...)
     settling_since: datetime | None = None
+    recovering_since: datetime | None = None  # when the current attempt was given up
     resumed_at: datetime | None = None  # when every node was RUNNING again after settling
     # A secret only this attempt's VMs receive (instance metadata); a VM record without
     # it is not this attempt's and is ignored. None for attempts begun before tokens.

@@ -19,7 +19,9 @@ def event(now: datetime, status: JobStatus, name: str, detail: str, **where: str
 
 def new_run(prev: JobStatus | None, attempt: int, spec_generation: int | None, now: datetime) -> JobStatus:
     """A fresh run of the job: counters reset, attempt numbers keep growing (names stay unique)."""
-    base = JobStatus(history=prev.history if prev else ())
+    # No attempt of the new run exists yet: an empty secret, which no record carries, so
+    # records the previous run left under the same attempt number belong to nothing.
+    base = JobStatus(history=prev.history if prev else (), attempt_token="")
     return base.but(
         Event(at=now, event="accepted", attempt=attempt, detail="spec accepted; waiting for a VM"),
         phase=Phase.PENDING,
@@ -76,6 +78,7 @@ def begin_attempt(
         inserted_at=None,
         settling=False,
         settling_since=None,
+        recovering_since=None,
         resumed_at=None,
         attempt_token=token,
         placement=0,

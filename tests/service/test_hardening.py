@@ -523,3 +523,38 @@ def test_a_rebooted_marker_is_a_restart_not_a_failure(h):
     st = h.status("llm")
     assert (st.attempt, st.restarts, st.failures, st.preemptions) == (2, 1, 0, 0)
     assert any(e.event == "rebooted" for e in st.history)
+
+
+
+# -- Found by a hostile review of the SIGTERM work --------------------------------------------------
+
+def test_exit_zero_while_a_recycle_cannot_delete_the_vm_wins(h):
+    started(h, policy={"max_instance_age": "1h"})
+    h.advance(hours=2)
+    h.compute.faults.fail_next("delete", errors.TransientError("503"), times=3)
+    h.tick()
+    st = h.status("llm")
+    assert st.phase == Phase.RECOVERING and "cannot delete llm-1" in st.message
+    h.exit("llm", 0)
+    h.compute.terminate("llm-1", StopReason.CRASHED)  # the agent powers off
+    h.tick()
+    assert h.status("llm").phase == Phase.SUCCEEDED and "llm-2" not in h.live()
+
+
+def test_a_vm_stuck_on_its_way_down_holds_the_next_attempt_only_for_a_while(h):
+    started(h)
+    h.compute.set_status("llm-1", InstanceStatus.STOPPING)
+    h.marker("llm")
+
+    class NeverGone:  # the delete is accepted but never completes
+        def __getattr__(self, name: str) -> Any:
+            return getattr(h.compute, name)
+
+        def delete(self, project: str, zone: str, name: str) -> None:
+            return None
+
+    h.engine(compute=NeverGone()).reconcile()
+    assert h.status("llm").phase == Phase.RECOVERING and h.status("llm").attempt == 1
+    h.advance(minutes=11)
+    h.engine(compute=NeverGone()).reconcile()
+    assert h.status("llm").attempt == 2 and "llm-2" in h.live()
