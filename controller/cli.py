@@ -34,7 +34,10 @@ from controller.spec import SpecError, load_document, parse_spec
 OK, FAILED, REFUSED, UNAVAILABLE = 0, 1, 2, 3  # exit codes
 # C0 and C1 controls, DEL, line/paragraph separators and bidirectional overrides: a name
 # holding any of these could move the cursor, recolour or hide text, or reorder a line.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+# Control characters, bidi controls, and invisible ones (zero-width space/joiners, word
+# joiner, BOM, soft hyphen) with which one job name could pass for another.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\xad\u061c\u180e\u200b-\u200f\u2028\u2029\u202a-\u202e"
+                      "\u2060-\u2064\u2066-\u2069\ufeff]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 

@@ -68,8 +68,14 @@ RESERVED_ENV = {
     "GCE_METADATA_HOST": "the VM agent relies on it",
     "GCE_METADATA_IP": "the VM agent relies on it",
     "STORAGE_EMULATOR_HOST": "the VM agent relies on it",
+    # bash's own: the command runs under bash, which would drop, refuse or act on these
+    "IFS": "bash's field separator (the command's shell runs under bash)",
+    "_": "bash sets it", "PS4": "bash's trace prompt", "ENV": "bash's startup file",
+    "SHELLOPTS": "read-only in bash", "BASHOPTS": "read-only in bash", "BASH_ENV": "bash's startup file",
 }
 RESERVED_ENV_PREFIX = "RESPAWN_"
+# The agent's launcher keeps its own variables under this (lowercase) prefix; BASH_* are bash's.
+RESERVED_ENV_PREFIXES = (RESERVED_ENV_PREFIX, "respawn_", "BASH_")
 
 # GPUs built into accelerator-optimized machine types: machine type -> (GPU type, count per VM).
 # Source: Google Cloud, "GPU machine types" (cloud.google.com/compute/docs/gpus) and
@@ -197,8 +203,9 @@ class JobPolicy(Strict):
 
 
 def _env_name(name: str) -> str:
-    if name.startswith(RESERVED_ENV_PREFIX):
-        raise ValueError(f"reserved: names starting with {RESERVED_ENV_PREFIX} are the VM agent's; rename the variable")
+    if prefix := next((p for p in RESERVED_ENV_PREFIXES if name.startswith(p)), None):
+        owner = "bash's" if prefix == "BASH_" else "the VM agent's"
+        raise ValueError(f"reserved: names starting with {prefix} are {owner}; rename the variable")
     if name in RESERVED_ENV:
         raise ValueError(f"reserved: {RESERVED_ENV[name]}; rename the variable")
     return name
@@ -318,10 +325,11 @@ class JobSpec(Strict):
     @classmethod
     def _heartbeats_fit(cls, value: JobPolicy, info: ValidationInfo) -> JobPolicy:
         interval = info.data.get("heartbeat_interval")
-        if value.idle_timeout is not None and interval is not None and value.idle_timeout <= interval:
+        if value.idle_timeout is not None and interval is not None and value.idle_timeout < 2 * interval:
             raise FieldProblem(
                 "idle_timeout",
-                f"must be longer than heartbeat_interval ({_seconds(interval)}), or every VM looks hung; "
+                f"must be at least twice heartbeat_interval ({_seconds(interval)}): a beat takes its interval "
+                "plus an upload, so anything shorter makes a healthy VM look hung; "
                 "raise it or set it to null to disable hang detection",
             )
         return value

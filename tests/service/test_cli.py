@@ -272,3 +272,9 @@ def test_logs_escape_control_characters_unless_raw(mem, monkeypatch):
     assert result.exit_code == 0, result.output
     assert ESC not in result.output and r"\x1b]0;owned\x07step 10" + "\ttab" in result.output
     assert f"{ESC}]0;owned\x07step 10" in runner.invoke(app, ["logs", "lg", "--raw"]).output
+
+
+def test_invisible_characters_cannot_make_one_job_name_pass_for_another():
+    from controller.cli import printable
+
+    assert printable("ab\u200bc") != "abc" and printable("a\ufeffb\u00adc\u2060") == "a\\ufeffb\\xadc\\u2060"

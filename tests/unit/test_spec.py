@@ -294,3 +294,18 @@ def test_a_heartbeat_interval_the_default_idle_timeout_cannot_honour_is_refused(
     with pytest.raises(SpecError) as e:
         parse_spec("zones: [us-central1-a]\nmachine_type: n1-standard-8\ncommand: x\nheartbeat_interval: 2h\n", "j")
     assert e.value.problems[0].startswith("policy.idle_timeout:")
+
+
+@pytest.mark.parametrize("name", ["respawn_keys", "IFS", "_", "PS4", "SHELLOPTS", "BASHOPTS", "BASH_ENV", "BASH_XTRACEFD"])
+def test_env_names_bash_or_the_agents_launcher_would_drop_or_refuse_are_refused(name):
+    with pytest.raises(SpecError) as e:
+        parse_spec(yaml.safe_dump({"zones": ["us-central1-a"], "machine_type": "n1-standard-8", "command": "x",
+                                   "env": {name: "v"}}), "j")
+    assert e.value.problems[0].startswith(f"env.{name}:")
+
+
+def test_idle_timeout_leaves_a_heartbeat_room_to_arrive():
+    with pytest.raises(SpecError) as e:
+        parse_spec(yaml.safe_dump({"zones": ["us-central1-a"], "machine_type": "n1-standard-8", "command": "x",
+                                   "heartbeat_interval": "90s", "policy": {"idle_timeout": "91s"}}), "j")
+    assert e.value.problems[0].startswith("policy.idle_timeout:")
