@@ -114,25 +114,24 @@ class Executor:
             log.warning("could not record error", extra={"json_fields": {"job": chain.job, "error": str(e)}})
 
     def _spec_absent(self, job: str) -> None:
-        if self._exists(names.spec_key(job)):
+        if self._generation(names.spec_key(job)):
             raise _Spared("a spec appeared for this job since the listing")
 
     def _unchanged(self, chain: _Chain) -> None:
-        if self._exists(names.status_key(chain.job), chain.generation):
+        if self._generation(names.status_key(chain.job)) != chain.generation:
             raise _Spared("another pass changed the job's status since this decision")
 
-    def _exists(self, key: str, unless_generation: int | None = None) -> bool:
-        """Whether ``key`` exists (at another generation than ``unless_generation``, if given).
+    def _generation(self, key: str) -> int:
+        """The object's generation now, 0 when it is absent (metadata only, never the bytes).
 
         A read that fails is no answer: the action is called off, and retried next pass.
         """
         try:
-            generation = self.store.stat(self.bucket, key).generation  # metadata only: never the bytes
+            return self.store.stat(self.bucket, key).generation
         except errors.NotFound:
-            generation = 0
+            return 0
         except errors.RespawnError as e:
             raise _Spared(f"could not re-check {key}: {e}") from e
-        return generation != (unless_generation if unless_generation is not None else 0)
 
 
 class _Spared(errors.RespawnError):

@@ -140,14 +140,13 @@ class Observer:
         return self._with_spec(view, objects["spec"]) if "spec" in objects else view
 
     def _with_spec(self, view: JobView, info: BlobInfo) -> JobView:
-        if info.size > MAX_SPEC_BYTES:  # never download it: a 150 MB spec would eat the pass
-            problem = f"spec.yaml: {info.size} bytes is larger than the {MAX_SPEC_BYTES // 1024} KiB limit; shrink it"
-            return replace(view, problems=(problem,), spec_generation=info.generation)
+        too_large = (f"spec.yaml: larger than the {MAX_SPEC_BYTES // 1024} KiB limit; shrink it",)
+        if info.size > MAX_SPEC_BYTES:  # the listing says so: not even a request for it
+            return replace(view, problems=too_large, spec_generation=info.generation)
         try:
             raw = self.store.read(self.bucket, info.name, limit=MAX_SPEC_BYTES).data
         except errors.TooLarge:  # grew since the listing
-            problem = f"spec.yaml: larger than the {MAX_SPEC_BYTES // 1024} KiB limit; shrink it"
-            return replace(view, problems=(problem,), spec_generation=info.generation)
+            return replace(view, problems=too_large, spec_generation=info.generation)
         try:
             spec = parse_spec(raw, view.job)
         except SpecError as e:
@@ -162,26 +161,25 @@ class Observer:
     def _status(self, info: BlobInfo | None) -> tuple[JobStatus | None, int]:
         if info is None:
             return None, 0
-        if info.size > MAX_STATUS_BYTES:
-            log.warning("oversized status.json; starting a new run", extra={"json_fields": {"object": info.name}})
-            return None, info.generation
+        generation = info.generation
         try:
+            if info.size > MAX_STATUS_BYTES:  # the listing says so: not even a request for it
+                raise errors.TooLarge(info.name)
             blob = self.store.read(self.bucket, info.name, limit=MAX_STATUS_BYTES)
-        except errors.TooLarge:
-            log.warning("oversized status.json; starting a new run", extra={"json_fields": {"object": info.name}})
-            return None, self.store.stat(self.bucket, info.name).generation
-        try:
-            return JobStatus.from_json(blob.data), blob.info.generation
-        except (ValueError, RecursionError):
-            # Unreadable (hand-edited?): start over, overwriting it by compare-and-swap.
+            generation = blob.info.generation
+            return JobStatus.from_json(blob.data), generation
+        except (errors.TooLarge, ValueError, RecursionError):
+            # Unreadable or oversized (hand-edited?): start over, overwriting it by
+            # compare-and-swap (a generation that moved meanwhile just fails, and the next
+            # pass looks again).
             log.warning("unreadable status.json; starting a new run", extra={"json_fields": {"object": info.name}})
-            return None, blob.info.generation
+            return None, generation
 
     def _record(self, info: BlobInfo | None) -> Record | None:
         if info is None:
             return None
-        if info.size > MAX_RECORD_BYTES:  # not a record: keep its identity so it is cleaned up
-            return Record(info.name, info.generation, info.updated, detail=f"unreadable: {info.size} bytes")
+        if info.size > MAX_RECORD_BYTES:  # the listing says so: not even a request for it
+            return Record.oversized(info)
         return self._read_record(info.name)
 
     def _read_record(self, name: str) -> Record | None:
@@ -189,9 +187,8 @@ class Observer:
             blob = self.store.read(self.bucket, name, limit=MAX_RECORD_BYTES)
         except errors.NotFound:
             return None  # consumed between the listing and the read, or never written
-        except errors.TooLarge:  # not a record: keep its identity so that it is cleaned up
-            info = self.store.stat(self.bucket, name)
-            return Record(info.name, info.generation, info.updated, detail=f"unreadable: {info.size} bytes")
+        except errors.TooLarge:
+            return Record.oversized(self.store.stat(self.bucket, name))
         return Record.parse(blob.info, blob.data)
 
     def _with_evidence(self, view: JobView) -> JobView:

@@ -147,8 +147,8 @@ def _watch(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchC
     done = _finished_workers(v, st, mine, lost)
     if lost and lost != done:
         return _lost(v, spec, st, mine, lost, now, ctx)
-    working = {n: i for n, i in mine.items() if n not in done}
-    if not all(working.get(n) and working[n].status == InstanceStatus.RUNNING for n in st.instances if n not in done):
+    working = {n: mine[n] for n in st.instances if n not in done}  # every one is there: none lost
+    if any(i.status != InstanceStatus.RUNNING for i in working.values()):
         return _settling(v, spec, st, mine, now, ctx)  # booting, settling, or a status we do not know
     if st.settling:
         # Back from a state its trainer may not have run in: heartbeats get a new grace.

@@ -40,6 +40,12 @@ class Record:
     saved: bool | None = None  # a marker: the trainer exited (its SIGTERM save done) before the deadline
 
     @classmethod
+    def oversized(cls, info: BlobInfo) -> Record:
+        """Not a record (too large to be one): only its identity, so that it is cleaned up."""
+        return cls(key=info.name, generation=info.generation, updated=info.updated,
+                   detail=f"unreadable: {info.size} bytes")
+
+    @classmethod
     def parse(cls, info: BlobInfo, data: bytes) -> Record:
         base = cls(key=info.name, generation=info.generation, updated=info.updated, detail="unreadable")
         if len(data) > MAX_RECORD_BYTES:
