@@ -335,9 +335,9 @@ def _insert(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: Launch
     if _blind(v, spec, st):
         return []  # an earlier try of this attempt may live, unseen, in a zone that did not answer
     found = [i for i in v.instances if i.attempt == st.attempt]
+    wanted = tuple(names.node_names(v.job, st.attempt, spec.nodes))
     if found and (any(i.zone != st.zone for i in found) or st.zone not in spec.zones
-                  or {i.name for i in found} != set(st.instances)
-                  or tuple(st.instances) != tuple(names.node_names(v.job, st.attempt, spec.nodes))):
+                  or {i.name for i in found} != set(st.instances) or st.instances != wanted):
         # Where it is, how much of it is left, or what the spec now asks differs from what
         # the status committed (a status write lost, a node gone, a spec replaced since):
         # adopt what exists, never insert anew; a missing node is then a lost one.
@@ -347,7 +347,6 @@ def _insert(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: Launch
         zone = t.pick_zone(spec, st, now)
         if zone is None:
             return [WriteStatus(v.job, t.wait_for_zone(st, spec, now), "zones cooling")]
-        wanted = tuple(names.node_names(v.job, st.attempt, spec.nodes))
         if zone != st.zone or st.not_before or st.instances != wanted:
             # The status names exactly what is inserted, where (a spec replaced since the
             # attempt began may have changed both).
