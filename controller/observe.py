@@ -64,14 +64,20 @@ class Observer:
         # one does. No instance can carry an invalid one, since respawn never creates it.
         if job is not None and names.job_name_problem(job):
             return InstanceList([])
-        # Besides the policy's projects, every project a status names: a project dropped
-        # from the policy may still hold VMs of a job, which must be found to be deleted.
-        recorded = sorted({v.status.project for v in views.values() if v.status and v.status.project})
-        projects = tuple(dict.fromkeys((*self.policy.watched_projects, *recorded)))
+        # Besides the policy's projects, the project a job of this bucket (it has a spec)
+        # recorded in its status: a project dropped from the policy may still hold that
+        # job's VMs, which must be found to be deleted. Only that job's VMs are kept from
+        # such a project: nothing else there is ever judged, let alone deleted as an orphan.
+        recorded = {v.job: v.status.project for v in views.values()
+                    if v.has_spec and v.status and v.status.project
+                    and v.status.project not in self.policy.watched_projects}
+        projects = tuple(dict.fromkeys((*self.policy.watched_projects, *sorted(set(recorded.values())))))
         found = self.compute.list_managed(projects, job)
         for project, why in found.failed_projects.items():
             log.warning("could not list instances", extra={"json_fields": {"project": project, "error": why}})
-        return found
+        kept = [i for i in found.instances
+                if i.project in self.policy.watched_projects or recorded.get(i.job or "") == i.project]
+        return replace(found, instances=kept)
 
     @staticmethod
     def _guarded(failed: dict[str, str], job: str, step: Callable[..., JobView], *args: Any) -> JobView | None:

@@ -188,11 +188,16 @@ def _settling(v: JobView, spec: JobSpec, st: JobStatus, mine: dict[str, Instance
               ctx: LaunchContext) -> list[Action]:
     """Wait; say once in the status which node is in which state (booting is no news).
 
-    Not forever: a node still in such a state after ``idle_timeout`` is given up as lost."""
-    odd = [f"{n} is {mine[n].status}" for n in st.instances if mine[n].status.settling]
+    Not forever: a node still in such a state after ``idle_timeout`` (``startup_grace`` when
+    hang detection is off) is given up as lost."""
+    # Once the attempt ran, a node back in a booting state (STAGING...) is as odd as one
+    # settling: it is not training, and the heartbeat check does not run meanwhile.
+    ran = st.phase == Phase.RUNNING
+    odd = [f"{n} is {mine[n].status}" for n in st.instances
+           if mine[n].status.settling or (ran and mine[n].status != InstanceStatus.RUNNING)]
     if not odd:
         return []
-    limit = spec.policy.idle_timeout
+    limit = spec.policy.idle_timeout or spec.policy.startup_grace
     if st.settling and st.settling_since and limit and now - st.settling_since > limit:
         return _restart(v, spec, st, "lost", f"{', '.join(odd)} for more than {fmt(limit)}", now, ctx)
     if st.settling:
@@ -300,7 +305,7 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
     if st.not_before and now < st.not_before:
         return _delete_current(v, st, why)  # backing off; a VM whose delete failed still goes
     up = [i for i in v.instances if i.attempt == st.attempt and not i.status.down]
-    since = st.recovering_since or now
+    since = st.recovering_since or st.created_at or now  # a new run: since it began
     if any(i.status.alive for i in up) or (up and now - since < _SETTLE_LIMIT):
         # A VM of this attempt is still up: delete it first (its shutdown script gives the
         # trainer the SIGTERM save) and choose the checkpoint once it is gone, so that the
@@ -320,7 +325,9 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
     nodes = names.node_names(v.job, st.attempt + 1, spec.nodes)
     nxt = t.begin_attempt(st, spec, _project(spec, ctx), zone, nodes, v.checkpoint, now, why, v.spec_generation,
                           ctx.new_token())
-    return [WriteStatus(v.job, nxt, why), *_delete_current(v, st, why), *_insert(v, spec, nxt, now, ctx)]
+    # What is left of the previous attempt is down, or stuck on its way down: its deletes
+    # come after the insert, so that one that keeps failing never holds the next attempt.
+    return [WriteStatus(v.job, nxt, why), *_insert(v, spec, nxt, now, ctx), *_delete_current(v, st, why)]
 
 
 def _insert(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchContext) -> list[Action]:

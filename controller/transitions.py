@@ -88,8 +88,9 @@ def begin_attempt(
         not_before=None,
         spec_generation=spec_generation,
         zone_cooldowns=_unexpired(status, now),
-        # A zone's refusal holds for this spec; a replaced spec may ask for something else.
-        zone_rejections=status.zone_rejections if spec_generation == status.spec_generation else {},
+        # A zone's refusal holds for one attempt: the next tries every zone again (a 4xx may
+        # have been passing, and a replaced spec may ask for something else).
+        zone_rejections={},
         message=detail,
     )
 

@@ -558,3 +558,54 @@ def test_a_vm_stuck_on_its_way_down_holds_the_next_attempt_only_for_a_while(h):
     h.advance(minutes=11)
     h.engine(compute=NeverGone()).reconcile()
     assert h.status("llm").attempt == 2 and "llm-2" in h.live()
+
+
+# -- Found by a third hostile review ---------------------------------------------------------------
+
+def test_a_forged_status_naming_another_project_never_deletes_anything_there(h):
+    h.compute.add_foreign("other-proj", "us-east1-b", "victim-3",
+                          {"respawn-managed": "true", "respawn-job": "victim", "respawn-attempt": "3"})
+    forged = JobStatus(phase=Phase.SUCCEEDED, attempt=1, project="other-proj", zone="us-east1-b")
+    h.store.put(BUCKET, names.status_key("evil"), forged.to_json())
+    h.store.put(BUCKET, names.status_key("victim"), forged.to_json())
+    h.tick()
+    assert "victim-3" not in h.compute.deleted
+
+
+def test_a_new_run_waits_for_the_previous_runs_vm_on_its_way_down_only_for_a_while(h):
+    started(h)
+    h.exit("llm", 0)
+    h.compute.set_status("llm-1", InstanceStatus.STOPPING)
+    h.compute.faults.fail_next("delete", errors.TransientError("503"), times=1000)
+    h.tick()
+    assert h.status("llm").phase == Phase.SUCCEEDED
+    h.submit("llm", spec_doc(command="python train.py --again"))
+    for _ in range(4):
+        h.tick()
+        h.advance(minutes=5)
+    assert h.status("llm").attempt == 2 and "llm-2" in h.live()
+
+
+@pytest.mark.parametrize("status", [InstanceStatus.STAGING, InstanceStatus.PENDING])
+def test_a_running_node_stuck_back_in_a_booting_state_is_given_up(h, status):
+    started(h, policy={"idle_timeout": "30m"})
+    h.compute.set_status("llm-1", status)
+    for _ in range(8):
+        h.tick()
+        h.advance(minutes=5)
+    st = h.status("llm")
+    assert (st.attempt, st.failures) == (2, 0)
+
+
+def test_a_zone_that_refused_one_attempt_is_tried_again_by_the_next(h):
+    h.compute.faults.fail_next("insert", errors.RequestError("400 resourceNotReady"))
+    h.submit("llm")
+    h.tick()
+    assert h.compute.request_of("llm-1").zone == "us-central1-b"
+    h.tick()
+    h.compute.faults.fail_next("insert", errors.RequestError("400 resourceNotReady"))
+    h.marker("llm")
+    h.tick()  # attempt 2 tries a again (its refusal was attempt 1's); it refuses once more, b takes it
+    st = h.status("llm")
+    assert st.phase == Phase.PROVISIONING and h.compute.request_of("llm-2").zone == "us-central1-b"
+    assert list(st.zone_rejections) == ["us-central1-a"]
