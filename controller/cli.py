@@ -245,10 +245,12 @@ def _status_rows(job: str | None) -> list[dict[str, object]]:
     rows = []
     for row in found:
         try:  # one job's unreadable checkpoint bucket must not hide every job
-            step, problem = jobs.checkpoint_step(row.job), None
+            checkpoint, problem = jobs.checkpoint(row.job), None
         except errors.RespawnError as e:
-            step, problem = None, str(e) or type(e).__name__
-        rows.append(row.as_dict(now, ids, step, problem))
+            checkpoint, problem = None, str(e) or type(e).__name__
+        except Exception as e:  # noqa: BLE001 - a bug or a hostile tree: this row only, never the command
+            checkpoint, problem = None, f"unexpected {type(e).__name__}: {e}"
+        rows.append(row.as_dict(now, ids, checkpoint, problem))
     return rows
 
 
@@ -265,7 +267,7 @@ def _status_table(rows: list[dict[str, object]], watching: bool = False, stale: 
     if watching:  # --watch: the problems go under the table, which is redrawn
         lines = _status_problems(rows) + ([_line("!", "yellow", f"not refreshed: {stale}")] if stale else [])
         caption = Text("\n").join(lines) if lines else None
-    table = Table("job", "phase", "attempt", "preempt.", "fail.", "zone", "instance (id)", "ckpt step", "age",
+    table = Table("job", "phase", "attempt", "preempt.", "fail.", "zone", "instance (id)", "checkpoint", "age",
                   "last event", caption=caption, caption_justify="left")
     colours = {"RUNNING": "green", "SUCCEEDED": "bold green", "FAILED": "red", "RECOVERING": "yellow",
                "CANCELLED": "dim", "PROVISIONING": "cyan", "PENDING": "cyan"}
@@ -275,7 +277,7 @@ def _status_table(rows: list[dict[str, object]], watching: bool = False, stale: 
         instance = f"{r['instance']} ({r['instance_id']})" if r["instance_id"] else str(r["instance"] or "—")
         event = printable(r["last_event"])
         step = plain("unreadable", "yellow") if r.get("checkpoint_error") else \
-            plain(r["checkpoint_step"] if r["checkpoint_step"] is not None else "—")
+            plain(r["checkpoint_label"] or "—")
         table.add_row(plain(r["job"]), plain(phase, colours.get(phase, "white")), plain(r["attempt"]),
                       plain(r["preemptions"]), plain(r["failures"]), plain(r["zone"] or "—"), plain(instance), step,
                       plain(format_duration(timedelta(seconds=int(age))) if isinstance(age, int) else "—"),

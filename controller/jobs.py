@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from controller import errors, names
+from controller.checkpoints import Found
 from controller.observe import MAX_STATUS_BYTES, discover
 from controller.policy import ControllerPolicy
 from controller.ports import BlobStore
@@ -28,7 +29,7 @@ class JobRow:
     has_spec: bool
     cancelled: bool
 
-    def as_dict(self, now: datetime, ids: dict[str, str], checkpoint_step: int | None = None,
+    def as_dict(self, now: datetime, ids: dict[str, str], checkpoint: Found | None = None,
                 checkpoint_error: str | None = None) -> dict[str, Any]:
         st = self.status
         last = st.history[-1] if st and st.history else None
@@ -42,7 +43,10 @@ class JobRow:
             "zone": st.zone if st else None,
             "instance": instance,
             "instance_id": ids.get(instance or "") or (st.instance_ids.get(instance or "") if st else None),
-            "checkpoint_step": checkpoint_step,
+            "checkpoint": checkpoint.uri if checkpoint else None,  # the latest complete one, as RESUME_FROM
+            "checkpoint_step": checkpoint.step if checkpoint else None,  # the training step, where recorded
+            "checkpoint_label": checkpoint.label if checkpoint else None,  # "step 1200", "save 12", "release"
+            "checkpoint_tag": checkpoint.tag if checkpoint else None,  # as RESUME_TAG
             "checkpoint_error": checkpoint_error,  # why the checkpoints could not be listed
             "age_seconds": int((now - st.created_at).total_seconds()) if st and st.created_at else None,
             "last_event": f"{last.event}: {last.detail}" if last else "",
@@ -118,16 +122,13 @@ class Jobs:
         return [JobRow(name, self.status(name) if "status" in k else None, "spec" in k, "cancel" in k)
                 for name, k in sorted(kinds.items())]
 
-    def checkpoint_step(self, job: str) -> int | None:
-        """The step of the job's latest complete checkpoint, if its spec names one and it is readable."""
+    def checkpoint(self, job: str) -> Found | None:
+        """The job's latest complete checkpoint, if its spec names a prefix and it is readable."""
         try:
             spec = parse_spec(self.store.read(self.bucket, names.spec_key(job), limit=MAX_SPEC_BYTES).data, job)
         except (errors.NotFound, errors.TooLarge, SpecError):
             return None
-        if spec.checkpoint is None:
-            return None
-        found = discover(self.store, spec.checkpoint.uri, spec.checkpoint.format)
-        return found.step if found else None
+        return discover(self.store, spec.checkpoint) if spec.checkpoint else None
 
     def _generation(self, key: str) -> int:
         try:

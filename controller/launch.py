@@ -54,6 +54,8 @@ def _request(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, nam
         "respawn-attempt": str(status.attempt),
         "respawn-token": status.attempt_token or "",
         "respawn-resume-from": status.resume_from.uri if status.resume_from else "",
+        "respawn-resume-step": str(status.resume_from.step) if status.resume_from and status.resume_from.step is not None else "",
+        "respawn-resume-tag": (status.resume_from.tag or "") if status.resume_from else "",
         "respawn-checkpoint-uri": spec.checkpoint.uri if spec.checkpoint else "",
         "respawn-command": spec.command_line,
         "respawn-code": spec.code or "",

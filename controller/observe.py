@@ -20,7 +20,7 @@ from typing import Any
 from controller import checkpoints, errors, names
 from controller.policy import ControllerPolicy
 from controller.ports import BlobInfo, BlobStore, ComputeGateway, Instance, InstanceList
-from controller.spec import MAX_SPEC_BYTES, SpecError, parse_spec
+from controller.spec import MAX_SPEC_BYTES, Checkpoint, SpecError, parse_spec
 from controller.state import CheckpointRef, JobStatus
 from controller.world import MAX_RECORD_BYTES, JobView, Record, World
 
@@ -102,11 +102,11 @@ class Observer:
         if spec is None or spec.checkpoint is None:
             return view
         try:
-            found = discover(self.store, spec.checkpoint.uri, spec.checkpoint.format)
+            found = discover(self.store, spec.checkpoint)
         except errors.RespawnError as e:
             log.warning("cannot list checkpoints", extra={"json_fields": {"job": view.job, "error": str(e)}})
             return replace(view, checkpoint=None, checkpoint_loaded=True, checkpoint_error=_short(e))
-        ref = CheckpointRef(uri=found.uri, step=found.step, version=found.version) if found else None
+        ref = CheckpointRef.of(found) if found else None
         return replace(view, checkpoint=ref, checkpoint_loaded=True, checkpoint_error=None)
 
     def with_fresh_records(self, view: JobView) -> JobView:
@@ -221,14 +221,14 @@ def _short(error: Exception) -> str:
     return f"{type(error).__name__}: {error}"[:300]
 
 
-def discover(store: BlobStore, uri: str, fmt: str = "auto") -> checkpoints.Found | None:
-    """The latest complete checkpoint under ``uri``: one listing, plus pointer files read."""
-    bucket, prefix = checkpoints.split_uri(uri)
+def discover(store: BlobStore, checkpoint: Checkpoint) -> checkpoints.Found | None:
+    """The latest complete checkpoint a spec's ``checkpoint`` names: one listing, plus trackers read."""
+    bucket, prefix = checkpoints.split_uri(checkpoint.uri)
 
-    def read(relative: str) -> bytes | None:
-        try:  # pointer and state files are a line or two: a huge one is no pointer
-            return store.read(bucket, prefix + relative, limit=checkpoints.MAX_POINTER_BYTES).data
+    def read(relative: str, limit: int) -> bytes | None:
+        try:  # trackers are a line or two, trainer_state.json a few KiB: a huge one is not read
+            return store.read(bucket, prefix + relative, limit=limit).data
         except (errors.NotFound, errors.TooLarge):
             return None
 
-    return checkpoints.latest(uri, store.list(bucket, prefix), read, fmt)
+    return checkpoints.latest(checkpoint.uri, store.list(bucket, prefix), read, checkpoint.format, checkpoint.rule)

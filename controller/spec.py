@@ -41,6 +41,7 @@ from pydantic import (
     model_validator,
 )
 
+from controller.checkpoints import CustomRule, rule_problem
 from controller.durations import Duration
 from controller.names import job_name_problem
 
@@ -62,6 +63,8 @@ _LABEL_RE = r"^[a-z][-_a-z0-9]{0,62}$"
 # Environment the VM agent sets for the command, or reads itself: a spec may not override them.
 RESERVED_ENV = {
     "RESUME_FROM": "the VM agent sets it",
+    "RESUME_STEP": "the VM agent sets it",
+    "RESUME_TAG": "the VM agent sets it",
     "NODE_RANK": "the VM agent sets it",
     "NODES": "the VM agent sets it",
     "MASTER_ADDR": "the VM agent sets it",
@@ -175,7 +178,29 @@ class Network(Strict):
 
 class Checkpoint(Strict):
     uri: str = Field(pattern=GCS_URI, description="gs:// prefix the trainer writes checkpoints under")
-    format: Literal["auto", "orbax", "tensorflow", "lightning", "dcp", "files", "pointer"] = "auto"
+    format: Literal["auto", "orbax", "tensorflow", "lightning", "dcp", "files", "pointer", "deepspeed", "megatron",
+                    "accelerate", "huggingface", "custom"] = "auto"
+    # format: custom only: where the saves are, and what makes one complete (checkpoints.CustomRule)
+    pattern: str | None = Field(default=None, description="e.g. 'run/step-{step}/' or 'ckpt-{step}.pt'")
+    marker: str | None = Field(default=None, description="the object a directory save writes last")
+    same_files: bool = Field(default=False, description="complete when it holds the previous complete save's files")
+
+    @model_validator(mode="after")
+    def _usable_rule(self) -> Checkpoint:
+        if self.format != "custom":
+            given = [f for f in ("pattern", "marker", "same_files") if getattr(self, f) not in (None, False)]
+            if given:
+                raise FieldProblem(given[0], "only for 'format: custom'; remove it, or set format to custom")
+        elif problem := rule_problem(self.pattern, self.marker, self.same_files):
+            raise FieldProblem(*problem)
+        return self
+
+    @property
+    def rule(self) -> CustomRule | None:
+        """The compiled custom rule, for ``format: custom``."""
+        if self.format != "custom" or self.pattern is None:
+            return None
+        return CustomRule(self.pattern, self.marker, self.same_files)
 
 
 class Backoff(Strict):

@@ -11,6 +11,8 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from controller.checkpoints import Found
+
 HISTORY_LIMIT = 100
 
 
@@ -47,6 +49,11 @@ class CheckpointRef(BaseModel):
     uri: str
     step: int | None = None
     version: int = 0  # generation of the object that proves it complete; moves on every save
+    tag: str | None = None  # the name the framework loads it by: DeepSpeed's tag, Megatron's iteration
+
+    @classmethod
+    def of(cls, found: Found) -> CheckpointRef:
+        return cls(uri=found.uri, step=found.step, version=found.version, tag=found.tag)
 
 
 class JobStatus(BaseModel):

@@ -89,6 +89,8 @@ if [ -n "$agent_code_uri" ]; then
 fi
 
 agent_resume_from="$(attr_or respawn-resume-from "")" || never_ran 98 "metadata unreadable: respawn-resume-from"
+agent_resume_step="$(attr_or respawn-resume-step "")" || never_ran 98 "metadata unreadable: respawn-resume-step"
+agent_resume_tag="$(attr_or respawn-resume-tag "")" || never_ran 98 "metadata unreadable: respawn-resume-tag"
 agent_checkpoint_uri="$(attr_or respawn-checkpoint-uri "")" || never_ran 98 "metadata unreadable: respawn-checkpoint-uri"
 agent_master_addr="$(attr_or respawn-master-addr "$agent_name")" || never_ran 98 "metadata unreadable: respawn-master-addr"
 agent_env_lines="$(attr_or respawn-env "")" || never_ran 98 "metadata unreadable: respawn-env"
@@ -96,8 +98,8 @@ agent_command="$(attr_or respawn-command "")" || never_ran 98 "metadata unreadab
 agent_interval="$(attr_or respawn-heartbeat-interval 60)" || never_ran 98 "metadata unreadable: respawn-heartbeat-interval"
 [[ "$agent_interval" =~ ^[1-9][0-9]{0,5}$ ]] || { log "bad heartbeat interval '$agent_interval': 60 s"; agent_interval=60; }
 [[ "$agent_command" == *[![:space:]]* ]] || never_ran 99 "no command"
-readonly agent_code_uri agent_resume_from agent_checkpoint_uri agent_master_addr agent_env_lines agent_command agent_interval
-log "job $agent_job attempt $agent_attempt node $agent_rank/$agent_nodes; RESUME_FROM=${agent_resume_from:-<none>}"
+readonly agent_code_uri agent_resume_from agent_resume_step agent_resume_tag agent_checkpoint_uri agent_master_addr agent_env_lines agent_command agent_interval
+log "job $agent_job attempt $agent_attempt node $agent_rank/$agent_nodes; RESUME_FROM=${agent_resume_from:-<none>}${agent_resume_step:+ RESUME_STEP=$agent_resume_step}${agent_resume_tag:+ RESUME_TAG=$agent_resume_tag}"
 
 # A stop that began while the VM was booting: its shutdown script writes the marker.
 if [ -e "$agent_run_dir/stopping" ]; then
@@ -118,7 +120,7 @@ fi
 # The launcher reads nothing but its positional parameters, which no env line can change.
 readonly agent_launcher='
 export RESUME_FROM="$4" RESPAWN_CHECKPOINT_URI="$5" RESPAWN_JOB="$6" RESPAWN_ATTEMPT="$7" \
-  RESPAWN_BUCKET="$8" NODE_RANK="$9" NODES="${10}" MASTER_ADDR="${11}"
+  RESPAWN_BUCKET="$8" NODE_RANK="$9" NODES="${10}" MASTER_ADDR="${11}" RESUME_STEP="${12}" RESUME_TAG="${13}"
 if [ -n "$2" ]; then
   declare -A respawn_base=()
   for respawn_n in $(compgen -e); do respawn_base[$respawn_n]="${!respawn_n}"; done
@@ -156,11 +158,11 @@ if [ -n "$2" ]; then
   done
 fi
 export RESUME_FROM="$4" RESPAWN_CHECKPOINT_URI="$5" RESPAWN_JOB="$6" RESPAWN_ATTEMPT="$7" \
-  RESPAWN_BUCKET="$8" NODE_RANK="$9" NODES="${10}" MASTER_ADDR="${11}"
+  RESPAWN_BUCKET="$8" NODE_RANK="$9" NODES="${10}" MASTER_ADDR="${11}" RESUME_STEP="${12}" RESUME_TAG="${13}"
 exec "$1" -c "$3"'
 setsid "$BASH" -c "$agent_launcher" respawn-trainer "$BASH" "$agent_env_lines" "$agent_command" \
   "$agent_resume_from" "$agent_checkpoint_uri" "$agent_job" "$agent_attempt" "$agent_bucket" \
-  "$agent_rank" "$agent_nodes" "$agent_master_addr" &
+  "$agent_rank" "$agent_nodes" "$agent_master_addr" "$agent_resume_step" "$agent_resume_tag" &
 agent_trainer=$!
 readonly agent_trainer
 if ! { printf '%s\n' "$agent_trainer" > "$agent_run_dir/trainer.pid.new" \

@@ -85,13 +85,15 @@ def serial(srv: ComputeServer, name: str) -> str:
 
 
 def test_startup_runs_the_command_with_its_environment_then_records_exit_and_powers_off(gcs, srv):
-    boot(srv, "envjob-3", 'env | grep -E "^(RESUME_FROM|RESPAWN_|NODE|MASTER|GREETING)" | sort > env.txt; exit 7',
-         **{"respawn-resume-from": "gs://ck/run/step_000040", "respawn-env": "export GREETING='hello world'"})
+    boot(srv, "envjob-3", 'env | grep -E "^(RESUME_|RESPAWN_|NODE|MASTER|GREETING)" | sort > env.txt; exit 7',
+         **{"respawn-resume-from": "gs://ck/run/global_step40", "respawn-resume-step": "40",
+            "respawn-resume-tag": "global_step40", "respawn-env": "export GREETING='hello world'"})
     record = until("the exit record", lambda: read(gcs, "jobs/envjob/exit"))
     assert (record["exit_code"], record["attempt"], record["instance"], record["node"]) == (7, 3, "envjob-3", 0)
     assert record["token"] == token_of("envjob-3")
     env = dict(line.split("=", 1) for line in (srv.workdir_of("envjob-3") / "env.txt").read_text().splitlines())
-    assert env["RESUME_FROM"] == "gs://ck/run/step_000040" and env["RESPAWN_ATTEMPT"] == "3"
+    assert env["RESUME_FROM"] == "gs://ck/run/global_step40" and env["RESPAWN_ATTEMPT"] == "3"
+    assert (env["RESUME_STEP"], env["RESUME_TAG"]) == ("40", "global_step40")
     assert (env["NODE_RANK"], env["NODES"], env["MASTER_ADDR"]) == ("0", "1", "envjob-3")
     assert env["GREETING"] == "hello world" and env["RESPAWN_JOB"] == "envjob"
     until("the VM to power off", lambda: status(srv, "envjob-3") == "TERMINATED")
@@ -198,7 +200,7 @@ def test_preemption_in_the_middle_of_a_checkpoint_write_leaves_the_previous_one_
     store = GcsStore(client(gcs.url))
     listing = store.list(BUCKET, "ck/mid/")
     assert {b.name for b in listing} >= {"ck/mid/step_000020/weights.npy"}
-    found = checkpoints.latest(f"gs://{BUCKET}/ck/mid", listing, lambda rel: store.read(BUCKET, f"ck/mid/{rel}").data)
+    found = checkpoints.latest(f"gs://{BUCKET}/ck/mid", listing, lambda rel, limit: store.read(BUCKET, f"ck/mid/{rel}", limit=limit).data)
     assert found is not None and found.uri == f"gs://{BUCKET}/ck/mid/step_000010" and found.step == 10
 
 
@@ -208,7 +210,7 @@ def test_spec_env_reaches_only_the_trainer_and_never_redirects_the_agent(gcs, sr
     # What the controller writes (values quoted by shlex), with names the agent uses or
     # has used for itself, and names of the contract (the controller rejects those too).
     hostile = {"JOB": "victim", "BUCKET": "elsewhere", "NAME": "victim-1", "ATTEMPT": "99", "NODE_RANK": "5",
-               "NODES": "9", "MASTER_ADDR": "evil", "RESUME_FROM": "gs://evil/step_1", "RESPAWN_JOB": "victim",
+               "NODES": "9", "MASTER_ADDR": "evil", "RESUME_FROM": "gs://evil/step_1", "RESUME_STEP": "1", "RESUME_TAG": "evil", "RESPAWN_JOB": "victim",
                "RESPAWN_ATTEMPT": "99", "RESPAWN_BUCKET": "elsewhere", "RESPAWN_CHECKPOINT_URI": "gs://evil",
                "agent_job": "victim", "agent_bucket": "elsewhere", "agent_token": "forged", "RUN_DIR": "/tmp/evil",
                "QUOTED": "it's \"$HOME\" `id`\n; exit 1"}
@@ -230,9 +232,10 @@ def test_spec_env_reaches_only_the_trainer_and_never_redirects_the_agent(gcs, sr
     # $HOME is a reference to the VM's environment, so it expands (see the env tests below); nothing else does.
     assert env["QUOTED"] == hostile["QUOTED"].replace("$HOME", env["HOME"])
     # ...and the contract's variables keep their true values.
-    assert {k: env[k] for k in ("RESUME_FROM", "RESPAWN_JOB", "RESPAWN_ATTEMPT", "RESPAWN_BUCKET",
-                                "RESPAWN_CHECKPOINT_URI", "NODE_RANK", "NODES", "MASTER_ADDR")} == {
-        "RESUME_FROM": "gs://ck/safe/step_000040", "RESPAWN_JOB": "safe", "RESPAWN_ATTEMPT": "4",
+    assert {k: env[k] for k in ("RESUME_FROM", "RESUME_STEP", "RESUME_TAG", "RESPAWN_JOB", "RESPAWN_ATTEMPT",
+                                "RESPAWN_BUCKET", "RESPAWN_CHECKPOINT_URI", "NODE_RANK", "NODES", "MASTER_ADDR")} == {
+        "RESUME_FROM": "gs://ck/safe/step_000040", "RESUME_STEP": "", "RESUME_TAG": "", "RESPAWN_JOB": "safe",
+        "RESPAWN_ATTEMPT": "4",
         "RESPAWN_BUCKET": BUCKET, "RESPAWN_CHECKPOINT_URI": "gs://ck/safe", "NODE_RANK": "0", "NODES": "1",
         "MASTER_ADDR": "safe-4"}
 

@@ -278,3 +278,21 @@ def test_invisible_characters_cannot_make_one_job_name_pass_for_another():
     from controller.cli import printable
 
     assert printable("ab\u200bc") != "abc" and printable("a\ufeffb\u00adc\u2060") == "a\\ufeffb\\xadc\\u2060"
+
+
+def test_status_shows_the_checkpoint_each_framework_would_resume(mem):
+    from tests import checkpoint_trees as trees
+
+    for make in (trees.deepspeed, trees.accelerate, trees.megatron_legacy):
+        tree = make()
+        for name, data in tree.objects:
+            mem.store.put("ckpts", f"{tree.name}/{name}", data)
+        mem.submit(tree.name, spec_doc(checkpoint={"uri": f"gs://ckpts/{tree.name}", **tree.checkpoint}))
+    result = runner.invoke(app, ["status"])
+    assert result.exit_code == 0, result.output
+    assert "step 15" in result.output and "save 10" in result.output and "step 1000" in result.output
+    rows = {r["job"]: r for r in json.loads(runner.invoke(app, ["status", "--json"]).stdout)}
+    assert (rows["ds"]["checkpoint"], rows["ds"]["checkpoint_step"], rows["ds"]["checkpoint_tag"]) == \
+        ("gs://ckpts/ds/global_step15", 15, "global_step15")
+    assert (rows["accelerate"]["checkpoint_step"], rows["accelerate"]["checkpoint_label"]) == (None, "save 10")
+    assert rows["megatron"]["checkpoint_tag"] == "1000"

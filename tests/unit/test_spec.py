@@ -309,3 +309,26 @@ def test_idle_timeout_leaves_a_heartbeat_room_to_arrive():
         parse_spec(yaml.safe_dump({"zones": ["us-central1-a"], "machine_type": "n1-standard-8", "command": "x",
                                    "heartbeat_interval": "90s", "policy": {"idle_timeout": "91s"}}), "j")
     assert e.value.problems[0].startswith("policy.idle_timeout:")
+
+
+@pytest.mark.parametrize("checkpoint, expected", [
+    ({"format": "custom"}, "checkpoint.pattern: format 'custom' needs a pattern"),
+    ({"format": "custom", "pattern": "run/{step}/"}, "checkpoint.marker: a directory pattern needs one completion rule"),
+    ({"format": "custom", "pattern": "run/step/", "marker": "DONE"}, "checkpoint.pattern: must hold '{step}' exactly once"),
+    ({"format": "custom", "pattern": "../{step}/", "marker": "DONE"}, "checkpoint.pattern: must be relative"),
+    ({"format": "custom", "pattern": "c-{step}.pt", "marker": "DONE"}, "checkpoint.marker: a pattern without a trailing '/'"),
+    ({"format": "auto", "pattern": "run/{step}/"}, "checkpoint.pattern: only for 'format: custom'"),
+    ({"format": "deepspeed", "same_files": True}, "checkpoint.same_files: only for 'format: custom'"),
+    ({"format": "megatorn"}, "checkpoint.format: "),
+])
+def test_invalid_checkpoint_rules_are_refused_naming_the_field(checkpoint, expected):
+    found = problems(doc(checkpoint={"uri": "gs://bkt/ck", **checkpoint}))
+    assert any(p.startswith(expected) for p in found), found
+
+
+def test_custom_checkpoint_rule_is_compiled():
+    spec = parse_spec(yaml.safe_dump(doc(checkpoint={"uri": "gs://bkt/ck", "format": "custom",
+                                                     "pattern": "run/step-{step}/", "marker": "COMMITTED"})), "job")
+    rule = spec.checkpoint.rule
+    assert rule and rule.directory and rule.marker == "COMMITTED" and rule.regex.match("run/step-12/x").group(1) == "12"
+    assert parse_spec(yaml.safe_dump(doc(checkpoint={"uri": "gs://bkt/ck", "format": "deepspeed"})), "job").checkpoint.rule is None
