@@ -8,6 +8,7 @@ concurrency tests can run many passes against one fake at once.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import threading
 from collections import defaultdict
@@ -42,6 +43,7 @@ class MemoryStore:
         self.faults = Faults()
         self.calls: list[tuple[str, str]] = []
         self._objects: dict[tuple[str, str], Blob] = {}
+        self._sorted: dict[str, list[str]] = defaultdict(list)  # bucket -> its names, sorted: listings cost O(k log n)
         self._generations = itertools.count(1_700_000_000_000_001)
         self._lock = threading.RLock()
 
@@ -66,13 +68,21 @@ class MemoryStore:
     def list(self, bucket: str, prefix: str) -> list[BlobInfo]:
         with self._lock:
             self._call("list", prefix)
-            return [b.info for (bk, n), b in sorted(self._objects.items()) if bk == bucket and n.startswith(prefix)]
+            names_ = self._sorted[bucket]
+            found = []
+            for name in itertools.islice(names_, bisect.bisect_left(names_, prefix), None):
+                if not name.startswith(prefix):
+                    break
+                found.append(self._objects[(bucket, name)].info)
+            return found
 
     def write(self, bucket: str, name: str, data: bytes, *, if_generation_match: int | None = None) -> BlobInfo:
         with self._lock:
             self._call("write", name)
             self._precondition(bucket, name, if_generation_match)
             info = BlobInfo(bucket, name, next(self._generations), self.clock.now(), len(data))
+            if (bucket, name) not in self._objects:
+                bisect.insort(self._sorted[bucket], name)
             self._objects[(bucket, name)] = Blob(info, bytes(data))
             return info
 
@@ -83,6 +93,8 @@ class MemoryStore:
                 raise errors.NotFound(f"gs://{bucket}/{name}")
             self._precondition(bucket, name, if_generation_match)
             del self._objects[(bucket, name)]
+            names_ = self._sorted[bucket]
+            del names_[bisect.bisect_left(names_, name)]
 
     # -- test helpers -------------------------------------------------------------
     def put(self, bucket: str, name: str, data: bytes | str) -> BlobInfo:
@@ -120,6 +132,38 @@ class _Pending:
     zone: str
 
 
+_Key = tuple[str, str, str]  # (project, zone, name)
+
+
+class _Vms(dict[_Key, _Vm]):
+    """Instances by key, indexed by name and by job label, so that one job's listing and a
+    lookup by name cost the same at 10,000 instances as at 10 (the labels never change)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_name: dict[str, set[_Key]] = defaultdict(set)
+        self.by_job: dict[str | None, set[_Key]] = defaultdict(set)
+
+    def __setitem__(self, key: _Key, vm: _Vm) -> None:
+        if key in self:
+            self._unindex(key)
+        super().__setitem__(key, vm)
+        self.by_name[key[2]].add(key)
+        self.by_job[vm.instance.job].add(key)
+
+    def __delitem__(self, key: _Key) -> None:
+        self._unindex(key)
+        super().__delitem__(key)
+
+    def pop(self, key: _Key) -> _Vm:  # type: ignore[override]
+        self._unindex(key)
+        return super().pop(key)
+
+    def _unindex(self, key: _Key) -> None:
+        self.by_name[key[2]].discard(key)
+        self.by_job[self[key].instance.job].discard(key)
+
+
 # When several causes were recorded, the platform's beats a person's, which beats the
 # guest's own shutdown (as the real adapter reads Compute's operations).
 _PRECEDENCE = {StopReason.PREEMPTED: 0, StopReason.MAINTENANCE: 0, StopReason.HOST_ERROR: 0,
@@ -151,7 +195,7 @@ class MemoryCompute:
         self.hold_inserts = False
         self.failing_projects: set[str] = set()  # projects whose list fails (403)
         self.deleted: list[str] = []
-        self._vms: dict[tuple[str, str, str], _Vm] = {}
+        self._vms = _Vms()
         self._requests: dict[str, Exception | _Pending | None] = {}
         self._ids = itertools.count(4_000_000_000_000_000_001)
         self._gone: dict[tuple[str, str, str], list[StopReason]] = {}
@@ -163,10 +207,11 @@ class MemoryCompute:
             if job is not None and (problem := names.job_name_problem(job)):
                 raise errors.RequestError(problem)
             failed = {p: "RequestError: permission denied" for p in projects if p in self.failing_projects}
+            keys = sorted(self._vms if job is None else self._vms.by_job[job])
             found = [
-                vm.instance for (p, z, _), vm in sorted(self._vms.items())
-                if p in projects and p not in failed and z not in self.unreachable and vm.instance.managed
-                and (job is None or vm.instance.job == job)
+                self._vms[key].instance for key in keys
+                if key[0] in projects and key[0] not in failed and key[1] not in self.unreachable
+                and self._vms[key].instance.managed
             ]
             return InstanceList(found, sorted(self.unreachable), failed)
 
@@ -222,7 +267,7 @@ class MemoryCompute:
 
     def request_of(self, name: str) -> InstanceRequest:
         with self._lock:
-            vm = next(vm for (_, _, n), vm in self._vms.items() if n == name)
+            _, vm = self._find(name)
             assert vm.request is not None
             return vm.request
 
@@ -282,7 +327,10 @@ class MemoryCompute:
             self._vms[(project, zone, name)] = _Vm(instance, None)
 
     def _find(self, name: str) -> tuple[tuple[str, str, str], _Vm]:
-        return next((k, vm) for k, vm in self._vms.items() if k[2] == name)
+        if not (keys := self._vms.by_name[name]):
+            raise KeyError(f"no instance named {name}")
+        key = min(keys)
+        return key, self._vms[key]
 
     def _create(self, r: InstanceRequest, status: InstanceStatus) -> tuple[str, str, str] | None:
         """The instance, unless one of that name exists (an existing name is success)."""

@@ -711,7 +711,7 @@ class Run:
     def vm_identity(self, inst: Instance) -> Trainer:
         try:
             meta = dict(self.compute.request_of(inst.name).metadata)
-        except (StopIteration, AssertionError):
+        except (KeyError, AssertionError):
             meta = {}
         nodes = int(meta.get("respawn-nodes") or 1)
         rank = 0
