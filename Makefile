@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test unit demo chaos fuzz install clean
+.PHONY: test unit demo chaos fuzz bench install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ chaos: $(STAMP)
 
 fuzz: $(STAMP)
 	$(BIN)/python -m tests.fuzz --specs 10000
+
+# Figures, not tests: the scenarios of bench/__main__.py, written to bench/results.json.
+bench: $(STAMP)
+	$(BIN)/python -m bench
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit

@@ -69,8 +69,8 @@ def build(config: Settings) -> Engine:
     logs.setup(cloud=config.cloud_logging)
     store, compute = adapters()
     ctx = launch_context(config)
-    observer = Observer(store, compute, config.bucket, config.policy())
-    return Engine(observer, Executor(store, compute, config.bucket), ctx, SystemClock())
+    observer = Observer(store, compute, config.bucket, config.policy(), workers=config.concurrency)
+    return Engine(observer, Executor(store, compute, config.bucket), ctx, SystemClock(), workers=config.concurrency)
 
 
 def launch_context(config: Settings) -> LaunchContext:

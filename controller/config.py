@@ -37,6 +37,11 @@ class Settings(BaseSettings):
     trainer_service_account: str | None = None  # what VMs run as when a spec names no account
     max_nodes: int = 8
     max_accelerators: int = 16
+    # Jobs observed and reconciled side by side in one pass (threads: the clients block).
+    concurrency: int = Field(default=32, ge=1, le=256)
+    # How long a pass waits for an insert's or delete's operation; one still running then is
+    # read on the next pass (the same request id), so a slow operation never holds a pass.
+    operation_wait: float = Field(default=10.0, ge=0, le=600)
 
     @field_validator(
         "allowed_projects", "allowed_zones", "allowed_machine_types", "allowed_service_accounts", mode="before"

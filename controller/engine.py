@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller import errors
+from controller import errors, fanout
 from controller.actions import Action, WriteStatus
 from controller.clock import Clock
 from controller.executor import Executor, Outcome
@@ -33,6 +33,12 @@ class Summary:
     transient: list[str] = field(default_factory=list)
     unreachable: list[str] = field(default_factory=list)
 
+    def merge(self, other: Summary) -> None:
+        for job, done in other.jobs.items():
+            self.jobs.setdefault(job, []).extend(done)
+        self.errors.update(other.errors)
+        self.transient.extend(other.transient)
+
     def add(self, outcome: Outcome) -> None:
         self.jobs.setdefault(outcome.job, []).extend(outcome.done)
         if outcome.error:
@@ -51,11 +57,13 @@ class Summary:
 
 
 class Engine:
-    def __init__(self, observer: Observer, executor: Executor, ctx: LaunchContext, clock: Clock) -> None:
+    def __init__(self, observer: Observer, executor: Executor, ctx: LaunchContext, clock: Clock,
+                 workers: int = 1) -> None:
         self.observer = observer
         self.executor = executor
         self.ctx = ctx
         self.clock = clock
+        self.workers = workers  # jobs reconciled side by side (fanout.each)
 
     def reconcile(self, job: str | None = None, dry_run: bool = False) -> Summary:
         """Reconcile every job (``job`` None) or one; ``dry_run`` plans without acting."""
@@ -63,15 +71,8 @@ class Engine:
         summary = Summary(unreachable=[*world.unreachable, *(f"project {p}" for p in world.unseen_projects)])
         for project, why in world.unseen_projects.items():
             summary.errors[f"project {project}"] = f"instance list failed: {why}"
-        for view in world.jobs.values():
-            try:
-                self._reconcile_job(view, summary, dry_run)
-            except errors.RespawnError as e:  # e.g. its bucket objects did not answer
-                summary.errors[view.job] = f"{type(e).__name__}: {e}"
-                summary.transient.append(view.job)
-            except Exception as e:  # noqa: BLE001 - a bug or a surprise: this job only, never the pass
-                summary.errors[view.job] = f"unexpected {type(e).__name__}: {e}"
-                log.exception("reconciling a job failed", extra={"json_fields": {"job": view.job}})
+        for part in fanout.each(world.jobs.values(), lambda v: self._isolated(v, dry_run), self.workers):
+            summary.merge(part)
         for name, why in world.failed.items():
             summary.errors[name] = f"observe: {why}"
             if not why.startswith(UNEXPECTED):
@@ -94,6 +95,19 @@ class Engine:
         if loaded is view:
             return view, actions
         return loaded, plan_job(loaded, now, self.ctx)
+
+    def _isolated(self, view: JobView, dry_run: bool) -> Summary:
+        """One job's rounds, with whatever goes wrong kept to that job's own summary."""
+        summary = Summary()
+        try:
+            self._reconcile_job(view, summary, dry_run)
+        except errors.RespawnError as e:  # e.g. its bucket objects did not answer
+            summary.errors[view.job] = f"{type(e).__name__}: {e}"
+            summary.transient.append(view.job)
+        except Exception as e:  # noqa: BLE001 - a bug or a surprise: this job only, never the pass
+            summary.errors[view.job] = f"unexpected {type(e).__name__}: {e}"
+            log.exception("reconciling a job failed", extra={"json_fields": {"job": view.job}})
+        return summary
 
     def _reconcile_job(self, view: JobView, summary: Summary, dry_run: bool) -> None:
         for _ in range(MAX_ROUNDS):

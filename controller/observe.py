@@ -12,15 +12,18 @@ miss them, where the earlier listing could.
 from __future__ import annotations
 
 import logging
+import threading
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
-from controller import checkpoints, errors, names
+from cachetools import LRUCache
+
+from controller import checkpoints, errors, fanout, names
 from controller.policy import ControllerPolicy
 from controller.ports import BlobInfo, BlobStore, ComputeGateway, Instance, InstanceList
-from controller.spec import MAX_SPEC_BYTES, Checkpoint, SpecError, parse_spec
+from controller.spec import MAX_SPEC_BYTES, Checkpoint, JobSpec, SpecError, parse_spec
 from controller.state import CheckpointRef, JobStatus
 from controller.world import MAX_RECORD_BYTES, JobView, Record, World
 
@@ -28,23 +31,54 @@ log = logging.getLogger(__name__)
 UNEXPECTED = "unexpected"  # prefix of a failure no retry is known to fix
 # status.json is the controller's own, bounded by its history limit: a few hundred KiB.
 MAX_STATUS_BYTES = 4 * 1024 * 1024
+PARSED_CACHE_BYTES = 64 * 1024 * 1024  # by the objects' listed sizes
+T = TypeVar("T")
+
+
+class Parsed:
+    """What was made of an object, by (bucket, name, generation), least recently used first out.
+
+    A generation names one content forever, so a job whose objects did not change since
+    the last pass costs no read and no parse: a finished job costs nothing but its lines
+    in the listing. Kept per observer, which a function instance keeps between passes.
+    """
+
+    def __init__(self, max_bytes: int = PARSED_CACHE_BYTES) -> None:
+        self._cache: LRUCache[tuple[str, str, int], tuple[int, Any]] = LRUCache(max_bytes, getsizeof=lambda e: e[0])
+        self._lock = threading.Lock()
+
+    def get(self, info: BlobInfo, make: Callable[[], tuple[T, int]]) -> T:
+        """``make()`` returns the value and the generation it was read at; only a match is kept."""
+        key = (info.bucket, info.name, info.generation)
+        with self._lock:
+            hit = self._cache.get(key)
+        if hit is not None:
+            return hit[1]
+        value, generation = make()
+        if generation == info.generation:
+            with self._lock:
+                self._cache[key] = (max(info.size, 512), value)
+        return value
 
 
 class Observer:
-    def __init__(self, store: BlobStore, compute: ComputeGateway, bucket: str, policy: ControllerPolicy) -> None:
+    def __init__(self, store: BlobStore, compute: ComputeGateway, bucket: str, policy: ControllerPolicy,
+                 workers: int = 1) -> None:
         self.store = store
         self.compute = compute
         self.bucket = bucket
         self.policy = policy
+        self.workers = workers  # jobs observed side by side (fanout.each)
+        self.parsed = Parsed()
 
     def world(self, job: str | None = None) -> World:
         """Everything the planner needs, for every job or for one."""
         listing = self._listing(job)
-        views: dict[str, JobView] = {}
-        failed: dict[str, str] = {}
-        for name in sorted(listing) if job is None else [job]:
-            if view := self._guarded(failed, name, self._bucket_view, name, listing.get(name, {})):
-                views[name] = view
+        failed: dict[str, str] = {}  # each job's own key: safe to fill from several threads
+        order = sorted(listing) if job is None else [job]
+        observed = fanout.each(order, lambda n: self._guarded(failed, n, self._bucket_view, n, listing.get(n, {})),
+                               self.workers)
+        views = {name: view for name, view in zip(order, observed, strict=True) if view}
         # Only now, after every status was read, the instances: see the module docstring.
         found = self._instances(job, views)
         unreachable = tuple(found.unreachable)
@@ -56,7 +90,9 @@ class Observer:
         for name, instances in by_job.items():
             views[name] = replace(views.get(name) or JobView(job=name), instances=tuple(instances))
         views = {n: replace(v, unreachable=unreachable, unseen_projects=unseen) for n, v in views.items()}
-        complete = {n: self._guarded(failed, n, self._with_evidence, views[n]) for n in sorted(views)}
+        order = sorted(views)
+        evidence = fanout.each(order, lambda n: self._guarded(failed, n, self._with_evidence, views[n]), self.workers)
+        complete = dict(zip(order, evidence, strict=True))
         return World({n: v for n, v in complete.items() if v}, unreachable, dict(found.failed_projects), failed)
 
     def _instances(self, job: str | None, views: dict[str, JobView]) -> InstanceList:
@@ -143,30 +179,41 @@ class Observer:
             exit=self._record(objects.get("exit")) if ours else None,
             heartbeat=self._record(objects.get("heartbeat")) if ours else None,
         )
-        return self._with_spec(view, objects["spec"]) if "spec" in objects else view
+        if "spec" not in objects:
+            return view
+        info = objects["spec"]
+        spec, problems = self.parsed.get(info, lambda: self._judge_spec(job, info))
+        return replace(view, spec=spec, problems=problems, spec_generation=info.generation)
 
-    def _with_spec(self, view: JobView, info: BlobInfo) -> JobView:
+    def _judge_spec(self, job: str, info: BlobInfo) -> tuple[tuple[JobSpec | None, tuple[str, ...]], int]:
+        """(the policy-resolved spec or None, its problems), and the generation read."""
         too_large = (f"spec.yaml: larger than the {MAX_SPEC_BYTES // 1024} KiB limit; shrink it",)
         if info.size > MAX_SPEC_BYTES:  # the listing says so: not even a request for it
-            return replace(view, problems=too_large, spec_generation=info.generation)
+            return (None, too_large), info.generation
         try:
-            raw = self.store.read(self.bucket, info.name, limit=MAX_SPEC_BYTES).data
+            blob = self.store.read(self.bucket, info.name, limit=MAX_SPEC_BYTES)
         except errors.TooLarge:  # grew since the listing
-            return replace(view, problems=too_large, spec_generation=info.generation)
+            return (None, too_large), 0
         try:
-            spec = parse_spec(raw, view.job)
+            spec = parse_spec(blob.data, job)
         except SpecError as e:
-            return replace(view, problems=tuple(e.problems), spec_generation=info.generation)
-        problems = tuple(self.policy.violations(spec))
-        if problems:
-            return replace(view, problems=problems, spec_generation=info.generation)
+            return (None, tuple(e.problems)), blob.info.generation
+        if problems := tuple(self.policy.violations(spec)):
+            return (None, problems), blob.info.generation
         # From here on the spec says exactly where and as whom VMs run: the project and
         # service account filled in from the policy, never from status.json.
-        return replace(view, spec=self.policy.resolve(spec), spec_generation=info.generation)
+        return (self.policy.resolve(spec), ()), blob.info.generation
 
     def _status(self, info: BlobInfo | None) -> tuple[JobStatus | None, int]:
         if info is None:
             return None, 0
+        return self.parsed.get(info, lambda: self._read_status(info))
+
+    def _read_status(self, info: BlobInfo) -> tuple[tuple[JobStatus | None, int], int]:
+        status, generation = self._status_at(info)
+        return (status, generation), generation
+
+    def _status_at(self, info: BlobInfo) -> tuple[JobStatus | None, int]:
         generation = info.generation
         try:
             if info.size > MAX_STATUS_BYTES:  # the listing says so: not even a request for it
@@ -186,7 +233,12 @@ class Observer:
             return None
         if info.size > MAX_RECORD_BYTES:  # the listing says so: not even a request for it
             return Record.oversized(info)
-        return self._read_record(info.name)
+
+        def read() -> tuple[Record | None, int]:
+            record = self._read_record(info.name)
+            return record, record.generation if record else 0
+
+        return self.parsed.get(info, read)
 
     def _read_record(self, name: str) -> Record | None:
         try:

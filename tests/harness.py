@@ -37,7 +37,8 @@ def spec_doc(**overrides: Any) -> dict[str, Any]:
 
 
 class Harness:
-    def __init__(self, policy: ControllerPolicy | None = None) -> None:
+    def __init__(self, policy: ControllerPolicy | None = None, workers: int = 1) -> None:
+        self.workers = workers  # jobs observed and reconciled side by side in one pass
         self.clock = FakeClock()
         self.store = MemoryStore(self.clock)
         self.compute = MemoryCompute(self.clock)
@@ -46,8 +47,8 @@ class Harness:
 
     def engine(self, store: Any = None, compute: Any = None) -> Engine:
         store, compute = store or self.store, compute or self.compute
-        observer = Observer(store, compute, BUCKET, self.policy)
-        return Engine(observer, Executor(store, compute, BUCKET), self.ctx, self.clock)
+        observer = Observer(store, compute, BUCKET, self.policy, workers=self.workers)
+        return Engine(observer, Executor(store, compute, BUCKET), self.ctx, self.clock, workers=self.workers)
 
     def tick(self, job: str | None = None) -> Summary:
         return self.engine().reconcile(job)

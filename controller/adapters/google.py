@@ -33,4 +33,5 @@ def instances_client(config: Settings) -> compute_v1.InstancesClient:
 def compute_gateway(config: Settings) -> ComputeEngine:
     kwargs = _client_args(config)
     return ComputeEngine(compute_v1.InstancesClient(**kwargs), compute_v1.RegionInstancesClient(**kwargs),
-                         compute_v1.ZoneOperationsClient(**kwargs), compute_v1.RegionOperationsClient(**kwargs))
+                         compute_v1.ZoneOperationsClient(**kwargs), compute_v1.RegionOperationsClient(**kwargs),
+                         operation_timeout=config.operation_wait)

@@ -75,9 +75,10 @@ def run_concurrently(h: Harness, guard: OneLiveAttempt, jobs: list[str], passes:
     assert not errors, errors
 
 
+@pytest.mark.parametrize("workers", [1, 8])  # each pass also fans its jobs out over threads
 @pytest.mark.parametrize("seed", range(3))
-def test_twenty_concurrent_passes_and_duplicate_events_one_live_attempt(seed):
-    h = Harness()
+def test_twenty_concurrent_passes_and_duplicate_events_one_live_attempt(seed, workers):
+    h = Harness(workers=workers)
     guard = OneLiveAttempt(h.compute)
     jobs = ["a", "b", "c"]
     for job in jobs:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-CORE = ["actions", "checkpoints", "clock", "durations", "engine", "errors", "executor", "launch", "names",
+CORE = ["actions", "checkpoints", "clock", "durations", "engine", "errors", "executor", "fanout", "launch", "names",
         "observe", "planner", "policy", "ports", "spec", "state", "transitions", "world", "jobs"]
 FORBIDDEN = ("google", "flask", "requests", "functions_framework", "cloudevents", "localcloud", "controller.adapters.google",
              "controller.adapters.gcs", "controller.adapters.compute")

@@ -1,0 +1,1 @@
+"""Benchmarks (``make bench``): figures are measured here, never asserted by tests."""

@@ -1,0 +1,236 @@
+"""``make bench``: the controller's passes, timed at fleet scale under Google-like latencies.
+
+This first bench runs the real engine (observe, plan, act; the same threads and cache
+as deployed) over the in-memory fakes, with every port call delayed as Google's would
+be (``Latency``): GCS 30 ms per request, Compute 100 ms per call, the aggregated
+instance list 1.5 s. What it does not model yet: operation durations (an insert
+here is done when its call returns), rate limits, and HTTP itself; the local cloud's
+realism knobs are for that. Figures are printed as a table and written to
+``bench/results.json``; a scenario not run is ``null`` there, never a guess.
+
+    python -m bench                    # every scenario, 100 / 1,000 / 10,000 jobs
+    python -m bench --sizes 20 --quick # what make test runs, so that this cannot rot
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from controller import names
+from controller.adapters.memory import MemoryCompute, MemoryStore
+from controller.clock import FakeClock
+from controller.engine import Engine
+from controller.executor import Executor
+from controller.launch import LaunchContext
+from controller.observe import Observer
+from controller.policy import ControllerPolicy
+from controller.state import JobStatus, Phase
+
+BUCKET, PROJECT = "bench", "bench-proj"
+TRAINER = f"respawn-trainer@{PROJECT}.iam.gserviceaccount.com"
+SPEC = yaml.safe_dump({"zones": ["us-central1-a", "us-central1-b"], "machine_type": "g2-standard-8",
+                       "command": "python train.py", "checkpoint": {"uri": "gs://bench-ckpt/run"},
+                       "policy": {"backoff": {"initial": "30m", "max": "1h"}}})
+GOOGLE = {"store": 0.030, "compute": 0.100, "list_managed": 1.5}
+LATENCY = dict(GOOGLE)  # what this run uses: GOOGLE times --scale
+
+
+class Latency:
+    """A port whose every call first waits as Google's would, and is counted."""
+
+    def __init__(self, target: Any, default: float, per_method: dict[str, float] | None = None) -> None:
+        self._target, self._default, self._per = target, default, per_method or {}
+        self.calls: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._target, name)
+        if not callable(attr):
+            return attr
+        delay = self._per.get(name, self._default)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                self.calls[name] += 1
+            time.sleep(delay)
+            return attr(*args, **kwargs)
+
+        return call
+
+
+class Fleet:
+    """``n`` jobs in the fakes, brought to a steady mix: 70 % running, 20 % finished, 10 % backing off."""
+
+    def __init__(self, n: int, mix: bool = True) -> None:
+        self.clock = FakeClock()
+        self.store, self.compute = MemoryStore(self.clock), MemoryCompute(self.clock)
+        self.policy = ControllerPolicy(default_project=PROJECT, trainer_service_account=TRAINER)
+        self.ctx = LaunchContext(BUCKET, PROJECT, "#!/bin/bash\n", "#!/bin/bash\n")
+        self.jobs = [f"job-{i:05d}" for i in range(n)]
+        for job in self.jobs:
+            self.store.put(BUCKET, names.spec_key(job), SPEC)
+        fast = self.engine(workers=1)
+        fast.reconcile()  # every job launched
+        for i, job in enumerate(self.jobs if mix else ()):
+            if i % 10 in (0, 1):
+                self.record(job, "exit", {"exit_code": 0})
+            elif i % 10 == 2:
+                self.record(job, "exit", {"exit_code": 1})  # a failure: backs off
+        fast.reconcile()
+        self.heartbeats()
+
+    def running(self) -> list[str]:
+        return [j for j in self.jobs if self.status(j).phase == Phase.RUNNING]
+
+    def status(self, job: str) -> JobStatus:
+        return JobStatus.from_json(self.store.read(BUCKET, names.status_key(job)).data)
+
+    def record(self, job: str, kind: str, extra: dict[str, Any]) -> None:
+        st = self.status(job)
+        body = {"instance": names.instance_name(job, st.attempt), "attempt": st.attempt, "node": 0,
+                "token": st.attempt_token or "", **extra}
+        key = names.exit_key(job) if kind == "exit" else names.marker_key(job)
+        self.store.put(BUCKET, key, json.dumps(body))
+
+    def heartbeats(self) -> None:
+        for job in self.jobs:
+            st = self.status(job)
+            if not st.phase.terminal:
+                body = {"attempt": st.attempt, "token": st.attempt_token or ""}
+                self.store.put(BUCKET, names.heartbeat_key(job), json.dumps(body))
+
+    def engine(self, workers: int, latency: dict[str, float] | None = None) -> Engine:
+        store: Any = self.store
+        compute: Any = self.compute
+        if latency:
+            store = Latency(self.store, latency["store"])
+            compute = Latency(self.compute, latency["compute"], {"list_managed": latency["list_managed"]})
+        observer = Observer(store, compute, BUCKET, self.policy, workers=workers)
+        return Engine(observer, Executor(store, compute, BUCKET), self.ctx, self.clock, workers=workers)
+
+
+def steady_tick(n: int, workers: int) -> dict[str, Any]:
+    """A tick of a warm function instance (its cache filled by the tick before), over ``n`` jobs."""
+    fleet = Fleet(n)
+    engine = fleet.engine(workers, LATENCY)
+    engine.reconcile()  # the tick before: fills the cache, as a deployed instance's earlier ticks have
+    fleet.heartbeats()  # a minute later every running trainer has beaten again
+    store, compute = engine.observer.store, engine.observer.compute
+    store.calls.clear()
+    compute.calls.clear()
+    started = time.perf_counter()
+    engine.reconcile()
+    seconds = time.perf_counter() - started
+    requests = sum(store.calls.values()) + sum(compute.calls.values())
+    return {"seconds": seconds, "requests": requests, "requests_per_job": requests / n}
+
+
+def mass_recovery(n: int, workers: int) -> float:
+    """``n`` running jobs preempted at once (markers written): seconds until every replacement insert was issued."""
+    fleet = Fleet(n, mix=False)
+    running = fleet.running()
+    for job in running:
+        fleet.compute.preempt(names.instance_name(job, fleet.status(job).attempt))
+        fleet.record(job, "marker", {"reason": "preempted"})
+    engine = fleet.engine(workers, LATENCY)
+    before = Counter(op for op, _ in fleet.compute.calls)["insert"]
+    started = time.perf_counter()
+    engine.reconcile()
+    seconds = time.perf_counter() - started
+    issued = Counter(op for op, _ in fleet.compute.calls)["insert"] - before
+    assert issued >= len(running), f"only {issued} of {len(running)} replacement inserts issued"
+    return seconds
+
+
+def event_path(n: int, events: int) -> list[float]:
+    """Marker written -> that job's pass issues its replacement insert, over an ``n``-job fleet, one at a time."""
+    fleet = Fleet(n)
+    engine = fleet.engine(1, LATENCY)
+    running = fleet.running()[:events]
+    out = []
+    for job in running:
+        fleet.compute.preempt(names.instance_name(job, fleet.status(job).attempt))
+        fleet.record(job, "marker", {"reason": "preempted"})
+        started = time.perf_counter()
+        engine.reconcile(job)
+        out.append(time.perf_counter() - started)
+    return out
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 10000])
+    parser.add_argument("--workers", type=int, default=32)
+    parser.add_argument("--recovery", type=int, default=1000, help="jobs preempted at once")
+    parser.add_argument("--events", type=int, default=200)
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every latency (0.01: a smoke run)")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, no baseline, nothing written: a smoke run")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results.json")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.recovery, args.events = min(args.recovery, 20), min(args.events, 5)
+    LATENCY.update({k: v * args.scale for k, v in GOOGLE.items()})
+
+    rows: list[tuple[str, str, str]] = []
+    results: dict[str, Any] = {"model": "in-memory fakes + Google-like latency per call (bench/__main__.py)",
+                               "latency_s": LATENCY, "workers": args.workers,
+                               "machine": f"{platform.machine()}, {platform.python_implementation()} "
+                                          f"{platform.python_version()}, {_cpus()} CPUs"}
+    for n in args.sizes:
+        tick = steady_tick(n, args.workers)
+        label = {100: "100", 1000: "1k", 10000: "10k"}.get(n, str(n))
+        results[f"tick_{label}_s"] = round(tick["seconds"], 3)
+        rows.append((f"steady tick, {n:,} jobs", f"{tick['seconds']:.2f} s",
+                     f"{tick['requests']:,} requests ({tick['requests_per_job']:.2f}/job)"))
+        if n == max(args.sizes):
+            results[f"tick_{label}_requests"] = tick["requests"]
+            results[f"tick_{label}_peak_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+        if not args.quick and n <= 1000:
+            base = steady_tick(n, 1)
+            rows.append((f"  baseline: concurrency 1, {n:,} jobs", f"{base['seconds']:.2f} s", ""))
+    recovery = mass_recovery(args.recovery, args.workers)
+    results["mass_recovery_1k_s" if args.recovery == 1000 else f"mass_recovery_{args.recovery}_s"] = round(recovery, 3)
+    rows.append((f"mass recovery, {args.recovery:,} preempted at once", f"{recovery:.2f} s", "one tick issues every insert"))
+    background = max(args.sizes)
+    latencies = event_path(background, args.events)
+    results["event_p50_s"], results["event_p99_s"] = round(percentile(latencies, 50), 3), round(percentile(latencies, 99), 3)
+    rows.append((f"event path, {len(latencies)} events over {background:,} jobs",
+                 f"p50 {results['event_p50_s']:.2f} s, p99 {results['event_p99_s']:.2f} s", "marker -> insert issued"))
+    results.setdefault("cold_start_s", None)  # not measured by this bench yet
+    results["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+    width = max(len(r[0]) for r in rows)
+    print(f"respawn bench: {results['model']}; {results['machine']}; {args.workers} workers")
+    for scenario, figure, note in rows:
+        print(f"  {scenario:<{width}}  {figure:<24} {note}")
+    print(f"  peak RSS (the fakes' whole cloud included): {results['peak_rss_mib']} MiB")
+    if not args.quick:
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+        print(f"written: {args.out}")
+    return 0
+
+
+def _cpus() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

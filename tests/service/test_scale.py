@@ -1,0 +1,65 @@
+"""What lets one pass serve a fleet: fan-out over threads, and no read of what did not change."""
+
+from __future__ import annotations
+
+from controller import names
+from controller.state import Phase
+from tests.harness import BUCKET, Harness, spec_doc
+
+
+def _reads(h: Harness, job: str) -> list[str]:
+    return [name for op, name in h.store.calls if op == "read" and name.startswith((f"jobs/{job}/",))]
+
+
+def test_a_pass_reads_no_object_whose_generation_did_not_change():
+    h = Harness()
+    engine = h.engine()  # one engine across passes, as one function instance serves many
+    for job in ("done", "live"):
+        h.submit(job)
+    engine.reconcile()
+    engine.reconcile()
+    h.exit("done", 0)
+    engine.reconcile()
+    assert h.status("done").phase == Phase.SUCCEEDED and h.status("live").phase == Phase.RUNNING
+    engine.reconcile()  # reads the status the last pass wrote: the one read of it
+    h.heartbeat("live")
+    h.store.calls.clear()
+    engine.reconcile()
+    assert _reads(h, "done") == [], "a finished job whose objects did not change was read again"
+    assert _reads(h, "live") == [names.heartbeat_key("live")], "only the new heartbeat is new"
+    # a new generation is read again: a resubmitted spec of the finished job
+    h.submit("done", spec_doc(command="python train.py --again"))
+    h.store.calls.clear()
+    engine.reconcile()
+    assert names.spec_key("done") in _reads(h, "done")
+
+
+def test_a_status_changed_by_another_pass_is_read_again():
+    h = Harness()
+    first, second = h.engine(), h.engine()
+    h.submit("j")
+    first.reconcile()
+    h.marker("j")
+    second.reconcile()  # the other pass moves the job on: attempt 2
+    assert h.status("j").attempt == 2
+    first.reconcile()  # must see attempt 2, not its cached attempt 1
+    assert h.status("j").attempt == 2 and h.live("j") == ["j-2"]
+
+
+def test_fanned_out_passes_do_what_one_thread_does():
+    results = []
+    for workers in (1, 8):
+        h = Harness(workers=workers)
+        for i in range(40):
+            h.submit(f"job-{i:02d}")
+        h.tick()
+        for i in range(0, 40, 3):
+            h.marker(f"job-{i:02d}")
+        for i in range(1, 40, 3):
+            h.exit(f"job-{i:02d}", 0)
+        h.tick()
+        h.tick()
+        results.append({f"job-{i:02d}": (h.status(f"job-{i:02d}").phase, h.status(f"job-{i:02d}").attempt,
+                                          tuple(h.live(f"job-{i:02d}"))) for i in range(40)})
+        assert not h.store.exists(BUCKET, names.marker_key("job-00"))
+    assert results[0] == results[1]
