@@ -63,7 +63,7 @@ class Latency:
         def call(*args: Any, **kwargs: Any) -> Any:
             with self._lock:
                 self.calls[name] += 1
-            time.sleep(delay)
+            time.sleep(delay(*args, **kwargs) if callable(delay) else delay)
             return attr(*args, **kwargs)
 
         return call
@@ -115,7 +115,11 @@ class Fleet:
         compute: Any = self.compute
         if latency:
             store = Latency(self.store, latency["store"])
-            compute = Latency(self.compute, latency["compute"], {"list_managed": latency["list_managed"]})
+            # One job's instances come from zonal lists, side by side: one call's time, not an aggregated list's.
+            def listing(*args: Any, zones: Any = None, **kwargs: Any) -> float:
+                return latency["compute"] if zones is not None else latency["list_managed"]
+
+            compute = Latency(self.compute, latency["compute"], {"list_managed": listing})
         observer = Observer(store, compute, BUCKET, self.policy, workers=workers)
         return Engine(observer, Executor(store, compute, BUCKET), self.ctx, self.clock, workers=workers)
 

@@ -31,7 +31,7 @@ from google.api_core import exceptions as gexc
 from google.api_core import retry as retries
 from google.cloud import compute_v1
 
-from controller import errors, names
+from controller import errors, fanout, names
 from controller.ports import Instance, InstanceList, InstanceRequest, InstanceStatus, StopReason
 
 MANAGED_FILTER = 'labels.respawn-managed = "true"'
@@ -110,10 +110,13 @@ class ComputeEngine:
         self.zone_ops = zone_ops
         self.operation_timeout = operation_timeout
 
-    def list_managed(self, projects: Sequence[str], job: str | None = None) -> InstanceList:
+    def list_managed(self, projects: Sequence[str], job: str | None = None,
+                     zones: Sequence[str] | None = None) -> InstanceList:
         if job is not None and (problem := names.job_name_problem(job)):
             raise errors.RequestError(problem)  # never put into a filter expression
         expr = MANAGED_FILTER if job is None else f'({MANAGED_FILTER}) AND (labels.respawn-job = "{job}")'
+        if zones is not None:
+            return self._list_zones(projects, zones, expr)
         found: list[Instance] = []
         unreachable: list[str] = []
         failed: dict[str, str] = {}
@@ -132,6 +135,27 @@ class ComputeEngine:
             except _LIBRARY as e:  # one project's trouble (a typo, no IAM) blinds only its jobs
                 failed[project] = str(translate(e, "*"))
         return InstanceList(found, sorted(set(unreachable)), failed)
+
+    def _list_zones(self, projects: Sequence[str], zones: Sequence[str], expr: str) -> InstanceList:
+        """``instances.list`` in each zone, side by side: a tenth of an aggregated list's time."""
+        def one(where: tuple[str, str]) -> tuple[list[Instance], str | None, tuple[str, str] | None]:
+            """(instances, the zone if it could not be seen, (project, why) if the project refused)."""
+            project, zone = where
+            request = compute_v1.ListInstancesRequest(project=project, zone=zone, filter=expr)
+            try:
+                return [_instance(project, zone, i) for i in self.instances.list(request=request, retry=RETRY)], None, None
+            except gexc.NotFound:  # no such zone: nothing of ours can be there
+                return [], None, None
+            except _LIBRARY as e:
+                error = translate(e, zone)
+                if isinstance(error, errors.TransientError):
+                    return [], zone, None  # not seen, as an aggregated list's unreachables
+                return [], None, (project, str(error))
+
+        results = fanout.each([(p, z) for p in projects for z in zones], one, workers=8)
+        return InstanceList([i for listed, _, _ in results for i in listed],
+                            sorted({zone for _, zone, _ in results if zone}),
+                            dict(refusal for _, _, refusal in results if refusal))
 
     def insert(self, requests_: Sequence[InstanceRequest], request_id: str) -> None:
         first = requests_[0]

@@ -201,9 +201,10 @@ class MemoryCompute:
         self._gone: dict[tuple[str, str, str], list[StopReason]] = {}
         self._lock = threading.RLock()
 
-    def list_managed(self, projects: Sequence[str], job: str | None = None) -> InstanceList:
+    def list_managed(self, projects: Sequence[str], job: str | None = None,
+                     zones: Sequence[str] | None = None) -> InstanceList:
         with self._lock:
-            self._call("list", job or "*")
+            self._call("list", (job or "*") + (f" in {','.join(zones)}" if zones is not None else ""))
             if job is not None and (problem := names.job_name_problem(job)):
                 raise errors.RequestError(problem)
             failed = {p: "RequestError: permission denied" for p in projects if p in self.failing_projects}
@@ -211,9 +212,10 @@ class MemoryCompute:
             found = [
                 self._vms[key].instance for key in keys
                 if key[0] in projects and key[0] not in failed and key[1] not in self.unreachable
-                and self._vms[key].instance.managed
+                and self._vms[key].instance.managed and (zones is None or key[1] in zones)
             ]
-            return InstanceList(found, sorted(self.unreachable), failed)
+            unreachable = sorted(self.unreachable if zones is None else self.unreachable & set(zones))
+            return InstanceList(found, unreachable, failed)
 
     def insert(self, requests: Sequence[InstanceRequest], request_id: str) -> None:
         with self._lock:

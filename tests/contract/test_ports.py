@@ -188,6 +188,17 @@ class TestBlobStore:
 
 
 class TestComputeGateway:
+    def test_one_jobs_instances_from_zonal_lists(self, backend):
+        job, other = unique("z"), unique("o")
+        backend.compute.insert([request_for(job, 1, "us-central1-a")], names.request_id(job, 1, 0))
+        backend.compute.insert([request_for(job, 2, "us-central1-b")], names.request_id(job, 2, 0))
+        backend.compute.insert([request_for(other, 1, "us-central1-a")], names.request_id(other, 1, 0))
+        found = backend.compute.list_managed([PROJECT], job, zones=["us-central1-a"])
+        assert [(i.name, i.zone) for i in found.instances] == [(f"{job}-1", "us-central1-a")]
+        both = backend.compute.list_managed([PROJECT], job, zones=["us-central1-a", "us-central1-b"])
+        assert sorted(i.name for i in both.instances) == [f"{job}-1", f"{job}-2"]
+        assert both.unreachable == [] and both.failed_projects == {}
+
     def test_insert_then_list_with_labels(self, backend):
         job = unique("j")
         backend.compute.insert([request_for(job)], names.request_id(job, 1, 0))

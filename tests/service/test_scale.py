@@ -63,3 +63,30 @@ def test_fanned_out_passes_do_what_one_thread_does():
                                           tuple(h.live(f"job-{i:02d}"))) for i in range(40)})
         assert not h.store.exists(BUCKET, names.marker_key("job-00"))
     assert results[0] == results[1]
+
+
+def test_the_event_path_lists_only_the_zones_a_job_can_be_in():
+    h = Harness()
+    h.submit("j", spec_doc(zones=["us-central1-a", "us-central1-b"]))
+    h.tick()
+    h.marker("j")
+    h.compute.calls.clear()
+    h.tick("j")  # what an event does
+    lists = [what for op, what in h.compute.calls if op == "list"]
+    assert lists and all(w == "j in us-central1-a,us-central1-b" for w in lists), lists
+    assert h.status("j").attempt == 2 and h.live("j") == ["j-2"]
+    # a VM of the job outside those zones is the tick's to find (an aggregated list)
+    h.compute.calls.clear()
+    h.tick()
+    assert ("list", "*") in h.compute.calls
+
+
+def test_a_job_without_a_valid_spec_is_looked_for_everywhere():
+    h = Harness()
+    h.submit("j")
+    h.tick()
+    h.store.delete(BUCKET, names.spec_key("j"))
+    h.compute.calls.clear()
+    h.tick("j")
+    assert ("list", "j") in h.compute.calls  # aggregated, for that job: its VMs may be anywhere
+    assert h.live("j") == []  # and found, and deleted
