@@ -41,7 +41,7 @@ class Settings(BaseSettings):
     concurrency: int = Field(default=32, ge=1, le=256)
     # How long a pass waits for an insert's or delete's operation; one still running then is
     # read on the next pass (the same request id), so a slow operation never holds a pass.
-    operation_wait: float = Field(default=10.0, ge=0, le=600)
+    operation_wait: float = Field(default=2.0, ge=0, le=600)
 
     @field_validator(
         "allowed_projects", "allowed_zones", "allowed_machine_types", "allowed_service_accounts", mode="before"
