@@ -29,9 +29,15 @@ from typing import Any
 import requests
 from google.api_core import exceptions as gexc
 from google.api_core import retry as retries
-from google.cloud import compute_v1
 
-from controller import errors, fanout, names
+from controller.adapters.lean import lean
+
+lean("google.cloud.compute_v1")  # the two clients below, without the other ~100 (see lean.py)
+from google.cloud.compute_v1.services.instances import InstancesClient  # noqa: E402
+from google.cloud.compute_v1.services.zone_operations import ZoneOperationsClient  # noqa: E402
+from google.cloud.compute_v1.types import compute as compute_v1  # noqa: E402 - the message types, as usual
+
+from controller import errors, fanout, names  # noqa: E402
 from controller.ports import Instance, InstanceList, InstanceRequest, InstanceStatus, StopReason
 
 MANAGED_FILTER = 'labels.respawn-managed = "true"'
@@ -104,7 +110,7 @@ class ComputeEngine:
     """``region_instances`` and ``region_ops`` are accepted for the factory's sake and unused:
     gangs are zonal bulk inserts."""
 
-    def __init__(self, instances: compute_v1.InstancesClient, region_instances: Any, zone_ops: compute_v1.ZoneOperationsClient,
+    def __init__(self, instances: InstancesClient, region_instances: Any, zone_ops: ZoneOperationsClient,
                  region_ops: Any = None, operation_timeout: float = 180.0) -> None:
         self.instances = instances
         self.zone_ops = zone_ops

@@ -6,9 +6,9 @@ from typing import Any
 
 from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
-from google.cloud import compute_v1, storage
+from google.cloud import storage
 
-from controller.adapters.compute import ComputeEngine
+from controller.adapters.compute import ComputeEngine, InstancesClient, ZoneOperationsClient
 from controller.adapters.gcs import GcsStore
 from controller.config import Settings
 
@@ -26,12 +26,11 @@ def _client_args(config: Settings) -> dict[str, Any]:
     return kwargs
 
 
-def instances_client(config: Settings) -> compute_v1.InstancesClient:
-    return compute_v1.InstancesClient(**_client_args(config))
+def instances_client(config: Settings) -> InstancesClient:
+    return InstancesClient(**_client_args(config))
 
 
 def compute_gateway(config: Settings) -> ComputeEngine:
     kwargs = _client_args(config)
-    return ComputeEngine(compute_v1.InstancesClient(**kwargs), compute_v1.RegionInstancesClient(**kwargs),
-                         compute_v1.ZoneOperationsClient(**kwargs), compute_v1.RegionOperationsClient(**kwargs),
+    return ComputeEngine(InstancesClient(**kwargs), None, ZoneOperationsClient(**kwargs),
                          operation_timeout=config.operation_wait)

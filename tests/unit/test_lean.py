@@ -1,0 +1,25 @@
+"""The Compute adapter imports two service clients, not google-cloud-compute's hundred,
+and the package still answers everything it is asked afterwards."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+CHECK = """
+import sys
+import controller.adapters.google  # what a function's first tick imports
+loaded = [m for m in sys.modules if m.startswith("google.cloud.compute_v1.services.")]
+assert not [m for m in loaded if ".instances" not in m and ".zone_operations" not in m], loaded
+from google.cloud import compute_v1
+from google.cloud.compute_v1 import Instance, AcceleratorTypesClient  # the package's own names: its __init__ runs now
+from controller.adapters import compute
+assert compute_v1.Instance is Instance is compute.compute_v1.Instance
+assert compute_v1.InstancesClient is compute.InstancesClient and AcceleratorTypesClient.__name__ == "AcceleratorTypesClient"
+print("ok")
+"""
+
+
+def test_the_compute_adapter_imports_only_its_two_clients():
+    done = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
