@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import requests
+import requests.adapters
 from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
@@ -15,7 +17,22 @@ from controller.config import Settings
 
 def gcs_store(config: Settings) -> GcsStore:
     # With STORAGE_EMULATOR_HOST set, the client talks to it with anonymous credentials.
-    return GcsStore(storage.Client(project=config.project))
+    client = storage.Client(project=config.project)
+    _pool(client._http, config.concurrency)
+    return GcsStore(client)
+
+
+def _pool(session: requests.Session, size: int) -> None:
+    """As many kept-alive connections as a pass has threads (requests keeps 10 per host).
+
+    Neither client exposes its session's pool: the storage maintainers' answer is to mount
+    an adapter on ``client._http`` (googleapis/python-storage#253); Compute's REST transport
+    keeps its session as ``_session``. Without it, each thread past the tenth opens and
+    drops a connection per request, and urllib3 warns of it on every pass.
+    """
+    adapter = requests.adapters.HTTPAdapter(pool_connections=size, pool_maxsize=size)
+    for scheme in ("https://", "http://"):
+        session.mount(scheme, adapter)
 
 
 def _client_args(config: Settings) -> dict[str, Any]:
@@ -32,5 +49,7 @@ def instances_client(config: Settings) -> InstancesClient:
 
 def compute_gateway(config: Settings) -> ComputeEngine:
     kwargs = _client_args(config)
-    return ComputeEngine(InstancesClient(**kwargs), None, ZoneOperationsClient(**kwargs),
-                         operation_timeout=config.operation_wait)
+    instances, operations = InstancesClient(**kwargs), ZoneOperationsClient(**kwargs)
+    for client in (instances, operations):
+        _pool(client._transport._session, config.concurrency)
+    return ComputeEngine(instances, None, operations, operation_timeout=config.operation_wait)
