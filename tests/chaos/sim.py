@@ -195,6 +195,9 @@ class StaleObserver:
 # -- one run ----------------------------------------------------------------------------------------
 
 
+WORKERS = 1  # threads per pass (--workers): above 1, a seed no longer replays exactly
+
+
 class Run:
     def __init__(self, seed: int, steps: int | None = None, verbose: bool = False,
                  out: Callable[[str], None] = print) -> None:
@@ -755,9 +758,9 @@ class Run:
     # -- passes ---------------------------------------------------------------------------------------
     def engine(self) -> Engine:
         store, compute = FaultyPort(self.store, self, "store"), FaultyPort(self.compute, self, "compute")
-        observer = Observer(store, compute, BUCKET, self.policy)  # type: ignore[arg-type]
+        observer = Observer(store, compute, BUCKET, self.policy, workers=WORKERS)  # type: ignore[arg-type]
         executor = ExecutorSpy(Executor(store, compute, BUCKET), self)  # type: ignore[arg-type]
-        return Engine(observer, executor, self.ctx, self.clock)  # type: ignore[arg-type]
+        return Engine(observer, executor, self.ctx, self.clock, workers=WORKERS)  # type: ignore[arg-type]
 
     def new_pass_faults(self) -> PassFaults | None:
         if not self.faults_on:
@@ -1205,7 +1208,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the first run; run i uses seed+i")
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default: 40-80, by seed)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every step and every pass's actions")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="threads per pass, as deployed (default 1: a seed replays exactly; above, it does not)")
     args = parser.parse_args(argv)
+    global WORKERS
+    WORKERS = args.workers
 
     def out(line: str) -> None:
         print(line, flush=False)

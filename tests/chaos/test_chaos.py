@@ -57,3 +57,13 @@ def test_a_seed_replays_exactly() -> None:
     first, second = sim.run_one(7), sim.run_one(7)
     assert first.violations == second.violations
     assert first.stats == second.stats
+
+
+def test_chaos_runs_with_passes_fanned_out_over_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As deployed: every pass reconciles its jobs on several threads. Not replayable by seed
+    (thread timing decides the order of calls), so this checks invariants only."""
+    monkeypatch.setattr(sim, "WORKERS", 4)
+    lines: list[str] = []
+    totals = sim.run_many(20_000, 30, out=lines.append, max_examples=3)
+    if totals.failed:
+        pytest.fail("\n".join([*lines, "with --workers 4 (replay without -v is not exact)"]), pytrace=False)
