@@ -11,6 +11,11 @@ and quota per zone (on the operation or synchronously), any HTTP error per metho
 slow or held operations, unreachable zones, images and machine types that do not
 exist, and, on named instances: preemption, host maintenance, host errors, guest
 crashes, and any status string at all (values Google may add later).
+
+How slow and strict it is comes from a ``localcloud.realism.Realism`` (default: not at
+all): latency per call (per method if wanted), how long insert and delete operations
+stay RUNNING, and bulkInsert's rate and in-flight limits. Requests are served on threads
+of their own: a latency or an ``operations.wait`` blocks only its own caller.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ import hashlib
 import json
 import tempfile
 import threading
-from collections import defaultdict
+import time
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +38,7 @@ from localcloud.filters import FilterError, compile_filter
 from localcloud.gce import ApiError
 from localcloud.http import Served
 from localcloud.metadata import MetadataServer, Tokens, service_account
+from localcloud.realism import Realism
 from localcloud.vm import VmProcess
 
 SUPPORTED = {
@@ -44,6 +51,8 @@ SUPPORTED = {
 ZONES = ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f", "us-east1-b", "us-east1-c",
          "us-east1-d", "us-west1-a", "us-west1-b", "europe-west4-a", "europe-west4-b", "europe-west4-c")
 USER = "respawn-controller@localcloud.iam.gserviceaccount.com"
+QUICK = 0.05  # seconds an operation runs when nothing asks for longer
+BULK = ("instances.bulkInsert", "regionInstances.bulkInsert")
 
 
 @dataclass
@@ -72,7 +81,8 @@ class Faults:
     unreachable: set[str] = field(default_factory=set)
     # "instances.insert" -> [(503, message, reason)]
     failures: dict[str, list[tuple[int, str, str]]] = field(default_factory=lambda: defaultdict(list))
-    op_delay: float = 0.05
+    insert_seconds: float = QUICK  # insert, bulkInsert and start operations RUNNING this long
+    delete_seconds: float = QUICK  # delete operations at least this long, the guest's shutdown included
     hold: bool = False  # insert operations stay RUNNING until released
     held: list[tuple[list[Vm], dict[str, Any]]] = field(default_factory=list)
     unknown: set[tuple[str, str]] = field(default_factory=set)  # ("image" | "machineType", name)
@@ -81,17 +91,27 @@ class Faults:
 class ComputeServer:
     def __init__(self, *, vm_env: dict[str, str] | None = None, workdir: Path | None = None,
                  boot_delay: float = 0.1, shutdown_budget: float = 30.0, run_vms: bool = True,
-                 zones: tuple[str, ...] = ZONES, guest_shutdown_limit: float = 300.0) -> None:
+                 zones: tuple[str, ...] = ZONES, guest_shutdown_limit: float = 300.0,
+                 realism: Realism | None = None) -> None:
         """``shutdown_budget``: the shutdown script's time when Compute stops, deletes or preempts
         a VM (Google: 30 s for Spot and preemptible VMs, 90 s otherwise); ``guest_shutdown_limit``:
-        its time when the guest powers itself off, which Google does not limit (a bound, here)."""
+        its time when the guest powers itself off, which Google does not limit (a bound, here);
+        ``realism``: latency, operation durations and bulkInsert limits (default: none)."""
         self.vm_env = dict(vm_env or {})
         self.boot_delay = boot_delay
         self.shutdown_budget = shutdown_budget
         self.guest_shutdown_limit = guest_shutdown_limit
         self.run_vms = run_vms
         self.zones = zones
+        self.realism = realism or Realism()  # latency and limits are read from it on each call
         self.faults = Faults()
+        if self.realism.insert_seconds is not None:
+            self.faults.insert_seconds = self.realism.insert_seconds
+        if self.realism.delete_seconds is not None:
+            self.faults.delete_seconds = self.realism.delete_seconds
+        self._bulk_calls: dict[str, deque[float]] = defaultdict(deque)  # project -> bulkInsert arrivals, last second
+        self._bulk_running: dict[str, list[dict[str, Any]]] = defaultdict(list)  # project -> bulk operations
+        self._closed = threading.Event()
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="localcloud-vms-")
         self.workdir = workdir or Path(self._tmp.name)  # type: ignore[union-attr]
         self._vms: dict[tuple[str, str, str], Vm] = {}
@@ -118,6 +138,7 @@ class ComputeServer:
         return self._served.url
 
     def stop(self) -> None:
+        self._closed.set()
         with self._lock:
             timers, self._timers = self._timers, []
             vms = list(self._vms.values())
@@ -154,9 +175,17 @@ class ComputeServer:
         with self._lock:
             self.faults.failures[method].extend([(code, message, reason)] * times)
 
-    def slow_operations(self, seconds: float) -> None:
-        """Insert, bulkInsert, start and delete operations run this long before they finish."""
-        self.faults.op_delay = seconds
+    def slow_operations(self, seconds: float | None = None, *, insert: float | None = None,
+                        delete: float | None = None) -> None:
+        """Operations run this long before they finish: ``seconds`` for all, or ``insert`` (insert,
+        bulkInsert, start) and ``delete`` (at least this long, the guest's shutdown included) apart."""
+        insert = seconds if insert is None else insert
+        delete = seconds if delete is None else delete
+        with self._lock:
+            if insert is not None:
+                self.faults.insert_seconds = insert
+            if delete is not None:
+                self.faults.delete_seconds = delete
 
     def hold_operations(self, on: bool = True) -> None:
         """While on, insert/bulkInsert/start operations stay RUNNING (capacity not yet decided);
@@ -278,8 +307,12 @@ class ComputeServer:
             if match and method.http_method == verb:
                 break
         else:
+            self._delay(None)
             raise ApiError(404, f"The requested URL /compute/v1/{path} was not found on this server.", "notFound")
         name = f"{method.resource}.{method.name}"
+        self._delay(name)
+        if name in BULK:
+            self._bulk_rate(match.group("project"))
         with self._lock:
             if self.faults.failures.get(name):
                 raise ApiError(*self.faults.failures[name].pop(0))
@@ -350,7 +383,7 @@ class ComputeServer:
             vm = self._create(project, zone, body)
             op = self._zone_op(project, zone, "insert", vm)
             self._remember(project, q.get("requestId"), op)
-        self._later(self.faults.op_delay, self._provision, [vm], op)
+        self._later(self.faults.insert_seconds, self._provision, [vm], op)
         return op
 
     def _instances_bulkInsert(self, p: dict[str, str], q: Any, body: dict[str, Any]) -> dict[str, Any]:
@@ -389,6 +422,7 @@ class ComputeServer:
         with self._lock:
             if replay := self._replay(project, q.get("requestId")):
                 return replay
+            self._bulk_in_flight(project, gce.region_of(zones[0]))
             chosen, last_error = None, None
             for zone in zones:
                 try:
@@ -413,7 +447,8 @@ class ComputeServer:
             op["startTime"] = gce.now()
             self._ops[(op[key], op["name"])] = op
             self._remember(project, q.get("requestId"), op)
-        self._later(self.faults.op_delay, self._provision, vms, op)
+            self._bulk_running[project].append(op)
+        self._later(self.faults.insert_seconds, self._provision, vms, op)
         return op
 
     def _instances_delete(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
@@ -426,8 +461,11 @@ class ComputeServer:
             if vm.resource["status"] not in ("STOPPING",):
                 self._set_status(vm, "STOPPING")
         budget = 0 if q.get("noGracefulShutdown") == "true" else self.shutdown_budget
-        # A delete takes a while on Google too: the slow_operations delay, then the guest's shutdown.
-        self._later(self.faults.op_delay, self._stop_then, vm, "DELETE", op, budget)
+        # The guest's shutdown starts now; the operation is DONE when it is over, and not before
+        # delete_seconds (a delete takes a while on Google, the shutdown included).
+        not_before = time.monotonic() + self.faults.delete_seconds
+        threading.Thread(target=self._stop_then, args=(vm, "DELETE", op, budget), kwargs={"not_before": not_before},
+                         daemon=True).start()
         return op
 
     def _instances_stop(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
@@ -451,7 +489,7 @@ class ComputeServer:
             self._admit(vm.project, vm.zone, [])
             vm.preempted, vm.maintenance = False, "NONE"
             self._set_status(vm, "PROVISIONING")
-        self._later(self.faults.op_delay, self._provision, [vm], op)
+        self._later(self.faults.insert_seconds, self._provision, [vm], op)
         return op
 
     # -- operations ----------------------------------------------------------------------
@@ -593,11 +631,13 @@ class ComputeServer:
         threading.Thread(target=self._stop_then, args=(vm, "TERMINATED", None, budget, False), daemon=True).start()
 
     def _stop_then(self, vm: Vm, outcome: str, op: dict[str, Any] | None = None, budget: float | None = None,
-                   deadline: bool = True) -> None:
+                   deadline: bool = True, not_before: float | None = None) -> None:
         """Power the VM off (shutdown script within ``budget``, Compute's deadline when ``deadline``),
-        then the outcome: TERMINATED, or gone (DELETE)."""
+        then, no earlier than ``not_before`` (``time.monotonic()``), the outcome: TERMINATED, or gone (DELETE)."""
         budget = self.shutdown_budget if budget is None else budget
         self._power_off(vm, budget, notice=budget if deadline else None)
+        if not_before is not None and self._closed.wait(max(0.0, not_before - time.monotonic())):
+            return  # the server stopped meanwhile
         with self._lock:
             if outcome == "DELETE":
                 self._vms.pop((vm.project, vm.zone, vm.name), None)
@@ -646,6 +686,35 @@ class ComputeServer:
                 },
                 "project": {"numeric-project-id": number, "project-id": vm.project},
             }
+
+    # -- realism: latency and bulkInsert limits ------------------------------------------
+    def _delay(self, method: str | None) -> None:
+        """The call's latency, slept in this request's own thread (others overlap it, as on Google)."""
+        seconds = self.realism.compute_delay(method) if method else self.realism.compute_latency
+        if seconds > 0:
+            time.sleep(seconds)
+
+    def _bulk_rate(self, project: str) -> None:
+        """At most ``bulk_requests_per_second`` bulkInsert calls per project in any one second
+        (a sliding window; refused calls do not count). See ``gce.rate_limited`` for the shape."""
+        limit = self.realism.bulk_requests_per_second
+        if limit is None:
+            return
+        with self._lock:
+            now, calls = time.monotonic(), self._bulk_calls[project]
+            while calls and now - calls[0] >= 1.0:
+                calls.popleft()
+            if len(calls) >= limit:
+                raise gce.rate_limited(project)
+            calls.append(now)
+
+    def _bulk_in_flight(self, project: str, region: str) -> None:
+        """At most ``bulk_operations_in_flight`` bulkInsert operations RUNNING per project (held ones
+        included). See ``gce.concurrent_operations`` for the shape. Called under the lock."""
+        running = self._bulk_running[project] = [op for op in self._bulk_running[project] if op["status"] != "DONE"]
+        limit = self.realism.bulk_operations_in_flight
+        if limit is not None and len(running) >= limit:
+            raise gce.concurrent_operations(project, region, "bulkInsert")
 
     # -- helpers ------------------------------------------------------------------------
     def _set_status(self, vm: Vm, status: str) -> None:

