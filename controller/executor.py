@@ -90,7 +90,10 @@ class Executor:
         out = chain.outcome
         out.error = f"{_describe(action)}: {type(error).__name__}: {error}"
         out.transient = isinstance(error, errors.TransientError)
-        _log(action, f"failed: {error}", level=logging.WARNING)
+        if isinstance(error, errors.OperationPending):
+            _log(action, f"under way: {error}")  # accepted: its outcome is read next pass
+        else:
+            _log(action, f"failed: {error}", level=logging.WARNING)
         if isinstance(action, WriteStatus) or chain.status is None:
             return
         if isinstance(action, CreateInstances):
