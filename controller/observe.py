@@ -109,7 +109,8 @@ class Observer:
                     and v.status.project not in self.policy.watched_projects}
         projects = tuple(dict.fromkeys((*self.policy.watched_projects, *sorted(set(recorded.values())))))
         found = self._job_instances(views[job]) if job is not None and job in views else None
-        found = found or self.compute.list_managed(projects, job)
+        if found is None:
+            found = self.compute.list_managed(projects, job)
         for project, why in found.failed_projects.items():
             log.warning("could not list instances", extra={"json_fields": {"project": project, "error": why}})
         kept = [i for i in found.instances
