@@ -31,7 +31,7 @@ fuzz: $(STAMP)
 
 # Figures, not tests: the scenarios of bench/__main__.py, written to bench/results.json.
 bench: $(STAMP)
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench --local 1430
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit
