@@ -35,7 +35,8 @@ from controller.executor import Executor
 from controller.launch import LaunchContext
 from controller.observe import Observer
 from controller.policy import ControllerPolicy
-from controller.state import JobStatus, Phase
+
+from bench.records import Records
 
 BUCKET, PROJECT = "bench", "bench-proj"
 TRAINER = f"respawn-trainer@{PROJECT}.iam.gserviceaccount.com"
@@ -69,7 +70,7 @@ class Latency:
         return call
 
 
-class Fleet:
+class Fleet(Records):
     """``n`` jobs in the fakes, brought to a steady mix: 70 % running, 20 % finished, 10 % backing off."""
 
     def __init__(self, n: int, mix: bool = True) -> None:
@@ -77,38 +78,17 @@ class Fleet:
         self.store, self.compute = MemoryStore(self.clock), MemoryCompute(self.clock)
         self.policy = ControllerPolicy(default_project=PROJECT, trainer_service_account=TRAINER)
         self.ctx = LaunchContext(BUCKET, PROJECT, "#!/bin/bash\n", "#!/bin/bash\n")
+        self.bucket = BUCKET
         self.jobs = [f"job-{i:05d}" for i in range(n)]
         for job in self.jobs:
             self.store.put(BUCKET, names.spec_key(job), SPEC)
         fast = self.engine(workers=1)
         fast.reconcile()  # every job launched
         for i, job in enumerate(self.jobs if mix else ()):
-            if i % 10 in (0, 1):
-                self.record(job, "exit", {"exit_code": 0})
-            elif i % 10 == 2:
-                self.record(job, "exit", {"exit_code": 1})  # a failure: backs off
+            if i % 10 in (0, 1, 2):  # 0 and 1 succeed, 2 fails and backs off
+                self.record(job, names.exit_key(job), {"exit_code": 1 if i % 10 == 2 else 0})
         fast.reconcile()
         self.heartbeats()
-
-    def running(self) -> list[str]:
-        return [j for j in self.jobs if self.status(j).phase == Phase.RUNNING]
-
-    def status(self, job: str) -> JobStatus:
-        return JobStatus.from_json(self.store.read(BUCKET, names.status_key(job)).data)
-
-    def record(self, job: str, kind: str, extra: dict[str, Any]) -> None:
-        st = self.status(job)
-        body = {"instance": names.instance_name(job, st.attempt), "attempt": st.attempt, "node": 0,
-                "token": st.attempt_token or "", **extra}
-        key = names.exit_key(job) if kind == "exit" else names.marker_key(job)
-        self.store.put(BUCKET, key, json.dumps(body))
-
-    def heartbeats(self) -> None:
-        for job in self.jobs:
-            st = self.status(job)
-            if not st.phase.terminal:
-                body = {"attempt": st.attempt, "token": st.attempt_token or ""}
-                self.store.put(BUCKET, names.heartbeat_key(job), json.dumps(body))
 
     def engine(self, workers: int, latency: dict[str, float] | None = None) -> Engine:
         store: Any = self.store
@@ -148,7 +128,7 @@ def mass_recovery(n: int, workers: int) -> float:
     running = fleet.running()
     for job in running:
         fleet.compute.preempt(names.instance_name(job, fleet.status(job).attempt))
-        fleet.record(job, "marker", {"reason": "preempted"})
+        fleet.record(job, names.marker_key(job), {"reason": "preempted"})
     engine = fleet.engine(workers, LATENCY)
     before = Counter(op for op, _ in fleet.compute.calls)["insert"]
     started = time.perf_counter()
@@ -167,7 +147,7 @@ def event_path(n: int, events: int) -> list[float]:
     out = []
     for job in running:
         fleet.compute.preempt(names.instance_name(job, fleet.status(job).attempt))
-        fleet.record(job, "marker", {"reason": "preempted"})
+        fleet.record(job, names.marker_key(job), {"reason": "preempted"})
         started = time.perf_counter()
         engine.reconcile(job)
         out.append(time.perf_counter() - started)

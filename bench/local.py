@@ -14,12 +14,12 @@ import json
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from bench.records import Records
 from controller import bootstrap, names
+from controller.adapters.gcs import GcsStore
 from controller.config import Settings
-from controller.state import JobStatus, Phase
 from localcloud.compute import ComputeServer
 from localcloud.gcs import LocalGcs, client
 from localcloud.realism import Realism
@@ -31,14 +31,13 @@ SPEC = json.dumps({"zones": ["us-central1-a", "us-central1-b"], "machine_type": 
                    "policy": {"backoff": {"initial": "30m", "max": "1h"}}})
 
 
-class LocalFleet:
+class LocalFleet(Records):
     def __init__(self, n: int, workers: int) -> None:
         self.n, self.workers = n, workers
         self.gcs = LocalGcs(buckets=(BUCKET,), project=PROJECT).start()
         self.compute = ComputeServer(run_vms=False, shutdown_budget=0.5).start()
         os.environ["STORAGE_EMULATOR_HOST"] = self.gcs.url
-        self.storage = client(self.gcs.url, PROJECT)
-        self.bucket = self.storage.bucket(BUCKET)
+        self.store, self.bucket = GcsStore(client(self.gcs.url, PROJECT)), BUCKET
         config = Settings(bucket=BUCKET, project=PROJECT, compute_endpoint=self.compute.endpoint,
                           trainer_service_account=TRAINER, concurrency=workers, log_format="text")
         bootstrap.override(None, config)
@@ -50,38 +49,15 @@ class LocalFleet:
         self.compute.stop()
         self.gcs.stop()
 
-    def each(self, work: Any, items: list[Any]) -> list[Any]:
-        with ThreadPoolExecutor(self.workers) as pool:
-            return list(pool.map(work, items))
-
-    def status(self, job: str) -> JobStatus:
-        return JobStatus.from_json(self.bucket.blob(names.status_key(job)).download_as_bytes())
-
-    def record(self, job: str, key: str, extra: dict[str, Any], st: JobStatus | None = None) -> None:
-        st = st or self.status(job)
-        body = {"instance": names.instance_name(job, st.attempt), "attempt": st.attempt, "node": 0,
-                "token": st.attempt_token or "", **extra}
-        self.bucket.blob(key).upload_from_string(json.dumps(body))
-
     def build(self) -> None:
         """Realism off: every job launched, then 20 % finished and 10 % failed (backing off)."""
-        self.each(lambda j: self.bucket.blob(names.spec_key(j)).upload_from_string(SPEC), self.jobs)
+        self.each(lambda j: self.store.write(BUCKET, names.spec_key(j), SPEC.encode()), self.jobs)
         self.engine.reconcile()
         self.engine.reconcile()
         mix = [(j, i % 10) for i, j in enumerate(self.jobs) if i % 10 in (0, 1, 2)]
         self.each(lambda ji: self.record(ji[0], names.exit_key(ji[0]), {"exit_code": 0 if ji[1] < 2 else 1}), mix)
         self.engine.reconcile()
         self.heartbeats()
-
-    def running(self) -> list[str]:
-        return [j for j, st in zip(self.jobs, self.each(self.status, self.jobs), strict=True) if st.phase == Phase.RUNNING]
-
-    def heartbeats(self) -> None:
-        def beat(job: str) -> None:
-            st = self.status(job)
-            if not st.phase.terminal:
-                self.record(job, names.heartbeat_key(job), {}, st)
-        self.each(beat, self.jobs)
 
     def google(self) -> None:
         realism = Realism.google()

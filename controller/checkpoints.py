@@ -205,7 +205,7 @@ def _pointer(root: str, objects: dict[str, BlobInfo], read: Reader) -> Found | N
     if not (target := _text(read, "LATEST", objects)):
         return None
     relative = target.removeprefix(root).strip("/")
-    if not relative or not any(n == relative or n.startswith(relative + "/") for n in objects):
+    if not relative or not (relative in objects or _has_dir(objects, relative)):
         return None  # points at nothing that exists (deleted, or another bucket): untrusted
     step = _step(relative)
     return Found(root + relative, "pointer", objects["LATEST"].generation, number=step, step=step)

@@ -225,13 +225,14 @@ class Observer:
     def _status(self, info: BlobInfo | None) -> tuple[JobStatus | None, int]:
         if info is None:
             return None, 0
-        return self.parsed.get(info, lambda: self._read_status(info))
 
-    def _read_status(self, info: BlobInfo) -> tuple[tuple[JobStatus | None, int], int]:
-        status, generation = self._status_at(info)
-        return (status, generation), generation
+        def read() -> tuple[tuple[JobStatus | None, int], int]:
+            found = self._read_status(info)
+            return found, found[1]  # kept only when read at the listed generation
 
-    def _status_at(self, info: BlobInfo) -> tuple[JobStatus | None, int]:
+        return self.parsed.get(info, read)
+
+    def _read_status(self, info: BlobInfo) -> tuple[JobStatus | None, int]:
         generation = info.generation
         try:
             if info.size > MAX_STATUS_BYTES:  # the listing says so: not even a request for it

@@ -41,6 +41,7 @@ from controller import errors, fanout, names  # noqa: E402
 from controller.ports import Instance, InstanceList, InstanceRequest, InstanceStatus, StopReason
 
 MANAGED_FILTER = 'labels.respawn-managed = "true"'
+_ZONE_LISTS = 8  # zonal lists of one job's zones sent side by side (a spec names a few zones)
 _CAPACITY = ("ZONE_RESOURCE_POOL_EXHAUSTED", "insufficientCapacity", "STOCKOUT", "does not have enough resources")
 _QUOTA = ("QUOTA_EXCEEDED", "quotaExceeded", "Quota '")
 _RATE = ("rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED")
@@ -158,7 +159,7 @@ class ComputeEngine:
                     return [], zone, None  # not seen, as an aggregated list's unreachables
                 return [], None, (project, str(error))
 
-        results = fanout.each([(p, z) for p in projects for z in zones], one, workers=8)
+        results = fanout.each([(p, z) for p in projects for z in zones], one, workers=_ZONE_LISTS)
         return InstanceList([i for listed, _, _ in results for i in listed],
                             sorted({zone for _, zone, _ in results if zone}),
                             dict(refusal for _, _, refusal in results if refusal))

@@ -7,8 +7,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from controller.checkpoints import latest, split_uri
+from controller.checkpoints import CustomRule, latest, rule_problem, split_uri, temporary
 from controller.ports import BlobInfo
+from tests import checkpoint_trees as trees
 
 URI = "gs://ck/runs/a"
 T = datetime(2026, 1, 1, tzinfo=UTC)
@@ -111,9 +112,6 @@ def test_split_uri():
 
 # -- the checkpoints LLM frameworks write ---------------------------------------------------
 
-from tests import checkpoint_trees as trees  # noqa: E402
-from controller.checkpoints import CustomRule, rule_problem, temporary  # noqa: E402
-
 
 def discover_tree(tree: trees.Tree, fmt: str | None = None, drop: tuple[str, ...] = ()):
     """Discovery over a tree as GCS would list it: a rewritten object keeps its last generation."""
@@ -142,8 +140,7 @@ def test_each_framework_is_found_by_its_own_format_name_too(make, fmt):
     tree = make()
     found = discover_tree(tree, fmt)
     assert found and found.uri == f"{URI}/{tree.expected}"
-    other = "orbax"
-    assert discover_tree(tree, other) is None
+    assert discover_tree(tree, "orbax") is None  # and not by another's
 
 
 def test_text_order_and_number_order_disagree_in_every_numbered_tree():
