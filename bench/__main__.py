@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         from bench import local
 
         logging.disable(logging.WARNING)  # the controller's own lines: thousands of them
-        measured = local.run(args.local, args.workers, args.events)
+        measured = local.run(args.local, args.workers, args.events, args.scale)
         logging.disable(logging.NOTSET)
         lat = measured["event_latencies_s"]
         jobs = measured["mass_recovery_jobs"]

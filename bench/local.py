@@ -1,11 +1,14 @@
 """The bench's scenarios on the local cloud at Google's latencies (``python -m bench --local N``).
 
-Real clients over real HTTP: functions' own engine (``bootstrap.build``) against the
-local GCS and Compute with ``Realism.google()`` (30 ms per GCS request, 100 ms per
+Real clients over real HTTP, deployed as on Google: ``main.py``'s two functions served by
+functions-framework, each in a process of its own (a function instance has its own CPU;
+Google's servers are not in it), against the local GCS and Compute with ``Realism.google()`` (30 ms per GCS request, 100 ms per
 Compute call, 1.5 s aggregated lists, inserts RUNNING 20 s, deletes 30 s, bulk limits).
 VMs have no guest processes here (``run_vms=False``): a fleet of N is N instances, not N
 trainers, and the records a trainer would write are written by this script. The fleet
-is built with realism off; only the measured steps run at Google's speed.
+is built with realism off; only the measured steps run at Google's speed. A tick is a
+POST to ``tick`` (what Cloud Scheduler sends), an event a CloudEvent posted to
+``on_object`` (what Eventarc sends); both answer when their pass has ended.
 """
 
 from __future__ import annotations
@@ -14,15 +17,19 @@ import json
 import os
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any
 
+import requests
+
 from bench.records import Records
-from controller import bootstrap, names
+from controller import names
 from controller.adapters.gcs import GcsStore
-from controller.config import Settings
 from localcloud.compute import ComputeServer
+from localcloud.events import finalized
 from localcloud.gcs import LocalGcs, client
 from localcloud.realism import Realism
+from localcloud.stack import serve_function
 
 BUCKET, PROJECT = "bench-local", "bench-local"
 TRAINER = f"respawn-trainer@{PROJECT}.iam.gserviceaccount.com"
@@ -36,35 +43,49 @@ class LocalFleet(Records):
         self.n, self.workers = n, workers
         self.gcs = LocalGcs(buckets=(BUCKET,), project=PROJECT).start()
         self.compute = ComputeServer(run_vms=False, shutdown_budget=0.5).start()
-        os.environ["STORAGE_EMULATOR_HOST"] = self.gcs.url
         self.store, self.bucket = GcsStore(client(self.gcs.url, PROJECT)), BUCKET
-        config = Settings(bucket=BUCKET, project=PROJECT, compute_endpoint=self.compute.endpoint,
-                          trainer_service_account=TRAINER, concurrency=workers, log_format="text")
-        bootstrap.override(None, config)
-        self.engine = bootstrap.build(config)
+        env = {**os.environ, "STORAGE_EMULATOR_HOST": self.gcs.url, "RESPAWN_COMPUTE_ENDPOINT": self.compute.endpoint,
+               "RESPAWN_BUCKET": BUCKET, "RESPAWN_PROJECT": PROJECT, "RESPAWN_TRAINER_SERVICE_ACCOUNT": TRAINER,
+               "RESPAWN_CONCURRENCY": str(workers), "RESPAWN_LOG_FORMAT": "text"}
+        self.functions = {target: serve_function(target, env) for target in ("tick", "on_object")}
         self.jobs = [f"job-{i:05d}" for i in range(n)]
 
     def close(self) -> None:
-        bootstrap.override(None)
+        for process, _ in self.functions.values():
+            process.terminate()
+            process.wait(timeout=30)
         self.compute.stop()
         self.gcs.stop()
+
+    def tick(self) -> None:
+        """One Scheduler run: the pass over every job, in the tick function's process."""
+        port = self.functions["tick"][1]
+        requests.post(f"http://127.0.0.1:{port}/", json={}, timeout=900)
+
+    def event(self, name: str, generation: int) -> None:
+        """What Eventarc posts for a new object: that job's pass, in the event function's process."""
+        blob = SimpleNamespace(name=name, generation=generation, metageneration=1, size=0, content_type=None,
+                               time_created=None, updated=None)
+        headers, body = finalized(BUCKET, blob)
+        requests.post(f"http://127.0.0.1:{self.functions['on_object'][1]}/", headers=headers, data=body, timeout=120)
 
     def build(self) -> None:
         """Realism off: every job launched, then 20 % finished and 10 % failed (backing off)."""
         self.each(lambda j: self.store.write(BUCKET, names.spec_key(j), SPEC.encode()), self.jobs)
-        self.engine.reconcile()
-        self.engine.reconcile()
+        self.tick()
+        self.tick()
         mix = [(j, i % 10) for i, j in enumerate(self.jobs) if i % 10 in (0, 1, 2)]
         self.each(lambda ji: self.record(ji[0], names.exit_key(ji[0]), {"exit_code": 0 if ji[1] < 2 else 1}), mix)
-        self.engine.reconcile()
+        self.tick()
         self.heartbeats()
 
-    def google(self) -> None:
-        realism = Realism.google()
+    def google(self, scale: float = 1.0) -> Realism:
+        realism = Realism.google().scaled(scale)
         self.gcs.latency = realism.gcs_latency
         self.compute.realism = realism
         self.compute.faults.insert_seconds = realism.insert_seconds
         self.compute.faults.delete_seconds = realism.delete_seconds
+        return realism
 
     def inserts(self, attempt: int) -> int:
         suffix = f"-{attempt}"
@@ -72,18 +93,19 @@ class LocalFleet(Records):
                    if op.get("operationType") == "insert" and op.get("targetLink", "").endswith(suffix))
 
 
-def run(n: int, workers: int, events: int) -> dict[str, Any]:
+def run(n: int, workers: int, events: int, scale: float = 1.0) -> dict[str, Any]:
+    """The scenarios over ``n`` jobs; ``scale`` multiplies every latency and duration (0.01: a smoke run)."""
     fleet = LocalFleet(n, workers)
     try:
         fleet.build()
-        fleet.google()
+        realism = fleet.google(scale)
         out: dict[str, Any] = {}
         started = time.perf_counter()
-        fleet.engine.reconcile()  # the first tick of this instance at Google's speed: fills its cache
+        fleet.tick()  # the first tick of this instance at Google's speed: fills its cache
         out["first_tick_s"] = time.perf_counter() - started
         fleet.heartbeats()
         started = time.perf_counter()
-        fleet.engine.reconcile()
+        fleet.tick()
         out["tick_s"] = time.perf_counter() - started
 
         # Mass recovery: every running VM preempted, every marker written; one tick.
@@ -92,7 +114,7 @@ def run(n: int, workers: int, events: int) -> dict[str, Any]:
         fleet.each(lambda j: fleet.compute.preempt(names.instance_name(j, statuses[j].attempt)), running)
         fleet.each(lambda j: fleet.record(j, names.marker_key(j), {"reason": "preempted"}, statuses[j]), running)
         started = time.perf_counter()
-        tick = threading.Thread(target=fleet.engine.reconcile)
+        tick = threading.Thread(target=fleet.tick)
         tick.start()
         while fleet.inserts(2) < len(running) and time.perf_counter() - started < 900:
             time.sleep(0.05)
@@ -102,18 +124,21 @@ def run(n: int, workers: int, events: int) -> dict[str, Any]:
         tick.join()
 
         # Event path: wait out the 20 s inserts, settle, then one job at a time.
-        time.sleep(Realism.google().insert_seconds or 0)
-        fleet.engine.reconcile()
+        time.sleep(realism.insert_seconds or 0)
+        fleet.tick()
         fleet.heartbeats()
-        fleet.engine.reconcile()
+        fleet.tick()
         latencies = []
-        for job in fleet.running()[:events]:
+        running = fleet.running()
+        warm = running.pop()  # the event function's first pass builds its clients: not an event's latency
+        fleet.event(names.spec_key(warm), 1)
+        for job in running[:events]:
             st = fleet.status(job)
             fleet.compute.preempt(names.instance_name(job, st.attempt))
             before = fleet.inserts(st.attempt + 1)
-            fleet.record(job, names.marker_key(job), {"reason": "preempted"}, st)
-            started = time.perf_counter()  # the marker has landed: what the event function does
-            event = threading.Thread(target=fleet.engine.reconcile, args=(job,))
+            marker = fleet.record(job, names.marker_key(job), {"reason": "preempted"}, st)
+            started = time.perf_counter()  # the marker has landed: Eventarc posts it to the event function
+            event = threading.Thread(target=fleet.event, args=(marker.name, marker.generation))
             event.start()
             while fleet.inserts(st.attempt + 1) <= before and time.perf_counter() - started < 30:
                 time.sleep(0.005)

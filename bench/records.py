@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from controller import fanout, names
-from controller.ports import BlobStore
+from controller.ports import BlobInfo, BlobStore
 from controller.state import JobStatus, Phase
 
 T = TypeVar("T")
@@ -27,12 +27,12 @@ class Records:
     def status(self, job: str) -> JobStatus:
         return JobStatus.from_json(self.store.read(self.bucket, names.status_key(job)).data)
 
-    def record(self, job: str, key: str, extra: dict[str, Any], st: JobStatus | None = None) -> None:
+    def record(self, job: str, key: str, extra: dict[str, Any], st: JobStatus | None = None) -> BlobInfo:
         """A record at ``key`` for the job's current attempt, with its token, as the VM agent writes it."""
         st = st or self.status(job)
         body = {"instance": names.instance_name(job, st.attempt), "attempt": st.attempt, "node": 0,
                 "token": st.attempt_token or "", **extra}
-        self.store.write(self.bucket, key, json.dumps(body).encode())
+        return self.store.write(self.bucket, key, json.dumps(body).encode())
 
     def heartbeats(self) -> None:
         def beat(job: str) -> None:

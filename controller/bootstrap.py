@@ -70,7 +70,8 @@ def build(config: Settings) -> Engine:
     store, compute = adapters()
     ctx = launch_context(config)
     observer = Observer(store, compute, config.bucket, config.policy(), workers=config.concurrency)
-    return Engine(observer, Executor(store, compute, config.bucket), ctx, SystemClock(), workers=config.concurrency)
+    return Engine(observer, Executor(store, compute, config.bucket), ctx, SystemClock(), workers=config.concurrency,
+                  operation_wait=config.operation_wait)
 
 
 def launch_context(config: Settings) -> LaunchContext:

@@ -39,8 +39,9 @@ class Settings(BaseSettings):
     max_accelerators: int = 16
     # Jobs observed and reconciled side by side in one pass (threads: the clients block).
     concurrency: int = Field(default=32, ge=1, le=256)
-    # How long a pass waits for an insert's or delete's operation; one still running then is
-    # read on the next pass (the same request id), so a slow operation never holds a pass.
+    # How long a pass, from when it starts acting, waits for its inserts' operations (see
+    # Engine.operation_wait); one still running then is read on the next pass (the same
+    # request id), so a slow operation never holds a pass. Deletes are never waited for.
     operation_wait: float = Field(default=2.0, ge=0, le=600)
 
     @field_validator(

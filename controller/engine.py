@@ -8,6 +8,7 @@ always ends. Nothing here waits: anything slower is left to the next event or ti
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,12 +59,19 @@ class Summary:
 
 class Engine:
     def __init__(self, observer: Observer, executor: Executor, ctx: LaunchContext, clock: Clock,
-                 workers: int = 1) -> None:
+                 workers: int = 1, operation_wait: float | None = None) -> None:
         self.observer = observer
         self.executor = executor
         self.ctx = ctx
         self.clock = clock
         self.workers = workers  # jobs reconciled side by side (fanout.each)
+        # Seconds of a pass, from when it starts acting, in which an insert waits for its
+        # operation (None: each insert waits as long as the gateway does). A pass that
+        # launches a few learns their outcome at once (a quick stockout moves on to the next
+        # zone in the same pass); in one that launches hundreds, the later inserts are not
+        # waited for, so no thread sits out a 20-second operation while others queue behind
+        # it: the next pass reads each one's outcome by the same request id.
+        self.operation_wait = operation_wait
 
     def reconcile(self, job: str | None = None, dry_run: bool = False) -> Summary:
         """Reconcile every job (``job`` None) or one; ``dry_run`` plans without acting."""
@@ -71,7 +79,8 @@ class Engine:
         summary = Summary(unreachable=[*world.unreachable, *(f"project {p}" for p in world.unseen_projects)])
         for project, why in world.unseen_projects.items():
             summary.errors[f"project {project}"] = f"instance list failed: {why}"
-        for part in fanout.each(world.jobs.values(), lambda v: self._isolated(v, dry_run), self.workers):
+        wait_until = None if self.operation_wait is None else time.monotonic() + self.operation_wait
+        for part in fanout.each(world.jobs.values(), lambda v: self._isolated(v, dry_run, wait_until), self.workers):
             summary.merge(part)
         for name, why in world.failed.items():
             summary.errors[name] = f"observe: {why}"
@@ -96,11 +105,11 @@ class Engine:
             return view, actions
         return loaded, plan_job(loaded, now, self.ctx)
 
-    def _isolated(self, view: JobView, dry_run: bool) -> Summary:
+    def _isolated(self, view: JobView, dry_run: bool, wait_until: float | None = None) -> Summary:
         """One job's rounds, with whatever goes wrong kept to that job's own summary."""
         summary = Summary()
         try:
-            self._reconcile_job(view, summary, dry_run)
+            self._reconcile_job(view, summary, dry_run, wait_until)
         except errors.RespawnError as e:  # e.g. its bucket objects did not answer
             summary.errors[view.job] = f"{type(e).__name__}: {e}"
             summary.transient.append(view.job)
@@ -109,13 +118,13 @@ class Engine:
             log.exception("reconciling a job failed", extra={"json_fields": {"job": view.job}})
         return summary
 
-    def _reconcile_job(self, view: JobView, summary: Summary, dry_run: bool) -> None:
+    def _reconcile_job(self, view: JobView, summary: Summary, dry_run: bool, wait_until: float | None = None) -> None:
         for _ in range(MAX_ROUNDS):
             view, actions = self.plan(view)
             if dry_run:
                 summary.jobs[view.job] = [f"would {type(a).__name__}: {a.reason}" for a in actions]
                 return
-            outcome = self.executor.apply(view, actions, self.clock.now())
+            outcome = self.executor.apply(view, actions, self.clock.now(), wait_until)
             summary.add(outcome)
             if not outcome.replan:
                 return

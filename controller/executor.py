@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -40,11 +41,13 @@ class Executor:
         self.compute = compute
         self.bucket = bucket
 
-    def apply(self, view: JobView, actions: list[Action], now: datetime) -> Outcome:
+    def apply(self, view: JobView, actions: list[Action], now: datetime, wait_until: float | None = None) -> Outcome:
+        """``wait_until``: the ``time.monotonic()`` past which an insert no longer waits for its
+        operation (None: the gateway's own limit)."""
         chain = _Chain(view.job, view.status, view.status_generation)
         for action in actions:
             try:
-                self._apply(chain, action, now)
+                self._apply(chain, action, now, wait_until)
             except errors.PreconditionFailed:
                 chain.outcome.conflict = True
                 _log(action, "skipped: another pass changed the job first")
@@ -56,7 +59,7 @@ class Executor:
             _log(action, "done")
         return chain.outcome
 
-    def _apply(self, chain: _Chain, action: Action, now: datetime) -> None:
+    def _apply(self, chain: _Chain, action: Action, now: datetime, wait_until: float | None) -> None:
         match action:
             case WriteStatus(status=status, replan=replan):
                 chain.write(self.store, self.bucket, status)
@@ -64,7 +67,8 @@ class Executor:
             case CreateInstances():
                 # A late pass must not bring back an attempt another pass has moved past.
                 self._unchanged(chain)
-                self.compute.insert(action.requests, action.request_id)  # existing names are success (port)
+                wait = None if wait_until is None else max(0.0, wait_until - time.monotonic())
+                self.compute.insert(action.requests, action.request_id, wait)  # existing names are success (port)
             case DeleteInstance():
                 if action.only_if_spec_absent:
                     self._spec_absent(action.job)

@@ -32,6 +32,7 @@ UNEXPECTED = "unexpected"  # prefix of a failure no retry is known to fix
 # status.json is the controller's own, bounded by its history limit: a few hundred KiB.
 MAX_STATUS_BYTES = 4 * 1024 * 1024
 PARSED_CACHE_BYTES = 64 * 1024 * 1024  # by the objects' listed sizes
+_ONE_JOB = 8  # a single job's reads sent side by side (its few objects; a gang's nodes)
 T = TypeVar("T")
 
 
@@ -72,11 +73,16 @@ class Observer:
         self.parsed = Parsed()
 
     def world(self, job: str | None = None) -> World:
-        """Everything the planner needs, for every job or for one."""
+        """Everything the planner needs, for every job or for one.
+
+        A pass over every job runs jobs side by side, each job's reads one after another; a
+        pass for one job (an event: its latency is the point) runs that job's reads side by side.
+        """
         listing = self._listing(job)
         failed: dict[str, str] = {}  # each job's own key: safe to fill from several threads
         order = sorted(listing) if job is None else [job]
-        observed = fanout.each(order, lambda n: self._guarded(failed, n, self._bucket_view, n, listing.get(n, {})),
+        side = 1 if job is None else min(self.workers, _ONE_JOB)
+        observed = fanout.each(order, lambda n: self._guarded(failed, n, self._bucket_view, n, listing.get(n, {}), side),
                                self.workers)
         views = {name: view for name, view in zip(order, observed, strict=True) if view}
         # Only now, after every status was read, the instances: see the module docstring.
@@ -91,7 +97,8 @@ class Observer:
             views[name] = replace(views.get(name) or JobView(job=name), instances=tuple(instances))
         views = {n: replace(v, unreachable=unreachable, unseen_projects=unseen) for n, v in views.items()}
         order = sorted(views)
-        evidence = fanout.each(order, lambda n: self._guarded(failed, n, self._with_evidence, views[n]), self.workers)
+        evidence = fanout.each(order, lambda n: self._guarded(failed, n, self._with_evidence, views[n], side),
+                               self.workers)
         complete = dict(zip(order, evidence, strict=True))
         return World({n: v for n, v in complete.items() if v}, unreachable, dict(found.failed_projects), failed)
 
@@ -163,6 +170,11 @@ class Observer:
         ref = CheckpointRef.of(found) if found else None
         return replace(view, checkpoint=ref, checkpoint_loaded=True, checkpoint_error=None)
 
+    def _checkpoint_fields(self, view: JobView) -> dict[str, Any]:
+        loaded = self.with_checkpoint(view)
+        return {"checkpoint": loaded.checkpoint, "checkpoint_loaded": loaded.checkpoint_loaded,
+                "checkpoint_error": loaded.checkpoint_error}
+
     def with_fresh_records(self, view: JobView) -> JobView:
         """The marker and exit record read again now, after the instance list.
 
@@ -176,32 +188,33 @@ class Observer:
         jobs_prefix = names.JOBS_PREFIX + (f"{job}/" if job else "")
         markers_prefix = names.marker_key(job) if job else names.MARKERS_PREFIX
         out: dict[str, dict[str, BlobInfo]] = defaultdict(dict)
-        for info in [*self.store.list(self.bucket, jobs_prefix), *self.store.list(self.bucket, markers_prefix)]:
+        listed = fanout.each((jobs_prefix, markers_prefix), lambda prefix: self.store.list(self.bucket, prefix), 2)
+        for info in [*listed[0], *listed[1]]:
             ref = names.parse_object_name(info.name)
             if ref and (job is None or ref.job == job):
                 out[ref.job][ref.kind] = info
         return out
 
-    def _bucket_view(self, job: str, objects: dict[str, BlobInfo]) -> JobView:
-        status, generation = self._status(objects.get("status"))
+    def _bucket_view(self, job: str, objects: dict[str, BlobInfo], side: int = 1) -> JobView:
+        """The job's objects as listed, each read (``side`` at a time) unless the cache has its generation."""
         # Records of a name with neither spec nor status are never acted on (its VMs, if
         # any, are orphans found by the instance list): not read, so that junk objects
         # under many names cannot make a tick read them all.
         ours = "spec" in objects or "status" in objects
-        view = JobView(
-            job=job,
-            cancelled="cancel" in objects,
-            status=status,
-            status_generation=generation,
-            marker=self._record(objects.get("marker")) if ours else None,
-            exit=self._record(objects.get("exit")) if ours else None,
-            heartbeat=self._record(objects.get("heartbeat")) if ours else None,
-        )
+        reads: dict[str, Callable[[], Any]] = {"status": lambda: self._status(objects.get("status"))}
+        if ours:
+            reads.update({kind: (lambda k=kind: self._record(objects.get(k))) for kind in ("marker", "exit", "heartbeat")})
+        if "spec" in objects:
+            info = objects["spec"]
+            reads["spec"] = lambda: self.parsed.get(info, lambda: self._judge_spec(job, info))
+        got = dict(zip(reads, fanout.each(reads.values(), lambda read: read(), side), strict=True))
+        status, generation = got["status"]
+        view = JobView(job=job, cancelled="cancel" in objects, status=status, status_generation=generation,
+                       marker=got.get("marker"), exit=got.get("exit"), heartbeat=got.get("heartbeat"))
         if "spec" not in objects:
             return view
-        info = objects["spec"]
-        spec, problems = self.parsed.get(info, lambda: self._judge_spec(job, info))
-        return replace(view, spec=spec, problems=problems, spec_generation=info.generation)
+        spec, problems = got["spec"]
+        return replace(view, spec=spec, problems=problems, spec_generation=objects["spec"].generation)
 
     def _judge_spec(self, job: str, info: BlobInfo) -> tuple[tuple[JobSpec | None, tuple[str, ...]], int]:
         """(the policy-resolved spec or None, its problems), and the generation read."""
@@ -209,18 +222,26 @@ class Observer:
         if info.size > MAX_SPEC_BYTES:  # the listing says so: not even a request for it
             return (None, too_large), info.generation
         try:
-            blob = self.store.read(self.bucket, info.name, limit=MAX_SPEC_BYTES)
+            data, generation = self._read_listed(info, MAX_SPEC_BYTES)
         except errors.TooLarge:  # grew since the listing
             return (None, too_large), 0
         try:
-            spec = parse_spec(blob.data, job)
+            spec = parse_spec(data, job)
         except SpecError as e:
-            return (None, tuple(e.problems)), blob.info.generation
+            return (None, tuple(e.problems)), generation
         if problems := tuple(self.policy.violations(spec)):
-            return (None, problems), blob.info.generation
+            return (None, problems), generation
         # From here on the spec says exactly where and as whom VMs run: the project and
         # service account filled in from the policy, never from status.json.
-        return (self.policy.resolve(spec), ()), blob.info.generation
+        return (self.policy.resolve(spec), ()), generation
+
+    def _read_listed(self, info: BlobInfo, limit: int) -> tuple[bytes, int]:
+        """(bytes, generation): the listed generation in one request, or, replaced since, what is there now."""
+        try:
+            return self.store.read_listed(info), info.generation
+        except errors.NotFound:
+            blob = self.store.read(self.bucket, info.name, limit=limit)
+            return blob.data, blob.info.generation
 
     def _status(self, info: BlobInfo | None) -> tuple[JobStatus | None, int]:
         if info is None:
@@ -237,9 +258,8 @@ class Observer:
         try:
             if info.size > MAX_STATUS_BYTES:  # the listing says so: not even a request for it
                 raise errors.TooLarge(info.name)
-            blob = self.store.read(self.bucket, info.name, limit=MAX_STATUS_BYTES)
-            generation = blob.info.generation
-            return JobStatus.from_json(blob.data), generation
+            data, generation = self._read_listed(info, MAX_STATUS_BYTES)
+            return JobStatus.from_json(data), generation
         except (errors.TooLarge, ValueError, RecursionError):
             # Unreadable or oversized (hand-edited?): start over, overwriting it by
             # compare-and-swap (a generation that moved meanwhile just fails, and the next
@@ -254,8 +274,11 @@ class Observer:
             return Record.oversized(info)
 
         def read() -> tuple[Record | None, int]:
-            record = self._read_record(info.name)
-            return record, record.generation if record else 0
+            try:
+                return Record.parse(info, self.store.read_listed(info)), info.generation
+            except errors.NotFound:  # replaced or consumed since the listing: what is there now
+                record = self._read_record(info.name)
+                return record, record.generation if record else 0
 
         return self.parsed.get(info, read)
 
@@ -268,10 +291,13 @@ class Observer:
             return Record.oversized(self.store.stat(self.bucket, name))
         return Record.parse(blob.info, blob.data)
 
-    def _with_evidence(self, view: JobView) -> JobView:
+    def _with_evidence(self, view: JobView, side: int = 1) -> JobView:
         """For each node of the current attempt that is stopped or gone: fresh records and Compute's why.
 
         Not for a zone the instance list could not see: there "not seen" means nothing.
+        With ``side`` > 1 (a pass for this job alone) these reads go side by side, with the
+        checkpoint listing the plan will ask for beside them: like the plan's, it comes after
+        the instance list that saw the node down.
         """
         st = view.status
         if st is None or st.phase.terminal or not st.zone or not st.project:
@@ -284,8 +310,13 @@ class Observer:
         lost = [n for n in st.instances if n not in seen or not seen[n].status.alive]
         if not lost:
             return view
-        reasons = {n: self.compute.stop_reason(st.project, st.zone, n) for n in lost}
-        return replace(self.with_fresh_records(view), stop_reasons=reasons)
+        reads: dict[Any, Callable[[], Any]] = {
+            n: (lambda n=n: self.compute.stop_reason(st.project, st.zone, n)) for n in lost}
+        reads["records"] = lambda: self.with_fresh_records(view)
+        if side > 1 and view.spec and view.spec.checkpoint and not view.checkpoint_loaded:
+            reads["checkpoint"] = lambda: self._checkpoint_fields(view)
+        got = dict(zip(reads, fanout.each(reads.values(), lambda read: read(), side), strict=True))
+        return replace(got["records"], stop_reasons={n: got[n] for n in lost}, **got.get("checkpoint", {}))
 
 
 def _short(error: Exception) -> str:

@@ -48,6 +48,12 @@ class BlobStore(Protocol):
         """The object's metadata only (generation, size): never its bytes."""
         ...
 
+    def read_listed(self, info: BlobInfo) -> bytes:
+        """The bytes of exactly the generation a listing gave, in one request (``read`` takes
+        two: metadata, then bytes); ``NotFound`` once that generation is no longer the object's
+        (replaced or deleted since). The caller judges ``info.size``: a generation never changes."""
+        ...
+
     def list(self, bucket: str, prefix: str) -> list[BlobInfo]: ...
 
     def write(
@@ -196,8 +202,12 @@ class ComputeGateway(Protocol):
         (one job's), only those zones are listed (zonal lists, much faster than an aggregated one)."""
         ...
 
-    def insert(self, requests: Sequence[InstanceRequest], request_id: str) -> None:
-        """Create one VM, or a gang in one zone all together. Existing names are success."""
+    def insert(self, requests: Sequence[InstanceRequest], request_id: str, wait: float | None = None) -> None:
+        """Create one VM, or a gang in one zone all together. Existing names are success.
+
+        ``wait``: seconds at most for the operation (None: the gateway's own limit); one still
+        running then raises ``OperationPending``, and the same request id later reads its outcome.
+        """
         ...
 
     def delete(self, project: str, zone: str, name: str) -> None:

@@ -127,7 +127,7 @@ class ComputeServer:
 
     # -- lifecycle ---------------------------------------------------------------
     def start(self) -> ComputeServer:
-        self._served = Served(self._app(), "compute")
+        self._served = Served(self._app(), "compute", threads=128)
         self.urls = gce.Urls(self._served.url)
         return self
 

@@ -78,15 +78,7 @@ class Watcher(_Loop):
                     self._deliver(blob)
 
     def _deliver(self, blob: Any) -> None:
-        data = {"kind": "storage#object", "bucket": self.bucket, "name": blob.name, "generation": str(blob.generation),
-                "metageneration": str(blob.metageneration or 1), "size": str(blob.size or 0),
-                "contentType": blob.content_type or "application/octet-stream",
-                "timeCreated": blob.time_created.isoformat() if blob.time_created else None,
-                "updated": blob.updated.isoformat() if blob.updated else None}
-        event = CloudEvent({"id": str(uuid.uuid4()), "type": "google.cloud.storage.object.v1.finalized",
-                            "source": f"//storage.googleapis.com/projects/_/buckets/{self.bucket}",
-                            "subject": f"objects/{blob.name}"}, data)
-        headers, body = to_binary(event)
+        headers, body = finalized(self.bucket, blob)
         for delay in (0, 0.5, 1, 2, 4):
             time.sleep(delay)
             try:
@@ -96,3 +88,16 @@ class Watcher(_Loop):
             except requests.RequestException:
                 pass
         log.warning("event for %s not delivered", blob.name)
+
+
+def finalized(bucket: str, blob: Any) -> tuple[dict[str, str], bytes]:
+    """The binary CloudEvent Eventarc posts for a new object generation: (headers, body)."""
+    data = {"kind": "storage#object", "bucket": bucket, "name": blob.name, "generation": str(blob.generation),
+            "metageneration": str(blob.metageneration or 1), "size": str(blob.size or 0),
+            "contentType": blob.content_type or "application/octet-stream",
+            "timeCreated": blob.time_created.isoformat() if blob.time_created else None,
+            "updated": blob.updated.isoformat() if blob.updated else None}
+    event = CloudEvent({"id": str(uuid.uuid4()), "type": "google.cloud.storage.object.v1.finalized",
+                        "source": f"//storage.googleapis.com/projects/_/buckets/{bucket}",
+                        "subject": f"objects/{blob.name}"}, data)
+    return to_binary(event)

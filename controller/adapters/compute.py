@@ -164,7 +164,7 @@ class ComputeEngine:
                             sorted({zone for _, zone, _ in results if zone}),
                             dict(refusal for _, _, refusal in results if refusal))
 
-    def insert(self, requests_: Sequence[InstanceRequest], request_id: str) -> None:
+    def insert(self, requests_: Sequence[InstanceRequest], request_id: str, wait: float | None = None) -> None:
         first = requests_[0]
         if len({(r.project, r.zone) for r in requests_}) != 1:
             raise errors.RequestError("a gang must be inserted in a single zone of one project")
@@ -182,11 +182,12 @@ class ComputeEngine:
             if isinstance(error, errors.AlreadyExists):
                 return  # an earlier try with this very request, or another pass, got there: success
             raise error from e
-        op = self._wait(first.project, first.zone, op)
+        wait = self.operation_timeout if wait is None else wait
+        op = self._wait(first.project, first.zone, op, wait)
         if op.status != _DONE:
             raise errors.OperationPending(
                 f"{op.operation_type or 'insert'} of {', '.join(r.name for r in requests_)} in {first.zone} still "
-                f"running after {self.operation_timeout:g}s (operation {op.name}); its outcome is read on the next try")
+                f"running after {wait:g}s (operation {op.name}); its outcome is read on the next try")
         try:
             _raise_for(op, first.zone)
         except errors.AlreadyExists:
@@ -224,9 +225,9 @@ class ComputeEngine:
         return min(causes, key=_PRECEDENCE.__getitem__, default=StopReason.UNKNOWN)
 
     # -- operations -----------------------------------------------------------------
-    def _wait(self, project: str, zone: str, op: compute_v1.Operation) -> compute_v1.Operation:
-        """The operation once DONE, or as it stands at ``operation_timeout`` (not DONE)."""
-        deadline = time.monotonic() + self.operation_timeout
+    def _wait(self, project: str, zone: str, op: compute_v1.Operation, seconds: float) -> compute_v1.Operation:
+        """The operation once DONE, or as it stands after ``seconds`` (not DONE)."""
+        deadline = time.monotonic() + seconds
         while op.status != _DONE and (left := deadline - time.monotonic()) > 0:
             try:
                 # zoneOperations.wait answers when the operation is done or after about two

@@ -64,6 +64,16 @@ class GcsStore:
                 return Blob(_info(blob), data)
         raise errors.TransientError(f"{where} kept changing while being read")
 
+    def read_listed(self, info: BlobInfo) -> bytes:
+        # One media request pinned by ifGenerationMatch: 412 once the object was replaced.
+        where = f"gs://{info.bucket}/{info.name}#{info.generation}"
+        try:
+            with translated(where):
+                return self.client.bucket(info.bucket).blob(info.name).download_as_bytes(
+                    if_generation_match=info.generation)
+        except errors.PreconditionFailed as e:
+            raise errors.NotFound(f"{where}: replaced since it was listed") from e
+
     def stat(self, bucket: str, name: str) -> BlobInfo:
         where = f"gs://{bucket}/{name}"
         with translated(where):

@@ -57,6 +57,14 @@ class MemoryStore:
                 raise errors.TooLarge(f"gs://{bucket}/{name}: {blob.info.size} bytes, over {limit}")
             return blob
 
+    def read_listed(self, info: BlobInfo) -> bytes:
+        with self._lock:
+            self._call("read", info.name)
+            blob = self._objects.get((info.bucket, info.name))
+            if blob is None or blob.info.generation != info.generation:
+                raise errors.NotFound(f"gs://{info.bucket}/{info.name}#{info.generation}")
+            return blob.data
+
     def stat(self, bucket: str, name: str) -> BlobInfo:
         with self._lock:
             self._call("stat", name)
@@ -217,7 +225,8 @@ class MemoryCompute:
             unreachable = sorted(self.unreachable if zones is None else self.unreachable & set(zones))
             return InstanceList(found, unreachable, failed)
 
-    def insert(self, requests: Sequence[InstanceRequest], request_id: str) -> None:
+    def insert(self, requests: Sequence[InstanceRequest], request_id: str, wait: float | None = None) -> None:
+        # Operations here finish at once, or only when ``hold_inserts`` lets them: ``wait`` changes neither.
         with self._lock:
             self._call("insert", ",".join(r.name for r in requests))
             if len({(r.project, r.zone) for r in requests}) != 1:

@@ -164,10 +164,10 @@ class ExecutorSpy:
         self._inner = inner
         self._run = run
 
-    def apply(self, view: Any, actions: Any, now: datetime) -> Any:
+    def apply(self, view: Any, actions: Any, now: datetime, wait_until: float | None = None) -> Any:
         before, self._run.acting_job = self._run.acting_job, view.job
         try:
-            return self._inner.apply(view, actions, now)
+            return self._inner.apply(view, actions, now, wait_until)
         finally:
             self._run.acting_job = before
 
@@ -871,7 +871,7 @@ class Run:
         return result
 
     # -- hooks on the controller's mutations -------------------------------------------------------
-    def before_insert(self, requests: Any, request_id: str | None = None) -> None:
+    def before_insert(self, requests: Any, request_id: str | None = None, wait: float | None = None) -> None:
         first = requests[0]
         job = first.labels.get(names.JOB_LABEL, "")
         js = self.jobs.get(job)
@@ -882,7 +882,7 @@ class Run:
         if resume and not self.complete_checkpoint(resume):
             self.violate("lost", f"{job}: {first.name} resumes from {resume}, which is not a complete checkpoint")
 
-    def after_insert(self, requests: Any, request_id: str | None = None) -> None:
+    def after_insert(self, requests: Any, request_id: str | None = None, wait: float | None = None) -> None:
         first = requests[0]
         job = first.labels.get(names.JOB_LABEL, "")
         attempt = int(first.labels.get(names.ATTEMPT_LABEL, "0"))

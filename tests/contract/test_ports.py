@@ -141,6 +141,20 @@ class TestBlobStore:
         with pytest.raises(errors.NotFound):
             backend.store.stat(BUCKET, unique("missing/"))
 
+    def test_a_listed_generation_is_read_in_one_request_until_it_is_replaced(self, backend):
+        key = unique("o/")
+        backend.store.write(BUCKET, key, b"first")
+        listed = next(i for i in backend.store.list(BUCKET, key) if i.name == key)
+        assert backend.store.read_listed(listed) == b"first"
+        backend.store.write(BUCKET, key, b"second")
+        with pytest.raises(errors.NotFound):  # never the newer bytes under the older generation
+            backend.store.read_listed(listed)
+        newer = next(i for i in backend.store.list(BUCKET, key) if i.name == key)
+        assert backend.store.read_listed(newer) == b"second"
+        backend.store.delete(BUCKET, key)
+        with pytest.raises(errors.NotFound):
+            backend.store.read_listed(newer)
+
     def test_create_only_write_succeeds_once(self, backend):
         key = unique("o/")
         info = backend.store.write(BUCKET, key, b"one", if_generation_match=0)

@@ -253,6 +253,18 @@ class TestComputeAdapter:
         assert srv.instance("ok-1")["status"] in ("STAGING", "RUNNING")
         assert len([o for o in srv.operations() if o["operationType"] == "insert"]) == 1
 
+    def test_an_insert_told_not_to_wait_is_pending_at_once_and_read_later(self, srv):
+        srv.slow_operations(1.0)
+        gw = gateway(srv, operation_timeout=30.0)
+        rid = names.request_id("nowait", 1, 0)
+        started = time.monotonic()
+        with pytest.raises(errors.OperationPending):
+            gw.insert([request_for("nowait")], rid, wait=0.0)
+        assert time.monotonic() - started < 0.8, "waited for an operation it was told not to"
+        gw.insert([request_for("nowait")], rid)  # the gateway's own limit: waits the same operation out
+        assert srv.instance("nowait-1")["status"] in ("STAGING", "RUNNING")
+        assert len([o for o in srv.operations() if o["operationType"] == "insert"]) == 1
+
     def test_delete_running_past_the_deadline_returns(self, srv):
         gw = gateway(srv)
         gw.insert([request_for("del")], names.request_id("del", 1, 0))

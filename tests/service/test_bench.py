@@ -14,3 +14,12 @@ def test_bench_runs_at_a_tiny_size(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "steady tick, 20 jobs" in out and "mass recovery, 20 preempted at once" in out and "event path" in out
     assert not (tmp_path / "r.json").exists()  # a smoke run writes no figures
+
+
+def test_the_local_cloud_scenarios_run_at_a_tiny_size():
+    """bench/local.py: the two functions in processes of their own, over the local servers."""
+    from bench import local
+
+    measured = local.run(10, workers=4, events=2, scale=0.01)
+    assert measured["mass_recovery_jobs"] == 7 and measured["mass_recovery_issued"] == 7  # 70 % were running
+    assert len(measured["event_latencies_s"]) == 2 and max(measured["event_latencies_s"]) < 30

@@ -136,6 +136,11 @@ def test_an_unexpected_exception_in_one_job_does_not_stop_the_others(h):
                 raise ZeroDivisionError("a bug")
             return h.store.read(bucket, name, **kw)
 
+        def read_listed(self, info: Any) -> bytes:
+            if info.name == names.spec_key("a"):
+                raise ZeroDivisionError("a bug")
+            return h.store.read_listed(info)
+
     summary = h.engine(store=Exploding()).reconcile()
     assert "ZeroDivisionError" in summary.errors["a"] and "a" not in summary.transient
     assert h.live() == ["b-1"]

@@ -44,14 +44,14 @@ class OneLiveAttempt:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._compute, name)
 
-    def insert(self, requests: Any, request_id: str) -> None:
+    def insert(self, requests: Any, request_id: str, wait: float | None = None) -> None:
         with self._compute._lock:  # the check and the insert are one step
             job = requests[0].labels[names.JOB_LABEL]
             attempt = requests[0].labels[names.ATTEMPT_LABEL]
             others = [i.name for i in self._compute.live(job) if i.labels[names.ATTEMPT_LABEL] != attempt]
             if others:
                 self.violations.append(f"insert attempt {attempt} of {job} while {others} live")
-            return self._compute.insert(requests, request_id)
+            return self._compute.insert(requests, request_id, wait)
 
 
 def run_concurrently(h: Harness, guard: OneLiveAttempt, jobs: list[str], passes: int = 20) -> None:

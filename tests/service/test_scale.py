@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from controller import names
+import threading
+import time
+from typing import Any
+
+from controller import errors, names
 from controller.state import Phase
 from tests.harness import BUCKET, Harness, spec_doc
 
@@ -90,3 +94,53 @@ def test_a_job_without_a_valid_spec_is_looked_for_everywhere():
     h.tick("j")
     assert ("list", "j") in h.compute.calls  # aggregated, for that job: its VMs may be anywhere
     assert h.live("j") == []  # and found, and deleted
+
+
+def test_a_pass_that_launches_many_waits_for_its_first_inserts_only():
+    """The operation wait is the pass's, from when it starts acting: the first inserts are
+    waited for; later ones are issued at once and read on the next pass (same request id)."""
+    h = Harness()
+    waits: list[float | None] = []
+
+    class Slow:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(h.compute, name)
+
+        def insert(self, requests: Any, request_id: str, wait: float | None = None) -> None:
+            waits.append(wait)
+            time.sleep(min(wait or 0.0, 0.1))  # an operation longer than any wait: waited out
+            raise errors.OperationPending(f"{requests[0].name} still running")
+
+    for i in range(6):
+        h.submit(f"j{i}")
+    engine = h.engine(compute=Slow())
+    engine.operation_wait = 0.25
+    summary = engine.reconcile()
+    assert len(waits) == 6, "every job's insert is issued in the one pass"
+    assert waits[0] and waits[0] > 0.2 and waits[-1] == 0.0 and waits == sorted(waits, reverse=True)
+    assert not summary.errors, "an insert under way is no error"
+    assert all(h.status(f"j{i}").phase == Phase.PROVISIONING and not h.status(f"j{i}").inserted for i in range(6))
+    engine.reconcile()  # the next pass: the same request ids, now answered
+    assert len(waits) == 12
+
+
+def test_a_pass_for_one_job_reads_its_objects_side_by_side():
+    h = Harness(workers=8)
+    h.submit("one")
+    h.tick()
+    h.tick()
+    h.heartbeat("one")
+    h.compute.preempt(names.instance_name("one", 1))
+    h.marker("one")
+    threads: set[str] = set()
+    read_listed = h.store.read_listed
+
+    def spy(info: Any) -> bytes:
+        threads.add(threading.current_thread().name)
+        time.sleep(0.05)  # long enough for the reads to overlap
+        return read_listed(info)
+
+    h.store.read_listed = spy  # type: ignore[method-assign]
+    h.tick("one")
+    assert len(threads) > 1, "one job's reads went one after another"
+    assert h.status("one").attempt == 2
