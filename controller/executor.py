@@ -45,13 +45,24 @@ class Executor:
         """``wait_until``: the ``time.monotonic()`` past which an insert no longer waits for its
         operation (None: the gateway's own limit)."""
         chain = _Chain(view.job, view.status, view.status_generation)
+        pending = False
         for action in actions:
+            if pending and not isinstance(action, DeleteInstance):
+                continue  # nothing is "inserted", and no record consumed, before Compute says so
             try:
                 self._apply(chain, action, now, wait_until)
             except errors.PreconditionFailed:
                 chain.outcome.conflict = True
                 _log(action, "skipped: another pass changed the job first")
                 break
+            except errors.OperationPending as e:
+                self._failed(chain, action, e, now)
+                # The insert was accepted: the previous attempt's husks that follow it still go
+                # now, rather than billing until the pass that reads the insert's outcome.
+                pending = isinstance(action, CreateInstances)
+                if not pending:
+                    break
+                continue
             except errors.RespawnError as e:
                 self._failed(chain, action, e, now)
                 break

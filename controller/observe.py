@@ -81,7 +81,7 @@ class Observer:
         listing = self._listing(job)
         failed: dict[str, str] = {}  # each job's own key: safe to fill from several threads
         order = sorted(listing) if job is None else [job]
-        side = 1 if job is None else min(self.workers, _ONE_JOB)
+        side = 1 if job is None else min(self.workers, _ONE_JOB)  # workers=1: inline, in order
         observed = fanout.each(order, lambda n: self._guarded(failed, n, self._bucket_view, n, listing.get(n, {}), side),
                                self.workers)
         views = {name: view for name, view in zip(order, observed, strict=True) if view}
@@ -188,7 +188,8 @@ class Observer:
         jobs_prefix = names.JOBS_PREFIX + (f"{job}/" if job else "")
         markers_prefix = names.marker_key(job) if job else names.MARKERS_PREFIX
         out: dict[str, dict[str, BlobInfo]] = defaultdict(dict)
-        listed = fanout.each((jobs_prefix, markers_prefix), lambda prefix: self.store.list(self.bucket, prefix), 2)
+        listed = fanout.each((jobs_prefix, markers_prefix), lambda prefix: self.store.list(self.bucket, prefix),
+                             min(2, self.workers))
         for info in [*listed[0], *listed[1]]:
             ref = names.parse_object_name(info.name)
             if ref and (job is None or ref.job == job):
@@ -296,8 +297,9 @@ class Observer:
 
         Not for a zone the instance list could not see: there "not seen" means nothing.
         With ``side`` > 1 (a pass for this job alone) these reads go side by side, with the
-        checkpoint listing the plan will ask for beside them: like the plan's, it comes after
-        the instance list that saw the node down.
+        checkpoint listing the plan will ask for beside them once every lost node is gone or
+        off for good: a node still on its way down may yet save a checkpoint and then write
+        its marker, so then the listing waits for the plan, after the marker was read.
         """
         st = view.status
         if st is None or st.phase.terminal or not st.zone or not st.project:
@@ -313,7 +315,8 @@ class Observer:
         reads: dict[Any, Callable[[], Any]] = {
             n: (lambda n=n: self.compute.stop_reason(st.project, st.zone, n)) for n in lost}
         reads["records"] = lambda: self.with_fresh_records(view)
-        if side > 1 and view.spec and view.spec.checkpoint and not view.checkpoint_loaded:
+        off = all(n not in seen or seen[n].status.down for n in lost)
+        if side > 1 and off and view.spec and view.spec.checkpoint and not view.checkpoint_loaded:
             reads["checkpoint"] = lambda: self._checkpoint_fields(view)
         got = dict(zip(reads, fanout.each(reads.values(), lambda read: read(), side), strict=True))
         return replace(got["records"], stop_reasons={n: got[n] for n in lost}, **got.get("checkpoint", {}))

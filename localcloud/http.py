@@ -24,8 +24,11 @@ logging.getLogger("waitress.queue").setLevel(logging.ERROR)
 class Served:
     def __init__(self, app: Any, name: str, threads: int = 32) -> None:
         self._map: dict[int, Any] = {}
+        # poll(), not select(): select() refuses a descriptor past 1024, which a local cloud of
+        # a few hundred VMs (each with its metadata server and processes) reaches.
         self._server = create_server(app, map=self._map, host="127.0.0.1", port=0, threads=threads, ident=name,
-                                     connection_limit=4096, channel_timeout=300, clear_untrusted_proxy_headers=True)
+                                     connection_limit=4096, channel_timeout=300, clear_untrusted_proxy_headers=True,
+                                     asyncore_use_poll=True)
         self.port = self._server.effective_port
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)

@@ -97,7 +97,7 @@ class MetadataServer:
     def __init__(self, snapshot: Snapshot) -> None:
         self._snapshot = snapshot
         self._changed = threading.Condition()
-        self._served = Served(self._app(), "metadata")
+        self._served = Served(self._app(), "metadata", threads=8)
 
     @property
     def host(self) -> str:

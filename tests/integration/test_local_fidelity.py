@@ -589,3 +589,22 @@ def test_bulk_operations_beyond_the_in_flight_limit_are_refused_as_google_does()
         for op in ops:
             assert operations.wait(project=PROJECT, zone=ZONE, operation=op.name).status == DONE
         bulk(instances, ["f10"])
+
+
+def test_a_server_keeps_answering_past_1024_open_descriptors():
+    """A local cloud of a few hundred VMs holds thousands of descriptors: the servers' loop
+    must not be select(), which refuses any descriptor numbered past 1024."""
+    from localcloud.http import Served
+
+    pipes = [os.pipe() for _ in range(600)]
+    try:
+        served = Served(lambda environ, start: (start("200 OK", [("Content-Length", "2")]), [b"ok"])[1], "fd-test")
+        try:
+            with requests.Session() as session:  # kept alive: one connection, two requests
+                assert [session.get(served.url, timeout=5).text for _ in range(2)] == ["ok", "ok"]
+        finally:
+            served.stop()
+    finally:
+        for r, w in pipes:
+            os.close(r)
+            os.close(w)

@@ -144,3 +144,21 @@ def test_a_pass_for_one_job_reads_its_objects_side_by_side():
     h.tick("one")
     assert len(threads) > 1, "one job's reads went one after another"
     assert h.status("one").attempt == 2
+
+
+def test_an_insert_under_way_still_lets_the_previous_attempts_husk_go():
+    h = Harness()
+    h.submit("husk")
+    h.tick()
+    h.tick()
+    h.compute.preempt(names.instance_name("husk", 1))  # TERMINATED: still there, its disk billing
+    h.marker("husk")
+    h.compute.hold_inserts = True  # attempt 2's insert accepted, its operation still running
+    h.tick()
+    st = h.status("husk")
+    assert st.attempt == 2 and not st.inserted, "an insert under way is not inserted"
+    assert names.instance_name("husk", 1) not in [i.name for i in h.compute.all()], "the husk waited a pass"
+    assert h.store.exists(BUCKET, names.marker_key("husk")), "the marker went before Compute said yes"
+    h.compute.hold_inserts = False
+    h.tick()
+    assert h.status("husk").inserted and not h.store.exists(BUCKET, names.marker_key("husk"))
