@@ -271,6 +271,11 @@ class ComputeServer:
     def workdir_of(self, name: str) -> Path:
         return self.workdir / name
 
+    def names(self) -> set[str]:
+        """The names of every instance there is now: a cheap look, for a caller that polls."""
+        with self._lock:
+            return {name for _, _, name in self._vms}
+
     def operations(self) -> list[dict[str, Any]]:
         with self._lock:
             return [dict(op) for op in self._ops.values()]
