@@ -117,7 +117,10 @@ class Executor:
                 and not after.phase.terminal and after.zone is not None and after.zone != chain.status.zone
             if isinstance(error, errors.OperationPending):
                 out.error = None  # accepted and under way: not an error, and not "inserted" either
-                if chain.status.message == after.message:
+                # Not news where this chain has just recorded the launch, and a second write
+                # of one object within a second is refused by GCS (429, then the client's
+                # backoff holds this thread): a later pass that finds it still under way says so.
+                if chain.wrote or chain.status.message == after.message:
                     return
         elif isinstance(action, DeleteInstance):
             text = f"cannot delete {action.name}: {error}; retrying every pass"
@@ -162,13 +165,14 @@ class _Chain:
     status: JobStatus | None
     generation: int
     outcome: Outcome = field(init=False)
+    wrote: bool = field(default=False, init=False)  # this chain has written the status
 
     def __post_init__(self) -> None:
         self.outcome = Outcome(self.job)
 
     def write(self, store: BlobStore, bucket: str, status: JobStatus) -> None:
         info = store.write(bucket, names.status_key(self.job), status.to_json(), if_generation_match=self.generation)
-        self.status, self.generation = status, info.generation
+        self.status, self.generation, self.wrote = status, info.generation, True
 
 
 def _describe(action: Action) -> str:

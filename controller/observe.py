@@ -181,8 +181,19 @@ class Observer:
         Used before restarting a VM that looked alive (recycle, stale heartbeat): its exit
         record may have landed since the listing, and an ``exit 0`` must never be lost.
         """
-        return replace(view, marker=self._read_record(names.marker_key(view.job)),
-                       exit=self._read_record(names.exit_key(view.job)), records_fresh=True)
+        return replace(view, marker=self._reread(view.marker, names.marker_key(view.job)),
+                       exit=self._reread(view.exit, names.exit_key(view.job)), records_fresh=True)
+
+    def _reread(self, known: Record | None, key: str) -> Record | None:
+        """The record at ``key`` now: one metadata request while it is still the generation
+        read before (a generation's bytes never change), else read whole."""
+        if known is not None:
+            try:
+                if self.store.stat(self.bucket, key).generation == known.generation:
+                    return known
+            except errors.NotFound:
+                return None  # consumed since it was read
+        return self._read_record(key)
 
     def _listing(self, job: str | None) -> dict[str, dict[str, BlobInfo]]:
         jobs_prefix = names.JOBS_PREFIX + (f"{job}/" if job else "")

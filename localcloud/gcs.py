@@ -12,8 +12,9 @@ a resumable upload's ``Location``) point past any proxy, at itself. The proxy in
   on a read, update or delete of a missing object the 404 comes first; ``0`` means "does
   not exist" (``…NotMatch=0``: "exists"); uploads (media, multipart, the last request of
   a resumable one), copies, rewrites and composes are judged against their destination,
-  ``ifSource…`` against their source. A conditional request holds the lock every mutation
-  holds, so the check and the act are one step;
+  ``ifSource…`` against their source. A conditional request or a mutation holds its
+  object's lock (and its source's), so the check and the act are one step; requests on
+  other objects go on side by side, as on Google;
 - forwards the request target byte for byte, so names holding ``#``, ``?``, ``%2F`` or
   spaces reach the server as the client encoded them (not as Flask decoded them);
 - rewrites the links in JSON answers and the ``Location`` of resumable uploads to itself,
@@ -32,11 +33,13 @@ a resumable upload's ``Location``) point past any proxy, at itself. The proxy in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from email.parser import BytesParser
 from typing import Any
@@ -59,6 +62,7 @@ _UPLOAD = re.compile(r"^/upload/storage/v1/b/([^/]+)/o/?$")
 _COPY = re.compile(r"^(.+)/(?:copyTo|rewriteTo)/b/([^/]+)/o/(.+)$")
 _COMPOSE = re.compile(r"^(.+)/compose$")
 _ACL = re.compile(r"^(.+)/acl(?:/.*)?$")
+_STRIPES = 256  # object locks: enough that unrelated objects rarely wait on each other
 _PRECONDITION_FAILED = "At least one of the pre-conditions you specified did not hold."
 _RATE = ("The object {bucket}/{name} exceeded the rate limit for object mutation operations (create, update, and "
          "delete). Please reduce your request rate. See https://cloud.google.com/storage/docs/gcs429.")
@@ -94,8 +98,10 @@ class LocalGcs:
         self._server = FakeGCSServer()
         self._served: Served | None = None
         self._session = requests.Session()  # to fake-gcs-server: as many kept-alive connections as threads
+        self._session.trust_env = False  # a local server: no proxy, and no environment lookup per request
         self._session.mount("http://", requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=128))
-        self._mutations = threading.Lock()
+        self._mutations = threading.Lock()  # guards the tables below
+        self._stripes = [threading.Lock() for _ in range(_STRIPES)]  # an object's lock: its name's stripe
         self._sessions: dict[str, _Act] = {}  # resumable upload id -> the upload it will finish
         self._metagenerations: dict[tuple[str, str], tuple[str, int]] = {}  # -> (generation, updates since)
         self._last_write: dict[tuple[str, str], float] = {}
@@ -164,7 +170,7 @@ class LocalGcs:
         act = _classify(request, target, body, self._sessions)
         if act is None or (act.kind == "read" and not act.conditions and act.source is None):
             return self._forward(request, target, body, None)
-        with self._mutations:
+        with self._holding(act):
             if act.mutates:
                 self._check_rate(act)
             if act.source is not None:
@@ -174,9 +180,20 @@ class LocalGcs:
             response = self._forward(request, target, body, act)
             if act.mutates and 200 <= response.status_code < 300:
                 self._last_write[(act.bucket, act.name)] = time.monotonic()
-                if act.kind == "write" and act in self._sessions.values():
-                    self._sessions = {k: v for k, v in self._sessions.items() if v is not act}
+                if act.kind == "write" and self._sessions:
+                    with self._mutations:
+                        self._sessions = {k: v for k, v in self._sessions.items() if v is not act}
             return response
+
+    @contextlib.contextmanager
+    def _holding(self, act: _Act) -> Iterator[None]:
+        """The locks of the objects ``act`` reads and writes, taken in one order (no deadlock
+        between a copy from A to B and one from B to A)."""
+        objects = [act, *([act.source] if act.source else [])]
+        with contextlib.ExitStack() as stack:
+            for stripe in sorted({hash((a.bucket, a.name)) % _STRIPES for a in objects}):
+                stack.enter_context(self._stripes[stripe])
+            yield
 
     def _check_rate(self, act: _Act) -> None:
         if self.write_interval is None:
@@ -234,7 +251,8 @@ class LocalGcs:
         if act is not None and act.kind == "resumable" and upstream.ok:
             upload_id = (parse_qs(urlsplit(upstream.headers.get("Location", "")).query).get("upload_id") or [""])[0]
             if upload_id:
-                self._sessions[upload_id] = _Act("write", act.bucket, act.name, act.conditions)
+                with self._mutations:
+                    self._sessions[upload_id] = _Act("write", act.bucket, act.name, act.conditions)
         headers = [(k, v.replace(self._server.url, here) if k.lower() == "location" else v) for k, v in headers]
         if upstream.headers.get("Content-Type", "").startswith("application/json") and \
                 request.args.get("alt", "json") == "json" and content:

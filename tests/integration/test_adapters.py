@@ -417,3 +417,26 @@ class TestLocalComputeFidelity:
                                                                filter='labels.k = "odd"'))
         assert sorted(i.name for i in odd) == ["p1", "p3", "p5"]
         assert api(srv, "GET", "zones/us-central1-a/instances", params={"filter": "name = (("}).status_code == 400
+
+
+def test_the_clients_read_the_environment_once_and_still_honour_a_proxy(monkeypatch, tmp_path):
+    """requests re-reads proxies, CA bundles and netrc from the environment on every request;
+    the clients skip that lookup where it could only find a CA bundle (taken once instead)."""
+    from controller.adapters.google import gcs_store
+
+    for variable in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY",
+                     "NO_PROXY", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NETRC"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")  # anonymous: no Google credentials needed
+    config = Settings(bucket="b", project=PROJECT, compute_endpoint="http://127.0.0.1:9")
+    sessions = lambda: [gcs_store(config).client._http,  # noqa: E731
+                        *(c._transport._session for c in (compute_gateway(config).instances, compute_gateway(config).zone_ops))]
+    assert [s.trust_env for s in sessions()] == [False, False, False]
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/corp-ca.pem")
+    assert [(s.trust_env, s.verify) for s in sessions()] == [(False, "/etc/corp-ca.pem")] * 3  # taken once
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
+    assert [s.trust_env for s in sessions()] == [True, True, True]
+    monkeypatch.delenv("HTTPS_PROXY")
+    (tmp_path / ".netrc").write_text("machine storage.googleapis.com login x password y\n")
+    assert all(s.trust_env for s in sessions())

@@ -363,6 +363,44 @@ def test_the_per_object_write_rate_is_limited_when_asked(gcs):
         gcs.limit_writes(None)
 
 
+def test_a_conditional_write_holds_its_own_object_only(gcs, monkeypatch):
+    """The check and the act of a conditional write are one step for that object, and no
+    other object's writes queue behind it (GCS serves unrelated objects side by side)."""
+    held, release = threading.Event(), threading.Event()
+    slow, other = fresh(gcs), fresh(gcs)
+    forward = LocalGcs._forward
+
+    def stalling(self, request, target, body, act):
+        if act is not None and act.name == slow.name and act.mutates:
+            held.set()
+            assert release.wait(30)
+        return forward(self, request, target, body, act)
+
+    monkeypatch.setattr(LocalGcs, "_forward", stalling)
+    first: list[requests.Response] = []
+    writer = threading.Thread(target=lambda: first.append(
+        media(gcs, slow.name, b"first", ifGenerationMatch=slow.generation)))
+    writer.start()
+    try:
+        assert held.wait(10)
+        # another object: written at once while the stalled write holds its own object
+        assert media(gcs, other.name, b"v2", ifGenerationMatch=other.generation).status_code == 200
+        # the same object, the same generation: waits its turn, then loses the compare-and-swap
+        second: list[requests.Response] = []
+        racer = threading.Thread(target=lambda: second.append(
+            media(gcs, slow.name, b"second", ifGenerationMatch=slow.generation)))
+        racer.start()
+        racer.join(0.5)
+        assert racer.is_alive()
+    finally:
+        release.set()
+        writer.join(30)
+    racer.join(30)
+    assert first[0].status_code == 200 and second[0].status_code == 412
+    assert requests.get(f"{gcs.url}/storage/v1/b/{BUCKET}/o/{slow.name}", params={"alt": "media"},
+                        timeout=10).content == b"first"
+
+
 def test_a_start_that_fails_leaves_no_server_behind():
     before, running = os.environ.get("STORAGE_EMULATOR_HOST"), set(_fake_gcs_children())
     broken = LocalGcs(buckets=("x",))  # too short for a bucket name: creation fails

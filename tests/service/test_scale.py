@@ -162,3 +162,45 @@ def test_an_insert_under_way_still_lets_the_previous_attempts_husk_go():
     h.compute.hold_inserts = False
     h.tick()
     assert h.status("husk").inserted and not h.store.exists(BUCKET, names.marker_key("husk"))
+
+
+def test_an_insert_under_way_costs_the_launch_no_second_status_write():
+    """GCS takes about one write per second to one object (more is 429 and the client's
+    backoff): the chain that records a launch does not write again to say its insert is
+    under way; a later pass that finds it still under way records that, once."""
+    h = Harness()
+    h.submit("slow")
+    h.tick()
+    h.tick()
+    h.compute.preempt(names.instance_name("slow", 1))
+    h.marker("slow")
+    h.compute.hold_inserts = True
+    status_writes = lambda: [c for c in h.store.calls if c == ("write", names.status_key("slow"))]  # noqa: E731
+    before = len(status_writes())
+    h.tick()
+    assert len(status_writes()) - before == 1, "the relaunch is one status write"
+    assert h.status("slow").attempt == 2 and "insert-pending" not in [e.event for e in h.status("slow").history]
+    h.tick()
+    assert [e.event for e in h.status("slow").history].count("insert-pending") == 1
+    h.tick()
+    assert [e.event for e in h.status("slow").history].count("insert-pending") == 1, "said once"
+    h.compute.hold_inserts = False
+    h.tick()
+    assert h.status("slow").inserted
+
+
+def test_a_record_read_again_unchanged_costs_one_metadata_request():
+    """Before relaunching, the marker and exit record are read again (one may have landed
+    since the listing); a marker still at the generation just read is not downloaded again."""
+    h = Harness()
+    h.submit("again")
+    h.tick()
+    h.tick()
+    h.compute.preempt(names.instance_name("again", 1))
+    h.marker("again")
+    del h.store.calls[:]
+    h.tick()
+    marker = names.marker_key("again")
+    assert [op for op, name in h.store.calls if name == marker] == ["read", "stat", "delete"], \
+        "read once from the listing, checked once by its generation, consumed"
+    assert h.status("again").attempt == 2
