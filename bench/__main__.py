@@ -156,20 +156,23 @@ def event_path(n: int, events: int) -> list[float]:
 
 COLD = """
 import time
-import functions_framework  # noqa: F401 - the platform's own server, loaded before it imports main.py
 started = time.perf_counter()
-import main  # noqa: F401 - the user's code: what the platform imports first
+import functions_framework  # noqa: F401 - the platform's own server, loaded before it imports main.py
+loaded = time.perf_counter()
+import main  # noqa: F401 - the user's code
 from controller import functions
 result, code = functions.tick()
 assert code == 200, result
-print(time.perf_counter() - started)
+print(loaded - started, time.perf_counter() - loaded)
 """
 
 
-def cold_start(runs: int = 3) -> float:
+def cold_start(runs: int = 3) -> tuple[float, float]:
     """A fresh process: import ``main``, then its first tick on an empty bucket (the local GCS and
-    Compute, without latency); the median of ``runs`` seconds. The platform's own start is not in it
-    (functions-framework, which Cloud Functions runs and which then imports ``main.py``)."""
+    Compute, without latency). The medians of ``runs``: (seconds from importing ``main`` to the
+    tick's end, seconds importing functions-framework before it). Cloud Functions runs
+    functions-framework, which then imports ``main.py``: the first figure is respawn's, the
+    second the platform's (``main.py`` imports the same modules, so it is not counted twice)."""
     import os
     import subprocess
 
@@ -181,9 +184,11 @@ def cold_start(runs: int = 3) -> float:
                "RESPAWN_BUCKET": BUCKET, "RESPAWN_PROJECT": PROJECT, "RESPAWN_TRAINER_SERVICE_ACCOUNT": TRAINER,
                "RESPAWN_LOG_FORMAT": "text"}
         root = Path(__file__).resolve().parent.parent
-        times = sorted(float(subprocess.run([sys.executable, "-c", COLD], cwd=root, env=env, check=True,
-                                            capture_output=True, text=True).stdout.split()[-1]) for _ in range(runs))
-    return times[len(times) // 2]
+        runs_ = [[float(x) for x in subprocess.run([sys.executable, "-c", COLD], cwd=root, env=env, check=True,
+                                                   capture_output=True, text=True).stdout.split()[-2:]]
+                 for _ in range(runs)]
+    framework, ours = (sorted(column)[len(column) // 2] for column in zip(*runs_, strict=True))
+    return ours, framework
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -264,9 +269,11 @@ def main(argv: list[str] | None = None) -> int:
                  (f"LOCAL CLOUD: event path, {len(lat)} events over {args.local:,} jobs",
                   f"p50 {percentile(lat, 50):.2f} s, p99 {percentile(lat, 99):.2f} s",
                   "marker landed -> Compute has the insert")]
-    results["cold_start_s"] = round(cold_start(1 if args.quick else 3), 3)
-    rows.append(("cold start: import main + first tick, empty bucket", f"{results['cold_start_s']:.2f} s",
-                 "median of 3 fresh processes, local GCS and Compute"))
+    ours, framework = cold_start(1 if args.quick else 3)
+    results["cold_start_s"], results["cold_start_framework_s"] = round(ours, 3), round(framework, 3)
+    rows.append(("cold start: import main + first tick, empty bucket", f"{ours:.2f} s",
+                 f"median of 3 fresh processes, local GCS and Compute; before it, the platform's "
+                 f"functions-framework import: {framework:.2f} s"))
     results["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
     width = max(len(r[0]) for r in rows)

@@ -187,7 +187,7 @@ class Observer:
     def _reread(self, known: Record | None, key: str) -> Record | None:
         """The record at ``key`` now: one metadata request while it is still the generation
         read before (a generation's bytes never change), else read whole."""
-        if known is not None:
+        if known is not None and known.attempt is not None:  # an unreadable one is judged afresh
             try:
                 if self.store.stat(self.bucket, key).generation == known.generation:
                     return known

@@ -13,8 +13,9 @@ a resumable upload's ``Location``) point past any proxy, at itself. The proxy in
   not exist" (``…NotMatch=0``: "exists"); uploads (media, multipart, the last request of
   a resumable one), copies, rewrites and composes are judged against their destination,
   ``ifSource…`` against their source. A conditional request or a mutation holds its
-  object's lock (and its source's), so the check and the act are one step; requests on
-  other objects go on side by side, as on Google;
+  object's lock (a copy's or rewrite's source's too; a compose's sources are neither
+  locked nor judged), so the check and the act are one step; requests on other objects
+  go on side by side, as on Google;
 - forwards the request target byte for byte, so names holding ``#``, ``?``, ``%2F`` or
   spaces reach the server as the client encoded them (not as Flask decoded them);
 - rewrites the links in JSON answers and the ``Location`` of resumable uploads to itself,

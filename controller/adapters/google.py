@@ -40,7 +40,8 @@ def _tune(session: requests.Session, size: int) -> None:
     """
     adapter = requests.adapters.HTTPAdapter(pool_connections=size, pool_maxsize=size)
     for scheme in ("https://", "http://"):
-        session.mount(scheme, adapter)
+        if type(session.adapters.get(scheme)) is requests.adapters.HTTPAdapter:  # never a client's mTLS adapter
+            session.mount(scheme, adapter)
     if urllib.request.getproxies() or os.environ.get("NETRC") or any(
             os.path.exists(os.path.expanduser(f)) for f in ("~/.netrc", "~/_netrc")):
         return  # requests goes on reading the environment per request, as it would

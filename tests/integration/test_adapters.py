@@ -440,3 +440,18 @@ def test_the_clients_read_the_environment_once_and_still_honour_a_proxy(monkeypa
     monkeypatch.delenv("HTTPS_PROXY")
     (tmp_path / ".netrc").write_text("machine storage.googleapis.com login x password y\n")
     assert all(s.trust_env for s in sessions())
+
+
+def test_a_client_certificate_adapter_the_client_mounted_is_kept():
+    """With GOOGLE_API_USE_CLIENT_CERTIFICATE, the clients mount an mTLS adapter on https://;
+    sizing the pool must not swap it for a plain one (the certificate would be dropped)."""
+    from controller.adapters.google import _tune
+
+    class MutualTls(requests.adapters.HTTPAdapter):
+        pass
+
+    session = requests.Session()
+    session.mount("https://", MutualTls())
+    _tune(session, 32)
+    assert type(session.get_adapter("https://storage.googleapis.com/")) is MutualTls
+    assert session.get_adapter("http://127.0.0.1/")._pool_maxsize == 32
