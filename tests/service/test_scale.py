@@ -146,13 +146,19 @@ def test_a_pass_for_one_job_reads_its_objects_side_by_side():
     assert h.status("one").attempt == 2
 
 
-def test_an_insert_under_way_still_lets_the_previous_attempts_husk_go():
+def preempted(job: str) -> Harness:
+    """A harness whose ``job`` ran attempt 1, then lost it to a preemption (husk and marker left)."""
     h = Harness()
-    h.submit("husk")
+    h.submit(job)
     h.tick()
     h.tick()
-    h.compute.preempt(names.instance_name("husk", 1))  # TERMINATED: still there, its disk billing
-    h.marker("husk")
+    h.compute.preempt(names.instance_name(job, 1))  # TERMINATED: still there, its disk billing
+    h.marker(job)
+    return h
+
+
+def test_an_insert_under_way_still_lets_the_previous_attempts_husk_go():
+    h = preempted("husk")
     h.compute.hold_inserts = True  # attempt 2's insert accepted, its operation still running
     h.tick()
     st = h.status("husk")
@@ -168,12 +174,7 @@ def test_an_insert_under_way_costs_the_launch_no_second_status_write():
     """GCS takes about one write per second to one object (more is 429 and the client's
     backoff): the chain that records a launch does not write again to say its insert is
     under way; a later pass that finds it still under way records that, once."""
-    h = Harness()
-    h.submit("slow")
-    h.tick()
-    h.tick()
-    h.compute.preempt(names.instance_name("slow", 1))
-    h.marker("slow")
+    h = preempted("slow")
     h.compute.hold_inserts = True
     status_writes = lambda: [c for c in h.store.calls if c == ("write", names.status_key("slow"))]  # noqa: E731
     before = len(status_writes())
@@ -192,12 +193,7 @@ def test_an_insert_under_way_costs_the_launch_no_second_status_write():
 def test_a_record_read_again_unchanged_costs_one_metadata_request():
     """Before relaunching, the marker and exit record are read again (one may have landed
     since the listing); a marker still at the generation just read is not downloaded again."""
-    h = Harness()
-    h.submit("again")
-    h.tick()
-    h.tick()
-    h.compute.preempt(names.instance_name("again", 1))
-    h.marker("again")
+    h = preempted("again")
     del h.store.calls[:]
     h.tick()
     marker = names.marker_key("again")
