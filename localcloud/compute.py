@@ -10,7 +10,9 @@ Faults are injected from Python or over HTTP (``POST /_local/<fault>``): stockou
 and quota per zone (on the operation or synchronously), any HTTP error per method,
 slow or held operations, unreachable zones, images and machine types that do not
 exist, and, on named instances: preemption, host maintenance, host errors, guest
-crashes, and any status string at all (values Google may add later).
+crashes, and any status string at all (values Google may add later). Capacity advice
+(``advice.capacity``, ``advice.capacityHistory``) is answered from those faults and a
+per-zone preemption rate (``localcloud.advice``).
 
 How slow and strict it is comes from a ``localcloud.realism.Realism`` (default: not at
 all): latency per call (per method if wanted), how long insert and delete operations
@@ -33,7 +35,7 @@ from typing import Any
 
 from flask import Flask, Response, request
 
-from localcloud import discovery, gce
+from localcloud import advice, discovery, gce
 from localcloud.filters import FilterError, compile_filter
 from localcloud.gce import ApiError
 from localcloud.http import Served
@@ -47,6 +49,7 @@ SUPPORTED = {
     "regionInstances": ("bulkInsert",),
     "zoneOperations": ("get", "wait", "list", "delete"),
     "regionOperations": ("get", "wait", "list"),
+    "advice": ("capacity", "capacityHistory"),
 }
 ZONES = ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f", "us-east1-b", "us-east1-c",
          "us-east1-d", "us-west1-a", "us-west1-b", "europe-west4-a", "europe-west4-b", "europe-west4-c")
@@ -86,6 +89,7 @@ class Faults:
     hold: bool = False  # insert operations stay RUNNING until released
     held: list[tuple[list[Vm], dict[str, Any]]] = field(default_factory=list)
     unknown: set[tuple[str, str]] = field(default_factory=set)  # ("image" | "machineType", name)
+    advice: advice.Schedule = field(default_factory=advice.Schedule)  # preemption rates, prices: what advice says
 
 
 class ComputeServer:
@@ -298,7 +302,7 @@ class ComputeServer:
                        "preempt": self.preempt, "crash": self.crash, "unreachable": self.unreachable,
                        "maintenance": self.maintenance, "host_error": self.host_error, "set_status": self.set_status,
                        "slow_operations": self.slow_operations, "hold_operations": self.hold_operations,
-                       "unknown": self.unknown}
+                       "unknown": self.unknown, "preemption_rate": self.preemption_rate}
             if fault not in actions:
                 return _json({"error": f"unknown fault {fault}"}, 404)
             actions[fault](**args)
@@ -330,6 +334,21 @@ class ComputeServer:
                 raise ApiError(400, problems[0], "invalid")
         handler = getattr(self, f"_{method.resource}_{method.name}")
         return handler(match.groupdict(), request.args, body)
+
+    # -- advice ----------------------------------------------------------------------
+    def preemption_rate(self, zone: str, rate: float) -> None:
+        """What capacity advice tells of ``zone``: this share of its Spot VMs preempted a day."""
+        with self._lock:
+            self.faults.advice.preemption_rates[zone] = rate
+
+    def _advice_capacity(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
+        with self._lock:
+            blocked = {*self.faults.stockouts, *self.faults.quota, *self.faults.unreachable}
+            return advice.capacity(body, p["region"], self.zones, blocked, self.faults.advice)
+
+    def _advice_capacityHistory(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
+        with self._lock:
+            return advice.history(body, p["region"], self.zones, self.faults.advice)
 
     # -- instances -------------------------------------------------------------------
     def _instances_get(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:

@@ -646,3 +646,69 @@ def test_a_server_keeps_answering_past_1024_open_descriptors():
         for r, w in pipes:
             os.close(r)
             os.close(w)
+
+
+# -- capacity advice: what Google would advise, from the server's own schedule -------------
+def advice_client(srv: ComputeServer) -> compute_v1.AdviceClient:
+    return compute_v1.AdviceClient(transport="rest", credentials=AnonymousCredentials(),
+                                   client_options=ClientOptions(api_endpoint=srv.endpoint))
+
+
+def capacity_request(zones: list[str], shape: str = "ANY_SINGLE_ZONE", model: str = "SPOT",
+                     size: int = 2) -> compute_v1.CapacityAdviceRpcRequest:
+    return compute_v1.CapacityAdviceRpcRequest(project=PROJECT, region="us-central1", capacity_advice_request_resource={
+        "size": size,
+        "instance_properties": {"scheduling": {"provisioning_model": model}},
+        "instance_flexibility_policy": {"instance_selections": {"g2": {"machine_types": ["g2-standard-8"], "rank": 1}}},
+        "distribution_policy": {"target_shape": shape, "zones": [{"zone": f"zones/{z}"} for z in zones]}})
+
+
+def test_capacity_advice_ranks_zones_by_what_an_insert_would_meet_then_by_spot_uptime():
+    with ComputeServer(run_vms=False) as srv:
+        srv.stockout("us-central1-a")
+        srv.preemption_rate("us-central1-b", 0.5)  # half its Spot VMs gone in a day
+        srv.preemption_rate("us-central1-c", 0.05)
+        answer = advice_client(srv).capacity(capacity_request(["us-central1-a", "us-central1-b", "us-central1-c"]))
+        ranked = [(r.shards[0].zone, r.scores.obtainability, r.scores.estimated_uptime) for r in answer.recommendations]
+        assert [zone for zone, _, _ in ranked] == ["us-central1-c", "us-central1-b", "us-central1-a"]
+        assert ranked[-1][1] == 0.0 and ranked[0][1] > 0  # the stocked-out zone cannot be had now
+        assert ranked[1][2] == "86400s"  # half gone in a day
+        shard = answer.recommendations[0].shards[0]
+        assert (shard.machine_type, shard.instance_count, shard.provisioning_model) == ("g2-standard-8", 2, "SPOT")
+
+        standard = advice_client(srv).capacity(capacity_request(["us-central1-b"], model="STANDARD"))
+        assert "estimated_uptime" not in standard.recommendations[0].scores  # uptime is a Spot estimate
+
+        spread = advice_client(srv).capacity(capacity_request(["us-central1-a", "us-central1-b", "us-central1-c"],
+                                                              shape="BALANCED", size=5))
+        assert [(s.zone, s.instance_count) for s in spread.recommendations[0].shards] == \
+            [("us-central1-b", 3), ("us-central1-c", 2)]
+
+
+def test_capacity_advice_refuses_what_google_refuses():
+    with ComputeServer(run_vms=False) as srv:
+        client = advice_client(srv)
+        with pytest.raises(gexc.BadRequest, match="Zone must be in region"):
+            client.capacity(capacity_request(["europe-west4-a"]))
+        with pytest.raises(gexc.BadRequest, match="resource.size"):
+            client.capacity(capacity_request(["us-central1-a"], size=0))
+        raw = requests.post(f"{srv.endpoint}/compute/v1/projects/{PROJECT}/regions/us-central1/advice/capacity",
+                            json={"size": 1, "zones": []}, timeout=10)  # a field the schema does not have
+        assert raw.status_code == 400 and "Unknown name" in raw.json()["error"]["message"]
+
+
+def test_capacity_history_tells_a_zones_preemption_rate_and_spot_price():
+    with ComputeServer(run_vms=False) as srv:
+        srv.preemption_rate("us-central1-b", 0.2)
+        srv.faults.advice.spot_prices["g2-standard-8"] = 0.2512
+        answer = advice_client(srv).capacity_history(compute_v1.CapacityHistoryAdviceRequest(
+            project=PROJECT, region="us-central1", capacity_history_request_resource={
+                "instance_properties": {"machine_type": "g2-standard-8",
+                                        "scheduling": {"provisioning_model": "SPOT"}},
+                "location_policy": {"location": "zones/us-central1-b"}, "types": ["PREEMPTION", "PRICE"]}))
+        assert answer.location == "us-central1-b" and answer.machine_type == "g2-standard-8"
+        assert len(answer.preemption_history) == 7 and {r.preemption_rate for r in answer.preemption_history} == {0.2}
+        price = answer.price_history[-1].list_price
+        assert (price.currency_code, price.units, price.nanos) == ("USD", 0, 251_200_000)
+        days = [r.interval for r in answer.preemption_history]
+        assert all(a.end_time == b.start_time for a, b in zip(days, days[1:]))

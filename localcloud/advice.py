@@ -1,0 +1,132 @@
+"""Compute's capacity advice (``advice.capacity``, ``advice.capacityHistory``), answered from
+the local server's own fault schedule, so that a test can tell which zone Google would
+have advised.
+
+- obtainability: 0.0 in a zone that is stocked out, out of quota or unreachable (what an
+  insert there would meet now), else ``Schedule.obtainability`` (0.9 unless set);
+- estimated uptime of Spot VMs: from the zone's preemption rate (the share of Spot VMs
+  preempted per day, ``Schedule.preemption_rates``): the time by which half of them are
+  preempted, at most 30 days; none for a provisioning model other than Spot, as Google
+  gives it for Spot only;
+- history: that rate for each of the last 7 days, and a flat Spot price per machine type
+  where one was set (``Schedule.spot_prices``, dollars per hour).
+
+The request is validated against the discovery document by the server first; what the
+schema cannot say (a size, a machine type, zones of the region in the path) is checked
+here, with Google's 400 ``invalid``. Field meanings follow the public reference:
+``shards[].zone`` is a zone name, ``shards[].machineType`` the name from the request's
+instance selection, ``estimatedUptime`` a duration string.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from localcloud.gce import invalid, region_of
+
+_MAX_UPTIME = 30 * 86400.0
+_DAYS = 7
+
+
+@dataclass
+class Schedule:
+    preemption_rates: dict[str, float] = field(default_factory=dict)  # zone -> share of Spot VMs preempted a day
+    obtainability: dict[str, float] = field(default_factory=dict)  # zone -> score where capacity is there
+    spot_prices: dict[str, float] = field(default_factory=dict)  # machine type -> dollars per hour
+
+
+def capacity(body: dict[str, Any], region: str, zones: tuple[str, ...], blocked: set[str],
+             schedule: Schedule) -> dict[str, Any]:
+    """``advice.capacity``: recommendations over the request's zones of ``region`` (all of the
+    server's zones there when it names none), the best first. ``blocked``: zones where an
+    insert would fail now."""
+    size = body.get("size")
+    if not isinstance(size, int) or size < 1:
+        raise invalid("resource.size", size, "Must be at least 1.")
+    machine_type = _machine_type(body)
+    model = body.get("instanceProperties", {}).get("scheduling", {}).get("provisioningModel") or "STANDARD"
+    policy = body.get("distributionPolicy", {})
+    asked = [_last(z.get("zone", "")) for z in policy.get("zones", [])]
+    for zone in asked:
+        if region_of(zone) != region or zone not in zones:
+            raise invalid("resource.distributionPolicy.zones", zone, f"Zone must be in region '{region}'.")
+    candidates = asked or [z for z in zones if region_of(z) == region]
+
+    def scores(zone: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"obtainability": 0.0 if zone in blocked else schedule.obtainability.get(zone, 0.9)}
+        if model == "SPOT":
+            out["estimatedUptime"] = f"{_uptime(schedule.preemption_rates.get(zone, 0.0)):.0f}s"
+        return out
+
+    def shard(zone: str, count: int) -> dict[str, Any]:
+        return {"zone": zone, "machineType": machine_type, "instanceCount": count, "provisioningModel": model}
+
+    if policy.get("targetShape") in ("ANY", "BALANCED"):  # one recommendation spread over the zones that have it
+        usable = [z for z in candidates if z not in blocked] or candidates
+        counts = [size // len(usable) + (1 if i < size % len(usable) else 0) for i in range(len(usable))]
+        parts = [(z, c) for z, c in zip(usable, counts, strict=True) if c]
+        worst = min((scores(z) for z, _ in parts), key=_rank)
+        return {"recommendations": [{"scores": worst, "shards": [shard(z, c) for z, c in parts]}]}
+    ranked = sorted(candidates, key=lambda z: (_rank(scores(z)), z))
+    return {"recommendations": [{"scores": scores(z), "shards": [shard(z, size)]} for z in ranked]}
+
+
+def history(body: dict[str, Any], region: str, zones: tuple[str, ...], schedule: Schedule,
+            now: datetime | None = None) -> dict[str, Any]:
+    """``advice.capacityHistory``: the last 7 days of one zone's (or the region's) preemption
+    rate and Spot price for a machine type."""
+    machine_type = body.get("instanceProperties", {}).get("machineType")
+    if not machine_type:
+        raise invalid("resource.instanceProperties.machineType", "", "A machine type is required.")
+    location = _last(body.get("locationPolicy", {}).get("location", "")) or region
+    if location != region and (location not in zones or region_of(location) != region):
+        raise invalid("resource.locationPolicy.location", location, f"Must be region '{region}' or one of its zones.")
+    where = [location] if location != region else [z for z in zones if region_of(z) == region]
+    rate = max((schedule.preemption_rates.get(z, 0.0) for z in where), default=0.0)
+    types = set(body.get("types") or ("PREEMPTION", "PRICE"))
+    end = (now or datetime.now(timezone.utc)).replace(minute=0, second=0, microsecond=0)
+    days = [(end - timedelta(days=d + 1), end - timedelta(days=d)) for d in reversed(range(_DAYS))]
+    out: dict[str, Any] = {"location": location, "machineType": machine_type}
+    if "PREEMPTION" in types:
+        out["preemptionHistory"] = [{"interval": _interval(a, b), "preemptionRate": rate} for a, b in days]
+    if "PRICE" in types and machine_type in schedule.spot_prices:
+        units, nanos = divmod(round(schedule.spot_prices[machine_type] * 1e9), 10**9)
+        price = {"currencyCode": "USD", "units": str(units), "nanos": nanos}
+        out["priceHistory"] = [{"interval": _interval(a, b), "listPrice": price} for a, b in days]
+    return out
+
+
+def _machine_type(body: dict[str, Any]) -> str:
+    selections = body.get("instanceFlexibilityPolicy", {}).get("instanceSelections", {})
+    ranked = sorted(selections.values(), key=lambda s: int(s.get("rank", 0) or 0))
+    for selection in ranked:
+        if selection.get("machineTypes"):
+            return _last(selection["machineTypes"][0])
+    raise invalid("resource.instanceFlexibilityPolicy.instanceSelections", "",
+                  "At least one instance selection with a machine type is required.")
+
+
+def _uptime(rate: float) -> float:
+    """Seconds until half of the Spot VMs are preempted, at ``rate`` per day (at most 30 days)."""
+    if rate <= 0:
+        return _MAX_UPTIME
+    if rate >= 1:
+        return 0.0
+    return min(_MAX_UPTIME, math.log(2) / -math.log1p(-rate) * 86400)
+
+
+def _rank(scores: dict[str, Any]) -> tuple[float, float]:
+    """Best first: the more obtainable, then the longer expected to run."""
+    return -scores["obtainability"], -float(scores.get("estimatedUptime", "0s").rstrip("s"))
+
+
+def _interval(start: datetime, end: datetime) -> dict[str, str]:
+    return {"startTime": start.isoformat().replace("+00:00", "Z"), "endTime": end.isoformat().replace("+00:00", "Z")}
+
+
+def _last(path: str) -> str:
+    """``zones/us-central1-a``, a full URL or a bare name: the name."""
+    return path.rstrip("/").rsplit("/", 1)[-1]
