@@ -43,13 +43,14 @@ def capacity(body: dict[str, Any], region: str, zones: tuple[str, ...], blocked:
     """``advice.capacity``: recommendations over the request's zones of ``region`` (all of the
     server's zones there when it names none), the best first. ``blocked``: zones where an
     insert would fail now."""
-    size = body.get("size")
-    if not isinstance(size, int) or size < 1:
+    _known(region, zones)
+    size = int(body.get("size") or 0)  # the schema let through a number or a decimal string
+    if size < 1:
         raise invalid("resource.size", size, "Must be at least 1.")
     machine_type = _machine_type(body)
     model = body.get("instanceProperties", {}).get("scheduling", {}).get("provisioningModel") or "STANDARD"
     policy = body.get("distributionPolicy", {})
-    asked = [_last(z.get("zone", "")) for z in policy.get("zones", [])]
+    asked = list(dict.fromkeys(_last(z.get("zone", "")) for z in policy.get("zones", [])))
     for zone in asked:
         if region_of(zone) != region or zone not in zones:
             raise invalid("resource.distributionPolicy.zones", zone, f"Zone must be in region '{region}'.")
@@ -68,7 +69,7 @@ def capacity(body: dict[str, Any], region: str, zones: tuple[str, ...], blocked:
         usable = [z for z in candidates if z not in blocked] or candidates
         counts = [size // len(usable) + (1 if i < size % len(usable) else 0) for i in range(len(usable))]
         parts = [(z, c) for z, c in zip(usable, counts, strict=True) if c]
-        worst = min((scores(z) for z, _ in parts), key=_rank)
+        worst = max((scores(z) for z, _ in parts), key=_rank)  # a spread is as good as its worst zone
         return {"recommendations": [{"scores": worst, "shards": [shard(z, c) for z, c in parts]}]}
     ranked = sorted(candidates, key=lambda z: (_rank(scores(z)), z))
     return {"recommendations": [{"scores": scores(z), "shards": [shard(z, size)]} for z in ranked]}
@@ -78,7 +79,8 @@ def history(body: dict[str, Any], region: str, zones: tuple[str, ...], schedule:
             now: datetime | None = None) -> dict[str, Any]:
     """``advice.capacityHistory``: the last 7 days of one zone's (or the region's) preemption
     rate and Spot price for a machine type."""
-    machine_type = body.get("instanceProperties", {}).get("machineType")
+    _known(region, zones)
+    machine_type = _last(body.get("instanceProperties", {}).get("machineType") or "")
     if not machine_type:
         raise invalid("resource.instanceProperties.machineType", "", "A machine type is required.")
     location = _last(body.get("locationPolicy", {}).get("location", "")) or region
@@ -97,6 +99,11 @@ def history(body: dict[str, Any], region: str, zones: tuple[str, ...], schedule:
         price = {"currencyCode": "USD", "units": str(units), "nanos": nanos}
         out["priceHistory"] = [{"interval": _interval(a, b), "listPrice": price} for a, b in days]
     return out
+
+
+def _known(region: str, zones: tuple[str, ...]) -> None:
+    if not any(region_of(z) == region for z in zones):
+        raise invalid("region", region, "Unknown region.")
 
 
 def _machine_type(body: dict[str, Any]) -> str:

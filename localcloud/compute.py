@@ -302,10 +302,14 @@ class ComputeServer:
                        "preempt": self.preempt, "crash": self.crash, "unreachable": self.unreachable,
                        "maintenance": self.maintenance, "host_error": self.host_error, "set_status": self.set_status,
                        "slow_operations": self.slow_operations, "hold_operations": self.hold_operations,
-                       "unknown": self.unknown, "preemption_rate": self.preemption_rate}
+                       "unknown": self.unknown, "preemption_rate": self.preemption_rate,
+                       "spot_price": self.spot_price}
             if fault not in actions:
                 return _json({"error": f"unknown fault {fault}"}, 404)
-            actions[fault](**args)
+            try:
+                actions[fault](**args)
+            except (TypeError, ValueError) as e:  # arguments the fault does not take
+                return _json({"error": f"{fault}: {e}"}, 400)
             return _json({"ok": True})
 
         return app
@@ -338,8 +342,19 @@ class ComputeServer:
     # -- advice ----------------------------------------------------------------------
     def preemption_rate(self, zone: str, rate: float) -> None:
         """What capacity advice tells of ``zone``: this share of its Spot VMs preempted a day."""
+        rate = float(rate)
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"a preemption rate is a share of VMs a day, 0 to 1: {rate}")
         with self._lock:
             self.faults.advice.preemption_rates[zone] = rate
+
+    def spot_price(self, machine_type: str, dollars_per_hour: float) -> None:
+        """What capacity history tells of ``machine_type``'s Spot price."""
+        dollars_per_hour = float(dollars_per_hour)
+        if dollars_per_hour < 0:
+            raise ValueError(f"a price is not negative: {dollars_per_hour}")
+        with self._lock:
+            self.faults.advice.spot_prices[machine_type] = dollars_per_hour
 
     def _advice_capacity(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
         with self._lock:

@@ -73,14 +73,27 @@ def _check(value: Any, spec: dict[str, Any], at: str) -> list[str]:
     return _scalar(value, spec, at)
 
 
+_RANGES = {"int32": (-2**31, 2**31 - 1), "uint32": (0, 2**32 - 1), "int64": (-2**63, 2**63 - 1), "uint64": (0, 2**64 - 1)}
+
+
+def _whole(value: Any, fmt: str) -> bool:
+    """An integer of that format, as a JSON number or a decimal string (ASCII digits only)."""
+    if isinstance(value, str) and value.removeprefix("-").isascii() and value.removeprefix("-").isdigit():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        return False
+    low, high = _RANGES.get(fmt, (-2**63, 2**64 - 1))
+    return low <= value <= high
+
+
 def _scalar(value: Any, spec: dict[str, Any], at: str) -> list[str]:
     kind, fmt = spec.get("type"), spec.get("format", "")
     if kind == "string" and fmt in ("int64", "uint64"):
-        ok = (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, str) and value.lstrip("-").isdigit())
+        ok = _whole(value, fmt)
     elif kind == "string":
         ok = isinstance(value, str)
     elif kind == "integer":
-        ok = (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, str) and value.lstrip("-").isdigit())
+        ok = _whole(value, fmt)
     elif kind == "number":
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     elif kind == "boolean":

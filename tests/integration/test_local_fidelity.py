@@ -683,6 +683,10 @@ def test_capacity_advice_ranks_zones_by_what_an_insert_would_meet_then_by_spot_u
                                                               shape="BALANCED", size=5))
         assert [(s.zone, s.instance_count) for s in spread.recommendations[0].shards] == \
             [("us-central1-b", 3), ("us-central1-c", 2)]
+        assert spread.recommendations[0].scores.estimated_uptime == "86400s"  # as good as its worst zone
+        ranked = advice_client(srv).capacity(capacity_request(
+            ["us-central1-c", "https://compute.googleapis.com/compute/v1/projects/p/zones/us-central1-c"]))
+        assert len(ranked.recommendations) == 1, "a zone named twice is one zone"
 
 
 def test_capacity_advice_refuses_what_google_refuses():
@@ -692,15 +696,23 @@ def test_capacity_advice_refuses_what_google_refuses():
             client.capacity(capacity_request(["europe-west4-a"]))
         with pytest.raises(gexc.BadRequest, match="resource.size"):
             client.capacity(capacity_request(["us-central1-a"], size=0))
-        raw = requests.post(f"{srv.endpoint}/compute/v1/projects/{PROJECT}/regions/us-central1/advice/capacity",
-                            json={"size": 1, "zones": []}, timeout=10)  # a field the schema does not have
-        assert raw.status_code == 400 and "Unknown name" in raw.json()["error"]["message"]
+        raw = lambda body, region="us-central1": requests.post(  # noqa: E731
+            f"{srv.endpoint}/compute/v1/projects/{PROJECT}/regions/{region}/advice/capacity", json=body, timeout=10)
+        assert raw({"size": 1, "zones": []}).status_code == 400  # a field the schema does not have
+        assert "Unknown name" in raw({"size": 1, "zones": []}).json()["error"]["message"]
+        selection = {"instanceFlexibilityPolicy": {"instanceSelections": {"a": {"machineTypes": ["g2-standard-8"]}}}}
+        assert raw({"size": 3_000_000_000, **selection}).status_code == 400  # past int32: refused, not echoed
+        assert raw({"size": "2", **selection}).status_code == 200  # int32 as a decimal string, as JSON allows
+        assert raw({"size": 1, **selection, "distributionPolicy": {"targetShape": "BALANCED"}},
+                   region="asia-east1").status_code == 400  # a region this cloud does not have
+        assert requests.post(f"{srv.endpoint}/_local/preemption_rate", json={"zone": "us-central1-a", "rate": 2},
+                             timeout=10).status_code == 400
 
 
 def test_capacity_history_tells_a_zones_preemption_rate_and_spot_price():
     with ComputeServer(run_vms=False) as srv:
         srv.preemption_rate("us-central1-b", 0.2)
-        srv.faults.advice.spot_prices["g2-standard-8"] = 0.2512
+        srv.spot_price("g2-standard-8", 0.2512)
         answer = advice_client(srv).capacity_history(compute_v1.CapacityHistoryAdviceRequest(
             project=PROJECT, region="us-central1", capacity_history_request_resource={
                 "instance_properties": {"machine_type": "g2-standard-8",
