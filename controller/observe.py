@@ -22,7 +22,7 @@ from cachetools import LRUCache
 
 from controller import checkpoints, errors, fanout, names
 from controller.policy import ControllerPolicy
-from controller.ports import BlobInfo, BlobStore, ComputeGateway, Instance, InstanceList
+from controller.ports import Blob, BlobInfo, BlobStore, ComputeGateway, Instance, InstanceList
 from controller.spec import MAX_SPEC_BYTES, Checkpoint, JobSpec, SpecError, parse_spec
 from controller.state import CheckpointRef, JobStatus
 from controller.world import MAX_RECORD_BYTES, JobView, Record, World
@@ -234,26 +234,25 @@ class Observer:
         if info.size > MAX_SPEC_BYTES:  # the listing says so: not even a request for it
             return (None, too_large), info.generation
         try:
-            data, generation = self._read_listed(info, MAX_SPEC_BYTES)
+            blob = self._read_listed(info, MAX_SPEC_BYTES)
         except errors.TooLarge:  # grew since the listing
             return (None, too_large), 0
         try:
-            spec = parse_spec(data, job)
+            spec = parse_spec(blob.data, job)
         except SpecError as e:
-            return (None, tuple(e.problems)), generation
+            return (None, tuple(e.problems)), blob.info.generation
         if problems := tuple(self.policy.violations(spec)):
-            return (None, problems), generation
+            return (None, problems), blob.info.generation
         # From here on the spec says exactly where and as whom VMs run: the project and
         # service account filled in from the policy, never from status.json.
-        return (self.policy.resolve(spec), ()), generation
+        return (self.policy.resolve(spec), ()), blob.info.generation
 
-    def _read_listed(self, info: BlobInfo, limit: int) -> tuple[bytes, int]:
-        """(bytes, generation): the listed generation in one request, or, replaced since, what is there now."""
+    def _read_listed(self, info: BlobInfo, limit: int) -> Blob:
+        """The listed generation in one request, or, replaced since, what is there now."""
         try:
-            return self.store.read_listed(info), info.generation
+            return Blob(info, self.store.read_listed(info))
         except errors.NotFound:
-            blob = self.store.read(self.bucket, info.name, limit=limit)
-            return blob.data, blob.info.generation
+            return self.store.read(self.bucket, info.name, limit=limit)
 
     def _status(self, info: BlobInfo | None) -> tuple[JobStatus | None, int]:
         if info is None:
@@ -270,8 +269,9 @@ class Observer:
         try:
             if info.size > MAX_STATUS_BYTES:  # the listing says so: not even a request for it
                 raise errors.TooLarge(info.name)
-            data, generation = self._read_listed(info, MAX_STATUS_BYTES)
-            return JobStatus.from_json(data), generation
+            blob = self._read_listed(info, MAX_STATUS_BYTES)
+            generation = blob.info.generation
+            return JobStatus.from_json(blob.data), generation
         except (errors.TooLarge, ValueError, RecursionError):
             # Unreadable or oversized (hand-edited?): start over, overwriting it by
             # compare-and-swap (a generation that moved meanwhile just fails, and the next
@@ -286,17 +286,17 @@ class Observer:
             return Record.oversized(info)
 
         def read() -> tuple[Record | None, int]:
-            try:
-                return Record.parse(info, self.store.read_listed(info)), info.generation
-            except errors.NotFound:  # replaced or consumed since the listing: what is there now
-                record = self._read_record(info.name)
-                return record, record.generation if record else 0
+            record = self._read_record(info.name, info)
+            return record, record.generation if record else 0
 
         return self.parsed.get(info, read)
 
-    def _read_record(self, name: str) -> Record | None:
+    def _read_record(self, name: str, listed: BlobInfo | None = None) -> Record | None:
+        """The record at ``name``; ``listed``: the generation a listing named, read in one request
+        while it is still there."""
         try:
-            blob = self.store.read(self.bucket, name, limit=MAX_RECORD_BYTES)
+            blob = self._read_listed(listed, MAX_RECORD_BYTES) if listed else \
+                self.store.read(self.bucket, name, limit=MAX_RECORD_BYTES)
         except errors.NotFound:
             return None  # consumed between the listing and the read, or never written
         except errors.TooLarge:
