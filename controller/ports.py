@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Protocol
+from typing import Protocol, Self
 
 from controller import names
 
@@ -216,4 +216,189 @@ class ComputeGateway(Protocol):
 
     def stop_reason(self, project: str, zone: str, name: str) -> StopReason:
         """Why a VM stopped or vanished, from Compute's own records."""
+        ...
+
+
+# -- Cloud TPU ----------------------------------------------------------------------
+
+
+class _Lenient(StrEnum):
+    """A string enum that reads a value it does not know as its UNKNOWN member."""
+
+    @classmethod
+    def of(cls, value: object) -> Self:
+        """The value the API sent, or UNKNOWN for one this code does not know (added later)."""
+        try:
+            return cls(str(value))
+        except ValueError:
+            return cls["UNKNOWN"]
+
+
+class NodeState(_Lenient):
+    """``Node.state`` as tpu.v2.json lists it (UNKNOWN is one of Google's own values too).
+
+    As with ``InstanceStatus``, a value added after this code was written reads as UNKNOWN:
+    a node in a state we cannot judge is left to settle, never taken for lost.
+    """
+
+    STATE_UNSPECIFIED = "STATE_UNSPECIFIED"
+    CREATING = "CREATING"
+    READY = "READY"
+    RESTARTING = "RESTARTING"
+    REIMAGING = "REIMAGING"
+    DELETING = "DELETING"
+    REPAIRING = "REPAIRING"
+    STOPPED = "STOPPED"
+    STOPPING = "STOPPING"
+    STARTING = "STARTING"
+    PREEMPTED = "PREEMPTED"  # Spot/preemptible: reclaimed; a Spot TPU cannot be restarted, only recreated
+    TERMINATED = "TERMINATED"  # maintenance, or the end of a preemptible node's life
+    HIDING = "HIDING"
+    HIDDEN = "HIDDEN"
+    UNHIDING = "UNHIDING"
+    UNKNOWN = "UNKNOWN"
+
+
+class NodeHealth(_Lenient):
+    """``Node.health`` as tpu.v2.json lists it, plus UNKNOWN (Google omits it while unset)."""
+
+    HEALTH_UNSPECIFIED = "HEALTH_UNSPECIFIED"
+    HEALTHY = "HEALTHY"
+    TIMEOUT = "TIMEOUT"
+    UNHEALTHY_TENSORFLOW = "UNHEALTHY_TENSORFLOW"
+    UNHEALTHY_MAINTENANCE = "UNHEALTHY_MAINTENANCE"
+    UNKNOWN = "UNKNOWN"
+
+
+class QueuedState(_Lenient):
+    """``QueuedResourceState.state`` as tpu.v2.json lists it, plus UNKNOWN."""
+
+    STATE_UNSPECIFIED = "STATE_UNSPECIFIED"
+    CREATING = "CREATING"
+    ACCEPTED = "ACCEPTED"
+    PROVISIONING = "PROVISIONING"
+    FAILED = "FAILED"  # never fulfilled (bad request, or its time constraint expired): it stays until deleted
+    DELETING = "DELETING"
+    ACTIVE = "ACTIVE"
+    SUSPENDING = "SUSPENDING"  # its TPUs are being deleted (by the user or by the service)
+    SUSPENDED = "SUSPENDED"  # its TPUs were deleted; never allocated again
+    WAITING_FOR_RESOURCES = "WAITING_FOR_RESOURCES"
+    UNKNOWN = "UNKNOWN"
+
+
+# What a queued resource whose node does not exist (yet, or any more) reads as, as a node:
+# still on its way while the queue may yet give it; reclaimed once the service deleted its
+# TPUs (SUSPENDED is never allocated again); TERMINATED when it failed for good; otherwise
+# UNKNOWN, which is left to settle.
+QUEUED_AS_NODE: Mapping[QueuedState, NodeState] = {
+    QueuedState.CREATING: NodeState.CREATING,
+    QueuedState.ACCEPTED: NodeState.CREATING,
+    QueuedState.WAITING_FOR_RESOURCES: NodeState.CREATING,
+    QueuedState.PROVISIONING: NodeState.CREATING,
+    QueuedState.ACTIVE: NodeState.CREATING,  # fulfilled a moment before its node is listed
+    QueuedState.SUSPENDING: NodeState.PREEMPTED,
+    QueuedState.SUSPENDED: NodeState.PREEMPTED,
+    QueuedState.FAILED: NodeState.TERMINATED,
+    QueuedState.DELETING: NodeState.DELETING,
+}
+
+
+@dataclass(frozen=True)
+class TpuNode:
+    """A managed TPU VM (one node: a slice of ``workers`` hosts) as observed, or the queued
+    resource that is to create it (``queued`` set, state from ``QUEUED_AS_NODE``)."""
+
+    project: str
+    zone: str
+    name: str  # the short node id
+    state: NodeState
+    health: NodeHealth
+    labels: Mapping[str, str]
+    created_at: datetime
+    accelerator_type: str = ""
+    spot: bool = False
+    id: str = ""
+    workers: int = 1  # len(networkEndpoints); 1 when the node does not say (still creating)
+    # "SCHEDULED, starts 2026-11-24T10:00:00Z" (type, then window start; ", ONGOING" once it
+    # is under way) while Node.upcomingMaintenance is set, else None.
+    upcoming_maintenance: str | None = None
+    # The state of the queued resource that owns this node, or that is waiting to create it;
+    # None for a node created directly.
+    queued: QueuedState | None = None
+
+    @property
+    def managed(self) -> bool:
+        return self.labels.get(names.MANAGED_LABEL) == "true"
+
+    @property
+    def job(self) -> str | None:
+        return self.labels.get(names.JOB_LABEL)
+
+    @property
+    def attempt(self) -> int:
+        value = self.labels.get(names.ATTEMPT_LABEL, "")
+        return int(value) if value.isdigit() else 0
+
+
+@dataclass(frozen=True)
+class TpuList:
+    nodes: list[TpuNode]
+    unreachable: list[str] = field(default_factory=list)  # zones that did not answer
+    failed_projects: dict[str, str] = field(default_factory=dict)  # project -> why (403...)
+
+
+@dataclass(frozen=True)
+class TpuRequest:
+    """Everything needed to create one TPU VM; the adapter maps it onto the TPU v2 API."""
+
+    project: str
+    zone: str
+    name: str
+    accelerator_type: str  # e.g. "v5litepod-8"
+    runtime_version: str  # e.g. "v2-alpha-tpuv5-lite"
+    spot: bool
+    labels: Mapping[str, str]
+    metadata: Mapping[str, str]  # startup-script, shutdown-script, respawn-*
+    service_account: str  # "default": the project's default Compute account
+    scopes: tuple[str, ...]
+    network: str
+    subnetwork: str | None
+    external_ip: bool
+    tags: tuple[str, ...] = ()
+    # Create through queuedResources (the spot tier when spot, else guaranteed) under the
+    # node's name: a stockout then waits in the queue instead of failing the create.
+    queued: bool = False
+
+
+class TpuGateway(Protocol):
+    """Cloud TPU (v2 API), reduced to what the controller needs. Same error discipline as
+    ``ComputeGateway``: ``controller.errors`` types only."""
+
+    def list_nodes(self, projects: Sequence[str], zones: Sequence[str], job: str | None = None) -> TpuList:
+        """Managed nodes (``names.MANAGED_LABEL`` = "true"; one job's with ``job``) in these
+        zones of these projects, plus each managed queued resource whose node is not listed
+        (not created yet, or deleted by the service) as a TpuNode with ``queued`` set and its
+        state from ``QUEUED_AS_NODE`` (CREATING while the queue may still give it).
+
+        TPU v2 has no aggregated list and no label filter: each zone is listed (side by side)
+        and labels are filtered here. A zone that did not answer is in ``unreachable``; a
+        project that refused (403) is in ``failed_projects``; an invalid ``job`` name raises
+        ``RequestError``.
+        """
+        ...
+
+    def create(self, request: TpuRequest, request_id: str, wait: float | None = None) -> None:
+        """Create one TPU VM (or its queued resource). An existing one is success, once it is no
+        longer CREATING: an existing node still being created is waited for like an operation.
+
+        Raises ``CapacityError`` (stockout; a queued create waits instead), ``QuotaError``,
+        ``OperationPending`` (still running after ``wait`` seconds, None: the gateway's own
+        limit; the same request later reads its outcome), ``RequestError`` (a bad request) or
+        ``TransientError`` (after retries).
+        """
+        ...
+
+    def delete(self, project: str, zone: str, name: str) -> None:
+        """Delete the node, or its queued resource (force: with its node) when it has one;
+        ``NotFound`` when neither exists. Does not wait for the operation."""
         ...
