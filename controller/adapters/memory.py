@@ -12,13 +12,14 @@ import bisect
 import itertools
 import threading
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from controller import errors, names
 from controller.clock import Clock, FakeClock
 from controller.ports import Blob, BlobInfo, Instance, InstanceList, InstanceRequest, InstanceStatus, StopReason
+from controller.ports import QUEUED_AS_NODE, NodeHealth, NodeState, QueuedState, TpuList, TpuNode, TpuRequest
 
 
 class Faults:
@@ -373,6 +374,234 @@ class MemoryCompute:
         if zone in self.quota_exhausted:
             return errors.QuotaError(zone, "QUOTA_EXCEEDED")
         return None
+
+    def _call(self, op: str, what: str) -> None:
+        self.calls.append((op, what))
+        self.faults.check(op)
+
+
+@dataclass
+class _Tpu:
+    node: TpuNode
+    request: TpuRequest | None
+    held: bool = False  # its create operation is still running (``MemoryTpu.hold``)
+
+
+@dataclass
+class _Queued:
+    request: TpuRequest
+    state: QueuedState
+    created_at: datetime
+    held: bool = False  # its create operation is still running
+
+
+class MemoryTpu:
+    """A fake Cloud TPU: nodes and queued resources by (project, zone, name).
+
+    As the v2 API: a create of an existing name is success (409) once the node is past
+    CREATING; a stockout fails a node's create (on its operation) but leaves a queued
+    resource WAITING_FOR_RESOURCES until ``stockout(zone, False)`` lets the queue give it
+    its node; quota is refused at once. ``hold = True`` keeps create operations running: the
+    node shows CREATING (a queued resource CREATING) and ``create`` raises
+    ``OperationPending``, the same request again too while held; once released, capacity is
+    decided then (a late stockout takes the node away, and the next create reads it).
+    """
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock = clock or FakeClock()
+        self.faults = Faults()  # ops: "list", "create", "delete"
+        self.calls: list[tuple[str, str]] = []
+        self.stockouts: set[str] = set()
+        self.quota_exhausted: set[str] = set()
+        self.unreachable: set[str] = set()
+        self.failing_projects: set[str] = set()  # projects whose list fails (403)
+        self.hold = False
+        self.deleted: list[str] = []
+        self._nodes: dict[_Key, _Tpu] = {}
+        self._queued: dict[_Key, _Queued] = {}
+        self._ids = itertools.count(7_000_000_000_000_000_001)
+        self._lock = threading.RLock()
+
+    def list_nodes(self, projects: Sequence[str], zones: Sequence[str], job: str | None = None) -> TpuList:
+        with self._lock:
+            self._call("list", f"{job or '*'} in {','.join(zones)}")
+            if job is not None and (problem := names.job_name_problem(job)):
+                raise errors.RequestError(problem)
+            self._provision()
+            failed = {p: "RequestError: permission denied" for p in projects if p in self.failing_projects}
+
+            def seen(key: _Key, labels: Mapping[str, str]) -> bool:
+                return (key[0] in projects and key[0] not in failed and key[1] in zones
+                        and key[1] not in self.unreachable and labels.get(names.MANAGED_LABEL) == "true"
+                        and (job is None or labels.get(names.JOB_LABEL) == job))
+
+            found = [replace(tpu.node, queued=self._queued[key].state if key in self._queued else None)
+                     for key, tpu in sorted(self._nodes.items()) if seen(key, tpu.node.labels)]
+            for key, queued in sorted(self._queued.items()):
+                r = queued.request
+                if key not in self._nodes and seen(key, r.labels):
+                    found.append(TpuNode(r.project, r.zone, r.name, QUEUED_AS_NODE.get(queued.state, NodeState.UNKNOWN),
+                                         NodeHealth.HEALTH_UNSPECIFIED, dict(r.labels), queued.created_at,
+                                         r.accelerator_type, r.spot, queued=queued.state))
+            return TpuList(found, sorted(self.unreachable & set(zones)), failed)
+
+    def create(self, request: TpuRequest, request_id: str, wait: float | None = None) -> None:
+        # Operations here finish at once, or only when ``hold`` lets them: ``wait`` changes neither.
+        r = request
+        key = (r.project, r.zone, r.name)
+        with self._lock:
+            self._call("create", r.name)
+            self._provision()
+            if r.queued:
+                self._create_queued(key, r)
+                return
+            if (tpu := self._nodes.get(key)) is not None:  # 409: success once it is past CREATING
+                if tpu.held and not self.hold:
+                    self._finish(key)  # the first create's operation, finished now: may raise
+                if key in self._nodes and self._nodes[key].held:
+                    raise errors.OperationPending(f"{r.name} in {r.zone} still CREATING")
+                return
+            if r.zone in self.quota_exhausted:  # refused at once (HTTP 429), nothing created
+                raise errors.QuotaError(r.zone, "QUOTA_EXCEEDED (TPUV5sLitepodPerProjectPerZoneForTPUAPI)")
+            if self.hold:
+                self._nodes[key] = _Tpu(self._node(r, NodeState.CREATING), r, held=True)
+                raise errors.OperationPending(f"create of {r.name} in {r.zone} still running")
+            if r.zone in self.stockouts:  # the operation finishes with code 8
+                raise errors.CapacityError(r.zone, "RESOURCE_EXHAUSTED (no more capacity)")
+            self._nodes[key] = _Tpu(self._node(r, NodeState.READY), r)
+
+    def _create_queued(self, key: _Key, r: TpuRequest) -> None:
+        if (queued := self._queued.get(key)) is not None:  # 409 / the same request id: success
+            if queued.held and not self.hold:
+                self._finish_queued(key)
+            if self._queued[key].held:
+                raise errors.OperationPending(f"queued resource {r.name} in {r.zone} still being created")
+            return
+        if r.zone in self.quota_exhausted:
+            raise errors.QuotaError(r.zone, "QUOTA_EXCEEDED (TPUV5sLitepodPerProjectPerZoneForTPUAPI)")
+        if self.hold:
+            self._queued[key] = _Queued(r, QueuedState.CREATING, self.clock.now(), held=True)
+            raise errors.OperationPending(f"queued resource {r.name} in {r.zone} still being created")
+        self._queued[key] = _Queued(r, QueuedState.WAITING_FOR_RESOURCES, self.clock.now())
+        self._provision()
+
+    def delete(self, project: str, zone: str, name: str) -> None:
+        key = (project, zone, name)
+        with self._lock:
+            self._call("delete", name)
+            if key not in self._queued and key not in self._nodes:
+                raise errors.NotFound(f"TPU node {name} in {zone}")
+            self._queued.pop(key, None)  # force: its node goes with it
+            self._nodes.pop(key, None)
+            self.deleted.append(name)
+
+    # -- test helpers: what Google, a user or the TPU host would do ---------------------
+    def stockout(self, zone: str, on: bool = True) -> None:
+        """No capacity in ``zone``; when it returns, waiting queued resources get their nodes."""
+        with self._lock:
+            (self.stockouts.add if on else self.stockouts.discard)(zone)
+            self._provision()
+
+    def quota(self, zone: str, on: bool = True) -> None:
+        with self._lock:
+            (self.quota_exhausted.add if on else self.quota_exhausted.discard)(zone)
+
+    def hold_operations(self, on: bool = True) -> None:
+        """Create operations stay running (on), or every held one finishes now (off)."""
+        with self._lock:
+            self.hold = on
+            if not on:
+                for key in [k for k, tpu in self._nodes.items() if tpu.held]:
+                    try:
+                        self._finish(key)
+                    except errors.CapacityError:
+                        pass  # the node is gone; the next create of it reads the stockout
+                for key in [k for k, queued in self._queued.items() if queued.held]:
+                    self._finish_queued(key)
+
+    def preempt(self, name: str) -> None:
+        """Google reclaims a Spot TPU: PREEMPTED, and it cannot be restarted (its queued
+        resource, if any, SUSPENDED: the service deleted its TPUs)."""
+        with self._lock:
+            key, tpu = self._find(name)
+            tpu.node = replace(tpu.node, state=NodeState.PREEMPTED)
+            if key in self._queued:
+                self._queued[key].state = QueuedState.SUSPENDED
+
+    def set_state(self, name: str, state: NodeState | str) -> None:
+        """Any state the API might send; a value this code does not know reads as UNKNOWN."""
+        with self._lock:
+            _, tpu = self._find(name)
+            tpu.node = replace(tpu.node, state=NodeState.of(state))
+
+    def set_health(self, name: str, health: NodeHealth | str) -> None:
+        with self._lock:
+            _, tpu = self._find(name)
+            tpu.node = replace(tpu.node, health=NodeHealth.of(health))
+
+    def upcoming_maintenance(self, name: str, on: bool = True, start: str = "2026-11-24T10:00:00Z") -> None:
+        """Scheduled maintenance announced on the node (``Node.upcomingMaintenance``), or withdrawn."""
+        with self._lock:
+            _, tpu = self._find(name)
+            tpu.node = replace(tpu.node, upcoming_maintenance=f"SCHEDULED, starts {start}" if on else None)
+
+    def add_foreign(self, project: str, zone: str, name: str, labels: dict[str, str]) -> None:
+        """A node the controller did not create (maybe with look-alike labels)."""
+        with self._lock:
+            node = TpuNode(project, zone, name, NodeState.READY, NodeHealth.HEALTHY, dict(labels), self.clock.now(),
+                           "v5litepod-8", id=str(next(self._ids)))
+            self._nodes[(project, zone, name)] = _Tpu(node, None)
+
+    def node(self, name: str) -> TpuNode:
+        with self._lock:
+            return self._find(name)[1].node
+
+    def request_of(self, name: str) -> TpuRequest:
+        with self._lock:
+            request = self._find(name)[1].request
+            assert request is not None
+            return request
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return sorted(key[2] for key in self._nodes)
+
+    def queued_state(self, name: str) -> QueuedState | None:
+        with self._lock:
+            return next((q.state for key, q in self._queued.items() if key[2] == name), None)
+
+    # -- the service's own work -------------------------------------------------------
+    def _node(self, r: TpuRequest, state: NodeState) -> TpuNode:
+        return TpuNode(r.project, r.zone, r.name, state,
+                       NodeHealth.HEALTHY if state == NodeState.READY else NodeHealth.HEALTH_UNSPECIFIED,
+                       dict(r.labels), self.clock.now(), r.accelerator_type, r.spot, str(next(self._ids)))
+
+    def _finish(self, key: _Key) -> None:
+        """A held node create's operation finishes: a stockout now takes the node away."""
+        tpu = self._nodes[key]
+        if key[1] in self.stockouts:
+            del self._nodes[key]
+            raise errors.CapacityError(key[1], "RESOURCE_EXHAUSTED (no more capacity)")
+        tpu.held = False
+        tpu.node = replace(tpu.node, state=NodeState.READY, health=NodeHealth.HEALTHY)
+
+    def _finish_queued(self, key: _Key) -> None:
+        queued = self._queued[key]
+        queued.held, queued.state = False, QueuedState.WAITING_FOR_RESOURCES
+        self._provision()
+
+    def _provision(self) -> None:
+        """The queue gives every waiting queued resource in a zone with capacity its node."""
+        for key, queued in self._queued.items():
+            if queued.state == QueuedState.WAITING_FOR_RESOURCES and key[1] not in self.stockouts:
+                queued.state = QueuedState.ACTIVE
+                self._nodes[key] = _Tpu(self._node(queued.request, NodeState.READY), queued.request)
+
+    def _find(self, name: str) -> tuple[_Key, _Tpu]:
+        keys = sorted(key for key in self._nodes if key[2] == name)
+        if not keys:
+            raise KeyError(f"no TPU node named {name}")
+        return keys[0], self._nodes[keys[0]]
 
     def _call(self, op: str, what: str) -> None:
         self.calls.append((op, what))

@@ -1,0 +1,273 @@
+"""The TPU port's contract, run against the in-memory fake and the real adapter alike.
+
+The real adapter (``CloudTpu`` on ``tpu_v2.TpuClient``, REST) talks to the local TPU
+server over HTTP, so a fake that drifts from what the adapter reads fails here for one
+backend and not the other.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from controller import errors, names
+from controller.adapters.memory import MemoryTpu
+from controller.clock import SystemClock
+from controller.ports import NodeHealth, NodeState, QueuedState, TpuGateway, TpuNode, TpuRequest
+from tests.wait import until
+
+PROJECT = "contract-proj"
+ZONE = "us-central1-a"
+
+
+@dataclass
+class Backend:
+    """A TPU gateway, and what Google (or a person) would do to the nodes behind it."""
+
+    name: str
+    tpu: TpuGateway
+    stockout: Callable[[str, bool], None]
+    quota: Callable[[str, bool], None]
+    preempt: Callable[[str], None]
+    set_state: Callable[[str, str], None]
+    set_health: Callable[[str, str], None]
+    maintenance_notice: Callable[[str, bool], None]  # Node.upcomingMaintenance set (True) or cleared
+    hold: Callable[[bool], None]  # True: create operations stay running past the wait; False: they finish now
+    foreign: Callable[[str, dict[str, str]], None]  # a node someone else created in ZONE
+    unreachable: Callable[[str, bool], None]  # a zone whose list does not answer
+
+
+def _memory() -> Backend:
+    fake = MemoryTpu(SystemClock())
+    return Backend(
+        "memory", fake, stockout=fake.stockout, quota=fake.quota, preempt=fake.preempt,
+        set_state=fake.set_state, set_health=fake.set_health, maintenance_notice=fake.upcoming_maintenance,
+        hold=fake.hold_operations, foreign=lambda n, labels: fake.add_foreign(PROJECT, ZONE, n, labels),
+        unreachable=lambda z, on: (fake.unreachable.add if on else fake.unreachable.discard)(z),
+    )
+
+
+@pytest.fixture(params=["memory"])
+def backend(request: pytest.FixtureRequest) -> Backend:
+    return _memory()
+
+
+def unique(prefix: str = "t") -> str:
+    return f"{prefix}{uuid.uuid4().hex[:8]}"
+
+
+def request_for(job: str, attempt: int = 1, zone: str = ZONE, *, spot: bool = True, queued: bool = False,
+                accelerator_type: str = "v5litepod-8") -> TpuRequest:
+    return TpuRequest(
+        project=PROJECT, zone=zone, name=names.instance_name(job, attempt), accelerator_type=accelerator_type,
+        runtime_version="v2-alpha-tpuv5-lite", spot=spot,
+        labels={names.MANAGED_LABEL: "true", names.JOB_LABEL: job, names.ATTEMPT_LABEL: str(attempt)},
+        metadata={"respawn-job": job, "startup-script": "#!/bin/bash\nsleep 300\n"},
+        service_account="default", scopes=("https://www.googleapis.com/auth/cloud-platform",),
+        network="default", subnetwork=None, external_ip=False, tags=("respawn",), queued=queued)
+
+
+def create(backend: Backend, r: TpuRequest, retry: int = 0) -> None:
+    backend.tpu.create(r, names.request_id(r.labels[names.JOB_LABEL], int(r.labels[names.ATTEMPT_LABEL]), retry))
+
+
+def mine(backend: Backend, job: str, zones: tuple[str, ...] = (ZONE,)) -> dict[str, TpuNode]:
+    return {n.name: n for n in backend.tpu.list_nodes([PROJECT], list(zones), job).nodes}
+
+
+def ready(backend: Backend, job: str) -> TpuNode:
+    """The job's first node once READY (the local server boots it after a short delay)."""
+    name = names.instance_name(job, 1)
+    return until("READY", lambda: (n := mine(backend, job).get(name)) and n.state == NodeState.READY and n)
+
+
+class TestTpuGateway:
+    def test_create_then_list_shows_the_node_as_requested(self, backend):
+        job = unique()
+        create(backend, request_for(job))
+        node = ready(backend, job)
+        assert (node.project, node.zone, node.name) == (PROJECT, ZONE, f"{job}-1")
+        assert (node.job, node.attempt, node.managed) == (job, 1, True)
+        assert node.labels == {names.MANAGED_LABEL: "true", names.JOB_LABEL: job, names.ATTEMPT_LABEL: "1"}
+        assert (node.accelerator_type, node.spot, node.workers) == ("v5litepod-8", True, 1)
+        assert node.health == NodeHealth.HEALTHY and node.id and node.created_at.tzinfo is not None
+        assert node.queued is None and node.upcoming_maintenance is None
+
+    def test_a_standard_node_is_not_spot(self, backend):
+        job = unique()
+        create(backend, request_for(job, spot=False))
+        assert ready(backend, job).spot is False
+
+    def test_create_of_an_existing_name_is_success_without_a_duplicate(self, backend):
+        job = unique()
+        create(backend, request_for(job))
+        ready(backend, job)
+        create(backend, request_for(job))  # the same request again
+        create(backend, request_for(job), retry=1)  # another request id, the same name
+        assert list(mine(backend, job)) == [f"{job}-1"]
+
+    def test_list_shows_only_managed_nodes_and_one_jobs_with_job(self, backend):
+        job, other = unique("j"), unique("o")
+        create(backend, request_for(job))
+        create(backend, request_for(other))
+        backend.foreign(f"{job}-7", {names.JOB_LABEL: job})  # no managed label
+        backend.foreign(f"{job}-8", {names.MANAGED_LABEL: "false", names.JOB_LABEL: job})
+        assert list(mine(backend, job)) == [f"{job}-1"]
+        everything = backend.tpu.list_nodes([PROJECT], [ZONE]).nodes
+        assert {f"{job}-1", f"{other}-1"} <= {n.name for n in everything}
+        assert all(n.managed for n in everything)
+        assert mine(backend, job, ("us-central1-b",)) == {}  # only the zones asked for
+
+    def test_zones_are_listed_side_by_side(self, backend):
+        job = unique()
+        create(backend, request_for(job, 1, "us-central1-a"))
+        create(backend, request_for(job, 2, "us-central1-b"))
+        listed = backend.tpu.list_nodes([PROJECT], ["us-central1-a", "us-central1-b", "us-central1-c"], job)
+        assert sorted((n.name, n.zone) for n in listed.nodes) == [(f"{job}-1", "us-central1-a"),
+                                                                  (f"{job}-2", "us-central1-b")]
+        assert listed.unreachable == [] and listed.failed_projects == {}
+
+    def test_stockout_is_a_capacity_error_naming_the_zone(self, backend):
+        job = unique()
+        backend.stockout("us-central1-f", True)
+        try:
+            with pytest.raises(errors.CapacityError) as e:
+                create(backend, request_for(job, zone="us-central1-f"))
+            assert e.value.zone == "us-central1-f" and "RESOURCE_EXHAUSTED" in e.value.reason
+        finally:
+            backend.stockout("us-central1-f", False)
+        until("nothing left of the stocked-out node", lambda: mine(backend, job, ("us-central1-f",)) == {})
+
+    def test_quota_is_a_quota_error(self, backend):
+        job = unique()
+        backend.quota("us-central1-c", True)
+        try:
+            with pytest.raises(errors.QuotaError) as e:
+                create(backend, request_for(job, zone="us-central1-c"))
+            assert e.value.zone == "us-central1-c" and "QUOTA" in e.value.reason
+        finally:
+            backend.quota("us-central1-c", False)
+        assert mine(backend, job, ("us-central1-c",)) == {}
+
+    def test_a_held_create_is_pending_then_the_same_request_succeeds_without_a_duplicate(self, backend):
+        job = unique()
+        r = request_for(job)
+        backend.hold(True)
+        try:
+            with pytest.raises(errors.OperationPending):
+                create(backend, r)
+            assert [n.state for n in mine(backend, job).values()] == [NodeState.CREATING]
+            with pytest.raises(errors.OperationPending):  # still running: asking again does not make it done
+                create(backend, r)
+        finally:
+            backend.hold(False)
+        create(backend, r)
+        node = ready(backend, job)
+        assert list(mine(backend, job)) == [node.name]
+
+    def test_delete_then_gone_and_a_missing_node_is_not_found(self, backend):
+        job = unique()
+        create(backend, request_for(job))
+        ready(backend, job)
+        backend.tpu.delete(PROJECT, ZONE, f"{job}-1")
+        until("the node to go", lambda: mine(backend, job) == {})
+        with pytest.raises(errors.NotFound):
+            backend.tpu.delete(PROJECT, ZONE, f"{job}-1")
+        with pytest.raises(errors.NotFound):
+            backend.tpu.delete(PROJECT, ZONE, unique("never"))
+
+    def test_preempted_reads_preempted(self, backend):
+        job = unique()
+        create(backend, request_for(job))
+        ready(backend, job)
+        backend.preempt(f"{job}-1")
+        until("PREEMPTED", lambda: mine(backend, job)[f"{job}-1"].state == NodeState.PREEMPTED)
+
+    @pytest.mark.parametrize("sent, read", [
+        ("SOMETHING_NEW", NodeState.UNKNOWN),
+        ("REPAIRING", NodeState.REPAIRING),
+        ("TERMINATED", NodeState.TERMINATED),
+        ("HIDDEN", NodeState.HIDDEN),
+    ])
+    def test_any_state_the_api_sends_is_read_never_raised(self, backend, sent, read):
+        job = unique()
+        create(backend, request_for(job))
+        ready(backend, job)
+        backend.set_state(f"{job}-1", sent)
+        assert mine(backend, job)[f"{job}-1"].state is read
+
+    @pytest.mark.parametrize("sent, read", [
+        ("SOMETHING_NEW", NodeHealth.UNKNOWN),
+        ("UNHEALTHY_MAINTENANCE", NodeHealth.UNHEALTHY_MAINTENANCE),
+        ("TIMEOUT", NodeHealth.TIMEOUT),
+    ])
+    def test_any_health_the_api_sends_is_read_never_raised(self, backend, sent, read):
+        job = unique()
+        create(backend, request_for(job))
+        ready(backend, job)
+        backend.set_health(f"{job}-1", sent)
+        assert mine(backend, job)[f"{job}-1"].health is read
+
+    def test_upcoming_maintenance_is_read_while_announced(self, backend):
+        job = unique()
+        create(backend, request_for(job))
+        ready(backend, job)
+        backend.maintenance_notice(f"{job}-1", True)
+        notice = mine(backend, job)[f"{job}-1"].upcoming_maintenance
+        assert notice is not None and notice.startswith("SCHEDULED, starts ")
+        backend.maintenance_notice(f"{job}-1", False)
+        assert mine(backend, job)[f"{job}-1"].upcoming_maintenance is None
+
+    def test_an_unreachable_zone_is_reported_and_the_others_still_listed(self, backend):
+        job = unique()
+        create(backend, request_for(job, 1, "us-central1-a"))
+        create(backend, request_for(job, 2, "us-central1-b"))
+        backend.unreachable("us-central1-b", True)
+        try:
+            listed = backend.tpu.list_nodes([PROJECT], ["us-central1-a", "us-central1-b"], job)
+        finally:
+            backend.unreachable("us-central1-b", False)
+        assert [n.name for n in listed.nodes] == [f"{job}-1"] and listed.unreachable == ["us-central1-b"]
+
+    @pytest.mark.parametrize("job", ['x" OR labels.respawn-job = "y', "Upper", "-dash", "a" * 51, "a-"])
+    def test_an_invalid_job_name_is_refused(self, backend, job):
+        with pytest.raises(errors.RequestError):
+            backend.tpu.list_nodes([PROJECT], [ZONE], job)
+
+    @pytest.mark.parametrize("spot", [True, False])
+    def test_a_queued_create_waits_out_a_stockout_then_gets_its_node(self, backend, spot):
+        job = unique("q")
+        zone = "us-east5-a"
+        backend.stockout(zone, True)
+        try:
+            create(backend, request_for(job, zone=zone, spot=spot, queued=True))  # accepted, not refused
+            waiting = until("the queued resource waiting", lambda: (n := mine(backend, job, (zone,)).get(f"{job}-1"))
+                               and n.queued == QueuedState.WAITING_FOR_RESOURCES and n)
+            assert (waiting.state, waiting.spot, waiting.accelerator_type) == (NodeState.CREATING, spot, "v5litepod-8")
+            assert waiting.job == job and waiting.managed
+            create(backend, request_for(job, zone=zone, spot=spot, queued=True))  # again: no second request
+        finally:
+            backend.stockout(zone, False)
+        node = until("its node", lambda: (n := mine(backend, job, (zone,)).get(f"{job}-1"))
+                        and n.state == NodeState.READY and n, timeout=60)
+        assert (node.queued, node.spot, node.labels[names.JOB_LABEL]) == (QueuedState.ACTIVE, spot, job)
+        assert list(mine(backend, job, (zone,))) == [f"{job}-1"]
+        backend.tpu.delete(PROJECT, zone, f"{job}-1")  # the queued resource, and its node with it
+        until("both to go", lambda: mine(backend, job, (zone,)) == {})
+        with pytest.raises(errors.NotFound):
+            backend.tpu.delete(PROJECT, zone, f"{job}-1")
+
+    def test_a_queued_resource_still_waiting_can_be_deleted(self, backend):
+        job = unique("q")
+        zone = "us-east5-b"
+        backend.stockout(zone, True)
+        try:
+            create(backend, request_for(job, zone=zone, queued=True))
+            until("the queued resource", lambda: f"{job}-1" in mine(backend, job, (zone,)))
+            backend.tpu.delete(PROJECT, zone, f"{job}-1")
+            until("it to go", lambda: mine(backend, job, (zone,)) == {})
+        finally:
+            backend.stockout(zone, False)
