@@ -26,6 +26,7 @@ class Settings(BaseSettings):
     project: str = Field(default="", validation_alias=AliasChoices("RESPAWN_PROJECT", "GOOGLE_CLOUD_PROJECT"))
     backend: Literal["google", "memory"] = "google"
     compute_endpoint: str | None = None  # e.g. http://127.0.0.1:8123 for the local cloud
+    tpu_endpoint: str | None = None  # the local cloud's TPU server, e.g. http://127.0.0.1:8124
     vm_scripts: Path = REPO_ROOT / "deploy" / "vm"
     log_format: Literal["auto", "cloud", "text"] = "auto"
     function_target: str | None = Field(default=None, validation_alias="FUNCTION_TARGET")

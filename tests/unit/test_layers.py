@@ -10,7 +10,7 @@ import pytest
 CORE = ["actions", "checkpoints", "clock", "durations", "engine", "errors", "executor", "fanout", "launch", "names",
         "observe", "planner", "policy", "ports", "spec", "state", "transitions", "world", "jobs"]
 FORBIDDEN = ("google", "flask", "requests", "functions_framework", "cloudevents", "localcloud", "controller.adapters.google",
-             "controller.adapters.gcs", "controller.adapters.compute")
+             "controller.adapters.gcs", "controller.adapters.compute", "controller.adapters.tpu")
 ROOT = Path(__file__).resolve().parents[2] / "controller"
 
 
