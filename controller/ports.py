@@ -381,9 +381,9 @@ class TpuGateway(Protocol):
         state from ``QUEUED_AS_NODE`` (CREATING while the queue may still give it).
 
         TPU v2 has no aggregated list and no label filter: each zone is listed (side by side)
-        and labels are filtered here. A zone that did not answer is in ``unreachable``; a
-        project that refused (403) is in ``failed_projects``; an invalid ``job`` name raises
-        ``RequestError``.
+        and labels are filtered here. A zone that did not answer, or that the project may not
+        use, is in ``unreachable``; a project that refused (403) is in ``failed_projects``; an
+        invalid ``job`` name raises ``RequestError``.
         """
         ...
 

@@ -16,9 +16,13 @@ google-api-core 2.44):
   queued resources only.
 - The installed ``tpu_v2.Node`` has no ``upcoming_maintenance`` field (tpu.v2.json has
   ``upcomingMaintenance``; only ``tpu_v2alpha1`` carries it), and the REST transport parses
-  with ``ignore_unknown_fields=True``: the field is dropped silently, and a state or
-  health value the proto does not know becomes 0 (``STATE_UNSPECIFIED``). Listings
-  therefore read the JSON themselves, through the transport's own session and host.
+  with ``ignore_unknown_fields=True``: the field is dropped silently. It also asks for
+  enums as numbers (``$alt=json;enum-encoding=int``), so a state Google adds later would
+  reach us as a bare number. Listings therefore read the JSON themselves, through the
+  transport's own session and host, with enums as names.
+- A zone the project may not use, or that does not exist, is a 403 naming the location
+  ("Permission denied on 'locations/us-central2-b' (or it may not exist)."): that zone is
+  unreachable, not the whole project refused.
 - Stockout comes back on the finished operation as code 8 (RESOURCE_EXHAUSTED), 'There
   is no more capacity in the zone "europe-west4-a"; you can try in another zone where
   Cloud TPU Nodes are offered ...'; a reservation without room as code 9, 'Insufficient
@@ -58,6 +62,7 @@ _CAPACITY = ("no more capacity", "insufficient reserved capacity", "insufficient
              "resource_pool_exhausted")
 _QUOTA = ("quota limit", "quota '", "quotafailure", "quota_exceeded", "quota exceeded")
 _QUOTA_NAME = re.compile(r"[Qq]uota (?:limit )?'([^']+)'")
+_LOCATION_DENIED = re.compile(r"Permission denied on 'locations/[^']*'")
 _LIBRARY = (gexc.GoogleAPIError, requests.exceptions.RequestException)
 _TRANSIENT = (gexc.TooManyRequests, gexc.InternalServerError, gexc.BadGateway, gexc.ServiceUnavailable,
               gexc.GatewayTimeout, gexc.DeadlineExceeded)
@@ -155,9 +160,11 @@ class CloudTpu:
                 return [], None, None
             except (*_LIBRARY, ValueError) as e:  # ValueError: a body that is not JSON
                 error = translate(e, zone)
-                # Not seen, like an aggregated list's unreachables: no answer, 5xx, or the
-                # read-request quota; anything else (403) is the project refusing.
-                if isinstance(error, (errors.TransientError, errors.QuotaError)):
+                # Not seen, like an aggregated list's unreachables: no answer, 5xx, the
+                # read-request quota, or this location refused; anything else (a 403 on the
+                # project) is the project refusing.
+                if isinstance(error, (errors.TransientError, errors.QuotaError)) or (
+                        isinstance(e, gexc.Forbidden) and _LOCATION_DENIED.search(e.message or "")):
                     return [], zone, None
                 return [], None, (project, str(error))
             return _zone_nodes(project, zone, nodes, queued, job), None, None

@@ -7,13 +7,18 @@ read as one even where its text differs from the local server's.
 
 from __future__ import annotations
 
+import json
+from types import SimpleNamespace
+
 import pytest
+import requests
 from google.api_core import exceptions as gexc
 from google.longrunning import operations_pb2
 from google.protobuf import any_pb2
 from google.rpc import status_pb2
 
 from controller import errors, names
+from controller.adapters import tpu
 from controller.adapters.tpu import RETRY, _raise_for, _retryable, _zone_nodes, queued_body, translate
 from controller.ports import NodeHealth, NodeState, QueuedState, TpuRequest
 
@@ -160,3 +165,62 @@ class TestListingJson:
               "tpu": {"nodeSpec": [{"nodeId": "k-1", "node": {"labels": {names.MANAGED_LABEL: "true"}}}]}}
         [node] = _zone_nodes("p", "z", [], [qr], None)
         assert node.state == read
+
+
+class _Session:
+    """Answers GETs from a table: path -> list of (status, JSON body), one per call in turn."""
+
+    def __init__(self, answers: dict[str, list[tuple[int, dict]]]) -> None:
+        self.answers, self.asked = answers, []
+
+    def get(self, url: str, params: dict, timeout: float) -> requests.Response:
+        path = url.removeprefix("http://tpu.test/v2/")
+        self.asked.append((path, params.get("pageToken", "")))
+        status, body = self.answers[path].pop(0)
+        response = requests.Response()
+        response.status_code, response._content = status, json.dumps(body).encode()
+        response.request = requests.Request("GET", url).prepare()
+        return response
+
+
+class _Client:
+    def __init__(self, session: _Session) -> None:
+        self.transport = SimpleNamespace(_session=session, _host="http://tpu.test")
+
+
+class TestListing:
+    """The listing's own requests: pages, and which failures blind a zone or a project."""
+
+    @pytest.fixture(autouse=True)
+    def _quick_retry(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(tpu, "RETRY", RETRY.with_timeout(0.5).with_delay(initial=0.01, maximum=0.05))
+
+    def test_pages_are_followed_and_each_zone_listed(self):
+        node = {**TestListingJson.NODE, "state": "READY"}
+        session = _Session({
+            "projects/p/locations/us-central1-a/nodes": [(200, {"nodes": [node], "nextPageToken": "2"}),
+                                                         (200, {"nodes": [{**node, "name": "x/nodes/j-2"}]})],
+            "projects/p/locations/us-central1-a/queuedResources": [(200, {})],
+            "projects/p/locations/us-central1-b/nodes": [(200, {})],
+            "projects/p/locations/us-central1-b/queuedResources": [(200, {})],
+        })
+        listed = tpu.CloudTpu(_Client(session)).list_nodes(["p"], ["us-central1-a", "us-central1-b"])  # type: ignore[arg-type]
+        assert sorted(n.name for n in listed.nodes) == ["j-1", "j-2"]
+        assert ("projects/p/locations/us-central1-a/nodes", "2") in session.asked
+        assert listed.unreachable == [] and listed.failed_projects == {}
+
+    def test_a_denied_location_is_unreachable_and_a_denied_project_failed(self):
+        denied_zone = {"error": {"code": 403, "status": "PERMISSION_DENIED",
+                                 "message": "Permission denied on 'locations/us-central2-b' (or it may not exist)."}}
+        denied_project = {"error": {"code": 403, "status": "PERMISSION_DENIED",
+                                    "message": "Permission 'tpu.nodes.list' denied on 'projects/q/locations/us-central1-a/nodes'"}}
+        session = _Session({
+            "projects/p/locations/us-central2-b/nodes": [(403, denied_zone)],
+            "projects/p/locations/us-central1-a/nodes": [(503, {"error": {"code": 503, "message": "backend"}})] * 50,
+            "projects/q/locations/us-central2-b/nodes": [(403, denied_zone)],
+            "projects/q/locations/us-central1-a/nodes": [(403, denied_project)],
+        })
+        listed = tpu.CloudTpu(_Client(session)).list_nodes(["p", "q"], ["us-central1-a", "us-central2-b"])  # type: ignore[arg-type]
+        assert listed.nodes == []
+        assert listed.unreachable == ["us-central1-a", "us-central2-b"]
+        assert list(listed.failed_projects) == ["q"] and "tpu.nodes.list" in listed.failed_projects["q"]
