@@ -69,7 +69,10 @@ def build(config: Settings) -> Engine:
     logs.setup(cloud=config.cloud_logging)
     store, compute = adapters()
     ctx = launch_context(config)
-    observer = Observer(store, compute, config.bucket, config.policy(), workers=config.concurrency)
+    from controller.adapters.google import capacity_advisor  # built, not called: asked only at a launch
+
+    observer = Observer(store, compute, config.bucket, config.policy(), workers=config.concurrency,
+                        advisor=capacity_advisor(config))
     return Engine(observer, Executor(store, compute, config.bucket), ctx, SystemClock(), workers=config.concurrency,
                   operation_wait=config.operation_wait)
 

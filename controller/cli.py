@@ -141,7 +141,7 @@ def validate(
             err.print(_line("✗", "red", line), soft_wrap=True)
         raise typer.Exit(REFUSED)
     out.print(_line("✓", "green", f"{name}: valid ({len(parsed.zones)} zones, {parsed.nodes} node(s), "
-                                  f"{parsed.provisioning})"), soft_wrap=True)
+                                  f"{' then '.join(parsed.provisioning)})"), soft_wrap=True)
     if not config.project:
         out.print("[dim]schema only: set RESPAWN_PROJECT (and the policy variables) to check this controller's policy[/dim]")
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller import errors, fanout
-from controller.actions import Action, WriteStatus
+from controller.actions import Action, CreateInstances, WriteStatus
 from controller.clock import Clock
 from controller.executor import Executor, Outcome
 from controller.launch import LaunchContext
@@ -90,7 +90,8 @@ class Engine:
 
     def plan(self, view: JobView) -> tuple[JobView, list[Action]]:
         """Plan one job; when the plan commits a decision, load the evidence it must rest on
-        (the latest checkpoint; records read again) and plan again with it."""
+        (the latest checkpoint; records read again; capacity advice for a launch) and plan
+        again with it."""
         now = self.clock.now()
         actions = plan_job(view, now, self.ctx)
         decisions = [a for a in actions if isinstance(a, WriteStatus)]
@@ -101,6 +102,12 @@ class Engine:
             loaded = self.observer.with_checkpoint(loaded)
         if any("records" in a.needs for a in decisions) and not view.records_fresh:
             loaded = self.observer.with_fresh_records(loaded)
+        create = next((a for a in actions if isinstance(a, CreateInstances)), None)
+        if create and view.spec and not view.advice_loaded:
+            # Where the attempt goes: capacity placement ranks its zones by Compute's advice.
+            first = create.requests[0]
+            if view.spec.placement_for(first.provisioning) == "capacity":
+                loaded = self.observer.with_advice(loaded, first.provisioning, first.project)
         if loaded is view:
             return view, actions
         return loaded, plan_job(loaded, now, self.ctx)

@@ -56,7 +56,7 @@ class Executor:
                 _log(action, "skipped: another pass changed the job first")
                 break
             except errors.OperationPending as e:
-                self._failed(chain, action, e, now)
+                self._failed(chain, action, e, now, view)
                 # The insert was accepted: the previous attempt's husks that follow it still go
                 # now, rather than billing until the pass that reads the insert's outcome.
                 pending = isinstance(action, CreateInstances)
@@ -64,7 +64,7 @@ class Executor:
                     break
                 continue
             except errors.RespawnError as e:
-                self._failed(chain, action, e, now)
+                self._failed(chain, action, e, now, view)
                 break
             chain.outcome.done.append(_describe(action))
             _log(action, "done")
@@ -96,7 +96,8 @@ class Executor:
                 except errors.NotFound:
                     pass
 
-    def _failed(self, chain: _Chain, action: Action, error: errors.RespawnError, now: datetime) -> None:
+    def _failed(self, chain: _Chain, action: Action, error: errors.RespawnError, now: datetime,
+                view: JobView) -> None:
         """Record what went wrong where a person will look: the job's history."""
         if isinstance(error, _Spared):
             _log(action, f"skipped: {error}")
@@ -112,9 +113,13 @@ class Executor:
         if isinstance(action, WriteStatus) or chain.status is None:
             return
         if isinstance(action, CreateInstances):
-            after = transitions.after_create_error(chain.status, action.spec, error, now)
+            model = transitions.model_of(action.spec, chain.status)
+            order = view.zone_order(model) if view.spec is not None else None
+            after = transitions.after_create_error(chain.status, action.spec, error, now, order)
+            # Another zone, or the next model of the provisioning list, to try right away.
+            moved = (after.zone is not None and after.zone != chain.status.zone) or after.provisioning != chain.status.provisioning
             out.replan = isinstance(error, (errors.CapacityError, errors.RequestError, errors.NotFound)) \
-                and not after.phase.terminal and after.zone is not None and after.zone != chain.status.zone
+                and not after.phase.terminal and moved
             if isinstance(error, errors.OperationPending):
                 out.error = None  # accepted and under way: not an error, and not "inserted" either
                 # Not news where this chain has just recorded the launch, and a second write

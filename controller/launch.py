@@ -68,6 +68,8 @@ def _request(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, nam
         "shutdown-script": ctx.shutdown_script,
     }
     accel = spec.accelerators
+    # The model, like the zone, is one the spec lists: status.json names which of them.
+    model = status.provisioning if status.provisioning in spec.provisioning else spec.provisioning[0]
     # Where it goes comes from the policy-checked spec, never from status.json alone:
     # the status's zone is used only when it is one of the spec's.
     zone = status.zone if status.zone in spec.zones else spec.zones[0]
@@ -76,8 +78,9 @@ def _request(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, nam
         zone=zone,
         name=name,
         machine_type=spec.machine_type,
-        spot=spec.provisioning == "spot",
-        termination_action=spec.policy.termination_action,
+        provisioning=model,
+        # A Flex-start VM is deleted when its run ends (Compute requires it).
+        termination_action="delete" if model == "flex-start" else spec.policy.termination_action,
         boot_image=boot_image(spec),
         boot_disk_gb=spec.boot_disk.size_gb,
         boot_disk_type=spec.boot_disk.type,
@@ -91,4 +94,6 @@ def _request(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, nam
         tags=spec.network.tags,
         accelerator_type=accel.type if accel else None,
         accelerator_count=accel.count if accel else 0,
+        max_run_seconds=int(spec.policy.max_run_duration.total_seconds()) if model == "flex-start"
+        and spec.policy.max_run_duration else None,
     )

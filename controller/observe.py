@@ -20,9 +20,10 @@ from typing import Any, TypeVar
 
 from cachetools import LRUCache
 
-from controller import checkpoints, errors, fanout, names
+from controller import checkpoints, errors, fanout, names, placement
+from controller.advice import AdviceCache
 from controller.policy import ControllerPolicy
-from controller.ports import Blob, BlobInfo, BlobStore, ComputeGateway, Instance, InstanceList
+from controller.ports import Blob, BlobInfo, BlobStore, CapacityAdvisor, ComputeGateway, Instance, InstanceList
 from controller.spec import MAX_SPEC_BYTES, Checkpoint, JobSpec, SpecError, parse_spec
 from controller.state import CheckpointRef, JobStatus
 from controller.world import MAX_RECORD_BYTES, JobView, Record, World
@@ -64,13 +65,14 @@ class Parsed:
 
 class Observer:
     def __init__(self, store: BlobStore, compute: ComputeGateway, bucket: str, policy: ControllerPolicy,
-                 workers: int = 1) -> None:
+                 workers: int = 1, advisor: CapacityAdvisor | None = None) -> None:
         self.store = store
         self.compute = compute
         self.bucket = bucket
         self.policy = policy
         self.workers = workers  # jobs observed side by side (fanout.each)
         self.parsed = Parsed()
+        self.advice = AdviceCache(advisor)  # kept between passes, like ``parsed``
 
     def world(self, job: str | None = None) -> World:
         """Everything the planner needs, for every job or for one.
@@ -174,6 +176,19 @@ class Observer:
         loaded = self.with_checkpoint(view)
         return {"checkpoint": loaded.checkpoint, "checkpoint_loaded": loaded.checkpoint_loaded,
                 "checkpoint_error": loaded.checkpoint_error}
+
+    def with_advice(self, view: JobView, model: str, project: str) -> JobView:
+        """The view plus Compute's capacity advice for its zones, for an attempt on ``model``.
+
+        Asked only when a plan launches under capacity placement, and answered from a cache
+        shared by every job of the shape; any failure leaves the spec's order (logged once)."""
+        if view.spec is None:
+            return view
+        try:
+            found = self.advice.advise(placement.shapes(view.spec, model, project))
+        except errors.RespawnError as e:
+            return replace(view, advice=None, advice_model=model, advice_loaded=True, advice_error=_short(e))
+        return replace(view, advice=found, advice_model=model, advice_loaded=True, advice_error=None)
 
     def with_fresh_records(self, view: JobView) -> JobView:
         """The marker and exit record read again now, after the instance list.

@@ -318,13 +318,17 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
         text = (f"waiting: cannot list checkpoint.uri {spec.checkpoint.uri} ({v.checkpoint_error}); "
                 "fix the URI or grant the controller's service account roles/storage.objectViewer on it")
         return [*_note(v, st, "checkpoint", text, now), *_delete_current(v, st, why)]
-    zone = t.pick_zone(spec, st, now)
+    model, stepped = t.next_model(spec, st, now)
+    # A refusal holds for one attempt (begin_attempt forgets them); the other model's
+    # cooldowns say nothing about this one's capacity.
+    fresh = st.but(zone_rejections={}, **({"zone_cooldowns": {}} if model != t.model_of(spec, st) else {}))
+    zone = t.pick_zone(spec, fresh, now, v.zone_order(model))
     if zone is None:
-        return [WriteStatus(v.job, t.wait_for_zone(st, spec, now), "zones cooling"),
-                *_delete_current(v, st, why)]
+        return [_waiting(v, spec, st, now), *_delete_current(v, st, why)]
     nodes = names.node_names(v.job, st.attempt + 1, spec.nodes)
-    nxt = t.begin_attempt(st, spec, _project(spec, ctx), zone, nodes, v.checkpoint, now, why, v.spec_generation,
-                          ctx.new_token())
+    advice = v.advice if v.advice_model == model and spec.placement_for(model) == "capacity" else None
+    nxt = t.begin_attempt(st, spec, _project(spec, ctx), zone, nodes, v.checkpoint, now,
+                          f"{why}; {stepped}" if stepped else why, v.spec_generation, ctx.new_token(), model, advice)
     # What is left of the previous attempt is down, or stuck on its way down: its deletes
     # come after the insert, so that one that keeps failing never holds the next attempt.
     return [WriteStatus(v.job, nxt, why), *_insert(v, spec, nxt, now, ctx), *_delete_current(v, st, why)]
@@ -338,6 +342,8 @@ def _insert(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: Launch
     zone would then mean the same attempt in two zones.
     """
     if st.not_before and now < st.not_before:
+        if (down := t.waited_too_long(st, spec, now)) is not None:  # cooling or backing off past fallback.wait
+            return [WriteStatus(v.job, down, "stepped down", replan=True)]
         return []
     if _blind(v, spec, st):
         return []  # an earlier try of this attempt may live, unseen, in a zone that did not answer
@@ -351,9 +357,13 @@ def _insert(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: Launch
         return [WriteStatus(v.job, _adopt(v, st, st.attempt, now), "attempt found")]
     head: list[Action] = []
     if not found:  # else: ask again under the same request id, and Compute tells the outcome
-        zone = t.pick_zone(spec, st, now)
+        # The zone the attempt committed to, while it can still be used: an earlier try's
+        # outcome may be unknown (a lost answer, a crash), and advice that changed since must
+        # never put a second try of one attempt in another zone.
+        kept = st.zone in spec.zones and not st.not_before and t.usable(st, st.zone, now)
+        zone = st.zone if kept else t.pick_zone(spec, st, now, v.zone_order(t.model_of(spec, st)))
         if zone is None:
-            return [WriteStatus(v.job, t.wait_for_zone(st, spec, now), "zones cooling")]
+            return [_waiting(v, spec, st, now)]
         if zone != st.zone or st.not_before or st.instances != wanted:
             # The status names exactly what is inserted, where (a spec replaced since the
             # attempt began may have changed both).
@@ -363,6 +373,14 @@ def _insert(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: Launch
     create = CreateInstances(v.job, st.attempt, requests_for(v.job, spec, st, ctx),
                              names.request_id(v.job, st.attempt, st.placement, _run(st)), spec, f"attempt {st.attempt}")
     return [*head, create, WriteStatus(v.job, t.inserted(st, now), "inserted"), *_consume(v, st)]
+
+
+def _waiting(v: JobView, spec: JobSpec, st: JobStatus, now: datetime) -> WriteStatus:
+    """Every zone is cooling: wait, or step down the provisioning list and go on at once."""
+    nxt = t.wait_for_zone(st, spec, now)
+    if nxt.provisioning != st.provisioning:
+        return WriteStatus(v.job, nxt, "stepped down", replan=True)
+    return WriteStatus(v.job, nxt, "zones cooling")
 
 
 def _blind(v: JobView, spec: JobSpec, st: JobStatus) -> bool:

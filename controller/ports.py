@@ -139,6 +139,10 @@ class Instance:
         return int(value) if value.isdigit() else 0
 
 
+# A spec's provisioning model -> Compute's scheduling.provisioningModel.
+PROVISIONING_MODELS: Mapping[str, str] = {"spot": "SPOT", "standard": "STANDARD", "flex-start": "FLEX_START"}
+
+
 @dataclass(frozen=True)
 class InstanceRequest:
     """Everything needed to insert one VM; the adapter maps it onto the Compute API."""
@@ -147,7 +151,7 @@ class InstanceRequest:
     zone: str
     name: str
     machine_type: str
-    spot: bool
+    provisioning: str  # "spot" | "standard" | "flex-start" (controller.spec.Provisioning)
     termination_action: str  # "stop" | "delete"
     boot_image: str
     boot_disk_gb: int
@@ -162,6 +166,40 @@ class InstanceRequest:
     tags: tuple[str, ...] = ()
     accelerator_type: str | None = None
     accelerator_count: int = 0
+    max_run_seconds: int | None = None  # Flex-start: Compute deletes the VM after this long
+
+    @property
+    def spot(self) -> bool:
+        return self.provisioning == "spot"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What capacity advice is asked about: a job's VMs, in the zones of one region."""
+
+    project: str
+    region: str
+    zones: tuple[str, ...]
+    machine_type: str
+    count: int
+    model: str  # Compute's provisioning model: SPOT, STANDARD, FLEX_START
+
+
+@dataclass(frozen=True)
+class ZoneAdvice:
+    """Compute's advice for one zone; a score Google did not give is None."""
+
+    obtainability: float | None = None  # 0..1: how likely an insert there gets the capacity now
+    uptime_s: float | None = None  # Spot: how long VMs there are expected to run
+    preemption_rate: float | None = None  # Spot: share preempted per day, latest day of history
+
+
+class CapacityAdvisor(Protocol):
+    """Compute's capacity advice (``advice.capacity`` and ``advice.capacityHistory``)."""
+
+    def advise(self, shape: Shape) -> dict[str, ZoneAdvice]:
+        """Advice for each of ``shape.zones`` Google scored; raises a ``RespawnError`` when it cannot."""
+        ...
 
 
 class StopReason(StrEnum):

@@ -214,6 +214,20 @@ class Backoff(Strict):
         return self
 
 
+class Fallback(Strict):
+    """When a job steps down its ``provisioning`` list (spot -> standard), and when it steps back up."""
+
+    stockouts: int | None = Field(default=None, ge=1, le=MAX_COUNT,
+                                  description="capacity errors in a row on one model; default: one per zone")
+    wait: Duration = Field(default=timedelta(minutes=30), description="waiting for capacity on one model this long")
+    step_up_after: Duration | None = Field(default=timedelta(hours=6),
+                                           description="on a lower model this long, the next recovery tries the first")
+
+
+Provisioning = Literal["spot", "standard", "flex-start"]  # ports.PROVISIONING_MODELS maps them to Compute's
+FLEX_MAX_RUN = timedelta(days=7)  # Compute's limit on a Flex-start VM's maxRunDuration
+
+
 class JobPolicy(Strict):
     max_restarts: int = Field(default=100, ge=0, le=MAX_COUNT, description="recreations of any cause")
     max_failures: int = Field(default=3, ge=0, le=MAX_COUNT, description="non-zero exits, crashes and stalls")
@@ -225,6 +239,9 @@ class JobPolicy(Strict):
     zone_cooldown: Duration = timedelta(minutes=10)
     crash_loop_failures: int = Field(default=3, ge=1, le=MAX_COUNT, description="failures without checkpoint progress")
     termination_action: Literal["stop", "delete"] = "stop"
+    # Compute deletes a Flex-start VM after this long (scheduling.maxRunDuration); required with flex-start.
+    max_run_duration: Duration | None = None
+    fallback: Fallback | None = None
 
 
 def _env_name(name: str) -> str:
@@ -243,6 +260,17 @@ def _env_value(value: str) -> str:
         raise ValueError(f"longer than {MAX_ENV_VALUE_BYTES // 1024} KiB; "
                          "pass large data through a file under 'code' or gs://")
     return value
+
+
+def _provisioning_shape(value: Any) -> Any:
+    """One model (``spot``) or an ordered list to step down (``[spot, standard]``)."""
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise ValueError("must name at least one model: spot, standard or flex-start")
+        return tuple(value)
+    raise ValueError(f"expected spot, standard, flex-start or a list of them, not {type(value).__name__}")
 
 
 def _command_shape(value: Any) -> Any:
@@ -272,7 +300,12 @@ class JobSpec(Strict):
     zones: tuple[Annotated[str, Field(pattern=r"^[a-z]+-[a-z]+\d+-[a-z]$")], ...] = Field(min_length=1, max_length=64)
     machine_type: str = Field(pattern=_NAME)
     accelerators: Accelerators | None = None
-    provisioning: Literal["spot", "standard"] = "spot"
+    # One model, or the order to step down in when capacity cannot be had (policy.fallback).
+    provisioning: Annotated[tuple[Provisioning, ...], BeforeValidator(_provisioning_shape)] = Field(
+        default=("spot",), max_length=3)
+    # How an attempt's zone is chosen: the spec's order, or Compute's capacity advice over
+    # the same zones (default for Spot, whose capacity and preemption rates vary by zone).
+    placement: Literal["ordered", "capacity"] | None = None
     boot_disk: BootDisk = Field(default_factory=_default_boot)
     service_account: ServiceAccount = ServiceAccount()
     network: Network = Network()
@@ -338,6 +371,41 @@ class JobSpec(Strict):
                 "pass large data through a file under 'code' or gs://"
             )
         return value
+
+    @field_validator("provisioning")
+    @classmethod
+    def _models_once(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(value)) != len(value):
+            raise ValueError("a model is listed twice; list each of spot, standard, flex-start at most once")
+        return value
+
+    @model_validator(mode="after")
+    def _provisioning_fits(self) -> JobSpec:
+        policy = self.policy
+        if "flex-start" in self.provisioning:
+            if policy.max_run_duration is None:
+                raise FieldProblem("policy.max_run_duration", "required with flex-start: Compute runs a Flex-start "
+                                   f"VM for at most this long (up to {FLEX_MAX_RUN.days}d); e.g. '7d'")
+            if self.nodes > 1:
+                raise FieldProblem("provisioning", "flex-start is for single-VM jobs here: a gang's nodes "
+                                   "would wait for capacity one by one; use spot or standard for nodes > 1")
+        if policy.max_run_duration is not None and policy.max_run_duration > FLEX_MAX_RUN:
+            raise FieldProblem("policy.max_run_duration", f"at most {FLEX_MAX_RUN.days}d (Compute's limit)")
+        if policy.max_run_duration is not None and "flex-start" not in self.provisioning:
+            raise FieldProblem("policy.max_run_duration", "only with flex-start in provisioning; "
+                               "for a deadline on the whole job use policy.max_runtime")
+        if policy.fallback is not None and len(self.provisioning) < 2:
+            raise FieldProblem("policy.fallback", "only with a provisioning list to step down, "
+                               "e.g. 'provisioning: [spot, standard]'; remove it or list a second model")
+        return self
+
+    @property
+    def fallback(self) -> Fallback:
+        return self.policy.fallback or Fallback()
+
+    def placement_for(self, model: str) -> str:
+        """The placement an attempt on ``model`` uses: the spec's, else capacity for Spot."""
+        return self.placement or ("capacity" if model == "spot" else "ordered")
 
     @field_validator("heartbeat_interval")
     @classmethod
@@ -636,7 +704,7 @@ def _describe(err: Any) -> str:
     loc = tuple(p for p in err["loc"] if p != "[key]")
     problem = (err.get("ctx") or {}).get("error")
     if isinstance(problem, FieldProblem):
-        loc = (*loc, problem.field)
+        loc = (*loc, *problem.field.split("."))
     path = ".".join(_segment(p) for p in loc) or "spec.yaml"
     if err["type"] == "extra_forbidden":
         return _one_line(f"{path}: unknown field{_suggest(loc)}")

@@ -56,6 +56,16 @@ class CheckpointRef(BaseModel):
         return cls(uri=found.uri, step=found.step, version=found.version, tag=found.tag)
 
 
+class ZoneScore(BaseModel):
+    """Compute's capacity advice for one zone, as it stood when an attempt chose its zone."""
+
+    model_config = ConfigDict(frozen=True)
+
+    obtainability: float | None = None
+    uptime_s: float | None = None
+    preemption_rate: float | None = None  # share of Spot VMs preempted per day
+
+
 class JobStatus(BaseModel):
     """Everything the planner must remember between passes; the rest is observed anew."""
 
@@ -80,6 +90,12 @@ class JobStatus(BaseModel):
     # it is not this attempt's and is ignored. None for attempts begun before tokens.
     attempt_token: str | None = None
     placement: int = 0  # capacity failures within this attempt; part of the request id
+    provisioning: str | None = None  # the current attempt's model (spot, standard, flex-start)
+    model_since: datetime | None = None  # when the job stepped down to it (step back up after policy.fallback)
+    capacity_misses: int = 0  # capacity errors in a row on the current model
+    capacity_since: datetime | None = None  # the first of them
+    zone_advice: dict[str, ZoneScore] = Field(default_factory=dict)  # what placement knew at the last launch
+    advice_at: datetime | None = None
     resume_from: CheckpointRef | None = None
 
     created_at: datetime | None = None

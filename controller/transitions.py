@@ -5,12 +5,14 @@ error transitions when an insert fails. No I/O, no clock: ``now`` is passed in.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
-from controller import errors
+from controller import errors, placement
 from controller.durations import format_duration
 from controller.spec import JobSpec
-from controller.state import CheckpointRef, Event, JobStatus, Phase
+from controller.ports import ZoneAdvice
+from controller.state import CheckpointRef, Event, JobStatus, Phase, ZoneScore
 
 
 def event(now: datetime, status: JobStatus, name: str, detail: str, **where: str | None) -> Event:
@@ -38,10 +40,30 @@ def finish(status: JobStatus, phase: Phase, detail: str, now: datetime, **change
     )
 
 
-def pick_zone(spec: JobSpec, status: JobStatus, now: datetime) -> str | None:
-    """The first zone in the spec's order that is not cooling down after a capacity error."""
-    cooling, rejected = status.zone_cooldowns, status.zone_rejections
-    return next((z for z in spec.zones if z not in rejected and (z not in cooling or cooling[z] <= now)), None)
+def pick_zone(spec: JobSpec, status: JobStatus, now: datetime, order: Sequence[str] | None = None) -> str | None:
+    """The first zone in ``order`` (the spec's, or as placement ranked it) that is not cooling
+    down after a capacity error nor refused the instance."""
+    return next((z for z in order or spec.zones if usable(status, z, now)), None)
+
+
+def usable(status: JobStatus, zone: str | None, now: datetime) -> bool:
+    cooling = status.zone_cooldowns
+    return zone is not None and zone not in status.zone_rejections and (zone not in cooling or cooling[zone] <= now)
+
+
+def model_of(spec: JobSpec, status: JobStatus) -> str:
+    """The current attempt's provisioning model: one of the spec's, never status.json's alone."""
+    return status.provisioning if status.provisioning in spec.provisioning else spec.provisioning[0]
+
+
+def next_model(spec: JobSpec, status: JobStatus, now: datetime) -> tuple[str, str]:
+    """The model for the next attempt, and why it changed ("" when it did not): a job that
+    stepped down steps back up to the first model once ``fallback.step_up_after`` has passed."""
+    first, current = spec.provisioning[0], model_of(spec, status)
+    after = spec.fallback.step_up_after
+    if current != first and after is not None and status.model_since and now - status.model_since >= after:
+        return first, f"stepping back up to {first} after {format_duration(now - status.model_since)} on {current}"
+    return current, ""
 
 
 def next_free(spec: JobSpec, status: JobStatus) -> datetime | None:
@@ -62,11 +84,16 @@ def backoff(spec: JobSpec, failures_in_a_row: int) -> timedelta:
 def begin_attempt(
     status: JobStatus, spec: JobSpec, project: str, zone: str, names: list[str],
     checkpoint: CheckpointRef | None, now: datetime, why: str, spec_generation: int | None, token: str,
+    model: str, advice: Mapping[str, ZoneAdvice] | None = None,
 ) -> JobStatus:
     """Commit attempt N+1 before inserting it: the status write is what makes it unique."""
     attempt = status.attempt + 1
     resume = f"resuming from {checkpoint.uri}" if checkpoint else "starting from scratch (no complete checkpoint)"
-    detail = f"{why}; creating {', '.join(names)} in {zone}, {resume}"
+    where = f"{zone} ({model}; {placement.describe(advice.get(zone))})" if advice else f"{zone} ({model})"
+    detail = f"{why}; creating {', '.join(names)} in {where}, {resume}"
+    switched = model != model_of(spec, status)
+    scores = {z: ZoneScore(obtainability=a.obtainability, uptime_s=a.uptime_s, preemption_rate=a.preemption_rate)
+              for z, a in (advice or {}).items() if z in spec.zones}
     return status.but(
         Event(at=now, event="launch", attempt=attempt, detail=detail, instance=names[0], zone=zone),
         phase=Phase.PROVISIONING,
@@ -82,12 +109,18 @@ def begin_attempt(
         resumed_at=None,
         attempt_token=token,
         placement=0,
+        provisioning=model,
+        model_since=now if switched or status.model_since is None else status.model_since,
+        capacity_misses=0,
+        capacity_since=None,
+        zone_advice=scores if advice else status.zone_advice,
+        advice_at=now if advice else status.advice_at,
         resume_from=checkpoint,
         attempt_started_at=now,
         started_at=status.started_at or now,
         not_before=None,
         spec_generation=spec_generation,
-        zone_cooldowns=_unexpired(status, now),
+        zone_cooldowns={} if switched else _unexpired(status, now),
         # A zone's refusal holds for one attempt: the next tries every zone again (a 4xx may
         # have been passing, and a replaced spec may ask for something else).
         zone_rejections={},
@@ -101,6 +134,8 @@ def inserted(status: JobStatus, now: datetime) -> JobStatus:
         event(now, status, "inserted", detail, instance=status.instances[0], zone=status.zone),
         inserted=True,
         inserted_at=now,
+        capacity_misses=0,
+        capacity_since=None,
         message=detail,
     )
 
@@ -114,18 +149,58 @@ def move_zone(status: JobStatus, zone: str, now: datetime) -> JobStatus:
 
 
 def wait_for_zone(status: JobStatus, spec: JobSpec, now: datetime) -> JobStatus:
+    """Every zone is cooling down: wait for the first to cool, or step down the provisioning
+    list once capacity was waited for longer than ``fallback.wait``."""
+    if (down := waited_too_long(status, spec, now)) is not None:
+        return down
     until = next_free(spec, status) or now
     detail = f"every zone is cooling down after capacity errors; next try at {until:%H:%M:%S} UTC"
     return status.but(event(now, status, "waiting", detail), not_before=until, message=detail)
 
 
-def after_create_error(status: JobStatus, spec: JobSpec, error: Exception, now: datetime) -> JobStatus:
-    """The status to record when inserting the current attempt failed."""
+def waited_too_long(status: JobStatus, spec: JobSpec, now: datetime) -> JobStatus | None:
+    """The attempt on the next model, once capacity was waited for past ``fallback.wait``."""
+    waited = now - status.capacity_since if status.capacity_since else None
+    if waited is None or waited < spec.fallback.wait:
+        return None
+    why = f"no capacity for {format_duration(waited)} (policy.fallback.wait {format_duration(spec.fallback.wait)})"
+    return step_down(status, spec, now, why)
+
+
+def step_down(status: JobStatus, spec: JobSpec, now: datetime, why: str) -> JobStatus | None:
+    """The same attempt on the next model of the spec's provisioning list (None at its end).
+
+    Its zone is chosen afresh (``zone`` None: the next plan picks, with advice for the new
+    model); the old model's cooldowns say nothing about the new one's capacity."""
+    models, current = spec.provisioning, model_of(spec, status)
+    at = models.index(current)
+    if at + 1 >= len(models):
+        return None
+    lower = models[at + 1]
+    detail = f"stepping down from {current} to {lower}: {why}"
+    return status.but(event(now, status, "step-down", detail), provisioning=lower, model_since=now,
+                      capacity_misses=0, capacity_since=None, zone_cooldowns={}, zone=None,
+                      placement=status.placement + 1, not_before=None, message=detail)
+
+
+def after_create_error(status: JobStatus, spec: JobSpec, error: Exception, now: datetime,
+                       order: Sequence[str] | None = None) -> JobStatus:
+    """The status to record when inserting the current attempt failed; ``order``: the zones
+    as placement ranked them for the attempt's model."""
     zone = status.zone
     if isinstance(error, errors.CapacityError):
         cooldowns = {**_unexpired(status, now), error.zone: now + spec.policy.zone_cooldown}
-        cooled = status.but(zone_cooldowns=cooldowns, placement=status.placement + 1)
-        nxt = pick_zone(spec, cooled, now)
+        misses, since = status.capacity_misses + 1, status.capacity_since or now
+        cooled = status.but(zone_cooldowns=cooldowns, placement=status.placement + 1, capacity_misses=misses,
+                            capacity_since=since)
+        limit = spec.fallback.stockouts or len(spec.zones)
+        if misses >= limit or now - since >= spec.fallback.wait:
+            why = f"{misses} capacity errors in a row over {format_duration(now - since)}"
+            noted = cooled.but(event(now, status, "stockout", f"no capacity: {error.reason} in {error.zone}",
+                                     zone=error.zone))
+            if (down := step_down(noted, spec, now, why)) is not None:
+                return down
+        nxt = pick_zone(spec, cooled, now, order)
         then = f"trying {nxt} next" if nxt else "no zone left; waiting for the first cooldown to end"
         detail = f"no capacity: {error.reason} in {error.zone}; {then}"
         changes: dict[str, object] = {"zone": nxt} if nxt else {"not_before": next_free(spec, cooled)}
@@ -146,7 +221,7 @@ def after_create_error(status: JobStatus, spec: JobSpec, error: Exception, now: 
         # zone said no, nothing can.
         zone = zone or ""
         rejected = {**status.zone_rejections, zone: str(error)[:300]}
-        nxt = pick_zone(spec, status.but(zone_rejections=rejected), now)
+        nxt = pick_zone(spec, status.but(zone_rejections=rejected), now, order)
         if nxt is None and all(z in rejected for z in spec.zones):
             why = "; ".join(f"{z}: {m}" for z, m in rejected.items())
             return finish(status, Phase.FAILED, f"Compute rejected the instance in every zone: {why}", now,

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from controller.ports import BlobInfo, Instance, StopReason
+from controller import placement
+from controller.ports import BlobInfo, Instance, StopReason, ZoneAdvice
 from controller.spec import JobSpec
 from controller.state import CheckpointRef, JobStatus
 
@@ -116,10 +117,20 @@ class JobView:
     records_fresh: bool = False  # marker and exit record re-read after the instance list
     unreachable: tuple[str, ...] = ()  # zones the instance list could not see this pass
     unseen_projects: tuple[str, ...] = ()  # projects whose instance list failed this pass
+    # Capacity advice for the spec's zones, asked only when a plan launches under capacity placement.
+    advice: Mapping[str, ZoneAdvice] | None = None
+    advice_model: str | None = None  # the provisioning model it was asked for
+    advice_loaded: bool = False
+    advice_error: str | None = None  # why there is none: the zones then keep the spec's order
 
     @property
     def has_spec(self) -> bool:
         return self.spec is not None or bool(self.problems)
+
+    def zone_order(self, model: str) -> tuple[str, ...]:
+        """The spec's zones, best first, for an attempt on ``model`` (see ``controller.placement``)."""
+        assert self.spec is not None
+        return placement.zone_order(self.spec, model, self.advice if self.advice_model == model else None)
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from google.cloud.compute_v1.services.zone_operations import ZoneOperationsClien
 from google.cloud.compute_v1.types import compute as compute_v1  # noqa: E402 - the message types, as usual
 
 from controller import errors, fanout, names  # noqa: E402
-from controller.ports import Instance, InstanceList, InstanceRequest, InstanceStatus, StopReason
+from controller.ports import PROVISIONING_MODELS, Instance, InstanceList, InstanceRequest, InstanceStatus, StopReason
 
 MANAGED_FILTER = 'labels.respawn-managed = "true"'
 _ZONE_LISTS = 8  # zonal lists of one job's zones sent side by side (a spec names a few zones)
@@ -276,9 +276,13 @@ def _instance(project: str, zone: str, i: compute_v1.Instance) -> Instance:
 def _scheduling(r: InstanceRequest) -> compute_v1.Scheduling:
     # GPUs cannot live-migrate; and respawn, not Compute, decides when to bring a VM back.
     scheduling = compute_v1.Scheduling(on_host_maintenance="TERMINATE", automatic_restart=False,
-                                       provisioning_model="SPOT" if r.spot else "STANDARD")
+                                       provisioning_model=PROVISIONING_MODELS[r.provisioning])
     if r.spot:
         scheduling.instance_termination_action = r.termination_action.upper()
+    elif r.provisioning == "flex-start":
+        # Compute requires both for FLEX_START: a bounded run, and deletion when it ends.
+        scheduling.instance_termination_action = "DELETE"
+        scheduling.max_run_duration = compute_v1.Duration(seconds=r.max_run_seconds or 0)
     return scheduling
 
 

@@ -17,6 +17,7 @@ from controller.adapters.gcs import GcsStore
 from controller.config import Settings
 
 if TYPE_CHECKING:
+    from controller.adapters.advice import ComputeAdvice
     from controller.adapters.tpu import CloudTpu
 
 
@@ -64,6 +65,14 @@ def _client_args(config: Settings) -> dict[str, Any]:
 
 def instances_client(config: Settings) -> InstancesClient:
     return InstancesClient(**_client_args(config))
+
+
+def capacity_advisor(config: Settings) -> ComputeAdvice:
+    from controller.adapters.advice import AdviceClient, ComputeAdvice  # asked only at a launch
+
+    client = AdviceClient(**_client_args(config))
+    _tune(client._transport._session, config.concurrency)
+    return ComputeAdvice(client)
 
 
 def compute_gateway(config: Settings) -> ComputeEngine:

@@ -18,7 +18,8 @@ from datetime import datetime, timedelta
 
 from controller import errors, names
 from controller.clock import Clock, FakeClock
-from controller.ports import Blob, BlobInfo, Instance, InstanceList, InstanceRequest, InstanceStatus, StopReason
+from controller.ports import Blob, BlobInfo, Instance, InstanceList, InstanceRequest, InstanceStatus, Shape, StopReason
+from controller.ports import ZoneAdvice
 from controller.ports import QUEUED_AS_NODE, NodeHealth, NodeState, QueuedState, TpuList, TpuNode, TpuRequest
 
 
@@ -139,6 +140,7 @@ class _Pending:
 
     keys: list[tuple[str, str, str]]
     zone: str
+    provisioning: str = "spot"
 
 
 _Key = tuple[str, str, str]  # (project, zone, name)
@@ -198,6 +200,7 @@ class MemoryCompute:
         self.faults = Faults()
         self.calls: list[tuple[str, str]] = []
         self.stockouts: set[str] = set()
+        self.spot_stockouts: set[str] = set()  # zones out of Spot capacity only (standard VMs still fit)
         self.quota_exhausted: set[str] = set()
         self.unreachable: set[str] = set()
         self.boot_status = InstanceStatus.RUNNING
@@ -232,13 +235,18 @@ class MemoryCompute:
             self._call("insert", ",".join(r.name for r in requests))
             if len({(r.project, r.zone) for r in requests}) != 1:
                 raise errors.RequestError("a gang must be inserted in a single zone of one project")
-            zone = requests[0].zone
+            zone, model = requests[0].zone, requests[0].provisioning
             if request_id not in self._requests:
                 if self.hold_inserts:  # accepted; capacity is decided when the operation finishes
                     keys = [self._create(r, InstanceStatus.PROVISIONING) for r in requests]
-                    self._requests[request_id] = _Pending([k for k in keys if k is not None], zone)
+                    self._requests[request_id] = _Pending([k for k in keys if k is not None], zone, model)
+                elif model == "flex-start" and self._admit(zone, model) is not None:
+                    # Flex-start waits for capacity: created, PENDING until Compute finds some.
+                    self._requests[request_id] = None
+                    for r in requests:
+                        self._create(r, InstanceStatus.PENDING)
                 else:
-                    self._requests[request_id] = outcome = self._admit(zone)
+                    self._requests[request_id] = outcome = self._admit(zone, model)
                     if outcome is None:
                         for r in requests:
                             self._create(r, self.boot_status)
@@ -357,7 +365,7 @@ class MemoryCompute:
         """A held insert's operation finishes: a late stockout or quota removes what it created."""
         pending = self._requests[request_id]
         assert isinstance(pending, _Pending)
-        outcome = self._admit(pending.zone)
+        outcome = self._admit(pending.zone, pending.provisioning)
         for key in pending.keys:
             vm = self._vms.get(key)
             if vm is None or vm.instance.status != InstanceStatus.PROVISIONING:
@@ -368,8 +376,8 @@ class MemoryCompute:
                 del self._vms[key]
         self._requests[request_id] = outcome
 
-    def _admit(self, zone: str) -> Exception | None:
-        if zone in self.stockouts:
+    def _admit(self, zone: str, model: str) -> Exception | None:
+        if zone in self.stockouts or (model == "spot" and zone in self.spot_stockouts):
             return errors.CapacityError(zone, "ZONE_RESOURCE_POOL_EXHAUSTED")
         if zone in self.quota_exhausted:
             return errors.QuotaError(zone, "QUOTA_EXCEEDED")
@@ -378,6 +386,38 @@ class MemoryCompute:
     def _call(self, op: str, what: str) -> None:
         self.calls.append((op, what))
         self.faults.check(op)
+
+
+class MemoryAdvisor:
+    """Compute's capacity advice, derived as the local server derives it: an insert's odds
+    (0 where the fake Compute is stocked out or out of quota) and, for Spot, uptime and
+    history from a per-zone preemption rate. ``failure``: raised instead of answering."""
+
+    def __init__(self, compute: MemoryCompute, regions: Sequence[str] = ("us-central1", "us-east1", "europe-west4")):
+        self.compute = compute
+        self.regions = set(regions)
+        self.rates: dict[str, float] = {}  # zone -> share of Spot VMs preempted a day
+        self.failure: errors.RespawnError | None = None
+        self.calls: list[Shape] = []
+        self._lock = threading.Lock()
+
+    def advise(self, shape: Shape) -> dict[str, ZoneAdvice]:
+        with self._lock:
+            self.calls.append(shape)
+            if self.failure is not None:
+                raise self.failure
+            if shape.region not in self.regions:
+                raise errors.RequestError(f"400 Invalid value for field 'region': '{shape.region}'. Unknown region.")
+            spot = shape.model == "SPOT"
+            blocked = self.compute.stockouts | self.compute.quota_exhausted | (self.compute.spot_stockouts if spot else set())
+            out = {}
+            for zone in shape.zones:
+                rate = self.rates.get(zone, 0.0)
+                out[zone] = ZoneAdvice(
+                    obtainability=0.0 if zone in blocked else 0.9,
+                    uptime_s=(30 * 86400.0 if rate <= 0 else min(30 * 86400.0, 86400.0 / rate)) if spot else None,
+                    preemption_rate=rate if spot else None)
+            return out
 
 
 @dataclass
@@ -392,7 +432,6 @@ class _Queued:
     request: TpuRequest
     state: QueuedState
     created_at: datetime
-    held: bool = False  # its create operation is still running
 
 
 class MemoryTpu:
@@ -401,10 +440,11 @@ class MemoryTpu:
     As the v2 API: a create of an existing name is success (409) once the node is past
     CREATING; a stockout fails a node's create (on its operation) but leaves a queued
     resource WAITING_FOR_RESOURCES until ``stockout(zone, False)`` lets the queue give it
-    its node; quota is refused at once. ``hold = True`` keeps create operations running: the
-    node shows CREATING (a queued resource CREATING) and ``create`` raises
-    ``OperationPending``, the same request again too while held; once released, capacity is
-    decided then (a late stockout takes the node away, and the next create reads it).
+    its node; quota is refused at once. ``hold = True`` keeps node create operations
+    running: the node shows CREATING and ``create`` raises ``OperationPending``, the same
+    request again too while held; once released, capacity is decided then (a late stockout
+    takes the node away, and the next create reads it). A queued resource's create is
+    accepted at once, as Google's: while held, it waits in the queue.
     """
 
     def __init__(self, clock: Clock | None = None) -> None:
@@ -471,17 +511,10 @@ class MemoryTpu:
             self._nodes[key] = _Tpu(self._node(r, NodeState.READY), r)
 
     def _create_queued(self, key: _Key, r: TpuRequest) -> None:
-        if (queued := self._queued.get(key)) is not None:  # 409 / the same request id: success
-            if queued.held and not self.hold:
-                self._finish_queued(key)
-            if self._queued[key].held:
-                raise errors.OperationPending(f"queued resource {r.name} in {r.zone} still being created")
+        if key in self._queued or key in self._nodes:  # 409 (the name is taken) / the same request id: success
             return
         if r.zone in self.quota_exhausted:
             raise errors.QuotaError(r.zone, "QUOTA_EXCEEDED (TPUV5sLitepodPerProjectPerZoneForTPUAPI)")
-        if self.hold:
-            self._queued[key] = _Queued(r, QueuedState.CREATING, self.clock.now(), held=True)
-            raise errors.OperationPending(f"queued resource {r.name} in {r.zone} still being created")
         self._queued[key] = _Queued(r, QueuedState.WAITING_FOR_RESOURCES, self.clock.now())
         self._provision()
 
@@ -507,7 +540,8 @@ class MemoryTpu:
             (self.quota_exhausted.add if on else self.quota_exhausted.discard)(zone)
 
     def hold_operations(self, on: bool = True) -> None:
-        """Create operations stay running (on), or every held one finishes now (off)."""
+        """Create operations stay running and the queue stands still (on), or every held
+        operation finishes now and the queue moves (off)."""
         with self._lock:
             self.hold = on
             if not on:
@@ -516,8 +550,7 @@ class MemoryTpu:
                         self._finish(key)
                     except errors.CapacityError:
                         pass  # the node is gone; the next create of it reads the stockout
-                for key in [k for k, queued in self._queued.items() if queued.held]:
-                    self._finish_queued(key)
+                self._provision()
 
     def preempt(self, name: str) -> None:
         """Google reclaims a Spot TPU: PREEMPTED, and it cannot be restarted (its queued
@@ -574,7 +607,8 @@ class MemoryTpu:
     def _node(self, r: TpuRequest, state: NodeState) -> TpuNode:
         return TpuNode(r.project, r.zone, r.name, state,
                        NodeHealth.HEALTHY if state == NodeState.READY else NodeHealth.HEALTH_UNSPECIFIED,
-                       dict(r.labels), self.clock.now(), r.accelerator_type, r.spot, str(next(self._ids)))
+                       dict(r.labels), self.clock.now(), r.accelerator_type, r.spot, str(next(self._ids)),
+                       workers=tpu_workers(r.accelerator_type))
 
     def _finish(self, key: _Key) -> None:
         """A held node create's operation finishes: a stockout now takes the node away."""
@@ -585,13 +619,10 @@ class MemoryTpu:
         tpu.held = False
         tpu.node = replace(tpu.node, state=NodeState.READY, health=NodeHealth.HEALTHY)
 
-    def _finish_queued(self, key: _Key) -> None:
-        queued = self._queued[key]
-        queued.held, queued.state = False, QueuedState.WAITING_FOR_RESOURCES
-        self._provision()
-
     def _provision(self) -> None:
         """The queue gives every waiting queued resource in a zone with capacity its node."""
+        if self.hold:
+            return
         for key, queued in self._queued.items():
             if queued.state == QueuedState.WAITING_FOR_RESOURCES and key[1] not in self.stockouts:
                 queued.state = QueuedState.ACTIVE
@@ -606,3 +637,18 @@ class MemoryTpu:
     def _call(self, op: str, what: str) -> None:
         self.calls.append((op, what))
         self.faults.check(op)
+
+
+def tpu_workers(accelerator_type: str) -> int:
+    """TPU VMs (hosts) in a slice, as Google documents them: v2/v3/v4/v5p name TensorCores
+    (2 a chip) and hold 4 chips a host (v4-8: 1 host, v4-16: 2); v5e (``v5litepod``) and v6e
+    name chips, one host holds up to 8, a bigger slice is built of 4-chip hosts
+    (v5litepod-16: 4). Anything else: 1."""
+    family, _, size = accelerator_type.rpartition("-")
+    if not size.isdigit():
+        return 1
+    if family in ("v2", "v3", "v4", "v5p"):
+        return max(1, int(size) // 2 // 4)
+    if family in ("v5litepod", "v6e"):
+        return 1 if int(size) <= 8 else int(size) // 4
+    return 1

@@ -33,7 +33,7 @@ from typing import Any
 
 from controller import errors, names
 from controller import observe as observe_module
-from controller.adapters.memory import MemoryCompute, MemoryStore
+from controller.adapters.memory import MemoryAdvisor, MemoryCompute, MemoryStore
 from controller.clock import FakeClock
 from controller.engine import Engine, Summary
 from controller.executor import Executor
@@ -211,6 +211,8 @@ class Run:
         self.start = self.clock.now()
         self.store = MemoryStore(self.clock)
         self.compute = MemoryCompute(self.clock)
+        self.advisor = MemoryAdvisor(self.compute)
+        self.advisor.rates.update({z: self.rng.choice([0.0, 0.05, 0.3, 0.8]) for z in ZONES})
         self.policy = ControllerPolicy(default_project=PROJECT)
         self.ctx = self._launch_context()
         self.stats: Counter[str] = Counter()
@@ -311,7 +313,15 @@ class Run:
             policy["max_instance_age"] = rng.choice(["1h", "2h"])
         if rng.random() < 0.1:
             policy["max_runtime"] = rng.choice(["3h", "6h"])
+        extra: dict[str, Any] = {}
+        if rng.random() < 0.3:  # step down to standard when Spot cannot be had, and back up
+            extra["provisioning"] = ["spot", "standard"]
+            policy["fallback"] = {"stockouts": rng.randint(1, 3), "wait": rng.choice(["5m", "20m"]),
+                                  "step_up_after": rng.choice(["30m", "2h"])}
+        if rng.random() < 0.3:
+            extra["placement"] = rng.choice(["ordered", "capacity"])
         return {
+            **extra,
             "zones": zones,
             "machine_type": "g2-standard-8",
             "command": "python train.py",
@@ -556,7 +566,7 @@ class Run:
                 self.compute.vanish(g.name)
 
     def step_zone(self) -> None:
-        what = self.rng.choice(["stockouts", "quota_exhausted", "unreachable"])
+        what = self.rng.choice(["stockouts", "spot_stockouts", "quota_exhausted", "unreachable"])
         zones: set[str] = getattr(self.compute, what)
         if zones and self.rng.random() < 0.5:
             zone = self.rng.choice(sorted(zones))
@@ -758,7 +768,10 @@ class Run:
     # -- passes ---------------------------------------------------------------------------------------
     def engine(self) -> Engine:
         store, compute = FaultyPort(self.store, self, "store"), FaultyPort(self.compute, self, "compute")
-        observer = Observer(store, compute, BUCKET, self.policy, workers=WORKERS)  # type: ignore[arg-type]
+        # Capacity advice from the zones' state and random preemption rates; now and then it fails.
+        self.advisor.failure = errors.TransientError("advice: 503") if self.frng.random() < 0.2 else None
+        observer = Observer(store, compute, BUCKET, self.policy, workers=WORKERS,  # type: ignore[arg-type]
+                            advisor=self.advisor)
         executor = ExecutorSpy(Executor(store, compute, BUCKET), self)  # type: ignore[arg-type]
         return Engine(observer, executor, self.ctx, self.clock, workers=WORKERS)  # type: ignore[arg-type]
 
@@ -974,7 +987,8 @@ class Run:
         self.say("finale: no more faults; letting the world settle")
         self.faults_on = False
         self.pass_faults = None
-        for zones in (self.compute.stockouts, self.compute.quota_exhausted, self.compute.unreachable):
+        for zones in (self.compute.stockouts, self.compute.spot_stockouts, self.compute.quota_exhausted,
+                      self.compute.unreachable):
             zones.clear()
         self.release_inserts()
         self.end_glitches(force=True)
@@ -1002,6 +1016,9 @@ class Run:
         for job in self.jobs:
             st = self.status(job)
             self.stats[f"outcome.{st.phase if st else 'no status'}"] += 1
+            for e in st.history if st else ():
+                if e.event in ("step-down", "stockout") or "stepping back up" in e.detail:
+                    self.stats["placement.step_up" if e.event == "launch" else f"placement.{e.event}"] += 1
         for inst in self.managed():
             if not inst.status.alive or not inst.job:
                 continue
@@ -1228,6 +1245,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {key} = {value}")
     print(fault_line(totals))
     outcomes = {k.removeprefix("outcome."): v for k, v in sorted(totals.stats.items()) if k.startswith("outcome.")}
+    moves = {k.removeprefix("placement."): v for k, v in sorted(totals.stats.items()) if k.startswith("placement.")}
+    print("chaos placement (history events): " + " ".join(f"{k.replace('-', '_')}={v}" for k, v in moves.items()))
     print("chaos outcomes (jobs at the end): " + " ".join(f"{k.replace(' ', '_')}={v}" for k, v in outcomes.items()))
     print(f"chaos: budgets={totals.counts['budgets']}")
     print(totals.last_line())

@@ -114,7 +114,7 @@ def unique(prefix: str = "c") -> str:
 def request_for(job: str, attempt: int = 1, zone: str = "us-central1-a", name: str | None = None) -> InstanceRequest:
     return InstanceRequest(
         project=PROJECT, zone=zone, name=name or names.instance_name(job, attempt), machine_type="g2-standard-8",
-        spot=True, termination_action="stop", boot_image="projects/debian-cloud/global/images/family/debian-12",
+        provisioning="spot", termination_action="stop", boot_image="projects/debian-cloud/global/images/family/debian-12",
         boot_disk_gb=50, boot_disk_type="pd-balanced", service_account="default",
         scopes=("https://www.googleapis.com/auth/cloud-platform",), network="global/networks/default",
         subnetwork=None, external_ip=False,

@@ -33,7 +33,7 @@ def problems(spec: Any, job: str = "job") -> list[str]:
 def test_minimal_spec_gets_sensible_defaults():
     spec = parse_spec(b"zones: [us-central1-a]\nmachine_type: g2-standard-8\ncommand: python t.py\n", "j")
     assert spec.name == "j"
-    assert spec.provisioning == "spot"
+    assert spec.provisioning == ("spot",)
     assert spec.nodes == 1
     assert spec.policy.max_failures >= 1 and spec.policy.idle_timeout == timedelta(minutes=30)
     assert spec.boot_disk.image_family and spec.boot_disk.image_project

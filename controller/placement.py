@@ -1,0 +1,63 @@
+"""Which zone an attempt tries first: a pure function of the spec and Compute's advice.
+
+``placement: ordered`` keeps the spec's order. ``placement: capacity`` (the default for
+Spot) ranks the same zones by Compute's capacity advice: the more obtainable first, then
+the longer Spot VMs are expected to run there, then the lower their recent preemption
+rate, then the spec's order. Zones the advice did not score keep the spec's order after
+the scored ones. Without advice (not asked, or the call failed) the order is the spec's:
+advice may improve a launch, never block one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from controller.ports import PROVISIONING_MODELS, Shape, ZoneAdvice
+from controller.spec import JobSpec
+
+
+def region_of(zone: str) -> str:
+    return zone.rsplit("-", 1)[0]
+
+
+def shapes(spec: JobSpec, model: str, project: str) -> list[Shape]:
+    """What to ask advice about for an attempt on ``model``: one question per region of the spec's zones."""
+    regions = dict.fromkeys(region_of(z) for z in spec.zones)
+    return [Shape(project=project, region=r, zones=tuple(z for z in spec.zones if region_of(z) == r),
+                  machine_type=spec.machine_type, count=spec.nodes, model=PROVISIONING_MODELS[model])
+            for r in regions]
+
+
+def zone_order(spec: JobSpec, model: str, advice: Mapping[str, ZoneAdvice] | None) -> tuple[str, ...]:
+    """The spec's zones, best first, for an attempt on ``model``."""
+    if spec.placement_for(model) != "capacity" or not advice:
+        return spec.zones
+    position = {z: i for i, z in enumerate(spec.zones)}
+
+    def rank(zone: str) -> tuple[float, ...]:
+        a = advice.get(zone)
+        if a is None:
+            return (1, 0, 0, 0, position[zone])
+        rate = a.preemption_rate if a.preemption_rate is not None else math.inf
+        return (0, -(a.obtainability or 0.0), -(a.uptime_s or 0.0), rate, position[zone])
+
+    return tuple(sorted(spec.zones, key=rank))
+
+
+def describe(advice: ZoneAdvice | None) -> str:
+    """One zone's advice in words, for a launch's history line."""
+    if advice is None:
+        return "no advice"
+    parts = []
+    if advice.obtainability is not None:
+        parts.append(f"obtainability {advice.obtainability:.2f}")
+    if advice.uptime_s is not None:
+        parts.append(f"uptime ~{_days(advice.uptime_s)}")
+    if advice.preemption_rate is not None:
+        parts.append(f"{advice.preemption_rate:.0%} preempted/day")
+    return ", ".join(parts) or "no scores"
+
+
+def _days(seconds: float) -> str:
+    return f"{seconds / 86400:.1f}d" if seconds >= 86400 else f"{seconds / 3600:.1f}h"
