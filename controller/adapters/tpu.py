@@ -61,6 +61,10 @@ _LIST_TIMEOUT = 30.0  # seconds for one page of a listing
 _CAPACITY = ("no more capacity", "insufficient reserved capacity", "insufficient capacity", "stockout",
              "resource_pool_exhausted")
 _QUOTA = ("quota limit", "quota '", "quotafailure", "quota_exceeded", "quota exceeded")
+# A quota on API requests ("Quota exceeded for quota metric 'Create requests' and limit
+# 'Create requests per minute' of service 'tpu.googleapis.com'", the wording Google APIs
+# share) is a rate limit: it clears by itself, unlike a quota on TPU chips.
+_RATE = ("per minute", "per_minute", "per second", "per_second", "requests per")
 _QUOTA_NAME = re.compile(r"[Qq]uota (?:limit )?'([^']+)'")
 _LOCATION_DENIED = re.compile(r"Permission denied on 'locations/[^']*'")
 _LIBRARY = (gexc.GoogleAPIError, requests.exceptions.RequestException)
@@ -97,7 +101,8 @@ def _retryable(e: Exception) -> bool:
         return True
     if not isinstance(e, _TRANSIENT):
         return False
-    return _marker(_text(e), _CAPACITY + _QUOTA) is None
+    text = _text(e)
+    return _marker(text, _RATE) is not None or _marker(text, _CAPACITY + _QUOTA) is None
 
 
 RETRY = retries.Retry(predicate=_retryable, initial=0.5, maximum=8.0, multiplier=2.0, timeout=60.0)
@@ -109,12 +114,12 @@ def translate(e: Exception, zone: str, *, creating: bool = False) -> errors.Resp
     if not isinstance(e, gexc.GoogleAPICallError):  # no answer, or RETRY gave up on transient ones
         return errors.TransientError(str(e))
     text = _text(e)
+    if _retryable(e):  # still failing after RETRY gave up: rate limits, 5xx
+        return errors.TransientError(e.message)
     if _marker(text, _QUOTA):
         return errors.QuotaError(zone, _quota_reason(text))
     if marker := _marker(text, _CAPACITY):
         return errors.CapacityError(zone, f"RESOURCE_EXHAUSTED ({marker})")
-    if _retryable(e):  # still failing after RETRY gave up: rate limits, 5xx
-        return errors.TransientError(e.message)
     if isinstance(e, gexc.Conflict):
         return errors.AlreadyExists(e.message)
     if isinstance(e, gexc.NotFound) and not creating:

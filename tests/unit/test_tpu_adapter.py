@@ -77,6 +77,12 @@ class TestImmediateAnswers:
         assert isinstance(error, errors.QuotaError)
         assert error.reason == "QUOTA_EXCEEDED (TPUV5sLitepodServingPerProjectPerZoneForTPUAPI)"
 
+    def test_a_quota_on_requests_per_minute_is_a_rate_limit_not_a_quota(self):
+        e = gexc.TooManyRequests("Quota exceeded for quota metric 'Create requests' and limit 'Create requests per "
+                                 "minute per project' of service 'tpu.googleapis.com' for consumer 'project_number:1'.")
+        assert _retryable(e)
+        assert isinstance(translate(e, "z", creating=True), errors.TransientError)
+
     def test_a_plain_429_or_503_is_retried_then_transient(self):
         for e in (gexc.TooManyRequests("Rate limit exceeded"), gexc.ServiceUnavailable("backend error")):
             assert _retryable(e)
