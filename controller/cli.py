@@ -206,6 +206,8 @@ def status(
         return
     if not watch:
         out.print(_status_table(rows))
+        if job is not None and rows and rows[0]["zone_advice"]:
+            out.print(_advice_table(rows[0]))
         for problem in _status_problems(rows):
             err.print(problem, soft_wrap=True)
         return
@@ -279,9 +281,27 @@ def _status_table(rows: list[dict[str, object]], watching: bool = False, stale: 
         step = plain("unreadable", "yellow") if r.get("checkpoint_error") else \
             plain(r["checkpoint_label"] or "—")
         table.add_row(plain(r["job"]), plain(phase, colours.get(phase, "white")), plain(r["attempt"]),
-                      plain(r["preemptions"]), plain(r["failures"]), plain(r["zone"] or "—"), plain(instance), step,
+                      plain(r["preemptions"]), plain(r["failures"]),
+                      plain(f"{r['zone']} ({r['provisioning']})" if r["zone"] and r["provisioning"] else r["zone"] or "—"),
+                      plain(instance), step,
                       plain(format_duration(timedelta(seconds=int(age))) if isinstance(age, int) else "—"),
                       Text(event if len(event) <= 80 else event[:77] + "..."))
+    return table
+
+
+def _advice_table(row: dict[str, object]) -> Table:
+    """Each zone as capacity advice scored it when the job last launched: where Spot VMs are
+    likely to be had, how long they are expected to run, and how often they were preempted."""
+    advice: dict[str, dict[str, float | None]] = row["zone_advice"]  # type: ignore[assignment]
+    table = Table("zone", "obtainability", "Spot uptime", "preempted/day",
+                  title=f"capacity advice at the last launch ({row['advice_at']})", title_justify="left")
+    for zone, a in advice.items():
+        uptime = a.get("uptime_s")
+        rate = a.get("preemption_rate")
+        table.add_row(plain(zone + (" ←" if zone == row["zone"] else "")),
+                      plain("—" if a.get("obtainability") is None else f"{a['obtainability']:.2f}"),
+                      plain("—" if uptime is None else f"{uptime / 86400:.1f} d"),
+                      plain("—" if rate is None else f"{rate:.1%}"))
     return table
 
 

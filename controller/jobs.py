@@ -41,6 +41,10 @@ class JobRow:
             "preemptions": st.preemptions if st else 0,
             "failures": st.failures if st else 0,
             "zone": st.zone if st else None,
+            "provisioning": st.provisioning if st else None,  # the current attempt's model
+            # What capacity advice said of each zone at the last launch (placement: capacity).
+            "zone_advice": {z: a.model_dump() for z, a in st.zone_advice.items()} if st else {},
+            "advice_at": st.advice_at.isoformat() if st and st.advice_at else None,
             "instance": instance,
             "instance_id": ids.get(instance or "") or (st.instance_ids.get(instance or "") if st else None),
             "checkpoint": checkpoint.uri if checkpoint else None,  # the latest complete one, as RESUME_FROM

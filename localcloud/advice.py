@@ -59,7 +59,7 @@ def capacity(body: dict[str, Any], region: str, zones: tuple[str, ...], blocked:
     def scores(zone: str) -> dict[str, Any]:
         out: dict[str, Any] = {"obtainability": 0.0 if zone in blocked else schedule.obtainability.get(zone, 0.9)}
         if model == "SPOT":
-            out["estimatedUptime"] = f"{_uptime(schedule.preemption_rates.get(zone, 0.0)):.0f}s"
+            out["estimatedUptime"] = f"{uptime(schedule.preemption_rates.get(zone, 0.0)):.0f}s"
         return out
 
     def shard(zone: str, count: int) -> dict[str, Any]:
@@ -116,7 +116,7 @@ def _machine_type(body: dict[str, Any]) -> str:
                   "At least one instance selection with a machine type is required.")
 
 
-def _uptime(rate: float) -> float:
+def uptime(rate: float) -> float:
     """Seconds until half of the Spot VMs are preempted, at ``rate`` per day (at most 30 days)."""
     if rate <= 0:
         return _MAX_UPTIME

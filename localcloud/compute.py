@@ -80,6 +80,8 @@ class Vm:
 @dataclass
 class Faults:
     stockouts: dict[str, str] = field(default_factory=dict)  # zone -> "operation" | "sync"
+    spot_stockouts: dict[str, str] = field(default_factory=dict)  # the same, for Spot VMs only
+    unforeseen: set[str] = field(default_factory=set)  # zones whose stockout capacity advice does not show
     quota: dict[str, str] = field(default_factory=dict)
     unreachable: set[str] = field(default_factory=set)
     # "instances.insert" -> [(503, message, reason)]
@@ -96,17 +98,21 @@ class ComputeServer:
     def __init__(self, *, vm_env: dict[str, str] | None = None, workdir: Path | None = None,
                  boot_delay: float = 0.1, shutdown_budget: float = 30.0, run_vms: bool = True,
                  zones: tuple[str, ...] = ZONES, guest_shutdown_limit: float = 300.0,
-                 realism: Realism | None = None) -> None:
+                 realism: Realism | None = None, preemption_day: float | None = None) -> None:
         """``shutdown_budget``: the shutdown script's time when Compute stops, deletes or preempts
         a VM (Google: 30 s for Spot and preemptible VMs, 90 s otherwise); ``guest_shutdown_limit``:
         its time when the guest powers itself off, which Google does not limit (a bound, here);
-        ``realism``: latency, operation durations and bulkInsert limits (default: none)."""
+        ``realism``: latency, operation durations and bulkInsert limits (default: none);
+        ``preemption_day``: seconds that stand for a day of the zones' preemption rates (see
+        ``preemption_rate``): a Spot VM is then preempted when its zone's expected uptime has
+        passed at that scale; None: the rates only inform capacity advice."""
         self.vm_env = dict(vm_env or {})
         self.boot_delay = boot_delay
         self.shutdown_budget = shutdown_budget
         self.guest_shutdown_limit = guest_shutdown_limit
         self.run_vms = run_vms
         self.zones = zones
+        self.preemption_day = preemption_day
         self.realism = realism or Realism()  # latency and limits are read from it on each call
         self.faults = Faults()
         if self.realism.insert_seconds is not None:
@@ -166,8 +172,18 @@ class ComputeServer:
         self.stop()
 
     # -- faults and inspection ---------------------------------------------------
-    def stockout(self, zone: str, on: bool = True, mode: str = "operation") -> None:
-        _switch(self._lock, self.faults.stockouts, zone, mode if on else None)
+    def stockout(self, zone: str, on: bool = True, mode: str = "operation", spot_only: bool = False,
+                 foreseen: bool = True) -> None:
+        """No capacity in ``zone`` (``spot_only``: for Spot VMs; standard ones still fit). Flex-start
+        VMs are not refused: they wait in PENDING, and boot once the stockout is lifted.
+        ``foreseen=False``: capacity advice still scores the zone as obtainable (advice is a
+        forecast, and an insert can meet a stockout it did not predict)."""
+        _switch(self._lock, self.faults.spot_stockouts if spot_only else self.faults.stockouts, zone,
+                mode if on else None)
+        with self._lock:
+            (self.faults.unforeseen.add if on and not foreseen else self.faults.unforeseen.discard)(zone)
+        if not on:
+            self._capacity_freed(zone)
 
     def quota(self, zone: str, on: bool = True, mode: str = "sync") -> None:
         _switch(self._lock, self.faults.quota, zone, mode if on else None)
@@ -357,8 +373,10 @@ class ComputeServer:
             self.faults.advice.spot_prices[machine_type] = dollars_per_hour
 
     def _advice_capacity(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
+        spot = (body.get("instanceProperties") or {}).get("scheduling", {}).get("provisioningModel") == "SPOT"
         with self._lock:
-            blocked = {*self.faults.stockouts, *self.faults.quota, *self.faults.unreachable}
+            blocked = {*self.faults.stockouts, *self.faults.quota, *self.faults.unreachable,
+                       *(self.faults.spot_stockouts if spot else ())} - self.faults.unforeseen
             return advice.capacity(body, p["region"], self.zones, blocked, self.faults.advice)
 
     def _advice_capacityHistory(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
@@ -418,7 +436,7 @@ class ComputeServer:
                 return replay
             gce.check_instance(body, zone)
             self._exists(body, zone, "resource")
-            self._admit(project, zone, [body["name"]])
+            self._admit(project, zone, [body["name"]], model=_model(body))
             vm = self._create(project, zone, body)
             op = self._zone_op(project, zone, "insert", vm)
             self._remember(project, q.get("requestId"), op)
@@ -467,7 +485,7 @@ class ComputeServer:
                 try:
                     gce.properties_check({**props, "name": names[0]}, None, "resource.instanceProperties")
                     self._exists(props, zone, "resource.instanceProperties")
-                    self._admit(project, zone, names, bulk=True)
+                    self._admit(project, zone, names, bulk=True, model=_model(props))
                     chosen = zone
                     break
                 except ApiError as e:
@@ -585,13 +603,13 @@ class ComputeServer:
             if image and {("image", image), ("image", image.rsplit("/", 1)[-1])} & self.faults.unknown:
                 raise gce.not_found(image.split("/compute/v1/")[-1])
 
-    def _admit(self, project: str, zone: str, names: list[str], bulk: bool = False) -> None:
+    def _admit(self, project: str, zone: str, names: list[str], bulk: bool = False, model: str = "STANDARD") -> None:
         """Synchronous refusals: name taken, sync stockout (bulkInsert: ``insufficientCapacity``) or quota."""
         for name in names:
             if (project, zone, name) in self._vms:
                 raise ApiError(409, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' already exists",
                                "alreadyExists")
-        if self.faults.stockouts.get(zone) == "sync":
+        if self._stocked(zone, model) == "sync" and model != "FLEX_START":
             raise gce.insufficient_capacity(project, zone) if bulk else gce.stockout(project, zone)
         if self.faults.quota.get(zone) == "sync":
             raise gce.quota(gce.region_of(zone))
@@ -607,9 +625,17 @@ class ComputeServer:
             if self.faults.hold:
                 self.faults.held.append((vms, op))
                 return
-            zone = vms[0].zone
+            zone, model = vms[0].zone, _model(vms[0].resource)
             error, details = None, None
-            if self.faults.stockouts.get(zone) == "operation":
+            if self._stocked(zone, model) and model == "FLEX_START" and op["operationType"] != "start":
+                # Flex-start waits for capacity: the insert is accepted, the VM PENDING until
+                # capacity frees up (``_capacity_freed``).
+                for vm in vms:
+                    self._set_status(vm, "PENDING")
+                gce.finish(op)
+                self._done.notify_all()
+                return
+            if self._stocked(zone, model) == "operation":
                 error, code = gce.stockout(vms[0].project, zone), "ZONE_RESOURCE_POOL_EXHAUSTED"
             elif self.faults.quota.get(zone) == "operation":
                 error, code = gce.quota(gce.region_of(zone)), "QUOTA_EXCEEDED"
@@ -629,6 +655,20 @@ class ComputeServer:
             self._done.notify_all()
         self._later(self.boot_delay, self._boot, vms)
 
+    def _stocked(self, zone: str, model: str) -> str | None:
+        """How ``zone`` refuses a VM of ``model`` for want of capacity (None: it does not)."""
+        return self.faults.stockouts.get(zone) or (self.faults.spot_stockouts.get(zone) if model == "SPOT" else None)
+
+    def _capacity_freed(self, zone: str) -> None:
+        """Capacity came back to ``zone``: its PENDING Flex-start VMs boot."""
+        with self._lock:
+            waiting = [vm for vm in self._vms.values() if vm.zone == zone and vm.resource["status"] == "PENDING"
+                       and not self._stocked(zone, _model(vm.resource))]
+            for vm in waiting:
+                self._set_status(vm, "STAGING")
+        if waiting:
+            self._later(self.boot_delay, self._boot, waiting)
+
     def _boot(self, vms: list[Vm]) -> None:
         for vm in vms:
             # One step under the lock: no one may see RUNNING without its process (a crash
@@ -640,6 +680,33 @@ class ComputeServer:
                 vm.resource["lastStartTimestamp"] = gce.now()
                 if self.run_vms:
                     self._start_process(vm)
+                self._schedule_end(vm)
+
+    def _schedule_end(self, vm: Vm) -> None:
+        """What ends a RUNNING VM by itself: its zone's preemptions at ``preemption_day`` scale
+        (Spot), or its ``maxRunDuration`` (Compute then deletes or stops it)."""
+        scheduling, process = vm.resource["scheduling"], vm.process
+        rate = self.faults.advice.preemption_rates.get(vm.zone, 0.0)
+        if scheduling.get("provisioningModel") == "SPOT" and self.preemption_day and rate > 0:
+            self._later(advice.uptime(rate) * self.preemption_day / 86400, self._ends, vm, process, "preempted")
+        if seconds := float((scheduling.get("maxRunDuration") or {}).get("seconds") or 0):
+            self._later(seconds, self._ends, vm, process, "max run")
+
+    def _ends(self, vm: Vm, process: VmProcess | None, why: str) -> None:
+        with self._lock:
+            if vm.process is not process or vm.resource["status"] != "RUNNING" \
+                    or self._vms.get((vm.project, vm.zone, vm.name)) is not vm:
+                return  # restarted, stopped or deleted since
+            if why == "max run":
+                # Google stops or deletes the VM as its termination action says, with no
+                # documented operation type of its own: recorded as a stop.
+                action = vm.resource["scheduling"].get("instanceTerminationAction", "STOP")
+                self._record(vm, "stop")
+                self._set_status(vm, "STOPPING")
+                threading.Thread(target=self._stop_then, args=(vm, "DELETE" if action == "DELETE" else "TERMINATED"),
+                                 daemon=True).start()
+                return
+        self.preempt(vm.name)
 
     def _start_process(self, vm: Vm) -> None:
         if vm.metadata is None:
@@ -831,6 +898,12 @@ def _switch(lock: threading.RLock, faults: dict[str, str], zone: str, mode: str 
             faults.pop(zone, None)
         else:
             faults[zone] = mode
+
+
+def _model(body: dict[str, Any]) -> str:
+    """An instance's (or a request's) provisioning model as Compute reads it."""
+    scheduling = body.get("scheduling") or {}
+    return scheduling.get("provisioningModel") or ("SPOT" if scheduling.get("preemptible") else "STANDARD")
 
 
 def _hostname(per_instance: dict[str, Any] | None) -> dict[str, Any]:

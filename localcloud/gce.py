@@ -115,6 +115,13 @@ def properties_check(body: dict[str, Any], zone: str | None, field: str) -> None
     if body.get("guestAccelerators") and scheduling.get("onHostMaintenance", "MIGRATE") != "TERMINATE":
         raise invalid(f"{field}.scheduling.onHostMaintenance", scheduling.get("onHostMaintenance", "MIGRATE"),
                       "Instances with guest accelerators do not support live migration.")
+    if scheduling.get("provisioningModel") == "FLEX_START":
+        # Flex-start VMs run for a bounded time and are deleted when it ends.
+        if not (scheduling.get("maxRunDuration") or {}).get("seconds"):
+            raise invalid(f"{field}.scheduling.maxRunDuration", "", "Flex-start instances require maxRunDuration.")
+        if scheduling.get("instanceTerminationAction") != "DELETE":
+            raise invalid(f"{field}.scheduling.instanceTerminationAction", scheduling.get("instanceTerminationAction", ""),
+                          "Flex-start instances require instanceTerminationAction DELETE.")
     spot = scheduling.get("provisioningModel") == "SPOT" or scheduling.get("preemptible")
     if spot and scheduling.get("automaticRestart", True):
         raise invalid(f"{field}.scheduling.automaticRestart", "true",

@@ -87,7 +87,7 @@ def test_stockout_in_the_first_zone_moves_the_job_to_the_second(cloud):
     job = "failover"
     cloud.compute.stockout("us-central1-a")
     try:
-        submit(cloud, job, spec(job, command="sleep 1"))
+        submit(cloud, job, spec(job, command="sleep 1", placement="ordered"))
         until("a VM in the second zone", lambda: running(cloud, f"{job}-1"))
         instance = next(i for i in cloud.compute.instances() if i["name"] == f"{job}-1")
         assert instance["zone"].endswith("/zones/us-central1-b")
@@ -97,6 +97,86 @@ def test_stockout_in_the_first_zone_moves_the_job_to_the_second(cloud):
     finally:
         cloud.compute.stockout("us-central1-a", on=False)
     until("success", lambda: (s := status(cloud, job)) and s.phase == Phase.SUCCEEDED)
+
+
+def zone_of(cloud: LocalCloud, name: str) -> str:
+    return next(i for i in cloud.compute.instances() if i["name"] == name)["zone"].rsplit("/", 1)[-1]
+
+
+def model_of(cloud: LocalCloud, name: str) -> str:
+    return next(i for i in cloud.compute.instances() if i["name"] == name)["scheduling"]["provisioningModel"]
+
+
+# Each placement test names zones of its own: the functions keep capacity advice a few
+# minutes per shape (zones included), and one test's rates must not rank another's zones.
+def test_a_stockout_in_the_best_ranked_zone_moves_the_job_to_the_next_best(cloud):
+    job = "ranked"
+    zones = ["us-central1-a", "us-central1-b", "us-central1-c"]
+    for zone, rate in zip(zones, (0.5, 0.3, 0.01), strict=True):
+        cloud.compute.preemption_rate(zone, rate)
+    cloud.compute.stockout("us-central1-c", foreseen=False)  # advice still ranks c first
+    try:
+        submit(cloud, job, spec(job, command="sleep 1", zones=zones))
+        until("a VM", lambda: running(cloud, f"{job}-1"))
+        assert zone_of(cloud, f"{job}-1") == "us-central1-b", "the next best, not the next listed"
+        st = until("the stockout in the history", lambda: (s := status(cloud, job)) and s.zone == "us-central1-b" and s)
+        assert [e.zone for e in st.history if e.event == "stockout"] == ["us-central1-c"]
+        assert st.zone_advice["us-central1-c"].preemption_rate == 0.01
+    finally:
+        cloud.compute.stockout("us-central1-c", on=False)
+        for zone in zones:
+            cloud.compute.preemption_rate(zone, 0.0)
+    until("success", lambda: (s := status(cloud, job)) and s.phase == Phase.SUCCEEDED)
+
+
+def test_a_spot_job_placed_by_advice_survives_where_the_spec_order_gets_it_preempted(cloud):
+    zones = ["us-central1-f", "us-central1-c"]
+    cloud.compute.preemption_rate("us-central1-f", 0.99)  # half its Spot VMs gone in 0.15 days
+    cloud.compute.preemption_day = 10.0  # a day of those rates lasts 10 s here: f's VMs last ~1.5 s
+    try:
+        submit(cloud, "advised", spec("advised", zones=zones))
+        submit(cloud, "listed", spec("listed", zones=zones, placement="ordered"))
+        final = until("the advised job's success", lambda: (s := status(cloud, "advised")) and s.phase.terminal and s,
+                      timeout=60)
+        assert final.phase == Phase.SUCCEEDED, final.message
+        assert (final.attempt, final.preemptions, final.zone) == (1, 0, "us-central1-c")
+        assert final.zone_advice["us-central1-f"].preemption_rate == 0.99
+        listed = until("the listed job preempted", lambda: (s := status(cloud, "listed")) and s.preemptions and s)
+        assert listed.history[-1].zone in (None, "us-central1-f") and all(
+            e.zone == "us-central1-f" for e in listed.history if e.event == "launch")
+    finally:
+        cloud.compute.preemption_day = None
+        cloud.compute.preemption_rate("us-central1-f", 0.0)
+        cloud.storage.bucket(cloud.options.bucket).blob(names.cancel_key("listed")).upload_from_string("")
+    until("the listed job cancelled", lambda: (s := status(cloud, "listed")) and s.phase == Phase.CANCELLED)
+
+
+def test_spot_steps_down_to_standard_after_stockouts_and_back_up_at_the_next_recovery(cloud):
+    job = "fallback"
+    zones = ["us-east1-b", "us-east1-c"]
+    for zone in zones:
+        cloud.compute.stockout(zone, spot_only=True)
+    doc = spec(job, command="sleep 60", zones=zones, provisioning=["spot", "standard"],
+               policy={"startup_grace": "1m", "idle_timeout": "1m", "max_instance_age": "4s",
+                       "fallback": {"stockouts": 2, "step_up_after": "3s"}})
+    try:
+        submit(cloud, job, doc)
+        until("a standard VM", lambda: running(cloud, f"{job}-1"))
+        assert model_of(cloud, f"{job}-1") == "STANDARD"
+        st = until("the step down", lambda: (s := status(cloud, job)) and s.provisioning == "standard" and s)
+        assert sorted(e.zone for e in st.history if e.event == "stockout") == zones
+        assert "stepping down from spot to standard: 2 capacity errors" in st.message or any(
+            e.event == "step-down" for e in st.history)
+    finally:
+        for zone in zones:
+            cloud.compute.stockout(zone, on=False, spot_only=True)
+    # max_instance_age recycles the standard VM; by then step_up_after has passed: Spot again.
+    until("a Spot VM for attempt 2", lambda: running(cloud, f"{job}-2"), timeout=60)
+    assert model_of(cloud, f"{job}-2") == "SPOT"
+    st = until("attempt 2 on spot", lambda: (s := status(cloud, job)) and s.attempt == 2 and s.provisioning == "spot" and s)
+    assert any("stepping back up to spot" in e.detail for e in st.history if e.event == "launch")
+    cloud.storage.bucket(cloud.options.bucket).blob(names.cancel_key(job)).upload_from_string("")
+    until("cancelled", lambda: (s := status(cloud, job)) and s.phase == Phase.CANCELLED)
 
 
 def test_tick_alone_is_enough(cloud):

@@ -724,3 +724,74 @@ def test_capacity_history_tells_a_zones_preemption_rate_and_spot_price():
         assert (price.currency_code, price.units, price.nanos) == ("USD", 0, 251_200_000)
         days = [r.interval for r in answer.preemption_history]
         assert all(a.end_time == b.start_time for a, b in zip(days, days[1:]))
+
+
+# -- provisioning models ------------------------------------------------------------------
+def _gateway(srv: ComputeServer):
+    from controller.adapters.google import compute_gateway
+    from controller.config import Settings
+
+    return compute_gateway(Settings(bucket=BUCKET, project=PROJECT, compute_endpoint=srv.endpoint))
+
+
+def _request(name: str, provisioning: str, zone: str = "us-central1-a", max_run: int | None = None):
+    from controller.ports import InstanceRequest
+
+    return InstanceRequest(project=PROJECT, zone=zone, name=name, machine_type="e2-small", provisioning=provisioning,
+                           termination_action="stop", boot_image="projects/debian-cloud/global/images/family/debian-12",
+                           boot_disk_gb=10, boot_disk_type="pd-balanced", service_account=TRAINER_ACCOUNT,
+                           scopes=(CLOUD_PLATFORM,), network="global/networks/default", subnetwork=None,
+                           external_ip=False, labels={}, metadata={}, max_run_seconds=max_run)
+
+
+def test_a_spot_only_stockout_refuses_spot_vms_and_lets_standard_ones_in():
+    from controller import errors
+
+    with ComputeServer(run_vms=False, boot_delay=0.01) as srv:
+        srv.stockout("us-central1-a", spot_only=True)
+        gateway = _gateway(srv)
+        with pytest.raises(errors.CapacityError):
+            gateway.insert([_request("spot-1", "spot")], "00000000-0000-4000-8000-000000000001")
+        gateway.insert([_request("std-1", "standard")], "00000000-0000-4000-8000-000000000002")
+        assert srv.instance("std-1")["scheduling"]["provisioningModel"] == "STANDARD"
+
+
+def test_flex_start_waits_in_pending_for_capacity_then_runs_until_its_max_run_duration():
+    with ComputeServer(run_vms=False, boot_delay=0.01) as srv:
+        srv.stockout("us-central1-a")
+        _gateway(srv).insert([_request("flex-1", "flex-start", max_run=2)], "00000000-0000-4000-8000-000000000003")
+        scheduling = srv.instance("flex-1")["scheduling"]
+        assert (scheduling["provisioningModel"], scheduling["instanceTerminationAction"],
+                int(scheduling["maxRunDuration"]["seconds"])) == ("FLEX_START", "DELETE", 2)
+        time.sleep(0.3)
+        assert status(srv, "flex-1") == "PENDING", "a Flex-start VM waits for capacity; it is not refused"
+        srv.stockout("us-central1-a", on=False)
+        until("RUNNING once capacity frees up", lambda: status(srv, "flex-1") == "RUNNING", timeout=5)
+        until("deleted at its maxRunDuration", lambda: "flex-1" not in srv.names(), timeout=10)
+
+
+@pytest.mark.parametrize("scheduling, field", [
+    ({"provisioningModel": "FLEX_START", "instanceTerminationAction": "DELETE"}, "maxRunDuration"),
+    ({"provisioningModel": "FLEX_START", "maxRunDuration": {"seconds": "60"}}, "instanceTerminationAction"),
+])
+def test_flex_start_needs_a_run_limit_and_deletion(scheduling, field):
+    with ComputeServer(run_vms=False) as srv:
+        body = {"name": "flex-2", "machineType": "zones/us-central1-a/machineTypes/e2-small",
+                "disks": [{"boot": True, "initializeParams": {"sourceImage": "projects/debian-cloud/global/images/family/debian-12"}}],
+                "networkInterfaces": [{"network": "global/networks/default"}], "scheduling": scheduling}
+        r = requests.post(f"{srv.endpoint}/compute/v1/projects/{PROJECT}/zones/us-central1-a/instances", json=body,
+                          timeout=10)
+        assert r.status_code == 400 and field in r.text
+
+
+def test_with_a_preemption_day_spot_vms_are_preempted_as_their_zone_rate_says():
+    with ComputeServer(run_vms=False, boot_delay=0.01, shutdown_budget=0.2, preemption_day=4.0) as srv:
+        srv.preemption_rate("us-central1-a", 0.9)  # half preempted in 0.3 days: ~1.2 s here
+        gateway = _gateway(srv)
+        gateway.insert([_request("doomed", "spot")], "00000000-0000-4000-8000-000000000004")
+        gateway.insert([_request("steady", "spot", zone="us-central1-b")], "00000000-0000-4000-8000-000000000005")
+        gateway.insert([_request("paid", "standard")], "00000000-0000-4000-8000-000000000006")
+        until("the Spot VM in the risky zone preempted", lambda: status(srv, "doomed") == "TERMINATED", timeout=10)
+        assert any(o["operationType"] == "compute.instances.preempted" and o["targetLink"].endswith("/doomed")
+                   for o in srv.operations())
+        assert status(srv, "steady") == "RUNNING" and status(srv, "paid") == "RUNNING"

@@ -296,3 +296,21 @@ def test_status_shows_the_checkpoint_each_framework_would_resume(mem):
         ("gs://ckpts/ds/global_step15", 15, "global_step15")
     assert (rows["accelerate"]["checkpoint_step"], rows["accelerate"]["checkpoint_label"]) == (None, "save 10")
     assert rows["megatron"]["checkpoint_tag"] == "1000"
+
+
+def test_status_of_a_job_shows_each_zones_advice_and_the_model_it_runs_on(mem):
+    from controller.adapters.memory import MemoryAdvisor
+
+    mem.advisor = MemoryAdvisor(mem.compute)
+    mem.advisor.rates.update({"us-central1-a": 0.25, "us-central1-b": 0.01})
+    mem.submit("llm", spec_doc(provisioning=["spot", "standard"]))
+    mem.tick()
+    result = runner.invoke(app, ["status", "llm"])
+    assert result.exit_code == 0, result.output
+    assert "us-central1-b (spot)" in result.output
+    assert "capacity advice at the last launch" in result.output
+    lines = {l.split("│")[1].strip(): l for l in result.output.splitlines() if "us-central1-" in l and "│" in l
+             and "(spot)" not in l}
+    assert "25.0%" in lines["us-central1-a"] and "1.0%" in lines["us-central1-b ←"]
+    row = json.loads(runner.invoke(app, ["status", "llm", "--json"]).stdout)[0]
+    assert row["provisioning"] == "spot" and row["zone_advice"]["us-central1-a"]["preemption_rate"] == 0.25

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-CORE = ["actions", "checkpoints", "clock", "durations", "engine", "errors", "executor", "fanout", "launch", "names",
-        "observe", "planner", "policy", "ports", "spec", "state", "transitions", "world", "jobs"]
+CORE = ["actions", "advice", "checkpoints", "clock", "durations", "engine", "errors", "executor", "fanout", "launch", "names",
+        "observe", "placement", "planner", "policy", "ports", "spec", "state", "transitions", "world", "jobs"]
 FORBIDDEN = ("google", "flask", "requests", "functions_framework", "cloudevents", "localcloud", "controller.adapters.google",
              "controller.adapters.gcs", "controller.adapters.compute", "controller.adapters.tpu")
 ROOT = Path(__file__).resolve().parents[2] / "controller"

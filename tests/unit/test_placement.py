@@ -1,0 +1,102 @@
+"""Zone ranking and the provisioning fallback as pure functions: tables of cases."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from controller import errors, placement, transitions as t
+from controller.ports import ZoneAdvice
+from controller.spec import parse_spec
+from controller.state import JobStatus
+
+A, B, C = "us-central1-a", "us-central1-b", "us-central1-c"
+NOW = datetime(2026, 11, 24, 12, tzinfo=timezone.utc)
+
+
+def spec(extra: str = ""):
+    return parse_spec(f"zones: [{A}, {B}, {C}]\nmachine_type: g2-standard-8\ncommand: x\n{extra}", "j")
+
+
+def z(obtainability=None, uptime=None, rate=None) -> ZoneAdvice:
+    return ZoneAdvice(obtainability, uptime, rate)
+
+
+@pytest.mark.parametrize("advice, order", [
+    (None, (A, B, C)),  # no advice: the spec's order
+    ({}, (A, B, C)),
+    ({A: z(0.2), B: z(0.9), C: z(0.5)}, (B, C, A)),  # obtainability first
+    ({A: z(0.9, 86400), B: z(0.9, 7 * 86400), C: z(0.9, 86400)}, (B, A, C)),  # then uptime, then spec order
+    ({A: z(0.9, 86400, 0.3), B: z(0.9, 86400, 0.1), C: z(0.9, 86400)}, (B, A, C)),  # then rate; unknown rate last
+    ({A: z(0.1, 30 * 86400), B: z(0.9, 3600)}, (B, A, C)),  # obtainable beats long-lived; unscored zones last
+    ({C: z(0.0)}, (C, A, B)),  # scored, even at 0, before the unscored
+])
+def test_capacity_placement_ranks_zones(advice, order):
+    assert placement.zone_order(spec(), "spot", advice) == order
+
+
+def test_ordered_placement_and_standard_by_default_ignore_advice():
+    advice = {C: z(0.9, 86400)}
+    assert placement.zone_order(spec("placement: ordered"), "spot", advice) == (A, B, C)
+    assert placement.zone_order(spec(), "standard", advice) == (A, B, C)
+    assert placement.zone_order(spec("placement: capacity"), "standard", advice) == (C, A, B)
+
+
+def test_one_question_per_region():
+    s = parse_spec(f"zones: [{A}, us-east1-b, {B}]\nmachine_type: g2-standard-8\ncommand: x\nnodes: 2\n", "j")
+    shapes = placement.shapes(s, "spot", "p")
+    assert [(x.region, x.zones, x.count, x.model) for x in shapes] == [
+        ("us-central1", (A, B), 2, "SPOT"), ("us-east1", ("us-east1-b",), 2, "SPOT")]
+
+
+FALLBACK = "provisioning: [spot, standard]\npolicy: {fallback: {stockouts: 2, wait: 10m, step_up_after: 1h}}\n"
+
+
+def stockout(st: JobStatus, s, zone: str, at: datetime) -> JobStatus:
+    return t.after_create_error(st, s, errors.CapacityError(zone, "ZONE_RESOURCE_POOL_EXHAUSTED"), at)
+
+
+@pytest.mark.parametrize("misses, minutes, stepped", [
+    (1, 0, False),  # one stockout: next zone
+    (2, 0, True),  # policy.fallback.stockouts reached
+    (1, 11, True),  # the first stockout was longer ago than fallback.wait
+])
+def test_step_down_after_stockouts_or_a_long_wait(misses, minutes, stepped):
+    s = spec(FALLBACK)
+    first = NOW - timedelta(minutes=minutes)
+    st = JobStatus(attempt=1, zone=A, provisioning="spot", capacity_misses=misses - 1,
+                   capacity_since=first if misses > 1 or minutes else None)
+    after = stockout(st, s, A, NOW)
+    assert (after.provisioning == "standard") is stepped
+    if stepped:
+        assert after.zone is None and after.zone_cooldowns == {} and after.capacity_misses == 0
+        assert after.history[-1].event == "step-down" and after.history[-2].event == "stockout"
+        assert after.placement == st.placement + 2  # the stockout's and the new model's: a new request id
+    else:
+        assert after.zone == B and after.capacity_misses == misses
+
+
+def test_no_step_down_below_the_last_model_or_for_a_single_model():
+    for extra, model in ((FALLBACK, "standard"), ("", "spot")):
+        st = JobStatus(attempt=1, zone=A, provisioning=model, capacity_misses=5, capacity_since=NOW - timedelta(hours=1))
+        after = stockout(st, spec(extra), A, NOW)
+        assert after.provisioning == model and after.zone == B
+
+
+@pytest.mark.parametrize("since, model, expected", [
+    (None, "spot", "spot"),
+    (NOW - timedelta(minutes=30), "standard", "standard"),  # not yet
+    (NOW - timedelta(hours=1), "standard", "spot"),  # step_up_after passed
+    (NOW - timedelta(hours=5), "spot", "spot"),
+])
+def test_step_back_up_at_the_next_attempt(since, model, expected):
+    st = JobStatus(attempt=1, provisioning=model, model_since=since)
+    chosen, why = t.next_model(spec(FALLBACK), st, NOW)
+    assert chosen == expected and bool(why) == (expected != model)
+
+
+def test_a_model_status_json_names_but_the_spec_no_longer_lists_is_never_used():
+    st = JobStatus(attempt=1, provisioning="flex-start")
+    assert t.model_of(spec(FALLBACK), st) == "spot"
+    assert t.next_model(spec(FALLBACK), st, NOW) == ("spot", "")
