@@ -1,8 +1,9 @@
-"""Google's Compute v1 discovery document as the schema of truth.
+"""Google's discovery documents (Compute v1, Cloud TPU v2) as the schema of truth.
 
-It ships inside ``google-api-python-client``. The local server takes its URL routes
-from it and validates every request body against its schemas, answering the way
+They ship inside ``google-api-python-client``. The local servers take their URL routes
+from them and validate every request body against their schemas, answering the way
 Google's front end does (HTTP 400, ``Invalid JSON payload received. Unknown name...``).
+``doc`` names a document as its file does (``"compute.v1"``, the default, or ``"tpu.v2"``).
 """
 
 from __future__ import annotations
@@ -17,41 +18,68 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Method:
-    resource: str  # e.g. "instances"
+    resource: str  # e.g. "instances", or "projects.locations.nodes" in a nested document
     name: str  # e.g. "insert"
     http_method: str
     pattern: re.Pattern[str]
     request_schema: str | None
+    response_schema: str | None = None
 
 
 @cache
-def document() -> dict[str, Any]:
-    path = resources.files("googleapiclient") / "discovery_cache" / "documents" / "compute.v1.json"
+def document(name: str = "compute.v1") -> dict[str, Any]:
+    path = resources.files("googleapiclient") / "discovery_cache" / "documents" / f"{name}.json"
     return json.loads(path.read_text())
 
 
-def methods(wanted: dict[str, tuple[str, ...]]) -> list[Method]:
-    """The routes of the wanted methods, as regexes over the path after ``compute/v1/``."""
-    doc = document()
+def methods(wanted: dict[str, tuple[str, ...]], doc: str = "compute.v1") -> list[Method]:
+    """The routes of the wanted methods, as regexes over the path after the service's root
+    (``compute/v1/``; a one-platform API's paths start with their version: ``v2/...``).
+
+    A resource nested in another is named by its dotted path (``"projects.locations.nodes"``).
+    A path with a reserved expansion (``v2/{+name}``, where one parameter spans several
+    segments) is routed by its ``flatPath`` (``v2/projects/{projectsId}/locations/...``);
+    those parameters never hold a ``:`` (AIP-136 custom methods follow one: ``.../nodes/{id}:stop``)."""
+    document_ = document(doc)
     out = []
     for resource, names in wanted.items():
+        node = document_
+        for part in resource.split("."):
+            node = node["resources"][part]
         for name in names:
-            m = doc["resources"][resource]["methods"][name]
-            regex = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(m["path"]))
+            m = node["methods"][name]
+            flat = "{+" in m["path"] and "flatPath" in m
+            param = r"(?P<\1>[^/:]+)" if flat else r"(?P<\1>[^/]+)"
+            regex = re.sub(r"\\\{(\w+)\\\}", param, re.escape(m["flatPath"] if flat else m["path"]))
             out.append(Method(resource, name, m["httpMethod"], re.compile(regex + "$"),
-                              m.get("request", {}).get("$ref")))
+                              m.get("request", {}).get("$ref"), m.get("response", {}).get("$ref")))
     # Literal segments must win over parameters (".../instances/bulkInsert" is no instance name).
     return sorted(out, key=lambda m: m.pattern.pattern.count("(?P"))
 
 
-def validate(body: Any, schema: str, at: str = "resource") -> list[str]:
+def every(doc: str = "compute.v1") -> dict[str, tuple[str, ...]]:
+    """Every method of the document, in ``methods``' terms (nested resources by dotted path)."""
+    found: dict[str, tuple[str, ...]] = {}
+
+    def walk(node: dict[str, Any], prefix: str) -> None:
+        for name, resource in (node.get("resources") or {}).items():
+            path = f"{prefix}{name}"
+            if resource.get("methods"):
+                found[path] = tuple(resource["methods"])
+            walk(resource, f"{path}.")
+
+    walk(document(doc), "")
+    return found
+
+
+def validate(body: Any, schema: str, at: str = "resource", doc: str = "compute.v1") -> list[str]:
     """Problems with ``body`` against the named schema, worded as Google words them."""
-    return _check(body, {"$ref": schema}, at)
+    return _check(body, {"$ref": schema}, at, doc)
 
 
-def _check(value: Any, spec: dict[str, Any], at: str) -> list[str]:
+def _check(value: Any, spec: dict[str, Any], at: str, doc: str) -> list[str]:
     if "$ref" in spec:
-        spec = document()["schemas"][spec["$ref"]]
+        spec = document(doc)["schemas"][spec["$ref"]]
     kind = spec.get("type")
     if kind == "object":
         if not isinstance(value, dict):
@@ -60,16 +88,16 @@ def _check(value: Any, spec: dict[str, Any], at: str) -> list[str]:
         props, extra = spec.get("properties"), spec.get("additionalProperties")
         for key, item in value.items():
             if props is not None and key in props:
-                problems += _check(item, props[key], f"{at}.{_snake(key)}")
+                problems += _check(item, props[key], f"{at}.{_snake(key)}", doc)
             elif extra is not None:
-                problems += _check(item, extra, f"{at}[{key}]")
+                problems += _check(item, extra, f"{at}[{key}]", doc)
             else:
                 problems.append(f'Invalid JSON payload received. Unknown name "{key}" at \'{at}\': Cannot find field.')
         return problems
     if kind == "array":
         if not isinstance(value, list):
             return [f"Invalid value at '{at}', expected a list"]
-        return [p for i, item in enumerate(value) for p in _check(item, spec.get("items", {}), f"{at}[{i}]")]
+        return [p for i, item in enumerate(value) for p in _check(item, spec.get("items", {}), f"{at}[{i}]", doc)]
     return _scalar(value, spec, at)
 
 
