@@ -1,4 +1,4 @@
-"""The whole local cloud in one object: GCS, Compute, the two functions, Scheduler, Eventarc.
+"""The whole local cloud in one object: GCS, Compute, Cloud TPU, the two functions, Scheduler, Eventarc.
 
 The functions run as real ``functions-framework`` processes serving ``main.py``, with
 the same environment a deployment gives them, pointed at the local servers.
@@ -21,6 +21,7 @@ from localcloud.compute import ComputeServer
 from localcloud.events import Ticker, Watcher
 from localcloud.gcs import LocalGcs, client
 from localcloud.realism import Realism
+from localcloud.tpu import TpuServer
 
 
 @dataclass
@@ -35,7 +36,7 @@ class Options:
     policy_env: dict[str, str] | None = None
     gcs_write_interval: float | None = None  # GCS's per-object write rate (about 1 s); None: realism's (off by default)
     gcs_pin_generations: bool = False  # downloads pinned to the generation read, as on Google
-    # Latency, operation durations and rate limits of both servers: Realism.google() for benchmarks.
+    # Latency, operation durations and rate limits of every server: Realism.google() for benchmarks.
     realism: Realism = field(default_factory=Realism)
 
 
@@ -46,6 +47,7 @@ class LocalCloud:
                             write_interval=self.options.gcs_write_interval,
                             pin_generations=self.options.gcs_pin_generations, realism=self.options.realism)
         self.compute: ComputeServer | None = None
+        self.tpu: TpuServer | None = None
         self._functions: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
         self.ticker: Ticker | None = None
         self.watcher: Watcher | None = None
@@ -56,9 +58,11 @@ class LocalCloud:
             self.gcs.start()
             self.storage = client(self.gcs.url, o.project)
             vm_path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
-            self.compute = ComputeServer(vm_env={"STORAGE_EMULATOR_HOST": self.gcs.url, "PATH": vm_path},
-                                         boot_delay=o.boot_delay, shutdown_budget=o.shutdown_budget,
+            vm_env = {"STORAGE_EMULATOR_HOST": self.gcs.url, "PATH": vm_path}
+            self.compute = ComputeServer(vm_env=vm_env, boot_delay=o.boot_delay, shutdown_budget=o.shutdown_budget,
                                          realism=o.realism).start()
+            self.tpu = TpuServer(vm_env=vm_env, boot_delay=o.boot_delay, shutdown_budget=o.shutdown_budget,
+                                 realism=o.realism).start()
             for target in ("tick", "on_object"):
                 self._functions[target] = self._serve(target)
             self.watcher = Watcher(self.storage, o.bucket, self.function_url("on_object"),
@@ -71,13 +75,15 @@ class LocalCloud:
 
     def env(self) -> dict[str, str]:
         """What a user exports to point clients (the CLI, gsutil-free scripts, gcloud) here."""
-        assert self.compute is not None
+        assert self.compute is not None and self.tpu is not None
         return {
             "STORAGE_EMULATOR_HOST": self.gcs.url,
             "RESPAWN_COMPUTE_ENDPOINT": self.compute.endpoint,
+            "RESPAWN_TPU_ENDPOINT": self.tpu.endpoint,
             "RESPAWN_BUCKET": self.options.bucket,
             "RESPAWN_PROJECT": self.options.project,
             "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE": f"{self.compute.endpoint}/compute/v1/",
+            "CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU": f"{self.tpu.endpoint}/",
             "CLOUDSDK_CORE_PROJECT": self.options.project,
             "RESPAWN_VM_SCRIPTS": str(self.options.vm_scripts or REPO_ROOT / "deploy" / "vm"),
             # What `respawn deploy` creates on a real project: VMs run as a dedicated account.
@@ -104,6 +110,8 @@ class LocalCloud:
             except subprocess.TimeoutExpired:
                 process.kill()
         self._functions.clear()
+        if self.tpu:
+            self.tpu.stop()
         if self.compute:
             self.compute.stop()
         self.gcs.stop()
