@@ -8,19 +8,26 @@ backend and not the other.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 
 import pytest
+from google.api_core.client_options import ClientOptions
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import tpu_v2
 
 from controller import errors, names
+from controller.adapters.google import tpu_gateway
 from controller.adapters.memory import MemoryTpu
 from controller.clock import SystemClock
+from controller.config import Settings
 from controller.ports import NodeHealth, NodeState, QueuedState, TpuGateway, TpuNode, TpuRequest
+from localcloud.tpu import TpuServer
 from tests.wait import until
 
 PROJECT = "contract-proj"
 ZONE = "us-central1-a"
+DARK = "us-west9-z"  # a zone that does not answer (the local server offers no such location: 403)
 
 
 @dataclass
@@ -37,7 +44,7 @@ class Backend:
     maintenance_notice: Callable[[str, bool], None]  # Node.upcomingMaintenance set (True) or cleared
     hold: Callable[[bool], None]  # True: create operations stay running past the wait; False: they finish now
     foreign: Callable[[str, dict[str, str]], None]  # a node someone else created in ZONE
-    unreachable: Callable[[str, bool], None]  # a zone whose list does not answer
+    unreachable: Callable[[str, bool], None]  # DARK's lists fail (or stop failing)
 
 
 def _memory() -> Backend:
@@ -50,9 +57,39 @@ def _memory() -> Backend:
     )
 
 
-@pytest.fixture(params=["memory"])
+@pytest.fixture(scope="module")
+def server() -> Iterator[TpuServer]:
+    with TpuServer(boot_delay=0.05, shutdown_budget=0.5) as srv:
+        yield srv
+
+
+def _local(srv: TpuServer) -> Backend:
+    gateway = tpu_gateway(Settings(project=PROJECT, tpu_endpoint=srv.endpoint))
+    gateway.operation_timeout = 30.0
+    raw = tpu_v2.TpuClient(transport="rest", credentials=AnonymousCredentials(),
+                           client_options=ClientOptions(api_endpoint=srv.endpoint))
+
+    def foreign(name: str, labels: dict[str, str]) -> None:
+        raw.create_node(parent=f"projects/{PROJECT}/locations/{ZONE}", node_id=name,
+                        node=tpu_v2.Node(accelerator_type="v5litepod-1", runtime_version="v2-alpha-tpuv5-lite",
+                                         labels=labels))
+
+    def hold(on: bool) -> None:
+        gateway.operation_timeout = 0.5 if on else 30.0  # the adapter's wait gives up at its deadline
+        srv.hold_operations(on)
+
+    return Backend(
+        "local", gateway, stockout=srv.stockout, quota=srv.quota, preempt=srv.preempt, set_state=srv.set_state,
+        set_health=srv.set_health, maintenance_notice=srv.upcoming_maintenance, hold=hold, foreign=foreign,
+        unreachable=lambda zone, on: None,  # DARK is never served: Google's 403 for a location one may not use
+    )
+
+
+@pytest.fixture(params=["memory", "local"])
 def backend(request: pytest.FixtureRequest) -> Backend:
-    return _memory()
+    if request.param == "memory":
+        return _memory()
+    return _local(request.getfixturevalue("server"))
 
 
 def unique(prefix: str = "t") -> str:
@@ -101,6 +138,13 @@ class TestTpuGateway:
         create(backend, request_for(job, spot=False))
         assert ready(backend, job).spot is False
 
+    @pytest.mark.parametrize("accelerator, workers", [("v4-8", 1), ("v4-16", 2), ("v5litepod-16", 4)])
+    def test_a_multi_host_slice_has_one_worker_per_host(self, backend, accelerator, workers):
+        job = unique()
+        create(backend, request_for(job, accelerator_type=accelerator))
+        node = ready(backend, job)
+        assert (node.accelerator_type, node.workers) == (accelerator, workers)
+
     def test_create_of_an_existing_name_is_success_without_a_duplicate(self, backend):
         job = unique()
         create(backend, request_for(job))
@@ -141,12 +185,13 @@ class TestTpuGateway:
             backend.stockout("us-central1-f", False)
         until("nothing left of the stocked-out node", lambda: mine(backend, job, ("us-central1-f",)) == {})
 
-    def test_quota_is_a_quota_error(self, backend):
+    @pytest.mark.parametrize("queued", [False, True])
+    def test_quota_is_a_quota_error(self, backend, queued):
         job = unique()
         backend.quota("us-central1-c", True)
         try:
             with pytest.raises(errors.QuotaError) as e:
-                create(backend, request_for(job, zone="us-central1-c"))
+                create(backend, request_for(job, zone="us-central1-c", queued=queued))
             assert e.value.zone == "us-central1-c" and "QUOTA" in e.value.reason
         finally:
             backend.quota("us-central1-c", False)
@@ -167,6 +212,24 @@ class TestTpuGateway:
         create(backend, r)
         node = ready(backend, job)
         assert list(mine(backend, job)) == [node.name]
+
+    def test_a_held_create_then_stocked_out_reads_the_stockout(self, backend):
+        job = unique()
+        r = request_for(job, zone="us-east1-b")
+        backend.hold(True)
+        try:
+            with pytest.raises(errors.OperationPending):
+                create(backend, r)
+            backend.stockout("us-east1-b", True)  # capacity is decided when the operation finishes
+        finally:
+            backend.hold(False)
+        try:
+            until("the stocked-out node to go", lambda: mine(backend, job, ("us-east1-b",)) == {})
+            with pytest.raises(errors.CapacityError) as e:
+                create(backend, r)
+            assert e.value.zone == "us-east1-b"
+        finally:
+            backend.stockout("us-east1-b", False)
 
     def test_delete_then_gone_and_a_missing_node_is_not_found(self, backend):
         job = unique()
@@ -224,13 +287,13 @@ class TestTpuGateway:
     def test_an_unreachable_zone_is_reported_and_the_others_still_listed(self, backend):
         job = unique()
         create(backend, request_for(job, 1, "us-central1-a"))
-        create(backend, request_for(job, 2, "us-central1-b"))
-        backend.unreachable("us-central1-b", True)
+        backend.unreachable(DARK, True)
         try:
-            listed = backend.tpu.list_nodes([PROJECT], ["us-central1-a", "us-central1-b"], job)
+            listed = backend.tpu.list_nodes([PROJECT], ["us-central1-a", DARK], job)
         finally:
-            backend.unreachable("us-central1-b", False)
-        assert [n.name for n in listed.nodes] == [f"{job}-1"] and listed.unreachable == ["us-central1-b"]
+            backend.unreachable(DARK, False)
+        assert [n.name for n in listed.nodes] == [f"{job}-1"]
+        assert listed.unreachable == [DARK] and listed.failed_projects == {}
 
     @pytest.mark.parametrize("job", ['x" OR labels.respawn-job = "y', "Upper", "-dash", "a" * 51, "a-"])
     def test_an_invalid_job_name_is_refused(self, backend, job):
@@ -271,3 +334,60 @@ class TestTpuGateway:
             until("it to go", lambda: mine(backend, job, (zone,)) == {})
         finally:
             backend.stockout(zone, False)
+
+
+class TestCloudTpuOnTheLocalServer:
+    """What the real adapter sends: the request as the TPU API receives it, and its retries."""
+
+    @pytest.fixture
+    def local(self, server: TpuServer) -> Backend:
+        return _local(server)
+
+    def test_a_node_reaches_the_api_as_requested(self, server, local):
+        job = unique()
+        r = request_for(job)
+        r = replace(r, external_ip=True, subnetwork="regions/us-central1/subnetworks/tpus",
+                    service_account="trainer@contract-proj.iam.gserviceaccount.com")
+        create(local, r)
+        sent = server.node(r.name)
+        assert (sent["labels"], sent["metadata"]) == (dict(r.labels), dict(r.metadata))
+        assert (sent["acceleratorType"], sent["runtimeVersion"], sent["tags"]) == (
+            "v5litepod-8", "v2-alpha-tpuv5-lite", ["respawn"])
+        assert sent["schedulingConfig"].get("spot") is True
+        assert sent["networkConfig"]["network"] == "default"
+        assert sent["networkConfig"]["subnetwork"] == "regions/us-central1/subnetworks/tpus"
+        assert sent["networkConfig"]["enableExternalIps"] is True
+        assert sent["serviceAccount"] == {"email": r.service_account, "scope": list(r.scopes)}
+
+    def test_the_default_service_account_is_left_to_the_api(self, server, local):
+        job = unique()
+        create(local, request_for(job, spot=False))
+        sent = server.node(f"{job}-1")
+        assert sent["serviceAccount"]["email"].endswith("-compute@developer.gserviceaccount.com")  # the API's default
+        assert not sent["schedulingConfig"].get("spot")
+
+    @pytest.mark.parametrize("spot, tier", [(True, "spot"), (False, "guaranteed")])
+    def test_a_queued_resource_reaches_the_api_in_its_tier(self, server, local, spot, tier):
+        job = unique("q")
+        create(local, request_for(job, spot=spot, queued=True))
+        sent = server.queued_resource(f"{job}-1")
+        assert tier in sent and ({"spot", "guaranteed"} - {tier}).isdisjoint(sent)
+        [spec] = sent["tpu"]["nodeSpec"]
+        assert (spec["parent"], spec["nodeId"]) == (f"projects/{PROJECT}/locations/{ZONE}", f"{job}-1")
+        assert spec["node"]["labels"] == request_for(job).labels
+
+    def test_a_transient_failure_of_create_is_retried(self, server, local):
+        job = unique()
+        server.fail_next("nodes.create", code=503, times=2)
+        create(local, request_for(job))
+        assert list(mine(local, job)) == [f"{job}-1"]
+
+    def test_a_quota_failing_the_operation_is_a_quota_error(self, server, local):
+        job = unique()
+        server.quota("us-west1-b", True, mode="operation")
+        try:
+            with pytest.raises(errors.QuotaError) as e:
+                create(local, request_for(job, zone="us-west1-b"))
+            assert "PerProjectPerRegionForTPUAPI" in e.value.reason
+        finally:
+            server.quota("us-west1-b", False)
