@@ -97,6 +97,7 @@ class MetadataServer:
     def __init__(self, snapshot: Snapshot) -> None:
         self._snapshot = snapshot
         self._changed = threading.Condition()
+        self._version = 0  # bumped by every changed(): a waiter that saw it move looks again
         self._served = Served(self._app(), "metadata", threads=8)
 
     @property
@@ -106,6 +107,7 @@ class MetadataServer:
 
     def changed(self) -> None:
         with self._changed:
+            self._version += 1
             self._changed.notify_all()
 
     def stop(self) -> None:
@@ -163,9 +165,20 @@ class MetadataServer:
         """Block until the value's ETag differs from ``last_etag`` (or from now), or timeout."""
         current = self._lookup(path)
         baseline = last_etag or _etag(current)
-        with self._changed:
-            self._changed.wait_for(lambda: _etag(self._lookup(path)) != baseline, timeout=min(timeout, 300))
-        return self._lookup(path)
+        deadline = time.monotonic() + min(timeout, 300)
+        # The tree is read *outside* the condition's lock: reading it takes the owning
+        # server's lock, which that server holds while it calls changed() (a waiter holding
+        # the condition while reading would deadlock with it).
+        while True:
+            with self._changed:
+                seen = self._version
+            value = self._lookup(path)
+            left = deadline - time.monotonic()
+            if _etag(value) != baseline or left <= 0:
+                return value
+            with self._changed:
+                if self._version == seen:
+                    self._changed.wait(timeout=left)
 
 
 def _etag(value: Any) -> str:

@@ -795,3 +795,34 @@ def test_with_a_preemption_day_spot_vms_are_preempted_as_their_zone_rate_says():
         assert any(o["operationType"] == "compute.instances.preempted" and o["targetLink"].endswith("/doomed")
                    for o in srv.operations())
         assert status(srv, "steady") == "RUNNING" and status(srv, "paid") == "RUNNING"
+
+
+def test_a_long_poll_reads_the_tree_without_holding_what_changed_needs():
+    """A server holding its own lock calls changed(); a long poll reading the tree needs that
+    lock. The poll must not hold the condition changed() takes meanwhile (it did: a preemption
+    could hang the local Compute server)."""
+    from localcloud.metadata import MetadataServer
+
+    owner, calls, value = threading.Lock(), [0], {"x": "a"}
+
+    def snapshot() -> dict[str, Any]:
+        calls[0] += 1
+        if calls[0] >= 2:  # the first read is free; the poll's next read needs the owner's lock
+            with owner:
+                return {"instance": {"attributes": dict(value)}}
+        return {"instance": {"attributes": dict(value)}}
+
+    server = MetadataServer(snapshot)
+    try:
+        with owner:  # as ComputeServer.preempt holds its lock while it wakes the VM's polls
+            poll = threading.Thread(target=server._wait, args=("instance/attributes/x", None, 5.0), daemon=True)
+            poll.start()
+            until("the poll reading the tree again", lambda: calls[0] >= 2, timeout=5)
+            value["x"] = "b"
+            woke = threading.Event()
+            threading.Thread(target=lambda: (server.changed(), woke.set()), daemon=True).start()
+            assert woke.wait(2), "changed() waited for a poll that waits for the owner's lock"
+        poll.join(5)
+        assert not poll.is_alive()
+    finally:
+        server.stop()
