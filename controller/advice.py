@@ -10,6 +10,7 @@ each failure is logged once, and the caller falls back to the spec's order.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -54,8 +55,8 @@ class AdviceCache:
                 if (why := self._failures.get(shape)) is not None:
                     raise AdviceUnavailable(why)
             try:
-                answer = self.advisor.advise(shape)
-            except errors.RespawnError as e:
+                answer = {zone: _sane(a) for zone, a in self.advisor.advise(shape).items() if zone in shape.zones}
+            except Exception as e:  # noqa: BLE001 - a malformed answer, a credentials error, a bug: never block a launch
                 why = f"{type(e).__name__}: {e}"[:300]
                 log.warning("capacity advice unavailable; zones in the spec's order",
                             extra={"json_fields": {"region": shape.region, "machine_type": shape.machine_type,
@@ -68,6 +69,20 @@ class AdviceCache:
                 self._answers[shape] = answer
                 self._asking.pop(shape, None)
             return answer
+
+
+def _sane(advice: ZoneAdvice) -> ZoneAdvice:
+    """Scores as Google defines them, else unknown: an obtainability in [0, 1], a finite
+    uptime and preemption rate of at least 0. NaN, infinities and negatives rank nothing."""
+    def ok(value: float | None, top: float = math.inf) -> float | None:
+        if value is None:
+            return None
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            return None
+        return number if math.isfinite(number) and 0.0 <= number <= top else None
+    return ZoneAdvice(ok(advice.obtainability, 1.0), ok(advice.uptime_s), ok(advice.preemption_rate))
 
 
 class AdviceUnavailable(errors.RespawnError):

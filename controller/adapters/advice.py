@@ -28,6 +28,9 @@ from controller.ports import Shape, ZoneAdvice  # noqa: E402
 
 _LIBRARY = (gexc.GoogleAPIError, requests.exceptions.RequestException)
 _TIMEOUT = 10.0  # advice improves a launch; it must never hold one for long
+# Retried for ``_TIMEOUT`` in all, not the gateway's 60 s: every job of the shape waits on
+# this answer (AdviceCache), and an API that keeps failing must not hold their launches.
+_RETRY = RETRY.with_timeout(_TIMEOUT)
 
 
 class ComputeAdvice:
@@ -44,7 +47,7 @@ class ComputeAdvice:
                 distribution_policy={"target_shape": "ANY_SINGLE_ZONE",
                                      "zones": [{"zone": f"zones/{z}"} for z in shape.zones]}))
         try:
-            answer = self.client.capacity(request, retry=RETRY, timeout=_TIMEOUT)
+            answer = self.client.capacity(request, retry=_RETRY, timeout=_TIMEOUT)
         except _LIBRARY as e:
             raise translate(e, shape.region) from e
         scores: dict[str, ZoneAdvice] = {}
@@ -58,7 +61,11 @@ class ComputeAdvice:
                     uptime_s=_seconds(found.estimated_uptime) if "estimated_uptime" in found else None)
         if shape.model == "SPOT":
             for zone, advice in scores.items():
-                scores[zone] = ZoneAdvice(advice.obtainability, advice.uptime_s, self._rate(shape, zone))
+                try:
+                    rate = self._rate(shape, zone)
+                except _LIBRARY:
+                    break  # the tie-break and the status line go without it; one failure is enough to wait for
+                scores[zone] = ZoneAdvice(advice.obtainability, advice.uptime_s, rate)
         return scores
 
     def _rate(self, shape: Shape, zone: str) -> float | None:
@@ -67,10 +74,7 @@ class ComputeAdvice:
                 "instance_properties": {"machine_type": shape.machine_type,
                                         "scheduling": {"provisioning_model": shape.model}},
                 "location_policy": {"location": f"zones/{zone}"}, "types": ["PREEMPTION"]})
-        try:
-            history = self.client.capacity_history(request, retry=RETRY, timeout=_TIMEOUT)
-        except _LIBRARY:
-            return None  # the tie-break and the status line go without it; the ranking stands
+        history = self.client.capacity_history(request, retry=_RETRY, timeout=_TIMEOUT)
         days = sorted(history.preemption_history, key=lambda r: r.interval.end_time)
         return days[-1].preemption_rate if days and "preemption_rate" in days[-1] else None
 

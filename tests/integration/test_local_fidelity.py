@@ -826,3 +826,29 @@ def test_a_long_poll_reads_the_tree_without_holding_what_changed_needs():
         assert not poll.is_alive()
     finally:
         server.stop()
+
+
+# -- capacity advice that keeps failing ------------------------------------------------------
+@pytest.mark.parametrize("method", ["advice.capacity", "advice.capacityHistory"])
+def test_capacity_advice_that_keeps_failing_gives_up_quickly(method):
+    # Every job of a shape waits on one advice answer (AdviceCache): a 5xx-ing API must cost
+    # seconds, not the gateway's 60 s retry per call (and 60 s more per zone of history).
+    from controller import errors
+    from controller.adapters.google import capacity_advisor
+    from controller.config import Settings
+    from controller.ports import Shape
+
+    zones = ("us-central1-a", "us-central1-b", "us-central1-c")
+    with ComputeServer(run_vms=False) as srv:
+        srv.fail_next(method, 503, times=10_000)
+        advisor = capacity_advisor(Settings(bucket=BUCKET, project=PROJECT, compute_endpoint=srv.endpoint))
+        shape = Shape(project=PROJECT, region="us-central1", zones=zones, machine_type="g2-standard-8", count=1,
+                      model="SPOT")
+        started = time.monotonic()
+        if method == "advice.capacity":
+            with pytest.raises(errors.TransientError):
+                advisor.advise(shape)
+        else:
+            advice = advisor.advise(shape)  # the ranking stands without the preemption rates
+            assert set(advice) == set(zones) and all(a.preemption_rate is None for a in advice.values())
+        assert time.monotonic() - started < 20

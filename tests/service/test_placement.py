@@ -218,3 +218,38 @@ def test_flex_start_waits_in_pending_and_carries_its_run_limit(h):
     h.compute.set_status("llm-1", "RUNNING")
     h.tick()
     assert h.status("llm").phase == Phase.RUNNING
+
+
+# -- review: advice that fails in ways the adapter did not translate ---------------------------
+
+
+@pytest.mark.parametrize("failure", [KeyError("recommendations"), ValueError("could not parse the answer"),
+                                     TypeError("bad proto field")])
+def test_advice_failing_with_any_exception_never_blocks_a_launch(h, failure):
+    # A malformed answer (proto/JSON parsing), a credentials library error or a bug in the
+    # adapter raises something other than a RespawnError: the zones keep the spec's order.
+    h.advisor.failure = failure
+    h.submit("llm", spec_doc(zones=ZONES))
+    summary = h.tick()
+    assert "llm" not in summary.errors
+    assert zone_of(h, "llm-1") == "us-central1-a" and h.status("llm").phase == Phase.PROVISIONING
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0, 7.0])
+def test_advice_scores_out_of_range_are_not_trusted_nor_written(h, bad):
+    from controller.ports import ZoneAdvice
+
+    class Odd:
+        calls: list = []
+
+        def advise(self, shape):
+            return {"us-central1-a": ZoneAdvice(bad, bad, bad), "us-central1-b": ZoneAdvice(0.5, 86400.0, 0.1)}
+
+    h.advisor = Odd()
+    h.submit("llm", spec_doc(zones=ZONES[:2]))
+    h.tick()
+    st = h.status("llm")
+    assert zone_of(h, "llm-1") == "us-central1-b", "a zone with nonsense scores is not ranked first"
+    a = st.zone_advice["us-central1-a"]
+    assert a.obtainability is None  # unknown, not a score to show in `respawn status`
+    assert all(v is None or 0.0 <= v < float("inf") for v in (a.uptime_s, a.preemption_rate))
