@@ -226,6 +226,7 @@ class Fallback(Strict):
 
 Provisioning = Literal["spot", "standard", "flex-start"]  # ports.PROVISIONING_MODELS maps them to Compute's
 FLEX_MAX_RUN = timedelta(days=7)  # Compute's limit on a Flex-start VM's maxRunDuration
+FLEX_MIN_RUN = timedelta(seconds=30)  # a run Compute accepts (0s is no maxRunDuration at all, and refused)
 
 
 class JobPolicy(Strict):
@@ -391,6 +392,9 @@ class JobSpec(Strict):
                                    "would wait for capacity one by one; use spot or standard for nodes > 1")
         if policy.max_run_duration is not None and policy.max_run_duration > FLEX_MAX_RUN:
             raise FieldProblem("policy.max_run_duration", f"at most {FLEX_MAX_RUN.days}d (Compute's limit)")
+        if policy.max_run_duration is not None and policy.max_run_duration < FLEX_MIN_RUN:
+            raise FieldProblem("policy.max_run_duration", f"at least {FLEX_MIN_RUN.seconds}s: a Flex-start VM "
+                               "runs this long before Compute deletes it; e.g. '7d'")
         if policy.max_run_duration is not None and "flex-start" not in self.provisioning:
             raise FieldProblem("policy.max_run_duration", "only with flex-start in provisioning; "
                                "for a deadline on the whole job use policy.max_runtime")

@@ -100,3 +100,17 @@ def test_a_model_status_json_names_but_the_spec_no_longer_lists_is_never_used():
     st = JobStatus(attempt=1, provisioning="flex-start")
     assert t.model_of(spec(FALLBACK), st) == "spot"
     assert t.next_model(spec(FALLBACK), st, NOW) == ("spot", "")
+
+
+# -- review ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("duration", ["0s", "0.5s", "29s"])
+def test_a_flex_start_run_too_short_for_compute_is_refused_in_the_spec(duration):
+    # 0s became "no maxRunDuration" in the request (a falsy timedelta): Compute refuses a
+    # Flex-start VM without one, in every zone, and the job failed there instead of here.
+    from controller.spec import SpecError
+
+    with pytest.raises(SpecError, match=r"policy\.max_run_duration: at least 30s"):
+        spec(f"provisioning: [spot, flex-start]\npolicy: {{max_run_duration: {duration}}}\n")
+    assert spec("provisioning: [spot, flex-start]\npolicy: {max_run_duration: 30s}\n").policy.max_run_duration
