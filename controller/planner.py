@@ -158,8 +158,11 @@ def _watch(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchC
     if st.phase == Phase.PROVISIONING:
         detail = f"{', '.join(st.instances)} running in {st.zone}"
         ids = {**st.instance_ids, **{n: mine[n].id for n in st.instances}}
+        # The heartbeat grace starts no earlier than this: a VM can wait long before it runs
+        # (a Flex-start VM sits in PENDING until Compute finds capacity, hours at times), and
+        # its trainer cannot beat before it runs.
         running = st.but(t.event(now, st, "running", detail), phase=Phase.RUNNING, message=detail,
-                         instance_ids=dict(list(ids.items())[-50:]))
+                         instance_ids=dict(list(ids.items())[-50:]), resumed_at=now)
         return [WriteStatus(v.job, running, "instances running")]
     if _stale_heartbeat(v, spec, st, working, now):
         return _fresh(v, _failure(v, spec, st, f"no heartbeat for {fmt(spec.policy.idle_timeout)} (idle or hung)", now))

@@ -253,3 +253,31 @@ def test_advice_scores_out_of_range_are_not_trusted_nor_written(h, bad):
     a = st.zone_advice["us-central1-a"]
     assert a.obtainability is None  # unknown, not a score to show in `respawn status`
     assert all(v is None or 0.0 <= v < float("inf") for v in (a.uptime_s, a.preemption_rate))
+
+
+def test_a_flex_start_vm_that_waited_long_in_pending_gets_its_startup_grace_once_running(h):
+    # The heartbeat grace counted from the insert: after hours in PENDING (longer than
+    # startup_grace + idle_timeout), the VM was failed as hung on the first pass after it
+    # got capacity, before its trainer could have written one heartbeat.
+    h.compute.stockouts.update(ZONES[:2])
+    h.advisor = None
+    h.submit("llm", spec_doc(zones=ZONES[:2], provisioning=["standard", "flex-start"],
+                             policy={"max_run_duration": "3d", "fallback": {"stockouts": 1}}))
+    h.tick()
+    assert h.compute.request_of("llm-1").provisioning == "flex-start"
+    h.tick()
+    h.advance(hours=5)
+    h.tick()
+    h.compute.set_status("llm-1", "RUNNING")
+    h.tick()
+    assert h.status("llm").phase == Phase.RUNNING
+    h.advance(minutes=2)
+    h.tick()
+    st = h.status("llm")
+    assert st.phase == Phase.RUNNING and st.failures == 0 and h.live("llm") == ["llm-1"], st.message
+    h.advance(minutes=14)  # still within the startup grace, counted from when it ran
+    h.tick()
+    assert h.status("llm").failures == 0
+    h.advance(minutes=60)  # no heartbeat at all, long after the grace: hung
+    h.tick()
+    assert h.status("llm").failures == 1
