@@ -24,8 +24,10 @@ def region_of(zone: str) -> str:
 def shapes(spec: JobSpec, model: str, project: str) -> list[Shape]:
     """What to ask advice about for an attempt on ``model``: one question per region of the spec's zones."""
     regions = dict.fromkeys(region_of(z) for z in spec.zones)
+    accel = spec.accelerators
     return [Shape(project=project, region=r, zones=tuple(z for z in spec.zones if region_of(z) == r),
-                  machine_type=spec.machine_type, count=spec.nodes, model=PROVISIONING_MODELS[model])
+                  machine_type=spec.machine_type, count=spec.nodes, model=PROVISIONING_MODELS[model],
+                  accelerator_type=accel.type if accel else None, accelerator_count=accel.count if accel else 0)
             for r in regions]
 
 

@@ -183,6 +183,10 @@ class Shape:
     machine_type: str
     count: int
     model: str  # Compute's provisioning model: SPOT, STANDARD, FLEX_START
+    # The GPUs attached to a machine type that has none built in (n1 + nvidia-tesla-v100):
+    # capacity is the GPU's, not the bare machine type's, and two such shapes differ.
+    accelerator_type: str | None = None
+    accelerator_count: int = 0
 
 
 @dataclass(frozen=True)

@@ -38,12 +38,13 @@ class ComputeAdvice:
         self.client = client
 
     def advise(self, shape: Shape) -> dict[str, ZoneAdvice]:
+        # With attached GPUs, they are what may be short, not the machine type alone.
+        selection: dict[str, Any] = {"machine_types": [shape.machine_type], "rank": 1, **_gpus(shape)}
         request = compute_v1.CapacityAdviceRpcRequest(
             project=shape.project, region=shape.region, capacity_advice_request_resource=compute_v1.CapacityAdviceRequest(
                 size=shape.count,
                 instance_properties={"scheduling": {"provisioning_model": shape.model}},
-                instance_flexibility_policy={"instance_selections": {
-                    "respawn": {"machine_types": [shape.machine_type], "rank": 1}}},
+                instance_flexibility_policy={"instance_selections": {"respawn": selection}},
                 distribution_policy={"target_shape": "ANY_SINGLE_ZONE",
                                      "zones": [{"zone": f"zones/{z}"} for z in shape.zones]}))
         try:
@@ -72,11 +73,18 @@ class ComputeAdvice:
         request = compute_v1.CapacityHistoryAdviceRequest(
             project=shape.project, region=shape.region, capacity_history_request_resource={
                 "instance_properties": {"machine_type": shape.machine_type,
-                                        "scheduling": {"provisioning_model": shape.model}},
+                                        "scheduling": {"provisioning_model": shape.model}, **_gpus(shape)},
                 "location_policy": {"location": f"zones/{zone}"}, "types": ["PREEMPTION"]})
         history = self.client.capacity_history(request, retry=_RETRY, timeout=_TIMEOUT)
         days = sorted(history.preemption_history, key=lambda r: r.interval.end_time)
         return days[-1].preemption_rate if days and "preemption_rate" in days[-1] else None
+
+
+def _gpus(shape: Shape) -> dict[str, Any]:
+    if not shape.accelerator_type:
+        return {}
+    return {"guest_accelerators": [{"accelerator_type": shape.accelerator_type,
+                                    "accelerator_count": shape.accelerator_count}]}
 
 
 def _seconds(text: Any) -> float | None:

@@ -852,3 +852,18 @@ def test_capacity_advice_that_keeps_failing_gives_up_quickly(method):
             advice = advisor.advise(shape)  # the ranking stands without the preemption rates
             assert set(advice) == set(zones) and all(a.preemption_rate is None for a in advice.values())
         assert time.monotonic() - started < 20
+
+
+def test_capacity_advice_for_a_machine_type_with_attached_gpus_is_a_request_google_accepts():
+    from controller.adapters.google import capacity_advisor
+    from controller.config import Settings
+    from controller.ports import Shape
+
+    with ComputeServer(run_vms=False) as srv:
+        advisor = capacity_advisor(Settings(bucket=BUCKET, project=PROJECT, compute_endpoint=srv.endpoint))
+        shape = Shape(project=PROJECT, region="us-central1", zones=("us-central1-a", "us-central1-b"),
+                      machine_type="n1-standard-8", count=1, model="SPOT", accelerator_type="nvidia-tesla-v100",
+                      accelerator_count=4)
+        advice = advisor.advise(shape)  # the request and the history's are checked against the discovery document
+        assert set(advice) == {"us-central1-a", "us-central1-b"}
+        assert all(a.preemption_rate is not None for a in advice.values())

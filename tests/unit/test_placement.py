@@ -114,3 +114,18 @@ def test_a_flex_start_run_too_short_for_compute_is_refused_in_the_spec(duration)
     with pytest.raises(SpecError, match=r"policy\.max_run_duration: at least 30s"):
         spec(f"provisioning: [spot, flex-start]\npolicy: {{max_run_duration: {duration}}}\n")
     assert spec("provisioning: [spot, flex-start]\npolicy: {max_run_duration: 30s}\n").policy.max_run_duration
+
+
+def test_advice_is_asked_for_the_jobs_gpus_not_the_bare_machine_type():
+    # n1-standard-8 with 4 V100s and with one T4 share a machine type: advice about the
+    # machine type alone says nothing of the GPUs, and the cache must not mix the two.
+    v100 = parse_spec(f"zones: [{A}]\nmachine_type: n1-standard-8\ncommand: x\n"
+                      "accelerators: {type: nvidia-tesla-v100, count: 4}\n", "j")
+    t4 = parse_spec(f"zones: [{A}]\nmachine_type: n1-standard-8\ncommand: x\n"
+                    "accelerators: {type: nvidia-tesla-t4}\n", "j")
+    (a,), (b,) = placement.shapes(v100, "spot", "p"), placement.shapes(t4, "spot", "p")
+    assert (a.accelerator_type, a.accelerator_count) == ("nvidia-tesla-v100", 4)
+    assert (b.accelerator_type, b.accelerator_count) == ("nvidia-tesla-t4", 1)
+    assert a != b and hash(a) != hash(b)
+    (plain,) = placement.shapes(spec(), "spot", "p")
+    assert plain.accelerator_type is None and plain.accelerator_count == 0
