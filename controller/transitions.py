@@ -171,7 +171,8 @@ def step_down(status: JobStatus, spec: JobSpec, now: datetime, why: str) -> JobS
     """The same attempt on the next model of the spec's provisioning list (None at its end).
 
     Its zone is chosen afresh (``zone`` None: the next plan picks, with advice for the new
-    model); the old model's cooldowns say nothing about the new one's capacity."""
+    model); the old model's cooldowns say nothing about the new one's capacity, nor a zone's
+    refusal of the old model's VM (a 400 or 404) about the new one's."""
     models, current = spec.provisioning, model_of(spec, status)
     at = models.index(current)
     if at + 1 >= len(models):
@@ -179,7 +180,7 @@ def step_down(status: JobStatus, spec: JobSpec, now: datetime, why: str) -> JobS
     lower = models[at + 1]
     detail = f"stepping down from {current} to {lower}: {why}"
     return status.but(event(now, status, "step-down", detail), provisioning=lower, model_since=now,
-                      capacity_misses=0, capacity_since=None, zone_cooldowns={}, zone=None,
+                      capacity_misses=0, capacity_since=None, zone_cooldowns={}, zone_rejections={}, zone=None,
                       placement=status.placement + 1, not_before=None, message=detail)
 
 

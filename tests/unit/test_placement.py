@@ -129,3 +129,15 @@ def test_advice_is_asked_for_the_jobs_gpus_not_the_bare_machine_type():
     assert a != b and hash(a) != hash(b)
     (plain,) = placement.shapes(spec(), "spot", "p")
     assert plain.accelerator_type is None and plain.accelerator_count == 0
+
+
+def test_a_step_down_tries_every_zone_afresh_on_the_new_model_even_one_that_refused_the_old():
+    # Zone a refused the Spot VM (a 400/404: e.g. no Spot for it there), b and c stocked out:
+    # the refusal said nothing of a standard VM, as the cooldowns said nothing of its capacity.
+    s = spec(FALLBACK)
+    st = JobStatus(attempt=1, zone=B, provisioning="spot", zone_rejections={A: "400 spot unsupported"},
+                   capacity_misses=1, capacity_since=NOW)
+    after = stockout(st, s, B, NOW)
+    assert after.provisioning == "standard" and after.zone is None
+    assert after.zone_rejections == {} and after.zone_cooldowns == {}
+    assert t.pick_zone(s, after, NOW) == A
