@@ -113,17 +113,10 @@ _ALIVE = frozenset({InstanceStatus.PENDING, InstanceStatus.PROVISIONING, Instanc
 _DOWN = frozenset({InstanceStatus.TERMINATED, InstanceStatus.STOPPED, InstanceStatus.SUSPENDED})
 
 
-@dataclass(frozen=True)
-class Instance:
-    """A managed instance as observed; job, attempt and node come from its labels."""
+class Labelled:
+    """What the controller's labels say of a VM or TPU node: whose it is, and which attempt."""
 
-    project: str
-    zone: str
-    name: str
-    status: InstanceStatus
     labels: Mapping[str, str]
-    created_at: datetime
-    id: str = ""
 
     @property
     def managed(self) -> bool:
@@ -137,6 +130,19 @@ class Instance:
     def attempt(self) -> int:
         value = self.labels.get(names.ATTEMPT_LABEL, "")
         return int(value) if value.isdigit() else 0
+
+
+@dataclass(frozen=True)
+class Instance(Labelled):
+    """A managed instance as observed; job, attempt and node come from its labels."""
+
+    project: str
+    zone: str
+    name: str
+    status: InstanceStatus
+    labels: Mapping[str, str]
+    created_at: datetime
+    id: str = ""
 
 
 # A spec's provisioning model -> Compute's scheduling.provisioningModel.
@@ -346,7 +352,7 @@ QUEUED_AS_NODE: Mapping[QueuedState, NodeState] = {
 
 
 @dataclass(frozen=True)
-class TpuNode:
+class TpuNode(Labelled):
     """A managed TPU VM (one node: a slice of ``workers`` hosts) as observed, or the queued
     resource that is to create it (``queued`` set, state from ``QUEUED_AS_NODE``)."""
 
@@ -367,19 +373,6 @@ class TpuNode:
     # The state of the queued resource that owns this node, or that is waiting to create it;
     # None for a node created directly.
     queued: QueuedState | None = None
-
-    @property
-    def managed(self) -> bool:
-        return self.labels.get(names.MANAGED_LABEL) == "true"
-
-    @property
-    def job(self) -> str | None:
-        return self.labels.get(names.JOB_LABEL)
-
-    @property
-    def attempt(self) -> int:
-        value = self.labels.get(names.ATTEMPT_LABEL, "")
-        return int(value) if value.isdigit() else 0
 
 
 @dataclass(frozen=True)
