@@ -329,9 +329,9 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
     if zone is None:
         return [_waiting(v, spec, st, now), *_delete_current(v, st, why)]
     nodes = names.node_names(v.job, st.attempt + 1, spec.nodes)
-    advice = v.advice if v.advice_model == model and spec.placement_for(model) == "capacity" else None
     nxt = t.begin_attempt(st, spec, _project(spec, ctx), zone, nodes, v.checkpoint, now,
-                          f"{why}; {stepped}" if stepped else why, v.spec_generation, ctx.new_token(), model, advice)
+                          f"{why}; {stepped}" if stepped else why, v.spec_generation, ctx.new_token(), model,
+                          v.advice_for(model))
     # What is left of the previous attempt is down, or stuck on its way down: its deletes
     # come after the insert, so that one that keeps failing never holds the next attempt.
     return [WriteStatus(v.job, nxt, why), *_insert(v, spec, nxt, now, ctx), *_delete_current(v, st, why)]

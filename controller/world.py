@@ -127,10 +127,15 @@ class JobView:
     def has_spec(self) -> bool:
         return self.spec is not None or bool(self.problems)
 
+    def advice_for(self, model: str) -> Mapping[str, ZoneAdvice] | None:
+        """The advice an attempt on ``model`` is placed by: asked for that model, under capacity placement."""
+        capacity = self.spec is not None and self.spec.placement_for(model) == "capacity"
+        return self.advice if capacity and self.advice_model == model else None
+
     def zone_order(self, model: str) -> tuple[str, ...]:
         """The spec's zones, best first, for an attempt on ``model`` (see ``controller.placement``)."""
         assert self.spec is not None
-        return placement.zone_order(self.spec, model, self.advice if self.advice_model == model else None)
+        return placement.zone_order(self.spec, model, self.advice_for(model))
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import tempfile
 import threading
 import time
 from collections import defaultdict, deque
@@ -38,6 +37,7 @@ from flask import Flask, Response, request
 from localcloud import advice, discovery, gce
 from localcloud.filters import FilterError, compile_filter
 from localcloud.gce import ApiError
+from localcloud.host import Host, json_response
 from localcloud.http import Served
 from localcloud.metadata import MetadataServer, Tokens, service_account
 from localcloud.realism import Realism
@@ -94,7 +94,7 @@ class Faults:
     advice: advice.Schedule = field(default_factory=advice.Schedule)  # preemption rates, prices: what advice says
 
 
-class ComputeServer:
+class ComputeServer(Host):
     def __init__(self, *, vm_env: dict[str, str] | None = None, workdir: Path | None = None,
                  boot_delay: float = 0.1, shutdown_budget: float = 30.0, run_vms: bool = True,
                  zones: tuple[str, ...] = ZONES, guest_shutdown_limit: float = 300.0,
@@ -106,7 +106,7 @@ class ComputeServer:
         ``preemption_day``: seconds that stand for a day of the zones' preemption rates (see
         ``preemption_rate``): a Spot VM is then preempted when its zone's expected uptime has
         passed at that scale; None: the rates only inform capacity advice."""
-        self.vm_env = dict(vm_env or {})
+        super().__init__(vm_env, workdir, "localcloud-vms-")
         self.boot_delay = boot_delay
         self.shutdown_budget = shutdown_budget
         self.guest_shutdown_limit = guest_shutdown_limit
@@ -121,18 +121,11 @@ class ComputeServer:
             self.faults.delete_seconds = self.realism.delete_seconds
         self._bulk_calls: dict[str, deque[float]] = defaultdict(deque)  # project -> bulkInsert arrivals, last second
         self._bulk_running: dict[str, list[dict[str, Any]]] = defaultdict(list)  # project -> bulk operations
-        self._closed = threading.Event()
-        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="localcloud-vms-")
-        self.workdir = workdir or Path(self._tmp.name)  # type: ignore[union-attr]
         self._vms: dict[tuple[str, str, str], Vm] = {}
         self._ops: dict[tuple[str, str], dict[str, Any]] = {}  # (scope url, name) -> op
         self._requests: dict[tuple[str, str], dict[str, Any]] = {}  # (project, requestId) -> op
-        self._lock = threading.RLock()
         self._done = threading.Condition(self._lock)
-        self._timers: list[threading.Timer] = []
-        self._processes: set[VmProcess] = set()  # every VM process not yet killed
         self._routes = discovery.methods({k: v for k, v in SUPPORTED.items()})
-        self._served: Served | None = None
         self.urls = gce.Urls("http://127.0.0.1")
 
     # -- lifecycle ---------------------------------------------------------------
@@ -141,35 +134,11 @@ class ComputeServer:
         self.urls = gce.Urls(self._served.url)
         return self
 
-    @property
-    def endpoint(self) -> str:
-        """What ``client_options.api_endpoint`` (and gcloud's override, + /compute/v1/) take."""
-        assert self._served, "not started"
-        return self._served.url
-
-    def stop(self) -> None:
-        self._closed.set()
+    def _power_off_machines(self) -> None:
         with self._lock:
-            timers, self._timers = self._timers, []
             vms = list(self._vms.values())
-        for timer in timers:
-            timer.cancel()
         for vm in vms:
             self._power_off(vm, budget=0)
-        with self._lock:
-            stopping, self._processes = list(self._processes), set()
-        for process in stopping:  # VMs part-way through a shutdown script
-            process.kill()
-        if self._served:
-            self._served.stop()
-        if self._tmp:
-            self._tmp.cleanup()
-
-    def __enter__(self) -> ComputeServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # -- faults and inspection ---------------------------------------------------
     def stockout(self, zone: str, on: bool = True, mode: str = "operation", spot_only: bool = False,
@@ -311,23 +280,12 @@ class ComputeServer:
             except ApiError as e:
                 return _json(e.body(), e.code)
 
-        @app.post("/_local/<fault>")
-        def fault(fault: str) -> Response:
-            args = request.get_json(force=True, silent=True) or {}
-            actions = {"stockout": self.stockout, "quota": self.quota, "fail_next": self.fail_next,
-                       "preempt": self.preempt, "crash": self.crash, "unreachable": self.unreachable,
-                       "maintenance": self.maintenance, "host_error": self.host_error, "set_status": self.set_status,
-                       "slow_operations": self.slow_operations, "hold_operations": self.hold_operations,
-                       "unknown": self.unknown, "preemption_rate": self.preemption_rate,
-                       "spot_price": self.spot_price}
-            if fault not in actions:
-                return _json({"error": f"unknown fault {fault}"}, 404)
-            try:
-                actions[fault](**args)
-            except (TypeError, ValueError) as e:  # arguments the fault does not take
-                return _json({"error": f"{fault}: {e}"}, 400)
-            return _json({"ok": True})
-
+        self._fault_route(app, {
+            "stockout": self.stockout, "quota": self.quota, "fail_next": self.fail_next, "preempt": self.preempt,
+            "crash": self.crash, "unreachable": self.unreachable, "maintenance": self.maintenance,
+            "host_error": self.host_error, "set_status": self.set_status, "slow_operations": self.slow_operations,
+            "hold_operations": self.hold_operations, "unknown": self.unknown,
+            "preemption_rate": self.preemption_rate, "spot_price": self.spot_price})
         return app
 
     def _dispatch(self, verb: str, path: str) -> dict[str, Any]:
@@ -711,13 +669,8 @@ class ComputeServer:
     def _start_process(self, vm: Vm) -> None:
         if vm.metadata is None:
             vm.metadata = MetadataServer(lambda: self._metadata_tree(vm))
-        workdir = self.workdir_of(vm.name)
-        workdir.mkdir(parents=True, exist_ok=True)
-        env = {**self.vm_env, "GCE_METADATA_HOST": vm.metadata.host, "GCE_METADATA_IP": vm.metadata.host,
-               "RESPAWN_RUN_DIR": str(workdir)}  # /var/run/respawn on a real VM; one VM per folder here
-        process = VmProcess(workdir, env, lambda: self._guest_powered_off(vm, process))
+        process = self._machine(self.workdir_of(vm.name), vm.metadata, lambda p: self._guest_powered_off(vm, p))
         vm.process = process
-        self._processes.add(process)
         process.start(vm.attribute("startup-script") or None)  # none: the VM runs, idle
 
     def _guest_powered_off(self, vm: Vm, process: VmProcess) -> None:
@@ -878,12 +831,6 @@ class ComputeServer:
             raise gce.not_found(f"{scope.split('/compute/v1/')[-1]}/operations/{name}")
         return op
 
-    def _later(self, delay: float, fn: Any, *args: Any) -> None:
-        timer = threading.Timer(delay, fn, args)
-        timer.daemon = True
-        with self._lock:
-            self._timers = [t for t in self._timers if t.is_alive()] + [timer]
-        timer.start()
 
 
 def project_number(project: str) -> int:
@@ -911,8 +858,7 @@ def _hostname(per_instance: dict[str, Any] | None) -> dict[str, Any]:
     return {"hostname": hostname} if hostname else {}
 
 
-def _json(body: dict[str, Any], status: int = 200) -> Response:
-    return Response(json.dumps(body), status=status, mimetype="application/json")
+_json = json_response
 
 
 def _compile(text: str | None) -> Any:

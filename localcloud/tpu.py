@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import json
 import re
-import tempfile
 import threading
 import time
 import uuid
@@ -65,6 +64,7 @@ from localcloud import discovery
 from localcloud import tpu_api as api
 from localcloud.compute import ZONES as COMPUTE_ZONES
 from localcloud.compute import project_number
+from localcloud.host import Host, json_response
 from localcloud.http import Served
 from localcloud.metadata import MetadataServer, Tokens, service_account
 from localcloud.realism import Realism
@@ -158,67 +158,36 @@ class Faults:
     held: list[tuple[Node, dict[str, Any] | None, bool]] = field(default_factory=list)  # _provision's arguments
 
 
-class TpuServer:
+class TpuServer(Host):
     def __init__(self, *, vm_env: dict[str, str] | None = None, workdir: Path | None = None,
                  boot_delay: float = 0.3, shutdown_budget: float = 30.0, realism: Realism | None = None) -> None:
         """``boot_delay``: seconds from capacity granted to READY (the workers boot);
         ``shutdown_budget``: the shutdown script's time on preemption, maintenance and delete
         (Google: 30 s for Spot VMs); ``realism``: latency per call and how long creates take."""
-        self.vm_env = dict(vm_env or {})
+        super().__init__(vm_env, workdir, "localcloud-tpus-")
         self.boot_delay = boot_delay
         self.shutdown_budget = shutdown_budget
         self.realism = realism or Realism()
         self.zones = ZONES
         self.faults = Faults()
-        self._closed = threading.Event()
-        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="localcloud-tpus-")
-        self.workdir = workdir or Path(self._tmp.name)  # type: ignore[union-attr]
         self._nodes: dict[str, Node] = {}  # full name -> node
         self._queued: dict[str, Queued] = {}  # full name -> queued resource
         self._ops: dict[str, dict[str, Any]] = {}  # full name -> operation
         self._requests: dict[tuple[str, str], dict[str, Any]] = {}  # (project, requestId) -> operation
-        self._lock = threading.RLock()
-        self._timers: list[threading.Timer] = []
-        self._processes: set[VmProcess] = set()
         self._serial = 0  # nodes made so far: each gets its own loopback /24
         supported = {(r, m) for r, names in SUPPORTED.items() for m in names}
         self._routes = [(m, (m.resource, m.name) in supported) for m in discovery.methods(discovery.every(DOC), DOC)]
-        self._served: Served | None = None
 
     # -- lifecycle ---------------------------------------------------------------
     def start(self) -> TpuServer:
         self._served = Served(self._app(), "tpu", threads=64)
         return self
 
-    @property
-    def endpoint(self) -> str:
-        """What ``ClientOptions(api_endpoint=...)`` takes; gcloud's override is this + ``/``."""
-        assert self._served, "not started"
-        return self._served.url
-
-    def stop(self) -> None:
-        self._closed.set()
+    def _power_off_machines(self) -> None:
         with self._lock:
-            timers, self._timers = self._timers, []
             workers = [w for node in self._nodes.values() for w in node.workers]
-        for timer in timers:
-            timer.cancel()
         for worker in workers:
             self._power_off(None, worker, budget=0)
-        with self._lock:
-            stopping, self._processes = list(self._processes), set()
-        for process in stopping:  # workers part-way through a shutdown script
-            process.kill()
-        if self._served:
-            self._served.stop()
-        if self._tmp:
-            self._tmp.cleanup()
-
-    def __enter__(self) -> TpuServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # -- faults ------------------------------------------------------------------------
     def stockout(self, zone: str, on: bool = True) -> None:
@@ -361,21 +330,11 @@ class TpuServer:
             except TpuError as e:
                 return _json(e.body(), e.code)
 
-        @app.post("/_local/<fault>")
-        def fault(fault: str) -> Response:
-            args = request.get_json(force=True, silent=True) or {}
-            actions = {"stockout": self.stockout, "quota": self.quota, "fail_next": self.fail_next,
-                       "preempt": self.preempt, "maintenance": self.maintenance, "set_health": self.set_health,
-                       "set_state": self.set_state, "upcoming_maintenance": self.upcoming_maintenance,
-                       "hold_operations": self.hold_operations}
-            if fault not in actions:
-                return _json({"error": f"unknown fault {fault}"}, 404)
-            try:
-                actions[fault](**args)
-            except (TypeError, ValueError, KeyError) as e:  # arguments the fault does not take, a node not there
-                return _json({"error": f"{fault}: {e}"}, 400)
-            return _json({"ok": True})
-
+        self._fault_route(app, {
+            "stockout": self.stockout, "quota": self.quota, "fail_next": self.fail_next, "preempt": self.preempt,
+            "maintenance": self.maintenance, "set_health": self.set_health, "set_state": self.set_state,
+            "upcoming_maintenance": self.upcoming_maintenance, "hold_operations": self.hold_operations,
+        }, refused=(TypeError, ValueError, KeyError))  # KeyError: a node not there
         return app
 
     def _dispatch(self, verb: str, path: str) -> dict[str, Any]:
@@ -460,11 +419,7 @@ class TpuServer:
             return _copy(self._node(p).resource)
 
     def _nodes_list(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
-        parent = f"projects/{p['projectsId']}/locations/{p['locationsId']}/nodes/"
-        with self._lock:
-            items = [_copy(n.resource) for name, n in sorted(self._nodes.items()) if name.startswith(parent)]
-        found, token = api.page(items, q)
-        return {"nodes": found, **({"nextPageToken": token} if token else {})}
+        return self._listed(self._nodes, "nodes", p, q)
 
     def _nodes_delete(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
         with self._lock:
@@ -538,11 +493,15 @@ class TpuServer:
             return _copy(self._qr(p).resource)
 
     def _queuedResources_list(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
-        parent = f"projects/{p['projectsId']}/locations/{p['locationsId']}/queuedResources/"
+        return self._listed(self._queued, "queuedResources", p, q)
+
+    def _listed(self, table: dict[str, Node] | dict[str, Queued], kind: str, p: dict[str, str], q: Any) -> dict[str, Any]:
+        """A page of the ``kind`` resources of one location, by name."""
+        parent = f"projects/{p['projectsId']}/locations/{p['locationsId']}/{kind}/"
         with self._lock:
-            items = [_copy(r.resource) for name, r in sorted(self._queued.items()) if name.startswith(parent)]
+            items = [_copy(r.resource) for name, r in sorted(table.items()) if name.startswith(parent)]
         found, token = api.page(items, q)
-        return {"queuedResources": found, **({"nextPageToken": token} if token else {})}
+        return {kind: found, **({"nextPageToken": token} if token else {})}
 
     def _queuedResources_delete(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
         force = str(q.get("force", "")).lower() in ("true", "1")
@@ -736,13 +695,9 @@ class TpuServer:
     def _start_worker(self, node: Node, worker: Worker) -> None:
         if worker.metadata is None:
             worker.metadata = MetadataServer(lambda: self._metadata_tree(node, worker))
-        workdir = self.workdir_of(node.node_id, worker.number)
-        workdir.mkdir(parents=True, exist_ok=True)
-        env = {**self.vm_env, "GCE_METADATA_HOST": worker.metadata.host, "GCE_METADATA_IP": worker.metadata.host,
-               "RESPAWN_RUN_DIR": str(workdir)}  # /var/run/respawn on a real VM; one VM per folder here
-        process = VmProcess(workdir, env, lambda: self._worker_powered_off(node, worker, process))
+        process = self._machine(self.workdir_of(node.node_id, worker.number), worker.metadata,
+                                lambda p: self._worker_powered_off(node, worker, p))
         worker.process = process
-        self._processes.add(process)
         process.start(node.attribute("startup-script") or None)
 
     def _worker_powered_off(self, node: Node, worker: Worker, process: VmProcess) -> None:
@@ -931,14 +886,6 @@ class TpuServer:
                     return node
         raise KeyError(name)
 
-    def _later(self, delay: float, fn: Any, *args: Any) -> None:
-        if self._closed.is_set():
-            return
-        timer = threading.Timer(delay, fn, args)
-        timer.daemon = True
-        with self._lock:
-            self._timers = [t for t in self._timers if t.is_alive()] + [timer]
-        timer.start()
 
 
 # Node fields a create may set; the rest are the service's (output only, ignored on input as Google does).
@@ -956,5 +903,4 @@ def _copy(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
-def _json(body: dict[str, Any], status: int = 200) -> Response:
-    return Response(json.dumps(body), status=status, mimetype="application/json")
+_json = json_response
