@@ -435,5 +435,7 @@ class TpuGateway(Protocol):
 
     def delete(self, project: str, zone: str, name: str) -> None:
         """Delete the node, or its queued resource (force: with its node) when it has one;
-        ``NotFound`` when neither exists. Does not wait for the operation."""
+        ``NotFound`` when neither exists. Does not wait for the operation. A queued resource
+        named like the node that does not ask for it under the controller's label (queued
+        resource ids are a namespace of their own) is someone else's: it is left alone."""
         ...

@@ -36,6 +36,15 @@ google-api-core 2.44):
   an operation's code 8 as exhaustion (marin-community/marin, lib/iris/.../providers/gcp);
   the operation text in hashicorp/terraform-provider-google#21243; the 429 quota answer to
   ``nodes.create`` in marin-community/marin#1612.
+- Hostile answers. The client sets no timeout of its own (``default_timeout=None``): every
+  call here passes one. A body it cannot parse is ``json_format.Error`` (also an operation
+  whose error details hold an ``Any`` of a type not in the descriptor pool), a credential
+  refresh that fails is ``google.auth`` 's: both are transient errors here. A listing page
+  that is not shaped as tpu.v2.json says, a ``nextPageToken`` that comes back, or a 404 on
+  a zone leave the zone unreachable, never empty (null is a field's default, as proto3
+  JSON has it). Zones and projects named twice are listed once.
+- Queued resource ids are a namespace apart from node ids: delete force-deletes the queued
+  resource named like the node only when it asks for that node under our label.
 """
 
 from __future__ import annotations
@@ -49,14 +58,18 @@ from typing import Any
 import requests
 from google.api_core import exceptions as gexc
 from google.api_core import retry as retries
+from google.auth import exceptions as auth_exceptions
 from google.cloud import tpu_v2
 from google.longrunning import operations_pb2
+from google.protobuf import json_format
 
 from controller import errors, fanout, names
 from controller.ports import (QUEUED_AS_NODE, NodeHealth, NodeState, QueuedState, TpuList, TpuNode, TpuRequest)
 
 _ZONE_LISTS = 8  # zones listed side by side (a spec names a few)
 _LIST_TIMEOUT = 30.0  # seconds for one page of a listing
+_CALL_TIMEOUT = 30.0  # seconds for one create / get / delete request: the client sets none (default_timeout=None)
+_MAX_PAGES = 1000  # pages of one collection: a nextPageToken that never ends blinds the zone, not the pass
 # Matched lowercased, in the message and the details of an error.
 _CAPACITY = ("no more capacity", "insufficient reserved capacity", "insufficient capacity", "stockout",
              "resource_pool_exhausted")
@@ -67,7 +80,11 @@ _QUOTA = ("quota limit", "quota '", "quotafailure", "quota_exceeded", "quota exc
 _RATE = ("per minute", "per_minute", "per second", "per_second", "requests per")
 _QUOTA_NAME = re.compile(r"[Qq]uota (?:limit )?'([^']+)'")
 _LOCATION_DENIED = re.compile(r"Permission denied on 'locations/[^']*'")
-_LIBRARY = (gexc.GoogleAPIError, requests.exceptions.RequestException)
+# Everything the client may raise on a bad answer: API errors, no answer, a body it cannot
+# parse (json_format.Error: not JSON, a wrong type, an Any of a type it does not know in an
+# operation's error details), credentials it could not refresh.
+_LIBRARY = (gexc.GoogleAPIError, requests.exceptions.RequestException, json_format.Error,
+            auth_exceptions.GoogleAuthError)
 _TRANSIENT = (gexc.TooManyRequests, gexc.InternalServerError, gexc.BadGateway, gexc.ServiceUnavailable,
               gexc.GatewayTimeout, gexc.DeadlineExceeded)
 # google.rpc.Code of a failed operation worth trying again: DEADLINE_EXCEEDED, ABORTED,
@@ -161,20 +178,24 @@ class CloudTpu:
             try:
                 nodes = self._pages(f"{parent}/nodes", "nodes")
                 queued = self._pages(f"{parent}/queuedResources", "queuedResources")
-            except gexc.NotFound:  # no such location: nothing of ours can be there
-                return [], None, None
-            except (*_LIBRARY, ValueError) as e:  # ValueError: a body that is not JSON
+                return _zone_nodes(project, zone, nodes, queued, job), None, None
+            except (*_LIBRARY, ValueError, TypeError, AttributeError, KeyError) as e:
+                # ValueError...KeyError: a body that is not JSON, or JSON not shaped as
+                # tpu.v2.json says (read in _zone_nodes); the zone is not seen, never empty.
                 error = translate(e, zone)
                 # Not seen, like an aggregated list's unreachables: no answer, 5xx, the
-                # read-request quota, or this location refused; anything else (a 403 on the
-                # project) is the project refusing.
-                if isinstance(error, (errors.TransientError, errors.QuotaError)) or (
+                # read-request quota, a 404 (Google answers an unknown location with 403:
+                # a 404 is a wrong endpoint or path, never proof that nothing is there), or
+                # this location refused; anything else (a 403 on the project) is the
+                # project refusing.
+                if isinstance(error, (errors.TransientError, errors.QuotaError)) or isinstance(e, gexc.NotFound) or (
                         isinstance(e, gexc.Forbidden) and _LOCATION_DENIED.search(e.message or "")):
                     return [], zone, None
                 return [], None, (project, str(error))
-            return _zone_nodes(project, zone, nodes, queued, job), None, None
 
-        results = fanout.each([(p, z) for p in projects for z in zones], one, workers=_ZONE_LISTS)
+        # Each (project, zone) once: a zone named twice would list its nodes twice.
+        pairs = list(dict.fromkeys((p, z) for p in projects for z in zones))
+        results = fanout.each(pairs, one, workers=_ZONE_LISTS)
         return TpuList([n for listed, _, _ in results for n in listed],
                        sorted({zone for _, zone, _ in results if zone}),
                        dict(refusal for _, _, refusal in results if refusal))
@@ -183,11 +204,19 @@ class CloudTpu:
         """Every item of a v2 collection, as the JSON Google sent (see the module's docstring)."""
         items: list[dict[str, Any]] = []
         token = ""
-        while True:
+        seen: set[str] = set()
+        for _ in range(_MAX_PAGES):
             page = RETRY(self._get)(path, {"pageToken": token} if token else {})
-            items += page.get(key, [])
-            if not (token := page.get("nextPageToken", "")):
+            if not isinstance(page, dict):
+                raise ValueError(f"a page of {path} is {type(page).__name__}, not an object")
+            items += _field(page, key, list, [])
+            token = _field(page, "nextPageToken", str, "")
+            if not token:
                 return items
+            if token in seen:
+                raise ValueError(f"nextPageToken {token[:40]!r} of {path} came back again: the listing would not end")
+            seen.add(token)
+        raise ValueError(f"{path} still had pages after {_MAX_PAGES}")
 
     def _get(self, path: str, params: Mapping[str, str]) -> dict[str, Any]:
         transport = self.client.transport
@@ -207,10 +236,10 @@ class CloudTpu:
             if r.queued:
                 started = self.client.create_queued_resource(request=tpu_v2.CreateQueuedResourceRequest(
                     parent=parent, queued_resource_id=r.name, queued_resource=queued_body(r), request_id=request_id),
-                    retry=RETRY)
+                    retry=RETRY, timeout=_CALL_TIMEOUT)
             else:
                 started = self.client.create_node(request=tpu_v2.CreateNodeRequest(
-                    parent=parent, node_id=r.name, node=node_body(r)), retry=RETRY)
+                    parent=parent, node_id=r.name, node=node_body(r)), retry=RETRY, timeout=_CALL_TIMEOUT)
         except _LIBRARY as e:
             error = translate(e, r.zone, creating=True)
             if not isinstance(error, errors.AlreadyExists):
@@ -234,7 +263,7 @@ class CloudTpu:
         pause = _POLL_FIRST
         while True:
             try:
-                node = self.client.get_node(name=name, retry=RETRY)
+                node = self.client.get_node(name=name, retry=RETRY, timeout=_CALL_TIMEOUT)
             except gexc.NotFound as e:  # its create failed (a late stockout) and took it away
                 raise errors.TransientError(f"{r.name} in {r.zone} vanished while being created; create it again") from e
             except _LIBRARY as e:
@@ -248,6 +277,8 @@ class CloudTpu:
 
     def _wait(self, op: operations_pb2.Operation, zone: str, deadline: float) -> operations_pb2.Operation:
         """The operation once done, or as it stands at ``deadline``."""
+        if not op.done and not op.name:
+            raise errors.TransientError("the TPU API started an operation without a name: its outcome cannot be read")
         pause = _POLL_FIRST
         while not op.done and (left := deadline - time.monotonic()) > 0:
             time.sleep(min(pause, left))
@@ -257,6 +288,8 @@ class CloudTpu:
                                                timeout=max(deadline - time.monotonic(), 1.0))
             except requests.exceptions.Timeout:
                 continue
+            except gexc.NotFound as e:  # the operation itself is gone: not a 404 on what it made
+                raise errors.TransientError(f"operation {op.name} vanished: {e.message}") from e
             except _LIBRARY as e:
                 raise translate(e, zone) from e
         return op
@@ -267,25 +300,62 @@ class CloudTpu:
         the TPU API accepted the delete, as Compute's delete does: later passes see it go."""
         parent = f"projects/{project}/locations/{zone}"
         try:
-            started = self.client.delete_queued_resource(request=tpu_v2.DeleteQueuedResourceRequest(
-                name=f"{parent}/queuedResources/{name}", force=True), retry=RETRY)
-        except gexc.NotFound:
+            # Queued resource ids are a namespace of their own: one named like our node may be
+            # someone else's, asking for other nodes. Force-deleting it would take them too, so
+            # only one that asks for this node, with our label, is deleted in its stead.
             try:
-                started = self.client.delete_node(name=f"{parent}/nodes/{name}", retry=RETRY)
-            except _LIBRARY as e:
-                raise translate(e, zone) from e
+                qr = self.client.get_queued_resource(name=f"{parent}/queuedResources/{name}", retry=RETRY,
+                                                     timeout=_CALL_TIMEOUT)
+            except gexc.NotFound:
+                qr = None
+            started = None
+            if qr is not None and _queued_for(qr, name):
+                try:
+                    started = self.client.delete_queued_resource(request=tpu_v2.DeleteQueuedResourceRequest(
+                        name=qr.name, force=True), retry=RETRY, timeout=_CALL_TIMEOUT)
+                except gexc.NotFound:  # gone since: its node (if any) is deleted below
+                    pass
+            if started is None:
+                started = self.client.delete_node(name=f"{parent}/nodes/{name}", retry=RETRY, timeout=_CALL_TIMEOUT)
         except _LIBRARY as e:
             raise translate(e, zone) from e
         _raise_for(started.operation, zone)
 
 
+def _queued_for(qr: tpu_v2.QueuedResource, name: str) -> bool:
+    """The queued resource asks for node ``name``, under the controller's label."""
+    return any(spec.node_id == name and spec.node.labels.get(names.MANAGED_LABEL) == "true"
+               for spec in qr.tpu.node_spec)
+
+
 # -- reading the JSON -----------------------------------------------------------------
+# proto3 JSON: a field may be left out or null (its default); any other type than the
+# document's is a malformed answer (ValueError: the zone is not seen).
+def _field(raw: Mapping[str, Any], key: str, kind: type, default: Any) -> Any:
+    value = raw.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise ValueError(f"{key} is {type(value).__name__}, not {kind.__name__}")
+    return value
+
+
+def _labels(raw: Mapping[str, Any]) -> dict[str, str]:
+    labels = _field(raw, "labels", dict, {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+        raise ValueError("labels are not strings")
+    return dict(labels)
+
+
 def _short(name: str) -> str:
     return name.rsplit("/", 1)[-1]
 
 
 def _time(value: str | None) -> datetime:
-    return datetime.fromisoformat(value) if value else datetime.min.replace(tzinfo=timezone.utc)
+    if not value:
+        return datetime.min.replace(tzinfo=timezone.utc)
+    moment = datetime.fromisoformat(value)  # ValueError on a malformed one
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
 def _maintenance(raw: Mapping[str, Any] | None) -> str | None:
@@ -302,46 +372,50 @@ def _wanted(labels: Mapping[str, str], job: str | None) -> bool:
 def _zone_nodes(project: str, zone: str, nodes: list[dict[str, Any]], queued: list[dict[str, Any]],
                 job: str | None) -> list[TpuNode]:
     """One zone's managed nodes, and its managed queued resources whose node is not listed."""
-    owners: dict[str, dict[str, Any]] = {}  # node id -> the queued resource that asks for it
+    if not all(isinstance(x, dict) for x in [*nodes, *queued]):
+        raise ValueError("a listed node or queued resource is not an object")
+    owners: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}  # node id -> (queued resource, its node spec)
     for qr in queued:
-        for spec in qr.get("tpu", {}).get("nodeSpec", []):
-            if spec.get("nodeId"):
-                owners[spec["nodeId"]] = qr
+        for spec in _field(_field(qr, "tpu", dict, {}), "nodeSpec", list, []):
+            if not isinstance(spec, dict):
+                raise ValueError("a node spec is not an object")
+            if node_id := _field(spec, "nodeId", str, ""):
+                owners[node_id] = (qr, spec)
     found: list[TpuNode] = []
     for raw in nodes:
-        labels = dict(raw.get("labels", {}))
+        labels = _labels(raw)
+        name = _short(_field(raw, "name", str, ""))
         if not _wanted(labels, job):
             continue
-        name = _short(raw.get("name", ""))
-        owner = owners.get(name)
-        if owner is None and raw.get("queuedResource"):
-            owner = next((qr for qr in queued if qr.get("name") == raw["queuedResource"]), None)
-        scheduling = raw.get("schedulingConfig", {})
+        owner = owners.get(name, (None, None))[0]
+        if owner is None and (queued_name := _field(raw, "queuedResource", str, "")):
+            owner = next((qr for qr in queued if qr.get("name") == queued_name), None)
+        scheduling = _field(raw, "schedulingConfig", dict, {})
         found.append(TpuNode(
-            project=project, zone=zone, name=name, state=NodeState.of(raw.get("state", "STATE_UNSPECIFIED")),
-            health=NodeHealth.of(raw.get("health", "HEALTH_UNSPECIFIED")), labels=labels,
-            created_at=_time(raw.get("createTime")), accelerator_type=_short(raw.get("acceleratorType", "")),
+            project=project, zone=zone, name=name, state=NodeState.of(raw.get("state") or "STATE_UNSPECIFIED"),
+            health=NodeHealth.of(raw.get("health") or "HEALTH_UNSPECIFIED"), labels=labels,
+            created_at=_time(_field(raw, "createTime", str, "")),
+            accelerator_type=_short(_field(raw, "acceleratorType", str, "")),
             spot=bool(scheduling.get("spot") or scheduling.get("preemptible") or (owner and "spot" in owner)),
-            id=str(raw.get("id", "")), workers=len(raw.get("networkEndpoints", [])) or 1,
-            upcoming_maintenance=_maintenance(raw.get("upcomingMaintenance")),
+            id=str(raw.get("id") or ""), workers=len(_field(raw, "networkEndpoints", list, [])) or 1,
+            upcoming_maintenance=_maintenance(_field(raw, "upcomingMaintenance", dict, {})),
             queued=_queued_state(owner) if owner else QueuedState.UNKNOWN if raw.get("queuedResource") else None))
-    listed = {n.name for n in found} | {_short(raw.get("name", "")) for raw in nodes}
-    for node_id, qr in owners.items():
-        spec = next(s for s in qr["tpu"]["nodeSpec"] if s.get("nodeId") == node_id)
-        node = spec.get("node", {})
-        labels = dict(node.get("labels", {}))
+    listed = {n.name for n in found} | {_short(_field(raw, "name", str, "")) for raw in nodes}
+    for node_id, (qr, spec) in owners.items():
+        node = _field(spec, "node", dict, {})
+        labels = _labels(node)
         if node_id in listed or not _wanted(labels, job):
             continue
         state = _queued_state(qr)
         found.append(TpuNode(
             project=project, zone=zone, name=node_id, state=QUEUED_AS_NODE.get(state, NodeState.UNKNOWN),
-            health=NodeHealth.HEALTH_UNSPECIFIED, labels=labels, created_at=_time(qr.get("createTime")),
-            accelerator_type=_short(node.get("acceleratorType", "")), spot="spot" in qr, queued=state))
+            health=NodeHealth.HEALTH_UNSPECIFIED, labels=labels, created_at=_time(_field(qr, "createTime", str, "")),
+            accelerator_type=_short(_field(node, "acceleratorType", str, "")), spot="spot" in qr, queued=state))
     return found
 
 
 def _queued_state(qr: Mapping[str, Any]) -> QueuedState:
-    return QueuedState.of(qr.get("state", {}).get("state", "STATE_UNSPECIFIED"))
+    return QueuedState.of(_field(qr, "state", dict, {}).get("state") or "STATE_UNSPECIFIED")
 
 
 # -- request bodies -------------------------------------------------------------------

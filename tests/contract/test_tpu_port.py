@@ -7,6 +7,7 @@ backend and not the other.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -173,6 +174,12 @@ class TestTpuGateway:
         assert sorted((n.name, n.zone) for n in listed.nodes) == [(f"{job}-1", "us-central1-a"),
                                                                   (f"{job}-2", "us-central1-b")]
         assert listed.unreachable == [] and listed.failed_projects == {}
+
+    def test_a_zone_or_project_named_twice_lists_each_node_once(self, backend):
+        job = unique()
+        create(backend, request_for(job))
+        listed = backend.tpu.list_nodes([PROJECT, PROJECT], [ZONE, "us-central1-b", ZONE], job)
+        assert [n.name for n in listed.nodes] == [f"{job}-1"]
 
     def test_stockout_is_a_capacity_error_naming_the_zone(self, backend):
         job = unique()
@@ -391,3 +398,25 @@ class TestCloudTpuOnTheLocalServer:
             assert "PerProjectPerRegionForTPUAPI" in e.value.reason
         finally:
             server.quota("us-west1-b", False)
+
+    def test_delete_leaves_a_foreign_queued_resource_that_shares_the_nodes_name(self, server, local):
+        """Queued resource ids are their own namespace: someone's queued resource may be named
+        like our node and ask for nodes of theirs. Deleting our node must not force-delete it."""
+        job = unique()
+        create(local, request_for(job))
+        ready(local, job)
+        raw = tpu_v2.TpuClient(transport="rest", credentials=AnonymousCredentials(),
+                               client_options=ClientOptions(api_endpoint=server.endpoint))
+        theirs = unique("theirs")
+        spec = tpu_v2.QueuedResource.Tpu.NodeSpec(
+            parent=f"projects/{PROJECT}/locations/{ZONE}", node_id=theirs,
+            node=tpu_v2.Node(accelerator_type="v5litepod-1", runtime_version="v2-alpha-tpuv5-lite",
+                             labels={"team": "research"}))
+        raw.create_queued_resource(parent=f"projects/{PROJECT}/locations/{ZONE}", queued_resource_id=f"{job}-1",
+                                   queued_resource=tpu_v2.QueuedResource(tpu=tpu_v2.QueuedResource.Tpu(node_spec=[spec])))
+        until("their node READY", lambda: theirs in server.names() and server.node(theirs)["state"] == "READY")
+        local.tpu.delete(PROJECT, ZONE, f"{job}-1")
+        until("our node to go", lambda: f"{job}-1" not in server.names())
+        time.sleep(0.3)
+        assert theirs in server.names() and server.node(theirs)["state"] == "READY"
+        assert server.queued_resource(f"{job}-1")["tpu"]["nodeSpec"][0]["nodeId"] == theirs

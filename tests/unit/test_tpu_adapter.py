@@ -8,6 +8,7 @@ read as one even where its text differs from the local server's.
 from __future__ import annotations
 
 import json
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -230,3 +231,224 @@ class TestListing:
         assert listed.nodes == []
         assert listed.unreachable == ["us-central1-a", "us-central2-b"]
         assert list(listed.failed_projects) == ["q"] and "tpu.nodes.list" in listed.failed_projects["q"]
+
+
+class TestHostileListings:
+    """Google's JSON as it should never be, and pages that never end: the zone is not seen
+    (never read as empty), and nothing but ``controller.errors`` comes out."""
+
+    @pytest.fixture(autouse=True)
+    def _quick_retry(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(tpu, "RETRY", RETRY.with_timeout(0.5).with_delay(initial=0.01, maximum=0.05))
+
+    @staticmethod
+    def listed(nodes: list[tuple[int, object]], queued: list[tuple[int, object]] | None = None):
+        session = _Session({"projects/p/locations/z/nodes": nodes,
+                            "projects/p/locations/z/queuedResources": queued or [(200, {})]})
+        return tpu.CloudTpu(_Client(session)).list_nodes(["p"], ["z"]), session  # type: ignore[arg-type]
+
+    def test_a_next_page_token_that_comes_back_blinds_the_zone_instead_of_looping(self):
+        listed, session = self.listed([(200, {"nodes": [], "nextPageToken": "again"})] * 5)
+        assert listed.unreachable == ["z"] and listed.nodes == []
+        assert len(session.asked) == 2
+
+    def test_pages_that_never_end_are_bounded(self, monkeypatch):
+        monkeypatch.setattr(tpu, "_MAX_PAGES", 3)
+        listed, session = self.listed([(200, {"nextPageToken": str(i)}) for i in range(10)])
+        assert listed.unreachable == ["z"] and len(session.asked) == 3
+
+    MANAGED = {names.MANAGED_LABEL: "true"}
+
+    @pytest.mark.parametrize("body", [
+        [], None, "nodes", {"nodes": "j-1"}, {"nodes": ["j-1"]}, {"nodes": [{"name": 5, "labels": MANAGED}]},
+        {"nodes": [{"name": "x/j-1", "labels": ["respawn-managed"]}]},
+        {"nodes": [{"name": "x/j-1", "labels": {names.MANAGED_LABEL: "true", names.ATTEMPT_LABEL: 1}}]},
+        {"nodes": [{"name": "x/j-1", "labels": MANAGED, "createTime": "yesterday"}]},
+        {"nodes": [{"name": "x/j-1", "labels": MANAGED, "upcomingMaintenance": "soon"}]},
+        {"nodes": [{"name": "x/j-1", "labels": MANAGED, "networkEndpoints": 2}]},
+        {"nodes": [], "nextPageToken": 7},
+    ])
+    def test_a_malformed_node_listing_blinds_the_zone(self, body):
+        listed, _ = self.listed([(200, body)])
+        assert listed.unreachable == ["z"] and listed.nodes == []
+
+    @pytest.mark.parametrize("qr", [
+        {"name": "q", "state": "ACTIVE", "tpu": {"nodeSpec": [{"nodeId": "k-1", "node": {"labels": MANAGED}}]}},
+        {"name": "q", "tpu": {"nodeSpec": {"nodeId": "k-1"}}},
+        {"name": "q", "tpu": {"nodeSpec": ["k-1"]}},
+        {"name": "q", "tpu": {"nodeSpec": [{"nodeId": "k-1", "node": {"labels": MANAGED}}]}, "createTime": "soon"},
+    ])
+    def test_a_malformed_queued_resource_blinds_the_zone(self, qr):
+        listed, _ = self.listed([(200, {})], [(200, {"queuedResources": [qr]})])
+        assert listed.unreachable == ["z"] and listed.nodes == []
+
+    def test_null_is_a_fields_default_as_proto3_json_says(self):
+        node = {"name": "x/nodes/j-1", "labels": self.MANAGED, "schedulingConfig": None, "networkEndpoints": None,
+                "upcomingMaintenance": None, "createTime": None, "state": None, "health": None, "id": None}
+        qr = {"name": "q", "tpu": None, "state": None}
+        listed, _ = self.listed([(200, {"nodes": [node], "nextPageToken": None})], [(200, {"queuedResources": [qr]})])
+        [read] = listed.nodes
+        assert (read.name, read.state, read.workers, read.spot, read.upcoming_maintenance) == (
+            "j-1", NodeState.STATE_UNSPECIFIED, 1, False, None)
+        assert listed.unreachable == []
+        listed, _ = self.listed([(200, {"nodes": None})])
+        assert listed.nodes == [] and listed.unreachable == []
+
+    def test_a_create_time_without_a_zone_is_utc(self):
+        node = {"name": "x/nodes/j-1", "labels": self.MANAGED, "createTime": "2026-11-20T08:00:00"}
+        [read] = _zone_nodes("p", "z", [node], [], None)
+        assert read.created_at.tzinfo is not None
+
+    def test_a_404_on_a_zone_is_not_seen_never_empty(self):
+        """Google answers an unknown location with 403; a 404 is a wrong endpoint or path, and
+        reading it as "no nodes" would have every TPU job's node taken for lost."""
+        listed, _ = self.listed([(404, {"error": {"code": 404, "message": "The requested URL was not found"}})])
+        assert listed.unreachable == ["z"] and listed.failed_projects == {}
+
+
+# -- the real client against a server that answers badly ---------------------------------
+class _Hostile:
+    """An HTTP server answering (method, path prefix) with (status, raw body), or never."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.answers: dict[tuple[str, str], tuple[int, bytes] | None] = {}
+        self.release = threading.Event()
+        hostile = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def answer(self, method: str) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                path = self.path.split("?")[0]
+                found = next((a for (m, p), a in hostile.answers.items() if m == method and path.startswith(p)),
+                             (404, json.dumps({"error": {"code": 404, "message": "not found"}}).encode()))
+                if found is None:
+                    hostile.release.wait(30)
+                    return
+                status, body = found
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                self.answer("GET")
+
+            def do_POST(self) -> None:
+                self.answer("POST")
+
+            def do_DELETE(self) -> None:
+                self.answer("DELETE")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.endpoint = f"http://127.0.0.1:{self.server.server_port}"
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+NODES = "/v2/projects/p/locations/us-central1-a/nodes"
+QUEUED = "/v2/projects/p/locations/us-central1-a/queuedResources"
+OPS = "/v2/projects/p/locations/us-central1-a/operations"
+OP = json.dumps({"name": "projects/p/locations/us-central1-a/operations/o1"}).encode()
+RID = "8f0c9a2e-3d4b-4c5a-9e6f-7a8b9c0d1e2f"
+
+
+class TestHostileAnswers:
+    @pytest.fixture
+    def hostile(self, monkeypatch: pytest.MonkeyPatch):
+        monkeypatch.setattr(tpu, "_CALL_TIMEOUT", 0.5)
+        monkeypatch.setattr(tpu, "RETRY", RETRY.with_timeout(0.5).with_delay(initial=0.01, maximum=0.05))
+        server = _Hostile()
+        yield server
+        server.close()
+
+    @staticmethod
+    def gateway(server: _Hostile, credentials: object = None) -> tpu.CloudTpu:
+        from google.api_core.client_options import ClientOptions
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import tpu_v2
+
+        client = tpu_v2.TpuClient(transport="rest", credentials=credentials or AnonymousCredentials(),
+                                  client_options=ClientOptions(api_endpoint=server.endpoint))
+        return tpu.CloudTpu(client, operation_timeout=1.0)
+
+    @pytest.mark.parametrize("queued", [False, True])
+    def test_a_create_that_is_never_answered_is_transient_within_the_call_timeout(self, hostile, queued):
+        hostile.answers[("POST", QUEUED if queued else NODES)] = None
+        started = time.monotonic()
+        with pytest.raises(errors.TransientError):
+            self.gateway(hostile).create(tpu_request(queued=queued), RID)
+        assert time.monotonic() - started < 5
+
+    def test_reading_an_existing_node_that_is_never_answered_is_transient(self, hostile):
+        hostile.answers[("POST", NODES)] = (409, json.dumps({"error": {"code": 409, "message": "exists"}}).encode())
+        hostile.answers[("GET", f"{NODES}/j-1")] = None
+        started = time.monotonic()
+        with pytest.raises(errors.TransientError):
+            self.gateway(hostile).create(tpu_request(), RID)
+        assert time.monotonic() - started < 5
+
+    @pytest.mark.parametrize("method, path", [("GET", f"{QUEUED}/j-1"), ("DELETE", f"{NODES}/j-1")])
+    def test_a_delete_that_is_never_answered_is_transient(self, hostile, method, path):
+        hostile.answers[(method, path)] = None
+        started = time.monotonic()
+        with pytest.raises(errors.TransientError):
+            self.gateway(hostile).delete("p", "us-central1-a", "j-1")
+        assert time.monotonic() - started < 5
+
+    @pytest.mark.parametrize("answers", [
+        {("POST", NODES): (200, b"<html>")},
+        {("POST", NODES): (200, b'{"name": "o", "done": "maybe"}')},
+        {("POST", NODES): (200, b"{}")},  # an operation without a name: nothing to poll
+        {("POST", NODES): (200, OP), ("GET", OPS): (200, b"<html>")},
+        {("POST", NODES): (409, b'{"error": {"code": 409, "message": "exists"}}'), ("GET", f"{NODES}/j-1"): (200, b"[")},
+    ])
+    def test_an_answer_the_client_cannot_parse_is_transient(self, hostile, answers):
+        hostile.answers.update(answers)
+        with pytest.raises(errors.TransientError):
+            self.gateway(hostile).create(tpu_request(), RID)
+
+    def test_an_operation_error_with_a_detail_of_an_unknown_type_is_an_error_of_ours(self, hostile):
+        hostile.answers[("POST", NODES)] = (200, json.dumps({
+            "name": "projects/p/locations/us-central1-a/operations/o1", "done": True,
+            "error": {"code": 8, "message": STOCKOUT,
+                      "details": [{"@type": "type.googleapis.com/google.cloud.tpu.internal.Thing", "x": 1}]}}).encode())
+        with pytest.raises(errors.RespawnError):
+            self.gateway(hostile).create(tpu_request(), RID)
+
+    def test_an_operation_that_vanished_is_transient_not_a_missing_node(self, hostile):
+        hostile.answers[("POST", NODES)] = (200, OP)  # every GET of the operation: the default 404
+        with pytest.raises(errors.TransientError):
+            self.gateway(hostile).create(tpu_request(), RID)
+
+    def test_delete_of_an_answer_it_cannot_parse_is_transient(self, hostile):
+        hostile.answers[("DELETE", f"{NODES}/j-1")] = (200, b"[1]")
+        with pytest.raises(errors.TransientError):
+            self.gateway(hostile).delete("p", "us-central1-a", "j-1")
+
+    def test_credentials_that_cannot_be_refreshed_are_an_error_of_ours(self, hostile):
+        from google.auth import credentials as ga_credentials
+        from google.auth import exceptions as auth_exceptions
+
+        class Broken(ga_credentials.Credentials):
+            def refresh(self, request: object) -> None:
+                raise auth_exceptions.RefreshError("metadata server unreachable")
+
+        gateway = self.gateway(hostile, Broken())
+        with pytest.raises(errors.TransientError):
+            gateway.create(tpu_request(), RID)
+        with pytest.raises(errors.TransientError):
+            gateway.delete("p", "us-central1-a", "j-1")
+        listed = gateway.list_nodes(["p"], ["us-central1-a"])
+        assert listed.unreachable == ["us-central1-a"]
