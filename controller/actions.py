@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controller.ports import InstanceRequest
+from controller.ports import InstanceRequest, TpuRequest
 from controller.spec import JobSpec
 from controller.state import JobStatus
 
@@ -29,11 +29,11 @@ class WriteStatus:
 
 @dataclass(frozen=True)
 class CreateInstances:
-    """Insert the attempt's VM, or its whole gang in one zone."""
+    """Insert the attempt's VM, or its whole gang in one zone, or create its TPU node."""
 
     job: str
     attempt: int
-    requests: tuple[InstanceRequest, ...]
+    requests: tuple[InstanceRequest, ...] | tuple[TpuRequest]
     request_id: str
     spec: JobSpec  # the executor turns a capacity error into a status update with it
     reason: str
@@ -55,6 +55,7 @@ class DeleteInstance:
     name: str
     reason: str
     only_if_spec_absent: bool = False
+    tpu: bool = False  # a TPU node: deleted through the TPU gateway
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ install their own engine (over the fakes) with ``override``.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 from controller import errors, logs
@@ -16,7 +17,7 @@ from controller.engine import Engine
 from controller.executor import Executor
 from controller.launch import LaunchContext
 from controller.observe import Observer
-from controller.ports import BlobStore, ComputeGateway
+from controller.ports import BlobStore, ComputeGateway, TpuGateway, TpuList, TpuRequest
 
 _lock = threading.RLock()
 COMMON_MARK = "# @@common.sh@@"
@@ -71,10 +72,38 @@ def build(config: Settings) -> Engine:
     ctx = launch_context(config)
     from controller.adapters.google import capacity_advisor  # built, not called: asked only at a launch
 
+    tpu = LazyTpu(config)
     observer = Observer(store, compute, config.bucket, config.policy(), workers=config.concurrency,
-                        advisor=capacity_advisor(config))
-    return Engine(observer, Executor(store, compute, config.bucket), ctx, SystemClock(), workers=config.concurrency,
-                  operation_wait=config.operation_wait)
+                        advisor=capacity_advisor(config), tpu=tpu)
+    return Engine(observer, Executor(store, compute, config.bucket, tpu), ctx, SystemClock(),
+                  workers=config.concurrency, operation_wait=config.operation_wait)
+
+
+class LazyTpu:
+    """The TPU gateway, built on its first call: a controller whose bucket holds no TPU job
+    never imports google-cloud-tpu, and its cold start does not pay for it."""
+
+    def __init__(self, config: Settings) -> None:
+        self._config = config
+        self._gateway: TpuGateway | None = None
+        self._lock = threading.Lock()
+
+    def _built(self) -> TpuGateway:
+        with self._lock:
+            if self._gateway is None:
+                from controller.adapters.google import tpu_gateway
+
+                self._gateway = tpu_gateway(self._config)
+            return self._gateway
+
+    def list_nodes(self, projects: Sequence[str], zones: Sequence[str], job: str | None = None) -> TpuList:
+        return self._built().list_nodes(projects, zones, job)
+
+    def create(self, request: TpuRequest, request_id: str, wait: float | None = None) -> None:
+        self._built().create(request, request_id, wait)
+
+    def delete(self, project: str, zone: str, name: str) -> None:
+        self._built().delete(project, zone, name)
 
 
 def launch_context(config: Settings) -> LaunchContext:

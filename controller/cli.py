@@ -406,7 +406,8 @@ def deploy(
     config = _config(fresh=True)
     policy_env = {f"RESPAWN_{k.upper()}": ",".join(v) if isinstance(v, tuple) else str(v)
                   for k, v in config.model_dump(include={"allowed_projects", "allowed_zones", "allowed_machine_types",
-                                                         "allowed_service_accounts", "max_nodes", "max_accelerators"}).items()
+                                                         "allowed_service_accounts", "max_nodes", "max_accelerators",
+                                                         "allowed_tpu_types", "max_tpu_size"}).items()
                   if v not in ((), None)}
     target = deployment.Target(
         project=project, region=region, bucket=bucket,

@@ -38,6 +38,8 @@ class Settings(BaseSettings):
     trainer_service_account: str | None = None  # what VMs run as when a spec names no account
     max_nodes: int = 8
     max_accelerators: int = 16
+    allowed_tpu_types: CsvList = ()
+    max_tpu_size: int = 32
     # Jobs observed and reconciled side by side in one pass (threads: the clients block).
     concurrency: int = Field(default=32, ge=1, le=256)
     # How long a pass, from when it starts acting, waits for its inserts' operations (see
@@ -46,7 +48,8 @@ class Settings(BaseSettings):
     operation_wait: float = Field(default=2.0, ge=0, le=600)
 
     @field_validator(
-        "allowed_projects", "allowed_zones", "allowed_machine_types", "allowed_service_accounts", mode="before"
+        "allowed_projects", "allowed_zones", "allowed_machine_types", "allowed_service_accounts", "allowed_tpu_types",
+        mode="before",
     )
     @classmethod
     def _csv(cls, value: object) -> object:
@@ -77,6 +80,8 @@ class Settings(BaseSettings):
             trainer_service_account=self.trainer_service_account,
             max_nodes=self.max_nodes,
             max_accelerators=self.max_accelerators,
+            allowed_tpu_types=self.allowed_tpu_types,
+            max_tpu_size=self.max_tpu_size,
         )
 
     @property

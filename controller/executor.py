@@ -16,7 +16,7 @@ from datetime import datetime
 
 from controller import errors, names, transitions
 from controller.actions import Action, CreateInstances, DeleteInstance, DeleteRecord, WriteStatus
-from controller.ports import BlobStore, ComputeGateway
+from controller.ports import BlobStore, ComputeGateway, TpuGateway, TpuRequest
 from controller.state import JobStatus
 from controller.world import JobView
 
@@ -36,10 +36,16 @@ class Outcome:
 
 
 class Executor:
-    def __init__(self, store: BlobStore, compute: ComputeGateway, bucket: str) -> None:
+    def __init__(self, store: BlobStore, compute: ComputeGateway, bucket: str, tpu: TpuGateway | None = None) -> None:
         self.store = store
         self.compute = compute
         self.bucket = bucket
+        self.tpu = tpu
+
+    def _tpu(self) -> TpuGateway:
+        if self.tpu is None:
+            raise errors.ConfigError("this controller was built without a TPU gateway")
+        return self.tpu
 
     def apply(self, view: JobView, actions: list[Action], now: datetime, wait_until: float | None = None) -> Outcome:
         """``wait_until``: the ``time.monotonic()`` past which an insert no longer waits for its
@@ -79,14 +85,19 @@ class Executor:
                 # A late pass must not bring back an attempt another pass has moved past.
                 self._unchanged(chain)
                 wait = None if wait_until is None else max(0.0, wait_until - time.monotonic())
-                self.compute.insert(action.requests, action.request_id, wait)  # existing names are success (port)
+                first = action.requests[0]
+                if isinstance(first, TpuRequest):  # one node, however many hosts it spans
+                    self._tpu().create(first, action.request_id, wait)
+                else:
+                    self.compute.insert(action.requests, action.request_id, wait)  # existing names are success (port)
             case DeleteInstance():
                 if action.only_if_spec_absent:
                     self._spec_absent(action.job)
                 else:
                     self._unchanged(chain)
                 try:
-                    self.compute.delete(action.project, action.zone, action.name)
+                    gateway = self._tpu() if action.tpu else self.compute
+                    gateway.delete(action.project, action.zone, action.name)
                 except errors.NotFound:
                     pass
             case DeleteRecord():

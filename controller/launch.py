@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from controller import names
-from controller.ports import InstanceRequest
+from controller.ports import InstanceRequest, TpuRequest
 from controller.spec import JobSpec, render_env
 from controller.state import JobStatus
 
@@ -31,24 +31,67 @@ def boot_image(spec: JobSpec) -> str:
     return f"projects/{disk.image_project}/global/images/family/{disk.image_family}"
 
 
-def requests_for(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext) -> tuple[InstanceRequest, ...]:
+def requests_for(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext,
+                 ) -> tuple[InstanceRequest, ...] | tuple[TpuRequest]:
     """One request per node of the status's current attempt, all in its zone.
 
     Nodes differ only by name: a gang is one bulkInsert, which gives every instance
-    the same labels and metadata, so a node reads its rank from its name's suffix.
+    the same labels and metadata, so a node reads its rank from its name's suffix. A TPU
+    job is one node however many hosts its slice spans; each host reads its rank from
+    its ``agent-worker-number``.
     """
     node_names = names.node_names(job, status.attempt, spec.nodes)
+    if spec.tpu is not None:
+        return (_tpu_request(job, spec, status, ctx, node_names[0]),)
     return tuple(_request(job, spec, status, ctx, name, node_names[0]) for name in node_names)
 
 
-def _request(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, name: str, master: str) -> InstanceRequest:
-    labels = {
+def _tpu_request(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, name: str) -> TpuRequest:
+    assert spec.tpu is not None
+    labels, metadata = _labels(job, spec, status), _metadata(job, spec, status, ctx, name)
+    return TpuRequest(
+        project=spec.project or ctx.default_project,
+        zone=_zone(spec, status),
+        name=name,
+        accelerator_type=spec.tpu.type,
+        runtime_version=spec.tpu.runtime_version,
+        spot=_model(spec, status) == "spot",
+        labels=labels,
+        # The node's name, which its hosts' own names (t1v-n-...-w-N) do not carry: the agent
+        # names its records by it.
+        metadata={**metadata, "respawn-node": name},
+        service_account=spec.service_account.email,
+        scopes=spec.service_account.scopes,
+        network=spec.network.network,
+        subnetwork=spec.network.subnetwork,
+        external_ip=spec.network.external_ip,
+        tags=spec.network.tags,
+        queued=spec.tpu.queued,
+    )
+
+
+def _model(spec: JobSpec, status: JobStatus) -> str:
+    # The model, like the zone, is one the spec lists: status.json names which of them.
+    return status.provisioning if status.provisioning in spec.provisioning else spec.provisioning[0]
+
+
+def _zone(spec: JobSpec, status: JobStatus) -> str:
+    # Where it goes comes from the policy-checked spec, never from status.json alone:
+    # the status's zone is used only when it is one of the spec's.
+    return status.zone if status.zone in spec.zones else spec.zones[0]
+
+
+def _labels(job: str, spec: JobSpec, status: JobStatus) -> dict[str, str]:
+    return {
         **spec.labels,
         names.MANAGED_LABEL: "true",
         names.JOB_LABEL: job,
         names.ATTEMPT_LABEL: str(status.attempt),
     }
-    metadata = {
+
+
+def _metadata(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, master: str) -> dict[str, str]:
+    return {
         "respawn-job": job,
         "respawn-bucket": ctx.bucket,
         "respawn-attempt": str(status.attempt),
@@ -67,15 +110,15 @@ def _request(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, nam
         "startup-script": ctx.startup_script,
         "shutdown-script": ctx.shutdown_script,
     }
+
+
+def _request(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, name: str, master: str) -> InstanceRequest:
+    assert spec.machine_type is not None  # a VM job (spec._vm_or_tpu)
     accel = spec.accelerators
-    # The model, like the zone, is one the spec lists: status.json names which of them.
-    model = status.provisioning if status.provisioning in spec.provisioning else spec.provisioning[0]
-    # Where it goes comes from the policy-checked spec, never from status.json alone:
-    # the status's zone is used only when it is one of the spec's.
-    zone = status.zone if status.zone in spec.zones else spec.zones[0]
+    model = _model(spec, status)
     return InstanceRequest(
         project=spec.project or ctx.default_project,
-        zone=zone,
+        zone=_zone(spec, status),
         name=name,
         machine_type=spec.machine_type,
         provisioning=model,
@@ -89,8 +132,8 @@ def _request(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, nam
         network=spec.network.network,
         subnetwork=spec.network.subnetwork,
         external_ip=spec.network.external_ip,
-        labels=labels,
-        metadata=metadata,
+        labels=_labels(job, spec, status),
+        metadata=_metadata(job, spec, status, ctx, master),
         tags=spec.network.tags,
         accelerator_type=accel.type if accel else None,
         accelerator_count=accel.count if accel else 0,

@@ -23,7 +23,8 @@ from cachetools import LRUCache
 from controller import checkpoints, errors, fanout, names, placement
 from controller.advice import AdviceCache
 from controller.policy import ControllerPolicy
-from controller.ports import Blob, BlobInfo, BlobStore, CapacityAdvisor, ComputeGateway, Instance, InstanceList
+from controller.ports import (Blob, BlobInfo, BlobStore, CapacityAdvisor, ComputeGateway, Instance, InstanceList,
+                              StopReason, TpuGateway, TpuList)
 from controller.spec import MAX_SPEC_BYTES, Checkpoint, JobSpec, SpecError, parse_spec
 from controller.state import CheckpointRef, JobStatus
 from controller.world import MAX_RECORD_BYTES, JobView, Record, World
@@ -65,9 +66,10 @@ class Parsed:
 
 class Observer:
     def __init__(self, store: BlobStore, compute: ComputeGateway, bucket: str, policy: ControllerPolicy,
-                 workers: int = 1, advisor: CapacityAdvisor | None = None) -> None:
+                 workers: int = 1, advisor: CapacityAdvisor | None = None, tpu: TpuGateway | None = None) -> None:
         self.store = store
         self.compute = compute
+        self.tpu = tpu
         self.bucket = bucket
         self.policy = policy
         self.workers = workers  # jobs observed side by side (fanout.each)
@@ -89,20 +91,28 @@ class Observer:
         views = {name: view for name, view in zip(order, observed, strict=True) if view}
         # Only now, after every status was read, the instances: see the module docstring.
         found = self._instances(job, views)
+        tpus = self._tpu_nodes(job, views)
         unreachable = tuple(found.unreachable)
         unseen = tuple(sorted(found.failed_projects))
         by_job: dict[str, list[Instance]] = defaultdict(list)
-        for instance in found.instances:
+        for instance in [*found.instances, *(node.as_instance() for node in tpus.nodes)]:
             if instance.job and instance.job not in failed:
                 by_job[instance.job].append(instance)
         for name, instances in by_job.items():
             views[name] = replace(views.get(name) or JobView(job=name), instances=tuple(instances))
-        views = {n: replace(v, unreachable=unreachable, unseen_projects=unseen) for n, v in views.items()}
+        # A TPU list that failed blinds the TPU jobs alone: a project without the TPU API, or
+        # a zone without TPUs, says nothing about VMs.
+        tpu_unreachable = tuple(dict.fromkeys((*unreachable, *tpus.unreachable)))
+        tpu_unseen = tuple(sorted({*unseen, *tpus.failed_projects}))
+        views = {n: replace(v, unreachable=tpu_unreachable, unseen_projects=tpu_unseen) if _on_tpu(v)
+                 else replace(v, unreachable=unreachable, unseen_projects=unseen) for n, v in views.items()}
         order = sorted(views)
         evidence = fanout.each(order, lambda n: self._guarded(failed, n, self._with_evidence, views[n], side),
                                self.workers)
         complete = dict(zip(order, evidence, strict=True))
-        return World({n: v for n, v in complete.items() if v}, unreachable, dict(found.failed_projects), failed)
+        failed_projects = {**{p: f"TPU nodes: {why}" for p, why in tpus.failed_projects.items()},
+                           **found.failed_projects}
+        return World({n: v for n, v in complete.items() if v}, tpu_unreachable, failed_projects, failed)
 
     def _instances(self, job: str | None, views: dict[str, JobView]) -> InstanceList:
         # A job name from an event's object name goes into a Compute filter: only a valid
@@ -125,6 +135,44 @@ class Observer:
         kept = [i for i in found.instances
                 if i.project in self.policy.watched_projects or recorded.get(i.job or "") == i.project]
         return replace(found, instances=kept)
+
+    def _tpu_nodes(self, job: str | None, views: dict[str, JobView]) -> TpuList:
+        """The TPU nodes of the jobs that run, or ran, on TPUs, from the zones they can be in.
+
+        TPU v2 has no aggregated list: each zone is listed. The zones are those of the specs
+        that ask for a TPU, and every zone a status that ever had one names (its history
+        included), so a node is found to be deleted wherever it was created. A TPU node of a
+        job with neither spec nor status is therefore not found (respawn never creates one
+        before it writes the status naming its zone)."""
+        if self.tpu is None or (job is not None and names.job_name_problem(job)):
+            return TpuList([])
+        chosen = [views[job]] if job is not None and job in views else [] if job is not None else list(views.values())
+        zones: dict[str, None] = {}
+        projects: dict[str, None] = {}
+        recorded: dict[str, str] = {}
+        for v in chosen:
+            spec, st = v.spec, v.status
+            if spec is not None and spec.tpu is not None:
+                zones.update(dict.fromkeys(spec.zones))
+                projects.update(dict.fromkeys([spec.project or self.policy.default_project]))
+            if st is not None and st.tpu:
+                zones.update(dict.fromkeys(z for z in (st.zone, *(e.zone for e in st.history)) if z))
+                if st.project:
+                    projects[st.project] = None
+                    recorded[v.job] = st.project
+        if not zones or not projects:
+            return TpuList([])
+        try:
+            found = self.tpu.list_nodes(tuple(projects), tuple(zones), job)
+        except errors.RespawnError as e:  # the TPU jobs wait (blind); the VM jobs go on
+            found = TpuList([], failed_projects={p: _short(e) for p in projects})
+        for project, why in found.failed_projects.items():
+            log.warning("could not list TPU nodes", extra={"json_fields": {"project": project, "error": why}})
+        # As for VMs: a node in a project no longer watched is kept only for the job whose
+        # status records that project.
+        kept = [n for n in found.nodes
+                if n.project in self.policy.watched_projects or recorded.get(n.job or "") == n.project]
+        return replace(found, nodes=kept)
 
     def _job_instances(self, view: JobView) -> InstanceList | None:
         """One job's instances from zonal lists of the only zones they can be in, or None.
@@ -154,6 +202,17 @@ class Observer:
             failed[job] = f"{UNEXPECTED} {type(e).__name__}: {e}"
             log.exception("could not observe job", extra={"json_fields": {"job": job}})
         return None
+
+    def _stop_reason(self, view: JobView, seen: Instance | None, name: str) -> StopReason:
+        """Why a node of the current attempt is down or gone: a TPU node's own state says so
+        (Compute's operations know nothing of TPUs); a VM's, Compute's operations."""
+        if seen is not None and seen.tpu:
+            return seen.stop_reason or StopReason.UNKNOWN
+        if seen is None and view.spec is not None and view.spec.tpu is not None:
+            return StopReason.UNKNOWN  # a TPU node deleted by someone else: gone, no record of why
+        st = view.status
+        assert st is not None and st.project and st.zone
+        return self.compute.stop_reason(st.project, st.zone, name)
 
     def with_checkpoint(self, view: JobView) -> JobView:
         """The view plus its latest complete checkpoint (listed only when a plan needs it).
@@ -338,14 +397,18 @@ class Observer:
         lost = [n for n in st.instances if n not in seen or not seen[n].status.alive]
         if not lost:
             return view
-        reads: dict[Any, Callable[[], Any]] = {
-            n: (lambda n=n: self.compute.stop_reason(st.project, st.zone, n)) for n in lost}
+        reads: dict[Any, Callable[[], Any]] = {n: (lambda n=n: self._stop_reason(view, seen.get(n), n)) for n in lost}
         reads["records"] = lambda: self.with_fresh_records(view)
         off = all(n not in seen or seen[n].status.down for n in lost)
         if side > 1 and off and view.spec and view.spec.checkpoint and not view.checkpoint_loaded:
             reads["checkpoint"] = lambda: self._checkpoint_fields(view)
         got = dict(zip(reads, fanout.each(reads.values(), lambda read: read(), side), strict=True))
         return replace(got["records"], stop_reasons={n: got[n] for n in lost}, **got.get("checkpoint", {}))
+
+
+def _on_tpu(view: JobView) -> bool:
+    """A job that runs, or ran, on a TPU node."""
+    return (view.spec is not None and view.spec.tpu is not None) or (view.status is not None and view.status.tpu)
 
 
 def _short(error: Exception) -> str:

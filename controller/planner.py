@@ -164,13 +164,27 @@ def _watch(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchC
         running = st.but(t.event(now, st, "running", detail), phase=Phase.RUNNING, message=detail,
                          instance_ids=dict(list(ids.items())[-50:]), resumed_at=now)
         return [WriteStatus(v.job, running, "instances running")]
+    if hung := [f"{n} health {i.health}" for n, i in working.items() if i.hung]:
+        # The TPU service itself says the runtime does not answer: a hang, as a stale heartbeat is.
+        return _fresh(v, _failure(v, spec, st, f"{', '.join(hung)} (hung)", now))
     if _stale_heartbeat(v, spec, st, working, now):
         return _fresh(v, _failure(v, spec, st, f"no heartbeat for {fmt(spec.policy.idle_timeout)} (idle or hung)", now))
     oldest = min(i.created_at for i in working.values())
     if spec.policy.max_instance_age and now - oldest >= spec.policy.max_instance_age:
         why = f"instance older than max_instance_age {fmt(spec.policy.max_instance_age)}"
         return _fresh(v, _restart(v, spec, st, "recycled", why, now, ctx))
-    return []
+    return _announced(v, st, working, now)
+
+
+def _announced(v: JobView, st: JobStatus, working: dict[str, Instance], now: datetime) -> list[Action]:
+    """A TPU node's scheduled maintenance, in the status while Google announces it (written
+    when it changes, not every pass)."""
+    upcoming = next((f"{n}: {i.upcoming_maintenance}" for n, i in working.items() if i.upcoming_maintenance), None)
+    if upcoming == st.upcoming_maintenance:
+        return []
+    text = f"maintenance scheduled on {upcoming}" if upcoming else "scheduled maintenance withdrawn or done"
+    return [WriteStatus(v.job, st.but(t.event(now, st, "maintenance-scheduled", text), upcoming_maintenance=upcoming),
+                        "upcoming maintenance")]
 
 
 def _lost(v: JobView, spec: JobSpec, st: JobStatus, mine: dict[str, Instance], lost: list[str],
@@ -196,13 +210,16 @@ def _settling(v: JobView, spec: JobSpec, st: JobStatus, mine: dict[str, Instance
     # Once the attempt ran, a node back in a booting state (STAGING...) is as odd as one
     # settling: it is not training, and the heartbeat check does not run meanwhile.
     ran = st.phase == Phase.RUNNING
-    odd = [f"{n} is {mine[n].status}" for n in st.instances
+    odd = [f"{n} is {_state(mine[n])}" for n in st.instances
            if mine[n].status.settling or (ran and mine[n].status != InstanceStatus.RUNNING)]
     if not odd:
         return []
-    limit = spec.policy.idle_timeout or spec.policy.startup_grace
+    limit, cause = spec.policy.idle_timeout or spec.policy.startup_grace, "lost"
+    if any(mine[n].maintenance for n in st.instances):
+        # A TPU under host maintenance: Google may yet bring it back, for so long.
+        limit, cause = spec.policy.maintenance_timeout, "maintenance"
     if st.settling and st.settling_since and limit and now - st.settling_since > limit:
-        return _restart(v, spec, st, "lost", f"{', '.join(odd)} for more than {fmt(limit)}", now, ctx)
+        return _restart(v, spec, st, cause, f"{', '.join(odd)} for more than {fmt(limit)}", now, ctx)
     if st.settling:
         return []
     text = f"waiting: {', '.join(odd)}"
@@ -229,6 +246,10 @@ def _current(v: JobView, st: JobStatus) -> dict[str, Instance]:
 def _rank(name: str) -> int:
     parsed = names.parse_instance_name(name)
     return (parsed[2] or 0) if parsed else 0
+
+
+def _state(instance: Instance) -> str:
+    return "under host maintenance (UNHEALTHY_MAINTENANCE)" if instance.maintenance else str(instance.status)
 
 
 def _lost_how(instance: Instance | None, reason: StopReason) -> str:
@@ -332,6 +353,9 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
     nxt = t.begin_attempt(st, spec, _project(spec, ctx), zone, nodes, v.checkpoint, now,
                           f"{why}; {stepped}" if stepped else why, v.spec_generation, ctx.new_token(), model,
                           v.advice_for(model))
+    if spec.tpu is not None:
+        # A TPU is deleted, then created: a preempted node may still hold the zone's quota.
+        return [WriteStatus(v.job, nxt, why), *_delete_current(v, st, why), *_insert(v, spec, nxt, now, ctx)]
     # What is left of the previous attempt is down, or stuck on its way down: its deletes
     # come after the insert, so that one that keeps failing never holds the next attempt.
     return [WriteStatus(v.job, nxt, why), *_insert(v, spec, nxt, now, ctx), *_delete_current(v, st, why)]
@@ -485,4 +509,4 @@ def _leftovers(v: JobView, orphan: bool = False) -> list[Action]:
 
 
 def _delete(job: str, i: Instance, why: str, orphan: bool = False) -> DeleteInstance:
-    return DeleteInstance(job, i.project, i.zone, i.name, why, only_if_spec_absent=orphan)
+    return DeleteInstance(job, i.project, i.zone, i.name, why, only_if_spec_absent=orphan, tpu=i.tpu)

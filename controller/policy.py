@@ -40,6 +40,8 @@ class ControllerPolicy:
     allowed_service_accounts: tuple[str, ...] = ()  # empty: the trainer account alone
     max_nodes: int = 8
     max_accelerators: int = 16
+    allowed_tpu_types: tuple[str, ...] = ()
+    max_tpu_size: int = 32  # the number a TPU type ends in (v4-32: 32 TensorCores; v5litepod-16: 16 chips)
     projects_to_watch: tuple[str, ...] = field(default=())
     trainer_service_account: str | None = None  # what VMs run as when a spec names no account
 
@@ -79,6 +81,9 @@ class ControllerPolicy:
         for i, zone in enumerate(spec.zones):
             if not _allowed(zone, self.allowed_zones):
                 out.append(_refuse(f"zones.{i}", zone, self.allowed_zones))
+        if spec.tpu is not None:
+            return out + self._tpu(spec) + self._service_account(spec)
+        assert spec.machine_type is not None  # the spec's own check: a VM job names one
         if not _allowed(spec.machine_type, self.allowed_machine_types):
             out.append(_refuse("machine_type", spec.machine_type, self.allowed_machine_types))
         out += self._service_account(spec)
@@ -119,6 +124,17 @@ class ControllerPolicy:
         if not _allowed(email, self.service_accounts):
             return [_refuse("service_account.email", email, self.service_accounts)]
         return []
+
+    def _tpu(self, spec: JobSpec) -> list[str]:
+        assert spec.tpu is not None
+        out = []
+        if not _allowed(spec.tpu.type, self.allowed_tpu_types):
+            out.append(_refuse("tpu.type", spec.tpu.type, self.allowed_tpu_types))
+        if spec.tpu.size > self.max_tpu_size:
+            out.append(f"tpu.type: {spec.tpu.type!r} is larger than this controller's limit of {self.max_tpu_size} "
+                       f"(the number a type ends in: TensorCores, or chips for v5e/v6e); use a smaller slice, "
+                       f"or raise RESPAWN_MAX_TPU_SIZE")
+        return out
 
     def _too_many_gpus(self, spec: JobSpec, total: int) -> str:
         per_node = spec.gpus_per_node

@@ -134,7 +134,10 @@ class Labelled:
 
 @dataclass(frozen=True)
 class Instance(Labelled):
-    """A managed instance as observed; job, attempt and node come from its labels."""
+    """A managed instance as observed; job, attempt and node come from its labels.
+
+    A TPU node is one too (``TpuNode.as_instance``): its state read as the VM status that
+    means the same to the planner, with what only a TPU says beside it."""
 
     project: str
     zone: str
@@ -143,6 +146,22 @@ class Instance(Labelled):
     labels: Mapping[str, str]
     created_at: datetime
     id: str = ""
+    tpu: bool = False  # a Cloud TPU node: created and deleted through the TPU gateway
+    health: NodeHealth | None = None  # a TPU node's health
+    upcoming_maintenance: str | None = None  # a TPU node's scheduled maintenance, in words
+    # Why it is down, when the resource says so itself (a TPU node's PREEMPTED or TERMINATED
+    # state); None: Compute's operations are asked (StopReason).
+    stop_reason: StopReason | None = None
+
+    @property
+    def maintenance(self) -> bool:
+        """Under host maintenance that Google may yet reschedule it through (a TPU's health)."""
+        return self.health == NodeHealth.UNHEALTHY_MAINTENANCE
+
+    @property
+    def hung(self) -> bool:
+        """Up, but its TPU runtime does not answer (TIMEOUT) or is broken (UNHEALTHY_TENSORFLOW)."""
+        return self.health in (NodeHealth.TIMEOUT, NodeHealth.UNHEALTHY_TENSORFLOW)
 
 
 # A spec's provisioning model -> Compute's scheduling.provisioningModel.
@@ -374,6 +393,17 @@ class TpuNode(Labelled):
     # None for a node created directly.
     queued: QueuedState | None = None
 
+    def as_instance(self) -> Instance:
+        """The node as the planner judges instances: its state read as the VM status that means
+        the same (``TPU_AS_STATUS``), a node under maintenance as REPAIRING (waited for, within
+        ``policy.maintenance_timeout``), and PREEMPTED or TERMINATED with their cause."""
+        status = TPU_AS_STATUS.get(self.state, InstanceStatus.UNKNOWN)
+        if status == InstanceStatus.RUNNING and self.health == NodeHealth.UNHEALTHY_MAINTENANCE:
+            status = InstanceStatus.REPAIRING
+        return Instance(self.project, self.zone, self.name, status, self.labels, self.created_at, self.id, tpu=True,
+                        health=self.health, upcoming_maintenance=self.upcoming_maintenance,
+                        stop_reason=TPU_STOP_REASONS.get(self.state))
+
 
 @dataclass(frozen=True)
 class TpuList:
@@ -403,6 +433,11 @@ class TpuRequest:
     # Create through queuedResources (the spot tier when spot, else guaranteed) under the
     # node's name: a stockout then waits in the queue instead of failing the create.
     queued: bool = False
+
+    @property
+    def provisioning(self) -> str:
+        """The spec's model this request asks for (``InstanceRequest.provisioning``)."""
+        return "spot" if self.spot else "standard"
 
 
 class TpuGateway(Protocol):
@@ -439,3 +474,26 @@ class TpuGateway(Protocol):
         named like the node that does not ask for it under the controller's label (queued
         resource ids are a namespace of their own) is someone else's: it is left alone."""
         ...
+
+
+# A TPU node's state, read as the Compute status the planner knows: booting is alive, gone
+# for good is down, anything else (a state added later included) is waited out.
+TPU_AS_STATUS: Mapping[NodeState, InstanceStatus] = {
+    NodeState.CREATING: InstanceStatus.PROVISIONING,
+    NodeState.STARTING: InstanceStatus.STAGING,
+    NodeState.READY: InstanceStatus.RUNNING,
+    NodeState.RESTARTING: InstanceStatus.REPAIRING,
+    NodeState.REIMAGING: InstanceStatus.REPAIRING,
+    NodeState.REPAIRING: InstanceStatus.REPAIRING,
+    NodeState.STOPPING: InstanceStatus.STOPPING,
+    NodeState.STOPPED: InstanceStatus.STOPPED,
+    NodeState.DELETING: InstanceStatus.DEPROVISIONING,
+    NodeState.PREEMPTED: InstanceStatus.TERMINATED,  # a Spot TPU is never restarted: recreated
+    NodeState.TERMINATED: InstanceStatus.TERMINATED,
+}
+# What a down TPU node's own state says of why (Compute VMs: their zone operations).
+TPU_STOP_REASONS: Mapping[NodeState, StopReason] = {
+    NodeState.PREEMPTED: StopReason.PREEMPTED,
+    NodeState.TERMINATED: StopReason.MAINTENANCE,
+    NodeState.STOPPED: StopReason.STOPPED,
+}

@@ -136,6 +136,34 @@ class Accelerators(Strict):
     count: int = Field(default=1, ge=1, le=16)
 
 
+# Cloud TPU accelerator types: a generation and its size (v2-8, v4-32, v5litepod-16, v5p-8, v6e-4).
+TPU_TYPE = r"^v\d+[a-z]*-\d{1,5}$"
+
+
+class Tpu(Strict):
+    """A Cloud TPU VM slice in place of a Compute Engine VM: one node per attempt, however many
+    hosts (workers) its accelerator type spans."""
+
+    type: str = Field(max_length=64, description="accelerator type, e.g. v5litepod-8, v4-32, v6e-4")
+    runtime_version: str = Field(pattern=r"^[a-z0-9][-a-z0-9.]{0,62}$",
+                                 description="TPU software version, e.g. v2-alpha-tpuv5-lite, tpu-ubuntu2204-base")
+    # Through queuedResources (the spot tier for Spot): a stockout waits in Google's queue
+    # instead of failing the create.
+    queued: bool = False
+
+    @field_validator("type")
+    @classmethod
+    def _a_tpu_type(cls, value: str) -> str:
+        if not re.fullmatch(TPU_TYPE, value):
+            raise ValueError("not a TPU accelerator type: a generation and its size, e.g. v5litepod-8, v4-32, v6e-4")
+        return value
+
+    @property
+    def size(self) -> int:
+        """The number the type ends in: TensorCores for v2 to v5p, chips for v5e and v6e."""
+        return int(self.type.rsplit("-", 1)[1])
+
+
 class BootDisk(Strict):
     image: str | None = Field(default=None, pattern=_RESOURCE, description="image URL or projects/P/global/images/NAME")
     image_family: str | None = Field(default=None, pattern=r"^[a-z][-a-z0-9]{0,62}$")
@@ -243,6 +271,9 @@ class JobPolicy(Strict):
     # Compute deletes a Flex-start VM after this long (scheduling.maxRunDuration); required with flex-start.
     max_run_duration: Duration | None = None
     fallback: Fallback | None = None
+    # A TPU under host maintenance (health UNHEALTHY_MAINTENANCE) is waited for this long while
+    # Google reschedules it, then deleted and created again.
+    maintenance_timeout: Duration = timedelta(hours=1)
 
 
 def _env_name(name: str) -> str:
@@ -299,8 +330,9 @@ class JobSpec(Strict):
     name: str | None = Field(default=None, description="defaults to the job's folder name")
     project: str | None = Field(default=None, pattern=r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
     zones: tuple[Annotated[str, Field(pattern=r"^[a-z]+-[a-z]+\d+-[a-z]$")], ...] = Field(min_length=1, max_length=64)
-    machine_type: str = Field(pattern=_NAME)
+    machine_type: str | None = Field(default=None, pattern=_NAME, description="a Compute Engine VM; or 'tpu'")
     accelerators: Accelerators | None = None
+    tpu: Tpu | None = None  # a Cloud TPU VM slice instead of a VM (no machine_type then)
     # One model, or the order to step down in when capacity cannot be had (policy.fallback).
     provisioning: Annotated[tuple[Provisioning, ...], BeforeValidator(_provisioning_shape)] = Field(
         default=("spot",), max_length=3)
@@ -403,12 +435,53 @@ class JobSpec(Strict):
                                "e.g. 'provisioning: [spot, standard]'; remove it or list a second model")
         return self
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _machine_named(cls, data: Any, handler: Any) -> Any:
+        """A spec with neither ``machine_type`` nor ``tpu`` and other problems too: the missing
+        machine type is one of them (``_vm_or_tpu`` runs only once every field is valid)."""
+        try:
+            return handler(data)
+        except ValidationError as e:
+            found = e.errors()
+            if not isinstance(data, dict) or data.get("machine_type") is not None or data.get("tpu") is not None \
+                    or any(err["loc"][:1] == ("machine_type",) for err in found):
+                raise
+            missing = {"type": "missing", "loc": ("machine_type",), "input": data}
+            details = [{k: err[k] for k in ("type", "loc", "input", "ctx") if k in err} for err in found]
+            raise ValidationError.from_exception_data(e.title, [*details, missing]) from None  # type: ignore[list-item]
+
+    @model_validator(mode="after")
+    def _vm_or_tpu(self) -> JobSpec:
+        """A job runs on VMs (``machine_type``) or on a TPU slice (``tpu``), never both."""
+        if self.tpu is None:
+            if self.machine_type is None:
+                raise FieldProblem("machine_type", "required: a Compute Engine machine type (e.g. g2-standard-8), "
+                                   "or a 'tpu' block (type, runtime_version) for a Cloud TPU VM")
+            return self
+        fixed = {"machine_type": "the TPU's type sets its hosts", "accelerators": "a TPU has its chips",
+                 "boot_disk": "the runtime version sets the TPU VM's image"}
+        if given := next((f for f in fixed if f in self.model_fields_set and getattr(self, f) is not None), None):
+            raise FieldProblem(given, f"not with 'tpu' ({fixed[given]}); remove it")
+        if self.nodes != 1:
+            raise FieldProblem("nodes", "a TPU slice is one node, however many hosts it spans: size it with "
+                               "tpu.type (e.g. v4-32) and remove 'nodes'")
+        if "flex-start" in self.provisioning:
+            raise FieldProblem("provisioning", "flex-start is for Compute Engine VMs; a TPU is spot or standard "
+                               "(tpu.queued: true waits in Google's queue for capacity instead)")
+        if self.placement == "capacity":
+            raise FieldProblem("placement", "capacity advice covers Compute Engine VMs, not TPUs; "
+                               "use 'ordered' (the zones' order) or remove it")
+        return self
+
     @property
     def fallback(self) -> Fallback:
         return self.policy.fallback or Fallback()
 
     def placement_for(self, model: str) -> str:
         """The placement an attempt on ``model`` uses: the spec's, else capacity for Spot."""
+        if self.tpu is not None:
+            return "ordered"  # Compute's capacity advice does not cover TPUs
         return self.placement or ("capacity" if model == "spot" else "ordered")
 
     @field_validator("heartbeat_interval")
@@ -439,6 +512,8 @@ class JobSpec(Strict):
     @property
     def gpus_per_node(self) -> tuple[str, int] | None:
         """(GPU type, count) on each VM: built into the machine type, else ``accelerators``."""
+        if self.machine_type is None:
+            return None
         if built := built_in_gpus(self.machine_type):
             return built
         return (self.accelerators.type, self.accelerators.count) if self.accelerators else None

@@ -80,6 +80,10 @@ class JobStatus(BaseModel):
     project: str | None = None
     zone: str | None = None
     instances: tuple[str, ...] = ()
+    # The job has run on a Cloud TPU node (spec.tpu) in this run or an earlier one: its
+    # zones are listed for TPU nodes too, so that none is left behind when the spec changes.
+    tpu: bool = False
+    upcoming_maintenance: str | None = None  # a TPU node's announced maintenance, while it is
     inserted: bool = False  # the current attempt's insert was acknowledged by Compute
     inserted_at: datetime | None = None  # when it was: startup grace counts from here
     settling: bool = False  # a node is in a state we wait out (REPAIRING, UNKNOWN...)

@@ -23,7 +23,7 @@ def new_run(prev: JobStatus | None, attempt: int, spec_generation: int | None, n
     """A fresh run of the job: counters reset, attempt numbers keep growing (names stay unique)."""
     # No attempt of the new run exists yet: an empty secret, which no record carries, so
     # records the previous run left under the same attempt number belong to nothing.
-    base = JobStatus(history=prev.history if prev else (), attempt_token="")
+    base = JobStatus(history=prev.history if prev else (), attempt_token="", tpu=prev.tpu if prev else False)
     return base.but(
         Event(at=now, event="accepted", attempt=attempt, detail="spec accepted; waiting for a VM"),
         phase=Phase.PENDING,
@@ -101,6 +101,8 @@ def begin_attempt(
         project=project,
         zone=zone,
         instances=tuple(names),
+        tpu=status.tpu or spec.tpu is not None,
+        upcoming_maintenance=None,
         inserted=False,
         inserted_at=None,
         settling=False,

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from controller import names
-from controller.adapters.memory import MemoryAdvisor, MemoryCompute, MemoryStore
+from controller.adapters.memory import MemoryAdvisor, MemoryCompute, MemoryStore, MemoryTpu
 from controller.clock import FakeClock
 from controller.engine import Engine, Summary
 from controller.executor import Executor
@@ -42,14 +42,15 @@ class Harness:
         self.clock = FakeClock()
         self.store = MemoryStore(self.clock)
         self.compute = MemoryCompute(self.clock)
+        self.tpu = MemoryTpu(self.clock)
         self.advisor: MemoryAdvisor | None = None  # capacity advice: none unless a test sets one (zones keep the spec's order)
         self.policy = policy or ControllerPolicy(default_project=PROJECT, trainer_service_account=TRAINER)
         self.ctx = LaunchContext(BUCKET, PROJECT, "#!/bin/bash\necho startup", "#!/bin/bash\necho shutdown")
 
-    def engine(self, store: Any = None, compute: Any = None) -> Engine:
-        store, compute = store or self.store, compute or self.compute
-        observer = Observer(store, compute, BUCKET, self.policy, workers=self.workers, advisor=self.advisor)
-        return Engine(observer, Executor(store, compute, BUCKET), self.ctx, self.clock, workers=self.workers)
+    def engine(self, store: Any = None, compute: Any = None, tpu: Any = None) -> Engine:
+        store, compute, tpu = store or self.store, compute or self.compute, tpu or self.tpu
+        observer = Observer(store, compute, BUCKET, self.policy, workers=self.workers, advisor=self.advisor, tpu=tpu)
+        return Engine(observer, Executor(store, compute, BUCKET, tpu), self.ctx, self.clock, workers=self.workers)
 
     def tick(self, job: str | None = None) -> Summary:
         return self.engine().reconcile(job)

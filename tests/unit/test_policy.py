@@ -190,3 +190,21 @@ def test_settings_refuse_project_patterns(monkeypatch: pytest.MonkeyPatch):
 def test_a_gpu_family_whose_count_is_unknown_is_refused_not_counted_as_zero():
     (problem,) = policy().violations(spec(machine_type="g4-standard-384", nodes=8))
     assert problem.startswith("machine_type:") and "g4-standard-384" in problem
+
+
+def test_tpu_types_and_sizes_are_bounded_by_the_policy():
+    tpu = spec(machine_type=None, tpu={"type": "v4-64", "runtime_version": "tpu-ubuntu2204-base"})
+    assert fields(policy().violations(tpu)) == ["tpu.type"]  # default limit: 32
+    assert "v4-64" in policy().violations(tpu)[0] and "RESPAWN_MAX_TPU_SIZE" in policy().violations(tpu)[0]
+    assert policy(max_tpu_size=64).violations(tpu) == []
+    lines = policy(max_tpu_size=64, allowed_tpu_types=("v5litepod-*",), allowed_zones=("us-central1-*",),
+                   ).violations(spec(machine_type=None, zones=["us-central2-b"],
+                                     tpu={"type": "v4-64", "runtime_version": "v2"}))
+    assert fields(lines) == ["zones.0", "tpu.type"]
+
+
+def test_tpu_policy_settings_are_read_from_the_environment(monkeypatch):
+    monkeypatch.setenv("RESPAWN_ALLOWED_TPU_TYPES", "v5litepod-*, v6e-*")
+    monkeypatch.setenv("RESPAWN_MAX_TPU_SIZE", "16")
+    p = Settings(project="home-proj").policy()
+    assert p.allowed_tpu_types == ("v5litepod-*", "v6e-*") and p.max_tpu_size == 16

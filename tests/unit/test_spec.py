@@ -332,3 +332,45 @@ def test_custom_checkpoint_rule_is_compiled():
     rule = spec.checkpoint.rule
     assert rule and rule.directory and rule.marker == "COMMITTED" and rule.regex.match("run/step-12/x").group(1) == "12"
     assert parse_spec(yaml.safe_dump(doc(checkpoint={"uri": "gs://bkt/ck", "format": "deepspeed"})), "job").checkpoint.rule is None
+
+
+# -- TPU jobs ------------------------------------------------------------------------------
+
+TPU = {"type": "v5litepod-8", "runtime_version": "v2-alpha-tpuv5-lite"}
+
+
+def tpu_doc(**overrides: Any) -> dict[str, Any]:
+    out = {"zones": ["us-central2-b"], "command": "python train.py", "tpu": TPU}
+    out.update(overrides)
+    return out
+
+
+def test_a_tpu_spec_needs_no_machine_type_and_is_placed_in_the_zones_order():
+    spec = parse_spec(yaml.safe_dump(tpu_doc(tpu={**TPU, "queued": True})), "j")
+    assert spec.machine_type is None and spec.tpu is not None and spec.tpu.queued and spec.tpu.size == 8
+    assert spec.placement_for("spot") == "ordered" and spec.gpus_per_node is None
+    assert spec.policy.maintenance_timeout == timedelta(hours=1)
+
+
+@pytest.mark.parametrize("overrides, line", [
+    ({"machine_type": "n1-standard-8"}, "machine_type: not with 'tpu' (the TPU's type sets its hosts); remove it"),
+    ({"accelerators": {"type": "nvidia-l4"}}, "accelerators: not with 'tpu'"),
+    ({"nodes": 4}, "nodes: a TPU slice is one node"),
+    ({"provisioning": ["spot", "flex-start"], "policy": {"max_run_duration": "1d"}},
+     "provisioning: flex-start is for Compute Engine VMs"),
+    ({"placement": "capacity"}, "placement: capacity advice covers Compute Engine VMs, not TPUs"),
+    ({"tpu": {**TPU, "type": "v5lite"}}, "tpu.type: not a TPU accelerator type"),
+    ({"tpu": {**TPU, "type": "tpu-v4-32; rm -rf /"}}, "tpu.type: not a TPU accelerator type"),
+    ({"tpu": {**TPU, "runtime_version": "V2 Alpha"}}, "tpu.runtime_version:"),
+    ({"tpu": {**TPU, "queue": True}}, "tpu.queue: unknown field; did you mean 'queued'?"),
+    ({"tpu": {"type": "v4-8"}}, "tpu.runtime_version: required field is missing"),
+])
+def test_invalid_tpu_combinations_name_the_field_and_the_fix(overrides, line):
+    found = problems(tpu_doc(**overrides))
+    assert any(p.startswith(line) for p in found), found
+
+
+def test_neither_a_machine_type_nor_a_tpu_says_which_to_give():
+    assert problems({"zones": ["us-central1-a"], "command": "x"}) == [
+        "machine_type: required: a Compute Engine machine type (e.g. g2-standard-8), "
+        "or a 'tpu' block (type, runtime_version) for a Cloud TPU VM"]

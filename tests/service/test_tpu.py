@@ -1,0 +1,277 @@
+"""TPU jobs (issue 9) through the whole engine over the fakes: a ``tpu:`` spec creates one
+node per attempt through the TPU gateway, and each thing the TPU service can say of a node
+(preempted, terminated by maintenance, under maintenance, hung, maintenance announced) leads
+where the README says it does."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller import errors, names
+from controller.ports import NodeHealth, NodeState, QueuedState
+from controller.state import Phase
+from tests.harness import PROJECT, Harness, spec_doc
+
+ZONES = ["us-central2-b", "us-east5-a"]
+TPU = {"type": "v4-16", "runtime_version": "tpu-ubuntu2204-base"}
+
+
+def tpu_doc(**overrides):
+    doc = spec_doc(zones=ZONES, tpu=TPU, policy={"backoff": {"initial": "30s", "max": "5m"},
+                                                   "maintenance_timeout": "20m"})
+    del doc["machine_type"]
+    doc.update(overrides)
+    return doc
+
+
+@pytest.fixture
+def h() -> Harness:
+    harness = Harness()
+    harness.submit("tpu", tpu_doc())
+    harness.tick()
+    return harness
+
+
+def events(h: Harness, job: str = "tpu") -> list[str]:
+    return [e.event for e in h.status(job).history]
+
+
+def calls(h: Harness) -> list[tuple[str, str]]:
+    return [c for c in h.tpu.calls if c[0] != "list"]
+
+
+def test_a_tpu_spec_creates_one_node_with_the_agents_metadata_and_no_vm(h):
+    st = h.status("tpu")
+    assert st.phase == Phase.PROVISIONING and st.tpu and st.instances == ("tpu-1",)
+    assert h.tpu.names() == ["tpu-1"] and h.live() == []
+    r = h.tpu.request_of("tpu-1")
+    assert (r.accelerator_type, r.runtime_version, r.spot, r.zone, r.project) == (
+        "v4-16", "tpu-ubuntu2204-base", True, "us-central2-b", PROJECT)
+    assert r.labels[names.MANAGED_LABEL] == "true" and r.labels[names.JOB_LABEL] == "tpu"
+    assert r.metadata["respawn-node"] == "tpu-1" and r.metadata["respawn-token"] == st.attempt_token
+    assert "startup-script" in r.metadata and "shutdown-script" in r.metadata
+    h.tick()
+    assert h.status("tpu").phase == Phase.RUNNING
+
+
+def running(h: Harness) -> None:
+    h.tick()
+    assert h.status("tpu").phase == Phase.RUNNING
+    h.tpu.calls.clear()
+
+
+def test_a_preempted_node_is_deleted_then_created_again_from_the_latest_checkpoint(h):
+    running(h)
+    h.checkpoint(300)
+    h.tpu.preempt("tpu-1")
+    h.tick()
+    st = h.status("tpu")
+    assert st.attempt == 2 and st.preemptions == 1 and st.restarts == 1
+    assert st.resume_from is not None and st.resume_from.step == 300
+    assert calls(h) == [("delete", "tpu-1"), ("create", "tpu-2")]  # delete, then create
+    assert h.tpu.names() == ["tpu-2"]
+    assert h.tpu.request_of("tpu-2").metadata["respawn-resume-step"] == "300"
+    preempted = next(e for e in st.history if e.event == "preempted")
+    assert "tpu-1" in preempted.detail
+
+
+def test_a_node_terminated_by_maintenance_is_a_maintenance_restart_not_a_preemption(h):
+    running(h)
+    h.tpu.set_state("tpu-1", NodeState.TERMINATED)
+    h.tick()
+    st = h.status("tpu")
+    assert st.attempt == 2 and st.restarts == 1 and st.preemptions == 0 and st.failures == 0
+    assert "maintenance" in events(h)
+    assert h.tpu.names() == ["tpu-2"]
+
+
+def test_a_node_under_maintenance_is_waited_for_and_resumes_when_google_brings_it_back(h):
+    running(h)
+    h.tpu.set_health("tpu-1", NodeHealth.UNHEALTHY_MAINTENANCE)
+    h.tick()
+    st = h.status("tpu")
+    assert st.settling and "under host maintenance" in st.message and st.attempt == 1
+    h.advance(minutes=15)
+    h.tick()
+    assert h.status("tpu").attempt == 1 and calls(h) == []
+    h.tpu.set_health("tpu-1", NodeHealth.HEALTHY)
+    h.tick()
+    st = h.status("tpu")
+    assert not st.settling and st.attempt == 1 and events(h)[-1] == "resumed"
+
+
+def test_a_node_under_maintenance_past_the_policy_timeout_is_deleted_then_created_again(h):
+    running(h)
+    h.tpu.set_health("tpu-1", NodeHealth.UNHEALTHY_MAINTENANCE)
+    h.tick()
+    h.advance(minutes=21)
+    h.tick()
+    st = h.status("tpu")
+    assert st.attempt == 2 and st.restarts == 1 and st.failures == 0 and st.preemptions == 0
+    detail = next(e.detail for e in st.history if e.event == "maintenance")
+    assert "tpu-1 is under host maintenance (UNHEALTHY_MAINTENANCE) for more than 20m" in detail
+    # The node was still up: it is deleted first, and the next attempt waits for it to go.
+    assert ("delete", "tpu-1") in calls(h) and "tpu-1" not in h.tpu.names()
+    h.tick()
+    assert h.tpu.names() == ["tpu-2"]
+
+
+@pytest.mark.parametrize("health", ["TIMEOUT", "UNHEALTHY_TENSORFLOW"])
+def test_a_hung_node_counts_as_a_hang(h, health):
+    running(h)
+    h.tpu.set_health("tpu-1", health)
+    h.tick()
+    st = h.status("tpu")
+    assert st.failures == 1 and st.phase == Phase.RECOVERING
+    assert f"tpu-1 health {health} (hung)" in st.message
+    assert ("delete", "tpu-1") in calls(h)
+
+
+def test_a_health_google_adds_later_is_not_a_hang(h):
+    running(h)
+    h.tpu.set_health("tpu-1", "HEALTH_FROM_THE_FUTURE")
+    h.tick()
+    st = h.status("tpu")
+    assert st.failures == 0 and st.phase == Phase.RUNNING and calls(h) == []
+
+
+@pytest.mark.parametrize("state", ["REPAIRING", "HIDDEN", "STATE_FROM_THE_FUTURE", "STOPPING"])
+def test_a_state_that_is_not_gone_is_waited_out(h, state):
+    running(h)
+    h.tpu.set_state("tpu-1", state)
+    h.tick()
+    st = h.status("tpu")
+    assert st.settling and st.attempt == 1 and calls(h) == []
+
+
+def test_an_announced_maintenance_is_shown_in_the_status_once(h):
+    running(h)
+    h.tpu.upcoming_maintenance("tpu-1")
+    h.tick()
+    st = h.status("tpu")
+    assert st.upcoming_maintenance == "tpu-1: SCHEDULED, starts 2026-11-24T10:00:00Z"
+    generation = h.store.stat("respawn-test", names.status_key("tpu")).generation
+    h.tick()
+    assert h.store.stat("respawn-test", names.status_key("tpu")).generation == generation
+    h.tpu.upcoming_maintenance("tpu-1", on=False)
+    h.tick()
+    assert h.status("tpu").upcoming_maintenance is None
+
+
+def test_worker_0s_exit_0_succeeds_the_job_and_deletes_the_node(h):
+    running(h)
+    h.exit("tpu", 0)
+    h.tick()
+    assert h.status("tpu").phase == Phase.SUCCEEDED and h.tpu.names() == []
+
+
+def test_a_deleted_spec_cancels_the_job_and_deletes_its_node(h):
+    running(h)
+    h.store.delete("respawn-test", names.spec_key("tpu"))
+    h.tick()
+    assert h.status("tpu").phase == Phase.CANCELLED and h.tpu.names() == []
+
+
+def test_a_stockout_moves_to_the_next_zone_and_spot_steps_down_to_standard():
+    h = Harness()
+    h.tpu.stockout("us-central2-b")
+    h.tpu.stockout("us-east5-a")
+    h.submit("tpu", tpu_doc(provisioning=["spot", "standard"], policy={"fallback": {"stockouts": 2}}))
+    h.tick()
+    st = h.status("tpu")
+    assert "step-down" in events(h) and st.provisioning == "standard"
+    h.tpu.stockout("us-east5-a", on=False)
+    h.advance(minutes=11)  # past the zones' cooldowns
+    h.tick()
+    r = h.tpu.request_of("tpu-1")
+    assert not r.spot and r.zone == "us-east5-a"
+
+
+def test_a_queued_tpu_waits_in_googles_queue_through_a_stockout():
+    h = Harness()
+    h.tpu.stockout("us-central2-b")
+    h.submit("tpu", tpu_doc(tpu={**TPU, "queued": True}))
+    h.tick()
+    h.advance(hours=3)
+    h.tick()
+    st = h.status("tpu")
+    assert st.phase == Phase.PROVISIONING and st.zone == "us-central2-b" and st.failures == 0
+    assert h.tpu.queued_state("tpu-1") == QueuedState.WAITING_FOR_RESOURCES
+    h.tpu.stockout("us-central2-b", on=False)
+    h.tick()
+    h.tick()
+    assert h.status("tpu").phase == Phase.RUNNING
+
+
+def test_a_tpu_list_that_fails_blinds_the_tpu_jobs_alone():
+    h = Harness()
+    h.submit("tpu", tpu_doc())
+    h.tick()
+    h.tick()
+    h.tpu.failing_projects.add(PROJECT)  # e.g. the TPU API is not enabled
+    h.tpu.preempt("tpu-1")
+    h.submit("vm", spec_doc())
+    h.tick()
+    assert h.live() == ["vm-1"]  # the VM job went on
+    st = h.status("tpu")
+    assert st.attempt == 1 and st.phase == Phase.RUNNING  # not seen: not judged
+    h.tpu.failing_projects.clear()
+    h.tick()
+    assert h.status("tpu").attempt == 2
+
+
+def test_a_list_that_raises_blinds_the_tpu_jobs_alone():
+    h = Harness()
+    h.submit("tpu", tpu_doc())
+    h.tick()
+    h.tpu.faults.fail_next("list", errors.TransientError("503"), times=1)
+    h.submit("vm", spec_doc())
+    summary = h.tick()
+    assert h.live() == ["vm-1"] and "tpu" not in summary.errors
+
+
+def test_a_node_left_by_a_spec_that_moved_from_tpu_to_vm_is_still_found_and_deleted():
+    h = Harness()
+    h.submit("tpu", tpu_doc())
+    h.tick()
+    h.tick()
+    h.submit("tpu", spec_doc())  # replaced by a VM spec mid-run
+    h.tpu.faults.fail_next("delete", errors.TransientError("503"), times=1)
+    h.tpu.preempt("tpu-1")
+    h.tick()
+    st = h.status("tpu")
+    assert st.attempt == 2 and h.live() == ["tpu-2"]  # the next attempt is a VM
+    assert "tpu-1" in h.tpu.names()  # its delete failed: the node is a husk now
+    h.tick()
+    assert h.tpu.names() == []
+
+
+def test_a_tpu_node_the_controller_did_not_create_is_never_touched(h):
+    h.tpu.add_foreign(PROJECT, "us-central2-b", "tpu-9", {"respawn-job": "tpu", "respawn-attempt": "9"})
+    for _ in range(3):
+        h.tick()
+        h.advance(minutes=5)
+    assert "tpu-9" in h.tpu.names()
+
+
+def test_a_tpu_job_never_asks_for_capacity_advice():
+    from controller.adapters.memory import MemoryAdvisor
+
+    h = Harness()
+    h.advisor = MemoryAdvisor(h.compute)
+    h.submit("tpu", tpu_doc())
+    h.tick()
+    assert h.advisor.calls == [] and h.tpu.names() == ["tpu-1"]
+    assert h.status("tpu").zone == ZONES[0]
+
+
+def test_the_heartbeat_grace_starts_when_the_node_runs(h):
+    running(h)
+    h.advance(minutes=20)
+    h.heartbeat("tpu")
+    h.tick()
+    assert h.status("tpu").failures == 0
+    h.advance(minutes=31)
+    h.tick()
+    assert h.status("tpu").failures == 1 and "no heartbeat" in h.status("tpu").message
+
