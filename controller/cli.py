@@ -208,6 +208,10 @@ def status(
         out.print(_status_table(rows))
         if job is not None and rows and rows[0]["zone_advice"]:
             out.print(_advice_table(rows[0]))
+        for row in rows:
+            if row["upcoming_maintenance"]:
+                out.print(_line("!", "yellow", f"{row['job']}: maintenance scheduled on {row['upcoming_maintenance']}"),
+                          soft_wrap=True)
         for problem in _status_problems(rows):
             err.print(problem, soft_wrap=True)
         return

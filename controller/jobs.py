@@ -42,6 +42,8 @@ class JobRow:
             "failures": st.failures if st else 0,
             "zone": st.zone if st else None,
             "provisioning": st.provisioning if st else None,  # the current attempt's model
+            "tpu": st.tpu if st else False,  # the job has run on a Cloud TPU node
+            "upcoming_maintenance": st.upcoming_maintenance if st else None,  # announced on its TPU node
             # What capacity advice said of each zone at the last launch (placement: capacity).
             "zone_advice": {z: a.model_dump() for z, a in st.zone_advice.items()} if st else {},
             "advice_at": st.advice_at.isoformat() if st and st.advice_at else None,

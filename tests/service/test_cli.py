@@ -314,3 +314,21 @@ def test_status_of_a_job_shows_each_zones_advice_and_the_model_it_runs_on(mem):
     assert "25.0%" in lines["us-central1-a"] and "1.0%" in lines["us-central1-b ←"]
     row = json.loads(runner.invoke(app, ["status", "llm", "--json"]).stdout)[0]
     assert row["provisioning"] == "spot" and row["zone_advice"]["us-central1-a"]["preemption_rate"] == 0.25
+
+
+def test_status_shows_a_tpu_nodes_announced_maintenance(mem, tmp_path):
+    path = tmp_path / "tpu.yaml"
+    doc = spec_doc(zones=["us-central2-b"], tpu={"type": "v4-8", "runtime_version": "tpu-ubuntu2204-base"})
+    del doc["machine_type"]
+    path.write_text(yaml.safe_dump(doc))
+    assert runner.invoke(app, ["validate", str(path)]).exit_code == 0
+    mem.submit("tpu", doc)
+    mem.tick()
+    mem.tick()
+    mem.tpu.upcoming_maintenance("tpu-1")
+    mem.tick()
+    result = runner.invoke(app, ["status", "tpu"])
+    assert result.exit_code == 0, result.output
+    assert "tpu: maintenance scheduled on tpu-1: SCHEDULED, starts 2026-11-24T10:00:00Z" in result.output
+    row = json.loads(runner.invoke(app, ["status", "tpu", "--json"]).stdout)[0]
+    assert row["tpu"] is True and row["upcoming_maintenance"] == "tpu-1: SCHEDULED, starts 2026-11-24T10:00:00Z"

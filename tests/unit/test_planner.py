@@ -176,3 +176,108 @@ def test_never_deletes_an_unlabelled_instance(status, found, has_spec, cancelled
     writes = [i for i, a in enumerate(actions) if isinstance(a, WriteStatus)]
     creates = [i for i, a in enumerate(actions) if isinstance(a, CreateInstances)]
     assert all(c > min(writes, default=-1) or (status and not status.inserted) for c in creates)
+
+
+# -- TPU nodes: every state and health Google may send, and one added later ------------------
+
+TPU_SPEC = parse_spec(yaml.safe_dump({**{k: v for k, v in spec_doc().items() if k != "machine_type"},
+                                      "zones": ["us-central2-b"],
+                                      "tpu": {"type": "v4-16", "runtime_version": "tpu-ubuntu2204-base"}}), "job")
+
+
+def tpu_node(state: str, health: str = "HEALTHY", attempt: int = 1) -> Instance:
+    from controller.ports import NodeHealth, NodeState, TpuNode
+
+    labels = {names.JOB_LABEL: "job", names.ATTEMPT_LABEL: str(attempt), names.MANAGED_LABEL: "true"}
+    return TpuNode("proj-1", "us-central2-b", f"job-{attempt}", NodeState.of(state), NodeHealth.of(health),
+                   labels, NOW - timedelta(hours=1), "v4-16", True).as_instance()
+
+
+def tpu_view(node: Instance | None, **kw) -> JobView:
+    st = running(zone="us-central2-b", tpu=True)
+    seen = () if node is None else (node,)
+    # What Observer._stop_reason gives a TPU node that is down or gone: its own state's cause.
+    reasons = {} if node is not None and node.status.alive else {
+        "job-1": (node.stop_reason or StopReason.UNKNOWN) if node is not None else StopReason.UNKNOWN}
+    beat = Record("jobs/job/heartbeat", 2, NOW - timedelta(minutes=1), attempt=1)
+    return JobView(**{**dict(job="job", spec=TPU_SPEC, spec_generation=1, status=st, status_generation=7,
+                             instances=seen, heartbeat=beat, stop_reasons=reasons, checkpoint_loaded=True), **kw})
+
+
+# state -> what the planner does with a RUNNING attempt's node in it (health HEALTHY)
+TPU_STATES = {
+    "READY": "nothing",
+    "CREATING": "settle", "STARTING": "settle", "RESTARTING": "settle", "REIMAGING": "settle",
+    "REPAIRING": "settle", "STOPPING": "settle", "DELETING": "settle", "HIDING": "settle", "HIDDEN": "settle",
+    "UNHIDING": "settle", "STATE_UNSPECIFIED": "settle", "UNKNOWN": "settle", "A_STATE_ADDED_LATER": "settle",
+    "PREEMPTED": "preempted", "TERMINATED": "maintenance", "STOPPED": "lost",
+}
+
+
+def test_the_matrix_covers_every_node_state_in_the_discovery_document():
+    from controller.ports import NodeState
+
+    assert {s.value for s in NodeState} <= set(TPU_STATES)
+
+
+@pytest.mark.parametrize("state, outcome", sorted(TPU_STATES.items()))
+def test_each_tpu_node_state(state, outcome):
+    actions = plan_job(tpu_view(tpu_node(state)), NOW, CTX)
+    if outcome == "nothing":
+        assert actions == []
+        return
+    first = actions[0]
+    assert isinstance(first, WriteStatus)
+    if outcome == "settle":
+        assert first.status.settling and first.status.attempt == 1, first.status.message
+        assert not any(isinstance(a, (CreateInstances, DeleteInstance)) for a in actions)
+        return
+    # Down for good: counted, the old node deleted first, then the next attempt created.
+    st = first.status
+    assert st.attempt == 2 and st.restarts == 1 and st.failures == 0
+    assert st.preemptions == (outcome == "preempted") and st.history[-2].event == outcome
+    assert kinds(actions)[:3] == ["WriteStatus", "DeleteInstance", "CreateInstances"]
+    assert actions[1].tpu and actions[1].name == "job-1" and actions[2].requests[0].name == "job-2"
+
+
+@pytest.mark.parametrize("health, outcome", [
+    ("HEALTHY", "nothing"), ("HEALTH_UNSPECIFIED", "nothing"), ("UNKNOWN", "nothing"), ("A_HEALTH_ADDED_LATER", "nothing"),
+    ("TIMEOUT", "hang"), ("UNHEALTHY_TENSORFLOW", "hang"), ("UNHEALTHY_MAINTENANCE", "maintenance"),
+])
+def test_each_tpu_node_health_while_ready(health, outcome):
+    from controller.ports import NodeHealth
+
+    assert {h.value for h in NodeHealth} <= {"HEALTHY", "HEALTH_UNSPECIFIED", "UNKNOWN", "TIMEOUT",
+                                             "UNHEALTHY_TENSORFLOW", "UNHEALTHY_MAINTENANCE"}
+    actions = plan_job(tpu_view(tpu_node("READY", health)), NOW, CTX)
+    if outcome == "nothing":
+        assert actions == []
+    elif outcome == "hang":
+        st = actions[0].status
+        assert st.failures == 1 and st.phase == Phase.RECOVERING and f"health {health} (hung)" in st.message
+        assert actions[0].needs == frozenset({"records"})  # an exit 0 landing meanwhile wins
+        assert any(isinstance(a, DeleteInstance) and a.tpu for a in actions)
+    else:
+        st = actions[0].status
+        assert st.settling and "under host maintenance" in st.message and len(actions) == 1
+
+
+def test_maintenance_is_waited_for_within_the_policy_timeout_then_recreated():
+    since = running(zone="us-central2-b", tpu=True, settling=True)
+    timeout = TPU_SPEC.policy.maintenance_timeout
+    node = tpu_node("READY", "UNHEALTHY_MAINTENANCE")
+    assert plan_job(tpu_view(node, status=since.but(settling_since=NOW - timeout + timedelta(seconds=1))),
+                    NOW, CTX) == []
+    actions = plan_job(tpu_view(node, status=since.but(settling_since=NOW - timeout - timedelta(seconds=1))),
+                       NOW, CTX)
+    st = actions[0].status
+    assert st.phase == Phase.RECOVERING and st.restarts == 1 and st.failures == 0
+    assert st.history[-1].event == "maintenance"
+    # Still up: deleted first; the next attempt waits until it is gone.
+    assert kinds(actions) == ["WriteStatus", "DeleteInstance"] and actions[1].tpu
+
+
+def test_a_tpu_node_gone_without_a_word_is_lost_not_a_failure():
+    actions = plan_job(tpu_view(None), NOW, CTX)
+    st = actions[0].status
+    assert st.attempt == 2 and st.restarts == 1 and st.failures == 0 and st.history[-2].event == "lost"
