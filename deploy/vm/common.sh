@@ -162,6 +162,17 @@ gcs_get() {
 # load_identity: who this VM is, into readonly agent_* variables. Exits 0 on a VM that is
 # not a respawn VM (no respawn-job); returns 1, having logged why, when anything needed
 # could not be read (or makes no sense): the caller must then write no record at all.
+#
+# A Cloud TPU VM (agent-worker-number in its metadata) is one worker (host) of a slice,
+# and the slice is the attempt's one node: every worker runs the same startup script.
+# Its instance/name is the worker VM's own (t1v-n-<hash>-w-<N>), so the node's name comes
+# from respawn-node (set by the controller on TPU nodes only), the rank from
+# agent-worker-number, the node count and the master (worker 0's IP) from
+# worker-network-endpoints ("unknown:unknown:<ip>" per worker, worker 0 first).
+# respawn-nodes and respawn-master-addr are not read there: they describe the slice as
+# one VM.
+agent_tpu=0
+agent_tpu_master=""
 load_identity() {
   local value
   value="$(attr respawn-job)"
@@ -172,9 +183,19 @@ load_identity() {
   esac
   agent_bucket="$(attr respawn-bucket)" || { log "respawn-bucket unreadable or absent"; return 1; }
   agent_attempt="$(attr respawn-attempt)" || { log "respawn-attempt unreadable or absent"; return 1; }
-  agent_name="$(md instance/name)" || { log "instance/name unreadable"; return 1; }
-  agent_nodes="$(attr_or respawn-nodes 1)" || { log "respawn-nodes unreadable"; return 1; }
-  agent_nodes="${agent_nodes:-1}"
+  value="$(attr agent-worker-number)"
+  case $? in
+    0) agent_tpu=1; agent_rank="$value" ;;
+    1) agent_tpu=0 ;;
+    *) log "agent-worker-number unreadable (cannot tell a TPU VM from a Compute VM)"; return 1 ;;
+  esac
+  if [ "$agent_tpu" = 1 ]; then
+    load_tpu_identity || return 1
+  else
+    agent_name="$(md instance/name)" || { log "instance/name unreadable"; return 1; }
+    agent_nodes="$(attr_or respawn-nodes 1)" || { log "respawn-nodes unreadable"; return 1; }
+    agent_nodes="${agent_nodes:-1}"
+  fi
   # The per-attempt secret every record carries. Absent (an older controller): records
   # go without it. Unreadable: no record can be written, never one claiming no token.
   agent_token="$(attr respawn-token)"
@@ -186,16 +207,64 @@ load_identity() {
   [[ "$agent_attempt" =~ ^(0|[1-9][0-9]{0,8})$ ]] || { log "bad respawn-attempt '$agent_attempt'"; return 1; }
   [[ "$agent_nodes" =~ ^[1-9][0-9]{0,5}$ ]] || { log "bad respawn-nodes '$agent_nodes'"; return 1; }
   # Single VM: <job>-<attempt>, rank 0. Gang node: <job>-<attempt>-n<rank>.
-  agent_rank=0
-  if ((agent_nodes > 1)); then
-    agent_rank="${agent_name##*-n}"
-    if [ "$agent_rank" = "$agent_name" ] || ! [[ "$agent_rank" =~ ^(0|[1-9][0-9]{0,5})$ ]] \
-      || ((agent_rank >= agent_nodes)); then
-      log "cannot read a node rank below $agent_nodes from the instance name '$agent_name'"
-      return 1
+  if [ "$agent_tpu" = 0 ]; then
+    agent_rank=0
+    if ((agent_nodes > 1)); then
+      agent_rank="${agent_name##*-n}"
+      if [ "$agent_rank" = "$agent_name" ] || ! [[ "$agent_rank" =~ ^(0|[1-9][0-9]{0,5})$ ]] \
+        || ((agent_rank >= agent_nodes)); then
+        log "cannot read a node rank below $agent_nodes from the instance name '$agent_name'"
+        return 1
+      fi
     fi
   fi
-  readonly agent_job agent_bucket agent_attempt agent_name agent_nodes agent_token agent_rank
+  readonly agent_job agent_bucket agent_attempt agent_name agent_nodes agent_token agent_rank agent_tpu agent_tpu_master
+}
+
+# load_tpu_identity: load_identity's part for a TPU VM worker (agent_rank holds the raw
+# agent-worker-number): agent_name (the node), agent_rank, agent_nodes, agent_tpu_master.
+load_tpu_identity() {
+  local value entry
+  local -a entries
+  [[ "$agent_rank" =~ ^(0|[1-9][0-9]{0,5})$ ]] || { log "bad agent-worker-number '$agent_rank'"; return 1; }
+  value="$(attr respawn-node)"
+  case $? in
+    0) agent_name="$value" ;;
+    1) log "no respawn-node metadata on this TPU VM: cannot tell which node it belongs to"; return 1 ;;
+    *) log "respawn-node unreadable"; return 1 ;;
+  esac
+  [[ "$agent_name" =~ ^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$ ]] || { log "bad respawn-node '$agent_name'"; return 1; }
+  value="$(attr worker-network-endpoints)"
+  case $? in
+    0)
+      # Pure bash (no here-string, which may need a temporary file): split on commas.
+      entries=()
+      while [ -n "$value" ]; do
+        entry="${value%%,*}"
+        entries+=("$entry")
+        [ "$entry" = "$value" ] && break
+        value="${value#*,}"
+      done
+      agent_nodes="${#entries[@]}"
+      for entry in "${entries[@]}"; do
+        [ -n "$entry" ] || { log "bad worker-network-endpoints: an empty entry"; return 1; }
+      done
+      if ((agent_nodes > 0)); then agent_tpu_master="${entries[0]##*:}"; fi
+      ;;
+    1)  # one worker, its own master
+      agent_nodes=1
+      agent_tpu_master="$(md instance/network-interfaces/0/ip)"
+      case $? in 0) ;; 1) agent_tpu_master=127.0.0.1 ;; *) log "instance/network-interfaces/0/ip unreadable"; return 1 ;; esac
+      ;;
+    *) log "worker-network-endpoints unreadable"; return 1 ;;
+  esac
+  ((agent_nodes >= 1)) || { log "bad worker-network-endpoints: no worker"; return 1; }
+  if ((agent_rank >= agent_nodes)); then
+    log "agent-worker-number $agent_rank is not below the slice's $agent_nodes workers"
+    return 1
+  fi
+  [[ "$agent_tpu_master" =~ ^[0-9A-Za-z]([-.0-9A-Za-z]{0,252}[0-9A-Za-z])?$ ]] \
+    || { log "bad worker 0 address '$agent_tpu_master' in worker-network-endpoints"; return 1; }
 }
 
 # record KIND OBJECT [EXTRA_JSON]: {"instance", "attempt", "node", "at", "token", ...}

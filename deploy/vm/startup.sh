@@ -1,6 +1,7 @@
 #!/bin/bash
 # respawn VM agent: startup script. Runs the job's command with RESUME_FROM set,
-# heartbeats while it runs, records its exit code, and powers the VM off.
+# heartbeats while it runs, records its exit code, and powers the VM off (a Compute VM;
+# a Cloud TPU worker stays up: see the end).
 #
 # Exit records the agent writes itself, when the command never ran, carry a "reason":
 #   96  the run directory or the agent's state directory cannot be used
@@ -92,14 +93,22 @@ agent_resume_from="$(attr_or respawn-resume-from "")" || never_ran 98 "metadata 
 agent_resume_step="$(attr_or respawn-resume-step "")" || never_ran 98 "metadata unreadable: respawn-resume-step"
 agent_resume_tag="$(attr_or respawn-resume-tag "")" || never_ran 98 "metadata unreadable: respawn-resume-tag"
 agent_checkpoint_uri="$(attr_or respawn-checkpoint-uri "")" || never_ran 98 "metadata unreadable: respawn-checkpoint-uri"
-agent_master_addr="$(attr_or respawn-master-addr "$agent_name")" || never_ran 98 "metadata unreadable: respawn-master-addr"
+# On a TPU, the master is worker 0 (its IP from worker-network-endpoints): respawn-master-addr
+# names the node, which no worker's network knows by that name.
+if [ "$agent_tpu" = 1 ]; then
+  agent_master_addr="$agent_tpu_master"
+else
+  agent_master_addr="$(attr_or respawn-master-addr "$agent_name")" || never_ran 98 "metadata unreadable: respawn-master-addr"
+fi
 agent_env_lines="$(attr_or respawn-env "")" || never_ran 98 "metadata unreadable: respawn-env"
 agent_command="$(attr_or respawn-command "")" || never_ran 98 "metadata unreadable: respawn-command"
 agent_interval="$(attr_or respawn-heartbeat-interval 60)" || never_ran 98 "metadata unreadable: respawn-heartbeat-interval"
 [[ "$agent_interval" =~ ^[1-9][0-9]{0,5}$ ]] || { log "bad heartbeat interval '$agent_interval': 60 s"; agent_interval=60; }
 [[ "$agent_command" == *[![:space:]]* ]] || never_ran 99 "no command"
 readonly agent_code_uri agent_resume_from agent_resume_step agent_resume_tag agent_checkpoint_uri agent_master_addr agent_env_lines agent_command agent_interval
-log "job $agent_job attempt $agent_attempt node $agent_rank/$agent_nodes; RESUME_FROM=${agent_resume_from:-<none>}${agent_resume_step:+ RESUME_STEP=$agent_resume_step}${agent_resume_tag:+ RESUME_TAG=$agent_resume_tag}"
+agent_role=node
+[ "$agent_tpu" = 1 ] && agent_role="node $agent_name, TPU worker"
+log "job $agent_job attempt $agent_attempt $agent_role $agent_rank/$agent_nodes; RESUME_FROM=${agent_resume_from:-<none>}${agent_resume_step:+ RESUME_STEP=$agent_resume_step}${agent_resume_tag:+ RESUME_TAG=$agent_resume_tag}"
 
 # A stop that began while the VM was booting: its shutdown script writes the marker.
 if [ -e "$agent_run_dir/stopping" ]; then
@@ -213,5 +222,15 @@ if [ "$agent_rank" = 0 ]; then
 elif [ "$agent_code" != 0 ]; then
   RECORD_IF_ABSENT=1 record exit "jobs/$agent_job/exit" "\"exit_code\": $agent_code" \
     || log "no exit record written: one is already there (rank 0's, or another worker's)"
+fi
+# A Cloud TPU worker does not power itself off: a TPU VM that goes down breaks the slice
+# (the TPU service marks the node's health TIMEOUT, which the controller counts as a hang,
+# not as the exit recorded here), and the service does not bring it back. The controller
+# deletes the whole node once worker 0's exit record lands. The finished trainer's pid
+# goes, so that the shutdown script of that delete signals no process that took it since.
+if [ "$agent_tpu" = 1 ]; then
+  rm -f "$agent_run_dir/trainer.pid"
+  log "TPU worker $agent_rank: the command has ended; not powering off (that would break the slice): the controller deletes the node"
+  exit 0
 fi
 poweroff
