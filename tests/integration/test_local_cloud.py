@@ -215,3 +215,61 @@ def test_local_up_prints_the_environment_and_stops_on_interrupt(tmp_path):
         assert "local cloud stopped" in process.stdout.read()  # type: ignore[union-attr]
     finally:
         process.kill()
+
+
+# -- TPU jobs: the local TPU server's nodes, each worker a real process running the agent ------
+
+# Worker 0 trains (a checkpoint object per step, resuming from RESUME_FROM); every other
+# worker of the slice waits, as a JAX host would in its collective, and says who it is.
+TPU_TRAINER = r"""
+echo "worker: rank $NODE_RANK of $NODES, master $MASTER_ADDR"
+if [ "$NODE_RANK" != 0 ]; then while :; do sleep 0.2; done; fi
+step=0
+if [ -n "${RESUME_FROM:-}" ]; then s="${RESUME_FROM##*ckpt-}"; step=$((10#${s%.pt})); fi
+echo "trainer: attempt $RESPAWN_ATTEMPT starts at step $step"
+while [ "$step" -lt 30 ]; do
+  sleep 0.3
+  step=$((step + 1))
+  echo "$step" | curl -sf -o /dev/null -X POST --data-binary @- \
+    "$STORAGE_EMULATOR_HOST/upload/storage/v1/b/$RESPAWN_BUCKET/o?uploadType=media&name=ckpt%2F$RESPAWN_JOB%2Fckpt-$(printf %06d "$step").pt"
+done
+echo "trainer: done at step $step"
+"""
+
+
+def tpu_ready(cloud: LocalCloud, name: str) -> bool:
+    return any(n["name"].endswith(f"/nodes/{name}") and n.get("state") == "READY" and n.get("health") == "HEALTHY"
+               for n in cloud.tpu.nodes())
+
+
+def serial(cloud: LocalCloud, name: str, worker: int = 0) -> str:
+    path = cloud.tpu.workdir_of(name, worker) / "serial-port-1.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def test_a_tpu_slice_preempted_then_terminated_by_maintenance_resumes_each_time_and_succeeds(cloud):
+    job = "slice"
+    doc = {k: v for k, v in spec(job, command=TPU_TRAINER, zones=["us-central2-b"]).items() if k != "machine_type"}
+    submit(cloud, job, {**doc, "tpu": {"type": "v4-16", "runtime_version": "tpu-ubuntu2204-base"}})
+    until("the first node to run", lambda: tpu_ready(cloud, f"{job}-1"), timeout=30)
+    until("three checkpoints", lambda: len(checkpoints(cloud, job)) >= 3, timeout=30)
+    assert "worker: rank 1 of 2" in serial(cloud, f"{job}-1", 1)
+    cloud.tpu.preempt(f"{job}-1")
+
+    until("the second node to train", lambda: "starts at step" in serial(cloud, f"{job}-2"), timeout=60)
+    until("two more checkpoints", lambda: len(checkpoints(cloud, job)) >= 6 + 2, timeout=30)
+    cloud.tpu.maintenance(f"{job}-2", outcome="terminated")
+
+    final = until("success", lambda: (s := status(cloud, job)) and s.phase.terminal and s, timeout=90)
+    assert final.phase == Phase.SUCCEEDED, final.message
+    assert (final.attempt, final.preemptions, final.restarts, final.failures) == (3, 1, 2, 0)
+    events = [e.event for e in final.history]
+    assert "preempted" in events and "maintenance" in events
+    for attempt in (2, 3):  # each resumed from where the one before had saved
+        started = int(serial(cloud, f"{job}-{attempt}").split(f"attempt {attempt} starts at step ")[1].split()[0])
+        assert started > 0
+    assert "trainer: done at step 30" in serial(cloud, f"{job}-3")
+    # Both workers were told the same MASTER_ADDR: worker 0's address, not the node's name.
+    masters = {serial(cloud, f"{job}-3", w).split("master ")[1].split()[0] for w in (0, 1)}
+    assert len(masters) == 1 and f"{job}-3" not in masters
+    until("every node of the job deleted", lambda: not [n for n in cloud.tpu.nodes() if f"/nodes/{job}-" in n["name"]])
