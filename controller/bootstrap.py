@@ -91,9 +91,12 @@ class LazyTpu:
     def _built(self) -> TpuGateway:
         with self._lock:
             if self._gateway is None:
-                from controller.adapters.google import tpu_gateway
+                try:
+                    from controller.adapters.google import tpu_gateway
 
-                self._gateway = tpu_gateway(self._config)
+                    self._gateway = tpu_gateway(self._config)
+                except Exception as e:  # noqa: BLE001 - no credentials, a broken install: TPU jobs wait, VM jobs go on
+                    raise errors.ConfigError(f"cannot build the Cloud TPU client: {type(e).__name__}: {e}") from e
             return self._gateway
 
     def list_nodes(self, projects: Sequence[str], zones: Sequence[str], job: str | None = None) -> TpuList:

@@ -124,6 +124,10 @@ class Executor:
         if isinstance(action, WriteStatus) or chain.status is None:
             return
         if isinstance(action, CreateInstances):
+            if isinstance(error, errors.QuotaError) and action.spec.tpu is not None:
+                # TPU quota is per zone (and per model: Spot and on-demand TPUs have quotas of
+                # their own): another zone, or the next model, may have it, as after a stockout.
+                error = errors.CapacityError(error.zone, f"quota exceeded: {error.reason}")
             model = transitions.model_of(action.spec, chain.status)
             order = view.zone_order(model) if view.spec is not None else None
             after = transitions.after_create_error(chain.status, action.spec, error, now, order)

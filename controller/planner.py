@@ -164,7 +164,7 @@ def _watch(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchC
         running = st.but(t.event(now, st, "running", detail), phase=Phase.RUNNING, message=detail,
                          instance_ids=dict(list(ids.items())[-50:]), resumed_at=now)
         return [WriteStatus(v.job, running, "instances running")]
-    if hung := [f"{n} health {i.health}" for n, i in working.items() if i.hung]:
+    if hung := _hung(spec, st, working, now):
         # The TPU service itself says the runtime does not answer: a hang, as a stale heartbeat is.
         return _fresh(v, _failure(v, spec, st, f"{', '.join(hung)} (hung)", now))
     if _stale_heartbeat(v, spec, st, working, now):
@@ -194,8 +194,8 @@ def _lost(v: JobView, spec: JobSpec, st: JobStatus, mine: dict[str, Instance], l
     detail = ", ".join(f"{n} {_lost_how(mine.get(n), reasons[n])}" for n in lost) + (f"; {also}" if also else "")
     if cause := _platform_cause(replace(v, stop_reasons=reasons), st):
         return _restart(v, spec, st, cause, detail, now, ctx)
-    if all(r == StopReason.CRASHED for r in reasons.values()):
-        return _failure(v, spec, st, detail, now)
+    if all(r in (StopReason.CRASHED, StopReason.REFUSED) for r in reasons.values()):
+        return _failure(v, spec, st, detail, now)  # backs off: the same request again would fail again
     # A node stopped by a person or gone for reasons unknown: the other nodes' crashes
     # are the broken collective's echo, not the trainer's fault.
     return _restart(v, spec, st, "lost", detail, now, ctx)
@@ -216,9 +216,9 @@ def _settling(v: JobView, spec: JobSpec, st: JobStatus, mine: dict[str, Instance
         return []
     limit, cause = spec.policy.idle_timeout or spec.policy.startup_grace, "lost"
     if any(mine[n].maintenance for n in st.instances):
-        # A TPU under host maintenance: Google may yet bring it back, for so long.
+        # A TPU under host maintenance: Google may yet bring it back, for so long (0s: not at all).
         limit, cause = spec.policy.maintenance_timeout, "maintenance"
-    if st.settling and st.settling_since and limit and now - st.settling_since > limit:
+    if st.settling and st.settling_since and (limit or cause == "maintenance") and now - st.settling_since > limit:
         return _restart(v, spec, st, cause, f"{', '.join(odd)} for more than {fmt(limit)}", now, ctx)
     if st.settling:
         return []
@@ -265,6 +265,23 @@ def _fresh(v: JobView, actions: list[Action]) -> list[Action]:
     return [replace(actions[0], needs=frozenset({"records"})), *actions[1:]]
 
 
+def _hung(spec: JobSpec, st: JobStatus, mine: dict[str, Instance], now: datetime) -> list[str]:
+    """TPU nodes whose health says their runtime is hung, counted as the heartbeat's hang is:
+    with hang detection on (``idle_timeout``), once the startup grace is over."""
+    hung = [f"{n} health {i.health}" for n, i in mine.items() if i.hung]
+    if not hung or spec.policy.idle_timeout is None or st.attempt_started_at is None:
+        return []
+    return hung if now - _booted(st, mine) >= spec.policy.startup_grace else []
+
+
+def _booted(st: JobStatus, mine: dict[str, Instance]) -> datetime:
+    """When the attempt's startup grace began: Compute's acknowledgement of the insert, or the
+    VM's creation if later, or its return from a state it may not have run in."""
+    assert st.attempt_started_at is not None
+    since = [st.inserted_at or st.attempt_started_at, *(i.created_at for i in mine.values())]
+    return max(since + [st.resumed_at] if st.resumed_at else since)
+
+
 def _stale_heartbeat(v: JobView, spec: JobSpec, st: JobStatus, mine: dict[str, Instance], now: datetime) -> bool:
     """No heartbeat of this attempt for ``idle_timeout``, counting from the end of the startup
     grace, which begins when Compute acknowledged the insert (or the VM was created, if later),
@@ -272,8 +289,7 @@ def _stale_heartbeat(v: JobView, spec: JobSpec, st: JobStatus, mine: dict[str, I
     timeout = spec.policy.idle_timeout
     if timeout is None or st.attempt_started_at is None:
         return False
-    since = [st.inserted_at or st.attempt_started_at, *(i.created_at for i in mine.values())]
-    booted = max(since + [st.resumed_at] if st.resumed_at else since)
+    booted = _booted(st, mine)
     if now - booted < spec.policy.startup_grace:
         return False
     beat = v.heartbeat if v.heartbeat and v.heartbeat.belongs_to(st) else None
@@ -464,6 +480,7 @@ def _adopt(v: JobView, st: JobStatus, attempt: int, now: datetime) -> JobStatus:
               else f"found {where} newer than status attempt {st.attempt}; adopting it")
     return st.but(t.event(now, st, "adopted", detail), phase=Phase.PROVISIONING, attempt=attempt,
                   instances=names_, project=first.project, zone=first.zone, inserted=True, inserted_at=now,
+                  tpu=st.tpu or first.tpu,
                   attempt_token=st.attempt_token if attempt == st.attempt else None,
                   attempt_started_at=st.attempt_started_at or now, started_at=st.started_at or now, message=detail)
 

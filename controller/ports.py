@@ -243,6 +243,7 @@ class StopReason(StrEnum):
     HOST_ERROR = "host error"  # compute.instances.hostError
     CRASHED = "crashed"  # compute.instances.guestTerminate
     STOPPED = "stopped"  # a user or an admin: stop, suspend, delete
+    REFUSED = "refused"  # the request itself failed for good (a TPU queued resource FAILED)
     UNKNOWN = "unknown"
 
 
@@ -400,9 +401,11 @@ class TpuNode(Labelled):
         status = TPU_AS_STATUS.get(self.state, InstanceStatus.UNKNOWN)
         if status == InstanceStatus.RUNNING and self.health == NodeHealth.UNHEALTHY_MAINTENANCE:
             status = InstanceStatus.REPAIRING
+        # A queued resource that FAILED (a bad or expired request) never had a node: no
+        # maintenance took it, and asking again at once would fail again.
+        reason = StopReason.REFUSED if self.queued == QueuedState.FAILED else TPU_STOP_REASONS.get(self.state)
         return Instance(self.project, self.zone, self.name, status, self.labels, self.created_at, self.id, tpu=True,
-                        health=self.health, upcoming_maintenance=self.upcoming_maintenance,
-                        stop_reason=TPU_STOP_REASONS.get(self.state))
+                        health=self.health, upcoming_maintenance=self.upcoming_maintenance, stop_reason=reason)
 
 
 @dataclass(frozen=True)

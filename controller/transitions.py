@@ -216,7 +216,7 @@ def after_create_error(status: JobStatus, spec: JobSpec, error: Exception, now: 
             placement=status.placement + 1, not_before=now + delay, message=detail,
         )
     if isinstance(error, errors.OperationPending):
-        detail = f"Compute accepted the insert in {zone}, but it was still running; its outcome is read next pass"
+        detail = f"Google accepted the create in {zone}, but it was still running; its outcome is read next pass"
         return status.but(event(now, status, "insert-pending", detail, zone=zone), message=detail)
     if isinstance(error, (errors.RequestError, errors.NotFound)):
         # 400 (bad field) or 404 (unknown zone, image, machine type): no retry in this zone
@@ -227,10 +227,10 @@ def after_create_error(status: JobStatus, spec: JobSpec, error: Exception, now: 
         nxt = pick_zone(spec, status.but(zone_rejections=rejected), now, order)
         if nxt is None and all(z in rejected for z in spec.zones):
             why = "; ".join(f"{z}: {m}" for z, m in rejected.items())
-            return finish(status, Phase.FAILED, f"Compute rejected the instance in every zone: {why}", now,
+            return finish(status, Phase.FAILED, f"Google rejected the request in every zone: {why}", now,
                           zone_rejections=rejected)
         then = f"trying {nxt} next" if nxt else "waiting for a cooling zone"
-        detail = f"Compute rejected the instance in {zone}: {error}; {then}"
+        detail = f"Google rejected the request in {zone}: {error}; {then}"
         changes: dict[str, object] = {"zone": nxt, "placement": status.placement + 1} if nxt else {
             "not_before": next_free(spec, status)}
         return status.but(event(now, status, "rejected", detail, zone=zone), zone_rejections=rejected,

@@ -119,6 +119,8 @@ def test_a_node_under_maintenance_past_the_policy_timeout_is_deleted_then_create
 @pytest.mark.parametrize("health", ["TIMEOUT", "UNHEALTHY_TENSORFLOW"])
 def test_a_hung_node_counts_as_a_hang(h, health):
     running(h)
+    h.advance(minutes=16)  # past the startup grace
+    h.heartbeat("tpu")
     h.tpu.set_health("tpu-1", health)
     h.tick()
     st = h.status("tpu")
@@ -275,3 +277,84 @@ def test_the_heartbeat_grace_starts_when_the_node_runs(h):
     h.tick()
     assert h.status("tpu").failures == 1 and "no heartbeat" in h.status("tpu").message
 
+
+
+def test_a_hung_health_within_the_startup_grace_or_with_hang_detection_off_is_not_a_failure():
+    h = Harness()
+    h.submit("tpu", tpu_doc())
+    h.submit("calm", tpu_doc(policy={"idle_timeout": None}))
+    h.tick()
+    h.tick()
+    h.tpu.set_health("tpu-1", "TIMEOUT")
+    h.tpu.set_health("calm-1", "TIMEOUT")
+    h.advance(minutes=5)
+    h.tick()
+    assert h.status("tpu").failures == 0 and h.status("calm").failures == 0
+    h.advance(minutes=11)  # the grace is over: a hang, unless hang detection is off
+    h.tick()
+    assert h.status("tpu").failures == 1 and h.status("calm").failures == 0
+
+
+def test_maintenance_timeout_zero_recreates_at_once():
+    h = Harness()
+    h.submit("tpu", tpu_doc(policy={"maintenance_timeout": "0s"}))
+    h.tick()
+    h.tick()
+    h.tpu.set_health("tpu-1", NodeHealth.UNHEALTHY_MAINTENANCE)
+    h.tick()  # says so
+    h.advance(seconds=1)
+    h.tick()
+    st = h.status("tpu")
+    assert st.attempt == 2 and "maintenance" in events(h)
+
+
+def fail_waiting_queued(h: Harness) -> None:
+    """Google gives up on a waiting queued resource (a bad request, or its time constraint
+    expired): FAILED, and no node."""
+    with h.tpu._lock:
+        for queued in h.tpu._queued.values():
+            if queued.state == QueuedState.WAITING_FOR_RESOURCES:
+                queued.state = QueuedState.FAILED
+
+
+def test_a_failed_queued_resource_is_a_failure_that_backs_off_not_maintenance():
+    h = Harness()
+    h.tpu.stockout("us-central2-b")
+    h.submit("tpu", tpu_doc(tpu={**TPU, "queued": True}))
+    h.tick()
+    for _ in range(4):
+        fail_waiting_queued(h)
+        h.tick()
+    st = h.status("tpu")
+    assert "maintenance" not in events(h) and st.failures == 1 and st.attempt == 1
+    assert "refused" in st.message and st.not_before is not None  # backing off, not asking again at once
+
+
+def test_a_tpu_quota_error_moves_on_to_a_zone_with_quota():
+    h = Harness()
+    h.tpu.quota("us-central2-b")  # TPU quota is per zone
+    h.submit("tpu", tpu_doc())
+    h.tick()
+    st = h.status("tpu")
+    assert h.tpu.names() == ["tpu-1"] and st.zone == "us-east5-a"
+    stockout = next(e for e in st.history if e.event == "stockout")
+    assert "us-central2-b" in st.zone_cooldowns and "quota exceeded" in stockout.detail
+
+
+def test_a_tpu_client_that_cannot_be_built_never_holds_a_vm_job(monkeypatch):
+    from google.auth.exceptions import DefaultCredentialsError
+
+    import controller.adapters.google as google
+    from controller.bootstrap import LazyTpu
+
+    def cannot(config):
+        raise DefaultCredentialsError("Your default credentials were not found")
+
+    monkeypatch.setattr(google, "tpu_gateway", cannot)
+    h = Harness()
+    h.tpu = LazyTpu(object())  # type: ignore[arg-type, assignment]
+    h.submit("tpu", tpu_doc())
+    h.submit("vm", spec_doc())
+    summary = h.tick()
+    assert h.live() == ["vm-1"]
+    assert "cannot build the Cloud TPU client" in summary.errors[f"project {PROJECT}"]
