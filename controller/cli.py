@@ -494,19 +494,23 @@ def local_up(
 def demo(
     notice: Annotated[float, typer.Option(envvar="RESPAWN_DEMO_NOTICE",
                                           help="preemption notice in seconds (Spot gives 30; shortened for the demo)")] = 3.0,
+    tpu: Annotated[bool, typer.Option("--tpu", help="the Cloud TPU story: a Spot v4-16 slice (2 hosts) "
+                                                    "preempted, then terminated by host maintenance")] = False,
 ) -> None:
-    """Run the whole story locally: a Spot job preempted three times still ends exactly right."""
+    """Run the whole story locally: a Spot job preempted three times (--tpu: a TPU slice preempted,
+    then taken by host maintenance) still ends exactly right."""
     from localcloud import demo as story
 
     try:
-        result = story.run(out, notice)
+        result = story.run(out, notice, "tpu" if tpu else "gpu")
     except TimeoutError as e:
         _fail(f"demo failed: {e}", FAILED)
-    table = Table(title="respawn demo", show_header=False)
+    table = Table(title="respawn demo --tpu" if tpu else "respawn demo", show_header=False)
     rows = [
         ("outcome", str(result.phase)),
         ("attempts", str(result.attempts)),
         ("preemptions", str(result.preemptions)),
+        *([("maintenance restarts", str(result.maintenance))] if tpu else []),
         ("failures", str(result.failures)),
         ("steps lost to preemption", str(result.steps_lost)),
         ("final loss", result.final_loss or "?"),

@@ -16,6 +16,12 @@ kernel or thread count.
 Checkpoints go to ``$RESPAWN_CHECKPOINT_URI/step_<N>/weights.npy``, then ``_SUCCESS`` is
 written last: respawn only resumes from a step directory that has it. On SIGTERM (a
 preemption's notice) the trainer checkpoints at the next step boundary and exits.
+
+On a multi-host slice (a Cloud TPU node: the VM agent runs the command on every worker,
+with ``NODE_RANK`` and ``NODES``) rank 0 saves, as multi-host trainers do, rather than
+every rank writing the same objects. The others compute the same steps (data-parallel
+replicas hold the same weights), save nothing, and exit like rank 0: 0 at the end,
+143 on SIGTERM. ``NODE_RANK`` unset is rank 0, so a single VM saves as before.
 """
 
 from __future__ import annotations
@@ -89,24 +95,30 @@ def main() -> int:
     steps = int(os.environ.get("TRAIN_STEPS", "400"))
     every = int(os.environ.get("CHECKPOINT_EVERY", "40"))
     pause = float(os.environ.get("STEP_SECONDS", "0.05"))
+    rank, ranks = int(os.environ.get("NODE_RANK") or 0), int(os.environ.get("NODES") or 1)
+    # Every rank runs the same deterministic steps (no collective here: replicas of the same
+    # weights), so a rank > 0 needs nothing from rank 0; only rank 0 writes checkpoints.
+    saves = rank == 0
     store = Checkpoints(os.environ["RESPAWN_CHECKPOINT_URI"])
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
 
     resume = os.environ.get("RESUME_FROM", "")
     start, w = store.load(resume) if resume else (0, np.zeros(DIM))
-    print(f"trainer: attempt {os.environ.get('RESPAWN_ATTEMPT', '?')} starting at step {start}", flush=True)
+    print(f"trainer: attempt {os.environ.get('RESPAWN_ATTEMPT', '?')} starting at step {start}"
+          f" (rank {rank} of {ranks})", flush=True)
     step, loss = start, float("nan")
     while step < steps:
         w, loss = sgd_step(w, step)
         step += 1
         time.sleep(pause)
         print(f"trainer: step {step} loss {loss:.5f}", flush=True)
-        if step % every == 0 or stop["now"]:
+        if saves and (step % every == 0 or stop["now"]):
             store.save(step, w)
             print(f"trainer: checkpoint at step {step}", flush=True)
         if stop["now"]:
-            print(f"trainer: SIGTERM, checkpointed at step {step}, exiting", flush=True)
+            done = "checkpointed at step" if saves else "rank 0 saves; stopped at step"
+            print(f"trainer: SIGTERM, {done} {step}, exiting", flush=True)
             return 143
     print(f"trainer: final step {step} loss {loss:.6f} weights {digest(w)}", flush=True)
     return 0

@@ -1,10 +1,22 @@
 """``respawn demo``: the whole story on one machine, no Google account.
 
-A Spot job over two zones trains the example trainer. It is preempted three times:
-hard, in its first seconds, before any checkpoint (no notice reaches the guest, so only
-Compute's preemption record explains the loss); then while a stockout blocks the
-first zone (the job moves to the second); then once more. It must still finish with
-exactly the weights an uninterrupted run computes.
+Two stories, told the same way: the local cloud trains the example trainer as a Spot job,
+takes its machines away, and the job must still finish with exactly the weights an
+uninterrupted run computes.
+
+- **GPU** (``respawn demo``): a Spot VM over two zones, preempted three times: hard, in
+  its first seconds, before any checkpoint (no notice reaches the guest, so only
+  Compute's preemption record explains the loss); then while a stockout blocks the first
+  zone (the job moves to the second); then once more.
+- **TPU** (``respawn demo --tpu``): a Spot Cloud TPU slice (v4-16: two hosts, both
+  training, rank 0 saving). The slice is preempted (every worker's shutdown script
+  SIGTERMs its trainer, rank 0 checkpoints, then the marker), resumes on a new node from
+  the latest checkpoint, then goes through host maintenance (health
+  UNHEALTHY_MAINTENANCE, shutdown scripts, then TERMINATED) and resumes again.
+
+``Demo`` holds what both share (the local cloud, the reference run, submitting,
+watching the job and the trainer's log, the result); ``GpuDemo`` and ``TpuDemo`` hold
+their spec, where the trainer's log is, and the story itself.
 """
 
 from __future__ import annotations
@@ -17,6 +29,7 @@ import tarfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -39,6 +52,7 @@ class Result:
     phase: str = "?"
     attempts: int = 0
     preemptions: int = 0
+    maintenance: int = 0  # restarts after host maintenance (history events "maintenance")
     failures: int = 0
     steps_lost: int = 0
     final_hash: str | None = None
@@ -46,14 +60,26 @@ class Result:
     final_loss: str = ""
     seconds: float = 0.0
     story: list[str] = field(default_factory=list)
+    # What the story must show: at least this many preemptions and maintenance restarts.
+    want_preemptions: int = 3
+    want_maintenance: int = 0
 
     @property
     def ok(self) -> bool:
-        return (self.phase == Phase.SUCCEEDED and self.preemptions >= 3 and self.failures == 0
+        return (self.phase == Phase.SUCCEEDED and self.preemptions >= self.want_preemptions
+                and self.maintenance >= self.want_maintenance and self.failures == 0
                 and self.final_hash == self.reference_hash)
 
 
 class Demo:
+    """The machinery both stories share. A story sets ``job``, ``want_*``, and defines
+    ``_spec`` (what the job runs on), ``_log_path`` (where rank 0's trainer prints) and
+    ``_story`` (what happens to it)."""
+
+    job = JOB
+    want_preemptions, want_maintenance = 3, 0
+    finish_timeout = 150.0
+
     def __init__(self, console: Console, notice: float = 3.0) -> None:
         self.console = console
         self.cloud = LocalCloud(Options(tick_interval=5.0, boot_delay=0.3, shutdown_budget=notice))
@@ -64,17 +90,35 @@ class Demo:
         self.console.print(f"[dim]{time.monotonic() - self.started:6.1f}s[/dim] {text}", highlight=False)
 
     def run(self) -> Result:
-        result = Result()
+        result = Result(want_preemptions=self.want_preemptions, want_maintenance=self.want_maintenance)
         with self.cloud:
-            self.say(f"local cloud up: GCS {self.cloud.gcs.url}, Compute {self.cloud.compute.endpoint}")
+            self.say(self._endpoints())
             result.reference_hash = self._reference()
             self._submit()
             self._story()
-            final = self._until("the job to finish", lambda: (s := self._status()) and s.phase.terminal and s, 150)
+            final = self._until("the job to finish", lambda: (s := self._status()) and s.phase.terminal and s,
+                                self.finish_timeout)
             self._collect(final, result)
         result.seconds = time.monotonic() - self.started
         return result
 
+    # -- what a story defines --------------------------------------------------------------
+    def _spec(self) -> tuple[dict[str, Any], str]:
+        """The spec's placement fields (zones, machine or TPU, provisioning), and how to say it."""
+        raise NotImplementedError
+
+    def _log_path(self, attempt: int) -> Path:
+        """The serial log of the machine where rank 0 of ``attempt`` runs."""
+        raise NotImplementedError
+
+    def _story(self) -> None:
+        raise NotImplementedError
+
+    def _endpoints(self) -> str:
+        assert self.cloud.compute is not None
+        return f"local cloud up: GCS {self.cloud.gcs.url}, Compute {self.cloud.compute.endpoint}"
+
+    # -- shared ------------------------------------------------------------------------------
     def _reference(self) -> str:
         """The uninterrupted run's weights, computed as the VMs compute them: the same trainer.py,
         interpreter and environment (PATH, no inherited OPENBLAS_*/NPY_* settings), in its own process."""
@@ -95,41 +139,22 @@ class Demo:
         tarball = io.BytesIO()
         with tarfile.open(fileobj=tarball, mode="w:gz") as tar:
             tar.add(REPO_ROOT / "examples" / "trainer.py", arcname="trainer.py")
-        bucket.blob("code/demo.tar.gz").upload_from_string(tarball.getvalue())
+        bucket.blob(f"code/{self.job}.tar.gz").upload_from_string(tarball.getvalue())
+        placement, described = self._spec()
         spec = {
-            "zones": ["us-central1-a", "us-central1-b"], "machine_type": "g2-standard-8",  # its L4 is built in
-            "provisioning": "spot",
-            "code": f"gs://{bucket.name}/code/demo.tar.gz", "command": "python trainer.py",
+            **placement,
+            "code": f"gs://{bucket.name}/code/{self.job}.tar.gz", "command": "python trainer.py",
             "env": {"TRAIN_STEPS": str(STEPS), "CHECKPOINT_EVERY": str(EVERY), "STEP_SECONDS": str(PAUSE)},
-            "checkpoint": {"uri": f"gs://{bucket.name}/checkpoints/{JOB}"}, "heartbeat_interval": "2s",
+            "checkpoint": {"uri": f"gs://{bucket.name}/checkpoints/{self.job}"}, "heartbeat_interval": "2s",
             "policy": {"max_restarts": 10, "startup_grace": "1m", "idle_timeout": "2m", "zone_cooldown": "10m"},
         }
-        bucket.blob(names.spec_key(JOB)).upload_from_string(yaml.safe_dump(spec))
-        self.say(f"submitted [bold]{JOB}[/bold]: Spot g2-standard-8 + L4 over us-central1-a, us-central1-b; "
-                 f"{STEPS} steps, checkpoint every {EVERY}")
-
-    def _story(self) -> None:
-        compute = self.cloud.compute
-        assert compute is not None
-        self._until("attempt 1 to start training", lambda: self._started(1), 30)
-        self.say(f"[red]preempting {JOB}-1 hard[/red] at step {self._step(1)}: no checkpoint yet, and the guest "
-                 "never runs its shutdown script (no marker)")
-        compute.preempt(f"{JOB}-1", graceful=False)
-
-        self._until("attempt 2 to pass two checkpoints", lambda: self._started(2) and self._step(2) >= 2 * EVERY + 5, 60)
-        compute.stockout("us-central1-a")
-        self.say(f"[yellow]stockout in us-central1-a[/yellow]; [red]preempting {JOB}-2[/red] at step {self._step(2)} "
-                 "(30 s notice, shortened here: SIGTERM, checkpoint, marker)")
-        compute.preempt(f"{JOB}-2")
-
-        self._until("attempt 3 to train in us-central1-b", lambda: self._started(3) and self._step(3) >= self._start(3) + 60, 60)
-        compute.stockout("us-central1-a", on=False)
-        self.say(f"stockout over; [red]preempting {JOB}-3[/red] at step {self._step(3)}")
-        compute.preempt(f"{JOB}-3")
+        bucket.blob(names.spec_key(self.job)).upload_from_string(yaml.safe_dump(spec))
+        self.say(f"submitted [bold]{self.job}[/bold]: {described}; {STEPS} steps, checkpoint every {EVERY}")
 
     def _collect(self, final: JobStatus, result: Result) -> None:
         result.phase, result.attempts = final.phase, final.attempt
         result.preemptions, result.failures = final.preemptions, final.failures
+        result.maintenance = sum(1 for e in final.history if e.event == "maintenance")
         for attempt in range(1, final.attempt):
             reached, resumed = self._step(attempt), self._start(attempt + 1)
             result.steps_lost += max(0, reached - resumed)
@@ -139,8 +164,12 @@ class Demo:
             result.final_loss, result.final_hash = match.group(2), match.group(3)
 
     # -- observation -------------------------------------------------------------------
+    def _observe(self) -> None:
+        """One look around while waiting: what the story reports as it goes."""
+        self._status()
+
     def _status(self) -> JobStatus | None:
-        blob = self.cloud.storage.bucket(self.cloud.options.bucket).get_blob(names.status_key(JOB))
+        blob = self.cloud.storage.bucket(self.cloud.options.bucket).get_blob(names.status_key(self.job))
         status = JobStatus.from_json(blob.download_as_bytes()) if blob else None
         if status:
             self._report(status)
@@ -155,8 +184,7 @@ class Demo:
             self.say(f"[bold]{st.phase}[/bold] attempt {st.attempt}{where}{resume} — {st.message[:90]}")
 
     def _log(self, attempt: int) -> str:
-        assert self.cloud.compute is not None
-        path = self.cloud.compute.workdir_of(f"{JOB}-{attempt}") / "serial-port-1.log"
+        path = self._log_path(attempt)
         return path.read_text(errors="replace") if path.exists() else ""
 
     def _started(self, attempt: int) -> bool:
@@ -173,12 +201,116 @@ class Demo:
     def _until(self, what: str, check: Callable[[], Any], timeout: float) -> Any:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            self._status()
+            self._observe()
             if result := check():
                 return result
             time.sleep(0.2)
         raise TimeoutError(f"gave up waiting for {what} after {timeout:.0f}s")
 
 
-def run(console: Console | None = None, notice: float = 3.0) -> Result:
-    return Demo(console or Console(), notice).run()
+class GpuDemo(Demo):
+    """A Spot VM with an L4, preempted three times (hard; under a stockout; once more)."""
+
+    def _spec(self) -> tuple[dict[str, Any], str]:
+        return ({"zones": ["us-central1-a", "us-central1-b"], "machine_type": "g2-standard-8",  # its L4 is built in
+                 "provisioning": "spot"},
+                "Spot g2-standard-8 + L4 over us-central1-a, us-central1-b")
+
+    def _log_path(self, attempt: int) -> Path:
+        assert self.cloud.compute is not None
+        return self.cloud.compute.workdir_of(f"{self.job}-{attempt}") / "serial-port-1.log"
+
+    def _story(self) -> None:
+        compute, job = self.cloud.compute, self.job
+        assert compute is not None
+        self._until("attempt 1 to start training", lambda: self._started(1), 30)
+        self.say(f"[red]preempting {job}-1 hard[/red] at step {self._step(1)}: no checkpoint yet, and the guest "
+                 "never runs its shutdown script (no marker)")
+        compute.preempt(f"{job}-1", graceful=False)
+
+        self._until("attempt 2 to pass two checkpoints", lambda: self._started(2) and self._step(2) >= 2 * EVERY + 5, 60)
+        compute.stockout("us-central1-a")
+        self.say(f"[yellow]stockout in us-central1-a[/yellow]; [red]preempting {job}-2[/red] at step {self._step(2)} "
+                 "(30 s notice, shortened here: SIGTERM, checkpoint, marker)")
+        compute.preempt(f"{job}-2")
+
+        self._until("attempt 3 to train in us-central1-b", lambda: self._started(3) and self._step(3) >= self._start(3) + 60, 60)
+        compute.stockout("us-central1-a", on=False)
+        self.say(f"stockout over; [red]preempting {job}-3[/red] at step {self._step(3)}")
+        compute.preempt(f"{job}-3")
+
+
+class TpuDemo(Demo):
+    """A Spot v4-16 slice (two hosts, each training; rank 0 saves), preempted, then
+    terminated by host maintenance."""
+
+    job = f"{JOB}-tpu"
+    want_preemptions, want_maintenance = 1, 1
+    TYPE, ZONES = "v4-16", ["us-central2-b", "us-east5-a"]
+
+    def __init__(self, console: Console, notice: float = 3.0) -> None:
+        super().__init__(console, notice)
+        self._nodes: dict[str, tuple[str, str]] = {}  # node id -> (state, health) last said
+
+    def _spec(self) -> tuple[dict[str, Any], str]:
+        return ({"zones": self.ZONES, "tpu": {"type": self.TYPE, "runtime_version": "tpu-ubuntu2204-base"},
+                 "provisioning": "spot"},
+                f"Spot TPU {self.TYPE} (a slice of 2 hosts) over {', '.join(self.ZONES)}")
+
+    def _endpoints(self) -> str:
+        assert self.cloud.tpu is not None
+        return f"local cloud up: GCS {self.cloud.gcs.url}, Cloud TPU {self.cloud.tpu.endpoint}"
+
+    def _log_path(self, attempt: int, worker: int = 0) -> Path:
+        assert self.cloud.tpu is not None
+        return self.cloud.tpu.workdir_of(f"{self.job}-{attempt}", worker) / "serial-port-1.log"
+
+    def _training(self, attempt: int, past: int) -> bool:
+        """Both workers of the attempt's slice train, and rank 0 is ``past`` steps beyond its start."""
+        on_worker_1 = self._log_path(attempt, 1)
+        return (self._started(attempt) and self._step(attempt) >= self._start(attempt) + past
+                and on_worker_1.exists() and _START.search(on_worker_1.read_text(errors="replace")) is not None)
+
+    def _story(self) -> None:
+        tpu, job = self.cloud.tpu, self.job
+        assert tpu is not None
+        self._until("the first slice to train on both hosts", lambda: self._training(1, EVERY + 5), 60)
+        self.say(f"{job}-1 trains on both hosts (ranks 0 and 1; rank 0 saves); "
+                 f"[red]preempting {job}-1[/red] at step {self._step(1)}: every worker's shutdown script "
+                 "SIGTERMs its trainer, rank 0 checkpoints, then the marker")
+        tpu.preempt(f"{job}-1")
+
+        self._until("the second slice to train", lambda: self._training(2, 60), 60)
+        self.say(f"{job}-2 resumed at step {self._start(2)}; [yellow]host maintenance on {job}-2[/yellow] at step "
+                 f"{self._step(2)}: health UNHEALTHY_MAINTENANCE, shutdown scripts, then TERMINATED")
+        tpu.maintenance(f"{job}-2", outcome="terminated")
+
+        self._until("the third slice to train", lambda: self._training(3, 1), 60)
+        self.say(f"{job}-3 resumed at step {self._start(3)}")
+
+    def _collect(self, final: JobStatus, result: Result) -> None:
+        super()._collect(final, result)
+        # Rank 1 computed the same steps; it ends them too unless the node was deleted first.
+        rank_1 = self._log_path(final.attempt, 1)
+        match = _FINAL.search(rank_1.read_text(errors="replace")) if rank_1.exists() else None
+        if match:
+            result.story.append(f"rank 1 of {self.job}-{final.attempt} (not saving) ended with weights {match.group(3)}")
+
+    def _observe(self) -> None:
+        super()._observe()
+        assert self.cloud.tpu is not None
+        seen = {n["name"].rsplit("/", 1)[-1]: (n.get("state", "?"), n.get("health", "")) for n in self.cloud.tpu.nodes()}
+        for node_id in self._nodes.keys() - seen.keys():
+            if self._nodes[node_id] != ("deleted", ""):
+                seen[node_id] = ("deleted", "")
+        for node_id, now in seen.items():
+            if node_id.startswith(f"{self.job}-") and self._nodes.get(node_id) != now:
+                self._nodes[node_id] = now
+                self.say(f"  node {node_id}: {now[0]}" + (f", {now[1]}" if now[1] else ""))
+
+
+STORIES: dict[str, type[Demo]] = {"gpu": GpuDemo, "tpu": TpuDemo}
+
+
+def run(console: Console | None = None, notice: float = 3.0, story: str = "gpu") -> Result:
+    return STORIES[story](console or Console(), notice).run()

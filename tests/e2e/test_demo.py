@@ -12,18 +12,38 @@ from controller.config import REPO_ROOT
 _DIGEST = "import trainer; print(trainer.digest(trainer.train(400)))"
 
 
-def test_demo_survives_three_preemptions_with_the_uninterrupted_weights():
-    result = subprocess.run([sys.executable, "-m", "controller.cli", "demo"], capture_output=True, text=True,
+def demo(*args: str) -> str:
+    """``respawn demo`` run as a user runs it; its output, once it ended SUCCEEDED with no
+    failure and the final weights of an uninterrupted run."""
+    result = subprocess.run([sys.executable, "-m", "controller.cli", "demo", *args], capture_output=True, text=True,
                             timeout=240, env={**os.environ, "COLUMNS": "200"})
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     assert re.search(r"outcome\s+│ SUCCEEDED", output)
-    assert re.search(r"preemptions\s+│ 3", output)
+    assert re.search(r"failures\s+│ 0\s", output)
     final = re.search(r"final weights\s+│ (\w+)", output)
     reference = re.search(r"uninterrupted run\s+│ (\w+)", output)
     assert final and reference and final.group(1) == reference.group(1)
-    assert "preempting demo-1 hard" in output and "stockout in us-central1-a" in output
     assert "same weights as an uninterrupted run" in output
+    return output
+
+
+def test_demo_survives_three_preemptions_with_the_uninterrupted_weights():
+    output = demo()
+    assert re.search(r"preemptions\s+│ 3", output)
+    assert "preempting demo-1 hard" in output and "stockout in us-central1-a" in output
+
+
+def test_demo_tpu_slice_survives_a_preemption_and_host_maintenance_with_the_uninterrupted_weights():
+    output = demo("--tpu")
+    preemptions = re.search(r"preemptions\s+│ (\d+)", output)
+    assert preemptions and int(preemptions.group(1)) >= 1, output[-4000:]
+    assert re.search(r"maintenance restarts\s+│ [1-9]", output), output[-4000:]  # a "maintenance" event in the history
+    assert "demo-tpu-1 trains on both hosts" in output and "preempting demo-tpu-1" in output
+    assert "host maintenance on demo-tpu-2" in output and "node demo-tpu-2: READY, UNHEALTHY_MAINTENANCE" in output
+    # Each new slice resumed from the checkpoint the one before had saved, not from scratch.
+    resumed = [int(n) for n in re.findall(r"attempt \d+ resumed at (\d+)", output)]
+    assert len(resumed) == 2 and 0 < resumed[0] < resumed[1], output[-4000:]
 
 
 def test_the_example_trainer_computes_the_same_bits_whatever_blas_kernel_or_threads():
