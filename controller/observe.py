@@ -104,15 +104,16 @@ class Observer:
         # a zone without TPUs, says nothing about VMs.
         tpu_unreachable = tuple(dict.fromkeys((*unreachable, *tpus.unreachable)))
         tpu_unseen = tuple(sorted({*unseen, *tpus.failed_projects}))
-        views = {n: replace(v, unreachable=tpu_unreachable, unseen_projects=tpu_unseen) if _on_tpu(v)
-                 else replace(v, unreachable=unreachable, unseen_projects=unseen) for n, v in views.items()}
+        why = dict(found.failed_projects)
+        tpu_why = {**{p: f"TPU nodes: {w}" for p, w in tpus.failed_projects.items()}, **why}
+        views = {n: replace(v, unreachable=tpu_unreachable, unseen_projects=tpu_unseen, unseen_why=tpu_why)
+                 if _on_tpu(v) else replace(v, unreachable=unreachable, unseen_projects=unseen, unseen_why=why)
+                 for n, v in views.items()}
         order = sorted(views)
         evidence = fanout.each(order, lambda n: self._guarded(failed, n, self._with_evidence, views[n], side),
                                self.workers)
         complete = dict(zip(order, evidence, strict=True))
-        failed_projects = {**{p: f"TPU nodes: {why}" for p, why in tpus.failed_projects.items()},
-                           **found.failed_projects}
-        return World({n: v for n, v in complete.items() if v}, tpu_unreachable, failed_projects, failed)
+        return World({n: v for n, v in complete.items() if v}, tpu_unreachable, tpu_why, failed)
 
     def _instances(self, job: str | None, views: dict[str, JobView]) -> InstanceList:
         # A job name from an event's object name goes into a Compute filter: only a valid

@@ -341,7 +341,7 @@ def _failure(v: JobView, spec: JobSpec, st: JobStatus, detail: str, now: datetim
 def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, ctx: LaunchContext) -> list[Action]:
     """Commit and insert the next attempt, once backoff, zone cooldowns and evidence allow."""
     if _blind(v, spec, st):
-        return []  # an attempt's VMs may live, unseen, in a zone that did not answer
+        return _blind_note(v, spec, st, now)  # an attempt's VMs may live, unseen, in a zone that did not answer
     if st.not_before and now < st.not_before:
         return _delete_current(v, st, why)  # backing off; a VM whose delete failed still goes
     up = [i for i in v.instances if i.attempt == st.attempt and not i.status.down]
@@ -389,7 +389,7 @@ def _insert(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: Launch
             return [WriteStatus(v.job, down, "stepped down", replan=True)]
         return []
     if _blind(v, spec, st):
-        return []  # an earlier try of this attempt may live, unseen, in a zone that did not answer
+        return _blind_note(v, spec, st, now)  # an earlier try of this attempt may live, unseen, where no list reached
     found = [i for i in v.instances if i.attempt == st.attempt]
     wanted = tuple(names.node_names(v.job, st.attempt, spec.nodes))
     if found and (any(i.zone != st.zone for i in found) or st.zone not in spec.zones
@@ -424,6 +424,16 @@ def _waiting(v: JobView, spec: JobSpec, st: JobStatus, now: datetime) -> WriteSt
     if nxt.provisioning != st.provisioning:
         return WriteStatus(v.job, nxt, "stepped down", replan=True)
     return WriteStatus(v.job, nxt, "zones cooling")
+
+
+def _blind_note(v: JobView, spec: JobSpec, st: JobStatus, now: datetime) -> list[Action]:
+    """Nothing is created while the job's instances cannot all be seen; a project whose list
+    failed (no IAM, the TPU API not enabled) says so in the status, once, with Google's words."""
+    projects = [p for p in dict.fromkeys((spec.project, st.project)) if p and p in v.unseen_projects]
+    if not projects:
+        return []  # a zone that did not answer: passing, and every pass would say it anew
+    why = "; ".join(f"{p}: {v.unseen_why.get(p, 'unknown error')}" for p in projects)
+    return _note(v, st, "blind", f"waiting: cannot list this job's instances in project {why[:400]}", now)
 
 
 def _blind(v: JobView, spec: JobSpec, st: JobStatus) -> bool:

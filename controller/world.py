@@ -117,6 +117,7 @@ class JobView:
     records_fresh: bool = False  # marker and exit record re-read after the instance list
     unreachable: tuple[str, ...] = ()  # zones the instance list could not see this pass
     unseen_projects: tuple[str, ...] = ()  # projects whose instance list failed this pass
+    unseen_why: Mapping[str, str] = field(default_factory=dict)  # project -> why its list failed
     # Capacity advice for the spec's zones, asked only when a plan launches under capacity placement.
     advice: Mapping[str, ZoneAdvice] | None = None
     advice_model: str | None = None  # the provisioning model it was asked for

@@ -358,3 +358,10 @@ def test_a_tpu_client_that_cannot_be_built_never_holds_a_vm_job(monkeypatch):
     summary = h.tick()
     assert h.live() == ["vm-1"]
     assert "cannot build the Cloud TPU client" in summary.errors[f"project {PROJECT}"]
+    # The TPU job waits, and its status says why, in Google's words (once, not every pass).
+    st = h.status("tpu")
+    assert st.message.startswith(f"waiting: cannot list this job's instances in project {PROJECT}: TPU nodes: ")
+    assert "cannot build the Cloud TPU client" in st.message and st.attempt == 0
+    generation = h.store.stat("respawn-test", names.status_key("tpu")).generation
+    h.tick()
+    assert h.store.stat("respawn-test", names.status_key("tpu")).generation == generation
