@@ -326,19 +326,6 @@ def agent(md: FakeMetadata, script: str, gcs_url: str, timeout: float = 30) -> s
                           text=True, timeout=timeout)
 
 
-@pytest.fixture
-def fake_md() -> Iterator[Callable[[dict[str, Any]], FakeMetadata]]:
-    servers: list[FakeMetadata] = []
-
-    def make(values: dict[str, Any]) -> FakeMetadata:
-        servers.append(FakeMetadata(values))
-        return servers[-1]
-
-    yield make
-    for s in servers:
-        s.close()
-
-
 WRITE_EXIT = 'load_identity || { echo NO-IDENTITY; exit 0; }; record exit "jobs/$agent_job/exit" \'"exit_code": 0\' && echo WROTE'
 
 

@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -231,19 +231,6 @@ def tpu_identity(worker: Any = "1", endpoints: Any = "unknown:unknown:10.0.0.7,u
         "instance/attributes/respawn-node": node, "instance/network-interfaces/0/ip": "10.0.0.9"}
     values.update({f"instance/attributes/{k}": v for k, v in attributes.items()})
     return values
-
-
-@pytest.fixture
-def fake_md() -> Iterator[Callable[[dict[str, Any]], FakeMetadata]]:
-    servers: list[FakeMetadata] = []
-
-    def make(values: dict[str, Any]) -> FakeMetadata:
-        servers.append(FakeMetadata(values))
-        return servers[-1]
-
-    yield make
-    for s in servers:
-        s.close()
 
 
 SHOW = ('agent_md_patience=2; load_identity || { echo NO-IDENTITY; exit 0; }; '
