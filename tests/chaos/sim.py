@@ -11,6 +11,15 @@ and people: trainers that heartbeat, checkpoint (sometimes half), exit 0 or not,
 or hang; preemptions with or without a marker; maintenance, host errors, stops,
 vanished VMs; cancel, resubmit and deleted specs; time passing.
 
+A share of the jobs run on Cloud TPU nodes (``tpu:`` specs, sometimes ``queued``, Spot or
+``[spot, standard]``) over the fake TPU service, which has its own trouble: preemption
+(PREEMPTED), TERMINATED by maintenance, health UNHEALTHY_MAINTENANCE that Google resolves
+or not, TIMEOUT / UNHEALTHY_TENSORFLOW (a hung runtime), states and healths this code does
+not know, stockouts, quota, held create operations, failing list/create/delete calls, a
+project whose TPU list is refused, unreachable zones and nodes that are not the
+controller's. Worker 0 of a slice heartbeats and writes the exit record under the node's
+name; no worker powers its host off.
+
 Every step is followed by the invariant checks; the end of a run lets the world settle
 without faults and checks that every job ended or runs, and nothing was leaked.
 Everything is deterministic per seed: no threads, no wall clock, ``random.Random``.
@@ -33,14 +42,15 @@ from typing import Any
 
 from controller import errors, names
 from controller import observe as observe_module
-from controller.adapters.memory import MemoryAdvisor, MemoryCompute, MemoryStore
+from controller.adapters.memory import MemoryAdvisor, MemoryCompute, MemoryStore, MemoryTpu
 from controller.clock import FakeClock
 from controller.engine import Engine, Summary
 from controller.executor import Executor
 from controller.launch import LaunchContext
 from controller.observe import Observer
 from controller.policy import ControllerPolicy
-from controller.ports import Instance, InstanceStatus, StopReason
+from controller.ports import (QUEUED_AS_NODE, Instance, InstanceStatus, NodeHealth, NodeState, QueuedState,
+                              StopReason, TpuNode, TpuRequest)
 from controller.spec import SpecError
 from controller.state import JobStatus, Phase
 
@@ -48,6 +58,31 @@ BUCKET = "respawn-chaos"
 PROJECT = "chaos-proj"
 CKPT_BUCKET = "ckpts"
 ZONES = ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f")
+# Zones TPU jobs ask for. With KNOWN_BUGS one of them is a VM zone too (see KNOWN_BUGS); the
+# same number of zones either way, so a seed draws the same scenario with or without it.
+TPU_ZONES = ("us-central2-b", "us-east5-a", "europe-west4-a", "us-west4-a")
+SHARED_TPU_ZONES = ("us-central2-b", "us-east5-a", "europe-west4-a", "us-central1-a")
+# Controller bugs these runs found, not fixed yet; their triggers are left out unless
+# ``--known-bugs``, which makes seed 95 fail on bug 1, seeds 898, 1157, 1593, 1666, 1953 on bug 2
+# and seed 4258 on bug 3 (as of the controller at 0b828d8). Drop a bug's gate once it is fixed.
+#  1. A VM attempt whose insert is still pending, and a spec replaced by a TPU spec (or back) that
+#     lists the attempt's zone: the next pass re-issues the attempt's create as the new kind, and a
+#     TPU node and a VM of one attempt (one name) run side by side for good (planner._insert).
+#     Gate: no zone shared by VM and TPU specs.
+#  2. A TPU node left by a run (its delete failed, or its TPU list was failing), then a new run
+#     (status.project None) on a spec that is not a TPU spec: Observer._tpu_nodes lists no project
+#     for the job until the run's first attempt begins, so the new run's first VM starts beside
+#     the node (two live attempts), and a run that ends before its first attempt (cancel, spec
+#     deleted or invalid) never deletes the node. Gate: the user holds back a non-TPU spec over an
+#     ended run, and the end of a project-less run, while that job has a TPU node.
+#  3. (VMs too, not only TPUs.) A run that ended with a VM not yet deleted (its delete failed),
+#     then a spec in other zones: the bucket event's pass writes the new run, observes again with
+#     a status that names no zone, lists only the new spec's zones (Observer._job_instances), and
+#     starts the first attempt beside the old run's VM. Gate: the user holds back a spec over an
+#     ended run while a VM of the job that is not down is in a zone the new spec does not list.
+KNOWN_BUGS = False
+TPU_TYPES = ("v4-8", "v4-16", "v5litepod-8", "v5litepod-16", "v6e-4")
+TPU_SHARE = 0.3  # of the generated jobs (and of a resubmit that changes the kind)
 # The kinds on the last line, in its order; "budgets" is reported on the line before it.
 KINDS = ("duplicates", "lost", "leaked", "foreign_deletes", "restarted_finished", "stuck", "crashes")
 ALL_KINDS = (*KINDS, "budgets")
@@ -57,7 +92,7 @@ ALL_KINDS = (*KINDS, "budgets")
 FAULT_RATES = (0.0, 0.0, 0.0, 0.02, 0.05, 0.1, 0.2)
 # Per-mutation rate of "timeouts": the call took effect, and the caller was told it failed.
 TIMEOUT_RATES = (0.0, 0.0, 0.1, 0.3)
-MUTATING = frozenset({"write", "delete", "insert", "bulk_insert", "start", "stop", "resume", "reset"})
+MUTATING = frozenset({"write", "delete", "insert", "bulk_insert", "start", "stop", "resume", "reset", "create"})
 # Statuses a VM is put in "for a while", and what becomes of it afterwards.
 GLITCHES = (
     (InstanceStatus.REPAIRING, "running"),  # repaired in place
@@ -65,6 +100,24 @@ GLITCHES = (
     (InstanceStatus.UNKNOWN, "running"),  # a value this code does not know, then RUNNING again
     (InstanceStatus.PENDING_STOP, "stopped"),  # graceful shutdown, then TERMINATED
     (InstanceStatus.DEPROVISIONING, "vanish"),  # on its way out, then gone
+)
+# What befalls a READY TPU node "for a while": (field, value set, fate). "running": back to
+# READY / HEALTHY with its trainer still at work; "stays": never resolved (the controller's
+# maintenance_timeout or idle_timeout decides).
+TPU_GLITCHES = (
+    ("health", "UNHEALTHY_MAINTENANCE", "running"),  # Google rescheduled it: HEALTHY again
+    ("health", "UNHEALTHY_MAINTENANCE", "running"),
+    ("health", "UNHEALTHY_MAINTENANCE", "terminated"),  # the maintenance ended the node
+    ("health", "UNHEALTHY_MAINTENANCE", "stays"),  # never back within maintenance_timeout
+    ("health", "HEALTH_FROM_THE_FUTURE", "running"),  # a health Google adds later: no hang
+    ("health", "HEALTH_FROM_THE_FUTURE", "running"),
+    ("state", "REPAIRING", "running"),
+    ("state", "RESTARTING", "running"),
+    ("state", "HIDDEN", "running"),
+    ("state", "STATE_FROM_THE_FUTURE", "running"),  # a state Google adds later: waited out
+    ("state", "STATE_FROM_THE_FUTURE", "terminated"),
+    ("state", "STOPPING", "stopped"),
+    ("state", "DELETING", "vanish"),
 )
 
 
@@ -105,6 +158,8 @@ class Trainer:
     token: str
     state: str = "running"  # running | hung | done
     end: str = ""  # why it is done: success | failed | crashed | lost | deleted | <VM status>
+    tpu: bool = False  # worker 0 of a TPU node (``workers`` hosts), which no worker powers off
+    workers: int = 1
 
 
 @dataclass
@@ -114,6 +169,20 @@ class Glitch:
     status: InstanceStatus
     fate: str
     until: int  # the step it ends at
+    tpu: str = ""  # a TPU node's glitch: the field set ("state" or "health"), ``value`` its value
+    value: str = ""
+
+
+@dataclass(frozen=True)
+class TpuSeen:
+    """A TPU node, or a queued resource still without one, as the fake holds it (read directly)."""
+
+    inst: Instance  # as the planner reads it (``TpuNode.as_instance``)
+    node: TpuNode
+    request: TpuRequest | None
+    held: bool  # its create operation is still running
+    queued: bool  # created through a queued resource
+    real: bool  # a node exists (not a queued resource waiting for one)
 
 
 @dataclass
@@ -211,6 +280,8 @@ class Run:
         self.start = self.clock.now()
         self.store = MemoryStore(self.clock)
         self.compute = MemoryCompute(self.clock)
+        self.tpu = MemoryTpu(self.clock)
+        self.tpu_zones = SHARED_TPU_ZONES if KNOWN_BUGS else TPU_ZONES
         self.advisor = MemoryAdvisor(self.compute)
         self.advisor.rates.update({z: self.rng.choice([0.0, 0.05, 0.3, 0.8]) for z in ZONES})
         self.policy = ControllerPolicy(default_project=PROJECT)
@@ -221,6 +292,7 @@ class Run:
         self.trainers: dict[tuple[str, str], Trainer] = {}
         self.glitches: list[Glitch] = []
         self.foreign: list[str] = []
+        self.foreign_tpu: list[str] = []
         self.attempt_nodes: dict[tuple[str, int], int] = {}
         self.tokens: dict[tuple[str, int], str] = {}
         self.acting_job: str | None = None
@@ -274,7 +346,7 @@ class Run:
         if count > 1 and rng.random() < 0.25:
             job_names[-1] = f"{job_names[0]}-1"  # named like another job's instance
         for job in job_names:
-            self.jobs[job] = JobSim(job, self.spec_doc(job))
+            self.jobs[job] = JobSim(job, self.spec_doc(job, tpu=rng.random() < TPU_SHARE))
         if rng.random() < 0.3:
             self.compute.boot_status = InstanceStatus.STAGING  # VMs take a while to boot
             self.stats["env.slow_boot"] += 1
@@ -291,14 +363,32 @@ class Run:
             name = rng.choice([f"notebook-{i}", f"{job}-dev-{i}", f"{job}-x{i}"])
             self.compute.add_foreign(PROJECT, zone, name, labels, age=timedelta(days=3))
             self.foreign.append(name)
-        shown = ", ".join(f"{j} (nodes {s.doc['nodes']})" for j, s in self.jobs.items())
-        self.say(f"setup: jobs {shown}; foreign VMs {', '.join(self.foreign)}")
+        tpu_jobs = [j for j in job_names if "tpu" in self.jobs[j].doc]
+        if tpu_jobs:
+            # TPU nodes that are not the controller's, in zones its TPU jobs list (look-alike labels too).
+            zones = sorted({z for j in tpu_jobs for z in self.jobs[j].doc["zones"]})
+            for i in range(rng.randint(1, 2)):
+                job = rng.choice(tpu_jobs)
+                labels = rng.choice([
+                    {},
+                    {"team": "research"},
+                    {names.JOB_LABEL: job, names.ATTEMPT_LABEL: "1"},
+                    {names.MANAGED_LABEL: "false", names.JOB_LABEL: job, names.ATTEMPT_LABEL: "2"},
+                    {names.MANAGED_LABEL: "TRUE", names.JOB_LABEL: job, names.ATTEMPT_LABEL: "1"},
+                ])
+                name = rng.choice([f"tpu-notebook-{i}", f"{job}-dev-{i}", f"{job}-x{i}"])
+                self.tpu.add_foreign(PROJECT, rng.choice(zones), name, labels)
+                self.foreign_tpu.append(name)
+                self.stats["tpu.foreign"] += 1
+        shown = ", ".join(f"{j} ({_kind(s.doc)})" for j, s in self.jobs.items())
+        self.say(f"setup: jobs {shown}; foreign VMs {', '.join(self.foreign)}"
+                 f"{'; foreign TPU nodes ' + ', '.join(self.foreign_tpu) if self.foreign_tpu else ''}")
         for job in job_names:
             self.submit(job, self.jobs[job].doc)
 
-    def spec_doc(self, job: str) -> dict[str, Any]:
+    def spec_doc(self, job: str, tpu: bool = False) -> dict[str, Any]:
         rng = self.rng
-        zones = rng.sample(ZONES, rng.randint(1, 3))
+        zones = rng.sample(self.tpu_zones if tpu else ZONES, rng.randint(1, 3))
         policy: dict[str, Any] = {
             "max_restarts": rng.randint(2, 8),
             "max_failures": rng.randint(1, 3),
@@ -318,6 +408,22 @@ class Run:
             extra["provisioning"] = ["spot", "standard"]
             policy["fallback"] = {"stockouts": rng.randint(1, 3), "wait": rng.choice(["5m", "20m"]),
                                   "step_up_after": rng.choice(["30m", "2h"])}
+        if tpu:
+            if rng.random() < 0.3:
+                extra["placement"] = "ordered"  # capacity advice does not cover TPUs
+            policy["maintenance_timeout"] = rng.choice(["20m", "40m", "1h"])
+            block: dict[str, Any] = {"type": rng.choice(TPU_TYPES), "runtime_version": "tpu-ubuntu2204-base"}
+            if rng.random() < 0.35:
+                block["queued"] = True  # a stockout waits in Google's queue
+            return {
+                **extra,
+                "zones": zones,
+                "tpu": block,
+                "command": "python train.py",
+                "service_account": {"email": f"trainer@{PROJECT}.iam.gserviceaccount.com"},
+                "checkpoint": {"uri": f"gs://{CKPT_BUCKET}/{job}/run"},
+                "policy": policy,
+            }
         if rng.random() < 0.3:
             extra["placement"] = rng.choice(["ordered", "capacity"])
         return {
@@ -334,9 +440,9 @@ class Run:
     # -- the steps -----------------------------------------------------------------------------------
     STEPS = (("tick", 12), ("event", 12), ("late", 8), ("advance", 12), ("checkpoint", 7), ("exit", 7),
              ("preempt", 6), ("platform", 2), ("glitch", 3), ("zone", 4), ("inserts", 2), ("user", 3),
-             ("stale_record", 1))
+             ("stale_record", 1), ("tpu_api", 2))
     INNER = (("tick", 4), ("event", 6), ("advance", 3), ("checkpoint", 3), ("exit", 4), ("preempt", 4),
-             ("platform", 1), ("glitch", 1), ("zone", 1), ("inserts", 1), ("user", 2))
+             ("platform", 1), ("glitch", 1), ("zone", 1), ("inserts", 1), ("user", 2), ("tpu_api", 1))
 
     def step(self, menu: tuple[tuple[str, int], ...] | None = None) -> None:
         menu = menu or self.STEPS
@@ -425,6 +531,8 @@ class Run:
         (job, attempt), group = self.rng.choice(sorted(groups.items()))
         js = self.jobs[job]
         outcome = self.rng.choices(["success", "nonzero", "crash", "hang"], [6, 2, 1, 1])[0]
+        if group[0].tpu:
+            return self.tpu_outcome(group[0], outcome)
         self.stats[f"vm.{outcome}"] += 1
         if outcome == "success":
             order = self.rng.sample(group, len(group))
@@ -458,18 +566,60 @@ class Run:
             for t in group:
                 t.state = "hung"
 
+    def tpu_outcome(self, t: Trainer, outcome: str) -> None:
+        """What the command on a TPU slice does. Worker 0 owns the exit record; another worker
+        writes only a failure, and only when no record is there; no worker powers off. A host
+        that goes down breaks the slice (TIMEOUT); a broken runtime is UNHEALTHY_TENSORFLOW."""
+        js = self.jobs[t.job]
+        self.stats[f"tpu.exit_{outcome}"] += 1
+        if outcome == "success":
+            js.finished.add(t.attempt)
+            self.say(f"{t.name}: every worker of {t.workers} exits 0")
+            self.trainer_exit(t, 0)
+            self.event(t.job)
+            return
+        js.failed.add(t.attempt)
+        if outcome == "nonzero":
+            worker = self.rng.randrange(t.workers)
+            code = self.rng.choice([1, 2, 137, 255])
+            js.causes[t.attempt].append(f"{t.name} worker {worker} exit {code}")
+            self.say(f"{t.name}: worker {worker}'s command exits {code}")
+            if worker and not self.exists(names.exit_key(t.job)):
+                self.stats["tpu.worker_exit_record"] += 1
+                self.record(names.exit_key(t.job), t, exit_code=code, node=worker)
+            if worker == 0 or self.rng.random() < 0.6:
+                self.trainer_exit(t, code if worker == 0 else 134)  # worker 0's collective broke
+            else:
+                t.state, t.end = "hung", "failed"  # worker 0 waits on the collective, silent
+            self.event(t.job)
+            return
+        t.state = "hung"
+        if outcome == "crash" or self.rng.random() < 0.5:
+            health = NodeHealth.TIMEOUT if outcome == "crash" else NodeHealth.UNHEALTHY_TENSORFLOW
+            self.stats[f"tpu.health_{health.value.lower()}"] += 1
+            js.causes[t.attempt].append(f"{t.name} health {health}")
+            self.say(f"{t.name}: {'a host goes down' if outcome == 'crash' else 'the runtime breaks'}: health {health}")
+            self.tpu.set_health(t.name, health)
+        else:
+            js.causes[t.attempt].append("hang")
+            self.say(f"{t.name}: hangs (no more heartbeats, health HEALTHY)")
+
     def trainer_exit(self, t: Trainer, code: int) -> None:
-        """The VM agent: rank 0 (or any non-zero exit) writes the exit record, then powers off."""
+        """The VM agent: rank 0 (or any non-zero exit) writes the exit record, then powers off
+        (a TPU node's workers never do: the controller deletes the node)."""
         if t.rank == 0 or code != 0:
             self.record(names.exit_key(t.job), t, exit_code=code)
         t.state, t.end = "done", "success" if code == 0 else "failed"
-        if self.instance(t) is not None:
+        if not t.tpu and self.instance(t) is not None:
             self.compute.terminate(t.name, StopReason.CRASHED)  # guest power-off: guestTerminate
 
     def victim(self) -> tuple[Instance, Trainer | None] | None:
-        """A live VM for something to befall, and its trainer (started first if it is RUNNING)."""
+        """A live VM or READY TPU node for something to befall, and its trainer (started first
+        if it is RUNNING)."""
         self.sync()
         candidates = [i for i in self.managed() if i.status.alive]
+        candidates += [s.inst for s in self.tpu_seen()
+                       if s.real and s.inst.managed and not s.held and s.node.state == NodeState.READY]
         if not candidates:
             return None
         inst = self.rng.choice(candidates)
@@ -485,7 +635,7 @@ class Run:
             if t and t.state == "running" and t.rank == 0 and self.rng.random() < 0.5:
                 self.checkpoint(t.job, complete=self.rng.random() < 0.7)  # the SIGTERM save, maybe cut off
             self.record(names.marker_key(inst.job or ""), t or self.vm_identity(inst), reason="preempted")
-        self.stats["fault.preempt_graceful" if graceful else "fault.preempt_hard"] += 1
+        self.stats[f"{'tpu' if inst.tpu else 'fault'}.preempt_{'graceful' if graceful else 'hard'}"] += 1
         if js:
             js.preempted.add(inst.attempt)
             js.lost.add(inst.attempt)
@@ -493,7 +643,10 @@ class Run:
         if t:
             t.state, t.end = "done", "lost"
         self.say(f"{inst.name}: preempted ({'marker first' if graceful else 'hard: no marker'}, {inst.status})")
-        self.compute.preempt(inst.name)
+        if inst.tpu:
+            self.tpu.preempt(inst.name)  # PREEMPTED (its queued resource SUSPENDED)
+        else:
+            self.compute.preempt(inst.name)
         if graceful:
             self.event(inst.job or "")
 
@@ -501,6 +654,8 @@ class Run:
         if (picked := self.victim()) is None:
             return
         inst, t = picked
+        if inst.tpu:
+            return self.tpu_platform(inst, t)
         how = self.rng.choice(["maintenance", "host_error", "stopped", "vanish"])
         self.stats[f"fault.{how}"] += 1
         if js := self.jobs.get(inst.job or ""):
@@ -523,13 +678,56 @@ class Run:
         else:
             self.compute.vanish(inst.name)
 
+    def tpu_platform(self, inst: Instance, t: Trainer | None) -> None:
+        """What the TPU service does to a READY node: maintenance TERMINATES it (the shutdown
+        script may write a maintenance marker first), someone deletes it, or maintenance is
+        announced (or withdrawn), which costs nothing."""
+        how = self.rng.choices(["terminated", "vanish", "announce"], [5, 2, 2])[0]
+        self.stats[f"tpu.{how}"] += 1
+        if how == "announce":
+            on = inst.upcoming_maintenance is None
+            self.say(f"{inst.name}: maintenance {'announced' if on else 'withdrawn'}")
+            self.tpu.upcoming_maintenance(inst.name, on=on)
+            return
+        js = self.jobs.get(inst.job or "")
+        if js:
+            js.lost.add(inst.attempt)
+            js.causes[inst.attempt].append(f"{inst.name} {how}")
+        if t:
+            t.state, t.end = "done", "lost"
+        self.say(f"{inst.name}: {'TERMINATED (maintenance)' if how == 'terminated' else 'deleted by someone else'}")
+        if how == "terminated":
+            graceful = self.rng.random() < 0.5
+            if graceful:
+                self.record(names.marker_key(inst.job or ""), t or self.tpu_identity(inst), reason="maintenance")
+            self.tpu.set_state(inst.name, NodeState.TERMINATED)
+            if graceful:
+                self.event(inst.job or "")
+        else:
+            self.tpu_vanish(inst)
+
+    def tpu_vanish(self, inst: Instance) -> None:
+        """The node is gone without a word; a queued resource's is deleted by the service (SUSPENDED)."""
+        key = (inst.project, inst.zone, inst.name)
+        with self.tpu._lock:
+            self.tpu._nodes.pop(key, None)
+            if (queued := self.tpu._queued.get(key)) is not None:
+                queued.state = QueuedState.SUSPENDED
+                if js := self.jobs.get(inst.job or ""):
+                    js.preempted.add(inst.attempt)  # reads as a preemption (README: SUSPENDED)
+
     def step_glitch(self) -> None:
         self.sync()  # a VM that is RUNNING has its trainer started before anything befalls it
         glitched = {(g.name, g.iid) for g in self.glitches}
         candidates = [i for i in self.managed() if i.status == InstanceStatus.RUNNING and (i.name, i.id) not in glitched]
+        candidates += [s.inst for s in self.tpu_seen() if s.real and s.inst.managed and not s.held
+                       and s.node.state == NodeState.READY and s.node.health == NodeHealth.HEALTHY
+                       and (s.inst.name, s.inst.id) not in glitched]
         if not candidates:
             return
         inst = self.rng.choice(candidates)
+        if inst.tpu:
+            return self.tpu_glitch(inst)
         status, fate = self.rng.choice(GLITCHES)
         t = self.trainers.get((inst.name, inst.id))
         if js := self.jobs.get(inst.job or ""):
@@ -547,11 +745,54 @@ class Run:
         self.say(f"{inst.name}: status {status} until step {until}, then {fate}")
         self.compute.set_status(inst.name, status)
 
+    def tpu_glitch(self, inst: Instance) -> None:
+        what, value, fate = self.rng.choice(TPU_GLITCHES)
+        t = self.trainers.get((inst.name, inst.id))
+        js = self.jobs.get(inst.job or "")
+        if js and value != "HEALTH_FROM_THE_FUTURE":
+            # A node kept in such a state past maintenance_timeout (idle_timeout) is given up.
+            js.lost.add(inst.attempt)
+            if fate != "running":
+                js.causes[inst.attempt].append(f"{inst.name} {what} {value} then {fate}")
+        if fate != "running" and t:
+            t.state, t.end = "done", "lost"
+        self.stats[f"tpu.{what}_{value.lower()}"] += 1
+        self.stats[f"tpu.fate_{fate}"] += 1
+        until = self.step_no + self.rng.randint(1, 8)
+        self.glitches.append(Glitch(inst.name, inst.id, inst.status, fate, until, tpu=what, value=value))
+        self.say(f"{inst.name}: TPU {what} {value} until step {until}, then {fate}")
+        if what == "state":
+            self.tpu.set_state(inst.name, value)
+        else:
+            self.tpu.set_health(inst.name, value)
+
+    def end_tpu_glitch(self, g: Glitch) -> None:
+        seen = next((s for s in self.tpu_seen() if s.real and (s.inst.name, s.inst.id) == (g.name, g.iid)), None)
+        now = None if seen is None else seen.node.state if g.tpu == "state" else seen.node.health
+        set_to = NodeState.of(g.value) if g.tpu == "state" else NodeHealth.of(g.value)
+        if seen is None or now != set_to or g.fate == "stays":
+            return
+        self.say(f"{g.name}: TPU {g.tpu} {g.value} over: {g.fate}")
+        if g.fate == "running":
+            if g.tpu == "state":
+                self.tpu.set_state(g.name, NodeState.READY)
+            else:
+                self.tpu.set_health(g.name, NodeHealth.HEALTHY)
+        elif g.fate == "terminated":
+            self.tpu.set_state(g.name, NodeState.TERMINATED)
+        elif g.fate == "stopped":
+            self.tpu.set_state(g.name, NodeState.STOPPED)
+        else:
+            self.tpu_vanish(seen.inst)
+
     def end_glitches(self, force: bool = False) -> None:
         for g in list(self.glitches):
             if not force and g.until > self.step_no:
                 continue
             self.glitches.remove(g)
+            if g.tpu:
+                self.end_tpu_glitch(g)
+                continue
             inst = self.find(g.name, g.iid)
             if inst is None or inst.status != g.status:
                 continue
@@ -566,6 +807,8 @@ class Run:
                 self.compute.vanish(g.name)
 
     def step_zone(self) -> None:
+        if self.tpu_jobs() and self.rng.random() < self.tpu_share():
+            return self.tpu_zone()
         what = self.rng.choice(["stockouts", "spot_stockouts", "quota_exhausted", "unreachable"])
         zones: set[str] = getattr(self.compute, what)
         if zones and self.rng.random() < 0.5:
@@ -578,8 +821,71 @@ class Run:
             self.stats[f"env.{what}"] += 1
             self.say(f"{zone}: {what}")
 
+    def tpu_zone(self) -> None:
+        """Trouble in a TPU zone: a stockout (a queued resource waits it out), quota, a zone
+        that does not answer the list; or the project's TPU list refused (403: the API off)."""
+        what = self.rng.choice(["stockouts", "stockouts", "quota_exhausted", "quota_exhausted", "unreachable",
+                                "failing_projects"])
+        if what == "failing_projects":
+            if PROJECT in self.tpu.failing_projects:
+                self.tpu.failing_projects.discard(PROJECT)
+                self.say("TPU list of the project answers again")
+            else:
+                self.tpu.failing_projects.add(PROJECT)
+                self.stats["tpu.env_failing_project"] += 1
+                self.say("TPU list of the project refused (403)")
+            return
+        zones: set[str] = getattr(self.tpu, what)
+        on = not (zones and self.rng.random() < 0.5)
+        used = sorted({z for js in self.jobs.values() if "tpu" in js.doc for z in js.doc["zones"]})
+        if not on:
+            zone = self.rng.choice(sorted(zones))
+        else:  # mostly where the TPU jobs are
+            zone = self.rng.choice(used if used and self.rng.random() < 0.8 else self.tpu_zones)
+        if on:
+            self.stats[f"tpu.env_{what}"] += 1
+        self.say(f"TPU {zone}: {what}{'' if on else ' over'}")
+        if what == "stockouts":
+            self.tpu.stockout(zone, on)  # the queue gives waiting resources their nodes when it ends
+        elif what == "quota_exhausted":
+            self.tpu.quota(zone, on)
+        else:
+            (zones.add if on else zones.discard)(zone)
+
+    def step_tpu_api(self) -> None:
+        """The TPU API's next list, create or delete fails (a transient 503, or a refusal); or a
+        queued resource still waiting for capacity FAILS for good (its time constraint expired)."""
+        if not self.tpu_jobs():
+            return self.step_tick()
+        waiting = [s for s in self.tpu_seen() if not s.real and s.inst.managed
+                   and s.node.queued == QueuedState.WAITING_FOR_RESOURCES]
+        if waiting and self.rng.random() < 0.4:
+            inst = self.rng.choice(waiting).inst
+            if js := self.jobs.get(inst.job or ""):
+                js.failed.add(inst.attempt)  # a failure that backs off (the same request would fail again)
+                js.causes[inst.attempt].append(f"{inst.name} queued resource FAILED")
+            self.stats["tpu.queued_failed"] += 1
+            self.say(f"{inst.name}: its queued resource FAILED (never fulfilled)")
+            with self.tpu._lock:
+                self.tpu._queued[(inst.project, inst.zone, inst.name)].state = QueuedState.FAILED
+            self.event(inst.job or "")
+            return
+        op = self.rng.choice(["list", "list", "create", "delete"])
+        error: Exception = self.rng.choice([
+            errors.TransientError(f"injected TPU {op}: 503 backend error"),
+            errors.TransientError(f"injected TPU {op}: deadline exceeded"),
+            errors.RequestError(f"injected TPU {op}: 403 permission denied")
+            if op != "create" else errors.RequestError("injected TPU create: 400 runtime version not offered here"),
+        ])
+        times = self.rng.randint(1, 2)
+        self.stats[f"tpu.env_fail_{op}"] += 1
+        self.say(f"TPU API: the next {times} {op} call(s) fail: {error}")
+        self.tpu.faults.fail_next(op, error, times)
+
     def step_inserts(self) -> None:
         """Insert operations outlive the adapter's wait (OperationPending), then finish: maybe a late stockout."""
+        if self.tpu_jobs() and self.rng.random() < self.tpu_share():
+            return self.tpu_hold()
         if not hasattr(self.compute, "hold_inserts"):
             return
         if not self.compute.hold_inserts:
@@ -588,6 +894,35 @@ class Run:
             self.say("insert operations now outlive the wait (pending)")
             return
         self.release_inserts()
+
+    def tpu_hold(self) -> None:
+        """TPU create operations stay running (the node CREATING, the queue standing still), then finish."""
+        if not self.tpu.hold:
+            self.stats["tpu.env_hold"] += 1
+            self.say("TPU create operations now outlive the wait (CREATING)")
+            self.tpu.hold_operations(True)
+            return
+        self.release_tpu()
+
+    def release_tpu(self) -> None:
+        if not self.tpu.hold:
+            return
+        pending = [s.inst for s in self.tpu_seen() if s.held and s.inst.managed]
+        if pending and self.faults_on and self.rng.random() < 0.5:  # capacity ran out while they waited
+            zone = self.rng.choice(pending).zone
+            self.tpu.stockout(zone)
+            self.stats["tpu.env_stockouts"] += 1
+            self.say(f"TPU {zone}: stockouts (while creates were held)")
+        self.tpu.hold_operations(False)
+        after = {(s.inst.name, s.inst.id) for s in self.tpu_seen() if s.real}
+        late = [i for i in pending if (i.name, i.id) not in after]
+        self.stats["tpu.late_stockout"] += bool(late)
+        for i in late:  # nodes that existed (CREATING) and then went: to a pass that saw them, a lost attempt
+            if js := self.jobs.get(i.job or ""):
+                js.lost.add(i.attempt)
+                js.causes[i.attempt].append(f"{i.name} removed by a late stockout")
+        gone = f"; late stockout removes {', '.join(i.name for i in late)}" if late else ""
+        self.say(f"held TPU creates finish{gone}")
 
     def release_inserts(self) -> None:
         if not getattr(self.compute, "hold_inserts", False):
@@ -614,20 +949,31 @@ class Run:
         action = self.rng.choices(["cancel", "resubmit", "delete", "invalid"], [3, 4, 1.5, 1])[0]
         self.stats[f"user.{action}"] += 1
         self.say(f"user: {action} {job}")
+        if action != "resubmit" and self.held_back(job, action, None):
+            return
         if action == "cancel":
             self.store.write(BUCKET, names.cancel_key(job), b"")
         elif action == "resubmit":
             doc = json.loads(json.dumps(js.doc))
-            change = self.rng.choice(["same", "nodes", "termination", "budget", "zones"])
-            if change == "nodes":
+            tpu = "tpu" in doc
+            change = self.rng.choices(["same", "size", "termination", "budget", "zones", "kind"], [2, 2, 2, 2, 2, 1])[0]
+            if change == "size" and tpu:
+                doc["tpu"]["type"] = self.rng.choice(TPU_TYPES)
+            elif change == "size":
                 doc["nodes"] = self.rng.choice([1, 2, 3])
             elif change == "termination":
                 doc["policy"]["termination_action"] = self.rng.choice(["stop", "delete"])
             elif change == "budget":
                 doc["policy"]["max_restarts"] = self.rng.randint(2, 8)
             elif change == "zones":
-                doc["zones"] = self.rng.sample(ZONES, self.rng.randint(1, 3))
+                doc["zones"] = self.rng.sample(self.tpu_zones if tpu else ZONES, self.rng.randint(1, 3))
+            elif change == "kind":  # from VMs to a TPU slice, or back (a node left behind must still go)
+                doc = self.spec_doc(job, tpu=not tpu)
+                self.stats[f"tpu.user_{'to_vm' if tpu else 'to_tpu'}"] += 1
+            if self.held_back(job, action, doc):
+                return
             js.doc = doc
+            self.say(f"user: {job}'s new spec: {change} ({_kind(doc)} in {', '.join(doc['zones'])})")
             self.submit(job, doc)
         elif action == "delete":
             with contextlib.suppress(errors.NotFound):
@@ -638,6 +984,26 @@ class Run:
             self.store.write(BUCKET, names.spec_key(job), json.dumps(bad).encode())
             js.spec_step = self.step_no
         self.event(job)
+
+    def held_back(self, job: str, action: str, doc: dict[str, Any] | None) -> bool:
+        """The user actions that trigger KNOWN_BUGS 2 and 3, left out unless --known-bugs."""
+        st = self.status(job)
+        if KNOWN_BUGS or st is None:
+            return False
+        tpu_left = st.tpu and any(i.job == job for i in self.tpu_managed())
+        why = ""
+        if tpu_left and doc is not None and "tpu" not in doc and st.phase.terminal:
+            why = "2: a spec that is not a TPU spec over an ended run, while the job has a TPU node"
+        elif tpu_left and doc is None and st.project is None:
+            why = "2: the end of a run without a project, while the job has a TPU node"
+        elif doc is not None and st.phase.terminal and any(
+                i.job == job and not i.status.down and i.zone not in doc["zones"] for i in self.managed()):
+            why = "3: a spec in other zones over an ended run, while a VM of it is not down"
+        if not why:
+            return False
+        self.stats[f"user.held_back_known_bug_{why[0]}"] += 1
+        self.say(f"user: {action} held back (KNOWN_BUGS {why})")
+        return True
 
     def submit(self, job: str, doc: dict[str, Any]) -> None:
         """What ``respawn submit [--replace]`` does: a leftover cancel goes first, then the spec."""
@@ -652,7 +1018,7 @@ class Run:
         newest: dict[str, int] = defaultdict(int)
         for job, attempt in self.tokens:
             newest[job] = max(newest[job], attempt)
-        live = {(i.job, i.attempt) for i in self.managed() if i.status.alive}
+        live = {(i.job, i.attempt) for i in [*self.managed(), *self.tpu_managed()] if _live(i)}
         # Only attempts that are over: a newer one was inserted since, and none of its VMs runs.
         old = sorted(k for k in self.tokens if k[1] < newest[k[0]] and k not in live and k[0] in self.jobs)
         if not old:
@@ -689,7 +1055,16 @@ class Run:
                     self.heartbeat(t)
             elif inst.status == InstanceStatus.STAGING and (not self.faults_on or self.rng.random() < 0.5):
                 self.compute.set_status(inst.name, InstanceStatus.RUNNING)
-        present = {(i.name, i.id): i for i in self.managed()}
+        tpus = self.tpu_seen()
+        for seen in tpus:  # a READY, HEALTHY node: the agent starts on every worker; worker 0 beats
+            key = (seen.inst.name, seen.inst.id)
+            if seen.real and key not in self.trainers and seen.inst.status == InstanceStatus.RUNNING \
+                    and not seen.inst.hung and seen.inst.managed:
+                t = self.tpu_identity(seen.inst)
+                self.trainers[key] = t
+                self.stats["tpu.trainers_started"] += 1
+                self.heartbeat(t)
+        present = {(i.name, i.id): i for i in [*self.managed(), *(s.inst for s in tpus if s.real)]}
         glitched = {(g.name, g.iid) for g in self.glitches if g.fate == "running"}
         for key, t in self.trainers.items():
             if t.state == "done":
@@ -720,6 +1095,14 @@ class Run:
                     self.stats["vm.collective_broken"] += 1
                     self.say(f"{t.name}: its collective broke: command exits 134")
                     self.trainer_exit(t, 134)
+
+    def tpu_identity(self, inst: Instance) -> Trainer:
+        """Worker 0 of a TPU node: its records name the node (``respawn-node``), not its host."""
+        seen = next((s for s in self.tpu_seen() if (s.inst.name, s.inst.id) == (inst.name, inst.id)), None)
+        meta = dict(seen.request.metadata) if seen and seen.request else {}
+        workers = seen.node.workers if seen else 1
+        return Trainer(inst.job or "", inst.attempt, 0, 1, meta.get("respawn-node", inst.name), inst.id,
+                       meta.get("respawn-token", ""), tpu=True, workers=workers)
 
     def vm_identity(self, inst: Instance) -> Trainer:
         try:
@@ -759,8 +1142,41 @@ class Run:
     def managed(self) -> list[Instance]:
         return [i for i in self.compute.all() if i.labels.get(names.MANAGED_LABEL) == "true"]
 
+    def tpu_seen(self) -> list[TpuSeen]:
+        """Every TPU node, and every queued resource still without one, read straight from the
+        fake (no call recorded, no fault consumed), as the TPU list would show them."""
+        tpu = self.tpu
+        out: list[TpuSeen] = []
+        with tpu._lock:
+            for key, held in sorted(tpu._nodes.items()):
+                queued = key in tpu._queued
+                out.append(TpuSeen(held.node.as_instance(), held.node, held.request, held.held, queued, True))
+            for key, queued in sorted(tpu._queued.items()):
+                if key in tpu._nodes:
+                    continue
+                r = queued.request
+                node = TpuNode(r.project, r.zone, r.name, QUEUED_AS_NODE.get(queued.state, NodeState.UNKNOWN),
+                               NodeHealth.HEALTH_UNSPECIFIED, dict(r.labels), queued.created_at, r.accelerator_type,
+                               r.spot, queued=queued.state)
+                out.append(TpuSeen(node.as_instance(), node, r, False, True, False))
+        return out
+
+    def tpu_managed(self) -> list[Instance]:
+        return [s.inst for s in self.tpu_seen() if s.inst.managed]
+
+    def tpu_share(self) -> float:
+        """The share of this run's jobs that are TPU jobs now (at least a third while a node is left)."""
+        share = sum("tpu" in js.doc for js in self.jobs.values()) / len(self.jobs)
+        return max(share, 1 / 3) if self.tpu_jobs() else 0.0
+
+    def tpu_jobs(self) -> bool:
+        """Whether a TPU job runs, ran, or may yet run here (its spec, or a node left)."""
+        return any("tpu" in js.doc for js in self.jobs.values()) or bool(self.tpu_managed())
+
     def find(self, name: str, iid: str) -> Instance | None:
-        return next((i for i in self.compute.all() if i.name == name and i.id == iid), None)
+        found = next((i for i in self.compute.all() if i.name == name and i.id == iid), None)
+        return found or next((s.inst for s in self.tpu_seen() if s.real and (s.inst.name, s.inst.id) == (name, iid)),
+                             None)
 
     def instance(self, t: Trainer) -> Instance | None:
         return self.find(t.name, t.iid)
@@ -770,9 +1186,10 @@ class Run:
         store, compute = FaultyPort(self.store, self, "store"), FaultyPort(self.compute, self, "compute")
         # Capacity advice from the zones' state and random preemption rates; now and then it fails.
         self.advisor.failure = errors.TransientError("advice: 503") if self.frng.random() < 0.2 else None
+        tpu = FaultyPort(self.tpu, self, "tpu")
         observer = Observer(store, compute, BUCKET, self.policy, workers=WORKERS,  # type: ignore[arg-type]
-                            advisor=self.advisor)
-        executor = ExecutorSpy(Executor(store, compute, BUCKET), self)  # type: ignore[arg-type]
+                            advisor=self.advisor, tpu=tpu)  # type: ignore[arg-type]
+        executor = ExecutorSpy(Executor(store, compute, BUCKET, tpu), self)  # type: ignore[arg-type]
         return Engine(observer, executor, self.ctx, self.clock, workers=WORKERS)  # type: ignore[arg-type]
 
     def new_pass_faults(self) -> PassFaults | None:
@@ -850,26 +1267,46 @@ class Run:
                 self.stats[f"fault.transient.{port}.{op}"] += 1
                 self._injected += 1
                 raise errors.TransientError(f"injected: {port}.{op} failed (503)")
+        tpu = port == "tpu"
         if port == "compute" and op == "insert":
             self.before_insert(*args, **kwargs)
-        elif port == "compute" and op == "delete":
-            self.before_delete(*args, **kwargs)
+        elif tpu and op == "create":
+            self.stats["tpu.creates"] += 1
+            self.stats["tpu.queued_creates"] += args[0].queued
+            self.before_insert([args[0]])
+        elif op == "delete" and port in ("compute", "tpu"):
+            self.before_delete(*args, tpu=tpu)
         elif port == "compute" and op == "list_managed" and self.compute.unreachable:
             self.stats["fault.unreachable_listing"] += 1
+        elif tpu and op == "list_nodes":
+            self.stats["tpu.lists"] += 1
+            self.stats["tpu.unreachable_listing"] += bool(self.tpu.unreachable & set(args[1]))
+            self.stats["tpu.refused_listing"] += PROJECT in self.tpu.failing_projects
+        prefix = "tpu." if tpu else "fault."
         try:
             result = fn(*args, **kwargs)
         except errors.CapacityError:
-            self.stats["fault.stockout_hit"] += 1
+            self.stats[f"{prefix}stockout_hit"] += 1
             raise
         except errors.QuotaError:
-            self.stats["fault.quota_hit"] += 1
+            self.stats[f"{prefix}quota_hit"] += 1
             raise
         except errors.OperationPending:
-            self.stats["fault.pending_insert_hit"] += 1
-            self.after_insert(*args, **kwargs)  # accepted: its instances exist
+            self.stats[f"{prefix}pending_insert_hit"] += 1
+            if tpu:
+                self.after_insert([args[0]])  # accepted: its node exists (CREATING)
+            else:
+                self.after_insert(*args, **kwargs)  # accepted: its instances exist
+            raise
+        except errors.RespawnError as e:
+            if tpu:
+                self.stats[f"tpu.{op}_failed"] += 1
+                self.say(f"TPU {op} failed: {type(e).__name__}: {e}")
             raise
         if port == "compute" and op == "insert":
             self.after_insert(*args, **kwargs)
+        elif tpu and op == "create":
+            self.after_insert([args[0]])
         elif port == "store" and op == "write":
             self.after_write(*args, **kwargs)
         if p is not None and mutating:
@@ -904,8 +1341,9 @@ class Run:
         self.tokens.setdefault(key, dict(first.metadata).get("respawn-token", ""))
         self.check_duplicates(f"after inserting {', '.join(r.name for r in requests)}")
 
-    def before_delete(self, project: str, zone: str, name: str) -> None:
-        target = next((i for i in self.compute.all() if (i.project, i.zone, i.name) == (project, zone, name)), None)
+    def before_delete(self, project: str, zone: str, name: str, tpu: bool = False) -> None:
+        everything = [s.inst for s in self.tpu_seen()] if tpu else self.compute.all()
+        target = next((i for i in everything if (i.project, i.zone, i.name) == (project, zone, name)), None)
         if target is None:
             return
         if target.labels.get(names.MANAGED_LABEL) != "true":
@@ -914,7 +1352,7 @@ class Run:
         elif self.acting_job is not None and target.labels.get(names.JOB_LABEL) != self.acting_job:
             self.violate("foreign_deletes", f"deleting {name} of job {target.labels.get(names.JOB_LABEL)} "
                          f"while acting for job {self.acting_job}")
-        self.stats["controller.deletes"] += 1
+        self.stats["tpu.deletes" if tpu else "controller.deletes"] += 1
 
     def after_write(self, bucket: str, name: str, data: bytes, **_: Any) -> None:
         ref = names.parse_object_name(name)
@@ -943,21 +1381,22 @@ class Run:
 
     def check_duplicates(self, when: str = "") -> None:
         alive: dict[str, dict[int, list[Instance]]] = defaultdict(lambda: defaultdict(list))
-        for inst in self.managed():
-            if inst.status.alive and inst.job:
+        for inst in [*self.managed(), *self.tpu_managed()]:
+            if _live(inst) and inst.job:
                 alive[inst.job][inst.attempt].append(inst)
         suffix = f" ({when})" if when else ""
         for job, attempts in alive.items():
             if len(attempts) > 1:
-                shown = "; ".join(f"attempt {a}: {', '.join(f'{i.name}@{i.zone[-1]} {i.status}' for i in v)}"
+                shown = "; ".join(f"attempt {a}: {', '.join(f'{i.name}@{i.zone} {_shown(i)}' for i in v)}"
                                   for a, v in sorted(attempts.items()))
                 self.violate("duplicates", f"{job}: {len(attempts)} attempts alive at once: {shown}{suffix}")
             for attempt, instances in attempts.items():
                 zones = sorted({i.zone for i in instances})
                 nodes = self.attempt_nodes.get((job, attempt))
                 if len(zones) > 1 or (nodes is not None and len(instances) > nodes):
+                    shown = ", ".join(f"{i.name}@{i.zone} {_shown(i)}" for i in instances)
                     self.violate("duplicates", f"{job}: attempt {attempt} has {len(instances)} live instances "
-                                 f"in {', '.join(zones)} (nodes {nodes}){suffix}")
+                                 f"in {', '.join(zones)} (nodes {nodes}): {shown}{suffix}")
 
     def check_budgets(self) -> None:
         for job, js in self.jobs.items():
@@ -966,7 +1405,7 @@ class Run:
                 continue
             base = _run_base(st)
             what = "; ".join(f"attempt {a}: {', '.join(c)}" for a, c in sorted(js.causes.items()) if a > base)
-            unreachable = sorted(self.compute.unreachable)
+            unreachable = sorted(self.compute.unreachable | {f"{z} (TPU)" for z in self.tpu.unreachable})
             context = (f"what befell this run: {what or 'nothing'}"
                        f"{'; unreachable now: ' + ', '.join(unreachable) if unreachable else ''}; {_last(st)}")
             preempted = len({a for a in js.preempted if a > base})
@@ -988,9 +1427,14 @@ class Run:
         self.faults_on = False
         self.pass_faults = None
         for zones in (self.compute.stockouts, self.compute.spot_stockouts, self.compute.quota_exhausted,
-                      self.compute.unreachable):
+                      self.compute.unreachable, self.tpu.quota_exhausted, self.tpu.unreachable,
+                      self.tpu.failing_projects):
             zones.clear()
+        for zone in sorted(self.tpu.stockouts):
+            self.tpu.stockout(zone, False)
+        self.tpu.faults._queued.clear()  # failures queued by step_tpu_api and not met yet
         self.release_inserts()
+        self.release_tpu()
         self.end_glitches(force=True)
         self.settle()
         for job in self.jobs:
@@ -1016,11 +1460,16 @@ class Run:
         for job in self.jobs:
             st = self.status(job)
             self.stats[f"outcome.{st.phase if st else 'no status'}"] += 1
+            if "tpu" in self.jobs[job].doc:
+                self.stats[f"tpu.outcome_{st.phase if st else 'no_status'}"] += 1
             for e in st.history if st else ():
                 if e.event in ("step-down", "stockout") or "stepping back up" in e.detail:
                     self.stats["placement.step_up" if e.event == "launch" else f"placement.{e.event}"] += 1
-        for inst in self.managed():
-            if not inst.status.alive or not inst.job:
+                if st.tpu and e.event in ("maintenance", "maintenance-scheduled", "preempted", "settling", "resumed"):
+                    self.stats[f"tpu.history_{e.event.replace('-', '_')}"] += 1
+        # A VM is leaked while it is alive; a TPU node in any state (a PREEMPTED one may hold quota).
+        for inst in [*self.managed(), *self.tpu_managed()]:
+            if not (inst.tpu or inst.status.alive) or not inst.job:
                 continue
             st = self.status(inst.job)
             why = None
@@ -1035,7 +1484,8 @@ class Run:
             elif inst.attempt != st.attempt:
                 why = f"it is attempt {inst.attempt}, the job's is {st.attempt}"
             if why:
-                self.violate("leaked", f"{inst.name} in {inst.zone} is {inst.status} after the world settled: {why}")
+                self.violate("leaked", f"{'TPU node ' if inst.tpu else ''}{inst.name} in {inst.zone} is {_shown(inst)} "
+                             f"after the world settled: {why}")
 
     def settle(self, rounds: int = 30) -> None:
         for _ in range(rounds):
@@ -1056,11 +1506,12 @@ class Run:
             return "a spec but no status" if self.exists(names.spec_key(job)) else None
         if st.phase.terminal:
             return f"{st.phase} without a message" if require_message and not st.message.strip() else None
-        nodes = {i.name: i for i in self.managed() if i.job == job and i.attempt == st.attempt}
+        nodes = {i.name: i for i in [*self.managed(), *self.tpu_managed()] if i.job == job and i.attempt == st.attempt}
         down = [n for n in st.instances if n not in nodes or nodes[n].status != InstanceStatus.RUNNING]
         hung = [t.name for t in self.trainers.values() if t.job == job and t.attempt == st.attempt and t.state == "hung"]
+        hung += [f"{n} health {i.health}" for n, i in nodes.items() if i.hung]
         if not st.instances or down:
-            shown = ", ".join(f"{n} {nodes[n].status if n in nodes else 'missing'}" for n in down) or "no instances"
+            shown = ", ".join(f"{n} {_shown(nodes[n]) if n in nodes else 'missing'}" for n in down) or "no instances"
             return f"{st.phase} attempt {st.attempt} ({shown}): {st.message}"
         if hung:
             return f"{st.phase} attempt {st.attempt} hung ({', '.join(hung)})"
@@ -1096,6 +1547,27 @@ class Run:
     def complete_checkpoint(self, uri: str) -> bool:
         bucket, _, path = uri.removeprefix("gs://").partition("/")
         return any(self.store.exists(bucket, f"{path.rstrip('/')}/{leaf}") for leaf in ("commit_success.txt",))
+
+
+def _live(inst: Instance) -> bool:
+    """A VM booting or running; a TPU node unless it is down: PREEMPTED or TERMINATED (its queued
+    resource SUSPENDED or FAILED), or STOPPED (it runs nothing, as a stopped VM; no one but a
+    person starts it again). One in any other state (REPAIRING, HIDDEN, under maintenance, a
+    state Google adds later...) may yet be READY."""
+    return not inst.status.down if inst.tpu else inst.status.alive
+
+
+def _shown(inst: Instance) -> str:
+    if not inst.tpu:
+        return str(inst.status)
+    health = f" health {inst.health}" if inst.health not in (None, NodeHealth.HEALTHY) else ""
+    return f"TPU {inst.status}{' (' + inst.stop_reason.value + ')' if inst.stop_reason else ''}{health}"
+
+
+def _kind(doc: dict[str, Any]) -> str:
+    if "tpu" in doc:
+        return f"TPU {doc['tpu']['type']}{' queued' if doc['tpu'].get('queued') else ''}"
+    return f"nodes {doc['nodes']}"
 
 
 def _run_base(status: JobStatus) -> int:
@@ -1217,6 +1689,32 @@ def fault_line(totals: Totals) -> str:
     return "chaos faults: " + " ".join(f"{k}={v}" for k, v in parts.items())
 
 
+def tpu_line(totals: Totals) -> str:
+    """The TPU side: jobs, what befell their nodes, what the controller met, how they ended."""
+    s = totals.stats
+    parts = {
+        "jobs": sum(v for k, v in s.items() if k.startswith("tpu.outcome_")),
+        "nodes": s["tpu.trainers_started"], "creates": s["tpu.creates"], "deletes": s["tpu.deletes"],
+        "lists": s["tpu.lists"],
+        "preempt": s["tpu.preempt_graceful"] + s["tpu.preempt_hard"], "preempt_hard": s["tpu.preempt_hard"],
+        "terminated": s["tpu.terminated"], "vanish": s["tpu.vanish"], "announced": s["tpu.announce"],
+        "maintenance": s["tpu.health_unhealthy_maintenance"],
+        "hung_health": s["tpu.health_timeout"] + s["tpu.health_unhealthy_tensorflow"],
+        "odd_state": sum(v for k, v in s.items() if k.startswith("tpu.state_")),
+        "odd_health": s["tpu.health_health_from_the_future"],
+        "stockouts": s["tpu.stockout_hit"], "quota": s["tpu.quota_hit"], "pending": s["tpu.pending_insert_hit"],
+        "late_stockouts": s["tpu.late_stockout"],
+        "unreachable": s["tpu.unreachable_listing"], "refused_lists": s["tpu.refused_listing"],
+        "failed_calls": s["tpu.list_nodes_failed"] + s["tpu.create_failed"] + s["tpu.delete_failed"],
+        "queued_failed": s["tpu.queued_failed"],
+        "exits0": s["tpu.exit_success"], "nonzero": s["tpu.exit_nonzero"], "foreign": s["tpu.foreign"],
+        "kind_changes": s["tpu.user_to_tpu"] + s["tpu.user_to_vm"],
+    }
+    outcomes = {k.removeprefix("tpu.outcome_"): v for k, v in sorted(s.items()) if k.startswith("tpu.outcome_")}
+    return ("chaos tpu (faults met, outcomes): " + " ".join(f"{k}={v}" for k, v in parts.items()) + " "
+            + " ".join(f"{k.replace(' ', '_')}={v}" for k, v in outcomes.items())).rstrip()
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -1225,11 +1723,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the first run; run i uses seed+i")
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default: 40-80, by seed)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every step and every pass's actions")
+    parser.add_argument("--known-bugs", action="store_true",
+                        help="also the triggers of the controller bugs listed in KNOWN_BUGS (not fixed yet)")
     parser.add_argument("--workers", type=int, default=1,
                         help="threads per pass, as deployed (default 1: a seed replays exactly; above, it does not)")
     args = parser.parse_args(argv)
-    global WORKERS
+    global WORKERS, KNOWN_BUGS
     WORKERS = args.workers
+    KNOWN_BUGS = KNOWN_BUGS or args.known_bugs
 
     def out(line: str) -> None:
         print(line, flush=False)
@@ -1247,6 +1748,7 @@ def main(argv: list[str] | None = None) -> int:
     outcomes = {k.removeprefix("outcome."): v for k, v in sorted(totals.stats.items()) if k.startswith("outcome.")}
     moves = {k.removeprefix("placement."): v for k, v in sorted(totals.stats.items()) if k.startswith("placement.")}
     print("chaos placement (history events): " + " ".join(f"{k.replace('-', '_')}={v}" for k, v in moves.items()))
+    print(tpu_line(totals))
     print("chaos outcomes (jobs at the end): " + " ".join(f"{k.replace(' ', '_')}={v}" for k, v in outcomes.items()))
     print(f"chaos: budgets={totals.counts['budgets']}")
     print(totals.last_line())

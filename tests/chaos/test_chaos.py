@@ -53,6 +53,37 @@ def test_faults_really_reach_the_controller(chaos: tuple[sim.Totals, list[str]])
     assert all(met.values()), {k: v for k, v in met.items() if not v}
 
 
+def test_tpu_faults_really_reach_the_controller(chaos: tuple[sim.Totals, list[str]]) -> None:
+    """TPU jobs ran, and each kind of TPU trouble was injected and met by the controller's calls."""
+    s = chaos[0].stats
+    met = {
+        "TPU jobs": sum(v for k, v in s.items() if k.startswith("tpu.outcome_")),
+        "creates through a queued resource": s["tpu.queued_creates"],
+        "TPU nodes whose worker 0 ran": s["tpu.trainers_started"],
+        "preempted nodes": s["tpu.preempt_graceful"] + s["tpu.preempt_hard"],
+        "TERMINATED by maintenance": s["tpu.terminated"] + s["tpu.fate_terminated"],
+        "UNHEALTHY_MAINTENANCE": s["tpu.health_unhealthy_maintenance"],
+        "TIMEOUT / UNHEALTHY_TENSORFLOW": s["tpu.health_timeout"] + s["tpu.health_unhealthy_tensorflow"],
+        "states Google may add": s["tpu.state_state_from_the_future"],
+        "healths Google may add": s["tpu.health_health_from_the_future"],
+        "other odd states": s["tpu.state_repairing"] + s["tpu.state_hidden"] + s["tpu.state_stopping"],
+        "stockouts met": s["tpu.stockout_hit"],
+        "quota met": s["tpu.quota_hit"],
+        "held creates met": s["tpu.pending_insert_hit"],
+        "failed lists": s["tpu.list_nodes_failed"],
+        "failed creates": s["tpu.create_failed"],
+        "failed deletes": s["tpu.delete_failed"],
+        "refused project lists": s["tpu.refused_listing"],
+        "unreachable TPU zones": s["tpu.unreachable_listing"],
+        "foreign TPU nodes": s["tpu.foreign"],
+        "TPU deletes": s["tpu.deletes"],
+        "worker 0 exits 0": s["tpu.exit_success"],
+        "TPU jobs that succeeded": s["tpu.outcome_SUCCEEDED"],
+        "specs moved between VMs and TPUs": s["tpu.user_to_tpu"] + s["tpu.user_to_vm"],
+    }
+    assert all(met.values()), {k: v for k, v in met.items() if not v}
+
+
 def test_a_seed_replays_exactly() -> None:
     first, second = sim.run_one(7), sim.run_one(7)
     assert first.violations == second.violations
