@@ -161,6 +161,8 @@ class Observer:
                 if st.project:
                     projects[st.project] = None
                     recorded[v.job] = st.project
+                else:  # a status from before runs kept their project: wherever the policy lets it be
+                    projects.update(dict.fromkeys(self.policy.watched_projects))
         if not zones or not projects:
             return TpuList([])
         try:
@@ -187,7 +189,10 @@ class Observer:
         spec, st = view.spec, view.status
         if spec is None or spec.project is None:
             return None
-        zones = (*spec.zones, *([st.zone] if st and st.zone and st.zone not in spec.zones else []))
+        # The status's zone and every zone its history names: a VM of an earlier run (its delete
+        # failed) may still be there when a new spec lists other zones.
+        known = [st.zone, *(e.zone for e in st.history)] if st else []
+        zones = tuple(dict.fromkeys([*spec.zones, *(z for z in known if z)]))
         projects = (spec.project, *([st.project] if st and st.project and st.project != spec.project else []))
         return self.compute.list_managed(projects, view.job, zones=zones)
 

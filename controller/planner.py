@@ -392,12 +392,22 @@ def _insert(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: Launch
         return _blind_note(v, spec, st, now)  # an earlier try of this attempt may live, unseen, where no list reached
     found = [i for i in v.instances if i.attempt == st.attempt]
     wanted = tuple(names.node_names(v.job, st.attempt, spec.nodes))
-    if found and (any(i.zone != st.zone for i in found) or st.zone not in spec.zones
+    tpu = spec.tpu is not None
+    if found and (any(i.zone != st.zone or i.tpu != tpu for i in found) or st.zone not in spec.zones
                   or {i.name for i in found} != set(st.instances) or st.instances != wanted):
         # Where it is, how much of it is left, or what the spec now asks differs from what
         # the status committed (a status write lost, a node gone, a spec replaced since):
         # adopt what exists, never insert anew; a missing node is then a lost one.
         return [WriteStatus(v.job, _adopt(v, st, st.attempt, now), "attempt found")]
+    if not found and st.attempt_tpu != tpu:
+        # The spec moved between VMs and a TPU after this attempt was committed: a create of the
+        # other kind may have been accepted and not be listed yet, and no request id spans the
+        # two APIs. Once it has had time to show (it is then adopted), the attempt is the new kind's.
+        if now - (st.attempt_started_at or now) < _SETTLE_LIMIT:
+            was, now_is = ("a TPU node", "VMs") if st.attempt_tpu else ("VMs", "a TPU node")
+            return _note(v, st, "respec", f"waiting: the spec moved from {was} to {now_is} while attempt "
+                         f"{st.attempt}'s create may be under way; {now_is} are created once it cannot be", now)
+        st = st.but(attempt_tpu=tpu)
     head: list[Action] = []
     if not found:  # else: ask again under the same request id, and Compute tells the outcome
         # The zone the attempt committed to, while it can still be used: an earlier try's
@@ -490,7 +500,7 @@ def _adopt(v: JobView, st: JobStatus, attempt: int, now: datetime) -> JobStatus:
               else f"found {where} newer than status attempt {st.attempt}; adopting it")
     return st.but(t.event(now, st, "adopted", detail), phase=Phase.PROVISIONING, attempt=attempt,
                   instances=names_, project=first.project, zone=first.zone, inserted=True, inserted_at=now,
-                  tpu=st.tpu or first.tpu,
+                  tpu=st.tpu or first.tpu, attempt_tpu=first.tpu,
                   attempt_token=st.attempt_token if attempt == st.attempt else None,
                   attempt_started_at=st.attempt_started_at or now, started_at=st.started_at or now, message=detail)
 

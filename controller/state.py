@@ -83,6 +83,7 @@ class JobStatus(BaseModel):
     # The job has run on a Cloud TPU node (spec.tpu) in this run or an earlier one: its
     # zones are listed for TPU nodes too, so that none is left behind when the spec changes.
     tpu: bool = False
+    attempt_tpu: bool = False  # the current attempt was committed as a TPU node (not VMs)
     upcoming_maintenance: str | None = None  # a TPU node's announced maintenance, while it is
     inserted: bool = False  # the current attempt's insert was acknowledged by Compute
     inserted_at: datetime | None = None  # when it was: startup grace counts from here

@@ -23,7 +23,10 @@ def new_run(prev: JobStatus | None, attempt: int, spec_generation: int | None, n
     """A fresh run of the job: counters reset, attempt numbers keep growing (names stay unique)."""
     # No attempt of the new run exists yet: an empty secret, which no record carries, so
     # records the previous run left under the same attempt number belong to nothing.
-    base = JobStatus(history=prev.history if prev else (), attempt_token="", tpu=prev.tpu if prev else False)
+    # Where the previous run's VMs or TPU nodes were is kept (project, history, the TPU flag):
+    # one whose delete failed must still be found, listed and deleted by the new run.
+    base = JobStatus(history=prev.history if prev else (), attempt_token="", tpu=prev.tpu if prev else False,
+                     project=prev.project if prev else None)
     return base.but(
         Event(at=now, event="accepted", attempt=attempt, detail="spec accepted; waiting for a VM"),
         phase=Phase.PENDING,
@@ -102,6 +105,7 @@ def begin_attempt(
         zone=zone,
         instances=tuple(names),
         tpu=status.tpu or spec.tpu is not None,
+        attempt_tpu=spec.tpu is not None,
         upcoming_maintenance=None,
         inserted=False,
         inserted_at=None,

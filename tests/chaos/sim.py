@@ -58,29 +58,9 @@ BUCKET = "respawn-chaos"
 PROJECT = "chaos-proj"
 CKPT_BUCKET = "ckpts"
 ZONES = ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f")
-# Zones TPU jobs ask for. With KNOWN_BUGS one of them is a VM zone too (see KNOWN_BUGS); the
-# same number of zones either way, so a seed draws the same scenario with or without it.
-TPU_ZONES = ("us-central2-b", "us-east5-a", "europe-west4-a", "us-west4-a")
-SHARED_TPU_ZONES = ("us-central2-b", "us-east5-a", "europe-west4-a", "us-central1-a")
-# Controller bugs these runs found, not fixed yet; their triggers are left out unless
-# ``--known-bugs``, which makes seed 95 fail on bug 1, seeds 898, 1157, 1593, 1666, 1953 on bug 2
-# and seed 4258 on bug 3 (as of the controller at 0b828d8). Drop a bug's gate once it is fixed.
-#  1. A VM attempt whose insert is still pending, and a spec replaced by a TPU spec (or back) that
-#     lists the attempt's zone: the next pass re-issues the attempt's create as the new kind, and a
-#     TPU node and a VM of one attempt (one name) run side by side for good (planner._insert).
-#     Gate: no zone shared by VM and TPU specs.
-#  2. A TPU node left by a run (its delete failed, or its TPU list was failing), then a new run
-#     (status.project None) on a spec that is not a TPU spec: Observer._tpu_nodes lists no project
-#     for the job until the run's first attempt begins, so the new run's first VM starts beside
-#     the node (two live attempts), and a run that ends before its first attempt (cancel, spec
-#     deleted or invalid) never deletes the node. Gate: the user holds back a non-TPU spec over an
-#     ended run, and the end of a project-less run, while that job has a TPU node.
-#  3. (VMs too, not only TPUs.) A run that ended with a VM not yet deleted (its delete failed),
-#     then a spec in other zones: the bucket event's pass writes the new run, observes again with
-#     a status that names no zone, lists only the new spec's zones (Observer._job_instances), and
-#     starts the first attempt beside the old run's VM. Gate: the user holds back a spec over an
-#     ended run while a VM of the job that is not down is in a zone the new spec does not list.
-KNOWN_BUGS = False
+# Zones TPU jobs ask for; us-central1-a is a VM zone too, so a spec moved between VMs and a TPU
+# may keep its zone (an attempt of one kind must never be created again as the other).
+TPU_ZONES = ("us-central2-b", "us-east5-a", "europe-west4-a", "us-central1-a")
 TPU_TYPES = ("v4-8", "v4-16", "v5litepod-8", "v5litepod-16", "v6e-4")
 TPU_SHARE = 0.3  # of the generated jobs (and of a resubmit that changes the kind)
 # The kinds on the last line, in its order; "budgets" is reported on the line before it.
@@ -281,7 +261,6 @@ class Run:
         self.store = MemoryStore(self.clock)
         self.compute = MemoryCompute(self.clock)
         self.tpu = MemoryTpu(self.clock)
-        self.tpu_zones = SHARED_TPU_ZONES if KNOWN_BUGS else TPU_ZONES
         self.advisor = MemoryAdvisor(self.compute)
         self.advisor.rates.update({z: self.rng.choice([0.0, 0.05, 0.3, 0.8]) for z in ZONES})
         self.policy = ControllerPolicy(default_project=PROJECT)
@@ -388,7 +367,7 @@ class Run:
 
     def spec_doc(self, job: str, tpu: bool = False) -> dict[str, Any]:
         rng = self.rng
-        zones = rng.sample(self.tpu_zones if tpu else ZONES, rng.randint(1, 3))
+        zones = rng.sample(TPU_ZONES if tpu else ZONES, rng.randint(1, 3))
         policy: dict[str, Any] = {
             "max_restarts": rng.randint(2, 8),
             "max_failures": rng.randint(1, 3),
@@ -841,7 +820,7 @@ class Run:
         if not on:
             zone = self.rng.choice(sorted(zones))
         else:  # mostly where the TPU jobs are
-            zone = self.rng.choice(used if used and self.rng.random() < 0.8 else self.tpu_zones)
+            zone = self.rng.choice(used if used and self.rng.random() < 0.8 else TPU_ZONES)
         if on:
             self.stats[f"tpu.env_{what}"] += 1
         self.say(f"TPU {zone}: {what}{'' if on else ' over'}")
@@ -949,8 +928,6 @@ class Run:
         action = self.rng.choices(["cancel", "resubmit", "delete", "invalid"], [3, 4, 1.5, 1])[0]
         self.stats[f"user.{action}"] += 1
         self.say(f"user: {action} {job}")
-        if action != "resubmit" and self.held_back(job, action, None):
-            return
         if action == "cancel":
             self.store.write(BUCKET, names.cancel_key(job), b"")
         elif action == "resubmit":
@@ -966,12 +943,10 @@ class Run:
             elif change == "budget":
                 doc["policy"]["max_restarts"] = self.rng.randint(2, 8)
             elif change == "zones":
-                doc["zones"] = self.rng.sample(self.tpu_zones if tpu else ZONES, self.rng.randint(1, 3))
+                doc["zones"] = self.rng.sample(TPU_ZONES if tpu else ZONES, self.rng.randint(1, 3))
             elif change == "kind":  # from VMs to a TPU slice, or back (a node left behind must still go)
                 doc = self.spec_doc(job, tpu=not tpu)
                 self.stats[f"tpu.user_{'to_vm' if tpu else 'to_tpu'}"] += 1
-            if self.held_back(job, action, doc):
-                return
             js.doc = doc
             self.say(f"user: {job}'s new spec: {change} ({_kind(doc)} in {', '.join(doc['zones'])})")
             self.submit(job, doc)
@@ -984,26 +959,6 @@ class Run:
             self.store.write(BUCKET, names.spec_key(job), json.dumps(bad).encode())
             js.spec_step = self.step_no
         self.event(job)
-
-    def held_back(self, job: str, action: str, doc: dict[str, Any] | None) -> bool:
-        """The user actions that trigger KNOWN_BUGS 2 and 3, left out unless --known-bugs."""
-        st = self.status(job)
-        if KNOWN_BUGS or st is None:
-            return False
-        tpu_left = st.tpu and any(i.job == job for i in self.tpu_managed())
-        why = ""
-        if tpu_left and doc is not None and "tpu" not in doc and st.phase.terminal:
-            why = "2: a spec that is not a TPU spec over an ended run, while the job has a TPU node"
-        elif tpu_left and doc is None and st.project is None:
-            why = "2: the end of a run without a project, while the job has a TPU node"
-        elif doc is not None and st.phase.terminal and any(
-                i.job == job and not i.status.down and i.zone not in doc["zones"] for i in self.managed()):
-            why = "3: a spec in other zones over an ended run, while a VM of it is not down"
-        if not why:
-            return False
-        self.stats[f"user.held_back_known_bug_{why[0]}"] += 1
-        self.say(f"user: {action} held back (KNOWN_BUGS {why})")
-        return True
 
     def submit(self, job: str, doc: dict[str, Any]) -> None:
         """What ``respawn submit [--replace]`` does: a leftover cancel goes first, then the spec."""
@@ -1723,14 +1678,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the first run; run i uses seed+i")
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default: 40-80, by seed)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every step and every pass's actions")
-    parser.add_argument("--known-bugs", action="store_true",
-                        help="also the triggers of the controller bugs listed in KNOWN_BUGS (not fixed yet)")
     parser.add_argument("--workers", type=int, default=1,
                         help="threads per pass, as deployed (default 1: a seed replays exactly; above, it does not)")
     args = parser.parse_args(argv)
-    global WORKERS, KNOWN_BUGS
+    global WORKERS
     WORKERS = args.workers
-    KNOWN_BUGS = KNOWN_BUGS or args.known_bugs
 
     def out(line: str) -> None:
         print(line, flush=False)

@@ -617,3 +617,25 @@ def test_a_zone_that_refused_one_attempt_is_tried_again_by_the_next(h):
     st = h.status("llm")
     assert st.phase == Phase.PROVISIONING and h.compute.request_of("llm-2").zone == "us-central1-b"
     assert list(st.zone_rejections) == ["us-central1-a"]
+
+
+def test_a_new_run_in_other_zones_on_the_event_path_never_starts_beside_the_old_runs_vm():
+    """A run cancelled while its VM's delete fails, then resubmitted with other zones: the
+    bucket event's pass lists the zones the status's history names too, so it finds the old
+    VM, deletes it, and starts nothing beside it."""
+    from controller import errors
+    from tests.harness import BUCKET, Harness, spec_doc
+
+    h = Harness()
+    h.submit("j", spec_doc(zones=["us-central1-a"]))
+    h.tick()
+    h.tick()
+    h.compute.faults.fail_next("delete", errors.TransientError("503"))
+    h.cancel("j")
+    h.tick("j")
+    h.store.delete(BUCKET, names.cancel_key("j"))
+    h.submit("j", spec_doc(zones=["us-central1-b"]))
+    for _ in range(3):
+        h.tick("j")
+        assert len({i.attempt for i in h.compute.live("j")}) <= 1, "two attempts of one job alive at once"
+    assert [i.name for i in h.compute.live("j")] == ["j-2"]

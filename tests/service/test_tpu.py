@@ -365,3 +365,52 @@ def test_a_tpu_client_that_cannot_be_built_never_holds_a_vm_job(monkeypatch):
     generation = h.store.stat("respawn-test", names.status_key("tpu")).generation
     h.tick()
     assert h.store.stat("respawn-test", names.status_key("tpu")).generation == generation
+
+
+def test_a_spec_moved_from_vms_to_a_tpu_while_the_insert_is_pending_never_runs_both():
+    h = Harness()
+    h.submit("j", spec_doc(zones=["us-central1-a"]))
+    h.compute.hold_inserts = True  # Compute accepted the insert; its operation still runs
+    h.tick()
+    h.submit("j", tpu_doc(zones=["us-central1-a"]))  # submit --replace: a TPU job now, same zone
+    h.tick()  # the VM is listed (PROVISIONING) already: adopted, never created as a TPU too
+    assert h.tpu.names() == []
+    h.compute.release_inserts()
+    for _ in range(3):
+        h.tick()
+        h.advance(minutes=5)
+        assert not (h.live("j") and h.tpu.names()), "a VM and a TPU node of one job at once"
+    st = h.status("j")
+    assert st.attempt == 1 and h.live("j") == ["j-1"] and "adopted" in events(h, "j")
+
+
+def test_a_spec_moved_to_a_tpu_creates_the_node_once_the_old_create_cannot_show_any_more():
+    h = Harness()
+    h.submit("j", spec_doc(zones=["us-central1-a"], policy={"zone_cooldown": "1m"}))
+    h.compute.stockouts.add("us-central1-a")
+    h.tick()  # attempt 1 committed for VMs; its zone stocked out
+    h.submit("j", tpu_doc(zones=["us-central1-a"]))
+    h.advance(minutes=6)  # past the zone's cooldown: the attempt would create now
+    h.tick()
+    assert h.tpu.names() == [] and "the spec moved from VMs to a TPU node" in h.status("j").message
+    h.advance(minutes=5)  # 11 minutes after the attempt was committed: no VM create can show any more
+    h.tick()
+    assert h.tpu.names() == ["j-1"] and h.status("j").attempt_tpu and h.live("j") == []
+
+
+def test_a_tpu_node_whose_delete_failed_is_still_deleted_after_a_new_run_on_vms_is_cancelled():
+    h = Harness()
+    h.submit("j", tpu_doc(zones=["us-east5-a"]))
+    h.tick()
+    h.tick()
+    h.tpu.faults.fail_next("delete", errors.RequestError("403 permission denied"))
+    h.exit("j", 0)
+    h.tick()  # SUCCEEDED; deleting j-1 failed
+    h.compute.unreachable.add("us-central1-a")  # the next run cannot launch at once
+    h.submit("j", spec_doc(zones=["us-central1-a"]))  # a new run, on VMs
+    h.tick()
+    h.store.delete("respawn-test", names.spec_key("j"))  # and it is cancelled before its first attempt
+    h.tick()
+    h.compute.unreachable.clear()
+    h.tick()
+    assert h.tpu.names() == [] and h.status("j").phase == Phase.CANCELLED
