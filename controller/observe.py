@@ -212,12 +212,12 @@ class Observer:
     def _stop_reason(self, view: JobView, seen: Instance | None, name: str) -> StopReason:
         """Why a node of the current attempt is down or gone: a TPU node's own state says so
         (Compute's operations know nothing of TPUs); a VM's, Compute's operations."""
-        if seen is not None and seen.tpu:
-            return seen.stop_reason or StopReason.UNKNOWN
-        if seen is None and view.spec is not None and view.spec.tpu is not None:
-            return StopReason.UNKNOWN  # a TPU node deleted by someone else: gone, no record of why
         st = view.status
         assert st is not None and st.project and st.zone
+        if seen is not None and seen.tpu:
+            return seen.stop_reason or StopReason.UNKNOWN
+        if seen is None and st.attempt_tpu:
+            return StopReason.UNKNOWN  # a TPU node deleted by someone else: gone, no record of why
         return self.compute.stop_reason(st.project, st.zone, name)
 
     def with_checkpoint(self, view: JobView) -> JobView:
