@@ -385,7 +385,10 @@ def _insert(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: Launch
     zone would then mean the same attempt in two zones.
     """
     if st.not_before and now < st.not_before:
-        if (down := t.waited_too_long(st, spec, now)) is not None:  # cooling or backing off past fallback.wait
+        # Cooling or backing off past fallback.wait: step down (not when the spec has moved to the
+        # other kind since: that capacity record is the other kind's, and is dropped at the switch).
+        same_kind = st.attempt_tpu == (spec.tpu is not None)
+        if same_kind and (down := t.waited_too_long(st, spec, now)) is not None:
             return [WriteStatus(v.job, down, "stepped down", replan=True)]
         return []
     if _blind(v, spec, st):
@@ -399,15 +402,18 @@ def _insert(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: Launch
         # the status committed (a status write lost, a node gone, a spec replaced since):
         # adopt what exists, never insert anew; a missing node is then a lost one.
         return [WriteStatus(v.job, _adopt(v, st, st.attempt, now), "attempt found")]
-    if not found and st.attempt_tpu != tpu:
-        # The spec moved between VMs and a TPU after this attempt was committed: a create of the
-        # other kind may have been accepted and not be listed yet, and no request id spans the
-        # two APIs. Once it has had time to show (it is then adopted), the attempt is the new kind's.
-        if now - (st.attempt_started_at or now) < _SETTLE_LIMIT:
-            was, now_is = ("a TPU node", "VMs") if st.attempt_tpu else ("VMs", "a TPU node")
-            return _note(v, st, "respec", f"waiting: the spec moved from {was} to {now_is} while attempt "
-                         f"{st.attempt}'s create may be under way; {now_is} are created once it cannot be", now)
-        st = st.but(attempt_tpu=tpu)
+    switched = not found and st.attempt_tpu != tpu
+    if switched:
+        # The spec moved between VMs and a TPU after this attempt was committed, and nothing of
+        # the attempt exists (an accepted create is listed at once, PROVISIONING or CREATING, and
+        # adopted above). It goes on as the new kind: a new request id (none spans the two APIs),
+        # its capacity record afresh and the spec's first model (a VM's stockouts, and the step
+        # down they caused, say nothing of a TPU's capacity).
+        was, now_is = ("a TPU node", "VMs") if st.attempt_tpu else ("VMs", "a TPU node")
+        text = f"the spec moved from {was} to {now_is}: attempt {st.attempt} is created as {now_is}"
+        st = st.but(t.event(now, st, "respec", text), attempt_tpu=tpu, tpu=st.tpu or tpu, capacity_misses=0,
+                    capacity_since=None, zone_cooldowns={}, zone_rejections={}, placement=st.placement + 1,
+                    provisioning=spec.provisioning[0], model_since=now, not_before=None, message=text)
     head: list[Action] = []
     if not found:  # else: ask again under the same request id, and Compute tells the outcome
         # The zone the attempt committed to, while it can still be used: an earlier try's
@@ -417,9 +423,9 @@ def _insert(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: Launch
         zone = st.zone if kept else t.pick_zone(spec, st, now, v.zone_order(t.model_of(spec, st)))
         if zone is None:
             return [_waiting(v, spec, st, now)]
-        if zone != st.zone or st.not_before or st.instances != wanted:
-            # The status names exactly what is inserted, where (a spec replaced since the
-            # attempt began may have changed both).
+        if zone != st.zone or st.not_before or st.instances != wanted or switched:
+            # The status names exactly what is inserted, where, and as which kind (a spec
+            # replaced since the attempt began may have changed all three).
             moved = t.move_zone(st, zone, now) if zone != st.zone or st.not_before else st
             st = moved.but(instances=wanted)
             head = [WriteStatus(v.job, st, "zone chosen")]
@@ -439,7 +445,8 @@ def _waiting(v: JobView, spec: JobSpec, st: JobStatus, now: datetime) -> WriteSt
 def _blind_note(v: JobView, spec: JobSpec, st: JobStatus, now: datetime) -> list[Action]:
     """Nothing is created while the job's instances cannot all be seen; a project whose list
     failed (no IAM, the TPU API not enabled) says so in the status, once, with Google's words."""
-    projects = [p for p in dict.fromkeys((spec.project, st.project)) if p and p in v.unseen_projects]
+    projects = [p for p in dict.fromkeys((spec.project, st.project if st.attempt_started_at else None))
+                if p and p in v.unseen_projects]
     if not projects:
         return []  # a zone that did not answer: passing, and every pass would say it anew
     why = "; ".join(f"{p}: {v.unseen_why.get(p, 'unknown error')}" for p in projects)
@@ -449,7 +456,11 @@ def _blind_note(v: JobView, spec: JobSpec, st: JobStatus, now: datetime) -> list
 def _blind(v: JobView, spec: JobSpec, st: JobStatus) -> bool:
     """Whether a zone this job may have VMs in (its spec's, and every zone its history
     names, a previous run's included) did not answer the instance list."""
-    if {spec.project, st.project} & set(v.unseen_projects):
+    # The status's project while this run has begun an attempt: a new run keeps the previous
+    # run's project for its leftovers to be found, but a project left behind (dropped from the
+    # policy, its access removed) must not hold a run that never went there.
+    projects = {spec.project, st.project if st.attempt_started_at else None}
+    if projects & set(v.unseen_projects):
         return True
     if not v.unreachable:
         return False

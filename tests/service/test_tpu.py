@@ -384,18 +384,23 @@ def test_a_spec_moved_from_vms_to_a_tpu_while_the_insert_is_pending_never_runs_b
     assert st.attempt == 1 and h.live("j") == ["j-1"] and "adopted" in events(h, "j")
 
 
-def test_a_spec_moved_to_a_tpu_creates_the_node_once_the_old_create_cannot_show_any_more():
+def test_a_spec_moved_to_a_tpu_before_its_attempt_exists_creates_it_as_a_tpu_with_a_fresh_capacity_record():
     h = Harness()
-    h.submit("j", spec_doc(zones=["us-central1-a"], policy={"zone_cooldown": "1m"}))
+    h.submit("j", spec_doc(zones=["us-central1-a"], provisioning=["spot", "standard"],
+                           policy={"zone_cooldown": "5m", "fallback": {"wait": "30m"}}))
     h.compute.stockouts.add("us-central1-a")
-    h.tick()  # attempt 1 committed for VMs; its zone stocked out
-    h.submit("j", tpu_doc(zones=["us-central1-a"]))
-    h.advance(minutes=6)  # past the zone's cooldown: the attempt would create now
     h.tick()
-    assert h.tpu.names() == [] and "the spec moved from VMs to a TPU node" in h.status("j").message
-    h.advance(minutes=5)  # 11 minutes after the attempt was committed: no VM create can show any more
+    for _ in range(7):  # 35 minutes of VM stockouts on Spot
+        h.advance(minutes=5, seconds=1)
+        h.tick()
+    h.submit("j", tpu_doc(zones=["us-central1-a"], provisioning=["spot", "standard"]))
+    h.tick()  # still cooling: the VMs' record steps nothing down for the TPU
+    h.advance(minutes=6)
     h.tick()
-    assert h.tpu.names() == ["j-1"] and h.status("j").attempt_tpu and h.live("j") == []
+    st = h.status("j")
+    assert h.tpu.names() == ["j-1"] and h.tpu.request_of("j-1").spot and h.live("j") == []
+    assert st.attempt == 1 and st.attempt_tpu and st.tpu and "respec" in events(h, "j")
+    assert "the spec moved from VMs to a TPU node" in next(e.detail for e in st.history if e.event == "respec")
 
 
 def test_a_tpu_node_whose_delete_failed_is_still_deleted_after_a_new_run_on_vms_is_cancelled():
