@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass
 
 from controller import names
@@ -48,25 +49,32 @@ def requests_for(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext,
 
 def _tpu_request(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, name: str) -> TpuRequest:
     assert spec.tpu is not None
-    labels, metadata = _labels(job, spec, status), _metadata(job, spec, status, ctx, name)
+    common = _common(job, spec, status, ctx, name)
     return TpuRequest(
-        project=spec.project or ctx.default_project,
-        zone=_zone(spec, status),
-        name=name,
+        **common,
+        # The node's name, which its hosts' own names (t1v-n-...-w-N) do not carry: the agent
+        # names its records by it.
+        metadata={**_metadata(job, spec, status, ctx, name), "respawn-node": name},
         accelerator_type=spec.tpu.type,
         runtime_version=spec.tpu.runtime_version,
         spot=_model(spec, status) == "spot",
-        labels=labels,
-        # The node's name, which its hosts' own names (t1v-n-...-w-N) do not carry: the agent
-        # names its records by it.
-        metadata={**metadata, "respawn-node": name},
+        queued=spec.tpu.queued,
+    )
+
+
+def _common(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, name: str) -> dict[str, Any]:
+    """What a VM's and a TPU node's requests share: where, as whom, on which network, labelled how."""
+    return dict(
+        project=spec.project or ctx.default_project,
+        zone=_zone(spec, status),
+        name=name,
+        labels=_labels(job, spec, status),
         service_account=spec.service_account.email,
         scopes=spec.service_account.scopes,
         network=spec.network.network,
         subnetwork=spec.network.subnetwork,
         external_ip=spec.network.external_ip,
         tags=spec.network.tags,
-        queued=spec.tpu.queued,
     )
 
 
@@ -117,9 +125,8 @@ def _request(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, nam
     accel = spec.accelerators
     model = _model(spec, status)
     return InstanceRequest(
-        project=spec.project or ctx.default_project,
-        zone=_zone(spec, status),
-        name=name,
+        **_common(job, spec, status, ctx, name),
+        metadata=_metadata(job, spec, status, ctx, master),
         machine_type=spec.machine_type,
         provisioning=model,
         # A Flex-start VM is deleted when its run ends (Compute requires it).
@@ -127,14 +134,6 @@ def _request(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, nam
         boot_image=boot_image(spec),
         boot_disk_gb=spec.boot_disk.size_gb,
         boot_disk_type=spec.boot_disk.type,
-        service_account=spec.service_account.email,
-        scopes=spec.service_account.scopes,
-        network=spec.network.network,
-        subnetwork=spec.network.subnetwork,
-        external_ip=spec.network.external_ip,
-        labels=_labels(job, spec, status),
-        metadata=_metadata(job, spec, status, ctx, master),
-        tags=spec.network.tags,
         accelerator_type=accel.type if accel else None,
         accelerator_count=accel.count if accel else 0,
         max_run_seconds=int(spec.policy.max_run_duration.total_seconds()) if model == "flex-start"
