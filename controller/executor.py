@@ -124,17 +124,13 @@ class Executor:
         if isinstance(action, WriteStatus) or chain.status is None:
             return
         if isinstance(action, CreateInstances):
-            if isinstance(error, errors.QuotaError) and action.spec.tpu is not None:
-                # TPU quota is per zone (and per model: Spot and on-demand TPUs have quotas of
-                # their own): another zone, or the next model, may have it, as after a stockout.
-                error = errors.CapacityError(error.zone, f"quota exceeded: {error.reason}")
             model = transitions.model_of(action.spec, chain.status)
             order = view.zone_order(model) if view.spec is not None else None
             after = transitions.after_create_error(chain.status, action.spec, error, now, order)
-            # Another zone, or the next model of the provisioning list, to try right away.
+            # Another zone, or the next model of the provisioning list, to try right away (only a
+            # capacity error or a refusal moves either: transitions.after_create_error).
             moved = (after.zone is not None and after.zone != chain.status.zone) or after.provisioning != chain.status.provisioning
-            out.replan = isinstance(error, (errors.CapacityError, errors.RequestError, errors.NotFound)) \
-                and not after.phase.terminal and moved
+            out.replan = not after.phase.terminal and moved
             if isinstance(error, errors.OperationPending):
                 out.error = None  # accepted and under way: not an error, and not "inserted" either
                 # Not news where this chain has just recorded the launch, and a second write

@@ -11,6 +11,7 @@ from controller import names
 from controller.ports import InstanceRequest, TpuRequest
 from controller.spec import JobSpec, render_env
 from controller.state import JobStatus
+from controller.transitions import model_of
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ def _tpu_request(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext,
         metadata={**_metadata(job, spec, status, ctx, name), "respawn-node": name},
         accelerator_type=spec.tpu.type,
         runtime_version=spec.tpu.runtime_version,
-        spot=_model(spec, status) == "spot",
+        spot=model_of(spec, status) == "spot",
         queued=spec.tpu.queued,
     )
 
@@ -76,11 +77,6 @@ def _common(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, name
         external_ip=spec.network.external_ip,
         tags=spec.network.tags,
     )
-
-
-def _model(spec: JobSpec, status: JobStatus) -> str:
-    # The model, like the zone, is one the spec lists: status.json names which of them.
-    return status.provisioning if status.provisioning in spec.provisioning else spec.provisioning[0]
 
 
 def _zone(spec: JobSpec, status: JobStatus) -> str:
@@ -123,7 +119,7 @@ def _metadata(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, ma
 def _request(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, name: str, master: str) -> InstanceRequest:
     assert spec.machine_type is not None  # a VM job (spec._vm_or_tpu)
     accel = spec.accelerators
-    model = _model(spec, status)
+    model = model_of(spec, status)
     return InstanceRequest(
         **_common(job, spec, status, ctx, name),
         metadata=_metadata(job, spec, status, ctx, master),

@@ -155,7 +155,7 @@ class Observer:
             spec, st = v.spec, v.status
             if spec is not None and spec.tpu is not None:
                 zones.update(dict.fromkeys(spec.zones))
-                projects.update(dict.fromkeys([spec.project or self.policy.default_project]))
+                projects[self.policy.project_of(spec)] = None
             if st is not None and st.tpu:
                 zones.update(dict.fromkeys(z for z in (st.zone, *(e.zone for e in st.history)) if z))
                 if st.project:

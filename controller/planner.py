@@ -406,14 +406,8 @@ def _insert(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: Launch
     if switched:
         # The spec moved between VMs and a TPU after this attempt was committed, and nothing of
         # the attempt exists (an accepted create is listed at once, PROVISIONING or CREATING, and
-        # adopted above). It goes on as the new kind: a new request id (none spans the two APIs),
-        # its capacity record afresh and the spec's first model (a VM's stockouts, and the step
-        # down they caused, say nothing of a TPU's capacity).
-        was, now_is = ("a TPU node", "VMs") if st.attempt_tpu else ("VMs", "a TPU node")
-        text = f"the spec moved from {was} to {now_is}: attempt {st.attempt} is created as {now_is}"
-        st = st.but(t.event(now, st, "respec", text), attempt_tpu=tpu, tpu=st.tpu or tpu, capacity_misses=0,
-                    capacity_since=None, zone_cooldowns={}, zone_rejections={}, placement=st.placement + 1,
-                    provisioning=spec.provisioning[0], model_since=now, not_before=None, message=text)
+        # adopted above): it goes on as the new kind.
+        st = t.switch_kind(st, spec, now)
     head: list[Action] = []
     if not found:  # else: ask again under the same request id, and Compute tells the outcome
         # The zone the attempt committed to, while it can still be used: an earlier try's
@@ -445,8 +439,7 @@ def _waiting(v: JobView, spec: JobSpec, st: JobStatus, now: datetime) -> WriteSt
 def _blind_note(v: JobView, spec: JobSpec, st: JobStatus, now: datetime) -> list[Action]:
     """Nothing is created while the job's instances cannot all be seen; a project whose list
     failed (no IAM, the TPU API not enabled) says so in the status, once, with Google's words."""
-    projects = [p for p in dict.fromkeys((spec.project, st.project if st.attempt_started_at else None))
-                if p and p in v.unseen_projects]
+    projects = _unseen(v, spec, st)
     if not projects:
         return []  # a zone that did not answer: passing, and every pass would say it anew
     why = "; ".join(f"{p}: {v.unseen_why.get(p, 'unknown error')}" for p in projects)
@@ -456,16 +449,21 @@ def _blind_note(v: JobView, spec: JobSpec, st: JobStatus, now: datetime) -> list
 def _blind(v: JobView, spec: JobSpec, st: JobStatus) -> bool:
     """Whether a zone this job may have VMs in (its spec's, and every zone its history
     names, a previous run's included) did not answer the instance list."""
-    # The status's project while this run has begun an attempt: a new run keeps the previous
-    # run's project for its leftovers to be found, but a project left behind (dropped from the
-    # policy, its access removed) must not hold a run that never went there.
-    projects = {spec.project, st.project if st.attempt_started_at else None}
-    if projects & set(v.unseen_projects):
+    if _unseen(v, spec, st):
         return True
     if not v.unreachable:
         return False
     zones = {*spec.zones, st.zone, *(e.zone for e in st.history)}
     return bool(zones & set(v.unreachable))
+
+
+def _unseen(v: JobView, spec: JobSpec, st: JobStatus) -> list[str]:
+    """The job's projects whose list failed this pass: the spec's, and the status's while this
+    run has begun an attempt (a new run keeps the previous run's project for its leftovers to
+    be found, but a project left behind, dropped from the policy, must not hold a run that
+    never went there)."""
+    mine = (spec.project, st.project if st.attempt_started_at else None)
+    return [p for p in dict.fromkeys(mine) if p and p in v.unseen_projects]
 
 
 def _run(st: JobStatus) -> str:

@@ -63,7 +63,19 @@ class BlobStore(Protocol):
     def delete(self, bucket: str, name: str, *, if_generation_match: int | None = None) -> None: ...
 
 
-class InstanceStatus(StrEnum):
+class _Lenient(StrEnum):
+    """A string enum that reads a value it does not know as its UNKNOWN member."""
+
+    @classmethod
+    def of(cls, value: object) -> Self:
+        """The value the API sent, or UNKNOWN for one this code does not know (added later)."""
+        try:
+            return cls(str(value))
+        except ValueError:
+            return cls["UNKNOWN"]
+
+
+class InstanceStatus(_Lenient):
     """``Instance.status`` as the v1 discovery document lists it, plus UNKNOWN.
 
     Google adds values over time (PENDING and PENDING_STOP are recent), so anything the
@@ -84,14 +96,6 @@ class InstanceStatus(StrEnum):
     SUSPENDING = "SUSPENDING"
     TERMINATED = "TERMINATED"
     UNKNOWN = "UNKNOWN"
-
-    @classmethod
-    def of(cls, value: object) -> InstanceStatus:
-        """The status Compute sent, or UNKNOWN for a value this code does not know."""
-        try:
-            return cls(str(value))
-        except ValueError:
-            return cls.UNKNOWN
 
     @property
     def alive(self) -> bool:
@@ -288,18 +292,6 @@ class ComputeGateway(Protocol):
 
 
 # -- Cloud TPU ----------------------------------------------------------------------
-
-
-class _Lenient(StrEnum):
-    """A string enum that reads a value it does not know as its UNKNOWN member."""
-
-    @classmethod
-    def of(cls, value: object) -> Self:
-        """The value the API sent, or UNKNOWN for one this code does not know (added later)."""
-        try:
-            return cls(str(value))
-        except ValueError:
-            return cls["UNKNOWN"]
 
 
 class NodeState(_Lenient):

@@ -185,9 +185,24 @@ def step_down(status: JobStatus, spec: JobSpec, now: datetime, why: str) -> JobS
         return None
     lower = models[at + 1]
     detail = f"stepping down from {current} to {lower}: {why}"
-    return status.but(event(now, status, "step-down", detail), provisioning=lower, model_since=now,
-                      capacity_misses=0, capacity_since=None, zone_cooldowns={}, zone_rejections={}, zone=None,
-                      placement=status.placement + 1, not_before=None, message=detail)
+    return _afresh(status, now, "step-down", detail, lower, zone=None)
+
+
+def switch_kind(status: JobStatus, spec: JobSpec, now: datetime) -> JobStatus:
+    """The current attempt, committed as VMs or a TPU node and created as neither, on the kind
+    the spec asks for now: a new request id (none spans the two APIs), the spec's first model."""
+    tpu = spec.tpu is not None
+    was, now_is = ("a TPU node", "VMs") if status.attempt_tpu else ("VMs", "a TPU node")
+    detail = f"the spec moved from {was} to {now_is}: attempt {status.attempt} is created as {now_is}"
+    return _afresh(status, now, "respec", detail, spec.provisioning[0], attempt_tpu=tpu, tpu=status.tpu or tpu)
+
+
+def _afresh(status: JobStatus, now: datetime, name: str, detail: str, model: str, **changes: object) -> JobStatus:
+    """The same attempt on another model (or kind), its capacity record started over: the old
+    one's cooldowns, stockouts and refusals (a 400 or 404) say nothing of the new one's."""
+    return status.but(event(now, status, name, detail), provisioning=model, model_since=now, capacity_misses=0,
+                      capacity_since=None, zone_cooldowns={}, zone_rejections={}, placement=status.placement + 1,
+                      not_before=None, message=detail, **changes)
 
 
 def after_create_error(status: JobStatus, spec: JobSpec, error: Exception, now: datetime,
@@ -195,6 +210,10 @@ def after_create_error(status: JobStatus, spec: JobSpec, error: Exception, now: 
     """The status to record when inserting the current attempt failed; ``order``: the zones
     as placement ranked them for the attempt's model."""
     zone = status.zone
+    if isinstance(error, errors.QuotaError) and spec.tpu is not None:
+        # TPU quota is per zone (and per model: Spot and on-demand TPUs have quotas of their
+        # own): another zone, or the next model, may have it, as after a stockout.
+        error = errors.CapacityError(error.zone, f"quota exceeded: {error.reason}")
     if isinstance(error, errors.CapacityError):
         cooldowns = {**_unexpired(status, now), error.zone: now + spec.policy.zone_cooldown}
         misses, since = status.capacity_misses + 1, status.capacity_since or now
