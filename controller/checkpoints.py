@@ -34,6 +34,7 @@ import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 
 from controller.ports import BlobInfo
 
@@ -69,6 +70,8 @@ class Found:
     number: int | None = None  # what orders saves: the step, or Accelerate's save counter
     step: int | None = None  # the training step, where the format records one
     tag: str | None = None  # the name the framework loads it by: DeepSpeed's tag, Megatron's iteration
+    saved_at: datetime | None = None  # when its last object landed: the save was complete from then
+    write_s: float | None = None  # a directory save: its first object to its last (the completion marker)
 
     @property
     def label(self) -> str:
@@ -157,6 +160,26 @@ def latest(
     bucket, prefix = split_uri(uri)
     root = f"gs://{bucket}/{prefix}"
     objects = {b.name[len(prefix) :]: b for b in listing if b.name.startswith(prefix)}
+    found = _latest(root, objects, read, fmt, rule)
+    return _timed(found, root, objects) if found else None
+
+
+def _timed(found: Found, root: str, objects: dict[str, BlobInfo]) -> Found:
+    """When the save landed, and how long it took to write: from a directory's first object
+    to its last, which is the completion marker every directory format writes last. This is
+    the checkpoint cost the interval advice weighs (``controller.ledger.checkpoint_every``)."""
+    if not found.uri.startswith(root):
+        return found  # a pointer naming a save elsewhere: not in this listing
+    name = found.uri[len(root):].rstrip("/")
+    if name in objects:  # one object: complete when it appears, its writing time unseen
+        return replace(found, saved_at=objects[name].updated)
+    times = [b.updated for n, b in objects.items() if n.startswith(name + "/")]
+    if not times:
+        return found
+    return replace(found, saved_at=max(times), write_s=(max(times) - min(times)).total_seconds() if len(times) > 1 else None)
+
+
+def _latest(root: str, objects: dict[str, BlobInfo], read: Reader, fmt: str, rule: CustomRule | None) -> Found | None:
     if fmt == "custom":
         return _custom(root, objects, rule) if rule else None
     trackers = [

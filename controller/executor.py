@@ -14,9 +14,10 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from controller import errors, names, transitions
+from controller import errors, ledger, names, transitions
 from controller.actions import Action, CreateInstances, DeleteInstance, DeleteRecord, WriteStatus
 from controller.ports import BlobStore, ComputeGateway, TpuGateway, TpuRequest
+from controller.spec import JobSpec
 from controller.state import JobStatus
 from controller.world import JobView
 
@@ -50,7 +51,7 @@ class Executor:
     def apply(self, view: JobView, actions: list[Action], now: datetime, wait_until: float | None = None) -> Outcome:
         """``wait_until``: the ``time.monotonic()`` past which an insert no longer waits for its
         operation (None: the gateway's own limit)."""
-        chain = _Chain(view.job, view.status, view.status_generation)
+        chain = _Chain(view.job, view.status, view.status_generation, view.spec)
         pending = False
         for action in actions:
             if pending and not isinstance(action, DeleteInstance):
@@ -180,6 +181,7 @@ class _Chain:
     job: str
     status: JobStatus | None
     generation: int
+    spec: JobSpec | None = None
     outcome: Outcome = field(init=False)
     wrote: bool = field(default=False, init=False)  # this chain has written the status
 
@@ -187,6 +189,8 @@ class _Chain:
         self.outcome = Outcome(self.job)
 
     def write(self, store: BlobStore, bucket: str, status: JobStatus) -> None:
+        # Every commit accounts the events it adds, once: the pass that wins the swap does.
+        status = ledger.settle(self.status, status, self.spec)
         info = store.write(bucket, names.status_key(self.job), status.to_json(), if_generation_match=self.generation)
         self.status, self.generation, self.wrote = status, info.generation, True
 

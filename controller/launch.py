@@ -111,6 +111,8 @@ def _metadata(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, ma
         "respawn-nodes": str(spec.nodes),
         "respawn-master-addr": master,
         "respawn-heartbeat-interval": str(int(spec.heartbeat_interval.total_seconds())),
+        # Young/Daly's interval for this attempt (RESPAWN_CHECKPOINT_EVERY_S), "" while unknown.
+        "respawn-checkpoint-every-s": str(round(status.checkpoint_every_s)) if status.checkpoint_every_s else "",
         "startup-script": ctx.startup_script,
         "shutdown-script": ctx.shutdown_script,
     }

@@ -90,7 +90,8 @@ def _running_job(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: L
     if v.marker and v.marker.belongs_to(st):
         cause = _marker_cause(v.marker)
         unsaved = "; its trainer had not finished saving by the deadline" if v.marker.saved is False else ""
-        return _restart(v, spec, st, cause, f"{cause} marker from {v.marker.instance or 'a VM'}{unsaved}", now, ctx)
+        return _restart(v, spec, st, cause, f"{cause} marker from {v.marker.instance or 'a VM'}{unsaved}", now, ctx,
+                        since=v.marker.updated)
     if not st.instances:  # hand-edited: an attempt with no VM names; insert the ones it should have
         repaired = st.but(instances=tuple(names.node_names(v.job, st.attempt, spec.nodes)), inserted=False)
         return [WriteStatus(v.job, repaired, "status names no instance")]
@@ -298,7 +299,7 @@ def _stale_heartbeat(v: JobView, spec: JobSpec, st: JobStatus, mine: dict[str, I
 
 
 def _restart(v: JobView, spec: JobSpec, st: JobStatus, cause: str, detail: str, now: datetime,
-             ctx: LaunchContext) -> list[Action]:
+             ctx: LaunchContext, since: datetime | None = None) -> list[Action]:
     """A loss that is not the trainer's fault: preemption, maintenance, host error, recycling."""
     if cause == "recycled":
         st = st.but(recycles=st.recycles + 1)
@@ -307,7 +308,7 @@ def _restart(v: JobView, spec: JobSpec, st: JobStatus, cause: str, detail: str, 
             return _end(v, st, Phase.FAILED, f"{detail}; restart budget exhausted "
                         f"(max_restarts {spec.policy.max_restarts})", now)
         st = st.but(restarts=st.restarts + 1, preemptions=st.preemptions + (cause == "preempted"))
-    recovering = st.but(t.event(now, st, cause, detail), phase=Phase.RECOVERING, message=detail,
+    recovering = st.but(t.event(now, st, cause, detail, since=since), phase=Phase.RECOVERING, message=detail,
                         recovering_since=now)
     return _launch(v, spec, recovering, f"{cause}: {detail}", now, ctx)
 

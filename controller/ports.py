@@ -225,6 +225,7 @@ class ZoneAdvice:
     obtainability: float | None = None  # 0..1: how likely an insert there gets the capacity now
     uptime_s: float | None = None  # Spot: how long VMs there are expected to run
     preemption_rate: float | None = None  # Spot: share preempted per day, latest day of history
+    spot_price_h: float | None = None  # Spot: list price per VM-hour, latest day of history (priceHistory)
 
 
 class CapacityAdvisor(Protocol):
@@ -492,3 +493,20 @@ TPU_STOP_REASONS: Mapping[NodeState, StopReason] = {
     NodeState.TERMINATED: StopReason.MAINTENANCE,
     NodeState.STOPPED: StopReason.STOPPED,
 }
+
+
+# -- notifications ------------------------------------------------------------------------
+
+
+class Publisher(Protocol):
+    """Pub/Sub publishing (google-cloud-pubsub), for job notifications."""
+
+    def publish(self, topic: str, data: bytes, attributes: Mapping[str, str]) -> str:
+        """Publish one message to ``topic`` (``projects/P/topics/T``); returns its message id; raises a RespawnError."""
+
+
+class Webhook(Protocol):
+    """A Slack-compatible incoming webhook (HTTP POST of a JSON body)."""
+
+    def post(self, url: str, body: Mapping[str, object]) -> None:
+        """POST ``body`` as JSON; raises a RespawnError (TransientError for 429/5xx/timeouts)."""

@@ -274,6 +274,10 @@ class JobPolicy(Strict):
     # A TPU under host maintenance (health UNHEALTHY_MAINTENANCE) is waited for this long while
     # Google reschedules it, then deleted and created again.
     maintenance_timeout: Duration = timedelta(hours=1)
+    # Dollars per node-hour (a VM with its GPUs, or a whole TPU node) by provisioning model, for
+    # the goodput ledger's cost, in place of respawn's price table (controller.prices).
+    prices: dict[Provisioning, Annotated[float, Field(ge=0, le=10_000)]] | None = Field(
+        default=None, description="e.g. {spot: 2.9, standard: 9.8}: dollars per node-hour")
 
 
 def _env_name(name: str) -> str:

@@ -12,6 +12,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field
 
 from controller.checkpoints import Found
+from controller.ledger import Ledger
 
 HISTORY_LIMIT = 100
 
@@ -41,6 +42,7 @@ class Event(BaseModel):
     detail: str = ""
     instance: str | None = None
     zone: str | None = None
+    since: datetime | None = None  # when it happened, where that is known and earlier (a VM's marker)
 
 
 class CheckpointRef(BaseModel):
@@ -50,10 +52,13 @@ class CheckpointRef(BaseModel):
     step: int | None = None
     version: int = 0  # generation of the object that proves it complete; moves on every save
     tag: str | None = None  # the name the framework loads it by: DeepSpeed's tag, Megatron's iteration
+    saved_at: datetime | None = None  # when the save was complete (its last object)
+    write_s: float | None = None  # how long its writing took: the checkpoint cost C
 
     @classmethod
     def of(cls, found: Found) -> CheckpointRef:
-        return cls(uri=found.uri, step=found.step, version=found.version, tag=found.tag)
+        return cls(uri=found.uri, step=found.step, version=found.version, tag=found.tag, saved_at=found.saved_at,
+                   write_s=found.write_s)
 
 
 class ZoneScore(BaseModel):
@@ -64,6 +69,7 @@ class ZoneScore(BaseModel):
     obtainability: float | None = None
     uptime_s: float | None = None
     preemption_rate: float | None = None  # share of Spot VMs preempted per day
+    spot_price_h: float | None = None  # the Spot list price per VM-hour (capacityHistory priceHistory)
 
 
 class JobStatus(BaseModel):
@@ -118,12 +124,17 @@ class JobStatus(BaseModel):
     stalled_at: CheckpointRef | None = None
 
     instance_ids: dict[str, str] = Field(default_factory=dict)  # name -> Compute id, to find their logs
+    # Young/Daly's checkpoint interval for the current attempt (ledger.checkpoint_every), given to
+    # its trainer as RESPAWN_CHECKPOINT_EVERY_S; None while the run has no measure of C or M.
+    checkpoint_every_s: float | None = None
+    ledger: Ledger = Ledger()  # goodput: attempts, losses, totals (controller.ledger)
     history: tuple[Event, ...] = ()
+    event_count: int = 0  # events ever appended: which of ``history`` a commit adds (ledger.settle)
 
     def but(self, *events: Event, **changes: object) -> JobStatus:
         """A copy with ``changes`` applied and ``events`` appended to the bounded history."""
         history = (*self.history, *events)[-HISTORY_LIMIT:]
-        return self.model_copy(update={**changes, "history": history})
+        return self.model_copy(update={**changes, "history": history, "event_count": self.event_count + len(events)})
 
     def to_json(self) -> bytes:
         return self.model_dump_json(indent=1).encode()

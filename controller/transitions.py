@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
-from controller import errors, placement
+from controller import errors, ledger, placement
 from controller.durations import format_duration
 from controller.spec import JobSpec
 from controller.ports import ZoneAdvice
 from controller.state import CheckpointRef, Event, JobStatus, Phase, ZoneScore
 
 
-def event(now: datetime, status: JobStatus, name: str, detail: str, **where: str | None) -> Event:
+def event(now: datetime, status: JobStatus, name: str, detail: str, **where: str | datetime | None) -> Event:
     return Event(at=now, event=name, attempt=status.attempt, detail=detail, **where)
 
 
@@ -26,7 +26,7 @@ def new_run(prev: JobStatus | None, attempt: int, spec_generation: int | None, n
     # Where the previous run's VMs or TPU nodes were is kept (project, history, the TPU flag):
     # one whose delete failed must still be found, listed and deleted by the new run.
     base = JobStatus(history=prev.history if prev else (), attempt_token="", tpu=prev.tpu if prev else False,
-                     project=prev.project if prev else None)
+                     project=prev.project if prev else None, event_count=prev.event_count if prev else 0)
     return base.but(
         Event(at=now, event="accepted", attempt=attempt, detail="spec accepted; waiting for a VM"),
         phase=Phase.PENDING,
@@ -95,8 +95,12 @@ def begin_attempt(
     where = f"{zone} ({model}; {placement.describe(advice.get(zone))})" if advice else f"{zone} ({model})"
     detail = f"{why}; creating {', '.join(names)} in {where}, {resume}"
     switched = model != model_of(spec, status)
-    scores = {z: ZoneScore(obtainability=a.obtainability, uptime_s=a.uptime_s, preemption_rate=a.preemption_rate)
+    scores = {z: ZoneScore(obtainability=a.obtainability, uptime_s=a.uptime_s, preemption_rate=a.preemption_rate,
+                           spot_price_h=a.spot_price_h)
               for z, a in (advice or {}).items() if z in spec.zones}
+    seed = (scores.get(zone) or status.zone_advice.get(zone)) if model == "spot" else None
+    every = ledger.checkpoint_every(status.ledger, checkpoint.write_s if checkpoint else None,
+                                    seed.uptime_s if seed else None, seed.preemption_rate if seed else None)
     return status.but(
         Event(at=now, event="launch", attempt=attempt, detail=detail, instance=names[0], zone=zone),
         phase=Phase.PROVISIONING,
@@ -122,6 +126,7 @@ def begin_attempt(
         zone_advice=scores if advice else status.zone_advice,
         advice_at=now if advice else status.advice_at,
         resume_from=checkpoint,
+        checkpoint_every_s=every,
         attempt_started_at=now,
         started_at=status.started_at or now,
         not_before=None,

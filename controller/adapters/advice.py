@@ -63,21 +63,28 @@ class ComputeAdvice:
         if shape.model == "SPOT":
             for zone, advice in scores.items():
                 try:
-                    rate = self._rate(shape, zone)
+                    rate, price = self._history(shape, zone)
                 except _LIBRARY:
                     break  # the tie-break and the status line go without it; one failure is enough to wait for
-                scores[zone] = ZoneAdvice(advice.obtainability, advice.uptime_s, rate)
+                scores[zone] = ZoneAdvice(advice.obtainability, advice.uptime_s, rate, price)
         return scores
 
-    def _rate(self, shape: Shape, zone: str) -> float | None:
+    def _history(self, shape: Shape, zone: str) -> tuple[float | None, float | None]:
+        """The latest day's preemption rate and Spot list price (dollars per VM-hour) in ``zone``."""
         request = compute_v1.CapacityHistoryAdviceRequest(
             project=shape.project, region=shape.region, capacity_history_request_resource={
                 "instance_properties": {"machine_type": shape.machine_type,
                                         "scheduling": {"provisioning_model": shape.model}, **_gpus(shape)},
-                "location_policy": {"location": f"zones/{zone}"}, "types": ["PREEMPTION"]})
+                "location_policy": {"location": f"zones/{zone}"}, "types": ["PREEMPTION", "PRICE"]})
         history = self.client.capacity_history(request, retry=_RETRY, timeout=_TIMEOUT)
         days = sorted(history.preemption_history, key=lambda r: r.interval.end_time)
-        return days[-1].preemption_rate if days and "preemption_rate" in days[-1] else None
+        rate = days[-1].preemption_rate if days and "preemption_rate" in days[-1] else None
+        prices = sorted(history.price_history, key=lambda r: r.interval.end_time)
+        price = None
+        if prices and "list_price" in prices[-1] and prices[-1].list_price.currency_code in ("USD", ""):
+            money = prices[-1].list_price
+            price = money.units + money.nanos / 1e9  # google.type.Money: whole units and nanos
+        return rate, price
 
 
 def _gpus(shape: Shape) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import json
 import threading
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -17,6 +18,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from controller import errors, names
+from controller.adapters.pubsub import check_message
+from controller.adapters.webhook import check as check_webhook
 from controller.clock import Clock, FakeClock
 from controller.ports import Blob, BlobInfo, Instance, InstanceList, InstanceRequest, InstanceStatus, Shape, StopReason
 from controller.ports import ZoneAdvice
@@ -397,6 +400,7 @@ class MemoryAdvisor:
         self.compute = compute
         self.regions = set(regions)
         self.rates: dict[str, float] = {}  # zone -> share of Spot VMs preempted a day
+        self.spot_prices: dict[str, float] = {}  # machine type -> Spot dollars per VM-hour (priceHistory)
         self.failure: errors.RespawnError | None = None
         self.calls: list[Shape] = []
         self._lock = threading.Lock()
@@ -416,7 +420,8 @@ class MemoryAdvisor:
                 out[zone] = ZoneAdvice(
                     obtainability=0.0 if zone in blocked else 0.9,
                     uptime_s=(30 * 86400.0 if rate <= 0 else min(30 * 86400.0, 86400.0 / rate)) if spot else None,
-                    preemption_rate=rate if spot else None)
+                    preemption_rate=rate if spot else None,
+                    spot_price_h=self.spot_prices.get(shape.machine_type) if spot else None)
             return out
 
 
@@ -652,3 +657,74 @@ def tpu_workers(accelerator_type: str) -> int:
     if family in ("v5litepod", "v6e"):
         return 1 if int(size) <= 8 else int(size) // 4
     return 1
+
+
+class MemoryPublisher:
+    """A fake Pub/Sub publisher: topics that exist (``create_topic``), and every message
+    published, in order, as (topic, data, attributes).
+
+    As ``CloudPublisher``: a message the client or Google would refuse is a ``RequestError``
+    before anything is recorded; a topic that does not exist is ``NotFound``; ids are
+    decimal strings. ``fail_next(error, times)`` raises ``error`` instead on the next calls."""
+
+    def __init__(self, topics: Sequence[str] = ()) -> None:
+        self.topics: set[str] = set(topics)
+        self.published: list[tuple[str, bytes, dict[str, str]]] = []
+        self.faults = Faults()
+        self.calls: list[tuple[str, str]] = []
+        self._ids = itertools.count(1_000_000_000_001)
+        self._lock = threading.Lock()
+
+    def create_topic(self, topic: str) -> None:
+        with self._lock:
+            if topic in self.topics:
+                raise errors.AlreadyExists(topic)
+            self.topics.add(topic)
+
+    def delete_topic(self, topic: str) -> None:
+        with self._lock:
+            if topic not in self.topics:
+                raise errors.NotFound(topic)
+            self.topics.discard(topic)
+
+    def fail_next(self, error: Exception, times: int = 1) -> None:
+        self.faults.fail_next("publish", error, times)
+
+    def publish(self, topic: str, data: bytes, attributes: Mapping[str, str]) -> str:
+        check_message(topic, data, attributes)
+        with self._lock:
+            self.calls.append(("publish", topic))
+            self.faults.check("publish")
+            if topic not in self.topics:
+                raise errors.NotFound(f"publish to {topic}: Resource not found (resource={topic.rsplit('/', 1)[-1]}).")
+            self.published.append((topic, bytes(data), dict(attributes)))
+            return str(next(self._ids))
+
+    def messages(self, topic: str) -> list[tuple[bytes, dict[str, str]]]:
+        """What was published to ``topic``: (data, attributes), in order."""
+        with self._lock:
+            return [(data, attrs) for t, data, attrs in self.published if t == topic]
+
+
+class MemoryWebhook:
+    """A fake incoming webhook: every (url, body) posted, in order, the body as JSON would carry
+    it. A body that is not JSON, or a URL that is not http(s), is a ``RequestError`` as for
+    ``HttpWebhook``; ``fail_next(error, times)`` raises ``error`` instead on the next posts."""
+
+    def __init__(self) -> None:
+        self.posted: list[tuple[str, dict[str, object]]] = []
+        self.faults = Faults()
+        self._lock = threading.Lock()
+
+    def fail_next(self, error: Exception, times: int = 1) -> None:
+        self.faults.fail_next("post", error, times)
+
+    def post(self, url: str, body: Mapping[str, object]) -> None:
+        data = check_webhook(url, body)
+        with self._lock:
+            self.faults.check("post")
+            self.posted.append((url, json.loads(data)))
+
+    def bodies(self, url: str | None = None) -> list[dict[str, object]]:
+        with self._lock:
+            return [body for u, body in self.posted if url is None or u == url]

@@ -105,6 +105,11 @@ agent_command="$(attr_or respawn-command "")" || never_ran 98 "metadata unreadab
 agent_interval="$(attr_or respawn-heartbeat-interval 60)" || never_ran 98 "metadata unreadable: respawn-heartbeat-interval"
 [[ "$agent_interval" =~ ^[1-9][0-9]{0,5}$ ]] || { log "bad heartbeat interval '$agent_interval': 60 s"; agent_interval=60; }
 [[ "$agent_command" == *[![:space:]]* ]] || never_ran 99 "no command"
+# Young/Daly's checkpoint interval for this attempt, advice only: one that is not a number of
+# seconds is dropped, never the run.
+agent_checkpoint_every="$(attr_or respawn-checkpoint-every-s "")" || agent_checkpoint_every=""
+[[ "$agent_checkpoint_every" =~ ^[1-9][0-9]{0,6}$ ]] || agent_checkpoint_every=""
+readonly agent_checkpoint_every
 readonly agent_code_uri agent_resume_from agent_resume_step agent_resume_tag agent_checkpoint_uri agent_master_addr agent_env_lines agent_command agent_interval
 agent_role=node
 [ "$agent_tpu" = 1 ] && agent_role="node $agent_name, TPU worker"
@@ -129,7 +134,8 @@ fi
 # The launcher reads nothing but its positional parameters, which no env line can change.
 readonly agent_launcher='
 export RESUME_FROM="$4" RESPAWN_CHECKPOINT_URI="$5" RESPAWN_JOB="$6" RESPAWN_ATTEMPT="$7" \
-  RESPAWN_BUCKET="$8" NODE_RANK="$9" NODES="${10}" MASTER_ADDR="${11}" RESUME_STEP="${12}" RESUME_TAG="${13}"
+  RESPAWN_BUCKET="$8" NODE_RANK="$9" NODES="${10}" MASTER_ADDR="${11}" RESUME_STEP="${12}" RESUME_TAG="${13}" \
+  RESPAWN_CHECKPOINT_EVERY_S="${14}"
 if [ -n "$2" ]; then
   declare -A respawn_base=()
   for respawn_n in $(compgen -e); do respawn_base[$respawn_n]="${!respawn_n}"; done
@@ -167,11 +173,12 @@ if [ -n "$2" ]; then
   done
 fi
 export RESUME_FROM="$4" RESPAWN_CHECKPOINT_URI="$5" RESPAWN_JOB="$6" RESPAWN_ATTEMPT="$7" \
-  RESPAWN_BUCKET="$8" NODE_RANK="$9" NODES="${10}" MASTER_ADDR="${11}" RESUME_STEP="${12}" RESUME_TAG="${13}"
+  RESPAWN_BUCKET="$8" NODE_RANK="$9" NODES="${10}" MASTER_ADDR="${11}" RESUME_STEP="${12}" RESUME_TAG="${13}" \
+  RESPAWN_CHECKPOINT_EVERY_S="${14}"
 exec "$1" -c "$3"'
 setsid "$BASH" -c "$agent_launcher" respawn-trainer "$BASH" "$agent_env_lines" "$agent_command" \
   "$agent_resume_from" "$agent_checkpoint_uri" "$agent_job" "$agent_attempt" "$agent_bucket" \
-  "$agent_rank" "$agent_nodes" "$agent_master_addr" "$agent_resume_step" "$agent_resume_tag" &
+  "$agent_rank" "$agent_nodes" "$agent_master_addr" "$agent_resume_step" "$agent_resume_tag" "$agent_checkpoint_every" &
 agent_trainer=$!
 readonly agent_trainer
 if ! { printf '%s\n' "$agent_trainer" > "$agent_run_dir/trainer.pid.new" \

@@ -25,6 +25,7 @@ class Backend:
     advisor: CapacityAdvisor
     stockout: Callable[[str, bool], None]
     rate: Callable[[str, float], None]
+    price: Callable[[str, float], None]
 
 
 @pytest.fixture(scope="module")
@@ -40,14 +41,16 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
         fake = MemoryAdvisor(compute)
         yield Backend("memory", fake,
                       stockout=lambda z, on: (compute.stockouts.add if on else compute.stockouts.discard)(z),
-                      rate=fake.rates.__setitem__)
+                      rate=fake.rates.__setitem__, price=fake.spot_prices.__setitem__)
         return
     srv: ComputeServer = request.getfixturevalue("server")
     advisor = capacity_advisor(Settings(bucket="b", project=PROJECT, compute_endpoint=srv.endpoint))
-    yield Backend("local", advisor, stockout=lambda z, on: srv.stockout(z, on), rate=srv.preemption_rate)
+    yield Backend("local", advisor, stockout=lambda z, on: srv.stockout(z, on), rate=srv.preemption_rate,
+                  price=srv.spot_price)
     for zone in ZONES:
         srv.stockout(zone, False)
         srv.preemption_rate(zone, 0.0)
+    srv.faults.advice.spot_prices.clear()
 
 
 def shape(model: str = "SPOT", zones: tuple[str, ...] = ZONES, region: str = "us-central1") -> Shape:
@@ -86,3 +89,11 @@ def test_only_the_asked_zones_are_answered(backend):
 def test_an_unknown_region_is_a_request_error_not_a_library_one(backend):
     with pytest.raises(errors.RequestError):
         backend.advisor.advise(shape(region="mars-north1", zones=("mars-north1-a",)))
+
+
+def test_spot_advice_carries_the_spot_list_price_where_google_gives_one(backend):
+    assert backend.advisor.advise(shape())["us-central1-a"].spot_price_h is None
+    backend.price("g2-standard-8", 0.3125)
+    advice = backend.advisor.advise(shape())
+    assert {a.spot_price_h for a in advice.values()} == {0.3125}
+    assert backend.advisor.advise(shape("STANDARD"))["us-central1-a"].spot_price_h is None

@@ -1,0 +1,373 @@
+"""The goodput ledger: what a job's run got for its money, kept in its status.
+
+Folded from the history events each status commit adds (``settle``), so every transition
+is accounted exactly once, by the pass whose compare-and-swap wins, whichever rule of the
+planner or the executor made it. Pure: no I/O, no clock; times are the events' own.
+
+- an **attempt** (``Span``): where, on which model, how many accelerators, when it was
+  launched, accepted by Compute (paid from then), RUNNING, and when and why it ended;
+- a **loss** (``Loss``): a preemption, maintenance, host error, recycle, lost VM or trainer
+  failure; its recovery in three parts (the loss itself, when the VM said so; seen by the
+  controller; the replacement's insert issued; the replacement RUNNING) and the work lost:
+  from the checkpoint the replacement resumed from to the loss;
+- **totals**: accelerator-hours paid, and lost to boots and to redone work; Spot cost
+  against the same hours on demand. Old attempts and losses fold into the totals, so the
+  status stays small however long the job runs.
+
+Goodput is useful accelerator-time over paid accelerator-time; useful is paid less boots
+(accepted to RUNNING) and less redone work (time trained past the last save, lost).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from controller import prices
+
+if TYPE_CHECKING:
+    from controller.spec import JobSpec
+    from controller.state import Event, JobStatus
+
+SPANS_KEPT = 20
+LOSSES_KEPT = 20
+MARKS_KEPT = 40
+# Losses of the platform's making: what the time between losses (M) of the interval advice counts.
+PLATFORM_CAUSES = ("preempted", "maintenance", "host error", "lost", "rebooted")
+LOSS_CAUSES = (*PLATFORM_CAUSES, "recycled", "failed")
+ENDS = ("succeeded", "failed", "cancelled")
+_MOVES = ("failover", "step-down", "respec")
+MIN_INTERVAL_S, MAX_INTERVAL_S = 60.0, 6 * 3600.0
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class Span(_Model):
+    """One attempt, as it was paid for."""
+
+    attempt: int
+    zone: str | None = None
+    model: str | None = None  # provisioning model: spot, standard, flex-start
+    tpu: bool = False
+    accelerators: float = 0.0  # GPUs or TPU chips across the attempt's nodes
+    per_hour: float = 0.0  # dollars per hour of the whole attempt on its model
+    on_demand_per_hour: float = 0.0
+    price_source: str = ""
+    start: datetime  # committed (the insert issued)
+    inserted: datetime | None = None  # Compute accepted it: billing from here
+    running: datetime | None = None
+    end: datetime | None = None
+    cause: str | None = None  # why it ended: a loss cause, or succeeded / failed / cancelled
+    resumed_step: int | None = None  # the checkpoint step it started from
+    resumed_saved_at: datetime | None = None
+
+
+class Loss(_Model):
+    """One attempt lost, and the recovery that followed."""
+
+    attempt: int
+    cause: str
+    zone: str | None = None
+    accelerators: float = 0.0
+    lost_at: datetime | None = None  # when the VM said so (its marker), where it did
+    seen_at: datetime  # when the controller acted on it
+    issued_at: datetime | None = None  # the replacement's insert issued
+    running_at: datetime | None = None  # the replacement RUNNING
+    redone_s: float | None = None  # training time lost: from the save resumed from to the loss
+    resumed_step: int | None = None
+
+    @property
+    def recovery_s(self) -> float | None:
+        """From the loss (or its sighting) to the replacement RUNNING."""
+        if self.running_at is None:
+            return None
+        return (self.running_at - (self.lost_at or self.seen_at)).total_seconds()
+
+
+class Mark(_Model):
+    at: datetime
+    kind: str  # stockout, quota, preempted, maintenance, ...
+    zone: str | None = None
+
+
+class Totals(_Model):
+    """Every closed attempt and loss of the run, including those no longer kept in detail."""
+
+    attempts: int = 0
+    paid_acc_s: float = 0.0  # accelerator-seconds paid (accepted to end)
+    boot_acc_s: float = 0.0  # accepted to RUNNING
+    redone_acc_s: float = 0.0  # trained past the last save, then lost
+    running_s: float = 0.0  # wall time RUNNING: the time between losses counts it
+    platform_losses: int = 0
+    cost: float = 0.0
+    on_demand_cost: float = 0.0
+    losses: dict[str, dict[str, int]] = Field(default_factory=dict)  # zone -> cause -> count
+    stockouts: dict[str, int] = Field(default_factory=dict)  # zone -> capacity errors
+    recoveries: int = 0
+    recovery_s: float = 0.0  # summed, for the mean
+    price_sources: tuple[str, ...] = ()
+
+
+class Ledger(_Model):
+    spans: tuple[Span, ...] = ()
+    losses: tuple[Loss, ...] = ()
+    marks: tuple[Mark, ...] = ()
+    totals: Totals = Totals()
+    checkpoint_cost_s: float | None = None  # the latest save's writing time seen (C)
+    checkpoints: tuple[tuple[datetime, int], ...] = ()  # (saved at, step) of each save resumed from
+
+    @property
+    def open(self) -> Span | None:
+        return self.spans[-1] if self.spans and self.spans[-1].end is None else None
+
+    @property
+    def pending(self) -> Loss | None:
+        """The last loss while its replacement is not RUNNING yet."""
+        return self.losses[-1] if self.losses and self.losses[-1].running_at is None else None
+
+
+def settle(before: JobStatus | None, after: JobStatus, spec: JobSpec | None) -> JobStatus:
+    """``after`` with its ledger brought up to date: the events it adds to ``before`` (the
+    status as last committed) folded into ``before``'s ledger. A new run starts a new ledger."""
+    same_run = before is not None and before.created_at == after.created_at
+    base = before.ledger if same_run and before is not None else after.ledger
+    seen = before.event_count if same_run and before is not None else after.event_count - _new_run_events(after)
+    fresh = max(0, min(after.event_count - seen, len(after.history)))
+    events = after.history[len(after.history) - fresh:] if fresh else ()
+    ledger = account(base, events, after, spec)
+    return after if ledger == after.ledger else after.model_copy(update={"ledger": ledger})
+
+
+def _new_run_events(status: JobStatus) -> int:
+    """The events of this run in ``status.history``: from its "accepted" on."""
+    for back, e in enumerate(reversed(status.history), start=1):
+        if e.event == "accepted" and e.at == status.created_at:
+            return back
+    return min(status.event_count, len(status.history))
+
+
+def account(ledger: Ledger, events: Sequence[Event], status: JobStatus, spec: JobSpec | None) -> Ledger:
+    """Fold ``events`` (those one commit adds, in order) into ``ledger``; ``status``: as committed."""
+    for e in events:
+        ledger = _one(ledger, e, status, spec)
+    if (open_ := ledger.open) is not None and open_.attempt == status.attempt and open_.inserted is None:
+        # Not created yet: the attempt goes where, and on what, the status says now.
+        if (open_.zone, open_.model) != (status.zone, status.provisioning):
+            ledger = _replace_open(ledger, _priced(open_.model_copy(update={"zone": status.zone,
+                                                                             "model": status.provisioning}), status, spec))
+    return ledger
+
+
+def _one(ledger: Ledger, e: Event, status: JobStatus, spec: JobSpec | None) -> Ledger:
+    name = e.event
+    if name in ("launch", "adopted"):
+        if name == "adopted" and ledger.open is not None and ledger.open.attempt == status.attempt:
+            return _replace_open(ledger, ledger.open.model_copy(update={"inserted": ledger.open.inserted or e.at}))
+        return _launched(ledger, e, status, spec)
+    if name == "inserted" and (open_ := ledger.open) is not None:
+        return _replace_open(ledger, open_.model_copy(update={"inserted": open_.inserted or e.at}))
+    if name == "running" and (open_ := ledger.open) is not None:
+        ledger = _replace_open(ledger, open_.model_copy(update={"running": open_.running or e.at}))
+        if (loss := ledger.pending) is not None and loss.issued_at is not None:
+            recovered = loss.model_copy(update={"running_at": e.at})
+            totals = ledger.totals
+            totals = totals.model_copy(update={"recoveries": totals.recoveries + 1,
+                                               "recovery_s": totals.recovery_s + (recovered.recovery_s or 0.0)})
+            ledger = ledger.model_copy(update={"losses": (*ledger.losses[:-1], recovered), "totals": totals})
+        return ledger
+    if name in ("stockout", "quota"):
+        totals = ledger.totals
+        if name == "stockout" and e.zone:
+            totals = totals.model_copy(update={"stockouts": {**totals.stockouts,
+                                                             e.zone: totals.stockouts.get(e.zone, 0) + 1}})
+        return _marked(ledger.model_copy(update={"totals": totals}), Mark(at=e.at, kind=name, zone=e.zone))
+    ended = name in ENDS and (name != "failed" or status.phase == "FAILED")
+    if name in LOSS_CAUSES and not ended:
+        return _lost(ledger, e, name)
+    if ended:
+        return _closed(ledger, e.at, name) if ledger.open is not None else ledger
+    return ledger
+
+
+def _launched(ledger: Ledger, e: Event, status: JobStatus, spec: JobSpec | None) -> Ledger:
+    if ledger.open is not None:  # adopted past it (another pass's attempt): this one ended unseen
+        ledger = _closed(ledger, e.at, "replaced")
+    checkpoint = status.resume_from
+    span = _priced(Span(attempt=status.attempt, zone=status.zone, model=status.provisioning, tpu=status.attempt_tpu,
+                        start=e.at, inserted=e.at if e.event == "adopted" else None,
+                        resumed_step=checkpoint.step if checkpoint else None,
+                        resumed_saved_at=checkpoint.saved_at if checkpoint else None), status, spec)
+    updates: dict[str, object] = {"spans": (*ledger.spans, span)[-SPANS_KEPT:]}
+    if checkpoint is not None and checkpoint.saved_at is not None and checkpoint.step is not None:
+        point = (checkpoint.saved_at, checkpoint.step)
+        if point not in ledger.checkpoints:
+            updates["checkpoints"] = (*ledger.checkpoints, point)[-SPANS_KEPT:]
+    if checkpoint is not None and checkpoint.write_s is not None:
+        updates["checkpoint_cost_s"] = checkpoint.write_s
+    if (loss := ledger.pending) is not None and loss.issued_at is None:
+        redone = _redone(ledger, loss, checkpoint)
+        done = loss.model_copy(update={"issued_at": e.at, "redone_s": redone,
+                                       "resumed_step": checkpoint.step if checkpoint else None})
+        updates["losses"] = (*ledger.losses[:-1], done)
+        if redone:
+            totals = ledger.totals
+            updates["totals"] = totals.model_copy(update={"redone_acc_s": totals.redone_acc_s + redone * loss.accelerators})
+    return ledger.model_copy(update=updates)
+
+
+def _redone(ledger: Ledger, loss: Loss, checkpoint: object) -> float | None:
+    """Training time the lost attempt did past the save its replacement resumes from."""
+    lost = next((s for s in reversed(ledger.spans) if s.attempt == loss.attempt), None)
+    if lost is None or lost.running is None:
+        return 0.0  # it never trained
+    until = loss.lost_at or loss.seen_at
+    saved = getattr(checkpoint, "saved_at", None)
+    began = max(lost.running, saved) if saved is not None else lost.running
+    return max(0.0, (until - began).total_seconds())
+
+
+def _lost(ledger: Ledger, e: Event, cause: str) -> Ledger:
+    open_ = ledger.open
+    if open_ is None:
+        return ledger  # a restart decided before the attempt was ever launched (hand-edited)
+    lost_at = e.since if e.since and e.since <= e.at else None
+    ledger = _closed(ledger, lost_at or e.at, cause)
+    totals = ledger.totals
+    zone = open_.zone or "?"
+    by_zone = {**totals.losses, zone: {**totals.losses.get(zone, {}), cause: totals.losses.get(zone, {}).get(cause, 0) + 1}}
+    platform = totals.platform_losses + (cause in PLATFORM_CAUSES)
+    loss = Loss(attempt=open_.attempt, cause=cause, zone=open_.zone, accelerators=open_.accelerators,
+                lost_at=lost_at, seen_at=e.at)
+    ledger = ledger.model_copy(update={"losses": (*ledger.losses, loss)[-LOSSES_KEPT:],
+                                       "totals": totals.model_copy(update={"losses": by_zone,
+                                                                           "platform_losses": platform})})
+    return _marked(ledger, Mark(at=lost_at or e.at, kind=cause, zone=open_.zone))
+
+
+def _closed(ledger: Ledger, at: datetime, cause: str) -> Ledger:
+    span = ledger.open
+    assert span is not None
+    end = max(at, span.start)
+    done = span.model_copy(update={"end": end, "cause": cause})
+    paid, boot, ran = _times(done, end)
+    totals = ledger.totals
+    sources = totals.price_sources if done.price_source in totals.price_sources or not paid else (
+        *totals.price_sources, done.price_source)
+    totals = totals.model_copy(update={
+        "attempts": totals.attempts + 1,
+        "paid_acc_s": totals.paid_acc_s + paid * span.accelerators,
+        "boot_acc_s": totals.boot_acc_s + boot * span.accelerators,
+        "running_s": totals.running_s + ran,
+        "cost": totals.cost + paid / 3600 * span.per_hour,
+        "on_demand_cost": totals.on_demand_cost + paid / 3600 * span.on_demand_per_hour,
+        "price_sources": sources,
+    })
+    return ledger.model_copy(update={"spans": (*ledger.spans[:-1], done), "totals": totals})
+
+
+def _times(span: Span, until: datetime) -> tuple[float, float, float]:
+    """(paid, booting, running) seconds of ``span`` up to ``until``."""
+    if span.inserted is None or until <= span.inserted:
+        return 0.0, 0.0, 0.0
+    paid = (until - span.inserted).total_seconds()
+    up = min(span.running, until) if span.running else until
+    boot = max(0.0, (up - span.inserted).total_seconds())
+    ran = max(0.0, (until - span.running).total_seconds()) if span.running and span.running < until else 0.0
+    return paid, boot, ran
+
+
+def _marked(ledger: Ledger, mark: Mark) -> Ledger:
+    return ledger.model_copy(update={"marks": (*ledger.marks, mark)[-MARKS_KEPT:]})
+
+
+def _replace_open(ledger: Ledger, span: Span) -> Ledger:
+    return ledger.model_copy(update={"spans": (*ledger.spans[:-1], span)})
+
+
+def _priced(span: Span, status: JobStatus, spec: JobSpec | None) -> Span:
+    if spec is None:
+        return span
+    score = status.zone_advice.get(span.zone or "")
+    rate = prices.rate(model=span.model or spec.provisioning[0], nodes=1 if spec.tpu else spec.nodes,
+                       gpus=spec.gpus_per_node, machine_type=spec.machine_type,
+                       tpu_type=spec.tpu.type if spec.tpu else None,
+                       override=dict(spec.policy.prices) if spec.policy.prices else None,
+                       spot_price=score.spot_price_h if score else None)
+    return span.model_copy(update={"accelerators": rate.accelerators, "per_hour": rate.per_hour,
+                                   "on_demand_per_hour": rate.on_demand_per_hour, "price_source": rate.source})
+
+
+class Summary(_Model):
+    """The ledger's totals with the running attempt counted up to ``now``: what a person reads."""
+
+    accelerator_hours: float
+    boot_hours: float
+    redone_hours: float
+    useful_hours: float
+    goodput: float | None  # useful / paid; None before anything was paid
+    cost: float
+    on_demand_cost: float
+    savings: float  # on-demand cost less the cost paid
+    losses: int
+    recovery_mean_s: float | None
+    time_between_losses_s: float | None  # M: RUNNING time per platform loss
+    price_sources: tuple[str, ...]
+
+
+def summary(ledger: Ledger, now: datetime) -> Summary:
+    totals = ledger.totals
+    paid, boot, redone = totals.paid_acc_s, totals.boot_acc_s, totals.redone_acc_s
+    cost, on_demand, running = totals.cost, totals.on_demand_cost, totals.running_s
+    sources = totals.price_sources
+    if (span := ledger.open) is not None:
+        p, b, r = _times(span, now)
+        paid, boot, running = paid + p * span.accelerators, boot + b * span.accelerators, running + r
+        cost, on_demand = cost + p / 3600 * span.per_hour, on_demand + p / 3600 * span.on_demand_per_hour
+        if p and span.price_source not in sources:
+            sources = (*sources, span.price_source)
+    useful = max(0.0, paid - boot - redone)
+    losses = sum(sum(c.values()) for c in totals.losses.values())
+    return Summary(
+        accelerator_hours=paid / 3600, boot_hours=boot / 3600, redone_hours=redone / 3600, useful_hours=useful / 3600,
+        goodput=useful / paid if paid > 0 else None, cost=cost, on_demand_cost=on_demand, savings=on_demand - cost,
+        losses=losses, recovery_mean_s=totals.recovery_s / totals.recoveries if totals.recoveries else None,
+        time_between_losses_s=running / totals.platform_losses if totals.platform_losses else None,
+        price_sources=sources,
+    )
+
+
+def checkpoint_every(ledger: Ledger, write_s: float | None, uptime_s: float | None, preemption_rate: float | None,
+                     running_s: float = 0.0) -> float | None:
+    """Young/Daly's checkpoint interval, τ ≈ √(2·C·M), in seconds; None without a C or an M.
+
+    C: the latest save's writing time (``write_s``, else the ledger's). M: the mean time
+    between the platform's losses, from the run's own RUNNING time and losses, seeded by
+    Compute's advice for the zone (the Spot VM's estimated uptime, else one day over its
+    daily preemption rate) counted as one loss's worth of evidence."""
+    cost = write_s if write_s is not None else ledger.checkpoint_cost_s
+    if cost is None or cost <= 0:
+        return None
+    seed = uptime_s if uptime_s else (86400.0 / preemption_rate if preemption_rate else None)
+    ran = ledger.totals.running_s + running_s
+    losses = ledger.totals.platform_losses
+    if seed is not None:
+        mean = (seed + ran) / (1 + losses)
+    elif losses:
+        mean = ran / losses
+    else:
+        return None
+    return min(MAX_INTERVAL_S, max(MIN_INTERVAL_S, math.sqrt(2 * cost * mean)))
+
+
+def interval_text(seconds: float | None) -> str:
+    return "" if seconds is None else str(timedelta(seconds=round(seconds)))
+
+
+def zone_losses(ledger: Ledger) -> Mapping[str, Mapping[str, int]]:
+    return ledger.totals.losses

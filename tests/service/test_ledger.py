@@ -1,0 +1,148 @@
+"""The goodput ledger, kept in each job's status by the engine over the in-memory fakes."""
+
+from __future__ import annotations
+
+import math
+import threading
+from datetime import timedelta
+
+from controller import ledger, names
+from controller.state import Phase
+from tests.harness import BUCKET, Harness, spec_doc
+
+
+def running(h: Harness, job: str = "llm", **spec) -> None:
+    h.submit(job, spec_doc(**spec) if spec else None)
+    h.tick()
+    h.advance(minutes=3)  # booting
+    h.tick()
+    assert h.status(job).phase == Phase.RUNNING
+
+
+def save(h: Harness, step: int, write_s: float) -> None:
+    """A directory save: its files first, its completion marker ``write_s`` later."""
+    h.store.put("ckpts", f"run/{step}/state.bin", b"w" * 8)
+    h.advance(seconds=write_s)
+    h.store.put("ckpts", f"run/{step}/commit_success.txt", b"")
+
+
+def test_a_preemption_is_accounted_with_its_recovery_in_three_parts_and_the_work_lost():
+    h = Harness()
+    t0 = h.clock.now()
+    running(h)
+    assert h.metadata(names.instance_name("llm", 1))["respawn-checkpoint-every-s"] == ""  # nothing measured yet
+    h.advance(minutes=30)
+    save(h, 100, write_s=120)  # complete at t0 + 35 min
+    saved = h.clock.now()
+    h.advance(minutes=20)
+    h.marker("llm")  # the VM's notice, at t0 + 55 min
+    lost = h.clock.now()
+    h.advance(seconds=10)
+    h.tick()  # seen: attempt 2 launched from step 100
+    seen = h.clock.now()
+    h.advance(minutes=2)
+    h.tick()  # attempt 2 RUNNING
+    back = h.clock.now()
+
+    st = h.status("llm")
+    book = st.ledger
+    first, second = book.spans
+    assert (first.attempt, first.zone, first.model, first.cause) == (1, "us-central1-a", "spot", "preempted")
+    assert (first.start, first.inserted, first.running, first.end) == (t0, t0, t0 + timedelta(minutes=3), lost)
+    assert first.accelerators == 1 and first.price_source.startswith("respawn's price table")
+    assert (second.attempt, second.resumed_step, second.running, second.end) == (2, 100, back, None)
+    (loss,) = book.losses
+    assert (loss.cause, loss.lost_at, loss.seen_at, loss.issued_at, loss.running_at) == ("preempted", lost, seen, seen, back)
+    assert loss.recovery_s == (back - lost).total_seconds()
+    assert loss.redone_s == (lost - saved).total_seconds() == 20 * 60  # trained past step 100, then lost
+    assert book.checkpoint_cost_s == 120
+    assert book.totals.losses == {"us-central1-a": {"preempted": 1}}
+
+    total = ledger.summary(book, back)
+    paid_h = ((lost - t0) + (back - seen)).total_seconds() / 3600  # each attempt from Compute's acceptance
+    assert math.isclose(total.accelerator_hours, paid_h)
+    assert math.isclose(total.boot_hours, (3 * 60 + 120) / 3600)
+    assert math.isclose(total.redone_hours, 20 / 60)
+    assert math.isclose(total.goodput, (paid_h - total.boot_hours - total.redone_hours) / paid_h)
+    assert math.isclose(total.cost, paid_h * 0.22) and math.isclose(total.on_demand_cost, paid_h * 0.71)
+    assert total.savings > 0
+
+    # Young/Daly for attempt 2: C = 120 s, M = the 52 minutes RUNNING before the one loss.
+    expected = math.sqrt(2 * 120 * 52 * 60)
+    assert math.isclose(st.checkpoint_every_s, expected)
+    assert h.metadata(names.instance_name("llm", 2))["respawn-checkpoint-every-s"] == str(round(expected))
+
+
+def test_the_ledger_closes_on_success_and_a_new_run_starts_a_new_one():
+    h = Harness()
+    running(h)
+    h.advance(hours=1)
+    h.exit("llm", 0)
+    h.tick()
+    book = h.status("llm").ledger
+    assert [s.cause for s in book.spans] == ["succeeded"] and book.open is None
+    assert book.totals.attempts == 1 and math.isclose(book.totals.paid_acc_s, 63 * 60)
+    h.submit("llm", spec_doc(command="python train.py --again"))
+    h.tick()
+    again = h.status("llm").ledger
+    assert [s.attempt for s in again.spans] == [2] and again.totals.attempts == 0
+
+
+def test_the_status_stays_small_however_many_attempts_the_job_runs():
+    h = Harness()
+    running(h, policy={"max_restarts": 1000})
+    sizes = []
+    for _ in range(60):
+        h.advance(minutes=40)
+        h.marker("llm")
+        h.tick()
+        h.advance(minutes=2)
+        h.tick()
+        sizes.append(len(h.store.read(BUCKET, names.status_key("llm")).data))
+    book = h.status("llm").ledger
+    assert len(book.spans) == ledger.SPANS_KEPT and len(book.losses) == ledger.LOSSES_KEPT
+    assert book.totals.attempts == 60 and book.totals.losses["us-central1-a"]["preempted"] == 60
+    assert book.totals.recoveries == 60
+    assert sizes[-1] <= sizes[30] * 1.05  # bounded: no growth once the detail is full
+
+
+def test_a_stockout_is_marked_in_its_zone_and_the_attempt_priced_where_it_went():
+    h = Harness()
+    h.compute.stockouts.add("us-central1-a")
+    h.submit("llm")
+    h.tick()
+    book = h.status("llm").ledger
+    assert book.totals.stockouts == {"us-central1-a": 1}
+    assert [m.kind for m in book.marks] == ["stockout"]
+    assert book.open.zone == "us-central1-b"
+
+
+def test_a_price_override_in_the_policy_wins_and_says_so():
+    h = Harness()
+    running(h, policy={"prices": {"spot": 1.0, "standard": 4.0}})
+    h.advance(hours=1)
+    total = ledger.summary(h.status("llm").ledger, h.clock.now())
+    assert total.price_sources == ("policy.prices",)
+    assert math.isclose(total.cost, 63 / 60) and math.isclose(total.on_demand_cost, 4 * 63 / 60)
+
+
+def test_concurrent_passes_account_each_transition_once():
+    h = Harness()
+    running(h)
+    h.advance(minutes=30)
+    h.marker("llm")
+    engines = [h.engine() for _ in range(4)]
+    barrier = threading.Barrier(4)
+
+    def one(engine):
+        barrier.wait()
+        engine.reconcile("llm")
+
+    threads = [threading.Thread(target=one, args=(e,)) for e in engines]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    h.tick()
+    book = h.status("llm").ledger
+    assert book.totals.attempts == 1 and len(book.losses) == 1 and [s.attempt for s in book.spans] == [1, 2]

@@ -1,0 +1,128 @@
+"""The ledger's fold, the price table and Young/Daly's interval, as pure functions."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from controller import checkpoints, ledger, prices
+from controller.ports import BlobInfo
+from controller.state import CheckpointRef, Event, JobStatus, Phase
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def at(minutes: float) -> datetime:
+    return T0 + timedelta(minutes=minutes)
+
+
+def commit(before: JobStatus, *events: tuple[float, str], **changes) -> JobStatus:
+    """``before`` plus ``events`` (minute, name) committed, the ledger settled as the executor does."""
+    after = before.but(*(Event(at=at(m), event=n, attempt=changes.get("attempt", before.attempt), zone="z1")
+                         for m, n in events), **changes)
+    return ledger.settle(before, after, None)
+
+
+def launched(minute: float = 0, attempt: int = 1, **changes) -> JobStatus:
+    base = JobStatus(created_at=T0, phase=Phase.PENDING)
+    return commit(base, (minute, "launch"), attempt=attempt, zone="z1", provisioning="spot", **changes)
+
+
+def test_a_launch_opens_an_attempt_and_inserted_and_running_date_it():
+    st = commit(launched(), (1, "inserted"))
+    st = commit(st, (4, "running"), phase=Phase.RUNNING)
+    (span,) = st.ledger.spans
+    assert (span.attempt, span.start, span.inserted, span.running, span.end) == (1, at(0), at(1), at(4), None)
+
+
+def test_a_commit_accounts_only_the_events_it_adds():
+    st = commit(launched(), (1, "inserted"))
+    again = ledger.settle(st, st, None)  # the same status written again: nothing new
+    assert again.ledger == st.ledger
+
+
+def test_a_trainer_failure_is_a_loss_and_a_terminal_failure_is_not():
+    st = commit(commit(launched(), (1, "inserted")), (4, "running"))
+    lost = commit(st, (10, "failed"), phase=Phase.RECOVERING)
+    assert [loss.cause for loss in lost.ledger.losses] == ["failed"] and lost.ledger.spans[0].cause == "failed"
+    ended = commit(st, (10, "failed"), phase=Phase.FAILED)
+    assert ended.ledger.losses == () and ended.ledger.spans[0].cause == "failed"
+
+
+def test_a_cancel_while_recovering_closes_nothing_twice():
+    st = commit(commit(launched(), (1, "inserted")), (4, "running"))
+    st = commit(st, (10, "preempted"), phase=Phase.RECOVERING)
+    st = commit(st, (11, "cancelled"), phase=Phase.CANCELLED)
+    assert st.ledger.totals.attempts == 1 and st.ledger.spans[0].cause == "preempted"
+
+
+def test_an_attempt_never_accepted_by_compute_costs_nothing():
+    st = commit(launched(), (5, "stockout"))
+    st = commit(st, (6, "cancelled"), phase=Phase.CANCELLED)
+    assert st.ledger.totals.paid_acc_s == 0 and st.ledger.totals.cost == 0
+    assert st.ledger.totals.stockouts == {"z1": 1}
+
+
+def test_a_new_run_starts_its_own_ledger_even_with_the_old_runs_history():
+    from controller import transitions
+
+    old = commit(commit(launched(), (1, "inserted")), (60, "succeeded"), phase=Phase.SUCCEEDED)
+    fresh = transitions.new_run(old, old.attempt, 2, at(90))
+    settled = ledger.settle(old, fresh, None)
+    assert settled.ledger == ledger.Ledger() and settled.event_count == old.event_count + 1
+
+
+def test_summary_counts_the_running_attempt_up_to_now():
+    st = commit(commit(launched(), (1, "inserted")), (4, "running"))
+    span = st.ledger.spans[0].model_copy(update={"accelerators": 2.0, "per_hour": 3.0, "on_demand_per_hour": 9.0})
+    book = st.ledger.model_copy(update={"spans": (span,)})
+    total = ledger.summary(book, at(61))
+    assert math.isclose(total.accelerator_hours, 2.0) and math.isclose(total.boot_hours, 0.1)
+    assert math.isclose(total.goodput, 0.95) and math.isclose(total.cost, 3.0) and math.isclose(total.savings, 6.0)
+
+
+@pytest.mark.parametrize(("write_s", "uptime", "rate", "ran", "losses", "expected"), [
+    (120, None, None, 3600, 1, math.sqrt(2 * 120 * 3600)),  # the run's own M
+    (120, 7200, None, 0, 0, math.sqrt(2 * 120 * 7200)),  # seeded by the advice's uptime
+    (120, None, 0.5, 0, 0, math.sqrt(2 * 120 * 86400 / 0.5)),  # or by a daily preemption rate
+    (120, 7200, None, 3600, 2, math.sqrt(2 * 120 * (7200 + 3600) / 3)),  # the seed is one loss's worth
+    (None, 7200, None, 0, 0, None),  # no C measured: no advice
+    (120, None, None, 3600, 0, None),  # no M: no advice
+    (1, None, None, 60, 1, ledger.MIN_INTERVAL_S),  # bounded
+])
+def test_young_daly_interval(write_s, uptime, rate, ran, losses, expected):
+    book = ledger.Ledger(totals=ledger.Totals(running_s=ran, platform_losses=losses))
+    got = ledger.checkpoint_every(book, write_s, uptime, rate)
+    assert got == expected if expected is None else math.isclose(got, expected)
+
+
+def test_prices_come_from_the_table_the_advice_or_the_policy_and_say_which():
+    table = prices.rate(model="spot", nodes=2, gpus=("nvidia-l4", 1))
+    assert (table.accelerators, table.per_hour, table.on_demand_per_hour) == (2.0, 0.44, 1.42)
+    assert table.source == prices.SOURCE
+    advised = prices.rate(model="spot", nodes=2, gpus=("nvidia-l4", 1), spot_price=0.3)
+    assert math.isclose(advised.per_hour, 0.6) and advised.source == "capacityHistory priceHistory"
+    mine = prices.rate(model="spot", nodes=2, gpus=("nvidia-l4", 1), override={"spot": 1.0, "standard": 2.0})
+    assert (mine.per_hour, mine.on_demand_per_hour, mine.source) == (2.0, 4.0, "policy.prices")
+    tpu = prices.rate(model="standard", nodes=1, tpu_type="v4-32")
+    assert tpu.accelerators == 16 and math.isclose(tpu.per_hour, 16 * 3.22)
+    assert prices.rate(model="spot", nodes=1, tpu_type="v5litepod-8").accelerators == 8
+    unknown = prices.rate(model="spot", nodes=1, gpus=("nvidia-future", 8))
+    assert unknown.per_hour == 0 and "policy.prices" in unknown.source
+    cpu = prices.rate(model="standard", nodes=1, machine_type="n2-standard-8")
+    assert cpu.accelerators == 0 and math.isclose(cpu.per_hour, 8 * prices.VCPU_HOUR[1])
+
+
+def test_a_directory_saves_writing_time_is_its_first_object_to_its_marker():
+    def blob(name: str, minute: float) -> BlobInfo:
+        return BlobInfo("b", f"run/{name}", 1, at(minute))
+
+    listing = [blob("100/a.bin", 0), blob("100/b.bin", 1), blob("100/commit_success.txt", 2.5),
+               blob("ckpt-000200.pt", 9)]
+    found = checkpoints.latest("gs://b/run", listing[:3], lambda n, lim: None)
+    assert (found.step, found.saved_at, found.write_s) == (100, at(2.5), 150.0)
+    single = checkpoints.latest("gs://b/run", listing[3:], lambda n, lim: None)
+    assert (single.saved_at, single.write_s) == (at(9), None)
+    assert CheckpointRef.of(found).write_s == 150.0
