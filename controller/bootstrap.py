@@ -7,8 +7,9 @@ install their own engine (over the fakes) with ``override``.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from controller import errors, logs
 from controller.clock import SystemClock
@@ -16,8 +17,9 @@ from controller.config import Settings
 from controller.engine import Engine
 from controller.executor import Executor
 from controller.launch import LaunchContext
+from controller.notifier import Notifier
 from controller.observe import Observer
-from controller.ports import BlobStore, ComputeGateway, TpuGateway, TpuList, TpuRequest
+from controller.ports import BlobStore, ComputeGateway, Publisher, TpuGateway, TpuList, TpuRequest, Webhook
 
 _lock = threading.RLock()
 COMMON_MARK = "# @@common.sh@@"
@@ -73,31 +75,48 @@ def build(config: Settings) -> Engine:
     from controller.adapters.google import capacity_advisor  # built, not called: asked only at a launch
 
     tpu = LazyTpu(config)
-    observer = Observer(store, compute, config.bucket, config.policy(), workers=config.concurrency,
+    policy = config.policy()
+    observer = Observer(store, compute, config.bucket, policy, workers=config.concurrency,
                         advisor=capacity_advisor(config), tpu=tpu)
-    return Engine(observer, Executor(store, compute, config.bucket, tpu), ctx, SystemClock(),
+    notifier = Notifier(policy, LazyPublisher(config), LazyWebhook())
+    return Engine(observer, Executor(store, compute, config.bucket, tpu, notifier), ctx, SystemClock(),
                   workers=config.concurrency, operation_wait=config.operation_wait)
 
 
-class LazyTpu:
-    """The TPU gateway, built on its first call: a controller whose bucket holds no TPU job
-    never imports google-cloud-tpu, and its cold start does not pay for it."""
+T = TypeVar("T")
 
-    def __init__(self, config: Settings) -> None:
-        self._config = config
-        self._gateway: TpuGateway | None = None
+
+class _Once(Generic[T]):
+    """A client built on its first use, once, whichever thread asks first: a controller that
+    never needs it (no TPU job, no notification destination) never imports its library, and
+    its cold start does not pay for it. A client that cannot be built is a ConfigError: the
+    jobs that need it wait or go without, the others go on."""
+
+    def __init__(self, what: str, build: Callable[[], T]) -> None:
+        self._what, self._build = what, build
+        self._built: T | None = None
         self._lock = threading.Lock()
 
-    def _built(self) -> TpuGateway:
+    def __call__(self) -> T:
         with self._lock:
-            if self._gateway is None:
+            if self._built is None:
                 try:
-                    from controller.adapters.google import tpu_gateway
+                    self._built = self._build()
+                except Exception as e:  # noqa: BLE001 - no credentials, a broken install
+                    raise errors.ConfigError(f"cannot build the {self._what} client: {type(e).__name__}: {e}") from e
+            return self._built
 
-                    self._gateway = tpu_gateway(self._config)
-                except Exception as e:  # noqa: BLE001 - no credentials, a broken install: TPU jobs wait, VM jobs go on
-                    raise errors.ConfigError(f"cannot build the Cloud TPU client: {type(e).__name__}: {e}") from e
-            return self._gateway
+
+class LazyTpu:
+    """The TPU gateway, built on its first call."""
+
+    def __init__(self, config: Settings) -> None:
+        def build() -> TpuGateway:
+            from controller.adapters.google import tpu_gateway
+
+            return tpu_gateway(config)
+
+        self._built = _Once[TpuGateway]("Cloud TPU", build)
 
     def list_nodes(self, projects: Sequence[str], zones: Sequence[str], job: str | None = None) -> TpuList:
         return self._built().list_nodes(projects, zones, job)
@@ -107,6 +126,36 @@ class LazyTpu:
 
     def delete(self, project: str, zone: str, name: str) -> None:
         self._built().delete(project, zone, name)
+
+
+class LazyPublisher:
+    """The Pub/Sub publisher, built on the first notification to a topic."""
+
+    def __init__(self, config: Settings) -> None:
+        def build() -> Publisher:
+            from controller.adapters.pubsub import cloud_publisher
+
+            return cloud_publisher(config.pubsub_endpoint)
+
+        self._built = _Once[Publisher]("Pub/Sub", build)
+
+    def publish(self, topic: str, data: bytes, attributes: Mapping[str, str]) -> str:
+        return self._built().publish(topic, data, attributes)
+
+
+class LazyWebhook:
+    """The webhook client, built on the first notification to a webhook."""
+
+    def __init__(self) -> None:
+        def build() -> Webhook:
+            from controller.adapters.webhook import HttpWebhook
+
+            return HttpWebhook()
+
+        self._built = _Once[Webhook]("webhook", build)
+
+    def post(self, url: str, body: Mapping[str, object]) -> None:
+        self._built().post(url, body)
 
 
 def launch_context(config: Settings) -> LaunchContext:

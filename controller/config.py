@@ -40,6 +40,12 @@ class Settings(BaseSettings):
     max_accelerators: int = 16
     allowed_tpu_types: CsvList = ()
     max_tpu_size: int = 32
+    # Notifications (controller.notifier): every job's events to this Pub/Sub topic and webhook.
+    notify_topic: str | None = None  # projects/P/topics/T
+    notify_webhook: str | None = None  # a Slack-compatible incoming webhook URL
+    allowed_notify_topics: CsvList = ()  # what a spec's notify.topic may name (default: a watched project's)
+    allowed_webhook_hosts: CsvList = ("hooks.slack.com",)  # what a spec's notify.webhook may POST to
+    pubsub_endpoint: str | None = None  # the local cloud's Pub/Sub server, e.g. http://127.0.0.1:8125
     # Jobs observed and reconciled side by side in one pass (threads: the clients block).
     concurrency: int = Field(default=32, ge=1, le=256)
     # How long a pass, from when it starts acting, waits for its inserts' operations (see
@@ -49,7 +55,7 @@ class Settings(BaseSettings):
 
     @field_validator(
         "allowed_projects", "allowed_zones", "allowed_machine_types", "allowed_service_accounts", "allowed_tpu_types",
-        mode="before",
+        "allowed_notify_topics", "allowed_webhook_hosts", mode="before",
     )
     @classmethod
     def _csv(cls, value: object) -> object:
@@ -65,7 +71,7 @@ class Settings(BaseSettings):
             raise ValueError(f"project ids, not patterns: {', '.join(globbed)}")
         return value
 
-    @field_validator("trainer_service_account", mode="before")
+    @field_validator("trainer_service_account", "notify_topic", "notify_webhook", mode="before")
     @classmethod
     def _unset_when_empty(cls, value: object) -> object:
         return (value.strip() or None) if isinstance(value, str) else value
@@ -82,6 +88,10 @@ class Settings(BaseSettings):
             max_accelerators=self.max_accelerators,
             allowed_tpu_types=self.allowed_tpu_types,
             max_tpu_size=self.max_tpu_size,
+            notify_topic=self.notify_topic,
+            notify_webhook=self.notify_webhook,
+            allowed_notify_topics=self.allowed_notify_topics,
+            allowed_webhook_hosts=self.allowed_webhook_hosts,
         )
 
     @property

@@ -14,8 +14,9 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from controller import errors, ledger, names, transitions
+from controller import errors, ledger, names, notify, transitions
 from controller.actions import Action, CreateInstances, DeleteInstance, DeleteRecord, WriteStatus
+from controller.notifier import Notifier
 from controller.ports import BlobStore, ComputeGateway, TpuGateway, TpuRequest
 from controller.spec import JobSpec
 from controller.state import JobStatus
@@ -37,11 +38,13 @@ class Outcome:
 
 
 class Executor:
-    def __init__(self, store: BlobStore, compute: ComputeGateway, bucket: str, tpu: TpuGateway | None = None) -> None:
+    def __init__(self, store: BlobStore, compute: ComputeGateway, bucket: str, tpu: TpuGateway | None = None,
+                 notifier: Notifier | None = None) -> None:
         self.store = store
         self.compute = compute
         self.bucket = bucket
         self.tpu = tpu
+        self.notifier = notifier  # told of each commit's state changes once the commit succeeded
 
     def _tpu(self) -> TpuGateway:
         if self.tpu is None:
@@ -51,7 +54,7 @@ class Executor:
     def apply(self, view: JobView, actions: list[Action], now: datetime, wait_until: float | None = None) -> Outcome:
         """``wait_until``: the ``time.monotonic()`` past which an insert no longer waits for its
         operation (None: the gateway's own limit)."""
-        chain = _Chain(view.job, view.status, view.status_generation, view.spec)
+        chain = _Chain(view.job, view.status, view.status_generation, view.spec, self.notifier)
         pending = False
         for action in actions:
             if pending and not isinstance(action, DeleteInstance):
@@ -182,6 +185,7 @@ class _Chain:
     status: JobStatus | None
     generation: int
     spec: JobSpec | None = None
+    notifier: Notifier | None = None
     outcome: Outcome = field(init=False)
     wrote: bool = field(default=False, init=False)  # this chain has written the status
 
@@ -189,10 +193,13 @@ class _Chain:
         self.outcome = Outcome(self.job)
 
     def write(self, store: BlobStore, bucket: str, status: JobStatus) -> None:
-        # Every commit accounts the events it adds, once: the pass that wins the swap does.
+        # Every commit accounts the events it adds, and tells of them, once: the pass that wins
+        # the swap does; one that loses it decided nothing (PreconditionFailed), and sends nothing.
         status = ledger.settle(self.status, status, self.spec)
         info = store.write(bucket, names.status_key(self.job), status.to_json(), if_generation_match=self.generation)
-        self.status, self.generation, self.wrote = status, info.generation, True
+        before, self.status, self.generation, self.wrote = self.status, status, info.generation, True
+        if self.notifier is not None:
+            self.notifier.deliver(self.spec, notify.notices(self.job, bucket, before, status, self.spec))
 
 
 def _describe(action: Action) -> str:

@@ -135,21 +135,9 @@ class Ledger(_Model):
 def settle(before: JobStatus | None, after: JobStatus, spec: JobSpec | None) -> JobStatus:
     """``after`` with its ledger brought up to date: the events it adds to ``before`` (the
     status as last committed) folded into ``before``'s ledger. A new run starts a new ledger."""
-    same_run = before is not None and before.created_at == after.created_at
-    base = before.ledger if same_run and before is not None else after.ledger
-    seen = before.event_count if same_run and before is not None else after.event_count - _new_run_events(after)
-    fresh = max(0, min(after.event_count - seen, len(after.history)))
-    events = after.history[len(after.history) - fresh:] if fresh else ()
-    ledger = account(base, events, after, spec)
+    base = before.ledger if before is not None and after.same_run(before) else after.ledger
+    ledger = account(base, after.added_to(before), after, spec)
     return after if ledger == after.ledger else after.model_copy(update={"ledger": ledger})
-
-
-def _new_run_events(status: JobStatus) -> int:
-    """The events of this run in ``status.history``: from its "accepted" on."""
-    for back, e in enumerate(reversed(status.history), start=1):
-        if e.event == "accepted" and e.at == status.created_at:
-            return back
-    return min(status.event_count, len(status.history))
 
 
 def account(ledger: Ledger, events: Sequence[Event], status: JobStatus, spec: JobSpec | None) -> Ledger:
@@ -159,7 +147,7 @@ def account(ledger: Ledger, events: Sequence[Event], status: JobStatus, spec: Jo
     if (open_ := ledger.open) is not None and open_.attempt == status.attempt and open_.inserted is None:
         # Not created yet: the attempt goes where, and on what, the status says now.
         if (open_.zone, open_.model) != (status.zone, status.provisioning):
-            ledger = _replace_open(ledger, _priced(open_.model_copy(update={"zone": status.zone,
+            ledger = _with_current(ledger, _priced(open_.model_copy(update={"zone": status.zone,
                                                                              "model": status.provisioning}), status, spec))
     return ledger
 
@@ -168,12 +156,12 @@ def _one(ledger: Ledger, e: Event, status: JobStatus, spec: JobSpec | None) -> L
     name = e.event
     if name in ("launch", "adopted"):
         if name == "adopted" and ledger.open is not None and ledger.open.attempt == status.attempt:
-            return _replace_open(ledger, ledger.open.model_copy(update={"inserted": ledger.open.inserted or e.at}))
+            return _with_current(ledger, ledger.open.model_copy(update={"inserted": ledger.open.inserted or e.at}))
         return _launched(ledger, e, status, spec)
     if name == "inserted" and (open_ := ledger.open) is not None:
-        return _replace_open(ledger, open_.model_copy(update={"inserted": open_.inserted or e.at}))
+        return _with_current(ledger, open_.model_copy(update={"inserted": open_.inserted or e.at}))
     if name == "running" and (open_ := ledger.open) is not None:
-        ledger = _replace_open(ledger, open_.model_copy(update={"running": open_.running or e.at}))
+        ledger = _with_current(ledger, open_.model_copy(update={"running": open_.running or e.at}))
         if (loss := ledger.pending) is not None and loss.issued_at is not None:
             recovered = loss.model_copy(update={"running_at": e.at})
             totals = ledger.totals
@@ -286,7 +274,7 @@ def _marked(ledger: Ledger, mark: Mark) -> Ledger:
     return ledger.model_copy(update={"marks": (*ledger.marks, mark)[-MARKS_KEPT:]})
 
 
-def _replace_open(ledger: Ledger, span: Span) -> Ledger:
+def _with_current(ledger: Ledger, span: Span) -> Ledger:
     return ledger.model_copy(update={"spans": (*ledger.spans[:-1], span)})
 
 

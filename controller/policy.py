@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
+from urllib.parse import urlsplit
 
 from controller.spec import JobSpec, SpecError, built_in_gpus
 
@@ -44,6 +45,13 @@ class ControllerPolicy:
     max_tpu_size: int = 32  # the number a TPU type ends in (v4-32: 32 TensorCores; v5litepod-16: 16 chips)
     projects_to_watch: tuple[str, ...] = field(default=())
     trainer_service_account: str | None = None  # what VMs run as when a spec names no account
+    # Notifications: the deployer's own destinations (every job's events), and what a spec's
+    # ``notify`` may name: topics (globs; default: any topic of a watched project) and webhook
+    # hosts (globs; the controller POSTs there, so never an address of the controller's choosing).
+    notify_topic: str | None = None
+    notify_webhook: str | None = None
+    allowed_notify_topics: tuple[str, ...] = ()
+    allowed_webhook_hosts: tuple[str, ...] = ("hooks.slack.com",)
 
     @property
     def watched_projects(self) -> tuple[str, ...]:
@@ -77,7 +85,7 @@ class ControllerPolicy:
 
     def violations(self, spec: JobSpec) -> list[str]:
         """One readable line per thing the spec asks for that this controller does not allow."""
-        out = self._project(spec)
+        out = self._project(spec) + self._notify(spec)
         for i, zone in enumerate(spec.zones):
             if not _allowed(zone, self.allowed_zones):
                 out.append(_refuse(f"zones.{i}", zone, self.allowed_zones))
@@ -124,6 +132,24 @@ class ControllerPolicy:
         if not _allowed(email, self.service_accounts):
             return [_refuse("service_account.email", email, self.service_accounts)]
         return []
+
+    def _notify(self, spec: JobSpec) -> list[str]:
+        if spec.notify is None:
+            return []
+        out = []
+        topics = self.allowed_notify_topics or tuple(f"projects/{p}/topics/*" for p in self.watched_projects)
+        if spec.notify.topic and not _allowed(spec.notify.topic, topics):
+            out.append(_refuse("notify.topic", spec.notify.topic, topics))
+        if spec.notify.webhook:
+            url = urlsplit(spec.notify.webhook)
+            host = (url.hostname or "").lower()
+            loopback = host in ("127.0.0.1", "localhost", "::1")
+            if url.scheme != "https" and not loopback:
+                out.append(f"notify.webhook: {url.scheme}:// would send the job's events in clear; use https://")
+            elif not self.allowed_webhook_hosts or not _allowed(host, self.allowed_webhook_hosts):
+                out.append(_refuse("notify.webhook", host, self.allowed_webhook_hosts or ("none",)).replace(
+                    "allowed:", "allowed hosts (RESPAWN_ALLOWED_WEBHOOK_HOSTS):"))
+        return out
 
     def _tpu(self, spec: JobSpec) -> list[str]:
         assert spec.tpu is not None

@@ -231,6 +231,15 @@ class Checkpoint(Strict):
         return CustomRule(self.pattern, self.marker, self.same_files)
 
 
+class Notify(Strict):
+    """Where this job's state changes go, besides the controller's own destinations."""
+
+    topic: str | None = Field(default=None, pattern=r"^projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/topics/[A-Za-z][-A-Za-z0-9_.~+%]{2,254}$",
+                              description="a Pub/Sub topic: projects/PROJECT/topics/TOPIC")
+    webhook: str | None = Field(default=None, max_length=2048, pattern=r"^https?://[^\s/?#@]+(/[^\s#]*)?$",
+                                description="a Slack-compatible incoming webhook URL (https)")
+
+
 class Backoff(Strict):
     initial: Duration = timedelta(seconds=30)
     max: Duration = timedelta(minutes=30)
@@ -353,6 +362,7 @@ class JobSpec(Strict):
     nodes: int = Field(default=1, ge=1, le=MAX_NODES_PER_JOB)
     checkpoint: Checkpoint | None = None
     heartbeat_interval: Duration = timedelta(seconds=60)
+    notify: Notify | None = None
     policy: JobPolicy = Field(default=JobPolicy(), validate_default=True)  # its idle_timeout is checked against heartbeat_interval
 
     @field_validator("name")

@@ -142,3 +142,19 @@ class JobStatus(BaseModel):
     @classmethod
     def from_json(cls, raw: bytes) -> JobStatus:
         return cls.model_validate_json(raw)
+
+    def same_run(self, other: JobStatus | None) -> bool:
+        return other is not None and other.created_at == self.created_at
+
+    def added_to(self, before: JobStatus | None) -> tuple[Event, ...]:
+        """The events this status adds to ``before`` (as last committed): what one commit
+        decided. Across a new run, the new run's own events (from its "accepted" on)."""
+        if self.same_run(before):
+            assert before is not None
+            fresh = self.event_count - before.event_count
+        else:
+            fresh = next((back for back, e in enumerate(reversed(self.history), start=1)
+                          if e.event == "accepted" and e.at == self.created_at), self.event_count)
+        fresh = max(0, min(fresh, len(self.history)))
+        return self.history[len(self.history) - fresh:] if fresh else ()
+

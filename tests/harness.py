@@ -14,6 +14,7 @@ from controller.clock import FakeClock
 from controller.engine import Engine, Summary
 from controller.executor import Executor
 from controller.launch import LaunchContext
+from controller.notifier import Notifier
 from controller.observe import Observer
 from controller.policy import ControllerPolicy
 from controller.state import JobStatus
@@ -44,13 +45,15 @@ class Harness:
         self.compute = MemoryCompute(self.clock)
         self.tpu = MemoryTpu(self.clock)
         self.advisor: MemoryAdvisor | None = None  # capacity advice: none unless a test sets one (zones keep the spec's order)
+        self.notifier: Notifier | None = None  # notifications: none unless a test sets one
         self.policy = policy or ControllerPolicy(default_project=PROJECT, trainer_service_account=TRAINER)
         self.ctx = LaunchContext(BUCKET, PROJECT, "#!/bin/bash\necho startup", "#!/bin/bash\necho shutdown")
 
     def engine(self, store: Any = None, compute: Any = None, tpu: Any = None) -> Engine:
         store, compute, tpu = store or self.store, compute or self.compute, tpu or self.tpu
         observer = Observer(store, compute, BUCKET, self.policy, workers=self.workers, advisor=self.advisor, tpu=tpu)
-        return Engine(observer, Executor(store, compute, BUCKET, tpu), self.ctx, self.clock, workers=self.workers)
+        return Engine(observer, Executor(store, compute, BUCKET, tpu, self.notifier), self.ctx, self.clock,
+                      workers=self.workers)
 
     def tick(self, job: str | None = None) -> Summary:
         return self.engine().reconcile(job)

@@ -208,3 +208,24 @@ def test_tpu_policy_settings_are_read_from_the_environment(monkeypatch):
     monkeypatch.setenv("RESPAWN_MAX_TPU_SIZE", "16")
     p = Settings(project="home-proj").policy()
     assert p.allowed_tpu_types == ("v5litepod-*", "v6e-*") and p.max_tpu_size == 16
+
+
+def test_notification_settings_are_read_from_the_environment(monkeypatch):
+    monkeypatch.setenv("RESPAWN_NOTIFY_TOPIC", "projects/home-proj/topics/respawn")
+    monkeypatch.setenv("RESPAWN_NOTIFY_WEBHOOK", " ")
+    monkeypatch.setenv("RESPAWN_ALLOWED_WEBHOOK_HOSTS", "hooks.slack.com, chat.example.com")
+    monkeypatch.setenv("RESPAWN_ALLOWED_NOTIFY_TOPICS", "projects/home-proj/topics/team-*")
+    p = Settings(project="home-proj").policy()
+    assert p.notify_topic == "projects/home-proj/topics/respawn" and p.notify_webhook is None
+    assert p.allowed_webhook_hosts == ("hooks.slack.com", "chat.example.com")
+    assert p.allowed_notify_topics == ("projects/home-proj/topics/team-*",)
+    assert Settings(project="home-proj", _env_file=None).policy().allowed_webhook_hosts
+
+
+def test_a_webhook_host_list_emptied_by_the_deployer_refuses_every_spec_webhook():
+    from controller.spec import JobSpec
+
+    p = ControllerPolicy(default_project="home-proj", trainer_service_account=TRAINER, allowed_webhook_hosts=())
+    spec = JobSpec.model_validate({"zones": ["us-central1-a"], "machine_type": "n1-standard-4", "command": "x",
+                                   "notify": {"webhook": "https://hooks.slack.com/services/x"}})
+    assert any(v.startswith("notify.webhook") for v in p.violations(spec))

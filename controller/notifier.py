@@ -1,0 +1,67 @@
+"""Deliver job notifications: to Pub/Sub topics and Slack-compatible webhooks.
+
+The executor hands over a commit's notices right after its compare-and-swap succeeded
+(``controller.notify`` decides what they are). Delivery never holds reconciliation: every
+call is bounded by its adapter's timeout, a failure is logged and dropped, and nothing
+raises out of ``deliver``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from controller import errors
+from controller.notify import Notice
+from controller.policy import ControllerPolicy
+from controller.ports import Publisher, Webhook
+from controller.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Notifier:
+    """The controller's destinations (the policy's) plus each job's own (its spec's ``notify``)."""
+
+    policy: ControllerPolicy
+    publisher: Publisher | None = None  # in production built on first use (bootstrap.LazyPublisher)
+    webhook: Webhook | None = None
+    failures: list[str] = field(default_factory=list)  # the last few, for tests and the pass's log
+
+    def destinations(self, spec: JobSpec | None) -> tuple[list[str], list[str]]:
+        """(topics, webhook URLs) for a job, each once."""
+        mine = spec.notify if spec is not None else None
+        topics = [t for t in (self.policy.notify_topic, mine.topic if mine else None) if t]
+        hooks = [u for u in (self.policy.notify_webhook, mine.webhook if mine else None) if u]
+        return list(dict.fromkeys(topics)), list(dict.fromkeys(hooks))
+
+    def deliver(self, spec: JobSpec | None, notices: Sequence[Notice]) -> None:
+        if not notices:
+            return
+        topics, hooks = self.destinations(spec)
+        for notice in notices:
+            for topic in topics:
+                self._try(f"publish {notice.id} to {topic}",
+                          lambda t=topic, n=notice: self._publisher().publish(t, n.data(), n.attributes()))
+            for url in hooks:
+                self._try(f"post {notice.id} to the webhook", lambda u=url, n=notice: self._webhook().post(u, n.webhook_body()))
+
+    def _publisher(self) -> Publisher:
+        if self.publisher is None:
+            raise errors.ConfigError("this controller was built without a Pub/Sub publisher")
+        return self.publisher
+
+    def _webhook(self) -> Webhook:
+        if self.webhook is None:
+            raise errors.ConfigError("this controller was built without a webhook client")
+        return self.webhook
+
+    def _try(self, what: str, send: Callable[[], object]) -> None:
+        try:
+            send()
+        except Exception as e:  # noqa: BLE001 - a notification never stops reconciliation
+            text = f"{what}: {type(e).__name__}: {e}"
+            self.failures = [*self.failures, text][-20:]
+            log.warning("notification not delivered: %s", text, extra={"json_fields": {"notify": what}})
