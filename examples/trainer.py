@@ -14,7 +14,10 @@ fixed-order pairwise sum along a contiguous axis: the same bits whatever the CPU
 kernel or thread count.
 
 Checkpoints go to ``$RESPAWN_CHECKPOINT_URI/step_<N>/weights.npy``, then ``_SUCCESS`` is
-written last: respawn only resumes from a step directory that has it. On SIGTERM (a
+written last: respawn only resumes from a step directory that has it. It saves every
+``CHECKPOINT_EVERY`` steps, and also once ``RESPAWN_CHECKPOINT_EVERY_S`` seconds have passed
+since its last save (respawn's advice: Young/Daly's interval from the measured save time and
+the job's time between losses; unset until respawn has measured both). On SIGTERM (a
 preemption's notice) the trainer checkpoints at the next step boundary and exits.
 
 On a multi-host slice (a Cloud TPU node: the VM agent runs the command on every worker,
@@ -95,6 +98,7 @@ def main() -> int:
     steps = int(os.environ.get("TRAIN_STEPS", "400"))
     every = int(os.environ.get("CHECKPOINT_EVERY", "40"))
     pause = float(os.environ.get("STEP_SECONDS", "0.05"))
+    advised = float(os.environ.get("RESPAWN_CHECKPOINT_EVERY_S") or "inf")  # seconds between saves
     rank, ranks = int(os.environ.get("NODE_RANK") or 0), int(os.environ.get("NODES") or 1)
     # Every rank runs the same deterministic steps (no collective here: replicas of the same
     # weights), so a rank > 0 needs nothing from rank 0; only rank 0 writes checkpoints.
@@ -108,13 +112,18 @@ def main() -> int:
     print(f"trainer: attempt {os.environ.get('RESPAWN_ATTEMPT', '?')} starting at step {start}"
           f" (rank {rank} of {ranks})", flush=True)
     step, loss = start, float("nan")
+    last_save = time.monotonic()
+    if advised != float("inf"):
+        print(f"trainer: respawn advises a checkpoint every {advised:.0f} s", flush=True)
     while step < steps:
         w, loss = sgd_step(w, step)
         step += 1
         time.sleep(pause)
         print(f"trainer: step {step} loss {loss:.5f}", flush=True)
-        if saves and (step % every == 0 or stop["now"]):
+        due = step % every == 0 or time.monotonic() - last_save >= advised
+        if saves and (due or stop["now"]):
             store.save(step, w)
+            last_save = time.monotonic()
             print(f"trainer: checkpoint at step {step}", flush=True)
         if stop["now"]:
             done = "checkpointed at step" if saves else "rank 0 saves; stopped at step"

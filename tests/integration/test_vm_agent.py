@@ -87,7 +87,8 @@ def serial(srv: ComputeServer, name: str) -> str:
 def test_startup_runs_the_command_with_its_environment_then_records_exit_and_powers_off(gcs, srv):
     boot(srv, "envjob-3", 'env | grep -E "^(RESUME_|RESPAWN_|NODE|MASTER|GREETING)" | sort > env.txt; exit 7',
          **{"respawn-resume-from": "gs://ck/run/global_step40", "respawn-resume-step": "40",
-            "respawn-resume-tag": "global_step40", "respawn-env": "export GREETING='hello world'"})
+            "respawn-resume-tag": "global_step40", "respawn-env": "export GREETING='hello world'",
+            "respawn-checkpoint-every-s": "865"})
     record = until("the exit record", lambda: read(gcs, "jobs/envjob/exit"))
     assert (record["exit_code"], record["attempt"], record["instance"], record["node"]) == (7, 3, "envjob-3", 0)
     assert record["token"] == token_of("envjob-3")
@@ -96,6 +97,7 @@ def test_startup_runs_the_command_with_its_environment_then_records_exit_and_pow
     assert (env["RESUME_STEP"], env["RESUME_TAG"]) == ("40", "global_step40")
     assert (env["NODE_RANK"], env["NODES"], env["MASTER_ADDR"]) == ("0", "1", "envjob-3")
     assert env["GREETING"] == "hello world" and env["RESPAWN_JOB"] == "envjob"
+    assert env["RESPAWN_CHECKPOINT_EVERY_S"] == "865"  # respawn's Young/Daly advice
     until("the VM to power off", lambda: status(srv, "envjob-3") == "TERMINATED")
     assert any(o["operationType"] == "compute.instances.guestTerminate" for o in srv.operations())
 
@@ -212,12 +214,13 @@ def test_spec_env_reaches_only_the_trainer_and_never_redirects_the_agent(gcs, sr
     hostile = {"JOB": "victim", "BUCKET": "elsewhere", "NAME": "victim-1", "ATTEMPT": "99", "NODE_RANK": "5",
                "NODES": "9", "MASTER_ADDR": "evil", "RESUME_FROM": "gs://evil/step_1", "RESUME_STEP": "1", "RESUME_TAG": "evil", "RESPAWN_JOB": "victim",
                "RESPAWN_ATTEMPT": "99", "RESPAWN_BUCKET": "elsewhere", "RESPAWN_CHECKPOINT_URI": "gs://evil",
+               "RESPAWN_CHECKPOINT_EVERY_S": "1",
                "agent_job": "victim", "agent_bucket": "elsewhere", "agent_token": "forged", "RUN_DIR": "/tmp/evil",
                "QUOTED": "it's \"$HOME\" `id`\n; exit 1"}
     lines = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(hostile.items()))
     dump = 'python -c "import json, os; json.dump(dict(os.environ), open(\'env.json\', \'w\'))"; sleep 1.5; exit 3'
     boot(srv, "safe-4", dump, **{"respawn-env": lines, "respawn-resume-from": "gs://ck/safe/step_000040",
-                                  "respawn-checkpoint-uri": "gs://ck/safe"})
+                                  "respawn-checkpoint-uri": "gs://ck/safe", "respawn-checkpoint-every-s": "1e9; rm -rf /"})
     beat = until("a heartbeat", lambda: read(gcs, "jobs/safe/heartbeat"))
     assert (beat["attempt"], beat["instance"], beat["node"], beat["token"]) == (4, "safe-4", 0, token_of("safe-4"))
     record = until("the exit record", lambda: read(gcs, "jobs/safe/exit"))
@@ -233,7 +236,9 @@ def test_spec_env_reaches_only_the_trainer_and_never_redirects_the_agent(gcs, sr
     assert env["QUOTED"] == hostile["QUOTED"].replace("$HOME", env["HOME"])
     # ...and the contract's variables keep their true values.
     assert {k: env[k] for k in ("RESUME_FROM", "RESUME_STEP", "RESUME_TAG", "RESPAWN_JOB", "RESPAWN_ATTEMPT",
-                                "RESPAWN_BUCKET", "RESPAWN_CHECKPOINT_URI", "NODE_RANK", "NODES", "MASTER_ADDR")} == {
+                                "RESPAWN_BUCKET", "RESPAWN_CHECKPOINT_URI", "NODE_RANK", "NODES", "MASTER_ADDR",
+                                "RESPAWN_CHECKPOINT_EVERY_S")} == {
+        "RESPAWN_CHECKPOINT_EVERY_S": "",  # not a number of seconds: dropped, and the spec's env cannot set it
         "RESUME_FROM": "gs://ck/safe/step_000040", "RESUME_STEP": "", "RESUME_TAG": "", "RESPAWN_JOB": "safe",
         "RESPAWN_ATTEMPT": "4",
         "RESPAWN_BUCKET": BUCKET, "RESPAWN_CHECKPOINT_URI": "gs://ck/safe", "NODE_RANK": "0", "NODES": "1",
