@@ -1,4 +1,5 @@
-"""The whole local cloud in one object: GCS, Compute, Cloud TPU, the two functions, Scheduler, Eventarc.
+"""The whole local cloud in one object: GCS, Compute, Cloud TPU, the two functions, Scheduler, Eventarc,
+Pub/Sub and an incoming-webhook sink for notifications.
 
 The functions run as real ``functions-framework`` processes serving ``main.py``, with
 the same environment a deployment gives them, pointed at the local servers.
@@ -20,8 +21,10 @@ from controller.config import REPO_ROOT
 from localcloud.compute import ComputeServer
 from localcloud.events import Ticker, Watcher
 from localcloud.gcs import LocalGcs, client
+from localcloud.pubsub import PubsubServer
 from localcloud.realism import Realism
 from localcloud.tpu import TpuServer
+from localcloud.webhook import WebhookSink
 
 
 @dataclass
@@ -48,6 +51,8 @@ class LocalCloud:
                             pin_generations=self.options.gcs_pin_generations, realism=self.options.realism)
         self.compute: ComputeServer | None = None
         self.tpu: TpuServer | None = None
+        self.pubsub: PubsubServer | None = None
+        self.webhook: WebhookSink | None = None
         self._functions: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
         self.ticker: Ticker | None = None
         self.watcher: Watcher | None = None
@@ -63,6 +68,8 @@ class LocalCloud:
                                          realism=o.realism).start()
             self.tpu = TpuServer(vm_env=vm_env, boot_delay=o.boot_delay, shutdown_budget=o.shutdown_budget,
                                  realism=o.realism).start()
+            self.pubsub = PubsubServer().start()
+            self.webhook = WebhookSink().start()
             for target in ("tick", "on_object"):
                 self._functions[target] = self._serve(target)
             self.watcher = Watcher(self.storage, o.bucket, self.function_url("on_object"),
@@ -88,6 +95,11 @@ class LocalCloud:
             "RESPAWN_VM_SCRIPTS": str(self.options.vm_scripts or REPO_ROOT / "deploy" / "vm"),
             # What `respawn deploy` creates on a real project: VMs run as a dedicated account.
             "RESPAWN_TRAINER_SERVICE_ACCOUNT": f"respawn-trainer@{self.options.project}.iam.gserviceaccount.com",
+            # Notifications: the Pub/Sub stand-in (REST) and a webhook sink. The sink's URL is only
+            # offered: nothing here turns notifications on.
+            **({"RESPAWN_PUBSUB_ENDPOINT": self.pubsub.endpoint,
+                "CLOUDSDK_API_ENDPOINT_OVERRIDES_PUBSUB": f"{self.pubsub.endpoint}/"} if self.pubsub else {}),
+            **({"RESPAWN_LOCAL_WEBHOOK": self.webhook.url} if self.webhook else {}),
             **(self.options.policy_env or {}),
         }
 
@@ -110,6 +122,9 @@ class LocalCloud:
             except subprocess.TimeoutExpired:
                 process.kill()
         self._functions.clear()
+        for server in (self.webhook, self.pubsub):
+            if server:
+                server.stop()
         if self.tpu:
             self.tpu.stop()
         if self.compute:
