@@ -40,13 +40,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from controller import errors, names
+from controller import errors, names, notify
 from controller import observe as observe_module
-from controller.adapters.memory import MemoryAdvisor, MemoryCompute, MemoryStore, MemoryTpu
+from controller.adapters.memory import MemoryAdvisor, MemoryCompute, MemoryPublisher, MemoryStore, MemoryTpu
 from controller.clock import FakeClock
 from controller.engine import Engine, Summary
 from controller.executor import Executor
 from controller.launch import LaunchContext
+from controller.notifier import Notifier
 from controller.observe import Observer
 from controller.policy import ControllerPolicy
 from controller.ports import (QUEUED_AS_NODE, Instance, InstanceStatus, NodeHealth, NodeState, QueuedState,
@@ -57,6 +58,7 @@ from controller.state import JobStatus, Phase
 BUCKET = "respawn-chaos"
 PROJECT = "chaos-proj"
 CKPT_BUCKET = "ckpts"
+NOTIFY_TOPIC = f"projects/{PROJECT}/topics/respawn-events"
 ZONES = ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f")
 # Zones TPU jobs ask for; us-central1-a is a VM zone too, so a spec moved between VMs and a TPU
 # may keep its zone (an attempt of one kind must never be created again as the other).
@@ -64,7 +66,8 @@ TPU_ZONES = ("us-central2-b", "us-east5-a", "europe-west4-a", "us-central1-a")
 TPU_TYPES = ("v4-8", "v4-16", "v5litepod-8", "v5litepod-16", "v6e-4")
 TPU_SHARE = 0.3  # of the generated jobs (and of a resubmit that changes the kind)
 # The kinds on the last line, in its order; "budgets" is reported on the line before it.
-KINDS = ("duplicates", "lost", "leaked", "foreign_deletes", "restarted_finished", "stuck", "crashes")
+KINDS = ("duplicates", "lost", "leaked", "foreign_deletes", "restarted_finished", "stuck", "crashes",
+         "notified_twice", "ledger")
 ALL_KINDS = (*KINDS, "budgets")
 # Per-call error rate of a pass, drawn per pass: about a quarter of all passes meet an
 # injected fault (transient error, timeout or crash); a pass that fails at its first
@@ -263,7 +266,9 @@ class Run:
         self.tpu = MemoryTpu(self.clock)
         self.advisor = MemoryAdvisor(self.compute)
         self.advisor.rates.update({z: self.rng.choice([0.0, 0.05, 0.3, 0.8]) for z in ZONES})
-        self.policy = ControllerPolicy(default_project=PROJECT)
+        self.policy = ControllerPolicy(default_project=PROJECT, notify_topic=NOTIFY_TOPIC)
+        # Every job's notifications; a delivery that fails now and then (never to hold a pass).
+        self.publisher = MemoryPublisher([NOTIFY_TOPIC])
         self.ctx = self._launch_context()
         self.stats: Counter[str] = Counter()
         self.violations: dict[str, str] = {}
@@ -1144,7 +1149,12 @@ class Run:
         tpu = FaultyPort(self.tpu, self, "tpu")
         observer = Observer(store, compute, BUCKET, self.policy, workers=WORKERS,  # type: ignore[arg-type]
                             advisor=self.advisor, tpu=tpu)  # type: ignore[arg-type]
-        executor = ExecutorSpy(Executor(store, compute, BUCKET, tpu), self)  # type: ignore[arg-type]
+        if self.faults_on and self.frng.random() < 0.03:
+            times = 1  # a send that failed after the adapter's own retries
+            self.publisher.fail_next(errors.TransientError("pubsub: 503"), times=times)
+            self.stats["notify.failures_injected"] += times
+        notifier = Notifier(self.policy, self.publisher)
+        executor = ExecutorSpy(Executor(store, compute, BUCKET, tpu, notifier), self)  # type: ignore[arg-type]
         return Engine(observer, executor, self.ctx, self.clock, workers=WORKERS)  # type: ignore[arg-type]
 
     def new_pass_faults(self) -> PassFaults | None:
@@ -1333,6 +1343,49 @@ class Run:
     def check(self) -> None:
         self.check_duplicates()
         self.check_budgets()
+        self.check_notices()
+        self.check_ledgers()
+
+    def check_notices(self) -> None:
+        """A transition is told at most once, however many passes raced, repeated or crashed."""
+        seen: Counter[str] = Counter(json.loads(data)["id"] for _, data, _ in self.publisher.published)
+        if twice := sorted(i for i, n in seen.items() if n > 1):
+            self.violate("notified_twice", f"notices sent more than once: {', '.join(twice[:5])}")
+
+    def count_notices(self) -> None:
+        """How many of the state changes the final statuses record were told: a commit whose
+        write "timed out" after taking effect, or whose send failed, is not told again."""
+        sent = {(n["job"], datetime.fromisoformat(n["at"]), n["attempt"])
+                for n in (json.loads(d) for _, d, _ in self.publisher.published)}
+        self.stats["notify.sent"] += len(self.publisher.published)
+        for job in self.jobs:
+            st = self.status(job)
+            for e in st.history if st else ():
+                if e.event in notify.KINDS:
+                    self.stats["notify.told" if (job, e.at, e.attempt) in sent else "notify.missed"] += 1
+
+    def check_ledgers(self) -> None:
+        """Each status's ledger is consistent: attempts in order, times in order, totals sane."""
+        for job in self.jobs:
+            st = self.status(job)
+            if st is None:
+                continue
+            book = st.ledger
+            attempts = [s.attempt for s in book.spans]
+            problems = []
+            if attempts != sorted(set(attempts)):
+                problems.append(f"attempts out of order or twice: {attempts}")
+            if any(s.end is not None and s.end < s.start for s in book.spans):
+                problems.append("an attempt ends before it starts")
+            if any(s.end is None for s in book.spans[:-1]):
+                problems.append("an attempt other than the last is still open")
+            if st.phase.terminal and book.open is not None:
+                problems.append(f"the job is {st.phase} with attempt {book.open.attempt} still open")
+            t = book.totals
+            if min(t.paid_acc_s, t.boot_acc_s, t.redone_acc_s, t.running_s, t.cost) < 0 or t.boot_acc_s > t.paid_acc_s + 1e-6:
+                problems.append(f"totals out of range: {t}")
+            if problems:
+                self.violate("ledger", f"{job}: {'; '.join(problems)} ({_last(st)})")
 
     def check_duplicates(self, when: str = "") -> None:
         alive: dict[str, dict[int, list[Instance]]] = defaultdict(lambda: defaultdict(list))
@@ -1412,6 +1465,7 @@ class Run:
             if self.jobs[job].successes == successes:
                 where = f"{st.phase} attempt {st.attempt}: {st.message}" if st else "no status"
                 self.violate("stuck", f"{job}: every node exited 0 but the status never said SUCCEEDED ({where})")
+        self.count_notices()
         for job in self.jobs:
             st = self.status(job)
             self.stats[f"outcome.{st.phase if st else 'no status'}"] += 1
@@ -1702,6 +1756,10 @@ def main(argv: list[str] | None = None) -> int:
     print("chaos placement (history events): " + " ".join(f"{k.replace('-', '_')}={v}" for k, v in moves.items()))
     print(tpu_line(totals))
     print("chaos outcomes (jobs at the end): " + " ".join(f"{k.replace(' ', '_')}={v}" for k, v in outcomes.items()))
+    print(f"chaos notifications: sent={totals.stats['notify.sent']} send_failures={totals.stats['notify.failures_injected']} "
+          f"transitions_told={totals.stats['notify.told']} "
+          f"not_told={totals.stats['notify.missed']} (a status write that failed after taking effect, or a send that "
+          f"failed, is not told again)")
     print(f"chaos: budgets={totals.counts['budgets']}")
     print(totals.last_line())
     sys.stdout.flush()

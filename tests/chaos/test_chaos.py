@@ -49,6 +49,8 @@ def test_faults_really_reach_the_controller(chaos: tuple[sim.Totals, list[str]])
         "cancels": s["user.cancel"],
         "resubmits": s["user.resubmit"],
         "jobs that succeeded": s["outcome.SUCCEEDED"],
+        "notifications sent": s["notify.sent"],
+        "notification sends that failed": s["notify.failures_injected"],
     }
     assert all(met.values()), {k: v for k, v in met.items() if not v}
 
