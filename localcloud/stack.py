@@ -41,6 +41,11 @@ class Options:
     gcs_pin_generations: bool = False  # downloads pinned to the generation read, as on Google
     # Latency, operation durations and rate limits of every server: Realism.google() for benchmarks.
     realism: Realism = field(default_factory=Realism)
+    # Every job's notifications to the Pub/Sub stand-in's topic NOTIFY_TOPIC and to the webhook sink.
+    notify: bool = False
+
+
+NOTIFY_TOPIC = "respawn-events"
 
 
 class LocalCloud:
@@ -70,6 +75,8 @@ class LocalCloud:
                                  realism=o.realism).start()
             self.pubsub = PubsubServer().start()
             self.webhook = WebhookSink().start()
+            if o.notify:
+                requests.put(f"{self.pubsub.endpoint}/v1/{self.notify_topic}", json={}, timeout=10).raise_for_status()
             for target in ("tick", "on_object"):
                 self._functions[target] = self._serve(target)
             self.watcher = Watcher(self.storage, o.bucket, self.function_url("on_object"),
@@ -100,8 +107,14 @@ class LocalCloud:
             **({"RESPAWN_PUBSUB_ENDPOINT": self.pubsub.endpoint,
                 "CLOUDSDK_API_ENDPOINT_OVERRIDES_PUBSUB": f"{self.pubsub.endpoint}/"} if self.pubsub else {}),
             **({"RESPAWN_LOCAL_WEBHOOK": self.webhook.url} if self.webhook else {}),
+            **({"RESPAWN_NOTIFY_TOPIC": self.notify_topic, "RESPAWN_NOTIFY_WEBHOOK": self.webhook.url}
+               if self.options.notify and self.webhook else {}),
             **(self.options.policy_env or {}),
         }
+
+    @property
+    def notify_topic(self) -> str:
+        return f"projects/{self.options.project}/topics/{NOTIFY_TOPIC}"
 
     def function_url(self, target: str) -> str:
         return f"http://127.0.0.1:{self._functions[target][1]}/"

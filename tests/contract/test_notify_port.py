@@ -522,3 +522,56 @@ def test_the_sink_refuses_what_slack_refuses(webhook_sink: WebhookSink) -> None:
     assert requests.post(webhook_sink.url, json={"text": "x"}, timeout=5).text == "ok"
     assert webhook_sink.wait_for(1) == [{"text": "x"}] and webhook_sink.refused == 2
     assert webhook_sink.deliveries[0].content_type == "application/json"
+
+
+# -- the controller's notifications through each backend -----------------------------------------------
+def test_concurrent_passes_tell_each_transition_exactly_once_to_the_topic_and_the_webhook(
+        backend: Backend, webhook_sink: WebhookSink) -> None:
+    """The engine over the in-memory fakes, with six passes racing on every step of a preempted
+    job's life; its notifications go through ``backend`` (the stand-in, Google's emulator) and
+    ``HttpWebhook`` to the local sink. Each transition arrives once, however many passes raced."""
+    import dataclasses
+    import json
+    import threading
+
+    from controller.notifier import Notifier
+    from controller.notify import KINDS
+    from tests.harness import Harness
+
+    topic, subscription = _names()
+    backend.create_topic(topic)
+    backend.subscribe(topic, subscription)
+    h = Harness()
+    h.policy = dataclasses.replace(h.policy, notify_topic=topic, notify_webhook=webhook_sink.url)
+    h.notifier = Notifier(h.policy, backend.publisher, HttpWebhook())
+
+    def race() -> None:
+        engines = [h.engine() for _ in range(6)]
+        barrier = threading.Barrier(len(engines))
+
+        def one(engine):  # type: ignore[no-untyped-def]
+            barrier.wait()
+            engine.reconcile("llm")
+
+        threads = [threading.Thread(target=one, args=(e,)) for e in engines]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    h.submit("llm")
+    race()  # started
+    race()  # running
+    h.marker("llm")
+    race()  # preempted, then the replacement started
+    race()
+    race()  # running again
+    h.exit("llm", 0)
+    race()  # succeeded
+    told = [json.loads(data) for _, data, _ in backend.pull(subscription)]
+    status = h.status("llm")
+    expected = [e for e in status.history if e.event in KINDS]
+    assert [n["event"] for n in told] == ["started", "running", "preempted", "started", "running", "succeeded"]
+    assert len(told) == len(expected) and len({n["id"] for n in told}) == len(told)
+    bodies = webhook_sink.wait_for(len(told))
+    assert sorted(b["respawn"]["id"] for b in bodies) == sorted(n["id"] for n in told)

@@ -3,13 +3,15 @@ real VM processes running deploy/vm scripts, the Scheduler and Eventarc stand-in
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import yaml
 
-from controller import names
+from controller import names, notify
 from controller.state import JobStatus, Phase
 from localcloud.stack import LocalCloud, Options
 from tests.wait import until
@@ -32,7 +34,7 @@ echo "trainer: done at step $step"
 
 @pytest.fixture(scope="module")
 def cloud() -> Iterator[LocalCloud]:
-    with LocalCloud(Options(tick_interval=2.0, boot_delay=0.1, shutdown_budget=5.0)) as c:
+    with LocalCloud(Options(tick_interval=2.0, boot_delay=0.1, shutdown_budget=5.0, notify=True)) as c:
         yield c
 
 
@@ -72,6 +74,25 @@ def test_preempted_vm_is_recreated_from_its_checkpoint_and_succeeds(cloud):
     final = until("success", lambda: (s := status(cloud, job)) and s.phase.terminal and s, timeout=60)
     assert final.phase == Phase.SUCCEEDED, final.message
     assert (final.attempt, final.preemptions, final.failures) == (2, 1, 0)
+    # Told once each, to the Pub/Sub stand-in through the real client and to the webhook sink,
+    # though the tick and the object events raced on every step (the last is sent just after its commit).
+    history = [e for e in final.history if e.event in notify.KINDS]
+
+    def told() -> list[dict[str, Any]]:
+        sent = [json.loads(base64.b64decode(m["data"])) for m in cloud.pubsub.published(cloud.notify_topic)]
+        return [n for n in sent if n["job"] == job]
+
+    mine = until("every transition told", lambda: (t := told()) and t[-1]["event"] == "succeeded" and t)
+    assert [(n["attempt"], n["at"]) for n in mine] == [(e.attempt, e.at.isoformat().replace("+00:00", "Z"))
+                                                       for e in history]
+    assert {"preempted", "succeeded"} <= {n["event"] for n in mine} and len({n["id"] for n in mine}) == len(mine)
+    hooked = until("the webhook posts", lambda: (b := [b["respawn"]["id"] for b in cloud.webhook.bodies
+                                                       if b["respawn"]["job"] == job]) and len(b) >= len(mine) and b)
+    assert sorted(hooked) == sorted(n["id"] for n in mine)
+    # ...and the ledger accounts both attempts and the loss.
+    book = final.ledger
+    assert [(s.attempt, s.cause) for s in book.spans] == [(1, "preempted"), (2, "succeeded")]
+    assert book.losses[0].running_at is not None and book.totals.losses == {"us-central1-a": {"preempted": 1}}
     assert final.resume_from is not None and final.resume_from.step and final.resume_from.step >= 2
     log = (cloud.compute.workdir_of(f"{job}-2") / "serial-port-1.log").read_text()
     assert f"trainer: attempt 2 starts at step {final.resume_from.step}" in log
