@@ -1,0 +1,354 @@
+"""``respawn report JOB``: a job's goodput ledger (controller.ledger) as a person reads it.
+
+- ``render_text``: the terminal summary (rich): phase, accelerator-hours paid / booting /
+  redone / useful, goodput, cost against on demand, recoveries, the advised checkpoint
+  interval, the kept attempts, and each zone's losses and stockouts;
+- ``draw``: the timeline: one lane per zone, each attempt a bar coloured by how it ended
+  (its boot lighter and hatched), the marks (stockouts, quota, preemptions, maintenance)
+  on their zone's lane, the checkpoint steps resumed from on a second axis, and the
+  training redone after each loss shaded. A ``.png``, or a self-contained ``.html`` page
+  with the picture embedded and the summary as tables.
+
+The summary's figures are computed once (``facts``, ``attempt_rows``, ``zone_rows``) and
+written both ways. Only the CLI and the demo import this module; matplotlib is imported
+inside ``draw``, so neither ``respawn status`` nor the functions ever load it.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import statistics
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from controller import ledger
+from controller.cli import printable
+from controller.durations import format_duration
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+    from controller.state import JobStatus
+
+# How an attempt ended (Span.cause; None while it runs) -> the legend's words and the bar's colour.
+OUTCOMES: dict[str, tuple[str, str]] = {
+    "running": ("still running", "#1f77b4"),
+    "succeeded": ("succeeded", "#2ca02c"),
+    "preempted": ("preempted", "#ff7f0e"),
+    "maintenance": ("maintenance", "#9467bd"),
+    "failed": ("failed", "#d62728"),
+    "cancelled": ("cancelled", "#7f7f7f"),
+    "lost": ("lost / host error", "#8c564b"),
+    "recycled": ("recycled", "#17becf"),
+    "other": ("ended otherwise", "#bcbd22"),
+}
+_KIND = {None: "running", "host error": "lost", "rebooted": "lost", "replaced": "other"}
+# Mark.kind -> (matplotlib marker, legend words); any other loss is a dot.
+MARKS: dict[str, tuple[str, str]] = {
+    "stockout": ("x", "stockout"),
+    "quota": ("s", "quota refused"),
+    "preempted": ("v", "preemption"),
+    "maintenance": ("D", "maintenance"),
+}
+_OTHER_MARK = ("o", "other loss")
+_REFUSALS = ("stockout", "quota")
+MARK_COLOUR, CHECKPOINT_COLOUR, REDONE_COLOUR = "#222222", "#444444", "#e377c2"
+BAR, LANE_GAP = 0.5, 0.36  # bar height, and how far from its lane's centre a mark sits (above or below)
+
+
+def outcome(cause: str | None) -> str:
+    """The OUTCOMES key of an attempt that ended by ``cause``."""
+    kind = _KIND.get(cause, cause)
+    return kind if kind in OUTCOMES else "other"
+
+
+# -- the figures, once -------------------------------------------------------------------------
+
+def human(seconds: float | None) -> str:
+    return "—" if seconds is None else format_duration(timedelta(seconds=round(seconds)))
+
+
+def _money(dollars: float) -> str:
+    return f"${dollars:,.2f}"
+
+
+def _percent(share: float | None) -> str:
+    return "—" if share is None else f"{share:.1%}"
+
+
+def facts(status: JobStatus, now: datetime) -> list[tuple[str, str]]:
+    """The summary, as (what, figure) lines."""
+    book, total = status.ledger, ledger.summary(status.ledger, now)
+    return [
+        ("phase", f"{status.phase}" + (f" — {status.message}" if status.message else "")),
+        ("attempts", f"{book.totals.attempts + (book.open is not None)} ({total.losses} lost)"),
+        ("accelerator-hours", f"{total.accelerator_hours:.2f} paid: {total.boot_hours:.2f} booting, "
+                              f"{total.redone_hours:.2f} redone, {total.useful_hours:.2f} useful"),
+        ("goodput", _percent(total.goodput)),
+        ("cost", _cost(total)),
+        ("prices from", "; ".join(total.price_sources) or "—"),
+        ("losses", f"{total.losses} ({book.totals.platform_losses} of the platform's); mean time between them "
+                   f"{human(total.time_between_losses_s)}"),
+        ("recoveries", _recoveries(book, total)),
+        ("checkpoint", f"advised every {human(status.checkpoint_every_s)} (Young/Daly); "
+                       f"measured save {human(book.checkpoint_cost_s)}"),
+    ]
+
+
+def _cost(total: ledger.Summary) -> str:
+    if not total.on_demand_cost:
+        return _money(total.cost)
+    return (f"{_money(total.cost)} against {_money(total.on_demand_cost)} on demand: "
+            f"{_money(total.savings)} saved ({total.savings / total.on_demand_cost:.0%})")
+
+
+def _recoveries(book: ledger.Ledger, total: ledger.Summary) -> str:
+    kept = [s for loss in book.losses if (s := loss.recovery_s) is not None]
+    text = f"{book.totals.recoveries}, mean {human(total.recovery_mean_s)}"
+    if kept:
+        text += f"; per loss p50 {human(statistics.median(kept))}, max {human(max(kept))} (last {len(kept)})"
+    return text
+
+
+ATTEMPT_COLUMNS = ("attempt", "zone", "model", "resumed from", "started (UTC)", "ran for", "ended by")
+
+
+def attempt_rows(status: JobStatus, now: datetime) -> list[tuple[str, ...]]:
+    """The kept attempts, one row each, oldest first."""
+    return [(str(s.attempt), s.zone or "?", s.model or "?",
+             "scratch" if s.resumed_step is None else f"step {s.resumed_step}",
+             f"{s.start:%Y-%m-%d %H:%M:%S}", human(((s.end or now) - s.start).total_seconds()),
+             OUTCOMES[outcome(s.cause)][0] if s.cause is None else s.cause)
+            for s in status.ledger.spans]
+
+
+ZONE_COLUMNS = ("zone", "losses", "stockouts")
+
+
+def zone_rows(status: JobStatus) -> list[tuple[str, str, str]]:
+    """Each zone with a loss or a stockout: its losses by cause, and its stockouts."""
+    totals = status.ledger.totals
+    zones = sorted(set(totals.losses) | set(totals.stockouts))
+    return [(zone, ", ".join(f"{cause} {n}" for cause, n in sorted(totals.losses.get(zone, {}).items())) or "—",
+             str(totals.stockouts.get(zone, 0)))
+            for zone in zones]
+
+
+def as_json(job: str, status: JobStatus, now: datetime) -> dict[str, Any]:
+    return {"job": job, "phase": str(status.phase), "checkpoint_every_s": status.checkpoint_every_s,
+            "summary": ledger.summary(status.ledger, now).model_dump(mode="json"),
+            "ledger": status.ledger.model_dump(mode="json")}
+
+
+def _kept_note(status: JobStatus) -> str | None:
+    closed = status.ledger.totals.attempts + (status.ledger.open is not None)
+    kept = len(status.ledger.spans)
+    return f"the last {kept} of {closed} attempts" if closed > kept else None
+
+
+# -- the terminal ------------------------------------------------------------------------------
+
+def render_text(job: str, status: JobStatus, now: datetime) -> Group:
+    """What ``respawn report`` prints. Every name and message is plain text, escaped."""
+    head = Table(show_header=False, title=Text(f"respawn report: {printable(job)}"), title_justify="left")
+    for what, figure in facts(status, now):
+        head.add_row(what, Text(printable(figure)))
+    parts: list[Any] = [head, _table("attempts", ATTEMPT_COLUMNS, attempt_rows(status, now), _kept_note(status))]
+    if zones := zone_rows(status):
+        parts.append(_table("losses by zone", ZONE_COLUMNS, zones))
+    return Group(*parts)
+
+
+def _table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]], caption: str | None = None) -> Table:
+    table = Table(*columns, title=title, title_justify="left", caption=caption, caption_justify="left")
+    for row in rows:
+        table.add_row(*(Text(printable(cell)) for cell in row))
+    return table
+
+
+# -- the picture -----------------------------------------------------------------------------------
+
+def draw(job: str, status: JobStatus, now: datetime, path: Path | str, kind: str | None = None) -> Path:
+    """Write the timeline to ``path``: ``kind`` "png", or "html" (the picture embedded, and the summary);
+    by default from the path's suffix."""
+    path = Path(path)
+    kind = kind or {".png": "png", ".html": "html", ".htm": "html"}.get(path.suffix.lower())
+    if kind not in ("png", "html"):
+        raise ValueError(f"{path}: a report is a .png or an .html file")
+    picture = timeline_png(job, status, now)
+    path.write_bytes(picture if kind == "png" else page(job, status, now, picture).encode())
+    return path
+
+
+def timeline_png(job: str, status: JobStatus, now: datetime) -> bytes:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    lanes = _lanes(status.ledger)
+    fig = Figure(figsize=(12, 2.9 + 0.6 * len(lanes)), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax, key = fig.subplots(2, 1, height_ratios=(1.4 + 0.6 * len(lanes), 1.0))
+    bars = _bars(ax, status.ledger, lanes, now)
+    steps = _checkpoints(ax, status.ledger)
+    # The marks over everything, the checkpoint line's axes included.
+    marks = _marks(steps[0].axes if steps else ax, ax, status.ledger, lanes)
+    events = [*marks, *_redone(ax, status.ledger), *steps]
+    if status.ledger.open is not None:
+        events.append(ax.axvline(now, color="#999999", linestyle=":", linewidth=1, label="now"))
+    _axes(ax, lanes, _title(job, status, now))
+    _legends(key, bars, events)
+    out = io.BytesIO()
+    fig.savefig(out, format="png")
+    return out.getvalue()
+
+
+def _legends(key: Axes, bars: list[Any], events: list[Any]) -> None:
+    """Under the timeline, side by side and top-aligned: the attempts' colours, then the events."""
+    key.axis("off")
+    for handles, title, where in ((bars, "attempts, by how they ended", "upper left"), (events, "events", "upper right")):
+        if handles:
+            key.add_artist(key.legend(handles=handles, title=title, loc=where, ncol=(len(handles) + 2) // 3,
+                                      frameon=False, alignment="left", borderaxespad=0))
+
+
+def _lanes(book: ledger.Ledger) -> list[str]:
+    """The zones, in the order the run first went to (or was refused by) each."""
+    events = sorted([(s.start, s.zone or "?") for s in book.spans] + [(m.at, m.zone or "?") for m in book.marks])
+    return list(dict.fromkeys(zone for _, zone in events)) or ["?"]
+
+
+def _title(job: str, status: JobStatus, now: datetime) -> str:
+    total = ledger.summary(status.ledger, now)
+    text = (f"{printable(job)}: {status.phase}, goodput {_percent(total.goodput)}\n"
+            f"{total.useful_hours:.1f} of {total.accelerator_hours:.1f} accelerator-hours useful; "
+            f"{_money(total.cost)} against {_money(total.on_demand_cost)} on demand")
+    return text.replace("$", r"\$")  # not mathtext
+
+
+def _bars(ax: Axes, book: ledger.Ledger, lanes: list[str], now: datetime) -> list[Any]:
+    """Each attempt: booting (start to RUNNING) light and hatched, then RUNNING solid, to its end or now."""
+    from matplotlib.patches import Patch
+
+    used: dict[str, None] = {}
+    for span in book.spans:
+        kind = outcome(span.cause)
+        used[kind] = None
+        colour, y, end = OUTCOMES[kind][1], lanes.index(span.zone or "?"), span.end or now
+        up = min(span.running or end, end)
+        if up > span.start:
+            ax.barh(y, up - span.start, left=span.start, height=BAR, color=_light(colour), edgecolor=colour,
+                    hatch="////", linewidth=0, zorder=2)
+        ran = end > up
+        if ran:
+            ax.barh(y, end - up, left=up, height=BAR, color=colour, linewidth=0, zorder=2)
+        # Its number, where it is legible: at the start of its solid part (white), else of its boot.
+        ax.annotate(f"#{span.attempt}", xy=(up if ran else span.start, y), xytext=(3, 0), textcoords="offset points",
+                    va="center", fontsize=8, fontweight="bold", color="white" if ran else "#222222", zorder=3)
+    handles = [Patch(color=OUTCOMES[k][1], label=OUTCOMES[k][0]) for k in OUTCOMES if k in used]
+    if book.spans:
+        handles.append(Patch(facecolor="#dddddd", edgecolor="#777777", hatch="////", linewidth=0,
+                             label="booting (until RUNNING)"))
+    return handles
+
+
+def _light(colour: str) -> tuple[float, float, float]:
+    from matplotlib.colors import to_rgb
+
+    return tuple(0.45 * c + 0.55 for c in to_rgb(colour))  # type: ignore[return-value]
+
+
+def _marks(top: Axes, ax: Axes, book: ledger.Ledger, lanes: list[str]) -> list[Any]:
+    """Each mark on its zone's lane of ``ax``, drawn on ``top``: a loss just above the bars (the first
+    lane is at the top), a refused create (stockout, quota) just below them, so that none hides another."""
+    handles: dict[str, Any] = {}
+    for mark in book.marks:
+        symbol, label = MARKS.get(mark.kind, _OTHER_MARK)
+        offset = LANE_GAP if mark.kind in _REFUSALS else -LANE_GAP
+        drawn = top.scatter([mark.at], [lanes.index(mark.zone or "?") + offset], transform=ax.transData,
+                            marker=symbol, s=55, color=MARK_COLOUR, linewidths=2 if symbol == "x" else 0.5,
+                            zorder=4, label=label, **({} if symbol == "x" else {"edgecolors": "white"}))
+        handles.setdefault(label, drawn)
+    return list(handles.values())
+
+
+def _redone(ax: Axes, book: ledger.Ledger) -> list[Any]:
+    """After each loss, the training it lost: from the save the replacement resumed from (or
+    the lost attempt's RUNNING) to the loss, as the ledger measured it (Loss.redone_s)."""
+    shaded = []
+    for loss in book.losses:
+        if loss.redone_s:
+            until = loss.lost_at or loss.seen_at
+            shaded.append(ax.axvspan(until - timedelta(seconds=loss.redone_s), until, color=REDONE_COLOUR, alpha=0.25,
+                                     linewidth=0, zorder=1, label="training lost, redone"))
+    return shaded[:1]  # one entry in the legend
+
+
+def _checkpoints(ax: Axes, book: ledger.Ledger) -> list[Any]:
+    """The checkpoints the run resumed from: (saved at, step), on a second y axis."""
+    if not book.checkpoints:
+        return []
+    steps = ax.twinx()
+    when, step = zip(*sorted(book.checkpoints), strict=True)
+    (line,) = steps.plot(when, step, color=CHECKPOINT_COLOUR, marker="o", markersize=4, linewidth=1.2,
+                         label="checkpoint resumed from (step, right axis)")
+    steps.set_ylabel("checkpoint step")
+    steps.set_ylim(bottom=0, top=max(step) * 1.15 or 1)
+    return [line]
+
+
+def _axes(ax: Axes, lanes: list[str], title: str) -> None:
+    import matplotlib.dates as mdates
+
+    ax.set_yticks(range(len(lanes)), lanes)
+    ax.set_ylim(len(lanes) - 0.5, -0.5)  # the first zone on top, room above it for its marks
+    for border in range(len(lanes) - 1):
+        ax.axhline(border + 0.5, color="#dddddd", linewidth=0.8, zorder=0)
+    locator = mdates.AutoDateLocator()
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+    ax.set_xlabel("time (UTC)")
+    ax.grid(axis="x", color="#eeeeee", zorder=0)
+    ax.set_title(title, loc="left", fontsize=11)
+
+
+# -- the page ------------------------------------------------------------------------------------
+
+def page(job: str, status: JobStatus, now: datetime, picture: bytes) -> str:
+    """A self-contained HTML page: the timeline embedded as a data: URI, then the summary's tables."""
+    name = html.escape(printable(job))
+    image = base64.b64encode(picture).decode()
+    zones = zone_rows(status)
+    return "\n".join([
+        "<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>respawn report: {name}</title>", f"<style>{_STYLE}</style></head><body>",
+        f"<h1>respawn report: {name}</h1>",
+        f'<img alt="timeline of {name}: its attempts by zone" src="data:image/png;base64,{image}">',
+        '<h2>summary</h2><table class="facts">',
+        *(f"<tr><th>{_h(what)}</th><td>{_h(figure)}</td></tr>" for what, figure in facts(status, now)),
+        "</table>", "<h2>attempts</h2>", _html_table(ATTEMPT_COLUMNS, attempt_rows(status, now), _kept_note(status)),
+        *(["<h2>losses by zone</h2>", _html_table(ZONE_COLUMNS, zones)] if zones else []),
+        f"<p class=\"when\">at {now:%Y-%m-%d %H:%M:%S} UTC</p>", "</body></html>", ""])
+
+
+def _h(text: object) -> str:
+    return html.escape(printable(text))
+
+
+def _html_table(columns: tuple[str, ...], rows: list[tuple[str, ...]], caption: str | None = None) -> str:
+    head = "".join(f"<th>{_h(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{_h(cell)}</td>" for cell in row) + "</tr>" for row in rows)
+    note = f"<caption>{_h(caption)}</caption>" if caption else ""
+    return f"<table>{note}<tr>{head}</tr>{body}</table>"
+
+
+_STYLE = ("body{font-family:system-ui,sans-serif;margin:2em;color:#222}img{max-width:100%}"
+          "table{border-collapse:collapse;margin:.5em 0 1.5em}th,td{border:1px solid #ccc;padding:.25em .6em;"
+          "text-align:left;vertical-align:top}.facts th{background:#f4f4f4}caption{caption-side:bottom;"
+          "text-align:left;color:#666}.when{color:#666}")
