@@ -16,6 +16,7 @@ import json
 import re
 import time
 from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -26,10 +27,12 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperGroup
 
-from controller import bootstrap, errors
+from controller import bootstrap, errors, ledger
 from controller.config import Settings
+from controller.durations import format_duration
 from controller.jobs import Jobs, Refused
 from controller.spec import SpecError, load_document, parse_spec
+from controller.state import JobStatus
 
 OK, FAILED, REFUSED, UNAVAILABLE = 0, 1, 2, 3  # exit codes
 # C0 and C1 controls, DEL, line/paragraph separators and bidirectional overrides: a name
@@ -197,6 +200,9 @@ def status(
 ) -> None:
     """A table of jobs: phase, attempt, preemptions, failures, zone, instance, checkpoint, age, last event.
 
+    For one JOB, also its goodput so far and the checkpoint interval advised to its attempt
+    (``respawn report`` tells the rest); --json has both for every job (``goodput``, ``checkpoint_every_s``).
+
     A job whose checkpoints cannot be listed keeps its row, with the reason (``checkpoint_error``
     in --json); the command still exits 0. A JOB that does not exist exits 2.
     """
@@ -206,6 +212,8 @@ def status(
         return
     if not watch:
         out.print(_status_table(rows))
+        if job is not None and rows:
+            out.print(_goodput_line(rows[0]), soft_wrap=True)
         if job is not None and rows and rows[0]["zone_advice"]:
             out.print(_advice_table(rows[0]))
         for row in rows:
@@ -233,8 +241,6 @@ def status(
 
 
 def _status_rows(job: str | None) -> list[dict[str, object]]:
-    from datetime import UTC, datetime
-
     from controller import names
 
     config = _config()
@@ -242,7 +248,7 @@ def _status_rows(job: str | None) -> list[dict[str, object]]:
     _, compute = bootstrap.adapters()
     found = jobs.rows(job)
     if job is not None and not found:
-        raise Refused(f"no job named {job!r} in gs://{config.bucket}")
+        raise _no_job(job, config.bucket)
     # A job whose name is not one never had an instance (nor may it go into a filter).
     listed = [] if job is not None and names.job_name_problem(job) else \
         compute.list_managed(config.policy().watched_projects, job).instances
@@ -256,8 +262,33 @@ def _status_rows(job: str | None) -> list[dict[str, object]]:
             checkpoint, problem = None, str(e) or type(e).__name__
         except Exception as e:  # noqa: BLE001 - a bug or a hostile tree: this row only, never the command
             checkpoint, problem = None, f"unexpected {type(e).__name__}: {e}"
-        rows.append(row.as_dict(now, ids, checkpoint, problem))
+        rows.append({**row.as_dict(now, ids, checkpoint, problem), **_goodput(row.status, now)})
     return rows
+
+
+def _no_job(job: str, bucket: str) -> Refused:
+    return Refused(f"no job named {job!r} in gs://{bucket}")
+
+
+def _goodput(status: JobStatus | None, now: datetime) -> dict[str, object]:
+    """What a status row adds from the job's ledger: its summary (controller.ledger.summary) up to
+    ``now``, and the checkpoint interval advised to the current attempt."""
+    return {"goodput": ledger.summary(status.ledger, now).model_dump(mode="json") if status else None,
+            "checkpoint_every_s": status.checkpoint_every_s if status else None}
+
+
+def _goodput_line(row: dict[str, object]) -> Text:
+    """Under one job's row: its goodput so far and the advised checkpoint interval."""
+    total: dict[str, Any] | None = row["goodput"]  # type: ignore[assignment]
+    if not total or total["goodput"] is None:
+        text = "goodput: nothing paid yet"
+    else:
+        text = (f"goodput {total['goodput']:.1%} ({total['useful_hours']:.2f} of {total['accelerator_hours']:.2f} "
+                "accelerator-hours useful)")
+    every = row["checkpoint_every_s"]
+    advice = f"checkpoint every {format_duration(timedelta(seconds=round(every)))} advised" \
+        if isinstance(every, float | int) else "no checkpoint interval advised yet"
+    return plain(f"{text}; {advice} (respawn report {row['job']})")
 
 
 def _status_problems(rows: list[dict[str, object]]) -> list[Text]:
@@ -266,9 +297,6 @@ def _status_problems(rows: list[dict[str, object]]) -> list[Text]:
 
 
 def _status_table(rows: list[dict[str, object]], watching: bool = False, stale: str | None = None) -> Table:
-    from controller.durations import format_duration
-    from datetime import timedelta
-
     caption = None
     if watching:  # --watch: the problems go under the table, which is redrawn
         lines = _status_problems(rows) + ([_line("!", "yellow", f"not refreshed: {stale}")] if stale else [])
@@ -307,6 +335,44 @@ def _advice_table(row: dict[str, object]) -> Table:
                       plain("—" if uptime is None else f"{uptime / 86400:.1f} d"),
                       plain("—" if rate is None else f"{rate:.1%}"))
     return table
+
+
+@app.command()
+def report(
+    job: Annotated[str, typer.Argument(help="the job to report on")],
+    png: Annotated[Path | None, typer.Option("--png", dir_okay=False, help="write its timeline to this PNG file")] = None,
+    html: Annotated[Path | None, typer.Option("--html", dir_okay=False, help="write a self-contained HTML page: "
+                                                                         "the timeline and the summary")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="the ledger and its summary, machine-readable")] = False,
+) -> None:
+    """A job's goodput: accelerator-hours paid, lost to boots and redone work, and useful; its cost
+    against on demand; its losses and recoveries by zone; the advised checkpoint interval."""
+    from controller import report as reporting
+
+    status = _job_status(job)
+    now = datetime.now(UTC)
+    if as_json:
+        print(json.dumps(reporting.as_json(job, status, now), indent=2))
+    else:
+        out.print(reporting.render_text(job, status, now))
+    for path, kind in ((png, "png"), (html, "html")):
+        if path is not None:
+            try:
+                reporting.draw(job, status, now, path, kind)
+            except OSError as e:
+                _fail(f"cannot write {path}: {e.strerror or e}")
+            (err if as_json else out).print(_line("✓", "green", f"wrote {path}"), soft_wrap=True)
+
+
+def _job_status(job: str) -> JobStatus:
+    """One job's status, read as ``status`` reads it; a job without one is refused (exit 2)."""
+    jobs = _jobs()
+    status = jobs.status(job)
+    if status is None:
+        if not jobs.rows(job):
+            raise _no_job(job, jobs.bucket)
+        raise Refused(f"job {job!r} has no readable status yet: the controller has not taken it up")
+    return status
 
 
 @app.command()

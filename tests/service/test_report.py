@@ -1,0 +1,202 @@
+"""``respawn report``: the goodput ledger as a summary, a timeline picture and a page, over the in-memory fakes."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+from datetime import UTC, datetime
+
+import numpy as np
+import pytest
+from matplotlib import image
+from matplotlib.colors import to_rgb
+from rich.console import Console
+from typer.testing import CliRunner
+
+from controller import bootstrap, ledger, report
+from controller.cli import app
+from controller.config import Settings
+from controller.state import JobStatus, Phase
+from tests.harness import BUCKET, PROJECT, TRAINER, Harness, spec_doc
+from tests.service.test_ledger import save
+
+runner = CliRunner()
+A, B = "us-central1-a", "us-central1-b"
+
+
+def preempted_then_succeeded() -> Harness:
+    """Attempt 1 in A: RUNNING after 3 min, saves step 100 (120 s of writing) at 35 min, preempted
+    with notice at 55 min while A is stocked out; attempt 2 goes to B, RUNNING 2 min later, succeeds."""
+    h = Harness()
+    h.submit("llm", spec_doc(zones=[A, B]))
+    h.tick()
+    h.advance(minutes=3)
+    h.tick()
+    h.advance(minutes=30)
+    save(h, 100, write_s=120)
+    h.advance(minutes=20)
+    h.marker("llm")
+    h.compute.stockouts.add(A)
+    h.advance(seconds=10)
+    h.tick()  # seen; A refuses attempt 2, B takes it
+    h.advance(minutes=2)
+    h.tick()
+    h.advance(minutes=50)
+    h.exit("llm", 0)
+    h.tick()
+    assert h.status("llm").phase == Phase.SUCCEEDED
+    return h
+
+
+# Paid: 55 min + 52 min (attempt 2, from 55m10s to 1h47m10s); booting 3 + 2 min; redone: the
+# 20 minutes from the save to the preemption. Useful 82 of 107 minutes: 76.6 %.
+PAID_MIN, USEFUL_MIN = 107, 82
+
+
+@pytest.fixture
+def day() -> Harness:
+    return preempted_then_succeeded()
+
+
+def text_of(renderable: object) -> str:
+    console = Console(width=200, file=io.StringIO(), record=True)
+    console.print(renderable)
+    return console.export_text()
+
+
+def table_row(text: str, first: str) -> list[str]:
+    """The cells of the table row whose first cell is ``first``."""
+    for line in text.splitlines():
+        cells = [c.strip() for c in re.split(r"[│┃]", line)[1:-1]]
+        if cells and cells[0] == first:
+            return cells
+    raise AssertionError(f"no row {first!r} in\n{text}")
+
+
+def test_the_summary_gives_the_ledgers_figures(day):
+    st = day.status("llm")
+    text = text_of(report.render_text("llm", st, day.clock.now()))
+    assert table_row(text, "goodput")[1] == f"{USEFUL_MIN / PAID_MIN:.1%}" == "76.6%"
+    assert table_row(text, "accelerator-hours")[1] == "1.78 paid: 0.08 booting, 0.33 redone, 1.37 useful"
+    assert table_row(text, "cost")[1] == "$0.39 against $1.27 on demand: $0.87 saved (69%)"
+    assert "respawn's price table" in table_row(text, "prices from")[1]
+    assert table_row(text, "recoveries")[1] == "1, mean 2m10s; per loss p50 2m10s, max 2m10s (last 1)"
+    assert st.checkpoint_every_s is not None
+    assert table_row(text, "checkpoint")[1] == \
+        f"advised every {report.human(st.checkpoint_every_s)} (Young/Daly); measured save 2m"
+    # The attempts, and each zone's losses by cause and stockouts.
+    assert table_row(text, "1")[1:] == [A, "spot", "scratch", "2026-01-01 00:00:00", "55m", "preempted"]
+    assert table_row(text, "2")[1:] == [B, "spot", "step 100", "2026-01-01 00:55:10", "52m", "succeeded"]
+    assert table_row(text, A) == [A, "preempted 1", "1"]
+    with pytest.raises(AssertionError):  # nothing lost in B, nor refused
+        table_row(text.split("losses by zone")[1], B)
+
+
+def colour_pixels(png: np.ndarray, colour: str) -> np.ndarray:
+    """(row, column) of every pixel of exactly ``colour`` (to within rounding)."""
+    return np.argwhere(np.all(np.abs(png[..., :3] - np.array(to_rgb(colour))) < 1.5 / 255, axis=-1))
+
+
+def outcome_colour(kind: str) -> str:
+    return report.OUTCOMES[kind][1]
+
+
+def test_the_picture_shows_each_attempt_in_its_zones_lane_coloured_by_how_it_ended(day, tmp_path):
+    path = report.draw("llm", day.status("llm"), day.clock.now(), tmp_path / "llm.png")
+    png = image.imread(path)
+    preempted, succeeded = colour_pixels(png, outcome_colour("preempted")), colour_pixels(png, outcome_colour("succeeded"))
+    # Bars, not just the legend's swatches (a few hundred pixels each).
+    assert len(preempted) > 5000 and len(succeeded) > 5000, (len(preempted), len(succeeded))
+    # Attempt 1 on A's lane (the top one) and first in time; attempt 2 on B's lane, after it.
+    assert np.median(preempted[:, 0]) < np.median(succeeded[:, 0])
+    assert np.median(preempted[:, 1]) < np.median(succeeded[:, 1])
+    for unused in ("maintenance", "failed", "running", "recycled"):
+        assert len(colour_pixels(png, outcome_colour(unused))) == 0, unused
+
+
+def test_a_running_attempt_is_drawn_up_to_now_in_its_own_colour(tmp_path):
+    h = Harness()
+    h.submit("llm")
+    h.tick()
+    h.advance(minutes=3)
+    h.tick()
+    h.advance(hours=2)
+    st = h.status("llm")
+    assert st.ledger.open is not None
+    png = image.imread(report.draw("llm", st, h.clock.now(), tmp_path / "running.png"))
+    assert len(colour_pixels(png, outcome_colour("running"))) > 5000
+    assert len(colour_pixels(png, outcome_colour("succeeded"))) == 0
+
+
+def test_the_page_embeds_the_picture_and_the_summary_with_nothing_external(day, tmp_path):
+    path = report.draw("llm", day.status("llm"), day.clock.now(), tmp_path / "llm.html")
+    page = path.read_text()
+    (embedded,) = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert base64.b64decode(embedded).startswith(b"\x89PNG\r\n\x1a\n")
+    assert "<td>76.6%</td>" in page and f"<td>{A}</td><td>preempted 1</td><td>1</td>" in page
+    assert page.count("<table") == 3  # the summary, the attempts, the losses by zone
+    assert not re.search(r"(src|href)=\"(?!data:)|<script|<link|@import|url\(", page)
+
+
+def test_a_picture_is_a_png_or_an_html_file(day, tmp_path):
+    with pytest.raises(ValueError, match="png or an .html"):
+        report.draw("llm", day.status("llm"), day.clock.now(), tmp_path / "llm.svg")
+    as_png = report.draw("llm", day.status("llm"), day.clock.now(), tmp_path / "llm.picture", kind="png")
+    assert as_png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_job_with_nothing_paid_yet_still_has_a_report(tmp_path):
+    st = JobStatus(created_at=datetime(2026, 1, 1, tzinfo=UTC))
+    assert "goodput" in text_of(report.render_text("new", st, datetime(2026, 1, 2, tzinfo=UTC)))
+    assert image.imread(report.draw("new", st, datetime(2026, 1, 2, tzinfo=UTC), tmp_path / "new.png")).size
+
+
+# -- the CLI ---------------------------------------------------------------------------------------
+
+@pytest.fixture
+def cli(day, monkeypatch) -> Harness:
+    monkeypatch.setenv("COLUMNS", "200")
+    bootstrap.override(None, Settings(bucket=BUCKET, project=PROJECT, trainer_service_account=TRAINER),
+                       day.store, day.compute)
+    return day
+
+
+def test_report_prints_the_summary_and_writes_the_picture_and_the_page(cli, tmp_path):
+    png, page = tmp_path / "out.png", tmp_path / "out.html"
+    result = runner.invoke(app, ["report", "llm", "--png", str(png), "--html", str(page)])
+    assert result.exit_code == 0, result.output
+    assert table_row(result.output, "goodput")[1] == "76.6%" and table_row(result.output, A)[1] == "preempted 1"
+    assert f"wrote {png}" in result.output and f"wrote {page}" in result.output
+    assert png.read_bytes().startswith(b"\x89PNG") and "data:image/png;base64," in page.read_text()
+
+
+def test_report_json_is_the_ledger_and_its_summary(cli):
+    result = runner.invoke(app, ["report", "llm", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    st = cli.status("llm")
+    assert doc["summary"] == json.loads(ledger.summary(st.ledger, cli.clock.now()).model_dump_json())
+    assert [s["cause"] for s in doc["ledger"]["spans"]] == ["preempted", "succeeded"]
+    assert doc["checkpoint_every_s"] == st.checkpoint_every_s
+
+
+def test_report_of_an_unknown_job_or_one_without_a_status_exits_2(cli):
+    result = runner.invoke(app, ["report", "no-such-job"])
+    assert result.exit_code == 2 and result.output.strip() == f"✗ no job named 'no-such-job' in gs://{BUCKET}"
+    cli.submit("queued")
+    result = runner.invoke(app, ["report", "queued"])
+    assert result.exit_code == 2 and "'queued' has no readable status yet" in result.output
+
+
+def test_status_of_a_job_shows_its_goodput_and_the_advised_checkpoint_interval(cli):
+    result = runner.invoke(app, ["status", "llm"])
+    assert result.exit_code == 0, result.output
+    every = report.human(cli.status("llm").checkpoint_every_s)
+    assert f"goodput 76.6% (1.37 of 1.78 accelerator-hours useful); checkpoint every {every} advised" in result.output
+    (row,) = json.loads(runner.invoke(app, ["status", "llm", "--json"]).stdout)
+    assert round(row["goodput"]["goodput"], 3) == round(USEFUL_MIN / PAID_MIN, 3)
+    assert row["checkpoint_every_s"] == cli.status("llm").checkpoint_every_s
+    table = runner.invoke(app, ["status"]).output
+    assert "goodput" not in table  # the table of every job is unchanged
