@@ -1,0 +1,258 @@
+"""The simulated world's parameters, its traces, and the analytic ceiling.
+
+A **trace** is everything random about a week of the fleet, drawn once per seed and shared
+by every policy, so that policies are compared on the same weather:
+
+- per zone: the median Spot lifetime (Weibull, shape ``k``), and the zone's stockout
+  timeline: available periods (exponential) alternating with stockout gaps (lognormal,
+  fitted to a median and a 90th percentile);
+- per job: the order of its zones, and one stream of draws per VM (common random numbers):
+  the job's *i*-th VM gets the same uniform for its lifetime, the same boot time and the same
+  "missed the notice" coin under every policy; its lifetime is that uniform through the
+  Weibull of the zone the policy put it in, so a policy that picks a better zone gets a
+  longer life from the same draw.
+
+The **ceiling** (``ceiling``) is the expected goodput of an ideal policy over the same
+model: at every loss it recovers at once (no detection, no wait: only the new VM's boot)
+in the best zone available at that moment, and its trainer checkpoints on the interval that
+is optimal for that zone. For one zone, with lifetime ``L`` (creation to the preemption
+notice; survival ``S(t) = exp(-(t/λ)^k)``), boot ``b``, interval ``τ`` (training between
+saves) and checkpoint cost ``C``, the *i*-th save completes at ``b + i(τ + C)`` and counts
+when it is done before the hard-off minus a margin (``L + notice - margin``); the ideal
+pays ``L`` (it deletes the VM at the notice). By renewal-reward, exactly for this model::
+
+    G_z(τ) = τ · Σ_{i≥1} E_b[ S_z(b + i(τ + C) - (notice - margin)) ] / E[L_z],
+    E[L_z] = λ_z Γ(1 + 1/k)
+
+maximised over ``τ`` per zone; zones are mixed by the share of time each is the best one
+available on the trace (time with no zone available costs an ideal policy nothing: it pays
+for no VM): ``G = Σ w_z G_z E[L_z] / Σ w_z E[L_z]``. The first-order Young/Daly
+approximation of the same quantity, reported beside it, is
+``(τ / (τ + C)) · (1 - (b + (τ + C)/2) / M)`` with ``τ = √(2CM)`` and ``M`` the ideal's
+mean lifetime.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+Z90 = 1.2815515655446004  # the standard normal's 90th percentile
+ZONE_NAMES = ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f", "us-east1-b", "us-east1-c")
+
+
+@dataclass(frozen=True)
+class Params:
+    """Everything the command line can set; the defaults are ``make sim``'s."""
+
+    days: float = 7.0
+    jobs: int = 8
+    zones: int = 3
+    seed: int = 1
+    seeds: int = 4  # independent weeks: seed, seed+1, ...; figures are their means (percentiles pooled)
+    # Spot lifetimes: Weibull, shape k, median drawn per zone in this range (hours).
+    weibull_k: float = 0.8
+    lifetime_median_h: tuple[float, float] = (0.5, 1.1)
+    # Stockout gaps: lognormal per zone, median and 90th percentile drawn in these ranges (hours).
+    stockout_median_h: tuple[float, float] = (0.4, 0.75)
+    stockout_p90_h: tuple[float, float] = (2.0, 4.0)
+    # Available periods between gaps: exponential with this mean (hours). The sim's own choice.
+    available_mean_h: float = 6.0
+    boot_s: tuple[float, float] = (120.0, 180.0)
+    checkpoint_cost_s: float = 120.0
+    notice_s: float = 30.0
+    notice_miss: float = 0.1  # probability that a VM misses the notice: no marker
+    marker_margin_s: float = 5.0  # the agent writes the marker at the latest this long before the hard-off
+    event_delay_s: float = 2.0  # object finalized -> the event function runs
+    tick_s: float = 60.0
+    poll_s: float = 15.0  # the managed-jobs loop's poll
+    poll_wait_s: float = 60.0  # ... and its wait before recovering
+    retry_s: float = 60.0  # a baseline's retry after every zone it tried was out of capacity
+    mig_check_s: float = 60.0  # how often the MIG-like baseline notices a stopped VM
+    fixed_interval_s: float = 1800.0
+    keep_checkpoints: int = 3
+    price_gpu_h: float = 1.47  # US$ per GPU-hour, Spot
+    gpus_per_vm: int = 1
+    policies: tuple[str, ...] = ()  # empty: all
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+
+    @property
+    def horizon_s(self) -> float:
+        return self.days * 86400.0
+
+
+@dataclass(frozen=True)
+class Zone:
+    name: str
+    lifetime_median_s: float
+    scale_s: float  # Weibull λ
+    mean_s: float  # E[L]
+    stockout_median_s: float
+    stockout_p90_s: float
+    stockouts: tuple[tuple[float, float], ...]  # [start, end) seconds from the start
+
+    def lifetime(self, u: float, k: float) -> float:
+        """The Weibull lifetime whose survival is ``u`` (inverse transform)."""
+        return self.scale_s * (-math.log(u)) ** (1.0 / k)
+
+    def out_at(self, t: float) -> bool:
+        return any(a <= t < b for a, b in self.stockouts)
+
+    def out_fraction(self, horizon: float) -> float:
+        return sum(min(b, horizon) - a for a, b in self.stockouts if a < horizon) / horizon
+
+
+@dataclass
+class VmDraw:
+    u: float  # survival of the lifetime
+    boot_s: float
+    misses_notice: bool
+
+
+@dataclass
+class JobTrace:
+    name: str
+    zones: tuple[str, ...]  # the spec's order (the MIG-like baseline's zone is the first)
+    seed: str
+    _drawn: list[VmDraw] = field(default_factory=list)
+    _rng: random.Random | None = None
+
+    def vm(self, index: int, p: Params) -> VmDraw:
+        """The ``index``-th VM's draws (0-based), the same under every policy."""
+        if self._rng is None:
+            self._rng = random.Random(self.seed)
+        while len(self._drawn) <= index:
+            r = self._rng
+            u = 1.0 - r.random()  # (0, 1]
+            self._drawn.append(VmDraw(u, r.uniform(*p.boot_s), r.random() < p.notice_miss))
+        return self._drawn[index]
+
+
+@dataclass
+class Trace:
+    params: Params
+    zones: dict[str, Zone]
+    jobs: dict[str, JobTrace]
+
+    @property
+    def mean_lifetime_s(self) -> float:
+        """M as a user would compute it from the zones' figures: the zones' mean lifetime."""
+        return sum(z.mean_s for z in self.zones.values()) / len(self.zones)
+
+
+def make_trace(p: Params) -> Trace:
+    rng = random.Random(f"trace-{p.seed}")
+    k = p.weibull_k
+    zones: dict[str, Zone] = {}
+    for name in ZONE_NAMES[: p.zones]:
+        median = rng.uniform(*p.lifetime_median_h) * 3600
+        scale = median / math.log(2) ** (1 / k)
+        g_med = rng.uniform(*p.stockout_median_h) * 3600
+        g_p90 = rng.uniform(*p.stockout_p90_h) * 3600
+        mu, sigma = math.log(g_med), math.log(g_p90 / g_med) / Z90
+        avail_mean = p.available_mean_h * 3600
+        gap_mean = math.exp(mu + sigma * sigma / 2)
+        t, gaps = 0.0, []
+        out = rng.random() < gap_mean / (gap_mean + avail_mean)  # start in the stationary mix
+        while t < p.horizon_s:
+            if out:
+                end = t + rng.lognormvariate(mu, sigma)
+                gaps.append((t, end))
+                t = end
+            else:
+                t += rng.expovariate(1 / avail_mean)
+            out = not out
+        zones[name] = Zone(name, median, scale, scale * math.gamma(1 + 1 / k), g_med, g_p90, tuple(gaps))
+    names_ = list(zones)
+    jobs = {}
+    for i in range(p.jobs):
+        job = f"job{i}"
+        jobs[job] = JobTrace(job, tuple(rng.sample(names_, len(names_))), f"vms-{p.seed}-{job}")
+    return Trace(p, zones, jobs)
+
+
+# -- the ceiling ---------------------------------------------------------------------------------
+
+def _boot_points(p: Params, n: int = 9) -> list[float]:
+    lo, hi = p.boot_s
+    return [lo + (hi - lo) * (i + 0.5) / n for i in range(n)] if hi > lo else [lo]
+
+
+def zone_goodput(z: Zone, tau: float, p: Params) -> float:
+    """G_z(τ): committed training per paid second in zone ``z`` (module docstring)."""
+    k, lam = p.weibull_k, z.scale_s
+    slack = p.notice_s - p.marker_margin_s
+    boots = _boot_points(p)
+    useful = 0.0
+    for b in boots:
+        i = 1
+        while True:
+            t = b + i * (tau + p.checkpoint_cost_s) - slack
+            s = 1.0 if t <= 0 else math.exp(-((t / lam) ** k))
+            useful += s
+            if s < 1e-12:
+                break
+            i += 1
+    return tau * useful / len(boots) / z.mean_s
+
+
+def best_interval(z: Zone, p: Params) -> tuple[float, float]:
+    """(τ*, G_z(τ*)) by a coarse grid, then golden-section search around its best point."""
+    grid = [60.0 * 1.15**i for i in range(45)]  # 60 s .. ~8 h
+    values = [zone_goodput(z, t, p) for t in grid]
+    at = max(range(len(grid)), key=values.__getitem__)
+    lo, hi = grid[max(0, at - 1)], grid[min(len(grid) - 1, at + 1)]
+    phi = (math.sqrt(5) - 1) / 2
+    for _ in range(40):
+        a, b = hi - phi * (hi - lo), lo + phi * (hi - lo)
+        if zone_goodput(z, a, p) >= zone_goodput(z, b, p):
+            hi = b
+        else:
+            lo = a
+    tau = (lo + hi) / 2
+    return tau, zone_goodput(z, tau, p)
+
+
+def best_zone_shares(trace: Trace) -> dict[str, float]:
+    """The share of the time (when any zone is available) each zone is the best one available."""
+    p = trace.params
+    ranked = sorted(trace.zones.values(), key=lambda z: -z.mean_s)
+    cuts = sorted({0.0, p.horizon_s, *(t for z in ranked for gap in z.stockouts for t in gap if t < p.horizon_s)})
+    share = dict.fromkeys(trace.zones, 0.0)
+    for a, b in zip(cuts, cuts[1:]):
+        mid = (a + b) / 2
+        best = next((z for z in ranked if not z.out_at(mid)), None)
+        if best is not None:
+            share[best.name] += b - a
+    total = sum(share.values()) or 1.0
+    return {z: s / total for z, s in share.items()}
+
+
+def ceiling(trace: Trace) -> dict[str, Any]:
+    p = trace.params
+    shares = best_zone_shares(trace)
+    per_zone = {name: best_interval(z, p) for name, z in trace.zones.items()}
+    paid = sum(shares[n] * z.mean_s for n, z in trace.zones.items())
+    useful = sum(shares[n] * per_zone[n][1] * z.mean_s for n, z in trace.zones.items())
+    m = paid  # the ideal's mean lifetime
+    c, b = p.checkpoint_cost_s, sum(p.boot_s) / 2
+    tau = math.sqrt(2 * c * m)
+    young_daly = (tau / (tau + c)) * (1 - (b + (tau + c) / 2) / m)
+    return {
+        "goodput": useful / paid,
+        "young_daly_goodput": young_daly,
+        "young_daly_interval_s": tau,
+        "mean_lifetime_s": m,
+        "best_zone_shares": shares,
+        "intervals_s": {n: v[0] for n, v in per_zone.items()},
+        "zone_goodput": {n: v[1] for n, v in per_zone.items()},
+    }
+
+
+def young_daly(c: float, m: float) -> float:
+    return math.sqrt(2 * c * m)
