@@ -72,11 +72,20 @@ def outcome(cause: str | None) -> str:
 # -- the figures, once -------------------------------------------------------------------------
 
 def human(seconds: float | None) -> str:
-    return "—" if seconds is None else format_duration(timedelta(seconds=round(seconds)))
+    if seconds is None:
+        return "—"
+    return f"{seconds:.2g}s" if 0 < seconds < 1 else format_duration(timedelta(seconds=round(seconds)))
 
 
 def _money(dollars: float) -> str:
-    return f"${dollars:,.2f}"
+    return f"${dollars:,.2f}" if dollars >= 0.01 or dollars == 0 else f"${dollars:.2g}"  # a short run: $0.0061
+
+
+def _unit(paid_hours: float) -> tuple[str, float]:
+    """Accelerator time in hours, or in minutes or seconds for a short run (the demo's): its name and factor."""
+    if paid_hours >= 1 or paid_hours == 0:
+        return "accelerator-hours", 1.0
+    return ("accelerator-minutes", 60.0) if paid_hours >= 1 / 60 else ("accelerator-seconds", 3600.0)
 
 
 def _percent(share: float | None) -> str:
@@ -86,11 +95,12 @@ def _percent(share: float | None) -> str:
 def facts(status: JobStatus, now: datetime) -> list[tuple[str, str]]:
     """The summary, as (what, figure) lines."""
     book, total = status.ledger, ledger.summary(status.ledger, now)
+    unit, k = _unit(total.accelerator_hours)
     return [
         ("phase", f"{status.phase}" + (f" — {status.message}" if status.message else "")),
         ("attempts", f"{book.totals.attempts + (book.open is not None)} ({total.losses} lost)"),
-        ("accelerator-hours", f"{total.accelerator_hours:.2f} paid: {total.boot_hours:.2f} booting, "
-                              f"{total.redone_hours:.2f} redone, {total.useful_hours:.2f} useful"),
+        (unit, f"{total.accelerator_hours * k:.2f} paid: {total.boot_hours * k:.2f} booting, "
+               f"{total.redone_hours * k:.2f} redone, {total.useful_hours * k:.2f} useful"),
         ("goodput", _percent(total.goodput)),
         ("cost", _cost(total)),
         ("prices from", "; ".join(total.price_sources) or "—"),
@@ -226,8 +236,9 @@ def _lanes(book: ledger.Ledger) -> list[str]:
 
 def _title(job: str, status: JobStatus, now: datetime) -> str:
     total = ledger.summary(status.ledger, now)
+    unit, k = _unit(total.accelerator_hours)
     text = (f"{printable(job)}: {status.phase}, goodput {_percent(total.goodput)}\n"
-            f"{total.useful_hours:.1f} of {total.accelerator_hours:.1f} accelerator-hours useful; "
+            f"{total.useful_hours * k:.1f} of {total.accelerator_hours * k:.1f} {unit} useful; "
             f"{_money(total.cost)} against {_money(total.on_demand_cost)} on demand")
     return text.replace("$", r"\$")  # not mathtext
 
@@ -248,6 +259,7 @@ def _bars(ax: Axes, book: ledger.Ledger, lanes: list[str], now: datetime) -> lis
         ran = end > up
         if ran:
             ax.barh(y, end - up, left=up, height=BAR, color=colour, linewidth=0, zorder=2)
+        ax.vlines(span.start, y - BAR / 2, y + BAR / 2, color="white", linewidth=1.5, zorder=3)  # apart from the last
         # Its number, where it is legible: at the start of its solid part (white), else of its boot.
         ax.annotate(f"#{span.attempt}", xy=(up if ran else span.start, y), xytext=(3, 0), textcoords="offset points",
                     va="center", fontsize=8, fontweight="bold", color="white" if ran else "#222222", zorder=3)
