@@ -562,13 +562,16 @@ def demo(
                                           help="preemption notice in seconds (Spot gives 30; shortened for the demo)")] = 3.0,
     tpu: Annotated[bool, typer.Option("--tpu", help="the Cloud TPU story: a Spot v4-16 slice (2 hosts) "
                                                     "preempted, then terminated by host maintenance")] = False,
+    output: Annotated[Path | None, typer.Option("--output", file_okay=False,
+                                                help="folder for the job's report (HTML and PNG; "
+                                                     "default: a new temporary folder)")] = None,
 ) -> None:
     """Run the whole story locally: a Spot job preempted three times (--tpu: a TPU slice preempted,
     then taken by host maintenance) still ends exactly right."""
     from localcloud import demo as story
 
     try:
-        result = story.run(out, notice, "tpu" if tpu else "gpu")
+        result = story.run(out, notice, "tpu" if tpu else "gpu", output)
     except TimeoutError as e:
         _fail(f"demo failed: {e}", FAILED)
     table = Table(title="respawn demo --tpu" if tpu else "respawn demo", show_header=False)
@@ -589,6 +592,8 @@ def demo(
     out.print(table)
     for line in result.story:
         out.print(plain(f"  {line}"))
+    for path in result.reports:
+        out.print(plain(f"report: {path}"), soft_wrap=True)
     if not result.ok:
         err.print("[red]the story did not come out right[/red]")
         raise typer.Exit(1)

@@ -16,7 +16,8 @@ uninterrupted run computes.
 
 ``Demo`` holds what both share (the local cloud, the reference run, submitting,
 watching the job and the trainer's log, the result); ``GpuDemo`` and ``TpuDemo`` hold
-their spec, where the trainer's log is, and the story itself.
+their spec, where the trainer's log is, and the story itself. Each ends by writing
+``respawn report``'s page and timeline of its job (``Result.reports``).
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ import re
 import shutil
 import subprocess
 import tarfile
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +63,7 @@ class Result:
     final_loss: str = ""
     seconds: float = 0.0
     story: list[str] = field(default_factory=list)
+    reports: list[Path] = field(default_factory=list)  # ``respawn report``'s page and picture of the job
     # What the story must show: at least this many preemptions and maintenance restarts.
     want_preemptions: int = 3
     want_maintenance: int = 0
@@ -80,8 +84,9 @@ class Demo:
     want_preemptions, want_maintenance = 3, 0
     finish_timeout = 150.0
 
-    def __init__(self, console: Console, notice: float = 3.0) -> None:
+    def __init__(self, console: Console, notice: float = 3.0, output: Path | None = None) -> None:
         self.console = console
+        self.output = output  # where the report goes (default: a new temporary folder, kept)
         self.cloud = LocalCloud(Options(tick_interval=5.0, boot_delay=0.3, shutdown_budget=notice))
         self.started = time.monotonic()
         self._last: tuple[Any, ...] = ()
@@ -100,7 +105,17 @@ class Demo:
                                 self.finish_timeout)
             self._collect(final, result)
         result.seconds = time.monotonic() - self.started
+        result.reports = self._write_report(final)
         return result
+
+    def _write_report(self, final: JobStatus) -> list[Path]:
+        """``respawn report``'s HTML page and timeline picture of the finished job."""
+        from controller import report
+
+        folder = self.output or Path(tempfile.mkdtemp(prefix=f"respawn-{self.job}-"))
+        folder.mkdir(parents=True, exist_ok=True)
+        now = datetime.now(UTC)
+        return [report.draw(self.job, final, now, folder / f"{self.job}-report.{kind}") for kind in ("html", "png")]
 
     # -- what a story defines --------------------------------------------------------------
     def _spec(self) -> tuple[dict[str, Any], str]:
@@ -248,8 +263,8 @@ class TpuDemo(Demo):
     want_preemptions, want_maintenance = 1, 1
     TYPE, ZONES = "v4-16", ["us-central2-b", "us-east5-a"]
 
-    def __init__(self, console: Console, notice: float = 3.0) -> None:
-        super().__init__(console, notice)
+    def __init__(self, console: Console, notice: float = 3.0, output: Path | None = None) -> None:
+        super().__init__(console, notice, output)
         self._nodes: dict[str, tuple[str, str]] = {}  # node id -> (state, health) last said
 
     def _spec(self) -> tuple[dict[str, Any], str]:
@@ -312,5 +327,5 @@ class TpuDemo(Demo):
 STORIES: dict[str, type[Demo]] = {"gpu": GpuDemo, "tpu": TpuDemo}
 
 
-def run(console: Console | None = None, notice: float = 3.0, story: str = "gpu") -> Result:
-    return STORIES[story](console or Console(), notice).run()
+def run(console: Console | None = None, notice: float = 3.0, story: str = "gpu", output: Path | None = None) -> Result:
+    return STORIES[story](console or Console(), notice, output).run()
