@@ -200,3 +200,14 @@ def test_status_of_a_job_shows_its_goodput_and_the_advised_checkpoint_interval(c
     assert row["checkpoint_every_s"] == cli.status("llm").checkpoint_every_s
     table = runner.invoke(app, ["status"]).output
     assert "goodput" not in table  # the table of every job is unchanged
+
+
+def test_only_drawing_loads_matplotlib():
+    """The functions and every other command start without it (requirements.txt does not have it)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, main, controller.cli, controller.report; "
+            "assert 'matplotlib' not in sys.modules, 'matplotlib loaded'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
