@@ -477,7 +477,9 @@ def deploy(
     policy_env = {f"RESPAWN_{k.upper()}": ",".join(v) if isinstance(v, tuple) else str(v)
                   for k, v in config.model_dump(include={"allowed_projects", "allowed_zones", "allowed_machine_types",
                                                          "allowed_service_accounts", "max_nodes", "max_accelerators",
-                                                         "allowed_tpu_types", "max_tpu_size"}).items()
+                                                         "allowed_tpu_types", "max_tpu_size", "notify_topic",
+                                                         "notify_webhook", "allowed_notify_topics",
+                                                         "allowed_webhook_hosts"}).items()
                   if v not in ((), None)}
     target = deployment.Target(
         project=project, region=region, bucket=bucket,

@@ -62,6 +62,9 @@ class Span(_Model):
     start: datetime  # committed (the insert issued)
     inserted: datetime | None = None  # Compute accepted it: billing from here
     running: datetime | None = None
+    # Not seen RUNNING by any pass (it ran and ended between two), yet it ran (a marker, an exit
+    # record): RUNNING from its acceptance plus the run's mean boot.
+    running_estimated: bool = False
     end: datetime | None = None
     cause: str | None = None  # why it ended: a loss cause, or succeeded / failed / cancelled
     resumed_step: int | None = None  # the checkpoint step it started from
@@ -104,6 +107,8 @@ class Totals(_Model):
     boot_acc_s: float = 0.0  # accepted to RUNNING
     redone_acc_s: float = 0.0  # trained past the last save, then lost
     running_s: float = 0.0  # wall time RUNNING: the time between losses counts it
+    boots: int = 0  # attempts seen going from accepted to RUNNING,
+    boot_s: float = 0.0  # and how long that took them, summed (wall time)
     platform_losses: int = 0
     cost: float = 0.0
     on_demand_cost: float = 0.0
@@ -160,15 +165,8 @@ def _one(ledger: Ledger, e: Event, status: JobStatus, spec: JobSpec | None) -> L
         return _launched(ledger, e, status, spec)
     if name == "inserted" and (open_ := ledger.open) is not None:
         return _with_current(ledger, open_.model_copy(update={"inserted": open_.inserted or e.at}))
-    if name == "running" and (open_ := ledger.open) is not None:
-        ledger = _with_current(ledger, open_.model_copy(update={"running": open_.running or e.at}))
-        if (loss := ledger.pending) is not None and loss.issued_at is not None:
-            recovered = loss.model_copy(update={"running_at": e.at})
-            totals = ledger.totals
-            totals = totals.model_copy(update={"recoveries": totals.recoveries + 1,
-                                               "recovery_s": totals.recovery_s + (recovered.recovery_s or 0.0)})
-            ledger = ledger.model_copy(update={"losses": (*ledger.losses[:-1], recovered), "totals": totals})
-        return ledger
+    if name == "running" and (open_ := ledger.open) is not None and open_.running is None:
+        return _ran(ledger, e.at)
     if name in ("stockout", "quota"):
         totals = ledger.totals
         if name == "stockout" and e.zone:
@@ -179,7 +177,26 @@ def _one(ledger: Ledger, e: Event, status: JobStatus, spec: JobSpec | None) -> L
     if name in LOSS_CAUSES and not ended:
         return _lost(ledger, e, name)
     if ended:
-        return _closed(ledger, e.at, name) if ledger.open is not None else ledger
+        # An exit record (succeeded, failed) says the trainer ran, seen RUNNING or not.
+        return _closed(ledger, e.at, name, ran=name != "cancelled") if ledger.open is not None else ledger
+    return ledger
+
+
+def _ran(ledger: Ledger, at: datetime, estimated: bool = False) -> Ledger:
+    """The current attempt RUNNING from ``at``; the recovery of the loss it replaces ends there."""
+    span = ledger.open
+    assert span is not None
+    totals = ledger.totals
+    if not estimated and span.inserted is not None:
+        totals = totals.model_copy(update={"boots": totals.boots + 1,
+                                           "boot_s": totals.boot_s + max(0.0, (at - span.inserted).total_seconds())})
+    ledger = _with_current(ledger.model_copy(update={"totals": totals}),
+                           span.model_copy(update={"running": at, "running_estimated": estimated}))
+    if (loss := ledger.pending) is not None and loss.issued_at is not None and loss.attempt < span.attempt:
+        recovered = loss.model_copy(update={"running_at": max(at, loss.issued_at)})
+        totals = totals.model_copy(update={"recoveries": totals.recoveries + 1,
+                                           "recovery_s": totals.recovery_s + (recovered.recovery_s or 0.0)})
+        ledger = ledger.model_copy(update={"losses": (*ledger.losses[:-1], recovered), "totals": totals})
     return ledger
 
 
@@ -225,7 +242,8 @@ def _lost(ledger: Ledger, e: Event, cause: str) -> Ledger:
     if open_ is None:
         return ledger  # a restart decided before the attempt was ever launched (hand-edited)
     lost_at = e.since if e.since and e.since <= e.at else None
-    ledger = _closed(ledger, lost_at or e.at, cause)
+    # A marker (lost_at) is written by the VM's agent while its trainer runs.
+    ledger = _closed(ledger, lost_at or e.at, cause, ran=lost_at is not None)
     totals = ledger.totals
     zone = open_.zone or "?"
     by_zone = {**totals.losses, zone: {**totals.losses.get(zone, {}), cause: totals.losses.get(zone, {}).get(cause, 0) + 1}}
@@ -238,9 +256,17 @@ def _lost(ledger: Ledger, e: Event, cause: str) -> Ledger:
     return _marked(ledger, Mark(at=lost_at or e.at, kind=cause, zone=open_.zone))
 
 
-def _closed(ledger: Ledger, at: datetime, cause: str) -> Ledger:
+def _closed(ledger: Ledger, at: datetime, cause: str, ran: bool = False) -> Ledger:
+    """End the current attempt at ``at``; ``ran``: there is evidence its trainer ran, so one
+    never seen RUNNING is taken to have run from its boot (the run's mean boot) on."""
     span = ledger.open
     assert span is not None
+    if ran and span.running is None and span.inserted is not None and at > span.inserted:
+        t = ledger.totals
+        boot = timedelta(seconds=t.boot_s / t.boots if t.boots else 0.0)
+        ledger = _ran(ledger, min(at, span.inserted + boot), estimated=True)
+        span = ledger.open
+        assert span is not None
     end = max(at, span.start)
     done = span.model_copy(update={"end": end, "cause": cause})
     paid, boot, ran = _times(done, end)
@@ -339,8 +365,9 @@ def checkpoint_every(ledger: Ledger, write_s: float | None, uptime_s: float | No
     Compute's advice for the zone (the Spot VM's estimated uptime, else one day over its
     daily preemption rate) counted as one loss's worth of evidence."""
     cost = write_s if write_s is not None else ledger.checkpoint_cost_s
-    if cost is None or cost <= 0:
+    if cost is None:
         return None
+    cost = max(cost, 1.0)  # a save whose objects all landed within a second: as cheap as saves get
     seed = uptime_s if uptime_s else (86400.0 / preemption_rate if preemption_rate else None)
     ran = ledger.totals.running_s + running_s
     losses = ledger.totals.platform_losses

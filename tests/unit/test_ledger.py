@@ -91,6 +91,7 @@ def test_summary_counts_the_running_attempt_up_to_now():
     (None, 7200, None, 0, 0, None),  # no C measured: no advice
     (120, None, None, 3600, 0, None),  # no M: no advice
     (1, None, None, 60, 1, ledger.MIN_INTERVAL_S),  # bounded
+    (0, None, None, 3600, 1, math.sqrt(2 * 1 * 3600)),  # a save that landed within a second: C of 1 s
 ])
 def test_young_daly_interval(write_s, uptime, rate, ran, losses, expected):
     book = ledger.Ledger(totals=ledger.Totals(running_s=ran, platform_losses=losses))
@@ -126,3 +127,36 @@ def test_a_directory_saves_writing_time_is_its_first_object_to_its_marker():
     single = checkpoints.latest("gs://b/run", listing[3:], lambda n, lim: None)
     assert (single.saved_at, single.write_s) == (at(9), None)
     assert CheckpointRef.of(found).write_s == 150.0
+
+
+def test_an_attempt_that_ran_and_ended_between_two_passes_is_not_all_boot():
+    """Never seen RUNNING, but its marker (or exit record) says its trainer ran: RUNNING from its
+    acceptance plus the run's mean observed boot, and the recovery it ends is closed."""
+    st = commit(commit(launched(), (1, "inserted")), (4, "running"))  # a 3-minute boot seen
+    st = commit(st, (30, "failed"), phase=Phase.RECOVERING)
+    st = commit(st, (31, "launch"), attempt=2, zone="z1", provisioning="spot")
+    st = commit(st, (32, "inserted"))
+    marker = Event(at=at(60), event="preempted", attempt=2, zone="z1", since=at(59))
+    st = ledger.settle(st, st.but(marker, phase=Phase.RECOVERING), None)
+    second = st.ledger.spans[1]
+    assert (second.running, second.running_estimated, second.end) == (at(35), True, at(59))
+    first_loss = st.ledger.losses[0]
+    assert first_loss.running_at == at(35) and st.ledger.totals.recoveries == 1
+    assert math.isclose(st.ledger.totals.boot_acc_s, 0.0)  # no accelerators in a spec-less ledger
+    assert math.isclose(st.ledger.totals.running_s, 26 * 60 + 24 * 60)
+    st = commit(st, (61, "launch"), attempt=3, zone="z1", provisioning="spot")
+    st = commit(st, (62, "inserted"))
+    st = commit(st, (70, "succeeded"), phase=Phase.SUCCEEDED)
+    third = st.ledger.spans[2]
+    assert (third.running, third.running_estimated, third.cause) == (at(65), True, "succeeded")
+    assert st.ledger.losses[1].running_at == at(65) and st.ledger.totals.recoveries == 2
+
+
+def test_a_hard_loss_never_seen_running_stays_boot_and_a_cancel_is_no_evidence():
+    st = commit(launched(), (1, "inserted"))
+    st = commit(st, (20, "lost"), phase=Phase.RECOVERING)  # no marker: nothing says it ran
+    assert st.ledger.spans[0].running is None
+    st = commit(st, (21, "launch"), attempt=2, zone="z1", provisioning="spot")
+    st = commit(st, (22, "inserted"))
+    st = commit(st, (30, "cancelled"), phase=Phase.CANCELLED)
+    assert st.ledger.spans[1].running is None and st.ledger.losses[0].running_at is None
