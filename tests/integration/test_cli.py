@@ -155,6 +155,8 @@ def test_deploy_dry_run_prints_every_command_with_the_right_flags(cli, monkeypat
 
     monkeypatch.setenv("RESPAWN_ALLOWED_ZONES", "us-central1-a,us-central1-b")
     monkeypatch.setenv("RESPAWN_ALLOWED_MACHINE_TYPES", "g2-standard-8,a2-highgpu-1g")
+    monkeypatch.setenv("RESPAWN_NOTIFY_TOPIC", "projects/prod-proj/topics/respawn")
+    monkeypatch.setenv("RESPAWN_NOTIFY_WEBHOOK", "https://hooks.slack.com/services/T0/B0/x,y")
     monkeypatch.delenv("RESPAWN_TRAINER_SERVICE_ACCOUNT", raising=False)
     result = cli("deploy", "--project", "prod-proj", "--region", "us-central1", "--bucket", "prod-bucket", "--dry-run")
     assert result.exit_code == 0, result.output
@@ -174,6 +176,9 @@ def test_deploy_dry_run_prints_every_command_with_the_right_flags(cli, monkeypat
     env = _dict_flag(next(a for a in shlex.split(tick) if a.startswith("--set-env-vars=")).split("=", 1)[1])
     assert env["RESPAWN_BUCKET"] == "prod-bucket" and env["RESPAWN_ALLOWED_ZONES"] == "us-central1-a,us-central1-b"
     assert env["RESPAWN_ALLOWED_MACHINE_TYPES"] == "g2-standard-8,a2-highgpu-1g"
+    assert env["RESPAWN_NOTIFY_TOPIC"] == "projects/prod-proj/topics/respawn"
+    assert env["RESPAWN_NOTIFY_WEBHOOK"] == "https://hooks.slack.com/services/T0/B0/x,y"
+    assert env["RESPAWN_ALLOWED_WEBHOOK_HOSTS"] == "hooks.slack.com"
     assert env["RESPAWN_TRAINER_SERVICE_ACCOUNT"] == trainer == env["RESPAWN_ALLOWED_SERVICE_ACCOUNTS"]
     assert "--allow-unauthenticated " not in tick.replace("--no-allow-unauthenticated", "")
     event = next(l for l in lines if l.startswith("gcloud functions deploy respawn-on-object"))
