@@ -8,6 +8,6 @@ baselines, over a week of simulated Spot preemptions and stockouts.
 
 Goodput is useful training time over paid VM time: useful is the training seconds in the
 newest complete checkpoint of each job at the end (work since it is not counted); paid is
-every VM's time from its creation (Compute RUNNING, boot included) to its hard-off or
-delete, whichever came first.
+every VM's RUNNING time: from its creation (boot included) to its preemption notice (it is
+STOPPING from then) or its delete, whichever came first.
 """

@@ -194,9 +194,10 @@ def table(doc: dict[str, Any]) -> Any:
     seeds = doc["parameters"]["seeds_run"]
     t = Table(title=f"{p['days']:g} simulated days x {len(seeds)} seeds, {p['jobs']} jobs, {p['zones']} zones "
                     f"(means per week; percentiles over every loss)")
-    for col in ("policy", "goodput", "vs ceiling", "recovery p50 / p99", "resume p50 / p99",
-                "GPU-h lost", "cost", "$ / useful GPU-h", "training share", "interval"):
-        t.add_column(col, justify="left" if col == "policy" else "right")
+    t.add_column("policy", no_wrap=True)
+    for col in ("goodput", "vs ceiling", "recovery p50/p99", "resume p50/p99", "GPU-h lost", "cost",
+                "$/useful GPU-h", "training share", "interval"):
+        t.add_column(col, justify="right")
     top = doc["ceiling"]
     for name, r in doc["policies"].items():
         t.add_row(name, f"{r['goodput']:.4f}",
@@ -259,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console  # noqa: PLC0415
 
     p, args = parse(argv)
-    console = Console(width=150)
+    console = Console(width=160)
     doc = simulate(p, workers=args.workers, skip_ticks=not args.no_skip, verify_skips=args.verify_skips)
     console.print(table(doc))
     console.print(f"ceiling: ideal recovery (boot only) in the best zone available, per-zone optimal interval "

@@ -21,10 +21,11 @@ controller's advice (``respawn-checkpoint-every-s``), a fixed 30 minutes, or the
 interval the sim computes from the zones' mean lifetime and ``C``. At the preemption notice
 (``L`` after the VM's creation) training stops; a save under way completes if it can land
 before the hard-off (``notice_s`` later) less ``marker_margin_s``, and everything since the
-last complete save is lost. A VM that did not miss the notice and whose agent is up writes
-the preemption marker once the trainer exited (at once, or after that last save); the
-event function, where the policy has one, runs ``event_delay_s`` later. At the hard-off a
-VM still there becomes TERMINATED (Compute records the preemption).
+last complete save is lost. From the notice the instance is STOPPING, no longer RUNNING nor
+paid. A VM that did not miss the notice and whose agent is up writes the preemption marker
+once the trainer exited (at once, or after that last save); the event function, where the
+policy has one, runs ``event_delay_s`` later. At the hard-off a VM still there becomes
+TERMINATED (Compute records the preemption).
 """
 
 from __future__ import annotations
@@ -420,6 +421,11 @@ class Fleet:
         js = self.jobs[vm.job]
         js.losses.append(self.now)
         self.n.preemptions += 1
+        try:
+            self.compute.set_status(vm.name, InstanceStatus.STOPPING)  # no longer RUNNING: no longer paid
+        except KeyError:
+            pass
+        self.dirty = True
         deadline = vm.notice + self.p.notice_s - self.p.marker_margin_s
         if vm.saving is not None and vm.saving[1] > deadline:
             vm.saving = None  # cannot land before the hard-off
@@ -470,7 +476,10 @@ class Fleet:
     def results(self) -> dict[str, Any]:
         p = self.p
         horizon = p.horizon_s
-        paid = sum(min(vm.ended if vm.ended is not None else horizon, horizon) - vm.created for vm in self.vms.values())
+        # Paid while RUNNING: from the insert (boot included) to the notice (STOPPING from then),
+        # or to the delete if a controller deleted it first.
+        paid = sum(max(0.0, min(vm.ended if vm.ended is not None else horizon, vm.notice, horizon) - vm.created)
+                   for vm in self.vms.values())
         useful = float(sum(js.committed for js in self.jobs.values()))
         recoveries = [r for js in self.jobs.values() for r in js.recoveries]
         resumes = [r for js in self.jobs.values() for r in js.resumes]
@@ -541,7 +550,9 @@ def quantile(values: list[float], q: float) -> float | None:
 class Baseline:
     """A controller modelled in the sim: it inserts and deletes through the same fake Compute,
     passes the latest complete save to its trainer (which would find it itself) and the sim's
-    Young/Daly interval (the best fixed interval a user could compute from the zones' figures)."""
+    Young/Daly interval (the best fixed interval a user could compute from the zones' figures).
+    A VM counts as lost as soon as it is no longer RUNNING (STOPPING at the notice), which is the
+    earliest a status poll could tell."""
 
     check_s = 60.0
 

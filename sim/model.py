@@ -51,7 +51,7 @@ class Params:
     jobs: int = 8
     zones: int = 3
     seed: int = 1
-    seeds: int = 4  # independent weeks: seed, seed+1, ...; figures are their means (percentiles pooled)
+    seeds: int = 6  # independent weeks: seed, seed+1, ...; figures are their means (percentiles pooled)
     # Spot lifetimes: Weibull, shape k, median drawn per zone in this range (hours).
     weibull_k: float = 0.8
     lifetime_median_h: tuple[float, float] = (0.5, 1.1)
