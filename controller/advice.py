@@ -73,7 +73,8 @@ class AdviceCache:
 
 def _sane(advice: ZoneAdvice) -> ZoneAdvice:
     """Scores as Google defines them, else unknown: an obtainability in [0, 1], a finite
-    uptime and preemption rate of at least 0. NaN, infinities and negatives rank nothing."""
+    uptime, preemption rate and Spot price of at least 0. NaN, infinities and negatives rank
+    (and price) nothing."""
     def ok(value: float | None, top: float = math.inf) -> float | None:
         if value is None:
             return None
@@ -82,7 +83,8 @@ def _sane(advice: ZoneAdvice) -> ZoneAdvice:
         except (TypeError, ValueError):
             return None
         return number if math.isfinite(number) and 0.0 <= number <= top else None
-    return ZoneAdvice(ok(advice.obtainability, 1.0), ok(advice.uptime_s), ok(advice.preemption_rate))
+    return ZoneAdvice(ok(advice.obtainability, 1.0), ok(advice.uptime_s), ok(advice.preemption_rate),
+                      ok(advice.spot_price_h))
 
 
 class AdviceUnavailable(errors.RespawnError):

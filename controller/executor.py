@@ -18,7 +18,7 @@ from controller import errors, ledger, names, notify, transitions
 from controller.actions import Action, CreateInstances, DeleteInstance, DeleteRecord, WriteStatus
 from controller.notifier import Notifier
 from controller.ports import BlobStore, ComputeGateway, TpuGateway, TpuRequest
-from controller.spec import JobSpec
+from controller.spec import JobSpec, Notify
 from controller.state import JobStatus
 from controller.world import JobView
 
@@ -54,7 +54,7 @@ class Executor:
     def apply(self, view: JobView, actions: list[Action], now: datetime, wait_until: float | None = None) -> Outcome:
         """``wait_until``: the ``time.monotonic()`` past which an insert no longer waits for its
         operation (None: the gateway's own limit)."""
-        chain = _Chain(view.job, view.status, view.status_generation, view.spec, self.notifier)
+        chain = _Chain(view.job, view.status, view.status_generation, view.spec)
         pending = False
         for action in actions:
             if pending and not isinstance(action, DeleteInstance):
@@ -78,6 +78,10 @@ class Executor:
                 break
             chain.outcome.done.append(_describe(action))
             _log(action, "done")
+        if self.notifier is not None and chain.notices:
+            # After the chain: a notification never holds the insert its commit decided.
+            mine = view.spec.notify if view.spec is not None else chain.notify
+            self.notifier.deliver(mine, chain.notices)
         return chain.outcome
 
     def _apply(self, chain: _Chain, action: Action, now: datetime, wait_until: float | None) -> None:
@@ -185,9 +189,9 @@ class _Chain:
     status: JobStatus | None
     generation: int
     spec: JobSpec | None = None
-    notifier: Notifier | None = None
     outcome: Outcome = field(init=False)
     wrote: bool = field(default=False, init=False)  # this chain has written the status
+    notices: list[notify.Notice] = field(default_factory=list, init=False)  # what its commits decided, to tell
 
     def __post_init__(self) -> None:
         self.outcome = Outcome(self.job)
@@ -195,11 +199,15 @@ class _Chain:
     def write(self, store: BlobStore, bucket: str, status: JobStatus) -> None:
         # Every commit accounts the events it adds, and tells of them, once: the pass that wins
         # the swap does; one that loses it decided nothing (PreconditionFailed), and sends nothing.
-        status = ledger.settle(self.status, status, self.spec)
+        status = ledger.settle(status, self.spec)
         info = store.write(bucket, names.status_key(self.job), status.to_json(), if_generation_match=self.generation)
         before, self.status, self.generation, self.wrote = self.status, status, info.generation, True
-        if self.notifier is not None:
-            self.notifier.deliver(self.spec, notify.notices(self.job, bucket, before, status, self.spec))
+        self.notices += notify.notices(self.job, bucket, before, status, self.spec)
+
+    @property
+    def notify(self) -> Notify | None:
+        """The job's own destinations as its status last recorded them (its spec may be gone)."""
+        return self.status.notify if self.status is not None else None
 
 
 def _describe(action: Action) -> str:

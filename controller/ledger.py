@@ -21,7 +21,7 @@ Goodput is useful accelerator-time over paid accelerator-time; useful is paid le
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -126,6 +126,7 @@ class Ledger(_Model):
     totals: Totals = Totals()
     checkpoint_cost_s: float | None = None  # the latest save's writing time seen (C)
     checkpoints: tuple[tuple[datetime, int], ...] = ()  # (saved at, step) of each save resumed from
+    folded: int = 0  # the status's event_count through which its events are accounted here
 
     @property
     def open(self) -> Span | None:
@@ -137,12 +138,22 @@ class Ledger(_Model):
         return self.losses[-1] if self.losses and self.losses[-1].running_at is None else None
 
 
-def settle(before: JobStatus | None, after: JobStatus, spec: JobSpec | None) -> JobStatus:
-    """``after`` with its ledger brought up to date: the events it adds to ``before`` (the
-    status as last committed) folded into ``before``'s ledger. A new run starts a new ledger."""
-    base = before.ledger if before is not None and after.same_run(before) else after.ledger
-    ledger = account(base, after.added_to(before), after, spec)
-    return after if ledger == after.ledger else after.model_copy(update={"ledger": ledger})
+def settle(status: JobStatus, spec: JobSpec | None) -> JobStatus:
+    """``status`` with its ledger brought up to date with its own history."""
+    book = catch_up(status, spec)
+    return status if book == status.ledger else status.model_copy(update={"ledger": book})
+
+
+def catch_up(status: JobStatus, spec: JobSpec | None) -> Ledger:
+    """The status's ledger with the events it has not accounted yet (those after ``folded``)
+    folded in. A pure function of the events: a status derived from a stale copy (the
+    planner's, behind a commit of the same chain) folds the same events to the same ledger."""
+    book = status.ledger
+    fresh = min(status.event_count - book.folded, len(status.history))
+    if fresh <= 0:  # nothing new, or a status whose count went back (hand-edited, rolled back)
+        return book if book.folded == status.event_count else book.model_copy(update={"folded": status.event_count})
+    book = account(book, status.history[len(status.history) - fresh:], status, spec)
+    return book.model_copy(update={"folded": status.event_count})
 
 
 def account(ledger: Ledger, events: Sequence[Event], status: JobStatus, spec: JobSpec | None) -> Ledger:
@@ -161,7 +172,10 @@ def _one(ledger: Ledger, e: Event, status: JobStatus, spec: JobSpec | None) -> L
     name = e.event
     if name in ("launch", "adopted"):
         if name == "adopted" and ledger.open is not None and ledger.open.attempt == status.attempt:
-            return _with_current(ledger, ledger.open.model_copy(update={"inserted": ledger.open.inserted or e.at}))
+            # Found where it is (another zone, maybe), and accepted: priced there.
+            found = ledger.open.model_copy(update={"inserted": ledger.open.inserted or e.at, "zone": status.zone,
+                                                   "model": status.provisioning})
+            return _with_current(ledger, _priced(found, status, spec))
         return _launched(ledger, e, status, spec)
     if name == "inserted" and (open_ := ledger.open) is not None:
         return _with_current(ledger, open_.model_copy(update={"inserted": open_.inserted or e.at}))
@@ -177,8 +191,9 @@ def _one(ledger: Ledger, e: Event, status: JobStatus, spec: JobSpec | None) -> L
     if name in LOSS_CAUSES and not ended:
         return _lost(ledger, e, name)
     if ended:
-        # An exit record (succeeded, failed) says the trainer ran, seen RUNNING or not.
-        return _closed(ledger, e.at, name, ran=name != "cancelled") if ledger.open is not None else ledger
+        # An exit record (the event's ``since``: when the VM wrote it) says the trainer ran,
+        # seen RUNNING or not; a deadline, a budget or a cancel says nothing of the kind.
+        return _closed(ledger, e.at, name, ran=e.since is not None) if ledger.open is not None else ledger
     return ledger
 
 
@@ -192,12 +207,15 @@ def _ran(ledger: Ledger, at: datetime, estimated: bool = False) -> Ledger:
                                            "boot_s": totals.boot_s + max(0.0, (at - span.inserted).total_seconds())})
     ledger = _with_current(ledger.model_copy(update={"totals": totals}),
                            span.model_copy(update={"running": at, "running_estimated": estimated}))
-    if (loss := ledger.pending) is not None and loss.issued_at is not None and loss.attempt < span.attempt:
-        recovered = loss.model_copy(update={"running_at": max(at, loss.issued_at)})
-        totals = totals.model_copy(update={"recoveries": totals.recoveries + 1,
-                                           "recovery_s": totals.recovery_s + (recovered.recovery_s or 0.0)})
-        ledger = ledger.model_copy(update={"losses": (*ledger.losses[:-1], recovered), "totals": totals})
-    return ledger
+    # Every loss this attempt replaces (a replacement lost before it ran leaves its own loss
+    # open too): each one's recovery ends here.
+    losses = list(ledger.losses)
+    for i, loss in enumerate(losses):
+        if loss.running_at is None and loss.issued_at is not None and loss.attempt < span.attempt:
+            losses[i] = loss.model_copy(update={"running_at": max(at, loss.issued_at)})
+            totals = totals.model_copy(update={"recoveries": totals.recoveries + 1,
+                                               "recovery_s": totals.recovery_s + (losses[i].recovery_s or 0.0)})
+    return ledger.model_copy(update={"losses": tuple(losses), "totals": totals})
 
 
 def _launched(ledger: Ledger, e: Event, status: JobStatus, spec: JobSpec | None) -> Ledger:
@@ -313,7 +331,9 @@ def _priced(span: Span, status: JobStatus, spec: JobSpec | None) -> Span:
                        tpu_type=spec.tpu.type if spec.tpu else None,
                        override=dict(spec.policy.prices) if spec.policy.prices else None,
                        spot_price=score.spot_price_h if score else None)
-    return span.model_copy(update={"accelerators": rate.accelerators, "per_hour": rate.per_hour,
+    # A machine without accelerators counts its VMs: goodput is then of VM-hours.
+    units = rate.accelerators or float(1 if spec.tpu else spec.nodes)
+    return span.model_copy(update={"accelerators": units, "per_hour": rate.per_hour,
                                    "on_demand_per_hour": rate.on_demand_per_hour, "price_source": rate.source})
 
 
@@ -368,7 +388,11 @@ def checkpoint_every(ledger: Ledger, write_s: float | None, uptime_s: float | No
     if cost is None:
         return None
     cost = max(cost, 1.0)  # a save whose objects all landed within a second: as cheap as saves get
-    seed = uptime_s if uptime_s else (86400.0 / preemption_rate if preemption_rate else None)
+    seed = None  # Compute's word, when it is a usable one
+    if uptime_s is not None and math.isfinite(uptime_s) and uptime_s > 0:
+        seed = uptime_s
+    elif preemption_rate is not None and math.isfinite(preemption_rate) and preemption_rate > 0:
+        seed = 86400.0 / preemption_rate
     ran = ledger.totals.running_s + running_s
     losses = ledger.totals.platform_losses
     if seed is not None:
@@ -378,11 +402,3 @@ def checkpoint_every(ledger: Ledger, write_s: float | None, uptime_s: float | No
     else:
         return None
     return min(MAX_INTERVAL_S, max(MIN_INTERVAL_S, math.sqrt(2 * cost * mean)))
-
-
-def interval_text(seconds: float | None) -> str:
-    return "" if seconds is None else str(timedelta(seconds=round(seconds)))
-
-
-def zone_losses(ledger: Ledger) -> Mapping[str, Mapping[str, int]]:
-    return ledger.totals.losses

@@ -16,7 +16,7 @@ from controller import errors
 from controller.notify import Notice
 from controller.policy import ControllerPolicy
 from controller.ports import Publisher, Webhook
-from controller.spec import JobSpec
+from controller.spec import Notify
 
 log = logging.getLogger(__name__)
 
@@ -30,17 +30,17 @@ class Notifier:
     webhook: Webhook | None = None
     failures: list[str] = field(default_factory=list)  # the last few, for tests and the pass's log
 
-    def destinations(self, spec: JobSpec | None) -> tuple[list[str], list[str]]:
-        """(topics, webhook URLs) for a job, each once."""
-        mine = spec.notify if spec is not None else None
+    def destinations(self, mine: Notify | None) -> tuple[list[str], list[str]]:
+        """(topics, webhook URLs) for a job whose own are ``mine``, each once."""
         topics = [t for t in (self.policy.notify_topic, mine.topic if mine else None) if t]
         hooks = [u for u in (self.policy.notify_webhook, mine.webhook if mine else None) if u]
         return list(dict.fromkeys(topics)), list(dict.fromkeys(hooks))
 
-    def deliver(self, spec: JobSpec | None, notices: Sequence[Notice]) -> None:
+    def deliver(self, mine: Notify | None, notices: Sequence[Notice]) -> None:
+        """Send ``notices`` to the controller's destinations and the job's own (``mine``)."""
         if not notices:
             return
-        topics, hooks = self.destinations(spec)
+        topics, hooks = self.destinations(mine)
         for notice in notices:
             for topic in topics:
                 self._try(f"publish {notice.id} to {topic}",

@@ -5,13 +5,14 @@ it moved; the executor delivers them (``controller.notifier``) only after its co
 swap of that commit succeeded, so a transition goes out once however many passes raced to
 decide it: the passes that lost the swap decided nothing and send nothing.
 
-Each notice has an ``id`` unique to its transition (job, run, event number), for a
+Each notice has an ``id`` unique to its transition (job, run, attempt, event, time, cause), for a
 consumer that must drop a repeat: a notice is sent at most once per commit, and a commit
 whose process dies between the write and the send is not sent again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from datetime import datetime
@@ -46,7 +47,7 @@ class Notice(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    id: str  # <job>/<run start>/<event number>: the same transition, the same id
+    id: str  # <job>/<run start>/<attempt>/<event>/<time>/<hash of the cause>: the same transition, the same id
     job: str
     event: str  # started, running, preempted, recovering, failed, succeeded, cancelled, budget
     severity: str = "info"
@@ -67,8 +68,11 @@ class Notice(BaseModel):
         return {"job": self.job, "event": self.event, "attempt": str(self.attempt), "severity": self.severity}
 
     def text(self) -> str:
+        """One line for a chat; ``&``, ``<`` and ``>`` escaped as Slack requires, so text a VM wrote
+        (an exit record's reason) cannot ping a channel or disguise a link."""
         where = f" in {self.zone}" if self.zone else ""
-        return f"respawn: job {self.job} {self.event} (attempt {self.attempt}{where}): {self.cause}"
+        line = f"respawn: job {self.job} {self.event} (attempt {self.attempt}{where}): {self.cause}"
+        return line.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
     def webhook_body(self) -> dict[str, object]:
         """Slack's incoming-webhook shape (``text``), with the event itself beside it."""
@@ -77,23 +81,34 @@ class Notice(BaseModel):
 
 def notices(job: str, bucket: str, before: JobStatus | None, after: JobStatus, spec: JobSpec | None) -> list[Notice]:
     """The notices of the commit that turned ``before`` into ``after``."""
-    fresh = after.added_to(before)
-    first = after.event_count - len(fresh)
-    out = [_notice(job, bucket, after, e, first + i + 1) for i, e in enumerate(fresh) if e.event in KINDS]
+    out = [_notice(job, bucket, after, e) for e in after.added_to(before) if e.event in KINDS]
     if spec is not None and after.same_run(before) and before is not None:
         out += _budget(job, bucket, before, after, spec)
     return out
 
 
-def _notice(job: str, bucket: str, status: JobStatus, e: Event, number: int, kind: str | None = None) -> Notice:
+def event_id(job: str, run: str, e: Event) -> str:
+    """A transition's id: the same event of the same run, the same id, whichever pass sends it
+    (two decisions at one instant differ in what they say: a short hash of it)."""
+    said = hashlib.sha256(e.detail.encode()).hexdigest()[:8]
+    return f"{job}/{run}/{e.attempt}/{e.event}/{e.at.isoformat()}/{said}"
+
+
+# The phase a notice reports: where the job stood at that event, not after the whole commit
+# (a loss and its replacement's launch are often one commit).
+_PHASE = {"started": "PROVISIONING", "running": "RUNNING", "preempted": "RECOVERING", "recovering": "RECOVERING"}
+
+
+def _notice(job: str, bucket: str, status: JobStatus, e: Event, kind: str | None = None) -> Notice:
     kind = kind or KINDS[e.event]
     if e.event == "failed" and status.phase == Phase.FAILED:
         kind = "failed"
     key = names.status_key(job)
+    run = status.created_at.isoformat() if status.created_at else ""
     return Notice(
-        id=f"{job}/{status.created_at.isoformat() if status.created_at else ''}/{number}",
+        id=event_id(job, run, e),
         job=job, event=kind, severity=SEVERITY.get(kind, "info"), attempt=e.attempt, zone=e.zone or status.zone,
-        cause=e.detail or e.event, phase=str(status.phase), at=e.at, instance=e.instance,
+        cause=e.detail or e.event, phase=_PHASE.get(kind, str(status.phase)), at=e.at, instance=e.instance,
         status=f"gs://{bucket}/{key}",
         link=f"https://console.cloud.google.com/storage/browser/_details/{quote(bucket)}/{quote(key)}",
     )
@@ -107,8 +122,7 @@ def _budget(job: str, bucket: str, before: JobStatus, after: JobStatus, spec: Jo
         mark = max(1, math.ceil(BUDGET_SHARE * limit))
         was, now = getattr(before, counter), getattr(after, counter)
         if limit and was < mark <= now and after.history:
-            e = Event(at=after.history[-1].at, event="budget", attempt=after.attempt, zone=after.zone,
+            e = Event(at=after.history[-1].at, event=f"budget-{counter}-{limit}", attempt=after.attempt, zone=after.zone,
                       detail=f"{counter} {now} of {limit_name} {limit}: the job fails when it is spent")
-            out.append(_notice(job, bucket, after, e, after.event_count, kind="budget").model_copy(
-                update={"id": f"{job}/{after.created_at.isoformat() if after.created_at else ''}/budget-{counter}"}))
+            out.append(_notice(job, bucket, after, e, kind="budget"))
     return out

@@ -16,7 +16,7 @@ from controller.actions import Action, CreateInstances, DeleteInstance, DeleteRe
 from controller.launch import LaunchContext, requests_for
 from controller.ports import Instance, InstanceStatus, StopReason
 from controller.spec import JobSpec
-from controller.state import JobStatus, Phase
+from controller.state import Event, JobStatus, Phase
 from controller.world import JobView, Record, World
 
 # How long a restart waits for the previous attempt's VM to finish going down.
@@ -83,7 +83,8 @@ def _running_job(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: L
         if st.phase == Phase.RECOVERING and v.exit and v.exit.belongs_to(st) and v.exit.exit_code == 0:
             # The trainer finished while its VM was being replaced (a recycle whose delete
             # is slow or failing): the exit 0 wins, the next attempt never starts.
-            return _end(v, st, Phase.SUCCEEDED, f"command exited 0 on {v.exit.instance or st.instances[0]}", now)
+            return _end(v, st, Phase.SUCCEEDED, f"command exited 0 on {v.exit.instance or st.instances[0]}", now,
+                        since=v.exit.updated)
         return _launch(v, spec, st, "start" if st.phase == Phase.PENDING else "recover", now, ctx)
     if v.exit and v.exit.belongs_to(st):
         return _exited(v, spec, st, now, ctx)
@@ -105,7 +106,8 @@ def _exited(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: Launch
     exit after the platform took a node away is that loss, not the trainer's failure."""
     assert v.exit is not None
     if v.exit.exit_code == 0:
-        return _end(v, st, Phase.SUCCEEDED, f"command exited 0 on {v.exit.instance or st.instances[0]}", now)
+        return _end(v, st, Phase.SUCCEEDED, f"command exited 0 on {v.exit.instance or st.instances[0]}", now,
+                        since=v.exit.updated)
     code = "unreadable" if v.exit.exit_code is None else str(v.exit.exit_code)
     detail = f"command exited with code {code} on {v.exit.instance or 'a VM'}"
     if v.exit.detail:  # the agent says why the command never ran (code download failed...)
@@ -122,7 +124,7 @@ def _exited(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: Launch
         others = [n for n in st.instances if n != v.exit.instance and (n not in mine or mine[n].status.down)]
         if others and mine:  # a gang is inserted whole or not at all: seen in part means lost in part
             return _lost(v, spec, st, mine, others, now, ctx, also=detail)
-    return _failure(v, spec, st, detail, now)
+    return _failure(v, spec, st, detail, now, since=v.exit.updated)
 
 
 def _platform_cause(v: JobView, st: JobStatus) -> str | None:
@@ -300,21 +302,30 @@ def _stale_heartbeat(v: JobView, spec: JobSpec, st: JobStatus, mine: dict[str, I
 
 def _restart(v: JobView, spec: JobSpec, st: JobStatus, cause: str, detail: str, now: datetime,
              ctx: LaunchContext, since: datetime | None = None) -> list[Action]:
-    """A loss that is not the trainer's fault: preemption, maintenance, host error, recycling."""
+    """A loss that is not the trainer's fault: preemption, maintenance, host error, recycling.
+
+    ``since``: when the VM said so (its marker), for the ledger."""
+    lost = _loss_event(now, st, cause, detail, since)
     if cause == "recycled":
         st = st.but(recycles=st.recycles + 1)
     else:
         if st.restarts >= spec.policy.max_restarts:
-            return _end(v, st, Phase.FAILED, f"{detail}; restart budget exhausted "
+            return _end(v, st.but(lost), Phase.FAILED, f"{detail}; restart budget exhausted "
                         f"(max_restarts {spec.policy.max_restarts})", now)
         st = st.but(restarts=st.restarts + 1, preemptions=st.preemptions + (cause == "preempted"))
-    recovering = st.but(t.event(now, st, cause, detail, since=since), phase=Phase.RECOVERING, message=detail,
-                        recovering_since=now)
+    recovering = st.but(lost, phase=Phase.RECOVERING, message=detail, recovering_since=now)
     return _launch(v, spec, recovering, f"{cause}: {detail}", now, ctx)
 
 
-def _failure(v: JobView, spec: JobSpec, st: JobStatus, detail: str, now: datetime) -> list[Action]:
-    """The trainer failed: count it, detect a crash loop, back off, or give up."""
+def _loss_event(now: datetime, st: JobStatus, cause: str, detail: str, since: datetime | None = None) -> Event:
+    """The current attempt lost: where it was, and when the VM said so (``since``)."""
+    return t.event(now, st, cause, detail, since=since, zone=st.zone, instance=st.instances[0] if st.instances else None)
+
+
+def _failure(v: JobView, spec: JobSpec, st: JobStatus, detail: str, now: datetime,
+             since: datetime | None = None) -> list[Action]:
+    """The trainer failed: count it, detect a crash loop, back off, or give up. ``since``: when
+    its exit record was written, where one decided it."""
     policy = spec.policy
     progressed = v.checkpoint is not None and v.checkpoint != st.stalled_at
     # A checkpoint listing that failed says nothing about progress: not a step to a crash loop.
@@ -323,17 +334,17 @@ def _failure(v: JobView, spec: JobSpec, st: JobStatus, detail: str, now: datetim
     counted = st.but(failures=failures, stalled_failures=stalled, stalled_at=v.checkpoint or st.stalled_at)
     if failures > policy.max_failures:
         return _end(v, counted, Phase.FAILED, f"{detail}; failure budget exhausted "
-                    f"({failures} failures, max_failures {policy.max_failures})", now)
+                    f"({failures} failures, max_failures {policy.max_failures})", now, since=since)
     if stalled >= policy.crash_loop_failures:
         at = f"checkpoint {v.checkpoint.uri}" if v.checkpoint else "no checkpoint at all"
         return _end(v, counted, Phase.FAILED, f"{detail}; crash loop: {stalled} failures in a row without "
-                    f"checkpoint progress ({at})", now)
+                    f"checkpoint progress ({at})", now, since=since)
     if restarts > policy.max_restarts:
         return _end(v, counted, Phase.FAILED, f"{detail}; restart budget exhausted "
-                    f"(max_restarts {policy.max_restarts})", now)
+                    f"(max_restarts {policy.max_restarts})", now, since=since)
     delay = t.backoff(spec, stalled)
     text = f"{detail}; failure {failures} of {policy.max_failures}, restarting in {fmt(delay)}"
-    nxt = counted.but(t.event(now, st, "failed", text), phase=Phase.RECOVERING, restarts=restarts,
+    nxt = counted.but(_loss_event(now, st, "failed", text, since), phase=Phase.RECOVERING, restarts=restarts,
                       not_before=now + delay, message=text, recovering_since=now)
     return [WriteStatus(v.job, nxt, "failure"), *_delete_current(v, st, "attempt failed"),
             *_consume(v, st)]
@@ -484,11 +495,12 @@ def _note(v: JobView, st: JobStatus, name: str, text: str, now: datetime) -> lis
     return [WriteStatus(v.job, st.but(t.event(now, st, name, text), message=text), name)]
 
 
-def _end(v: JobView, st: JobStatus, phase: Phase, detail: str, now: datetime, **changes: object) -> list[Action]:
+def _end(v: JobView, st: JobStatus, phase: Phase, detail: str, now: datetime, since: datetime | None = None,
+         **changes: object) -> list[Action]:
     # The spec generation this was decided under: a spec replaced during the run
     # (``--replace``) applied to its remaining attempts, not to a run after the end.
     changes.setdefault("spec_generation", v.spec_generation)
-    done = t.finish(st, phase, detail, now, **changes)
+    done = t.finish(st, phase, detail, now, since=since, **changes)
     return [WriteStatus(v.job, done, phase.lower()), *_leftovers(v)]
 
 

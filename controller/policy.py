@@ -141,11 +141,16 @@ class ControllerPolicy:
         if spec.notify.topic and not _allowed(spec.notify.topic, topics):
             out.append(_refuse("notify.topic", spec.notify.topic, topics))
         if spec.notify.webhook:
-            url = urlsplit(spec.notify.webhook)
-            host = (url.hostname or "").lower()
-            loopback = host in ("127.0.0.1", "localhost", "::1")
+            try:
+                url = urlsplit(spec.notify.webhook)
+                host, port = (url.hostname or "").lower(), url.port
+            except ValueError:  # the spec's pattern leaves nothing urlsplit refuses; kept as a guard
+                return [*out, "notify.webhook: not a URL respawn can read; use https://HOST/PATH"]
+            loopback = host in ("127.0.0.1", "localhost")
             if url.scheme != "https" and not loopback:
                 out.append(f"notify.webhook: {url.scheme}:// would send the job's events in clear; use https://")
+            elif port not in (None, 443) and not loopback:
+                out.append(f"notify.webhook: port {port}: only https's own (443) is allowed")
             elif not self.allowed_webhook_hosts or not _allowed(host, self.allowed_webhook_hosts):
                 out.append(_refuse("notify.webhook", host, self.allowed_webhook_hosts or ("none",)).replace(
                     "allowed:", "allowed hosts (RESPAWN_ALLOWED_WEBHOOK_HOSTS):"))

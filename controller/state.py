@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from controller.checkpoints import Found
 from controller.ledger import Ledger
+from controller.spec import Notify
 
 HISTORY_LIMIT = 100
 
@@ -128,6 +129,7 @@ class JobStatus(BaseModel):
     # its trainer as RESPAWN_CHECKPOINT_EVERY_S; None while the run has no measure of C or M.
     checkpoint_every_s: float | None = None
     ledger: Ledger = Ledger()  # goodput: attempts, losses, totals (controller.ledger)
+    notify: Notify | None = None  # the spec's own destinations at the last launch: told of the end if the spec goes
     history: tuple[Event, ...] = ()
     event_count: int = 0  # events ever appended: which of ``history`` a commit adds (ledger.settle)
 

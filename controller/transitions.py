@@ -25,8 +25,10 @@ def new_run(prev: JobStatus | None, attempt: int, spec_generation: int | None, n
     # records the previous run left under the same attempt number belong to nothing.
     # Where the previous run's VMs or TPU nodes were is kept (project, history, the TPU flag):
     # one whose delete failed must still be found, listed and deleted by the new run.
+    count = prev.event_count if prev else 0
     base = JobStatus(history=prev.history if prev else (), attempt_token="", tpu=prev.tpu if prev else False,
-                     project=prev.project if prev else None, event_count=prev.event_count if prev else 0)
+                     project=prev.project if prev else None, event_count=count,
+                     ledger=ledger.Ledger(folded=count))  # a run's own ledger: none of the previous run's events
     return base.but(
         Event(at=now, event="accepted", attempt=attempt, detail="spec accepted; waiting for a VM"),
         phase=Phase.PENDING,
@@ -37,9 +39,11 @@ def new_run(prev: JobStatus | None, attempt: int, spec_generation: int | None, n
     )
 
 
-def finish(status: JobStatus, phase: Phase, detail: str, now: datetime, **changes: object) -> JobStatus:
+def finish(status: JobStatus, phase: Phase, detail: str, now: datetime, since: datetime | None = None,
+           **changes: object) -> JobStatus:
+    """The run ends; ``since``: when the VM's exit record that decided it was written."""
     return status.but(
-        event(now, status, phase.lower(), detail), phase=phase, message=detail, not_before=None, **changes
+        event(now, status, phase.lower(), detail, since=since), phase=phase, message=detail, not_before=None, **changes
     )
 
 
@@ -99,7 +103,8 @@ def begin_attempt(
                            spot_price_h=a.spot_price_h)
               for z, a in (advice or {}).items() if z in spec.zones}
     seed = (scores.get(zone) or status.zone_advice.get(zone)) if model == "spot" else None
-    every = ledger.checkpoint_every(status.ledger, checkpoint.write_s if checkpoint else None,
+    # The run's losses so far, this commit's own (the loss that brought this launch) included.
+    every = ledger.checkpoint_every(ledger.catch_up(status, spec), checkpoint.write_s if checkpoint else None,
                                     seed.uptime_s if seed else None, seed.preemption_rate if seed else None)
     return status.but(
         Event(at=now, event="launch", attempt=attempt, detail=detail, instance=names[0], zone=zone),
@@ -127,6 +132,7 @@ def begin_attempt(
         advice_at=now if advice else status.advice_at,
         resume_from=checkpoint,
         checkpoint_every_s=every,
+        notify=spec.notify,
         attempt_started_at=now,
         started_at=status.started_at or now,
         not_before=None,

@@ -1,7 +1,8 @@
 """The Webhook port on ``requests``: a Slack-compatible incoming webhook, one JSON POST.
 
-Bounded: ``timeout`` seconds to connect and as many to read (5 by default), no retry here (the
-next pass notifies again), no redirect followed (``requests`` would turn a redirected POST into a
+Bounded: ``timeout`` seconds to connect and as many for each read (5 by default; a server that
+drips its answer's headers can hold a post longer: the hosts a spec may name are an allowlist,
+``RESPAWN_ALLOWED_WEBHOOK_HOSTS``), at most 200 bytes of an answer read, no retry here, no redirect followed (``requests`` would turn a redirected POST into a
 GET and drop the body). Errors: 429 (Slack's rate limit), 5xx, timeouts and connection failures
 are ``TransientError``; any other answer that is not 2xx (400 ``invalid_payload``, 403
 ``invalid_token``, 404 ``no_service``, 410 ``channel_is_archived``), a URL that is not http(s)
@@ -49,16 +50,24 @@ class HttpWebhook:
     def post(self, url: str, body: Mapping[str, object]) -> None:
         data = check(url, body)
         try:
+            # Streamed: the answer's body is read only as far as an error message needs (a
+            # server that sends megabytes, or drips them, does not hold the pass for them).
             response = self.session.post(url, data=data, headers={"Content-Type": "application/json"},
-                                         timeout=(self.timeout, self.timeout), allow_redirects=False)
+                                         timeout=(self.timeout, self.timeout), allow_redirects=False, stream=True)
         except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as e:
             raise errors.TransientError(f"webhook {where(url)}: {type(e).__name__}") from None
         except requests.exceptions.RequestException as e:  # an invalid URL, too many headers...
             raise errors.RequestError(f"webhook {where(url)}: {type(e).__name__}") from None
         status = response.status_code
+        try:
+            head = b"" if 200 <= status < 300 else response.raw.read(200, decode_content=True)
+        except Exception:  # noqa: BLE001 - the answer's text is only for the message
+            head = b""
+        finally:
+            response.close()
         if 200 <= status < 300:
             return
-        reason = f"webhook {where(url)} answered {status}: {response.text[:200].strip()}"
+        reason = f"webhook {where(url)} answered {status}: {head.decode('utf-8', 'replace').strip()}"
         if status == 429 or status >= 500:
             raise errors.TransientError(reason)
         raise errors.RequestError(reason)

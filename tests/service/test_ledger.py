@@ -146,3 +146,72 @@ def test_concurrent_passes_account_each_transition_once():
     h.tick()
     book = h.status("llm").ledger
     assert book.totals.attempts == 1 and len(book.losses) == 1 and [s.attempt for s in book.spans] == [1, 2]
+
+
+# -- found by attacking the first version ---------------------------------------------------------
+def test_a_vm_that_never_ran_before_the_deadline_has_no_useful_time():
+    h = Harness()
+    h.submit("llm", spec_doc(policy={"max_runtime": "30m"}))
+    h.tick()
+    h.compute.set_status("llm-1", "STAGING")
+    h.advance(minutes=31)
+    h.tick()
+    st = h.status("llm")
+    assert st.phase == Phase.FAILED and st.ledger.spans[-1].running is None
+    assert ledger.summary(st.ledger, h.clock.now()).goodput == 0.0
+
+
+def test_the_interval_counts_the_loss_that_brought_the_relaunch_in_the_same_commit():
+    h = Harness()
+    running(h, provisioning=["standard"])
+    h.advance(minutes=30)
+    save(h, 100, write_s=120)
+    h.advance(minutes=20)
+    h.compute.maintenance(names.instance_name("llm", 1))  # down already: loss and relaunch in one commit
+    h.tick()
+    st = h.status("llm")
+    assert st.attempt == 2 and st.ledger.totals.platform_losses == 1
+    assert math.isclose(st.checkpoint_every_s, math.sqrt(2 * 120 * (52 * 60 + 2)), rel_tol=0.01)
+
+
+def test_a_preemption_that_spends_the_restart_budget_is_still_a_loss():
+    h = Harness()
+    running(h, policy={"max_restarts": 1})
+    for _ in range(2):
+        h.advance(minutes=30)
+        h.compute.preempt(names.instance_name("llm", h.status("llm").attempt))
+        h.tick()
+        h.advance(minutes=3)
+        h.tick()
+    st = h.status("llm")
+    assert st.phase == Phase.FAILED
+    assert st.ledger.totals.platform_losses == 2 and st.ledger.totals.losses["us-central1-a"]["preempted"] == 2
+
+
+def test_a_replacement_lost_before_it_ran_leaves_no_recovery_open():
+    h = Harness()
+    running(h)
+    h.advance(minutes=30)
+    h.compute.preempt("llm-1")
+    h.tick()  # llm-2 inserted
+    h.compute.preempt("llm-2")  # gone before any pass saw it RUNNING
+    h.tick()  # llm-3
+    h.advance(minutes=3)
+    h.tick()  # llm-3 RUNNING
+    book = h.status("llm").ledger
+    assert [loss.running_at is not None for loss in book.losses] == [True, True]
+    assert book.totals.recoveries == 2
+
+
+def test_the_spot_price_capacity_history_gives_prices_the_attempt():
+    from controller.adapters.memory import MemoryAdvisor
+
+    h = Harness()
+    h.advisor = MemoryAdvisor(h.compute)
+    h.advisor.spot_prices["g2-standard-8"] = 0.31
+    running(h, placement="capacity")
+    h.advance(hours=1)
+    span = h.status("llm").ledger.open
+    assert (span.per_hour, span.price_source) == (0.31, "capacityHistory priceHistory")
+    total = ledger.summary(h.status("llm").ledger, h.clock.now())
+    assert total.price_sources == ("capacityHistory priceHistory",) and math.isclose(total.cost, 0.31 * 63 / 60)

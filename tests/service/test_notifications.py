@@ -164,3 +164,130 @@ def test_concurrent_passes_send_each_transition_exactly_once(told):
     kinds = [e["event"] for e in sent]
     assert kinds.count("preempted") == 1 and kinds.count("started") == 2 and kinds.count("running") == 2
     assert len(webhook.posted) == len(sent)
+
+
+# -- found by attacking the first version ---------------------------------------------------------
+@pytest.mark.parametrize("url", [
+    "https://169.254.169.254\\.slack.com/computeMetadata/v1/",  # urllib3 stops the host at the backslash
+    "https://[hooks.slack.com]/services/x",  # urlsplit raised on it
+    "https://hooks.slack.com\uff03/x",
+    "https://hooks.slack.com@evil.example/x",
+    "https://hooks.slack.com/services/T000/B0SECRETTOKENxyz#channel",
+    "https://hooks.slack.com/services/T000/B0SECRETTOKENxyz ",
+])
+def test_a_webhook_url_two_parsers_could_read_differently_fails_the_job_without_showing_it(told, url):
+    h, _, _ = told
+    h.submit("bad", spec_doc(notify={"webhook": url}))
+    h.tick()
+    st = h.status("bad")
+    assert st.phase == Phase.FAILED and "notify.webhook: not a webhook URL respawn accepts" in st.message
+    assert "SECRET" not in st.to_json().decode() and "169.254" not in st.message
+
+
+@pytest.mark.parametrize(("url", "problem"), [
+    ("https://hooks.slack.com:8443/services/x", "port 8443"),
+    ("https://HOOKS.SLACK.COM/services/x", None),  # hosts compare lower-case
+])
+def test_webhook_ports_and_host_case(told, url, problem):
+    h, _, _ = told
+    h.submit("j", spec_doc(notify={"webhook": url}))
+    h.tick()
+    st = h.status("j")
+    assert (problem in st.message and st.phase == Phase.FAILED) if problem else st.phase == Phase.PROVISIONING
+
+
+def test_a_running_job_whose_spec_gains_a_bad_webhook_fails_with_the_field_named_and_its_vm_goes(told):
+    h, _, _ = told
+    h.submit("llm")
+    h.tick()
+    h.tick()
+    h.submit("llm", spec_doc(notify={"webhook": "https://[hooks.slack.com]/x"}))
+    h.tick()
+    assert h.status("llm").phase == Phase.FAILED and "notify.webhook" in h.status("llm").message
+    assert h.live() == []
+
+
+def test_a_loss_is_told_in_the_zone_it_happened_though_its_replacement_goes_elsewhere(told):
+    h, publisher, _ = told
+    h.submit("llm")
+    h.tick()
+    h.tick()
+    h.compute.spot_stockouts.add("us-central1-a")
+    h.compute.preempt("llm-1")  # down already: the loss and the relaunch are one commit
+    h.tick()
+    assert h.status("llm").zone == "us-central1-b"
+    preempted = next(e for e in events(publisher) if e["event"] == "preempted")
+    assert (preempted["zone"], preempted["phase"], preempted["instance"]) == ("us-central1-a", "RECOVERING", "llm-1")
+
+
+def test_a_deleted_spec_still_tells_the_jobs_own_destinations_of_the_cancel(told):
+    h, publisher, webhook = told
+    mine = f"projects/{PROJECT}/topics/mine"
+    publisher.create_topic(mine)
+    h.submit("llm", spec_doc(notify={"topic": mine}))
+    h.tick()
+    h.store.delete(BUCKET, "jobs/llm/spec.yaml")
+    h.tick()
+    assert h.status("llm").phase == Phase.CANCELLED
+    assert [json.loads(d)["event"] for t, d, _ in publisher.published if t == mine][-1] == "cancelled"
+
+
+def test_text_a_vm_wrote_cannot_ping_a_channel_or_disguise_a_link(told):
+    h, _, webhook = told
+    h.submit("llm", spec_doc(policy={"max_failures": 0}))
+    h.tick()
+    h.tick()
+    body = {"exit_code": 1, "instance": "llm-1", "attempt": 1, "node": 0, "token": h.status("llm").attempt_token,
+            "reason": "<!channel> <https://evil.example|console.cloud.google.com> & more"}
+    h.store.put(BUCKET, "jobs/llm/exit", json.dumps(body))
+    h.tick()
+    text = webhook.bodies(HOOK)[-1]["text"]
+    assert "<" not in text and ">" not in text and "&lt;!channel&gt;" in text and "&amp; more" in text
+
+
+def test_notification_ids_stay_those_of_their_transitions_when_the_event_count_goes_back(told):
+    h, publisher, _ = told
+    h.submit("llm")
+    h.tick()
+    st = h.status("llm")
+    rolled = st.model_copy(update={"event_count": 0})  # written back by an older controller, or by hand
+    h.store.put(BUCKET, "jobs/llm/status.json", rolled.to_json())
+    h.tick()
+    h.tick()
+    ids = [e["id"] for e in events(publisher)]
+    assert len(ids) == len(set(ids)) and [e["event"] for e in events(publisher)] == ["started", "running"]
+
+
+def test_a_budget_raised_by_a_new_spec_warns_again_under_its_own_id(told):
+    h, publisher, _ = told
+    h.submit("llm", spec_doc(policy={"max_restarts": 2}))
+    h.tick()
+    for _ in range(2):
+        h.tick()
+        h.marker("llm")
+        h.tick()
+    h.submit("llm", spec_doc(policy={"max_restarts": 10}))
+    for _ in range(7):
+        h.tick()
+        h.marker("llm")
+        h.tick()
+    budget = [e for e in events(publisher) if e["event"] == "budget"]
+    assert len(budget) == 2 and budget[0]["id"] != budget[1]["id"]
+
+
+def test_the_replacement_is_inserted_before_anyone_is_told(told):
+    h, _, _ = told
+    seen: list[tuple[str, list[str]]] = []
+
+    class Watching:
+        def publish(self, topic, data, attributes):
+            seen.append((attributes["event"], h.live()))
+            return "1"
+
+    h.notifier = Notifier(h.policy, Watching())
+    h.submit("llm")
+    h.tick()
+    h.tick()
+    h.compute.preempt("llm-1")
+    h.tick()
+    assert ("preempted", ["llm-2"]) in seen  # told after the chain: llm-2 was already inserted

@@ -22,7 +22,7 @@ def commit(before: JobStatus, *events: tuple[float, str], **changes) -> JobStatu
     """``before`` plus ``events`` (minute, name) committed, the ledger settled as the executor does."""
     after = before.but(*(Event(at=at(m), event=n, attempt=changes.get("attempt", before.attempt), zone="z1")
                          for m, n in events), **changes)
-    return ledger.settle(before, after, None)
+    return ledger.settle(after, None)
 
 
 def launched(minute: float = 0, attempt: int = 1, **changes) -> JobStatus:
@@ -39,7 +39,7 @@ def test_a_launch_opens_an_attempt_and_inserted_and_running_date_it():
 
 def test_a_commit_accounts_only_the_events_it_adds():
     st = commit(launched(), (1, "inserted"))
-    again = ledger.settle(st, st, None)  # the same status written again: nothing new
+    again = ledger.settle(st, None)  # the same status written again: nothing new
     assert again.ledger == st.ledger
 
 
@@ -70,8 +70,8 @@ def test_a_new_run_starts_its_own_ledger_even_with_the_old_runs_history():
 
     old = commit(commit(launched(), (1, "inserted")), (60, "succeeded"), phase=Phase.SUCCEEDED)
     fresh = transitions.new_run(old, old.attempt, 2, at(90))
-    settled = ledger.settle(old, fresh, None)
-    assert settled.ledger == ledger.Ledger() and settled.event_count == old.event_count + 1
+    settled = ledger.settle(fresh, None)
+    assert settled.ledger == ledger.Ledger(folded=old.event_count + 1) and settled.event_count == old.event_count + 1
 
 
 def test_summary_counts_the_running_attempt_up_to_now():
@@ -137,7 +137,7 @@ def test_an_attempt_that_ran_and_ended_between_two_passes_is_not_all_boot():
     st = commit(st, (31, "launch"), attempt=2, zone="z1", provisioning="spot")
     st = commit(st, (32, "inserted"))
     marker = Event(at=at(60), event="preempted", attempt=2, zone="z1", since=at(59))
-    st = ledger.settle(st, st.but(marker, phase=Phase.RECOVERING), None)
+    st = ledger.settle(st.but(marker, phase=Phase.RECOVERING), None)
     second = st.ledger.spans[1]
     assert (second.running, second.running_estimated, second.end) == (at(35), True, at(59))
     first_loss = st.ledger.losses[0]
@@ -146,7 +146,8 @@ def test_an_attempt_that_ran_and_ended_between_two_passes_is_not_all_boot():
     assert math.isclose(st.ledger.totals.running_s, 26 * 60 + 24 * 60)
     st = commit(st, (61, "launch"), attempt=3, zone="z1", provisioning="spot")
     st = commit(st, (62, "inserted"))
-    st = commit(st, (70, "succeeded"), phase=Phase.SUCCEEDED)
+    exit0 = Event(at=at(70), event="succeeded", attempt=3, zone="z1", since=at(69))  # its exit record
+    st = ledger.settle(st.but(exit0, phase=Phase.SUCCEEDED), None)
     third = st.ledger.spans[2]
     assert (third.running, third.running_estimated, third.cause) == (at(65), True, "succeeded")
     assert st.ledger.losses[1].running_at == at(65) and st.ledger.totals.recoveries == 2
@@ -160,3 +161,17 @@ def test_a_hard_loss_never_seen_running_stays_boot_and_a_cancel_is_no_evidence()
     st = commit(st, (22, "inserted"))
     st = commit(st, (30, "cancelled"), phase=Phase.CANCELLED)
     assert st.ledger.spans[1].running is None and st.ledger.losses[0].running_at is None
+
+
+def test_an_attempt_adopted_in_another_zone_is_accounted_there():
+    """Committed in z1, found (its insert accepted, the status write lost) in z2: adopted there."""
+    st = launched()
+    assert st.ledger.open.zone == "z1"
+    found = Event(at=at(2), event="adopted", attempt=1, detail="found llm-1 in z2")
+    st = ledger.settle(st.but(found, zone="z2", inserted=True), None)
+    assert (st.ledger.open.zone, st.ledger.open.inserted) == ("z2", at(2))
+
+
+def test_advice_that_makes_no_sense_is_ignored_not_raised():
+    book = ledger.Ledger(totals=ledger.Totals(running_s=3600, platform_losses=1))
+    assert math.isclose(ledger.checkpoint_every(book, 120, -5.0, float("nan")), math.sqrt(2 * 120 * 3600))
