@@ -6,36 +6,42 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 from controller.config import REPO_ROOT
 
 _DIGEST = "import trainer; print(trainer.digest(trainer.train(400)))"
 
 
-def demo(*args: str) -> str:
+def demo(output: Path, *args: str) -> str:
     """``respawn demo`` run as a user runs it; its output, once it ended SUCCEEDED with no
-    failure and the final weights of an uninterrupted run."""
-    result = subprocess.run([sys.executable, "-m", "controller.cli", "demo", *args], capture_output=True, text=True,
-                            timeout=240, env={**os.environ, "COLUMNS": "200"})
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-4000:]
-    assert re.search(r"outcome\s+│ SUCCEEDED", output)
-    assert re.search(r"failures\s+│ 0\s", output)
-    final = re.search(r"final weights\s+│ (\w+)", output)
-    reference = re.search(r"uninterrupted run\s+│ (\w+)", output)
+    failure and the final weights of an uninterrupted run, and wrote its job's report."""
+    result = subprocess.run([sys.executable, "-m", "controller.cli", "demo", *args, "--output", str(output)],
+                            capture_output=True, text=True, timeout=240, env={**os.environ, "COLUMNS": "200"})
+    text = result.stdout + result.stderr
+    assert result.returncode == 0, text[-4000:]
+    assert re.search(r"outcome\s+│ SUCCEEDED", text)
+    assert re.search(r"failures\s+│ 0\s", text)
+    final = re.search(r"final weights\s+│ (\w+)", text)
+    reference = re.search(r"uninterrupted run\s+│ (\w+)", text)
     assert final and reference and final.group(1) == reference.group(1)
-    assert "same weights as an uninterrupted run" in output
-    return output
+    assert "same weights as an uninterrupted run" in text
+    pictures = sorted(output.glob("*-report.png"))
+    pages = sorted(output.glob("*-report.html"))
+    assert len(pictures) == len(pages) == 1, sorted(output.iterdir())
+    assert pictures[0].read_bytes().startswith(b"\x89PNG") and "data:image/png;base64," in pages[0].read_text()
+    assert str(pictures[0]) in text.replace("\n", "")
+    return text
 
 
-def test_demo_survives_three_preemptions_with_the_uninterrupted_weights():
-    output = demo()
+def test_demo_survives_three_preemptions_with_the_uninterrupted_weights(tmp_path):
+    output = demo(tmp_path)
     assert re.search(r"preemptions\s+│ 3", output)
     assert "preempting demo-1 hard" in output and "stockout in us-central1-a" in output
 
 
-def test_demo_tpu_slice_survives_a_preemption_and_host_maintenance_with_the_uninterrupted_weights():
-    output = demo("--tpu")
+def test_demo_tpu_slice_survives_a_preemption_and_host_maintenance_with_the_uninterrupted_weights(tmp_path):
+    output = demo(tmp_path, "--tpu")
     preemptions = re.search(r"preemptions\s+│ (\d+)", output)
     assert preemptions and int(preemptions.group(1)) >= 1, output[-4000:]
     assert re.search(r"maintenance restarts\s+│ [1-9]", output), output[-4000:]  # a "maintenance" event in the history
