@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import Any, Self
 
 from waitress.server import create_server
 
@@ -55,3 +55,36 @@ class Served:
                 channel.handle_close()
         self._server.task_dispatcher.shutdown()
         self._thread.join(timeout=5)
+
+
+class Server:
+    """A local server's lifecycle: ``start`` serves ``self._app()`` on a free 127.0.0.1 port,
+    ``stop`` ends it, and a ``with`` block does both. Subclasses set ``name`` and ``threads``."""
+
+    name = "server"
+    threads = 16
+    _served: Served | None = None
+
+    def _app(self) -> Any:
+        raise NotImplementedError
+
+    def start(self) -> Self:
+        self._served = Served(self._app(), self.name, threads=self.threads)
+        return self
+
+    def stop(self) -> None:
+        if self._served:
+            self._served.stop()
+            self._served = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def address(self) -> str:
+        """``http://127.0.0.1:PORT``, once started."""
+        assert self._served, "not started"
+        return self._served.url

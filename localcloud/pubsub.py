@@ -44,13 +44,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
-from typing import Any, Self
+from typing import Any
 
 from flask import Flask, Response, request
 
 from localcloud import discovery
 from localcloud.host import Host, json_response
-from localcloud.http import Served
+from localcloud.http import Server
 from localcloud.tpu_api import STATUS, enums
 
 DOC = "pubsub.v1"
@@ -114,7 +114,9 @@ class _Subscription:
         return float(self.resource.get("ackDeadlineSeconds") or DEFAULT_ACK_DEADLINE)
 
 
-class PubsubServer:
+class PubsubServer(Server):
+    name, threads = "pubsub", 16
+
     def __init__(self, *, pull_wait: float = 0.5) -> None:
         self.pull_wait = pull_wait
         self._topics: dict[str, dict[str, Any]] = {}  # full name -> Topic
@@ -124,31 +126,13 @@ class PubsubServer:
         self._failures: dict[str, list[int]] = defaultdict(list)  # "topics.publish" -> HTTP codes to answer
         self._ids = itertools.count(int(time.time()) * 1000)
         self._lock = threading.Condition()
-        self._served: Served | None = None
         supported = {(r, m) for r, names in SUPPORTED.items() for m in names}
         self._routes = [(m, (m.resource, m.name) in supported) for m in discovery.methods(discovery.every(DOC), DOC)]
-
-    # -- lifecycle ---------------------------------------------------------------------------
-    def start(self) -> Self:
-        self._served = Served(self._app(), "pubsub", threads=16)
-        return self
-
-    def stop(self) -> None:
-        if self._served:
-            self._served.stop()
-            self._served = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     @property
     def endpoint(self) -> str:
         """What ``client_options.api_endpoint`` takes (``http://127.0.0.1:PORT``)."""
-        assert self._served, "not started"
-        return self._served.url
+        return self.address
 
     url = endpoint
 

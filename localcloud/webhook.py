@@ -12,12 +12,12 @@ import json
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any
 
 from flask import Flask, Response, request
 
 from localcloud.host import Host
-from localcloud.http import Served
+from localcloud.http import Server
 
 
 @dataclass(frozen=True)
@@ -27,33 +27,18 @@ class Delivery:
     content_type: str
 
 
-class WebhookSink:
+class WebhookSink(Server):
+    name, threads = "webhook", 8
+
     def __init__(self) -> None:
         self.deliveries: list[Delivery] = []  # accepted posts, in order
         self.refused = 0  # posts answered with an error (fail_next or not JSON)
         self._failures: list[int] = []
         self._lock = threading.Condition()
-        self._served: Served | None = None
-
-    def start(self) -> Self:
-        self._served = Served(self._app(), "webhook", threads=8)
-        return self
-
-    def stop(self) -> None:
-        if self._served:
-            self._served.stop()
-            self._served = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     @property
     def base(self) -> str:
-        assert self._served, "not started"
-        return self._served.url
+        return self.address
 
     @property
     def url(self) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -57,6 +58,22 @@ class Harness:
 
     def tick(self, job: str | None = None) -> Summary:
         return self.engine().reconcile(job)
+
+    def race(self, job: str, passes: int = 6) -> None:
+        """``passes`` passes for ``job`` at once, each its own engine (as concurrent function
+        invocations are), released together."""
+        engines = [self.engine() for _ in range(passes)]
+        barrier = threading.Barrier(passes)
+
+        def one(engine: Engine) -> None:
+            barrier.wait()
+            engine.reconcile(job)
+
+        threads = [threading.Thread(target=one, args=(e,)) for e in engines]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
     # -- what a user does ----------------------------------------------------------
     def submit(self, job: str, doc: dict[str, Any] | str | None = None) -> None:

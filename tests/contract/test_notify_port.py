@@ -532,7 +532,6 @@ def test_concurrent_passes_tell_each_transition_exactly_once_to_the_topic_and_th
     ``HttpWebhook`` to the local sink. Each transition arrives once, however many passes raced."""
     import dataclasses
     import json
-    import threading
 
     from controller.notifier import Notifier
     from controller.notify import KINDS, event_id
@@ -545,29 +544,15 @@ def test_concurrent_passes_tell_each_transition_exactly_once_to_the_topic_and_th
     h.policy = dataclasses.replace(h.policy, notify_topic=topic, notify_webhook=webhook_sink.url)
     h.notifier = Notifier(h.policy, backend.publisher, HttpWebhook())
 
-    def race() -> None:
-        engines = [h.engine() for _ in range(6)]
-        barrier = threading.Barrier(len(engines))
-
-        def one(engine):  # type: ignore[no-untyped-def]
-            barrier.wait()
-            engine.reconcile("llm")
-
-        threads = [threading.Thread(target=one, args=(e,)) for e in engines]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-
     h.submit("llm")
-    race()  # started
-    race()  # running
+    h.race("llm")  # started
+    h.race("llm")  # running
     h.marker("llm")
-    race()  # preempted, then the replacement started
-    race()
-    race()  # running again
+    h.race("llm")  # preempted, then the replacement started
+    h.race("llm")
+    h.race("llm")  # running again
     h.exit("llm", 0)
-    race()  # succeeded
+    h.race("llm")  # succeeded
     told = [json.loads(data) for _, data, _ in backend.pull(subscription)]
     status = h.status("llm")
     expected = [e for e in status.history if e.event in KINDS]

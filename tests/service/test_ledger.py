@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import threading
 from datetime import timedelta
 
 from controller import ledger, names
@@ -131,18 +130,7 @@ def test_concurrent_passes_account_each_transition_once():
     running(h)
     h.advance(minutes=30)
     h.marker("llm")
-    engines = [h.engine() for _ in range(4)]
-    barrier = threading.Barrier(4)
-
-    def one(engine):
-        barrier.wait()
-        engine.reconcile("llm")
-
-    threads = [threading.Thread(target=one, args=(e,)) for e in engines]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    h.race("llm", passes=4)
     h.tick()
     book = h.status("llm").ledger
     assert book.totals.attempts == 1 and len(book.losses) == 1 and [s.attempt for s in book.spans] == [1, 2]

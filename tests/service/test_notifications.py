@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
 
 import pytest
 
@@ -146,18 +145,7 @@ def test_concurrent_passes_send_each_transition_exactly_once(told):
     for round_ in range(3):
         if round_ == 1:
             h.marker("llm")
-        engines = [h.engine() for _ in range(6)]
-        barrier = threading.Barrier(len(engines))
-
-        def one(engine):
-            barrier.wait()
-            engine.reconcile("llm")
-
-        threads = [threading.Thread(target=one, args=(e,)) for e in engines]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        h.race("llm")
         h.tick()
     sent = events(publisher)
     assert len({e["id"] for e in sent}) == len(sent)
