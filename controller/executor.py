@@ -55,6 +55,18 @@ class Executor:
         """``wait_until``: the ``time.monotonic()`` past which an insert no longer waits for its
         operation (None: the gateway's own limit)."""
         chain = _Chain(view.job, view.status, view.status_generation, view.spec)
+        try:
+            self._run(chain, view, actions, now, wait_until)
+        finally:
+            if self.notifier is not None and chain.notices:
+                # After the chain: a notification never holds the insert its commit decided (and
+                # what was committed is told even if a later action raised).
+                mine = view.spec.notify if view.spec is not None else chain.notify
+                self.notifier.deliver(mine, chain.notices)
+        return chain.outcome
+
+    def _run(self, chain: _Chain, view: JobView, actions: list[Action], now: datetime,
+             wait_until: float | None) -> None:
         pending = False
         for action in actions:
             if pending and not isinstance(action, DeleteInstance):
@@ -78,11 +90,6 @@ class Executor:
                 break
             chain.outcome.done.append(_describe(action))
             _log(action, "done")
-        if self.notifier is not None and chain.notices:
-            # After the chain: a notification never holds the insert its commit decided.
-            mine = view.spec.notify if view.spec is not None else chain.notify
-            self.notifier.deliver(mine, chain.notices)
-        return chain.outcome
 
     def _apply(self, chain: _Chain, action: Action, now: datetime, wait_until: float | None) -> None:
         match action:

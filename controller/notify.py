@@ -5,7 +5,7 @@ it moved; the executor delivers them (``controller.notifier``) only after its co
 swap of that commit succeeded, so a transition goes out once however many passes raced to
 decide it: the passes that lost the swap decided nothing and send nothing.
 
-Each notice has an ``id`` unique to its transition (job, run, attempt, event, time, cause), for a
+Each notice has an ``id`` unique to its transition (``event_id``), for a
 consumer that must drop a repeat: a notice is sent at most once per commit, and a commit
 whose process dies between the write and the send is not sent again.
 """
@@ -47,7 +47,7 @@ class Notice(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    id: str  # <job>/<run start>/<attempt>/<event>/<time>/<hash of the cause>: the same transition, the same id
+    id: str  # <job>/<run>/<spec generation>/<attempt>/<event>/<time>/<hash of the cause>: one per transition
     job: str
     event: str  # started, running, preempted, recovering, failed, succeeded, cancelled, budget
     severity: str = "info"
@@ -87,11 +87,13 @@ def notices(job: str, bucket: str, before: JobStatus | None, after: JobStatus, s
     return out
 
 
-def event_id(job: str, run: str, e: Event) -> str:
-    """A transition's id: the same event of the same run, the same id, whichever pass sends it
-    (two decisions at one instant differ in what they say: a short hash of it)."""
+def event_id(job: str, status: JobStatus, e: Event) -> str:
+    """A transition's id, from what it is: its run, the spec generation it was decided under,
+    attempt, event, time and a short hash of what it says (two decisions at one instant, a spec
+    refused twice, differ in one of them)."""
+    run = status.created_at.isoformat() if status.created_at else ""
     said = hashlib.sha256(e.detail.encode()).hexdigest()[:8]
-    return f"{job}/{run}/{e.attempt}/{e.event}/{e.at.isoformat()}/{said}"
+    return f"{job}/{run}/{status.spec_generation or 0}/{e.attempt}/{e.event}/{e.at.isoformat()}/{said}"
 
 
 # The phase a notice reports: where the job stood at that event, not after the whole commit
@@ -104,9 +106,8 @@ def _notice(job: str, bucket: str, status: JobStatus, e: Event, kind: str | None
     if e.event == "failed" and status.phase == Phase.FAILED:
         kind = "failed"
     key = names.status_key(job)
-    run = status.created_at.isoformat() if status.created_at else ""
     return Notice(
-        id=event_id(job, run, e),
+        id=event_id(job, status, e),
         job=job, event=kind, severity=SEVERITY.get(kind, "info"), attempt=e.attempt, zone=e.zone or status.zone,
         cause=e.detail or e.event, phase=_PHASE.get(kind, str(status.phase)), at=e.at, instance=e.instance,
         status=f"gs://{bucket}/{key}",

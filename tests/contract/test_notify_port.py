@@ -560,7 +560,6 @@ def test_concurrent_passes_tell_each_transition_exactly_once_to_the_topic_and_th
     # still telling the launch before it); the transitions, each exactly once, are the promise.
     assert sorted(n["event"] for n in told) == sorted(["started", "running", "preempted", "started", "running",
                                                        "succeeded"])
-    run = status.created_at.isoformat()
-    assert sorted(n["id"] for n in told) == sorted(event_id("llm", run, e) for e in expected)
+    assert sorted(n["id"] for n in told) == sorted(event_id("llm", status, e) for e in expected)
     bodies = webhook_sink.wait_for(len(told))
     assert sorted(b["respawn"]["id"] for b in bodies) == sorted(n["id"] for n in told)
