@@ -12,6 +12,7 @@ expansion, every string and number) and raises nothing but ``SpecError``.
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 import shlex
 from datetime import timedelta
@@ -837,16 +838,49 @@ def _one_line(text: str) -> str:
 
 
 def _suggest(loc: tuple[Any, ...]) -> str:
-    """'; did you mean ...' from the fields of the model the unknown field sits in."""
+    """'; did you mean ...' from the fields of the model the unknown field sits in first, then from
+    every other field path of the spec (``max_restart`` at the top level: ``policy.max_restarts``)."""
     model: Any = JobSpec
     for part in loc[:-1]:
-        field = getattr(model, "model_fields", {}).get(part)
-        annotation = getattr(field, "annotation", None)
-        candidates = [a for a in getattr(annotation, "__args__", (annotation,)) if isinstance(a, type)]
-        model = next((c for c in candidates if issubclass(c, BaseModel)), None)
+        model = _submodel(getattr(model, "model_fields", {}).get(part))
         if model is None:
             return ""
     fields = sorted(getattr(model, "model_fields", {}))
-    close = difflib.get_close_matches(str(loc[-1]), fields, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ";"
+    typo, here = str(loc[-1]), tuple(str(p) for p in loc[:-1])
+    current = difflib.get_close_matches(typo, fields, n=1)
+    # Elsewhere: closer than the current level's match, and nearly as close as the best found.
+    floor = max(0.6, difflib.SequenceMatcher(None, typo, current[0]).ratio() + 1e-9 if current else 0.0)
+    scored = sorted((-difflib.SequenceMatcher(None, typo, path[-1]).ratio(), len(path), path)
+                    for path in _field_paths() if path[:-1] != here)
+    elsewhere = [path for score, _, path in scored if -score >= floor and score <= scored[0][0] + 0.1]
+    close = [repr(f) for f in current] + [repr(".".join(path)) + (" at the top level" if len(path) == 1 else "")
+                                          for path in elsewhere[: _SUGGESTIONS - len(current)]]
+    hint = f"; did you mean {close[0] if len(close) == 1 else ', '.join(close[:-1]) + ' or ' + close[-1]}?" \
+        if close else ";"
     return f"{hint} accepted: {', '.join(fields)}"
+
+
+_SUGGESTIONS = 3  # at most this many fields offered for one unknown field
+
+
+def _submodel(field: Any) -> Any:
+    """The model a field holds (``Tpu`` for ``tpu: Tpu | None``), or None."""
+    annotation = getattr(field, "annotation", None)
+    candidates = [a for a in getattr(annotation, "__args__", (annotation,)) if isinstance(a, type)]
+    return next((c for c in candidates if issubclass(c, BaseModel)), None)
+
+
+@functools.cache
+def _field_paths() -> tuple[tuple[str, ...], ...]:
+    """Every field of the spec as a path: ``("zones",)``, ``("policy", "backoff", "initial")``..."""
+    paths: list[tuple[str, ...]] = []
+
+    def walk(model: Any, prefix: tuple[str, ...]) -> None:
+        for name, field in model.model_fields.items():
+            paths.append((*prefix, name))
+            inner = _submodel(field)
+            if inner is not None and len(prefix) < 8:  # the spec nests three deep; a bound all the same
+                walk(inner, (*prefix, name))
+
+    walk(JobSpec, ())
+    return tuple(paths)

@@ -11,7 +11,7 @@ import yaml
 
 from controller import names
 from controller.durations import MAX_DAYS, format_duration, parse_duration
-from controller.spec import MAX_SPEC_BYTES, RESERVED_ENV, SpecError, built_in_gpus, parse_spec
+from controller.spec import MAX_SPEC_BYTES, RESERVED_ENV, JobPolicy, SpecError, built_in_gpus, parse_spec
 from tests.harness import spec_doc
 
 
@@ -85,6 +85,51 @@ def test_unknown_field_names_field_and_suggests_the_fix():
 def test_unknown_top_level_field():
     [line] = problems(doc(zone="us-central1-a"))
     assert line.startswith("zone: unknown field") and "'zones'" in line
+
+
+def hint(line: str) -> str:
+    """What a problem line offers: the text between 'did you mean' and 'accepted:'."""
+    return line.split("; ", 1)[1].split(" accepted:")[0]
+
+
+@pytest.mark.parametrize("overrides, field, offered", [
+    ({"max_restart": 3}, "max_restart", "did you mean 'policy.max_restarts'?"),  # a nested field, typed at the top
+    ({"max_restarts": 3}, "max_restarts", "did you mean 'policy.max_restarts'?"),  # right name, wrong level
+    ({"idle_timout": "5m"}, "idle_timout", "did you mean 'policy.idle_timeout'?"),
+    ({"uri": "gs://b/c"}, "uri", "did you mean 'checkpoint.uri'?"),
+    ({"policy": {"initial": "1m"}}, "policy.initial", "did you mean 'policy.backoff.initial'?"),  # two levels down
+])
+def test_a_typo_of_a_field_at_another_level_names_its_full_path(overrides, field, offered):
+    [line] = problems(doc(**overrides))
+    assert line.startswith(f"{field}: unknown field")
+    assert hint(line) == offered
+
+
+def test_a_top_level_field_given_inside_a_nested_one_is_pointed_back_up():
+    [line] = problems(doc(policy={"zones": ["us-central1-a"]}))
+    assert line.startswith("policy.zones: unknown field")
+    assert hint(line) == "did you mean 'zones' at the top level?"
+    assert line.endswith("accepted: " + ", ".join(sorted(JobPolicy.model_fields)))  # still this level's fields
+
+
+def test_the_current_levels_suggestion_comes_first_and_alone_when_it_is_the_closest():
+    [line] = problems(doc(policy={"max_restart": 3}))
+    assert hint(line) == "did you mean 'max_restarts'?"  # not policy.max_failures, nor anything elsewhere
+    [line] = problems(doc(tpu={"type": "v4-8", "runtime_version": "tpu-ubuntu2204-base", "queue": True}))
+    assert hint(line) == "did you mean 'queued'?"
+    [line] = problems(doc(typ="v4-8"))  # 'tpu' is here; 'type' fields elsewhere are closer
+    assert hint(line).startswith("did you mean 'tpu', ") and "'accelerators.type'" in hint(line)
+
+
+@pytest.mark.parametrize("overrides, field", [
+    ({"xyzzy": 1}, "xyzzy"),
+    ({"policy": {"quux_frobnicate": 1}}, "policy.quux_frobnicate"),
+    ({"network": {"zzz": True}}, "network.zzz"),
+])
+def test_a_typo_close_to_no_field_anywhere_suggests_nothing(overrides, field):
+    [line] = problems(doc(**overrides))
+    assert line.startswith(f"{field}: unknown field; accepted: ")
+    assert "did you mean" not in line
 
 
 def test_malformed_yaml_says_where():
