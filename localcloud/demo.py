@@ -37,6 +37,8 @@ from typing import Any
 
 import yaml
 from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 from controller import names
 from controller.config import REPO_ROOT
@@ -45,6 +47,7 @@ from localcloud.stack import LocalCloud, Options
 
 JOB = "demo"
 STEPS, EVERY, PAUSE = 400, 40, 0.04
+MESSAGE_LIMIT = 240  # characters of the controller's message a status line shows (wrapped, not cut)
 _STEP = re.compile(r"trainer: step (\d+) ")
 _START = re.compile(r"trainer: attempt \d+ starting at step (\d+)")
 _FINAL = re.compile(r"trainer: final step (\d+) loss (\S+) weights (\w+)")
@@ -91,8 +94,9 @@ class Demo:
         self.started = time.monotonic()
         self._last: tuple[Any, ...] = ()
 
-    def say(self, text: str) -> None:
-        self.console.print(f"[dim]{time.monotonic() - self.started:6.1f}s[/dim] {text}", highlight=False)
+    def say(self, text: str | Text) -> None:
+        """One line of the story (``text``: the story's own Rich markup, or a ``Text``), after the time."""
+        self.console.print(event_line(time.monotonic() - self.started, text))
 
     def run(self) -> Result:
         result = Result(want_preemptions=self.want_preemptions, want_maintenance=self.want_maintenance)
@@ -194,9 +198,7 @@ class Demo:
         key = (st.phase, st.attempt, st.zone)
         if key != self._last:
             self._last = key
-            where = f" in {st.zone}" if st.zone else ""
-            resume = f", resuming from step {st.resume_from.step}" if st.resume_from and st.phase == Phase.PROVISIONING else ""
-            self.say(f"[bold]{st.phase}[/bold] attempt {st.attempt}{where}{resume} — {st.message[:90]}")
+            self.say(status_line(st))
 
     def _log(self, attempt: int) -> str:
         path = self._log_path(attempt)
@@ -322,6 +324,38 @@ class TpuDemo(Demo):
             if node_id.startswith(f"{self.job}-") and self._nodes.get(node_id) != now:
                 self._nodes[node_id] = now
                 self.say(f"  node {node_id}: {now[0]}" + (f", {now[1]}" if now[1] else ""))
+
+
+def status_line(st: JobStatus, limit: int = MESSAGE_LIMIT) -> Text:
+    """What the story says of a job's status: phase, attempt, zone, the step a new attempt
+    resumes from, and the controller's message, shortened on a word boundary to ``limit``
+    characters. The message is the controller's text, never read as markup."""
+    where = f" in {st.zone}" if st.zone else ""
+    resume = f", resuming from step {st.resume_from.step}" if st.resume_from and st.phase == Phase.PROVISIONING else ""
+    return Text.assemble((str(st.phase), "bold"), f" attempt {st.attempt}{where}{resume} — ", shorten(st.message, limit))
+
+
+def shorten(text: str, limit: int) -> str:
+    """``text`` on one line, cut to at most ``limit`` characters after a whole word, with " …"
+    when cut (a first word longer than ``limit`` alone is cut inside)."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    head = text[: limit - 2]
+    if text[len(head)] != " " and " " in head:
+        head = head.rsplit(" ", 1)[0]
+    return head.rstrip() + " …"
+
+
+def event_line(elapsed: float, text: str | Text) -> Table:
+    """A line of the story as the console prints it: the seconds since the start, then the
+    text (Rich markup, or a ``Text``), wrapped on word boundaries under itself; only a word
+    longer than the whole column is folded."""
+    line = Table.grid(padding=(0, 1))
+    line.add_column(style="dim", no_wrap=True)
+    line.add_column(overflow="fold")
+    line.add_row(f"{elapsed:6.1f}s", Text.from_markup(text) if isinstance(text, str) else text)
+    return line
 
 
 STORIES: dict[str, type[Demo]] = {"gpu": GpuDemo, "tpu": TpuDemo}

@@ -1,0 +1,90 @@
+"""`respawn demo`'s story lines, as the console prints them at 80 columns: wrapped or
+shortened on word boundaries, never cut inside a word ("resuming from g")."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from controller.state import CheckpointRef, JobStatus, Phase
+from localcloud.demo import MESSAGE_LIMIT, event_line, shorten, status_line
+
+URI = "gs://respawn-local/checkpoints/demo/step-000080"
+LAUNCH = ("attempt 1 preempted in us-central1-a (graceful; marker saved); creating demo-2 in us-central1-b "
+          f"(spot; obtainability 0.90, Spot uptime 3.2 d, 4.0% preempted a day), resuming from {URI}")
+
+
+def printed(renderable: object, width: int = 80) -> list[str]:
+    console = Console(width=width, file=io.StringIO(), color_system=None, legacy_windows=False)
+    console.print(renderable)
+    return [line.rstrip() for line in console.file.getvalue().splitlines()]  # type: ignore[attr-defined]
+
+
+def status(message: str, phase: Phase = Phase.PROVISIONING) -> JobStatus:
+    return JobStatus(phase=phase, attempt=2, zone="us-central1-b", message=message,
+                     resume_from=CheckpointRef(uri=URI, step=80))
+
+
+MESSAGES = [
+    LAUNCH,  # the old [:90] cut it at "resuming from g"
+    "spec accepted",
+    "attempt 2 running on demo-2 since 12:00:03 (every node RUNNING and heartbeating)",
+    "Compute refused the insert: " + "QUOTA_EXCEEDED in region us-central1 for NVIDIA_L4_GPUS " * 8,  # past the limit
+]
+
+
+@pytest.mark.parametrize("message", MESSAGES)
+def test_a_status_line_at_80_columns_breaks_only_between_words(message):
+    line = status_line(status(message))
+    lines = printed(event_line(12.3, line))
+    assert len(lines) > 1 or len(line.plain) < 70  # the long ones did wrap
+    assert all(len(x) <= 80 for x in lines), lines
+    # Every word of the line is on the screen whole: had one been cut across two lines, the
+    # words read back would differ from the words written.
+    assert " ".join(" ".join(lines).split()) == "12.3s " + " ".join(line.plain.split())
+    # The continuation lines hang under the text, not under the time.
+    assert all(x.startswith(" " * 7) for x in lines[1:]), lines
+
+
+def test_the_checkpoint_uri_the_old_cut_broke_is_shown_whole():
+    lines = printed(event_line(12.3, status_line(status(LAUNCH))))
+    words = " ".join(lines).split()
+    assert URI in words, lines
+    assert not any(w.endswith("g") and URI.startswith(w) for w in words if w != URI)
+
+
+def test_a_message_past_the_limit_is_shortened_after_a_whole_word():
+    message = MESSAGES[-1]
+    shown = status_line(status(message)).plain.split(" — ", 1)[1]
+    assert len(shown) <= MESSAGE_LIMIT and shown.endswith(" …")
+    head = shown.removesuffix(" …")
+    assert message.startswith(head) and message[len(head)] == " ", head[-30:]
+
+
+@pytest.mark.parametrize("text, limit, expected", [
+    ("short enough", 40, "short enough"),
+    ("resuming from gs://bucket/checkpoints/demo/step-000080", 20, "resuming from …"),
+    ("one two three", 9, "one two …"),  # "one two" ends right where the limit leaves room for " …"
+    ("one two three", 8, "one …"),  # "two" would not fit whole
+    ("a" * 50, 10, "a" * 8 + " …"),  # one word longer than the limit: nothing else to cut at
+    ("spaced\n  out\ttext", 40, "spaced out text"),
+])
+def test_shorten_cuts_between_words(text, limit, expected):
+    assert shorten(text, limit) == expected
+    assert len(shorten(text, limit)) <= limit
+
+
+def test_the_controllers_message_is_never_read_as_markup():
+    lines = printed(event_line(1.0, status_line(status("bad [/bold] and [red]text"))))
+    assert "bad [/bold] and [red]text" in " ".join(" ".join(lines).split())
+
+
+def test_the_storys_own_markup_still_styles_and_wraps_between_words():
+    text = ("[red]preempting demo-1 hard[/red] at step 12: no checkpoint yet, and the guest never runs its "
+            "shutdown script (no marker)")
+    lines = printed(event_line(3.2, text))
+    assert lines[0].startswith("   3.2s preempting demo-1 hard at step 12")
+    assert " ".join(" ".join(lines).split()) == ("3.2s preempting demo-1 hard at step 12: no checkpoint yet, and the "
+                                                "guest never runs its shutdown script (no marker)")
