@@ -16,7 +16,7 @@ import json
 import re
 import time
 from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -29,7 +29,6 @@ from typer.core import TyperGroup
 
 from controller import bootstrap, errors, ledger
 from controller.config import Settings
-from controller.durations import format_duration
 from controller.jobs import Jobs, Refused
 from controller.spec import SpecError, load_document, parse_spec
 from controller.state import JobStatus
@@ -195,10 +194,16 @@ def status(
     job: Annotated[str | None, typer.Argument(help="one job (default: every job)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
     watch: Annotated[bool, typer.Option("--watch", help="refresh until Ctrl-C")] = False,
+    wide: Annotated[bool, typer.Option("--wide", help="every column, however narrow the terminal "
+                                                      "(it wraps the lines that do not fit)")] = False,
     interval: Annotated[float, typer.Option(envvar="RESPAWN_WATCH_INTERVAL", help="seconds between refreshes")] = 2.0,
     refreshes: Annotated[int, typer.Option(hidden=True, help="stop --watch after this many refreshes (0: never)")] = 0,
 ) -> None:
-    """A table of jobs: phase, attempt, preemptions, failures, zone, instance, checkpoint, age, last event.
+    """A table of jobs: phase, attempt, preemptions, failures, zone, instance, checkpoint, age; each
+    job's last event on its own line under its row.
+
+    The columns that fit the terminal are shown (job and phase always, then the losses, zone,
+    checkpoint, age, attempt, instance: see controller.status_view); --wide shows them all.
 
     For one JOB, also its goodput so far and the checkpoint interval advised to its attempt
     (``respawn report`` tells the rest); --json has both for every job (``goodput``, ``checkpoint_every_s``).
@@ -206,35 +211,39 @@ def status(
     A job whose checkpoints cannot be listed keeps its row, with the reason (``checkpoint_error``
     in --json); the command still exits 0. A JOB that does not exist exits 2.
     """
+    from controller import status_view as view
+
     rows = _status_rows(job)
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    if not watch:
-        out.print(_status_table(rows))
-        if job is not None and rows:
-            out.print(_goodput_line(rows[0]), soft_wrap=True)
+    if not watch:  # soft_wrap: a --wide line wider than the terminal is wrapped by it, never cut
+        out.print(view.StatusView(rows, wide), soft_wrap=True)
+        if job is not None and rows:  # one job's details, each after a blank line
+            out.print()
+            out.print(view.goodput_line(rows[0]))
         if job is not None and rows and rows[0]["zone_advice"]:
-            out.print(_advice_table(rows[0]))
-        for row in rows:
-            if row["upcoming_maintenance"]:
-                out.print(_line("!", "yellow", f"{row['job']}: maintenance scheduled on {row['upcoming_maintenance']}"),
-                          soft_wrap=True)
-        for problem in _status_problems(rows):
-            err.print(problem, soft_wrap=True)
+            out.print()
+            out.print(view.AdviceTable(rows[0]))
+        for note in view.maintenance(rows):
+            out.print(note)
+        for problem in view.problems(rows):
+            err.print(problem)
         return
     from rich.live import Live
 
+    # Live redraws in place (cursor up, erase line), never clearing the screen; each redraw
+    # lays the view out at the terminal's width of that moment.
     count = 0
-    with Live(_status_table(rows, watching=True), console=out, refresh_per_second=4) as live:
+    with Live(view.watched(rows, wide), console=out, refresh_per_second=4) as live:
         try:
             while not refreshes or count < refreshes:
                 time.sleep(interval)
                 try:
                     rows = _status_rows(job)
-                    live.update(_status_table(rows, watching=True))
+                    live.update(view.watched(rows, wide), refresh=True)
                 except (errors.RespawnError, Refused) as e:  # keep the last table, say why it is old
-                    live.update(_status_table(rows, watching=True, stale=str(e)))
+                    live.update(view.watched(rows, wide, stale=str(e)), refresh=True)
                 count += 1
         except KeyboardInterrupt:
             pass
@@ -275,66 +284,6 @@ def _goodput(status: JobStatus | None, now: datetime) -> dict[str, object]:
     ``now``, and the checkpoint interval advised to the current attempt."""
     return {"goodput": ledger.summary(status.ledger, now).model_dump(mode="json") if status else None,
             "checkpoint_every_s": status.checkpoint_every_s if status else None}
-
-
-def _goodput_line(row: dict[str, object]) -> Text:
-    """Under one job's row: its goodput so far and the advised checkpoint interval."""
-    total: dict[str, Any] | None = row["goodput"]  # type: ignore[assignment]
-    if not total or total["goodput"] is None:
-        text = "goodput: nothing paid yet"
-    else:
-        text = (f"goodput {total['goodput']:.1%} ({total['useful_hours']:.2f} of {total['accelerator_hours']:.2f} "
-                "accelerator-hours useful)")
-    every = row["checkpoint_every_s"]
-    advice = f"checkpoint every {format_duration(timedelta(seconds=round(every)))} advised" \
-        if isinstance(every, float | int) else "no checkpoint interval advised yet"
-    return plain(f"{text}; {advice} (respawn report {row['job']})")
-
-
-def _status_problems(rows: list[dict[str, object]]) -> list[Text]:
-    return [_line("!", "yellow", f"{r['job']}: checkpoints not readable: {r['checkpoint_error']}")
-            for r in rows if r.get("checkpoint_error")]
-
-
-def _status_table(rows: list[dict[str, object]], watching: bool = False, stale: str | None = None) -> Table:
-    caption = None
-    if watching:  # --watch: the problems go under the table, which is redrawn
-        lines = _status_problems(rows) + ([_line("!", "yellow", f"not refreshed: {stale}")] if stale else [])
-        caption = Text("\n").join(lines) if lines else None
-    table = Table("job", "phase", "attempt", "preempt.", "fail.", "zone", "instance (id)", "checkpoint", "age",
-                  "last event", caption=caption, caption_justify="left")
-    colours = {"RUNNING": "green", "SUCCEEDED": "bold green", "FAILED": "red", "RECOVERING": "yellow",
-               "CANCELLED": "dim", "PROVISIONING": "cyan", "PENDING": "cyan"}
-    for r in rows:
-        phase = str(r["phase"])
-        age = r["age_seconds"]
-        instance = f"{r['instance']} ({r['instance_id']})" if r["instance_id"] else str(r["instance"] or "—")
-        event = printable(r["last_event"])
-        step = plain("unreadable", "yellow") if r.get("checkpoint_error") else \
-            plain(r["checkpoint_label"] or "—")
-        table.add_row(plain(r["job"]), plain(phase, colours.get(phase, "white")), plain(r["attempt"]),
-                      plain(r["preemptions"]), plain(r["failures"]),
-                      plain(f"{r['zone']} ({r['provisioning']})" if r["zone"] and r["provisioning"] else r["zone"] or "—"),
-                      plain(instance), step,
-                      plain(format_duration(timedelta(seconds=int(age))) if isinstance(age, int) else "—"),
-                      Text(event if len(event) <= 80 else event[:77] + "..."))
-    return table
-
-
-def _advice_table(row: dict[str, object]) -> Table:
-    """Each zone as capacity advice scored it when the job last launched: where Spot VMs are
-    likely to be had, how long they are expected to run, and how often they were preempted."""
-    advice: dict[str, dict[str, float | None]] = row["zone_advice"]  # type: ignore[assignment]
-    table = Table("zone", "obtainability", "Spot uptime", "preempted/day",
-                  title=f"capacity advice at the last launch ({row['advice_at']})", title_justify="left")
-    for zone, a in advice.items():
-        uptime = a.get("uptime_s")
-        rate = a.get("preemption_rate")
-        table.add_row(plain(zone + (" ←" if zone == row["zone"] else "")),
-                      plain("—" if a.get("obtainability") is None else f"{a['obtainability']:.2f}"),
-                      plain("—" if uptime is None else f"{uptime / 86400:.1f} d"),
-                      plain("—" if rate is None else f"{rate:.1%}"))
-    return table
 
 
 @app.command()

@@ -1,0 +1,255 @@
+"""How ``respawn status`` draws its jobs at whatever width it is drawn at.
+
+Like ``kubectl get``: plain columns, no borders, never a cell cut. The view is laid out
+when Rich draws it, at that moment's width, so ``--watch`` (a ``rich.live.Live``) follows
+a resized terminal on its next refresh. The widest layout that fits is drawn:
+
+=====  ===============================================================================
+width  what gives way, in this order (``LAYOUTS``)
+=====  ===============================================================================
+1      the instance's numeric id (the instance name stays)
+2      ``PREEMPTED`` and ``FAILED`` become one ``LOSSES`` column: ``3p/1f``
+3      the instance
+4      the attempt number (the losses say most of it)
+5      the provisioning model beside the zone: ``us-central1-a (spot)`` becomes ``us-central1-a``
+6      the age
+7      the checkpoint
+8      the losses
+9      the zone: job and phase are always drawn
+=====  ===============================================================================
+
+A zone, a phase, a name is drawn whole or not at all. ``wide`` draws the first layout
+whatever the width (the terminal wraps what does not fit, as ``kubectl get -o wide``).
+
+Each job's last event goes on its own indented line(s) under its row, wrapped between
+words; the narrow view keeps two lines at most and ends a longer one with ``…`` after
+a whole word. Everything from a user or the cloud is printed as plain text with control
+characters escaped (``controller.cli.printable``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+from rich.cells import cell_len, chop_cells
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.text import Text
+
+from controller.cli import plain, printable
+from controller.durations import format_duration
+
+Row = Mapping[str, Any]
+GAP = "  "  # between columns
+EVENT_INDENT = "    "  # the last event, under the job's name
+EVENT_LINES = 2  # the most lines the narrow view gives one event
+ELLIPSIS = "…"
+COLOURS = {"RUNNING": "green", "SUCCEEDED": "bold green", "FAILED": "red", "RECOVERING": "yellow",
+           "CANCELLED": "dim", "PROVISIONING": "cyan", "PENDING": "cyan"}
+
+
+def _zone(r: Row, model: bool) -> Text:
+    if not r["zone"]:
+        return plain("—")
+    return plain(f"{r['zone']} ({r['provisioning']})" if model and r["provisioning"] else r["zone"])
+
+
+def _instance(r: Row, with_id: bool) -> Text:
+    if with_id and r["instance_id"]:
+        return plain(f"{r['instance']} ({r['instance_id']})")
+    return plain(r["instance"] or "—")
+
+
+def _checkpoint(r: Row) -> Text:
+    return plain("unreadable", "yellow") if r.get("checkpoint_error") else plain(r["checkpoint_label"] or "—")
+
+
+def _age(r: Row) -> Text:
+    age = r["age_seconds"]
+    return plain(format_duration(timedelta(seconds=int(age))) if isinstance(age, int) else "—")
+
+
+# key: (header, the cell of one row)
+COLUMNS: dict[str, tuple[str, Callable[[Row], Text]]] = {
+    "job": ("JOB", lambda r: plain(r["job"])),
+    "phase": ("PHASE", lambda r: plain(r["phase"], COLOURS.get(str(r["phase"]), ""))),
+    "attempt": ("ATTEMPT", lambda r: plain(r["attempt"])),
+    "preempted": ("PREEMPTED", lambda r: plain(r["preemptions"])),
+    "failed": ("FAILED", lambda r: plain(r["failures"])),
+    "losses": ("LOSSES", lambda r: plain(f"{r['preemptions']}p/{r['failures']}f")),
+    "zone_model": ("ZONE", lambda r: _zone(r, model=True)),
+    "zone": ("ZONE", lambda r: _zone(r, model=False)),
+    "instance_id": ("INSTANCE (ID)", lambda r: _instance(r, with_id=True)),
+    "instance": ("INSTANCE", lambda r: _instance(r, with_id=False)),
+    "checkpoint": ("CHECKPOINT", _checkpoint),
+    "age": ("AGE", _age),
+}
+
+# Widest first; each gives one thing up (module docstring). The first that fits is drawn.
+LAYOUTS: tuple[tuple[str, ...], ...] = (
+    ("job", "phase", "attempt", "preempted", "failed", "zone_model", "instance_id", "checkpoint", "age"),
+    ("job", "phase", "attempt", "preempted", "failed", "zone_model", "instance", "checkpoint", "age"),
+    ("job", "phase", "attempt", "losses", "zone_model", "instance", "checkpoint", "age"),
+    ("job", "phase", "attempt", "losses", "zone_model", "checkpoint", "age"),
+    ("job", "phase", "losses", "zone_model", "checkpoint", "age"),
+    ("job", "phase", "losses", "zone", "checkpoint", "age"),
+    ("job", "phase", "losses", "zone", "checkpoint"),
+    ("job", "phase", "losses", "zone"),
+    ("job", "phase", "zone"),
+    ("job", "phase"),
+)
+
+
+def wrap(text: str, width: int, max_lines: int | None = None) -> list[str]:
+    """``text`` in lines of at most ``width`` cells, broken between words (a word wider than
+    a whole line is the only thing ever cut). Past ``max_lines``, the last line kept ends
+    with ``…`` after its last whole word that leaves room for it."""
+    width = max(width, 2)
+    lines: list[str] = []
+    line = ""
+    for word in text.split():
+        if line and cell_len(line) + 1 + cell_len(word) <= width:
+            line += " " + word
+            continue
+        if line:
+            lines.append(line)
+        pieces = chop_cells(word, width) if cell_len(word) > width else [word]
+        lines.extend(pieces[:-1])
+        line = pieces[-1]
+    if line:
+        lines.append(line)
+    if max_lines is None or len(lines) <= max_lines:
+        return lines
+    kept, last = lines[:max_lines - 1], lines[max_lines - 1].split(" ")
+    while len(last) > 1 and cell_len(" ".join(last)) + 1 > width:
+        last.pop()
+    end = " ".join(last)
+    if cell_len(end) + 1 > width:  # one piece of a word wider than the line: cut it, there is no boundary
+        end = chop_cells(end, width - 1)[0]
+    return [*kept, end + ELLIPSIS]
+
+
+def columns(headers: Sequence[str], cells: Sequence[Sequence[Text]]) -> list[Text]:
+    """A header line and one line per row, each column as wide as its widest cell."""
+    widths = [max([cell_len(h), *(c[i].cell_len for c in cells)]) for i, h in enumerate(headers)]
+
+    def line(parts: Sequence[Text]) -> Text:
+        out = Text(no_wrap=True, overflow="ignore")
+        for i, part in enumerate(parts):
+            out.append_text(part)
+            if i < len(parts) - 1:
+                out.append(" " * (widths[i] - part.cell_len) + GAP)
+        return out
+
+    return [line([Text(h, style="bold") for h in headers]), *(line(c) for c in cells)]
+
+
+def layout(rows: Sequence[Row], width: int, wide: bool = False) -> tuple[str, ...]:
+    """The widest of ``LAYOUTS`` whose lines fit ``width`` (the first with ``wide``)."""
+    if wide:
+        return LAYOUTS[0]
+    for keys in LAYOUTS:
+        if _width(rows, keys) <= width:
+            return keys
+    return LAYOUTS[-1]
+
+
+def _width(rows: Sequence[Row], keys: Sequence[str]) -> int:
+    return sum(max([cell_len(COLUMNS[k][0]), *(COLUMNS[k][1](r).cell_len for r in rows)]) for k in keys) \
+        + cell_len(GAP) * (len(keys) - 1)
+
+
+class StatusView:
+    """The jobs' table with each last event under its row, then ``notes``; laid out when drawn."""
+
+    def __init__(self, rows: Sequence[Row], wide: bool = False, notes: Iterable[Note] = ()) -> None:
+        self.rows, self.wide, self.notes = list(rows), wide, list(notes)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = options.max_width
+        keys = layout(self.rows, width, self.wide)
+        lines = columns([COLUMNS[k][0] for k in keys], [[COLUMNS[k][1](r) for k in keys] for r in self.rows])
+        yield lines[0]
+        for row, line in zip(self.rows, lines[1:], strict=True):
+            yield line
+            event = printable(row["last_event"])
+            room = width - cell_len(EVENT_INDENT)
+            for part in wrap(event, room, None if self.wide else EVENT_LINES):
+                yield Text(EVENT_INDENT + part, no_wrap=True, overflow="ignore")
+        yield from self.notes
+
+
+class Note:
+    """A paragraph under the view, ``mark text``, wrapped between words, its lines under its text."""
+
+    def __init__(self, mark: str, style: str, text: object) -> None:
+        self.mark, self.style, self.text = mark, style, printable(text)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        indent = " " * (cell_len(self.mark) + 1) if self.mark else ""
+        for i, part in enumerate(wrap(self.text, options.max_width - len(indent))):
+            head = Text.assemble((self.mark, self.style), " ") if i == 0 and self.mark else Text(indent)
+            yield Text.assemble(head, part, no_wrap=True, overflow="ignore")
+
+
+def problems(rows: Sequence[Row]) -> list[Note]:
+    """A job whose checkpoints cannot be listed: why."""
+    return [Note("!", "yellow", f"{r['job']}: checkpoints not readable: {r['checkpoint_error']}")
+            for r in rows if r.get("checkpoint_error")]
+
+
+def maintenance(rows: Sequence[Row]) -> list[Note]:
+    return [Note("!", "yellow", f"{r['job']}: maintenance scheduled on {r['upcoming_maintenance']}")
+            for r in rows if r["upcoming_maintenance"]]
+
+
+def watched(rows: Sequence[Row], wide: bool = False, stale: str | None = None) -> StatusView:
+    """What ``--watch`` redraws: the view, its problems under it, and why it is old if a refresh failed."""
+    notes = problems(rows) + ([Note("!", "yellow", f"not refreshed: {stale}")] if stale else [])
+    return StatusView(rows, wide, notes)
+
+
+def goodput_line(row: Row) -> Note:
+    """Under one job's row: its goodput so far and the advised checkpoint interval (wrapped between words)."""
+    total: dict[str, Any] | None = row["goodput"]
+    if not total or total["goodput"] is None:
+        text = "goodput: nothing paid yet"
+    else:
+        text = (f"goodput {total['goodput']:.1%} ({total['useful_hours']:.2f} of {total['accelerator_hours']:.2f} "
+                "accelerator-hours useful)")
+    every = row["checkpoint_every_s"]
+    advice = f"checkpoint every {format_duration(timedelta(seconds=round(every)))} advised" \
+        if isinstance(every, float | int) else "no checkpoint interval advised yet"
+    return Note("", "", f"{text}; {advice} (respawn report {row['job']})")
+
+
+ADVICE_LAYOUTS = (("zone", "obtainability", "uptime", "rate"), ("zone", "obtainability", "rate"), ("zone", "rate"))
+
+
+class AdviceTable:
+    """Each zone as capacity advice scored it when the job last launched: where Spot VMs are
+    likely to be had, how long they are expected to run, and how often they were preempted.
+    Columns give way as the job table's do (the uptime first, then the obtainability)."""
+
+    HEADERS = {"zone": "ZONE", "obtainability": "OBTAINABILITY", "uptime": "SPOT UPTIME", "rate": "PREEMPTED/DAY"}
+
+    def __init__(self, row: Row) -> None:
+        self.row = row
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        advice: dict[str, dict[str, float | None]] = self.row["zone_advice"]
+        cells = []
+        for zone, a in advice.items():
+            uptime, rate = a.get("uptime_s"), a.get("preemption_rate")
+            cells.append({"zone": plain(zone + (" ←" if zone == self.row["zone"] else "")),
+                          "obtainability": plain("—" if a.get("obtainability") is None else f"{a['obtainability']:.2f}"),
+                          "uptime": plain("—" if uptime is None else f"{uptime / 86400:.1f} d"),
+                          "rate": plain("—" if rate is None else f"{rate:.1%}")})
+        for keys in ADVICE_LAYOUTS:
+            lines = columns([self.HEADERS[k] for k in keys], [[c[k] for k in keys] for c in cells])
+            if max(line.cell_len for line in lines) <= options.max_width:
+                break
+        yield Note("", "", f"capacity advice at the last launch ({self.row['advice_at']})")
+        yield from lines
+
