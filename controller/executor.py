@@ -104,7 +104,9 @@ class Executor:
                 if isinstance(first, TpuRequest):  # one node, however many hosts it spans
                     self._tpu().create(first, action.request_id, wait)
                 else:
-                    self.compute.insert(action.requests, action.request_id, wait)  # existing names are success (port)
+                    # Existing names are success (port). The ids Compute names are recorded by the
+                    # chain's next status write (its "inserted"): no write of their own.
+                    chain.ids.update(self.compute.insert(action.requests, action.request_id, wait) or {})
             case DeleteInstance():
                 if action.only_if_spec_absent:
                     self._spec_absent(action.job)
@@ -199,6 +201,7 @@ class _Chain:
     outcome: Outcome = field(init=False)
     wrote: bool = field(default=False, init=False)  # this chain has written the status
     notices: list[notify.Notice] = field(default_factory=list, init=False)  # what its commits decided, to tell
+    ids: dict[str, str] = field(default_factory=dict, init=False)  # instance ids its inserts were told
 
     def __post_init__(self) -> None:
         self.outcome = Outcome(self.job)
@@ -206,7 +209,7 @@ class _Chain:
     def write(self, store: BlobStore, bucket: str, status: JobStatus) -> None:
         # Every commit accounts the events it adds, and tells of them, once: the pass that wins
         # the swap does; one that loses it decided nothing (PreconditionFailed), and sends nothing.
-        status = ledger.settle(status, self.spec)
+        status = ledger.settle(status.with_ids(self.ids), self.spec)
         info = store.write(bucket, names.status_key(self.job), status.to_json(), if_generation_match=self.generation)
         before, self.status, self.generation, self.wrote = self.status, status, info.generation, True
         self.notices += notify.notices(self.job, bucket, before, status, self.spec)

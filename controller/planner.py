@@ -34,7 +34,28 @@ def plan_job(view: JobView, now: datetime, ctx: LaunchContext) -> list[Action]:
     """The next step for one job. Instances without the controller's label are dropped
     first, so no rule below can ever touch one."""
     mine = tuple(i for i in view.instances if i.managed and i.job == view.job)
-    return _plan_job(replace(view, instances=mine), now, ctx)
+    return _seen_ids(_plan_job(replace(view, instances=mine), now, ctx), mine)
+
+
+def _seen_ids(actions: list[Action], instances: tuple[Instance, ...]) -> list[Action]:
+    """Every status the plan writes also records the ids of the run's instances this pass saw,
+    in whatever state (an attempt that went from PROVISIONING to its end between two passes was
+    never seen RUNNING): their logs are found by id once they are gone. Only in writes the plan
+    makes anyway; a gang's ids (its bulkInsert names none) come from here."""
+    if not any(i.id for i in instances):
+        return actions
+
+    def recorded(st: JobStatus) -> JobStatus:
+        base = _run_base(st)
+        return st.with_ids({i.name: i.id for i in instances if i.id and base < i.attempt <= st.attempt})
+
+    return [replace(a, status=recorded(a.status)) if isinstance(a, WriteStatus) else a for a in actions]
+
+
+def _run_base(st: JobStatus) -> int:
+    """The attempt number a run started after: older attempts are an earlier run's."""
+    accepted = next((e for e in reversed(st.history) if e.event == "accepted" and e.at == st.created_at), None)
+    return accepted.attempt if accepted else 0
 
 
 def _plan_job(v: JobView, now: datetime, ctx: LaunchContext) -> list[Action]:

@@ -275,11 +275,17 @@ class ComputeGateway(Protocol):
         (one job's), only those zones are listed (zonal lists, much faster than an aggregated one)."""
         ...
 
-    def insert(self, requests: Sequence[InstanceRequest], request_id: str, wait: float | None = None) -> None:
+    def insert(self, requests: Sequence[InstanceRequest], request_id: str,
+               wait: float | None = None) -> Mapping[str, str]:
         """Create one VM, or a gang in one zone all together. Existing names are success.
 
         ``wait``: seconds at most for the operation (None: the gateway's own limit); one still
         running then raises ``OperationPending``, and the same request id later reads its outcome.
+
+        Returns the ids Compute gave the new instances (name -> id), as far as its answer names
+        them: an insert's operation names its instance (``targetId``), also when the same request
+        is sent again; a gang's ``bulkInsert`` operation names none, nor does an "already exists"
+        answer (``{}``: those ids are learnt from listings).
         """
         ...
 

@@ -6,6 +6,7 @@ commits a decision first wins and every other concurrent pass backs off.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from enum import StrEnum
 
@@ -16,6 +17,7 @@ from controller.ledger import Ledger
 from controller.spec import Notify
 
 HISTORY_LIMIT = 100
+IDS_KEPT = 50  # instance ids remembered (name -> id), the newest
 
 
 class Phase(StrEnum):
@@ -137,6 +139,15 @@ class JobStatus(BaseModel):
         """A copy with ``changes`` applied and ``events`` appended to the bounded history."""
         history = (*self.history, *events)[-HISTORY_LIMIT:]
         return self.model_copy(update={**changes, "history": history, "event_count": self.event_count + len(events)})
+
+    def with_ids(self, ids: Mapping[str, str]) -> JobStatus:
+        """A copy that also knows these instances' Compute ids (name -> id), to find their logs
+        once they are gone; the newest ``IDS_KEPT`` are kept. Itself when it knew them all."""
+        fresh = {name: id_ for name, id_ in ids.items() if id_ and self.instance_ids.get(name) != id_}
+        if not fresh:
+            return self
+        kept = {**{n: i for n, i in self.instance_ids.items() if n not in fresh}, **fresh}
+        return self.model_copy(update={"instance_ids": dict(list(kept.items())[-IDS_KEPT:])})
 
     def to_json(self) -> bytes:
         return self.model_dump_json(indent=1).encode()

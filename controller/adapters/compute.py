@@ -164,7 +164,7 @@ class ComputeEngine:
                             sorted({zone for _, zone, _ in results if zone}),
                             dict(refusal for _, _, refusal in results if refusal))
 
-    def insert(self, requests_: Sequence[InstanceRequest], request_id: str, wait: float | None = None) -> None:
+    def insert(self, requests_: Sequence[InstanceRequest], request_id: str, wait: float | None = None) -> dict[str, str]:
         first = requests_[0]
         if len({(r.project, r.zone) for r in requests_}) != 1:
             raise errors.RequestError("a gang must be inserted in a single zone of one project")
@@ -180,8 +180,10 @@ class ComputeEngine:
         except _LIBRARY as e:
             error = translate(e, first.zone, creating=True)
             if isinstance(error, errors.AlreadyExists):
-                return  # an earlier try with this very request, or another pass, got there: success
+                return {}  # an earlier try with this very request, or another pass, got there: success
             raise error from e
+        # An insert's operation names its instance from the start (a bulkInsert's names none).
+        target = str(op.target_id) if len(requests_) == 1 and op.target_id else ""
         wait = self.operation_timeout if wait is None else wait
         op = self._wait(first.project, first.zone, op, wait)
         if op.status != _DONE:
@@ -191,7 +193,8 @@ class ComputeEngine:
         try:
             _raise_for(op, first.zone)
         except errors.AlreadyExists:
-            return
+            return {}
+        return {first.name: target} if target else {}
 
     def delete(self, project: str, zone: str, name: str) -> None:
         """Returns once Compute accepted the delete, without waiting for its operation.

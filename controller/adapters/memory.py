@@ -212,6 +212,7 @@ class MemoryCompute:
         self.deleted: list[str] = []
         self._vms = _Vms()
         self._requests: dict[str, Exception | _Pending | None] = {}
+        self._made: dict[str, list[tuple[str, str, str]]] = {}  # request id -> the instances it created
         self._ids = itertools.count(4_000_000_000_000_000_001)
         self._gone: dict[tuple[str, str, str], list[StopReason]] = {}
         self._lock = threading.RLock()
@@ -232,7 +233,7 @@ class MemoryCompute:
             unreachable = sorted(self.unreachable if zones is None else self.unreachable & set(zones))
             return InstanceList(found, unreachable, failed)
 
-    def insert(self, requests: Sequence[InstanceRequest], request_id: str, wait: float | None = None) -> None:
+    def insert(self, requests: Sequence[InstanceRequest], request_id: str, wait: float | None = None) -> dict[str, str]:
         # Operations here finish at once, or only when ``hold_inserts`` lets them: ``wait`` changes neither.
         with self._lock:
             self._call("insert", ",".join(r.name for r in requests))
@@ -246,13 +247,12 @@ class MemoryCompute:
                 elif model == "flex-start" and self._admit(zone, model) is not None:
                     # Flex-start waits for capacity: created, PENDING until Compute finds some.
                     self._requests[request_id] = None
-                    for r in requests:
-                        self._create(r, InstanceStatus.PENDING)
+                    keys = [self._create(r, InstanceStatus.PENDING) for r in requests]
                 else:
                     self._requests[request_id] = outcome = self._admit(zone, model)
-                    if outcome is None:
-                        for r in requests:
-                            self._create(r, self.boot_status)
+                    keys = [self._create(r, self.boot_status) for r in requests] if outcome is None else []
+                # What this request created (an existing name is someone else's: no id for it).
+                self._made[request_id] = [k for k in keys if k is not None]
             # Compute answers a repeated id with the first request's operation, as it stands now.
             if isinstance(self._requests[request_id], _Pending) and not self.hold_inserts:
                 self._finish(request_id)
@@ -261,6 +261,9 @@ class MemoryCompute:
                 raise errors.OperationPending(f"insert of {', '.join(r.name for r in requests)} in {zone} still running")
             if outcome is not None:
                 raise outcome
+            # As Compute's answer: an insert's operation names its instance's id; a bulk one, none.
+            made = [self._vms[k].instance for k in self._made.get(request_id, []) if k in self._vms]
+            return {made[0].name: made[0].id} if len(requests) == 1 and made else {}
 
     def delete(self, project: str, zone: str, name: str) -> None:
         with self._lock:

@@ -231,6 +231,17 @@ class TestComputeGateway:
         backend.compute.insert([request_for(job)], names.request_id(job, 1, 1))
         assert list(mine(backend, job)) == [f"{job}-1"]
 
+    def test_an_insert_names_its_instances_id_and_a_gangs_names_none(self, backend):
+        job, gang = unique("i"), unique("g")
+        rid = names.request_id(job, 1, 0)
+        told = backend.compute.insert([request_for(job)], rid)
+        listed = mine(backend, job)[f"{job}-1"].id
+        assert told == {f"{job}-1": listed} and listed
+        assert backend.compute.insert([request_for(job)], rid) == told  # the same request: the same answer
+        assert backend.compute.insert([request_for(job)], names.request_id(job, 1, 1)) == {}  # "already exists"
+        nodes = [request_for(gang, name=n) for n in names.node_names(gang, 1, 2)]
+        assert backend.compute.insert(nodes, names.request_id(gang, 1, 0)) == {}  # bulkInsert names no instance
+
     def test_delete_then_not_found(self, backend):
         job = unique("j")
         backend.compute.insert([request_for(job)], names.request_id(job, 1, 0))
