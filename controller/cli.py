@@ -202,7 +202,7 @@ def status(
     """A table of jobs: phase, attempt, preemptions, failures, zone, instance, checkpoint, age; each
     job's last event on its own line under its row.
 
-    The columns that fit the terminal are shown (job and phase always, then the losses, zone,
+    The columns that fit the terminal are shown (job and phase always, then the zone, losses,
     checkpoint, age, attempt, instance: see controller.status_view); --wide shows them all.
 
     For one JOB, also its goodput so far and the checkpoint interval advised to its attempt

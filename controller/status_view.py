@@ -161,21 +161,32 @@ def _width(rows: Sequence[Row], keys: Sequence[str]) -> int:
 
 
 class StatusView:
-    """The jobs' table with each last event under its row, then ``notes``; laid out when drawn."""
+    """The jobs' table with each last event under its row, then ``notes``; laid out when drawn.
 
-    def __init__(self, rows: Sequence[Row], wide: bool = False, notes: Iterable[Note] = ()) -> None:
-        self.rows, self.wide, self.notes = list(rows), wide, list(notes)
+    ``fit_height`` (``--watch``, whose Live cuts what is taller than the terminal): when the
+    events do not fit the terminal's height, each keeps one line, then none."""
+
+    def __init__(self, rows: Sequence[Row], wide: bool = False, notes: Iterable[Note] = (),
+                 fit_height: bool = False) -> None:
+        self.rows, self.wide, self.notes, self.fit_height = list(rows), wide, list(notes), fit_height
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width = options.max_width
         keys = layout(self.rows, width, self.wide)
         lines = columns([COLUMNS[k][0] for k in keys], [[COLUMNS[k][1](r) for k in keys] for r in self.rows])
+        said = [printable(r["last_event"]) for r in self.rows]
+        room = width - cell_len(EVENT_INDENT)
+        events = [wrap(s, room, None if self.wide else EVENT_LINES) for s in said]
+        if self.fit_height:
+            spare = options.size.height - len(lines) - sum(len(console.render_lines(n, options)) for n in self.notes)
+            if sum(map(len, events)) > spare:
+                events = [wrap(s, room, 1) for s in said]
+            if sum(map(len, events)) > spare:
+                events = [[] for _ in said]
         yield lines[0]
-        for row, line in zip(self.rows, lines[1:], strict=True):
+        for line, event in zip(lines[1:], events, strict=True):
             yield line
-            event = printable(row["last_event"])
-            room = width - cell_len(EVENT_INDENT)
-            for part in wrap(event, room, None if self.wide else EVENT_LINES):
+            for part in event:
                 yield Text(EVENT_INDENT + part, no_wrap=True, overflow="ignore")
         yield from self.notes
 
@@ -207,7 +218,7 @@ def maintenance(rows: Sequence[Row]) -> list[Note]:
 def watched(rows: Sequence[Row], wide: bool = False, stale: str | None = None) -> StatusView:
     """What ``--watch`` redraws: the view, its problems under it, and why it is old if a refresh failed."""
     notes = problems(rows) + ([Note("!", "yellow", f"not refreshed: {stale}")] if stale else [])
-    return StatusView(rows, wide, notes)
+    return StatusView(rows, wide, notes, fit_height=True)
 
 
 def goodput_line(row: Row) -> Note:

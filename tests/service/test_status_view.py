@@ -1,0 +1,293 @@
+"""``respawn status`` read as a person reads it, at 60, 80, 100 and 150 columns (issue 11).
+
+The view is drawn by Rich into a recording console of that width, then read back as text:
+each job's row is cut into its cells under the headers, and every cell must be one whole
+value of its column (never ``us-c…``); each last event, read back from the lines under its
+row, must be the event's own words in order, whole, ending with ``…`` only after a whole
+word when the narrow view cut it.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from controller import bootstrap, names
+from controller import cli as cli_module
+from controller import status_view as view
+from controller.cli import app
+from controller.config import Settings
+from controller.durations import format_duration
+from controller.state import Event, JobStatus, Phase
+from tests.harness import BUCKET, PROJECT, TRAINER, Harness
+
+runner = CliRunner()
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def _row(job: str, phase: str, **fields) -> dict:
+    """A row as controller.jobs.JobRow.as_dict and the CLI's goodput make it."""
+    return {"job": job, "phase": phase, "attempt": 0, "preemptions": 0, "failures": 0, "zone": None,
+            "provisioning": None, "tpu": False, "upcoming_maintenance": None, "zone_advice": {}, "advice_at": None,
+            "instance": None, "instance_id": None, "checkpoint": None, "checkpoint_step": None,
+            "checkpoint_label": None, "checkpoint_tag": None, "checkpoint_error": None, "age_seconds": None,
+            "last_event": "", "message": "", "errors": [], "goodput": None, "checkpoint_every_s": None, **fields}
+
+
+TYPICAL = [
+    _row("data-prep", "PENDING", age_seconds=40, last_event="accepted: spec accepted; waiting for a VM"),
+    _row("bert-sweep-7", "PROVISIONING", attempt=1, zone="northamerica-northeast1-b", provisioning="spot",
+         instance="bert-sweep-7-1-0", age_seconds=95,
+         last_event="inserted: Compute accepted bert-sweep-7-1-0 in northamerica-northeast1-b"),
+    _row("llm-finetune", "RUNNING", attempt=3, preemptions=2, zone="us-central1-b", provisioning="spot",
+         instance="llm-finetune-3-0", instance_id="8412345678901234567", checkpoint_label="step 1500",
+         checkpoint_step=1500, age_seconds=7 * 3600 + 1260,
+         last_event="running: llm-finetune-3-0 running in us-central1-b"),
+    _row("vit-pretrain", "RECOVERING", attempt=5, preemptions=4, zone="europe-west4-a", provisioning="spot",
+         instance="vit-pretrain-5-0", instance_id="3141592653589793238", checkpoint_label="step 42000",
+         age_seconds=2 * 86400 + 3 * 3600,
+         last_event="launch: preempted: vit-pretrain-4-0 was preempted by Compute Engine in europe-west4-a; "
+                    "creating vit-pretrain-5-0 in europe-west4-a (spot; obtainability 0.82, uptime 3.1 d), "
+                    "resuming from gs://ml-ckpts/vit-pretrain/global_step42000"),
+    _row("eval-nightly", "SUCCEEDED", attempt=1, zone="us-east1-c", provisioning="standard",
+         instance="eval-nightly-1-0", checkpoint_label="release", age_seconds=5400,
+         last_event="succeeded: command exited with code 0 on eval-nightly-1-0"),
+    _row("rl-agent", "FAILED", attempt=4, preemptions=1, failures=3, zone="us-west1-a", provisioning="spot",
+         instance="rl-agent-4-0", checkpoint_label="save 12", age_seconds=3 * 86400,
+         last_event="failed: command exited with code 137 on rl-agent-4-0: Traceback (most recent call last): "
+                    'File "/opt/train/train.py", line 212, in <module> main() torch.OutOfMemoryError: CUDA out '
+                    "of memory. Tried to allocate 2.00 GiB; crash loop: 3 failures without progress "
+                    "(max_failures 3)"),
+    _row("t5-tpu", "RUNNING", attempt=2, preemptions=1, zone="us-central2-b", provisioning="spot", tpu=True,
+         instance="t5-tpu-2", checkpoint_label="step 900", age_seconds=4 * 3600,
+         last_event="running: t5-tpu-2 running in us-central2-b"),
+    _row("gpt-locked", "RUNNING", attempt=1, zone="us-central1-a", provisioning="spot", instance="gpt-locked-1-0",
+         instance_id="1234567890123456789", age_seconds=600,
+         checkpoint_error="gs://denied/run/*: 403 caller does not have storage.objects.list access",
+         last_event="running: gpt-locked-1-0 running in us-central1-a"),
+]
+
+WIDE_HEADERS = ["JOB", "PHASE", "ATTEMPT", "PREEMPTED", "FAILED", "ZONE", "INSTANCE (ID)", "CHECKPOINT", "AGE"]
+
+
+def draw(rows: list[dict], width: int, wide: bool = False) -> str:
+    console = Console(width=width, record=True, color_system=None, file=io.StringIO())
+    console.print(view.StatusView(rows, wide, view.problems(rows)), soft_wrap=True)
+    return console.export_text()
+
+
+def whole_values(r: dict, header: str) -> set[str]:
+    """Every whole spelling a cell of this column may have for this row."""
+    zone, model = r["zone"], r["provisioning"]
+    instance = r["instance"] or "—"
+    age = format_duration(timedelta(seconds=r["age_seconds"])) if r["age_seconds"] is not None else "—"
+    return {
+        "JOB": {r["job"]}, "PHASE": {r["phase"]}, "ATTEMPT": {str(r["attempt"])},
+        "PREEMPTED": {str(r["preemptions"])}, "FAILED": {str(r["failures"])},
+        "LOSSES": {f"{r['preemptions']}p/{r['failures']}f"},
+        "ZONE": {f"{zone} ({model})", zone} if zone else {"—"},
+        "INSTANCE (ID)": {f"{instance} ({r['instance_id']})" if r["instance_id"] else instance},
+        "INSTANCE": {instance},
+        "CHECKPOINT": {"unreadable" if r["checkpoint_error"] else r["checkpoint_label"] or "—"},
+        "AGE": {age},
+    }[header]
+
+
+def read_back(text: str, rows: list[dict]) -> tuple[list[str], list[dict[str, str]], list[list[str]]]:
+    """The headers, each job's cells by header, and each job's event lines, as drawn."""
+    lines = text.splitlines()
+    header = lines[0]
+    starts = [m.start() for m in re.finditer(r"\S+(?: \S+)*", header)]  # columns are 2+ spaces apart
+    headers = [header[a:b].strip() for a, b in zip(starts, [*starts[1:], None])]
+    cells: list[dict[str, str]] = []
+    events: list[list[str]] = []
+    for line in lines[1:]:
+        if line.startswith(view.EVENT_INDENT):
+            events[-1].append(line.removeprefix(view.EVENT_INDENT))
+        elif line.startswith("! "):
+            break
+        else:
+            assert len(cells) < len(rows), f"a job's row drawn over two lines:\n{text}"
+            cells.append({h: line[a:b].strip() for h, a, b in zip(headers, starts, [*starts[1:], None])})
+            events.append([])
+    return headers, cells, events
+
+
+def check_readable(text: str, rows: list[dict], width: int | None, max_event_lines: int | None) -> list[str]:
+    headers, cells, events = read_back(text, rows)
+    assert headers[:2] == ["JOB", "PHASE"], text
+    assert [c["JOB"] for c in cells] == [r["job"] for r in rows], text  # one line per job, its name whole
+    for r, c, event in zip(rows, cells, events, strict=True):
+        for h in headers:  # every cell one whole value: never "us-c…", "PROV…", "atte…"
+            assert c[h] in whole_values(r, h), (h, c[h], text)
+        drawn = " ".join(event).split()
+        said = r["last_event"].split()
+        if max_event_lines is not None:
+            assert len(event) <= max_event_lines, text
+        if drawn and drawn[-1].endswith(view.ELLIPSIS):  # cut after a whole word, never inside one
+            drawn[-1] = drawn[-1].removesuffix(view.ELLIPSIS)
+            assert drawn == said[:len(drawn)] and len(drawn) < len(said), (drawn, said)
+        else:
+            assert drawn == said, (drawn, said)  # whole words, in order: none split across lines
+    assert all("…" not in line for line in text.splitlines() if not line.startswith(view.EVENT_INDENT)), text
+    if width is not None:
+        assert max(len(line) for line in text.splitlines()) <= width, text
+    return headers
+
+
+@pytest.mark.parametrize("width", [60, 80, 100])
+def test_the_narrow_view_cuts_no_cell_and_keeps_each_jobs_name_phase_and_zone_whole(width):
+    text = draw(TYPICAL, width)
+    headers = check_readable(text, TYPICAL, width, max_event_lines=view.EVENT_LINES)
+    assert "ZONE" in headers  # job, phase and zone: whole, at every one of these widths
+    _, cells, _ = read_back(text, TYPICAL)
+    for r, c in zip(TYPICAL, cells):
+        assert c["PHASE"] == r["phase"] and c["ZONE"] in ({r["zone"], f"{r['zone']} ({r['provisioning']})"}
+                                                          if r["zone"] else {"—"})
+    # the long events were cut at a word, with an ellipsis, in two lines
+    events = dict(zip([r["job"] for r in TYPICAL], read_back(text, TYPICAL)[2]))
+    assert events["vit-pretrain"][-1].endswith(view.ELLIPSIS) and len(events["vit-pretrain"]) == 2
+    assert events["rl-agent"][-1].endswith(view.ELLIPSIS)
+    assert "! gpt-locked: checkpoints not readable: gs://denied/run/*: 403" in text.replace("\n  ", " ")
+
+
+def test_columns_give_way_in_priority_order_as_the_terminal_narrows():
+    shown = {w: read_back(draw(TYPICAL, w), TYPICAL)[0] for w in (60, 80, 100, 150)}
+    assert shown[60] == ["JOB", "PHASE", "ZONE"]
+    assert shown[80] == ["JOB", "PHASE", "LOSSES", "ZONE", "CHECKPOINT", "AGE"]
+    assert shown[100] == ["JOB", "PHASE", "ATTEMPT", "LOSSES", "ZONE", "CHECKPOINT", "AGE"]
+    assert shown[150] == WIDE_HEADERS  # the wide set, as --wide draws it
+    for keys in view.LAYOUTS:  # each layout is the previous one less one thing, job and phase kept
+        assert keys[:2] == ("job", "phase")
+    assert draw(TYPICAL, 150) == draw(TYPICAL, 150, wide=True)
+
+
+def test_at_150_columns_everything_shows_and_the_events_are_whole():
+    text = draw(TYPICAL, 150)
+    check_readable(text, TYPICAL, 150, max_event_lines=None)
+    assert "llm-finetune-3-0 (8412345678901234567)" in text and "northamerica-northeast1-b (spot)" in text
+    assert "…" not in text
+
+
+def test_wide_draws_every_column_even_at_80_and_lets_the_terminal_wrap_the_lines():
+    text = draw(TYPICAL, 80, wide=True)
+    check_readable(text, TYPICAL, None, max_event_lines=None)  # nothing cut, nothing left out
+    assert read_back(text, TYPICAL)[0] == WIDE_HEADERS
+    assert max(len(line) for line in text.splitlines()) > 80
+
+
+def test_a_name_of_the_longest_kind_is_never_cut_even_where_its_row_is_wider_than_the_terminal():
+    rows = [_row("a" * names.MAX_JOB_NAME, "PROVISIONING", zone="us-central1-a", last_event="x: " + "word " * 40)]
+    assert read_back(draw(rows, 66), rows)[0] == ["JOB", "PHASE"]
+    check_readable(draw(rows, 60), rows, 64, max_event_lines=view.EVENT_LINES)  # 64: the terminal wraps it
+
+
+def test_watch_gives_the_events_fewer_lines_where_the_terminal_is_not_tall_enough():
+    def lines(height: int) -> list[str]:
+        console = Console(width=80, height=height, record=True, color_system=None, file=io.StringIO())
+        console.print(view.watched(TYPICAL))
+        return console.export_text().splitlines()
+
+    assert len(lines(40)) == 1 + 8 + 10 + 2  # header, rows, events (two of them on two lines), the problem
+    assert len(lines(21)) == 1 + 8 + 10 + 2
+    assert len(lines(20)) == 1 + 8 + 8 + 2 and lines(20)[8].startswith("    launch: preempted:")  # one line each
+    assert lines(20)[8].endswith(view.ELLIPSIS)
+    assert len(lines(12)) == 1 + 8 + 2  # no room for events: the rows stay
+
+
+def test_wrap_breaks_between_words_and_cuts_after_a_whole_word():
+    assert view.wrap("one two three four", 9) == ["one two", "three", "four"]
+    assert view.wrap("one two three four five six", 9, max_lines=2) == ["one two", "three…"]
+    assert view.wrap("gs://a-very-long-uri-with-no-space", 10) == ["gs://a-ver", "y-long-uri", "-with-no-s", "pace"]
+    assert view.wrap("", 10) == [] and view.wrap("short", 10, max_lines=2) == ["short"]
+    for width in range(4, 30):
+        for line in view.wrap(TYPICAL[5]["last_event"], width, max_lines=2):
+            assert len(line) <= width
+
+
+def test_one_jobs_details_read_at_80_columns():
+    row = {**TYPICAL[2], "goodput": {"goodput": 0.873, "useful_hours": 12.4, "accelerator_hours": 14.2},
+           "checkpoint_every_s": 1500.0, "advice_at": "2026-01-01T00:00:00+00:00",
+           "zone_advice": {"us-central1-a": {"obtainability": 0.9, "uptime_s": 4 * 86400, "preemption_rate": 0.25},
+                           "us-central1-b": {"obtainability": 0.5, "uptime_s": None, "preemption_rate": 0.01}}}
+    for width in (60, 80):
+        console = Console(width=width, record=True, color_system=None, file=io.StringIO())
+        console.print(view.goodput_line(row))
+        console.print(view.AdviceTable(row))
+        text = console.export_text()
+        assert max(len(line) for line in text.splitlines()) <= width, text
+        flat = " ".join(text.split())
+        assert ("goodput 87.3% (12.40 of 14.20 accelerator-hours useful); checkpoint every 25m advised "
+                "(respawn report llm-finetune)") in flat
+        advice = {l.split()[0]: l for l in text.splitlines() if l.startswith("us-central1-")}
+        assert "25.0%" in advice["us-central1-a"] and "us-central1-b ←" in advice["us-central1-b"]
+
+
+# -- the command, over the in-memory store ---------------------------------------------------------
+
+@pytest.fixture
+def mem(monkeypatch) -> Harness:
+    h = Harness()
+    bootstrap.override(None, Settings(bucket=BUCKET, project=PROJECT, trainer_service_account=TRAINER),
+                       h.store, h.compute)
+    return h
+
+
+def _put(h: Harness, job: str, event: str, **fields) -> None:
+    h.submit(job)
+    at = datetime.now(UTC) - timedelta(hours=3)
+    detail = event.split(": ", 1)
+    st = JobStatus(created_at=at, history=(Event(at=at, event=detail[0], detail=detail[1]),), **fields)
+    h.store.put(BUCKET, names.status_key(job), st.to_json())
+
+
+def test_respawn_status_at_80_columns(mem, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    for r in TYPICAL[1:4]:
+        _put(mem, r["job"], r["last_event"], phase=Phase(r["phase"]), attempt=r["attempt"],
+             preemptions=r["preemptions"], zone=r["zone"], provisioning=r["provisioning"],
+             instances=(r["instance"],))
+    result = runner.invoke(app, ["status"])
+    assert result.exit_code == 0, result.output
+    rows = sorted(TYPICAL[1:4], key=lambda r: r["job"])
+    expected = [{**r, "instance_id": None, "checkpoint_label": None, "age_seconds": 3 * 3600} for r in rows]
+    headers = check_readable(result.output, expected, 80, max_event_lines=view.EVENT_LINES)
+    assert "ZONE" in headers and "INSTANCE (ID)" not in headers
+    wide = runner.invoke(app, ["status", "--wide"])
+    assert read_back(wide.output, expected)[0] == WIDE_HEADERS
+    assert "bert-sweep-7-1-0" in wide.output and "northamerica-northeast1-b (spot)" in wide.output
+
+
+def test_watch_redraws_in_place_at_the_terminals_width_of_the_moment(monkeypatch):
+    """--watch is a rich Live: each refresh moves the cursor up over the last drawing and
+    erases it line by line, never clearing the screen; a terminal narrowed between two
+    refreshes gets the narrow layout on the next one."""
+    terminal = Console(file=io.StringIO(), force_terminal=True, width=150, height=200, color_system="standard")
+    monkeypatch.setattr(cli_module, "out", terminal)
+    monkeypatch.setattr(Console, "clear", lambda *_: pytest.fail("--watch cleared the screen"))
+    calls = []
+
+    def rows(job):
+        calls.append(job)
+        if len(calls) == 3:
+            terminal.width = 60  # the user narrows the window
+        return TYPICAL
+
+    monkeypatch.setattr(cli_module, "_status_rows", rows)
+    result = runner.invoke(app, ["status", "--watch", "--interval", "0", "--refreshes", "2"])
+    assert result.exit_code == 0, result.output
+    drawn = terminal.file.getvalue()
+    for clearing in ("\x1b[2J", "\x1b[3J", "\x1b[H", "\x1bc", "\x1b[?1049h"):  # clear, home, reset, alt screen
+        assert clearing not in drawn
+    assert "\x1b[1A\x1b[2K" in drawn  # up one line, erase it: the last drawing overwritten in place
+    frames = [ANSI.sub("", f).strip("\r\n") for f in re.split(r"(?:\r?\x1b\[2K(?:\x1b\[1A\x1b\[2K)+)", drawn)]
+    frames = [f for f in frames if f.startswith("JOB")]
+    assert len(frames) >= 3
+    assert read_back(frames[0] + "\n", TYPICAL)[0] == WIDE_HEADERS
+    check_readable(frames[-1] + "\n", TYPICAL, 60, max_event_lines=view.EVENT_LINES)
+    assert read_back(frames[-1] + "\n", TYPICAL)[0] == ["JOB", "PHASE", "ZONE"]
