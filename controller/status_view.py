@@ -2,10 +2,11 @@
 
 Like ``kubectl get``: plain columns, no borders, never a cell cut. The view is laid out
 when Rich draws it, at that moment's width, so ``--watch`` (a ``rich.live.Live``) follows
-a resized terminal on its next refresh. The widest layout that fits is drawn:
+a resized terminal on its next refresh. The widest layout that fits is drawn; as the
+width shrinks, things give way in this order (``LAYOUTS``):
 
 =====  ===============================================================================
-width  what gives way, in this order (``LAYOUTS``)
+step   what gives way
 =====  ===============================================================================
 1      the instance's numeric id (the instance name stays)
 2      ``PREEMPTED`` and ``FAILED`` become one ``LOSSES`` column: ``3p/1f``
@@ -20,6 +21,8 @@ width  what gives way, in this order (``LAYOUTS``)
 
 A zone, a phase, a name is drawn whole or not at all. ``wide`` draws the first layout
 whatever the width (the terminal wraps what does not fit, as ``kubectl get -o wide``).
+A name too long for even job and phase to fit is not cut either: its line is wider than
+the terminal, which wraps it (``--watch``'s Live crops it at the edge instead).
 
 Each job's last event goes on its own indented line(s) under its row, wrapped between
 words; the narrow view keeps two lines at most and ends a longer one with ``…`` after
