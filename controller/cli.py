@@ -474,7 +474,8 @@ def reconcile(
     out.print(table)
 
 
-local = typer.Typer(help="The local cloud: GCS, Compute Engine, the functions, Scheduler and Eventarc.")
+local = typer.Typer(help="The local cloud: GCS, Compute Engine, the functions, Scheduler and Eventarc; "
+                         "and faults injected into it from another terminal.", no_args_is_help=True)
 app.add_typer(local, name="local")
 
 
@@ -505,6 +506,69 @@ def local_up(
         while not stop.wait(0.5):
             pass
     out.print("local cloud stopped")
+
+
+Instance = Annotated[str, typer.Argument(help="an instance or TPU node of the local cloud (`respawn status` names it)")]
+Zone = Annotated[str, typer.Argument(help="a zone of the local cloud, e.g. us-central1-a")]
+Off = Annotated[bool, typer.Option("--off", help="lift the fault instead")]
+
+
+def _fault(fault: str, name: str, done: str, **args: Any) -> None:
+    """Inject a fault into a machine of the running local cloud, and say which server took it."""
+    from localcloud.faults import FaultError, Faults
+
+    config = _config(fresh=True)
+    try:
+        server = Faults(config.compute_endpoint, config.tpu_endpoint).machine(fault, name, **args)
+    except FaultError as e:
+        _fail(str(e))
+    out.print(_line("✓", "green", f"{name} ({server}): {done}"), soft_wrap=True)
+
+
+def _zone_fault(fault: str, zone: str, off: bool, effect: str) -> None:
+    from localcloud.faults import FaultError, Faults
+
+    config = _config(fresh=True)
+    try:
+        servers = Faults(config.compute_endpoint, config.tpu_endpoint).zone(fault, zone, not off)
+    except FaultError as e:
+        _fail(str(e))
+    said = f"{fault} in {zone} lifted" if off else f"{fault} in {zone}: {effect}"
+    out.print(_line("✓", "green", f"{said} ({', '.join(servers)})"), soft_wrap=True)
+
+
+@local.command("preempt")
+def local_preempt(
+    instance: Instance,
+    hard: Annotated[bool, typer.Option("--hard", help="no notice: the shutdown script never runs (no marker)")] = False,
+) -> None:
+    """Preempt a Spot VM or TPU node of the running local cloud, as Google reclaims one."""
+    _fault("preempt", instance, "preempted hard, without notice" if hard else
+           "preempted; its shutdown script has the notice to checkpoint", graceful=not hard)
+
+
+@local.command("maintenance")
+def local_maintenance(instance: Instance) -> None:
+    """Terminating host maintenance on a VM or TPU node of the running local cloud."""
+    _fault("maintenance", instance, "host maintenance: its shutdown script runs, then it is TERMINATED")
+
+
+@local.command("crash")
+def local_crash(instance: Instance) -> None:
+    """Crash the guest of a VM of the running local cloud: every process killed at once, no shutdown script."""
+    _fault("crash", instance, "the guest crashed: killed at once, no shutdown script")
+
+
+@local.command("stockout")
+def local_stockout(zone: Zone, off: Off = False) -> None:
+    """No capacity in a zone of the running local cloud (Compute Engine and Cloud TPU), until --off."""
+    _zone_fault("stockout", zone, off, "creates there fail for want of capacity")
+
+
+@local.command("quota")
+def local_quota(zone: Zone, off: Off = False) -> None:
+    """Over quota in a zone of the running local cloud (Compute Engine and Cloud TPU), until --off."""
+    _zone_fault("quota", zone, off, "creates there are refused for quota")
 
 
 @app.command()

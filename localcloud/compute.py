@@ -285,7 +285,8 @@ class ComputeServer(Host):
             "crash": self.crash, "unreachable": self.unreachable, "maintenance": self.maintenance,
             "host_error": self.host_error, "set_status": self.set_status, "slow_operations": self.slow_operations,
             "hold_operations": self.hold_operations, "unknown": self.unknown,
-            "preemption_rate": self.preemption_rate, "spot_price": self.spot_price})
+            "preemption_rate": self.preemption_rate, "spot_price": self.spot_price},
+            refused=(TypeError, ValueError, KeyError), inventory=self._inventory)  # KeyError: an instance not there
         return app
 
     def _dispatch(self, verb: str, path: str) -> dict[str, Any]:

@@ -2,8 +2,9 @@
 
 A server of this kind owns a work folder (one subfolder per machine), timers for what
 happens later (an operation finishing, a VM booting), the processes of its machines,
-and its HTTP server, whose ``POST /_local/<fault>`` injects faults; ``stop()`` ends all
-of it, and no machine process outlives it.
+and its HTTP server, whose ``POST /_local/<fault>`` injects faults (``GET /_local/`` says
+which machines and zones there are to name); ``stop()`` ends all of it, and no machine
+process outlives it.
 """
 
 from __future__ import annotations
@@ -88,10 +89,26 @@ class Host:
         self._processes.add(process)
         return process
 
+    zones: tuple[str, ...] = ()
+
+    def names(self) -> set[str]:
+        """The names of the machines there are now (instance names, TPU node ids)."""
+        raise NotImplementedError
+
+    def _inventory(self) -> dict[str, Any]:
+        """What a fault can name: the machines there are now, and the zones."""
+        return {"machines": sorted(self.names()), "zones": list(self.zones)}
+
     @staticmethod
     def _fault_route(app: Flask, actions: Mapping[str, Callable[..., Any]],
-                     refused: tuple[type[Exception], ...] = (TypeError, ValueError)) -> None:
-        """``POST /_local/<fault>`` with the fault's arguments as JSON; 400 when it refuses them."""
+                     refused: tuple[type[Exception], ...] = (TypeError, ValueError),
+                     inventory: Callable[[], dict[str, Any]] | None = None) -> None:
+        """``POST /_local/<fault>`` with the fault's arguments as JSON; 400 when it refuses them.
+        ``GET /_local/``: the faults, and what ``inventory()`` says they can name."""
+
+        @app.get("/_local/")
+        def listed() -> Response:
+            return json_response({"faults": sorted(actions), **(inventory() if inventory else {})})
 
         @app.post("/_local/<fault>")
         def fault(fault: str) -> Response:

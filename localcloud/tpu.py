@@ -334,7 +334,7 @@ class TpuServer(Host):
             "stockout": self.stockout, "quota": self.quota, "fail_next": self.fail_next, "preempt": self.preempt,
             "maintenance": self.maintenance, "set_health": self.set_health, "set_state": self.set_state,
             "upcoming_maintenance": self.upcoming_maintenance, "hold_operations": self.hold_operations,
-        }, refused=(TypeError, ValueError, KeyError))  # KeyError: a node not there
+        }, refused=(TypeError, ValueError, KeyError), inventory=self._inventory)  # KeyError: a node not there
         return app
 
     def _dispatch(self, verb: str, path: str) -> dict[str, Any]:
