@@ -501,6 +501,8 @@ def local_up(
         out.print("[bold green]local cloud up[/bold green] — point clients at it with:\n")
         for key, value in cloud.env().items():
             print(f"export {key}={value}")
+        out.print("\n[dim]gcloud works against it once these are exported (CLOUDSDK_AUTH_ACCESS_TOKEN_FILE is a dummy "
+                  "token: no login needed): gcloud compute instances list[/dim]")
         out.print(f"\nfunctions: tick {cloud.function_url('tick')}  on_object {cloud.function_url('on_object')}")
         out.print("Ctrl-C stops everything.")
         while not stop.wait(0.5):

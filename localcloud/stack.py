@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,10 +62,21 @@ class LocalCloud:
         self._functions: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
         self.ticker: Ticker | None = None
         self.watcher: Watcher | None = None
+        self._scratch: tempfile.TemporaryDirectory[str] | None = None  # the gcloud token file's folder
+
+    @property
+    def gcloud_token(self) -> Path:
+        """A dummy access token for gcloud (``auth/access_token_file``): the local servers check
+        none, but without credentials gcloud refuses to send a request at all."""
+        assert self._scratch is not None, "not started"
+        return Path(self._scratch.name) / "gcloud-access-token"
 
     def start(self) -> LocalCloud:
         o = self.options
         try:
+            self._scratch = tempfile.TemporaryDirectory(prefix="respawn-local-")
+            self.gcloud_token.write_text("local-cloud-token\n")
+            self.gcloud_token.chmod(0o600)
             self.gcs.start()
             self.storage = client(self.gcs.url, o.project)
             vm_path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
@@ -99,6 +111,7 @@ class LocalCloud:
             "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE": f"{self.compute.endpoint}/compute/v1/",
             "CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU": f"{self.tpu.endpoint}/",
             "CLOUDSDK_CORE_PROJECT": self.options.project,
+            "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE": str(self.gcloud_token),  # gcloud runs with no login
             "RESPAWN_VM_SCRIPTS": str(self.options.vm_scripts or REPO_ROOT / "deploy" / "vm"),
             # What `respawn deploy` creates on a real project: VMs run as a dedicated account.
             "RESPAWN_TRAINER_SERVICE_ACCOUNT": f"respawn-trainer@{self.options.project}.iam.gserviceaccount.com",
@@ -143,6 +156,9 @@ class LocalCloud:
         if self.compute:
             self.compute.stop()
         self.gcs.stop()
+        if self._scratch:
+            self._scratch.cleanup()
+            self._scratch = None
 
     def __enter__(self) -> LocalCloud:
         return self.start()

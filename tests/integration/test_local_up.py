@@ -1,0 +1,143 @@
+"""A newcomer's first hour, as the README tells it: `respawn local up` in one terminal; in
+another, exactly the lines it printed, then gcloud, `respawn submit`, and faults from
+`respawn local preempt|stockout` that the controller heals."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from controller import names
+from controller.config import REPO_ROOT
+from controller.state import JobStatus, Phase
+from localcloud.gcs import client
+from tests.wait import until
+
+TOKEN = "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE"
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """`respawn local up` running in its own process: what it printed, and the exports it printed."""
+    shell = {k: v for k, v in os.environ.items() if not k.startswith(("RESPAWN_", "CLOUDSDK_", "STORAGE_EMULATOR"))}
+    process = subprocess.Popen([sys.executable, "-m", "controller.cli", "local", "up", "--tick", "2",
+                                "--preemption-notice", "5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**shell, "COLUMNS": "200"}, cwd=tmp_path_factory.mktemp("terminal-1"),
+                               stdin=subprocess.DEVNULL)
+    lines: list[str] = []
+    try:
+        for line in process.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if "Ctrl-C" in line:
+                break
+        else:
+            pytest.fail("respawn local up ended: " + "".join(lines)[-3000:])
+        exports = [line.strip() for line in lines if line.startswith("export ")]
+        env = dict(line.removeprefix("export ").split("=", 1) for line in exports)
+        yield {"lines": lines, "exports": exports, "env": env, "shell": shell}
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+        # The dummy token went with the local cloud.
+        assert not Path(env[TOKEN]).exists()
+    finally:
+        process.kill()
+
+
+def terminal(up: dict[str, Any], home: Path) -> dict[str, str]:
+    """A second terminal: the user's shell (no gcloud login: a fresh config), then the exports."""
+    return {**up["shell"], "HOME": str(home), "CLOUDSDK_CONFIG": str(home / "gcloud"),
+            "CLOUDSDK_CORE_DISABLE_PROMPTS": "1", "COLUMNS": "200", **up["env"]}
+
+
+def test_local_up_prints_one_line_that_gives_gcloud_a_token(up):
+    [line] = [x for x in up["exports"] if x.startswith(f"export {TOKEN}=")]
+    token = Path(line.split("=", 1)[1])
+    assert token.is_absolute() and token.is_file()
+    assert token.read_text().strip() and len(token.read_text().splitlines()) == 1
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600
+    assert any("gcloud compute instances list" in x for x in up["lines"])  # and says what it is for
+
+
+@pytest.fixture
+def gcloud() -> str:
+    found = shutil.which("gcloud")
+    if found is None:
+        pytest.skip("gcloud is not on PATH: `gcloud compute instances list` against the local cloud was not run")
+    return found
+
+
+def test_gcloud_lists_the_local_instances_with_exactly_the_printed_lines(up, gcloud, tmp_path):
+    env = terminal(up, tmp_path)
+    compute, project = env["RESPAWN_COMPUTE_ENDPOINT"], env["RESPAWN_PROJECT"]
+    body = {"name": "listed-1", "machineType": "zones/us-central1-c/machineTypes/e2-small",
+            "disks": [{"boot": True, "initializeParams": {"sourceImage": "projects/debian-cloud/global/images/family/debian-12"}}],
+            "networkInterfaces": [{"network": "global/networks/default"}]}
+    requests.post(f"{compute}/compute/v1/projects/{project}/zones/us-central1-c/instances", json=body,
+                  timeout=10).raise_for_status()
+    until("listed-1 RUNNING", lambda: requests.get(
+        f"{compute}/compute/v1/projects/{project}/zones/us-central1-c/instances/listed-1", timeout=10).json().get(
+        "status") == "RUNNING")
+
+    listed = subprocess.run([gcloud, "compute", "instances", "list"], env=env, capture_output=True, text=True,
+                            timeout=120, stdin=subprocess.DEVNULL)
+    assert listed.returncode == 0, listed.stderr
+    assert re.search(r"^listed-1\s+us-central1-c\s+e2-small\s.*RUNNING$", listed.stdout, re.M), listed.stdout
+    tpus = subprocess.run([gcloud, "compute", "tpus", "tpu-vm", "list", "--zone", "us-central1-c"], env=env,
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert tpus.returncode == 0, tpus.stderr
+    # Without the token line, gcloud sends nothing: that one line is what makes it work.
+    bare = {k: v for k, v in env.items() if k != TOKEN}
+    refused = subprocess.run([gcloud, "compute", "instances", "list"], env=bare, capture_output=True, text=True,
+                             timeout=120, stdin=subprocess.DEVNULL)
+    assert refused.returncode != 0 and "listed-1" not in refused.stdout
+    assert re.search(r"credential|account|auth", refused.stderr, re.I), refused.stderr
+
+
+def test_respawn_heals_a_job_preempted_from_another_terminal(up, tmp_path):
+    """The README's walkthrough: submit your own job, stock out its zone, preempt its VM; it
+    resumes in the other zone from its checkpoint, and finishes."""
+    env = terminal(up, tmp_path)
+    spec = tmp_path / "mine.yaml"
+    spec.write_text("zones: [us-central1-a, us-central1-b]\n"
+                    "machine_type: g2-standard-8\n"
+                    f"command: python {REPO_ROOT}/examples/trainer.py\n"
+                    'env: {TRAIN_STEPS: "300", CHECKPOINT_EVERY: "30", STEP_SECONDS: "0.03"}\n'
+                    "checkpoint: {uri: gs://respawn-local/checkpoints/mine}\n"
+                    "placement: ordered\n")
+
+    def respawn(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "controller.cli", *args], env=env, capture_output=True,
+                              text=True, timeout=60, cwd=tmp_path, stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    storage = client(env["STORAGE_EMULATOR_HOST"], env["RESPAWN_PROJECT"]).bucket(env["RESPAWN_BUCKET"])
+
+    def status() -> JobStatus | None:
+        blob = storage.get_blob(names.status_key("mine"))
+        return JobStatus.from_json(blob.download_as_bytes()) if blob else None
+
+    assert "submitted mine" in respawn("submit", str(spec))
+    until("mine-1 running", lambda: (s := status()) and s.phase == Phase.RUNNING and s.instances == ("mine-1",), 60)
+    until("a checkpoint", lambda: any(b.name.endswith("/_SUCCESS") for b in storage.list_blobs(
+        prefix="checkpoints/mine/")), 60)
+    assert "stockout in us-central1-a" in respawn("local", "stockout", "us-central1-a")
+    try:
+        assert "mine-1 (Compute Engine): preempted" in respawn("local", "preempt", "mine-1")
+        final = until("mine to finish", lambda: (s := status()) and s.phase.terminal and s, 90)
+    finally:
+        respawn("local", "stockout", "us-central1-a", "--off")
+    assert final.phase == Phase.SUCCEEDED, final.message
+    assert (final.attempt, final.preemptions, final.failures, final.zone) == (2, 1, 0, "us-central1-b")
+    assert final.resume_from is not None and final.resume_from.step
