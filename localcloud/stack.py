@@ -1,5 +1,5 @@
 """The whole local cloud in one object: GCS, Compute, Cloud TPU, the two functions, Scheduler, Eventarc,
-Pub/Sub and an incoming-webhook sink for notifications.
+Pub/Sub and an incoming-webhook sink for notifications, and Cloud Logging with the VMs' serial output in it.
 
 The functions run as real ``functions-framework`` processes serving ``main.py``, with
 the same environment a deployment gives them, pointed at the local servers.
@@ -22,6 +22,7 @@ from controller.config import REPO_ROOT
 from localcloud.compute import ComputeServer
 from localcloud.events import Ticker, Watcher
 from localcloud.gcs import LocalGcs, client
+from localcloud.logging import LoggingServer, VmLogs
 from localcloud.pubsub import PubsubServer
 from localcloud.realism import Realism
 from localcloud.tpu import TpuServer
@@ -59,6 +60,8 @@ class LocalCloud:
         self.tpu: TpuServer | None = None
         self.pubsub: PubsubServer | None = None
         self.webhook: WebhookSink | None = None
+        self.logging: LoggingServer | None = None
+        self.vm_logs: VmLogs | None = None  # each VM's serial output, line by line, into Cloud Logging
         self._functions: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
         self.ticker: Ticker | None = None
         self.watcher: Watcher | None = None
@@ -86,6 +89,8 @@ class LocalCloud:
             self.tpu = TpuServer(vm_env=vm_env, boot_delay=o.boot_delay, shutdown_budget=o.shutdown_budget,
                                  realism=o.realism).start()
             self.pubsub = PubsubServer().start()
+            self.logging = LoggingServer().start()
+            self.vm_logs = VmLogs(self.logging, self.compute).start()
             self.webhook = WebhookSink().start()
             if o.notify:
                 requests.put(f"{self.pubsub.endpoint}/v1/{self.notify_topic}", json={}, timeout=10).raise_for_status()
@@ -120,6 +125,8 @@ class LocalCloud:
             **({"RESPAWN_PUBSUB_ENDPOINT": self.pubsub.endpoint,
                 "CLOUDSDK_API_ENDPOINT_OVERRIDES_PUBSUB": f"{self.pubsub.endpoint}/"} if self.pubsub else {}),
             **({"RESPAWN_LOCAL_WEBHOOK": self.webhook.url} if self.webhook else {}),
+            **({"RESPAWN_LOGGING_ENDPOINT": self.logging.endpoint,
+                "CLOUDSDK_API_ENDPOINT_OVERRIDES_LOGGING": f"{self.logging.endpoint}/"} if self.logging else {}),
             **({"RESPAWN_NOTIFY_TOPIC": self.notify_topic, "RESPAWN_NOTIFY_WEBHOOK": self.webhook.url}
                if self.options.notify and self.webhook else {}),
             **(self.options.policy_env or {}),
@@ -148,7 +155,9 @@ class LocalCloud:
             except subprocess.TimeoutExpired:
                 process.kill()
         self._functions.clear()
-        for server in (self.webhook, self.pubsub):
+        if self.vm_logs:  # its last sweep reads the VMs' folders, which go with the Compute server
+            self.vm_logs.stop()
+        for server in (self.webhook, self.pubsub, self.logging):
             if server:
                 server.stop()
         if self.tpu:

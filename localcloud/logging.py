@@ -1,0 +1,661 @@
+"""A local Cloud Logging (v2) REST server: ``entries.write``, ``entries.list``, ``projects.logs.list``,
+and the local VMs' output fed into it as Google's serial-console logging and guest agent write it.
+
+What the real ``google-cloud-logging`` client reads with ``_use_grpc=False`` and
+``client_options={"api_endpoint": server.endpoint}`` (the CLI does so when
+``RESPAWN_LOGGING_ENDPOINT`` is set; gcloud: ``CLOUDSDK_API_ENDPOINT_OVERRIDES_LOGGING = endpoint +
+"/"``). Routes and request schemas come from Google's ``logging.v2`` discovery document; a body with
+a field the schema does not have is refused 400 as Google's front end refuses it (field names are
+taken in either JSON spelling, ``dryRun`` or ``dry_run``, as proto3's JSON parser takes them; the
+Python client sends the latter). Any other method of the document answers 501, a path that is none
+of them 404. Errors are one-platform JSON (``{"error": {"code", "message", "status"}}``).
+
+As the API answers:
+
+- ``entries.write``: every entry needs a ``logName`` (its own or the request's) of the form
+  ``projects/P/logs/LOG_ID`` (LOG_ID URL-encoded, at most 512 characters of ``[A-Za-z0-9/_.%-]``)
+  and a monitored ``resource`` with a ``type``; at most one payload; timestamps RFC 3339. The
+  request's ``labels`` are merged under each entry's. Missing ``timestamp`` and ``insertId`` are
+  filled in; ``receiveTimestamp`` is always set. ``dryRun`` writes nothing; ``partialSuccess``
+  writes the valid entries and still answers 400 for the others, with their indexes
+  (``WriteLogEntriesPartialErrors``), as Google does.
+- ``entries.list``: ``resourceNames`` of projects (``projects/P``; the deprecated ``projectIds``
+  too), ``orderBy`` ``timestamp asc`` (the default) or ``timestamp desc``, ``pageSize`` (default
+  50, at most 1000), ``pageToken`` (one this server gave for the same query), ``filter``. Entries
+  are ordered by timestamp, then by insertion.
+- the filter is the subset of the Logging query language respawn's own filters use, evaluated as
+  Google documents it: comparisons ``FIELD = VALUE``, ``FIELD : VALUE`` (has: a substring; ``:*``:
+  the field is present), ``<``, ``<=``, ``>``, ``>=`` on ``timestamp``/``receiveTimestamp`` (as
+  times) and ``severity`` (by level); a value list ``FIELD = ("a" OR "b")``; ``NOT`` (or ``-``),
+  ``AND``, ``OR`` (which binds tighter than ``AND``: ``a OR b AND c`` is ``(a OR b) AND c``) and a
+  space meaning AND; parentheses; quoted path segments (``labels."compute.googleapis.com/x"``).
+  String comparisons are case-insensitive. Fields are LogEntry's own (``resource.labels.*``,
+  ``labels.*``, ``jsonPayload.*``...). Anything else (``!=``, regular expressions, global
+  restrictions, functions such as ``SEARCH()`` or ``log_id()``, unknown fields) is refused 400
+  rather than answered wrong.
+
+``VmLogs`` feeds the local Compute server's VMs into it: each line a VM writes to
+``serial-port-1.log`` becomes an entry of ``serialconsole.googleapis.com%2Fserial_port_1_output``
+(``textPayload``, resource ``gce_instance`` with ``instance_id``, ``zone``, ``project_id``), as
+serial-port logging does, and an entry of ``GCEMetadataScripts`` as the guest agent's script
+runner writes it (``jsonPayload.message``: its own lines as they are, the scripts' output as
+``startup-script: LINE``; label ``instance_name``; severity INFO). The local serial log does not
+tell a shutdown script's lines from the startup script's: both read ``startup-script`` here.
+Cloud TPU workers are not fed.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import itertools
+import json
+import re
+import threading
+import time
+from bisect import insort
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from flask import Flask, Response, request
+
+from localcloud import discovery
+from localcloud.host import Host, json_response
+from localcloud.http import Server
+from localcloud.tpu_api import STATUS
+
+if TYPE_CHECKING:
+    from localcloud.compute import ComputeServer
+
+DOC = "logging.v2"
+SUPPORTED = {"entries": ("list", "write"), "projects.logs": ("list",)}
+SERIAL_LOG = "serialconsole.googleapis.com%2Fserial_port_1_output"
+SCRIPTS_LOG = "GCEMetadataScripts"
+RUNNER = "google_metadata_script_runner: "  # how the local guest agent marks its own lines (localcloud.vm)
+DEFAULT_PAGE, MAX_PAGE = 50, 1000
+LOG_NAME_RE = re.compile(r"projects/([^/]+)/logs/([A-Za-z0-9/_.%-]{1,512})")
+SEVERITIES = {"DEFAULT": 0, "DEBUG": 100, "INFO": 200, "NOTICE": 300, "WARNING": 400, "ERROR": 500,
+              "CRITICAL": 600, "ALERT": 700, "EMERGENCY": 800}
+_RFC3339 = re.compile(r"(\d{4})-(\d\d)-(\d\d)[Tt](\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?([Zz]|[+-]\d\d:\d\d)")
+
+
+class LoggingError(Exception):
+    """An HTTP error answered as one-platform APIs do (google.rpc.Status in JSON)."""
+
+    def __init__(self, code: int, message: str, details: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.details = code, message, details
+
+    def body(self) -> dict[str, Any]:
+        error: dict[str, Any] = {"code": self.code, "message": self.message, "status": STATUS.get(self.code, "UNKNOWN")}
+        if self.details:
+            error["details"] = self.details
+        return {"error": error}
+
+
+class FilterError(LoggingError):
+    def __init__(self, message: str) -> None:
+        super().__init__(400, f"Invalid query: {message}")
+
+
+@dataclass(order=True)
+class _Stored:
+    key: tuple[int, int]  # (timestamp in ns since the epoch, insertion order)
+    entry: dict[str, Any] = field(compare=False)
+
+    @property
+    def project(self) -> str:
+        return self.entry["logName"].split("/", 2)[1]
+
+
+class LoggingServer(Server):
+    name, threads = "logging", 16
+
+    def __init__(self) -> None:
+        self._entries: list[_Stored] = []  # sorted by key
+        self._order = itertools.count(1)
+        self._lock = threading.Lock()
+        supported = {(r, m) for r, names in SUPPORTED.items() for m in names}
+        self._routes = [(m, (m.resource, m.name) in supported) for m in discovery.methods(discovery.every(DOC), DOC)]
+
+    @property
+    def endpoint(self) -> str:
+        """What ``client_options.api_endpoint`` takes (``http://127.0.0.1:PORT``)."""
+        return self.address
+
+    # -- what a feeder or a test uses ---------------------------------------------------------
+    def write(self, entries: list[dict[str, Any]]) -> None:
+        """Store entries as ``entries.write`` would (each complete: logName, resource, payload)."""
+        for i, entry in enumerate(entries):
+            if problem := _entry_problem(entry):
+                raise ValueError(f"entries[{i}]: {problem}")
+        self._store(entries)
+
+    def entries(self, log: str | None = None) -> list[dict[str, Any]]:
+        """Every entry stored, oldest first (``log``: only those of that LOG_ID, URL-encoded)."""
+        with self._lock:
+            stored = [s.entry for s in self._entries]
+        return [dict(e) for e in stored if log is None or e["logName"].endswith(f"/logs/{log}")]
+
+    # -- HTTP ---------------------------------------------------------------------------------
+    def _app(self) -> Flask:
+        app = Flask("logging")
+
+        @app.route("/v2/<path:path>", methods=["GET", "POST", "DELETE", "PATCH", "PUT"])
+        def v2(path: str) -> Response:
+            try:
+                return json_response(self._dispatch(request.method, f"v2/{path}"))
+            except LoggingError as e:
+                return json_response(e.body(), e.code)
+
+        Host._fault_route(app, {})
+        return app
+
+    def _dispatch(self, verb: str, path: str) -> dict[str, Any]:
+        for method, supported in self._routes:
+            match = method.pattern.match(path)
+            if match and method.http_method == verb:
+                break
+        else:
+            raise LoggingError(404, f"The requested URL /{path} was not found on this server.")
+        name = f"{method.resource}.{method.name}"
+        if not supported:
+            raise LoggingError(501, f"Method {name} is not implemented by the local Cloud Logging server.")
+        body = self._body(method.request_schema) if method.request_schema else {}
+        return getattr(self, f"_{name.replace('.', '_')}")(match.groupdict(), body)
+
+    def _body(self, schema: str) -> dict[str, Any]:
+        raw = request.get_data()
+        body = {} if not raw else request.get_json(silent=True)
+        if not isinstance(body, dict):
+            raise LoggingError(400, "Invalid JSON payload received. Expected an object.")
+        body = _json_names(body, {"$ref": schema})
+        problems = discovery.validate(body, schema, "\0", doc=DOC)
+        if problems:
+            raise LoggingError(400, problems[0].replace(" at '\0'", "").replace("'\0.", "'"))
+        return body
+
+    # -- entries.write ------------------------------------------------------------------------
+    def _entries_write(self, p: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
+        if not body.get("entries"):
+            raise LoggingError(400, "At least one log entry must be provided.")
+        shared = {k: body[k] for k in ("logName", "resource") if k in body}
+        labels = body.get("labels") or {}
+        written, failed = [], {}
+        for i, entry in enumerate(body.get("entries") or []):
+            entry = {**shared, **entry}
+            if labels:
+                entry["labels"] = {**labels, **(entry.get("labels") or {})}
+            if problem := _entry_problem(entry):
+                failed[str(i)] = {"code": 3, "message": problem}
+            else:
+                written.append(entry)
+        if not body.get("dryRun") and (not failed or body.get("partialSuccess")):
+            self._store(written)
+        if failed:
+            first = next(iter(failed.values()))["message"]
+            raise LoggingError(400, f"Log entry with index {next(iter(failed))} is invalid: {first}", [{
+                "@type": "type.googleapis.com/google.logging.v2.WriteLogEntriesPartialErrors",
+                "logEntryErrors": failed}])
+        return {}
+
+    def _store(self, entries: list[dict[str, Any]]) -> None:
+        received = _rfc3339(time.time_ns())
+        with self._lock:
+            for entry in entries:
+                order = next(self._order)
+                entry = {**entry, "receiveTimestamp": received}
+                entry.setdefault("timestamp", received)
+                entry.setdefault("insertId", f"{order:016x}")
+                insort(self._entries, _Stored((_nanos(entry["timestamp"]), order), entry))
+
+    # -- entries.list ---------------------------------------------------------------------------
+    def _entries_list(self, p: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
+        projects = _projects(body)
+        order = (body.get("orderBy") or "timestamp asc").strip().lower()
+        if order not in ("timestamp asc", "timestamp desc"):
+            raise LoggingError(400, f"Invalid orderBy: {body.get('orderBy')!r}; only \"timestamp asc\" and "
+                                    "\"timestamp desc\" are supported.")
+        size = int(body.get("pageSize") or DEFAULT_PAGE)
+        if size < 0:
+            raise LoggingError(400, f"Invalid page size {size}: it must not be negative.")
+        size = min(size or DEFAULT_PAGE, MAX_PAGE)
+        matches = compile_filter(body.get("filter") or "")
+        query = hashlib.sha256(json.dumps([sorted(projects), order, body.get("filter") or ""]).encode()).hexdigest()[:16]
+        after = _token_key(body.get("pageToken") or "", query)
+        descending = order.endswith("desc")
+        with self._lock:
+            stored = list(reversed(self._entries) if descending else self._entries)
+        page: list[_Stored] = []
+        more = False
+        for s in stored:
+            if after is not None and (s.key >= after if descending else s.key <= after):
+                continue
+            if s.project not in projects or not matches(s.entry):
+                continue
+            if len(page) == size:
+                more = True
+                break
+            page.append(s)
+        out: dict[str, Any] = {"entries": [dict(s.entry) for s in page]} if page else {}
+        if more:
+            out["nextPageToken"] = _token(page[-1].key, query)
+        return out
+
+    # -- projects.logs.list ---------------------------------------------------------------------
+    def _projects_logs_list(self, p: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
+        project = p["projectsId"]
+        with self._lock:
+            names = sorted({s.entry["logName"] for s in self._entries if s.project == project})
+        return {"logNames": names} if names else {}
+
+
+# -- entries -------------------------------------------------------------------------------------
+def _entry_problem(entry: dict[str, Any]) -> str | None:
+    """Why Google would refuse this entry (as written, its request's defaults applied), or None."""
+    name = entry.get("logName")
+    if not name:
+        return "The log name is missing: set logName on the entry or on the request."
+    if not LOG_NAME_RE.fullmatch(name):
+        return f"Received an invalid log name: {name!r} (expected projects/[PROJECT_ID]/logs/[LOG_ID], LOG_ID URL-encoded)"
+    resource = entry.get("resource")
+    if not isinstance(resource, dict) or not resource.get("type"):
+        return "A monitored resource must be specified for each log entry (resource.type)."
+    if sum(k in entry for k in ("textPayload", "jsonPayload", "protoPayload")) > 1:
+        return "A log entry holds at most one payload (textPayload, jsonPayload or protoPayload)."
+    for key in ("timestamp", "receiveTimestamp"):
+        if key in entry and not (isinstance(entry[key], str) and _RFC3339.fullmatch(entry[key])):
+            return f"Invalid value at '{key}' (type.googleapis.com/google.protobuf.Timestamp), {json.dumps(entry[key])}"
+    return None
+
+
+def _projects(body: dict[str, Any]) -> set[str]:
+    names = [*(body.get("resourceNames") or []), *(f"projects/{p}" for p in body.get("projectIds") or [])]
+    if not names:
+        raise LoggingError(400, "resourceNames is required: name at least one parent, e.g. projects/[PROJECT_ID].")
+    projects = set()
+    for name in names:
+        found = re.fullmatch(r"projects/([^/]+)", name)
+        if not found:
+            raise LoggingError(400, f"Resource name {name!r} is not supported by the local Cloud Logging server "
+                                    "(only projects/[PROJECT_ID]).")
+        projects.add(found[1])
+    return projects
+
+
+def _token(key: tuple[int, int], query: str) -> str:
+    return base64.urlsafe_b64encode(json.dumps([key[0], key[1], query]).encode()).decode()
+
+
+def _token_key(token: str, query: str) -> tuple[int, int] | None:
+    if not token:
+        return None
+    try:
+        nanos, order, made_for = json.loads(base64.urlsafe_b64decode(token.encode()))
+        if made_for == query:
+            return int(nanos), int(order)
+    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError):
+        pass
+    raise LoggingError(400, "Invalid page token: it was not given for this query.")
+
+
+def _nanos(text: str) -> int:
+    """An RFC 3339 time as nanoseconds since the epoch (exact: no float on the way)."""
+    m = _RFC3339.fullmatch(text)
+    if not m:
+        raise ValueError(f"not an RFC 3339 time: {text!r}")
+    year, month, day, hour, minute, second, fraction, zone = m.groups()
+    moment = datetime(int(year), int(month), int(day), int(hour), int(minute), int(second), tzinfo=UTC)
+    offset = 0 if zone in ("Z", "z") else (int(zone[1:3]) * 60 + int(zone[4:6])) * (1 if zone[0] == "+" else -1)
+    seconds = int(moment.timestamp()) - offset * 60
+    return seconds * 1_000_000_000 + int((fraction or "0").ljust(9, "0"))
+
+
+def _rfc3339(nanos: int) -> str:
+    """RFC 3339 UTC with nanoseconds, as Cloud Logging writes timestamps."""
+    seconds, fraction = divmod(nanos, 1_000_000_000)
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{fraction:09d}Z"
+
+
+def _json_names(value: Any, spec: dict[str, Any]) -> Any:
+    """``value`` with each field named as its schema's JSON name: proto3's JSON parser takes a
+    field's original (snake_case) name as well, and google-cloud-logging sends ``dry_run``."""
+    if "$ref" in spec:
+        spec = discovery.document(DOC)["schemas"][spec["$ref"]]
+    if spec.get("type") == "array" and isinstance(value, list):
+        return [_json_names(v, spec.get("items", {})) for v in value]
+    props = spec.get("properties")
+    if spec.get("type") != "object" or not isinstance(value, dict) or props is None:
+        return value
+    out = {}
+    for key, item in value.items():
+        camel = re.sub(r"_([a-z0-9])", lambda m: m.group(1).upper(), key)
+        name = camel if key not in props and camel in props and camel not in value else key
+        out[name] = _json_names(item, props[name]) if name in props else item
+    return out
+
+
+# -- the filter language -----------------------------------------------------------------------
+Predicate = Callable[[dict[str, Any]], bool]
+_TOKEN = re.compile(r"""(\s*)(?:(\()|(\))|"((?:[^"\\]|\\.)*)"|(=~|!~|!=|>=|<=|=|:|<|>)|([^\s()"=:<>!~]+))""")
+_ORDERED = {"timestamp", "receiveTimestamp", "severity"}
+_FUNCTION = re.compile(r"(?<![\w.-])([A-Za-z_]\w*)\s*\(")
+
+
+@dataclass
+class _Tok:
+    kind: str  # "(" ")" "str" "op" "word" "AND" "OR" "NOT"
+    text: str
+    adjacent: bool  # no whitespace before it
+
+
+def compile_filter(text: str) -> Predicate:
+    """The Logging query ``text`` as a predicate over LogEntry dicts; ``FilterError`` (400) for
+    what this server cannot evaluate exactly."""
+    if not text.strip():
+        return lambda _: True
+    if any(m[1] not in ("AND", "OR", "NOT") for m in _FUNCTION.finditer(_strip_strings(text))):
+        raise FilterError("functions (SEARCH, log_id, sample, ...) are not supported by the local server")
+    parser = _Parser(_tokens(text))
+    predicate = parser.expression()
+    if parser.tokens:
+        raise FilterError(f"unexpected {parser.tokens[0].text!r}")
+    return predicate
+
+
+def _strip_strings(text: str) -> str:
+    return re.sub(r'"(?:[^"\\]|\\.)*"', '""', text)
+
+
+def _tokens(text: str) -> list[_Tok]:
+    out, pos = [], 0
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if not m or m.end() == pos:
+            if text[pos:].strip():
+                raise FilterError(f"cannot parse {text[pos:pos + 40]!r}")
+            break
+        pos = m.end()
+        space, lpar, rpar, string, op, word = m.groups()
+        adjacent = not space and bool(out)
+        if lpar:
+            out.append(_Tok("(", "(", adjacent))
+        elif rpar:
+            out.append(_Tok(")", ")", adjacent))
+        elif string is not None:
+            out.append(_Tok("str", re.sub(r"\\(.)", r"\1", string), adjacent))
+        elif op:
+            out.append(_Tok("op", op, adjacent))
+        elif word:
+            kind = word if word in ("AND", "OR", "NOT") else "word"
+            out.append(_Tok(kind, word, adjacent))
+    return out
+
+
+class _Parser:
+    """expression = term {["AND"] term}; term = factor {"OR" factor}; factor = ["NOT" | "-"] (
+    "(" expression ")" | comparison): OR binds tighter than AND, as the Logging docs have it."""
+
+    def __init__(self, tokens: list[_Tok]) -> None:
+        self.tokens = tokens
+
+    def _peek(self) -> _Tok | None:
+        return self.tokens[0] if self.tokens else None
+
+    def _take(self) -> _Tok:
+        if not self.tokens:
+            raise FilterError("unexpected end of the query")
+        return self.tokens.pop(0)
+
+    def expression(self) -> Predicate:
+        parts = [self.term()]
+        while (t := self._peek()) is not None and t.kind != ")":
+            if t.kind == "AND":
+                self._take()
+            parts.append(self.term())
+        return parts[0] if len(parts) == 1 else (lambda e: all(p(e) for p in parts))
+
+    def term(self) -> Predicate:
+        parts = [self.factor()]
+        while (t := self._peek()) is not None and t.kind == "OR":
+            self._take()
+            parts.append(self.factor())
+        return parts[0] if len(parts) == 1 else (lambda e: any(p(e) for p in parts))
+
+    def factor(self) -> Predicate:
+        t = self._take()
+        if t.kind == "NOT" or (t.kind == "word" and t.text == "-"):
+            inner = self.factor()
+            return lambda e: not inner(e)
+        if t.kind == "word" and t.text.startswith("-"):
+            self.tokens.insert(0, _Tok("word", t.text[1:], t.adjacent))
+            inner = self.factor()
+            return lambda e: not inner(e)
+        if t.kind == "(":
+            inner = self.expression()
+            if self._take().kind != ")":
+                raise FilterError("missing ')'")
+            return inner
+        if t.kind != "word":
+            raise FilterError(f"a comparison (FIELD OP VALUE) was expected at {t.text!r}: global restrictions are "
+                              "not supported by the local server")
+        path = self._path(t)
+        op = self._take()
+        if op.kind != "op":
+            raise FilterError(f"an operator was expected after {'.'.join(path)!r}: global restrictions are not "
+                              "supported by the local server")
+        return _comparison(path, op.text, self._values())
+
+    def _path(self, first: _Tok) -> list[str]:
+        """A field path; segments may be quoted (``labels."a.b/c"``), joined by dots, no spaces."""
+        raw = [first]
+        while (t := self._peek()) is not None and t.adjacent and t.kind in ("word", "str") and (
+                raw[-1].text.endswith(".") or (t.kind == "word" and t.text.startswith("."))):
+            raw.append(self._take())
+        segments: list[str] = []
+        for t in raw:
+            segments += [s for s in t.text.split(".") if s] if t.kind == "word" else [t.text]
+        return segments
+
+    def _values(self) -> list[tuple[str, bool]]:
+        """One value, or a parenthesized OR-list of them: (text, quoted)."""
+        t = self._take()
+        if t.kind in ("str", "word"):
+            return [(t.text, t.kind == "str")]
+        if t.kind != "(":
+            raise FilterError(f"a value was expected at {t.text!r}")
+        values = []
+        while True:
+            v = self._take()
+            if v.kind not in ("str", "word"):
+                raise FilterError(f"a value was expected at {v.text!r}")
+            values.append((v.text, v.kind == "str"))
+            nxt = self._take()
+            if nxt.kind == ")":
+                return values
+            if nxt.kind != "OR":
+                raise FilterError(f"only OR lists of values are supported by the local server, not {nxt.text!r}")
+
+
+def _comparison(path: list[str], op: str, values: list[tuple[str, bool]]) -> Predicate:
+    top = path[0]
+    fields = discovery.document(DOC)["schemas"]["LogEntry"]["properties"]
+    if top not in fields:
+        raise FilterError(f"unknown field {top!r} (LogEntry has no such field)")
+    if op in ("!=", "=~", "!~"):
+        raise FilterError(f"the {op} operator is not supported by the local server")
+    if op in ("<", "<=", ">", ">="):
+        if len(path) != 1 or top not in _ORDERED:
+            raise FilterError(f"{op} is supported on timestamp, receiveTimestamp and severity only")
+        if len(values) != 1:
+            raise FilterError(f"{op} takes one value")
+        return _ordered(top, op, values[0][0])
+    if op == ":" and any(v == ("*", False) for v in values):
+        if len(values) != 1:
+            raise FilterError(":* takes no other value")
+        return lambda e: _lookup(e, path) is not None
+    if top in ("timestamp", "receiveTimestamp") and op == "=":
+        wanted = {_time_value(v) for v, _ in values}
+        return lambda e: (x := _lookup(e, path)) is not None and _nanos(x) in wanted
+    if top == "severity" and op == "=":
+        levels = {_level(v) for v, _ in values}
+        return lambda e: _level(e.get("severity") or "DEFAULT") in levels
+    folded = [v.casefold() for v, _ in values]
+
+    def test(e: dict[str, Any]) -> bool:
+        found = _lookup(e, path)
+        if found is None:
+            return False
+        if isinstance(found, (dict, list)):
+            raise FilterError(f"comparing the whole of {'.'.join(path)!r} is not supported by the local server")
+        text = (str(found).lower() if isinstance(found, bool) else str(found)).casefold()
+        return any(text == v if op == "=" else v in text for v in folded)
+
+    return test
+
+
+def _lookup(entry: dict[str, Any], path: list[str]) -> Any:
+    current: Any = entry
+    for part in path:
+        if not isinstance(current, dict) or part not in current:
+            return None
+        current = current[part]
+    return current
+
+
+def _ordered(name: str, op: str, value: str) -> Predicate:
+    if name == "severity":
+        bound = _level(value)
+
+        def level(e: dict[str, Any]) -> int | None:
+            return _level(e.get("severity") or "DEFAULT")
+
+        get = level
+    else:
+        bound = _time_value(value)
+
+        def when(e: dict[str, Any]) -> int | None:
+            return _nanos(e[name]) if name in e else None
+
+        get = when
+    compare = {"<": int.__lt__, "<=": int.__le__, ">": int.__gt__, ">=": int.__ge__}[op]
+    return lambda e: (x := get(e)) is not None and compare(x, bound)
+
+
+def _time_value(value: str) -> int:
+    """A time in a query: RFC 3339, or with a ``+hhmm`` offset (what google-cloud-logging's
+    default ``timestamp>=`` bound is written with, and Google takes)."""
+    try:
+        return _nanos(re.sub(r"([+-]\d\d)(\d\d)$", r"\1:\2", value))
+    except ValueError:
+        raise FilterError(f"{value!r} is not an RFC 3339 time (e.g. \"2026-01-02T03:04:05Z\")") from None
+
+
+def _level(value: str | int) -> int:
+    text = str(value).upper()
+    if text in SEVERITIES:
+        return SEVERITIES[text]
+    if text.isdigit():
+        return int(text)
+    raise FilterError(f"{value!r} is not a severity")
+
+
+# -- the VMs' output ---------------------------------------------------------------------------
+@dataclass
+class _Tail:
+    offset: int = 0
+    partial: bytes = b""
+    last: int = 0  # the last timestamp given (ns): each line later than the one before
+    who: tuple[str, str, str] | None = None  # (id, zone, project) of the VM writing it
+
+
+class VmLogs:
+    """Feeds each line a local Compute VM writes to its serial port into a ``LoggingServer``, as
+    Google's serial-port logging and guest agent do (see the module's docstring), every
+    ``interval`` seconds until ``stop()``, which feeds what is left first."""
+
+    def __init__(self, logging: LoggingServer, compute: ComputeServer, interval: float = 0.2) -> None:
+        self.logging, self.compute, self.interval = logging, compute, interval
+        self._tails: dict[str, _Tail] = {}
+        self._stop = threading.Event()
+        self._sweeping = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> VmLogs:
+        self._thread = threading.Thread(target=self._run, name="vm-logs", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+        self.sweep(final=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.sweep()
+            except Exception:  # noqa: BLE001 - a VM folder going away mid-read: the next sweep sees
+                continue
+
+    def sweep(self, final: bool = False) -> None:
+        """Feed every line written since the last sweep (``final``: an unfinished last line too)."""
+        with self._sweeping:
+            root = self.compute.workdir
+            if not root.exists():
+                return
+            for folder in sorted(root.iterdir()):
+                log = folder / "serial-port-1.log"
+                if folder.name.startswith(".") or not log.is_file():
+                    continue
+                self._feed(folder.name, log, final)
+
+    def _feed(self, name: str, log: Path, final: bool) -> None:
+        tail = self._tails.setdefault(name, _Tail())
+        size = log.stat().st_size
+        if size < tail.offset:  # a new file in its place
+            tail.offset, tail.partial = 0, b""
+        if size == tail.offset and not (final and tail.partial):
+            return
+        with open(log, "rb") as f:
+            f.seek(tail.offset)
+            data = f.read(size - tail.offset)
+        tail.offset += len(data)
+        *lines, tail.partial = (tail.partial + data).split(b"\n")
+        if final and tail.partial:
+            lines, tail.partial = [*lines, tail.partial], b""
+        if not lines:
+            return
+        try:
+            resource = self.compute.instance(name)
+            project = resource["selfLink"].split("/projects/", 1)[1].split("/", 1)[0]
+            tail.who = (str(resource["id"]), resource["zone"].rsplit("/", 1)[-1], project)
+        except KeyError:  # deleted since: its last lines are still its own
+            pass
+        if tail.who is None:
+            return
+        entries = []
+        for raw in lines:
+            tail.last = max(time.time_ns(), tail.last + 1000)
+            entries += _vm_entries(name, *tail.who, raw.decode(errors="replace").rstrip("\r"), tail.last)
+        self.logging.write(entries)
+
+
+def _vm_entries(name: str, instance_id: str, zone: str, project: str, line: str, nanos: int) -> list[dict[str, Any]]:
+    """One serial-port line as serial-port logging and the guest agent's script runner log it."""
+    resource = {"type": "gce_instance", "labels": {"instance_id": instance_id, "zone": zone, "project_id": project}}
+    stamp = _rfc3339(nanos)
+    message = line[len(RUNNER):] if line.startswith(RUNNER) else f"startup-script: {line}"
+    local = datetime.fromtimestamp(nanos / 1e9).astimezone().isoformat(timespec="milliseconds")
+    return [
+        {"logName": f"projects/{project}/logs/{SERIAL_LOG}", "resource": resource, "textPayload": line,
+         "timestamp": stamp},
+        {"logName": f"projects/{project}/logs/{SCRIPTS_LOG}", "resource": resource, "severity": "INFO",
+         "jsonPayload": {"message": message, "localTimestamp": local}, "labels": {"instance_name": name},
+         "timestamp": stamp},
+    ]

@@ -1,0 +1,235 @@
+"""The Cloud Logging stand-in (``localcloud.logging``) against Google's ``logging.v2`` discovery
+document and the real google-cloud-logging client; and what it makes of a VM's serial output.
+
+Routes come from the document (what it claims answers, every other method 501, anything else
+404); a body with a field the schema lacks is refused 400 in Google's one-platform shape; the
+real client writes and lists through it, with respawn's own query (``controller.joblogs``); a
+query it cannot evaluate exactly is refused 400, never answered wrong.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import requests
+from google.api_core import exceptions as gexc
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import logging as cloud_logging
+
+from controller.joblogs import SCRIPTS, SERIAL, logs_filter
+from localcloud import discovery
+from localcloud.logging import DOC, SUPPORTED, LoggingServer, VmLogs
+
+PROJECT = "logs-proj"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LoggingServer]:
+    with LoggingServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+def client(server: LoggingServer) -> cloud_logging.Client:
+    return cloud_logging.Client(project=PROJECT, credentials=AnonymousCredentials(), _use_grpc=False,
+                                client_options={"api_endpoint": server.endpoint})
+
+
+def post(server: LoggingServer, method: str, body: Any) -> requests.Response:
+    return requests.post(f"{server.endpoint}/v2/entries:{method}", json=body, timeout=5)
+
+
+def entry(instance: str, text: str, *, project: str = PROJECT, log: str = SERIAL, **extra: Any) -> dict[str, Any]:
+    return {"logName": f"projects/{project}/logs/{log}", "textPayload": text,
+            "resource": {"type": "gce_instance", "labels": {"instance_id": instance, "zone": "us-central1-a",
+                                                            "project_id": project}}, **extra}
+
+
+def listed(server: LoggingServer, query: str, **body: Any) -> list[str]:
+    answer = post(server, "list", {"resourceNames": [f"projects/{PROJECT}"], "filter": query, "pageSize": 1000, **body})
+    assert answer.status_code == 200, answer.text
+    return [e.get("textPayload", "") for e in answer.json().get("entries", [])]
+
+
+def _concrete(path: str) -> str:
+    return re.sub(r"\{\+?(\w+)\}", lambda m: f"cover-{m[1].lower()}", path)
+
+
+def test_routes_come_from_the_discovery_document(server):
+    document = discovery.document(DOC)
+    every = discovery.every(DOC)
+    for resource, methods in SUPPORTED.items():
+        assert set(methods) <= set(every[resource]), f"{resource}: {methods} not all in {DOC}.json"
+    claimed = {(r, m) for r, methods in SUPPORTED.items() for m in methods}
+    for resource, methods in every.items():
+        node = document
+        for part in resource.split("."):
+            node = node["resources"][part]
+        for name in methods:
+            m = node["methods"][name]
+            path = _concrete(m.get("flatPath") or m["path"])
+            answer = requests.request(m["httpMethod"], f"{server.endpoint}/{path}",
+                                      json={} if "request" in m else None, timeout=5)
+            message = answer.json()["error"]["message"] if answer.status_code >= 400 else ""
+            if (resource, name) in claimed:
+                assert answer.status_code != 501 and "requested URL" not in message, (resource, name, message)
+            else:
+                assert answer.status_code == 501, (resource, name, answer.status_code, message)
+    assert requests.post(f"{server.endpoint}/v2/entries:nothing", json={}, timeout=5).status_code == 404
+
+
+def test_bodies_are_checked_against_the_schema_in_googles_error_shape(server):
+    unknown = post(server, "list", {"resourceNames": [f"projects/{PROJECT}"], "bogus": 1})
+    assert unknown.status_code == 400
+    assert unknown.json() == {"error": {"code": 400, "status": "INVALID_ARGUMENT",
+                                        "message": 'Invalid JSON payload received. Unknown name "bogus": '
+                                                   "Cannot find field."}}
+    nested = post(server, "write", {"entries": [{**entry("1", "x"), "textPaylod": "typo"}]})
+    assert nested.status_code == 400 and "Unknown name \"textPaylod\" at 'entries[0]'" in nested.json()["error"]["message"]
+    wrong = post(server, "list", {"resourceNames": [f"projects/{PROJECT}"], "pageSize": "many"})
+    assert wrong.status_code == 400 and "page_size" in wrong.json()["error"]["message"]
+    severity = post(server, "write", {"entries": [entry("1", "x", severity="LOUD")]})
+    assert severity.status_code == 400 and "expected one of" in severity.json()["error"]["message"]
+    # proto3's JSON parser takes a field's original name too: the Python client sends dry_run.
+    assert post(server, "write", {"entries": [entry("1", "dry")], "dry_run": True}).status_code == 200
+    assert "dry" not in listed(server, 'resource.labels.instance_id="1"')
+
+
+def test_writes_are_checked_as_google_checks_them(server):
+    no_name = post(server, "write", {"entries": [{"textPayload": "x", "resource": {"type": "global"}}]})
+    assert no_name.status_code == 400 and "log name" in no_name.json()["error"]["message"]
+    bad_name = post(server, "write", {"entries": [entry("2", "x", logName="logs/nope")]})
+    assert bad_name.status_code == 400
+    no_resource = post(server, "write", {"entries": [{"logName": f"projects/{PROJECT}/logs/a", "textPayload": "x"}]})
+    assert no_resource.status_code == 400 and "monitored resource" in no_resource.json()["error"]["message"]
+    two = post(server, "write", {"entries": [entry("2", "x", jsonPayload={"a": 1})]})
+    assert two.status_code == 400
+    # partialSuccess: the valid entries are written, the answer still names the others
+    partial = post(server, "write", {"partialSuccess": True, "entries": [entry("2", "kept"), {"textPayload": "x"}]})
+    assert partial.status_code == 400
+    assert partial.json()["error"]["details"][0]["logEntryErrors"].keys() == {"1"}
+    assert post(server, "write", {"entries": [entry("2", "dropped"), {"textPayload": "x"}]}).status_code == 400
+    assert listed(server, 'resource.labels.instance_id="2"') == ["kept"]
+    # the request's logName, resource and labels are each entry's defaults
+    shared = {"logName": f"projects/{PROJECT}/logs/shared", "resource": {"type": "gce_instance",
+              "labels": {"instance_id": "3"}}, "labels": {"a": "1", "b": "1"}}
+    assert post(server, "write", {**shared, "entries": [{"textPayload": "s", "labels": {"b": "2"}}]}).status_code == 200
+    got = post(server, "list", {"resourceNames": [f"projects/{PROJECT}"], "filter": 'resource.labels.instance_id="3"'})
+    stored = got.json()["entries"][0]
+    assert stored["labels"] == {"a": "1", "b": "2"} and stored["logName"].endswith("/logs/shared")
+    assert stored["insertId"] and stored["receiveTimestamp"].endswith("Z") and stored["timestamp"]
+
+
+def test_the_real_client_lists_entries_with_respawns_own_query(server, client):
+    since = datetime.now(UTC) - timedelta(minutes=1)
+    server.write([entry("100", f"line {i}") for i in range(5)]
+                 + [entry("101", "scripts line", log=SCRIPTS), entry("102", "another VM"),
+                    entry("100", "another project", project="elsewhere")])
+    query = logs_filter(["100", "101"], [PROJECT], [SERIAL], since)
+    found = list(client.list_entries(filter_=query, order_by=cloud_logging.ASCENDING, page_size=2))
+    assert [e.payload for e in found] == [f"line {i}" for i in range(5)]  # three pages of two
+    assert {e.resource.labels["instance_id"] for e in found} == {"100"} and found[0].log_name.endswith(SERIAL)
+    assert found == sorted(found, key=lambda e: e.timestamp)
+    last = list(client.list_entries(filter_=query, order_by=cloud_logging.DESCENDING, max_results=2))
+    assert [e.payload for e in last] == ["line 4", "line 3"]
+    both = logs_filter(["100", "101"], [PROJECT], [SERIAL, SCRIPTS], since)
+    assert "scripts line" in [e.payload for e in client.list_entries(filter_=both)]
+    # the client writes through it too (its Logger, over REST)
+    logger = client.logger("respawn-test", resource=cloud_logging.Resource(type="gce_instance",
+                                                                           labels={"instance_id": "103"}))
+    logger.log_text("from the client", severity="WARNING")
+    assert [e.payload for e in client.list_entries(filter_='resource.labels.instance_id="103" AND severity>=WARNING')] \
+        == ["from the client"]
+    # ...and 400 for what it cannot evaluate
+    with pytest.raises(gexc.BadRequest, match="not supported"):
+        list(client.list_entries(filter_='textPayload=~"line.*"'))
+
+
+def test_the_filter_subset_is_evaluated_as_the_logging_docs_say(server):
+    t0 = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=1)  # after every other test's entries
+    stamp = lambda s: (t0 + timedelta(seconds=s)).strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: E731
+    server.write([entry("200", "alpha", timestamp=stamp(0), severity="INFO", labels={"compute.googleapis.com/x": "vm-a"}),
+                  entry("200", "Beta", timestamp=stamp(1), severity="ERROR"),
+                  entry("201", "gamma", timestamp=stamp(2))])
+    mine = 'resource.labels.instance_id=("200" OR "201")'
+    cases = {
+        mine: ["alpha", "Beta", "gamma"],
+        f'{mine} AND textPayload="beta"': ["Beta"],  # string comparisons are not case sensitive
+        f'{mine} AND textPayload:"amm"': ["gamma"],  # has: a substring
+        f'{mine} AND severity>=ERROR': ["Beta"],
+        f'{mine} AND severity=INFO': ["alpha"],
+        f'{mine} AND timestamp>="{stamp(1)}" AND timestamp<"{stamp(2)}"': ["Beta"],
+        f'{mine} AND NOT textPayload="alpha"': ["Beta", "gamma"],
+        f'{mine} -textPayload="alpha"': ["Beta", "gamma"],  # a space is AND; - is NOT
+        f'{mine} AND labels."compute.googleapis.com/x"="vm-a"': ["alpha"],
+        f'{mine} AND labels:*': ["alpha"],
+        # OR binds tighter than AND: (instance 201 OR alpha) AND instance 200 -> alpha only
+        f'resource.labels.instance_id="201" OR textPayload="alpha" AND resource.labels.instance_id="200"': ["alpha"],
+        f'{mine} AND (textPayload="alpha" OR textPayload="gamma")': ["alpha", "gamma"],
+    }
+    for query, expected in cases.items():
+        assert listed(server, query) == expected, query
+    assert listed(server, mine, orderBy="timestamp desc") == ["gamma", "Beta", "alpha"]
+    for refused in ('textPayload!="x"', 'textPayload=~"a.*"', '"alpha"', 'SEARCH("alpha")', 'log_id("x")',
+                    'nosuchfield="x"', 'textPayload>"a"', 'resource.type=("a" AND "b")', 'timestamp>="yesterday"',
+                    '(resource.type="x"'):
+        answer = post(server, "list", {"resourceNames": [f"projects/{PROJECT}"], "filter": refused})
+        assert answer.status_code == 400 and answer.json()["error"]["status"] == "INVALID_ARGUMENT", refused
+    for bad in ({"resourceNames": ["organizations/1"]}, {}, {"resourceNames": [f"projects/{PROJECT}"], "orderBy": "insertId"},
+                {"resourceNames": [f"projects/{PROJECT}"], "pageToken": "forged"}):
+        assert post(server, "list", bad).status_code == 400, bad
+
+
+def test_a_page_token_belongs_to_its_query(server):
+    server.write([entry("300", f"p{i}") for i in range(3)])
+    first = post(server, "list", {"resourceNames": [f"projects/{PROJECT}"], "filter": 'resource.labels.instance_id="300"',
+                                  "pageSize": 2}).json()
+    token = first["nextPageToken"]
+    rest = post(server, "list", {"resourceNames": [f"projects/{PROJECT}"], "filter": 'resource.labels.instance_id="300"',
+                                 "pageSize": 2, "pageToken": token}).json()
+    assert [e["textPayload"] for e in first["entries"] + rest["entries"]] == ["p0", "p1", "p2"]
+    assert "nextPageToken" not in rest
+    other = post(server, "list", {"resourceNames": [f"projects/{PROJECT}"], "pageToken": token})
+    assert other.status_code == 400
+
+
+def test_a_vms_serial_lines_are_logged_as_serial_port_logging_and_the_guest_agent_log_them(tmp_path: Path):
+    folder = tmp_path / "job-1"
+    folder.mkdir()
+    serial = folder / "serial-port-1.log"
+    resource = {"id": "4242", "name": "job-1", "zone": "https://x/compute/v1/projects/p9/zones/us-central1-b",
+                "selfLink": "https://x/compute/v1/projects/p9/zones/us-central1-b/instances/job-1"}
+    vms: dict[str, Any] = {"job-1": resource}
+
+    def instance(name: str) -> dict[str, Any]:
+        return vms[name]  # KeyError once deleted, as ComputeServer.instance
+
+    compute = SimpleNamespace(workdir=tmp_path, instance=instance)
+    with LoggingServer() as srv:
+        feed = VmLogs(srv, compute)  # type: ignore[arg-type]
+        serial.write_bytes(b"trainer: step 1\ntrainer: st")
+        feed.sweep()
+        serial.write_bytes(b"trainer: step 1\ntrainer: step 2\r\ngoogle_metadata_script_runner: startup-script exit "
+                           b"status 0\nunfinished")
+        del vms["job-1"]  # deleted: its last lines are still its own
+        feed.stop()  # the last sweep takes the unfinished line too
+        lines = srv.entries(SERIAL)
+        assert [e["textPayload"] for e in lines] == ["trainer: step 1", "trainer: step 2",
+                                                     "google_metadata_script_runner: startup-script exit status 0",
+                                                     "unfinished"]
+        assert lines[0]["logName"] == f"projects/p9/logs/{SERIAL}"
+        assert lines[0]["resource"] == {"type": "gce_instance",
+                                        "labels": {"instance_id": "4242", "zone": "us-central1-b", "project_id": "p9"}}
+        assert [e["timestamp"] for e in lines] == sorted(e["timestamp"] for e in lines) and len({e["timestamp"] for e in lines}) == 4
+        agent = srv.entries(SCRIPTS)
+        assert [e["jsonPayload"]["message"] for e in agent] == ["startup-script: trainer: step 1",
+                                                                "startup-script: trainer: step 2",
+                                                                "startup-script exit status 0", "startup-script: unfinished"]
+        assert agent[0]["labels"] == {"instance_name": "job-1"} and agent[0]["severity"] == "INFO"
+        assert agent[0]["logName"] == f"projects/p9/logs/{SCRIPTS}" and agent[0]["resource"] == lines[0]["resource"]
