@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -27,9 +26,10 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperGroup
 
-from controller import bootstrap, errors, ledger
+from controller import bootstrap, errors, joblogs, ledger
 from controller.config import Settings
 from controller.jobs import Jobs, Refused
+from controller.joblogs import logs_filter  # noqa: F401 - the query `respawn logs` sends, named for tests
 from controller.spec import SpecError, load_document, parse_spec
 from controller.state import JobStatus
 
@@ -327,20 +327,29 @@ def _job_status(job: str) -> JobStatus:
 @app.command()
 def logs(
     job: Annotated[str, typer.Argument(help="the job whose VMs' logs to show")],
-    limit: Annotated[int, typer.Option(envvar="RESPAWN_LOG_LIMIT", help="at most this many entries")] = 200,
+    limit: Annotated[int, typer.Option(envvar="RESPAWN_LOG_LIMIT",
+                                       help="at most this many entries of each attempt, its last")] = 200,
     serial: Annotated[bool, typer.Option("--serial", help="read the serial console through the Compute API "
-                                                          "instead of Cloud Logging")] = False,
+                                                          "instead of Cloud Logging (live instances only)")] = False,
     raw: Annotated[bool, typer.Option("--raw", help="print control characters (colours, cursor moves) as they are; "
                                                     "by default they are escaped")] = False,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="then print new entries as they come, "
+                                                                "until Ctrl-C")] = False,
+    interval: Annotated[float, typer.Option(envvar="RESPAWN_LOG_INTERVAL", min=0.05,
+                                            help="--follow: seconds between reads (Cloud Logging allows a "
+                                                 "project 60 reads a minute)")] = 5.0,
+    stop_after: Annotated[float | None, typer.Option(hidden=True, help="--follow: stop after this many "
+                                                                       "seconds (for tests)")] = None,
 ) -> None:
-    """Cloud Logging entries of the job's instances (every attempt), oldest first."""
+    """The output of every attempt of the job, from Cloud Logging by instance id, in order, each under a
+    header naming the attempt, its instances, zone and how it ended."""
     config = _config()
-    status = _jobs().status(job)
-    ids = dict(status.instance_ids) if status else {}
+    jobs = _jobs()
+    status = jobs.status(job)
     _, compute = bootstrap.adapters()
     live = compute.list_managed(config.policy().watched_projects, job).instances
-    ids.update({i.name: i.id for i in live})
-    if not ids:
+    runs = joblogs.attempts(job, status, live)
+    if not any(a.instances for a in runs):
         _fail(f"no instance of {job!r} has been seen yet")
 
     def show(text: str) -> str:
@@ -349,36 +358,38 @@ def logs(
     if serial:
         where = {i.name: (i.project, i.zone) for i in live}
         fallback = ((status.project or config.project), status.zone) if status else (config.project, None)
-        for name in ids:
+        for name in (n for a in runs for n in a.instances):
             out.print(plain(f"== {name}", "bold"), soft_wrap=True)
             print(show(_serial_output(config, *where.get(name, fallback), name)))
         return
     from google.auth import exceptions as auth_errors
-    from google.cloud import logging as cloud_logging
 
     from controller.adapters.gcs import translated
+    from controller.adapters.google import logging_client
 
-    def entries() -> Iterable[Any]:
-        # Only the calls to Cloud Logging are translated: a closed pipe on our side is not Google's.
-        with translated("Cloud Logging"):
-            client = cloud_logging.Client(project=config.project)
-            yield from client.list_entries(filter_=logs_filter(ids.values()), order_by=cloud_logging.ASCENDING,
-                                           max_results=limit)
+    now = datetime.now(UTC)
+    since = joblogs.run_start(status, now)
+    projects = [*(i.project for i in live), (status.project if status else None) or config.project, config.project]
+
+    def read() -> list[joblogs.Attempt]:
+        return joblogs.attempts(job, jobs.status(job))  # a new attempt's ids, as its status records them
 
     try:
-        for entry in entries():
-            payload = entry.payload if isinstance(entry.payload, str) else json.dumps(entry.payload)
-            name = entry.labels.get("compute.googleapis.com/resource_name", "") if entry.labels else ""
-            print(f"{entry.timestamp:%Y-%m-%d %H:%M:%S} {show(name)} {show(payload)}")
+        # Only the calls to Cloud Logging are translated: a closed pipe on our side is not Google's.
+        with translated("Cloud Logging"):
+            client = logging_client(config)
+        reader = joblogs.JobLogs(client, job, projects, lambda line: print(line, flush=True), show, limit,
+                                 guard=lambda: translated("Cloud Logging"))
+        reader.print_all(runs, since)
+        if follow:
+            try:
+                reader.follow(read, since, interval, stop_after)
+            except KeyboardInterrupt:
+                return
     except auth_errors.TransportError as e:  # the token could not be fetched: the network, not the setup
         raise errors.TransientError(f"Cloud Logging: {e}") from e
     except auth_errors.GoogleAuthError as e:
         raise errors.ConfigError(f"no usable Google credentials for Cloud Logging: {e}") from e
-
-
-def logs_filter(instance_ids: Iterable[str]) -> str:
-    ids = " OR ".join(f'"{i}"' for i in sorted(set(instance_ids)) if i)
-    return f'resource.type="gce_instance" AND resource.labels.instance_id=({ids})'
 
 
 def _serial_output(config: Settings, project: str, zone: str | None, name: str) -> str:

@@ -46,6 +46,7 @@ class Settings(BaseSettings):
     allowed_notify_topics: CsvList = ()  # what a spec's notify.topic may name (default: a watched project's)
     allowed_webhook_hosts: CsvList = ("hooks.slack.com",)  # what a spec's notify.webhook may POST to
     pubsub_endpoint: str | None = None  # the local cloud's Pub/Sub server, e.g. http://127.0.0.1:8125
+    logging_endpoint: str | None = None  # the local cloud's Cloud Logging server (`respawn logs` reads it)
     # Jobs observed and reconciled side by side in one pass (threads: the clients block).
     concurrency: int = Field(default=32, ge=1, le=256)
     # How long a pass, from when it starts acting, waits for its inserts' operations (see

@@ -83,6 +83,17 @@ def compute_gateway(config: Settings) -> ComputeEngine:
     return ComputeEngine(instances, None, operations, operation_timeout=config.operation_wait)
 
 
+def logging_client(config: Settings) -> Any:
+    """A google-cloud-logging client (what ``respawn logs`` reads), at the local cloud's Logging
+    server when ``logging_endpoint`` is set: over REST (the server speaks no gRPC), no credentials."""
+    from google.cloud import logging as cloud_logging
+
+    if config.logging_endpoint:
+        return cloud_logging.Client(project=config.project, credentials=AnonymousCredentials(), _use_grpc=False,
+                                    client_options=ClientOptions(api_endpoint=config.logging_endpoint))
+    return cloud_logging.Client(project=config.project)
+
+
 def tpu_gateway(config: Settings) -> CloudTpu:
     """The TPU port on ``tpu_v2.TpuClient`` (REST), at the local cloud's TPU server when
     ``tpu_endpoint`` is set. Imported here, not at the top: a function that never creates a

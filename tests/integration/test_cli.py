@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from controller import bootstrap, names
 from controller.cli import app, logs_filter
+from controller.joblogs import SERIAL
 from localcloud.compute import ComputeServer
 from localcloud.gcs import LocalGcs, client
 from tests.harness import spec_doc
@@ -118,19 +119,21 @@ def test_logs_reads_cloud_logging_by_instance_id(cli, tmp_path, monkeypatch):
         def __init__(self, project: str) -> None:
             seen["project"] = project
 
-        def list_entries(self, filter_: str, order_by: str, max_results: int) -> list[Any]:
+        def list_entries(self, filter_: str, order_by: str, max_results: int, **_: Any) -> list[Any]:
             seen.update(filter=filter_, limit=max_results)
             from datetime import UTC, datetime
 
             return [SimpleNamespace(timestamp=datetime(2026, 1, 1, tzinfo=UTC), payload="step 10 loss 0.5",
-                                    labels={"compute.googleapis.com/resource_name": "lg-1"})]
+                                    resource=SimpleNamespace(labels={"instance_id": row["instance_id"]}),
+                                    log_name=f"projects/{PROJECT}/logs/{SERIAL}", insert_id="1")]
 
     import google.cloud.logging as cloud_logging
 
     monkeypatch.setattr(cloud_logging, "Client", FakeLogging)
     result = cli("logs", "lg", "--limit", "5")
-    assert result.exit_code == 0 and "step 10 loss 0.5" in result.output
-    assert seen["filter"] == logs_filter([row["instance_id"]]) and seen["limit"] == 5
+    assert result.exit_code == 0 and "lg-1 step 10 loss 0.5" in result.output
+    assert seen["filter"].startswith(logs_filter([row["instance_id"]], [PROJECT], [SERIAL]) + ' AND timestamp>="')
+    assert seen["limit"] == 6  # the last 5, and one more to tell whether any were left out
     assert f'resource.labels.instance_id=("{row["instance_id"]}")' in seen["filter"]
 
 

@@ -1,0 +1,97 @@
+"""`respawn logs` on the local cloud (issue 11): the VMs' serial output goes into the Cloud
+Logging stand-in as Google logs it, and the CLI, through the real google-cloud-logging client,
+prints every attempt's output in order under its header, and follows what comes after."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from controller import bootstrap
+from controller.cli import app
+from controller.joblogs import SERIAL
+from controller.state import Phase
+from localcloud.stack import LocalCloud, Options
+from tests.integration.test_local_cloud import checkpoints, running, spec, status, submit
+from tests.wait import until
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def cloud() -> Iterator[LocalCloud]:
+    with LocalCloud(Options(tick_interval=2.0, boot_delay=0.1, shutdown_budget=5.0)) as c:
+        yield c
+
+
+@pytest.fixture
+def cli(cloud: LocalCloud, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    for key, value in {**cloud.env(), "COLUMNS": "250"}.items():
+        monkeypatch.setenv(key, value)
+    bootstrap.override(None)  # settings and clients built anew, from this environment
+    yield lambda *args: runner.invoke(app, list(args))
+    bootstrap.override(None)
+
+
+def logged(cloud: LocalCloud, text: str) -> bool:
+    assert cloud.logging is not None
+    return any(text in e["textPayload"] for e in cloud.logging.entries(SERIAL))
+
+
+def test_logs_prints_every_attempt_in_order_under_its_header(cloud, cli):
+    job = "logged"
+    submit(cloud, job, spec(job))
+    until("the first VM to run", lambda: running(cloud, f"{job}-1"))
+    until("two checkpoints", lambda: len(checkpoints(cloud, job)) >= 2)
+    cloud.compute.preempt(f"{job}-1")
+    final = until("success", lambda: (s := status(cloud, job)) and s.phase.terminal and s, timeout=60)
+    assert final.phase == Phase.SUCCEEDED and final.attempt == 2
+    until("the last line in Cloud Logging", lambda: logged(cloud, "trainer: done at step 8"))
+    until("every VM of the job deleted", lambda: not [i for i in cloud.compute.instances() if i["name"].startswith(job)])
+
+    result = cli("logs", job)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    first = lines.index(f"── attempt 1: {job}-1 in {final.ledger.spans[0].zone} (preempted) ──")
+    second = lines.index(f"── attempt 2: {job}-2 in {final.ledger.spans[1].zone} (succeeded) ──")
+    step = final.resume_from.step if final.resume_from else None
+    started = [i for i, line in enumerate(lines) if re.search(r" logged-\d trainer: attempt \d starts at step", line)]
+    assert len(started) == 2 and first < started[0] < second < started[1], result.output
+    assert lines[started[0]].endswith(f"{job}-1 trainer: attempt 1 starts at step 0")
+    assert lines[started[1]].endswith(f"{job}-2 trainer: attempt 2 starts at step {step}")
+    done = next(i for i, line in enumerate(lines) if line.endswith(f"{job}-2 trainer: done at step 8"))
+    assert done > started[1]
+    # each attempt's lines are its own VM's, in order, once: the serial console's, not the agent's copy
+    assert all(f" {job}-1 " in line for line in lines[first + 1:second])
+    assert all(f" {job}-2 " in line for line in lines[second + 1:])
+    body = [line for line in lines if not line.startswith("──")]
+    assert len(body) == len(set(body)) and not any("startup-script: " in line for line in body)
+    stamps = [line[:19] for line in lines[second + 1:]]
+    assert stamps == sorted(stamps)
+
+    # --limit: the last lines of each attempt, saying that earlier ones were left out
+    tail = cli("logs", job, "--limit", "2")
+    assert tail.exit_code == 0, tail.output
+    note = "… earlier lines of this attempt left out (--limit 2)"
+    assert tail.output.splitlines() == [lines[first], note, *lines[second - 2:second],
+                                        lines[second], note, *lines[-2:]]
+
+
+def test_logs_follow_prints_what_is_written_after_it_started(cloud, cli):
+    job = "tailed"
+    command = 'for i in $(seq 1 16); do echo "tick $i"; sleep 0.25; done'
+    submit(cloud, job, spec(job, command=command))
+    until("the first tick in Cloud Logging", lambda: logged(cloud, "tick 1"), timeout=30)
+    before = {e["textPayload"] for e in cloud.logging.entries(SERIAL) if e["textPayload"].startswith("tick ")}
+    result = cli("logs", job, "--follow", "--interval", "0.2", "--stop-after", "3")
+    assert result.exit_code == 0, result.output
+    ticks = [int(m[1]) for m in re.finditer(r" tailed-1 tick (\d+)$", result.output, re.MULTILINE)]
+    assert ticks == sorted(ticks) and len(ticks) == len(set(ticks)), result.output
+    after = {f"tick {t}" for t in ticks} - before
+    assert after, f"nothing written after --follow started was printed: {result.output}"
+    assert result.output.count("── attempt 1: tailed-1") == 1
+    until("success", lambda: (s := status(cloud, job)) and s.phase == Phase.SUCCEEDED, timeout=30)
