@@ -42,6 +42,7 @@ LOSS_CAUSES = (*PLATFORM_CAUSES, "recycled", "failed")
 ENDS = ("succeeded", "failed", "cancelled")
 _MOVES = ("failover", "step-down", "respec")
 MIN_INTERVAL_S, MAX_INTERVAL_S = 60.0, 6 * 3600.0
+DEFAULT_BOOT_S = 120.0  # a boot, before the run has seen one: what an attempt never seen RUNNING is charged
 
 
 class _Model(BaseModel):
@@ -126,7 +127,11 @@ class Ledger(_Model):
     totals: Totals = Totals()
     checkpoint_cost_s: float | None = None  # the latest save's writing time seen (C)
     checkpoints: tuple[tuple[datetime, int], ...] = ()  # (saved at, step) of each save resumed from
-    folded: int = 0  # the status's event_count through which its events are accounted here
+    # The status's event_count through which its events are accounted here. A ledger read
+    # without it (written before it existed) is taken as up to date (JobStatus reads it so).
+    folded: int = 0
+    skipped: int = 0  # events that could not be accounted
+    problem: str | None = None  # why, the last time
 
     @property
     def open(self) -> Span | None:
@@ -147,12 +152,19 @@ def settle(status: JobStatus, spec: JobSpec | None) -> JobStatus:
 def catch_up(status: JobStatus, spec: JobSpec | None) -> Ledger:
     """The status's ledger with the events it has not accounted yet (those after ``folded``)
     folded in. A pure function of the events: a status derived from a stale copy (the
-    planner's, behind a commit of the same chain) folds the same events to the same ledger."""
+    planner's, behind a commit of the same chain) folds the same events to the same ledger.
+
+    Accounting is never worth a recovery: events it cannot fold (a hand-edited status with a
+    date without a time zone...) are skipped, and the ledger says so (``skipped``)."""
     book = status.ledger
     fresh = min(status.event_count - book.folded, len(status.history))
     if fresh <= 0:  # nothing new, or a status whose count went back (hand-edited, rolled back)
         return book if book.folded == status.event_count else book.model_copy(update={"folded": status.event_count})
-    book = account(book, status.history[len(status.history) - fresh:], status, spec)
+    try:
+        book = account(book, status.history[len(status.history) - fresh:], status, spec)
+    except Exception as e:  # noqa: BLE001 - a bug or a hostile status: its accounting, not the job, pays
+        book = book.model_copy(update={"skipped": book.skipped + fresh,
+                                       "problem": f"{type(e).__name__}: {e}"[:200]})
     return book.model_copy(update={"folded": status.event_count})
 
 
@@ -281,7 +293,7 @@ def _closed(ledger: Ledger, at: datetime, cause: str, ran: bool = False) -> Ledg
     assert span is not None
     if ran and span.running is None and span.inserted is not None and at > span.inserted:
         t = ledger.totals
-        boot = timedelta(seconds=t.boot_s / t.boots if t.boots else 0.0)
+        boot = timedelta(seconds=t.boot_s / t.boots if t.boots else DEFAULT_BOOT_S)
         ledger = _ran(ledger, min(at, span.inserted + boot), estimated=True)
         span = ledger.open
         assert span is not None
@@ -355,6 +367,16 @@ class Summary(_Model):
 
 
 def summary(ledger: Ledger, now: datetime) -> Summary:
+    """Never raises: a ledger it cannot sum (a hand-written status) sums to nothing known."""
+    try:
+        return _summary(ledger, now)
+    except (TypeError, ValueError, OverflowError, ArithmeticError):
+        return Summary(accelerator_hours=0.0, boot_hours=0.0, redone_hours=0.0, useful_hours=0.0, goodput=None,
+                       cost=0.0, on_demand_cost=0.0, savings=0.0, losses=0, recovery_mean_s=None,
+                       time_between_losses_s=None, price_sources=())
+
+
+def _summary(ledger: Ledger, now: datetime) -> Summary:
     totals = ledger.totals
     paid, boot, redone = totals.paid_acc_s, totals.boot_acc_s, totals.redone_acc_s
     cost, on_demand, running = totals.cost, totals.on_demand_cost, totals.running_s
@@ -381,9 +403,9 @@ def checkpoint_every(ledger: Ledger, write_s: float | None, uptime_s: float | No
     """Young/Daly's checkpoint interval, τ ≈ √(2·C·M), in seconds; None without a C or an M.
 
     C: the latest save's writing time (``write_s``, else the ledger's). M: the mean time
-    between the platform's losses, from the run's own RUNNING time and losses, seeded by
-    Compute's advice for the zone (the Spot VM's estimated uptime, else one day over its
-    daily preemption rate) counted as one loss's worth of evidence."""
+    between the platform's losses: the run's own RUNNING time per loss once it has lost an
+    attempt; before that, Compute's advice for the zone (the Spot VM's estimated uptime, else
+    one day over its daily preemption rate)."""
     cost = write_s if write_s is not None else ledger.checkpoint_cost_s
     if cost is None:
         return None
@@ -395,10 +417,12 @@ def checkpoint_every(ledger: Ledger, write_s: float | None, uptime_s: float | No
         seed = 86400.0 / preemption_rate
     ran = ledger.totals.running_s + running_s
     losses = ledger.totals.platform_losses
-    if seed is not None:
-        mean = (seed + ran) / (1 + losses)
-    elif losses:
-        mean = ran / losses
+    if losses:
+        mean = ran / losses  # the run's own evidence, once it has any: advice can be far off
+    elif seed is not None:
+        mean = seed
     else:
+        return None
+    if not math.isfinite(mean) or mean <= 0:
         return None
     return min(MAX_INTERVAL_S, max(MIN_INTERVAL_S, math.sqrt(2 * cost * mean)))

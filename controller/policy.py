@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from urllib.parse import urlsplit
 
-from controller.spec import JobSpec, SpecError, built_in_gpus
+from controller.spec import JobSpec, Notify, SpecError, built_in_gpus
 
 TRAINER_SETTING = "RESPAWN_TRAINER_SERVICE_ACCOUNT"
 ALLOWED_ACCOUNTS_SETTING = "RESPAWN_ALLOWED_SERVICE_ACCOUNTS"
@@ -134,16 +134,19 @@ class ControllerPolicy:
         return []
 
     def _notify(self, spec: JobSpec) -> list[str]:
-        if spec.notify is None:
-            return []
+        return self.notify_problems(spec.notify) if spec.notify is not None else []
+
+    def notify_problems(self, notify: Notify) -> list[str]:
+        """What this controller refuses of a job's own destinations (the spec's, or as a status
+        recorded them: checked again at each delivery, against the policy as it is then)."""
         out = []
         topics = self.allowed_notify_topics or tuple(f"projects/{p}/topics/*" for p in self.watched_projects)
-        if spec.notify.topic and not _allowed(spec.notify.topic, topics):
-            out.append(_refuse("notify.topic", spec.notify.topic, topics))
-        if spec.notify.webhook:
+        if notify.topic and not _allowed(notify.topic, topics):
+            out.append(_refuse("notify.topic", notify.topic, topics))
+        if notify.webhook:
             try:
-                url = urlsplit(spec.notify.webhook)
-                host, port = (url.hostname or "").lower(), url.port
+                url = urlsplit(notify.webhook)
+                host, port = (url.hostname or "").lower().rstrip("."), url.port
             except ValueError:  # the spec's pattern leaves nothing urlsplit refuses; kept as a guard
                 return [*out, "notify.webhook: not a URL respawn can read; use https://HOST/PATH"]
             loopback = host in ("127.0.0.1", "localhost")
@@ -151,7 +154,9 @@ class ControllerPolicy:
                 out.append(f"notify.webhook: {url.scheme}:// would send the job's events in clear; use https://")
             elif port not in (None, 443) and not loopback:
                 out.append(f"notify.webhook: port {port}: only https's own (443) is allowed")
-            elif not self.allowed_webhook_hosts or not _allowed(host, self.allowed_webhook_hosts):
+            elif not loopback and _numeric(host):
+                out.append("notify.webhook: an address, not a host name; name the host")
+            elif not any(_host_matches(host, p) for p in self.allowed_webhook_hosts):
                 out.append(_refuse("notify.webhook", host, self.allowed_webhook_hosts or ("none",)).replace(
                     "allowed:", "allowed hosts (RESPAWN_ALLOWED_WEBHOOK_HOSTS):"))
         return out
@@ -174,6 +179,21 @@ class ControllerPolicy:
         how = f"{spec.machine_type} has {per_node[1]} built in" if built_in and per_node else "count per node"
         return (f"{path}: {total} GPUs in all ({spec.nodes} node(s) x {per_node[1] if per_node else 0}; {how}) "
                 f"exceeds this controller's limit of {self.max_accelerators}; use fewer nodes or a smaller machine")
+
+
+def _host_matches(host: str, pattern: str) -> bool:
+    """A host against an allowlist glob, label by label: ``*`` stands for one label, never a dot,
+    so ``*.slack.com`` admits ``hooks.slack.com`` but ``hooks.slack.com*`` admits no
+    ``hooks.slack.com.attacker.example``."""
+    labels, wanted = host.split("."), pattern.lower().rstrip(".").split(".")
+    return len(labels) == len(wanted) and all(fnmatchcase(a, b) for a, b in zip(labels, wanted))
+
+
+def _numeric(host: str) -> bool:
+    """An address written as a host (``10.0.0.7``, ``2852039166``, ``0x7f.1``): its last label is
+    a number, which no top-level domain is."""
+    last = host.rsplit(".", 1)[-1]
+    return last.isdigit() or bool(re.fullmatch(r"0x[0-9a-f]*", last))
 
 
 def _allowed(value: str, patterns: tuple[str, ...]) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import math
 import statistics
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -60,6 +61,8 @@ MARKS: dict[str, tuple[str, str]] = {
 _OTHER_MARK = ("o", "other loss")
 _REFUSALS = ("stockout", "quota")
 MARK_COLOUR, CHECKPOINT_COLOUR, REDONE_COLOUR = "#222222", "#444444", "#e377c2"
+MAX_LANES = 12  # zones drawn, each its lane
+MAX_SHOWN_S = 10 * 365 * 86400.0  # a duration past this is no measure (a hand-written status)
 BAR, LANE_GAP = 0.5, 0.36  # bar height, and how far from its lane's centre a mark sits (above or below)
 
 
@@ -72,8 +75,8 @@ def outcome(cause: str | None) -> str:
 # -- the figures, once -------------------------------------------------------------------------
 
 def human(seconds: float | None) -> str:
-    if seconds is None:
-        return "—"
+    if seconds is None or not math.isfinite(seconds) or not 0 <= seconds < MAX_SHOWN_S:
+        return "—"  # none, or nothing a clock could have measured (a hand-written status)
     return f"{seconds:.2g}s" if 0 < seconds < 1 else format_duration(timedelta(seconds=round(seconds)))
 
 
@@ -228,10 +231,21 @@ def _legends(key: Axes, bars: list[Any], events: list[Any]) -> None:
                                       frameon=False, alignment="left", borderaxespad=0))
 
 
-def _lanes(book: ledger.Ledger) -> list[str]:
-    """The zones, in the order the run first went to (or was refused by) each."""
-    events = sorted([(s.start, s.zone or "?") for s in book.spans] + [(m.at, m.zone or "?") for m in book.marks])
-    return list(dict.fromkeys(zone for _, zone in events)) or ["?"]
+class Lanes(dict[str, int]):
+    """Zone -> lane, in the order the run first went to (or was refused by) each; at most
+    MAX_LANES, the rest (a hand-written status) sharing the last one."""
+
+    def __missing__(self, zone: str) -> int:
+        return len(self) - 1
+
+
+def _lanes(book: ledger.Ledger) -> Lanes:
+    events = sorted([(s.start, s.zone or "?") for s in book.spans] + [(m.at, m.zone or "?") for m in book.marks],
+                    key=lambda e: e[0])
+    zones = list(dict.fromkeys(zone for _, zone in events)) or ["?"]
+    if len(zones) > MAX_LANES:
+        zones = [*zones[:MAX_LANES - 1], "other zones"]
+    return Lanes((zone, i) for i, zone in enumerate(zones))
 
 
 def _title(job: str, status: JobStatus, now: datetime) -> str:
@@ -243,7 +257,7 @@ def _title(job: str, status: JobStatus, now: datetime) -> str:
     return text.replace("$", r"\$")  # not mathtext
 
 
-def _bars(ax: Axes, book: ledger.Ledger, lanes: list[str], now: datetime) -> list[Any]:
+def _bars(ax: Axes, book: ledger.Ledger, lanes: Lanes, now: datetime) -> list[Any]:
     """Each attempt: booting (start to RUNNING) light and hatched, then RUNNING solid, to its end or now."""
     from matplotlib.patches import Patch
 
@@ -251,7 +265,7 @@ def _bars(ax: Axes, book: ledger.Ledger, lanes: list[str], now: datetime) -> lis
     for span in book.spans:
         kind = outcome(span.cause)
         used[kind] = None
-        colour, y, end = OUTCOMES[kind][1], lanes.index(span.zone or "?"), span.end or now
+        colour, y, end = OUTCOMES[kind][1], lanes[span.zone or "?"], span.end or now
         up = min(span.running or end, end)
         if up > span.start:
             ax.barh(y, up - span.start, left=span.start, height=BAR, color=_light(colour), edgecolor=colour,
@@ -276,14 +290,14 @@ def _light(colour: str) -> tuple[float, float, float]:
     return tuple(0.45 * c + 0.55 for c in to_rgb(colour))  # type: ignore[return-value]
 
 
-def _marks(top: Axes, ax: Axes, book: ledger.Ledger, lanes: list[str]) -> list[Any]:
+def _marks(top: Axes, ax: Axes, book: ledger.Ledger, lanes: Lanes) -> list[Any]:
     """Each mark on its zone's lane of ``ax``, drawn on ``top``: a loss just above the bars (the first
     lane is at the top), a refused create (stockout, quota) just below them, so that none hides another."""
     handles: dict[str, Any] = {}
     for mark in book.marks:
         symbol, label = MARKS.get(mark.kind, _OTHER_MARK)
         offset = LANE_GAP if mark.kind in _REFUSALS else -LANE_GAP
-        drawn = top.scatter([mark.at], [lanes.index(mark.zone or "?") + offset], transform=ax.transData,
+        drawn = top.scatter([mark.at], [lanes[mark.zone or "?"] + offset], transform=ax.transData,
                             marker=symbol, s=55, color=MARK_COLOUR, linewidths=2 if symbol == "x" else 0.5,
                             zorder=4, label=label, **({} if symbol == "x" else {"edgecolors": "white"}))
         handles.setdefault(label, drawn)
@@ -315,10 +329,10 @@ def _checkpoints(ax: Axes, book: ledger.Ledger) -> list[Any]:
     return [line]
 
 
-def _axes(ax: Axes, lanes: list[str], title: str) -> None:
+def _axes(ax: Axes, lanes: Lanes, title: str) -> None:
     import matplotlib.dates as mdates
 
-    ax.set_yticks(range(len(lanes)), lanes)
+    ax.set_yticks(range(len(lanes)), [printable(z).replace("$", r"\$") for z in lanes])  # not mathtext
     ax.set_ylim(len(lanes) - 0.5, -0.5)  # the first zone on top, room above it for its marks
     for border in range(len(lanes) - 1):
         ax.axhline(border + 0.5, color="#dddddd", linewidth=0.8, zorder=0)

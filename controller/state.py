@@ -7,10 +7,12 @@ commits a decision first wins and every other concurrent pass backs off.
 from __future__ import annotations
 
 from collections.abc import Mapping
+import math
 from datetime import datetime
 from enum import StrEnum
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from controller.checkpoints import Found
 from controller.ledger import Ledger
@@ -75,6 +77,13 @@ class ZoneScore(BaseModel):
     spot_price_h: float | None = None  # the Spot list price per VM-hour (capacityHistory priceHistory)
 
 
+def _a_duration_or_none(value: Any) -> Any:
+    """Seconds a clock could have measured, or None (a hand-written NaN, infinity or 1e300)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value) if math.isfinite(value) and 0 <= value < 10 * 365 * 86400 else None
+    return value
+
+
 class JobStatus(BaseModel):
     """Everything the planner must remember between passes; the rest is observed anew."""
 
@@ -129,11 +138,21 @@ class JobStatus(BaseModel):
     instance_ids: dict[str, str] = Field(default_factory=dict)  # name -> Compute id, to find their logs
     # Young/Daly's checkpoint interval for the current attempt (ledger.checkpoint_every), given to
     # its trainer as RESPAWN_CHECKPOINT_EVERY_S; None while the run has no measure of C or M.
-    checkpoint_every_s: float | None = None
+    checkpoint_every_s: Annotated[float | None, BeforeValidator(_a_duration_or_none)] = None
     ledger: Ledger = Ledger()  # goodput: attempts, losses, totals (controller.ledger)
     notify: Notify | None = None  # the spec's own destinations at the last launch: told of the end if the spec goes
     history: tuple[Event, ...] = ()
     event_count: int = 0  # events ever appended: which of ``history`` a commit adds (ledger.settle)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ledger_of_known_origin(cls, data: Any) -> Any:
+        """A ledger read without ``folded`` (written before it existed) already holds what it
+        holds: taken as up to date with the status's events, never folded from them again."""
+        if isinstance(data, dict) and isinstance(data.get("ledger"), dict) and "folded" not in data["ledger"]:
+            count = data.get("event_count")
+            return {**data, "ledger": {**data["ledger"], "folded": count if isinstance(count, int) else 0}}
+        return data
 
     def but(self, *events: Event, **changes: object) -> JobStatus:
         """A copy with ``changes`` applied and ``events`` appended to the bounded history."""

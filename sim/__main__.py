@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.fleet import DESCRIPTIONS, POLICIES, quantile, run_policy
-from sim.model import Params, ceiling, make_trace, young_daly
+from sim.model import ZONE_NAMES, Params, ceiling, make_trace, young_daly
 
 HERE = Path(__file__).resolve().parent
 HELP = {
@@ -53,6 +53,8 @@ HELP = {
     "price_gpu_h": "Spot price, US$ per GPU-hour",
     "gpus_per_vm": "GPUs per VM",
     "policies": "policies to run (default: all)",
+    "advice": "what capacity advice tells respawn: 'true' (each zone's true mean lifetime and obtainability) "
+              "or 'obtainability' (only whether a zone has capacity now)",
 }
 
 
@@ -65,6 +67,8 @@ def parse(argv: list[str] | None) -> tuple[Params, argparse.Namespace]:
         flag = "--" + f.name.replace("_", "-")
         if f.name == "policies":
             ap.add_argument(flag, nargs="+", choices=list(POLICIES), default=list(POLICIES), help=HELP[f.name])
+        elif f.name == "advice":
+            ap.add_argument(flag, choices=["true", "obtainability"], default=value, help=HELP[f.name])
         elif isinstance(value, tuple):
             ap.add_argument(flag, nargs=2, type=float, default=list(value), metavar=("LOW", "HIGH"), help=HELP[f.name])
         else:
@@ -77,6 +81,10 @@ def parse(argv: list[str] | None) -> tuple[Params, argparse.Namespace]:
     ap.add_argument("--verify-skips", action="store_true",
                     help="dry-run every skipped tick and fail if it would have acted (slow)")
     args = ap.parse_args(argv)
+    if args.days <= 0 or args.jobs < 1 or args.seeds < 1:
+        ap.error("--days must be above 0, --jobs and --seeds at least 1")
+    if not 1 <= args.zones <= len(ZONE_NAMES):
+        ap.error(f"--zones: 1 to {len(ZONE_NAMES)} (the zones the sim names)")
     values = {f.name: getattr(args, f.name) for f in fields(Params)}
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
     return Params(**values), args

@@ -165,7 +165,10 @@ class Fleet:
         self.advisor = MemoryAdvisor(self.compute, regions=sorted({z.rsplit("-", 1)[0] for z in trace.zones}))
         # The advice Compute gives: the true mean lifetime per zone (as a daily preemption rate),
         # obtainability 0 where the fake is stocked out now.
-        self.advisor.rates.update({n: 86400.0 / z.mean_s for n, z in trace.zones.items()})
+        if self.p.advice == "true":
+            self.advisor.rates.update({n: 86400.0 / z.mean_s for n, z in trace.zones.items()})
+        else:  # obtainability only: no Spot uptime or preemption rate at all
+            self.advisor.spot_estimates = False
         self.now = 0.0
         self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self._seq = 0

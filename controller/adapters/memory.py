@@ -404,6 +404,7 @@ class MemoryAdvisor:
         self.regions = set(regions)
         self.rates: dict[str, float] = {}  # zone -> share of Spot VMs preempted a day
         self.spot_prices: dict[str, float] = {}  # machine type -> Spot dollars per VM-hour (priceHistory)
+        self.spot_estimates = True  # False: no Spot uptime or preemption rate (obtainability only)
         self.failure: errors.RespawnError | None = None
         self.calls: list[Shape] = []
         self._lock = threading.Lock()
@@ -422,8 +423,9 @@ class MemoryAdvisor:
                 rate = self.rates.get(zone, 0.0)
                 out[zone] = ZoneAdvice(
                     obtainability=0.0 if zone in blocked else 0.9,
-                    uptime_s=(30 * 86400.0 if rate <= 0 else min(30 * 86400.0, 86400.0 / rate)) if spot else None,
-                    preemption_rate=rate if spot else None,
+                    uptime_s=(30 * 86400.0 if rate <= 0 else min(30 * 86400.0, 86400.0 / rate))
+                    if spot and self.spot_estimates else None,
+                    preemption_rate=rate if spot and self.spot_estimates else None,
                     spot_price_h=self.spot_prices.get(shape.machine_type) if spot else None)
             return out
 

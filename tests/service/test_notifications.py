@@ -279,3 +279,36 @@ def test_the_replacement_is_inserted_before_anyone_is_told(told):
     h.compute.preempt("llm-1")
     h.tick()
     assert ("preempted", ["llm-2"]) in seen  # told after the chain: llm-2 was already inserted
+
+
+# -- found by attacking the fixes -------------------------------------------------------------------
+@pytest.mark.parametrize(("allowed", "host", "ok"), [
+    ("*.slack.com", "hooks.slack.com", True),
+    ("*.slack.com", "a.b.slack.com", False),  # * is one label
+    ("hooks.slack.com*", "hooks.slack.com.attacker.example", False),
+    ("10.*", "10.0.0.5.attacker.example", False),
+    ("*", "2852039166", False),  # 169.254.169.254, written as a number
+    ("*.*", "0x7f.1", False),
+    ("*.*.*.*", "169.254.169.254", False),
+    ("hooks.slack.com", "hooks.slack.com.", True),
+])
+def test_webhook_host_globs_match_label_by_label_and_never_an_address(allowed, host, ok):
+    from controller.policy import ControllerPolicy
+    from controller.spec import Notify
+
+    policy = ControllerPolicy(default_project=PROJECT, allowed_webhook_hosts=(allowed,))
+    assert (policy.notify_problems(Notify(webhook=f"https://{host}/services/x")) == []) is ok
+
+
+def test_destinations_a_status_records_are_checked_against_the_policy_when_used(told):
+    h, _, webhook = told
+    h.submit("llm", spec_doc(notify={"webhook": "https://hooks.slack.com/services/mine"}))
+    h.tick()
+    st = h.status("llm")
+    forged = st.model_copy(update={"notify": st.notify.model_copy(update={"webhook": "http://10.128.0.7:8080/admin"})})
+    h.store.put(BUCKET, "jobs/llm/status.json", forged.to_json())  # whoever may write a spec may write this
+    h.store.delete(BUCKET, "jobs/llm/spec.yaml")
+    h.tick()
+    assert h.status("llm").phase == Phase.CANCELLED
+    assert {u for u, _ in webhook.posted} == {HOOK, "https://hooks.slack.com/services/mine"}  # never 10.128.0.7
+    assert [b["respawn"]["event"] for b in webhook.bodies(HOOK)][-1] == "cancelled"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import datetime, timedelta, timezone
 
@@ -87,7 +88,8 @@ def test_summary_counts_the_running_attempt_up_to_now():
     (120, None, None, 3600, 1, math.sqrt(2 * 120 * 3600)),  # the run's own M
     (120, 7200, None, 0, 0, math.sqrt(2 * 120 * 7200)),  # seeded by the advice's uptime
     (120, None, 0.5, 0, 0, math.sqrt(2 * 120 * 86400 / 0.5)),  # or by a daily preemption rate
-    (120, 7200, None, 3600, 2, math.sqrt(2 * 120 * (7200 + 3600) / 3)),  # the seed is one loss's worth
+    (120, 7200, None, 3600, 2, math.sqrt(2 * 120 * 3600 / 2)),  # once the run lost attempts, its own M wins
+    (120, 30 * 86400, None, 3600, 2, math.sqrt(2 * 120 * 3600 / 2)),  # advice far off does not linger
     (None, 7200, None, 0, 0, None),  # no C measured: no advice
     (120, None, None, 3600, 0, None),  # no M: no advice
     (1, None, None, 60, 1, ledger.MIN_INTERVAL_S),  # bounded
@@ -175,3 +177,29 @@ def test_an_attempt_adopted_in_another_zone_is_accounted_there():
 def test_advice_that_makes_no_sense_is_ignored_not_raised():
     book = ledger.Ledger(totals=ledger.Totals(running_s=3600, platform_losses=1))
     assert math.isclose(ledger.checkpoint_every(book, 120, -5.0, float("nan")), math.sqrt(2 * 120 * 3600))
+
+
+def test_a_ledger_written_before_folded_existed_is_taken_as_up_to_date_not_folded_again():
+    st = commit(commit(launched(), (1, "inserted")), (4, "running"))
+    raw = json.loads(st.to_json())
+    del raw["ledger"]["folded"]  # as the previous release wrote it
+    old = JobStatus.model_validate(raw)
+    assert old.ledger.folded == old.event_count
+    again = ledger.settle(old.but(Event(at=at(9), event="preempted", attempt=1, zone="z1"),
+                                  phase=Phase.RECOVERING), None)
+    assert len(again.ledger.spans) == 1 and again.ledger.totals.attempts == 1
+
+
+def test_an_event_the_ledger_cannot_fold_is_skipped_and_said_never_raised():
+    st = commit(launched(), (1, "inserted"))
+    naive = Event(at=datetime(2026, 1, 1, 0, 30), event="preempted", attempt=1)  # no time zone: hand-written
+    out = ledger.settle(st.but(naive, phase=Phase.RECOVERING), None)
+    assert out.ledger.skipped == 1 and "TypeError" in out.ledger.problem
+    assert out.ledger.folded == out.event_count
+
+
+def test_an_attempt_never_seen_running_before_any_boot_was_measured_is_charged_a_default_boot():
+    st = commit(launched(), (1, "inserted"))
+    exit0 = Event(at=at(21), event="succeeded", attempt=1, zone="z1", since=at(20))
+    st = ledger.settle(st.but(exit0, phase=Phase.SUCCEEDED), None)
+    assert st.ledger.spans[0].running == at(1) + timedelta(seconds=ledger.DEFAULT_BOOT_S)
