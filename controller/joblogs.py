@@ -16,6 +16,7 @@ Printing is the caller's (``emit``, ``show``): this module reads and orders.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -197,7 +198,8 @@ class JobLogs:
     def _print(self, attempt: Attempt, entry: Any) -> None:
         payload = entry.payload
         if isinstance(payload, dict) and isinstance(payload.get("message"), str):
-            payload = payload["message"]  # the guest agent's structured entries
+            # The guest agent's entries: a script's line as the serial console has it.
+            payload = re.sub(r"^(startup|shutdown)-script: ", "", payload["message"])
         text = payload if isinstance(payload, str) else json.dumps(payload, default=str)
         name = next((n for n, i in attempt.instances.items() if i == _instance_id(entry)), "")
         self.emit(f"{entry.timestamp:%Y-%m-%d %H:%M:%S} {self.show(name)} {self.show(text)}")

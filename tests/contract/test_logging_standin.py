@@ -19,9 +19,10 @@ from typing import Any
 import pytest
 import requests
 from google.api_core import exceptions as gexc
-from google.auth.credentials import AnonymousCredentials
 from google.cloud import logging as cloud_logging
 
+from controller.adapters.google import logging_client
+from controller.config import Settings
 from controller.joblogs import SCRIPTS, SERIAL, logs_filter
 from localcloud import discovery
 from localcloud.logging import DOC, SUPPORTED, LoggingServer, VmLogs
@@ -37,16 +38,16 @@ def server() -> Iterator[LoggingServer]:
 
 @pytest.fixture
 def client(server: LoggingServer) -> cloud_logging.Client:
-    return cloud_logging.Client(project=PROJECT, credentials=AnonymousCredentials(), _use_grpc=False,
-                                client_options={"api_endpoint": server.endpoint})
+    """The client `respawn logs` reads with (``logging_client``: google-cloud-logging's, over REST)."""
+    return logging_client(Settings(project=PROJECT, logging_endpoint=server.endpoint))
 
 
 def post(server: LoggingServer, method: str, body: Any) -> requests.Response:
     return requests.post(f"{server.endpoint}/v2/entries:{method}", json=body, timeout=5)
 
 
-def entry(instance: str, text: str, *, project: str = PROJECT, log: str = SERIAL, **extra: Any) -> dict[str, Any]:
-    return {"logName": f"projects/{project}/logs/{log}", "textPayload": text,
+def entry(instance: str, text: str | None, *, project: str = PROJECT, log: str = SERIAL, **extra: Any) -> dict[str, Any]:
+    return {"logName": f"projects/{project}/logs/{log}", **({"textPayload": text} if text is not None else {}),
             "resource": {"type": "gce_instance", "labels": {"instance_id": instance, "zone": "us-central1-a",
                                                             "project_id": project}}, **extra}
 
@@ -233,3 +234,62 @@ def test_a_vms_serial_lines_are_logged_as_serial_port_logging_and_the_guest_agen
                                                                 "startup-script exit status 0", "startup-script: unfinished"]
         assert agent[0]["labels"] == {"instance_name": "job-1"} and agent[0]["severity"] == "INFO"
         assert agent[0]["logName"] == f"projects/p9/logs/{SCRIPTS}" and agent[0]["resource"] == lines[0]["resource"]
+
+
+def plain(line: str) -> str:
+    """A printed line without its time (headers have none)."""
+    return line if line.startswith("──") else line[20:]
+
+
+def test_respawns_reader_prints_each_attempt_from_one_log_and_follows_new_ones(server, client):
+    """``controller.joblogs`` over the stand-in: an attempt whose VMs' serial ports are not logged
+    is read from the guest agent's log (its script lines as the console has them); following
+    prints each new entry once, a new attempt under its header, the agent's copies never."""
+    from controller import errors
+    from controller.joblogs import Attempt, JobLogs
+
+    now = datetime.now(UTC)
+    at = lambda s: (now + timedelta(seconds=s)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # noqa: E731
+    agent = lambda i, msg, s: entry(i, None, log=SCRIPTS, timestamp=at(s), severity="INFO",  # noqa: E731
+                                    jsonPayload={"message": msg}, labels={"instance_name": "r-1"})
+    server.write([agent("400", "startup-script: step 1", 1),
+                  agent("400", "Finished running startup scripts.", 2),
+                  entry("401", "step 2", timestamp=at(3)),
+                  agent("401", "startup-script: step 2", 3)])
+    printed: list[str] = []
+    one, two = Attempt(1, {"r-1": "400"}, "us-central1-a", "preempted"), Attempt(2, {"r-2": "401"}, "us-central1-b", "running")
+    reader = JobLogs(client, "r", [PROJECT], printed.append, lambda text: text)
+    reader.print_all([one, two], now - timedelta(minutes=1))
+    assert [plain(line) for line in printed] == [
+        "── attempt 1: r-1 in us-central1-a (preempted) ──", "r-1 step 1", "r-1 Finished running startup scripts.",
+        "── attempt 2: r-2 in us-central1-b (running) ──", "r-2 step 2"]
+
+    printed.clear()
+    three = Attempt(3, {"r-3": "402"}, "us-central1-a", "running")
+    polls = iter([
+        (lambda: None, [one, two]),  # nothing new
+        (lambda: server.write([entry("401", "step 3", timestamp=at(4)),
+                               agent("401", "startup-script: step 3", 4)]),
+         [one, two]),
+        (lambda: server.write([entry("402", "step 4", timestamp=at(5))]), [one, two, three]),
+        (lambda: server.write([entry("401", "late", timestamp=at(3.5))]), [one, two, three]),  # landed late
+    ])
+    state: dict[str, Any] = {}
+
+    def sleep(_: float) -> None:
+        state["write"], state["runs"] = next(polls, (lambda: None, [one, two, three]))
+        state["write"]()
+
+    def read() -> list[Attempt]:
+        if state.get("fail"):
+            raise errors.TransientError("429 Too Many Requests")
+        return state["runs"]
+
+    reader.follow(read, now - timedelta(minutes=1), 0.01, stop_after=0.3, sleep=sleep)
+    assert [plain(line) for line in printed] == [
+        "r-2 step 3", "── attempt 3: r-3 in us-central1-a (running) ──", "r-3 step 4",
+        "── attempt 2: r-2 in us-central1-b (running) ──", "r-2 late"]
+    printed.clear()
+    state["fail"] = True  # a read refused: the next one catches up, nothing is raised
+    reader.follow(read, now - timedelta(minutes=1), 0.01, stop_after=0.05, sleep=lambda _: None)
+    assert printed == []
