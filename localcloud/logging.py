@@ -115,7 +115,10 @@ class _Stored:
 class LoggingServer(Server):
     name, threads = "logging", 16
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_entries: int = 200_000) -> None:
+        """``max_entries``: the oldest entries go past this many (Google keeps 30 days; a local
+        cloud left up with a chatty trainer must not grow without bound)."""
+        self.max_entries = max_entries
         self._entries: list[_Stored] = []  # sorted by key
         self._order = itertools.count(1)
         self._lock = threading.Lock()
@@ -212,6 +215,8 @@ class LoggingServer(Server):
                 entry.setdefault("timestamp", received)
                 entry.setdefault("insertId", f"{order:016x}")
                 insort(self._entries, _Stored((_nanos(entry["timestamp"]), order), entry))
+            if len(self._entries) > self.max_entries:
+                del self._entries[: len(self._entries) - self.max_entries]
 
     # -- entries.list ---------------------------------------------------------------------------
     def _entries_list(self, p: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:

@@ -200,6 +200,12 @@ def test_a_page_token_belongs_to_its_query(server):
     assert other.status_code == 400
 
 
+def test_the_oldest_entries_go_past_the_cap():
+    capped = LoggingServer(max_entries=3)  # not served: what it keeps
+    capped.write([entry("500", f"e{i}") for i in range(5)])
+    assert [e["textPayload"] for e in capped.entries()] == ["e2", "e3", "e4"]
+
+
 def test_a_vms_serial_lines_are_logged_as_serial_port_logging_and_the_guest_agent_log_them(tmp_path: Path):
     folder = tmp_path / "job-1"
     folder.mkdir()
