@@ -127,6 +127,7 @@ class JobLogs:
         self.header: int | None = None  # the attempt whose header was printed last
         self.newest: datetime | None = None
         self._seen: dict[str, datetime] = {}  # insert ids printed within LOOKBACK of the newest
+        self._cut: dict[int, datetime] = {}  # attempt -> its oldest line printed, where --limit left older ones out
 
     # -- every attempt, once -----------------------------------------------------------------
     def print_all(self, runs: list[Attempt], since: datetime) -> None:
@@ -148,6 +149,7 @@ class JobLogs:
             if len(entries) > self.limit:
                 self.emit(f"… earlier lines of this attempt left out (--limit {self.limit})")
                 entries = entries[: self.limit]
+                self._cut[attempt.number] = entries[-1].timestamp  # following must not bring them back
             for entry in reversed(entries):
                 self._print(attempt, entry)
 
@@ -169,7 +171,8 @@ class JobLogs:
                 continue  # a read refused for the quota, a network hiccup: the next one catches up
             for entry in found:
                 attempt = by_id.get(_instance_id(entry))
-                if attempt is None or _key(entry) in self._seen:
+                if attempt is None or _key(entry) in self._seen or entry.timestamp < self._cut.get(
+                        attempt.number, entry.timestamp):
                     continue
                 log = _log_id(entry)
                 if self.source.setdefault(attempt.number, log) != log:

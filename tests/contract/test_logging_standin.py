@@ -200,6 +200,22 @@ def test_a_page_token_belongs_to_its_query(server):
     assert other.status_code == 400
 
 
+def test_following_never_brings_back_the_lines_limit_left_out(server, client):
+    from controller.joblogs import Attempt, JobLogs
+
+    now = datetime.now(UTC)
+    server.write([entry("600", f"l{i}", timestamp=(now + timedelta(seconds=i)).strftime("%Y-%m-%dT%H:%M:%SZ"))
+                  for i in range(5)])
+    printed: list[str] = []
+    reader = JobLogs(client, "c", [PROJECT], printed.append, lambda text: text, limit=2)
+    runs = [Attempt(1, {"c-1": "600"})]
+    reader.print_all(runs, now - timedelta(minutes=1))
+    reader.follow(lambda: runs, now - timedelta(minutes=1), 0.01, stop_after=0.05, sleep=lambda _: None)
+    assert [plain(line) for line in printed] == ["── attempt 1: c-1 ──",
+                                                 "… earlier lines of this attempt left out (--limit 2)",
+                                                 "c-1 l3", "c-1 l4"]
+
+
 def test_the_oldest_entries_go_past_the_cap():
     capped = LoggingServer(max_entries=3)  # not served: what it keeps
     capped.write([entry("500", f"e{i}") for i in range(5)])
@@ -243,8 +259,8 @@ def test_a_vms_serial_lines_are_logged_as_serial_port_logging_and_the_guest_agen
 
 
 def plain(line: str) -> str:
-    """A printed line without its time (headers have none)."""
-    return line if line.startswith("──") else line[20:]
+    """A printed line without its time (headers and notes have none)."""
+    return line if line.startswith(("──", "…")) else line[20:]
 
 
 def test_respawns_reader_prints_each_attempt_from_one_log_and_follows_new_ones(server, client):
