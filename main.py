@@ -1,10 +1,10 @@
-"""Cloud Functions entry points (2nd gen). Thin on purpose: see controller/functions.py."""
+"""Cloud Functions entry points (2nd gen). Thin on purpose: see controller/service/functions.py."""
 
 import functions_framework
 from cloudevents.http import CloudEvent
 from flask import Request
 
-from controller import functions
+from controller.service import functions
 
 
 @functions_framework.http

@@ -27,14 +27,14 @@ from typing import Any
 
 import yaml
 
-from controller import names
+from controller.core import names
 from controller.adapters.memory import MemoryCompute, MemoryStore
-from controller.clock import FakeClock
-from controller.engine import Engine
-from controller.executor import Executor
-from controller.launch import LaunchContext
-from controller.observe import Observer
-from controller.policy import ControllerPolicy
+from controller.core.clock import FakeClock
+from controller.service.engine import Engine
+from controller.service.executor import Executor
+from controller.core.launch import LaunchContext
+from controller.service.observe import Observer
+from controller.core.policy import ControllerPolicy
 
 from bench.records import Records
 
@@ -160,7 +160,7 @@ started = time.perf_counter()
 import functions_framework  # noqa: F401 - the platform's own server, loaded before it imports main.py
 loaded = time.perf_counter()
 import main  # noqa: F401 - the user's code
-from controller import functions
+from controller.service import functions
 result, code = functions.tick()
 assert code == 200, result
 print(loaded - started, time.perf_counter() - loaded)

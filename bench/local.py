@@ -24,7 +24,7 @@ from typing import Any
 import requests
 
 from bench.records import Records
-from controller import names
+from controller.core import names
 from controller.adapters.gcs import GcsStore
 from localcloud.compute import ComputeServer
 from localcloud.events import finalized

@@ -6,9 +6,10 @@ import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from controller import fanout, names
-from controller.ports import BlobInfo, BlobStore
-from controller.state import JobStatus, Phase
+from controller.service import fanout
+from controller.core import names
+from controller.core.ports import BlobInfo, BlobStore
+from controller.core.state import JobStatus, Phase
 
 T = TypeVar("T")
 

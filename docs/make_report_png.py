@@ -19,7 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from controller import names, report  # noqa: E402
+from controller.core import names  # noqa: E402
+from controller.cli import report
 from tests.harness import Harness, spec_doc  # noqa: E402
 
 JOB = "llm-finetune"

@@ -40,9 +40,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from controller import names
-from controller.config import REPO_ROOT
-from controller.state import JobStatus, Phase
+from controller.core import names
+from controller.service.config import REPO_ROOT
+from controller.core.state import JobStatus, Phase
 from localcloud.stack import LocalCloud, Options
 
 JOB = "demo"
@@ -114,7 +114,7 @@ class Demo:
 
     def _write_report(self, final: JobStatus) -> list[Path]:
         """``respawn report``'s HTML page and timeline picture of the finished job."""
-        from controller import report
+        from controller.cli import report
 
         folder = self.output or Path(tempfile.mkdtemp(prefix=f"respawn-{self.job}-"))
         folder.mkdir(parents=True, exist_ok=True)

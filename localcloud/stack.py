@@ -18,7 +18,7 @@ from pathlib import Path
 
 import requests
 
-from controller.config import REPO_ROOT
+from controller.service.config import REPO_ROOT
 from localcloud.compute import ComputeServer
 from localcloud.events import Ticker, Watcher
 from localcloud.gcs import LocalGcs, client

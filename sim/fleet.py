@@ -6,7 +6,7 @@ the trainers' saves, and the zones' stockouts. The clock is a ``FakeClock`` set 
 entry's time before it runs, so every object the fakes hold is stamped with simulated time.
 
 The VMs live in ``MemoryCompute`` whoever the controller is: respawn's policies run the
-real observer, planner and executor (``controller.engine.Engine``) over the fakes; the
+real observer, planner and executor (``controller.service.engine.Engine``) over the fakes; the
 baselines are modelled here in a few lines each and insert and delete through the same
 fake. After every controller step ``sync`` reads what exists in the fake and starts the
 simulated VM of each new instance (its lifetime, boot and notice drawn from the job's
@@ -40,17 +40,17 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from controller import errors, names
+from controller.core import errors, names
 from controller.adapters.memory import MemoryAdvisor, MemoryCompute, MemoryStore
-from controller.advice import AdviceCache
-from controller.clock import FakeClock
-from controller.engine import Engine, Summary
-from controller.executor import Executor
-from controller.launch import LaunchContext
-from controller.observe import Observer
-from controller.policy import ControllerPolicy
-from controller.ports import InstanceRequest, InstanceStatus
-from controller.state import JobStatus, Phase
+from controller.service.advice import AdviceCache
+from controller.core.clock import FakeClock
+from controller.service.engine import Engine, Summary
+from controller.service.executor import Executor
+from controller.core.launch import LaunchContext
+from controller.service.observe import Observer
+from controller.core.policy import ControllerPolicy
+from controller.core.ports import InstanceRequest, InstanceStatus
+from controller.core.state import JobStatus, Phase
 
 from sim.model import Params, Trace, best_interval, young_daly
 
@@ -519,7 +519,7 @@ class Fleet:
     def _ledger(self) -> dict[str, Any] | None:
         """What the controller's own goodput ledger says (where this version has one)."""
         try:
-            from controller import ledger  # noqa: PLC0415 - optional: the ledger may not exist
+            from controller.core import ledger  # noqa: PLC0415 - optional: the ledger may not exist
         except ImportError:
             return None
         paid = useful = 0.0

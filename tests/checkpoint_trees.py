@@ -1,6 +1,6 @@
 """Checkpoint trees as the libraries LLM training runs on write them, each with a partial newest save.
 
-Every tree follows its library's own save order (controller/checkpoints.py cites it) and
+Every tree follows its library's own save order (controller/core/checkpoints.py cites it) and
 is cut off mid-save, and its numbers are chosen so that text order and number order
 disagree (``checkpoint_9`` vs ``checkpoint_10``, ``ckpt_900`` vs ``ckpt_1000``): a
 discovery that takes the newest numbered save, or compares numbers as text, picks wrong.

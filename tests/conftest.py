@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from controller import bootstrap
+from controller.service import bootstrap
 from tests.harness import Harness
 
 

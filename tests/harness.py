@@ -9,16 +9,16 @@ from typing import Any
 
 import yaml
 
-from controller import names
+from controller.core import names
 from controller.adapters.memory import MemoryAdvisor, MemoryCompute, MemoryStore, MemoryTpu
-from controller.clock import FakeClock
-from controller.engine import Engine, Summary
-from controller.executor import Executor
-from controller.launch import LaunchContext
-from controller.notifier import Notifier
-from controller.observe import Observer
-from controller.policy import ControllerPolicy
-from controller.state import JobStatus
+from controller.core.clock import FakeClock
+from controller.service.engine import Engine, Summary
+from controller.service.executor import Executor
+from controller.core.launch import LaunchContext
+from controller.service.notifier import Notifier
+from controller.service.observe import Observer
+from controller.core.policy import ControllerPolicy
+from controller.core.state import JobStatus
 
 BUCKET = "respawn-test"
 PROJECT = "respawn-proj"

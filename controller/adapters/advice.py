@@ -24,7 +24,7 @@ lean("google.cloud.compute_v1")
 from google.cloud.compute_v1.services.advice import AdviceClient  # noqa: E402
 from google.cloud.compute_v1.types import compute as compute_v1  # noqa: E402
 
-from controller.ports import Shape, ZoneAdvice  # noqa: E402
+from controller.core.ports import Shape, ZoneAdvice  # noqa: E402
 
 _LIBRARY = (gexc.GoogleAPIError, requests.exceptions.RequestException)
 _TIMEOUT = 10.0  # advice improves a launch; it must never hold one for long

@@ -37,8 +37,9 @@ from google.cloud.compute_v1.services.instances import InstancesClient  # noqa: 
 from google.cloud.compute_v1.services.zone_operations import ZoneOperationsClient  # noqa: E402
 from google.cloud.compute_v1.types import compute as compute_v1  # noqa: E402 - the message types, as usual
 
-from controller import errors, fanout, names  # noqa: E402
-from controller.ports import PROVISIONING_MODELS, Instance, InstanceList, InstanceRequest, InstanceStatus, StopReason
+from controller.core import errors, names  # noqa: E402
+from controller.service import fanout
+from controller.core.ports import PROVISIONING_MODELS, Instance, InstanceList, InstanceRequest, InstanceStatus, StopReason
 
 MANAGED_FILTER = 'labels.respawn-managed = "true"'
 _ZONE_LISTS = 8  # zonal lists of one job's zones sent side by side (a spec names a few zones)

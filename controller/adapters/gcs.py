@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from google.api_core import exceptions as gexc
 from google.cloud import storage
 
-from controller import errors
-from controller.ports import Blob, BlobInfo
+from controller.core import errors
+from controller.core.ports import Blob, BlobInfo
 
 _TRANSIENT = (gexc.TooManyRequests, gexc.InternalServerError, gexc.BadGateway, gexc.ServiceUnavailable,
               gexc.GatewayTimeout, gexc.DeadlineExceeded)

@@ -14,7 +14,7 @@ from google.cloud import storage
 
 from controller.adapters.compute import ComputeEngine, InstancesClient, ZoneOperationsClient
 from controller.adapters.gcs import GcsStore
-from controller.config import Settings
+from controller.service.config import Settings
 
 if TYPE_CHECKING:
     from controller.adapters.advice import ComputeAdvice

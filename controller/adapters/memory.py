@@ -17,13 +17,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from controller import errors, names
+from controller.core import errors, names
 from controller.adapters.pubsub import check_message
 from controller.adapters.webhook import check as check_webhook
-from controller.clock import Clock, FakeClock
-from controller.ports import Blob, BlobInfo, Instance, InstanceList, InstanceRequest, InstanceStatus, Shape, StopReason
-from controller.ports import ZoneAdvice
-from controller.ports import QUEUED_AS_NODE, NodeHealth, NodeState, QueuedState, TpuList, TpuNode, TpuRequest
+from controller.core.clock import Clock, FakeClock
+from controller.core.ports import Blob, BlobInfo, Instance, InstanceList, InstanceRequest, InstanceStatus, Shape, StopReason
+from controller.core.ports import ZoneAdvice
+from controller.core.ports import QUEUED_AS_NODE, NodeHealth, NodeState, QueuedState, TpuList, TpuNode, TpuRequest
 
 
 class Faults:

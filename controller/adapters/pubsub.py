@@ -1,7 +1,7 @@
 """The Publisher port on google-cloud-pubsub (``pubsub_v1.PublisherClient``), for job notifications.
 
 A notification must never hold a reconcile pass: one ``publish`` takes at most ``deadline``
-seconds (10 by default), retries included, and every failure is a ``controller.errors`` type.
+seconds (10 by default), retries included, and every failure is a ``controller.core.errors`` type.
 What the installed client does, read in its source (google-cloud-pubsub 2.44, google-api-core
 2.44), and what is done about it here:
 
@@ -50,7 +50,7 @@ from google.api_core import exceptions as gexc
 from google.api_core import retry as retries
 from google.auth import exceptions as auth_exceptions
 
-from controller import errors
+from controller.core import errors
 
 DEADLINE = 10.0  # seconds one publish may take, retries included
 TOPIC_RE = re.compile(r"projects/[^/]+/topics/[A-Za-z][-A-Za-z0-9_.~+%]{2,254}")

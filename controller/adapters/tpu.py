@@ -63,8 +63,9 @@ from google.cloud import tpu_v2
 from google.longrunning import operations_pb2
 from google.protobuf import json_format
 
-from controller import errors, fanout, names
-from controller.ports import (QUEUED_AS_NODE, NodeHealth, NodeState, QueuedState, TpuList, TpuNode, TpuRequest)
+from controller.core import errors, names
+from controller.service import fanout
+from controller.core.ports import (QUEUED_AS_NODE, NodeHealth, NodeState, QueuedState, TpuList, TpuNode, TpuRequest)
 
 _ZONE_LISTS = 8  # zones listed side by side (a spec names a few)
 _LIST_TIMEOUT = 30.0  # seconds for one page of a listing

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from controller import errors
+from controller.core import errors
 
 TIMEOUT = 5.0  # seconds to connect, and again to read the answer
 

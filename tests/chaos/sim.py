@@ -40,20 +40,20 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from controller import errors, names, notify
-from controller import observe as observe_module
+from controller.core import errors, names, notify
+from controller.service import observe as observe_module
 from controller.adapters.memory import MemoryAdvisor, MemoryCompute, MemoryPublisher, MemoryStore, MemoryTpu
-from controller.clock import FakeClock
-from controller.engine import Engine, Summary
-from controller.executor import Executor
-from controller.launch import LaunchContext
-from controller.notifier import Notifier
-from controller.observe import Observer
-from controller.policy import ControllerPolicy
-from controller.ports import (QUEUED_AS_NODE, Instance, InstanceStatus, NodeHealth, NodeState, QueuedState,
+from controller.core.clock import FakeClock
+from controller.service.engine import Engine, Summary
+from controller.service.executor import Executor
+from controller.core.launch import LaunchContext
+from controller.service.notifier import Notifier
+from controller.service.observe import Observer
+from controller.core.policy import ControllerPolicy
+from controller.core.ports import (QUEUED_AS_NODE, Instance, InstanceStatus, NodeHealth, NodeState, QueuedState,
                               StopReason, TpuNode, TpuRequest)
-from controller.spec import SpecError
-from controller.state import JobStatus, Phase
+from controller.core.spec import SpecError
+from controller.core.state import JobStatus, Phase
 
 BUCKET = "respawn-chaos"
 PROJECT = "chaos-proj"

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from controller import errors
+from controller.core import errors
 from controller.adapters.google import capacity_advisor
 from controller.adapters.memory import MemoryAdvisor, MemoryCompute
-from controller.config import Settings
-from controller.ports import CapacityAdvisor, Shape
+from controller.service.config import Settings
+from controller.core.ports import CapacityAdvisor, Shape
 from localcloud.compute import ComputeServer
 
 PROJECT = "contract-proj"

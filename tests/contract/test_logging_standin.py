@@ -3,7 +3,7 @@ document and the real google-cloud-logging client; and what it makes of a VM's s
 
 Routes come from the document (what it claims answers, every other method 501, anything else
 404); a body with a field the schema lacks is refused 400 in Google's one-platform shape; the
-real client writes and lists through it, with respawn's own query (``controller.joblogs``); a
+real client writes and lists through it, with respawn's own query (``controller.cli.joblogs``); a
 query it cannot evaluate exactly is refused 400, never answered wrong.
 """
 
@@ -22,8 +22,8 @@ from google.api_core import exceptions as gexc
 from google.cloud import logging as cloud_logging
 
 from controller.adapters.google import logging_client
-from controller.config import Settings
-from controller.joblogs import SCRIPTS, SERIAL, logs_filter
+from controller.service.config import Settings
+from controller.cli.joblogs import SCRIPTS, SERIAL, logs_filter
 from localcloud import discovery
 from localcloud.logging import DOC, SUPPORTED, LoggingServer, VmLogs
 
@@ -201,7 +201,7 @@ def test_a_page_token_belongs_to_its_query(server):
 
 
 def test_following_never_brings_back_the_lines_limit_left_out(server, client):
-    from controller.joblogs import Attempt, JobLogs
+    from controller.cli.joblogs import Attempt, JobLogs
 
     now = datetime.now(UTC)
     server.write([entry("600", f"l{i}", timestamp=(now + timedelta(seconds=i)).strftime("%Y-%m-%dT%H:%M:%SZ"))
@@ -264,11 +264,11 @@ def plain(line: str) -> str:
 
 
 def test_respawns_reader_prints_each_attempt_from_one_log_and_follows_new_ones(server, client):
-    """``controller.joblogs`` over the stand-in: an attempt whose VMs' serial ports are not logged
+    """``controller.cli.joblogs`` over the stand-in: an attempt whose VMs' serial ports are not logged
     is read from the guest agent's log (its script lines as the console has them); following
     prints each new entry once, a new attempt under its header, the agent's copies never."""
-    from controller import errors
-    from controller.joblogs import Attempt, JobLogs
+    from controller.core import errors
+    from controller.cli.joblogs import Attempt, JobLogs
 
     now = datetime.now(UTC)
     at = lambda s: (now + timedelta(seconds=s)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # noqa: E731

@@ -32,11 +32,11 @@ from google.api_core import exceptions as gexc
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import pubsub_v1
 
-from controller import errors
+from controller.core import errors
 from controller.adapters.memory import MemoryPublisher, MemoryWebhook
 from controller.adapters.pubsub import CloudPublisher, cloud_publisher
 from controller.adapters.webhook import HttpWebhook
-from controller.ports import Publisher, Webhook
+from controller.core.ports import Publisher, Webhook
 from localcloud import discovery
 from localcloud.pubsub import DOC, SUPPORTED, PubsubServer
 from localcloud.webhook import WebhookSink
@@ -533,8 +533,8 @@ def test_concurrent_passes_tell_each_transition_exactly_once_to_the_topic_and_th
     import dataclasses
     import json
 
-    from controller.notifier import Notifier
-    from controller.notify import KINDS, event_id
+    from controller.service.notifier import Notifier
+    from controller.core.notify import KINDS, event_id
     from tests.harness import Harness
 
     topic, subscription = _names()

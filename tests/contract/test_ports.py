@@ -16,13 +16,13 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 from google.api_core.client_options import ClientOptions
 
-from controller import errors, names
+from controller.core import errors, names
 from controller.adapters.gcs import GcsStore
 from controller.adapters.google import compute_gateway
 from controller.adapters.memory import MemoryCompute, MemoryStore
-from controller.clock import SystemClock
-from controller.config import Settings
-from controller.ports import BlobStore, ComputeGateway, InstanceRequest, InstanceStatus, StopReason
+from controller.core.clock import SystemClock
+from controller.service.config import Settings
+from controller.core.ports import BlobStore, ComputeGateway, InstanceRequest, InstanceStatus, StopReason
 from localcloud.compute import ComputeServer
 from localcloud.gcs import LocalGcs, client
 from tests.wait import until

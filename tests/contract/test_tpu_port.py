@@ -17,12 +17,12 @@ from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import tpu_v2
 
-from controller import errors, names
+from controller.core import errors, names
 from controller.adapters.google import tpu_gateway
 from controller.adapters.memory import MemoryTpu
-from controller.clock import SystemClock
-from controller.config import Settings
-from controller.ports import NodeHealth, NodeState, QueuedState, TpuGateway, TpuNode, TpuRequest
+from controller.core.clock import SystemClock
+from controller.service.config import Settings
+from controller.core.ports import NodeHealth, NodeState, QueuedState, TpuGateway, TpuNode, TpuRequest
 from localcloud.tpu import TpuServer
 from tests.wait import until
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from controller.config import REPO_ROOT
+from controller.service.config import REPO_ROOT
 
 _DIGEST = "import trainer; print(trainer.digest(trainer.train(400)))"
 

@@ -26,9 +26,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller import names
-from controller.policy import ControllerPolicy
-from controller.spec import JobSpec, SpecError, parse_spec
+from controller.core import names
+from controller.core.policy import ControllerPolicy
+from controller.core.spec import JobSpec, SpecError, parse_spec
 from tests.fuzz.generate import (
     HEALTHY,
     HEALTHY_DOC,

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from controller import names
+from controller.core import names
 from tests.harness import CKPT_BUCKET
 
 FUZZED = "fuzzed"  # the job a spec case is written for (unless its name is the mutation)

@@ -16,12 +16,12 @@ from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1, storage
 
-from controller import errors, names
+from controller.core import errors, names
 from controller.adapters.compute import ComputeEngine, _raise_for
 from controller.adapters.gcs import GcsStore
 from controller.adapters.google import compute_gateway
-from controller.config import Settings
-from controller.ports import InstanceRequest, InstanceStatus
+from controller.service.config import Settings
+from controller.core.ports import InstanceRequest, InstanceStatus
 from localcloud.compute import ComputeServer
 from localcloud.gcs import LocalGcs, client
 from tests.contract.test_ports import PROJECT, request_for

@@ -14,9 +14,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from controller import bootstrap, names
-from controller.cli import app, logs_filter
-from controller.joblogs import SERIAL
+from controller.service import bootstrap
+from controller.core import names
+from controller.cli.main import app, logs_filter
+from controller.cli.joblogs import SERIAL
 from localcloud.compute import ComputeServer
 from localcloud.gcs import LocalGcs, client
 from tests.harness import spec_doc
@@ -222,7 +223,7 @@ def test_deploy_refuses_a_bucket_name_that_is_not_one(cli):
 def test_deploy_reports_the_failing_command_and_stops(cli, monkeypatch):
     import subprocess
 
-    from controller import deploy
+    from controller.cli import deploy
 
     def fail(steps, target, say, **_):
         raise subprocess.CalledProcessError(1, ("gcloud", "storage", "buckets", "update"), "", "ERROR: PERMISSION_DENIED")
@@ -234,7 +235,7 @@ def test_deploy_reports_the_failing_command_and_stops(cli, monkeypatch):
 
 
 def test_deploy_runs_the_plan_in_order(monkeypatch):
-    from controller import deploy
+    from controller.cli import deploy
 
     ran: list[tuple[str, ...]] = []
     scheduled: list[dict[str, Any]] = []

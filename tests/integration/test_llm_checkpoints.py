@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from controller import names
-from controller.state import JobStatus, Phase
+from controller.core import names
+from controller.core.state import JobStatus, Phase
 from localcloud.stack import LocalCloud, Options
 from tests import checkpoint_trees as trees
 from tests.wait import until

@@ -15,7 +15,7 @@ import pytest
 import requests
 from typer.testing import CliRunner
 
-from controller.cli import app
+from controller.cli.main import app
 from localcloud.compute import ComputeServer
 from localcloud.http import Served
 from localcloud.tpu import TpuServer

@@ -729,13 +729,13 @@ def test_capacity_history_tells_a_zones_preemption_rate_and_spot_price():
 # -- provisioning models ------------------------------------------------------------------
 def _gateway(srv: ComputeServer):
     from controller.adapters.google import compute_gateway
-    from controller.config import Settings
+    from controller.service.config import Settings
 
     return compute_gateway(Settings(bucket=BUCKET, project=PROJECT, compute_endpoint=srv.endpoint))
 
 
 def _request(name: str, provisioning: str, zone: str = "us-central1-a", max_run: int | None = None):
-    from controller.ports import InstanceRequest
+    from controller.core.ports import InstanceRequest
 
     return InstanceRequest(project=PROJECT, zone=zone, name=name, machine_type="e2-small", provisioning=provisioning,
                            termination_action="stop", boot_image="projects/debian-cloud/global/images/family/debian-12",
@@ -745,7 +745,7 @@ def _request(name: str, provisioning: str, zone: str = "us-central1-a", max_run:
 
 
 def test_a_spot_only_stockout_refuses_spot_vms_and_lets_standard_ones_in():
-    from controller import errors
+    from controller.core import errors
 
     with ComputeServer(run_vms=False, boot_delay=0.01) as srv:
         srv.stockout("us-central1-a", spot_only=True)
@@ -833,10 +833,10 @@ def test_a_long_poll_reads_the_tree_without_holding_what_changed_needs():
 def test_capacity_advice_that_keeps_failing_gives_up_quickly(method):
     # Every job of a shape waits on one advice answer (AdviceCache): a 5xx-ing API must cost
     # seconds, not the gateway's 60 s retry per call (and 60 s more per zone of history).
-    from controller import errors
+    from controller.core import errors
     from controller.adapters.google import capacity_advisor
-    from controller.config import Settings
-    from controller.ports import Shape
+    from controller.service.config import Settings
+    from controller.core.ports import Shape
 
     zones = ("us-central1-a", "us-central1-b", "us-central1-c")
     with ComputeServer(run_vms=False) as srv:
@@ -856,8 +856,8 @@ def test_capacity_advice_that_keeps_failing_gives_up_quickly(method):
 
 def test_capacity_advice_for_a_machine_type_with_attached_gpus_is_a_request_google_accepts():
     from controller.adapters.google import capacity_advisor
-    from controller.config import Settings
-    from controller.ports import Shape
+    from controller.service.config import Settings
+    from controller.core.ports import Shape
 
     with ComputeServer(run_vms=False) as srv:
         advisor = capacity_advisor(Settings(bucket=BUCKET, project=PROJECT, compute_endpoint=srv.endpoint))

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from controller import bootstrap
-from controller.cli import app
-from controller.joblogs import SERIAL
-from controller.state import Phase
+from controller.service import bootstrap
+from controller.cli.main import app
+from controller.cli.joblogs import SERIAL
+from controller.core.state import Phase
 from localcloud.stack import LocalCloud, Options
 from tests.integration.test_local_cloud import checkpoints, running, spec, status, submit
 from tests.wait import until

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import requests
 
-from controller import names
-from controller.config import REPO_ROOT
-from controller.state import JobStatus, Phase
+from controller.core import names
+from controller.service.config import REPO_ROOT
+from controller.core.state import JobStatus, Phase
 from localcloud.gcs import client
 from tests.wait import until
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from controller import names
-from controller.state import JobStatus, Phase
+from controller.core import names
+from controller.core.state import JobStatus, Phase
 from localcloud.stack import LocalCloud, Options
 from tests.wait import until
 

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 import requests
 
-from controller import checkpoints
+from controller.core import checkpoints
 from controller.adapters.gcs import GcsStore
-from controller.bootstrap import vm_scripts
-from controller.config import REPO_ROOT
+from controller.service.bootstrap import vm_scripts
+from controller.service.config import REPO_ROOT
 from localcloud.compute import ComputeServer
 from localcloud.gcs import LocalGcs, client
 from tests.wait import until

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import requests
 
-from controller.bootstrap import vm_scripts
-from controller.config import REPO_ROOT
+from controller.service.bootstrap import vm_scripts
+from controller.service.config import REPO_ROOT
 from localcloud.gcs import LocalGcs, client
 from localcloud.tpu import TpuServer
 from localcloud.vm import POWEROFF_REQUEST

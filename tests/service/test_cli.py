@@ -5,7 +5,7 @@ from __future__ import annotations
 import yaml
 from typer.testing import CliRunner
 
-from controller.cli import app
+from controller.cli.main import app
 from tests.harness import spec_doc
 
 runner = CliRunner()
@@ -43,9 +43,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from controller import bootstrap, errors, names
-from controller.config import Settings
-from controller.state import Event, JobStatus, Phase
+from controller.service import bootstrap
+from controller.core import errors, names
+from controller.service.config import Settings
+from controller.core.state import Event, JobStatus, Phase
 from tests.harness import BUCKET, PROJECT, TRAINER, Harness
 
 ESC = "\x1b"
@@ -276,7 +277,7 @@ def test_logs_escape_control_characters_unless_raw(mem, monkeypatch):
 
 
 def test_invisible_characters_cannot_make_one_job_name_pass_for_another():
-    from controller.cli import printable
+    from controller.cli.main import printable
 
     assert printable("ab\u200bc") != "abc" and printable("a\ufeffb\u00adc\u2060") == "a\\ufeffb\\xadc\\u2060"
 

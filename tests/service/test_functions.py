@@ -9,10 +9,11 @@ from cloudevents.conversion import to_binary
 from cloudevents.http import CloudEvent
 from functions_framework import create_app
 
-from controller import bootstrap, names
-from controller.config import Settings
-from controller.errors import TransientError
-from controller.state import Phase
+from controller.service import bootstrap
+from controller.core import names
+from controller.service.config import Settings
+from controller.core.errors import TransientError
+from controller.core.state import Phase
 from tests.harness import BUCKET, Harness
 
 MAIN = str(Path(__file__).resolve().parents[2] / "main.py")
@@ -95,7 +96,7 @@ def test_transient_failure_raises_so_the_platform_retries(wired):
 
 
 def test_terminal_error_is_absorbed(wired):
-    from controller.errors import RequestError
+    from controller.core.errors import RequestError
 
     wired.submit("a")
     wired.compute.faults.fail_next("insert", RequestError("bad image"), times=2)  # in both zones

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from controller import errors, names
-from controller.engine import Summary
-from controller.ports import InstanceStatus, StopReason
-from controller.state import JobStatus, Phase
+from controller.core import errors, names
+from controller.service.engine import Summary
+from controller.core.ports import InstanceStatus, StopReason
+from controller.core.state import JobStatus, Phase
 from tests.harness import BUCKET, PROJECT, Harness, spec_doc
 
 
@@ -419,7 +419,7 @@ def test_gang_rank_zero_hanging_after_its_workers_finished_is_still_caught(h):
 
 
 def test_vms_in_a_project_dropped_from_the_policy_are_still_deleted():
-    from controller.policy import ControllerPolicy
+    from controller.core.policy import ControllerPolicy
     from tests.harness import TRAINER
 
     wide = Harness(ControllerPolicy(default_project=PROJECT, allowed_projects=("other-proj",),
@@ -433,7 +433,7 @@ def test_vms_in_a_project_dropped_from_the_policy_are_still_deleted():
 
 
 def test_one_project_whose_list_fails_blinds_only_its_own_jobs():
-    from controller.policy import ControllerPolicy
+    from controller.core.policy import ControllerPolicy
     from tests.harness import TRAINER
 
     h = Harness(ControllerPolicy(default_project=PROJECT, allowed_projects=("typo-proj",),
@@ -623,7 +623,7 @@ def test_a_new_run_in_other_zones_on_the_event_path_never_starts_beside_the_old_
     """A run cancelled while its VM's delete fails, then resubmitted with other zones: the
     bucket event's pass lists the zones the status's history names too, so it finds the old
     VM, deletes it, and starts nothing beside it."""
-    from controller import errors
+    from controller.core import errors
     from tests.harness import BUCKET, Harness, spec_doc
 
     h = Harness()

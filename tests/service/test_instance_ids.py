@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller import errors, names
-from controller.ports import InstanceStatus
-from controller.state import Phase
+from controller.core import errors, names
+from controller.core.ports import InstanceStatus
+from controller.core.state import Phase
 from tests.harness import PROJECT, Harness, spec_doc
 from tests.service.test_tpu import tpu_doc
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from controller import names
-from controller.state import Phase
+from controller.core import names
+from controller.core.state import Phase
 from tests.harness import BUCKET, Harness
 
 

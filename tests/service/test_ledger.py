@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from datetime import timedelta
 
-from controller import ledger, names
-from controller.state import Phase
+from controller.core import ledger, names
+from controller.core.state import Phase
 from tests.harness import BUCKET, Harness, spec_doc
 
 

@@ -3,8 +3,8 @@ found; a project it left behind never holds it."""
 
 from __future__ import annotations
 
-from controller.policy import ControllerPolicy
-from controller.state import Phase
+from controller.core.policy import ControllerPolicy
+from controller.core.state import Phase
 from tests.harness import PROJECT, TRAINER, Harness, spec_doc
 
 OTHER = "old-team-proj"

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from controller import errors
+from controller.core import errors
 from controller.adapters.memory import MemoryPublisher, MemoryWebhook
-from controller.notifier import Notifier
-from controller.state import Phase
+from controller.service.notifier import Notifier
+from controller.core.state import Phase
 from tests.harness import BUCKET, PROJECT, Harness, spec_doc
 
 TOPIC = f"projects/{PROJECT}/topics/respawn-events"
@@ -293,8 +293,8 @@ def test_the_replacement_is_inserted_before_anyone_is_told(told):
     ("hooks.slack.com", "hooks.slack.com.", True),
 ])
 def test_webhook_host_globs_match_label_by_label_and_never_an_address(allowed, host, ok):
-    from controller.policy import ControllerPolicy
-    from controller.spec import Notify
+    from controller.core.policy import ControllerPolicy
+    from controller.core.spec import Notify
 
     policy = ControllerPolicy(default_project=PROJECT, allowed_webhook_hosts=(allowed,))
     assert (policy.notify_problems(Notify(webhook=f"https://{host}/services/x")) == []) is ok

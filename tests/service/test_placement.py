@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from controller import errors
+from controller.core import errors
 from controller.adapters.memory import MemoryAdvisor
-from controller.state import Phase
+from controller.core.state import Phase
 from tests.harness import Harness, spec_doc
 
 ZONES = ["us-central1-a", "us-central1-b", "us-central1-c"]
@@ -237,7 +237,7 @@ def test_advice_failing_with_any_exception_never_blocks_a_launch(h, failure):
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0, 7.0])
 def test_advice_scores_out_of_range_are_not_trusted_nor_written(h, bad):
-    from controller.ports import ZoneAdvice
+    from controller.core.ports import ZoneAdvice
 
     class Odd:
         calls: list = []

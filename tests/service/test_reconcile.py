@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from controller import errors, names
-from controller.ports import InstanceStatus, StopReason
-from controller.state import Phase
+from controller.core import errors, names
+from controller.core.ports import InstanceStatus, StopReason
+from controller.core.state import Phase
 from tests.harness import BUCKET, PROJECT, Harness, spec_doc
 
 

@@ -15,10 +15,12 @@ from matplotlib.colors import to_rgb
 from rich.console import Console
 from typer.testing import CliRunner
 
-from controller import bootstrap, ledger, report
-from controller.cli import app
-from controller.config import Settings
-from controller.state import JobStatus, Phase
+from controller.service import bootstrap
+from controller.core import ledger
+from controller.cli import report
+from controller.cli.main import app
+from controller.service.config import Settings
+from controller.core.state import JobStatus, Phase
 from tests.harness import BUCKET, PROJECT, TRAINER, Harness, spec_doc
 from tests.service.test_ledger import save
 
@@ -207,7 +209,7 @@ def test_only_drawing_loads_matplotlib():
     import subprocess
     import sys
 
-    code = ("import sys, main, controller.cli, controller.report; "
+    code = ("import sys, main, controller.cli.main, controller.cli.report; "
             "assert 'matplotlib' not in sys.modules, 'matplotlib loaded'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -6,8 +6,8 @@ import threading
 import time
 from typing import Any
 
-from controller import errors, names
-from controller.state import Phase
+from controller.core import errors, names
+from controller.core.state import Phase
 from tests.harness import BUCKET, Harness, spec_doc
 
 

@@ -17,13 +17,14 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from controller import bootstrap, names
-from controller import cli as cli_module
-from controller import status_view as view
-from controller.cli import app
-from controller.config import Settings
-from controller.durations import format_duration
-from controller.state import Event, JobStatus, Phase
+from controller.service import bootstrap
+from controller.core import names
+from controller.cli import main as cli_module
+from controller.cli import status_view as view
+from controller.cli.main import app
+from controller.service.config import Settings
+from controller.core.durations import format_duration
+from controller.core.state import Event, JobStatus, Phase
 from tests.harness import BUCKET, PROJECT, TRAINER, Harness
 
 runner = CliRunner()
@@ -31,7 +32,7 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 def _row(job: str, phase: str, **fields) -> dict:
-    """A row as controller.jobs.JobRow.as_dict and the CLI's goodput make it."""
+    """A row as controller.service.jobs.JobRow.as_dict and the CLI's goodput make it."""
     return {"job": job, "phase": phase, "attempt": 0, "preemptions": 0, "failures": 0, "zone": None,
             "provisioning": None, "tpu": False, "upcoming_maintenance": None, "zone_advice": {}, "advice_at": None,
             "instance": None, "instance_id": None, "checkpoint": None, "checkpoint_step": None,

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from controller import errors, names
-from controller.ports import NodeHealth, NodeState, QueuedState
-from controller.state import Phase
+from controller.core import errors, names
+from controller.core.ports import NodeHealth, NodeState, QueuedState
+from controller.core.state import Phase
 from tests.harness import PROJECT, Harness, spec_doc
 
 ZONES = ["us-central2-b", "us-east5-a"]
@@ -345,7 +345,7 @@ def test_a_tpu_client_that_cannot_be_built_never_holds_a_vm_job(monkeypatch):
     from google.auth.exceptions import DefaultCredentialsError
 
     import controller.adapters.google as google
-    from controller.bootstrap import LazyTpu
+    from controller.service.bootstrap import LazyTpu
 
     def cannot(config):
         raise DefaultCredentialsError("Your default credentials were not found")

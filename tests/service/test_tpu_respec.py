@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 
-from controller import errors, names
-from controller.state import Phase
+from controller.core import errors, names
+from controller.core.state import Phase
 from tests.harness import BUCKET, PROJECT, Harness, spec_doc
 from tests.service.test_tpu import tpu_doc
 

@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from controller.checkpoints import CustomRule, latest, rule_problem, split_uri, temporary
-from controller.ports import BlobInfo
+from controller.core.checkpoints import CustomRule, latest, rule_problem, split_uri, temporary
+from controller.core.ports import BlobInfo
 from tests import checkpoint_trees as trees
 
 URI = "gs://ck/runs/a"

@@ -8,7 +8,7 @@ import io
 import pytest
 from rich.console import Console
 
-from controller.state import CheckpointRef, JobStatus, Phase
+from controller.core.state import CheckpointRef, JobStatus, Phase
 from localcloud.demo import MESSAGE_LIMIT, event_line, shorten, status_line
 
 URI = "gs://respawn-local/checkpoints/demo/step-000080"

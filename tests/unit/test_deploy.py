@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller import deploy, names
+from controller.cli import deploy
+from controller.core import names
 
 PROJECT, BUCKET = "prod-proj", "prod-bucket"
 CONTROLLER = "respawn-controller@prod-proj.iam.gserviceaccount.com"

@@ -1,33 +1,61 @@
-"""The core imports no cloud library, no web framework and nothing of the local cloud."""
+"""The folders show the architecture, and this test holds them to it:
+
+- ``controller/core``: the pure core (spec, status, world, actions, planner, transitions,
+  policy, ledger...). It imports only the standard library, pydantic, PyYAML and itself: no
+  cloud library, no service, no adapter, and it does no I/O and reads no clock (but the clock's).
+- ``controller/service``: the imperative shell (observe, executor, engine, functions...). It
+  reaches Google only through the ports; only its wiring (``bootstrap``, and ``logs``: Cloud
+  Logging's handler) names a cloud library or the adapters.
+- ``controller/adapters``: one per Google API (and the in-memory fakes).
+- ``controller/cli``: the ``respawn`` command.
+"""
 
 from __future__ import annotations
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
-CORE = ["actions", "advice", "checkpoints", "clock", "durations", "engine", "errors", "executor", "fanout", "launch", "names",
-        "observe", "placement", "planner", "policy", "ports", "spec", "state", "transitions", "world", "jobs",
-        "ledger", "prices", "notify", "notifier"]
-FORBIDDEN = ("google", "flask", "requests", "functions_framework", "cloudevents", "localcloud", "controller.adapters.google",
-             "controller.adapters.gcs", "controller.adapters.compute", "controller.adapters.tpu",
-             "controller.adapters.pubsub", "controller.adapters.webhook", "matplotlib")
 ROOT = Path(__file__).resolve().parents[2] / "controller"
+CORE = sorted(p.stem for p in (ROOT / "core").glob("*.py") if p.stem != "__init__")
+SERVICE = sorted(p.stem for p in (ROOT / "service").glob("*.py") if p.stem != "__init__")
+CORE_MAY_IMPORT = ("__future__", "pydantic", "yaml", "controller.core")
+CLOUD = ("google", "flask", "requests", "functions_framework", "cloudevents", "localcloud", "matplotlib",
+         "controller.adapters", "controller.cli")
+
+
+def imports(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    found = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    return found + [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+
+
+def test_the_layers_are_where_the_architecture_says():
+    assert {"spec", "state", "world", "actions", "planner", "transitions", "policy", "checkpoints", "names",
+            "durations", "ledger", "notify"} <= set(CORE)
+    assert {"observe", "executor", "engine", "functions", "bootstrap", "config", "notifier"} <= set(SERVICE)
+    assert [p.name for p in ROOT.glob("*.py")] == ["__init__.py"], "modules live in the layers, not controller/"
 
 
 @pytest.mark.parametrize("module", CORE)
-def test_core_module_imports_no_cloud_library(module):
-    tree = ast.parse((ROOT / f"{module}.py").read_text())
-    imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
-    imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-    bad = [m for m in imported if m.startswith(FORBIDDEN)]
-    assert not bad, f"controller/{module}.py imports {bad}"
+def test_a_core_module_imports_only_the_standard_library_pydantic_yaml_and_the_core(module):
+    outside = [m for m in imports(ROOT / "core" / f"{module}.py")
+               if m.split(".")[0] not in sys.stdlib_module_names and not m.startswith(CORE_MAY_IMPORT)]
+    assert not outside, f"controller/core/{module}.py imports {outside}"
 
 
-def test_planner_does_no_io_and_reads_no_clock():
-    source = "".join((ROOT / f"{m}.py").read_text() for m in ("planner", "transitions", "ledger", "prices", "notify"))
-    for call in ("datetime.now(", "time.time(", "os.environ"):
-        assert call not in source, call
-    assert not re.search(r"(?<!def )(?<![\w.])open\(", source), "open("
+@pytest.mark.parametrize("module", [m for m in SERVICE if m not in ("bootstrap", "logs")])
+def test_a_service_module_reaches_google_only_through_the_ports(module):
+    bad = [m for m in imports(ROOT / "service" / f"{module}.py") if m.startswith(CLOUD)]
+    assert not bad, f"controller/service/{module}.py imports {bad}"
+
+
+@pytest.mark.parametrize("module", [m for m in CORE if m != "clock"])
+def test_the_core_does_no_io_and_reads_no_clock(module):
+    source = (ROOT / "core" / f"{module}.py").read_text()
+    for call in ("datetime.now(", "time.time(", "time.monotonic(", "os.environ", "subprocess", "socket"):
+        assert call not in source, f"controller/core/{module}.py: {call}"
+    assert not re.search(r"(?<!def )(?<![\w.])open\(", source), f"controller/core/{module}.py: open("

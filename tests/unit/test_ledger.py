@@ -8,9 +8,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from controller import checkpoints, ledger, prices
-from controller.ports import BlobInfo
-from controller.state import CheckpointRef, Event, JobStatus, Phase
+from controller.core import checkpoints, ledger, prices
+from controller.core.ports import BlobInfo
+from controller.core.state import CheckpointRef, Event, JobStatus, Phase
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -67,7 +67,7 @@ def test_an_attempt_never_accepted_by_compute_costs_nothing():
 
 
 def test_a_new_run_starts_its_own_ledger_even_with_the_old_runs_history():
-    from controller import transitions
+    from controller.core import transitions
 
     old = commit(commit(launched(), (1, "inserted")), (60, "succeeded"), phase=Phase.SUCCEEDED)
     fresh = transitions.new_run(old, old.attempt, 2, at(90))

@@ -7,8 +7,8 @@ import uuid
 import pytest
 from hypothesis import given, strategies as st
 
-from controller import names
-from controller.names import ObjectRef, parse_object_name
+from controller.core import names
+from controller.core.names import ObjectRef, parse_object_name
 
 
 @pytest.mark.parametrize(

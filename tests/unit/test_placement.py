@@ -6,10 +6,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from controller import errors, placement, transitions as t
-from controller.ports import ZoneAdvice
-from controller.spec import parse_spec
-from controller.state import JobStatus
+from controller.core import errors, placement, transitions as t
+from controller.core.ports import ZoneAdvice
+from controller.core.spec import parse_spec
+from controller.core.state import JobStatus
 
 A, B, C = "us-central1-a", "us-central1-b", "us-central1-c"
 NOW = datetime(2026, 11, 24, 12, tzinfo=timezone.utc)
@@ -109,7 +109,7 @@ def test_a_model_status_json_names_but_the_spec_no_longer_lists_is_never_used():
 def test_a_flex_start_run_too_short_for_compute_is_refused_in_the_spec(duration):
     # 0s became "no maxRunDuration" in the request (a falsy timedelta): Compute refuses a
     # Flex-start VM without one, in every zone, and the job failed there instead of here.
-    from controller.spec import SpecError
+    from controller.core.spec import SpecError
 
     with pytest.raises(SpecError, match=r"policy\.max_run_duration: at least 30s"):
         spec(f"provisioning: [spot, flex-start]\npolicy: {{max_run_duration: {duration}}}\n")

@@ -8,14 +8,14 @@ import pytest
 import yaml
 from hypothesis import given, settings, strategies as st
 
-from controller import names
-from controller.actions import CreateInstances, DeleteInstance, DeleteRecord, WriteStatus
-from controller.launch import LaunchContext
-from controller.planner import plan_job
-from controller.ports import Instance, InstanceStatus, StopReason
-from controller.spec import parse_spec
-from controller.state import JobStatus, Phase
-from controller.world import JobView, Record
+from controller.core import names
+from controller.core.actions import CreateInstances, DeleteInstance, DeleteRecord, WriteStatus
+from controller.core.launch import LaunchContext
+from controller.core.planner import plan_job
+from controller.core.ports import Instance, InstanceStatus, StopReason
+from controller.core.spec import parse_spec
+from controller.core.state import JobStatus, Phase
+from controller.core.world import JobView, Record
 from tests.harness import spec_doc
 
 NOW = datetime(2026, 3, 1, 12, tzinfo=UTC)
@@ -186,7 +186,7 @@ TPU_SPEC = parse_spec(yaml.safe_dump({**{k: v for k, v in spec_doc().items() if 
 
 
 def tpu_node(state: str, health: str = "HEALTHY", attempt: int = 1) -> Instance:
-    from controller.ports import NodeHealth, NodeState, TpuNode
+    from controller.core.ports import NodeHealth, NodeState, TpuNode
 
     labels = {names.JOB_LABEL: "job", names.ATTEMPT_LABEL: str(attempt), names.MANAGED_LABEL: "true"}
     return TpuNode("proj-1", "us-central2-b", f"job-{attempt}", NodeState.of(state), NodeHealth.of(health),
@@ -215,7 +215,7 @@ TPU_STATES = {
 
 
 def test_the_matrix_covers_every_node_state_in_the_discovery_document():
-    from controller.ports import NodeState
+    from controller.core.ports import NodeState
 
     assert {s.value for s in NodeState} <= set(TPU_STATES)
 
@@ -245,7 +245,7 @@ def test_each_tpu_node_state(state, outcome):
     ("TIMEOUT", "hang"), ("UNHEALTHY_TENSORFLOW", "hang"), ("UNHEALTHY_MAINTENANCE", "maintenance"),
 ])
 def test_each_tpu_node_health_while_ready(health, outcome):
-    from controller.ports import NodeHealth
+    from controller.core.ports import NodeHealth
 
     assert {h.value for h in NodeHealth} <= {"HEALTHY", "HEALTH_UNSPECIFIED", "UNKNOWN", "TIMEOUT",
                                              "UNHEALTHY_TENSORFLOW", "UNHEALTHY_MAINTENANCE"}

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.config import Settings
-from controller.policy import ControllerPolicy, is_compute_default_account
-from controller.spec import JobSpec, SpecError, parse_spec
+from controller.service.config import Settings
+from controller.core.policy import ControllerPolicy, is_compute_default_account
+from controller.core.spec import JobSpec, SpecError, parse_spec
 
 TRAINER = "trainer@home-proj.iam.gserviceaccount.com"
 
@@ -223,7 +223,7 @@ def test_notification_settings_are_read_from_the_environment(monkeypatch):
 
 
 def test_a_webhook_host_list_emptied_by_the_deployer_refuses_every_spec_webhook():
-    from controller.spec import JobSpec
+    from controller.core.spec import JobSpec
 
     p = ControllerPolicy(default_project="home-proj", trainer_service_account=TRAINER, allowed_webhook_hosts=())
     spec = JobSpec.model_validate({"zones": ["us-central1-a"], "machine_type": "n1-standard-4", "command": "x",

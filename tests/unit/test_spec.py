@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from controller import names
-from controller.durations import MAX_DAYS, format_duration, parse_duration
-from controller.spec import MAX_SPEC_BYTES, RESERVED_ENV, JobPolicy, SpecError, built_in_gpus, parse_spec
+from controller.core import names
+from controller.core.durations import MAX_DAYS, format_duration, parse_duration
+from controller.core.spec import MAX_SPEC_BYTES, RESERVED_ENV, JobPolicy, SpecError, built_in_gpus, parse_spec
 from tests.harness import spec_doc
 
 

@@ -18,10 +18,10 @@ from google.longrunning import operations_pb2
 from google.protobuf import any_pb2
 from google.rpc import status_pb2
 
-from controller import errors, names
+from controller.core import errors, names
 from controller.adapters import tpu
 from controller.adapters.tpu import RETRY, _raise_for, _retryable, _zone_nodes, queued_body, translate
-from controller.ports import NodeHealth, NodeState, QueuedState, TpuRequest
+from controller.core.ports import NodeHealth, NodeState, QueuedState, TpuRequest
 
 STOCKOUT = ('There is no more capacity in the zone "europe-west4-a"; you can try in another zone where Cloud TPU '
             'Nodes are offered (see https://cloud.google.com/tpu/docs/regions) [EID: 0x1bc8f9d790be9142]')
@@ -235,7 +235,7 @@ class TestListing:
 
 class TestHostileListings:
     """Google's JSON as it should never be, and pages that never end: the zone is not seen
-    (never read as empty), and nothing but ``controller.errors`` comes out."""
+    (never read as empty), and nothing but ``controller.core.errors`` comes out."""
 
     @pytest.fixture(autouse=True)
     def _quick_retry(self, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,7 +1,7 @@
 """Job notifications: what one status commit tells the world, as JSON events.
 
 Pure: ``notices`` reads the events a commit adds (``JobStatus.added_to``) and the counters
-it moved; the executor delivers them (``controller.notifier``) only after its compare-and-
+it moved; the executor delivers them (``controller.service.notifier``) only after its compare-and-
 swap of that commit succeeded, so a transition goes out once however many passes raced to
 decide it: the passes that lost the swap decided nothing and send nothing.
 
@@ -20,9 +20,9 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict
 
-from controller import names
-from controller.spec import JobSpec
-from controller.state import Event, JobStatus, Phase
+from controller.core import names
+from controller.core.spec import JobSpec
+from controller.core.state import Event, JobStatus, Phase
 
 # History events that are state changes a person is told of, and what they are called.
 KINDS = {

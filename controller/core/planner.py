@@ -10,14 +10,14 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from controller import names, transitions as t
-from controller.durations import format_duration as fmt
-from controller.actions import Action, CreateInstances, DeleteInstance, DeleteRecord, WriteStatus
-from controller.launch import LaunchContext, requests_for
-from controller.ports import Instance, InstanceStatus, StopReason
-from controller.spec import JobSpec
-from controller.state import Event, JobStatus, Phase
-from controller.world import JobView, Record, World
+from controller.core import names, transitions as t
+from controller.core.durations import format_duration as fmt
+from controller.core.actions import Action, CreateInstances, DeleteInstance, DeleteRecord, WriteStatus
+from controller.core.launch import LaunchContext, requests_for
+from controller.core.ports import Instance, InstanceStatus, StopReason
+from controller.core.spec import JobSpec
+from controller.core.state import Event, JobStatus, Phase
+from controller.core.world import JobView, Record, World
 
 # How long a restart waits for the previous attempt's VM to finish going down.
 _SETTLE_LIMIT = timedelta(minutes=10)

@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 from cachetools import TTLCache
 
-from controller import errors
-from controller.ports import CapacityAdvisor, Shape, ZoneAdvice
+from controller.core import errors
+from controller.core.ports import CapacityAdvisor, Shape, ZoneAdvice
 
 log = logging.getLogger(__name__)
 ADVICE_TTL = 300.0

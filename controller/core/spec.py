@@ -42,9 +42,9 @@ from pydantic import (
     model_validator,
 )
 
-from controller.checkpoints import CustomRule, rule_problem
-from controller.durations import Duration
-from controller.names import job_name_problem
+from controller.core.checkpoints import CustomRule, rule_problem
+from controller.core.durations import Duration
+from controller.core.names import job_name_problem
 
 MAX_SPEC_BYTES = 256 * 1024  # the whole file; the caller also checks the listed size
 MAX_DEPTH = 32  # a real spec nests 4 deep
@@ -291,7 +291,7 @@ class JobPolicy(Strict):
     # Google reschedules it, then deleted and created again.
     maintenance_timeout: Duration = timedelta(hours=1)
     # Dollars per node-hour (a VM with its GPUs, or a whole TPU node) by provisioning model, for
-    # the goodput ledger's cost, in place of respawn's price table (controller.prices).
+    # the goodput ledger's cost, in place of respawn's price table (controller.core.prices).
     prices: dict[Provisioning, Annotated[float, Field(ge=0, le=10_000)]] | None = Field(
         default=None, description="e.g. {spot: 2.9, standard: 9.8}: dollars per node-hour")
 

@@ -13,9 +13,9 @@ from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic import field_validator
 
-from controller.policy import ControllerPolicy
+from controller.core.policy import ControllerPolicy
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]  # controller/service/config.py -> the repository
 CsvList = Annotated[tuple[str, ...], NoDecode]
 
 
@@ -40,7 +40,7 @@ class Settings(BaseSettings):
     max_accelerators: int = 16
     allowed_tpu_types: CsvList = ()
     max_tpu_size: int = 32
-    # Notifications (controller.notifier): every job's events to this Pub/Sub topic and webhook.
+    # Notifications (controller.service.notifier): every job's events to this Pub/Sub topic and webhook.
     notify_topic: str | None = None  # projects/P/topics/T
     notify_webhook: str | None = None  # a Slack-compatible incoming webhook URL
     allowed_notify_topics: CsvList = ()  # what a spec's notify.topic may name (default: a watched project's)

@@ -20,14 +20,15 @@ from typing import Any, TypeVar
 
 from cachetools import LRUCache
 
-from controller import checkpoints, errors, fanout, names, placement
-from controller.advice import AdviceCache
-from controller.policy import ControllerPolicy
-from controller.ports import (Blob, BlobInfo, BlobStore, CapacityAdvisor, ComputeGateway, Instance, InstanceList,
+from controller.core import checkpoints, errors, names, placement
+from controller.service import fanout
+from controller.service.advice import AdviceCache
+from controller.core.policy import ControllerPolicy
+from controller.core.ports import (Blob, BlobInfo, BlobStore, CapacityAdvisor, ComputeGateway, Instance, InstanceList,
                               StopReason, TpuGateway, TpuList)
-from controller.spec import MAX_SPEC_BYTES, Checkpoint, JobSpec, SpecError, parse_spec
-from controller.state import CheckpointRef, JobStatus
-from controller.world import MAX_RECORD_BYTES, JobView, Record, World
+from controller.core.spec import MAX_SPEC_BYTES, Checkpoint, JobSpec, SpecError, parse_spec
+from controller.core.state import CheckpointRef, JobStatus
+from controller.core.world import MAX_RECORD_BYTES, JobView, Record, World
 
 log = logging.getLogger(__name__)
 UNEXPECTED = "unexpected"  # prefix of a failure no retry is known to fix

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controller.ports import InstanceRequest, TpuRequest
-from controller.spec import JobSpec
-from controller.state import JobStatus
+from controller.core.ports import InstanceRequest, TpuRequest
+from controller.core.spec import JobSpec
+from controller.core.state import JobStatus
 
 
 @dataclass(frozen=True)

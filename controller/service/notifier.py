@@ -1,7 +1,7 @@
 """Deliver job notifications: to Pub/Sub topics and Slack-compatible webhooks.
 
 The executor hands over a commit's notices right after its compare-and-swap succeeded
-(``controller.notify`` decides what they are). Delivery never holds reconciliation: every
+(``controller.core.notify`` decides what they are). Delivery never holds reconciliation: every
 call is bounded by its adapter's timeout, a failure is logged and dropped, and nothing
 raises out of ``deliver``.
 """
@@ -12,11 +12,11 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from controller import errors
-from controller.notify import Notice
-from controller.policy import ControllerPolicy
-from controller.ports import Publisher, Webhook
-from controller.spec import Notify
+from controller.core import errors
+from controller.core.notify import Notice
+from controller.core.policy import ControllerPolicy
+from controller.core.ports import Publisher, Webhook
+from controller.core.spec import Notify
 
 log = logging.getLogger(__name__)
 

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from controller import errors, names
-from controller.ledger import ENDS, LOSS_CAUSES
-from controller.ports import Instance
-from controller.state import JobStatus
+from controller.core import errors, names
+from controller.core.ledger import ENDS, LOSS_CAUSES
+from controller.core.ports import Instance
+from controller.core.state import JobStatus
 
 SERIAL = "serialconsole.googleapis.com%2Fserial_port_1_output"
 SCRIPTS = "GCEMetadataScripts"

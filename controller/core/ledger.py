@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from controller import prices
+from controller.core import prices
 
 if TYPE_CHECKING:
-    from controller.spec import JobSpec
-    from controller.state import Event, JobStatus
+    from controller.core.spec import JobSpec
+    from controller.core.state import Event, JobStatus
 
 SPANS_KEPT = 20
 LOSSES_KEPT = 20

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from controller import errors, names
-from controller.checkpoints import Found
-from controller.observe import MAX_STATUS_BYTES, discover
-from controller.policy import ControllerPolicy
-from controller.ports import BlobStore
-from controller.spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec
-from controller.state import JobStatus
+from controller.core import errors, names
+from controller.core.checkpoints import Found
+from controller.service.observe import MAX_STATUS_BYTES, discover
+from controller.core.policy import ControllerPolicy
+from controller.core.ports import BlobStore
+from controller.core.spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec
+from controller.core.state import JobStatus
 
 
 class Refused(Exception):

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controller import names
-from controller.config import REPO_ROOT
+from controller.core import names
+from controller.service.config import REPO_ROOT
 
 TICK, ON_OBJECT = "respawn-tick", "respawn-on-object"
 URL_PLACEHOLDER = "<url of respawn-tick>"

@@ -14,13 +14,13 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from controller import errors, ledger, names, notify, transitions
-from controller.actions import Action, CreateInstances, DeleteInstance, DeleteRecord, WriteStatus
-from controller.notifier import Notifier
-from controller.ports import BlobStore, ComputeGateway, TpuGateway, TpuRequest
-from controller.spec import JobSpec, Notify
-from controller.state import JobStatus
-from controller.world import JobView
+from controller.core import errors, ledger, names, notify, transitions
+from controller.core.actions import Action, CreateInstances, DeleteInstance, DeleteRecord, WriteStatus
+from controller.service.notifier import Notifier
+from controller.core.ports import BlobStore, ComputeGateway, TpuGateway, TpuRequest
+from controller.core.spec import JobSpec, Notify
+from controller.core.state import JobStatus
+from controller.core.world import JobView
 
 log = logging.getLogger(__name__)
 

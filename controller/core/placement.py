@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from controller.ports import PROVISIONING_MODELS, Shape, ZoneAdvice
-from controller.spec import JobSpec
+from controller.core.ports import PROVISIONING_MODELS, Shape, ZoneAdvice
+from controller.core.spec import JobSpec
 
 
 def region_of(zone: str) -> str:

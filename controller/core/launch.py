@@ -7,11 +7,11 @@ from collections.abc import Callable
 from typing import Any
 from dataclasses import dataclass
 
-from controller import names
-from controller.ports import InstanceRequest, TpuRequest
-from controller.spec import JobSpec, render_env
-from controller.state import JobStatus
-from controller.transitions import model_of
+from controller.core import names
+from controller.core.ports import InstanceRequest, TpuRequest
+from controller.core.spec import JobSpec, render_env
+from controller.core.state import JobStatus
+from controller.core.transitions import model_of
 
 
 @dataclass(frozen=True)

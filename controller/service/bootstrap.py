@@ -11,15 +11,16 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from controller import errors, logs
-from controller.clock import SystemClock
-from controller.config import Settings
-from controller.engine import Engine
-from controller.executor import Executor
-from controller.launch import LaunchContext
-from controller.notifier import Notifier
-from controller.observe import Observer
-from controller.ports import BlobStore, ComputeGateway, Publisher, TpuGateway, TpuList, TpuRequest, Webhook
+from controller.core import errors
+from controller.service import logs
+from controller.core.clock import SystemClock
+from controller.service.config import Settings
+from controller.service.engine import Engine
+from controller.service.executor import Executor
+from controller.core.launch import LaunchContext
+from controller.service.notifier import Notifier
+from controller.service.observe import Observer
+from controller.core.ports import BlobStore, ComputeGateway, Publisher, TpuGateway, TpuList, TpuRequest, Webhook
 
 _lock = threading.RLock()
 COMMON_MARK = "# @@common.sh@@"

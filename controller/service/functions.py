@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from controller import bootstrap, errors, names
+from controller.service import bootstrap
+from controller.core import errors, names
 
 log = logging.getLogger(__name__)
 # Objects whose arrival can change a decision. The controller's own status writes and

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from controller.ports import BlobInfo
+from controller.core.ports import BlobInfo
 
 MAX_POINTER_BYTES = 64 * 1024  # a tracker names one checkpoint: a line or two
 MAX_TRAINER_STATE_BYTES = 1024 * 1024  # read only for its global_step; a larger one keeps the directory's number
@@ -167,7 +167,7 @@ def latest(
 def _timed(found: Found, root: str, objects: dict[str, BlobInfo]) -> Found:
     """When the save landed, and how long it took to write: from a directory's first object
     to its last, which is the completion marker every directory format writes last. This is
-    the checkpoint cost the interval advice weighs (``controller.ledger.checkpoint_every``)."""
+    the checkpoint cost the interval advice weighs (``controller.core.ledger.checkpoint_every``)."""
     if not found.uri.startswith(root):
         return found  # a pointer naming a save elsewhere: not in this listing
     name = found.uri[len(root):].rstrip("/")

@@ -12,14 +12,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller import errors, fanout
-from controller.actions import Action, CreateInstances, WriteStatus
-from controller.clock import Clock
-from controller.executor import Executor, Outcome
-from controller.launch import LaunchContext
-from controller.observe import UNEXPECTED, Observer
-from controller.planner import plan_job
-from controller.world import JobView
+from controller.core import errors
+from controller.service import fanout
+from controller.core.actions import Action, CreateInstances, WriteStatus
+from controller.core.clock import Clock
+from controller.service.executor import Executor, Outcome
+from controller.core.launch import LaunchContext
+from controller.service.observe import UNEXPECTED, Observer
+from controller.core.planner import plan_job
+from controller.core.world import JobView
 
 log = logging.getLogger(__name__)
 MAX_ROUNDS = 5

@@ -1,4 +1,4 @@
-"""``respawn report JOB``: a job's goodput ledger (controller.ledger) as a person reads it.
+"""``respawn report JOB``: a job's goodput ledger (controller.core.ledger) as a person reads it.
 
 - ``render_text``: the terminal summary (rich): phase, accelerator-hours paid / booting /
   redone / useful, goodput, cost against on demand, recoveries, the advised checkpoint
@@ -29,14 +29,14 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from controller import ledger
-from controller.cli import printable
-from controller.durations import format_duration
+from controller.core import ledger
+from controller.cli.main import printable
+from controller.core.durations import format_duration
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-    from controller.state import JobStatus
+    from controller.core.state import JobStatus
 
 # How an attempt ended (Span.cause; None while it runs) -> the legend's words and the bar's colour.
 OUTCOMES: dict[str, tuple[str, str]] = {

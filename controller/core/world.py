@@ -7,10 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from controller import placement
-from controller.ports import BlobInfo, Instance, StopReason, ZoneAdvice
-from controller.spec import JobSpec
-from controller.state import CheckpointRef, JobStatus
+from controller.core import placement
+from controller.core.ports import BlobInfo, Instance, StopReason, ZoneAdvice
+from controller.core.spec import JobSpec
+from controller.core.state import CheckpointRef, JobStatus
 
 
 # A VM record is a few hundred bytes; anything much larger is not one (and must not
@@ -134,7 +134,7 @@ class JobView:
         return self.advice if capacity and self.advice_model == model else None
 
     def zone_order(self, model: str) -> tuple[str, ...]:
-        """The spec's zones, best first, for an attempt on ``model`` (see ``controller.placement``)."""
+        """The spec's zones, best first, for an attempt on ``model`` (see ``controller.core.placement``)."""
         assert self.spec is not None
         return placement.zone_order(self.spec, model, self.advice_for(model))
 

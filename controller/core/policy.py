@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from urllib.parse import urlsplit
 
-from controller.spec import JobSpec, Notify, SpecError, built_in_gpus
+from controller.core.spec import JobSpec, Notify, SpecError, built_in_gpus
 
 TRAINER_SETTING = "RESPAWN_TRAINER_SERVICE_ACCOUNT"
 ALLOWED_ACCOUNTS_SETTING = "RESPAWN_ALLOWED_SERVICE_ACCOUNTS"
@@ -101,7 +101,7 @@ class ControllerPolicy:
             # A newer GPU family (g4, a5...) would count as zero GPUs: refuse what cannot be counted.
             out.append(f"machine_type: {spec.machine_type!r} belongs to a GPU machine family whose GPU count "
                        f"respawn does not know, so it cannot be held to this controller's limit of "
-                       f"{self.max_accelerators} GPUs; use a listed type or add it to controller/spec.py BUILT_IN_GPUS")
+                       f"{self.max_accelerators} GPUs; use a listed type or add it to controller/core/spec.py BUILT_IN_GPUS")
         elif (total := spec.total_gpus) > self.max_accelerators:
             out.append(self._too_many_gpus(spec, total))
         return out

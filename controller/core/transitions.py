@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
-from controller import errors, ledger, placement
-from controller.durations import format_duration
-from controller.spec import JobSpec
-from controller.ports import ZoneAdvice
-from controller.state import CheckpointRef, Event, JobStatus, Phase, ZoneScore
+from controller.core import errors, ledger, placement
+from controller.core.durations import format_duration
+from controller.core.spec import JobSpec
+from controller.core.ports import ZoneAdvice
+from controller.core.state import CheckpointRef, Event, JobStatus, Phase, ZoneScore
 
 
 def event(now: datetime, status: JobStatus, name: str, detail: str, **where: str | datetime | None) -> Event:

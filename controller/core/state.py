@@ -14,9 +14,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from controller.checkpoints import Found
-from controller.ledger import Ledger
-from controller.spec import Notify
+from controller.core.checkpoints import Found
+from controller.core.ledger import Ledger
+from controller.core.spec import Notify
 
 HISTORY_LIMIT = 100
 IDS_KEPT = 50  # instance ids remembered (name -> id), the newest
@@ -139,7 +139,7 @@ class JobStatus(BaseModel):
     # Young/Daly's checkpoint interval for the current attempt (ledger.checkpoint_every), given to
     # its trainer as RESPAWN_CHECKPOINT_EVERY_S; None while the run has no measure of C or M.
     checkpoint_every_s: Annotated[float | None, BeforeValidator(_a_duration_or_none)] = None
-    ledger: Ledger = Ledger()  # goodput: attempts, losses, totals (controller.ledger)
+    ledger: Ledger = Ledger()  # goodput: attempts, losses, totals (controller.core.ledger)
     notify: Notify | None = None  # the spec's own destinations at the last launch: told of the end if the spec goes
     history: tuple[Event, ...] = ()
     event_count: int = 0  # events ever appended: which of ``history`` a commit adds (ledger.settle)

@@ -2,7 +2,7 @@
 
 Each has one real adapter (Google clients) and one in-memory fake with the same
 semantics (``controller.adapters.memory``); a contract test runs against both.
-Errors crossing a port are ``controller.errors`` types, never library exceptions.
+Errors crossing a port are ``controller.core.errors`` types, never library exceptions.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Protocol, Self
 
-from controller import names
+from controller.core import names
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,7 @@ class InstanceRequest:
     zone: str
     name: str
     machine_type: str
-    provisioning: str  # "spot" | "standard" | "flex-start" (controller.spec.Provisioning)
+    provisioning: str  # "spot" | "standard" | "flex-start" (controller.core.spec.Provisioning)
     termination_action: str  # "stop" | "delete"
     boot_image: str
     boot_disk_gb: int
@@ -444,7 +444,7 @@ class TpuRequest:
 
 class TpuGateway(Protocol):
     """Cloud TPU (v2 API), reduced to what the controller needs. Same error discipline as
-    ``ComputeGateway``: ``controller.errors`` types only."""
+    ``ComputeGateway``: ``controller.core.errors`` types only."""
 
     def list_nodes(self, projects: Sequence[str], zones: Sequence[str], job: str | None = None) -> TpuList:
         """Managed nodes (``names.MANAGED_LABEL`` = "true"; one job's with ``job``) in these

@@ -26,12 +26,14 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperGroup
 
-from controller import bootstrap, errors, joblogs, ledger
-from controller.config import Settings
-from controller.jobs import Jobs, Refused
-from controller.joblogs import logs_filter  # noqa: F401 - the query `respawn logs` sends, named for tests
-from controller.spec import SpecError, load_document, parse_spec
-from controller.state import JobStatus
+from controller.service import bootstrap
+from controller.core import errors, ledger
+from controller.cli import joblogs
+from controller.service.config import Settings
+from controller.service.jobs import Jobs, Refused
+from controller.cli.joblogs import logs_filter  # noqa: F401 - the query `respawn logs` sends, named for tests
+from controller.core.spec import SpecError, load_document, parse_spec
+from controller.core.state import JobStatus
 
 OK, FAILED, REFUSED, UNAVAILABLE = 0, 1, 2, 3  # exit codes
 # C0 and C1 controls, DEL, line/paragraph separators and bidirectional overrides: a name
@@ -203,7 +205,7 @@ def status(
     job's last event on its own line under its row.
 
     The columns that fit the terminal are shown (job and phase always, then the zone, losses,
-    checkpoint, age, attempt, instance: see controller.status_view); --wide shows them all.
+    checkpoint, age, attempt, instance: see controller.cli.status_view); --wide shows them all.
 
     For one JOB, also its goodput so far and the checkpoint interval advised to its attempt
     (``respawn report`` tells the rest); --json has both for every job (``goodput``, ``checkpoint_every_s``).
@@ -211,7 +213,7 @@ def status(
     A job whose checkpoints cannot be listed keeps its row, with the reason (``checkpoint_error``
     in --json); the command still exits 0. A JOB that does not exist exits 2.
     """
-    from controller import status_view as view
+    from controller.cli import status_view as view
 
     rows = _status_rows(job)
     if as_json:
@@ -250,7 +252,7 @@ def status(
 
 
 def _status_rows(job: str | None) -> list[dict[str, object]]:
-    from controller import names
+    from controller.core import names
 
     config = _config()
     jobs = _jobs()
@@ -280,7 +282,7 @@ def _no_job(job: str, bucket: str) -> Refused:
 
 
 def _goodput(status: JobStatus | None, now: datetime) -> dict[str, object]:
-    """What a status row adds from the job's ledger: its summary (controller.ledger.summary) up to
+    """What a status row adds from the job's ledger: its summary (controller.core.ledger.summary) up to
     ``now``, and the checkpoint interval advised to the current attempt."""
     return {"goodput": ledger.summary(status.ledger, now).model_dump(mode="json") if status else None,
             "checkpoint_every_s": status.checkpoint_every_s if status else None}
@@ -296,7 +298,7 @@ def report(
 ) -> None:
     """A job's goodput: accelerator-hours paid, lost to boots and redone work, and useful; its cost
     against on demand; its losses and recoveries by zone; the advised checkpoint interval."""
-    from controller import report as reporting
+    from controller.cli import report as reporting
 
     status = _job_status(job)
     now = datetime.now(UTC)
@@ -431,7 +433,7 @@ def deploy(
     import shlex
     import subprocess
 
-    from controller import deploy as deployment
+    from controller.cli import deploy as deployment
 
     config = _config(fresh=True)
     policy_env = {f"RESPAWN_{k.upper()}": ",".join(v) if isinstance(v, tuple) else str(v)
