@@ -137,3 +137,35 @@ def _interval(start: datetime, end: datetime) -> dict[str, str]:
 def _last(path: str) -> str:
     """``zones/us-central1-a``, a full URL or a bare name: the name."""
     return path.rstrip("/").rsplit("/", 1)[-1]
+
+
+class AdviceApi:
+    """Compute's ``advice.capacity`` and ``advice.capacityHistory``, and what a test tells them:
+    a mixin of ``localcloud.compute.ComputeServer``, whose fault state (``faults``) it reads."""
+
+    def preemption_rate(self, zone: str, rate: float) -> None:
+        """What capacity advice tells of ``zone``: this share of its Spot VMs preempted a day."""
+        rate = float(rate)
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"a preemption rate is a share of VMs a day, 0 to 1: {rate}")
+        with self._lock:
+            self.faults.advice.preemption_rates[zone] = rate
+
+    def spot_price(self, machine_type: str, dollars_per_hour: float) -> None:
+        """What capacity history tells of ``machine_type``'s Spot price."""
+        dollars_per_hour = float(dollars_per_hour)
+        if dollars_per_hour < 0:
+            raise ValueError(f"a price is not negative: {dollars_per_hour}")
+        with self._lock:
+            self.faults.advice.spot_prices[machine_type] = dollars_per_hour
+
+    def _advice_capacity(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
+        spot = (body.get("instanceProperties") or {}).get("scheduling", {}).get("provisioningModel") == "SPOT"
+        with self._lock:
+            blocked = {*self.faults.stockouts, *self.faults.quota, *self.faults.unreachable,
+                       *(self.faults.spot_stockouts if spot else ())} - self.faults.unforeseen
+            return capacity(body, p["region"], self.zones, blocked, self.faults.advice)
+
+    def _advice_capacityHistory(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
+        with self._lock:
+            return history(body, p["region"], self.zones, self.faults.advice)

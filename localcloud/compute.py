@@ -22,7 +22,6 @@ of their own: a latency or an ``operations.wait`` blocks only its own caller.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import threading
@@ -35,10 +34,11 @@ from typing import Any
 from flask import Flask, Response, request
 
 from localcloud import advice, discovery, gce
-from localcloud.filters import FilterError, compile_filter
+from localcloud.advice import AdviceApi
 from localcloud.gce import ApiError
 from localcloud.host import Host, json_response
 from localcloud.http import Served
+from localcloud.operations import OperationsApi
 from localcloud.metadata import MetadataServer, Tokens, service_account
 from localcloud.realism import Realism
 from localcloud.vm import VmProcess
@@ -94,7 +94,7 @@ class Faults:
     advice: advice.Schedule = field(default_factory=advice.Schedule)  # preemption rates, prices: what advice says
 
 
-class ComputeServer(Host):
+class ComputeServer(Host, OperationsApi, AdviceApi):
     def __init__(self, *, vm_env: dict[str, str] | None = None, workdir: Path | None = None,
                  boot_delay: float = 0.1, shutdown_budget: float = 30.0, run_vms: bool = True,
                  zones: tuple[str, ...] = ZONES, guest_shutdown_limit: float = 300.0,
@@ -314,34 +314,6 @@ class ComputeServer(Host):
         handler = getattr(self, f"_{method.resource}_{method.name}")
         return handler(match.groupdict(), request.args, body)
 
-    # -- advice ----------------------------------------------------------------------
-    def preemption_rate(self, zone: str, rate: float) -> None:
-        """What capacity advice tells of ``zone``: this share of its Spot VMs preempted a day."""
-        rate = float(rate)
-        if not 0.0 <= rate <= 1.0:
-            raise ValueError(f"a preemption rate is a share of VMs a day, 0 to 1: {rate}")
-        with self._lock:
-            self.faults.advice.preemption_rates[zone] = rate
-
-    def spot_price(self, machine_type: str, dollars_per_hour: float) -> None:
-        """What capacity history tells of ``machine_type``'s Spot price."""
-        dollars_per_hour = float(dollars_per_hour)
-        if dollars_per_hour < 0:
-            raise ValueError(f"a price is not negative: {dollars_per_hour}")
-        with self._lock:
-            self.faults.advice.spot_prices[machine_type] = dollars_per_hour
-
-    def _advice_capacity(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
-        spot = (body.get("instanceProperties") or {}).get("scheduling", {}).get("provisioningModel") == "SPOT"
-        with self._lock:
-            blocked = {*self.faults.stockouts, *self.faults.quota, *self.faults.unreachable,
-                       *(self.faults.spot_stockouts if spot else ())} - self.faults.unforeseen
-            return advice.capacity(body, p["region"], self.zones, blocked, self.faults.advice)
-
-    def _advice_capacityHistory(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
-        with self._lock:
-            return advice.history(body, p["region"], self.zones, self.faults.advice)
-
     # -- instances -------------------------------------------------------------------
     def _instances_get(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
         with self._lock:
@@ -360,7 +332,7 @@ class ComputeServer(Host):
         self._zone(p["zone"])
         with self._lock:
             items = [vm.resource for (pr, z, _), vm in sorted(self._vms.items()) if pr == p["project"] and z == p["zone"]]
-        page, token = _page(_filtered(items, q.get("filter")), q)
+        page, token = gce.page(gce.filtered(items, q.get("filter")), q)
         out = {"kind": "compute#instanceList", "id": f"projects/{p['project']}/zones/{p['zone']}/instances",
                "items": page, "selfLink": f"{self.urls.zone(p['project'], p['zone'])}/instances"}
         return {**out, "nextPageToken": token} if token else out
@@ -370,10 +342,10 @@ class ComputeServer(Host):
         with self._lock:
             vms = [vm for (pr, _, _), vm in sorted(self._vms.items()) if pr == project]
             unreachable = sorted(self.faults.unreachable)
-        predicate = _compile(q.get("filter"))
+        predicate = gce.compile_list_filter(q.get("filter"))
         zones = sorted(set(self.zones) | {vm.zone for vm in vms})
         # Paging is over scopes here; a page never splits a zone (real pages may).
-        scopes, token = _page(zones, q)
+        scopes, token = gce.page(zones, q)
         items: dict[str, Any] = {}
         for zone in scopes:
             if zone in unreachable:
@@ -507,48 +479,6 @@ class ComputeServer(Host):
             self._set_status(vm, "PROVISIONING")
         self._later(self.faults.insert_seconds, self._provision, [vm], op)
         return op
-
-    # -- operations ----------------------------------------------------------------------
-    def _zoneOperations_get(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
-        with self._lock:
-            return self._op(self.urls.zone(p["project"], p["zone"]), p["operation"])
-
-    def _regionOperations_get(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
-        with self._lock:
-            return self._op(self.urls.region(p["project"], p["region"]), p["operation"])
-
-    def _zoneOperations_wait(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
-        return self._wait(self.urls.zone(p["project"], p["zone"]), p["operation"])
-
-    def _regionOperations_wait(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
-        return self._wait(self.urls.region(p["project"], p["region"]), p["operation"])
-
-    def _zoneOperations_list(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
-        return self._list_ops(self.urls.zone(p["project"], p["zone"]), q)
-
-    def _regionOperations_list(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
-        return self._list_ops(self.urls.region(p["project"], p["region"]), q)
-
-    def _zoneOperations_delete(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
-        with self._lock:
-            scope = self.urls.zone(p["project"], p["zone"])
-            self._op(scope, p["operation"])
-            del self._ops[(scope, p["operation"])]
-        return {}
-
-    def _wait(self, scope: str, name: str) -> dict[str, Any]:
-        """Returns when the operation is DONE, or after two minutes at most (as Google's does)."""
-        with self._done:
-            op = self._op(scope, name)
-            self._done.wait_for(lambda: op["status"] == "DONE", timeout=120)
-            return op
-
-    def _list_ops(self, scope: str, q: Any) -> dict[str, Any]:
-        with self._lock:
-            ops = [op for (s, _), op in self._ops.items() if s == scope]
-        page, token = _page(_filtered(ops, q.get("filter")), q)
-        out = {"kind": "compute#operationList", "id": scope, "items": page, "selfLink": f"{scope}/operations"}
-        return {**out, "nextPageToken": token} if token else out
 
     # -- state machine ---------------------------------------------------------------
     def _exists(self, body: dict[str, Any], zone: str, field: str) -> None:
@@ -861,22 +791,3 @@ def _hostname(per_instance: dict[str, Any] | None) -> dict[str, Any]:
 
 _json = json_response
 
-
-def _compile(text: str | None) -> Any:
-    try:
-        return compile_filter(text)
-    except FilterError as e:
-        raise ApiError(400, str(e), "invalid") from e
-
-
-def _filtered(items: list[dict[str, Any]], text: str | None) -> list[dict[str, Any]]:
-    predicate = _compile(text)
-    return [i for i in items if predicate(i)]
-
-
-def _page(items: list[Any], q: Any) -> tuple[list[Any], str | None]:
-    size = min(int(q.get("maxResults", 500)), 500)
-    start = int(base64.urlsafe_b64decode(q["pageToken"]).decode()) if q.get("pageToken") else 0
-    end = start + size
-    token = base64.urlsafe_b64encode(str(end).encode()).decode() if end < len(items) else None
-    return items[start:end], token

@@ -6,6 +6,7 @@ module can stay about state and time.
 
 from __future__ import annotations
 
+import base64
 import itertools
 import re
 import secrets
@@ -14,6 +15,8 @@ import uuid
 from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
+
+from localcloud.filters import FilterError, compile_filter
 
 _NAME_RE = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
 _LABEL_KEY = re.compile(r"[a-z][-_a-z0-9]{0,62}")
@@ -283,3 +286,26 @@ def unknown_machine_type(field: str, machine_type: str, zone: str) -> ApiError:
 
 def _fingerprint() -> str:
     return secrets.token_urlsafe(8)[:11] + "="
+
+
+def compile_list_filter(text: str | None) -> Any:
+    """A list request's ``filter`` as a predicate; 400 for one Compute would refuse."""
+    try:
+        return compile_filter(text)
+    except FilterError as e:
+        raise ApiError(400, str(e), "invalid") from e
+
+
+def filtered(items: list[dict[str, Any]], text: str | None) -> list[dict[str, Any]]:
+    """The items a list request's ``filter`` keeps (400 for one Compute would refuse)."""
+    predicate = compile_list_filter(text)
+    return [i for i in items if predicate(i)]
+
+
+def page(items: list[Any], q: Any) -> tuple[list[Any], str | None]:
+    """One page of a list (``maxResults``, ``pageToken``) and the next page's token."""
+    size = min(int(q.get("maxResults", 500)), 500)
+    start = int(base64.urlsafe_b64decode(q["pageToken"]).decode()) if q.get("pageToken") else 0
+    end = start + size
+    token = base64.urlsafe_b64encode(str(end).encode()).decode() if end < len(items) else None
+    return items[start:end], token
