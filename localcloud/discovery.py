@@ -137,3 +137,13 @@ def _scalar(value: Any, spec: dict[str, Any], at: str) -> list[str]:
 
 def _snake(name: str) -> str:
     return re.sub(r"(?<!^)([A-Z])", r"_\1", name).lower()
+
+
+def route(routes: list[tuple[Method, bool]], verb: str, path: str) -> tuple[Method, re.Match[str], bool] | None:
+    """The method of a server's ``routes`` (each with whether the server implements it) that
+    answers ``verb path``, with its path parameters; None when none does (Google's 404)."""
+    for method, supported in routes:
+        match = method.pattern.match(path)
+        if match and method.http_method == verb:
+            return method, match, supported
+    return None

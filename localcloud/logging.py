@@ -159,12 +159,10 @@ class LoggingServer(Server):
         return app
 
     def _dispatch(self, verb: str, path: str) -> dict[str, Any]:
-        for method, supported in self._routes:
-            match = method.pattern.match(path)
-            if match and method.http_method == verb:
-                break
-        else:
+        found = discovery.route(self._routes, verb, path)
+        if found is None:
             raise LoggingError(404, f"The requested URL /{path} was not found on this server.")
+        method, match, supported = found
         name = f"{method.resource}.{method.name}"
         if not supported:
             raise LoggingError(501, f"Method {name} is not implemented by the local Cloud Logging server.")

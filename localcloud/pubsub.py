@@ -173,12 +173,10 @@ class PubsubServer(Server):
         return app
 
     def _dispatch(self, verb: str, path: str) -> dict[str, Any]:
-        for method, supported in self._routes:
-            match = method.pattern.match(path)
-            if match and method.http_method == verb:
-                break
-        else:
+        found = discovery.route(self._routes, verb, path)
+        if found is None:
             raise PubsubError(404, f"The requested URL /{path} was not found on this server.")
+        method, match, supported = found
         name = f"{method.resource.rsplit('.', 1)[-1]}.{method.name}"
         if not supported:
             raise PubsubError(501, f"Method {name} is not implemented by the local Pub/Sub server.")

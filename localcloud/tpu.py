@@ -338,13 +338,11 @@ class TpuServer(Host):
         return app
 
     def _dispatch(self, verb: str, path: str) -> dict[str, Any]:
-        for method, supported in self._routes:
-            match = method.pattern.match(path)
-            if match and method.http_method == verb:
-                break
-        else:
+        found = discovery.route(self._routes, verb, path)
+        if found is None:
             self._delay()
             raise TpuError(404, f"The requested URL /{path} was not found on this server.")
+        method, match, supported = found
         name = f"{method.resource.rsplit('.', 1)[-1]}.{method.name}"
         self._delay()
         if not supported:
