@@ -97,7 +97,9 @@ def logs_filter(instance_ids: Iterable[str], projects: Sequence[str] = (), logs:
                 since: datetime | None = None) -> str:
     """The Logging query for these instances' entries: of ``logs`` (LOG_IDs, in ``projects``) when
     given, at or after ``since`` when given."""
-    ids = " OR ".join(f'"{i}"' for i in sorted(set(instance_ids)) if i)
+    # Compute's ids are decimal numbers (JobStatus keeps no other); one that is not is no id of
+    # ours and is never quoted into the query, whoever wrote it.
+    ids = " OR ".join(f'"{i}"' for i in sorted(set(instance_ids)) if i.isascii() and i.isdigit())
     parts = [f'resource.type="gce_instance" AND resource.labels.instance_id=({ids})']
     if logs:
         parts.append("logName=(" + " OR ".join(f'"projects/{p}/logs/{log}"' for p in projects for log in logs) + ")")
@@ -125,8 +127,10 @@ class JobLogs:
         self.guard = guard  # a context manager factory around every call to Cloud Logging
         self.source: dict[int, str] = {}  # attempt -> the log its output is read from
         self.header: int | None = None  # the attempt whose header was printed last
-        self.newest: datetime | None = None
-        self._seen: dict[str, datetime] = {}  # insert ids printed within LOOKBACK of the newest
+        # The newest entry printed of each instance (by id): each VM stamps its agent's entries by
+        # its own clock, so one that runs ahead must not move the look-back past another's entries.
+        self.newest: dict[str, datetime] = {}
+        self._seen: dict[str, datetime] = {}  # insert ids printed within LOOKBACK of their instance's newest
         self._cut: dict[int, datetime] = {}  # attempt -> its oldest line printed, where --limit left older ones out
 
     # -- every attempt, once -----------------------------------------------------------------
@@ -162,10 +166,12 @@ class JobLogs:
         deadline = None if stop_after is None else time.monotonic() + stop_after
         while deadline is None or time.monotonic() < deadline:
             sleep(interval if deadline is None else max(0.0, min(interval, deadline - time.monotonic())))
-            start = max(since, self.newest - LOOKBACK) if self.newest else since
             try:
                 runs = read()
                 by_id = {id_: a for a in runs for id_ in a.instances.values()}
+                # From the least advanced instance: one with nothing printed yet is read from ``since``.
+                start = max(since, min((self.newest[i] - LOOKBACK if i in self.newest else since) for i in by_id)) \
+                    if by_id else since
                 found = self._list(by_id, LOGS, start, descending=False, limit=None) if by_id else []
             except errors.TransientError:
                 continue  # a read refused for the quota, a network hiccup: the next one catches up
@@ -207,11 +213,12 @@ class JobLogs:
         name = next((n for n, i in attempt.instances.items() if i == _instance_id(entry)), "")
         self.emit(f"{entry.timestamp:%Y-%m-%d %H:%M:%S} {self.show(name)} {self.show(text)}")
         # Following re-reads the last LOOKBACK: what was printed is known by its insert id.
-        when = entry.timestamp
-        self._seen[_key(entry)] = when
-        if self.newest is None or when > self.newest:
-            self.newest = when
-            self._seen = {k: t for k, t in self._seen.items() if t >= when - LOOKBACK}
+        self._seen[_key(entry)] = entry.timestamp
+        when, instance = entry.timestamp, _instance_id(entry)
+        if instance not in self.newest or when > self.newest[instance]:
+            self.newest[instance] = when
+            oldest = min(self.newest.values()) - LOOKBACK
+            self._seen = {k: t for k, t in self._seen.items() if t >= oldest}
 
 
 class _Nothing:

@@ -7,7 +7,6 @@ commits a decision first wins and every other concurrent pass backs off.
 from __future__ import annotations
 
 from collections.abc import Mapping
-import math
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
@@ -15,6 +14,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from controller.core.checkpoints import Found
+from controller.core.durations import measured
 from controller.core.ledger import Ledger
 from controller.core.spec import Notify
 
@@ -80,7 +80,15 @@ class ZoneScore(BaseModel):
 def _a_duration_or_none(value: Any) -> Any:
     """Seconds a clock could have measured, or None (a hand-written NaN, infinity or 1e300)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value) if math.isfinite(value) and 0 <= value < 10 * 365 * 86400 else None
+        return float(value) if measured(value) else None
+    return value
+
+
+def _ids_only(value: Any) -> Any:
+    """Compute's instance ids are decimal numbers; anything else (a hand-written status) is dropped,
+    never quoted into a log query."""
+    if isinstance(value, dict):
+        return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str) and v.isdigit() and v.isascii()}
     return value
 
 
@@ -135,7 +143,8 @@ class JobStatus(BaseModel):
     stalled_failures: int = 0  # failures in a row with no checkpoint progress
     stalled_at: CheckpointRef | None = None
 
-    instance_ids: dict[str, str] = Field(default_factory=dict)  # name -> Compute id, to find their logs
+    # name -> Compute id, to find their logs (a log query quotes them: only digits, as Compute's ids are)
+    instance_ids: Annotated[dict[str, str], BeforeValidator(_ids_only)] = Field(default_factory=dict)
     # Young/Daly's checkpoint interval for the current attempt (ledger.checkpoint_every), given to
     # its trainer as RESPAWN_CHECKPOINT_EVERY_S; None while the run has no measure of C or M.
     checkpoint_every_s: Annotated[float | None, BeforeValidator(_a_duration_or_none)] = None
@@ -161,12 +170,18 @@ class JobStatus(BaseModel):
 
     def with_ids(self, ids: Mapping[str, str]) -> JobStatus:
         """A copy that also knows these instances' Compute ids (name -> id), to find their logs
-        once they are gone; the newest ``IDS_KEPT`` are kept. Itself when it knew them all."""
+        once they are gone: the current attempt's all, and the newest others up to ``IDS_KEPT``.
+        Itself when it knew them all."""
         fresh = {name: id_ for name, id_ in ids.items() if id_ and self.instance_ids.get(name) != id_}
         if not fresh:
             return self
         kept = {**{n: i for n, i in self.instance_ids.items() if n not in fresh}, **fresh}
-        return self.model_copy(update={"instance_ids": dict(list(kept.items())[-IDS_KEPT:])})
+        # The current attempt's are kept whole, however many nodes it has; older ones make room.
+        current = {n: i for n, i in kept.items() if n in self.instances}
+        older = [n for n in kept if n not in current]
+        room = max(0, IDS_KEPT - len(current))
+        older = older[len(older) - room:] if room else []
+        return self.model_copy(update={"instance_ids": {**{n: kept[n] for n in older}, **current}})
 
     def to_json(self) -> bytes:
         return self.model_dump_json(indent=1).encode()
@@ -178,6 +193,11 @@ class JobStatus(BaseModel):
     def same_run(self, other: JobStatus | None) -> bool:
         return other is not None and other.created_at == self.created_at
 
+    @property
+    def accepted(self) -> Event | None:
+        """The event that began this run (its "accepted"), while the history still holds it."""
+        return next((e for e in reversed(self.history) if e.event == "accepted" and e.at == self.created_at), None)
+
     def added_to(self, before: JobStatus | None) -> tuple[Event, ...]:
         """The events this status adds to ``before`` (as last committed): what one commit
         decided. Across a new run, the new run's own events (from its "accepted" on)."""
@@ -185,8 +205,9 @@ class JobStatus(BaseModel):
             assert before is not None
             fresh = self.event_count - before.event_count
         else:
-            fresh = next((back for back, e in enumerate(reversed(self.history), start=1)
-                          if e.event == "accepted" and e.at == self.created_at), self.event_count)
+            accepted = self.accepted
+            fresh = next((back for back, e in enumerate(reversed(self.history), start=1) if e is accepted),
+                         self.event_count)
         fresh = max(0, min(fresh, len(self.history)))
         return self.history[len(self.history) - fresh:] if fresh else ()
 
