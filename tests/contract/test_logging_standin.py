@@ -9,7 +9,6 @@ query it cannot evaluate exactly is refused 400, never answered wrong.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,7 +23,7 @@ from google.cloud import logging as cloud_logging
 from controller.adapters.google import logging_client
 from controller.service.config import Settings
 from controller.cli.joblogs import SCRIPTS, SERIAL, logs_filter
-from localcloud import discovery
+from tests.routes import assert_serves_exactly
 from localcloud.logging import DOC, SUPPORTED, LoggingServer, VmLogs
 
 PROJECT = "logs-proj"
@@ -58,30 +57,8 @@ def listed(server: LoggingServer, query: str, **body: Any) -> list[str]:
     return [e.get("textPayload", "") for e in answer.json().get("entries", [])]
 
 
-def _concrete(path: str) -> str:
-    return re.sub(r"\{\+?(\w+)\}", lambda m: f"cover-{m[1].lower()}", path)
-
-
 def test_routes_come_from_the_discovery_document(server):
-    document = discovery.document(DOC)
-    every = discovery.every(DOC)
-    for resource, methods in SUPPORTED.items():
-        assert set(methods) <= set(every[resource]), f"{resource}: {methods} not all in {DOC}.json"
-    claimed = {(r, m) for r, methods in SUPPORTED.items() for m in methods}
-    for resource, methods in every.items():
-        node = document
-        for part in resource.split("."):
-            node = node["resources"][part]
-        for name in methods:
-            m = node["methods"][name]
-            path = _concrete(m.get("flatPath") or m["path"])
-            answer = requests.request(m["httpMethod"], f"{server.endpoint}/{path}",
-                                      json={} if "request" in m else None, timeout=5)
-            message = answer.json()["error"]["message"] if answer.status_code >= 400 else ""
-            if (resource, name) in claimed:
-                assert answer.status_code != 501 and "requested URL" not in message, (resource, name, message)
-            else:
-                assert answer.status_code == 501, (resource, name, answer.status_code, message)
+    assert_serves_exactly(server.endpoint, DOC, SUPPORTED)
     assert requests.post(f"{server.endpoint}/v2/entries:nothing", json={}, timeout=5).status_code == 404
 
 

@@ -8,14 +8,14 @@ read back through the real ``SubscriberClient`` (pull, acknowledge). The Webhook
 fake and on ``HttpWebhook`` against the local sink (``localcloud.webhook``).
 
 Fixtures: ``pubsub_server`` (the stand-in, module-wide), ``pubsub_emulator`` (the emulator's
-``host:port``, module-wide; skipped with its reason where gcloud or the emulator is missing),
+``host:port``, module-wide; skipped with its reason where gcloud or its emulator component is not
+installed, a failure where it is installed and does not start),
 ``webhook_sink`` (the local sink, emptied for each test).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import socket
@@ -25,6 +25,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import requests
@@ -37,7 +38,7 @@ from controller.adapters.memory import MemoryPublisher, MemoryWebhook
 from controller.adapters.pubsub import CloudPublisher, cloud_publisher
 from controller.adapters.webhook import HttpWebhook
 from controller.core.ports import Publisher, Webhook
-from localcloud import discovery
+from tests.routes import assert_serves_exactly
 from localcloud.pubsub import DOC, SUPPORTED, PubsubServer
 from localcloud.webhook import WebhookSink
 
@@ -88,6 +89,8 @@ def pubsub_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     gcloud = shutil.which("gcloud")
     if gcloud is None:
         pytest.skip("gcloud is not on PATH: the Cloud SDK Pub/Sub emulator variant was not run")
+    if not (Path(gcloud).resolve().parents[1] / "platform" / "pubsub-emulator").is_dir():
+        pytest.skip("gcloud has no pubsub-emulator component: the Cloud SDK Pub/Sub emulator variant was not run")
     port = _free_port()
     log = tmp_path_factory.mktemp("pubsub-emulator") / "emulator.log"
     env = {**os.environ, "CLOUDSDK_CORE_DISABLE_PROMPTS": "1"}
@@ -100,8 +103,8 @@ def pubsub_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             start_new_session=True)  # its own process group: gcloud starts the emulator's JVM as a child
     try:
         reason = _wait_for_emulator(process, port, log)
-        if reason:
-            pytest.skip(f"the Cloud SDK Pub/Sub emulator did not start: {reason}")
+        if reason:  # installed, yet it does not start: that is a failure, not a missing dependency
+            pytest.fail(f"the Cloud SDK Pub/Sub emulator did not start: {reason}")
         yield f"127.0.0.1:{port}"
     finally:
         _stop_group(process)
@@ -395,31 +398,8 @@ def test_an_unacknowledged_message_is_delivered_again_after_its_deadline(pubsub_
     assert again["receivedMessages"][0]["ackId"] != first["receivedMessages"][0]["ackId"]
 
 
-def _concrete(path: str) -> str:
-    """A discovery flatPath with every parameter filled in with a valid id."""
-    return re.sub(r"\{\+?(\w+)\}", lambda m: f"cover-{m[1].lower()}", path)
-
-
 def test_the_stand_in_serves_every_method_it_claims_and_no_other(pubsub_server: PubsubServer) -> None:
-    document = discovery.document(DOC)
-    every = discovery.every(DOC)
-    for resource, names in SUPPORTED.items():
-        assert set(names) <= set(every[resource]), f"{resource}: {names} not all in {DOC}.json"
-    claimed = {(r, m) for r, names in SUPPORTED.items() for m in names}
-    for resource, names in every.items():
-        node = document
-        for part in resource.split("."):
-            node = node["resources"][part]
-        for name in names:
-            m = node["methods"][name]
-            path = _concrete(m.get("flatPath") or m["path"])
-            answer = requests.request(m["httpMethod"], f"{pubsub_server.endpoint}/{path}",
-                                      json={} if "request" in m else None, timeout=5)
-            message = answer.json()["error"]["message"] if answer.status_code >= 400 else ""
-            if (resource, name) in claimed:
-                assert answer.status_code != 501 and "requested URL" not in message, (resource, name, message)
-            else:
-                assert answer.status_code == 501, (resource, name, answer.status_code, message)
+    assert_serves_exactly(pubsub_server.endpoint, DOC, SUPPORTED)
 
 
 def test_the_real_clients_manage_topics_and_subscriptions_on_the_stand_in(pubsub_server: PubsubServer) -> None:
