@@ -19,7 +19,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import math
 import statistics
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -31,7 +30,7 @@ from rich.text import Text
 
 from controller.core import ledger
 from controller.cli.main import printable
-from controller.core.durations import format_duration
+from controller.core.durations import format_duration, measured
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -62,7 +61,6 @@ _OTHER_MARK = ("o", "other loss")
 _REFUSALS = ("stockout", "quota")
 MARK_COLOUR, CHECKPOINT_COLOUR, REDONE_COLOUR = "#222222", "#444444", "#e377c2"
 MAX_LANES = 12  # zones drawn, each its lane
-MAX_SHOWN_S = 10 * 365 * 86400.0  # a duration past this is no measure (a hand-written status)
 BAR, LANE_GAP = 0.5, 0.36  # bar height, and how far from its lane's centre a mark sits (above or below)
 
 
@@ -75,7 +73,7 @@ def outcome(cause: str | None) -> str:
 # -- the figures, once -------------------------------------------------------------------------
 
 def human(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds) or not 0 <= seconds < MAX_SHOWN_S:
+    if seconds is None or not measured(seconds):
         return "—"  # none, or nothing a clock could have measured (a hand-written status)
     return f"{seconds:.2g}s" if 0 < seconds < 1 else format_duration(timedelta(seconds=round(seconds)))
 

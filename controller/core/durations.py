@@ -76,3 +76,9 @@ Duration = Annotated[
     BeforeValidator(parse_duration),
     PlainSerializer(format_duration, return_type=str),
 ]
+
+
+def measured(seconds: float) -> bool:
+    """Whether ``seconds`` is a duration a job's clock could have measured (finite, 0 to
+    MAX_SECONDS): else a hand-written value."""
+    return math.isfinite(seconds) and 0 <= seconds < MAX_SECONDS

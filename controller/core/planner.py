@@ -54,8 +54,7 @@ def _seen_ids(actions: list[Action], instances: tuple[Instance, ...]) -> list[Ac
 
 def _run_base(st: JobStatus) -> int:
     """The attempt number a run started after: older attempts are an earlier run's."""
-    accepted = next((e for e in reversed(st.history) if e.event == "accepted" and e.at == st.created_at), None)
-    return accepted.attempt if accepted else 0
+    return st.accepted.attempt if st.accepted else 0
 
 
 def _plan_job(v: JobView, now: datetime, ctx: LaunchContext) -> list[Action]:
@@ -181,12 +180,11 @@ def _watch(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchC
         return [WriteStatus(v.job, back, "resumed")]
     if st.phase == Phase.PROVISIONING:
         detail = f"{', '.join(st.instances)} running in {st.zone}"
-        ids = {**st.instance_ids, **{n: mine[n].id for n in st.instances}}
+        # (The instances' ids ride on this write as on every other: _seen_ids.)
         # The heartbeat grace starts no earlier than this: a VM can wait long before it runs
         # (a Flex-start VM sits in PENDING until Compute finds capacity, hours at times), and
         # its trainer cannot beat before it runs.
-        running = st.but(t.event(now, st, "running", detail), phase=Phase.RUNNING, message=detail,
-                         instance_ids=dict(list(ids.items())[-50:]), resumed_at=now)
+        running = st.but(t.event(now, st, "running", detail), phase=Phase.RUNNING, message=detail, resumed_at=now)
         return [WriteStatus(v.job, running, "instances running")]
     if hung := _hung(spec, st, working, now):
         # The TPU service itself says the runtime does not answer: a hang, as a stale heartbeat is.

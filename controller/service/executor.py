@@ -54,7 +54,7 @@ class Executor:
     def apply(self, view: JobView, actions: list[Action], now: datetime, wait_until: float | None = None) -> Outcome:
         """``wait_until``: the ``time.monotonic()`` past which an insert no longer waits for its
         operation (None: the gateway's own limit)."""
-        chain = _Chain(view.job, view.status, view.status_generation, view.spec)
+        chain = _Chain(view.job, view.status, view.status_generation, view.spec, tell=self.notifier is not None)
         try:
             self._run(chain, view, actions, now, wait_until)
         finally:
@@ -198,6 +198,7 @@ class _Chain:
     status: JobStatus | None
     generation: int
     spec: JobSpec | None = None
+    tell: bool = False  # whether its commits' notices are wanted (a notifier is configured)
     outcome: Outcome = field(init=False)
     wrote: bool = field(default=False, init=False)  # this chain has written the status
     notices: list[notify.Notice] = field(default_factory=list, init=False)  # what its commits decided, to tell
@@ -212,7 +213,8 @@ class _Chain:
         status = ledger.settle(status.with_ids(self.ids), self.spec)
         info = store.write(bucket, names.status_key(self.job), status.to_json(), if_generation_match=self.generation)
         before, self.status, self.generation, self.wrote = self.status, status, info.generation, True
-        self.notices += notify.notices(self.job, bucket, before, status, self.spec)
+        if self.tell:
+            self.notices += notify.notices(self.job, bucket, before, status, self.spec)
 
     @property
     def notify(self) -> Notify | None:

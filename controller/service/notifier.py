@@ -34,9 +34,9 @@ class Notifier:
         """(topics, webhook URLs) for a job whose own are ``mine``, each once. A job's own are
         checked against the policy as it is now: a status records them, and whoever may write
         a spec may write a status too; one the policy refuses is dropped."""
-        if mine is not None and self.policy.notify_problems(mine):
+        if mine is not None and (refused := self.policy.notify_problems(mine)):
             log.warning("a job's own notification destinations are refused by the policy; dropped",
-                        extra={"json_fields": {"problems": self.policy.notify_problems(mine)}})
+                        extra={"json_fields": {"problems": refused}})
             mine = None
         topics = [t for t in (self.policy.notify_topic, mine.topic if mine else None) if t]
         hooks = [u for u in (self.policy.notify_webhook, mine.webhook if mine else None) if u]
