@@ -570,7 +570,7 @@ def parse_spec(raw: bytes | str, job: str) -> JobSpec:
     except SpecError:
         raise
     except RecursionError as e:
-        raise SpecError([f"spec.yaml: nested too deeply to read; keep the structure under {MAX_DEPTH} levels"]) from e
+        raise _too_deep() from e
     except Exception as e:  # anything unforeseen in a hostile file is that file's problem, not the pass's
         raise SpecError([f"spec.yaml: could not be read ({type(e).__name__}: {_clip(str(e), 120)}); "
                          "write it as plain YAML or JSON with the fields of the spec reference"]) from e
@@ -621,8 +621,7 @@ class _BoundedComposer(Composer):
         self._nodes += 1
         try:
             if self._depth > MAX_DEPTH:
-                mark = self.peek_event().start_mark  # type: ignore[attr-defined]
-                raise _Unbounded(None, None, f"nested more than {MAX_DEPTH} levels deep", mark)
+                raise _too_deep(self.peek_event().start_mark)  # type: ignore[attr-defined]
             if self._nodes > MAX_NODES:  # stop early: composing costs microseconds per value
                 mark = self.peek_event().start_mark  # type: ignore[attr-defined]
                 raise _Unbounded(None, None, f"more than {MAX_NODES} values; a job spec needs far fewer", mark)
@@ -631,27 +630,32 @@ class _BoundedComposer(Composer):
             self._depth -= 1
 
 
+class _PythonLoader(Reader, Scanner, Parser, _BoundedComposer, SafeConstructor, Resolver):  # type: ignore[misc]
+    """PyYAML's own scanner and parser: no nesting bound of their own (nor libyaml 0.2.5's)."""
+
+    def __init__(self, stream: Any) -> None:
+        Reader.__init__(self, stream)
+        Scanner.__init__(self)
+        Parser.__init__(self)
+        _BoundedComposer.__init__(self)
+        SafeConstructor.__init__(self)
+        Resolver.__init__(self)
+
+
 if CParser is not None:
 
-    class _BoundedLoader(_BoundedComposer, CParser, SafeConstructor, Resolver):  # type: ignore[misc]
+    class _CLoader(_BoundedComposer, CParser, SafeConstructor, Resolver):  # type: ignore[misc]
+        """libyaml's scanner and parser (0.2.6 refuses nesting past 1,000 levels itself)."""
+
         def __init__(self, stream: Any) -> None:
             CParser.__init__(self, stream)
             SafeConstructor.__init__(self)
             Resolver.__init__(self)
             _BoundedComposer.__init__(self)
 
+    _BoundedLoader: type = _CLoader
 else:  # pragma: no cover - PyYAML without libyaml
-
-    class _BoundedLoader(  # type: ignore[no-redef]
-        Reader, Scanner, Parser, _BoundedComposer, SafeConstructor, Resolver
-    ):
-        def __init__(self, stream: Any) -> None:
-            Reader.__init__(self, stream)
-            Scanner.__init__(self)
-            Parser.__init__(self)
-            _BoundedComposer.__init__(self)
-            SafeConstructor.__init__(self)
-            Resolver.__init__(self)
+    _BoundedLoader = _PythonLoader
 
 
 def load_document(raw: bytes | str) -> Any:
@@ -677,6 +681,8 @@ def load_document(raw: bytes | str) -> Any:
         except _Unbounded as e:
             raise SpecError([f"spec.yaml: {_yaml_where(e)}"]) from e
         except yaml.YAMLError as e:
+            if _LIBYAML_TOO_DEEP in str(getattr(e, "problem", "")):
+                raise _too_deep(getattr(e, "problem_mark", None)) from e
             raise SpecError([f"spec.yaml: not valid YAML or JSON: {_yaml_where(e)}"]) from e
         if node is None:
             return None
@@ -779,6 +785,20 @@ def _segment(part: Any) -> str:
     if re.fullmatch(r"[A-Za-z0-9_\-]{1,64}", text):
         return text
     return ascii(_clip(text, 40))
+
+
+# libyaml 0.2.6 (PyYAML 6.0.4's wheels) refuses nesting past 1,000 levels in its own
+# scanner, before the composer sees a node: a ScannerError "while increasing flow (or
+# block) level, exceeded maximum nesting depth". 0.2.5 and the pure-Python parser have no
+# such bound, and the composer above refuses first. Either way the user reads one message.
+_LIBYAML_TOO_DEEP = "maximum nesting depth"
+
+
+def _too_deep(mark: yaml.Mark | None = None) -> SpecError:
+    """The one message for a spec nested past MAX_DEPTH, whichever layer noticed."""
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    return SpecError([f"spec.yaml: nested more than {MAX_DEPTH} levels deep{where}; a job spec nests 4 levels, "
+                      "so write it as a plain mapping of the spec's fields"])
 
 
 def _yaml_where(error: yaml.YAMLError) -> str:

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from controller.core import names
+from controller.core import spec as spec_module
 from controller.core.durations import MAX_DAYS, format_duration, parse_duration
 from controller.core.spec import MAX_SPEC_BYTES, RESERVED_ENV, JobPolicy, SpecError, built_in_gpus, parse_spec
 from tests.harness import spec_doc
@@ -192,10 +193,6 @@ _LAUGHS = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
     [
         ("x: " + "y" * MAX_SPEC_BYTES, f"{MAX_SPEC_BYTES // 1024} KiB"),
         (b"\x00" * (MAX_SPEC_BYTES + 1), "KiB"),
-        ("[" * 100_000, "nested"),
-        ('{"a": ' * 40_000, "nested"),
-        ("- " * 100_000 + "x", "nested"),
-        ("a:\n" + "".join(" " * i + "b:\n" for i in range(1, 200)), "nested"),
         (_LAUGHS, "alias"),
         ("a: &a [*a]\n", "alias"),
         ("a: &a {b: *a}\n", "alias"),
@@ -218,10 +215,58 @@ def test_hostile_documents_are_spec_errors(raw, says):
     assert all("\n" not in line and len(line) < 1000 for line in lines)
 
 
-def test_deep_json_is_refused_without_recursion():
-    raw = json.dumps(doc()).replace('"python train.py"', "[" * 5000 + "]" * 5000)
+class _Libyaml026Loader(spec_module._PythonLoader):
+    """What libyaml 0.2.6's scanner does past 1,000 levels, whichever libyaml is installed here."""
+
+    def fetch_flow_collection_start(self, token_class):
+        if self.flow_level >= 1000:
+            mark = self.get_mark()
+            raise yaml.scanner.ScannerError("while increasing flow level", mark, "exceeded maximum nesting depth", mark)
+        super().fetch_flow_collection_start(token_class)
+
+
+_DEEP = [
+    "[" * 100_000,
+    '{"a": ' * 40_000,
+    "- " * 100_000 + "x",
+    "a:\n" + "".join(" " * i + "b:\n" for i in range(1, 200)),
+    json.dumps(spec_doc()).replace('"python train.py"', "[" * 5000 + "]" * 5000),  # deep JSON
+    "command: " + "[" * 33 + "x" + "]" * 33,  # just past the bound
+]
+
+
+@pytest.mark.parametrize("loader", ["installed", "python", "libyaml-0.2.6"])
+@pytest.mark.parametrize("raw", _DEEP, ids=["flow", "json-objects", "block", "indented", "deep-json", "33"])
+def test_deep_documents_get_respawns_message_from_every_parser(monkeypatch, loader, raw):
+    """libyaml 0.2.5 and PyYAML's own parser leave the bound to respawn's composer; libyaml 0.2.6
+    refuses past 1,000 levels itself. The user reads the same line, naming the limit, either way."""
+    if loader != "installed":
+        monkeypatch.setattr(spec_module, "_BoundedLoader",
+                            spec_module._PythonLoader if loader == "python" else _Libyaml026Loader)
     [line] = problems(raw)
-    assert line.startswith("spec.yaml:") and "nested" in line
+    assert line.startswith(f"spec.yaml: nested more than {spec_module.MAX_DEPTH} levels deep at line ")
+    assert "\n" not in line and len(line) < 300
+
+
+def test_the_emulated_libyaml_refusal_is_what_the_installed_one_says_when_it_refuses():
+    """Keeps _Libyaml026Loader honest: where libyaml >= 0.2.6 is installed, it raises the same error."""
+    if not yaml.__with_libyaml__:
+        pytest.skip("PyYAML here has no libyaml")
+    try:
+        for _ in yaml.parse("[" * 2000, Loader=yaml.CSafeLoader):  # events only: libyaml's composer is not run
+            pass
+    except yaml.scanner.ScannerError as e:
+        assert (e.context, e.problem) == ("while increasing flow level", "exceeded maximum nesting depth")
+    else:
+        from yaml._yaml import get_version_string
+        assert get_version_string() < "0.2.6", "libyaml 0.2.6 and later refuse this document"
+
+
+def test_a_spec_within_the_bound_is_read_by_every_parser(monkeypatch):
+    raw = yaml.safe_dump(doc(env={"A": "b"}))
+    for loader in (spec_module._PythonLoader, _Libyaml026Loader, spec_module._BoundedLoader):
+        monkeypatch.setattr(spec_module, "_BoundedLoader", loader)
+        assert parse_spec(raw, "job").env == {"A": "b"}
 
 
 def test_aliases_within_bounds_are_fine():
