@@ -3,15 +3,39 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test unit demo chaos fuzz bench sim install clean
+.PHONY: test test-latest unit demo chaos fuzz bench sim install lock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): $(BIN)/python pyproject.toml requirements.txt
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+# Installs exactly the lock, every file checked against its hash, then the package itself
+# (no dependencies of its own: they are all in the lock, which pip check confirms).
+$(STAMP): $(BIN)/python pyproject.toml requirements-dev.txt
+	$(BIN)/python -m pip install --quiet --require-hashes --no-deps -r requirements-dev.txt
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(BIN)/python -m pip check
 	touch $(STAMP)
+
+# The locks: requirements-dev.txt (tests, demo, CLI) from pyproject.toml's [dev] extras, and
+# requirements.txt (what the deployed functions install) from requirements.in, held to the
+# same versions. Universal: one lock for Linux, macOS and Windows, Python 3.11 and later.
+# UPGRADE= keeps every pin that still fits (after editing a range);
+# UPGRADE='--upgrade-package NAME' moves one package.
+UPGRADE ?= --upgrade
+LOCK := --universal --python-version 3.11 --generate-hashes --quiet
+lock: $(STAMP)
+	$(BIN)/uv pip compile pyproject.toml requirements-dev.in --extra dev $(UPGRADE) $(LOCK) -o requirements-dev.txt
+	$(BIN)/uv pip compile requirements.in --constraint requirements-dev.txt $(LOCK) -o requirements.txt
+
+# The suite against the newest release of everything pyproject.toml allows, in its own
+# venv, leaving the locks alone: an upstream change shows up here before `make lock` takes it.
+LATEST := .venv-latest
+test-latest:
+	[ -x $(LATEST)/bin/python ] || $(PYTHON) -m venv $(LATEST)
+	$(LATEST)/bin/python -m pip install --quiet --upgrade pip
+	$(LATEST)/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager -e '.[dev]'
+	$(LATEST)/bin/python -m pip list --format=freeze > $(LATEST)/versions.txt
+	$(LATEST)/bin/python -m pytest
 
 install: $(STAMP)
 
@@ -42,4 +66,4 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) $(LATEST) *.egg-info .pytest_cache
