@@ -124,7 +124,10 @@ class LocalCloud:
             # offered: nothing here turns notifications on.
             **({"RESPAWN_PUBSUB_ENDPOINT": self.pubsub.endpoint,
                 "CLOUDSDK_API_ENDPOINT_OVERRIDES_PUBSUB": f"{self.pubsub.endpoint}/"} if self.pubsub else {}),
-            **({"RESPAWN_LOCAL_WEBHOOK": self.webhook.url} if self.webhook else {}),
+            # The sink is on 127.0.0.1: a spec may name it only because the local cloud says so
+            # (a deployed function refuses a loopback webhook, whatever RESPAWN_ALLOWED_WEBHOOK_HOSTS).
+            **({"RESPAWN_LOCAL_WEBHOOK": self.webhook.url, "RESPAWN_ALLOW_LOOPBACK_WEBHOOKS": "true"}
+               if self.webhook else {}),
             **({"RESPAWN_LOGGING_ENDPOINT": self.logging.endpoint,
                 "CLOUDSDK_API_ENDPOINT_OVERRIDES_LOGGING": f"{self.logging.endpoint}/"} if self.logging else {}),
             **({"RESPAWN_NOTIFY_TOPIC": self.notify_topic, "RESPAWN_NOTIFY_WEBHOOK": self.webhook.url}

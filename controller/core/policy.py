@@ -52,6 +52,11 @@ class ControllerPolicy:
     notify_webhook: str | None = None
     allowed_notify_topics: tuple[str, ...] = ()
     allowed_webhook_hosts: tuple[str, ...] = ("hooks.slack.com",)
+    # A job's webhook on the controller's own machine (localhost, 127.0.0.1): the local cloud's
+    # sink, on any port, whatever the host allowlist. A deployed function's localhost is not the
+    # user's, so only the local cloud sets this (RESPAWN_ALLOW_LOOPBACK_WEBHOOKS); no host
+    # allowlist, ``*`` included, ever implies it.
+    allow_loopback_webhooks: bool = False
 
     @property
     def watched_projects(self) -> tuple[str, ...]:
@@ -149,14 +154,17 @@ class ControllerPolicy:
                 host, port = (url.hostname or "").lower().rstrip("."), url.port
             except ValueError:  # the spec's pattern leaves nothing urlsplit refuses; kept as a guard
                 return [*out, "notify.webhook: not a URL respawn can read; use https://HOST/PATH"]
-            loopback = host in ("127.0.0.1", "localhost")
-            if url.scheme != "https" and not loopback:
+            loopback = host in ("127.0.0.1", "localhost") or host.endswith(".localhost")
+            if loopback and not self.allow_loopback_webhooks:
+                out.append("notify.webhook: a loopback host (localhost, 127.0.0.1) is the controller's own machine, "
+                           "not yours; name a host your webhook is reachable at")
+            elif url.scheme != "https" and not loopback:
                 out.append(f"notify.webhook: {url.scheme}:// would send the job's events in clear; use https://")
             elif port not in (None, 443) and not loopback:
                 out.append(f"notify.webhook: port {port}: only https's own (443) is allowed")
             elif not loopback and _numeric(host):
                 out.append("notify.webhook: an address, not a host name; name the host")
-            elif not any(_host_matches(host, p) for p in self.allowed_webhook_hosts):
+            elif not loopback and not any(_host_matches(host, p) for p in self.allowed_webhook_hosts):
                 out.append(_refuse("notify.webhook", host, self.allowed_webhook_hosts or ("none",)).replace(
                     "allowed:", "allowed hosts (RESPAWN_ALLOWED_WEBHOOK_HOSTS):"))
         return out

@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     notify_webhook: str | None = None  # a Slack-compatible incoming webhook URL
     allowed_notify_topics: CsvList = ()  # what a spec's notify.topic may name (default: a watched project's)
     allowed_webhook_hosts: CsvList = ("hooks.slack.com",)  # what a spec's notify.webhook may POST to
+    # A spec's webhook on localhost / 127.0.0.1 (a deployed function's localhost is not the user's):
+    # the local cloud sets it for its sink; `respawn deploy` never deploys it.
+    allow_loopback_webhooks: bool = False
     pubsub_endpoint: str | None = None  # the local cloud's Pub/Sub server, e.g. http://127.0.0.1:8125
     logging_endpoint: str | None = None  # the local cloud's Cloud Logging server (`respawn logs` reads it)
     # Jobs observed and reconciled side by side in one pass (threads: the clients block).
@@ -93,6 +96,7 @@ class Settings(BaseSettings):
             notify_webhook=self.notify_webhook,
             allowed_notify_topics=self.allowed_notify_topics,
             allowed_webhook_hosts=self.allowed_webhook_hosts,
+            allow_loopback_webhooks=self.allow_loopback_webhooks,
         )
 
     @property

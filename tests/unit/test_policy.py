@@ -229,3 +229,34 @@ def test_a_webhook_host_list_emptied_by_the_deployer_refuses_every_spec_webhook(
     spec = JobSpec.model_validate({"zones": ["us-central1-a"], "machine_type": "n1-standard-4", "command": "x",
                                    "notify": {"webhook": "https://hooks.slack.com/services/x"}})
     assert any(v.startswith("notify.webhook") for v in p.violations(spec))
+
+
+# -- a function's localhost is not the user's (issue 22, item 23) -----------------------------------
+@pytest.mark.parametrize(("allowed", "url"), [
+    ("*", "http://localhost:8080/hook"),
+    ("*", "https://localhost/hook"),
+    ("*", "http://localhost./hook"),
+    ("*", "http://LOCALHOST:9/hook"),
+    ("*", "http://127.0.0.1:8123/services/x"),
+    ("127.0.0.1", "http://127.0.0.1:8123/services/x"),
+    ("*.*", "https://admin.localhost/hook"),
+    ("localhost", "http://localhost:8080/hook"),  # named outright: still the controller's own machine
+])
+def test_a_loopback_webhook_is_refused_whatever_the_host_allowlist_says(allowed, url):
+    from controller.core.spec import Notify
+
+    problems = policy(allowed_webhook_hosts=(allowed,)).notify_problems(Notify(webhook=url))
+    assert problems and all(p.startswith("notify.webhook") for p in problems)
+    assert "/hook" not in " ".join(problems) and "services" not in " ".join(problems)  # never the URL's path
+
+
+def test_loopback_webhooks_are_admitted_only_by_the_explicit_local_cloud_setting(monkeypatch):
+    from controller.core.spec import Notify
+
+    local = Notify(webhook="http://127.0.0.1:8123/services/TLOCAL/BLOCAL/local-secret")
+    for allowed in (("*",), ("hooks.slack.com",)):  # the setting admits it, whatever the host list
+        assert policy(allowed_webhook_hosts=allowed, allow_loopback_webhooks=True).notify_problems(local) == []
+    assert policy(allowed_webhook_hosts=("*",)).notify_problems(local)
+    assert Settings(project="home-proj", _env_file=None).policy().allow_loopback_webhooks is False
+    monkeypatch.setenv("RESPAWN_ALLOW_LOOPBACK_WEBHOOKS", "true")
+    assert Settings(project="home-proj", _env_file=None).policy().allow_loopback_webhooks is True
