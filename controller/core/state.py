@@ -11,7 +11,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_serializer, model_validator
 
 from controller.core.checkpoints import Found
 from controller.core.durations import measured
@@ -92,6 +92,26 @@ def _ids_only(value: Any) -> Any:
     return value
 
 
+def recorded_notify(notify: Notify | None) -> Notify | None:
+    """A job's own destinations as ``status.json`` keeps them: its topic, never a webhook URL.
+
+    Any reader of the bucket may read a status, and a webhook's URL is its credential (whoever has
+    it posts to the channel). The status keeps the topic so that a job cancelled by deleting its
+    spec still tells it; its webhook went with its spec and is not told of that cancel."""
+    if notify is None or notify.topic is None:
+        return None
+    return notify if notify.webhook is None else Notify(topic=notify.topic)
+
+
+def _without_webhook(value: Any) -> Any:
+    """A status read with a webhook URL (written by an older controller, or by hand) drops it:
+    it is neither posted to nor written again."""
+    if isinstance(value, dict):
+        rest = {k: v for k, v in value.items() if k != "webhook"}
+        return rest if rest.get("topic") else None
+    return recorded_notify(value) if isinstance(value, Notify) else value
+
+
 class JobStatus(BaseModel):
     """Everything the planner must remember between passes; the rest is observed anew."""
 
@@ -149,7 +169,9 @@ class JobStatus(BaseModel):
     # its trainer as RESPAWN_CHECKPOINT_EVERY_S; None while the run has no measure of C or M.
     checkpoint_every_s: Annotated[float | None, BeforeValidator(_a_duration_or_none)] = None
     ledger: Ledger = Ledger()  # goodput: attempts, losses, totals (controller.core.ledger)
-    notify: Notify | None = None  # the spec's own destinations at the last launch: told of the end if the spec goes
+    # The spec's own topic at the last launch, told of the end if the spec goes; never its webhook
+    # (recorded_notify: the URL is a secret, and any bucket reader reads this object).
+    notify: Annotated[Notify | None, BeforeValidator(_without_webhook)] = None
     history: tuple[Event, ...] = ()
     event_count: int = 0  # events ever appended: which of ``history`` a commit adds (ledger.settle)
 
@@ -162,6 +184,12 @@ class JobStatus(BaseModel):
             count = data.get("event_count")
             return {**data, "ledger": {**data["ledger"], "folded": count if isinstance(count, int) else 0}}
         return data
+
+    @field_serializer("notify")
+    def _notify_as_written(self, notify: Notify | None) -> dict[str, Any] | None:
+        """Whatever a copy was given (``model_copy`` does not validate), no webhook URL is written."""
+        kept = recorded_notify(notify)
+        return kept.model_dump(mode="json") if kept is not None else None
 
     def but(self, *events: Event, **changes: object) -> JobStatus:
         """A copy with ``changes`` applied and ``events`` appended to the bounded history."""

@@ -12,7 +12,7 @@ from controller.core import errors, ledger, placement
 from controller.core.durations import format_duration
 from controller.core.spec import JobSpec
 from controller.core.ports import ZoneAdvice
-from controller.core.state import CheckpointRef, Event, JobStatus, Phase, ZoneScore
+from controller.core.state import CheckpointRef, Event, JobStatus, Phase, ZoneScore, recorded_notify
 
 
 def event(now: datetime, status: JobStatus, name: str, detail: str, **where: str | datetime | None) -> Event:
@@ -132,7 +132,7 @@ def begin_attempt(
         advice_at=now if advice else status.advice_at,
         resume_from=checkpoint,
         checkpoint_every_s=every,
-        notify=spec.notify,
+        notify=recorded_notify(spec.notify),  # its topic: a webhook URL is a secret, never in status.json
         attempt_started_at=now,
         started_at=status.started_at or now,
         not_before=None,

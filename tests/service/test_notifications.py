@@ -301,14 +301,55 @@ def test_webhook_host_globs_match_label_by_label_and_never_an_address(allowed, h
 
 
 def test_destinations_a_status_records_are_checked_against_the_policy_when_used(told):
-    h, _, webhook = told
-    h.submit("llm", spec_doc(notify={"webhook": "https://hooks.slack.com/services/mine"}))
+    h, publisher, webhook = told
+    h.submit("llm", spec_doc(notify={"topic": f"projects/{PROJECT}/topics/mine"}))
+    publisher.create_topic(f"projects/{PROJECT}/topics/mine")
     h.tick()
-    st = h.status("llm")
-    forged = st.model_copy(update={"notify": st.notify.model_copy(update={"webhook": "http://10.128.0.7:8080/admin"})})
-    h.store.put(BUCKET, "jobs/llm/status.json", forged.to_json())  # whoever may write a spec may write this
+    raw = json.loads(h.store.read(BUCKET, "jobs/llm/status.json").data)
+    raw["notify"] = {"topic": "projects/elsewhere-proj/topics/theirs"}  # whoever may write a spec may write this
+    h.store.put(BUCKET, "jobs/llm/status.json", json.dumps(raw))
     h.store.delete(BUCKET, "jobs/llm/spec.yaml")
     h.tick()
     assert h.status("llm").phase == Phase.CANCELLED
-    assert {u for u, _ in webhook.posted} == {HOOK, "https://hooks.slack.com/services/mine"}  # never 10.128.0.7
+    assert "projects/elsewhere-proj/topics/theirs" not in {t for t, _, _ in publisher.published}
     assert [b["respawn"]["event"] for b in webhook.bodies(HOOK)][-1] == "cancelled"
+
+
+def test_a_jobs_own_webhook_url_is_never_written_into_its_status(told):
+    h, publisher, webhook = told
+    mine, url = f"projects/{PROJECT}/topics/mine", "https://hooks.slack.com/services/T1/B1/SECRETxyz"
+    publisher.create_topic(mine)
+    h.submit("llm", spec_doc(notify={"topic": mine, "webhook": url}))
+    h.tick()
+    h.tick()
+    assert url in {u for u, _ in webhook.posted}  # told while its spec says where
+    raw = h.store.read(BUCKET, "jobs/llm/status.json").data
+    assert b"SECRET" not in raw and h.status("llm").notify.topic == mine and h.status("llm").notify.webhook is None
+
+
+def test_a_deleted_spec_tells_its_topic_of_the_cancel_but_not_its_webhook(told):
+    h, publisher, webhook = told
+    mine, url = f"projects/{PROJECT}/topics/mine", "https://hooks.slack.com/services/T1/B1/mine"
+    publisher.create_topic(mine)
+    h.submit("llm", spec_doc(notify={"topic": mine, "webhook": url}))
+    h.tick()
+    h.store.delete(BUCKET, "jobs/llm/spec.yaml")
+    h.tick()
+    assert h.status("llm").phase == Phase.CANCELLED
+    assert [json.loads(d)["event"] for t, d, _ in publisher.published if t == mine][-1] == "cancelled"
+    assert [b["respawn"]["event"] for b in webhook.bodies(url)] == ["started"]  # its URL went with its spec
+    assert [b["respawn"]["event"] for b in webhook.bodies(HOOK)][-1] == "cancelled"
+
+
+def test_a_webhook_url_a_status_was_written_with_is_dropped_when_read_and_never_posted_to(told):
+    h, _, webhook = told
+    h.submit("llm")
+    h.tick()
+    raw = json.loads(h.store.read(BUCKET, "jobs/llm/status.json").data)
+    raw["notify"] = {"webhook": "https://hooks.slack.com/services/T1/B1/OLDSECRET"}  # an older controller's
+    h.store.put(BUCKET, "jobs/llm/status.json", json.dumps(raw))
+    h.store.delete(BUCKET, "jobs/llm/spec.yaml")
+    h.tick()
+    assert h.status("llm").phase == Phase.CANCELLED
+    assert {u for u, _ in webhook.posted} == {HOOK}
+    assert b"OLDSECRET" not in h.store.read(BUCKET, "jobs/llm/status.json").data
