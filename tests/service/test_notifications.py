@@ -353,3 +353,58 @@ def test_a_webhook_url_a_status_was_written_with_is_dropped_when_read_and_never_
     assert h.status("llm").phase == Phase.CANCELLED
     assert {u for u, _ in webhook.posted} == {HOOK}
     assert b"OLDSECRET" not in h.store.read(BUCKET, "jobs/llm/status.json").data
+
+
+# -- what a user pays for: a change of provisioning model (issue 22, item 15) --------------------------
+def fallback(**policy) -> dict:
+    return spec_doc(provisioning=["spot", "standard"],
+                    policy={"zone_cooldown": "10m", "fallback": {"step_up_after": "1h", **policy}})
+
+
+def test_a_step_down_to_a_pricier_model_is_told_naming_both_models_and_their_prices(told):
+    h, publisher, webhook = told
+    h.compute.spot_stockouts.update({"us-central1-a", "us-central1-b"})
+    h.submit("llm", fallback())
+    h.tick()
+    assert h.status("llm").provisioning == "standard"
+    sent = events(publisher)
+    moved = [e for e in sent if e["event"] == "provisioning"]
+    assert len(moved) == 1
+    down = moved[0]
+    # g2-standard-8 carries one L4: $0.22/h on Spot, $0.71/h on demand (controller/core/prices.py)
+    assert (down["previous_model"], down["model"]) == ("spot", "standard")
+    assert (down["previous_price_per_hour"], down["price_per_hour"]) == (0.22, 0.71)
+    assert down["severity"] == "warning" and "stepping down from spot to standard" in down["cause"]
+    started = next(e for e in sent if e["event"] == "started")
+    assert (started["model"], started["price_per_hour"]) == ("spot", 0.22)  # every notice names its model
+    text = next(b["text"] for b in webhook.bodies(HOOK) if b["respawn"]["event"] == "provisioning")
+    assert "spot ($0.22/h)" in text and "standard ($0.71/h)" in text
+    _, _, attributes = next(m for m in publisher.published if json.loads(m[1])["event"] == "provisioning")
+    assert attributes["event"] == "provisioning"
+
+
+def test_a_step_back_up_to_the_cheaper_model_is_told_too(told):
+    h, publisher, _ = told
+    h.compute.spot_stockouts.update({"us-central1-a", "us-central1-b"})
+    h.submit("llm", fallback())
+    h.tick()
+    h.tick()
+    h.compute.spot_stockouts.clear()
+    h.advance(minutes=61)
+    h.compute.host_error("llm-1")
+    h.tick()
+    assert h.status("llm").provisioning == "spot"
+    moved = [e for e in events(publisher) if e["event"] == "provisioning"]
+    assert [(e["previous_model"], e["model"]) for e in moved] == [("spot", "standard"), ("standard", "spot")]
+    up = moved[-1]
+    assert (up["previous_price_per_hour"], up["price_per_hour"], up["severity"]) == (0.71, 0.22, "info")
+    assert up["attempt"] == 2 and len({e["id"] for e in events(publisher)}) == len(events(publisher))
+
+
+def test_a_model_change_is_told_once_however_many_passes_race(told):
+    h, publisher, _ = told
+    h.compute.spot_stockouts.update({"us-central1-a", "us-central1-b"})
+    h.submit("llm", fallback())
+    h.race("llm")
+    h.tick()
+    assert [e["event"] for e in events(publisher)].count("provisioning") == 1
