@@ -485,6 +485,12 @@ class MemoryTpu:
                         and key[1] not in self.unreachable and labels.get(names.MANAGED_LABEL) == "true"
                         and (job is None or labels.get(names.JOB_LABEL) == job))
 
+
+    A delete is accepted at once and takes ``delete_seconds`` (90, about what Google's take)
+    of the clock: meanwhile the node is listed DELETING and still counts against its zone's
+    quota. ``quota_limit[(zone, spot)]``: TPU nodes of that kind a zone may hold, every node
+    listed there counting (DELETING and PREEMPTED ones too, as on Google); a create past it is
+    refused at once, as a quota on TPU chips is.
             found = [replace(tpu.node, queued=self._queued[key].state if key in self._queued else None)
                      for key, tpu in sorted(self._nodes.items()) if seen(key, tpu.node.labels)]
             for key, queued in sorted(self._queued.items()):
@@ -497,6 +503,9 @@ class MemoryTpu:
 
     def create(self, request: TpuRequest, request_id: str, wait: float | None = None) -> None:
         # Operations here finish at once, or only when ``hold`` lets them: ``wait`` changes neither.
+        self.delete_seconds = 90.0
+        self.quota_limit: dict[tuple[str, bool], int] = {}
+        self._deleting: dict[_Key, datetime] = {}  # accepted deletes -> when the node is gone
         r = request
         key = (r.project, r.zone, r.name)
         with self._lock:
@@ -507,12 +516,12 @@ class MemoryTpu:
                 return
             if (tpu := self._nodes.get(key)) is not None:  # 409: success once it is past CREATING
                 if tpu.held and not self.hold:
+            self._settle_deletes()
                     self._finish(key)  # the first create's operation, finished now: may raise
                 if key in self._nodes and self._nodes[key].held:
                     raise errors.OperationPending(f"{r.name} in {r.zone} still CREATING")
                 return
-            if r.zone in self.quota_exhausted:  # refused at once (HTTP 429), nothing created
-                raise errors.QuotaError(r.zone, "QUOTA_EXCEEDED (TPUV5sLitepodPerProjectPerZoneForTPUAPI)")
+            self._check_quota(r)  # refused at once (HTTP 429), nothing created
             if self.hold:
                 self._nodes[key] = _Tpu(self._node(r, NodeState.CREATING), r, held=True)
                 raise errors.OperationPending(f"create of {r.name} in {r.zone} still running")
@@ -523,19 +532,28 @@ class MemoryTpu:
     def _create_queued(self, key: _Key, r: TpuRequest) -> None:
         if key in self._queued or key in self._nodes:  # 409 (the name is taken) / the same request id: success
             return
-        if r.zone in self.quota_exhausted:
-            raise errors.QuotaError(r.zone, "QUOTA_EXCEEDED (TPUV5sLitepodPerProjectPerZoneForTPUAPI)")
+        self._check_quota(r)
         self._queued[key] = _Queued(r, QueuedState.WAITING_FOR_RESOURCES, self.clock.now())
         self._provision()
 
     def delete(self, project: str, zone: str, name: str) -> None:
         key = (project, zone, name)
         with self._lock:
+            self._settle_deletes()
             self._call("delete", name)
             if key not in self._queued and key not in self._nodes:
                 raise errors.NotFound(f"TPU node {name} in {zone}")
-            self._queued.pop(key, None)  # force: its node goes with it
-            self._nodes.pop(key, None)
+            if key in self._deleting:  # already going: nothing new
+                return
+            if self.delete_seconds <= 0:
+                self._gone(key)
+            else:  # accepted: DELETING, and holding its quota, until the operation is done
+                self._deleting[key] = self.clock.now() + timedelta(seconds=self.delete_seconds)
+                if key in self._nodes:
+                    tpu = self._nodes[key]
+                    tpu.node = replace(tpu.node, state=NodeState.DELETING)
+                if key in self._queued:
+                    self._queued[key].state = QueuedState.DELETING
             self.deleted.append(name)
 
     # -- test helpers: what Google, a user or the TPU host would do ---------------------
@@ -562,12 +580,36 @@ class MemoryTpu:
                         pass  # the node is gone; the next create of it reads the stockout
                 self._provision()
 
+            self._settle_deletes()
     def preempt(self, name: str) -> None:
         """Google reclaims a Spot TPU: PREEMPTED, and it cannot be restarted (its queued
         resource, if any, SUSPENDED: the service deleted its TPUs)."""
         with self._lock:
             key, tpu = self._find(name)
             tpu.node = replace(tpu.node, state=NodeState.PREEMPTED)
+    def _gone(self, key: _Key) -> None:
+        self._queued.pop(key, None)  # force: its node goes with it
+        self._nodes.pop(key, None)
+        self._deleting.pop(key, None)
+
+    def _settle_deletes(self) -> None:
+        """Deletes whose time has come are done: their nodes are gone."""
+        now = self.clock.now()
+        for key in [k for k, at in self._deleting.items() if at <= now]:
+            self._gone(key)
+
+    def _check_quota(self, r: TpuRequest) -> None:
+        if r.zone in self.quota_exhausted:
+            raise errors.QuotaError(r.zone, "QUOTA_EXCEEDED (TPUV5sLitepodPerProjectPerZoneForTPUAPI)")
+        limit = self.quota_limit.get((r.zone, r.spot))
+        if limit is None:
+            return
+        held = {k for k, t in self._nodes.items() if k[1] == r.zone and t.node.spot == r.spot}
+        held |= {k for k, q in self._queued.items() if k[1] == r.zone and q.request.spot == r.spot}
+        if len(held) >= limit:
+            kind = "Preemptible" if r.spot else ""
+            raise errors.QuotaError(r.zone, f"QUOTA_EXCEEDED (TPUV5sLitepod{kind}PerProjectPerZoneForTPUAPI)")
+
             if key in self._queued:
                 self._queued[key].state = QueuedState.SUSPENDED
 
@@ -636,7 +678,9 @@ class MemoryTpu:
         for key, queued in self._queued.items():
             if queued.state == QueuedState.WAITING_FOR_RESOURCES and key[1] not in self.stockouts:
                 queued.state = QueuedState.ACTIVE
+        """The nodes listed now (DELETING ones too, until their delete is done)."""
                 self._nodes[key] = _Tpu(self._node(queued.request, NodeState.READY), queued.request)
+            self._settle_deletes()
 
     def _find(self, name: str) -> tuple[_Key, _Tpu]:
         keys = sorted(key for key in self._nodes if key[2] == name)

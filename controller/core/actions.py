@@ -56,6 +56,9 @@ class DeleteInstance:
     reason: str
     only_if_spec_absent: bool = False
     tpu: bool = False  # a TPU node: deleted through the TPU gateway
+    # What is left of an older attempt: a delete that fails is said, and never holds the rest
+    # of the chain (the next attempt's insert above all); it is tried again every pass.
+    husk: bool = False
 
 
 @dataclass(frozen=True)

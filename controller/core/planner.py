@@ -377,7 +377,7 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
         return _delete_current(v, st, why)  # backing off; a VM whose delete failed still goes
     up = [i for i in v.instances if i.attempt == st.attempt and not i.status.down]
     since = st.recovering_since or st.created_at or now  # a new run: since it began
-    if any(i.status.alive for i in up) or (up and now - since < _SETTLE_LIMIT):
+    if spec.tpu is None and (any(i.status.alive for i in up) or (up and now - since < _SETTLE_LIMIT)):
         # A VM of this attempt is still up: delete it first (its shutdown script gives the
         # trainer the SIGTERM save) and choose the checkpoint once it is gone, so that the
         # save is the one resumed from. One still alive is always waited for (never two
@@ -393,6 +393,16 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
     # A refusal holds for one attempt (begin_attempt forgets them); the other model's
     # cooldowns say nothing about this one's capacity.
     fresh = st.but(zone_rejections={}, **({"zone_cooldowns": {}} if model != t.model_of(spec, st) else {}))
+    if spec.tpu is not None and (husks := [i for i in v.instances if i.tpu]):
+        # A TPU node holds its zone's TPU quota until it is gone, not only until its delete is
+        # accepted (it is DELETING for a minute or more): a create beside it fails on quota,
+        # which must not read as a stockout. So the next node waits for every node of this job
+        # to be gone (one still alive, always: never two live attempts); not forever for one
+        # that is down (a delete that keeps failing): after _SETTLE_LIMIT it is created anyway,
+        # and a quota error then names the node that holds it.
+        if any(i.status.alive for i in husks) or now - since < _SETTLE_LIMIT:
+            return _await_husks(v, st, husks, why, now)
+        why = f"{why}; {', '.join(i.name for i in husks)} still not gone after {fmt(_SETTLE_LIMIT)}, creating anyway"
     zone = t.pick_zone(spec, fresh, now, v.zone_order(model))
     if zone is None:
         return [_waiting(v, spec, st, now), *_delete_current(v, st, why)]
@@ -400,9 +410,6 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
     nxt = t.begin_attempt(st, spec, _project(spec, ctx), zone, nodes, v.checkpoint, now,
                           f"{why}; {stepped}" if stepped else why, v.spec_generation, ctx.new_token(), model,
                           v.advice_for(model))
-    if spec.tpu is not None:
-        # A TPU is deleted, then created: a preempted node may still hold the zone's quota.
-        return [WriteStatus(v.job, nxt, why), *_delete_current(v, st, why), *_insert(v, spec, nxt, now, ctx)]
     # What is left of the previous attempt is down, or stuck on its way down: its deletes
     # come after the insert, so that one that keeps failing never holds the next attempt.
     return [WriteStatus(v.job, nxt, why), *_insert(v, spec, nxt, now, ctx), *_delete_current(v, st, why)]
@@ -416,6 +423,20 @@ def _insert(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: Launch
     zone would then mean the same attempt in two zones.
     """
     if st.not_before and now < st.not_before:
+def _await_husks(v: JobView, st: JobStatus, husks: list[Instance], why: str, now: datetime) -> list[Action]:
+    """Delete what is left of the job's TPU nodes, and wait until they are gone.
+
+    The deletes come first: one that fails says so in the status (the executor), once, and
+    the waiting note is not written over it on every pass."""
+    going = [i for i in husks if i.status == InstanceStatus.DEPROVISIONING]  # delete accepted: wait
+    deletes = [_delete(v.job, i, why) for i in husks if i not in going]
+    if st is not v.status:  # the loss was just decided: commit it first, then come back
+        return [WriteStatus(v.job, st, why, replan=True), *deletes]
+    text = (f"waiting for {', '.join(i.name for i in husks)} to be gone: a TPU node holds its zone's TPU "
+            "quota until its delete is done")
+    return [*deletes, *_note(v, st, "husk", text, now)]
+
+
         # Cooling or backing off past fallback.wait: step down (not when the spec has moved to the
         # other kind since: that capacity record is the other kind's, and is dropped at the switch).
         same_kind = st.attempt_tpu == (spec.tpu is not None)
@@ -552,7 +573,9 @@ def _delete_current(v: JobView, st: JobStatus, why: str) -> list[Action]:
 
 def _cleanup(v: JobView, st: JobStatus) -> list[Action]:
     """Husks of older attempts go at once; their records only after the new insert is acknowledged."""
-    husks = [_delete(v.job, i, f"left over from attempt {i.attempt}") for i in v.instances if i.attempt < st.attempt]
+    # A husk's delete that fails never holds what follows (DeleteInstance.husk).
+    husks = [replace(_delete(v.job, i, f"left over from attempt {i.attempt}"), husk=True)
+             for i in v.instances if i.attempt < st.attempt]
     if not st.inserted:
         return husks
     stale = [r for r in (v.marker, v.exit) if r and not r.belongs_to(st)]

@@ -217,10 +217,19 @@ def _afresh(status: JobStatus, now: datetime, name: str, detail: str, model: str
 
 
 def after_create_error(status: JobStatus, spec: JobSpec, error: Exception, now: datetime,
-                       order: Sequence[str] | None = None) -> JobStatus:
+                       order: Sequence[str] | None = None, held: Sequence[str] = ()) -> JobStatus:
     """The status to record when inserting the current attempt failed; ``order``: the zones
-    as placement ranked them for the attempt's model."""
+    as placement ranked them for the attempt's model; ``held``: this job's own TPU nodes still
+    in the zone of the error (being deleted), which hold its TPU quota until they are gone."""
     zone = status.zone
+    if isinstance(error, errors.QuotaError) and held:
+        # Not the zone's capacity, nor the project's quota: the job's own husk. Never a
+        # cooldown, never a step down; tried again once the husk may be gone.
+        delay = backoff(spec, status.placement + 1)
+        detail = (f"quota exceeded in {error.zone} ({error.reason}), held by this job's own {', '.join(held)} until "
+                  f"its delete is done; retrying in {format_duration(delay)}")
+        return status.but(event(now, status, "quota", detail, zone=zone), placement=status.placement + 1,
+                          not_before=now + delay, message=detail)
     if isinstance(error, errors.QuotaError) and spec.tpu is not None:
         # TPU quota is per zone (and per model: Spot and on-demand TPUs have quotas of their
         # own): another zone, or the next model, may have it, as after a stockout.

@@ -143,7 +143,12 @@ class Executor:
         if isinstance(action, CreateInstances):
             model = transitions.model_of(action.spec, chain.status)
             order = view.zone_order(model) if view.spec is not None else None
-            after = transitions.after_create_error(chain.status, action.spec, error, now, order)
+            # This job's own TPU nodes where the create failed: they hold that zone's TPU quota
+            # until they are gone, so a quota error there is theirs, not the zone's capacity.
+            made = {r.name for r in action.requests}
+            held = [i.name for i in view.instances
+                    if i.tpu and i.name not in made and i.zone == getattr(error, "zone", None)]
+            after = transitions.after_create_error(chain.status, action.spec, error, now, order, held)
             # Another zone, or the next model of the provisioning list, to try right away (only a
             # capacity error or a refusal moves either: transitions.after_create_error).
             moved = (after.zone is not None and after.zone != chain.status.zone) or after.provisioning != chain.status.provisioning
@@ -218,6 +223,7 @@ class _Chain:
 
     @property
     def notify(self) -> Notify | None:
+    husk_errors: list[str] = field(default_factory=list, init=False)  # husk deletes that failed
         """The job's own destinations as its status last recorded them (its spec may be gone)."""
         return self.status.notify if self.status is not None else None
 

@@ -54,6 +54,12 @@ def test_a_tpu_spec_creates_one_node_with_the_agents_metadata_and_no_vm(h):
     assert h.status("tpu").phase == Phase.RUNNING
 
 
+def gone(h: Harness) -> None:
+    """Time for the TPU API's deletes to be done (the fake's take 90 s, as Google's do), then a pass."""
+    h.advance(seconds=h.tpu.delete_seconds + 1)
+    h.tick()
+
+
 def running(h: Harness) -> None:
     h.tick()
     assert h.status("tpu").phase == Phase.RUNNING
@@ -66,9 +72,14 @@ def test_a_preempted_node_is_deleted_then_created_again_from_the_latest_checkpoi
     h.tpu.preempt("tpu-1")
     h.tick()
     st = h.status("tpu")
+    # The node's delete is only accepted: it holds the zone's TPU quota until it is gone.
+    assert st.phase == Phase.RECOVERING and st.attempt == 1 and "waiting for tpu-1 to be gone" in st.message
+    assert calls(h) == [("delete", "tpu-1")]
+    gone(h)
+    st = h.status("tpu")
     assert st.attempt == 2 and st.preemptions == 1 and st.restarts == 1
     assert st.resume_from is not None and st.resume_from.step == 300
-    assert calls(h) == [("delete", "tpu-1"), ("create", "tpu-2")]  # delete, then create
+    assert calls(h) == [("delete", "tpu-1"), ("create", "tpu-2")]  # delete, then create once it is gone
     assert h.tpu.names() == ["tpu-2"]
     assert h.tpu.request_of("tpu-2").metadata["respawn-resume-step"] == "300"
     preempted = next(e for e in st.history if e.event == "preempted")
@@ -79,6 +90,7 @@ def test_a_node_terminated_by_maintenance_is_a_maintenance_restart_not_a_preempt
     running(h)
     h.tpu.set_state("tpu-1", NodeState.TERMINATED)
     h.tick()
+    gone(h)
     st = h.status("tpu")
     assert st.attempt == 2 and st.restarts == 1 and st.preemptions == 0 and st.failures == 0
     assert "maintenance" in events(h)
@@ -107,13 +119,13 @@ def test_a_node_under_maintenance_past_the_policy_timeout_is_deleted_then_create
     h.advance(minutes=21)
     h.tick()
     st = h.status("tpu")
-    assert st.attempt == 2 and st.restarts == 1 and st.failures == 0 and st.preemptions == 0
+    assert st.attempt == 1 and st.restarts == 1 and st.failures == 0 and st.preemptions == 0
     detail = next(e.detail for e in st.history if e.event == "maintenance")
     assert "tpu-1 is under host maintenance (UNHEALTHY_MAINTENANCE) for more than 20m" in detail
     # The node was still up: it is deleted first, and the next attempt waits for it to go.
-    assert ("delete", "tpu-1") in calls(h) and "tpu-1" not in h.tpu.names()
-    h.tick()
-    assert h.tpu.names() == ["tpu-2"]
+    assert ("delete", "tpu-1") in calls(h) and "tpu-1" in h.tpu.names()
+    gone(h)
+    assert h.status("tpu").attempt == 2 and h.tpu.names() == ["tpu-2"]
 
 
 @pytest.mark.parametrize("health", ["TIMEOUT", "UNHEALTHY_TENSORFLOW"])
@@ -164,14 +176,18 @@ def test_worker_0s_exit_0_succeeds_the_job_and_deletes_the_node(h):
     running(h)
     h.exit("tpu", 0)
     h.tick()
-    assert h.status("tpu").phase == Phase.SUCCEEDED and h.tpu.names() == []
+    assert h.status("tpu").phase == Phase.SUCCEEDED and ("delete", "tpu-1") in calls(h)
+    h.advance(seconds=h.tpu.delete_seconds + 1)
+    assert h.tpu.names() == []
 
 
 def test_a_deleted_spec_cancels_the_job_and_deletes_its_node(h):
     running(h)
     h.store.delete("respawn-test", names.spec_key("tpu"))
     h.tick()
-    assert h.status("tpu").phase == Phase.CANCELLED and h.tpu.names() == []
+    assert h.status("tpu").phase == Phase.CANCELLED and ("delete", "tpu-1") in calls(h)
+    h.advance(seconds=h.tpu.delete_seconds + 1)
+    assert h.tpu.names() == []
 
 
 def test_a_stockout_moves_to_the_next_zone_and_spot_steps_down_to_standard():
@@ -219,6 +235,7 @@ def test_a_tpu_list_that_fails_blinds_the_tpu_jobs_alone():
     assert st.attempt == 1 and st.phase == Phase.RUNNING  # not seen: not judged
     h.tpu.failing_projects.clear()
     h.tick()
+    gone(h)
     assert h.status("tpu").attempt == 2
 
 
@@ -244,7 +261,8 @@ def test_a_node_left_by_a_spec_that_moved_from_tpu_to_vm_is_still_found_and_dele
     st = h.status("tpu")
     assert st.attempt == 2 and h.live() == ["tpu-2"]  # the next attempt is a VM
     assert "tpu-1" in h.tpu.names()  # its delete failed: the node is a husk now
-    h.tick()
+    gone(h)  # deleted again by this pass; done 90 s later
+    h.advance(seconds=h.tpu.delete_seconds + 1)
     assert h.tpu.names() == []
 
 
@@ -304,6 +322,7 @@ def test_maintenance_timeout_zero_recreates_at_once():
     h.tick()  # says so
     h.advance(seconds=1)
     h.tick()
+    gone(h)
     st = h.status("tpu")
     assert st.attempt == 2 and "maintenance" in events(h)
 
@@ -417,5 +436,71 @@ def test_a_tpu_node_whose_delete_failed_is_still_deleted_after_a_new_run_on_vms_
     h.store.delete("respawn-test", names.spec_key("j"))  # and it is cancelled before its first attempt
     h.tick()
     h.compute.unreachable.clear()
-    h.tick()
+    gone(h)
     assert h.tpu.names() == [] and h.status("j").phase == Phase.CANCELLED
+
+
+# -- issue 22: a TPU job's own husk never moves it, nor holds it forever -------------------------
+
+
+def test_a_recovering_spot_tpu_waits_for_its_own_husk_and_never_steps_down_because_of_it():
+    """One zone, ``[spot, standard]``, room for one Spot node: the preempted node's delete is only
+    accepted, and it holds the Spot quota until it is gone (Google's take a minute or more)."""
+    h = Harness()
+    h.tpu.quota_limit[("us-central2-b", True)] = 1
+    h.submit("tpu", tpu_doc(zones=["us-central2-b"], provisioning=["spot", "standard"]))
+    h.tick()
+    running(h)
+    h.tpu.preempt("tpu-1")
+    for _ in range(3):  # passes while the delete is under way: nothing is created beside it
+        h.tick()
+        h.advance(seconds=20)
+    assert calls(h) == [("delete", "tpu-1")]
+    gone(h)
+    st = h.status("tpu")
+    assert st.attempt == 2 and st.provisioning == "spot" and h.tpu.request_of("tpu-2").spot
+    assert not {"step-down", "stockout", "quota"} & set(events(h))
+
+
+def test_a_quota_error_held_by_the_jobs_own_node_is_never_a_stockout():
+    """A husk whose delete keeps failing is waited for 10 minutes, then the next node is created
+    anyway; the quota error that follows names the husk, and never cools the zone or steps down."""
+    h = Harness()
+    h.tpu.quota_limit[("us-central2-b", True)] = 1
+    h.submit("tpu", tpu_doc(zones=["us-central2-b"], provisioning=["spot", "standard"],
+                            policy={"fallback": {"stockouts": 1}}))
+    h.tick()
+    running(h)
+    h.tpu.faults.fail_next("delete", errors.TransientError("503 backend error"), times=1000)
+    h.tpu.preempt("tpu-1")
+    h.tick()
+    st = h.status("tpu")
+    assert st.attempt == 1 and "cannot delete tpu-1" in st.message  # what is wrong, said
+    h.advance(minutes=11)
+    h.tick()
+    st = h.status("tpu")
+    assert st.attempt == 2 and st.provisioning == "spot" and st.zone_cooldowns == {}
+    assert "held by this job's own tpu-1" in st.message
+    assert not {"step-down", "stockout"} & set(events(h))
+    h.tpu.faults.fail_next("delete", errors.TransientError("503"), times=0)
+    h.tpu.faults = type(h.tpu.faults)()  # the delete works again: the husk goes, the node comes
+    for _ in range(4):
+        h.advance(minutes=2)
+        h.tick()
+    assert h.tpu.names() == ["tpu-2"] and h.tpu.request_of("tpu-2").spot
+
+
+def test_a_preempted_node_whose_delete_keeps_failing_holds_the_next_attempt_ten_minutes_at_most():
+    h = Harness()
+    h.submit("tpu", tpu_doc())
+    h.tick()
+    running(h)
+    h.tpu.faults.fail_next("delete", errors.RequestError("403 tpu.nodes.delete denied"), times=1000)
+    h.tpu.preempt("tpu-1")
+    h.tick()
+    assert h.status("tpu").attempt == 1 and "cannot delete tpu-1" in h.status("tpu").message
+    h.advance(minutes=11)
+    h.tick()
+    st = h.status("tpu")
+    assert st.attempt == 2 and "tpu-2" in h.tpu.names()
+    assert "tpu-1 still not gone after 10m" in next(e.detail for e in st.history if e.event == "launch" and e.attempt == 2)

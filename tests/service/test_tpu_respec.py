@@ -54,6 +54,7 @@ def test_the_switched_tpu_node_is_deleted_when_the_spec_is_deleted():
     for _ in range(3):
         h.tick()
     assert h.status("j").phase == Phase.CANCELLED
+    h.advance(seconds=h.tpu.delete_seconds + 1)  # the delete, accepted, is done
     assert h.tpu.names() == [], "the TPU slice is leaked: never listed again, never deleted"
 
 

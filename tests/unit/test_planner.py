@@ -232,12 +232,17 @@ def test_each_tpu_node_state(state, outcome):
         assert first.status.settling and first.status.attempt == 1, first.status.message
         assert not any(isinstance(a, (CreateInstances, DeleteInstance)) for a in actions)
         return
-    # Down for good: counted, the old node deleted first, then the next attempt created.
+    # Down for good: counted and committed, the old node deleted; the next attempt is created
+    # once that node is gone (it holds the zone's TPU quota until then).
     st = first.status
-    assert st.attempt == 2 and st.restarts == 1 and st.failures == 0
-    assert st.preemptions == (outcome == "preempted") and st.history[-2].event == outcome
-    assert kinds(actions)[:3] == ["WriteStatus", "DeleteInstance", "CreateInstances"]
-    assert actions[1].tpu and actions[1].name == "job-1" and actions[2].requests[0].name == "job-2"
+    assert st.attempt == 1 and st.phase == Phase.RECOVERING and st.restarts == 1 and st.failures == 0
+    assert st.preemptions == (outcome == "preempted") and st.history[-1].event == outcome
+    assert kinds(actions) == ["WriteStatus", "DeleteInstance"] and first.replan
+    assert actions[1].tpu and actions[1].name == "job-1"
+    # The next pass finds it gone: the next attempt.
+    gone = plan_job(tpu_view(None, status=st, status_generation=8), NOW, CTX)
+    assert kinds(gone)[:2] == ["WriteStatus", "CreateInstances"] and gone[0].status.attempt == 2
+    assert gone[1].requests[0].name == "job-2"
 
 
 @pytest.mark.parametrize("health, outcome", [
