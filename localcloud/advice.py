@@ -3,13 +3,18 @@ the local server's own fault schedule, so that a test can tell which zone Google
 have advised.
 
 - obtainability: 0.0 in a zone that is stocked out, out of quota or unreachable (what an
-  insert there would meet now), else ``Schedule.obtainability`` (0.9 unless set);
-- estimated uptime of Spot VMs: from the zone's preemption rate (the share of Spot VMs
-  preempted per day, ``Schedule.preemption_rates``): the time by which half of them are
-  preempted, at most 30 days; none for a provisioning model other than Spot, as Google
-  gives it for Spot only;
-- history: that rate for each of the last 7 days, and a flat Spot price per machine type
-  where one was set (``Schedule.spot_prices``, dollars per hour).
+  insert there would meet now), else ``Schedule.obtainability`` (0.9 unless set), 0 to 1;
+- history: the zone's ``preemptionRate`` for each of the last 7 days, as Google defines it:
+  of the Spot VMs that stopped running in the interval, the fraction 0.0 to 1.0 that were
+  preempted (``Schedule.preemption_rates``); and a flat Spot price per machine type where
+  one was set (``Schedule.spot_prices``, dollars per hour);
+- estimated uptime of Spot VMs (Google: a best-effort estimate of how long the majority of
+  them run before preemption): ``Schedule.uptimes`` where a test set one; else this
+  server's own model of a zone, one number p, its preemption rate: half of its Spot VMs
+  preempted within ln 2 / -ln(1 - p) days (a day at p = 0.5), kept between an hour and 30
+  days. That is the local world's choice, not Google's: a zone where every Spot VM that
+  stopped was preempted (p = 1) still has Spot VMs that run for a while. None for a
+  provisioning model other than Spot, as Google gives it for Spot only.
 
 The request is validated against the discovery document by the server first; what the
 schema cannot say (a size, a machine type, zones of the region in the path) is checked
@@ -28,14 +33,34 @@ from typing import Any
 from localcloud.gce import invalid, region_of
 
 _MAX_UPTIME = 30 * 86400.0
+_MIN_UPTIME = 3600.0
 _DAYS = 7
 
 
 @dataclass
 class Schedule:
-    preemption_rates: dict[str, float] = field(default_factory=dict)  # zone -> share of Spot VMs preempted a day
+    # zone -> preemptionRate: of its Spot VMs that stopped, the fraction preempted (0 to 1)
+    preemption_rates: dict[str, float] = field(default_factory=dict)
+    uptimes: dict[str, float] = field(default_factory=dict)  # zone -> estimatedUptime, seconds (else the model's)
     obtainability: dict[str, float] = field(default_factory=dict)  # zone -> score where capacity is there
     spot_prices: dict[str, float] = field(default_factory=dict)  # machine type -> dollars per hour
+
+    def rate(self, zone: str) -> float:
+        return fraction(self.preemption_rates.get(zone, 0.0), "a preemption rate")
+
+    def uptime(self, zone: str) -> float:
+        if zone in self.uptimes:
+            return self.uptimes[zone]
+        return uptime(self.rate(zone))
+
+
+def fraction(value: float, what: str) -> float:
+    """``value`` when it is in Google's range for a fraction (0 to 1), else ValueError: the
+    server never answers out of range, whatever a test wrote into its schedule."""
+    value = float(value)
+    if not 0.0 <= value <= 1.0:  # NaN fails it too
+        raise ValueError(f"{what} is a fraction, 0 to 1: {value}")
+    return value
 
 
 def capacity(body: dict[str, Any], region: str, zones: tuple[str, ...], blocked: set[str],
@@ -57,9 +82,10 @@ def capacity(body: dict[str, Any], region: str, zones: tuple[str, ...], blocked:
     candidates = asked or [z for z in zones if region_of(z) == region]
 
     def scores(zone: str) -> dict[str, Any]:
-        out: dict[str, Any] = {"obtainability": 0.0 if zone in blocked else schedule.obtainability.get(zone, 0.9)}
+        odds = 0.0 if zone in blocked else fraction(schedule.obtainability.get(zone, 0.9), "an obtainability")
+        out: dict[str, Any] = {"obtainability": odds}
         if model == "SPOT":
-            out["estimatedUptime"] = f"{uptime(schedule.preemption_rates.get(zone, 0.0)):.0f}s"
+            out["estimatedUptime"] = f"{schedule.uptime(zone):.0f}s"
         return out
 
     def shard(zone: str, count: int) -> dict[str, Any]:
@@ -87,7 +113,7 @@ def history(body: dict[str, Any], region: str, zones: tuple[str, ...], schedule:
     if location != region and (location not in zones or region_of(location) != region):
         raise invalid("resource.locationPolicy.location", location, f"Must be region '{region}' or one of its zones.")
     where = [location] if location != region else [z for z in zones if region_of(z) == region]
-    rate = max((schedule.preemption_rates.get(z, 0.0) for z in where), default=0.0)
+    rate = max((schedule.rate(z) for z in where), default=0.0)  # a region: its worst zone
     types = set(body.get("types") or ("PREEMPTION", "PRICE"))
     end = (now or datetime.now(timezone.utc)).replace(minute=0, second=0, microsecond=0)
     days = [(end - timedelta(days=d + 1), end - timedelta(days=d)) for d in reversed(range(_DAYS))]
@@ -117,12 +143,14 @@ def _machine_type(body: dict[str, Any]) -> str:
 
 
 def uptime(rate: float) -> float:
-    """Seconds until half of the Spot VMs are preempted, at ``rate`` per day (at most 30 days)."""
+    """The local model's Spot uptime for a zone of preemption rate ``rate`` (0 to 1): seconds
+    until half of its Spot VMs are preempted, as if a share ``rate`` of them were preempted
+    within a day of running; between an hour and 30 days."""
     if rate <= 0:
         return _MAX_UPTIME
     if rate >= 1:
-        return 0.0
-    return min(_MAX_UPTIME, math.log(2) / -math.log1p(-rate) * 86400)
+        return _MIN_UPTIME
+    return max(_MIN_UPTIME, min(_MAX_UPTIME, math.log(2) / -math.log1p(-rate) * 86400))
 
 
 def _rank(scores: dict[str, Any]) -> tuple[float, float]:
@@ -144,12 +172,23 @@ class AdviceApi:
     a mixin of ``localcloud.compute.ComputeServer``, whose fault state (``faults``) it reads."""
 
     def preemption_rate(self, zone: str, rate: float) -> None:
-        """What capacity advice tells of ``zone``: this share of its Spot VMs preempted a day."""
-        rate = float(rate)
-        if not 0.0 <= rate <= 1.0:
-            raise ValueError(f"a preemption rate is a share of VMs a day, 0 to 1: {rate}")
+        """What capacity history tells of ``zone``: of its Spot VMs that stopped, this share
+        preempted (0 to 1); unless ``spot_uptime`` says otherwise, it also sets the zone's
+        estimated uptime, by this server's model (``uptime``)."""
+        rate = fraction(rate, "a preemption rate")
         with self._lock:
             self.faults.advice.preemption_rates[zone] = rate
+
+    def spot_uptime(self, zone: str, seconds: float | None) -> None:
+        """What capacity advice estimates of ``zone``'s Spot VMs' run time (None: the model's again)."""
+        with self._lock:
+            if seconds is None:
+                self.faults.advice.uptimes.pop(zone, None)
+                return
+            seconds = float(seconds)
+            if not 0 < seconds < math.inf:
+                raise ValueError(f"an uptime is a positive duration: {seconds}")
+            self.faults.advice.uptimes[zone] = seconds
 
     def spot_price(self, machine_type: str, dollars_per_hour: float) -> None:
         """What capacity history tells of ``machine_type``'s Spot price."""

@@ -103,9 +103,9 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
         a VM (Google: 30 s for Spot and preemptible VMs, 90 s otherwise); ``guest_shutdown_limit``:
         its time when the guest powers itself off, which Google does not limit (a bound, here);
         ``realism``: latency, operation durations and bulkInsert limits (default: none);
-        ``preemption_day``: seconds that stand for a day of the zones' preemption rates (see
-        ``preemption_rate``): a Spot VM is then preempted when its zone's expected uptime has
-        passed at that scale; None: the rates only inform capacity advice."""
+        ``preemption_day``: seconds that stand for a day of the local world: a Spot VM is then
+        preempted when its zone's estimated uptime (``spot_uptime``, else the model's from its
+        ``preemption_rate``) has passed at that scale; None: they only inform capacity advice."""
         super().__init__(vm_env, workdir, "localcloud-vms-")
         self.boot_delay = boot_delay
         self.shutdown_budget = shutdown_budget
@@ -285,7 +285,7 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
             "crash": self.crash, "unreachable": self.unreachable, "maintenance": self.maintenance,
             "host_error": self.host_error, "set_status": self.set_status, "slow_operations": self.slow_operations,
             "hold_operations": self.hold_operations, "unknown": self.unknown,
-            "preemption_rate": self.preemption_rate, "spot_price": self.spot_price},
+            "preemption_rate": self.preemption_rate, "spot_uptime": self.spot_uptime, "spot_price": self.spot_price},
             refused=(TypeError, ValueError, KeyError), inventory=self._inventory)  # KeyError: an instance not there
         return app
 
@@ -575,9 +575,10 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
         """What ends a RUNNING VM by itself: its zone's preemptions at ``preemption_day`` scale
         (Spot), or its ``maxRunDuration`` (Compute then deletes or stops it)."""
         scheduling, process = vm.resource["scheduling"], vm.process
-        rate = self.faults.advice.preemption_rates.get(vm.zone, 0.0)
-        if scheduling.get("provisioningModel") == "SPOT" and self.preemption_day and rate > 0:
-            self._later(advice.uptime(rate) * self.preemption_day / 86400, self._ends, vm, process, "preempted")
+        plan = self.faults.advice
+        if scheduling.get("provisioningModel") == "SPOT" and self.preemption_day and (
+                plan.preemption_rates.get(vm.zone, 0.0) > 0 or vm.zone in plan.uptimes):
+            self._later(plan.uptime(vm.zone) * self.preemption_day / 86400, self._ends, vm, process, "preempted")
         if seconds := float((scheduling.get("maxRunDuration") or {}).get("seconds") or 0):
             self._later(seconds, self._ends, vm, process, "max run")
 

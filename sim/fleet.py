@@ -163,10 +163,12 @@ class Fleet:
         self.store = MemoryStore(self.clock)
         self.compute = MemoryCompute(self.clock)
         self.advisor = MemoryAdvisor(self.compute, regions=sorted({z.rsplit("-", 1)[0] for z in trace.zones}))
-        # The advice Compute gives: the true mean lifetime per zone (as a daily preemption rate),
-        # obtainability 0 where the fake is stocked out now.
+        # The advice Compute gives: the true mean lifetime per zone (as the Spot estimated uptime;
+        # every Spot VM that stops here is preempted: a preemption rate of 1), obtainability 0
+        # where the fake is stocked out now.
         if self.p.advice == "true":
-            self.advisor.rates.update({n: 86400.0 / z.mean_s for n, z in trace.zones.items()})
+            self.advisor.uptimes.update({n: z.mean_s for n, z in trace.zones.items()})
+            self.advisor.rates.update({n: 1.0 for n in trace.zones})
         else:  # obtainability only: no Spot uptime or preemption rate at all
             self.advisor.spot_estimates = False
         self.now = 0.0

@@ -76,8 +76,8 @@ class Params:
     price_gpu_h: float = 1.47  # US$ per GPU-hour, Spot
     gpus_per_vm: int = 1
     policies: tuple[str, ...] = ()  # empty: all
-    # What capacity advice tells respawn: "true", each zone's true mean lifetime (as a daily
-    # preemption rate) and obtainability; "obtainability", only whether a zone has capacity now.
+    # What capacity advice tells respawn: "true", each zone's true mean lifetime (as its Spot
+    # estimated uptime) and obtainability; "obtainability", only whether a zone has capacity now.
     advice: str = "true"
 
     def as_dict(self) -> dict[str, Any]:

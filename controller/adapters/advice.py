@@ -6,12 +6,16 @@
   scored twice keeps its first score.
 - ``estimatedUptime`` is a duration string ("86400s"); Google gives it for Spot only.
 - ``advice.capacityHistory`` is asked per zone (``locationPolicy.location: zones/Z``) for
-  Spot, and only its latest day's ``preemptionRate`` is kept, to break ties and to show in
-  ``respawn status``. A history that fails costs the tie-break only, not the ranking.
+  Spot, and only its latest interval's ``preemptionRate`` is kept, to break ties and to show
+  in ``respawn status``. Google defines it as a fraction 0.0 to 1.0: (Spot VMs preempted) /
+  (Spot VMs that stopped running) in the interval, not a rate per day; a value outside that
+  range (or not finite) is kept as unknown. A history that fails costs the tie-break only,
+  not the ranking.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import requests
@@ -70,7 +74,8 @@ class ComputeAdvice:
         return scores
 
     def _history(self, shape: Shape, zone: str) -> tuple[float | None, float | None]:
-        """The latest day's preemption rate and Spot list price (dollars per VM-hour) in ``zone``."""
+        """The latest interval's preemption rate (the share of stopped Spot VMs that were preempted)
+        and Spot list price (dollars per VM-hour) in ``zone``."""
         request = compute_v1.CapacityHistoryAdviceRequest(
             project=shape.project, region=shape.region, capacity_history_request_resource={
                 "instance_properties": {"machine_type": shape.machine_type,
@@ -78,7 +83,7 @@ class ComputeAdvice:
                 "location_policy": {"location": f"zones/{zone}"}, "types": ["PREEMPTION", "PRICE"]})
         history = self.client.capacity_history(request, retry=_RETRY, timeout=_TIMEOUT)
         days = sorted(history.preemption_history, key=lambda r: r.interval.end_time)
-        rate = days[-1].preemption_rate if days and "preemption_rate" in days[-1] else None
+        rate = _fraction(days[-1].preemption_rate) if days and "preemption_rate" in days[-1] else None
         prices = sorted(history.price_history, key=lambda r: r.interval.end_time)
         price = None
         if prices and "list_price" in prices[-1] and prices[-1].list_price.currency_code in ("USD", ""):
@@ -92,6 +97,11 @@ def _gpus(shape: Shape) -> dict[str, Any]:
         return {}
     return {"guest_accelerators": [{"accelerator_type": shape.accelerator_type,
                                     "accelerator_count": shape.accelerator_count}]}
+
+
+def _fraction(value: float) -> float | None:
+    """``preemptionRate`` as Google documents it (0.0 to 1.0), else None."""
+    return value if math.isfinite(value) and 0.0 <= value <= 1.0 else None
 
 
 def _seconds(text: Any) -> float | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import json
+import math
 import threading
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -395,19 +396,32 @@ class MemoryCompute:
 
 
 class MemoryAdvisor:
-    """Compute's capacity advice, derived as the local server derives it: an insert's odds
-    (0 where the fake Compute is stocked out or out of quota) and, for Spot, uptime and
-    history from a per-zone preemption rate. ``failure``: raised instead of answering."""
+    """Compute's capacity advice, derived as the local server derives it (localcloud/advice.py):
+    an insert's odds (0 where the fake Compute is stocked out or out of quota) and, for Spot,
+    each zone's ``preemptionRate`` as Google defines it (``rates``: of its Spot VMs that
+    stopped, the fraction 0 to 1 preempted) and its estimated uptime (``uptimes``, else the
+    local model's from the rate: half preempted within ln 2 / -ln(1 - p) days, between an
+    hour and 30 days). A rate outside 0..1 is refused, never answered. ``failure``: raised
+    instead of answering."""
 
     def __init__(self, compute: MemoryCompute, regions: Sequence[str] = ("us-central1", "us-east1", "europe-west4")):
         self.compute = compute
         self.regions = set(regions)
-        self.rates: dict[str, float] = {}  # zone -> share of Spot VMs preempted a day
+        self.rates: dict[str, float] = {}  # zone -> preemptionRate: share of its stopped Spot VMs preempted
+        self.uptimes: dict[str, float] = {}  # zone -> estimatedUptime in seconds (else the model's)
         self.spot_prices: dict[str, float] = {}  # machine type -> Spot dollars per VM-hour (priceHistory)
         self.spot_estimates = True  # False: no Spot uptime or preemption rate (obtainability only)
         self.failure: errors.RespawnError | None = None
         self.calls: list[Shape] = []
         self._lock = threading.Lock()
+
+    def preemption_rate(self, zone: str, rate: float) -> None:
+        self.rates[zone] = _fraction(rate)
+
+    def spot_uptime(self, zone: str, seconds: float) -> None:
+        if not 0 < float(seconds) < math.inf:
+            raise ValueError(f"an uptime is a positive duration: {seconds}")
+        self.uptimes[zone] = float(seconds)
 
     def advise(self, shape: Shape) -> dict[str, ZoneAdvice]:
         with self._lock:
@@ -420,14 +434,30 @@ class MemoryAdvisor:
             blocked = self.compute.stockouts | self.compute.quota_exhausted | (self.compute.spot_stockouts if spot else set())
             out = {}
             for zone in shape.zones:
-                rate = self.rates.get(zone, 0.0)
+                rate = _fraction(self.rates.get(zone, 0.0))
+                estimates = spot and self.spot_estimates
                 out[zone] = ZoneAdvice(
                     obtainability=0.0 if zone in blocked else 0.9,
-                    uptime_s=(30 * 86400.0 if rate <= 0 else min(30 * 86400.0, 86400.0 / rate))
-                    if spot and self.spot_estimates else None,
-                    preemption_rate=rate if spot and self.spot_estimates else None,
+                    uptime_s=self.uptimes.get(zone, _model_uptime(rate)) if estimates else None,
+                    preemption_rate=rate if estimates else None,
                     spot_price_h=self.spot_prices.get(shape.machine_type) if spot else None)
             return out
+
+
+def _fraction(rate: float) -> float:
+    rate = float(rate)
+    if not 0.0 <= rate <= 1.0:  # NaN too
+        raise ValueError(f"a preemption rate is a fraction, 0 to 1: {rate}")
+    return rate
+
+
+def _model_uptime(rate: float) -> float:
+    """The local model's Spot uptime for a zone of preemption rate ``rate`` (localcloud.advice.uptime)."""
+    if rate <= 0:
+        return 30 * 86400.0
+    if rate >= 1:
+        return 3600.0
+    return max(3600.0, min(30 * 86400.0, math.log(2) / -math.log1p(-rate) * 86400))
 
 
 @dataclass
@@ -455,6 +485,12 @@ class MemoryTpu:
     request again too while held; once released, capacity is decided then (a late stockout
     takes the node away, and the next create reads it). A queued resource's create is
     accepted at once, as Google's: while held, it waits in the queue.
+
+    A delete is accepted at once and takes ``delete_seconds`` (90, about what Google's take)
+    of the clock: meanwhile the node is listed DELETING and still counts against its zone's
+    quota. ``quota_limit[(zone, spot)]``: TPU nodes of that kind a zone may hold, every node
+    listed there counting (DELETING and PREEMPTED ones too, as on Google); a create past it is
+    refused at once, as a quota on TPU chips is.
     """
 
     def __init__(self, clock: Clock | None = None) -> None:
@@ -467,6 +503,9 @@ class MemoryTpu:
         self.failing_projects: set[str] = set()  # projects whose list fails (403)
         self.hold = False
         self.deleted: list[str] = []
+        self.delete_seconds = 90.0
+        self.quota_limit: dict[tuple[str, bool], int] = {}
+        self._deleting: dict[_Key, datetime] = {}  # accepted deletes -> when the node is gone
         self._nodes: dict[_Key, _Tpu] = {}
         self._queued: dict[_Key, _Queued] = {}
         self._ids = itertools.count(7_000_000_000_000_000_001)
@@ -477,6 +516,7 @@ class MemoryTpu:
             self._call("list", f"{job or '*'} in {','.join(zones)}")
             if job is not None and (problem := names.job_name_problem(job)):
                 raise errors.RequestError(problem)
+            self._settle_deletes()
             self._provision()
             failed = {p: "RequestError: permission denied" for p in projects if p in self.failing_projects}
 
@@ -485,12 +525,6 @@ class MemoryTpu:
                         and key[1] not in self.unreachable and labels.get(names.MANAGED_LABEL) == "true"
                         and (job is None or labels.get(names.JOB_LABEL) == job))
 
-
-    A delete is accepted at once and takes ``delete_seconds`` (90, about what Google's take)
-    of the clock: meanwhile the node is listed DELETING and still counts against its zone's
-    quota. ``quota_limit[(zone, spot)]``: TPU nodes of that kind a zone may hold, every node
-    listed there counting (DELETING and PREEMPTED ones too, as on Google); a create past it is
-    refused at once, as a quota on TPU chips is.
             found = [replace(tpu.node, queued=self._queued[key].state if key in self._queued else None)
                      for key, tpu in sorted(self._nodes.items()) if seen(key, tpu.node.labels)]
             for key, queued in sorted(self._queued.items()):
@@ -503,20 +537,17 @@ class MemoryTpu:
 
     def create(self, request: TpuRequest, request_id: str, wait: float | None = None) -> None:
         # Operations here finish at once, or only when ``hold`` lets them: ``wait`` changes neither.
-        self.delete_seconds = 90.0
-        self.quota_limit: dict[tuple[str, bool], int] = {}
-        self._deleting: dict[_Key, datetime] = {}  # accepted deletes -> when the node is gone
         r = request
         key = (r.project, r.zone, r.name)
         with self._lock:
             self._call("create", r.name)
+            self._settle_deletes()
             self._provision()
             if r.queued:
                 self._create_queued(key, r)
                 return
             if (tpu := self._nodes.get(key)) is not None:  # 409: success once it is past CREATING
                 if tpu.held and not self.hold:
-            self._settle_deletes()
                     self._finish(key)  # the first create's operation, finished now: may raise
                 if key in self._nodes and self._nodes[key].held:
                     raise errors.OperationPending(f"{r.name} in {r.zone} still CREATING")
@@ -539,8 +570,8 @@ class MemoryTpu:
     def delete(self, project: str, zone: str, name: str) -> None:
         key = (project, zone, name)
         with self._lock:
-            self._settle_deletes()
             self._call("delete", name)
+            self._settle_deletes()
             if key not in self._queued and key not in self._nodes:
                 raise errors.NotFound(f"TPU node {name} in {zone}")
             if key in self._deleting:  # already going: nothing new
@@ -555,6 +586,29 @@ class MemoryTpu:
                 if key in self._queued:
                     self._queued[key].state = QueuedState.DELETING
             self.deleted.append(name)
+
+    def _gone(self, key: _Key) -> None:
+        self._queued.pop(key, None)  # force: its node goes with it
+        self._nodes.pop(key, None)
+        self._deleting.pop(key, None)
+
+    def _settle_deletes(self) -> None:
+        """Deletes whose time has come are done: their nodes are gone."""
+        now = self.clock.now()
+        for key in [k for k, at in self._deleting.items() if at <= now]:
+            self._gone(key)
+
+    def _check_quota(self, r: TpuRequest) -> None:
+        if r.zone in self.quota_exhausted:
+            raise errors.QuotaError(r.zone, "QUOTA_EXCEEDED (TPUV5sLitepodPerProjectPerZoneForTPUAPI)")
+        limit = self.quota_limit.get((r.zone, r.spot))
+        if limit is None:
+            return
+        held = {k for k, t in self._nodes.items() if k[1] == r.zone and t.node.spot == r.spot}
+        held |= {k for k, q in self._queued.items() if k[1] == r.zone and q.request.spot == r.spot}
+        if len(held) >= limit:
+            kind = "Preemptible" if r.spot else ""
+            raise errors.QuotaError(r.zone, f"QUOTA_EXCEEDED (TPUV5sLitepod{kind}PerProjectPerZoneForTPUAPI)")
 
     # -- test helpers: what Google, a user or the TPU host would do ---------------------
     def stockout(self, zone: str, on: bool = True) -> None:
@@ -580,36 +634,12 @@ class MemoryTpu:
                         pass  # the node is gone; the next create of it reads the stockout
                 self._provision()
 
-            self._settle_deletes()
     def preempt(self, name: str) -> None:
         """Google reclaims a Spot TPU: PREEMPTED, and it cannot be restarted (its queued
         resource, if any, SUSPENDED: the service deleted its TPUs)."""
         with self._lock:
             key, tpu = self._find(name)
             tpu.node = replace(tpu.node, state=NodeState.PREEMPTED)
-    def _gone(self, key: _Key) -> None:
-        self._queued.pop(key, None)  # force: its node goes with it
-        self._nodes.pop(key, None)
-        self._deleting.pop(key, None)
-
-    def _settle_deletes(self) -> None:
-        """Deletes whose time has come are done: their nodes are gone."""
-        now = self.clock.now()
-        for key in [k for k, at in self._deleting.items() if at <= now]:
-            self._gone(key)
-
-    def _check_quota(self, r: TpuRequest) -> None:
-        if r.zone in self.quota_exhausted:
-            raise errors.QuotaError(r.zone, "QUOTA_EXCEEDED (TPUV5sLitepodPerProjectPerZoneForTPUAPI)")
-        limit = self.quota_limit.get((r.zone, r.spot))
-        if limit is None:
-            return
-        held = {k for k, t in self._nodes.items() if k[1] == r.zone and t.node.spot == r.spot}
-        held |= {k for k, q in self._queued.items() if k[1] == r.zone and q.request.spot == r.spot}
-        if len(held) >= limit:
-            kind = "Preemptible" if r.spot else ""
-            raise errors.QuotaError(r.zone, f"QUOTA_EXCEEDED (TPUV5sLitepod{kind}PerProjectPerZoneForTPUAPI)")
-
             if key in self._queued:
                 self._queued[key].state = QueuedState.SUSPENDED
 
@@ -648,7 +678,9 @@ class MemoryTpu:
             return request
 
     def names(self) -> list[str]:
+        """The nodes listed now (DELETING ones too, until their delete is done)."""
         with self._lock:
+            self._settle_deletes()
             return sorted(key[2] for key in self._nodes)
 
     def queued_state(self, name: str) -> QueuedState | None:
@@ -678,9 +710,7 @@ class MemoryTpu:
         for key, queued in self._queued.items():
             if queued.state == QueuedState.WAITING_FOR_RESOURCES and key[1] not in self.stockouts:
                 queued.state = QueuedState.ACTIVE
-        """The nodes listed now (DELETING ones too, until their delete is done)."""
                 self._nodes[key] = _Tpu(self._node(queued.request, NodeState.READY), queued.request)
-            self._settle_deletes()
 
     def _find(self, name: str) -> tuple[_Key, _Tpu]:
         keys = sorted(key for key in self._nodes if key[2] == name)

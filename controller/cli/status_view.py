@@ -42,6 +42,7 @@ from rich.text import Text
 
 from controller.cli.main import plain, printable
 from controller.core.durations import format_duration
+from controller.core.placement import fraction
 
 Row = Mapping[str, Any]
 GAP = "  "  # between columns
@@ -243,10 +244,13 @@ ADVICE_LAYOUTS = (("zone", "obtainability", "uptime", "rate"), ("zone", "obtaina
 
 class AdviceTable:
     """Each zone as capacity advice scored it when the job last launched: where Spot VMs are
-    likely to be had, how long they are expected to run, and how often they were preempted.
-    Columns give way as the job table's do (the uptime first, then the obtainability)."""
+    likely to be had, how long the majority of them are expected to run (Google's estimate),
+    and, of the Spot VMs that stopped there on the latest day, the share that were preempted
+    (``preemptionRate``: how they ended, not how often). Columns give way as the job table's
+    do (the uptime first, then the obtainability)."""
 
-    HEADERS = {"zone": "ZONE", "obtainability": "OBTAINABILITY", "uptime": "SPOT UPTIME", "rate": "PREEMPTED/DAY"}
+    HEADERS = {"zone": "ZONE", "obtainability": "OBTAINABILITY", "uptime": "SPOT UPTIME",
+               "rate": "PREEMPTED OF STOPPED"}
 
     def __init__(self, row: Row) -> None:
         self.row = row
@@ -255,7 +259,7 @@ class AdviceTable:
         advice: dict[str, dict[str, float | None]] = self.row["zone_advice"]
         cells = []
         for zone, a in advice.items():
-            uptime, rate = a.get("uptime_s"), a.get("preemption_rate")
+            uptime, rate = a.get("uptime_s"), fraction(a.get("preemption_rate"))
             cells.append({"zone": plain(zone + (" ←" if zone == self.row["zone"] else "")),
                           "obtainability": plain("—" if a.get("obtainability") is None else f"{a['obtainability']:.2f}"),
                           "uptime": plain("—" if uptime is None else f"{uptime / 86400:.1f} d"),

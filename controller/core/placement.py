@@ -2,8 +2,10 @@
 
 ``placement: ordered`` keeps the spec's order. ``placement: capacity`` (the default for
 Spot) ranks the same zones by Compute's capacity advice: the more obtainable first, then
-the longer Spot VMs are expected to run there, then the lower their recent preemption
-rate, then the spec's order. Zones the advice did not score keep the spec's order after
+the longer Spot VMs are expected to run there (``estimatedUptime``), then, as a tie-break
+only, the lower share of the Spot VMs that stopped there on the latest day which were
+preempted (``preemptionRate``, a fraction 0..1: it says how Spot VMs ended, not how soon),
+then the spec's order. A rate outside 0..1 (or not finite) ranks as unknown. Zones the advice did not score keep the spec's order after
 the scored ones. Without advice (not asked, or the call failed) the order is the spec's:
 advice may improve a launch, never block one.
 """
@@ -41,8 +43,9 @@ def zone_order(spec: JobSpec, model: str, advice: Mapping[str, ZoneAdvice] | Non
         a = advice.get(zone)
         if a is None:
             return (1, 0, 0, 0, position[zone])
-        rate = a.preemption_rate if a.preemption_rate is not None else math.inf
-        return (0, -(a.obtainability or 0.0), -(a.uptime_s or 0.0), rate, position[zone])
+        share = fraction(a.preemption_rate)
+        return (0, -(a.obtainability or 0.0), -(a.uptime_s or 0.0), math.inf if share is None else share,
+                position[zone])
 
     return tuple(sorted(spec.zones, key=rank))
 
@@ -56,9 +59,16 @@ def describe(advice: ZoneAdvice | None) -> str:
         parts.append(f"obtainability {advice.obtainability:.2f}")
     if advice.uptime_s is not None:
         parts.append(f"uptime ~{_days(advice.uptime_s)}")
-    if advice.preemption_rate is not None:
-        parts.append(f"{advice.preemption_rate:.0%} preempted/day")
+    if (share := fraction(advice.preemption_rate)) is not None:
+        parts.append(f"{share:.0%} of stopped Spot VMs preempted")
     return ", ".join(parts) or "no scores"
+
+
+def fraction(value: object) -> float | None:
+    """A share as Google defines ``preemptionRate`` (0.0 to 1.0), or None for anything else."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) and 0.0 <= value <= 1.0 else None
 
 
 def _days(seconds: float) -> str:

@@ -385,14 +385,6 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
         # its way down (STOPPING...) is no longer waited for after _SETTLE_LIMIT.
         head = [WriteStatus(v.job, st, why, replan=True)] if st is not v.status else []
         return [*head, *(_delete(v.job, i, why) for i in up)]
-    if spec.checkpoint and v.checkpoint_loaded and v.checkpoint_error:
-        text = (f"waiting: cannot list checkpoint.uri {spec.checkpoint.uri} ({v.checkpoint_error}); "
-                "fix the URI or grant the controller's service account roles/storage.objectViewer on it")
-        return [*_note(v, st, "checkpoint", text, now), *_delete_current(v, st, why)]
-    model, stepped = t.next_model(spec, st, now)
-    # A refusal holds for one attempt (begin_attempt forgets them); the other model's
-    # cooldowns say nothing about this one's capacity.
-    fresh = st.but(zone_rejections={}, **({"zone_cooldowns": {}} if model != t.model_of(spec, st) else {}))
     if spec.tpu is not None and (husks := [i for i in v.instances if i.tpu]):
         # A TPU node holds its zone's TPU quota until it is gone, not only until its delete is
         # accepted (it is DELETING for a minute or more): a create beside it fails on quota,
@@ -403,6 +395,14 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
         if any(i.status.alive for i in husks) or now - since < _SETTLE_LIMIT:
             return _await_husks(v, st, husks, why, now)
         why = f"{why}; {', '.join(i.name for i in husks)} still not gone after {fmt(_SETTLE_LIMIT)}, creating anyway"
+    if spec.checkpoint and v.checkpoint_loaded and v.checkpoint_error:
+        text = (f"waiting: cannot list checkpoint.uri {spec.checkpoint.uri} ({v.checkpoint_error}); "
+                "fix the URI or grant the controller's service account roles/storage.objectViewer on it")
+        return [*_note(v, st, "checkpoint", text, now), *_delete_current(v, st, why)]
+    model, stepped = t.next_model(spec, st, now)
+    # A refusal holds for one attempt (begin_attempt forgets them); the other model's
+    # cooldowns say nothing about this one's capacity.
+    fresh = st.but(zone_rejections={}, **({"zone_cooldowns": {}} if model != t.model_of(spec, st) else {}))
     zone = t.pick_zone(spec, fresh, now, v.zone_order(model))
     if zone is None:
         return [_waiting(v, spec, st, now), *_delete_current(v, st, why)]
@@ -415,14 +415,6 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
     return [WriteStatus(v.job, nxt, why), *_insert(v, spec, nxt, now, ctx), *_delete_current(v, st, why)]
 
 
-def _insert(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchContext) -> list[Action]:
-    """(Re)issue the current attempt's insert; the request id makes a repeat harmless.
-
-    Before any insert, the attempt's VMs are looked for everywhere: an earlier insert
-    may have been accepted with its status write lost (or still running), and a new
-    zone would then mean the same attempt in two zones.
-    """
-    if st.not_before and now < st.not_before:
 def _await_husks(v: JobView, st: JobStatus, husks: list[Instance], why: str, now: datetime) -> list[Action]:
     """Delete what is left of the job's TPU nodes, and wait until they are gone.
 
@@ -437,6 +429,14 @@ def _await_husks(v: JobView, st: JobStatus, husks: list[Instance], why: str, now
     return [*deletes, *_note(v, st, "husk", text, now)]
 
 
+def _insert(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchContext) -> list[Action]:
+    """(Re)issue the current attempt's insert; the request id makes a repeat harmless.
+
+    Before any insert, the attempt's VMs are looked for everywhere: an earlier insert
+    may have been accepted with its status write lost (or still running), and a new
+    zone would then mean the same attempt in two zones.
+    """
+    if st.not_before and now < st.not_before:
         # Cooling or backing off past fallback.wait: step down (not when the spec has moved to the
         # other kind since: that capacity record is the other kind's, and is dropped at the switch).
         same_kind = st.attempt_tpu == (spec.tpu is not None)

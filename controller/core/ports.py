@@ -223,8 +223,13 @@ class ZoneAdvice:
     """Compute's advice for one zone; a score Google did not give is None."""
 
     obtainability: float | None = None  # 0..1: how likely an insert there gets the capacity now
-    uptime_s: float | None = None  # Spot: how long VMs there are expected to run
-    preemption_rate: float | None = None  # Spot: share preempted per day, latest day of history
+    # Spot: Google's best-effort estimate of how long the majority of Spot VMs of the request run
+    # there before preemption (``estimatedUptime``); not the zone's true mean lifetime.
+    uptime_s: float | None = None
+    # Spot, latest interval of ``capacityHistory``: of the Spot VMs that stopped running there,
+    # the fraction 0..1 that were preempted (``preemptionRate``). Not a rate per day: 1.0 where
+    # every Spot VM that stopped was preempted, however long they ran first.
+    preemption_rate: float | None = None
     spot_price_h: float | None = None  # Spot: list price per VM-hour, latest day of history (priceHistory)
 
 

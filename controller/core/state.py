@@ -6,6 +6,7 @@ commits a decision first wins and every other concurrent pass backs off.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from datetime import datetime
 from enum import StrEnum
@@ -66,14 +67,27 @@ class CheckpointRef(BaseModel):
                    write_s=found.write_s)
 
 
+def _a_fraction_or_none(value: Any) -> float | None:
+    """A share from 0 to 1, or None (a hand-written 7, NaN or "high")."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) and 0.0 <= number <= 1.0 else None
+
+
 class ZoneScore(BaseModel):
     """Compute's capacity advice for one zone, as it stood when an attempt chose its zone."""
 
     model_config = ConfigDict(frozen=True)
 
     obtainability: float | None = None
-    uptime_s: float | None = None
-    preemption_rate: float | None = None  # share of Spot VMs preempted per day
+    uptime_s: float | None = None  # estimatedUptime: the majority of Spot VMs' run time, best effort
+    # preemptionRate, latest interval: of the Spot VMs that stopped, the fraction 0..1 preempted
+    # (not a rate per day); anything else (a hand-edited status) reads as unknown.
+    preemption_rate: Annotated[float | None, BeforeValidator(_a_fraction_or_none)] = None
     spot_price_h: float | None = None  # the Spot list price per VM-hour (capacityHistory priceHistory)
 
 

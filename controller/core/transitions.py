@@ -105,7 +105,7 @@ def begin_attempt(
     seed = (scores.get(zone) or status.zone_advice.get(zone)) if model == "spot" else None
     # The run's losses so far, this commit's own (the loss that brought this launch) included.
     every = ledger.checkpoint_every(ledger.catch_up(status, spec), checkpoint.write_s if checkpoint else None,
-                                    seed.uptime_s if seed else None, seed.preemption_rate if seed else None)
+                                    seed.uptime_s if seed else None)
     return status.but(
         Event(at=now, event="launch", attempt=attempt, detail=detail, instance=names[0], zone=zone),
         phase=Phase.PROVISIONING,

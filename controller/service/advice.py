@@ -72,9 +72,9 @@ class AdviceCache:
 
 
 def _sane(advice: ZoneAdvice) -> ZoneAdvice:
-    """Scores as Google defines them, else unknown: an obtainability in [0, 1], a finite
-    uptime, preemption rate and Spot price of at least 0. NaN, infinities and negatives rank
-    (and price) nothing."""
+    """Scores as Google defines them, else unknown: an obtainability and a preemption rate
+    (a share of the Spot VMs that stopped) in [0, 1], a finite uptime and Spot price of at
+    least 0. NaN, infinities, negatives and shares above 1 rank (and price) nothing."""
     def ok(value: float | None, top: float = math.inf) -> float | None:
         if value is None:
             return None
@@ -83,7 +83,7 @@ def _sane(advice: ZoneAdvice) -> ZoneAdvice:
         except (TypeError, ValueError):
             return None
         return number if math.isfinite(number) and 0.0 <= number <= top else None
-    return ZoneAdvice(ok(advice.obtainability, 1.0), ok(advice.uptime_s), ok(advice.preemption_rate),
+    return ZoneAdvice(ok(advice.obtainability, 1.0), ok(advice.uptime_s), ok(advice.preemption_rate, 1.0),
                       ok(advice.spot_price_h))
 
 

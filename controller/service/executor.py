@@ -17,6 +17,7 @@ from datetime import datetime
 from controller.core import errors, ledger, names, notify, transitions
 from controller.core.actions import Action, CreateInstances, DeleteInstance, DeleteRecord, WriteStatus
 from controller.service.notifier import Notifier
+from controller.service.tpuzones import TpuZones
 from controller.core.ports import BlobStore, ComputeGateway, TpuGateway, TpuRequest
 from controller.core.spec import JobSpec, Notify
 from controller.core.state import JobStatus
@@ -45,6 +46,7 @@ class Executor:
         self.bucket = bucket
         self.tpu = tpu
         self.notifier = notifier  # told of each commit's state changes once the commit succeeded
+        self.tpu_zones = TpuZones(store, bucket)  # where TPU nodes may be, for the orphan search
 
     def _tpu(self) -> TpuGateway:
         if self.tpu is None:
@@ -86,10 +88,25 @@ class Executor:
                     break
                 continue
             except errors.RespawnError as e:
+                if isinstance(action, DeleteInstance) and action.husk:
+                    # Said once the chain is done (one status write at most), never holding the rest.
+                    chain.husk_errors.append(f"cannot delete {action.name}: {e}; retrying every pass")
+                    chain.outcome.error = f"{_describe(action)}: {type(e).__name__}: {e}"
+                    chain.outcome.transient |= isinstance(e, errors.TransientError)
+                    _log(action, f"failed: {e}", level=logging.WARNING)
+                    continue
                 self._failed(chain, action, e, now, view)
                 break
             chain.outcome.done.append(_describe(action))
             _log(action, "done")
+        if chain.husk_errors and not chain.wrote and chain.status is not None and not chain.outcome.conflict:
+            text = "; ".join(chain.husk_errors)
+            if chain.status.message != text:
+                try:
+                    chain.write(self.store, self.bucket,
+                                chain.status.but(transitions.event(now, chain.status, "error", text), message=text))
+                except errors.RespawnError as e:  # the next pass will see the same trouble again
+                    log.warning("could not record error", extra={"json_fields": {"job": chain.job, "error": str(e)}})
 
     def _apply(self, chain: _Chain, action: Action, now: datetime, wait_until: float | None) -> None:
         match action:
@@ -102,6 +119,8 @@ class Executor:
                 wait = None if wait_until is None else max(0.0, wait_until - time.monotonic())
                 first = action.requests[0]
                 if isinstance(first, TpuRequest):  # one node, however many hosts it spans
+                    # Never a node where a later pass would not look for it (tpuzones).
+                    self.tpu_zones.remember(first.project, first.zone)
                     self._tpu().create(first, action.request_id, wait)
                 else:
                     # Existing names are success (port). The ids Compute names are recorded by the
@@ -208,6 +227,7 @@ class _Chain:
     wrote: bool = field(default=False, init=False)  # this chain has written the status
     notices: list[notify.Notice] = field(default_factory=list, init=False)  # what its commits decided, to tell
     ids: dict[str, str] = field(default_factory=dict, init=False)  # instance ids its inserts were told
+    husk_errors: list[str] = field(default_factory=list, init=False)  # husk deletes that failed
 
     def __post_init__(self) -> None:
         self.outcome = Outcome(self.job)
@@ -223,7 +243,6 @@ class _Chain:
 
     @property
     def notify(self) -> Notify | None:
-    husk_errors: list[str] = field(default_factory=list, init=False)  # husk deletes that failed
         """The job's own destinations as its status last recorded them (its spec may be gone)."""
         return self.status.notify if self.status is not None else None
 

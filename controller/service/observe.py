@@ -23,6 +23,7 @@ from cachetools import LRUCache
 from controller.core import checkpoints, errors, names, placement
 from controller.service import fanout
 from controller.service.advice import AdviceCache
+from controller.service.tpuzones import TpuZones
 from controller.core.policy import ControllerPolicy
 from controller.core.ports import (Blob, BlobInfo, BlobStore, CapacityAdvisor, ComputeGateway, Instance, InstanceList,
                               StopReason, TpuGateway, TpuList)
@@ -76,6 +77,7 @@ class Observer:
         self.workers = workers  # jobs observed side by side (fanout.each)
         self.parsed = Parsed()
         self.advice = AdviceCache(advisor)  # kept between passes, like ``parsed``
+        self.tpu_zones = TpuZones(store, bucket)
 
     def world(self, job: str | None = None) -> World:
         """Everything the planner needs, for every job or for one.
@@ -143,9 +145,10 @@ class Observer:
 
         TPU v2 has no aggregated list: each zone is listed. The zones are those of the specs
         that ask for a TPU, and every zone a status that ever had one names (its history
-        included), so a node is found to be deleted wherever it was created. A TPU node of a
-        job with neither spec nor status is therefore not found (respawn never creates one
-        before it writes the status naming its zone)."""
+        included), so a node is found to be deleted wherever it was created. A pass over every
+        job also lists each zone the controller ever created a TPU node in (``tpuzones``,
+        recorded before each create): a node whose job folder was deleted whole is found
+        there, and deleted as an orphan."""
         if self.tpu is None or (job is not None and names.job_name_problem(job)):
             return TpuList([])
         chosen = [views[job]] if job is not None and job in views else [] if job is not None else list(views.values())
@@ -164,6 +167,18 @@ class Observer:
                     recorded[v.job] = st.project
                 else:  # a status from before runs kept their project: wherever the policy lets it be
                     projects.update(dict.fromkeys(self.policy.watched_projects))
+        if job is None:
+            # Every zone respawn ever created a TPU node in (of a watched project): a node whose
+            # job folder was deleted whole is found there, an orphan (see tpuzones).
+            try:
+                recorded_zones = self.tpu_zones.read()
+            except errors.RespawnError as e:
+                log.warning("could not read the TPU zones record", extra={"json_fields": {"error": str(e)}})
+                recorded_zones = set()
+            for project, zone in sorted(recorded_zones):
+                if project in self.policy.watched_projects:
+                    projects[project] = None
+                    zones[zone] = None
         if not zones or not projects:
             return TpuList([])
         try:

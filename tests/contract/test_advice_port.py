@@ -26,6 +26,7 @@ class Backend:
     stockout: Callable[[str, bool], None]
     rate: Callable[[str, float], None]
     price: Callable[[str, float], None]
+    uptime: Callable[[str, float], None]
 
 
 @pytest.fixture(scope="module")
@@ -41,16 +42,17 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
         fake = MemoryAdvisor(compute)
         yield Backend("memory", fake,
                       stockout=lambda z, on: (compute.stockouts.add if on else compute.stockouts.discard)(z),
-                      rate=fake.rates.__setitem__, price=fake.spot_prices.__setitem__)
+                      rate=fake.preemption_rate, price=fake.spot_prices.__setitem__, uptime=fake.spot_uptime)
         return
     srv: ComputeServer = request.getfixturevalue("server")
     advisor = capacity_advisor(Settings(bucket="b", project=PROJECT, compute_endpoint=srv.endpoint))
     yield Backend("local", advisor, stockout=lambda z, on: srv.stockout(z, on), rate=srv.preemption_rate,
-                  price=srv.spot_price)
+                  price=srv.spot_price, uptime=srv.spot_uptime)
     for zone in ZONES:
         srv.stockout(zone, False)
         srv.preemption_rate(zone, 0.0)
     srv.faults.advice.spot_prices.clear()
+    srv.faults.advice.uptimes.clear()
 
 
 def shape(model: str = "SPOT", zones: tuple[str, ...] = ZONES, region: str = "us-central1") -> Shape:
@@ -97,3 +99,46 @@ def test_spot_advice_carries_the_spot_list_price_where_google_gives_one(backend)
     advice = backend.advisor.advise(shape())
     assert {a.spot_price_h for a in advice.values()} == {0.3125}
     assert backend.advisor.advise(shape("STANDARD"))["us-central1-a"].spot_price_h is None
+
+
+# -- issue 22: Google's ranges -----------------------------------------------------------------------
+def test_every_score_is_in_googles_ranges_whatever_the_zone(backend):
+    """preemptionRate is (Spot VMs preempted) / (Spot VMs that stopped): 1.0 where every one that
+    stopped was preempted, which says nothing of how long they ran, so the uptime is still some."""
+    backend.rate("us-central1-b", 1.0)
+    backend.stockout("us-central1-a", True)
+    for a in backend.advisor.advise(shape()).values():
+        assert 0.0 <= a.obtainability <= 1.0 and 0.0 <= a.preemption_rate <= 1.0
+        assert a.uptime_s > 0
+    for nonsense in (1.5, -0.1, float("nan")):
+        with pytest.raises(ValueError, match="0 to 1"):
+            backend.rate("us-central1-b", nonsense)
+
+
+def test_an_estimated_uptime_set_for_a_zone_is_answered_whatever_its_preemption_rate(backend):
+    backend.uptime("us-central1-b", 6 * 3600.0)
+    backend.rate("us-central1-b", 1.0)
+    b = backend.advisor.advise(shape())["us-central1-b"]
+    assert (b.uptime_s, b.preemption_rate) == (6 * 3600.0, 1.0)
+
+
+@pytest.mark.parametrize("rate", [7.0, -0.5, float("nan"), float("inf")])
+def test_the_adapter_keeps_no_preemption_rate_outside_0_to_1(rate):
+    """Google documents the range; an answer outside it (a unit change, a bug) is unknown, not 700 %."""
+    from google.cloud.compute_v1.types import compute as compute_v1
+
+    from controller.adapters.advice import ComputeAdvice
+
+    class Client:
+        def capacity(self, request, retry=None, timeout=None):
+            return compute_v1.CapacityAdviceResponse(recommendations=[{
+                "scores": {"obtainability": 0.9, "estimated_uptime": "86400s"},
+                "shards": [{"zone": "us-central1-a", "machine_type": "g2-standard-8", "instance_count": 2}]}])
+
+        def capacity_history(self, request, retry=None, timeout=None):
+            return compute_v1.CapacityHistoryResponse(preemption_history=[{
+                "interval": {"start_time": "2026-01-01T00:00:00Z", "end_time": "2026-01-02T00:00:00Z"},
+                "preemption_rate": rate}])
+
+    a = ComputeAdvice(Client()).advise(shape(zones=("us-central1-a",)))["us-central1-a"]
+    assert (a.obtainability, a.uptime_s, a.preemption_rate) == (0.9, 86400.0, None)

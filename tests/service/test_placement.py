@@ -38,7 +38,7 @@ def test_spot_jobs_go_where_advice_expects_them_to_run_longest(h):
     st = h.status("llm")
     assert zone_of(h, "llm-1") == "us-central1-c"
     launch = next(e for e in st.history if e.event == "launch")
-    assert "us-central1-c (spot; obtainability 0.90" in launch.detail and "1% preempted/day" in launch.detail
+    assert "us-central1-c (spot; obtainability 0.90" in launch.detail and "1% of stopped Spot VMs preempted" in launch.detail
     assert {z: s.preemption_rate for z, s in st.zone_advice.items()} == {
         "us-central1-a": 0.5, "us-central1-b": 0.2, "us-central1-c": 0.01}
     assert st.advice_at is not None

@@ -504,3 +504,39 @@ def test_a_preempted_node_whose_delete_keeps_failing_holds_the_next_attempt_ten_
     st = h.status("tpu")
     assert st.attempt == 2 and "tpu-2" in h.tpu.names()
     assert "tpu-1 still not gone after 10m" in next(e.detail for e in st.history if e.event == "launch" and e.attempt == 2)
+
+
+def test_a_tpu_node_whose_job_folder_is_deleted_whole_is_found_and_deleted_as_an_orphan(h):
+    """Spec and status deleted together: nothing names the node's zone any more but the
+    controller's own record of the zones it created TPU nodes in."""
+    running(h)
+    for key in (names.spec_key("tpu"), names.status_key("tpu")):
+        h.store.delete("respawn-test", key)
+    h.tick()
+    assert ("delete", "tpu-1") in calls(h), "the node bills forever: never listed again"
+    h.advance(seconds=h.tpu.delete_seconds + 1)
+    assert h.tpu.names() == []
+
+
+def test_no_tpu_node_is_created_in_a_zone_the_controller_could_not_record():
+    from controller.service.tpuzones import KEY, parse
+
+    h = Harness()
+    h.store.put("respawn-test", KEY, b"not json")  # garbage is read as no zones, and written over
+    real_write = h.store.write
+
+    def refusing(bucket, name, data, **kw):
+        if name == KEY:
+            raise errors.TransientError("503 backend error")
+        return real_write(bucket, name, data, **kw)
+
+    h.store.write = refusing
+    h.submit("tpu", tpu_doc())
+    h.tick()
+    assert h.tpu.names() == [] and ("create", "tpu-1") not in calls(h)
+    assert "could not record TPU zone" in h.status("tpu").message or "503" in h.status("tpu").message
+    h.store.write = real_write
+    h.advance(minutes=1)
+    h.tick()
+    assert h.tpu.names() == ["tpu-1"]
+    assert (PROJECT, "us-central2-b") in parse(h.store.read("respawn-test", KEY).data)

@@ -84,20 +84,19 @@ def test_summary_counts_the_running_attempt_up_to_now():
     assert math.isclose(total.goodput, 0.95) and math.isclose(total.cost, 3.0) and math.isclose(total.savings, 6.0)
 
 
-@pytest.mark.parametrize(("write_s", "uptime", "rate", "ran", "losses", "expected"), [
-    (120, None, None, 3600, 1, math.sqrt(2 * 120 * 3600)),  # the run's own M
-    (120, 7200, None, 0, 0, math.sqrt(2 * 120 * 7200)),  # seeded by the advice's uptime
-    (120, None, 0.5, 0, 0, math.sqrt(2 * 120 * 86400 / 0.5)),  # or by a daily preemption rate
-    (120, 7200, None, 3600, 2, math.sqrt(2 * 120 * 3600 / 2)),  # once the run lost attempts, its own M wins
-    (120, 30 * 86400, None, 3600, 2, math.sqrt(2 * 120 * 3600 / 2)),  # advice far off does not linger
-    (None, 7200, None, 0, 0, None),  # no C measured: no advice
-    (120, None, None, 3600, 0, None),  # no M: no advice
-    (1, None, None, 60, 1, ledger.MIN_INTERVAL_S),  # bounded
-    (0, None, None, 3600, 1, math.sqrt(2 * 1 * 3600)),  # a save that landed within a second: C of 1 s
+@pytest.mark.parametrize(("write_s", "uptime", "ran", "losses", "expected"), [
+    (120, None, 3600, 1, math.sqrt(2 * 120 * 3600)),  # the run's own M
+    (120, 7200, 0, 0, math.sqrt(2 * 120 * 7200)),  # seeded by the advice's uptime
+    (120, 7200, 3600, 2, math.sqrt(2 * 120 * 3600 / 2)),  # once the run lost attempts, its own M wins
+    (120, 30 * 86400, 3600, 2, math.sqrt(2 * 120 * 3600 / 2)),  # advice far off does not linger
+    (None, 7200, 0, 0, None),  # no C measured: no advice
+    (120, None, 3600, 0, None),  # no M: no advice
+    (1, None, 60, 1, ledger.MIN_INTERVAL_S),  # bounded
+    (0, None, 3600, 1, math.sqrt(2 * 1 * 3600)),  # a save that landed within a second: C of 1 s
 ])
-def test_young_daly_interval(write_s, uptime, rate, ran, losses, expected):
+def test_young_daly_interval(write_s, uptime, ran, losses, expected):
     book = ledger.Ledger(totals=ledger.Totals(running_s=ran, platform_losses=losses))
-    got = ledger.checkpoint_every(book, write_s, uptime, rate)
+    got = ledger.checkpoint_every(book, write_s, uptime)
     assert got == expected if expected is None else math.isclose(got, expected)
 
 
@@ -176,7 +175,8 @@ def test_an_attempt_adopted_in_another_zone_is_accounted_there():
 
 def test_advice_that_makes_no_sense_is_ignored_not_raised():
     book = ledger.Ledger(totals=ledger.Totals(running_s=3600, platform_losses=1))
-    assert math.isclose(ledger.checkpoint_every(book, 120, -5.0, float("nan")), math.sqrt(2 * 120 * 3600))
+    assert math.isclose(ledger.checkpoint_every(book, 120, -5.0), math.sqrt(2 * 120 * 3600))
+    assert ledger.checkpoint_every(book.model_copy(update={"totals": ledger.Totals()}), 120, float("nan")) is None
 
 
 def test_a_ledger_written_before_folded_existed_is_taken_as_up_to_date_not_folded_again():
@@ -203,3 +203,28 @@ def test_an_attempt_never_seen_running_before_any_boot_was_measured_is_charged_a
     exit0 = Event(at=at(21), event="succeeded", attempt=1, zone="z1", since=at(20))
     st = ledger.settle(st.but(exit0, phase=Phase.SUCCEEDED), None)
     assert st.ledger.spans[0].running == at(1) + timedelta(seconds=ledger.DEFAULT_BOOT_S)
+
+
+# -- issue 22: what advice and a listing can honestly say of M and C ---------------------------
+def _launch_with(advice):
+    from controller.core import transitions
+    from controller.core.spec import parse_spec
+
+    spec = parse_spec("zones: [us-central1-a]\nmachine_type: g2-standard-8\ncommand: x\n", "j")
+    saved = CheckpointRef(uri="gs://b/run/100", step=100, write_s=120.0)
+    st = JobStatus(created_at=T0, phase=Phase.PENDING)
+    return transitions.begin_attempt(st, spec, "p", "us-central1-a", ["j-1"], saved, at(0), "start", 1, "tok", "spot",
+                                     advice)
+
+
+def test_a_preemption_rate_is_a_share_of_stopped_vms_and_never_seeds_the_time_between_losses():
+    """capacityHistory's preemptionRate is (Spot VMs preempted) / (Spot VMs that stopped): 1.0 in a zone
+    where every Spot VM that stopped was preempted, however long they ran. It is no daily rate: with
+    no uptime estimate and no loss of the run's own, there is no M, and no interval is advised."""
+    from controller.core.ports import ZoneAdvice
+
+    assert _launch_with({"us-central1-a": ZoneAdvice(obtainability=0.9, preemption_rate=0.5)}).checkpoint_every_s is None
+    seeded = _launch_with({"us-central1-a": ZoneAdvice(obtainability=0.9, uptime_s=7200.0,
+                                                         preemption_rate=1.0)})
+    assert math.isclose(seeded.checkpoint_every_s, math.sqrt(2 * 120 * 7200))
+
