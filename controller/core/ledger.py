@@ -398,23 +398,21 @@ def _summary(ledger: Ledger, now: datetime) -> Summary:
     )
 
 
-def checkpoint_every(ledger: Ledger, write_s: float | None, uptime_s: float | None, preemption_rate: float | None,
+def checkpoint_every(ledger: Ledger, write_s: float | None, uptime_s: float | None,
                      running_s: float = 0.0) -> float | None:
     """Young/Daly's checkpoint interval, τ ≈ √(2·C·M), in seconds; None without a C or an M.
 
-    C: the latest save's writing time (``write_s``, else the ledger's). M: the mean time
-    between the platform's losses: the run's own RUNNING time per loss once it has lost an
-    attempt; before that, Compute's advice for the zone (the Spot VM's estimated uptime, else
-    one day over its daily preemption rate)."""
+    C: the latest save's writing time (``write_s``, else the ledger's): a lower bound
+    (``controller.core.checkpoints.write_time``). M: the mean time between the platform's
+    losses: the run's own RUNNING time per loss once it has lost an attempt; before that, the
+    Spot VMs' estimated uptime in the zone (capacity advice's ``estimatedUptime``, Google's
+    best-effort estimate for the majority of Spot VMs). capacityHistory's ``preemptionRate`` is
+    no time at all (of the Spot VMs that stopped, the share preempted) and never seeds M."""
     cost = write_s if write_s is not None else ledger.checkpoint_cost_s
     if cost is None:
         return None
     cost = max(cost, 1.0)  # a save whose objects all landed within a second: as cheap as saves get
-    seed = None  # Compute's word, when it is a usable one
-    if uptime_s is not None and math.isfinite(uptime_s) and uptime_s > 0:
-        seed = uptime_s
-    elif preemption_rate is not None and math.isfinite(preemption_rate) and preemption_rate > 0:
-        seed = 86400.0 / preemption_rate
+    seed = uptime_s if uptime_s is not None and math.isfinite(uptime_s) and uptime_s > 0 else None
     ran = ledger.totals.running_s + running_s
     losses = ledger.totals.platform_losses
     if losses:
