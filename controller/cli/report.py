@@ -2,7 +2,8 @@
 
 - ``render_text``: the terminal summary (rich): phase, accelerator-hours paid / booting /
   redone / useful, goodput, cost against on demand, recoveries, the advised checkpoint
-  interval, the kept attempts, and each zone's losses and stockouts;
+  interval and the save time it weighs (a lower bound, and where it comes from), the kept
+  attempts, and each zone's losses and stockouts;
 - ``draw``: the timeline: one lane per zone, each attempt a bar coloured by how it ended
   (its boot lighter and hatched), the marks (stockouts, quota, preemptions, maintenance)
   on their zone's lane, the checkpoint steps resumed from on a second axis, and the
@@ -28,7 +29,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from controller.core import ledger
+from controller.core import checkpoints, ledger
 from controller.cli.main import printable
 from controller.core.durations import format_duration, measured
 
@@ -109,7 +110,8 @@ def facts(status: JobStatus, now: datetime) -> list[tuple[str, str]]:
                    f"{human(total.time_between_losses_s)}"),
         ("recoveries", _recoveries(book, total)),
         ("checkpoint", f"advised every {human(status.checkpoint_every_s)} (Young/Daly); "
-                       f"measured save {human(book.checkpoint_cost_s)}"),
+                       f"a save takes at least {human(book.checkpoint_cost_s)}"),
+        ("save time from", checkpoints.WRITE_TIME_SOURCE),
     ]
 
 
@@ -154,6 +156,7 @@ def zone_rows(status: JobStatus) -> list[tuple[str, str, str]]:
 
 def as_json(job: str, status: JobStatus, now: datetime) -> dict[str, Any]:
     return {"job": job, "phase": str(status.phase), "checkpoint_every_s": status.checkpoint_every_s,
+            "checkpoint_cost": {"at_least_s": status.ledger.checkpoint_cost_s, "source": checkpoints.WRITE_TIME_SOURCE},
             "summary": ledger.summary(status.ledger, now).model_dump(mode="json"),
             "ledger": status.ledger.model_dump(mode="json")}
 

@@ -71,7 +71,7 @@ class Found:
     step: int | None = None  # the training step, where the format records one
     tag: str | None = None  # the name the framework loads it by: DeepSpeed's tag, Megatron's iteration
     saved_at: datetime | None = None  # when its last object landed: the save was complete from then
-    write_s: float | None = None  # a directory save: its first object to its last (the completion marker)
+    write_s: float | None = None  # a lower bound on its writing time (``write_time``); None when unseen
 
     @property
     def label(self) -> str:
@@ -164,19 +164,43 @@ def latest(
     return _timed(found, root, objects) if found else None
 
 
+# A generous upload rate for a save to Cloud Storage: about ten times what one VM was measured
+# uploading here (a 515 MiB checkpoint in 5.8 s, ~93 MB/s). A save takes at least its bytes at
+# this rate; one that many hosts write at once can go faster in all, and then even this bound
+# is only an estimate.
+UPLOAD_BYTES_PER_S = 1e9
+WRITE_TIME_SOURCE = ("a lower bound from Cloud Storage: the save's first object to its last, and no less "
+                     f"than its bytes at {UPLOAD_BYTES_PER_S / 1e9:g} GB/s (the trainer does not report it yet)")
+
+
+def write_time(first: datetime, last: datetime, total_bytes: int) -> float | None:
+    """A lower bound on a save's writing time (C), from what a listing shows of it; None when it shows nothing.
+
+    GCS dates an object when its upload is finalized, not when its writing began: the span
+    from the first object to the last misses the first object's own upload, and shards that
+    finish together read as a save of about no time at all. So C is at least that span and at
+    least the save's total bytes at ``UPLOAD_BYTES_PER_S``. Still a lower bound: the time the
+    trainer spends serialising before its first byte reaches GCS is seen by neither."""
+    bound = max((last - first).total_seconds(), max(total_bytes, 0) / UPLOAD_BYTES_PER_S)
+    return bound if bound > 0 else None
+
+
 def _timed(found: Found, root: str, objects: dict[str, BlobInfo]) -> Found:
-    """When the save landed, and how long it took to write: from a directory's first object
-    to its last, which is the completion marker every directory format writes last. This is
-    the checkpoint cost the interval advice weighs (``controller.core.ledger.checkpoint_every``)."""
+    """When the save landed, and a lower bound on how long it took to write (``write_time``):
+    a directory's objects from its first to its last (the completion marker every directory
+    format writes last) and their bytes; a single object's bytes. This is the checkpoint cost
+    the interval advice weighs (``controller.core.ledger.checkpoint_every``)."""
     if not found.uri.startswith(root):
         return found  # a pointer naming a save elsewhere: not in this listing
     name = found.uri[len(root):].rstrip("/")
-    if name in objects:  # one object: complete when it appears, its writing time unseen
-        return replace(found, saved_at=objects[name].updated)
-    times = [b.updated for n, b in objects.items() if n.startswith(name + "/")]
-    if not times:
+    if name in objects:  # one object: complete when it appears; its bytes bound its writing time
+        blob = objects[name]
+        return replace(found, saved_at=blob.updated, write_s=write_time(blob.updated, blob.updated, blob.size))
+    blobs = [b for n, b in objects.items() if n.startswith(name + "/")]
+    if not blobs:
         return found
-    return replace(found, saved_at=max(times), write_s=(max(times) - min(times)).total_seconds() if len(times) > 1 else None)
+    first, last = min(b.updated for b in blobs), max(b.updated for b in blobs)
+    return replace(found, saved_at=last, write_s=write_time(first, last, sum(b.size for b in blobs)))
 
 
 def _latest(root: str, objects: dict[str, BlobInfo], read: Reader, fmt: str, rule: CustomRule | None) -> Found | None:

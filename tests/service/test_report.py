@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from controller.service import bootstrap
 from controller.core import ledger
 from controller.cli import report
+from controller.core import checkpoints
 from controller.cli.main import app
 from controller.service.config import Settings
 from controller.core.state import JobStatus, Phase
@@ -87,7 +88,7 @@ def test_the_summary_gives_the_ledgers_figures(day):
     assert table_row(text, "recoveries")[1] == "1, mean 2m10s; per loss p50 2m10s, max 2m10s (last 1)"
     assert st.checkpoint_every_s is not None
     assert table_row(text, "checkpoint")[1] == \
-        f"advised every {report.human(st.checkpoint_every_s)} (Young/Daly); measured save 2m"
+        f"advised every {report.human(st.checkpoint_every_s)} (Young/Daly); a save takes at least 2m"
     # The attempts, and each zone's losses by cause and stockouts.
     assert table_row(text, "1")[1:] == [A, "spot", "scratch", "2026-01-01 00:00:00", "55m", "preempted"]
     assert table_row(text, "2")[1:] == [B, "spot", "step 100", "2026-01-01 00:55:10", "52m", "succeeded"]
@@ -213,3 +214,16 @@ def test_only_drawing_loads_matplotlib():
             "assert 'matplotlib' not in sys.modules, 'matplotlib loaded'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_checkpoint_cost_is_told_as_a_lower_bound_and_where_it_comes_from(day):
+    """C is read from Cloud Storage (the trainer cannot report it yet): the report says so, and
+    that it is a lower bound, never a measured save."""
+    st = day.status("llm")
+    text = text_of(report.render_text("llm", st, day.clock.now()))
+    said = table_row(text, "checkpoint")[1]
+    assert "measured" not in said and "a save takes at least 2m" in said
+    source = table_row(text, "save time from")[1]
+    assert "a lower bound from Cloud Storage" in source and "1 GB/s" in source
+    doc = report.as_json("llm", st, day.clock.now())
+    assert doc["checkpoint_cost"] == {"at_least_s": 120.0, "source": checkpoints.WRITE_TIME_SOURCE}

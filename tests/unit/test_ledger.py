@@ -228,3 +228,22 @@ def test_a_preemption_rate_is_a_share_of_stopped_vms_and_never_seeds_the_time_be
                                                          preemption_rate=1.0)})
     assert math.isclose(seeded.checkpoint_every_s, math.sqrt(2 * 120 * 7200))
 
+
+def test_a_save_whose_objects_land_together_costs_at_least_its_bytes_at_the_stated_throughput():
+    """Shards that finish within a second of each other read as a 1-second save from their GCS times;
+    30 GB cannot be uploaded in a second. C is bounded below by the bytes at UPLOAD_BYTES_PER_S."""
+    def blob(name: str, seconds: float, size: int) -> BlobInfo:
+        return BlobInfo("b", f"run/{name}", 1, T0 + timedelta(seconds=seconds), size)
+
+    gb = 10**9
+    shards = [blob("100/shard-0.bin", 0, 10 * gb), blob("100/shard-1.bin", 0.2, 10 * gb),
+              blob("100/shard-2.bin", 0.5, 10 * gb), blob("100/commit_success.txt", 1, 0)]
+    found = checkpoints.latest("gs://b/run", shards, lambda n, lim: None)
+    assert math.isclose(found.write_s, 30 * gb / checkpoints.UPLOAD_BYTES_PER_S)
+    assert found.write_s > 1.0
+    slow = [blob("200/a.bin", 0, 1000), blob("200/commit_success.txt", 150, 0)]  # the times say more: they stand
+    assert checkpoints.latest("gs://b/run", slow, lambda n, lim: None).write_s == 150.0
+    single = checkpoints.latest("gs://b/run", [blob("ckpt-000300.pt", 9, 5 * gb)], lambda n, lim: None)
+    assert math.isclose(single.write_s, 5 * gb / checkpoints.UPLOAD_BYTES_PER_S)  # one object: its size alone
+    empty = checkpoints.latest("gs://b/run", [blob("ckpt-000400.pt", 9, 0)], lambda n, lim: None)
+    assert empty.write_s is None  # nothing known of it
