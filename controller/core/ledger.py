@@ -57,6 +57,11 @@ class Span(_Model):
     model: str | None = None  # provisioning model: spot, standard, flex-start
     tpu: bool = False
     accelerators: float = 0.0  # GPUs or TPU chips across the attempt's nodes
+    # What it ran on, from the spec it was launched with: what prices it, whatever the spec says later.
+    machine_type: str | None = None
+    gpus: tuple[str, int] | None = None  # per node: built into the machine type, or attached
+    tpu_type: str | None = None
+    nodes: int = 1
     per_hour: float = 0.0  # dollars per hour of the whole attempt on its model
     on_demand_per_hour: float = 0.0
     price_source: str = ""
@@ -334,17 +339,30 @@ def _with_current(ledger: Ledger, span: Span) -> Ledger:
     return ledger.model_copy(update={"spans": (*ledger.spans[:-1], span)})
 
 
+def shape_of(spec: JobSpec) -> str:
+    """The shape (``prices.shape``) an attempt of ``spec`` runs on, as capacity advice is asked about it."""
+    return prices.shape(machine_type=spec.machine_type, gpus=spec.gpus_per_node,
+                        tpu_type=spec.tpu.type if spec.tpu else None)
+
+
 def _priced(span: Span, status: JobStatus, spec: JobSpec | None) -> Span:
+    """``span`` priced by the shape it runs on: the spec's at its launch (kept on the span, so that a
+    later spec never reprices it), on its model, in its zone. Capacity advice's Spot price counts
+    only where the advice was asked for that very shape (``ZoneScore.shape``)."""
     if spec is None:
         return span
+    if span.machine_type is None and span.tpu_type is None:  # a fresh attempt: the spec it is launched with
+        span = span.model_copy(update={"machine_type": spec.machine_type, "gpus": spec.gpus_per_node,
+                                       "tpu_type": spec.tpu.type if spec.tpu else None,
+                                       "nodes": 1 if spec.tpu else spec.nodes})
     score = status.zone_advice.get(span.zone or "")
-    rate = prices.rate(model=span.model or spec.provisioning[0], nodes=1 if spec.tpu else spec.nodes,
-                       gpus=spec.gpus_per_node, machine_type=spec.machine_type,
-                       tpu_type=spec.tpu.type if spec.tpu else None,
+    shape = prices.shape(machine_type=span.machine_type, gpus=span.gpus, tpu_type=span.tpu_type)
+    rate = prices.rate(model=span.model or spec.provisioning[0], nodes=span.nodes, gpus=span.gpus,
+                       machine_type=span.machine_type, tpu_type=span.tpu_type,
                        override=dict(spec.policy.prices) if spec.policy.prices else None,
-                       spot_price=score.spot_price_h if score else None)
+                       spot_price=score.spot_price_h if score and score.shape == shape else None)
     # A machine without accelerators counts its VMs: goodput is then of VM-hours.
-    units = rate.accelerators or float(1 if spec.tpu else spec.nodes)
+    units = rate.accelerators or float(span.nodes)
     return span.model_copy(update={"accelerators": units, "per_hour": rate.per_hour,
                                    "on_demand_per_hour": rate.on_demand_per_hour, "price_source": rate.source})
 

@@ -5,7 +5,8 @@ built-in GPU machine type carries; TPU chips) and per vCPU-hour for machine type
 one. Prices change and differ by region: a job's ``policy.prices`` overrides the table with
 its own node-hour prices, and Compute's ``advice.capacityHistory`` ``priceHistory`` (the Spot
 list price of the attempt's machine type in its zone, where the advice was asked) wins over
-the table for Spot. Every rate says which of the three it came from.
+the table for Spot, for the shape it was asked about only (``shape``). Every rate says which
+of the three it came from.
 """
 
 from __future__ import annotations
@@ -50,6 +51,16 @@ class Rate:
     per_hour: float
     on_demand_per_hour: float
     source: str
+
+
+def shape(*, machine_type: str | None = None, gpus: tuple[str, int] | None = None,
+          tpu_type: str | None = None) -> str:
+    """What one node of an attempt is, as a price is for: ``a3-highgpu-8g+8xnvidia-h100-80gb``,
+    ``g2-standard-8+1xnvidia-l4``, ``n2-standard-8``, ``tpu:v4-32``. A Spot price capacity
+    advice gave for one shape is never used for another."""
+    if tpu_type is not None:
+        return f"tpu:{tpu_type}"
+    return f"{machine_type or '?'}" + (f"+{gpus[1]}x{gpus[0]}" if gpus else "")
 
 
 def tpu_chips(tpu_type: str) -> int:

@@ -89,6 +89,9 @@ class ZoneScore(BaseModel):
     # (not a rate per day); anything else (a hand-edited status) reads as unknown.
     preemption_rate: Annotated[float | None, BeforeValidator(_a_fraction_or_none)] = None
     spot_price_h: float | None = None  # the Spot list price per VM-hour (capacityHistory priceHistory)
+    # What the advice was asked about (``prices.shape``): its price is that shape's alone. None in a
+    # status written before it was recorded: then no attempt is priced by it.
+    shape: str | None = None
 
 
 def _a_duration_or_none(value: Any) -> Any:

@@ -99,10 +99,12 @@ def begin_attempt(
     where = f"{zone} ({model}; {placement.describe(advice.get(zone))})" if advice else f"{zone} ({model})"
     detail = f"{why}; creating {', '.join(names)} in {where}, {resume}"
     switched = model != model_of(spec, status)
+    shape = ledger.shape_of(spec)  # what the advice was asked about: its price and uptime are that shape's
     scores = {z: ZoneScore(obtainability=a.obtainability, uptime_s=a.uptime_s, preemption_rate=a.preemption_rate,
-                           spot_price_h=a.spot_price_h)
+                           spot_price_h=a.spot_price_h, shape=shape)
               for z, a in (advice or {}).items() if z in spec.zones}
     seed = (scores.get(zone) or status.zone_advice.get(zone)) if model == "spot" else None
+    seed = seed if seed is not None and seed.shape == shape else None  # never another machine's uptime
     # The run's losses so far, this commit's own (the loss that brought this launch) included.
     every = ledger.checkpoint_every(ledger.catch_up(status, spec), checkpoint.write_s if checkpoint else None,
                                     seed.uptime_s if seed else None)

@@ -203,3 +203,27 @@ def test_the_spot_price_capacity_history_gives_prices_the_attempt():
     assert (span.per_hour, span.price_source) == (0.31, "capacityHistory priceHistory")
     total = ledger.summary(h.status("llm").ledger, h.clock.now())
     assert total.price_sources == ("capacityHistory priceHistory",) and math.isclose(total.cost, 0.31 * 63 / 60)
+
+
+# -- issue 22: waiting is not paid; each attempt priced by its own shape -------------------------
+def test_after_a_spec_change_the_attempt_is_priced_by_the_shape_it_runs_not_the_old_ones_spot_price():
+    """Advice at attempt 1 priced g2-standard-8 Spot at $0.30/h. The spec moves to 8 H100s placed
+    in the spec's order (no advice asked): $0.30/h is not their price."""
+    from controller.adapters.memory import MemoryAdvisor
+
+    h = Harness()
+    h.advisor = MemoryAdvisor(h.compute)
+    h.advisor.spot_prices["g2-standard-8"] = 0.30
+    running(h, placement="capacity")
+    assert h.status("llm").ledger.open.per_hour == 0.30
+    h.submit("llm", spec_doc(machine_type="a3-highgpu-8g", placement="ordered"))  # from the next attempt on
+    h.advance(minutes=30)
+    h.compute.preempt("llm-1")
+    for _ in range(3):
+        h.tick()
+        h.advance(minutes=2)
+    span = h.status("llm").ledger.open
+    assert span.attempt > 1 and span.machine_type == "a3-highgpu-8g" and span.accelerators == 8
+    assert math.isclose(span.per_hour, 8 * 3.50) and span.price_source.startswith("respawn's price table")
+    first = h.status("llm").ledger.spans[0]
+    assert (first.machine_type, first.per_hour) == ("g2-standard-8", 0.30)
