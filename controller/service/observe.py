@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import replace
@@ -33,6 +34,9 @@ from controller.core.world import MAX_RECORD_BYTES, JobView, Record, World
 
 log = logging.getLogger(__name__)
 UNEXPECTED = "unexpected"  # prefix of a failure no retry is known to fix
+# Seconds the TPU listing of a pass may take (its zones side by side, each retried) before the
+# TPU jobs are left blind for that pass; the VM jobs never wait on it past this.
+TPU_LIST_TIMEOUT = 20.0
 # status.json is the controller's own, bounded by its history limit: a few hundred KiB.
 MAX_STATUS_BYTES = 4 * 1024 * 1024
 PARSED_CACHE_BYTES = 64 * 1024 * 1024  # by the objects' listed sizes
@@ -68,8 +72,10 @@ class Parsed:
 
 class Observer:
     def __init__(self, store: BlobStore, compute: ComputeGateway, bucket: str, policy: ControllerPolicy,
-                 workers: int = 1, advisor: CapacityAdvisor | None = None, tpu: TpuGateway | None = None) -> None:
+                 workers: int = 1, advisor: CapacityAdvisor | None = None, tpu: TpuGateway | None = None,
+                 tpu_timeout: float = TPU_LIST_TIMEOUT) -> None:
         self.store = store
+        self.tpu_timeout = tpu_timeout  # seconds the TPU listing may take before TPU jobs are blind this pass
         self.compute = compute
         self.tpu = tpu
         self.bucket = bucket
@@ -93,8 +99,12 @@ class Observer:
                                self.workers)
         views = {name: view for name, view in zip(order, observed, strict=True) if view}
         # Only now, after every status was read, the instances: see the module docstring.
+        # The TPU nodes are listed beside the instances, each list with its own bound: a TPU API
+        # that does not answer blinds the TPU jobs alone, and never holds a VM job's recovery.
+        # (workers=1: inline and in order, as fanout runs it, so that a simulation replays.)
+        tpu_list = _Background(lambda: self._tpu_nodes(job, views), inline=self.workers <= 1)
         found = self._instances(job, views)
-        tpus = self._tpu_nodes(job, views)
+        tpus = tpu_list.result(self.tpu_timeout, lambda: self._tpu_unanswered(job, views))
         unreachable = tuple(found.unreachable)
         unseen = tuple(sorted(found.failed_projects))
         by_job: dict[str, list[Instance]] = defaultdict(list)
@@ -140,6 +150,12 @@ class Observer:
                 if i.project in self.policy.watched_projects or recorded.get(i.job or "") == i.project]
         return replace(found, instances=kept)
 
+    def _tpu_unanswered(self, job: str | None, views: dict[str, JobView]) -> TpuList:
+        """What a TPU listing past its bound leaves: every project it would have listed, not seen."""
+        projects, _, _ = self._tpu_targets(job, views, with_record=False)
+        why = f"TransientError: the TPU API did not answer within {self.tpu_timeout:g}s"
+        return TpuList([], failed_projects={p: why for p in projects})
+
     def _tpu_nodes(self, job: str | None, views: dict[str, JobView]) -> TpuList:
         """The TPU nodes of the jobs that run, or ran, on TPUs, from the zones they can be in.
 
@@ -149,8 +165,26 @@ class Observer:
         job also lists each zone the controller ever created a TPU node in (``tpuzones``,
         recorded before each create): a node whose job folder was deleted whole is found
         there, and deleted as an orphan."""
-        if self.tpu is None or (job is not None and names.job_name_problem(job)):
+        projects, zones, recorded = self._tpu_targets(job, views)
+        if not zones or not projects:
             return TpuList([])
+        try:
+            found = self.tpu.list_nodes(tuple(projects), tuple(zones), job)
+        except errors.RespawnError as e:  # the TPU jobs wait (blind); the VM jobs go on
+            found = TpuList([], failed_projects={p: _short(e) for p in projects})
+        for project, why in found.failed_projects.items():
+            log.warning("could not list TPU nodes", extra={"json_fields": {"project": project, "error": why}})
+        # As for VMs: a node in a project no longer watched is kept only for the job whose
+        # status records that project.
+        kept = [n for n in found.nodes
+                if n.project in self.policy.watched_projects or recorded.get(n.job or "") == n.project]
+        return replace(found, nodes=kept)
+
+    def _tpu_targets(self, job: str | None, views: dict[str, JobView], with_record: bool = True,
+                     ) -> tuple[dict[str, None], dict[str, None], dict[str, str]]:
+        """(projects, zones) to list TPU nodes in, and the project each job's status records."""
+        if self.tpu is None or (job is not None and names.job_name_problem(job)):
+            return {}, {}, {}
         chosen = [views[job]] if job is not None and job in views else [] if job is not None else list(views.values())
         zones: dict[str, None] = {}
         projects: dict[str, None] = {}
@@ -167,7 +201,7 @@ class Observer:
                     recorded[v.job] = st.project
                 else:  # a status from before runs kept their project: wherever the policy lets it be
                     projects.update(dict.fromkeys(self.policy.watched_projects))
-        if job is None:
+        if job is None and with_record:
             # Every zone respawn ever created a TPU node in (of a watched project): a node whose
             # job folder was deleted whole is found there, an orphan (see tpuzones).
             try:
@@ -179,19 +213,7 @@ class Observer:
                 if project in self.policy.watched_projects:
                     projects[project] = None
                     zones[zone] = None
-        if not zones or not projects:
-            return TpuList([])
-        try:
-            found = self.tpu.list_nodes(tuple(projects), tuple(zones), job)
-        except errors.RespawnError as e:  # the TPU jobs wait (blind); the VM jobs go on
-            found = TpuList([], failed_projects={p: _short(e) for p in projects})
-        for project, why in found.failed_projects.items():
-            log.warning("could not list TPU nodes", extra={"json_fields": {"project": project, "error": why}})
-        # As for VMs: a node in a project no longer watched is kept only for the job whose
-        # status records that project.
-        kept = [n for n in found.nodes
-                if n.project in self.policy.watched_projects or recorded.get(n.job or "") == n.project]
-        return replace(found, nodes=kept)
+        return projects, zones, recorded
 
     def _job_instances(self, view: JobView) -> InstanceList | None:
         """One job's instances from zonal lists of the only zones they can be in, or None.
@@ -426,6 +448,39 @@ class Observer:
             reads["checkpoint"] = lambda: self._checkpoint_fields(view)
         got = dict(zip(reads, fanout.each(reads.values(), lambda read: read(), side), strict=True))
         return replace(got["records"], stop_reasons={n: got[n] for n in lost}, **got.get("checkpoint", {}))
+
+
+class _Background:
+    """A call run on a thread of its own, waited for at most so long (a thread cannot be stopped:
+    one past its bound finishes unwatched, and what it found is dropped)."""
+
+    def __init__(self, call: Callable[[], T], inline: bool = False) -> None:
+        self._started = time.monotonic()
+        self._done = threading.Event()
+        self._box: dict[str, Any] = {}
+        self._call = call if inline else None  # run by ``result``, unbounded, in the caller's thread
+        if inline:
+            return
+
+        def run() -> None:
+            try:
+                self._box["value"] = call()
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting thread as it is
+                self._box["error"] = e
+            finally:
+                self._done.set()
+
+        threading.Thread(target=run, name="respawn-tpu-list", daemon=True).start()
+
+    def result(self, timeout: float, otherwise: Callable[[], T]) -> T:
+        if self._call is not None:
+            return self._call()
+        if not self._done.wait(max(0.0, self._started + timeout - time.monotonic())):
+            log.warning("TPU listing past its bound", extra={"json_fields": {"timeout_s": timeout}})
+            return otherwise()
+        if "error" in self._box:
+            raise self._box["error"]
+        return self._box["value"]
 
 
 def _on_tpu(view: JobView) -> bool:

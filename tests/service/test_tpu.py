@@ -540,3 +540,38 @@ def test_no_tpu_node_is_created_in_a_zone_the_controller_could_not_record():
     h.tick()
     assert h.tpu.names() == ["tpu-1"]
     assert (PROJECT, "us-central2-b") in parse(h.store.read("respawn-test", KEY).data)
+
+
+def test_a_tpu_api_that_does_not_answer_never_holds_a_vm_jobs_recovery():
+    """The TPU listing has its own bound: past it the TPU jobs are blind for the pass, and the
+    VM jobs, listed beside it, are judged and recovered without waiting for it."""
+    import threading
+    import time
+
+
+    h = Harness(workers=4)
+    h.submit("tpu", tpu_doc())
+    h.submit("vm", spec_doc())
+    h.tick()
+    h.tick()
+    assert h.live() == ["vm-1"] and h.status("tpu").phase == Phase.RUNNING
+    hung, real_list = threading.Event(), h.tpu.list_nodes
+
+    def never_answers(*args, **kw):
+        hung.wait(30)
+        return real_list(*args, **kw)
+
+    h.tpu.list_nodes = never_answers
+    h.compute.preempt("vm-1")
+    engine = h.engine()
+    engine.observer.tpu_timeout = 0.5
+    try:
+        started = time.monotonic()
+        engine.reconcile()
+        took = time.monotonic() - started
+    finally:
+        hung.set()
+    assert took < 10, f"the pass waited {took:.1f}s on the TPU API"
+    assert h.status("vm").attempt == 2 and "vm-2" in h.live()
+    st = h.status("tpu")
+    assert st.attempt == 1 and st.phase == Phase.RUNNING  # not seen: not judged
