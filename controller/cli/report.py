@@ -1,7 +1,7 @@
 """``respawn report JOB``: a job's goodput ledger (controller.core.ledger) as a person reads it.
 
 - ``render_text``: the terminal summary (rich): phase, accelerator-hours paid / booting /
-  redone / useful, goodput, cost against on demand, recoveries, the advised checkpoint
+  redone / useful, the time waited for capacity (unbilled), goodput, cost against on demand, recoveries, the advised checkpoint
   interval and the save time it weighs (a lower bound, and where it comes from), the kept
   attempts, and each zone's losses and stockouts;
 - ``draw``: the timeline: one lane per zone, each attempt a bar coloured by how it ended
@@ -103,6 +103,8 @@ def facts(status: JobStatus, now: datetime) -> list[tuple[str, str]]:
         ("attempts", f"{book.totals.attempts + (book.open is not None)} ({total.losses} lost)"),
         (unit, f"{total.accelerator_hours * k:.2f} paid: {total.boot_hours * k:.2f} booting, "
                f"{total.redone_hours * k:.2f} redone, {total.useful_hours * k:.2f} useful"),
+        ("waiting", f"{human(total.waiting_hours * 3600) if total.waiting_hours else 'none'} for capacity "
+                    "(Flex-start PENDING, a queued TPU: not billed, not in goodput)"),
         ("goodput", _percent(total.goodput)),
         ("cost", _cost(total)),
         ("prices from", "; ".join(total.price_sources) or "—"),

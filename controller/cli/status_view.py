@@ -233,6 +233,8 @@ def goodput_line(row: Row) -> Note:
     else:
         text = (f"goodput {total['goodput']:.1%} ({total['useful_hours']:.2f} of {total['accelerator_hours']:.2f} "
                 "accelerator-hours useful)")
+    if total and isinstance(waited := total.get("waiting_hours"), float | int) and waited > 0:
+        text += f"; {format_duration(timedelta(seconds=round(waited * 3600)))} waiting for capacity, not billed"
     every = row["checkpoint_every_s"]
     advice = f"checkpoint every {format_duration(timedelta(seconds=round(every)))} advised" \
         if isinstance(every, float | int) else "no checkpoint interval advised yet"

@@ -4,18 +4,22 @@ Folded from the history events each status commit adds (``settle``), so every tr
 is accounted exactly once, by the pass whose compare-and-swap wins, whichever rule of the
 planner or the executor made it. Pure: no I/O, no clock; times are the events' own.
 
-- an **attempt** (``Span``): where, on which model, how many accelerators, when it was
-  launched, accepted by Compute (paid from then), RUNNING, and when and why it ended;
+- an **attempt** (``Span``): where, on which model and shape, how many accelerators, when
+  it was launched, accepted by Compute (paid from then), RUNNING, and when and why it ended.
+  One seen waiting for capacity (a Flex-start VM in PENDING, a queued TPU not given its node:
+  the planner's "queued" event) is paid only from when it got capacity ("provisioned", else
+  estimated from its RUNNING less a boot): the time before is **waiting**, unbilled;
 - a **loss** (``Loss``): a preemption, maintenance, host error, recycle, lost VM or trainer
   failure; its recovery in three parts (the loss itself, when the VM said so; seen by the
   controller; the replacement's insert issued; the replacement RUNNING) and the work lost:
   from the checkpoint the replacement resumed from to the loss;
-- **totals**: accelerator-hours paid, and lost to boots and to redone work; Spot cost
-  against the same hours on demand. Old attempts and losses fold into the totals, so the
+- **totals**: accelerator-hours paid, and lost to boots and to redone work; hours waited
+  for capacity (not paid, not in goodput); Spot cost against the same hours on demand. Old attempts and losses fold into the totals, so the
   status stays small however long the job runs.
 
 Goodput is useful accelerator-time over paid accelerator-time; useful is paid less boots
-(accepted to RUNNING) and less redone work (time trained past the last save, lost).
+(billed to RUNNING) and less redone work (time trained past the last save, lost). Waiting
+for capacity is in neither: nothing is billed for it.
 """
 
 from __future__ import annotations
@@ -66,7 +70,10 @@ class Span(_Model):
     on_demand_per_hour: float = 0.0
     price_source: str = ""
     start: datetime  # committed (the insert issued)
-    inserted: datetime | None = None  # Compute accepted it: billing from here
+    inserted: datetime | None = None  # Compute accepted it: billing from here, unless it waits for capacity
+    queued: datetime | None = None  # seen waiting for capacity (Flex-start PENDING, a queued TPU): unbilled
+    capacity: datetime | None = None  # a queued attempt got its capacity: billing from here
+    capacity_estimated: bool = False  # not seen between capacity and RUNNING: RUNNING less a boot
     running: datetime | None = None
     # Not seen RUNNING by any pass (it ran and ended between two), yet it ran (a marker, an exit
     # record): RUNNING from its acceptance plus the run's mean boot.
@@ -109,7 +116,8 @@ class Totals(_Model):
     """Every closed attempt and loss of the run, including those no longer kept in detail."""
 
     attempts: int = 0
-    paid_acc_s: float = 0.0  # accelerator-seconds paid (accepted to end)
+    paid_acc_s: float = 0.0  # accelerator-seconds paid (accepted, or given capacity, to end)
+    waiting_s: float = 0.0  # wall time attempts waited for capacity, unbilled (accepted to capacity)
     boot_acc_s: float = 0.0  # accepted to RUNNING
     redone_acc_s: float = 0.0  # trained past the last save, then lost
     running_s: float = 0.0  # wall time RUNNING: the time between losses counts it
@@ -198,6 +206,10 @@ def _one(ledger: Ledger, e: Event, status: JobStatus, spec: JobSpec | None) -> L
         return _with_current(ledger, open_.model_copy(update={"inserted": open_.inserted or e.at}))
     if name == "running" and (open_ := ledger.open) is not None and open_.running is None:
         return _ran(ledger, e.at)
+    if name == "queued" and (open_ := ledger.open) is not None and open_.queued is None and open_.running is None:
+        return _with_current(ledger, open_.model_copy(update={"queued": e.at}))
+    if name == "provisioned" and (open_ := ledger.open) is not None and open_.queued and open_.capacity is None:
+        return _with_current(ledger, open_.model_copy(update={"capacity": max(e.at, open_.queued)}))
     if name in ("stockout", "quota"):
         totals = ledger.totals
         if name == "stockout" and e.zone:
@@ -219,9 +231,13 @@ def _ran(ledger: Ledger, at: datetime, estimated: bool = False) -> Ledger:
     span = ledger.open
     assert span is not None
     totals = ledger.totals
-    if not estimated and span.inserted is not None:
+    if span.queued is not None and span.capacity is None:
+        # Capacity found and RUNNING between two passes: it waited until a boot before RUNNING.
+        span = span.model_copy(update={"capacity": max(span.queued, at - _mean_boot(totals)),
+                                       "capacity_estimated": True})
+    if not estimated and not span.capacity_estimated and (billed := _billed_from(span)) is not None:
         totals = totals.model_copy(update={"boots": totals.boots + 1,
-                                           "boot_s": totals.boot_s + max(0.0, (at - span.inserted).total_seconds())})
+                                           "boot_s": totals.boot_s + max(0.0, (at - billed).total_seconds())})
     ledger = _with_current(ledger.model_copy(update={"totals": totals}),
                            span.model_copy(update={"running": at, "running_estimated": estimated}))
     # Every loss this attempt replaces (a replacement lost before it ran leaves its own loss
@@ -296,15 +312,17 @@ def _closed(ledger: Ledger, at: datetime, cause: str, ran: bool = False) -> Ledg
     never seen RUNNING is taken to have run from its boot (the run's mean boot) on."""
     span = ledger.open
     assert span is not None
-    if ran and span.running is None and span.inserted is not None and at > span.inserted:
-        t = ledger.totals
-        boot = timedelta(seconds=t.boot_s / t.boots if t.boots else DEFAULT_BOOT_S)
-        ledger = _ran(ledger, min(at, span.inserted + boot), estimated=True)
+    if ran and span.running is None and span.queued is not None and span.capacity is None and at > span.queued:
+        # It ran, so it got capacity, when is unseen: from its last sighting waiting (the most it was paid).
+        span = span.model_copy(update={"capacity": span.queued, "capacity_estimated": True})
+        ledger = _with_current(ledger, span)
+    if ran and span.running is None and (billed := _billed_from(span)) is not None and at > billed:
+        ledger = _ran(ledger, min(at, billed + _mean_boot(ledger.totals)), estimated=True)
         span = ledger.open
         assert span is not None
     end = max(at, span.start)
     done = span.model_copy(update={"end": end, "cause": cause})
-    paid, boot, ran = _times(done, end)
+    paid, boot, ran, waited = _times(done, end)
     totals = ledger.totals
     sources = totals.price_sources if done.price_source in totals.price_sources or not paid else (
         *totals.price_sources, done.price_source)
@@ -313,6 +331,7 @@ def _closed(ledger: Ledger, at: datetime, cause: str, ran: bool = False) -> Ledg
         "paid_acc_s": totals.paid_acc_s + paid * span.accelerators,
         "boot_acc_s": totals.boot_acc_s + boot * span.accelerators,
         "running_s": totals.running_s + ran,
+        "waiting_s": totals.waiting_s + waited,
         "cost": totals.cost + paid / 3600 * span.per_hour,
         "on_demand_cost": totals.on_demand_cost + paid / 3600 * span.on_demand_per_hour,
         "price_sources": sources,
@@ -320,15 +339,30 @@ def _closed(ledger: Ledger, at: datetime, cause: str, ran: bool = False) -> Ledg
     return ledger.model_copy(update={"spans": (*ledger.spans[:-1], done), "totals": totals})
 
 
-def _times(span: Span, until: datetime) -> tuple[float, float, float]:
-    """(paid, booting, running) seconds of ``span`` up to ``until``."""
+def _billed_from(span: Span) -> datetime | None:
+    """When Google began billing the attempt: its acceptance, or, where it was seen waiting for
+    capacity, when it got some (None while it waits)."""
+    return span.capacity if span.queued is not None else span.inserted
+
+
+def _mean_boot(totals: Totals) -> timedelta:
+    return timedelta(seconds=totals.boot_s / totals.boots if totals.boots else DEFAULT_BOOT_S)
+
+
+def _times(span: Span, until: datetime) -> tuple[float, float, float, float]:
+    """(paid, booting, running, waiting) seconds of ``span`` up to ``until``: waiting for
+    capacity is not paid (a Flex-start VM in PENDING, a queued TPU is not billed)."""
     if span.inserted is None or until <= span.inserted:
-        return 0.0, 0.0, 0.0
-    paid = (until - span.inserted).total_seconds()
+        return 0.0, 0.0, 0.0, 0.0
+    billed = _billed_from(span)
+    waited = ((min(billed, until) if billed else until) - span.inserted).total_seconds() if span.queued else 0.0
+    if billed is None or until <= billed:
+        return 0.0, 0.0, 0.0, max(0.0, waited)
+    paid = (until - billed).total_seconds()
     up = min(span.running, until) if span.running else until
-    boot = max(0.0, (up - span.inserted).total_seconds())
+    boot = max(0.0, (up - billed).total_seconds())
     ran = max(0.0, (until - span.running).total_seconds()) if span.running and span.running < until else 0.0
-    return paid, boot, ran
+    return paid, boot, ran, max(0.0, waited)
 
 
 def _marked(ledger: Ledger, mark: Mark) -> Ledger:
@@ -370,7 +404,8 @@ def _priced(span: Span, status: JobStatus, spec: JobSpec | None) -> Span:
 class Summary(_Model):
     """The ledger's totals with the running attempt counted up to ``now``: what a person reads."""
 
-    accelerator_hours: float
+    accelerator_hours: float  # paid: from acceptance, or from capacity for an attempt that waited for it
+    waiting_hours: float  # wall time waiting for capacity (Flex-start PENDING, queued TPU): not paid
     boot_hours: float
     redone_hours: float
     useful_hours: float
@@ -389,7 +424,7 @@ def summary(ledger: Ledger, now: datetime) -> Summary:
     try:
         return _summary(ledger, now)
     except (TypeError, ValueError, OverflowError, ArithmeticError):
-        return Summary(accelerator_hours=0.0, boot_hours=0.0, redone_hours=0.0, useful_hours=0.0, goodput=None,
+        return Summary(accelerator_hours=0.0, waiting_hours=0.0, boot_hours=0.0, redone_hours=0.0, useful_hours=0.0, goodput=None,
                        cost=0.0, on_demand_cost=0.0, savings=0.0, losses=0, recovery_mean_s=None,
                        time_between_losses_s=None, price_sources=())
 
@@ -398,17 +433,18 @@ def _summary(ledger: Ledger, now: datetime) -> Summary:
     totals = ledger.totals
     paid, boot, redone = totals.paid_acc_s, totals.boot_acc_s, totals.redone_acc_s
     cost, on_demand, running = totals.cost, totals.on_demand_cost, totals.running_s
-    sources = totals.price_sources
+    sources, waiting = totals.price_sources, totals.waiting_s
     if (span := ledger.open) is not None:
-        p, b, r = _times(span, now)
+        p, b, r, w = _times(span, now)
         paid, boot, running = paid + p * span.accelerators, boot + b * span.accelerators, running + r
+        waiting += w
         cost, on_demand = cost + p / 3600 * span.per_hour, on_demand + p / 3600 * span.on_demand_per_hour
         if p and span.price_source not in sources:
             sources = (*sources, span.price_source)
     useful = max(0.0, paid - boot - redone)
     losses = sum(sum(c.values()) for c in totals.losses.values())
     return Summary(
-        accelerator_hours=paid / 3600, boot_hours=boot / 3600, redone_hours=redone / 3600, useful_hours=useful / 3600,
+        accelerator_hours=paid / 3600, waiting_hours=waiting / 3600, boot_hours=boot / 3600, redone_hours=redone / 3600, useful_hours=useful / 3600,
         goodput=useful / paid if paid > 0 else None, cost=cost, on_demand_cost=on_demand, savings=on_demand - cost,
         losses=losses, recovery_mean_s=totals.recovery_s / totals.recoveries if totals.recoveries else None,
         time_between_losses_s=running / totals.platform_losses if totals.platform_losses else None,

@@ -172,7 +172,8 @@ def _watch(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchC
         return _lost(v, spec, st, mine, lost, now, ctx)
     working = {n: mine[n] for n in st.instances if n not in done}  # every one is there: none lost
     if any(i.status != InstanceStatus.RUNNING for i in working.values()):
-        return _settling(v, spec, st, mine, now, ctx)  # booting, settling, or a status we do not know
+        # booting (waiting for capacity, said once), settling, or a status we do not know
+        return _capacity_wait(v, st, working, now) or _settling(v, spec, st, mine, now, ctx)
     if st.settling:
         # Back from a state its trainer may not have run in: heartbeats get a new grace.
         back = st.but(t.event(now, st, "resumed", "every node is RUNNING again"), settling=False,
@@ -221,6 +222,25 @@ def _lost(v: JobView, spec: JobSpec, st: JobStatus, mine: dict[str, Instance], l
     # A node stopped by a person or gone for reasons unknown: the other nodes' crashes
     # are the broken collective's echo, not the trainer's fault.
     return _restart(v, spec, st, "lost", detail, now, ctx)
+
+
+def _capacity_wait(v: JobView, st: JobStatus, working: dict[str, Instance], now: datetime) -> list[Action]:
+    """A Flex-start VM in PENDING, or a queued TPU not given its node (read as PENDING): Google is
+    still looking for capacity, and bills nothing meanwhile. Said once ("queued") when first
+    seen, and once more ("provisioned") if a pass sees the capacity found before RUNNING (the
+    "running" event says it otherwise): where the ledger's paid time begins."""
+    if st.phase != Phase.PROVISIONING:
+        return []
+    waiting = [n for n, i in working.items() if i.status == InstanceStatus.PENDING]
+    said = next((e.event for e in reversed(st.history) if e.attempt == st.attempt
+                 and e.event in ("queued", "provisioned", "launch")), None)
+    if waiting and said not in ("queued", "provisioned"):
+        text = f"waiting for capacity: {', '.join(waiting)} PENDING in {st.zone} (not billed until it gets some)"
+        return [WriteStatus(v.job, st.but(t.event(now, st, "queued", text), message=text), "waiting for capacity")]
+    if not waiting and said == "queued":
+        text = f"capacity found for {', '.join(st.instances)} in {st.zone}: booting"
+        return [WriteStatus(v.job, st.but(t.event(now, st, "provisioned", text), message=text), "capacity found")]
+    return []
 
 
 def _settling(v: JobView, spec: JobSpec, st: JobStatus, mine: dict[str, Instance], now: datetime,

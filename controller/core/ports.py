@@ -358,6 +358,9 @@ class QueuedState(_Lenient):
     UNKNOWN = "UNKNOWN"
 
 
+# A queued resource not given its TPUs yet: received, accepted, or waiting for resources.
+QUEUED_WAITING = frozenset({QueuedState.CREATING, QueuedState.ACCEPTED, QueuedState.WAITING_FOR_RESOURCES})
+
 # What a queued resource whose node does not exist (yet, or any more) reads as, as a node:
 # still on its way while the queue may yet give it; reclaimed once the service deleted its
 # TPUs (SUSPENDED is never allocated again); TERMINATED when it failed for good; otherwise
@@ -401,8 +404,12 @@ class TpuNode(Labelled):
     def as_instance(self) -> Instance:
         """The node as the planner judges instances: its state read as the VM status that means
         the same (``TPU_AS_STATUS``), a node under maintenance as REPAIRING (waited for, within
-        ``policy.maintenance_timeout``), and PREEMPTED or TERMINATED with their cause."""
+        ``policy.maintenance_timeout``), PREEMPTED or TERMINATED with their cause, and a queued
+        resource still in Google's queue as PENDING (what a Flex-start VM waiting for capacity
+        reads as: alive, and not billed yet)."""
         status = TPU_AS_STATUS.get(self.state, InstanceStatus.UNKNOWN)
+        if self.queued in QUEUED_WAITING and self.state == NodeState.CREATING:
+            status = InstanceStatus.PENDING
         if status == InstanceStatus.RUNNING and self.health == NodeHealth.UNHEALTHY_MAINTENANCE:
             status = InstanceStatus.REPAIRING
         # A queued resource that FAILED (a bad or expired request) never had a node: no

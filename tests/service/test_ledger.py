@@ -206,6 +206,50 @@ def test_the_spot_price_capacity_history_gives_prices_the_attempt():
 
 
 # -- issue 22: waiting is not paid; each attempt priced by its own shape -------------------------
+def test_hours_a_flex_start_vm_waits_in_pending_are_waiting_not_paid():
+    """5 h PENDING (Compute looking for capacity, nothing billed) then 1 h training: 1 h paid,
+    5 h waiting, goodput near 100 %, not 1 h useful of 6 h "paid" (17 %)."""
+    h = Harness()
+    h.compute.stockouts.update({"us-central1-a", "us-central1-b"})  # a Flex-start VM waits it out in PENDING
+    h.submit("llm", spec_doc(provisioning="flex-start", policy={"max_run_duration": "3d"}))
+    h.tick()
+    assert h.compute.request_of("llm-1").provisioning == "flex-start"
+    h.tick()  # seen PENDING
+    h.advance(hours=5)
+    h.tick()
+    h.compute.set_status("llm-1", "RUNNING")  # capacity found
+    h.tick()
+    assert h.status("llm").phase == Phase.RUNNING
+    h.advance(hours=1)
+    h.tick()
+    total = ledger.summary(h.status("llm").ledger, h.clock.now())
+    assert math.isclose(total.waiting_hours, 5.0, abs_tol=0.05)
+    assert math.isclose(total.accelerator_hours, 1.0, abs_tol=0.05)  # one L4, from capacity on
+    assert total.goodput > 0.9
+    assert math.isclose(total.cost, total.accelerator_hours * 0.71)  # Flex-start priced at the on-demand table
+
+
+def test_hours_a_queued_tpu_waits_for_resources_are_waiting_not_paid():
+    from tests.service.test_tpu import TPU, tpu_doc
+
+    h = Harness()
+    h.tpu.stockout("us-central2-b")
+    h.submit("tpu", tpu_doc(tpu={**TPU, "queued": True}))
+    h.tick()
+    h.tick()  # seen waiting in the queue
+    h.advance(hours=5)
+    h.tick()
+    h.tpu.stockout("us-central2-b", on=False)  # the queue gives it its node
+    h.tick()
+    h.tick()
+    assert h.status("tpu").phase == Phase.RUNNING
+    h.advance(hours=1)
+    total = ledger.summary(h.status("tpu").ledger, h.clock.now())
+    assert math.isclose(total.waiting_hours, 5.0, abs_tol=0.05)
+    assert math.isclose(total.accelerator_hours, 8 * 1.0, abs_tol=0.4)  # v4-16: 8 chips, an hour and a boot
+    assert total.goodput > 0.9
+
+
 def test_after_a_spec_change_the_attempt_is_priced_by_the_shape_it_runs_not_the_old_ones_spot_price():
     """Advice at attempt 1 priced g2-standard-8 Spot at $0.30/h. The spec moves to 8 H100s placed
     in the spec's order (no advice asked): $0.30/h is not their price."""

@@ -227,3 +227,27 @@ def test_the_checkpoint_cost_is_told_as_a_lower_bound_and_where_it_comes_from(da
     assert "a lower bound from Cloud Storage" in source and "1 GB/s" in source
     doc = report.as_json("llm", st, day.clock.now())
     assert doc["checkpoint_cost"] == {"at_least_s": 120.0, "source": checkpoints.WRITE_TIME_SOURCE}
+
+
+def test_time_waiting_for_capacity_is_its_own_line_not_paid_hours():
+    """A Flex-start VM 5 h in PENDING, then 1 h RUNNING: the report and `respawn status` tell the
+    waiting apart, and the paid hours are the hour it ran."""
+    from controller.cli import status_view
+
+    h = Harness()
+    h.compute.stockouts.update({A, B})
+    h.submit("llm", spec_doc(zones=[A, B], provisioning="flex-start", policy={"max_run_duration": "3d"}))
+    h.tick()
+    h.tick()
+    h.advance(hours=5)
+    h.compute.set_status("llm-1", "RUNNING")
+    h.tick()
+    h.advance(hours=1)
+    st, now = h.status("llm"), h.clock.now()
+    text = text_of(report.render_text("llm", st, now))
+    assert table_row(text, "waiting")[1].startswith("4h58m for capacity (Flex-start PENDING")
+    assert table_row(text, "accelerator-hours")[1].startswith("1.03 paid")
+    doc = report.as_json("llm", st, now)
+    assert round(doc["summary"]["waiting_hours"], 2) == 4.97
+    row = {"job": "llm", "goodput": doc["summary"], "checkpoint_every_s": None}
+    assert "4h58m waiting for capacity, not billed" in status_view.goodput_line(row).text
