@@ -2,8 +2,10 @@
 
 It answers as Slack's incoming webhooks do: 200 ``ok`` (text/plain) for a JSON body, 400
 ``invalid_payload`` for anything else, 429 with ``Retry-After`` when rate limited. A test makes
-it fail on purpose with ``fail_next(500, times=2)`` (or ``POST /_local/fail_next``). It listens
-on 127.0.0.1, on a port of its own; every path is a hook (``url`` is one).
+it fail on purpose with ``fail_next(500, times=2)`` (or ``POST /_local/fail_next``), and slow
+with ``slow(seconds)`` (``POST /_local/slow``): every post is answered that many seconds late,
+until ``slow(0)`` (a destination that holds each post past the client's timeout never answers
+in time). It listens on 127.0.0.1, on a port of its own; every path is a hook (``url`` is one).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ class WebhookSink(Server):
         self.deliveries: list[Delivery] = []  # accepted posts, in order
         self.refused = 0  # posts answered with an error (fail_next or not JSON)
         self._failures: list[int] = []
+        self._delay = 0.0  # seconds each post waits before it is answered
+        self._fast = threading.Event()  # set by slow(0): posts waiting are answered at once
         self._lock = threading.Condition()
 
     @property
@@ -57,8 +61,21 @@ class WebhookSink(Server):
         with self._lock:
             self._failures.extend([int(status)] * int(times))
 
+    def slow(self, seconds: float) -> None:
+        """Answer every post ``seconds`` late (0: at once again, and the posts waiting now too)."""
+        seconds = float(seconds)
+        if not 0 <= seconds <= 3600:
+            raise ValueError(f"not a delay in seconds (0 to 3600): {seconds}")
+        with self._lock:
+            self._delay = seconds
+            if seconds == 0:
+                self._fast.set()
+            else:
+                self._fast.clear()
+
     def reset(self) -> None:
-        """Nothing recorded, no failure pending (a sink shared by several tests)."""
+        """Nothing recorded, no failure pending, no delay (a sink shared by several tests)."""
+        self.slow(0)
         with self._lock:
             self.deliveries.clear()
             self._failures.clear()
@@ -77,11 +94,15 @@ class WebhookSink(Server):
 
     def _app(self) -> Flask:
         app = Flask("webhook")
-        Host._fault_route(app, {"fail_next": self.fail_next})
+        Host._fault_route(app, {"fail_next": self.fail_next, "slow": self.slow})
 
         @app.post("/", defaults={"path": ""})
         @app.post("/<path:path>")
         def hook(path: str) -> Response:
+            with self._lock:
+                delay, fast = self._delay, self._fast
+            if delay:
+                fast.wait(delay)
             with self._lock:
                 if self._failures:
                     self.refused += 1

@@ -788,18 +788,38 @@ class MemoryPublisher:
 class MemoryWebhook:
     """A fake incoming webhook: every (url, body) posted, in order, the body as JSON would carry
     it. A body that is not JSON, or a URL that is not http(s), is a ``RequestError`` as for
-    ``HttpWebhook``; ``fail_next(error, times)`` raises ``error`` instead on the next posts."""
+    ``HttpWebhook``; ``fail_next(error, times)`` raises ``error`` instead on the next posts.
 
-    def __init__(self) -> None:
+    A slow one: each post is answered ``delay`` seconds after it began (real time: the sender's
+    thread waits). With ``timeout`` (the client's, as ``HttpWebhook``'s) below ``delay``, a post is
+    not answered at all: it fails with a ``TransientError`` after ``timeout`` seconds, unrecorded
+    (``delay=math.inf``: a webhook that never answers). ``answer_now()`` answers every post waiting
+    and the later ones at once (a test's teardown)."""
+
+    def __init__(self, delay: float = 0.0, timeout: float | None = None) -> None:
         self.posted: list[tuple[str, dict[str, object]]] = []
         self.faults = Faults()
+        self.delay = delay
+        self.timeout = timeout
+        self.begun = 0  # posts begun, answered or not
+        self._now = threading.Event()
         self._lock = threading.Lock()
 
     def fail_next(self, error: Exception, times: int = 1) -> None:
         self.faults.fail_next("post", error, times)
 
+    def answer_now(self) -> None:
+        self._now.set()
+
     def post(self, url: str, body: Mapping[str, object]) -> None:
         data = check_webhook(url, body)
+        with self._lock:
+            self.begun += 1
+        if self.delay > 0:
+            unanswered = self.timeout is not None and self.delay > self.timeout
+            limit = self.timeout if unanswered else self.delay
+            if not self._now.wait(None if limit == float("inf") else limit) and unanswered:
+                raise errors.TransientError(f"webhook {url.split('/')[2]}: ReadTimeout")
         with self._lock:
             self.faults.check("post")
             self.posted.append((url, json.loads(data)))

@@ -79,7 +79,7 @@ def build(config: Settings) -> Engine:
     policy = config.policy()
     observer = Observer(store, compute, config.bucket, policy, workers=config.concurrency,
                         advisor=capacity_advisor(config), tpu=tpu)
-    notifier = Notifier(policy, LazyPublisher(config), LazyWebhook())
+    notifier = Notifier(policy, LazyPublisher(config), LazyWebhook(), wait=config.notify_wait)
     return Engine(observer, Executor(store, compute, config.bucket, tpu, notifier), ctx, SystemClock(),
                   workers=config.concurrency, operation_wait=config.operation_wait)
 

@@ -48,6 +48,9 @@ class Settings(BaseSettings):
     # A spec's webhook on localhost / 127.0.0.1 (a deployed function's localhost is not the user's):
     # the local cloud sets it for its sink; `respawn deploy` never deploys it.
     allow_loopback_webhooks: bool = False
+    # Seconds a pass waits, at its very end (after every job's chain), for its notifications still
+    # under way; what is not sent by then is carried to the next pass (controller.service.notifier).
+    notify_wait: float = Field(default=10.0, ge=0, le=300)
     pubsub_endpoint: str | None = None  # the local cloud's Pub/Sub server, e.g. http://127.0.0.1:8125
     logging_endpoint: str | None = None  # the local cloud's Cloud Logging server (`respawn logs` reads it)
     # Jobs observed and reconciled side by side in one pass (threads: the clients block).

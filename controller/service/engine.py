@@ -17,6 +17,7 @@ from controller.service import fanout
 from controller.core.actions import Action, CreateInstances, WriteStatus
 from controller.core.clock import Clock
 from controller.service.executor import Executor, Outcome
+from controller.service.notifier import Notifier, Sends
 from controller.core.launch import LaunchContext
 from controller.service.observe import UNEXPECTED, Observer
 from controller.core.planner import plan_job
@@ -34,6 +35,10 @@ class Summary:
     errors: dict[str, str] = field(default_factory=dict)
     transient: list[str] = field(default_factory=list)
     unreachable: list[str] = field(default_factory=list)
+    # Notices the pass's budget for its sends did not cover (ids): carried to the next pass, and
+    # those whose send was under way (they may still arrive; never sent again).
+    notices_carried: list[str] = field(default_factory=list)
+    notices_in_flight: list[str] = field(default_factory=list)
 
     def merge(self, other: Summary) -> None:
         for job, done in other.jobs.items():
@@ -55,6 +60,8 @@ class Summary:
             "transient": self.transient,
             "unreachable_zones": self.unreachable,
             "jobs_seen": len(self.jobs),
+            **({"notices_unsent": {"carried": self.notices_carried, "in_flight": self.notices_in_flight}}
+               if self.notices_carried or self.notices_in_flight else {}),
         }
 
 
@@ -75,18 +82,33 @@ class Engine:
         self.operation_wait = operation_wait
 
     def reconcile(self, job: str | None = None, dry_run: bool = False) -> Summary:
-        """Reconcile every job (``job`` None) or one; ``dry_run`` plans without acting."""
-        world = self.observer.world(job)
-        summary = Summary(unreachable=[*world.unreachable, *(f"project {p}" for p in world.unseen_projects)])
-        for project, why in world.unseen_projects.items():
-            summary.errors[f"project {project}"] = f"instance list failed: {why}"
-        wait_until = None if self.operation_wait is None else time.monotonic() + self.operation_wait
-        for part in fanout.each(world.jobs.values(), lambda v: self._isolated(v, dry_run, wait_until), self.workers):
-            summary.merge(part)
-        for name, why in world.failed.items():
-            summary.errors[name] = f"observe: {why}"
-            if not why.startswith(UNEXPECTED):
-                summary.transient.append(name)
+        """Reconcile every job (``job`` None) or one; ``dry_run`` plans without acting.
+
+        Notices are never on the path of a recovery: each job's chain hands its notices to the
+        pass's sends (``Notifier.begin``), which go out side by side while the pass goes on; the
+        pass waits for them only at its very end, after every job's chain, for at most the
+        notifier's ``wait``. What did not fit is carried to the next pass, by id in the summary
+        and the log (controller.service.notifier)."""
+        notifier: Notifier | None = getattr(self.executor, "notifier", None)
+        sends = notifier.begin(self.workers) if notifier is not None and not dry_run else None
+        summary = Summary()
+        try:
+            world = self.observer.world(job)
+            summary.unreachable = [*world.unreachable, *(f"project {p}" for p in world.unseen_projects)]
+            for project, why in world.unseen_projects.items():
+                summary.errors[f"project {project}"] = f"instance list failed: {why}"
+            wait_until = None if self.operation_wait is None else time.monotonic() + self.operation_wait
+            for part in fanout.each(world.jobs.values(), lambda v: self._isolated(v, dry_run, wait_until, sends),
+                                    self.workers):
+                summary.merge(part)
+            for name, why in world.failed.items():
+                summary.errors[name] = f"observe: {why}"
+                if not why.startswith(UNEXPECTED):
+                    summary.transient.append(name)
+        finally:
+            if sends is not None:
+                unsent = sends.finish()
+                summary.notices_carried, summary.notices_in_flight = unsent.carried, unsent.in_flight
         return summary
 
     def plan(self, view: JobView) -> tuple[JobView, list[Action]]:
@@ -113,11 +135,12 @@ class Engine:
             return view, actions
         return loaded, plan_job(loaded, now, self.ctx)
 
-    def _isolated(self, view: JobView, dry_run: bool, wait_until: float | None = None) -> Summary:
+    def _isolated(self, view: JobView, dry_run: bool, wait_until: float | None = None,
+                  sends: Sends | None = None) -> Summary:
         """One job's rounds, with whatever goes wrong kept to that job's own summary."""
         summary = Summary()
         try:
-            self._reconcile_job(view, summary, dry_run, wait_until)
+            self._reconcile_job(view, summary, dry_run, wait_until, sends)
         except errors.RespawnError as e:  # e.g. its bucket objects did not answer
             summary.errors[view.job] = f"{type(e).__name__}: {e}"
             summary.transient.append(view.job)
@@ -126,13 +149,15 @@ class Engine:
             log.exception("reconciling a job failed", extra={"json_fields": {"job": view.job}})
         return summary
 
-    def _reconcile_job(self, view: JobView, summary: Summary, dry_run: bool, wait_until: float | None = None) -> None:
+    def _reconcile_job(self, view: JobView, summary: Summary, dry_run: bool, wait_until: float | None = None,
+                       sends: Sends | None = None) -> None:
+        tell = {"tell": sends.add} if sends is not None else {}
         for _ in range(MAX_ROUNDS):
             view, actions = self.plan(view)
             if dry_run:
                 summary.jobs[view.job] = [f"would {type(a).__name__}: {a.reason}" for a in actions]
                 return
-            outcome = self.executor.apply(view, actions, self.clock.now(), wait_until)
+            outcome = self.executor.apply(view, actions, self.clock.now(), wait_until, **tell)
             summary.add(outcome)
             if not outcome.replan:
                 return

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -24,6 +25,7 @@ from controller.core.state import JobStatus
 from controller.core.world import JobView
 
 log = logging.getLogger(__name__)
+Tell = Callable[[Notify | None, Sequence[notify.Notice]], object]  # hands a chain's notices to its pass
 
 
 @dataclass
@@ -53,9 +55,12 @@ class Executor:
             raise errors.ConfigError("this controller was built without a TPU gateway")
         return self.tpu
 
-    def apply(self, view: JobView, actions: list[Action], now: datetime, wait_until: float | None = None) -> Outcome:
+    def apply(self, view: JobView, actions: list[Action], now: datetime, wait_until: float | None = None,
+              tell: Tell | None = None) -> Outcome:
         """``wait_until``: the ``time.monotonic()`` past which an insert no longer waits for its
-        operation (None: the gateway's own limit)."""
+        operation (None: the gateway's own limit). ``tell``: where the chain's notices go, the
+        pass's ``Sends.add`` (sent side by side, waited for at the pass's end); without it, a
+        chain applied outside a pass sends them itself, within the notifier's ``wait``."""
         chain = _Chain(view.job, view.status, view.status_generation, view.spec, tell=self.notifier is not None)
         try:
             self._run(chain, view, actions, now, wait_until)
@@ -64,7 +69,7 @@ class Executor:
                 # After the chain: a notification never holds the insert its commit decided (and
                 # what was committed is told even if a later action raised).
                 mine = view.spec.notify if view.spec is not None else chain.notify
-                self.notifier.deliver(mine, chain.notices)
+                (tell or self.notifier.deliver)(mine, chain.notices)
         return chain.outcome
 
     def _run(self, chain: _Chain, view: JobView, actions: list[Action], now: datetime,

@@ -216,10 +216,10 @@ class ExecutorSpy:
         self._inner = inner
         self._run = run
 
-    def apply(self, view: Any, actions: Any, now: datetime, wait_until: float | None = None) -> Any:
+    def apply(self, view: Any, actions: Any, now: datetime, wait_until: float | None = None, **kw: Any) -> Any:
         before, self._run.acting_job = self._run.acting_job, view.job
         try:
-            return self._inner.apply(view, actions, now, wait_until)
+            return self._inner.apply(view, actions, now, wait_until, **kw)
         finally:
             self._run.acting_job = before
 

@@ -543,3 +543,30 @@ def test_concurrent_passes_tell_each_transition_exactly_once_to_the_topic_and_th
     assert sorted(n["id"] for n in told) == sorted(event_id("llm", status, e) for e in expected)
     bodies = webhook_sink.wait_for(len(told))
     assert sorted(b["respawn"]["id"] for b in bodies) == sorted(n["id"] for n in told)
+
+
+def test_a_pass_whose_webhook_answers_too_late_ends_within_its_notify_wait(webhook_sink: WebhookSink) -> None:
+    """``HttpWebhook`` to the local sink, slowed past the client's timeout: the pass that tells
+    three launches waits 0.3 s for its sends, not 3 s a post; what it could not send goes out
+    with the next pass once the sink answers again."""
+    import dataclasses
+
+    from controller.service.notifier import Notifier
+    from tests.harness import Harness
+
+    h = Harness()  # one job after another, one send at a time: the slowest case
+    h.policy = dataclasses.replace(h.policy, notify_webhook=webhook_sink.url)
+    h.notifier = Notifier(h.policy, None, HttpWebhook(timeout=3.0), wait=0.3)
+    webhook_sink.slow(60)
+    for job in ("a", "b", "c"):
+        h.submit(job)
+    began = time.monotonic()
+    summary = h.tick()
+    took = time.monotonic() - began
+    webhook_sink.slow(0)
+    assert took < 3.0, f"the pass took {took:.1f} s"  # 9 s if each post held its job's chain
+    assert sorted(h.live()) == ["a-1", "b-1", "c-1"]
+    assert len(summary.notices_in_flight) == 1 and len(summary.notices_carried) == 2
+    h.tick()
+    told = {b["respawn"]["id"] for b in webhook_sink.wait_for(2)}
+    assert set(summary.notices_carried) <= told

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import time
 
 import pytest
 
@@ -408,3 +410,97 @@ def test_a_model_change_is_told_once_however_many_passes_race(told):
     h.race("llm")
     h.tick()
     assert [e["event"] for e in events(publisher)].count("provisioning") == 1
+
+
+# -- a slow destination never slows recovery (issue 22, item 13) ------------------------------------------
+JOBS = [f"job{i}" for i in range(4)]
+
+
+@pytest.fixture
+def slow():
+    """Four running jobs whose pass tells a topic and a webhook; the pass waits 0.5 s for its sends."""
+    h = Harness(workers=8)
+    h.policy = dataclasses.replace(h.policy, notify_topic=TOPIC, notify_webhook=HOOK)
+    publisher, webhook = MemoryPublisher([TOPIC]), MemoryWebhook()
+    h.notifier = Notifier(h.policy, publisher, webhook, wait=0.5)
+    for job in JOBS:
+        h.submit(job)
+    h.tick()
+    h.tick()
+    assert all(h.status(j).phase == Phase.RUNNING for j in JOBS)
+    yield h, publisher, webhook
+    webhook.answer_now()  # no thread left waiting on it
+
+
+def test_a_webhook_that_never_answers_costs_a_pass_its_notify_budget_once_and_every_replacement_is_inserted(slow):
+    h, publisher, webhook = slow
+    webhook.delay, webhook.timeout = math.inf, 5.0  # every post times out after 5 s (HttpWebhook's own limit)
+    for job in JOBS:
+        h.compute.preempt(f"{job}-1")
+    began = time.monotonic()
+    summary = h.tick()
+    took = time.monotonic() - began
+    # 2 notices a job (preempted, started): 10 s if each post held its job's chain; 0.5 s of budget.
+    assert took < 4.0, f"the pass took {took:.1f} s"
+    assert sorted(h.live()) == sorted(f"{j}-2" for j in JOBS)  # every recovery's insert happened
+    told = [e for e in events(publisher) if e["event"] in ("preempted", "started") and e["attempt"] >= 1]
+    assert sum(e["event"] == "preempted" for e in told) == 4  # the topic is not held by the webhook
+    unsent = summary.notices_carried + summary.notices_in_flight
+    assert len(unsent) == 8 and len(summary.notices_in_flight) >= 1  # every notice the webhook lacks, by id
+    assert summary.as_dict()["notices_unsent"]["carried"] == summary.notices_carried
+
+
+def test_notices_a_pass_could_not_send_are_sent_by_the_next_one_and_none_twice(slow):
+    h, publisher, webhook = slow
+    webhook.delay, webhook.timeout = math.inf, 2.0
+    for job in JOBS:
+        h.compute.preempt(f"{job}-1")
+    first = h.tick()
+    assert first.notices_carried and h.notifier.carried == first.notices_carried
+    webhook.delay = 0.0  # the webhook answers again
+    second = h.tick()
+    assert not second.notices_carried and not second.notices_in_flight and h.notifier.carried == []
+    posted = [b["respawn"]["id"] for b in webhook.bodies(HOOK)]
+    assert set(first.notices_carried) <= set(posted) and len(posted) == len(set(posted))
+    # Those under way when the first pass ended may still arrive: never sent again, only named.
+    sent_by_topic = {e["id"] for e in events(publisher)}
+    assert sent_by_topic == set(posted) | set(first.notices_in_flight)
+
+
+def test_a_notice_a_dead_webhook_never_takes_is_given_up_after_a_few_passes_and_logged(caplog):
+    from controller.service import notifier
+
+    h = Harness()  # one job at a time, and one send at a time: the dead webhook holds every later one
+    h.policy = dataclasses.replace(h.policy, notify_webhook=HOOK)
+    webhook = MemoryWebhook(delay=math.inf, timeout=0.2)
+    h.notifier = Notifier(h.policy, None, webhook, wait=0.05)
+    jobs = [f"job{i}" for i in range(8)]
+    for job in jobs:
+        h.submit(job)
+    try:
+        with caplog.at_level("WARNING", logger="controller.service.notifier"):
+            h.tick()  # 8 notices: one under way when the pass ends, 7 carried
+            for _ in range(notifier.MAX_CARRIES + 1):
+                h.tick("nobody")  # nothing new to tell: each pass takes one more, and the dead webhook holds it
+        given_up = [i for r in caplog.records for i in getattr(r, "json_fields", {}).get("notices_given_up", ())]
+        assert given_up and h.notifier.carried == [] and webhook.posted == []
+        assert all(i.split("/")[0] in jobs and "/launch/" in i for i in given_up)
+    finally:
+        webhook.answer_now()
+
+
+def test_the_deployed_notifier_waits_for_its_sends_as_long_as_respawn_notify_wait_says(monkeypatch):
+    from controller.service import bootstrap
+    from controller.service.config import Settings
+
+    assert Settings(bucket=BUCKET, project=PROJECT, _env_file=None).notify_wait == 10.0
+    monkeypatch.setenv("RESPAWN_NOTIFY_WAIT", "2.5")
+    monkeypatch.setattr("controller.adapters.google.capacity_advisor", lambda config: None)  # no credentials here
+    config = Settings(bucket=BUCKET, project=PROJECT, _env_file=None)
+    h = Harness()
+    bootstrap.override(None, config, h.store, h.compute)
+    try:
+        engine = bootstrap.build(config)
+    finally:
+        bootstrap.override(None)
+    assert engine.executor.notifier.wait == 2.5
