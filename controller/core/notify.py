@@ -1,8 +1,8 @@
 """Job notifications: what one status commit tells the world, as JSON events.
 
 Pure: ``notices`` reads the events a commit adds (``JobStatus.added_to``) and the counters
-it moved; the executor delivers them (``controller.service.notifier``) only after its compare-and-
-swap of that commit succeeded, so a transition goes out once however many passes raced to
+it moved; the executor hands them to its pass's sends (``controller.service.notifier``), once
+the job's chain is done, only after its compare-and-swap of that commit succeeded, so a transition goes out once however many passes raced to
 decide it: the passes that lost the swap decided nothing and send nothing.
 
 Each notice has an ``id`` unique to its transition (``event_id``), for a

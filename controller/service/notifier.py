@@ -188,14 +188,12 @@ class Sends:
     def start(self, send: _Send) -> None:
         task = _Task(send)
         with self._lock:
-            cut = self._cut
-            if not cut and self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="respawn-notify")
-            if not cut:
-                assert self._pool is not None
+            if not self._cut:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="respawn-notify")
                 self._tasks.append((task, self._pool.submit(self._run, task)))
-        if cut:  # handed over after the pass's end: the next pass sends it
-            self._notifier._carry([send])
+                return
+        self._notifier._carry([send])  # handed over after the pass's end: the next pass sends it
 
     def _run(self, task: _Task) -> None:
         for i, notice in enumerate(task.send.notices):
