@@ -93,6 +93,14 @@ class Harness:
                 "node": node, "token": self._token(job, attempt, token)}
         self.store.put(BUCKET, names.exit_key(job), json.dumps(body))
 
+    def worker_exit(self, job: str, rank: int, code: int, attempt: int | None = None, token: str | None = None,
+                    instance: str | None = None) -> None:
+        """A worker's (rank > 0) own exit record, as the VM agent writes it: a gang node's, or a TPU host's."""
+        attempt = self.status(job).attempt if attempt is None else attempt
+        body = {"exit_code": code, "instance": instance or names.instance_name(job, attempt, rank), "attempt": attempt,
+                "node": rank, "token": self._token(job, attempt, token)}
+        self.store.put(BUCKET, names.node_exit_key(job, rank), json.dumps(body))
+
     def marker(self, job: str, attempt: int | None = None, reason: str = "preempted", token: str | None = None) -> None:
         attempt = self.status(job).attempt if attempt is None else attempt
         body = {"instance": names.instance_name(job, attempt), "attempt": attempt, "reason": reason,

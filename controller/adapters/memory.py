@@ -501,6 +501,8 @@ class MemoryTpu:
         self.quota_exhausted: set[str] = set()
         self.unreachable: set[str] = set()
         self.failing_projects: set[str] = set()  # projects whose list fails (403)
+        # Zones the project may not use: listing or creating there is Google's 403 on the location.
+        self.denied_zones: set[str] = set()
         self.hold = False
         self.deleted: list[str] = []
         self.delete_seconds = 90.0
@@ -533,7 +535,10 @@ class MemoryTpu:
                     found.append(TpuNode(r.project, r.zone, r.name, QUEUED_AS_NODE.get(queued.state, NodeState.UNKNOWN),
                                          NodeHealth.HEALTH_UNSPECIFIED, dict(r.labels), queued.created_at,
                                          r.accelerator_type, r.spot, queued=queued.state))
-            return TpuList(found, sorted(self.unreachable & set(zones)), failed)
+            denied = {z: f"Permission denied on 'locations/{z}' (or it may not exist)."
+                      for z in zones if z in self.denied_zones}
+            found = [n for n in found if n.zone not in denied]
+            return TpuList(found, sorted((self.unreachable & set(zones)) - set(denied)), failed, denied)
 
     def create(self, request: TpuRequest, request_id: str, wait: float | None = None) -> None:
         # Operations here finish at once, or only when ``hold`` lets them: ``wait`` changes neither.
@@ -541,6 +546,8 @@ class MemoryTpu:
         key = (r.project, r.zone, r.name)
         with self._lock:
             self._call("create", r.name)
+            if r.zone in self.denied_zones:
+                raise errors.RequestError(f"Permission denied on 'locations/{r.zone}' (or it may not exist).")
             self._settle_deletes()
             self._provision()
             if r.queued:

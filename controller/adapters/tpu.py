@@ -172,34 +172,40 @@ class CloudTpu:
         if job is not None and (problem := names.job_name_problem(job)):
             raise errors.RequestError(problem)
 
-        def one(where: tuple[str, str]) -> tuple[list[TpuNode], str | None, tuple[str, str] | None]:
-            """(nodes, the zone if it could not be seen, (project, why) if the project refused)."""
+        def one(where: tuple[str, str]) -> tuple[list[TpuNode], str | None, tuple[str, str] | None,
+                                                 tuple[str, str] | None]:
+            """(nodes, the zone if it could not be seen, (project, why) if the project refused,
+            (zone, why) if the project may not use the zone)."""
             project, zone = where
             parent = f"projects/{project}/locations/{zone}"
             try:
                 nodes = self._pages(f"{parent}/nodes", "nodes")
                 queued = self._pages(f"{parent}/queuedResources", "queuedResources")
-                return _zone_nodes(project, zone, nodes, queued, job), None, None
+                return _zone_nodes(project, zone, nodes, queued, job), None, None, None
             except (*_LIBRARY, ValueError, TypeError, AttributeError, KeyError) as e:
                 # ValueError...KeyError: a body that is not JSON, or JSON not shaped as
                 # tpu.v2.json says (read in _zone_nodes); the zone is not seen, never empty.
                 error = translate(e, zone)
+                # This location refused (403 "Permission denied on 'locations/...' (or it may
+                # not exist)"): the project may not use the zone, so nothing of ours is there and
+                # nothing can be created there: denied, for the job to say, not unseen.
+                if isinstance(e, gexc.Forbidden) and _LOCATION_DENIED.search(e.message or ""):
+                    return [], None, None, (zone, e.message or str(error))
                 # Not seen, like an aggregated list's unreachables: no answer, 5xx, the
-                # read-request quota, a 404 (Google answers an unknown location with 403:
-                # a 404 is a wrong endpoint or path, never proof that nothing is there), or
-                # this location refused; anything else (a 403 on the project) is the
-                # project refusing.
-                if isinstance(error, (errors.TransientError, errors.QuotaError)) or isinstance(e, gexc.NotFound) or (
-                        isinstance(e, gexc.Forbidden) and _LOCATION_DENIED.search(e.message or "")):
-                    return [], zone, None
-                return [], None, (project, str(error))
+                # read-request quota, or a 404 (Google answers an unknown location with 403:
+                # a 404 is a wrong endpoint or path, never proof that nothing is there);
+                # anything else (a 403 on the project) is the project refusing.
+                if isinstance(error, (errors.TransientError, errors.QuotaError)) or isinstance(e, gexc.NotFound):
+                    return [], zone, None, None
+                return [], None, (project, str(error)), None
 
         # Each (project, zone) once: a zone named twice would list its nodes twice.
         pairs = list(dict.fromkeys((p, z) for p in projects for z in zones))
         results = fanout.each(pairs, one, workers=_ZONE_LISTS)
-        return TpuList([n for listed, _, _ in results for n in listed],
-                       sorted({zone for _, zone, _ in results if zone}),
-                       dict(refusal for _, _, refusal in results if refusal))
+        return TpuList([n for listed, _, _, _ in results for n in listed],
+                       sorted({zone for _, zone, _, _ in results if zone}),
+                       dict(refusal for _, _, refusal, _ in results if refusal),
+                       dict(denial for _, _, _, denial in results if denial))
 
     def _pages(self, path: str, key: str) -> list[dict[str, Any]]:
         """Every item of a v2 collection, as the JSON Google sent (see the module's docstring)."""

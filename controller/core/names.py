@@ -20,6 +20,7 @@ CANCEL = "cancel"
 STATUS = "status.json"
 EXIT = "exit"
 HEARTBEAT = "heartbeat"
+NODES = "nodes"  # jobs/<job>/nodes/<rank>/exit: a gang worker's (or TPU host's) own exit record
 
 MANAGED_LABEL = "respawn-managed"
 JOB_LABEL = "respawn-job"
@@ -70,15 +71,28 @@ def marker_key(job: str) -> str:
     return f"{MARKERS_PREFIX}{job}"
 
 
+def node_exits_prefix(job: str) -> str:
+    return f"{JOBS_PREFIX}{job}/{NODES}/"
+
+
+def node_exit_key(job: str, rank: int) -> str:
+    """A worker's own exit record (rank > 0; rank 0's is ``exit_key``): one object per rank,
+    so that no rank's exit can overwrite another's."""
+    return f"{node_exits_prefix(job)}{rank}/{EXIT}"
+
+
 @dataclass(frozen=True)
 class ObjectRef:
     """What a bucket object means under the contract: whose it is and which kind."""
 
     job: str
     kind: str  # spec | cancel | status | exit | heartbeat | marker
+    node: int | None = None  # an exit record's rank, for a worker's own record (``node_exit_key``)
 
 
 _KINDS = {SPEC: "spec", CANCEL: "cancel", STATUS: "status", EXIT: "exit", HEARTBEAT: "heartbeat"}
+# A worker's rank as the agent writes it: 1 to 999999, no leading zero (rank 0's record is ``exit``).
+_NODE_EXIT_RE = re.compile(rf"{NODES}/([1-9][0-9]{{0,5}})/{EXIT}")
 
 
 def parse_object_name(name: str) -> ObjectRef | None:
@@ -94,6 +108,8 @@ def parse_object_name(name: str) -> ObjectRef | None:
         job, sep, leaf = name[len(JOBS_PREFIX) :].partition("/")
         if job and sep and leaf in _KINDS:
             return ObjectRef(job, _KINDS[leaf])
+        if job and sep and (node := _NODE_EXIT_RE.fullmatch(leaf)):
+            return ObjectRef(job, "exit", int(node.group(1)))
     return None
 
 

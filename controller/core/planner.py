@@ -19,6 +19,8 @@ from controller.core.spec import JobSpec
 from controller.core.state import Event, JobStatus, Phase
 from controller.core.world import JobView, Record, World
 
+# How long VM records under a name with neither spec nor status are kept (``_strays``).
+STRAY_GRACE = timedelta(hours=1)
 # How long a restart waits for the previous attempt's VM to finish going down.
 _SETTLE_LIMIT = timedelta(minutes=10)
 # Causes of a lost VM that are nobody's fault but the platform's, most telling first.
@@ -64,7 +66,7 @@ def _plan_job(v: JobView, now: datetime, ctx: LaunchContext) -> list[Action]:
     if not v.has_spec:
         if st and not st.phase.terminal:
             return _end(v, st, Phase.CANCELLED, "spec deleted", now)
-        return _leftovers(v, orphan=True)
+        return [*_leftovers(v, orphan=True), *([] if st or v.status_generation else _strays(v, now))]
     if v.cancelled:
         if st is None or not st.phase.terminal:
             return _end(v, st or JobStatus(created_at=now), Phase.CANCELLED, "cancel requested", now)
@@ -94,20 +96,22 @@ def _plan_job(v: JobView, now: datetime, ctx: LaunchContext) -> list[Action]:
 def _running_job(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchContext) -> list[Action]:
     policy = spec.policy
     born = st.created_at or st.started_at
-    finished = v.exit is not None and v.exit.belongs_to(st) and v.exit.exit_code == 0
+    # The exit record that decides the attempt: rank 0's exit 0, unless a rank failed first.
+    exited = v.deciding_exit(st)
+    finished = exited is not None and exited.exit_code == 0
     if policy.max_runtime and born and now - born >= policy.max_runtime and not finished:
         return _end(v, st, Phase.FAILED, f"deadline: max_runtime {fmt(policy.max_runtime)} reached", now)
     # Between attempts the current attempt's records were already acted on (counted
     # in this very status); they are consumed once the next insert is acknowledged.
     if st.phase in (Phase.PENDING, Phase.RECOVERING):
-        if st.phase == Phase.RECOVERING and v.exit and v.exit.belongs_to(st) and v.exit.exit_code == 0:
+        if st.phase == Phase.RECOVERING and exited is not None and finished:
             # The trainer finished while its VM was being replaced (a recycle whose delete
             # is slow or failing): the exit 0 wins, the next attempt never starts.
-            return _end(v, st, Phase.SUCCEEDED, f"command exited 0 on {v.exit.instance or st.instances[0]}", now,
-                        since=v.exit.updated)
+            return _end(v, st, Phase.SUCCEEDED, f"command exited 0 on {exited.instance or st.instances[0]}", now,
+                        since=exited.updated)
         return _launch(v, spec, st, "start" if st.phase == Phase.PENDING else "recover", now, ctx)
-    if v.exit and v.exit.belongs_to(st):
-        return _exited(v, spec, st, now, ctx)
+    if exited is not None:
+        return _exited(v, spec, st, exited, now, ctx)
     if v.marker and v.marker.belongs_to(st):
         cause = _marker_cause(v.marker)
         unsaved = "; its trainer had not finished saving by the deadline" if v.marker.saved is False else ""
@@ -121,17 +125,21 @@ def _running_job(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: L
     return _watch(v, spec, st, now, ctx)
 
 
-def _exited(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchContext) -> list[Action]:
-    """The command exited. For a gang, rank 0's exit 0 is the job's success; a non-zero
-    exit after the platform took a node away is that loss, not the trainer's failure."""
-    assert v.exit is not None
-    if v.exit.exit_code == 0:
-        return _end(v, st, Phase.SUCCEEDED, f"command exited 0 on {v.exit.instance or st.instances[0]}", now,
-                        since=v.exit.updated)
-    code = "unreadable" if v.exit.exit_code is None else str(v.exit.exit_code)
-    detail = f"command exited with code {code} on {v.exit.instance or 'a VM'}"
-    if v.exit.detail:  # the agent says why the command never ran (code download failed...)
-        detail = f"the command never ran on {v.exit.instance or 'a VM'}: {v.exit.detail} (exit {code})"
+def _exited(v: JobView, spec: JobSpec, st: JobStatus, exited: Record, now: datetime,
+            ctx: LaunchContext) -> list[Action]:
+    """The command exited (``exited``: the record that decides, ``JobView.deciding_exit``). For a
+    gang, rank 0's exit 0 is the job's success unless a rank failed first; a non-zero exit after
+    the platform took a node away is that loss, not the trainer's failure."""
+    if exited.exit_code == 0:
+        return _end(v, st, Phase.SUCCEEDED, f"command exited 0 on {exited.instance or st.instances[0]}", now,
+                    since=exited.updated)
+    code = "unreadable" if exited.exit_code is None else str(exited.exit_code)
+    where = exited.instance or "a VM"
+    if exited.node and len(st.instances) == 1:  # a TPU slice: one node, a record per host
+        where = f"{where} worker {exited.node}"
+    detail = f"command exited with code {code} on {where}"
+    if exited.detail:  # the agent says why the command never ran (code download failed...)
+        detail = f"the command never ran on {where}: {exited.detail} (exit {code})"
     if cause := _platform_cause(v, st):
         return _restart(v, spec, st, cause, f"{detail} after a node was {cause}", now, ctx)
     if len(st.instances) > 1:
@@ -141,10 +149,10 @@ def _exited(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: Launch
         mine = _current(v, st)
         if any(i.status.settling for i in mine.values()):
             return []  # a node is on its way down: wait to learn why
-        others = [n for n in st.instances if n != v.exit.instance and (n not in mine or mine[n].status.down)]
+        others = [n for n in st.instances if n != exited.instance and (n not in mine or mine[n].status.down)]
         if others and mine:  # a gang is inserted whole or not at all: seen in part means lost in part
             return _lost(v, spec, st, mine, others, now, ctx, also=detail)
-    return _failure(v, spec, st, detail, now, since=v.exit.updated)
+    return _failure(v, spec, st, detail, now, since=exited.updated)
 
 
 def _platform_cause(v: JobView, st: JobStatus) -> str | None:
@@ -163,7 +171,7 @@ def _marker_cause(marker: Record) -> str:
 
 def _watch(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchContext) -> list[Action]:
     """The current attempt was inserted: is every node alive, working and young enough?"""
-    if st.zone in v.unreachable or st.project in v.unseen_projects:
+    if st.zone in v.unreachable or st.zone in v.denied_zones or st.project in v.unseen_projects:
         return []  # its zone or project did not answer the list: "not seen" is not "gone"
     mine = _current(v, st)
     lost = [n for n in st.instances if n not in mine or mine[n].status.down]
@@ -419,6 +427,10 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
         text = (f"waiting: cannot list checkpoint.uri {spec.checkpoint.uri} ({v.checkpoint_error}); "
                 "fix the URI or grant the controller's service account roles/storage.objectViewer on it")
         return [*_note(v, st, "checkpoint", text, now), *_delete_current(v, st, why)]
+    if denied := {z: v.denied_zones[z] for z in spec.zones if z in v.denied_zones}:
+        if len(denied) == len(spec.zones):
+            return _end(v, st, Phase.FAILED, f"no zone of the spec can be used: {_denials(denied, spec, ctx)}", now)
+        why = f"{why}; skipping {_denials(denied, spec, ctx)}"
     model, stepped = t.next_model(spec, st, now)
     # A refusal holds for one attempt (begin_attempt forgets them); the other model's
     # cooldowns say nothing about this one's capacity.
@@ -485,7 +497,8 @@ def _insert(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: Launch
         # The zone the attempt committed to, while it can still be used: an earlier try's
         # outcome may be unknown (a lost answer, a crash), and advice that changed since must
         # never put a second try of one attempt in another zone.
-        kept = st.zone in spec.zones and not st.not_before and t.usable(st, st.zone, now)
+        kept = (st.zone in spec.zones and st.zone not in v.denied_zones and not st.not_before
+                and t.usable(st, st.zone, now))
         zone = st.zone if kept else t.pick_zone(spec, st, now, v.zone_order(t.model_of(spec, st)))
         if zone is None:
             return [_waiting(v, spec, st, now)]
@@ -498,6 +511,15 @@ def _insert(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: Launch
     create = CreateInstances(v.job, st.attempt, requests_for(v.job, spec, st, ctx),
                              names.request_id(v.job, st.attempt, st.placement, _run(st)), spec, f"attempt {st.attempt}")
     return [*head, create, WriteStatus(v.job, t.inserted(st, now), "inserted"), *_consume(v, st)]
+
+
+def _denials(denied: dict[str, str], spec: JobSpec, ctx: LaunchContext) -> str:
+    """The zones the TPU API refused to the project, each with Google's words and the fix."""
+    project = _project(spec, ctx)
+    each = "; ".join(f"{z}: {why[:200]}" for z, why in denied.items())
+    return (f"project {project} may not use {each} (the zone must offer Cloud TPU, and the controller's "
+            "account needs tpu.nodes.list and tpu.nodes.create there: roles/tpu.admin); "
+            "fix the zone or the grant, or remove the zone from the spec")
 
 
 def _waiting(v: JobView, spec: JobSpec, st: JobStatus, now: datetime) -> WriteStatus:
@@ -598,11 +620,13 @@ def _cleanup(v: JobView, st: JobStatus) -> list[Action]:
              for i in v.instances if i.attempt < st.attempt]
     if not st.inserted:
         return husks
-    stale = [r for r in (v.marker, v.exit) if r and not r.belongs_to(st)]
+    stale = [r for r in v.records() if not r.belongs_to(st)]
     return [*husks, *(DeleteRecord(v.job, r.key, r.generation, _why_stale(r, st)) for r in stale)]
 
 
 def _why_stale(record: Record, st: JobStatus) -> str:
+    if record.attempt is None and not record.detail.startswith("unreadable"):
+        return f"ignored: {record.detail}"  # judged on its listing alone (Record.unread)
     if record.attempt is None:
         return f"ignored: unreadable ({record.detail})"
     if record.attempt == st.attempt:
@@ -612,21 +636,33 @@ def _why_stale(record: Record, st: JobStatus) -> str:
 
 def _consume(v: JobView, st: JobStatus) -> list[Action]:
     """Delete the records this decision acted on; they come last in the chain."""
-    return [DeleteRecord(v.job, r.key, r.generation, f"acted on by attempt {st.attempt}")
-            for r in (v.marker, v.exit) if r]
+    return [DeleteRecord(v.job, r.key, r.generation, f"acted on by attempt {st.attempt}") for r in v.records()]
 
 
 def _leftovers(v: JobView, orphan: bool = False) -> list[Action]:
     """A finished, cancelled or spec-less job: delete what it still has.
 
     Only what this pass saw, and each delete re-checked by the executor (see
-    ``DeleteInstance``). Records are only cleaned up for a job the controller ran (it
-    has a status); a stray marker with neither spec nor status is left for a person.
+    ``DeleteInstance``). Records are cleaned up here for a job the controller ran (it
+    has a status); those of a name with neither spec nor status are ``_strays``.
     """
     why = "orphan: its job has no spec" if orphan else "job has ended"
-    records = [r for r in (v.marker, v.exit) if r] if v.status else []
+    records = v.records() if v.status else ()
     return [*(_delete(v.job, i, why, orphan) for i in v.instances),
             *(DeleteRecord(v.job, r.key, r.generation, why) for r in records)]
+
+
+def _strays(v: JobView, now: datetime) -> list[Action]:
+    """VM records under a name with neither spec nor status: no attempt can ever own them (each
+    attempt's token is new), and anything that can write a VM record could write them by the
+    million. Deleted once older than STRAY_GRACE (GCS's ``updated``), which spares the records of
+    a job whose spec and status are being written right now (a bucket copied name by name lands
+    ``exit`` before ``spec.yaml``); each delete by generation, so a record rewritten meanwhile
+    stays, and only while the job still has no status (the executor re-checks). The observer
+    hands over a bounded number per pass, oldest first."""
+    old = [r for r in (v.marker, *v.exits, v.heartbeat) if r and now - r.updated >= STRAY_GRACE]
+    return [DeleteRecord(v.job, r.key, r.generation, f"stray: no spec or status for {fmt(STRAY_GRACE)}")
+            for r in old]
 
 
 def _delete(job: str, i: Instance, why: str, orphan: bool = False) -> DeleteInstance:

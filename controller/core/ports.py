@@ -424,6 +424,9 @@ class TpuList:
     nodes: list[TpuNode]
     unreachable: list[str] = field(default_factory=list)  # zones that did not answer
     failed_projects: dict[str, str] = field(default_factory=dict)  # project -> why (403...)
+    # Zones the project may not use (403 on the location: not enabled, not allowed, or no such
+    # zone): nothing of ours can be there, and nothing can be created there. zone -> why.
+    denied: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

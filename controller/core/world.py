@@ -47,6 +47,12 @@ class Record:
                    detail=f"unreadable: {info.size} bytes")
 
     @classmethod
+    def unread(cls, info: BlobInfo, why: str, node: int | None = None) -> Record:
+        """A record judged on its listing alone (never read: no attempt of the job can have
+        written it, or it is past what one pass reads): only its identity, so it is cleaned up."""
+        return cls(key=info.name, generation=info.generation, updated=info.updated, node=node, detail=why)
+
+    @classmethod
     def parse(cls, info: BlobInfo, data: bytes) -> Record:
         base = cls(key=info.name, generation=info.generation, updated=info.updated, detail="unreadable")
         if len(data) > MAX_RECORD_BYTES:
@@ -107,7 +113,9 @@ class JobView:
     status: JobStatus | None = None
     status_generation: int = 0  # 0: no status.json yet (create-only precondition)
     marker: Record | None = None
-    exit: Record | None = None
+    exit: Record | None = None  # jobs/<job>/exit: rank 0's (and, from older agents, a worker's failure)
+    # jobs/<job>/nodes/<rank>/exit: each worker's own exit record (rank > 0, ``node`` from its name).
+    node_exits: tuple[Record, ...] = ()
     heartbeat: Record | None = None
     instances: tuple[Instance, ...] = ()
     stop_reasons: Mapping[str, StopReason] = field(default_factory=dict)
@@ -118,6 +126,9 @@ class JobView:
     unreachable: tuple[str, ...] = ()  # zones the instance list could not see this pass
     unseen_projects: tuple[str, ...] = ()  # projects whose instance list failed this pass
     unseen_why: Mapping[str, str] = field(default_factory=dict)  # project -> why its list failed
+    # TPU zones the project may not use (the TPU list's 403 on the location), zone -> why: never
+    # tried, and never "not seen" either (nothing of the job's can be there).
+    denied_zones: Mapping[str, str] = field(default_factory=dict)
     # Capacity advice for the spec's zones, asked only when a plan launches under capacity placement.
     advice: Mapping[str, ZoneAdvice] | None = None
     advice_model: str | None = None  # the provisioning model it was asked for
@@ -128,6 +139,33 @@ class JobView:
     def has_spec(self) -> bool:
         return self.spec is not None or bool(self.problems)
 
+    @property
+    def exits(self) -> tuple[Record, ...]:
+        """Every exit record of the job: rank 0's, then each worker's."""
+        return (*((self.exit,) if self.exit else ()), *self.node_exits)
+
+    def deciding_exit(self, status: JobStatus) -> Record | None:
+        """The exit record that decides the current attempt: None while none of its own is there.
+
+        Rank 0's ``exit 0`` is the job's success, unless a rank's failure (a non-zero or
+        unreadable exit code) of the same attempt landed before it or with it (GCS's
+        ``updated``, one clock for every node): a node that failed first failed the gang,
+        whatever rank 0 did next. A failure that landed after rank 0's exit 0 is a rank
+        falling off the collective rank 0 left, and changes nothing. Among failures, the first
+        to land decides; a worker's exit 0 decides nothing (rank 0's does).
+        """
+        mine = [r for r in self.exits if r.belongs_to(status)]
+        failures = [r for r in mine if r.exit_code != 0]
+        first = min(failures, key=lambda r: r.updated) if failures else None
+        success = self.exit if self.exit is not None and self.exit.belongs_to(status) and self.exit.exit_code == 0 else None
+        if success is not None and (first is None or first.updated > success.updated):
+            return success
+        return first
+
+    def records(self) -> tuple[Record, ...]:
+        """The VM records a decision consumes or a cleanup deletes: the marker and every exit record."""
+        return (*((self.marker,) if self.marker else ()), *self.exits)
+
     def advice_for(self, model: str) -> Mapping[str, ZoneAdvice] | None:
         """The advice an attempt on ``model`` is placed by: asked for that model, under capacity placement."""
         capacity = self.spec is not None and self.spec.placement_for(model) == "capacity"
@@ -136,7 +174,8 @@ class JobView:
     def zone_order(self, model: str) -> tuple[str, ...]:
         """The spec's zones, best first, for an attempt on ``model`` (see ``controller.core.placement``)."""
         assert self.spec is not None
-        return placement.zone_order(self.spec, model, self.advice_for(model))
+        order = placement.zone_order(self.spec, model, self.advice_for(model))
+        return tuple(z for z in order if z not in self.denied_zones)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ miss them, where the earlier listing could.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 import time
@@ -41,6 +42,14 @@ TPU_LIST_TIMEOUT = 20.0
 MAX_STATUS_BYTES = 4 * 1024 * 1024
 PARSED_CACHE_BYTES = 64 * 1024 * 1024  # by the objects' listed sizes
 _ONE_JOB = 8  # a single job's reads sent side by side (its few objects; a gang's nodes)
+# VM records of names with neither spec nor status handed to the planner per pass, oldest
+# first (it deletes those past planner.STRAY_GRACE): a million strays cost a million lines
+# in the listing, never a million deletes in one pass.
+MAX_STRAYS = 500
+# Worker exit records of a job that no rank of its current attempt can have written, handed
+# over per pass (to be cleaned up, never read).
+MAX_UNREAD_NODE_EXITS = 100
+_RECORD_KINDS = ("marker", "exit", "heartbeat")
 T = TypeVar("T")
 
 
@@ -93,11 +102,16 @@ class Observer:
         """
         listing = self._listing(job)
         failed: dict[str, str] = {}  # each job's own key: safe to fill from several threads
-        order = sorted(listing) if job is None else [job]
+        strays = _strays(listing)
+        # A name with neither spec nor status has nothing to read: only its oldest VM records, to
+        # be cleaned up, and its instances (orphans), which the instance list finds below.
+        order = sorted(n for n, objects in listing.items() if _ours(objects)) if job is None else [job]
         side = 1 if job is None else min(self.workers, _ONE_JOB)  # workers=1: inline, in order
         observed = fanout.each(order, lambda n: self._guarded(failed, n, self._bucket_view, n, listing.get(n, {}), side),
                                self.workers)
         views = {name: view for name, view in zip(order, observed, strict=True) if view}
+        for name, records in strays.items():
+            views[name] = replace(views.get(name) or JobView(job=name, cancelled="cancel" in listing[name]), **records)
         # Only now, after every status was read, the instances: see the module docstring.
         # The TPU nodes are listed beside the instances, each list with its own bound: a TPU API
         # that does not answer blinds the TPU jobs alone, and never holds a VM job's recovery.
@@ -119,7 +133,8 @@ class Observer:
         tpu_unseen = tuple(sorted({*unseen, *tpus.failed_projects}))
         why = dict(found.failed_projects)
         tpu_why = {**{p: f"TPU nodes: {w}" for p, w in tpus.failed_projects.items()}, **why}
-        views = {n: replace(v, unreachable=tpu_unreachable, unseen_projects=tpu_unseen, unseen_why=tpu_why)
+        views = {n: replace(v, unreachable=tpu_unreachable, unseen_projects=tpu_unseen, unseen_why=tpu_why,
+                            denied_zones=tpus.denied)
                  if _on_tpu(v) else replace(v, unreachable=unreachable, unseen_projects=unseen, unseen_why=why)
                  for n, v in views.items()}
         order = sorted(views)
@@ -299,8 +314,16 @@ class Observer:
         Used before restarting a VM that looked alive (recycle, stale heartbeat): its exit
         record may have landed since the listing, and an ``exit 0`` must never be lost.
         """
-        return replace(view, marker=self._reread(view.marker, names.marker_key(view.job)),
-                       exit=self._reread(view.exit, names.exit_key(view.job)), records_fresh=True)
+        marker = self._reread(view.marker, names.marker_key(view.job))
+        exit_ = self._reread(view.exit, names.exit_key(view.job))
+        node_exits = view.node_exits
+        if _ranks(view.status, view.spec) > 1 or node_exits:
+            # Listed after rank 0's record was read: a worker's failure that landed before it is
+            # in this listing (GCS lists consistently), so an exit 0 never hides an earlier failure.
+            listed = {ref.node: info for info in self.store.list(self.bucket, names.node_exits_prefix(view.job))
+                      if (ref := names.parse_object_name(info.name)) and ref.job == view.job and ref.node}
+            node_exits = self._node_exits(view.status, view.spec, listed)
+        return replace(view, marker=marker, exit=exit_, node_exits=node_exits, records_fresh=True)
 
     def _reread(self, known: Record | None, key: str) -> Record | None:
         """The record at ``key`` now: one metadata request while it is still the generation
@@ -322,15 +345,15 @@ class Observer:
         for info in [*listed[0], *listed[1]]:
             ref = names.parse_object_name(info.name)
             if ref and (job is None or ref.job == job):
-                out[ref.job][ref.kind] = info
+                out[ref.job][ref.kind if ref.node is None else f"{ref.kind}/{ref.node}"] = info
         return out
 
     def _bucket_view(self, job: str, objects: dict[str, BlobInfo], side: int = 1) -> JobView:
         """The job's objects as listed, each read (``side`` at a time) unless the cache has its generation."""
         # Records of a name with neither spec nor status are never acted on (its VMs, if
         # any, are orphans found by the instance list): not read, so that junk objects
-        # under many names cannot make a tick read them all.
-        ours = "spec" in objects or "status" in objects
+        # under many names cannot make a tick read them all (``_strays`` cleans them up).
+        ours = _ours(objects)
         reads: dict[str, Callable[[], Any]] = {"status": lambda: self._status(objects.get("status"))}
         if ours:
             reads.update({kind: (lambda k=kind: self._record(objects.get(k))) for kind in ("marker", "exit", "heartbeat")})
@@ -341,10 +364,27 @@ class Observer:
         status, generation = got["status"]
         view = JobView(job=job, cancelled="cancel" in objects, status=status, status_generation=generation,
                        marker=got.get("marker"), exit=got.get("exit"), heartbeat=got.get("heartbeat"))
-        if "spec" not in objects:
-            return view
-        spec, problems = got["spec"]
-        return replace(view, spec=spec, problems=problems, spec_generation=objects["spec"].generation)
+        if "spec" in objects:
+            spec, problems = got["spec"]
+            view = replace(view, spec=spec, problems=problems, spec_generation=objects["spec"].generation)
+        workers = {int(kind[5:]): info for kind, info in objects.items() if kind.startswith("exit/")}
+        if ours and workers:  # after the status: which ranks its attempt has bounds what is read
+            view = replace(view, node_exits=self._node_exits(status, view.spec, workers, side))
+        return view
+
+    def _node_exits(self, status: JobStatus | None, spec: JobSpec | None, listed: dict[int, BlobInfo],
+                    side: int = 1) -> tuple[Record, ...]:
+        """Each worker's exit record, by rank: read (``side`` at a time, the cache first) for a rank
+        the current attempt has; any other judged on its listing alone, to be cleaned up, at
+        most MAX_UNREAD_NODE_EXITS a pass, oldest first. So a flood of rank names costs no read."""
+        ranks = _ranks(status, spec)
+        mine = sorted(rank for rank in listed if rank < ranks)
+        got = fanout.each(mine, lambda rank: self._record(listed[rank]), side)
+        read = [replace(record, node=rank) for rank, record in zip(mine, got, strict=True) if record]
+        others = heapq.nsmallest(MAX_UNREAD_NODE_EXITS, (rank for rank in listed if rank >= ranks),
+                                 key=lambda rank: (listed[rank].updated, rank))
+        why = f"rank {{}} is not one of attempt {status.attempt}'s" if status else "rank {} of no attempt (no status)"
+        return (*read, *(Record.unread(listed[rank], why.format(rank), rank) for rank in others))
 
     def _judge_spec(self, job: str, info: BlobInfo) -> tuple[tuple[JobSpec | None, tuple[str, ...]], int]:
         """(the policy-resolved spec or None, its problems), and the generation read."""
@@ -448,6 +488,37 @@ class Observer:
             reads["checkpoint"] = lambda: self._checkpoint_fields(view)
         got = dict(zip(reads, fanout.each(reads.values(), lambda read: read(), side), strict=True))
         return replace(got["records"], stop_reasons={n: got[n] for n in lost}, **got.get("checkpoint", {}))
+
+
+def _ours(objects: dict[str, BlobInfo]) -> bool:
+    """A job the controller judges: it has a spec or a status."""
+    return "spec" in objects or "status" in objects
+
+
+def _ranks(status: JobStatus | None, spec: JobSpec | None) -> int:
+    """How many ranks the current attempt has: its nodes, or its TPU slice's hosts (at most the
+    number its type ends in: every host has a chip or more)."""
+    if status is None:
+        return 0
+    ranks = len(status.instances)
+    if status.attempt_tpu and spec is not None and spec.tpu is not None:
+        ranks = max(ranks, spec.tpu.size)
+    return ranks
+
+
+def _strays(listing: dict[str, dict[str, BlobInfo]]) -> dict[str, dict[str, Any]]:
+    """The oldest MAX_STRAYS VM records of names with neither spec nor status, never read, as
+    ``JobView`` fields by job: the planner deletes those past its grace (``planner._strays``)."""
+    found = ((job, kind, info) for job, objects in listing.items() if not _ours(objects)
+             for kind, info in objects.items() if kind in _RECORD_KINDS or kind.startswith("exit/"))
+    out: dict[str, dict[str, Any]] = defaultdict(lambda: {"node_exits": ()})
+    for job, kind, info in heapq.nsmallest(MAX_STRAYS, found, key=lambda f: (f[2].updated, f[2].name)):
+        if kind.startswith("exit/"):
+            node = int(kind[5:])
+            out[job]["node_exits"] = (*out[job]["node_exits"], Record.unread(info, "stray", node))
+        else:
+            out[job][kind] = Record.unread(info, "stray")
+    return dict(out)
 
 
 class _Background:

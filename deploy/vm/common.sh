@@ -137,18 +137,6 @@ gcs_put() {
     "$agent_gcs_url/upload/storage/v1/b/$1/o?uploadType=media&name=$(urlencode "$2")"
 }
 
-# gcs_create BUCKET OBJECT BODY: like gcs_put, but only if the object does not exist
-# (ifGenerationMatch=0). A 412 means it exists: not retried, returns 1.
-gcs_create() {
-  local auth
-  if [ -z "${3:-}" ]; then log "refusing to upload an empty body to $2"; return 1; fi
-  auth="$(auth_header)" || return 1
-  curl -sf --connect-timeout 10 --max-time "$agent_gcs_try" --retry 5 \
-    --retry-max-time "$agent_gcs_patience" -o /dev/null -X POST ${auth:+-H "$auth"} \
-    -H "Content-Type: application/json" --data-raw "$3" \
-    "$agent_gcs_url/upload/storage/v1/b/$1/o?uploadType=media&ifGenerationMatch=0&name=$(urlencode "$2")"
-}
-
 # gcs_get gs://BUCKET/OBJECT FILE: a download that may be large, so no fixed total
 # limit: it is abandoned when slower than 1 KiB/s for a minute (or after an hour).
 gcs_get() {
@@ -274,5 +262,5 @@ record() {
   [ -n "$agent_token" ] && token=", \"token\": \"$(json_escape "$agent_token")\""
   printf -v body '{"instance": "%s", "attempt": %s, "node": %s, "at": "%s"%s%s}' \
     "$(json_escape "$agent_name")" "$agent_attempt" "$agent_rank" "$(now)" "$token" "${3:+, $3}"
-  if [ "${RECORD_IF_ABSENT:-}" = 1 ]; then gcs_create "$agent_bucket" "$2" "$body"; else gcs_put "$agent_bucket" "$2" "$body"; fi
+  gcs_put "$agent_bucket" "$2" "$body"
 }

@@ -9,8 +9,25 @@
 #   98  a respawn-* metadata value (or instance/id) could not be read
 #   99  the metadata holds no command
 # Any other exit record is the command's own exit code.
+#
+# Each rank has its own exit record: rank 0's is jobs/<job>/exit, the job's; a worker's
+# (rank > 0: a gang node, or a host of a TPU slice) is jobs/<job>/nodes/<rank>/exit. So no
+# rank's exit can overwrite another's, and the controller sees every one.
 set -uo pipefail
 # @@common.sh@@
+
+# How long a worker whose command failed waits before it records that (seconds): when rank
+# 0 finished first and left, a worker that then fails on the collective rank 0 closed (a
+# torchrun agent losing rank 0's store) lands after rank 0's exit 0, which the controller
+# takes for that echo; a failure that lands first fails the gang, whatever rank 0 does next.
+agent_worker_exit_delay="${RESPAWN_WORKER_EXIT_DELAY:-10}"
+[[ "$agent_worker_exit_delay" =~ ^[0-9]{1,3}$ ]] || agent_worker_exit_delay=10
+readonly agent_worker_exit_delay
+
+# exit_object: this rank's exit record (load_identity first).
+exit_object() {
+  if [ "$agent_rank" = 0 ]; then echo "jobs/$agent_job/exit"; else echo "jobs/$agent_job/nodes/$agent_rank/exit"; fi
+}
 
 # give_up WHY: who this VM is could not be read. No record (it would be a guess) and no
 # trainer: power off, and the controller sees a VM that stopped without a word.
@@ -19,7 +36,7 @@ give_up() { log "$*: giving up, powering off"; poweroff; exit 0; }
 # never_ran CODE WHY: the command could not be started. The exit record says why.
 never_ran() {
   log "the command did not run: $2; powering off"
-  record exit "jobs/$agent_job/exit" "\"exit_code\": $1, \"reason\": \"$(json_escape "$2")\"" \
+  record exit "$(exit_object)" "\"exit_code\": $1, \"reason\": \"$(json_escape "$2")\"" \
     || log "could not write the exit record"
   poweroff
   exit 0
@@ -199,6 +216,10 @@ fi
 wait "$agent_trainer"
 agent_code=$?
 log "command exited with $agent_code"
+if [ "$agent_rank" != 0 ] && [ "$agent_code" != 0 ] && ((agent_worker_exit_delay > 0)); then
+  log "worker $agent_rank failed: waiting ${agent_worker_exit_delay}s before recording it (rank 0's exit, if it came first, lands first)"
+  sleep "$agent_worker_exit_delay"
+fi
 
 # Being preempted or stopped: the shutdown script writes the marker; an exit record
 # here would be a lie (a trainer that checkpoints on SIGTERM exits 0).
@@ -221,14 +242,10 @@ if group_alive "$agent_trainer"; then
   kill -KILL -- "-$agent_trainer" 2>/dev/null
 fi
 
-# Rank 0's exit record is the gang's and always written. A worker writes only a failure,
-# and only where no record is yet: a worker failing because rank 0 finished and left the
-# collective must not overwrite rank 0's exit 0 (one object per job; last writer wins).
-if [ "$agent_rank" = 0 ]; then
-  record exit "jobs/$agent_job/exit" "\"exit_code\": $agent_code" || log "could not write the exit record"
-elif [ "$agent_code" != 0 ]; then
-  RECORD_IF_ABSENT=1 record exit "jobs/$agent_job/exit" "\"exit_code\": $agent_code" \
-    || log "no exit record written: one is already there (rank 0's, or another worker's)"
+# Rank 0's exit record is the gang's and always written. A worker writes only a failure
+# (its exit 0 decides nothing: rank 0's does), to its own object.
+if [ "$agent_rank" = 0 ] || [ "$agent_code" != 0 ]; then
+  record exit "$(exit_object)" "\"exit_code\": $agent_code" || log "could not write the exit record"
 fi
 # A Cloud TPU worker does not power itself off: a TPU VM that goes down breaks the slice
 # (the TPU service marks the node's health TIMEOUT, which the controller counts as a hang,

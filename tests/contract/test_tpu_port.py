@@ -45,16 +45,17 @@ class Backend:
     maintenance_notice: Callable[[str, bool], None]  # Node.upcomingMaintenance set (True) or cleared
     hold: Callable[[bool], None]  # True: create operations stay running past the wait; False: they finish now
     foreign: Callable[[str, dict[str, str]], None]  # a node someone else created in ZONE
-    unreachable: Callable[[str, bool], None]  # DARK's lists fail (or stop failing)
+    denied: Callable[[str, bool], None]  # the project may (not) use DARK: Google's 403 on the location
 
 
 def _memory() -> Backend:
     fake = MemoryTpu(SystemClock())
+    fake.delete_seconds = 0.3  # accepted at once, done a moment later, as the local server's
     return Backend(
         "memory", fake, stockout=fake.stockout, quota=fake.quota, preempt=fake.preempt,
         set_state=fake.set_state, set_health=fake.set_health, maintenance_notice=fake.upcoming_maintenance,
         hold=fake.hold_operations, foreign=lambda n, labels: fake.add_foreign(PROJECT, ZONE, n, labels),
-        unreachable=lambda z, on: (fake.unreachable.add if on else fake.unreachable.discard)(z),
+        denied=lambda z, on: (fake.denied_zones.add if on else fake.denied_zones.discard)(z),
     )
 
 
@@ -82,7 +83,7 @@ def _local(srv: TpuServer) -> Backend:
     return Backend(
         "local", gateway, stockout=srv.stockout, quota=srv.quota, preempt=srv.preempt, set_state=srv.set_state,
         set_health=srv.set_health, maintenance_notice=srv.upcoming_maintenance, hold=hold, foreign=foreign,
-        unreachable=lambda zone, on: None,  # DARK is never served: Google's 403 for a location one may not use
+        denied=lambda zone, on: None,  # DARK is never served: Google's 403 for a location one may not use
     )
 
 
@@ -291,16 +292,17 @@ class TestTpuGateway:
         backend.maintenance_notice(f"{job}-1", False)
         assert mine(backend, job)[f"{job}-1"].upcoming_maintenance is None
 
-    def test_an_unreachable_zone_is_reported_and_the_others_still_listed(self, backend):
+    def test_a_zone_the_project_may_not_use_is_reported_denied_and_the_others_still_listed(self, backend):
         job = unique()
         create(backend, request_for(job, 1, "us-central1-a"))
-        backend.unreachable(DARK, True)
+        backend.denied(DARK, True)
         try:
             listed = backend.tpu.list_nodes([PROJECT], ["us-central1-a", DARK], job)
         finally:
-            backend.unreachable(DARK, False)
+            backend.denied(DARK, False)
         assert [n.name for n in listed.nodes] == [f"{job}-1"]
-        assert listed.unreachable == [DARK] and listed.failed_projects == {}
+        assert list(listed.denied) == [DARK] and "Permission denied on 'locations/us-west9-z'" in listed.denied[DARK]
+        assert listed.unreachable == [] and listed.failed_projects == {}
 
     @pytest.mark.parametrize("job", ['x" OR labels.respawn-job = "y', "Upper", "-dash", "a" * 51, "a-"])
     def test_an_invalid_job_name_is_refused(self, backend, job):

@@ -41,10 +41,14 @@ def gcs() -> Iterator[LocalGcs]:
 
 @pytest.fixture
 def srv(gcs: LocalGcs) -> Iterator[ComputeServer]:
-    env = {"STORAGE_EMULATOR_HOST": gcs.url, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "RESPAWN_NOTICE_SECONDS": str(NOTICE)}  # the shutdown script's budget, as the local cloud gives it
-    with ComputeServer(vm_env=env, boot_delay=0.05, shutdown_budget=NOTICE) as s:
+    with ComputeServer(vm_env=vm_env(gcs), boot_delay=0.05, shutdown_budget=NOTICE) as s:
         yield s
+
+
+def vm_env(gcs: LocalGcs, worker_exit_delay: float = 0) -> dict[str, str]:
+    return {"STORAGE_EMULATOR_HOST": gcs.url, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+            "RESPAWN_NOTICE_SECONDS": str(NOTICE),  # the shutdown script's budget, as the local cloud gives it
+            "RESPAWN_WORKER_EXIT_DELAY": str(worker_exit_delay)}  # 10 s on a real VM
 
 
 def token_of(name: str) -> str:
@@ -71,6 +75,11 @@ def boot(srv: ComputeServer, name: str, command: str, **attributes: str | None) 
 def read(gcs: LocalGcs, name: str) -> dict[str, Any] | None:
     blob = client(gcs.url).bucket(BUCKET).get_blob(name)
     return json.loads(blob.download_as_bytes()) if blob else None
+
+
+def landed(gcs: LocalGcs, name: str) -> Any:
+    """When the object was written, by GCS's clock (what the controller orders exits by)."""
+    return client(gcs.url).bucket(BUCKET).get_blob(name).updated
 
 
 
@@ -130,13 +139,34 @@ def test_a_worker_failing_after_rank_0_succeeded_never_overwrites_its_exit_recor
     until("the worker to power off", lambda: status(srv, "ok-5-n1") == "TERMINATED")
     record = read(gcs, "jobs/ok/exit")
     assert (record["exit_code"], record["node"]) == (0, 0)
+    assert read(gcs, "jobs/ok/nodes/1/exit")["exit_code"] == 1
+    assert landed(gcs, "jobs/ok/nodes/1/exit") > landed(gcs, "jobs/ok/exit")
 
 
-def test_a_worker_failure_is_recorded_when_no_record_is_there(gcs, srv):
-    boot(srv, "bad-5-n1", "exit 3", **{"respawn-nodes": "2", "respawn-master-addr": "bad-5-n0"})
-    until("the worker's exit record", lambda: read(gcs, "jobs/bad/exit") is not None)
-    record = read(gcs, "jobs/bad/exit")
-    assert (record["exit_code"], record["node"]) == (3, 1)
+def test_a_workers_failure_before_rank_0s_exit_0_is_kept_beside_it(gcs, srv):
+    gang = {"respawn-nodes": "3", "respawn-master-addr": "bad-5-n0"}
+    boot(srv, "bad-5-n2", "exit 3", **gang)
+    record = until("the worker's own exit record", lambda: read(gcs, "jobs/bad/nodes/2/exit"))
+    assert (record["exit_code"], record["node"], record["attempt"], record["instance"]) == (3, 2, 5, "bad-5-n2")
+    assert record["token"] == token_of("bad-5-n2")
+    boot(srv, "bad-5-n0", "exit 0", **gang)  # rank 0 then finishes anyway
+    until("rank 0's exit record", lambda: read(gcs, "jobs/bad/exit"))
+    assert read(gcs, "jobs/bad/exit")["exit_code"] == 0
+    assert read(gcs, "jobs/bad/nodes/2/exit") == record, "rank 0's exit 0 hid the worker's failure"
+    assert landed(gcs, "jobs/bad/nodes/2/exit") < landed(gcs, "jobs/bad/exit")
+
+
+def test_a_failing_worker_waits_before_recording_it_so_rank_0s_earlier_exit_lands_first(gcs):
+    # The worker's command fails a moment *before* rank 0's exits 0 (its torchrun losing the store
+    # rank 0 is closing): recorded after the worker's delay, it lands after rank 0's exit 0.
+    gang = {"respawn-nodes": "2", "respawn-master-addr": "echo-1-n0"}
+    with ComputeServer(vm_env=vm_env(gcs, worker_exit_delay=8), boot_delay=0.05, shutdown_budget=NOTICE) as srv:
+        boot(srv, "echo-1-n1", "exit 1", **gang)
+        boot(srv, "echo-1-n0", "sleep 1; exit 0", **gang)
+        until("both exit records", lambda: read(gcs, "jobs/echo/exit") and read(gcs, "jobs/echo/nodes/1/exit"),
+              timeout=60)
+        assert landed(gcs, "jobs/echo/exit") < landed(gcs, "jobs/echo/nodes/1/exit")
+        assert "waiting 8s before recording it" in serial(srv, "echo-1-n1")
 
 
 def test_gang_node_reads_its_rank_from_its_name(gcs, srv):
@@ -146,6 +176,7 @@ def test_gang_node_reads_its_rank_from_its_name(gcs, srv):
     until("the VM to power off", lambda: status(srv, "gang-2-n1") == "TERMINATED")
     assert (srv.workdir_of("gang-2-n1") / "rank.txt").read_text().strip() == "1/3 gang-2-n0"
     assert read(gcs, "jobs/gang/exit") is None, "only rank 0 reports success"
+    assert read(gcs, "jobs/gang/nodes/1/exit") is None, "a worker's exit 0 decides nothing"
     assert read(gcs, "jobs/gang/heartbeat") is None, "only rank 0 heartbeats"
 
 

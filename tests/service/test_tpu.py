@@ -575,3 +575,25 @@ def test_a_tpu_api_that_does_not_answer_never_holds_a_vm_jobs_recovery():
     assert h.status("vm").attempt == 2 and "vm-2" in h.live()
     st = h.status("tpu")
     assert st.attempt == 1 and st.phase == Phase.RUNNING  # not seen: not judged
+
+
+def test_a_tpu_zone_the_project_may_not_use_is_skipped_naming_it_and_the_permission():
+    h = Harness()
+    h.tpu.denied_zones.add("us-central2-b")
+    h.submit("tpu", tpu_doc())
+    h.tick()
+    st = h.status("tpu")
+    assert st.zone == "us-east5-a" and h.tpu.names() == ["tpu-1"]
+    launch = next(e.detail for e in st.history if e.event == "launch")
+    assert "skipping" in launch and "us-central2-b" in launch and "tpu.nodes.create" in launch
+
+
+def test_a_tpu_job_with_no_usable_zone_fails_saying_why_instead_of_waiting_forever():
+    h = Harness()
+    h.tpu.denied_zones.update(ZONES)
+    h.submit("tpu", tpu_doc())
+    h.tick()
+    st = h.status("tpu")
+    assert st.phase == Phase.FAILED and h.tpu.names() == []
+    assert "no zone of the spec can be used" in st.message and all(z in st.message for z in ZONES)
+    assert "Permission denied on 'locations/us-central2-b'" in st.message

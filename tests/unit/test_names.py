@@ -24,12 +24,27 @@ from controller.core.names import ObjectRef, parse_object_name
         ("jobs/llm/sub/spec.yaml", None),
         ("jobs//spec.yaml", None),
         ("preempted-jobs/a/b", None),
+        ("jobs/llm/nodes/3/exit", ObjectRef("llm", "exit", 3)),
+        ("jobs/llm/nodes/999999/exit", ObjectRef("llm", "exit", 999999)),
+        ("jobs/llm/nodes/0/exit", None),  # rank 0's record is jobs/llm/exit
+        ("jobs/llm/nodes/03/exit", None),
+        ("jobs/llm/nodes/1000000/exit", None),
+        ("jobs/llm/nodes/3/heartbeat", None),
+        ("jobs/llm/nodes/3/exit/x", None),
+        ("jobs/llm/other/3/exit", None),
         ("checkpoints/llm/100/commit_success.txt", None),
         ("", None),
     ],
 )
 def test_object_names_map_to_jobs(name, ref):
     assert parse_object_name(name) == ref
+
+
+def test_each_worker_has_its_own_exit_record_that_parses_back_to_its_rank():
+    keys = {names.node_exit_key("llm", rank) for rank in range(1, 50)}
+    assert len(keys) == 49 and names.exit_key("llm") not in keys
+    assert all(k.startswith(names.node_exits_prefix("llm")) for k in keys)
+    assert parse_object_name(names.node_exit_key("llm", 7)) == ObjectRef("llm", "exit", 7)
 
 
 def test_instance_names():
