@@ -104,7 +104,7 @@ def _running_job(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: L
     # Between attempts the current attempt's records were already acted on (counted
     # in this very status); they are consumed once the next insert is acknowledged.
     if st.phase in (Phase.PENDING, Phase.RECOVERING):
-        if st.phase == Phase.RECOVERING and exited is not None and finished:
+        if st.phase == Phase.RECOVERING and exited is not None and finished and not _failed_first(st, exited):
             # The trainer finished while its VM was being replaced (a recycle whose delete
             # is slow or failing): the exit 0 wins, the next attempt never starts.
             return _end(v, st, Phase.SUCCEEDED, f"command exited 0 on {exited.instance or st.instances[0]}", now,
@@ -123,6 +123,13 @@ def _running_job(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: L
     if not st.inserted:
         return _insert(v, spec, st, now, ctx)
     return _watch(v, spec, st, now, ctx)
+
+
+def _failed_first(st: JobStatus, success: Record) -> bool:
+    """This attempt was already failed by a rank's exit record that landed before ``success`` (the
+    record itself consumed since): rank 0's exit 0 after it does not make the gang a success."""
+    failed = [e for e in st.history if e.attempt == st.attempt and e.event == "failed" and e.since is not None]
+    return any(e.since <= success.updated for e in failed)
 
 
 def _exited(v: JobView, spec: JobSpec, st: JobStatus, exited: Record, now: datetime,
@@ -393,8 +400,9 @@ def _failure(v: JobView, spec: JobSpec, st: JobStatus, detail: str, now: datetim
     text = f"{detail}; failure {failures} of {policy.max_failures}, restarting in {fmt(delay)}"
     nxt = counted.but(_loss_event(now, st, "failed", text, since), phase=Phase.RECOVERING, restarts=restarts,
                       not_before=now + delay, message=text, recovering_since=now)
-    return [WriteStatus(v.job, nxt, "failure"), *_delete_current(v, st, "attempt failed"),
-            *_consume(v, st)]
+    # Its records stay until the next attempt is inserted (``_insert`` consumes them): a gang
+    # worker's failure must still be there to outweigh rank 0's exit 0 landing meanwhile.
+    return [WriteStatus(v.job, nxt, "failure"), *_delete_current(v, st, "attempt failed")]
 
 
 def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, ctx: LaunchContext) -> list[Action]:

@@ -535,6 +535,15 @@ class Run:
             js.causes[attempt].append(f"{t.name} exit {code}")
             self.say(f"{t.name}: command exits {code}")
             self.trainer_exit(t, code)
+            if t.rank and self.rng.random() < 0.4:
+                # Rank 0 exits 0 all the same, after the worker's failure landed: the gang failed.
+                self.stats["fault.rank0_exit0_after_worker_failure"] += 1
+                if self.rng.random() < 0.3:
+                    self.run_pass(self.rng.choice([None, job]), label="pass between the worker's failure and rank 0's exit 0")
+                self.advance(timedelta(seconds=self.rng.randint(0, 30)))
+                if group[0].state == "running":
+                    self.say(f"{group[0].name}: command exits 0 after {t.name} failed")
+                    self.trainer_exit(group[0], 0)
             self.event(job)
         elif outcome == "crash":
             t = self.rng.choice(group)
@@ -552,7 +561,7 @@ class Run:
 
     def tpu_outcome(self, t: Trainer, outcome: str) -> None:
         """What the command on a TPU slice does. Worker 0 owns the exit record; another worker
-        writes only a failure, and only when no record is there; no worker powers off. A host
+        writes only a failure, to its own record; no worker powers off. A host
         that goes down breaks the slice (TIMEOUT); a broken runtime is UNHEALTHY_TENSORFLOW."""
         js = self.jobs[t.job]
         self.stats[f"tpu.exit_{outcome}"] += 1
@@ -568,9 +577,9 @@ class Run:
             code = self.rng.choice([1, 2, 137, 255])
             js.causes[t.attempt].append(f"{t.name} worker {worker} exit {code}")
             self.say(f"{t.name}: worker {worker}'s command exits {code}")
-            if worker and not self.exists(names.exit_key(t.job)):
+            if worker:
                 self.stats["tpu.worker_exit_record"] += 1
-                self.record(names.exit_key(t.job), t, exit_code=code, node=worker)
+                self.record(names.node_exit_key(t.job, worker), t, exit_code=code, node=worker)
             if worker == 0 or self.rng.random() < 0.6:
                 self.trainer_exit(t, code if worker == 0 else 134)  # worker 0's collective broke
             else:
@@ -589,10 +598,11 @@ class Run:
             self.say(f"{t.name}: hangs (no more heartbeats, health HEALTHY)")
 
     def trainer_exit(self, t: Trainer, code: int) -> None:
-        """The VM agent: rank 0 (or any non-zero exit) writes the exit record, then powers off
-        (a TPU node's workers never do: the controller deletes the node)."""
+        """The VM agent: rank 0 (or any non-zero exit) writes its exit record (rank 0's is the
+        job's, a worker's its own), then powers off (a TPU node's workers never do: the
+        controller deletes the node)."""
         if t.rank == 0 or code != 0:
-            self.record(names.exit_key(t.job), t, exit_code=code)
+            self.record(names.exit_key(t.job) if t.rank == 0 else names.node_exit_key(t.job, t.rank), t, exit_code=code)
         t.state, t.end = "done", "success" if code == 0 else "failed"
         if not t.tpu and self.instance(t) is not None:
             self.compute.terminate(t.name, StopReason.CRASHED)  # guest power-off: guestTerminate
@@ -1561,9 +1571,12 @@ class Run:
 def _live(inst: Instance) -> bool:
     """A VM booting or running; a TPU node unless it is down: PREEMPTED or TERMINATED (its queued
     resource SUSPENDED or FAILED), or STOPPED (it runs nothing, as a stopped VM; no one but a
-    person starts it again). One in any other state (REPAIRING, HIDDEN, under maintenance, a
-    state Google adds later...) may yet be READY."""
-    return not inst.status.down if inst.tpu else inst.status.alive
+    person starts it again), or DELETING (a delete was accepted: it only goes, as a VM that is
+    STOPPING does, and it never comes back). One in any other state (REPAIRING, HIDDEN, under
+    maintenance, a state Google adds later...) may yet be READY."""
+    if inst.tpu:
+        return not inst.status.down and inst.status != InstanceStatus.DEPROVISIONING
+    return inst.status.alive
 
 
 def _shown(inst: Instance) -> str:

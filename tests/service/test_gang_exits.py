@@ -43,6 +43,21 @@ def test_a_workers_failure_before_rank_0s_exit_0_fails_the_gang(h):
     assert "code 3 on dist-1-n1" in st.message
 
 
+def test_rank_0s_exit_0_after_a_pass_acted_on_a_workers_failure_does_not_make_the_gang_a_success(h):
+    """The failure was acted on (RECOVERING) and its record consumed before rank 0's exit 0 landed:
+    the status's own failure event says the gang failed first (found by chaos seed 16)."""
+    started(h)
+    h.advance(seconds=60)
+    h.worker_exit("dist", 2, 255)
+    h.tick()
+    st = h.status("dist")
+    assert st.phase == Phase.RECOVERING and st.failures == 1
+    h.advance(seconds=20)
+    h.exit("dist", 0)  # rank 0, its VM still being deleted, exits 0 anyway
+    h.tick()
+    assert h.status("dist").phase != Phase.SUCCEEDED
+
+
 def test_rank_0s_exit_0_before_a_workers_failure_is_the_gangs_success(h):
     started(h)
     h.exit("dist", 0)
@@ -65,17 +80,33 @@ def test_a_failure_landing_with_rank_0s_exit_0_is_not_overruled(h):
     assert h.status("dist").phase != Phase.SUCCEEDED and h.status("dist").failures == 1
 
 
-def test_a_workers_failure_alone_fails_the_attempt_and_is_consumed_once_that_is_committed(h):
+def test_a_workers_failure_alone_fails_the_attempt_and_is_consumed_after_the_next_insert(h):
     started(h, policy={"backoff": {"initial": "30s", "max": "5m"}})
     h.worker_exit("dist", 2, 137)
     h.tick()
     st = h.status("dist")
     assert (st.phase, st.failures, st.attempt) == (Phase.RECOVERING, 1, 1)
-    assert not h.store.exists(BUCKET, names.node_exit_key("dist", 2))  # counted in the committed status
+    assert h.store.exists(BUCKET, names.node_exit_key("dist", 2)), "consumed before the next attempt was inserted"
     h.advance(minutes=1)
     h.tick()
     assert h.status("dist").attempt == 2 and h.live() == ["dist-2-n0", "dist-2-n1", "dist-2-n2"]
     assert not h.store.exists(BUCKET, names.node_exit_key("dist", 2))
+
+
+def test_rank_0s_exit_0_landing_while_a_failed_gang_is_replaced_is_no_success(h):
+    """The worker's failure was decided (the gang is being deleted); rank 0's trainer finishes
+    before its delete reaches it. The failure came first: the next attempt still starts."""
+    started(h, policy={"backoff": {"initial": "30s", "max": "5m"}})
+    h.worker_exit("dist", 1, 2)
+    h.tick()
+    assert h.status("dist").phase == Phase.RECOVERING
+    h.advance(seconds=5)
+    h.exit("dist", 0)
+    h.tick()
+    h.advance(minutes=1)
+    h.tick()
+    st = h.status("dist")
+    assert (st.phase, st.attempt, st.failures) == (Phase.PROVISIONING, 2, 1)
 
 
 def test_a_workers_record_of_an_older_attempt_or_without_the_token_is_only_cleaned_up(h):
