@@ -15,7 +15,8 @@ from typing import Any
 from controller.core import names
 from controller.core.ports import StopReason
 from controller.core.state import Phase
-from controller.service import observe
+from controller.service import bootstrap, functions, observe
+from controller.service.config import Settings
 from controller.service.engine import Summary
 from tests.harness import BUCKET, Harness, spec_doc
 
@@ -176,3 +177,11 @@ def test_a_tpu_hosts_failure_before_worker_0s_exit_0_fails_the_job(h):
     h.tick()
     st = h.status("tpu")
     assert st.phase != Phase.SUCCEEDED and st.failures == 1 and "tpu-1 worker 1" in st.message
+
+
+def test_a_workers_exit_record_is_an_event_that_reconciles_its_job_within_seconds(h):
+    started(h)
+    h.worker_exit("dist", 1, 6)
+    bootstrap.override(h.engine(), Settings(bucket=BUCKET, project="respawn-proj"))
+    functions.on_object({"bucket": BUCKET, "name": names.node_exit_key("dist", 1), "generation": "1"})
+    assert h.status("dist").failures == 1 and "code 6 on dist-1-n1" in h.status("dist").message
