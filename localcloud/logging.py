@@ -34,14 +34,24 @@ As the API answers:
   restrictions, functions such as ``SEARCH()`` or ``log_id()``, unknown fields) is refused 400
   rather than answered wrong.
 
+- the read quota: Google allows 60 ``entries.list`` a minute per project; a read past it is
+  refused 429 RESOURCE_EXHAUSTED with a ``google.rpc.ErrorInfo`` (reason RATE_LIMIT_EXCEEDED, the
+  quota's metric and limit) and a ``google.rpc.RetryInfo`` naming when a read fits again. Here a
+  read counts against every project its ``resourceNames`` name, within a sliding window
+  (``reads_per_minute``, ``window``; None: no quota); a refused read does not count.
+
 ``VmLogs`` feeds the local Compute server's VMs into it: each line a VM writes to
 ``serial-port-1.log`` becomes an entry of ``serialconsole.googleapis.com%2Fserial_port_1_output``
 (``textPayload``, resource ``gce_instance`` with ``instance_id``, ``zone``, ``project_id``), as
-serial-port logging does, and an entry of ``GCEMetadataScripts`` as the guest agent's script
-runner writes it (``jsonPayload.message``: its own lines as they are, the scripts' output as
-``startup-script: LINE``; label ``instance_name``; severity INFO). The local serial log does not
-tell a shutdown script's lines from the startup script's: both read ``startup-script`` here.
-Cloud TPU workers are not fed.
+serial-port logging does, only where the VM's metadata sets ``serial-port-logging-enable`` TRUE
+(off by default on Google: nothing here sets it for a project), and an entry of
+``GCEMetadataScripts`` as the guest agent's script runner writes it (``jsonPayload.message``: its
+own lines as they are, the scripts' output as ``startup-script: LINE``; label ``instance_name``;
+severity INFO; always: the local cloud checks no IAM, so the VM's account is taken to hold
+``roles/logging.logWriter``). The local serial log does not tell a shutdown script's lines from
+the startup script's: both read ``startup-script`` here. Cloud TPU workers (``localcloud.tpu``)
+are fed the same way, as resource ``tpu_worker`` with ``project_id``, ``zone``, ``node_id`` (the
+node's name) and ``worker_id`` (the worker's number), the node's metadata deciding the serial log.
 """
 
 from __future__ import annotations
@@ -70,6 +80,7 @@ from localcloud.tpu_api import STATUS
 
 if TYPE_CHECKING:
     from localcloud.compute import ComputeServer
+    from localcloud.tpu import TpuServer
 
 DOC = "logging.v2"
 SUPPORTED = {"entries": ("list", "write"), "projects.logs": ("list",)}
@@ -77,6 +88,8 @@ SERIAL_LOG = "serialconsole.googleapis.com%2Fserial_port_1_output"
 SCRIPTS_LOG = "GCEMetadataScripts"
 RUNNER = "google_metadata_script_runner: "  # how the local guest agent marks its own lines (localcloud.vm)
 DEFAULT_PAGE, MAX_PAGE = 50, 1000
+READS_PER_MINUTE = 60  # Cloud Logging's entries.list quota, per project
+SERIAL_METADATA = "serial-port-logging-enable"
 LOG_NAME_RE = re.compile(r"projects/([^/]+)/logs/([A-Za-z0-9/_.%-]{1,512})")
 SEVERITIES = {"DEFAULT": 0, "DEBUG": 100, "INFO": 200, "NOTICE": 300, "WARNING": 400, "ERROR": 500,
               "CRITICAL": 600, "ALERT": 700, "EMERGENCY": 800}
@@ -115,10 +128,15 @@ class _Stored:
 class LoggingServer(Server):
     name, threads = "logging", 16
 
-    def __init__(self, *, max_entries: int = 200_000) -> None:
+    def __init__(self, *, max_entries: int = 200_000, reads_per_minute: int | None = READS_PER_MINUTE,
+                 window: float = 60.0) -> None:
         """``max_entries``: the oldest entries go past this many (Google keeps 30 days; a local
-        cloud left up with a chatty trainer must not grow without bound)."""
+        cloud left up with a chatty trainer must not grow without bound); ``reads_per_minute``:
+        ``entries.list`` calls a project may make within ``window`` seconds (None: any number)."""
         self.max_entries = max_entries
+        self.reads_per_minute, self.window = reads_per_minute, window
+        self.reads: dict[str, list[float]] = {}  # project -> when its reads were answered, within the window
+        self.refused = 0  # reads refused for the quota
         self._entries: list[_Stored] = []  # sorted by key
         self._order = itertools.count(1)
         self._lock = threading.Lock()
@@ -219,6 +237,7 @@ class LoggingServer(Server):
     # -- entries.list ---------------------------------------------------------------------------
     def _entries_list(self, p: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
         projects = _projects(body)
+        self._charge(projects)
         order = (body.get("orderBy") or "timestamp asc").strip().lower()
         if order not in ("timestamp asc", "timestamp desc"):
             raise LoggingError(400, f"Invalid orderBy: {body.get('orderBy')!r}; only \"timestamp asc\" and "
@@ -248,6 +267,33 @@ class LoggingServer(Server):
         if more:
             out["nextPageToken"] = _token(page[-1].key, query)
         return out
+
+    def _charge(self, projects: set[str]) -> None:
+        """Count one read against each project, or refuse it 429 as Google does past the quota."""
+        if self.reads_per_minute is None:
+            return
+        now = time.monotonic()
+        with self._lock:
+            for project in projects:
+                self.reads[project] = [t for t in self.reads.get(project, []) if t > now - self.window]
+            full = sorted(p for p in projects if len(self.reads[p]) >= self.reads_per_minute)
+            if not full:
+                for project in projects:
+                    self.reads[project].append(now)
+                return
+            self.refused += 1
+            wait = max(self.reads[p][-self.reads_per_minute] + self.window - now for p in full)
+        project = full[0]
+        raise LoggingError(429, f"Quota exceeded for quota metric 'Read requests' and limit 'Read requests per "
+                                f"minute' of service 'logging.googleapis.com' for consumer 'projects/{project}'.", [
+            {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "RATE_LIMIT_EXCEEDED",
+             "domain": "googleapis.com",
+             "metadata": {"service": "logging.googleapis.com", "consumer": f"projects/{project}",
+                          "quota_metric": "logging.googleapis.com/read_requests",
+                          "quota_limit": "ReadRequestsPerMinutePerProject",
+                          "quota_limit_value": str(self.reads_per_minute)}},
+            {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": f"{max(wait, 0.001):.3f}s"},
+        ])
 
     # -- projects.logs.list ---------------------------------------------------------------------
     def _projects_logs_list(self, p: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
@@ -568,21 +614,38 @@ def _level(value: str | int) -> int:
 
 
 # -- the VMs' output ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Who:
+    """Whose serial port a log is, as Logging names it."""
+
+    resource: dict[str, Any]  # the monitored resource: gce_instance or tpu_worker
+    project: str
+    host: str  # the VM's own name (the guest agent's instance_name label)
+    serial: bool  # serial-port-logging-enable is TRUE in its metadata
+
+
 @dataclass
 class _Tail:
     offset: int = 0
     partial: bytes = b""
     last: int = 0  # the last timestamp given (ns): each line later than the one before
-    who: tuple[str, str, str] | None = None  # (id, zone, project) of the VM writing it
+    who: _Who | None = None  # the machine writing it, as last seen
+
+
+def _enabled(value: str | None) -> bool:
+    """A metadata boolean as Compute reads it (TRUE, true, 1, y, yes...)."""
+    return str(value or "").strip().lower() in ("true", "1", "y", "yes", "on")
 
 
 class VmLogs:
-    """Feeds each line a local Compute VM writes to its serial port into a ``LoggingServer``, as
-    Google's serial-port logging and guest agent do (see the module's docstring), every
-    ``interval`` seconds until ``stop()``, which feeds what is left first."""
+    """Feeds each line a local Compute VM, or a local Cloud TPU node's worker (``tpu``), writes to
+    its serial port into a ``LoggingServer``, as Google's serial-port logging and guest agent do
+    (see the module's docstring), every ``interval`` seconds until ``stop()``, which feeds what is
+    left first."""
 
-    def __init__(self, logging: LoggingServer, compute: ComputeServer, interval: float = 0.2) -> None:
-        self.logging, self.compute, self.interval = logging, compute, interval
+    def __init__(self, logging: LoggingServer, compute: ComputeServer, interval: float = 0.2,
+                 tpu: TpuServer | None = None) -> None:
+        self.logging, self.compute, self.tpu, self.interval = logging, compute, tpu, interval
         self._tails: dict[str, _Tail] = {}
         self._stop = threading.Event()
         self._sweeping = threading.Lock()
@@ -610,16 +673,43 @@ class VmLogs:
         """Feed every line written since the last sweep (``final``: an unfinished last line too)."""
         with self._sweeping:
             root = self.compute.workdir
-            if not root.exists():
-                return
-            for folder in sorted(root.iterdir()):
+            for folder in sorted(root.iterdir()) if root.exists() else ():
                 log = folder / "serial-port-1.log"
                 if folder.name.startswith(".") or not log.is_file():
                     continue
-                self._feed(folder.name, log, final)
+                self._feed(folder.name, log, final, lambda name=folder.name: self._vm(name))
+            root = self.tpu.workdir if self.tpu is not None else None
+            for folder in sorted(root.iterdir()) if root is not None and root.exists() else ():
+                if folder.name.startswith("."):
+                    continue
+                for worker in sorted(folder.glob("w-*")):
+                    log, number = worker / "serial-port-1.log", worker.name[2:]
+                    if not number.isdigit() or not log.is_file():
+                        continue
+                    self._feed(f"tpu/{folder.name}/{number}", log, final,
+                               lambda node=folder.name, n=int(number): self._worker(node, n))
 
-    def _feed(self, name: str, log: Path, final: bool) -> None:
-        tail = self._tails.setdefault(name, _Tail())
+    def _vm(self, name: str) -> _Who:
+        resource = self.compute.instance(name)  # KeyError once deleted
+        project = resource["selfLink"].split("/projects/", 1)[1].split("/", 1)[0]
+        items = {i.get("key"): i.get("value") for i in (resource.get("metadata") or {}).get("items") or []}
+        return _Who({"type": "gce_instance", "labels": {"instance_id": str(resource["id"]),
+                                                        "zone": resource["zone"].rsplit("/", 1)[-1],
+                                                        "project_id": project}},
+                    project, name, _enabled(items.get(SERIAL_METADATA)))
+
+    def _worker(self, node_id: str, worker: int) -> _Who:
+        assert self.tpu is not None
+        from localcloud.tpu_api import hostname
+
+        node = self.tpu.node(node_id)  # KeyError once deleted
+        _, project, _, zone, _, _ = node["name"].split("/")
+        return _Who({"type": "tpu_worker", "labels": {"project_id": project, "zone": zone, "node_id": node_id,
+                                                      "worker_id": str(worker)}},
+                    project, hostname(node["id"], worker), _enabled((node.get("metadata") or {}).get(SERIAL_METADATA)))
+
+    def _feed(self, key: str, log: Path, final: bool, identify: Callable[[], _Who]) -> None:
+        tail = self._tails.setdefault(key, _Tail())
         size = log.stat().st_size
         if size < tail.offset:  # a new file in its place
             tail.offset, tail.partial = 0, b""
@@ -635,9 +725,7 @@ class VmLogs:
         if not lines:
             return
         try:
-            resource = self.compute.instance(name)
-            project = resource["selfLink"].split("/projects/", 1)[1].split("/", 1)[0]
-            tail.who = (str(resource["id"]), resource["zone"].rsplit("/", 1)[-1], project)
+            tail.who = identify()
         except KeyError:  # deleted since: its last lines are still its own
             pass
         if tail.who is None:
@@ -645,20 +733,22 @@ class VmLogs:
         entries = []
         for raw in lines:
             tail.last = max(time.time_ns(), tail.last + 1000)
-            entries += _vm_entries(name, *tail.who, raw.decode(errors="replace").rstrip("\r"), tail.last)
-        self.logging.write(entries)
+            entries += _vm_entries(tail.who, raw.decode(errors="replace").rstrip("\r"), tail.last)
+        if entries:
+            self.logging.write(entries)
 
 
-def _vm_entries(name: str, instance_id: str, zone: str, project: str, line: str, nanos: int) -> list[dict[str, Any]]:
-    """One serial-port line as serial-port logging and the guest agent's script runner log it."""
-    resource = {"type": "gce_instance", "labels": {"instance_id": instance_id, "zone": zone, "project_id": project}}
+def _vm_entries(who: _Who, line: str, nanos: int) -> list[dict[str, Any]]:
+    """One serial-port line as serial-port logging (where it is on) and the guest agent's script
+    runner log it."""
     stamp = _rfc3339(nanos)
     message = line[len(RUNNER):] if line.startswith(RUNNER) else f"startup-script: {line}"
     local = datetime.fromtimestamp(nanos / 1e9).astimezone().isoformat(timespec="milliseconds")
+    serial = [{"logName": f"projects/{who.project}/logs/{SERIAL_LOG}", "resource": who.resource,
+               "textPayload": line, "timestamp": stamp}] if who.serial else []
     return [
-        {"logName": f"projects/{project}/logs/{SERIAL_LOG}", "resource": resource, "textPayload": line,
-         "timestamp": stamp},
-        {"logName": f"projects/{project}/logs/{SCRIPTS_LOG}", "resource": resource, "severity": "INFO",
-         "jsonPayload": {"message": message, "localTimestamp": local}, "labels": {"instance_name": name},
+        *serial,
+        {"logName": f"projects/{who.project}/logs/{SCRIPTS_LOG}", "resource": who.resource, "severity": "INFO",
+         "jsonPayload": {"message": message, "localTimestamp": local}, "labels": {"instance_name": who.host},
          "timestamp": stamp},
     ]

@@ -61,7 +61,7 @@ class LocalCloud:
         self.pubsub: PubsubServer | None = None
         self.webhook: WebhookSink | None = None
         self.logging: LoggingServer | None = None
-        self.vm_logs: VmLogs | None = None  # each VM's serial output, line by line, into Cloud Logging
+        self.vm_logs: VmLogs | None = None  # each VM's and TPU worker's serial output, line by line, into Cloud Logging
         self._functions: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
         self.ticker: Ticker | None = None
         self.watcher: Watcher | None = None
@@ -90,7 +90,7 @@ class LocalCloud:
                                  realism=o.realism).start()
             self.pubsub = PubsubServer().start()
             self.logging = LoggingServer().start()
-            self.vm_logs = VmLogs(self.logging, self.compute).start()
+            self.vm_logs = VmLogs(self.logging, self.compute, tpu=self.tpu).start()
             self.webhook = WebhookSink().start()
             if o.notify:
                 requests.put(f"{self.pubsub.endpoint}/v1/{self.notify_topic}", json={}, timeout=10).raise_for_status()

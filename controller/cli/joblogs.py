@@ -3,12 +3,20 @@ Logging by instance id, in order, each under a header naming the attempt, its in
 how it ended; with ``follow``, what is written after, until stopped.
 
 Where the output is, on Google: the serial console's log (``serial_port_1_output``, when the
-project or VM sets ``serial-port-logging-enable``; written by the platform, whatever the VM's
-account may do), else the guest agent's ``GCEMetadataScripts`` log (the startup script's output
-line by line, as ``startup-script: LINE``; written with the VM's account, which needs
-``roles/logging.logWriter``). Both hold the same lines: each attempt is read from the first that
-has any, never both. Every query names a time bound of its own (the run's start), so the client's
+project or VM sets ``serial-port-logging-enable``, which respawn sets on every VM and TPU node it
+launches; written by the platform, whatever the VM's account may do), else the guest agent's
+``GCEMetadataScripts`` log (the startup script's output line by line, as ``startup-script: LINE``;
+written with the VM's account, which needs ``roles/logging.logWriter``: ``respawn deploy`` grants it
+to the trainer account). Both hold the same lines: each attempt is read from the first that has
+any, never both. A Compute VM's entries are ``gce_instance`` by ``instance_id``; a Cloud TPU VM's
+are ``tpu_worker`` (labels ``project_id``, ``zone``, ``node_id``: the node's name, ``worker_id``)
+by its node's name. Every query names a time bound of its own (the run's start), so the client's
 default of the last 24 hours never hides an older attempt.
+
+Cloud Logging allows a project 60 ``entries.list`` a minute: the run's attempts are read together
+in one query first (their newest page); only an attempt that page does not settle is read on its
+own, once (both logs in one query). Reads are paced (``Pace``) and one refused for the quota (429)
+is tried again after the delay the server names (``google.rpc.RetryInfo``), else with backoff.
 
 Printing is the caller's (``emit``, ``show``): this module reads and orders.
 """
@@ -16,9 +24,11 @@ Printing is the caller's (``emit``, ``show``): this module reads and orders.
 from __future__ import annotations
 
 import json
+import random
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -34,7 +44,26 @@ LOGS = (SERIAL, SCRIPTS)  # in order of preference
 RETENTION = timedelta(days=30)  # Cloud Logging's default: nothing older is there to read
 SLACK = timedelta(minutes=5)  # before the run's start: a VM's clock, an event's
 LOOKBACK = timedelta(seconds=30)  # following: entries may land late, up to this much older than the newest
-PAGE = 1000
+PAGE = 1000  # entries.list's largest page
+READS_PER_MINUTE = 50  # respawn's own pace: under Logging's 60 entries.list a minute per project, with room
+RETRY_FOR = 300.0  # seconds a read refused for the quota (or unavailable) is tried again, at most
+# A project id: 6-30 lowercase letters, digits or hyphens, starting with a letter, not ending with a
+# hyphen; or a domain-scoped one (``example.com:my-project``), which Google still has. Neither can
+# carry a quote, a slash or a space into a query or a resource name.
+_LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+PROJECT_RE = re.compile(rf"(?:{_LABEL}(?:\.{_LABEL})+:)?[a-z][a-z0-9-]{{4,28}}[a-z0-9]")
+NODE_RE = re.compile(r"[a-z](?:[a-z0-9-]{0,61}[a-z0-9])?")  # a TPU node's name (its node_id label)
+
+
+def project_id(value: str) -> str:
+    """``value`` if it is a project id, else ``RequestError``: it goes into a Logging query and its
+    resource names, and a status file is only as trustworthy as whoever could write the bucket."""
+    if isinstance(value, str) and PROJECT_RE.fullmatch(value):
+        return value
+    raise errors.RequestError(
+        f"refusing to read Cloud Logging for project {value!r}: not a project id (6 to 30 lowercase letters, "
+        "digits or hyphens, starting with a letter and not ending with a hyphen, or DOMAIN:ID). It comes from "
+        "the job's status.json or the live instances: check what wrote them")
 
 
 @dataclass(frozen=True)
@@ -43,6 +72,8 @@ class Attempt:
     instances: dict[str, str]  # name -> Compute id, by rank
     zone: str | None = None
     outcome: str | None = None  # how it ended (preempted, succeeded...), or the job's phase while it lasts
+    # A Cloud TPU node (its workers log as tpu_worker, by the node's name); None: not known, read as either.
+    tpu: bool | None = None
 
     def header(self) -> str:
         names_ = ", ".join(self.instances) or "no instance"
@@ -72,8 +103,22 @@ def attempts(job: str, status: JobStatus | None, live: Iterable[Instance] = ()) 
         if outcome is None and status is not None and n == status.attempt:
             outcome = status.phase.lower()
         found = by_attempt.get(n, {})
-        out.append(Attempt(n, dict(sorted(found.items(), key=lambda kv: _rank(kv[0]))), zone, outcome))
+        out.append(Attempt(n, dict(sorted(found.items(), key=lambda kv: _rank(kv[0]))), zone, outcome,
+                           _tpu(status, live, n)))
     return out
+
+
+def _tpu(status: JobStatus | None, live: list[Instance], attempt: int) -> bool | None:
+    """Whether the attempt ran on a TPU node: what a live instance says, else the status (which
+    knows the current attempt's kind, and whether the run ever used a TPU)."""
+    seen = {i.tpu for i in live if i.attempt == attempt}
+    if len(seen) == 1:
+        return seen.pop()
+    if status is None:
+        return None
+    if attempt == status.attempt:
+        return status.attempt_tpu
+    return None if status.tpu else False
 
 
 def _rank(name: str) -> int:
@@ -94,15 +139,20 @@ def _outcome_in_history(status: JobStatus | None, attempt: int) -> str | None:
 
 
 def logs_filter(instance_ids: Iterable[str], projects: Sequence[str] = (), logs: Sequence[str] = (),
-                since: datetime | None = None) -> str:
-    """The Logging query for these instances' entries: of ``logs`` (LOG_IDs, in ``projects``) when
-    given, at or after ``since`` when given."""
-    # Compute's ids are decimal numbers (JobStatus keeps no other); one that is not is no id of
-    # ours and is never quoted into the query, whoever wrote it.
+                since: datetime | None = None, nodes: Iterable[str] = ()) -> str:
+    """The Logging query for these instances' entries (Compute VMs by id, TPU nodes' workers by the
+    node's name): of ``logs`` (LOG_IDs, in ``projects``) when given, at or after ``since`` when given."""
+    # Compute's ids are decimal numbers (JobStatus keeps no other), a node's name is lowercase letters,
+    # digits and hyphens; anything else is no id of ours and is never quoted into the query.
     ids = " OR ".join(f'"{i}"' for i in sorted(set(instance_ids)) if i.isascii() and i.isdigit())
-    parts = [f'resource.type="gce_instance" AND resource.labels.instance_id=({ids})']
+    names_ = " OR ".join(f'"{n}"' for n in sorted(set(nodes)) if NODE_RE.fullmatch(n))
+    vms = f'resource.type="gce_instance" AND resource.labels.instance_id=({ids})'
+    tpus = f'resource.type="tpu_worker" AND resource.labels.node_id=({names_})'
+    # OR binds tighter than AND in the Logging query language: each side is parenthesized.
+    parts = [f"(({vms}) OR ({tpus}))" if ids and names_ else tpus if names_ else vms]
     if logs:
-        parts.append("logName=(" + " OR ".join(f'"projects/{p}/logs/{log}"' for p in projects for log in logs) + ")")
+        parts.append("logName=(" + " OR ".join(f'"projects/{project_id(p)}/logs/{log}"' for p in projects
+                                               for log in logs) + ")")
     if since is not None:
         parts.append(f'timestamp>="{since.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}"')
     return " AND ".join(parts)
@@ -116,37 +166,106 @@ def run_start(status: JobStatus | None, now: datetime) -> datetime:
     return max(min(begun) - SLACK, now - RETENTION) if begun else now - RETENTION
 
 
+class Pace:
+    """At most ``per_minute`` reads in any 60 seconds: each read waits until one fits."""
+
+    def __init__(self, per_minute: int = READS_PER_MINUTE, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.per_minute, self.clock, self.sleep = max(1, per_minute), clock, sleep
+        self._reads: deque[float] = deque()
+
+    def wait(self) -> None:
+        while True:
+            now = self.clock()
+            while self._reads and self._reads[0] <= now - 60.0:
+                self._reads.popleft()
+            if len(self._reads) < self.per_minute:
+                self._reads.append(now)
+                return
+            self.sleep(self._reads[0] + 60.0 - now)
+
+
+class _Delays:
+    """retry_target's sleeps: the delay the server names for the last error (RetryInfo, or a
+    Retry-After header), else exponential backoff with jitter, 1 s to 60 s."""
+
+    def __init__(self) -> None:
+        self.named: float | None = None
+
+    def note(self, error: Exception) -> None:
+        self.named = server_delay(error)
+
+    def __iter__(self) -> Iterator[float]:
+        backoff = 1.0
+        while True:
+            if self.named is not None:
+                yield self.named
+            else:
+                yield random.uniform(0, backoff)
+                backoff = min(60.0, backoff * 2)
+
+
+def server_delay(error: Exception) -> float | None:
+    """How long the server asks a client to wait before trying again: ``google.rpc.RetryInfo`` in
+    the error's details (REST: ``{"@type": ".../google.rpc.RetryInfo", "retryDelay": "12.5s"}``;
+    gRPC: the message), else the HTTP ``Retry-After`` header (seconds); None when it names none."""
+    for detail in getattr(error, "details", None) or ():
+        if isinstance(detail, dict) and str(detail.get("@type", "")).endswith("google.rpc.RetryInfo"):
+            found = re.fullmatch(r"\s*(\d+(?:\.\d*)?)s\s*", str(detail.get("retryDelay", "")))
+            if found:
+                return float(found[1])
+        delay = getattr(detail, "retry_delay", None)
+        if delay is not None and hasattr(delay, "seconds"):
+            return delay.seconds + getattr(delay, "nanos", 0) / 1e9
+    response = getattr(error, "response", None)
+    header = getattr(response, "headers", {}).get("Retry-After") if response is not None else None
+    if header and str(header).strip().isdigit():
+        return float(header)
+    return None
+
+
+def _retryable(error: Exception) -> bool:
+    from google.api_core import exceptions as gexc
+
+    return isinstance(error, (gexc.TooManyRequests, gexc.ServiceUnavailable))
+
+
 class JobLogs:
     """Reads and prints one job's logs. ``client``: a google-cloud-logging ``Client``; ``emit``
-    prints a line; ``show`` makes a text printable (escapes control characters)."""
+    prints a line; ``show`` makes a text printable (escapes control characters); ``pace``: how reads
+    are spaced (``Pace``); ``account``: the VMs' service account, named when nothing is found."""
 
     def __init__(self, client: Any, job: str, projects: Sequence[str], emit: Callable[[str], None],
-                 show: Callable[[str], str], limit: int = 200, guard: Callable[[], Any] | None = None) -> None:
-        self.client, self.job, self.projects = client, job, list(dict.fromkeys(p for p in projects if p))
+                 show: Callable[[str], str], limit: int = 200, guard: Callable[[], Any] | None = None,
+                 pace: Pace | None = None, retry_for: float = RETRY_FOR, account: str | None = None) -> None:
+        self.client, self.job = client, job
+        self.projects = [project_id(p) for p in dict.fromkeys(p for p in projects if p)]
         self.emit, self.show, self.limit = emit, show, limit
         self.guard = guard  # a context manager factory around every call to Cloud Logging
+        self.pace, self.retry_for, self.account = pace or Pace(), retry_for, account
+        self.reads = 0  # entries.list calls made (each page is one)
         self.source: dict[int, str] = {}  # attempt -> the log its output is read from
         self.header: int | None = None  # the attempt whose header was printed last
-        # The newest entry printed of each instance (by id): each VM stamps its agent's entries by
-        # its own clock, so one that runs ahead must not move the look-back past another's entries.
+        # The newest entry printed of each instance (by id; a TPU worker by node and worker): each VM
+        # stamps its agent's entries by its own clock, so one that runs ahead must not move the
+        # look-back past another's entries.
         self.newest: dict[str, datetime] = {}
         self._seen: dict[str, datetime] = {}  # insert ids printed within LOOKBACK of their instance's newest
         self._cut: dict[int, datetime] = {}  # attempt -> its oldest line printed, where --limit left older ones out
 
     # -- every attempt, once -----------------------------------------------------------------
     def print_all(self, runs: list[Attempt], since: datetime) -> None:
+        read = [a for a in runs if a.instances]
+        settled = self._together(read, since) if read else {}
+        empty = 0
         for attempt in runs:
             self._header(attempt)
             if not attempt.instances:
                 self.emit("(no instance id recorded for this attempt: nothing to read)")
                 continue
-            entries, log = [], SERIAL
-            for log in LOGS:
-                entries = self._list(attempt.instances.values(), (log,), since, descending=True,
-                                     limit=self.limit + 1)
-                if entries:
-                    break
+            log, entries = settled[attempt.number] if attempt.number in settled else self._alone(attempt, since)
             if not entries:
+                empty += 1
                 self.emit("(no output in Cloud Logging)")
                 continue
             self.source[attempt.number] = log
@@ -156,6 +275,61 @@ class JobLogs:
                 self._cut[attempt.number] = entries[-1].timestamp  # following must not bring them back
             for entry in reversed(entries):
                 self._print(attempt, entry)
+        if read and empty == len(read):
+            for line in self.missing(read, since):
+                self.emit(line)
+
+    def missing(self, runs: list[Attempt], since: datetime) -> list[str]:
+        """Why nothing was found, and what to do about it: which log, which setting or role."""
+        project = self.projects[-1] if self.projects else "PROJECT"
+        account = self.account or "the VMs' service account"
+        member = f"serviceAccount:{self.account}" if self.account else "serviceAccount:ACCOUNT"
+        tpu = any(a.tpu is not False for a in runs)
+        kinds = 'resource.type="gce_instance" by instance id' + (
+            ', resource.type="tpu_worker" by node name' if tpu else "")
+        return [
+            f"No Cloud Logging entry of these instances since {since.astimezone(UTC):%Y-%m-%d %H:%M} UTC "
+            f"in {', '.join(self.projects) or 'the project'} ({kinds}). Neither log respawn reads was written:",
+            f"  - {SERIAL.replace('%2F', '/')}: written only where the VM's metadata (or the project's) "
+            "sets serial-port-logging-enable=TRUE and no organization policy (compute.disableSerialPortLogging) "
+            "forbids it. respawn sets it on the VMs and TPU nodes it launches; VMs launched before it did "
+            "lack it. For a whole project: gcloud compute project-info add-metadata "
+            f"--metadata=serial-port-logging-enable=TRUE --project={project}",
+            f"  - {SCRIPTS} (the guest agent's copy of the startup script's lines): written with the VM's "
+            f"service account ({account}), which needs roles/logging.logWriter in {project}. respawn deploy "
+            "grants it to the trainer account; by hand: gcloud projects add-iam-policy-binding "
+            f"{project} --member={member} --role=roles/logging.logWriter --condition=None",
+            "  Entries are kept 30 days; the VM also needs the logging.write (or cloud-platform) scope.",
+        ]
+
+    def _together(self, runs: list[Attempt], since: datetime) -> dict[int, tuple[str, list[Any]]]:
+        """One read of the newest page of every attempt's entries (both logs): each attempt it holds
+        more than ``limit`` lines of, or all of whose lines it holds, is settled (the log chosen, its
+        entries newest first)."""
+        page = self._list(runs, LOGS, since, descending=True, limit=PAGE)
+        whole = len(page) < PAGE  # everything there is
+        grouped: dict[int, list[Any]] = {}
+        index = self._index(runs)
+        for entry in page:
+            attempt = runs[0] if len(runs) == 1 else index.get(_origin(entry)[0])
+            if attempt is not None:
+                grouped.setdefault(attempt.number, []).append(entry)
+        settled = {}
+        for attempt in runs:
+            log, entries = _choose(grouped.get(attempt.number, []))
+            if whole or len(entries) > self.limit:
+                settled[attempt.number] = (log, entries)
+        return settled
+
+    def _alone(self, attempt: Attempt, since: datetime) -> tuple[str, list[Any]]:
+        """One attempt's last lines: both logs in one read; the chosen log alone again only where
+        that read was cut short before it held ``limit`` + 1 of its lines."""
+        want = 2 * (self.limit + 1)  # each line is in both logs when both are written
+        entries = self._list([attempt], LOGS, since, descending=True, limit=want)
+        log, chosen = _choose(entries)
+        if len(entries) >= want and len(chosen) <= self.limit:
+            chosen = self._list([attempt], (log,), since, descending=True, limit=self.limit + 1)
+        return log, chosen
 
     # -- what comes after --------------------------------------------------------------------
     def follow(self, read: Callable[[], list[Attempt]], since: datetime, interval: float,
@@ -167,16 +341,17 @@ class JobLogs:
         while deadline is None or time.monotonic() < deadline:
             sleep(interval if deadline is None else max(0.0, min(interval, deadline - time.monotonic())))
             try:
-                runs = read()
-                by_id = {id_: a for a in runs for id_ in a.instances.values()}
+                runs = [a for a in read() if a.instances]
+                index = self._index(runs)
                 # From the least advanced instance: one with nothing printed yet is read from ``since``.
-                start = max(since, min((self.newest[i] - LOOKBACK if i in self.newest else since) for i in by_id)) \
-                    if by_id else since
-                found = self._list(by_id, LOGS, start, descending=False, limit=None) if by_id else []
+                start = max(since, min((self.newest[k] - LOOKBACK if k in self.newest else since)
+                                       for k in self._clocks(runs))) if runs else since
+                found = self._list(runs, LOGS, start, descending=False, limit=None) if runs else []
             except errors.TransientError:
-                continue  # a read refused for the quota, a network hiccup: the next one catches up
+                continue  # a read refused for the quota past its retries, a network hiccup: the next one catches up
             for entry in found:
-                attempt = by_id.get(_instance_id(entry))
+                key, clock, _ = _origin(entry)
+                attempt = index.get(key)
                 if attempt is None or _key(entry) in self._seen or entry.timestamp < self._cut.get(
                         attempt.number, entry.timestamp):
                     continue
@@ -188,17 +363,52 @@ class JobLogs:
                 self._print(attempt, entry)
 
     # -- the parts -----------------------------------------------------------------------------
-    def _list(self, ids: Iterable[str], logs: Sequence[str], since: datetime, descending: bool,
+    @staticmethod
+    def _index(runs: Iterable[Attempt]) -> dict[str, Attempt]:
+        """Where an entry belongs, by its origin's key (``_origin``)."""
+        index: dict[str, Attempt] = {}
+        for attempt in runs:
+            for name, id_ in attempt.instances.items():
+                if attempt.tpu is not True:
+                    index[f"id:{id_}"] = attempt
+                if attempt.tpu is not False:
+                    index[f"node:{name}"] = attempt
+        return index
+
+    def _clocks(self, runs: Iterable[Attempt]) -> list[str]:
+        """The clocks a follow's look-back waits for: each VM's, each TPU worker's seen so far (a
+        node with none seen yet: read from the start)."""
+        keys = []
+        for attempt in runs:
+            for name, id_ in attempt.instances.items():
+                vm, workers = f"id:{id_}", [k for k in self.newest if k.startswith(f"node:{name}/")]
+                if attempt.tpu is True or (attempt.tpu is None and workers and vm not in self.newest):
+                    keys += workers or [f"node:{name}/"]
+                else:
+                    keys.append(vm)
+        return keys
+
+    def _list(self, runs: Sequence[Attempt], logs: Sequence[str], since: datetime, descending: bool,
               limit: int | None) -> list[Any]:
+        from google.api_core.retry import retry_target
         from google.cloud import logging as cloud_logging
 
-        query = logs_filter(ids, self.projects, logs, since)
+        ids = [i for a in runs if a.tpu is not True for i in a.instances.values()]
+        nodes = [n for a in runs if a.tpu is not False for n in a.instances]
+        query = logs_filter(ids, self.projects, logs, since, nodes=nodes)
         order = cloud_logging.DESCENDING if descending else cloud_logging.ASCENDING
         resources = [f"projects/{p}" for p in self.projects]
-        guard = self.guard() if self.guard else _Nothing()
-        with guard:
+
+        def read() -> list[Any]:
+            self.pace.wait()
+            self.reads += 1
             return list(self.client.list_entries(resource_names=resources, filter_=query, order_by=order,
                                                  max_results=limit, page_size=min(limit or PAGE, PAGE)))
+
+        delays = _Delays()
+        guard = self.guard() if self.guard else _Nothing()
+        with guard:
+            return retry_target(read, _retryable, delays, timeout=self.retry_for, on_error=delays.note)
 
     def _header(self, attempt: Attempt) -> None:
         self.header = attempt.number
@@ -210,13 +420,16 @@ class JobLogs:
             # The guest agent's entries: a script's line as the serial console has it.
             payload = re.sub(r"^(startup|shutdown)-script: ", "", payload["message"])
         text = payload if isinstance(payload, str) else json.dumps(payload, default=str)
-        name = next((n for n, i in attempt.instances.items() if i == _instance_id(entry)), "")
+        key, clock, worker = _origin(entry)
+        name = next((n for n, i in attempt.instances.items() if key in (f"id:{i}", f"node:{n}")), "")
+        if name and worker:
+            name = f"{name}/w{worker}"  # a TPU node's worker
         self.emit(f"{entry.timestamp:%Y-%m-%d %H:%M:%S} {self.show(name)} {self.show(text)}")
         # Following re-reads the last LOOKBACK: what was printed is known by its insert id.
         self._seen[_key(entry)] = entry.timestamp
-        when, instance = entry.timestamp, _instance_id(entry)
-        if instance not in self.newest or when > self.newest[instance]:
-            self.newest[instance] = when
+        when = entry.timestamp
+        if clock not in self.newest or when > self.newest[clock]:
+            self.newest[clock] = when
             oldest = min(self.newest.values()) - LOOKBACK
             self._seen = {k: t for k, t in self._seen.items() if t >= oldest}
 
@@ -229,14 +442,26 @@ class _Nothing:
         return None
 
 
+def _choose(entries: list[Any]) -> tuple[str, list[Any]]:
+    """The log an attempt is read from, and its entries among ``entries``: the serial console's
+    where it has any, else the guest agent's."""
+    serial = [e for e in entries if _log_id(e) == SERIAL]
+    return (SERIAL, serial) if serial else (SCRIPTS, [e for e in entries if _log_id(e) != SERIAL])
+
+
 def _key(entry: Any) -> str:
-    return getattr(entry, "insert_id", None) or f"{entry.timestamp}/{_instance_id(entry)}/{entry.payload}"
+    return getattr(entry, "insert_id", None) or f"{entry.timestamp}/{_origin(entry)[1]}/{entry.payload}"
 
 
-def _instance_id(entry: Any) -> str:
+def _origin(entry: Any) -> tuple[str, str, str]:
+    """Where an entry comes from: (its instance's key: ``id:ID`` for a Compute VM, ``node:NAME``
+    for a TPU node; the key of the clock that stamped it, each TPU worker its own; the worker, or "")."""
     resource = getattr(entry, "resource", None)
     labels = getattr(resource, "labels", None) or {}
-    return str(labels.get("instance_id", ""))
+    if getattr(resource, "type", None) == "tpu_worker" or "node_id" in labels:
+        node, worker = str(labels.get("node_id", "")), str(labels.get("worker_id", ""))
+        return f"node:{node}", f"node:{node}/{worker}", worker
+    return f"id:{labels.get('instance_id', '')}", f"id:{labels.get('instance_id', '')}", ""
 
 
 def _log_id(entry: Any) -> str:

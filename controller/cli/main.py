@@ -381,7 +381,7 @@ def logs(
         with translated("Cloud Logging"):
             client = logging_client(config)
         reader = joblogs.JobLogs(client, job, projects, lambda line: print(line, flush=True), show, limit,
-                                 guard=lambda: translated("Cloud Logging"))
+                                 guard=lambda: translated("Cloud Logging"), account=config.trainer_service_account)
         reader.print_all(runs, since)
         if follow:
             try:

@@ -115,6 +115,9 @@ def _metadata(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, ma
         "respawn-checkpoint-every-s": str(round(status.checkpoint_every_s)) if status.checkpoint_every_s else "",
         "startup-script": ctx.startup_script,
         "shutdown-script": ctx.shutdown_script,
+        # The serial console into Cloud Logging (serial_port_1_output), where `respawn logs` reads it:
+        # off by default in Google projects. A TPU node passes its metadata on to its workers' VMs.
+        "serial-port-logging-enable": "TRUE",
     }
 
 

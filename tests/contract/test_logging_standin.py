@@ -25,6 +25,7 @@ from controller.service.config import Settings
 from controller.cli.joblogs import SCRIPTS, SERIAL, logs_filter
 from tests.routes import assert_serves_exactly
 from localcloud.logging import DOC, SUPPORTED, LoggingServer, VmLogs
+from localcloud.tpu_api import hostname
 
 PROJECT = "logs-proj"
 
@@ -204,7 +205,8 @@ def test_a_vms_serial_lines_are_logged_as_serial_port_logging_and_the_guest_agen
     folder.mkdir()
     serial = folder / "serial-port-1.log"
     resource = {"id": "4242", "name": "job-1", "zone": "https://x/compute/v1/projects/p9/zones/us-central1-b",
-                "selfLink": "https://x/compute/v1/projects/p9/zones/us-central1-b/instances/job-1"}
+                "selfLink": "https://x/compute/v1/projects/p9/zones/us-central1-b/instances/job-1",
+                "metadata": {"items": [{"key": "serial-port-logging-enable", "value": "TRUE"}]}}
     vms: dict[str, Any] = {"job-1": resource}
 
     def instance(name: str) -> dict[str, Any]:
@@ -292,3 +294,131 @@ def test_respawns_reader_prints_each_attempt_from_one_log_and_follows_new_ones(s
     state["fail"] = True  # a read refused: the next one catches up, nothing is raised
     reader.follow(read, now - timedelta(minutes=1), 0.01, stop_after=0.05, sleep=lambda _: None)
     assert printed == []
+
+
+def test_a_vm_without_serial_port_logging_enable_has_only_the_guest_agents_log(tmp_path: Path):
+    """Serial-port logging is off by default in Google projects: a VM whose metadata does not set
+    serial-port-logging-enable has no serial_port_1_output entry, only the agent's copy."""
+    for name, items in (("off-1", []), ("on-1", [{"key": "serial-port-logging-enable", "value": "true"}])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "serial-port-1.log").write_bytes(f"{name} says hi\n".encode())
+    vms = {name: {"id": str(7000 + i), "zone": "https://x/projects/p9/zones/us-central1-b",
+                  "selfLink": f"https://x/compute/v1/projects/p9/zones/us-central1-b/instances/{name}",
+                  "metadata": {"items": items}}
+           for i, (name, items) in enumerate((("off-1", []), ("on-1", [{"key": "serial-port-logging-enable",
+                                                                          "value": "true"}])))}
+    srv = LoggingServer()  # not served: what it is fed
+    VmLogs(srv, SimpleNamespace(workdir=tmp_path, instance=vms.__getitem__)).sweep(final=True)  # type: ignore[arg-type]
+    assert [e["textPayload"] for e in srv.entries(SERIAL)] == ["on-1 says hi"]
+    assert sorted(e["jsonPayload"]["message"] for e in srv.entries(SCRIPTS)) == [
+        "startup-script: off-1 says hi", "startup-script: on-1 says hi"]
+
+
+def test_a_tpu_nodes_workers_are_logged_as_tpu_worker_by_node_name_and_worker_number(tmp_path: Path):
+    """A Cloud TPU VM's entries are resource.type tpu_worker with project_id, zone, node_id (the
+    node's name) and worker_id: each worker's serial lines go in as such, under its node's name."""
+    compute = SimpleNamespace(workdir=tmp_path / "vms", instance=lambda name: {}[name])
+    node = {"name": "projects/p9/locations/us-central2-b/nodes/tj-1", "id": "9123",
+            "metadata": {"serial-port-logging-enable": "TRUE"}}
+    tpu = SimpleNamespace(workdir=tmp_path / "tpus", node=lambda name: {"tj-1": node}[name])
+    for worker in (0, 1):
+        folder = tmp_path / "tpus" / "tj-1" / f"w-{worker}"
+        folder.mkdir(parents=True)
+        (folder / "serial-port-1.log").write_bytes(f"worker {worker}: step 1\n".encode())
+    srv = LoggingServer()
+    VmLogs(srv, compute, tpu=tpu).sweep(final=True)  # type: ignore[arg-type]
+    serial = srv.entries(SERIAL)
+    assert sorted((e["resource"]["labels"]["worker_id"], e["textPayload"]) for e in serial) == [
+        ("0", "worker 0: step 1"), ("1", "worker 1: step 1")]
+    assert serial[0]["resource"]["type"] == "tpu_worker" and serial[0]["logName"] == f"projects/p9/logs/{SERIAL}"
+    assert {k: v for k, v in serial[0]["resource"]["labels"].items() if k != "worker_id"} == {
+        "project_id": "p9", "zone": "us-central2-b", "node_id": "tj-1"}
+    agent = srv.entries(SCRIPTS)
+    assert sorted(e["labels"]["instance_name"] for e in agent) == [hostname("9123", 0), hostname("9123", 1)]
+
+
+def test_reads_past_sixty_a_minute_are_refused_429_with_the_delay_to_wait():
+    """Google's entries.list quota: 60 reads a minute per project; the 61st is refused 429
+    RESOURCE_EXHAUSTED, naming the quota (ErrorInfo) and when a read fits again (RetryInfo)."""
+    with LoggingServer() as srv:
+        body = {"resourceNames": [f"projects/{PROJECT}"], "pageSize": 1}
+        answers = [post(srv, "list", body).status_code for _ in range(60)]
+        refused = post(srv, "list", body)
+        other = post(srv, "list", {**body, "resourceNames": ["projects/another-proj"]})
+    assert answers == [200] * 60 and other.status_code == 200 and srv.refused == 1
+    error = refused.json()["error"]
+    assert refused.status_code == 429 and error["status"] == "RESOURCE_EXHAUSTED" and "Quota exceeded" in error["message"]
+    info = {d["@type"].rsplit(".", 1)[-1]: d for d in error["details"]}
+    assert info["ErrorInfo"]["reason"] == "RATE_LIMIT_EXCEEDED"
+    assert info["ErrorInfo"]["metadata"]["quota_limit_value"] == "60"
+    assert 0 < float(info["RetryInfo"]["retryDelay"].rstrip("s")) <= 60
+
+
+def _agent(resource: dict[str, Any], message: str, at: datetime, project: str = PROJECT) -> dict[str, Any]:
+    """An entry of the guest agent's log (what a project without serial-port logging has)."""
+    return {"logName": f"projects/{project}/logs/{SCRIPTS}", "resource": resource, "severity": "INFO",
+            "jsonPayload": {"message": f"startup-script: {message}"}, "timestamp": at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
+
+
+def _vm(instance: str) -> dict[str, Any]:
+    return {"type": "gce_instance", "labels": {"instance_id": instance, "zone": "us-central1-a", "project_id": PROJECT}}
+
+
+def test_a_tpu_jobs_output_is_read_from_its_workers_by_the_nodes_name(server, client):
+    """A TPU node's workers log as tpu_worker (node_id: the node's name, worker_id): `respawn logs`
+    reads them so, not as Compute VMs by the node's numeric id, each line under its worker."""
+    from controller.cli.joblogs import Attempt, JobLogs
+
+    now = datetime.now(UTC)
+    worker = lambda n: {"type": "tpu_worker", "labels": {"project_id": PROJECT, "zone": "us-central2-b",  # noqa: E731
+                                                         "node_id": "tj-1", "worker_id": str(n)}}
+    server.write([{**entry("0", f"worker {n} step {i}", timestamp=(now + timedelta(seconds=i, milliseconds=n))
+                          .strftime("%Y-%m-%dT%H:%M:%S.%fZ")), "resource": worker(n)}
+                  for i in range(3) for n in (0, 1)]
+                 + [entry("8123", "a VM whose id is the node's: not the node")])
+    printed: list[str] = []
+    reader = JobLogs(client, "tj", [PROJECT], printed.append, lambda text: text)
+    reader.print_all([Attempt(1, {"tj-1": "8123"}, "us-central2-b", "running", tpu=True)], now - timedelta(minutes=1))
+    assert [plain(line) for line in printed] == ["── attempt 1: tj-1 in us-central2-b (running) ──"] + [
+        f"tj-1/w{n} worker {n} step {i}" for i in range(3) for n in (0, 1)]
+
+
+def test_forty_attempts_without_serial_logging_are_read_within_loggings_quota():
+    """Sixty entries.list a minute per project, as Google allows: forty attempts whose VMs logged only
+    through the guest agent (serial-port logging off) are read in a handful of reads, never refused."""
+    from controller.cli.joblogs import Attempt, JobLogs
+
+    start = datetime.now(UTC) - timedelta(hours=2)
+    runs = [Attempt(n, {f"q-{n}": str(10_000 + n)}) for n in range(1, 41)]
+    with LoggingServer() as srv:  # the quota: 60 reads a minute
+        srv.write([_agent(_vm(str(10_000 + n)), f"attempt {n} line {i}", start + timedelta(minutes=n, seconds=i))
+                   for n in range(1, 41) for i in range(30)])
+        printed: list[str] = []
+        reader = JobLogs(logging_client(Settings(project=PROJECT, logging_endpoint=srv.endpoint)), "q", [PROJECT],
+                         printed.append, lambda text: text, limit=5)
+        reader.print_all(runs, start)
+        assert srv.refused == 0 and reader.reads < 20, reader.reads
+    for n in range(1, 41):
+        at = printed.index(f"── attempt {n}: q-{n} ──")
+        assert [plain(line) for line in printed[at + 1:at + 7]] == [
+            "… earlier lines of this attempt left out (--limit 5)", *(f"q-{n} attempt {n} line {i}" for i in range(25, 30))]
+
+
+def test_a_read_refused_for_the_quota_is_tried_again_after_the_delay_the_server_names():
+    """A project's quota shared with others (another reader, the Logs Explorer): a read refused 429
+    is tried again after the RetryInfo delay, and every attempt is still printed whole."""
+    from controller.cli.joblogs import Attempt, JobLogs, Pace
+
+    start = datetime.now(UTC) - timedelta(hours=2)
+    runs = [Attempt(n, {f"r-{n}": str(20_000 + n)}) for n in range(1, 9)]
+    with LoggingServer(reads_per_minute=2, window=1.0) as srv:  # two reads a second: the reader must wait
+        srv.write([_agent(_vm(str(20_000 + n)), f"a{n} l{i}", start + timedelta(minutes=n, seconds=i))
+                   for n in range(1, 9) for i in range(150)])
+        printed: list[str] = []
+        reader = JobLogs(logging_client(Settings(project=PROJECT, logging_endpoint=srv.endpoint)), "r", [PROJECT],
+                         printed.append, lambda text: text, limit=100, pace=Pace(1000), retry_for=30)
+        reader.print_all(runs, start)
+        assert srv.refused >= 1 and reader.reads >= 4
+    for n in range(1, 9):
+        at = printed.index(f"── attempt {n}: r-{n} ──")
+        assert plain(printed[at + 2]) == f"r-{n} a{n} l50" and plain(printed[at + 101]) == f"r-{n} a{n} l149"

@@ -333,3 +333,24 @@ def test_status_shows_a_tpu_nodes_announced_maintenance(mem, tmp_path):
     assert "tpu: maintenance scheduled on tpu-1: SCHEDULED, starts 2026-11-24T10:00:00Z" in result.output
     row = json.loads(runner.invoke(app, ["status", "tpu", "--json"]).stdout)[0]
     assert row["tpu"] is True and row["upcoming_maintenance"] == "tpu-1: SCHEDULED, starts 2026-11-24T10:00:00Z"
+
+
+def test_logs_refuses_a_project_in_the_status_that_is_not_a_project_id(mem, monkeypatch):
+    import google.cloud.logging as cloud_logging
+
+    queries: list[str] = []
+
+    class FakeLogging:
+        def __init__(self, project: str) -> None:
+            pass
+
+        def list_entries(self, **kw):
+            queries.append(kw["filter_"])
+            return []
+
+    monkeypatch.setattr(cloud_logging, "Client", FakeLogging)
+    _put_status(mem, "pj", phase=Phase.RUNNING, instances=("pj-1",), instance_ids={"pj-1": "123"},
+                project='evil-proj/logs/x" OR logName:"y')
+    result = runner.invoke(app, ["logs", "pj"])
+    assert result.exit_code != 0 and queries == []
+    assert "not a project id" in _one_error_line(result) and "status.json" in _one_error_line(result)

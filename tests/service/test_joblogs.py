@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
+
+import pytest
 
 from controller.cli import joblogs
 from controller.core.state import JobStatus, Phase
@@ -14,7 +17,7 @@ T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 
 
 def _entry(ts: datetime, iid: str, text: str, insert_id: str) -> SimpleNamespace:
-    return SimpleNamespace(timestamp=ts, insert_id=insert_id, payload=text, log_name=f"projects/p/logs/{joblogs.SERIAL}",
+    return SimpleNamespace(timestamp=ts, insert_id=insert_id, payload=text, log_name=f"projects/proj-p/logs/{joblogs.SERIAL}",
                            resource=SimpleNamespace(labels={"instance_id": iid}))
 
 
@@ -36,7 +39,7 @@ def test_one_vm_whose_clock_runs_ahead_does_not_silence_the_next_attempt_when_fo
     client, out = FakeClient(), []
     first, second = joblogs.Attempt(1, {"j-1": "111"}), joblogs.Attempt(2, {"j-2": "222"})
     client.entries.append(_entry(T0 + timedelta(minutes=10), "111", "first line", "i1"))  # its VM's clock, ahead
-    logs = joblogs.JobLogs(client, "j", ["p"], out.append, lambda s: s)
+    logs = joblogs.JobLogs(client, "j", ["proj-p"], out.append, lambda s: s)
     logs.print_all([first], T0 - timedelta(hours=1))
     client.entries += [_entry(T0 + timedelta(minutes=1, seconds=k), "222", f"second line {k}", f"i2-{k}") for k in range(5)]
     logs.follow(lambda: [first, second], T0 - timedelta(hours=1), interval=0, stop_after=0.05, sleep=lambda s: None)
@@ -44,7 +47,7 @@ def test_one_vm_whose_clock_runs_ahead_does_not_silence_the_next_attempt_when_fo
 
 
 def test_an_id_that_is_not_computes_is_never_quoted_into_the_query():
-    query = joblogs.logs_filter(['123" OR resource.type="k8s_container', "456"], ["p"], [joblogs.SERIAL], T0)
+    query = joblogs.logs_filter(['123" OR resource.type="k8s_container', "456"], ["proj-p"], [joblogs.SERIAL], T0)
     assert "k8s_container" not in query and 'instance_id=("456")' in query
     forged = JobStatus.model_validate({"instance_ids": {"j-1": '1") OR ("x', "j-2": "789"}})
     assert forged.instance_ids == {"j-2": "789"}
@@ -58,3 +61,89 @@ def test_a_gang_larger_than_the_ids_kept_records_every_node_of_its_current_attem
         h.tick()
     st = h.status("g")
     assert st.phase == Phase.RUNNING and len(st.instance_ids) == 60 and "g-1-n0" in st.instance_ids
+
+
+def test_logs_that_find_nothing_say_which_log_which_setting_and_which_role_are_missing():
+    """A project set up as `respawn deploy` once left it writes neither log: the reader says which log
+    it looked for, the metadata key and the role each needs, and the command that fixes each."""
+    out: list[str] = []
+    reader = joblogs.JobLogs(FakeClient(), "j", ["proj-p"], out.append, lambda s: s,
+                             account="respawn-trainer@proj-p.iam.gserviceaccount.com")
+    reader.print_all([joblogs.Attempt(1, {"j-1": "111"})], T0)
+    text = "\n".join(out)
+    assert "(no output in Cloud Logging)" in text
+    assert "serialconsole.googleapis.com/serial_port_1_output" in text and "serial-port-logging-enable=TRUE" in text
+    assert "gcloud compute project-info add-metadata --metadata=serial-port-logging-enable=TRUE --project=proj-p" in text
+    assert joblogs.SCRIPTS in text and "roles/logging.logWriter" in text
+    assert ("gcloud projects add-iam-policy-binding proj-p --member=serviceAccount:respawn-trainer@proj-p.iam."
+            "gserviceaccount.com --role=roles/logging.logWriter") in text
+
+
+def test_a_project_that_is_not_a_project_id_is_refused_before_any_query():
+    from controller.core import errors
+
+    client = FakeClient()
+    for forged in ('proj-p/logs/x" OR logName:"', "proj-p) OR (true", "Proj-Upper", "short", "ends-with-hyphen-",
+                   "a" * 31, "1starts-with-digit", "evil.com:proj-p/x"):
+        with pytest.raises(errors.RequestError, match="not a project id"):
+            joblogs.JobLogs(client, "j", [forged], print, str)
+        with pytest.raises(errors.RequestError):
+            joblogs.logs_filter(["1"], [forged], [joblogs.SERIAL])
+    # a domain-scoped project id is one (projects/example.com:proj-p is a valid resource name)
+    assert joblogs.JobLogs(client, "j", ["example.com:proj-p", "proj-p"], print, str).projects == [
+        "example.com:proj-p", "proj-p"]
+
+
+def test_a_status_of_a_tpu_attempt_makes_it_read_as_tpu_workers_by_node_name():
+    st = JobStatus.model_validate({"attempt": 2, "tpu": True, "attempt_tpu": True,
+                                   "instance_ids": {"tj-1": "9001", "tj-2": "9002"}})
+    runs = joblogs.attempts("tj", st)
+    assert [(a.number, a.tpu) for a in runs] == [(1, None), (2, True)]  # attempt 1: a VM or a node, not known
+    query = joblogs.logs_filter(["9001"], ["proj-p"], [joblogs.SERIAL], T0, nodes=["tj-1", "tj-2"])
+    assert ('((resource.type="gce_instance" AND resource.labels.instance_id=("9001")) OR '
+            '(resource.type="tpu_worker" AND resource.labels.node_id=("tj-1" OR "tj-2")))') in query
+    assert 'node_id=("x")' in joblogs.logs_filter([], [], [], nodes=['x', 'y" OR "z'])  # only a node name is quoted
+
+
+def test_the_pace_keeps_reads_under_the_per_minute_budget():
+    now, slept = [0.0], []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    pace = joblogs.Pace(3, clock=lambda: now[0], sleep=sleep)
+    for _ in range(7):
+        pace.wait()
+        now[0] += 1.0
+    assert slept == [57.0, 57.0]  # reads 4 and 7 wait until the first of the three before them is a minute old
+
+
+def test_the_delay_a_refusal_names_is_the_one_waited():
+    from google.api_core import exceptions as gexc
+    from google.rpc import error_details_pb2
+
+    rest = gexc.TooManyRequests("quota", details=[{"@type": "type.googleapis.com/google.rpc.ErrorInfo"},
+                                                  {"@type": "type.googleapis.com/google.rpc.RetryInfo",
+                                                   "retryDelay": "12.5s"}])
+    info = error_details_pb2.RetryInfo()
+    info.retry_delay.seconds, info.retry_delay.nanos = 3, 500_000_000
+    grpc = gexc.ResourceExhausted("quota", details=[info])
+    header = gexc.TooManyRequests("quota", response=SimpleNamespace(headers={"Retry-After": "7"}))
+    assert [joblogs.server_delay(e) for e in (rest, grpc, header, gexc.TooManyRequests("quota"))] == [12.5, 3.5, 7.0, None]
+
+
+def test_every_vm_and_tpu_node_respawn_launches_turns_on_serial_port_logging():
+    """Serial-port logging is off by default in Google projects: respawn's VMs and TPU nodes set it in
+    their own metadata, so their console reaches Cloud Logging whatever the project says."""
+    from controller.core import launch
+    from controller.core.spec import parse_spec
+
+    h = Harness()
+    h.submit("sp", spec_doc())
+    h.tick()
+    assert h.metadata("sp-1")["serial-port-logging-enable"] == "TRUE"
+    doc = spec_doc(zones=["us-central2-b"], tpu={"type": "v4-8", "runtime_version": "tpu-ubuntu2204-base"})
+    del doc["machine_type"]
+    (node,) = launch.requests_for("tp", parse_spec(json.dumps(doc), "tp"), JobStatus(attempt=1), h.ctx)
+    assert node.metadata["serial-port-logging-enable"] == "TRUE"
