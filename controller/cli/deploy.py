@@ -2,11 +2,13 @@
 job and the VM scripts, as a plan of steps.
 
 The plan is data, so ``--dry-run`` prints exactly what a real run would execute: every
-``gcloud`` command line and the Cloud Scheduler API request.
+``gcloud`` command line and the Cloud Scheduler API request, secrets (the notification webhook's
+URL, any token) redacted there as in every message about a failing step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shlex
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.core import names
-from controller.service.config import REPO_ROOT
+from controller.service.config import REPO_ROOT, Settings
 
 TICK, ON_OBJECT = "respawn-tick", "respawn-on-object"
 URL_PLACEHOLDER = "<url of respawn-tick>"
@@ -29,6 +31,45 @@ TRAINER_CONDITION_TITLE = "respawn-trainer-vm-records-only"
 # '=' (the key/value separator), '^' (the escape marker) or ',' (the default delimiter).
 _DELIMITERS = ("|", ";", "#", "~", "!", "+", "%", "*", ":", "@", "&", "$")
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")
+# The settings the functions are deployed with that a deploy passes on (when the user set them).
+POLICY_SETTINGS = ("allowed_projects", "allowed_zones", "allowed_machine_types", "allowed_service_accounts", "max_nodes",
+                   "max_accelerators", "allowed_tpu_types", "max_tpu_size", "notify_topic", "notify_webhook",
+                   "allowed_notify_topics", "allowed_webhook_hosts")
+# Settings whose value is a secret: never printed, whether planned, run or failed.
+SECRET_SETTINGS = ("RESPAWN_NOTIFY_WEBHOOK",)
+_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|CREDENTIALS?|PRIVATE_KEY|API_KEY)$")
+# An incoming webhook's URL is its credential, whoever set it and wherever it shows up.
+_WEBHOOK_URL = re.compile(r"(https?://hooks\.slack\.com)/[^\s'\"|;,]+")
+REDACTED = "<redacted>"
+
+
+def policy_env(config: Settings) -> dict[str, str]:
+    """The policy the functions run with: each setting the user set, as its variable. A list left
+    empty where its default is not (``RESPAWN_ALLOWED_WEBHOOK_HOSTS=""``: no host) is passed on
+    empty, so that the functions do not fall back to that default."""
+    env = {}
+    for key, value in config.model_dump(include=set(POLICY_SETTINGS)).items():
+        default = Settings.model_fields[key].default
+        if value in ((), None) and value == default:
+            continue
+        env[f"RESPAWN_{key.upper()}"] = ",".join(value) if isinstance(value, tuple) else str(value)
+    return env
+
+
+def secrets_of(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The values in ``env`` that are secrets (SECRET_SETTINGS, names like *_TOKEN), longest first."""
+    found = {v for k, v in env.items() if v and (k in SECRET_SETTINGS or _SECRET_NAME.search(k))}
+    return tuple(sorted(found, key=len, reverse=True))
+
+
+def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
+    """``text`` without ``secrets`` (a URL keeps its scheme and host: which webhook, not its key) and
+    without any Slack webhook URL's path."""
+    for secret in secrets:
+        if secret in text:
+            url = re.match(r"(https?://[^/\s]+)/", secret)
+            text = text.replace(secret, f"{url[1]}/{REDACTED}" if url else REDACTED)
+    return _WEBHOOK_URL.sub(rf"\1/{REDACTED}", text)
 
 
 def gcloud_dict(pairs: Mapping[str, str]) -> str:
@@ -119,13 +160,17 @@ class Step:
     retry_if: tuple[str, ...] = ()
     # the tick function's deploy: its URL is what the Scheduler job calls
     yields_tick_url: bool = False
+    secrets: tuple[str, ...] = ()  # values in it never shown (redact)
 
-    def render(self) -> str:
+    def render(self, reveal: bool = False) -> str:
+        """What the step runs, as printed (secrets redacted), or as sent (``reveal``)."""
         if self.argv:
-            return shlex.join(self.argv)
-        if self.request is not None:
-            return json.dumps(self.request, indent=2)
-        return "\n".join(f"upload {path} -> gs://{dest}" for path, dest in self.uploads)
+            text = shlex.join(self.argv)
+        elif self.request is not None:
+            text = json.dumps(self.request, indent=2)
+        else:
+            text = "\n".join(f"upload {path} -> gs://{dest}" for path, dest in self.uploads)
+        return text if reveal else redact(text, self.secrets)
 
 
 def plan(t: Target) -> list[Step]:
@@ -171,6 +216,12 @@ def plan(t: Target) -> list[Step]:
                                  "preempted-jobs/<job>"}),
               project),
              retry_if=iam_lag),
+        # The guest agent writes the startup script's lines to GCEMetadataScripts with the VM's
+        # account: where `respawn logs` reads a VM's output when its serial port is not logged.
+        Step("let the trainer VMs write their logs to Cloud Logging (roles/logging.logWriter on the project)",
+             ("gcloud", "projects", "add-iam-policy-binding", t.project,
+              f"--member=serviceAccount:{t.trainer}", "--role=roles/logging.logWriter", "--condition=None"),
+             retry_if=iam_lag),
         Step("let the controller create VMs that run as the trainer account (on that account only)",
              ("gcloud", "iam", "service-accounts", "add-iam-policy-binding", t.trainer,
               f"--member=serviceAccount:{t.controller_sa}", "--role=roles/iam.serviceAccountUser",
@@ -204,7 +255,8 @@ def plan(t: Target) -> list[Step]:
         Step("upload the VM scripts, for reference (the controller embeds its own copy)",
              uploads=tuple((p, f"{t.bucket}/respawn/vm/{p.name}") for p in sorted(scripts.glob("*.sh")))),
     ]
-    return steps
+    hidden = secrets_of(t.function_env())
+    return [dataclasses.replace(step, secrets=hidden) for step in steps]
 
 
 Runner = Callable[[tuple[str, ...]], str]
@@ -225,8 +277,15 @@ def _run_step(step: Step, run: Runner, sleep: Callable[[float], None], tries: in
             if any(text in message for text in step.done_if):
                 return
             if attempt == tries or not any(text in message for text in step.retry_if):
-                raise
+                raise _redacted(error, step.secrets) from None
             sleep(10.0 * attempt)
+
+
+def _redacted(error: subprocess.CalledProcessError, secrets: tuple[str, ...]) -> subprocess.CalledProcessError:
+    """The same failure, its command line and output without the secrets (the caller prints them)."""
+    hide = lambda text: redact(text, secrets) if isinstance(text, str) else text  # noqa: E731
+    cmd = tuple(hide(a) for a in error.cmd) if isinstance(error.cmd, (list, tuple)) else hide(error.cmd)
+    return subprocess.CalledProcessError(error.returncode, cmd, hide(error.stdout), hide(error.stderr))
 
 
 def execute(steps: list[Step], t: Target, run: Runner = run_command, say: Callable[[str], None] = print,
@@ -241,7 +300,7 @@ def execute(steps: list[Step], t: Target, run: Runner = run_command, say: Callab
                 url = run(("gcloud", "functions", "describe", TICK, "--gen2", f"--region={t.region}",
                            f"--project={t.project}", "--format=value(serviceConfig.uri)")).strip()
         elif step.request is not None:
-            _upsert_scheduler_job(json.loads(step.render().replace(URL_PLACEHOLDER, url)))
+            _upsert_scheduler_job(json.loads(step.render(reveal=True).replace(URL_PLACEHOLDER, url)))
         else:
             _upload(step.uploads, t.project)
 

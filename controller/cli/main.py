@@ -436,13 +436,7 @@ def deploy(
     from controller.cli import deploy as deployment
 
     config = _config(fresh=True)
-    policy_env = {f"RESPAWN_{k.upper()}": ",".join(v) if isinstance(v, tuple) else str(v)
-                  for k, v in config.model_dump(include={"allowed_projects", "allowed_zones", "allowed_machine_types",
-                                                         "allowed_service_accounts", "max_nodes", "max_accelerators",
-                                                         "allowed_tpu_types", "max_tpu_size", "notify_topic",
-                                                         "notify_webhook", "allowed_notify_topics",
-                                                         "allowed_webhook_hosts"}).items()
-                  if v not in ((), None)}
+    policy_env = deployment.policy_env(config)  # an empty list set on purpose is passed on empty
     target = deployment.Target(
         project=project, region=region, bucket=bucket,
         controller_sa=service_account or deployment.account_email("respawn-controller", project),

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from controller.service import bootstrap
 from controller.core import names
 from controller.cli.main import app, logs_filter
-from controller.cli.joblogs import SERIAL
+from controller.cli.joblogs import LOGS, SERIAL
 from localcloud.compute import ComputeServer
 from localcloud.gcs import LocalGcs, client
 from tests.harness import spec_doc
@@ -133,8 +133,8 @@ def test_logs_reads_cloud_logging_by_instance_id(cli, tmp_path, monkeypatch):
     monkeypatch.setattr(cloud_logging, "Client", FakeLogging)
     result = cli("logs", "lg", "--limit", "5")
     assert result.exit_code == 0 and "lg-1 step 10 loss 0.5" in result.output
-    assert seen["filter"].startswith(logs_filter([row["instance_id"]], [PROJECT], [SERIAL]) + ' AND timestamp>="')
-    assert seen["limit"] == 6  # the last 5, and one more to tell whether any were left out
+    assert seen["filter"].startswith(logs_filter([row["instance_id"]], [PROJECT], LOGS) + ' AND timestamp>="')
+    assert seen["limit"] == 1000  # one read: the run's newest page, both logs, every attempt (all there is here)
     assert f'resource.labels.instance_id=("{row["instance_id"]}")' in seen["filter"]
 
 
@@ -181,7 +181,8 @@ def test_deploy_dry_run_prints_every_command_with_the_right_flags(cli, monkeypat
     assert env["RESPAWN_BUCKET"] == "prod-bucket" and env["RESPAWN_ALLOWED_ZONES"] == "us-central1-a,us-central1-b"
     assert env["RESPAWN_ALLOWED_MACHINE_TYPES"] == "g2-standard-8,a2-highgpu-1g"
     assert env["RESPAWN_NOTIFY_TOPIC"] == "projects/prod-proj/topics/respawn"
-    assert env["RESPAWN_NOTIFY_WEBHOOK"] == "https://hooks.slack.com/services/T0/B0/x,y"
+    assert env["RESPAWN_NOTIFY_WEBHOOK"] == "https://hooks.slack.com/<redacted>"  # a secret: never printed
+    assert "T0/B0" not in text
     assert env["RESPAWN_ALLOWED_WEBHOOK_HOSTS"] == "hooks.slack.com"
     assert env["RESPAWN_TRAINER_SERVICE_ACCOUNT"] == trainer == env["RESPAWN_ALLOWED_SERVICE_ACCOUNTS"]
     assert "--allow-unauthenticated " not in tick.replace("--no-allow-unauthenticated", "")
@@ -198,7 +199,7 @@ def test_deploy_dry_run_prints_every_command_with_the_right_flags(cli, monkeypat
     assert job["http_target"]["oidc_token"]["service_account_email"] == "respawn-scheduler@prod-proj.iam.gserviceaccount.com"
     assert "upload" in text and "gs://prod-bucket/respawn/vm/startup.sh" in text
     titles = [l for l in lines if l.startswith("# ")]
-    assert [int(t.split(".")[0][2:]) for t in titles] == list(range(1, 12))  # every step, numbered, one line each
+    assert [int(t.split(".")[0][2:]) for t in titles] == list(range(1, 13))  # every step, numbered, one line each
 
 
 def test_deploy_takes_the_trainer_account_and_the_users_allow_list(cli, monkeypatch):
@@ -213,6 +214,58 @@ def test_deploy_takes_the_trainer_account_and_the_users_allow_list(cli, monkeypa
     env = _dict_flag(next(a for a in shlex.split(tick) if a.startswith("--set-env-vars=")).split("=", 1)[1])
     assert env["RESPAWN_TRAINER_SERVICE_ACCOUNT"] == "ml@prod-proj.iam.gserviceaccount.com"
     assert env["RESPAWN_ALLOWED_SERVICE_ACCOUNTS"] == "x@prod-proj.iam.gserviceaccount.com,y@prod-proj.iam.gserviceaccount.com"
+
+
+def test_deploy_sets_up_what_respawn_logs_reads(cli, monkeypatch):
+    """The guest agent writes a VM's script lines with the VM's account: deploy grants the trainer
+    account roles/logging.logWriter on the project (serial-port logging is each VM's own metadata)."""
+    import shlex
+
+    monkeypatch.delenv("RESPAWN_TRAINER_SERVICE_ACCOUNT", raising=False)
+    result = cli("deploy", "--project", "prod-proj", "--region", "us-central1", "--bucket", "prod-bucket", "--dry-run")
+    assert result.exit_code == 0, result.output
+    grant = shlex.split(next(l for l in result.output.splitlines() if l.startswith("gcloud projects add-iam")))
+    assert grant == ["gcloud", "projects", "add-iam-policy-binding", "prod-proj",
+                     "--member=serviceAccount:respawn-trainer@prod-proj.iam.gserviceaccount.com",
+                     "--role=roles/logging.logWriter", "--condition=None"]
+
+
+def test_an_empty_webhook_host_list_is_deployed_empty(cli, monkeypatch):
+    """RESPAWN_ALLOWED_WEBHOOK_HOSTS="" means no host: the functions get it empty, never their default."""
+    import shlex
+
+    from controller.service.config import Settings
+
+    monkeypatch.setenv("RESPAWN_ALLOWED_WEBHOOK_HOSTS", "")
+    result = cli("deploy", "--project", "prod-proj", "--region", "us-central1", "--bucket", "prod-bucket", "--dry-run")
+    assert result.exit_code == 0, result.output
+    tick = next(l for l in result.output.splitlines() if l.startswith("gcloud functions deploy respawn-tick"))
+    env = _dict_flag(next(a for a in shlex.split(tick) if a.startswith("--set-env-vars=")).split("=", 1)[1])
+    assert env["RESPAWN_ALLOWED_WEBHOOK_HOSTS"] == ""
+    # ...and the functions read it as no host at all
+    monkeypatch.setenv("RESPAWN_ALLOWED_WEBHOOK_HOSTS", env["RESPAWN_ALLOWED_WEBHOOK_HOSTS"])
+    assert Settings().allowed_webhook_hosts == ()
+
+
+def test_a_failing_deploy_step_never_prints_the_webhook_url(cli, monkeypatch):
+    """gcloud's command line carries the functions' environment, the notification webhook's URL (a
+    secret) with it, and gcloud may echo it back: neither the failure's message nor its output shows it."""
+    import subprocess
+
+    secret = "https://hooks.slack.com/services/T0SECRET/B0SECRET/xyzzy"
+    monkeypatch.setenv("RESPAWN_NOTIFY_WEBHOOK", secret)
+
+    def gcloud(argv, **_):
+        if argv[1:3] == ["functions", "deploy"] or tuple(argv[1:3]) == ("functions", "deploy"):
+            raise subprocess.CalledProcessError(1, argv, "", f"ERROR: (gcloud.functions.deploy) invalid: {' '.join(argv)}")
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", gcloud)
+    result = cli("deploy", "--project", "p-proj", "--region", "us-central1", "--bucket", "b-bucket")
+    assert result.exit_code == 1 and "gcloud functions deploy respawn-tick" in result.output
+    assert "(gcloud.functions.deploy) invalid" in result.output
+    assert "T0SECRET" not in result.output and "xyzzy" not in result.output
+    assert "https://hooks.slack.com/<redacted>" in result.output
 
 
 def test_deploy_refuses_a_bucket_name_that_is_not_one(cli):
@@ -250,8 +303,9 @@ def test_deploy_runs_the_plan_in_order(monkeypatch):
     target = deploy.Target("p-proj", "us-central1", "b-bucket", "c@p-proj.iam.gserviceaccount.com",
                            "s@p-proj.iam.gserviceaccount.com")
     deploy.execute(deploy.plan(target), target, run=fake_gcloud, say=lambda _: None)
-    assert [a[1:3] for a in ran[:6]] == [("iam", "service-accounts"), ("storage", "buckets"), ("storage", "buckets"),
-                                         ("iam", "roles"), ("storage", "buckets"), ("iam", "service-accounts")]
+    assert [a[1:3] for a in ran[:7]] == [("iam", "service-accounts"), ("storage", "buckets"), ("storage", "buckets"),
+                                         ("iam", "roles"), ("storage", "buckets"), ("projects", "add-iam-policy-binding"),
+                                         ("iam", "service-accounts")]
     assert [a[3] for a in ran if a[1] == "functions"] == ["respawn-tick", "respawn-tick", "respawn-on-object",
                                                           "respawn-tick"]
     assert scheduled[0]["job"]["http_target"]["uri"] == "https://respawn-tick-xyz.a.run.app"
