@@ -95,3 +95,25 @@ def test_logs_follow_prints_what_is_written_after_it_started(cloud, cli):
     assert after, f"nothing written after --follow started was printed: {result.output}"
     assert result.output.count("── attempt 1: tailed-1") == 1 and "startup-script:" not in result.output
     until("success", lambda: (s := status(cloud, job)) and s.phase == Phase.SUCCEEDED, timeout=30)
+
+
+def test_logs_prints_a_tpu_jobs_workers_lines_read_as_tpu_worker(cloud, cli):
+    """A TPU job's output, as Cloud TPU VMs log it (tpu_worker by the node's name): each worker's
+    lines under its attempt's header, named NODE/wN, on the local cloud end to end."""
+    job = "tpulog"
+    doc = {k: v for k, v in spec(job, command='echo "worker says hello"', zones=["us-central2-b"]).items()
+           if k != "machine_type"}
+    submit(cloud, job, {**doc, "tpu": {"type": "v4-16", "runtime_version": "tpu-ubuntu2204-base"}})
+    final = until("success", lambda: (s := status(cloud, job)) and s.phase.terminal and s, timeout=90)
+    assert final.phase == Phase.SUCCEEDED, final.message
+    assert cloud.logging is not None
+    until("both workers' line in Cloud Logging", lambda: {
+        e["resource"]["labels"].get("worker_id") for e in cloud.logging.entries(SERIAL)
+        if e["resource"]["type"] == "tpu_worker" and e["resource"]["labels"]["node_id"] == f"{job}-1"
+        and "worker says hello" in e["textPayload"]} == {"0", "1"})
+    result = cli("logs", job)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith(f"── attempt 1: {job}-1 in us-central2-b"), result.output
+    assert {w for w in ("w0", "w1") if any(line.endswith(f" {job}-1/{w} worker says hello") for line in lines)} \
+        == {"w0", "w1"}, result.output
