@@ -1,0 +1,181 @@
+"""The provisioning list never leaves a job on the wrong model (issue 22, items 7 to 10).
+
+A model Google refuses everywhere moves the job to the next one; a job that stepped down goes
+back up when its first model's capacity returns; a queued request that waits too long is
+withdrawn and the job steps down; a quota, which is the region's, moves the job to another
+region and says which quota ran out.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import yaml
+
+from controller.core import errors
+from controller.core import transitions as t
+from controller.core.spec import parse_spec
+from controller.core.ports import QueuedState
+from controller.core.state import JobStatus
+from controller.core.state import Phase
+from tests.harness import Harness, spec_doc
+
+ZONES = ["us-central1-a", "us-central1-b"]
+
+
+def events(h: Harness, job: str) -> list[str]:
+    return [e.event for e in h.status(job).history]
+
+
+def models_inserted(h: Harness) -> list[str]:
+    return [h.compute.request_of(name).provisioning for name in h.live()]
+
+
+# -- item 7: one model refused everywhere ---------------------------------------------------
+
+
+def test_a_model_refused_in_every_zone_moves_the_job_to_the_next_model():
+    h = Harness()
+    spot_refused = errors.RequestError("400 SPOT is not supported for this machine type")
+    h.compute.faults.fail_next("insert", spot_refused, times=len(ZONES))
+    h.submit("j", spec_doc(zones=ZONES, provisioning=["spot", "standard"]))
+    h.tick()
+    h.tick()
+    st = h.status("j")
+    assert st.phase in (Phase.PROVISIONING, Phase.RUNNING) and st.provisioning == "standard"
+    assert models_inserted(h) == ["standard"]
+    assert "refused" in events(h, "j") and "step-down" in events(h, "j")
+    assert "spot" in st.refused_models and "SPOT is not supported" in st.refused_models["spot"]
+
+
+def test_only_a_job_every_model_of_which_is_refused_fails_naming_each_refusal():
+    h = Harness()
+    h.compute.faults.fail_next("insert", errors.RequestError("400 SPOT is not supported for this machine type"),
+                               times=len(ZONES))
+    h.compute.faults.fail_next("insert", errors.NotFound("404 machine type a3-megagpu-8g not found"),
+                               times=len(ZONES))
+    h.submit("j", spec_doc(zones=ZONES, provisioning=["spot", "standard"]))
+    h.tick()
+    h.tick()
+    st = h.status("j")
+    assert st.phase == Phase.FAILED and h.live() == []
+    assert "refused every model" in st.message
+    assert "spot: " in st.message and "SPOT is not supported" in st.message
+    assert "standard: " in st.message and "a3-megagpu-8g not found" in st.message
+
+
+def test_a_refused_model_is_never_stepped_back_up_to_in_the_same_run():
+    h = Harness()
+    h.compute.faults.fail_next("insert", errors.RequestError("400 SPOT is not supported for this machine type"),
+                               times=len(ZONES))
+    h.submit("j", spec_doc(zones=ZONES, provisioning=["spot", "standard"],
+                           policy={"fallback": {"step_up_after": "1h"}}))
+    h.tick()
+    h.tick()
+    h.advance(hours=2)
+    [vm] = h.live()
+    h.compute.preempt(vm)
+    for _ in range(3):
+        h.tick()
+    assert h.status("j").provisioning == "standard" and models_inserted(h) == ["standard"]
+
+
+# -- item 8: back up a model whose capacity is back -------------------------------------------
+
+
+def test_a_job_waiting_on_the_lower_models_stockouts_goes_back_up_when_spot_returns():
+    h = Harness()
+    h.compute.stockouts.update(ZONES)  # nothing at all: spot, then standard, stocked out
+    h.submit("j", spec_doc(zones=ZONES, provisioning=["spot", "standard"],
+                           policy={"zone_cooldown": "5m", "fallback": {"wait": "20m", "step_up_after": "1h"}}))
+    for _ in range(15):  # past fallback.wait: stepped down, and waiting on standard's stockouts
+        h.advance(minutes=2)
+        h.tick()
+    st = h.status("j")
+    assert st.provisioning == "standard" and h.live() == [] and "step-down" in events(h, "j")
+    stepped = st.model_since
+    h.compute.stockouts.clear()
+    h.compute.standard_stockouts.update(ZONES)  # Spot capacity is back; on-demand still out
+    for _ in range(40):
+        h.advance(minutes=2)
+        h.tick()
+        if h.live():
+            break
+    st = h.status("j")
+    assert models_inserted(h) == ["spot"], "still waiting on standard's stockouts with Spot capacity back"
+    assert st.provisioning == "spot" and "step-up" in events(h, "j")
+    assert h.clock.now() - stepped >= timedelta(hours=1)  # not before fallback.step_up_after
+
+
+def test_the_cooldowns_of_the_model_left_behind_are_kept_for_its_return():
+    spec = parse_spec(yaml.safe_dump(spec_doc(zones=ZONES, provisioning=["spot", "standard"],
+                                              policy={"fallback": {"step_up_after": "1h"}})), "j")
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    st = JobStatus(attempt=1, provisioning="spot", zone_cooldowns={ZONES[0]: now + timedelta(minutes=9)})
+    down = t.step_down(st, spec, now, "test")
+    assert down.provisioning == "standard" and down.zone_cooldowns == {}
+    assert down.model_cooldowns == {"spot": {ZONES[0]: now + timedelta(minutes=9)}}
+    later = now + timedelta(hours=1)
+    assert t.choose(spec, down, later - timedelta(minutes=1), lambda m: ZONES) == ("standard", ZONES[0])
+    assert t.choose(spec, down, later, lambda m: ZONES) == ("spot", ZONES[0])  # its cooldown long over
+
+
+# -- item 9: a queued request that waits too long ----------------------------------------------
+
+
+def tpu_doc(**overrides):
+    doc = spec_doc(zones=["us-central2-b"], tpu={"type": "v4-16", "runtime_version": "tpu-ubuntu2204-base",
+                                                "queued": True},
+                   provisioning=["spot", "standard"], policy={"fallback": {"wait": "30m"}})
+    del doc["machine_type"]
+    doc.update(overrides)
+    return doc
+
+
+def test_a_queued_spot_tpu_past_fallback_wait_is_withdrawn_and_the_job_steps_down():
+    h = Harness()
+    h.tpu.stockout("us-central2-b")
+    h.submit("tpu", tpu_doc())
+    h.tick()
+    h.advance(minutes=20)
+    h.tick()
+    assert h.status("tpu").provisioning == "spot"  # still queued, within fallback.wait
+    assert h.tpu.queued_state("tpu-1") == QueuedState.WAITING_FOR_RESOURCES
+    h.advance(minutes=11)
+    h.tick()
+    st = h.status("tpu")
+    assert st.provisioning == "standard" and "step-down" in events(h, "tpu")
+    assert ("delete", "tpu-1") in h.tpu.calls and st.restarts == 0 and st.failures == 0  # not a loss
+    assert "withdrawing tpu-1" in next(e.detail for e in st.history if e.event == "step-down")
+    h.advance(seconds=h.tpu.delete_seconds + 1)  # the queued request gone: the next goes on demand
+    h.tick()
+    st = h.status("tpu")
+    assert st.attempt == 2 and not h.tpu.request_of("tpu-2").spot
+
+
+def test_a_queued_tpu_with_no_lower_model_waits_in_the_queue():
+    h = Harness()
+    h.tpu.stockout("us-central2-b")
+    h.submit("tpu", tpu_doc(provisioning=["spot"], policy={}))
+    h.tick()
+    h.advance(hours=3)
+    h.tick()
+    assert h.status("tpu").attempt == 1 and "step-down" not in events(h, "tpu")
+    assert h.tpu.queued_state("tpu-1") == QueuedState.WAITING_FOR_RESOURCES
+
+
+# -- item 10: a quota is the region's -----------------------------------------------------------
+
+
+def test_a_quota_error_fails_over_to_another_region_naming_the_quota():
+    h = Harness()
+    zones = ["us-central1-a", "us-central1-b", "us-east1-b"]
+    h.compute.quota_exhausted.add("us-central1-a")  # the region's GPU quota is spent
+    h.submit("j", spec_doc(zones=zones, placement="ordered"))
+    h.tick()
+    st = h.status("j")
+    inserts = [c[1] for c in h.compute.calls if c[0] == "insert"]
+    assert len(inserts) == 2 and h.live() == ["j-1"] and st.zone == "us-east1-b"
+    quota = next(e for e in st.history if e.event == "quota")
+    assert "NVIDIA_L4_GPUS" in quota.detail and "region us-central1" in quota.detail
+    assert {"us-central1-a", "us-central1-b"} <= set(st.zone_cooldowns)  # both zones of the region, not retried
