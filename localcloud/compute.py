@@ -500,8 +500,15 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
                                "alreadyExists")
         if self._stocked(zone, model) == "sync" and model != "FLEX_START":
             raise gce.insufficient_capacity(project, zone) if bulk else gce.stockout(project, zone)
-        if self.faults.quota.get(zone) == "sync":
+        if self._quota(zone) == "sync":
             raise gce.quota(gce.region_of(zone))
+
+    def _quota(self, zone: str) -> str | None:
+        """How a quota fault refuses a create in ``zone``: one set for any zone of its region
+        (GPU and CPU quotas are the region's), "sync" or "operation"; None: within quota."""
+        region = gce.region_of(zone)
+        return self.faults.quota.get(zone) or next(
+            (mode for z, mode in self.faults.quota.items() if gce.region_of(z) == region), None)
 
     def _create(self, project: str, zone: str, body: dict[str, Any]) -> Vm:
         vm = Vm(project, zone, gce.instance_resource(body, project, zone, self.urls))
@@ -526,7 +533,7 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
                 return
             if self._stocked(zone, model) == "operation":
                 error, code = gce.stockout(vms[0].project, zone), "ZONE_RESOURCE_POOL_EXHAUSTED"
-            elif self.faults.quota.get(zone) == "operation":
+            elif self._quota(zone) == "operation":
                 error, code = gce.quota(gce.region_of(zone)), "QUOTA_EXCEEDED"
                 details = gce.quota_details(gce.region_of(zone))
             if error is not None:

@@ -21,6 +21,7 @@ Surprises handled here, each checked against the installed client:
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -100,7 +101,7 @@ def translate(e: Exception, zone: str, *, creating: bool = False) -> errors.Resp
     if any(m in text for m in _CAPACITY):
         return errors.CapacityError(zone, next(m for m in _CAPACITY if m in text))
     if any(m in text for m in _QUOTA):
-        return errors.QuotaError(zone, "QUOTA_EXCEEDED")
+        return errors.QuotaError(zone, _quota_named(text))
     if isinstance(e, gexc.Conflict):
         return errors.AlreadyExists(e.message)
     if isinstance(e, gexc.NotFound) and not creating:
@@ -249,6 +250,20 @@ def _inserted(op: compute_v1.Operation) -> datetime:
     return datetime.fromisoformat(op.insert_time) if op.insert_time else datetime.min.replace(tzinfo=timezone.utc)
 
 
+# Compute's synchronous quota refusal names the quota and where it counts: "Quota
+# 'NVIDIA_L4_GPUS' exceeded.  Limit: 0.0 in region us-central1." (or "... globally.").
+_QUOTA_MESSAGE = re.compile(r"Quota '([A-Z0-9_-]+)' exceeded\.\s*Limit: ([0-9.]+) (in (?:region|zone) [a-z0-9-]+|globally)")
+
+
+def _quota_named(text: str) -> str:
+    """QUOTA_EXCEEDED, with the quota, its limit and its scope where Compute's message says them."""
+    found = _QUOTA_MESSAGE.search(text)
+    if not found:
+        return "QUOTA_EXCEEDED"
+    name, limit, where = found.groups()
+    return f"QUOTA_EXCEEDED ({name}, limit {float(limit):g} {where})"
+
+
 def _raise_for(op: compute_v1.Operation, zone: str) -> None:
     """A DONE operation that failed, as one of the project's errors; nothing if it succeeded."""
     if op.status != _DONE or not op.error.errors:
@@ -261,7 +276,9 @@ def _raise_for(op: compute_v1.Operation, zone: str) -> None:
              or d.quota_info.limit_name]
     if quota:
         code, info = quota[0]
-        raise errors.QuotaError(zone, f"{code} ({info.metric_name or info.limit_name}, limit {info.limit:g})")
+        dims = dict(info.dimensions)
+        where = f" in region {dims['region']}" if "region" in dims else f" in zone {dims['zone']}" if "zone" in dims else ""
+        raise errors.QuotaError(zone, f"{code} ({info.limit_name or info.metric_name}, limit {info.limit:g}{where})")
     if any("QUOTA" in c or "RATE_LIMIT" in c for c in codes):
         raise errors.QuotaError(zone, next(c for c in codes if "QUOTA" in c or "RATE_LIMIT" in c))
     if any(c in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS") for c in codes):

@@ -205,6 +205,7 @@ class MemoryCompute:
         self.calls: list[tuple[str, str]] = []
         self.stockouts: set[str] = set()
         self.spot_stockouts: set[str] = set()  # zones out of Spot capacity only (standard VMs still fit)
+        self.standard_stockouts: set[str] = set()  # zones out of on-demand capacity only (Spot still fits)
         self.quota_exhausted: set[str] = set()
         self.unreachable: set[str] = set()
         self.boot_status = InstanceStatus.RUNNING
@@ -384,10 +385,12 @@ class MemoryCompute:
         self._requests[request_id] = outcome
 
     def _admit(self, zone: str, model: str) -> Exception | None:
-        if zone in self.stockouts or (model == "spot" and zone in self.spot_stockouts):
+        if zone in self.stockouts or (model == "spot" and zone in self.spot_stockouts) or (
+                model == "standard" and zone in self.standard_stockouts):
             return errors.CapacityError(zone, "ZONE_RESOURCE_POOL_EXHAUSTED")
-        if zone in self.quota_exhausted:
-            return errors.QuotaError(zone, "QUOTA_EXCEEDED")
+        region = zone.rsplit("-", 1)[0]
+        if any(z.rsplit("-", 1)[0] == region for z in self.quota_exhausted):  # a GPU quota is the region's
+            return errors.QuotaError(zone, f"QUOTA_EXCEEDED (NVIDIA_L4_GPUS, limit 0 in region {region})")
         return None
 
     def _call(self, op: str, what: str) -> None:
@@ -679,7 +682,11 @@ class MemoryTpu:
             return self._find(name)[1].node
 
     def request_of(self, name: str) -> TpuRequest:
+        """What created the node, or what its queued resource waiting in the queue asks for."""
         with self._lock:
+            waiting = [q.request for key, q in sorted(self._queued.items()) if key[2] == name and key not in self._nodes]
+            if waiting:
+                return waiting[0]
             request = self._find(name)[1].request
             assert request is not None
             return request

@@ -188,7 +188,8 @@ def _watch(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchC
     working = {n: mine[n] for n in st.instances if n not in done}  # every one is there: none lost
     if any(i.status != InstanceStatus.RUNNING for i in working.values()):
         # booting (waiting for capacity, said once), settling, or a status we do not know
-        return _capacity_wait(v, st, working, now) or _settling(v, spec, st, mine, now, ctx)
+        return (_withdraw(v, spec, st, working, now) or _capacity_wait(v, st, working, now)
+                or _settling(v, spec, st, mine, now, ctx))
     if st.settling:
         # Back from a state its trainer may not have run in: heartbeats get a new grace.
         back = st.but(t.event(now, st, "resumed", "every node is RUNNING again"), settling=False,
@@ -237,6 +238,27 @@ def _lost(v: JobView, spec: JobSpec, st: JobStatus, mine: dict[str, Instance], l
     # A node stopped by a person or gone for reasons unknown: the other nodes' crashes
     # are the broken collective's echo, not the trainer's fault.
     return _restart(v, spec, st, "lost", detail, now, ctx)
+
+
+def _withdraw(v: JobView, spec: JobSpec, st: JobStatus, working: dict[str, Instance], now: datetime) -> list[Action]:
+    """An attempt still waiting in Google's queue for capacity (a queued TPU, a Flex-start VM in
+    PENDING) past ``fallback.wait``, with a model below it to try: withdrawn (deleted) and the
+    job steps down, as a create refused for capacity that long would. Not a loss: no restart is
+    counted; the next attempt goes on the next model once the withdrawn one is gone."""
+    if st.phase != Phase.PROVISIONING or not working or any(i.status != InstanceStatus.PENDING
+                                                            for i in working.values()):
+        return []
+    since = st.inserted_at or st.attempt_started_at
+    if since is None or now - since < spec.fallback.wait:
+        return []
+    why = (f"waiting in Google's queue for {fmt(now - since)} without capacity "
+           f"(policy.fallback.wait {fmt(spec.fallback.wait)}); withdrawing {', '.join(working)}")
+    down = t.step_down(st, spec, now, why)
+    if down is None:
+        return []
+    recovering = down.but(phase=Phase.RECOVERING, recovering_since=now)
+    return [WriteStatus(v.job, recovering, "stepped down", replan=True),
+            *_delete_current(v, st, "withdrawn: waited past policy.fallback.wait")]
 
 
 def _capacity_wait(v: JobView, st: JobStatus, working: dict[str, Instance], now: datetime) -> list[Action]:
@@ -439,17 +461,19 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
         if len(denied) == len(spec.zones):
             return _end(v, st, Phase.FAILED, f"no zone of the spec can be used: {_denials(denied, spec, ctx)}", now)
         why = f"{why}; skipping {_denials(denied, spec, ctx)}"
-    model, stepped = t.next_model(spec, st, now)
-    # A refusal holds for one attempt (begin_attempt forgets them); the other model's
-    # cooldowns say nothing about this one's capacity.
-    fresh = st.but(zone_rejections={}, **({"zone_cooldowns": {}} if model != t.model_of(spec, st) else {}))
-    zone = t.pick_zone(spec, fresh, now, v.zone_order(model))
-    if zone is None:
+    # A refusal holds for one attempt (begin_attempt forgets them). The models the job may use
+    # are all candidates, preferred in the spec's order, each with its own cooldowns.
+    fresh = st.but(zone_rejections={})
+    choice = t.choose(spec, fresh, now, v.zone_order)
+    if choice is None:
         return [_waiting(v, spec, st, now), *_delete_current(v, st, why)]
+    model, zone = choice
+    if model != t.model_of(spec, st):
+        fresh = t.switch_model(fresh, spec, model, now)
+        why = f"{why}; {fresh.message}"
     nodes = names.node_names(v.job, st.attempt + 1, spec.nodes)
-    nxt = t.begin_attempt(st, spec, _project(spec, ctx), zone, nodes, v.checkpoint, now,
-                          f"{why}; {stepped}" if stepped else why, v.spec_generation, ctx.new_token(), model,
-                          v.advice_for(model))
+    nxt = t.begin_attempt(fresh, spec, _project(spec, ctx), zone, nodes, v.checkpoint, now, why,
+                          v.spec_generation, ctx.new_token(), model, v.advice_for(model))
     # What is left of the previous attempt is down, or stuck on its way down: its deletes
     # come after the insert, so that one that keeps failing never holds the next attempt.
     return [WriteStatus(v.job, nxt, why), *_insert(v, spec, nxt, now, ctx), *_delete_current(v, st, why)]
@@ -482,6 +506,8 @@ def _insert(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: Launch
         same_kind = st.attempt_tpu == (spec.tpu is not None)
         if same_kind and (down := t.waited_too_long(st, spec, now)) is not None:
             return [WriteStatus(v.job, down, "stepped down", replan=True)]
+        if same_kind and not any(i.attempt == st.attempt for i in v.instances) and (up := _step_up(v, spec, st, now)):
+            return [up]  # nothing of this attempt exists: it may go up a model whose capacity is back
         return []
     if _blind(v, spec, st):
         return _blind_note(v, spec, st, now)  # an earlier try of this attempt may live, unseen, where no list reached
@@ -530,8 +556,22 @@ def _denials(denied: dict[str, str], spec: JobSpec, ctx: LaunchContext) -> str:
             "fix the zone or the grant, or remove the zone from the spec")
 
 
+def _step_up(v: JobView, spec: JobSpec, st: JobStatus, now: datetime) -> WriteStatus | None:
+    """The attempt, not created yet, on a model above its own whose capacity is back (a zone not
+    cooling on it) now that ``fallback.step_up_after`` has passed: while the job is not running,
+    every model it may use is a candidate, the spec's order preferred."""
+    choice = t.choose(spec, st, now, v.zone_order)
+    if choice is None or choice[0] == t.model_of(spec, st):
+        return None
+    up = t.switch_model(st, spec, choice[0], now).but(zone=choice[1])
+    return WriteStatus(v.job, up, "stepped up", replan=True)
+
+
 def _waiting(v: JobView, spec: JobSpec, st: JobStatus, now: datetime) -> WriteStatus:
-    """Every zone is cooling: wait, or step down the provisioning list and go on at once."""
+    """Every zone is cooling: go up a model whose capacity is back, or wait, or step down the
+    provisioning list and go on at once."""
+    if (up := _step_up(v, spec, st, now)) is not None:
+        return up
     nxt = t.wait_for_zone(st, spec, now)
     if nxt.provisioning != st.provisioning:
         return WriteStatus(v.job, nxt, "stepped down", replan=True)

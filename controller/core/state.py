@@ -170,8 +170,14 @@ class JobStatus(BaseModel):
     started_at: datetime | None = None  # first attempt launched: the max_runtime clock
     attempt_started_at: datetime | None = None
     not_before: datetime | None = None  # backoff or zone cooldowns
-    zone_cooldowns: dict[str, datetime] = Field(default_factory=dict)
+    zone_cooldowns: dict[str, datetime] = Field(default_factory=dict)  # the current model's
     zone_rejections: dict[str, str] = Field(default_factory=dict)  # zone -> Compute's 400/404 there
+    # The other models' cooldowns, kept while the job is on another (model -> zone -> until):
+    # a model it may go back to is tried again only where it is not cooling.
+    model_cooldowns: dict[str, dict[str, datetime]] = Field(default_factory=dict)
+    # Models Google refused in every zone in this run (a 400 or 404: "SPOT is not supported for
+    # this machine type"), model -> its refusals: never tried again in this run.
+    refused_models: dict[str, str] = Field(default_factory=dict)
 
     restarts: int = 0
     preemptions: int = 0

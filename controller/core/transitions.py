@@ -5,7 +5,7 @@ error transitions when an insert fails. No I/O, no clock: ``now`` is passed in.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from controller.core import errors, ledger, placement
@@ -63,14 +63,41 @@ def model_of(spec: JobSpec, status: JobStatus) -> str:
     return status.provisioning if status.provisioning in spec.provisioning else spec.provisioning[0]
 
 
-def next_model(spec: JobSpec, status: JobStatus, now: datetime) -> tuple[str, str]:
-    """The model for the next attempt, and why it changed ("" when it did not): a job that
-    stepped down steps back up to the first model once ``fallback.step_up_after`` has passed."""
-    first, current = spec.provisioning[0], model_of(spec, status)
+def candidates(spec: JobSpec, status: JobStatus, now: datetime) -> list[str]:
+    """The models the next try may go on, preferred first (the spec's order): the current one, and
+    those above it once ``fallback.step_up_after`` has passed on it (one below only by a step
+    down, after ``fallback.wait``); never one Google refused in every zone in this run."""
+    models, current = spec.provisioning, model_of(spec, status)
+    at = models.index(current)
     after = spec.fallback.step_up_after
-    if current != first and after is not None and status.model_since and now - status.model_since >= after:
-        return first, f"stepping back up to {first} after {format_duration(now - status.model_since)} on {current}"
-    return current, ""
+    up = after is not None and status.model_since is not None and now - status.model_since >= after
+    return [m for i, m in enumerate(models) if (i == at or (i < at and up)) and m not in status.refused_models]
+
+
+def choose(spec: JobSpec, status: JobStatus, now: datetime,
+           order_for: Callable[[str], Sequence[str]]) -> tuple[str, str] | None:
+    """The model and zone the next try goes to: the first candidate model (``candidates``) with a
+    zone that is not cooling on that model (nor refused this attempt, on the current one), in the
+    order placement gives that model's zones (``order_for``). None: every candidate is cooling."""
+    current = model_of(spec, status)
+    for model in candidates(spec, status, now):
+        if model == current:
+            zone = pick_zone(spec, status, now, order_for(model))
+        else:
+            parked = status.model_cooldowns.get(model, {})
+            zone = next((z for z in order_for(model) or spec.zones if parked.get(z, now) <= now), None)
+        if zone is not None:
+            return model, zone
+    return None
+
+
+def switch_model(status: JobStatus, spec: JobSpec, model: str, now: datetime) -> JobStatus:
+    """The same attempt on ``model``, a candidate above the current one whose capacity is back
+    (``choose``): a step back up. (A step down is ``step_down``.)"""
+    current = model_of(spec, status)
+    since = format_duration(now - status.model_since) if status.model_since else "a while"
+    detail = f"stepping back up from {current} to {model} after {since} on {current}"
+    return _afresh(status, now, "step-up", detail, model)
 
 
 def next_free(spec: JobSpec, status: JobStatus) -> datetime | None:
@@ -139,7 +166,8 @@ def begin_attempt(
         started_at=status.started_at or now,
         not_before=None,
         spec_generation=spec_generation,
-        zone_cooldowns={} if switched else _unexpired(status, now),
+        zone_cooldowns=_cooldowns_on(status, model, now)[0] if switched else _unexpired(status, now),
+        model_cooldowns=_cooldowns_on(status, model, now)[1] if switched else status.model_cooldowns,
         # A zone's refusal holds for one attempt: the next tries every zone again (a 4xx may
         # have been passing, and a replaced spec may ask for something else).
         zone_rejections={},
@@ -172,7 +200,10 @@ def wait_for_zone(status: JobStatus, spec: JobSpec, now: datetime) -> JobStatus:
     list once capacity was waited for longer than ``fallback.wait``."""
     if (down := waited_too_long(status, spec, now)) is not None:
         return down
-    until = next_free(spec, status) or now
+    # The first cooldown to end, of this model or of one above it the job may step back up to.
+    parked = [t for m in candidates(spec, status, now) if m != model_of(spec, status)
+              for z, t in status.model_cooldowns.get(m, {}).items() if z in spec.zones and t > now]
+    until = min(filter(None, [next_free(spec, status), *parked]), default=now)
     detail = f"every zone is cooling down after capacity errors; next try at {until:%H:%M:%S} UTC"
     return status.but(event(now, status, "waiting", detail), not_before=until, message=detail)
 
@@ -187,16 +218,17 @@ def waited_too_long(status: JobStatus, spec: JobSpec, now: datetime) -> JobStatu
 
 
 def step_down(status: JobStatus, spec: JobSpec, now: datetime, why: str) -> JobStatus | None:
-    """The same attempt on the next model of the spec's provisioning list (None at its end).
+    """The same attempt on the next model of the spec's provisioning list that Google has not
+    refused everywhere (None past its end).
 
     Its zone is chosen afresh (``zone`` None: the next plan picks, with advice for the new
     model); the old model's cooldowns say nothing about the new one's capacity, nor a zone's
     refusal of the old model's VM (a 400 or 404) about the new one's."""
     models, current = spec.provisioning, model_of(spec, status)
     at = models.index(current)
-    if at + 1 >= len(models):
+    lower = next((m for m in models[at + 1:] if m not in status.refused_models), None)
+    if lower is None:
         return None
-    lower = models[at + 1]
     detail = f"stepping down from {current} to {lower}: {why}"
     return _afresh(status, now, "step-down", detail, lower, zone=None)
 
@@ -207,15 +239,21 @@ def switch_kind(status: JobStatus, spec: JobSpec, now: datetime) -> JobStatus:
     tpu = spec.tpu is not None
     was, now_is = ("a TPU node", "VMs") if status.attempt_tpu else ("VMs", "a TPU node")
     detail = f"the spec moved from {was} to {now_is}: attempt {status.attempt} is created as {now_is}"
-    return _afresh(status, now, "respec", detail, spec.provisioning[0], attempt_tpu=tpu, tpu=status.tpu or tpu)
+    # Nothing a VM's capacity said holds for a TPU's, nor the other way round: every model's
+    # cooldowns and refusals are dropped.
+    return _afresh(status.but(model_cooldowns={}, refused_models={}, zone_cooldowns={}), now, "respec", detail,
+                   spec.provisioning[0], attempt_tpu=tpu, tpu=status.tpu or tpu)
 
 
 def _afresh(status: JobStatus, now: datetime, name: str, detail: str, model: str, **changes: object) -> JobStatus:
     """The same attempt on another model (or kind), its capacity record started over: the old
-    one's cooldowns, stockouts and refusals (a 400 or 404) say nothing of the new one's."""
+    one's stockouts and refusals (a 400 or 404) say nothing of the new one's. The old model's
+    cooldowns are kept aside (``model_cooldowns``) and the new one's own taken back: a zone
+    stocked out of Spot a minute ago is still out of Spot when the job steps back up."""
+    own, parked = _cooldowns_on(status, model, now)
     return status.but(event(now, status, name, detail), provisioning=model, model_since=now, capacity_misses=0,
-                      capacity_since=None, zone_cooldowns={}, zone_rejections={}, placement=status.placement + 1,
-                      not_before=None, message=detail, **changes)
+                      capacity_since=None, zone_cooldowns=own, model_cooldowns=parked, zone_rejections={},
+                      placement=status.placement + 1, not_before=None, message=detail, **changes)
 
 
 def after_create_error(status: JobStatus, spec: JobSpec, error: Exception, now: datetime,
@@ -232,34 +270,34 @@ def after_create_error(status: JobStatus, spec: JobSpec, error: Exception, now: 
                   f"its delete is done; retrying in {format_duration(delay)}")
         return status.but(event(now, status, "quota", detail, zone=zone), placement=status.placement + 1,
                           not_before=now + delay, message=detail)
-    if isinstance(error, errors.QuotaError) and spec.tpu is not None:
-        # TPU quota is per zone (and per model: Spot and on-demand TPUs have quotas of their
-        # own): another zone, or the next model, may have it, as after a stockout.
-        error = errors.CapacityError(error.zone, f"quota exceeded: {error.reason}")
-    if isinstance(error, errors.CapacityError):
-        cooldowns = {**_unexpired(status, now), error.zone: now + spec.policy.zone_cooldown}
+    if isinstance(error, (errors.CapacityError, errors.QuotaError)):
+        out, name, what = [error.zone], "stockout", f"no capacity: {error.reason} in {error.zone}"
+        if isinstance(error, errors.QuotaError):
+            # A quota is per region (Compute's GPUs and CPUs, most TPU quotas), per zone (TPU
+            # quotas named ...PerZone...) or for the whole project (GPUS_ALL_REGIONS), and per
+            # model (Spot has quotas of its own): the zones it covers are out, as after a
+            # stockout, and another region, or the next model, may have room.
+            scope = quota_scope(error.reason)
+            region = placement.region_of(error.zone)
+            out = [z for z in spec.zones if scope == "project" or (scope == "zone" and z == error.zone)
+                   or (scope == "region" and placement.region_of(z) == region)] or [error.zone]
+            where = {"project": "every region", "zone": f"zone {error.zone}"}.get(scope, f"region {region}")
+            name, what = "quota", f"quota exceeded in {where} ({error.reason}, asked in {error.zone})"
+        cooldowns = {**_unexpired(status, now), **dict.fromkeys(out, now + spec.policy.zone_cooldown)}
         misses, since = status.capacity_misses + 1, status.capacity_since or now
         cooled = status.but(zone_cooldowns=cooldowns, placement=status.placement + 1, capacity_misses=misses,
                             capacity_since=since)
         limit = spec.fallback.stockouts or len(spec.zones)
         if misses >= limit or now - since >= spec.fallback.wait:
             why = f"{misses} capacity errors in a row over {format_duration(now - since)}"
-            noted = cooled.but(event(now, status, "stockout", f"no capacity: {error.reason} in {error.zone}",
-                                     zone=error.zone))
+            noted = cooled.but(event(now, status, name, what, zone=error.zone))
             if (down := step_down(noted, spec, now, why)) is not None:
                 return down
         nxt = pick_zone(spec, cooled, now, order)
         then = f"trying {nxt} next" if nxt else "no zone left; waiting for the first cooldown to end"
-        detail = f"no capacity: {error.reason} in {error.zone}; {then}"
+        detail = f"{what}; {then}"
         changes: dict[str, object] = {"zone": nxt} if nxt else {"not_before": next_free(spec, cooled)}
-        return cooled.but(event(now, status, "stockout", detail, zone=error.zone), message=detail, **changes)
-    if isinstance(error, errors.QuotaError):
-        delay = backoff(spec, status.placement + 1)
-        detail = f"quota exceeded: {error.reason} in {error.zone}; retrying in {format_duration(delay)}"
-        return status.but(
-            event(now, status, "quota", detail, zone=zone),
-            placement=status.placement + 1, not_before=now + delay, message=detail,
-        )
+        return cooled.but(event(now, status, name, detail, zone=error.zone), message=detail, **changes)
     if isinstance(error, errors.OperationPending):
         detail = f"Google accepted the create in {zone}, but it was still running; its outcome is read next pass"
         return status.but(event(now, status, "insert-pending", detail, zone=zone), message=detail)
@@ -271,9 +309,17 @@ def after_create_error(status: JobStatus, spec: JobSpec, error: Exception, now: 
         rejected = {**status.zone_rejections, zone: str(error)[:300]}
         nxt = pick_zone(spec, status.but(zone_rejections=rejected), now, order)
         if nxt is None and all(z in rejected for z in spec.zones):
+            # This model is refused everywhere ("SPOT is not supported for this machine type"):
+            # the next model of the list may not be; only when every model is, the job fails.
+            model = model_of(spec, status)
             why = "; ".join(f"{z}: {m}" for z, m in rejected.items())
-            return finish(status, Phase.FAILED, f"Google rejected the request in every zone: {why}", now,
-                          zone_rejections=rejected)
+            refused = {**status.refused_models, model: why[:600]}
+            noted = status.but(event(now, status, "refused", f"Google refused {model} in every zone: {why}", zone=zone),
+                               zone_rejections=rejected, refused_models=refused)
+            if (down := step_down(noted, spec, now, f"Google refused {model} in every zone")) is not None:
+                return down
+            each = "; ".join(f"{m}: {w}" for m, w in refused.items())
+            return finish(noted, Phase.FAILED, f"Google refused every model of the spec in every zone: {each}", now)
         then = f"trying {nxt} next" if nxt else "waiting for a cooling zone"
         detail = f"Google rejected the request in {zone}: {error}; {then}"
         changes: dict[str, object] = {"zone": nxt, "placement": status.placement + 1} if nxt else {
@@ -285,6 +331,26 @@ def after_create_error(status: JobStatus, spec: JobSpec, error: Exception, now: 
     # id could bring back a node deleted meanwhile, beside the rest of its gang).
     detail = f"insert failed ({type(error).__name__}: {error}); will retry"
     return status.but(event(now, status, "error", detail, zone=zone), message=detail)
+
+
+def _cooldowns_on(status: JobStatus, model: str, now: datetime) -> tuple[dict[str, datetime], dict[str, dict[str, datetime]]]:
+    """Moving to ``model``: (its own cooldowns, taken back; every other model's, the current one's
+    set aside)."""
+    parked = {m: c for m, c in status.model_cooldowns.items() if m != model}
+    if status.provisioning and status.provisioning != model and (kept := _unexpired(status, now)):
+        parked[status.provisioning] = kept
+    own = {z: t for z, t in status.model_cooldowns.get(model, {}).items() if t > now}
+    return own, parked
+
+
+def quota_scope(reason: str) -> str:
+    """What a quota Compute or Cloud TPU named covers: "zone", "region" or "project" (all regions)."""
+    text = reason.lower()
+    if "all_regions" in text or "all-regions" in text or "global" in text:
+        return "project"
+    if "perzone" in text or "per-zone" in text or "in zone" in text:
+        return "zone"
+    return "region"
 
 
 def _unexpired(status: JobStatus, now: datetime) -> dict[str, datetime]:

@@ -265,8 +265,12 @@ class TestComputeGateway:
         job = unique("j")
         backend.quota("us-central1-c", True)
         try:
-            with pytest.raises(errors.QuotaError):
+            with pytest.raises(errors.QuotaError) as e:
                 backend.compute.insert([request_for(job, zone="us-central1-c")], names.request_id(job, 1, 0))
+            # Compute names the quota and where it counts: the region's, every zone of it refused.
+            assert "NVIDIA_L4_GPUS" in e.value.reason and "in region us-central1" in e.value.reason
+            with pytest.raises(errors.QuotaError):
+                backend.compute.insert([request_for(job, zone="us-central1-b")], names.request_id(job, 1, 1))
         finally:
             backend.quota("us-central1-c", False)
 

@@ -128,4 +128,8 @@ def test_a_tpu_node_preempted_before_any_pass_saw_it_ready_has_its_id_recorded()
     h.tpu.preempt("tpu-1")
     h.tick()
     st = h.status("tpu")
+    assert st.attempt == 1 and st.instance_ids.get("tpu-1") == first  # recorded as the loss is
+    h.advance(seconds=h.tpu.delete_seconds + 1)  # the node gone, the next attempt comes
+    h.tick()
+    st = h.status("tpu")
     assert st.attempt == 2 and st.instance_ids.get("tpu-1") == first

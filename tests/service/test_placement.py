@@ -168,7 +168,7 @@ def test_a_job_steps_back_up_to_spot_at_the_next_recovery_after_step_up_after(h)
     st = h.status("llm")
     assert h.compute.request_of("llm-3").provisioning == "spot" and st.provisioning == "spot"
     launch = [e for e in st.history if e.event == "launch"][-1]
-    assert "stepping back up to spot after 1h1m on standard" in launch.detail
+    assert "stepping back up from standard to spot after 1h1m on standard" in launch.detail
     assert "(spot" in launch.detail
 
 

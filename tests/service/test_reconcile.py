@@ -262,6 +262,9 @@ class TestCapacity:
         h.compute.quota_exhausted.clear()
         h.advance(minutes=1)
         h.tick()
+        assert h.live() == []  # the region's zones cool down, as after a stockout
+        h.advance(minutes=10)
+        h.tick()
         assert h.live() == ["llm-1"]
 
     def test_rejected_request_fails_the_job_with_the_reason(self, h):

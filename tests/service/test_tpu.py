@@ -356,8 +356,9 @@ def test_a_tpu_quota_error_moves_on_to_a_zone_with_quota():
     h.tick()
     st = h.status("tpu")
     assert h.tpu.names() == ["tpu-1"] and st.zone == "us-east5-a"
-    stockout = next(e for e in st.history if e.event == "stockout")
-    assert "us-central2-b" in st.zone_cooldowns and "quota exceeded" in stockout.detail
+    quota = next(e for e in st.history if e.event == "quota")
+    assert "us-central2-b" in st.zone_cooldowns and "us-east5-a" not in st.zone_cooldowns
+    assert "quota exceeded in zone us-central2-b" in quota.detail and "PerZone" in quota.detail
 
 
 def test_a_tpu_client_that_cannot_be_built_never_holds_a_vm_job(monkeypatch):

@@ -92,14 +92,14 @@ def test_no_step_down_below_the_last_model_or_for_a_single_model():
 ])
 def test_step_back_up_at_the_next_attempt(since, model, expected):
     st = JobStatus(attempt=1, provisioning=model, model_since=since)
-    chosen, why = t.next_model(spec(FALLBACK), st, NOW)
-    assert chosen == expected and bool(why) == (expected != model)
+    chosen, zone = t.choose(spec(FALLBACK), st, NOW, lambda m: (A, B))
+    assert chosen == expected and zone == A
 
 
 def test_a_model_status_json_names_but_the_spec_no_longer_lists_is_never_used():
     st = JobStatus(attempt=1, provisioning="flex-start")
     assert t.model_of(spec(FALLBACK), st) == "spot"
-    assert t.next_model(spec(FALLBACK), st, NOW) == ("spot", "")
+    assert t.choose(spec(FALLBACK), st, NOW, lambda m: (A, B)) == ("spot", A)
 
 
 # -- review ---------------------------------------------------------------------------------
