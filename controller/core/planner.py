@@ -462,8 +462,10 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
             return _end(v, st, Phase.FAILED, f"no zone of the spec can be used: {_denials(denied, spec, ctx)}", now)
         why = f"{why}; skipping {_denials(denied, spec, ctx)}"
     # A refusal holds for one attempt (begin_attempt forgets them). The models the job may use
-    # are all candidates, preferred in the spec's order, each with its own cooldowns.
-    fresh = st.but(zone_rejections={})
+    # are all candidates, preferred in the spec's order, each with its own cooldowns. A model
+    # refused everywhere was refused for the spec of its time: a spec replaced since (another
+    # machine type, another list) is tried afresh, never left with no model to wait on.
+    fresh = st.but(zone_rejections={}, **({"refused_models": {}} if st.spec_generation != v.spec_generation else {}))
     choice = t.choose(spec, fresh, now, v.zone_order)
     if choice is None:
         return [_waiting(v, spec, st, now), *_delete_current(v, st, why)]

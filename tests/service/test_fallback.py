@@ -80,6 +80,28 @@ def test_a_refused_model_is_never_stepped_back_up_to_in_the_same_run():
     assert h.status("j").provisioning == "standard" and models_inserted(h) == ["standard"]
 
 
+
+def test_a_spec_replaced_after_a_refusal_tries_its_models_again_instead_of_waiting_forever():
+    # spot refused for the old machine type; the new spec lists spot alone (a machine type Spot
+    # supports): the refusal was the old spec's, and the job must not wait on no model at all.
+    h = Harness()
+    h.compute.faults.fail_next("insert", errors.RequestError("400 SPOT is not supported for this machine type"),
+                               times=len(ZONES))
+    h.submit("j", spec_doc(zones=ZONES, provisioning=["spot", "standard"]))
+    h.tick()
+    h.tick()
+    assert "spot" in h.status("j").refused_models
+    [vm] = h.live()
+    h.submit("j", spec_doc(zones=ZONES, machine_type="n1-standard-8", provisioning=["spot"]))
+    h.compute.preempt(vm)
+    for _ in range(3):
+        h.advance(minutes=5)
+        h.tick()
+    st = h.status("j")
+    assert st.provisioning == "spot" and st.attempt == 2 and h.live() == ["j-2"]
+    assert h.compute.request_of("j-2").provisioning == "spot" and st.refused_models == {}
+    assert "cooling down" not in st.message
+
 # -- item 8: back up a model whose capacity is back -------------------------------------------
 
 
