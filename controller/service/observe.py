@@ -28,7 +28,7 @@ from controller.service.advice import AdviceCache
 from controller.service.tpuzones import TpuZones
 from controller.core.policy import ControllerPolicy
 from controller.core.ports import (Blob, BlobInfo, BlobStore, CapacityAdvisor, ComputeGateway, Instance, InstanceList,
-                              StopReason, TpuGateway, TpuList)
+                              StopReason, TpuGateway, TpuList, TpuNode)
 from controller.core.spec import MAX_SPEC_BYTES, Checkpoint, JobSpec, SpecError, parse_spec
 from controller.core.state import CheckpointRef, JobStatus
 from controller.core.world import MAX_RECORD_BYTES, JobView, Record, World
@@ -117,8 +117,16 @@ class Observer:
         # that does not answer blinds the TPU jobs alone, and never holds a VM job's recovery.
         # (workers=1: inline and in order, as fanout runs it, so that a simulation replays.)
         tpu_list = _Background(lambda: self._tpu_nodes(job, views), inline=self.workers <= 1)
+        # The orphan search in the zones respawn/tpu-zones.json records is a listing of its own,
+        # within the same bound: however many zones the record names (anyone who can write the
+        # bucket can write it), it never makes the TPU jobs blind; past the bound its nodes are
+        # looked for again next pass.
+        orphan_list = _Background(lambda: self._recorded_tpu_nodes(job, views), inline=self.workers <= 1)
         found = self._instances(job, views)
         tpus = tpu_list.result(self.tpu_timeout, lambda: self._tpu_unanswered(job, views))
+        listed = {(n.project, n.zone, n.name) for n in tpus.nodes}
+        orphans = orphan_list.result(self.tpu_timeout, list)
+        tpus = replace(tpus, nodes=[*tpus.nodes, *(n for n in orphans if (n.project, n.zone, n.name) not in listed)])
         unreachable = tuple(found.unreachable)
         unseen = tuple(sorted(found.failed_projects))
         by_job: dict[str, list[Instance]] = defaultdict(list)
@@ -167,7 +175,7 @@ class Observer:
 
     def _tpu_unanswered(self, job: str | None, views: dict[str, JobView]) -> TpuList:
         """What a TPU listing past its bound leaves: every project it would have listed, not seen."""
-        projects, _, _ = self._tpu_targets(job, views, with_record=False)
+        projects, _, _ = self._tpu_targets(job, views)
         why = f"TransientError: the TPU API did not answer within {self.tpu_timeout:g}s"
         return TpuList([], failed_projects={p: why for p in projects})
 
@@ -176,10 +184,8 @@ class Observer:
 
         TPU v2 has no aggregated list: each zone is listed. The zones are those of the specs
         that ask for a TPU, and every zone a status that ever had one names (its history
-        included), so a node is found to be deleted wherever it was created. A pass over every
-        job also lists each zone the controller ever created a TPU node in (``tpuzones``,
-        recorded before each create): a node whose job folder was deleted whole is found
-        there, and deleted as an orphan."""
+        included), so a node is found to be deleted wherever it was created. (A node whose job
+        folder was deleted whole is looked for by ``_recorded_tpu_nodes``.)"""
         projects, zones, recorded = self._tpu_targets(job, views)
         if not zones or not projects:
             return TpuList([])
@@ -195,7 +201,39 @@ class Observer:
                 if n.project in self.policy.watched_projects or recorded.get(n.job or "") == n.project]
         return replace(found, nodes=kept)
 
-    def _tpu_targets(self, job: str | None, views: dict[str, JobView], with_record: bool = True,
+    def _recorded_tpu_nodes(self, job: str | None, views: dict[str, JobView]) -> list[TpuNode]:
+        """A pass over every job also lists each zone of a watched project the controller ever
+        created a TPU node in (``tpuzones``, recorded before each create) that the jobs' own
+        listing does not cover, each project with its own zones only: a node whose job folder was
+        deleted whole is found there, and deleted as an orphan. What fails is logged, never
+        blinds a job (a job's own zones are listed by ``_tpu_nodes``)."""
+        if self.tpu is None or job is not None:
+            return []
+        try:
+            pairs = self.tpu_zones.read()
+        except errors.RespawnError as e:
+            log.warning("could not read the TPU zones record", extra={"json_fields": {"error": str(e)}})
+            return []
+        projects, zones, _ = self._tpu_targets(job, views)
+        extra: dict[str, list[str]] = defaultdict(list)
+        for project, zone in sorted(pairs):
+            if project in self.policy.watched_projects and not (project in projects and zone in zones):
+                extra[project].append(zone)
+        nodes: list[TpuNode] = []
+        for project, its_zones in extra.items():
+            try:
+                found = self.tpu.list_nodes((project,), tuple(its_zones), None)
+            except errors.RespawnError as e:
+                log.warning("could not list TPU nodes in recorded zones",
+                            extra={"json_fields": {"project": project, "error": _short(e)}})
+                continue
+            if found.failed_projects or found.unreachable:
+                log.warning("could not list TPU nodes in recorded zones", extra={"json_fields": {
+                    "project": project, "errors": dict(found.failed_projects), "unreachable": list(found.unreachable)}})
+            nodes += [n for n in found.nodes if n.project == project]
+        return nodes
+
+    def _tpu_targets(self, job: str | None, views: dict[str, JobView],
                      ) -> tuple[dict[str, None], dict[str, None], dict[str, str]]:
         """(projects, zones) to list TPU nodes in, and the project each job's status records."""
         if self.tpu is None or (job is not None and names.job_name_problem(job)):
@@ -216,18 +254,6 @@ class Observer:
                     recorded[v.job] = st.project
                 else:  # a status from before runs kept their project: wherever the policy lets it be
                     projects.update(dict.fromkeys(self.policy.watched_projects))
-        if job is None and with_record:
-            # Every zone respawn ever created a TPU node in (of a watched project): a node whose
-            # job folder was deleted whole is found there, an orphan (see tpuzones).
-            try:
-                recorded_zones = self.tpu_zones.read()
-            except errors.RespawnError as e:
-                log.warning("could not read the TPU zones record", extra={"json_fields": {"error": str(e)}})
-                recorded_zones = set()
-            for project, zone in sorted(recorded_zones):
-                if project in self.policy.watched_projects:
-                    projects[project] = None
-                    zones[zone] = None
         return projects, zones, recorded
 
     def _job_instances(self, view: JobView) -> InstanceList | None:

@@ -11,8 +11,10 @@ orphan there, deleted like a VM's.
 The object is the controller's: trainer VMs cannot write it (their IAM condition names
 their own records only). Someone with write access to the bucket could add pairs; a pair
 is read only if it is well formed and its project is one the controller watches, and at
-most ``MAX_PAIRS`` are read: a forged list costs a few more listings, never a delete
-outside the policy (the planner deletes only labelled nodes of spec-less jobs).
+most ``MAX_PAIRS`` are read: a forged list costs more listings, on a listing of their own
+that never blinds a job (``Observer._recorded_tpu_nodes``), never a delete outside the
+policy (the planner deletes only labelled nodes of spec-less jobs); a full one stops TPU
+creates with a ConfigError naming it (never a refusal by Google, which would fail the job).
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ class TpuZones:
 
     def remember(self, project: str, zone: str) -> None:
         """Make sure (project, zone) is recorded before a node is created there; raises a
-        RespawnError when it cannot be (the create then waits for the next pass)."""
+        RespawnError when it cannot be (the create then waits for the next pass), never one that
+        reads as Google refusing the zone (a RequestError or NotFound would fail the job)."""
         pair = (project, zone)
         with self._lock:
             if pair in self._known:
@@ -85,9 +88,16 @@ class TpuZones:
                 current, generation = parse(blob.data), blob.info.generation
             except errors.NotFound:
                 current, generation = set(), 0
+            except errors.TooLarge:
+                # Not the controller's (it writes a few KiB at most), and read by no pass
+                # (``read``): written over, by generation, with the pair.
+                try:
+                    current, generation = set(), self.store.stat(self.bucket, KEY).generation
+                except errors.NotFound:
+                    current, generation = set(), 0
             if pair not in current:
                 if len(current) >= MAX_PAIRS:
-                    raise errors.RequestError(f"gs://{self.bucket}/{KEY} already records {MAX_PAIRS} TPU zones; "
+                    raise errors.ConfigError(f"gs://{self.bucket}/{KEY} already records {MAX_PAIRS} TPU zones; "
                                               "remove the zones of projects no longer used")
                 body = json.dumps({"zones": sorted(map(list, current | {pair}))}, indent=1)
                 try:
