@@ -47,6 +47,9 @@ LOOKBACK = timedelta(seconds=30)  # following: entries may land late, up to this
 PAGE = 1000  # entries.list's largest page
 READS_PER_MINUTE = 50  # respawn's own pace: under Logging's 60 entries.list a minute per project, with room
 RETRY_FOR = 300.0  # seconds a read refused for the quota (or unavailable) is tried again, at most
+# Cloud Logging refuses a filter longer than 20,000 characters: a gang of many nodes (up to 1000,
+# each id ~25 characters quoted) is read in as many queries as its ids need, each within this.
+MAX_FILTER = 19_000
 # A project id: 6-30 lowercase letters, digits or hyphens, starting with a letter, not ending with a
 # hyphen; or a domain-scoped one (``example.com:my-project``), which Google still has. Neither can
 # carry a quote, a slash or a space into a query or a resource name.
@@ -393,22 +396,40 @@ class JobLogs:
         from google.api_core.retry import retry_target
         from google.cloud import logging as cloud_logging
 
-        ids = [i for a in runs if a.tpu is not True for i in a.instances.values()]
-        nodes = [n for a in runs if a.tpu is not False for n in a.instances]
-        query = logs_filter(ids, self.projects, logs, since, nodes=nodes)
+        ids = [("id", i) for a in runs if a.tpu is not True for i in a.instances.values()]
+        nodes = [("node", n) for a in runs if a.tpu is not False for n in a.instances]
         order = cloud_logging.DESCENDING if descending else cloud_logging.ASCENDING
         resources = [f"projects/{p}" for p in self.projects]
 
-        def read() -> list[Any]:
+        def query(part: list[tuple[str, str]]) -> str:
+            return logs_filter([v for k, v in part if k == "id"], self.projects, logs, since,
+                               nodes=[v for k, v in part if k == "node"])
+
+        # As few queries as keep each filter within MAX_FILTER (one, but for a gang of hundreds).
+        parts: list[list[tuple[str, str]]] = [[]]
+        for origin in [*ids, *nodes]:
+            if parts[-1] and len(query([*parts[-1], origin])) > MAX_FILTER:
+                parts.append([])
+            parts[-1].append(origin)
+
+        def read(text: str) -> list[Any]:
             self.pace.wait()
             self.reads += 1
-            return list(self.client.list_entries(resource_names=resources, filter_=query, order_by=order,
+            return list(self.client.list_entries(resource_names=resources, filter_=text, order_by=order,
                                                  max_results=limit, page_size=min(limit or PAGE, PAGE)))
 
-        delays = _Delays()
+        found: list[Any] = []
         guard = self.guard() if self.guard else _Nothing()
         with guard:
-            return retry_target(read, _retryable, delays, timeout=self.retry_for, on_error=delays.note)
+            for part in parts:
+                delays = _Delays()
+                text = query(part)
+                found += retry_target(lambda: read(text), _retryable, delays, timeout=self.retry_for,
+                                      on_error=delays.note)
+        if len(parts) == 1:
+            return found
+        found.sort(key=lambda e: e.timestamp, reverse=descending)  # as one query would have ordered them
+        return found[:limit] if limit else found
 
     def _header(self, attempt: Attempt) -> None:
         self.header = attempt.number

@@ -147,3 +147,27 @@ def test_every_vm_and_tpu_node_respawn_launches_turns_on_serial_port_logging():
     del doc["machine_type"]
     (node,) = launch.requests_for("tp", parse_spec(json.dumps(doc), "tp"), JobStatus(attempt=1), h.ctx)
     assert node.metadata["serial-port-logging-enable"] == "TRUE"
+
+
+class LoggingWithItsFilterLimit(FakeClient):
+    """Cloud Logging refuses a filter past 20,000 characters (400 InvalidArgument)."""
+
+    def list_entries(self, resource_names, filter_, order_by, max_results, page_size):  # noqa: ANN001
+        from google.api_core import exceptions as gexc
+
+        if len(filter_) > 20_000:
+            raise gexc.InvalidArgument(f"filter is {len(filter_)} characters; at most 20000")
+        return super().list_entries(resource_names, filter_, order_by, max_results, page_size)
+
+
+def test_the_logs_of_a_gang_of_a_thousand_nodes_are_read_within_loggings_filter_limit():
+    """A spec may ask for 1000 nodes, and the status records every id of the current attempt: one
+    query naming them all is 25,000 characters, which Cloud Logging refuses."""
+    client, out = LoggingWithItsFilterLimit(), []
+    ids = {f"g-1-n{k}": str(7_000_000_000_000_000_000 + k) for k in range(1000)}
+    client.entries += [_entry(T0 + timedelta(seconds=k), ids[f"g-1-n{k}"], f"rank {k} says hi", f"i{k}")
+                       for k in (0, 500, 999)]
+    reader = joblogs.JobLogs(client, "g", ["proj-p"], out.append, lambda s: s)
+    reader.print_all([joblogs.Attempt(1, ids)], T0 - timedelta(hours=1))
+    lines = [line for line in out if "says hi" in line]
+    assert [line.split()[-3] for line in lines] == ["0", "500", "999"], out[:5]
