@@ -86,6 +86,12 @@ def _plan_job(v: JobView, now: datetime, ctx: LaunchContext) -> list[Action]:
     if st.phase.terminal:
         return _leftovers(v)
     newest = max((i.attempt for i in v.instances), default=0)
+    if newest > st.attempt and _earlier_runs(v, st, newest):
+        # The previous run's VMs, seen only now (their zone did not answer when this run was
+        # numbered, its folder deleted whole): this run's attempts go after them, as a new run
+        # numbers them when it sees them; they are its leftovers, never its attempt.
+        return [WriteStatus(v.job, t.new_run(st, newest, st.spec_generation, now), "run renumbered after "
+                            f"attempt {newest}, left by an earlier run", replan=True)]
     if newest > st.attempt:
         # Another pass committed and inserted after our status read (our CAS would fail
         # anyway), or status.json was rolled back by hand: adopt what exists.
@@ -634,6 +640,14 @@ def _end(v: JobView, st: JobStatus, phase: Phase, detail: str, now: datetime, si
     changes.setdefault("spec_generation", v.spec_generation)
     done = t.finish(st, phase, detail, now, since=since, **changes)
     return [WriteStatus(v.job, done, phase.lower()), *_leftovers(v)]
+
+
+def _earlier_runs(v: JobView, st: JobStatus, attempt: int) -> bool:
+    """Whether ``attempt``'s instances are an earlier run's: this run has begun no attempt, and
+    each was created before it began (a pass of this run inserts only after its status)."""
+    found = [i for i in v.instances if i.attempt == attempt]
+    return (st.phase == Phase.PENDING and st.attempt_started_at is None and st.created_at is not None
+            and bool(found) and all(i.created_at < st.created_at for i in found))
 
 
 def _adopt(v: JobView, st: JobStatus, attempt: int, now: datetime) -> JobStatus:

@@ -469,3 +469,36 @@ class TestBadInput:
         assert len(h.live()) == 1 and len(summary.transient) == 1
         h.tick()
         assert h.live() == ["a-1", "b-1"]
+
+
+@pytest.mark.parametrize("left", ["running", "terminated"])
+def test_a_run_numbered_while_a_zone_was_blind_never_adopts_the_previous_runs_vm_found_later(left: str):
+    """Found by chaos (seed 15 of issue 22's proof): the job folder is deleted whole and the
+    job resubmitted while the zone of the old run's VM does not answer; the new run is
+    numbered without it (attempt 0). When the zone answers again, that VM, created before
+    this run began, is the old run's leftover: the run's attempts go after it (as a new run
+    numbers them when it sees one), it is deleted, and it is never adopted as this run's
+    attempt (its old command taken for the new spec's, or its crash counted against the new
+    run's budget)."""
+    h = Harness()
+    h.submit("j", spec_doc(zones=["us-central1-a"]))
+    h.tick()
+    h.tick()
+    assert h.live("j") == ["j-1"]
+    if left == "terminated":
+        h.compute.terminate("j-1", StopReason.CRASHED)
+    for key in [names.spec_key("j"), names.status_key("j")]:  # gsutil rm -r gs://BUCKET/jobs/j/
+        h.store.delete(BUCKET, key)
+    h.compute.unreachable.add("us-central1-a")
+    h.advance(seconds=30)
+    h.submit("j", spec_doc(zones=["us-central1-a"]))
+    h.tick()
+    assert h.status("j").attempt == 0  # numbered blind
+    h.compute.unreachable.discard("us-central1-a")
+    for _ in range(4):
+        h.advance(minutes=1)
+        h.tick()
+    st = h.status("j")
+    assert "adopted" not in [e.event for e in st.history], st.message
+    assert (st.restarts, st.failures) == (0, 0), st.message
+    assert h.live("j") == ["j-2"] and st.attempt == 2 and st.phase == Phase.RUNNING, st.message
