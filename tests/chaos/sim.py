@@ -20,9 +20,20 @@ project whose TPU list is refused, unreachable zones and nodes that are not the
 controller's. Worker 0 of a slice heartbeats and writes the exit record under the node's
 name; no worker powers its host off.
 
+Issue 22's trouble: provisioning lists (``[spot, standard]``, ``[spot, standard, flex-start]``,
+``[spot, flex-start]``) against Spot running short in every zone and coming back, so jobs step
+down and, after ``fallback.step_up_after``, back up; TPU quota a few nodes deep per zone and model
+with deletes that take their time (a DELETING node holds its quota); job folders deleted whole
+beside a TPU node; webhooks (the controller's and jobs' own) that fail, answer late or never.
+Three more invariants: no TPU node left without a job (``orphan_tpu``), no step-down caused by
+the job's own node (``own_step_down``), no pass slower than its budget because of a notice
+(``slow_pass``, measured with ``time.monotonic``).
+
 Every step is followed by the invariant checks; the end of a run lets the world settle
 without faults and checks that every job ended or runs, and nothing was leaked.
-Everything is deterministic per seed: no threads, no wall clock, ``random.Random``.
+The controller's actions are deterministic per seed (``random.Random``, a fake clock, passes on
+one thread with ``--workers 1``); only notices go out on the notifier's threads, in real time,
+so what a slow webhook answers, and when, is kept apart from the stats (``Run.timing``).
 """
 
 from __future__ import annotations
@@ -33,6 +44,8 @@ import json
 import logging
 import random
 import sys
+import threading
+import time
 import traceback
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
@@ -42,12 +55,13 @@ from typing import Any
 
 from controller.core import errors, names, notify
 from controller.service import observe as observe_module
-from controller.adapters.memory import MemoryAdvisor, MemoryCompute, MemoryPublisher, MemoryStore, MemoryTpu
+from controller.adapters.memory import (MemoryAdvisor, MemoryCompute, MemoryPublisher, MemoryStore, MemoryTpu,
+                                       MemoryWebhook)
 from controller.core.clock import FakeClock
 from controller.service.engine import Engine, Summary
 from controller.service.executor import Executor
 from controller.core.launch import LaunchContext
-from controller.service.notifier import Notifier
+from controller.service.notifier import Notifier, Sends
 from controller.service.observe import Observer
 from controller.core.policy import ControllerPolicy
 from controller.core.ports import (QUEUED_AS_NODE, Instance, InstanceStatus, NodeHealth, NodeState, QueuedState,
@@ -59,6 +73,26 @@ BUCKET = "respawn-chaos"
 PROJECT = "chaos-proj"
 CKPT_BUCKET = "ckpts"
 NOTIFY_TOPIC = f"projects/{PROJECT}/topics/respawn-events"
+JOB_TOPIC = f"projects/{PROJECT}/topics/team-alerts"  # a job's own topic (spec ``notify.topic``)
+WEBHOOK = "https://hooks.slack.com/services/T000/B000/controller"  # the controller's (policy) webhook
+# The sim's RESPAWN_NOTIFY_WAIT (deployed: 10 s): what a pass may wait, at its end, for its sends.
+NOTIFY_WAIT = 0.02
+# How this run's webhooks answer: at once; failing now and then; slowly (each post answered
+# SLOW_DELAY s after it began, always past NOTIFY_WAIT: still under way when the pass ends); never
+# (the client gives up after DEAD_TIMEOUT s). Real seconds: the sends run on the notifier's threads.
+WEBHOOK_MODES = (("fast", 6), ("failing", 2), ("slow", 1), ("dead", 1))
+SLOW_DELAY = 0.1
+DEAD_TIMEOUT = 1.0
+# "slow_pass": a pass may spend at most NOTIFY_WAIT + NOTICE_SLACK s of its own on notices (its
+# sends' finish, and any send made on its own thread), and its whole wall time stays under
+# NOTIFY_WAIT + PASS_SLACK. Both margins are generous (thread scheduling, a loaded machine: an
+# in-memory pass takes milliseconds), and both are far below what one notice sent on the pass's
+# thread to a dead webhook costs (DEAD_TIMEOUT, per notice).
+NOTICE_SLACK = 0.5
+PASS_SLACK = 5.0
+# "orphan_tpu": full passes that could list a spec-less, status-less job's TPU node's zone (no
+# injected fault, no failed TPU call, the zone and project answering) before it must be deleted.
+ORPHAN_PASSES = 2
 ZONES = ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f")
 # Zones TPU jobs ask for; us-central1-a is a VM zone too, so a spec moved between VMs and a TPU
 # may keep its zone (an attempt of one kind must never be created again as the other).
@@ -67,7 +101,7 @@ TPU_TYPES = ("v4-8", "v4-16", "v5litepod-8", "v5litepod-16", "v6e-4")
 TPU_SHARE = 0.3  # of the generated jobs (and of a resubmit that changes the kind)
 # The kinds on the last line, in its order; "budgets" is reported on the line before it.
 KINDS = ("duplicates", "lost", "leaked", "foreign_deletes", "restarted_finished", "stuck", "crashes",
-         "notified_twice", "ledger")
+         "notified_twice", "ledger", "orphan_tpu", "own_step_down", "slow_pass")
 ALL_KINDS = (*KINDS, "budgets")
 # Per-call error rate of a pass, drawn per pass: about a quarter of all passes meet an
 # injected fault (transient error, timeout or crash); a pass that fails at its first
@@ -185,6 +219,7 @@ class RunResult:
     violations: dict[str, str]
     stats: Counter[str]
     steps: int
+    timing: Counter[str] = field(default_factory=Counter)  # wall-clock figures (not replayed exactly)
 
 
 # -- proxies --------------------------------------------------------------------------------------
@@ -244,6 +279,47 @@ class StaleObserver:
         return getattr(self._inner, name)
 
 
+class TimedNotifier(Notifier):
+    """The real notifier (one per function instance: what it carries outlives a pass), whose
+    passes' ``Sends.finish`` is timed: the time a pass spends waiting for its notices."""
+
+    run: Run | None = None
+
+    def begin(self, workers: int = 1) -> Sends:
+        sends = super().begin(workers)
+        finish, run = sends.finish, self.run
+
+        def timed(wait: float | None = None) -> Any:
+            began = time.monotonic()
+            try:
+                return finish(wait)
+            finally:
+                if run is not None:
+                    run.notice_s += time.monotonic() - began
+
+        sends.finish = timed  # type: ignore[method-assign]
+        return sends
+
+
+class TimedWebhook:
+    """The webhook fake as the notifier sees it: a post made on the pass's own thread (never on
+    the notifier's) is time the pass spent on a notice."""
+
+    def __init__(self, inner: MemoryWebhook, run: Run) -> None:
+        self.inner = inner
+        self._run = run
+
+    def post(self, url: str, body: Any) -> None:
+        run = self._run
+        mine = threading.get_ident() == run.thread
+        began = time.monotonic()
+        try:
+            self.inner.post(url, body)
+        finally:
+            if mine:
+                run.notice_s += time.monotonic() - began
+
+
 # -- one run ----------------------------------------------------------------------------------------
 
 
@@ -266,9 +342,19 @@ class Run:
         self.tpu = MemoryTpu(self.clock)
         self.advisor = MemoryAdvisor(self.compute)
         self.advisor.rates.update({z: self.rng.choice([0.0, 0.05, 0.3, 0.8]) for z in ZONES})
-        self.policy = ControllerPolicy(default_project=PROJECT, notify_topic=NOTIFY_TOPIC)
-        # Every job's notifications; a delivery that fails now and then (never to hold a pass).
-        self.publisher = MemoryPublisher([NOTIFY_TOPIC])
+        # Notifications: the controller's topic, sometimes its webhook too, and jobs' own (their
+        # specs' ``notify``); a webhook that is fast, failing, slow or never answers (per run).
+        self.webhook_mode = self.rng.choices([m for m, _ in WEBHOOK_MODES], [w for _, w in WEBHOOK_MODES])[0]
+        self.policy = ControllerPolicy(default_project=PROJECT, notify_topic=NOTIFY_TOPIC,
+                                       notify_webhook=WEBHOOK if self.rng.random() < 0.5 else None)
+        self.publisher = MemoryPublisher([NOTIFY_TOPIC, JOB_TOPIC])
+        self.webhook = MemoryWebhook()
+        # A slow or dead webhook is so for a stretch of the run (an outage), from step to step.
+        start = self.rng.randint(0, 30)
+        self.webhook_outage = (start, start + self.rng.randint(15, 40)) if self.webhook_mode in ("slow", "dead") else (0, 0)
+        self.thread = threading.get_ident()  # the passes' own thread (WORKERS 1: every job's chain runs on it)
+        self.notice_s = 0.0  # seconds the current pass spent on its notices (TimedNotifier, TimedWebhook)
+        self.notifier = self.new_notifier()
         self.ctx = self._launch_context()
         self.stats: Counter[str] = Counter()
         self.violations: dict[str, str] = {}
@@ -284,11 +370,35 @@ class Run:
         self.faults_on = True
         self.step_no = 0
         self.n_steps = steps if steps is not None else self.rng.randint(40, 80)
-        self.breaks: dict[tuple[str, int], int] = {}  # gangs whose collective will fail, at that step
+        self.breaks: dict[tuple[str, int, str], int] = {}  # gangs whose collective will fail, at that step
         self._status_cache: dict[tuple[str, int], JobStatus | None] = {}
         self._depth = 0
         self._last_transient = False
         self._injected = 0
+        self._tpu_failed = 0  # TPU list and delete calls that failed (injected or the fake's own)
+        self._last_clean = False  # the last guarded pass met no fault at all
+        self.orphans: Counter[tuple[str, str, str, str]] = Counter()  # orphan TPU node -> clean full passes seen
+        self.own_quota: dict[str, tuple[str, datetime, tuple[str, ...]]] = {}  # job -> its last own-caused quota error
+        self.own_misses: set[tuple[str, datetime, str]] = set()  # (job, at, zone): capacity misses its own node caused
+        self.written: dict[str, JobStatus] = {}  # each job's status as last written by the controller
+        self.timing: Counter[str] = Counter()  # wall-clock figures: never in stats (a seed replays exactly)
+
+    def webhook_weather(self) -> None:
+        """A slow webhook answers each post SLOW_DELAY s late; a dead one never (its client gives
+        up after DEAD_TIMEOUT s): during the run's outage only."""
+        on = self.webhook_outage[0] <= self.step_no < self.webhook_outage[1]
+        delay, timeout = {"slow": (SLOW_DELAY, None), "dead": (float("inf"), DEAD_TIMEOUT)}.get(self.webhook_mode, (0.0, None))
+        was = self.webhook.delay > 0
+        self.webhook.delay, self.webhook.timeout = (delay, timeout) if on else (0.0, None)
+        if on != was:
+            self.say(f"the webhook is {self.webhook_mode} from now on" if on else "the webhook answers at once again")
+
+    def new_notifier(self) -> TimedNotifier:
+        """A function instance's notifier: what it carries to its next pass dies with the instance."""
+        notifier = TimedNotifier(self.policy, self.publisher, TimedWebhook(self.webhook, self),  # type: ignore[arg-type]
+                                 wait=NOTIFY_WAIT)
+        notifier.run = self
+        return notifier
 
     def _launch_context(self) -> LaunchContext:
         kwargs: dict[str, Any] = dict(bucket=BUCKET, default_project=PROJECT,
@@ -315,13 +425,14 @@ class Run:
     def execute(self) -> RunResult:
         self.setup()
         for self.step_no in range(1, self.n_steps + 1):
+            self.webhook_weather()
             self.end_glitches()
             self.step()
             self.sync()
             self.check()
         self.step_no = self.n_steps + 1
         self.finale()
-        return RunResult(self.seed, dict(self.violations), self.stats, self.n_steps)
+        return RunResult(self.seed, dict(self.violations), self.stats, self.n_steps, self.timing)
 
     def setup(self) -> None:
         rng = self.rng
@@ -364,6 +475,18 @@ class Run:
                 self.tpu.add_foreign(PROJECT, rng.choice(zones), name, labels)
                 self.foreign_tpu.append(name)
                 self.stats["tpu.foreign"] += 1
+        if tpu_jobs and rng.random() < 0.5:
+            # TPU quota a few nodes deep, and deletes that take their time: a node being deleted
+            # (DELETING) still holds its zone's quota, the job's own husk included.
+            zones = sorted({z for j in tpu_jobs for z in self.jobs[j].doc["zones"]})
+            for zone in zones:
+                for spot in (True, False):
+                    if rng.random() < 0.6:
+                        self.tpu.quota_limit[(zone, spot)] = rng.choice([0, 1, 1, 2])  # 0: none of that model here
+            self.tpu.delete_seconds = rng.choice([90.0, 90.0, 300.0, 900.0, 1800.0])  # over 600: past the wait for husks
+            self.stats["tpu.env_quota_limits"] += bool(self.tpu.quota_limit)
+            self.stats["tpu.env_slow_deletes"] += self.tpu.delete_seconds > 90
+        self.stats[f"notify.webhook_{self.webhook_mode}"] += 1
         shown = ", ".join(f"{j} ({_kind(s.doc)})" for j, s in self.jobs.items())
         self.say(f"setup: jobs {shown}; foreign VMs {', '.join(self.foreign)}"
                  f"{'; foreign TPU nodes ' + ', '.join(self.foreign_tpu) if self.foreign_tpu else ''}")
@@ -388,10 +511,22 @@ class Run:
         if rng.random() < 0.1:
             policy["max_runtime"] = rng.choice(["3h", "6h"])
         extra: dict[str, Any] = {}
-        if rng.random() < 0.3:  # step down to standard when Spot cannot be had, and back up
-            extra["provisioning"] = ["spot", "standard"]
+        if rng.random() < (0.5 if tpu else 0.35):  # step down the list when a model cannot be had, and back up
+            # A VM job may end on Flex-start (one VM: PENDING until Compute finds capacity).
+            lists = [["spot", "standard"]] * 3 if tpu else [["spot", "standard"], ["spot", "standard"],
+                                                            ["spot", "standard", "flex-start"], ["spot", "flex-start"]]
+            extra["provisioning"] = rng.choice(lists)
             policy["fallback"] = {"stockouts": rng.randint(1, 3), "wait": rng.choice(["5m", "20m"]),
-                                  "step_up_after": rng.choice(["30m", "2h"])}
+                                  "step_up_after": rng.choice(["10m", "20m", "30m", "2h"])}
+            if "flex-start" in extra["provisioning"]:
+                policy["max_run_duration"] = "3d"
+        if rng.random() < 0.35:  # the job's own destinations, beside the controller's
+            own: dict[str, str] = {}
+            if rng.random() < 0.7:
+                own["webhook"] = f"https://hooks.slack.com/services/T000/B000/{job}"
+            if not own or rng.random() < 0.4:
+                own["topic"] = rng.choice([JOB_TOPIC, NOTIFY_TOPIC])  # the controller's own: told once
+            extra["notify"] = own
         if tpu:
             if rng.random() < 0.3:
                 extra["placement"] = "ordered"  # capacity advice does not cover TPUs
@@ -416,7 +551,7 @@ class Run:
             "machine_type": "g2-standard-8",
             "command": "python train.py",
             "service_account": {"email": f"trainer@{PROJECT}.iam.gserviceaccount.com"},
-            "nodes": 1 if rng.random() < 0.55 else rng.randint(2, 3),
+            "nodes": 1 if rng.random() < 0.55 or "flex-start" in extra.get("provisioning", ()) else rng.randint(2, 3),
             "checkpoint": {"uri": f"gs://{CKPT_BUCKET}/{job}/run"},
             "policy": policy,
         }
@@ -424,7 +559,7 @@ class Run:
     # -- the steps -----------------------------------------------------------------------------------
     STEPS = (("tick", 12), ("event", 12), ("late", 8), ("advance", 12), ("checkpoint", 7), ("exit", 7),
              ("preempt", 6), ("platform", 2), ("glitch", 3), ("zone", 4), ("inserts", 2), ("user", 3),
-             ("stale_record", 1), ("tpu_api", 2))
+             ("stale_record", 1), ("tpu_api", 2), ("shortage", 2))
     INNER = (("tick", 4), ("event", 6), ("advance", 3), ("checkpoint", 3), ("exit", 4), ("preempt", 4),
              ("platform", 1), ("glitch", 1), ("zone", 1), ("inserts", 1), ("user", 2), ("tpu_api", 1))
 
@@ -512,7 +647,7 @@ class Run:
         groups = self.running_groups()
         if not groups:
             return
-        (job, attempt), group = self.rng.choice(sorted(groups.items()))
+        (job, attempt, _), group = self.rng.choice(sorted(groups.items()))
         js = self.jobs[job]
         outcome = self.rng.choices(["success", "nonzero", "crash", "hang"], [6, 2, 1, 1])[0]
         if group[0].tpu:
@@ -815,6 +950,25 @@ class Run:
             self.stats[f"env.{what}"] += 1
             self.say(f"{zone}: {what}")
 
+    def step_shortage(self) -> None:
+        """Spot VMs run short in the whole region (every zone), or are back: a job with a
+        provisioning list steps down it, and back up once ``fallback.step_up_after`` has passed."""
+        if not any(len(js.doc.get("provisioning", ())) > 1 for js in self.jobs.values()):
+            return self.step_advance()
+        zones = self.compute.spot_stockouts
+        if len(zones) == len(ZONES):
+            zones.clear()
+            if self.compute.stockouts >= set(ZONES):
+                self.compute.stockouts.clear()  # a Flex-start VM PENDING gets its capacity now (sync)
+            self.say("Spot capacity is back in every zone")
+        else:
+            zones.update(ZONES)
+            self.stats["env.spot_shortage"] += 1
+            full = self.rng.random() < 0.3  # no GPU of any model: Flex-start waits in PENDING
+            if full:
+                self.compute.stockouts.update(ZONES)
+            self.say(f"{'GPUs' if full else 'Spot'} run short in every zone")
+
     def tpu_zone(self) -> None:
         """Trouble in a TPU zone: a stockout (a queued resource waits it out), quota, a zone
         that does not answer the list; or the project's TPU list refused (403: the API off)."""
@@ -940,7 +1094,10 @@ class Run:
     def step_user(self) -> None:
         job = self.rng.choice(list(self.jobs))
         js = self.jobs[job]
-        action = self.rng.choices(["cancel", "resubmit", "delete", "invalid"], [3, 4, 1.5, 1])[0]
+        # A job folder deleted whole leaves its TPU node findable only through the zones the
+        # controller recorded: TPU jobs are purged more often.
+        purge = 4 if any(i.job == job for i in self.tpu_managed()) else 1
+        action = self.rng.choices(["cancel", "resubmit", "delete", "purge", "invalid"], [3, 4, 1.5, purge, 1])[0]
         self.stats[f"user.{action}"] += 1
         self.say(f"user: {action} {job}")
         if action == "cancel":
@@ -952,7 +1109,7 @@ class Run:
             if change == "size" and tpu:
                 doc["tpu"]["type"] = self.rng.choice(TPU_TYPES)
             elif change == "size":
-                doc["nodes"] = self.rng.choice([1, 2, 3])
+                doc["nodes"] = 1 if "flex-start" in doc.get("provisioning", ()) else self.rng.choice([1, 2, 3])
             elif change == "termination":
                 doc["policy"]["termination_action"] = self.rng.choice(["stop", "delete"])
             elif change == "budget":
@@ -968,6 +1125,22 @@ class Run:
         elif action == "delete":
             with contextlib.suppress(errors.NotFound):
                 self.store.delete(BUCKET, names.spec_key(job))
+        elif action == "purge":  # ``gsutil rm -r gs://BUCKET/jobs/JOB/``: spec, status and records
+            for info in self.store.list(BUCKET, f"{names.JOBS_PREFIX}{job}/"):
+                with contextlib.suppress(errors.NotFound):
+                    self.store.delete(BUCKET, info.name)
+            # It takes a person a moment: the next run of this name never begins at the very
+            # instant the old one did (the controller tells their insert request ids apart by it;
+            # the simulated clock stands still between steps unless advanced).
+            self.advance(timedelta(seconds=self.rng.randint(1, 30)))
+            self.stats["tpu.user_purge_with_node"] += any(i.job == job for i in self.tpu_managed())
+            # Its history is gone: the next run counts attempts from 1 again. What befell the old
+            # attempts says nothing of the new ones (their trainers are told apart by token).
+            self.jobs[job] = JobSim(job, js.doc, spec_step=js.spec_step)
+            self.written.pop(job, None)
+            for key in [k for k in self.tokens if k[0] == job]:
+                del self.tokens[key]
+                self.attempt_nodes.pop(key, None)
         else:
             bad = json.loads(json.dumps(js.doc))
             bad["policy"]["max_restart"] = 3  # a typo: unknown field
@@ -1025,6 +1198,11 @@ class Run:
                     self.heartbeat(t)
             elif inst.status == InstanceStatus.STAGING and (not self.faults_on or self.rng.random() < 0.5):
                 self.compute.set_status(inst.name, InstanceStatus.RUNNING)
+            elif (inst.status == InstanceStatus.PENDING and inst.zone not in self.compute.stockouts
+                  and inst.zone not in self.compute.quota_exhausted and (not self.faults_on or self.rng.random() < 0.3)):
+                self.stats["vm.flex_capacity_found"] += 1  # Compute found a Flex-start VM its capacity
+                self.say(f"{inst.name}: Flex-start capacity found (PENDING -> {self.compute.boot_status})")
+                self.compute.set_status(inst.name, self.compute.boot_status)
         tpus = self.tpu_seen()
         for seen in tpus:  # a READY, HEALTHY node: the agent starts on every worker; worker 0 beats
             key = (seen.inst.name, seen.inst.id)
@@ -1048,10 +1226,10 @@ class Run:
         """A gang whose node went down for any reason but success: the others' collectives
         fail (an NCCL timeout), and each exits non-zero a little later, writing its exit
         record, unless it is hung or its VM went first."""
-        groups: dict[tuple[str, int], list[Trainer]] = defaultdict(list)
+        groups: dict[tuple[str, int, str], list[Trainer]] = defaultdict(list)
         for t in self.trainers.values():
             if t.nodes > 1:
-                groups[(t.job, t.attempt)].append(t)
+                groups[(t.job, t.attempt, t.token)].append(t)
         for key, group in groups.items():
             running = [t for t in group if t.state == "running"]
             if running and key not in self.breaks and any(t.state == "done" and t.end != "success" for t in group):
@@ -1101,12 +1279,13 @@ class Run:
         body.update(extra)
         self.store.write(BUCKET, key, json.dumps(body).encode())
 
-    def running_groups(self) -> dict[tuple[str, int], list[Trainer]]:
-        """Attempts whose every node runs its trainer."""
-        groups: dict[tuple[str, int], list[Trainer]] = defaultdict(list)
+    def running_groups(self) -> dict[tuple[str, int, str], list[Trainer]]:
+        """Attempts whose every node runs its trainer, by (job, attempt, token): a job whose folder
+        was deleted whole starts again from attempt 1, maybe beside its old attempt 1's nodes."""
+        groups: dict[tuple[str, int, str], list[Trainer]] = defaultdict(list)
         for t in self.trainers.values():
             if t.state == "running":
-                groups[(t.job, t.attempt)].append(t)
+                groups[(t.job, t.attempt, t.token)].append(t)
         return {k: sorted(g, key=lambda t: t.rank) for k, g in groups.items() if len(g) == g[0].nodes}
 
     def managed(self) -> list[Instance]:
@@ -1163,8 +1342,11 @@ class Run:
             times = 1  # a send that failed after the adapter's own retries
             self.publisher.fail_next(errors.TransientError("pubsub: 503"), times=times)
             self.stats["notify.failures_injected"] += times
-        notifier = Notifier(self.policy, self.publisher)
-        executor = ExecutorSpy(Executor(store, compute, BUCKET, tpu, notifier), self)  # type: ignore[arg-type]
+        if self.faults_on and self.webhook_mode == "failing" and self.frng.random() < 0.2:
+            self.webhook.fail_next(self.frng.choice([errors.TransientError("webhook: 503"),
+                                                     errors.RequestError("webhook: 404 no_service")]))
+            self.stats["notify.webhook_failures_injected"] += 1
+        executor = ExecutorSpy(Executor(store, compute, BUCKET, tpu, self.notifier), self)  # type: ignore[arg-type]
         return Engine(observer, executor, self.ctx, self.clock, workers=WORKERS)  # type: ignore[arg-type]
 
     def new_pass_faults(self) -> PassFaults | None:
@@ -1184,17 +1366,23 @@ class Run:
             self.stats["fault.platform_retry"] += 1  # the platform retries a function that raised
             summary = self.guarded(label + " (retry)", self.new_pass_faults(), lambda: self.engine().reconcile(job))
         self.report(label, summary)
+        if job is None and summary is not None:
+            self.check_orphans(label, clean=self._last_clean)
         return summary
 
     def guarded(self, label: str, faults: PassFaults | None, body: Callable[[], Any]) -> Any:
         """Run (part of) a pass under its faults; an escaping exception is judged here."""
         before, self.pass_faults = self.pass_faults, faults
         self._last_transient = False
-        injected = self._injected
+        injected, tpu_failed = self._injected, self._tpu_failed
+        self.notice_s, began = 0.0, time.monotonic()
         try:
             return body()
         except InjectedCrash as e:
             self.say(f"{label}: CRASH ({e})")
+            if carried := self.notifier.carried:  # the instance died: what it carried is lost (its log said so)
+                self.stats["notify.carried_lost_in_crash"] += len(carried)
+            self.notifier = self.new_notifier()
             return None
         except errors.TransientError as e:  # the function raises; the platform retries
             self.stats["pass.transient_escaped"] += 1
@@ -1211,6 +1399,8 @@ class Run:
             self.pass_faults = before
             self.stats["pass.total"] += 1
             self.stats["pass.faulted"] += self._injected > injected
+            self._last_clean = self._injected == injected and self._tpu_failed == tpu_failed
+            self.check_pass_time(label, time.monotonic() - began, self.notice_s)
 
     def report(self, label: str, summary: Summary | None) -> None:
         if summary is None:
@@ -1265,6 +1455,8 @@ class Run:
             raise
         except errors.QuotaError:
             self.stats[f"{prefix}quota_hit"] += 1
+            if tpu and op == "create":
+                self.note_quota(args[0])
             raise
         except errors.OperationPending:
             self.stats[f"{prefix}pending_insert_hit"] += 1
@@ -1276,6 +1468,7 @@ class Run:
         except errors.RespawnError as e:
             if tpu:
                 self.stats[f"tpu.{op}_failed"] += 1
+                self._tpu_failed += op in ("list_nodes", "delete")
                 self.say(f"TPU {op} failed: {type(e).__name__}: {e}")
             raise
         if port == "compute" and op == "insert":
@@ -1303,6 +1496,7 @@ class Run:
         if js and js.succeeded_spec is not None and self.spec_generation(job) == js.succeeded_spec:
             self.violate("restarted_finished", f"{job}: insert of {', '.join(r.name for r in requests)} after status "
                          f"SUCCEEDED, with the spec unchanged since ({js.succeeded_note})")
+        self.stats[f"creates.{getattr(first, 'provisioning', None) or ('spot' if first.spot else 'standard')}"] += 1
         resume = dict(first.metadata).get("respawn-resume-from", "")
         if resume and not self.complete_checkpoint(resume):
             self.violate("lost", f"{job}: {first.name} resumes from {resume}, which is not a complete checkpoint")
@@ -1335,6 +1529,9 @@ class Run:
             return
         js = self.jobs[ref.job]
         status = JobStatus.from_json(data)
+        before, self.written[ref.job] = self.written.get(ref.job), status
+        if status.tpu:
+            self.check_step_down(ref.job, status, before)
         if status.phase != Phase.SUCCEEDED:
             return
         js.successes += 1
@@ -1357,10 +1554,115 @@ class Run:
         self.check_ledgers()
 
     def check_notices(self) -> None:
-        """A transition is told at most once, however many passes raced, repeated or crashed."""
-        seen: Counter[str] = Counter(json.loads(data)["id"] for _, data, _ in self.publisher.published)
-        if twice := sorted(i for i, n in seen.items() if n > 1):
+        """A transition is told at most once to each destination, however many passes raced,
+        repeated or crashed, and whatever a slow webhook still had under way."""
+        seen: Counter[tuple[str, str]] = Counter((topic, json.loads(data)["id"])
+                                                 for topic, data, _ in self.publisher.published)
+        with self.webhook._lock:  # posts land on the notifier's threads, also between passes
+            posted = list(self.webhook.posted)
+        seen.update((url, body["respawn"]["id"]) for url, body in posted)  # type: ignore[index]
+        if twice := sorted(f"{i} to {where}" for (where, i), n in seen.items() if n > 1):
             self.violate("notified_twice", f"notices sent more than once: {', '.join(twice[:5])}")
+
+    def check_pass_time(self, label: str, wall: float, notices: float) -> None:
+        """No pass is slower than its budget because of a notice (``slow_pass``): its sends go out
+        side by side and it waits for them only at its end, at most NOTIFY_WAIT s in all, whatever
+        its webhooks do (see NOTICE_SLACK, PASS_SLACK)."""
+        self.timing["passes"] += 1
+        self.timing["pass_s"] += wall
+        self.timing["notice_s"] += notices
+        self.timing["max_pass_ms"] = max(self.timing["max_pass_ms"], round(wall * 1000))
+        self.timing["max_notice_ms"] = max(self.timing["max_notice_ms"], round(notices * 1000))
+        if notices > NOTIFY_WAIT + NOTICE_SLACK:
+            self.violate("slow_pass", f"{label}: spent {notices:.2f} s on its notices (webhook {self.webhook_mode}); "
+                         f"its budget is RESPAWN_NOTIFY_WAIT {NOTIFY_WAIT} s")
+        elif wall > NOTIFY_WAIT + PASS_SLACK:
+            self.violate("slow_pass", f"{label}: took {wall:.2f} s, {notices:.2f} s of it on notices "
+                         f"(webhook {self.webhook_mode}); budget {NOTIFY_WAIT + PASS_SLACK:g} s")
+
+    def check_orphans(self, label: str, clean: bool) -> None:
+        """No TPU node is left without a job (``orphan_tpu``): a managed node (or queued resource)
+        whose job has neither spec nor status is deleted (its delete accepted) within
+        ORPHAN_PASSES full passes that could see it: Cloud TPU has no aggregated list, so the
+        controller finds it only in the zones it recorded (respawn/tpu-zones.json)."""
+        for seen in self.tpu_seen():
+            inst = seen.inst
+            key = (inst.project, inst.zone, inst.name, seen.node.id)
+            job = inst.job or ""
+            going = (inst.project, inst.zone, inst.name) in self.tpu._deleting
+            if (not inst.managed or not job or going or self.exists(names.spec_key(job))
+                    or self.exists(names.status_key(job))):
+                if key in self.orphans and going:
+                    self.stats["tpu.orphans_deleted"] += 1
+                self.orphans.pop(key, None)
+                continue
+            blind = (inst.zone in self.tpu.unreachable or inst.project in self.tpu.failing_projects
+                     or inst.zone in self.tpu.denied_zones)
+            if key not in self.orphans:
+                self.orphans[key] = 0
+                self.stats["tpu.orphans_seen"] += 1
+            if not clean or blind:
+                continue
+            self.orphans[key] += 1
+            if self.orphans[key] > ORPHAN_PASSES:
+                self.violate("orphan_tpu", f"TPU node {inst.name} in {inst.zone} ({_shown(inst)}) of job {job}, which "
+                             f"has neither spec nor status, still not deleted after {self.orphans[key]} clean full "
+                             f"passes ({label})")
+
+    def note_quota(self, request: TpuRequest) -> None:
+        """A TPU create refused on quota: was it the job's own node (a husk being deleted) that held
+        the zone's quota? As the fake counts it: every node and queued resource of that model
+        listed in the zone; own-caused when the others alone would have left room."""
+        job = request.labels.get(names.JOB_LABEL, "")
+        self.own_quota.pop(job, None)
+        limit = self.tpu.quota_limit.get((request.zone, request.spot))
+        if limit is None or request.zone in self.tpu.quota_exhausted:
+            return
+        self.stats["tpu.quota_limit_hit"] += 1
+        tpu = self.tpu
+        with tpu._lock:
+            held = {k: t.node.labels for k, t in tpu._nodes.items() if k[1] == request.zone and t.node.spot == request.spot}
+            held.update({k: q.request.labels for k, q in tpu._queued.items()
+                         if k[1] == request.zone and q.request.spot == request.spot and k not in held})
+        own = tuple(sorted(k[2] for k, labels in held.items()
+                           if labels.get(names.MANAGED_LABEL) == "true" and labels.get(names.JOB_LABEL) == job))
+        if own and len(held) >= limit > len(held) - len(own):
+            self.own_quota[job] = (request.zone, self.clock.now(), own)
+            self.stats["tpu.own_quota_hit"] += 1
+            self.say(f"TPU create of {request.name} in {request.zone} refused on quota held by {job}'s own {', '.join(own)}")
+
+    def check_step_down(self, job: str, status: JobStatus, before: JobStatus | None) -> None:
+        """No step-down caused by the job's own node (``own_step_down``): a quota error that the
+        job's own TPU node caused (it holds its zone's quota while DELETING) is not the zone's
+        capacity, nor the project's quota, so no step down may count it. ``before``: the job's
+        status as last written (writes are generation-matched: one line of them per job)."""
+        own = self.own_quota.get(job)
+        history = status.history
+        old = {(e.at, e.event, e.detail) for e in before.history} if before is not None else set()
+        if own is not None and own[1] == self.clock.now():
+            zone, at, husks = own
+            noted = [e for e in history if e.at == at and e.zone == zone and e.event in ("stockout", "quota")
+                     and (e.at, e.event, e.detail) not in old]
+            counted = before is not None and status.capacity_misses > before.capacity_misses
+            downs = [e for e in history if e.event == "step-down" and e.at == at and (e.at, e.event, e.detail) not in old]
+            for e in noted if counted or downs else ():
+                self.own_misses.add((job, e.at, zone))
+                self.stats["tpu.own_quota_counted"] += 1
+                self.say(f"{job}: a quota error {', '.join(husks)} caused counted as a capacity miss: {e.detail}")
+        for i, e in enumerate(history):
+            if e.event != "step-down" or (e.at, e.event, e.detail) in old:
+                continue
+            counted_misses = []
+            for earlier in reversed(history[:i]):
+                if earlier.event in ("launch", "inserted", "respec", "step-down", "step-up"):
+                    break
+                if (job, earlier.at, earlier.zone or "") in self.own_misses:
+                    counted_misses.append(earlier)
+            if counted_misses:
+                c = counted_misses[0]
+                self.violate("own_step_down", f"{job}: {e.detail} (attempt {e.attempt}), counting a quota error in "
+                             f"{c.zone} at {c.at:%H:%M:%S} that the job's own TPU node caused (it held the zone's "
+                             f"quota while being deleted): {c.detail}")
 
     def count_notices(self) -> None:
         """How many of the state changes the final statuses record were told: a commit whose
@@ -1368,6 +1670,9 @@ class Run:
         sent = {(n["job"], datetime.fromisoformat(n["at"]), n["attempt"])
                 for n in (json.loads(d) for _, d, _ in self.publisher.published)}
         self.stats["notify.sent"] += len(self.publisher.published)
+        with self.webhook._lock:  # slow posts land on other threads: a wall-clock figure
+            self.timing["webhook_posted"] += len(self.webhook.posted)
+            self.timing["webhook_begun"] += self.webhook.begun
         for job in self.jobs:
             st = self.status(job)
             for e in st.history if st else ():
@@ -1450,6 +1755,10 @@ class Run:
             zones.clear()
         for zone in sorted(self.tpu.stockouts):
             self.tpu.stockout(zone, False)
+        self.tpu.quota_limit.clear()
+        self.webhook_outage = (0, 0)
+        self.webhook_weather()
+        self.webhook.answer_now()  # posts still waiting on a slow or dead webhook are answered now
         self.tpu.faults._queued.clear()  # failures queued by step_tpu_api and not met yet
         self.release_inserts()
         self.release_tpu()
@@ -1460,7 +1769,7 @@ class Run:
                 self.violate("lost" if self.had_loss(job) else "stuck", f"{job}: after the world settled: {problem}")
         # Every job still running finishes: all nodes exit 0 (rank 0 writes its record first).
         finishing: dict[str, int] = {}
-        for (job, attempt), group in sorted(self.running_groups().items()):
+        for (job, attempt, _), group in sorted(self.running_groups().items()):
             st = self.status(job)
             if st is None or st.phase.terminal or st.attempt != attempt:
                 continue
@@ -1482,9 +1791,12 @@ class Run:
             if "tpu" in self.jobs[job].doc:
                 self.stats[f"tpu.outcome_{st.phase if st else 'no_status'}"] += 1
             for e in st.history if st else ():
-                if e.event in ("step-down", "stockout") or "stepping back up" in e.detail:
-                    self.stats["placement.step_up" if e.event == "launch" else f"placement.{e.event}"] += 1
-                if st.tpu and e.event in ("maintenance", "maintenance-scheduled", "preempted", "settling", "resumed"):
+                if e.event in ("step-down", "stockout"):
+                    self.stats[f"placement.{e.event}"] += 1
+                elif e.event == "step-up" or "stepping back up" in e.detail:  # its own event, or said in a launch
+                    self.stats["placement.step-up"] += 1
+                if st.tpu and e.event in ("maintenance", "maintenance-scheduled", "preempted", "settling", "resumed",
+                                          "husk"):
                     self.stats[f"tpu.history_{e.event.replace('-', '_')}"] += 1
         # A VM is leaked while it is alive; a TPU node in any state (a PREEMPTED one may hold quota).
         for inst in [*self.managed(), *self.tpu_managed()]:
@@ -1617,6 +1929,7 @@ class Totals:
     runs: int = 0
     counts: Counter[str] = field(default_factory=Counter)  # runs with at least one violation, per kind
     stats: Counter[str] = field(default_factory=Counter)
+    timing: Counter[str] = field(default_factory=Counter)
     examples: dict[str, list[tuple[int, str]]] = field(default_factory=lambda: defaultdict(list))
     seeds: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
 
@@ -1679,6 +1992,8 @@ def run_many(seed: int, runs: int, steps: int | None = None, verbose: bool = Fal
             result = Run(s, steps, verbose, out).execute()
             totals.runs += 1
             totals.stats.update({k: v for k, v in result.stats.items() if not k.startswith("_")})
+            for k, v in result.timing.items():
+                totals.timing[k] = max(totals.timing[k], v) if k.startswith("max_") else totals.timing[k] + v
             for kind, message in result.violations.items():
                 totals.counts[kind] += 1
                 totals.seeds[kind].append(s)
@@ -1737,6 +2052,27 @@ def tpu_line(totals: Totals) -> str:
             + " ".join(f"{k.replace(' ', '_')}={v}" for k, v in outcomes.items())).rstrip()
 
 
+def issue22_line(totals: Totals) -> str:
+    """Provisioning lists, TPU quota with slow deletes, orphans and slow notification destinations."""
+    s, t = totals.stats, totals.timing
+    parts = {
+        "step_downs": s["placement.step-down"], "step_ups": s["placement.step-up"],
+        "creates_by_model": "/".join(str(s[f"creates.{m}"]) for m in ("spot", "standard", "flex-start")),
+        "flex_capacity_found": s["vm.flex_capacity_found"],
+        "tpu_quota_runs": s["tpu.env_quota_limits"], "quota_limits_met": s["tpu.quota_limit_hit"],
+        "slow_delete_runs": s["tpu.env_slow_deletes"], "waits_for_husks": s["tpu.history_husk"],
+        "own_husk_quota_errors": s["tpu.own_quota_hit"],
+        "purges_with_node": s["tpu.user_purge_with_node"], "orphans_seen": s["tpu.orphans_seen"],
+        "orphans_deleted": s["tpu.orphans_deleted"],
+        **{f"webhook_{m}_runs": s[f"notify.webhook_{m}"] for m, _ in WEBHOOK_MODES},
+        "webhook_failures": s["notify.webhook_failures_injected"],
+        "webhook_posts_begun": t["webhook_begun"], "webhook_posts_answered": t["webhook_posted"],
+        "max_pass_ms": t["max_pass_ms"], "max_notice_wait_ms": t["max_notice_ms"],
+        "notice_wait_s": round(t["notice_s"], 1), "pass_s": round(t["pass_s"], 1),
+    }
+    return "chaos issue 22 (faults met; wall-clock figures vary): " + " ".join(f"{k}={v}" for k, v in parts.items())
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -1768,6 +2104,7 @@ def main(argv: list[str] | None = None) -> int:
     moves = {k.removeprefix("placement."): v for k, v in sorted(totals.stats.items()) if k.startswith("placement.")}
     print("chaos placement (history events): " + " ".join(f"{k.replace('-', '_')}={v}" for k, v in moves.items()))
     print(tpu_line(totals))
+    print(issue22_line(totals))
     print("chaos outcomes (jobs at the end): " + " ".join(f"{k.replace(' ', '_')}={v}" for k, v in outcomes.items()))
     print(f"chaos notifications: sent={totals.stats['notify.sent']} send_failures={totals.stats['notify.failures_injected']} "
           f"transitions_told={totals.stats['notify.told']} "

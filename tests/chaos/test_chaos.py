@@ -86,6 +86,31 @@ def test_tpu_faults_really_reach_the_controller(chaos: tuple[sim.Totals, list[st
     assert all(met.values()), {k: v for k, v in met.items() if not v}
 
 
+def test_issue_22_faults_really_reach_the_controller(chaos: tuple[sim.Totals, list[str]]) -> None:
+    """Provisioning lists stepped down and back up (Flex-start too), TPU quota a few nodes deep
+    with deletes that hold it, job folders deleted whole beside a TPU node, and webhooks that
+    fail, answer late or never: each met by the controller, and the passes still within budget."""
+    s, t = chaos[0].stats, chaos[0].timing
+    met = {
+        "step-downs": s["placement.step-down"],
+        "step-ups (fallback.step_up_after)": s["placement.step-up"],
+        "Flex-start creates": s["creates.flex-start"],
+        "TPU quota limits met": s["tpu.quota_limit_hit"],
+        "runs with deletes slower than the wait for husks": s["tpu.env_slow_deletes"],
+        "waits for the job's own husks": s["tpu.history_husk"],
+        "quota errors the job's own husk caused": s["tpu.own_quota_hit"],
+        "job folders deleted whole beside a TPU node": s["tpu.user_purge_with_node"],
+        "orphan TPU nodes deleted": s["tpu.orphans_deleted"],
+        "runs with a slow webhook": s["notify.webhook_slow"],
+        "runs with a webhook that never answers": s["notify.webhook_dead"],
+        "webhook posts that failed": s["notify.webhook_failures_injected"],
+        "jobs' own destinations told": t["webhook_begun"],
+    }
+    assert all(met.values()), {k: v for k, v in met.items() if not v}
+    # A slow or dead webhook cost passes their notify wait, never more (the slow_pass invariant).
+    assert 0 < t["max_notice_ms"] <= (sim.NOTIFY_WAIT + sim.NOTICE_SLACK) * 1000, dict(t)
+
+
 def test_a_seed_replays_exactly() -> None:
     first, second = sim.run_one(7), sim.run_one(7)
     assert first.violations == second.violations

@@ -9,7 +9,9 @@ Each case puts one generated object (a spec, a VM record or a status.json; see
 - a spec rejection has a problem line that does not start with a field path
   (``policy.max_runtime: ...``), or spans lines;
 - a VM is inserted outside what the policy allows (an unwatched project, or another
-  service account than the trainer's).
+  service account than the trainer's);
+- a notice goes to a destination the policy refuses (a spec's ``notify.webhook`` on a host
+  not allowed, in clear, on another port, an address; a topic of an unwatched project).
 
 An exception that the pass caught and recorded as *unexpected* for one job is not
 unhandled (the pass went on) but is counted and shown: it is a bug class all the same.
@@ -26,9 +28,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.adapters.memory import MemoryPublisher, MemoryWebhook
 from controller.core import names
 from controller.core.policy import ControllerPolicy
-from controller.core.spec import JobSpec, SpecError, parse_spec
+from controller.core.spec import JobSpec, Notify, SpecError, parse_spec
+from controller.service.notifier import Notifier
 from tests.fuzz.generate import (
     HEALTHY,
     HEALTHY_DOC,
@@ -149,6 +153,11 @@ def check(case: Case) -> tuple[list[str], list[str]]:
     if case.kind == "spec":
         unhandled += _check_parse(case)
     h = Harness(POLICY)
+    # Every job's own destinations are tried (a topic must exist to be published to).
+    publisher = MemoryPublisher([f"projects/{p}/topics/{t}" for p in POLICY.watched_projects
+                                 for t in ("respawn-events", "x")] + ["projects/elsewhere-proj/topics/x"])
+    webhook = MemoryWebhook()
+    h.notifier = Notifier(POLICY, publisher, webhook)
     try:
         if case.setup:
             h.submit(VICTIM, VICTIM_DOCS[case.victim])
@@ -166,6 +175,7 @@ def check(case: Case) -> tuple[list[str], list[str]]:
     if HEALTHY in summary.errors:
         unhandled.append(f"the healthy job got an error: {summary.errors[HEALTHY][:300]}")
     unhandled += _check_inserts(h)
+    unhandled += _check_notices(publisher, webhook)
     if case.kind == "spec":
         unhandled += _check_status_lines(h, case.job)
     caught = [f"{job}: {why[:300]}" for job, why in summary.errors.items() if "unexpected" in why.lower()]
@@ -220,6 +230,15 @@ def _check_inserts(h: Harness) -> list[str]:
             out.append(f"{name} inserted in unwatched project {request.project!r}")
         if request.service_account != TRAINER:
             out.append(f"{name} inserted running as {request.service_account!r}")
+    return out
+
+
+def _check_notices(publisher: MemoryPublisher, webhook: MemoryWebhook) -> list[str]:
+    """Notices go only where the policy allows a job's own destinations."""
+    out = [f"a notice published to {topic!r}, which the policy refuses"
+           for topic, _, _ in publisher.published if POLICY.notify_problems(Notify.model_construct(topic=topic, webhook=None))]
+    out += [f"a notice posted to {url[:200]!r}, which the policy refuses"
+            for url, _ in webhook.posted if POLICY.notify_problems(Notify.model_construct(topic=None, webhook=url))]
     return out
 
 

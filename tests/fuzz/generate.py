@@ -83,6 +83,18 @@ def valid_docs() -> list[dict[str, Any]]:
         },
         {"zones": ["europe-west4-a"], "machine_type": "a3-highgpu-8g", "nodes": 2, "command": "torchrun train.py",
          "provisioning": "standard", "boot_disk": {"image": "projects/debian-cloud/global/images/family/debian-12"}},
+        # Issue 22: a TPU slice (queued), a provisioning list with its fallback, notifications.
+        {"zones": ["us-central2-b", "europe-west4-a"], "command": "python train.py",
+         "tpu": {"type": "v5litepod-16", "runtime_version": "tpu-ubuntu2204-base", "queued": True},
+         "provisioning": ["spot", "standard"], "placement": "ordered",
+         "checkpoint": {"uri": f"gs://{CKPT_BUCKET}/tpu"},
+         "policy": {"maintenance_timeout": "30m", "fallback": {"wait": "20m", "stockouts": 2, "step_up_after": "6h"}},
+         "notify": {"topic": "projects/respawn-proj/topics/respawn-events",
+                    "webhook": "https://hooks.slack.com/services/T000/B000/XXXX"}},
+        {"zones": ["us-central1-a", "us-central1-b"], "machine_type": "g2-standard-8", "command": "python train.py",
+         "provisioning": ["spot", "standard", "flex-start"], "placement": "capacity",
+         "policy": {"max_run_duration": "3d", "fallback": {"wait": "30m", "stockouts": 3, "step_up_after": "2h"}},
+         "notify": {"webhook": "https://hooks.slack.com/services/T000/B000/YYYY"}},
     ]
 
 
@@ -155,16 +167,41 @@ def _key(rng: random.Random) -> Any:
 
 
 _TOP = ["name", "project", "zones", "machine_type", "accelerators", "provisioning", "boot_disk", "service_account",
-        "network", "labels", "command", "code", "env", "nodes", "checkpoint", "heartbeat_interval", "policy"]
+        "network", "labels", "command", "code", "env", "nodes", "checkpoint", "heartbeat_interval", "policy",
+        "tpu", "notify", "placement"]
 _NESTED = {
+    "tpu": ["type", "runtime_version", "queued"],
+    "notify": ["topic", "webhook"],
     "accelerators": ["type", "count"],
     "boot_disk": ["image", "image_family", "image_project", "size_gb", "type"],
     "service_account": ["email", "scopes"],
     "network": ["network", "subnetwork", "external_ip", "tags"],
     "checkpoint": ["uri", "format"],
     "policy": ["max_restarts", "max_failures", "max_runtime", "max_instance_age", "idle_timeout", "startup_grace",
-               "backoff", "zone_cooldown", "crash_loop_failures", "termination_action"],
+               "backoff", "zone_cooldown", "crash_loop_failures", "termination_action", "fallback",
+               "maintenance_timeout", "max_run_duration"],
+    "fallback": ["wait", "stockouts", "step_up_after"],
 }
+# Issue 22's fields, made hostile by _mutate_issue22: TPU blocks, provisioning lists, fallbacks, notify.
+TPU_TYPES = ["v4-8", "v5litepod-16", "v6e-256", "v5p-8192", "v4-0", "v4-", "-8", "V4-8", "v4-8 ", "v99-8", "v4-8/../x",
+             "v5litepod-1e9", "v4-99999999999999999999", "tpu7x-8", ""]
+RUNTIMES = ["tpu-ubuntu2204-base", "v2-alpha-tpuv5-lite", "", " ", "../x", "a" * 300, "tpu-vm-tf-2.16.0-pjrt\n",
+            "$(id)"]
+MODELS = ["spot", "standard", "flex-start", "SPOT", "preemptible", "flex_start", "", None, 1, "on-demand"]
+WEBHOOKS = [
+    "https://hooks.slack.com/services/T000/B000/XXXX", "http://hooks.slack.com/services/x", "https://evil.example/x",
+    "https://hooks.slack.com.evil.example/x", "https://evil.example/hooks.slack.com", "https://user:pw@hooks.slack.com/x",
+    "https://hooks.slack.com:8443/x", "https://localhost/x", "http://127.0.0.1:8080/x", "http://[::1]/x",
+    "http://169.254.169.254/computeMetadata/v1/", "http://metadata.google.internal/x", "file:///etc/passwd",
+    "gopher://hooks.slack.com/x", "javascript:alert(1)", "https://", "https:///x", "//hooks.slack.com/x",
+    "hooks.slack.com/x", "https://hooks.slack.com/x\r\nX-Injected: 1", "https://hooks.slack.com/x#frag",
+    "https://HOOKS.SLACK.COM/x", "https://hooks.slack.com./x", "https://xn--hoks-slack-9db.com/x",
+    "https://hooks.slack.com/" + "a" * 10_000, "https://10.0.0.1/x", "https://[::ffff:127.0.0.1]/x", "", " ",
+]
+TOPICS = ["projects/respawn-proj/topics/respawn-events", "projects/elsewhere-proj/topics/x", "projects/respawn-proj/topics/",
+          "projects//topics/x", "topics/x", "projects/respawn-proj/topics/" + "t" * 300, "projects/respawn-proj/topics/goog-x",
+          "projects/respawn-proj/topics/a b", "projects/respawn-proj/subscriptions/x", ""]
+
 _ALL_FIELDS = _TOP + [f for fs in _NESTED.values() for f in fs]
 
 
@@ -200,7 +237,54 @@ def spec_case(seed: int, index: int) -> Case:
     return Case("spec", index, key, body, "; ".join(steps), setup=rng.random() < 0.15)
 
 
+def _mutate_issue22(rng: random.Random, doc: dict[str, Any]) -> str:
+    """A TPU block, a provisioning list with its fallback, or notification settings, made hostile
+    (or valid-looking where the hostility is in how they combine)."""
+    what = rng.randrange(5)
+    if what == 0:
+        tpu = doc["tpu"] = doc["tpu"] if isinstance(doc.get("tpu"), dict) else {}
+        tpu["type"] = rng.choice(TPU_TYPES + [hostile_value(rng)])
+        if rng.random() < 0.6:
+            tpu["runtime_version"] = rng.choice(RUNTIMES + [hostile_value(rng)])
+        if rng.random() < 0.5:
+            tpu["queued"] = rng.choice([True, False, "yes", 1, None, hostile_value(rng)])
+        if rng.random() < 0.3:
+            doc["nodes"] = rng.choice([1, 2, 0, 64])  # a TPU with nodes, or a GPU shape beside it
+        if rng.random() < 0.3:
+            doc["accelerators"] = {"type": "nvidia-l4", "count": 1}
+        return "tpu block"
+    if what == 1:
+        size = rng.choice([0, 1, 2, 3, 4, 8])
+        models = [rng.choice(MODELS) for _ in range(size)]
+        doc["provisioning"] = rng.choice([models, models[0] if models else "", ",".join(map(str, models)),
+                                          {"spot": True}, ["spot", "spot"], ["spot", "standard", "flex-start"]])
+        return "provisioning list"
+    if what == 2:
+        policy = doc["policy"] = doc["policy"] if isinstance(doc.get("policy"), dict) else {}
+        fallback: dict[str, Any] = {}
+        for key in rng.sample(["wait", "stockouts", "step_up_after", _key(rng)], rng.randint(0, 4)):
+            fallback[key] = rng.choice(DURATIONS + NUMBERS + [None, "6h", 3, 0, -1, hostile_value(rng)])
+        policy["fallback"] = rng.choice([fallback, fallback, None, [], "30m", hostile_value(rng)])
+        if rng.random() < 0.3:
+            policy[rng.choice(["max_run_duration", "maintenance_timeout"])] = rng.choice(DURATIONS + NUMBERS)
+        return "policy.fallback"
+    if what == 3:
+        notify: dict[str, Any] = {}
+        if rng.random() < 0.8:
+            notify["webhook"] = rng.choice(WEBHOOKS + [hostile_value(rng)])
+        if rng.random() < 0.5:
+            notify["topic"] = rng.choice(TOPICS + [hostile_value(rng)])
+        if rng.random() < 0.1:
+            notify[_key(rng)] = hostile_value(rng)
+        doc["notify"] = rng.choice([notify, notify, notify, None, [], rng.choice(WEBHOOKS), hostile_value(rng)])
+        return "notify"
+    doc["placement"] = rng.choice(["ordered", "capacity", "Capacity", "", None, "random", 1, hostile_value(rng)])
+    return "placement"
+
+
 def _mutate_doc(rng: random.Random, doc: dict[str, Any]) -> str:
+    if rng.random() < 0.3:
+        return _mutate_issue22(rng, doc)
     op = rng.randrange(9)
     field = rng.choice(_TOP)
     if op == 0:
