@@ -262,12 +262,15 @@ def after_create_error(status: JobStatus, spec: JobSpec, error: Exception, now: 
     as placement ranked them for the attempt's model; ``held``: this job's own TPU nodes still
     in the zone of the error (being deleted), which hold its TPU quota until they are gone."""
     zone = status.zone
-    if isinstance(error, errors.QuotaError) and held:
-        # Not the zone's capacity, nor the project's quota: the job's own husk. Never a
-        # cooldown, never a step down; tried again once the husk may be gone.
+    rate = isinstance(error, errors.QuotaError) and quota_scope(error.reason) == "rate"
+    if isinstance(error, errors.QuotaError) and (held or rate):
+        # Not the zone's capacity, nor the project's quota: the job's own husk, or a limit on
+        # the rate of requests (RATE_LIMIT_EXCEEDED), which passes. Never a cooldown, never a
+        # step down; tried again once the husk may be gone, or the rate back under its limit.
         delay = backoff(spec, status.placement + 1)
-        detail = (f"quota exceeded in {error.zone} ({error.reason}), held by this job's own {', '.join(held)} until "
-                  f"its delete is done; retrying in {format_duration(delay)}")
+        whose = "a request rate limit" if rate else f"this job's own {', '.join(held)} until its delete is done"
+        detail = (f"quota exceeded in {error.zone} ({error.reason}), held by {whose}; "
+                  f"retrying in {format_duration(delay)}")
         return status.but(event(now, status, "quota", detail, zone=zone), placement=status.placement + 1,
                           not_before=now + delay, message=detail)
     if isinstance(error, (errors.CapacityError, errors.QuotaError)):
@@ -344,8 +347,11 @@ def _cooldowns_on(status: JobStatus, model: str, now: datetime) -> tuple[dict[st
 
 
 def quota_scope(reason: str) -> str:
-    """What a quota Compute or Cloud TPU named covers: "zone", "region" or "project" (all regions)."""
+    """What a quota Compute or Cloud TPU named covers: "zone", "region" or "project" (all regions);
+    "rate" for a limit on the rate of requests, which covers no capacity at all."""
     text = reason.lower()
+    if "rate_limit" in text or "ratelimit" in text:
+        return "rate"
     if "all_regions" in text or "all-regions" in text or "global" in text:
         return "project"
     if "perzone" in text or "per-zone" in text or "in zone" in text:

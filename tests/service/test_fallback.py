@@ -201,3 +201,21 @@ def test_a_quota_error_fails_over_to_another_region_naming_the_quota():
     quota = next(e for e in st.history if e.event == "quota")
     assert "NVIDIA_L4_GPUS" in quota.detail and "region us-central1" in quota.detail
     assert {"us-central1-a", "us-central1-b"} <= set(st.zone_cooldowns)  # both zones of the region, not retried
+
+
+def test_a_request_rate_limit_is_retried_never_read_as_a_quota_that_cools_the_region_or_steps_down():
+    """RATE_LIMIT_EXCEEDED (an operation's error code, read as a QuotaError) limits how fast
+    requests come, not how much capacity the region has: retried with backoff in the same
+    zone, no zone cooled, the job never stepped down to the pricier model for it."""
+    h = Harness()
+    h.compute.faults.fail_next("insert", errors.QuotaError(ZONES[0], "RATE_LIMIT_EXCEEDED"), times=len(ZONES))
+    h.submit("j", spec_doc(zones=ZONES, provisioning=["spot", "standard"]))
+    h.tick()
+    assert h.status("j").zone_cooldowns == {} and h.status("j").not_before is not None
+    for _ in range(4):
+        h.advance(minutes=1)
+        h.tick()
+    st = h.status("j")
+    assert h.live() == ["j-1"] and models_inserted(h) == ["spot"] and st.provisioning == "spot"
+    assert "step-down" not in events(h, "j") and st.zone_cooldowns == {}
+    assert "request rate limit" in next(e.detail for e in st.history if e.event == "quota")
