@@ -278,7 +278,7 @@ def _raise_for(op: compute_v1.Operation, zone: str) -> None:
         code, info = quota[0]
         dims = dict(info.dimensions)
         where = f" in region {dims['region']}" if "region" in dims else f" in zone {dims['zone']}" if "zone" in dims else ""
-        raise errors.QuotaError(zone, f"{code} ({info.limit_name or info.metric_name}, limit {info.limit:g}{where})")
+        raise errors.QuotaError(zone, f"{code} ({info.metric_name or info.limit_name}, limit {info.limit:g}{where})")
     if any("QUOTA" in c or "RATE_LIMIT" in c for c in codes):
         raise errors.QuotaError(zone, next(c for c in codes if "QUOTA" in c or "RATE_LIMIT" in c))
     if any(c in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS") for c in codes):

@@ -23,6 +23,9 @@ from controller.core.world import JobView, Record, World
 STRAY_GRACE = timedelta(hours=1)
 # How long a restart waits for the previous attempt's VM to finish going down.
 _SETTLE_LIMIT = timedelta(minutes=10)
+# How long a run whose every TPU zone the project may not use waits before it fails: IAM
+# grants take minutes to hold, and a deploy may have made them just before.
+_DENIED_GRACE = timedelta(minutes=10)
 # Causes of a lost VM that are nobody's fault but the platform's, most telling first.
 _PLATFORM = {StopReason.PREEMPTED: "preempted", StopReason.MAINTENANCE: "maintenance",
              StopReason.HOST_ERROR: "host error"}
@@ -184,7 +187,9 @@ def _marker_cause(marker: Record) -> str:
 
 def _watch(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchContext) -> list[Action]:
     """The current attempt was inserted: is every node alive, working and young enough?"""
-    if st.zone in v.unreachable or st.zone in v.denied_zones or st.project in v.unseen_projects:
+    if st.zone in v.denied_zones:  # the project may no longer use the zone: not seen, and said
+        return _note(v, st, "blind", f"cannot see {', '.join(st.instances)}: {_denials({st.zone: v.denied_zones[st.zone]}, spec, ctx)}", now)
+    if st.zone in v.unreachable or st.project in v.unseen_projects:
         return []  # its zone or project did not answer the list: "not seen" is not "gone"
     mine = _current(v, st)
     lost = [n for n in st.instances if n not in mine or mine[n].status.down]
@@ -262,7 +267,12 @@ def _withdraw(v: JobView, spec: JobSpec, st: JobStatus, working: dict[str, Insta
     down = t.step_down(st, spec, now, why)
     if down is None:
         return []
-    recovering = down.but(phase=Phase.RECOVERING, recovering_since=now)
+    # The zone that gave nothing cools for the model left behind, as a stockout would cool it:
+    # stepping back up later does not go straight back into the same queue.
+    left = t.model_of(spec, st)
+    parked = {**down.model_cooldowns,
+              left: {**down.model_cooldowns.get(left, {}), st.zone: now + spec.policy.zone_cooldown}} if st.zone else down.model_cooldowns
+    recovering = down.but(phase=Phase.RECOVERING, recovering_since=now, model_cooldowns=parked)
     return [WriteStatus(v.job, recovering, "stepped down", replan=True),
             *_delete_current(v, st, "withdrawn: waited past policy.fallback.wait")]
 
@@ -439,9 +449,12 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
         return _blind_note(v, spec, st, now)  # an attempt's VMs may live, unseen, in a zone that did not answer
     if st.not_before and now < st.not_before:
         return _delete_current(v, st, why)  # backing off; a VM whose delete failed still goes
-    up = [i for i in v.instances if i.attempt == st.attempt and not i.status.down]
+    # (A TPU spec's own TPU nodes are waited for below, every one of them, for their quota; a VM
+    # left by a spec that moved to a TPU is waited for here, as any VM is.)
+    up = [i for i in v.instances if i.attempt == st.attempt and not i.status.down
+          and not (spec.tpu is not None and i.tpu)]
     since = st.recovering_since or st.created_at or now  # a new run: since it began
-    if spec.tpu is None and (any(i.status.alive for i in up) or (up and now - since < _SETTLE_LIMIT)):
+    if any(i.status.alive for i in up) or (up and now - since < _SETTLE_LIMIT):
         # A VM of this attempt is still up: delete it first (its shutdown script gives the
         # trainer the SIGTERM save) and choose the checkpoint once it is gone, so that the
         # save is the one resumed from. One still alive is always waited for (never two
@@ -465,7 +478,11 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
         return [*_note(v, st, "checkpoint", text, now), *_delete_current(v, st, why)]
     if denied := {z: v.denied_zones[z] for z in spec.zones if z in v.denied_zones}:
         if len(denied) == len(spec.zones):
-            return _end(v, st, Phase.FAILED, f"no zone of the spec can be used: {_denials(denied, spec, ctx)}", now)
+            # Not at once: a grant made just before (respawn deploy's) takes minutes to hold.
+            text = f"no zone of the spec can be used: {_denials(denied, spec, ctx)}"
+            if now - (st.created_at or now) >= _DENIED_GRACE:
+                return _end(v, st, Phase.FAILED, text, now)
+            return [*_note(v, st, "denied", f"waiting: {text}", now), *_delete_current(v, st, why)]
         why = f"{why}; skipping {_denials(denied, spec, ctx)}"
     # A refusal holds for one attempt (begin_attempt forgets them). The models the job may use
     # are all candidates, preferred in the spec's order, each with its own cooldowns. A model

@@ -125,7 +125,9 @@ def begin_attempt(
     resume = f"resuming from {checkpoint.uri}" if checkpoint else "starting from scratch (no complete checkpoint)"
     where = f"{zone} ({model}; {placement.describe(advice.get(zone))})" if advice else f"{zone} ({model})"
     detail = f"{why}; creating {', '.join(names)} in {where}, {resume}"
-    switched = model != model_of(spec, status)
+    # Against the model the status was on (a new spec may have dropped it): its cooldowns and
+    # its time on that model are its own, never the new one's.
+    switched = model != (status.provisioning or model_of(spec, status))
     shape = ledger.shape_of(spec)  # what the advice was asked about: its price and uptime are that shape's
     scores = {z: ZoneScore(obtainability=a.obtainability, uptime_s=a.uptime_s, preemption_rate=a.preemption_rate,
                            spot_price_h=a.spot_price_h, shape=shape)

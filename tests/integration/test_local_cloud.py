@@ -178,7 +178,7 @@ def test_spot_steps_down_to_standard_after_stockouts_and_back_up_at_the_next_rec
     for zone in zones:
         cloud.compute.stockout(zone, spot_only=True)
     doc = spec(job, command="sleep 60", zones=zones, provisioning=["spot", "standard"],
-               policy={"startup_grace": "1m", "idle_timeout": "1m", "max_instance_age": "4s",
+               policy={"startup_grace": "1m", "idle_timeout": "1m", "max_instance_age": "4s", "zone_cooldown": "2s",
                        "fallback": {"stockouts": 2, "step_up_after": "3s"}})
     try:
         submit(cloud, job, doc)
@@ -191,11 +191,12 @@ def test_spot_steps_down_to_standard_after_stockouts_and_back_up_at_the_next_rec
     finally:
         for zone in zones:
             cloud.compute.stockout(zone, on=False, spot_only=True)
-    # max_instance_age recycles the standard VM; by then step_up_after has passed: Spot again.
+    # max_instance_age recycles the standard VM; by then step_up_after has passed, and Spot's own
+    # cooldowns in those zones (kept while the job was on standard) are over: Spot again.
     until("a Spot VM for attempt 2", lambda: running(cloud, f"{job}-2"), timeout=60)
     assert model_of(cloud, f"{job}-2") == "SPOT"
     st = until("attempt 2 on spot", lambda: (s := status(cloud, job)) and s.attempt == 2 and s.provisioning == "spot" and s)
-    assert any("stepping back up to spot" in e.detail for e in st.history if e.event == "launch")
+    assert any("stepping back up from standard to spot" in e.detail for e in st.history if e.event == "launch")
     cloud.storage.bucket(cloud.options.bucket).blob(names.cancel_key(job)).upload_from_string("")
     until("cancelled", lambda: (s := status(cloud, job)) and s.phase == Phase.CANCELLED)
 

@@ -169,6 +169,7 @@ def test_a_queued_spot_tpu_past_fallback_wait_is_withdrawn_and_the_job_steps_dow
     assert st.provisioning == "standard" and "step-down" in events(h, "tpu")
     assert ("delete", "tpu-1") in h.tpu.calls and st.restarts == 0 and st.failures == 0  # not a loss
     assert "withdrawing tpu-1" in next(e.detail for e in st.history if e.event == "step-down")
+    assert "us-central2-b" in st.model_cooldowns["spot"]  # a step back up does not go straight back into that queue
     h.advance(seconds=h.tpu.delete_seconds + 1)  # the queued request gone: the next goes on demand
     h.tick()
     st = h.status("tpu")
@@ -219,3 +220,15 @@ def test_a_request_rate_limit_is_retried_never_read_as_a_quota_that_cools_the_re
     assert h.live() == ["j-1"] and models_inserted(h) == ["spot"] and st.provisioning == "spot"
     assert "step-down" not in events(h, "j") and st.zone_cooldowns == {}
     assert "request rate limit" in next(e.detail for e in st.history if e.event == "quota")
+
+
+def test_a_new_spec_that_drops_the_current_model_never_inherits_its_cooldowns():
+    """On standard with both zones cooling; the spec is replaced by one listing only spot: the
+    standard cooldowns are standard's, and spot starts with none of them."""
+    spec = parse_spec(yaml.safe_dump(spec_doc(zones=ZONES, provisioning=["spot"])), "j")
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    cooling = {z: now + timedelta(minutes=9) for z in ZONES}
+    st = JobStatus(attempt=1, provisioning="standard", zone_cooldowns=cooling)
+    nxt = t.begin_attempt(st, spec, "proj-1", ZONES[0], ["j-2"], None, now, "recover", 2, "tok", "spot")
+    assert nxt.zone_cooldowns == {} and nxt.model_cooldowns == {"standard": cooling}
+    assert nxt.provisioning == "spot" and nxt.model_since == now

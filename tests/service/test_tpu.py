@@ -594,7 +594,20 @@ def test_a_tpu_job_with_no_usable_zone_fails_saying_why_instead_of_waiting_forev
     h.tpu.denied_zones.update(ZONES)
     h.submit("tpu", tpu_doc())
     h.tick()
+    st = h.status("tpu")  # not at once: a grant made by a deploy just before takes minutes to hold
+    assert st.phase == Phase.PENDING and st.message.startswith("waiting: no zone of the spec can be used")
+    h.advance(minutes=11)
+    h.tick()
     st = h.status("tpu")
     assert st.phase == Phase.FAILED and h.tpu.names() == []
     assert "no zone of the spec can be used" in st.message and all(z in st.message for z in ZONES)
     assert "Permission denied on 'locations/us-central2-b'" in st.message
+
+
+def test_a_running_tpu_jobs_zone_the_project_may_no_longer_use_is_said_not_judged(h):
+    running(h)
+    h.tpu.denied_zones.add("us-central2-b")  # a grant revoked: the node may still be there
+    h.tick()
+    st = h.status("tpu")
+    assert st.phase == Phase.RUNNING and st.attempt == 1 and calls(h) == []
+    assert "cannot see tpu-1" in st.message and "us-central2-b" in st.message
