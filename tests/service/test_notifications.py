@@ -317,12 +317,19 @@ def test_destinations_a_status_records_are_checked_against_the_policy_when_used(
     assert [b["respawn"]["event"] for b in webhook.bodies(HOOK)][-1] == "cancelled"
 
 
-def test_a_jobs_own_webhook_url_is_never_written_into_its_status(told):
+def own_destinations(told, url: str):
+    """A job submitted with its own topic and webhook; (harness, publisher, webhook, its topic)."""
     h, publisher, webhook = told
-    mine, url = f"projects/{PROJECT}/topics/mine", "https://hooks.slack.com/services/T1/B1/SECRETxyz"
+    mine = f"projects/{PROJECT}/topics/mine"
     publisher.create_topic(mine)
     h.submit("llm", spec_doc(notify={"topic": mine, "webhook": url}))
     h.tick()
+    return h, publisher, webhook, mine
+
+
+def test_a_jobs_own_webhook_url_is_never_written_into_its_status(told):
+    url = "https://hooks.slack.com/services/T1/B1/SECRETxyz"
+    h, publisher, webhook, mine = own_destinations(told, url)
     h.tick()
     assert url in {u for u, _ in webhook.posted}  # told while its spec says where
     raw = h.store.read(BUCKET, "jobs/llm/status.json").data
@@ -330,11 +337,8 @@ def test_a_jobs_own_webhook_url_is_never_written_into_its_status(told):
 
 
 def test_a_deleted_spec_tells_its_topic_of_the_cancel_but_not_its_webhook(told):
-    h, publisher, webhook = told
-    mine, url = f"projects/{PROJECT}/topics/mine", "https://hooks.slack.com/services/T1/B1/mine"
-    publisher.create_topic(mine)
-    h.submit("llm", spec_doc(notify={"topic": mine, "webhook": url}))
-    h.tick()
+    url = "https://hooks.slack.com/services/T1/B1/mine"
+    h, publisher, webhook, mine = own_destinations(told, url)
     h.store.delete(BUCKET, "jobs/llm/spec.yaml")
     h.tick()
     assert h.status("llm").phase == Phase.CANCELLED
