@@ -481,6 +481,10 @@ def reconcile(
     out.print(table)
 
 
+DEFAULT_LOCAL_DIR = Path.home() / ".respawn" / "local"
+LocalDir = Annotated[Path, typer.Option("--dir", envvar="RESPAWN_LOCAL_DIR",
+                                        help="where the local cloud's exports (local.env) and function logs go")]
+
 local = typer.Typer(help="The local cloud: GCS, Compute Engine, the functions, Scheduler and Eventarc; "
                          "and faults injected into it from another terminal.", no_args_is_help=True)
 app.add_typer(local, name="local")
@@ -493,28 +497,52 @@ def local_up(
     tick: Annotated[float, typer.Option(envvar="RESPAWN_LOCAL_TICK", help="seconds between scheduler ticks")] = 60.0,
     preemption_notice: Annotated[float, typer.Option(envvar="RESPAWN_LOCAL_NOTICE",
                                                      help="shutdown-script budget in seconds (Spot: 30)")] = 30.0,
+    folder: LocalDir = DEFAULT_LOCAL_DIR,
 ) -> None:
-    """Start the whole local cloud and keep it up until Ctrl-C."""
+    """Start the whole local cloud and keep it up until Ctrl-C; another terminal sources the file it names."""
     import signal
     import threading
 
+    from localcloud.session import Actions, remove_env, write_env
     from localcloud.stack import LocalCloud, Options
 
-    cloud = LocalCloud(Options(bucket=bucket, project=project, tick_interval=tick, shutdown_budget=preemption_notice))
+    cloud = LocalCloud(Options(bucket=bucket, project=project, tick_interval=tick, shutdown_budget=preemption_notice,
+                               log_dir=_made(folder)))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):  # explicit: a background job inherits SIGINT ignored
         signal.signal(sig, lambda *_: stop.set())
     with cloud:
-        out.print("[bold green]local cloud up[/bold green] — point clients at it with:\n")
-        for key, value in cloud.env().items():
-            print(f"export {key}={value}")
-        out.print("\n[dim]gcloud works against it once these are exported (CLOUDSDK_AUTH_ACCESS_TOKEN_FILE is a dummy "
-                  "token: no login needed): gcloud compute instances list[/dim]")
+        env_file = write_env(folder, cloud.env())
+        out.print("[bold green]local cloud up[/bold green] — in another terminal, point clients at it with:\n")
+        print(f"source {env_file}")
+        out.print(f"\n[dim](`respawn local env` prints the exports again.) gcloud works against it once they are "
+                  "set (a dummy token: no login needed): gcloud compute instances list[/dim]")
         out.print(f"\nfunctions: tick {cloud.function_url('tick')}  on_object {cloud.function_url('on_object')}")
-        out.print("Ctrl-C stops everything.")
-        while not stop.wait(0.5):
-            pass
+        out.print("Ctrl-C stops everything. What the controller does is shown here as it happens:\n")
+        actions = Actions(folder, lambda line: out.print(plain(line), soft_wrap=True)).start()
+        try:
+            while not stop.wait(0.5):
+                pass
+        finally:
+            actions.stop()
+            remove_env(folder)
     out.print("local cloud stopped")
+
+
+@local.command("env")
+def local_env(folder: LocalDir = DEFAULT_LOCAL_DIR) -> None:
+    """Print the exports of the running local cloud again (what `respawn local up` wrote)."""
+    from localcloud.session import read_env
+
+    text = read_env(folder)
+    if text is None:
+        _fail(f"no local cloud is up (nothing in {folder}): start one with `respawn local up`")
+    print(text, end="")
+
+
+def _made(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 Instance = Annotated[str, typer.Argument(help="an instance or TPU node of the local cloud (`respawn status` names it)")]

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import signal
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,27 +31,38 @@ TOKEN = "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE"
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """`respawn local up` running in its own process: what it printed, and the exports it printed."""
+    """`respawn local up` running in its own process: what it printed (all along: a thread keeps
+    reading), and the exports of the file it named."""
     shell = {k: v for k, v in os.environ.items() if not k.startswith(("RESPAWN_", "CLOUDSDK_", "STORAGE_EMULATOR"))}
+    folder = tmp_path_factory.mktemp("respawn-local")
     process = subprocess.Popen([sys.executable, "-m", "controller.cli", "local", "up", "--tick", "2",
-                                "--preemption-notice", "5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**shell, "COLUMNS": "200"}, cwd=tmp_path_factory.mktemp("terminal-1"),
-                               stdin=subprocess.DEVNULL)
+                                "--preemption-notice", "5", "--dir", str(folder)], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env={**shell, "COLUMNS": "200"},
+                               cwd=tmp_path_factory.mktemp("terminal-1"), stdin=subprocess.DEVNULL)
     lines: list[str] = []
-    try:
+    ready = threading.Event()
+
+    def read() -> None:
         for line in process.stdout:  # type: ignore[union-attr]
             lines.append(line)
             if "Ctrl-C" in line:
-                break
-        else:
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        if not ready.wait(120) or process.poll() is not None:
             pytest.fail("respawn local up ended: " + "".join(lines)[-3000:])
-        exports = [line.strip() for line in lines if line.startswith("export ")]
-        env = dict(line.removeprefix("export ").split("=", 1) for line in exports)
-        yield {"lines": lines, "exports": exports, "env": env, "shell": shell}
+        [source] = [line.split(maxsplit=1)[1].strip() for line in lines if line.startswith("source ")]
+        exports = [line for line in Path(source).read_text().splitlines() if line.startswith("export ")]
+        env = {key: shlex.split(value)[0] for key, value in
+               (line.removeprefix("export ").split("=", 1) for line in exports)}
+        yield {"lines": lines, "exports": exports, "env": env, "shell": shell, "source": Path(source),
+               "folder": folder}
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=30) == 0
-        # The dummy token went with the local cloud.
-        assert not Path(env[TOKEN]).exists()
+        # The dummy token and the exports went with the local cloud.
+        assert not Path(env[TOKEN]).exists() and not Path(source).exists()
     finally:
         process.kill()
 
@@ -60,9 +73,22 @@ def terminal(up: dict[str, Any], home: Path) -> dict[str, str]:
             "CLOUDSDK_CORE_DISABLE_PROMPTS": "1", "COLUMNS": "200", **up["env"]}
 
 
+def test_local_up_names_one_file_a_second_terminal_sources_and_local_env_prints_it_again(up, tmp_path):
+    assert up["source"].parent == up["folder"] and up["env"]["RESPAWN_BUCKET"] == "respawn-local"
+    again = subprocess.run([sys.executable, "-m", "controller.cli", "local", "env", "--dir", str(up["folder"])],
+                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert again.returncode == 0 and again.stdout == up["source"].read_text()
+    sourced = subprocess.run(["bash", "-c", f"source {up['source']} && echo $RESPAWN_COMPUTE_ENDPOINT"],
+                             capture_output=True, text=True, timeout=30, env=up["shell"])
+    assert sourced.stdout.strip() == up["env"]["RESPAWN_COMPUTE_ENDPOINT"]
+    none = subprocess.run([sys.executable, "-m", "controller.cli", "local", "env", "--dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert none.returncode != 0 and "respawn local up" in none.stdout + none.stderr
+
+
 def test_local_up_prints_one_line_that_gives_gcloud_a_token(up):
-    [line] = [x for x in up["exports"] if x.startswith(f"export {TOKEN}=")]
-    token = Path(line.split("=", 1)[1])
+    [value] = [up["env"][TOKEN]]
+    token = Path(value)
     assert token.is_absolute() and token.is_file()
     assert token.read_text().strip() and len(token.read_text().splitlines()) == 1
     assert stat.S_IMODE(token.stat().st_mode) == 0o600
@@ -141,3 +167,8 @@ def test_respawn_heals_a_job_preempted_from_another_terminal(up, tmp_path):
     assert final.phase == Phase.SUCCEEDED, final.message
     assert (final.attempt, final.preemptions, final.failures, final.zone) == (2, 1, 0, "us-central1-b")
     assert final.resume_from is not None and final.resume_from.step
+    # The terminal running the local cloud showed the controller at work, a line per action.
+    shown = "".join(up["lines"])
+    for action in ("create mine-1 in us-central1-a: done", "create mine-2 in us-central1-b: done",
+                   "status SUCCEEDED attempt 2"):
+        assert action in shown, shown[-3000:]
