@@ -8,9 +8,10 @@ bucket contract) is logged and absorbed, since a retry could not fix it.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
-from controller.service import bootstrap
+from controller.service import bootstrap, lastpass
 from controller.core import errors, names
 
 log = logging.getLogger(__name__)
@@ -22,11 +23,16 @@ _EVENT_KINDS = {"spec", "cancel", "exit", "marker"}
 def tick() -> tuple[dict[str, Any], int]:
     """Reconcile every job; the JSON summary is the HTTP response."""
     try:
-        summary = bootstrap.engine().reconcile()
+        engine = bootstrap.engine()
+        at, started = engine.clock.now(), time.monotonic()
+        summary = engine.reconcile()
     except errors.ConfigError as e:
         log.error("controller misconfigured: %s", e)
         return {"error": str(e)}, 500
     result = summary.as_dict()
+    # respawn/controller.json: when the controller last ran (respawn doctor, respawn status); never fails the tick
+    lastpass.write(engine.executor.store, engine.executor.bucket,
+                   lastpass.of_summary(result, at, time.monotonic() - started))
     if summary.transient:
         raise errors.TransientError(f"transient errors for {summary.transient}: {summary.errors}")
     return result, 200
