@@ -33,7 +33,7 @@ from typing import Any
 
 from flask import Flask, Response, request
 
-from localcloud import advice, discovery, gce
+from localcloud import advice, discovery, gce, quotas
 from localcloud.advice import AdviceApi
 from localcloud.gce import ApiError
 from localcloud.host import Host, json_response
@@ -50,6 +50,7 @@ SUPPORTED = {
     "zoneOperations": ("get", "wait", "list", "delete"),
     "regionOperations": ("get", "wait", "list"),
     "advice": ("capacity", "capacityHistory"),
+    "regions": ("get",),  # quotas[] (localcloud.quotas)
 }
 ZONES = ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f", "us-east1-b", "us-east1-c",
          "us-east1-d", "us-west1-a", "us-west1-b", "europe-west4-a", "europe-west4-b", "europe-west4-c")
@@ -92,6 +93,7 @@ class Faults:
     held: list[tuple[list[Vm], dict[str, Any]]] = field(default_factory=list)
     unknown: set[tuple[str, str]] = field(default_factory=set)  # ("image" | "machineType", name)
     advice: advice.Schedule = field(default_factory=advice.Schedule)  # preemption rates, prices: what advice says
+    quota_limits: dict[str, dict[str, float]] = field(default_factory=dict)  # region -> metric -> limit (regions.get)
 
 
 class ComputeServer(Host, OperationsApi, AdviceApi):
@@ -156,6 +158,14 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
 
     def quota(self, zone: str, on: bool = True, mode: str = "sync") -> None:
         _switch(self._lock, self.faults.quota, zone, mode if on else None)
+
+    def quota_limit(self, region: str, metric: str, limit: float) -> None:
+        """``regions.get`` lists ``metric``'s limit in ``region`` as ``limit`` (default
+        ``localcloud.quotas.DEFAULT_LIMIT``); inserts are not held to it (the ``quota`` fault refuses them)."""
+        if metric not in quotas.every_metric() or float(limit) < 0:
+            raise ValueError(f"not a GPU quota metric with a limit >= 0: {metric} {limit}")
+        with self._lock:
+            self.faults.quota_limits.setdefault(region, {})[metric] = float(limit)
 
     def fail_next(self, method: str, code: int = 503, times: int = 1, reason: str = "backendError",
                   message: str = "Internal error. Please try again or contact Google Support.") -> None:
@@ -285,7 +295,8 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
             "crash": self.crash, "unreachable": self.unreachable, "maintenance": self.maintenance,
             "host_error": self.host_error, "set_status": self.set_status, "slow_operations": self.slow_operations,
             "hold_operations": self.hold_operations, "unknown": self.unknown,
-            "preemption_rate": self.preemption_rate, "spot_uptime": self.spot_uptime, "spot_price": self.spot_price},
+            "preemption_rate": self.preemption_rate, "spot_uptime": self.spot_uptime, "spot_price": self.spot_price,
+            "quota_limit": self.quota_limit},
             refused=(TypeError, ValueError, KeyError), inventory=self._inventory)  # KeyError: an instance not there
         return app
 
@@ -313,6 +324,20 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
                 raise ApiError(400, problems[0], "invalid")
         handler = getattr(self, f"_{method.resource}_{method.name}")
         return handler(match.groupdict(), request.args, body)
+
+    # -- regions ---------------------------------------------------------------------
+    def _regions_get(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
+        project, region = p["project"], p["region"]
+        zones = [z for z in self.zones if gce.region_of(z) == region]
+        if not zones:
+            raise gce.not_found(f"projects/{project}/regions/{region}")
+        with self._lock:
+            live = [vm.resource for (pr, z, _), vm in self._vms.items() if pr == project and gce.region_of(z) == region]
+            listed = quotas.quotas(live, self.faults.quota_limits.get(region, {}), self._quota(zones[0]) is not None)
+        return {"kind": "compute#region", "id": str(project_number(region) % 10_000), "name": region,
+                "description": region, "status": "UP", "selfLink": self.urls.region(project, region),
+                "creationTimestamp": "1969-12-31T16:00:00.000-08:00",
+                "zones": [self.urls.zone(project, z) for z in zones], "quotas": listed}
 
     # -- instances -------------------------------------------------------------------
     def _instances_get(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from controller.service.config import Settings
 
 if TYPE_CHECKING:
     from controller.adapters.advice import ComputeAdvice
+    from controller.adapters.quotas import ComputeQuotas
     from controller.adapters.tpu import CloudTpu
 
 
@@ -73,6 +74,13 @@ def capacity_advisor(config: Settings) -> ComputeAdvice:
     client = AdviceClient(**_client_args(config))
     _tune(client._transport._session, config.concurrency)
     return ComputeAdvice(client)
+
+
+def quota_reader(config: Settings) -> ComputeQuotas:
+    """Compute's regional quotas (``regions.get``), for the CLI."""
+    from controller.adapters.quotas import ComputeQuotas, RegionsClient
+
+    return ComputeQuotas(RegionsClient(**_client_args(config)))
 
 
 def compute_gateway(config: Settings) -> ComputeEngine:

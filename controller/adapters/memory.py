@@ -24,6 +24,9 @@ from controller.adapters.webhook import check as check_webhook
 from controller.core.clock import Clock, FakeClock
 from controller.core.ports import Blob, BlobInfo, Instance, InstanceList, InstanceRequest, InstanceStatus, Shape, StopReason
 from controller.core.ports import ZoneAdvice
+from controller.core.quotas import GPU_METRICS, PREEMPTIBLE, QuotaUse
+from controller.core.quotas import metric as quota_metric
+from controller.core.spec import built_in_gpus
 from controller.core.ports import QUEUED_AS_NODE, NodeHealth, NodeState, QueuedState, TpuList, TpuNode, TpuRequest
 
 
@@ -445,6 +448,43 @@ class MemoryAdvisor:
                     preemption_rate=rate if estimates else None,
                     spot_price_h=self.spot_prices.get(shape.machine_type) if spot else None)
             return out
+
+
+class MemoryQuotas:
+    """Compute's regional quotas (``regions.get``), as the local server answers them
+    (localcloud/quotas.py): every GPU metric of ``controller.core.quotas`` and its preemptible
+    twin, ``limits[region][metric]`` where a test set one, else ``default_limit``; ``usage`` the
+    GPUs of the fake Compute's live VMs in the region (a Spot or Flex-start VM's on the
+    preemptible metric). A region one of whose zones is out of quota (``quota_exhausted``) lists
+    every limit as 0. ``failure``: raised instead of answering; ``calls``: (project, region) asked."""
+
+    def __init__(self, compute: MemoryCompute | None = None, default_limit: float = 64.0) -> None:
+        self.compute = compute
+        self.default_limit = default_limit
+        self.limits: dict[str, dict[str, float]] = {}
+        self.failure: errors.RespawnError | None = None
+        self.calls: list[tuple[str, str]] = []
+
+    def region_quotas(self, project: str, region: str) -> dict[str, QuotaUse]:
+        self.calls.append((project, region))
+        if self.failure is not None:
+            raise self.failure
+        used: dict[str, float] = {}
+        exhausted = False
+        if self.compute is not None:
+            exhausted = any(z.rsplit("-", 1)[0] == region for z in self.compute.quota_exhausted)
+            for instance in self.compute.live():
+                if instance.project != project or instance.zone.rsplit("-", 1)[0] != region:
+                    continue
+                r = self.compute.request_of(instance.name)
+                gpus = built_in_gpus(r.machine_type) or ((r.accelerator_type, r.accelerator_count)
+                                                        if r.accelerator_type else None)
+                if gpus and (name := quota_metric(gpus[0], r.provisioning)):
+                    used[name] = used.get(name, 0.0) + gpus[1]
+        limits = self.limits.get(region, {})
+        names = {*GPU_METRICS.values(), *(PREEMPTIBLE + m for m in GPU_METRICS.values())}
+        return {m: QuotaUse(0.0 if exhausted else limits.get(m, self.default_limit), used.get(m, 0.0))
+                for m in sorted(names)}
 
 
 def _fraction(rate: float) -> float:

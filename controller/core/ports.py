@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Protocol, Self
 
 from controller.core import names
+from controller.core.quotas import QuotaUse
 
 
 @dataclass(frozen=True)
@@ -238,6 +239,16 @@ class CapacityAdvisor(Protocol):
 
     def advise(self, shape: Shape) -> dict[str, ZoneAdvice]:
         """Advice for each of ``shape.zones`` Google scored; raises a ``RespawnError`` when it cannot."""
+        ...
+
+
+class QuotaReader(Protocol):
+    """Compute's regional quotas (``regions.get`` → ``Region.quotas``): what the CLI's estimate
+    (and ``respawn doctor``) show; the controller never waits on them."""
+
+    def region_quotas(self, project: str, region: str) -> dict[str, QuotaUse]:
+        """Every quota of ``region`` by metric name (``NVIDIA_L4_GPUS``); raises a ``RespawnError``
+        when it cannot be read."""
         ...
 
 
