@@ -169,19 +169,83 @@ def submit(
     replace: Annotated[bool, typer.Option("--replace", help="overwrite the spec of a job that is still running")] = False,
     uncancel: Annotated[bool, typer.Option("--uncancel", help="withdraw a cancel the controller has not acted on "
                                                               "yet (without it, such a job is refused)")] = False,
+    workdir: Annotated[Path | None, typer.Option("--workdir", exists=True, help="code from this local folder "
+                                                 "(packed and uploaded; in place of the spec's code:)")] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="submit without asking after the estimate")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="check the spec and show the estimate; upload nothing")] = False,
 ) -> None:
-    """Validate a spec, then upload it to jobs/<name>/spec.yaml."""
+    """Validate a spec, show what it would cost and find (per zone and model: price, obtainability,
+    GPU quota left), ask, then upload it to jobs/<name>/spec.yaml.
+
+    A ``code:`` that is a local folder or file (relative to the spec's folder), or --workdir, is
+    packed (honouring .gitignore and .respawnignore) and uploaded to gs://BUCKET/code/<sha256>.tar.gz
+    first. The question is asked only on a terminal; --yes skips it."""
     raw = _read(spec)
-    name = job or _declared_name(raw) or spec.stem
+    _submit(raw, job or _declared_name(raw) or spec.stem, spec.resolve().parent, workdir, replace, uncancel, yes, dry_run)
+
+
+def _submit(raw: bytes, name: str, base: Path, workdir: Path | None, replace: bool, uncancel: bool, yes: bool,
+            dry_run: bool, show_spec: bool = False) -> None:
+    from controller.cli import pack, submitting
+
+    config = _config()
     jobs = _jobs()
+    request = submitting.Request(raw, name, base, workdir, replace, uncancel, yes, dry_run)
     try:
-        generation = jobs.submit(raw, name, replace, uncancel)
+        done = submitting.submit(request, jobs, submitting.google_sources(config), config.project, out, err,
+                                 ask=lambda q: typer.confirm(q, default=True), interactive=submitting.interactive(),
+                                 show_spec=show_spec)
     except SpecError as e:
         for line in e.problems:
             err.print(_line("✗", "red", line), soft_wrap=True)
         raise typer.Exit(REFUSED) from e
-    out.print(_line("✓", "green", f"submitted {name} to gs://{jobs.bucket}/jobs/{name}/spec.yaml "
-                                  f"(generation {generation})"), soft_wrap=True)
+    except pack.PackError as e:
+        _fail(f"code: {e}")
+    except submitting.NotSubmitted as e:
+        _fail(str(e), FAILED)
+    if done.generation is not None:
+        out.print(_line("✓", "green", f"submitted {name} to gs://{jobs.bucket}/jobs/{name}/spec.yaml "
+                                      f"(generation {done.generation})"), soft_wrap=True)
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def run(
+    command: Annotated[list[str], typer.Argument(help="what the VM runs, after --: one word is a bash line, "
+                                                     "several are a list of arguments")],
+    name: Annotated[str, typer.Option("--name", "-n", envvar="RESPAWN_JOB", help="the job's name")],
+    zone: Annotated[list[str], typer.Option("--zone", "-z", help="a zone to run in, in order (repeat it, "
+                                                                  "or separate with commas)")],
+    machine_type: Annotated[str | None, typer.Option("--machine-type", "-m", help="e.g. g2-standard-8")] = None,
+    accelerator: Annotated[str | None, typer.Option("--accelerator", help="GPUs to attach: TYPE[:COUNT], "
+                                                                         "e.g. nvidia-tesla-t4:2")] = None,
+    tpu: Annotated[str | None, typer.Option("--tpu", help="a Cloud TPU slice instead of a VM, e.g. v5litepod-8")] = None,
+    tpu_runtime: Annotated[str | None, typer.Option("--tpu-runtime", help="its software version, "
+                                                                         "e.g. v2-alpha-tpuv5-lite")] = None,
+    provisioning: Annotated[list[str] | None, typer.Option("--provisioning", "-p", help="spot, standard, "
+                                                           "flex-start; several: the order to step down in")] = None,
+    nodes: Annotated[int, typer.Option("--nodes", min=1, help="VMs of a gang job")] = 1,
+    checkpoint: Annotated[str | None, typer.Option("--checkpoint", help="gs:// prefix of its checkpoints")] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE for the command (repeat it)")] = None,
+    workdir: Annotated[Path | None, typer.Option("--workdir", exists=True, help="code from this local folder")] = None,
+    replace: Annotated[bool, typer.Option("--replace", help="overwrite the spec of a job that is still running")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="submit without asking after the estimate")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the spec and the estimate; upload nothing")] = False,
+) -> None:
+    """A job from flags alone: prints the spec it makes, then submits it as `respawn submit` does
+    (the estimate and the question included). Example:
+    respawn run -n tune -z us-central1-a -m g2-standard-8 --workdir . -- python train.py"""
+    import yaml
+
+    from controller.cli import submitting
+
+    try:
+        doc = submitting.run_spec(name=name, zones=zone, command=command, machine_type=machine_type,
+                                  accelerator=accelerator, tpu=tpu, tpu_runtime=tpu_runtime,
+                                  provisioning=provisioning or [], nodes=nodes, checkpoint=checkpoint, env=env or [])
+    except SpecError as e:
+        _fail("; ".join(e.problems))
+    raw = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True).encode()
+    _submit(raw, name, Path.cwd(), workdir, replace, False, yes, dry_run, show_spec=True)
 
 
 @app.command()

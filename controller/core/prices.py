@@ -39,6 +39,7 @@ TPU_CHIP_HOUR: dict[str, tuple[float, float]] = {
     "v6e": (0.95, 2.70),
 }
 _CORES_PER_CHIP = {"v2": 2, "v3": 2, "v4": 2, "v5p": 2}
+UNKNOWN = "no price known for this machine (set policy.prices)"
 VCPU_HOUR = (0.010, 0.0475)  # N1/N2/E2-class vCPU with its memory, for machine types without an accelerator
 _VCPUS = re.compile(r"-(\d{1,3})(?:-|$)")
 
@@ -90,7 +91,7 @@ def rate(*, model: str, nodes: int, gpus: tuple[str, int] | None = None, machine
     scale = accelerators or 1.0
     table = (spot * scale, on_demand * scale) if accelerators else (spot, on_demand)
     known = table != (0.0, 0.0)
-    source = SOURCE if known else "no price known for this machine (set policy.prices)"
+    source = SOURCE if known else UNKNOWN
     paid = table[0] if model == "spot" else table[1]  # flex-start is priced as on-demand: the table has none
     on_demand_paid = table[1]
     override = override or {}

@@ -364,7 +364,9 @@ class JobSpec(Strict):
     network: Network = Network()
     labels: dict[LabelKey, LabelValue] = Field(default={}, max_length=60)
     command: Annotated[str | tuple[str, ...], BeforeValidator(_command_shape)]
-    code: str | None = Field(default=None, pattern=GCS_URI)
+    # A gs:// .tar.gz unpacked into the command's working directory. The CLI also takes a local
+    # folder or file here: it packs and uploads it, and writes the gs:// URI in its place.
+    code: str | None = Field(default=None, max_length=1024)
     env: dict[EnvName, EnvValue] = Field(default={}, max_length=512)
     nodes: int = Field(default=1, ge=1, le=MAX_NODES_PER_JOB)
     checkpoint: Checkpoint | None = None
@@ -385,6 +387,19 @@ class JobSpec(Strict):
         if len(set(value)) != len(value):
             raise ValueError("a zone is listed twice")
         return value
+
+    @field_validator("code")
+    @classmethod
+    def _code_in_gcs(cls, value: str | None) -> str | None:
+        if value is None or re.fullmatch(GCS_URI, value):
+            return value
+        if "://" not in value:
+            raise ValueError("a local path is packed and uploaded by the CLI only: submit this spec with "
+                             "`respawn submit SPEC` (or `--workdir DIR`), which uploads it to "
+                             "gs://BUCKET/code/<sha256>.tar.gz and submits that URI; a spec written to the "
+                             "bucket directly needs a gs:// URI of a .tar.gz")
+        raise ValueError("expected a gs:// URI of a .tar.gz (gs://BUCKET/PATH), or a local folder given to "
+                         "`respawn submit`")
 
     @field_validator("accelerators")
     @classmethod

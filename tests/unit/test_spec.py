@@ -464,3 +464,14 @@ def test_neither_a_machine_type_nor_a_tpu_says_which_to_give():
     assert problems({"zones": ["us-central1-a"], "command": "x"}) == [
         "machine_type: required: a Compute Engine machine type (e.g. g2-standard-8), "
         "or a 'tpu' block (type, runtime_version) for a Cloud TPU VM"]
+
+
+def test_a_local_code_path_in_the_bucket_names_the_field_and_the_fix():
+    """Only the CLI packs a local folder: a spec dropped into the bucket with one is refused, saying how."""
+    [line] = problems(doc(code="./src"))
+    assert line.startswith("code: a local path is packed and uploaded by the CLI only")
+    assert "respawn submit" in line and "gs://BUCKET/code/<sha256>.tar.gz" in line
+    [other] = problems(doc(code="https://example.com/code.tar.gz"))
+    assert other.startswith("code: expected a gs:// URI")
+    assert parse_spec(yaml.safe_dump(doc(code="gs://my-bucket/code/abc.tar.gz")), "job").code == \
+        "gs://my-bucket/code/abc.tar.gz"

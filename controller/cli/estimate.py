@@ -1,0 +1,203 @@
+"""The pre-launch estimate ``respawn submit`` and ``respawn run`` show before anything is uploaded.
+
+One row per zone of the spec and model of its provisioning list (the order the controller
+tries them in): what the whole job costs per hour there (nodes x accelerators: for Spot,
+Compute's capacity-history list price where advice gave one, else respawn's price table, and
+``policy.prices`` over both, each row saying which), how obtainable capacity is now
+(``advice.capacity``), and how much of the region's GPU quota is left against what the job
+needs (``regions.get``). ``gather`` asks Google through the ports, every source on its own:
+one that fails (an API turned off, no permission, no answer in time) leaves its cells "—"
+with a note saying why, and never stops a submit. ``rows`` and ``render`` are pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from controller.core import prices, quotas
+from controller.core.placement import region_of, shapes
+from controller.core.ports import CapacityAdvisor, QuotaReader, ZoneAdvice
+from controller.core.quotas import QuotaLeft, QuotaUse
+from controller.core.spec import JobSpec
+
+NONE = "—"
+_TPU_QUOTA = "Cloud TPU quota is the TPU API's, not in Compute's regions.get"
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Where the estimate asks; None: not available (``why`` says so)."""
+
+    advisor: CapacityAdvisor | None = None
+    quotas: QuotaReader | None = None
+    why: Mapping[str, str] = field(default_factory=dict)  # "advice" | "quotas" -> why it is None
+
+
+@dataclass(frozen=True)
+class Gathered:
+    advice: dict[str, dict[str, ZoneAdvice]]  # model -> zone -> advice
+    region_quotas: dict[str, dict[str, QuotaUse]]  # region -> metric -> use
+    notes: list[str]  # why a column has "—"
+
+
+@dataclass(frozen=True)
+class Row:
+    zone: str
+    model: str
+    per_hour: float | None  # the whole job, dollars
+    price_from: str
+    obtainability: float | None
+    quota: QuotaLeft | None
+    quota_note: str  # what the quota cell says when ``quota`` is None
+
+
+def sources(build_advisor: Callable[[], CapacityAdvisor], build_quotas: Callable[[], QuotaReader]) -> Sources:
+    """Both sources, each built on its own: one that cannot be built (no credentials) is None."""
+    built: dict[str, Any] = {}
+    why: dict[str, str] = {}
+    for key, build in (("advice", build_advisor), ("quotas", build_quotas)):
+        try:
+            built[key] = build()
+        except Exception as e:  # noqa: BLE001 - an estimate goes without it, never stops a submit
+            why[key] = _reason(e)
+    return Sources(built.get("advice"), built.get("quotas"), why)
+
+
+def gather(spec: JobSpec, project: str, found: Sources) -> Gathered:
+    """Ask capacity advice (per model and region) and quotas (per region) at once, each
+    question on its own thread and each failure its own note."""
+    notes: list[str] = []
+    advice: dict[str, dict[str, ZoneAdvice]] = {m: {} for m in spec.provisioning}
+    region_quotas: dict[str, dict[str, QuotaUse]] = {}
+    regions = list(dict.fromkeys(region_of(z) for z in spec.zones))
+    asks: list[tuple[str, Any]] = []
+    if spec.tpu is not None:
+        notes.append("obtainability: capacity advice does not cover Cloud TPU")
+    elif found.advisor is None:
+        notes.append(f"obtainability and Spot prices from Compute: capacity advice unavailable "
+                     f"({found.why.get('advice', 'not configured')})")
+    else:
+        advisor = found.advisor
+        asks += [(f"advice:{model}", (lambda s=s: advisor.advise(s)))
+                 for model in spec.provisioning for s in shapes(spec, model, project)]
+    gpus = spec.gpus_per_node
+    if spec.tpu is not None:
+        notes.append(f"quota: {_TPU_QUOTA}")
+    elif gpus is None:
+        notes.append("quota: no GPU in this machine type (CPU quotas are not shown)")
+    elif found.quotas is None:
+        notes.append(f"quota: Compute's regions.get unavailable ({found.why.get('quotas', 'not configured')})")
+    else:
+        reader = found.quotas
+        asks += [(f"quotas:{r}", (lambda r=r: reader.region_quotas(project, r))) for r in regions]
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(asks)))) as pool:
+        futures = [(key, pool.submit(ask)) for key, ask in asks]
+    failed: dict[str, str] = {}
+    for key, future in futures:
+        kind, _, what = key.partition(":")
+        try:
+            answer = future.result()
+        except Exception as e:  # noqa: BLE001 - this source's cells say "—", the rest stand
+            failed.setdefault(f"{kind}:{what}", _reason(e))
+            continue
+        if kind == "advice":
+            advice[what].update(answer)
+        else:
+            region_quotas[what] = answer
+    for key, reason in failed.items():
+        kind, _, what = key.partition(":")
+        notes.append(f"obtainability ({what}): capacity advice failed: {reason}" if kind == "advice"
+                     else f"quota ({what}): regions.get failed: {reason}")
+    return Gathered(advice, region_quotas, notes)
+
+
+def rows(spec: JobSpec, gathered: Gathered) -> list[Row]:
+    """The table's rows: every zone, each model in the order the controller tries them."""
+    gpus = spec.gpus_per_node
+    override = dict(spec.policy.prices) if spec.policy.prices else None
+    out = []
+    for zone in spec.zones:
+        region = region_of(zone)
+        for model in spec.provisioning:
+            advice = gathered.advice.get(model, {}).get(zone)
+            rate = prices.rate(model=model, nodes=1 if spec.tpu else spec.nodes, gpus=gpus,
+                               machine_type=spec.machine_type, tpu_type=spec.tpu.type if spec.tpu else None,
+                               override=override, spot_price=advice.spot_price_h if advice and model == "spot" else None)
+            known = rate.source != prices.UNKNOWN
+            quota, note = None, NONE
+            if gpus is not None and spec.tpu is None and region in gathered.region_quotas:
+                quota = quotas.left_for(gpus[0], model, spec.total_gpus, gathered.region_quotas[region])
+                if quota is None:
+                    note = f"{NONE} (no quota listed for {gpus[0]})"
+            out.append(Row(zone, model, rate.per_hour if known else None, _source(rate.source, model),
+                           advice.obtainability if advice else None, quota, note))
+    return out
+
+
+def render(spec: JobSpec, job: str, table_rows: list[Row], notes: list[str]) -> Group:
+    """The table, with a title saying what one row prices, and a note under it for each "—"."""
+    gpus = spec.gpus_per_node
+    if spec.tpu is not None:
+        what = f"1 TPU node {spec.tpu.type} ({prices.tpu_chips(spec.tpu.type)} chips)"
+    else:
+        what = f"{spec.nodes} × {spec.machine_type}" + (f", {gpus[1]} {gpus[0]} each" if gpus else "")
+    needs = f" (needs {spec.total_gpus})" if gpus and spec.tpu is None else ""
+    table = Table(title=Text(f"estimate for {job}: {what}"), title_justify="left")
+    for header, justify in (("zone", "left"), ("model", "left"), ("$/hour (job)", "right"), ("price from", "left"),
+                            ("obtainable now", "right"), (f"GPU quota left{needs}", "left")):
+        table.add_column(header, justify=justify)  # type: ignore[arg-type]
+    for row in table_rows:
+        table.add_row(Text(row.zone), Text(row.model), Text(NONE if row.per_hour is None else f"${row.per_hour:,.2f}"),
+                      Text(row.price_from, style="dim"),
+                      Text(NONE if row.obtainability is None else f"{row.obtainability:.2f}",
+                           style="red" if row.obtainability == 0 else ""),
+                      _quota_cell(row))
+    lines = [Text(f"{NONE} {note}", style="dim") for note in dict.fromkeys(notes)]
+    return Group(table, *lines)
+
+
+def as_text(spec: JobSpec, job: str, table_rows: list[Row], notes: list[str], width: int = 120) -> str:
+    """``render`` as plain text (what a test or a log reads)."""
+    from rich.console import Console
+
+    console = Console(width=width, record=True, file=_Null(), color_system=None)
+    console.print(render(spec, job, table_rows, notes))
+    return console.export_text()
+
+
+def _quota_cell(row: Row) -> Text:
+    if row.quota is None:
+        return Text(row.quota_note)
+    q = row.quota
+    text = f"{q.left:g} of {q.limit:g} ({q.metric})"
+    return Text(text + ("" if q.enough else " short"), style="" if q.enough else "red")
+
+
+def _source(source: str, model: str) -> str:
+    if source == "capacityHistory priceHistory":
+        return "capacity history"
+    if source == "policy.prices":
+        return "policy.prices"
+    if source == prices.SOURCE:
+        return "respawn's table" + (" (as on-demand)" if model == "flex-start" else "")
+    return "no price known"
+
+
+def _reason(error: BaseException) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+class _Null:
+    def write(self, _: str) -> int:
+        return 0
+
+    def flush(self) -> None:
+        pass

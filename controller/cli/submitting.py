@@ -1,0 +1,186 @@
+"""What ``respawn submit`` and ``respawn run`` do once they have a spec: pack local code, check the
+spec, show the estimate, ask, upload the code, then the spec. Kept out of main.py, which only
+parses the options.
+
+1. ``code:`` a local path (relative to the spec's folder), or ``--workdir DIR``: packed
+   (controller/cli/pack.py) and written into the spec as ``gs://BUCKET/code/<sha256>.tar.gz``;
+2. the spec checked as the controller will (schema and policy): nothing is uploaded if not;
+3. the estimate (controller/cli/estimate.py), then a question, asked only on a terminal and
+   without ``--yes``; ``--dry-run`` stops here, having uploaded nothing;
+4. the code uploaded unless that address is already in the bucket, then the spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.text import Text
+
+from controller.cli import estimate, pack
+from controller.core.spec import JobSpec, SpecError, load_document
+from controller.service.jobs import Jobs
+
+
+class NotSubmitted(Exception):
+    """The user said no at the question; nothing was uploaded."""
+
+
+@dataclass(frozen=True)
+class Request:
+    raw: bytes  # the spec as given
+    job: str
+    base: Path  # a relative ``code:`` is read from here (the spec's folder)
+    workdir: Path | None = None  # --workdir: code from here, in place of the spec's
+    replace: bool = False
+    uncancel: bool = False
+    yes: bool = False
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class Done:
+    generation: int | None  # None: a dry run
+    code: pack.Packed | None
+    uploaded: bool
+
+
+def with_code(raw: bytes, base: Path, workdir: Path | None, bucket: str) -> tuple[bytes, pack.Packed | None, str | None]:
+    """The spec to upload, the code packed for it (None: nothing local), and a note for the user.
+
+    A spec whose code is already ``gs://`` (or absent) is returned byte for byte. Otherwise the
+    spec is written again as YAML with ``code:`` set to the tarball's address (comments and layout
+    of the original are not kept: the bucket holds what the controller reads)."""
+    data = load_document(raw)
+    if not isinstance(data, dict):
+        return raw, None, None  # parse_spec says what is wrong with it
+    given = data.get("code")
+    note = None
+    if workdir is not None:
+        source = workdir
+        if isinstance(given, str):
+            note = f"--workdir {workdir} replaces the spec's code: {given}"
+    elif isinstance(given, str) and pack.is_local(given):
+        source = Path(given).expanduser()
+        source = source if source.is_absolute() else base / source
+    else:
+        return raw, None, None
+    packed = pack.pack(source)
+    data["code"] = packed.uri(bucket)
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True).encode(), packed, note
+
+
+def submit(request: Request, jobs: Jobs, sources: Callable[[], estimate.Sources], project: str,
+           out: Console, err: Console, ask: Callable[[str], bool], interactive: bool,
+           show_spec: bool = False) -> Done:
+    """Steps 1 to 4; raises SpecError (the spec or its code), PackError, NotSubmitted, or what
+    ``Jobs.submit`` raises."""
+    raw, packed, note = with_code(request.raw, request.base, request.workdir, jobs.bucket)
+    spec = jobs.check(raw, request.job)
+    if show_spec:
+        out.print(Text(raw.decode("utf-8", "replace").rstrip("\n")), soft_wrap=True, highlight=False)
+        out.print()
+    if note:
+        err.print(Text(f"! {note}", style="yellow"), soft_wrap=True)
+    there = packed is not None and _there(jobs, packed)
+    table_rows, notes = _estimate(spec, request.job, project or "", sources)
+    out.print(estimate.render(spec, request.job, table_rows, notes))
+    if packed is not None:
+        size = f"{len(packed.data) / 1024 / 1024:.1f} MiB"
+        out.print(Text(f"code: {packed.source} → {packed.uri(jobs.bucket)} ({packed.files} files, {size}; "
+                       f"{'already in the bucket' if there else 'to upload'})"), soft_wrap=True)
+    if request.dry_run:
+        out.print(Text("dry run: nothing uploaded", style="dim"))
+        return Done(None, packed, False)
+    if interactive and not request.yes and not ask(f"Submit {request.job}?"):
+        raise NotSubmitted(f"{request.job} not submitted")
+    uploaded = False
+    if packed is not None and not there:
+        uploaded = pack.upload(jobs.store, jobs.bucket, packed)
+    generation = jobs.submit(raw, request.job, request.replace, request.uncancel)
+    return Done(generation, packed, uploaded)
+
+
+def run_spec(*, name: str, zones: list[str], command: list[str], machine_type: str | None,
+             accelerator: str | None, tpu: str | None, tpu_runtime: str | None, provisioning: list[str],
+             nodes: int, checkpoint: str | None, env: list[str]) -> dict[str, Any]:
+    """The spec ``respawn run`` makes from its flags (checked later as any spec is). One COMMAND
+    word is a bash line; several are a list of arguments (each quoted as given)."""
+    spec: dict[str, Any] = {"name": name, "zones": _split(zones)}
+    if tpu:
+        spec["tpu"] = {"type": tpu, **({"runtime_version": tpu_runtime} if tpu_runtime else {})}
+    if machine_type:
+        spec["machine_type"] = machine_type
+    if accelerator:
+        kind, _, count = accelerator.partition(":")
+        spec["accelerators"] = {"type": kind, "count": _count(count, accelerator)}
+    models = _split(provisioning)
+    if models:
+        spec["provisioning"] = models[0] if len(models) == 1 else models
+    if nodes != 1:
+        spec["nodes"] = nodes
+    spec["command"] = command[0] if len(command) == 1 else list(command)
+    if checkpoint:
+        spec["checkpoint"] = {"uri": checkpoint}
+    if env:
+        spec["env"] = dict(_pair(e) for e in env)
+    return spec
+
+
+def _estimate(spec: JobSpec, job: str, project: str,
+              sources: Callable[[], estimate.Sources]) -> tuple[list[estimate.Row], list[str]]:
+    try:
+        gathered = estimate.gather(spec, spec.project or project, sources())
+    except Exception as e:  # noqa: BLE001 - an estimate that cannot be made never stops a submit
+        gathered = estimate.Gathered({}, {}, [f"no estimate from Google: {e}"])
+    return estimate.rows(spec, gathered), gathered.notes
+
+
+def _there(jobs: Jobs, packed: pack.Packed) -> bool:
+    try:
+        return jobs.store.stat(jobs.bucket, packed.name).size == len(packed.data)
+    except Exception:  # noqa: BLE001 - not known to be there: uploaded (create-only) at the end
+        return False
+
+
+def _split(values: list[str]) -> list[str]:
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+def _count(text: str, given: str) -> int:
+    if not text:
+        return 1
+    if not text.isdigit():
+        raise SpecError([f"--accelerator: expected TYPE or TYPE:COUNT, e.g. nvidia-l4:1 (got {given!r})"])
+    return int(text)
+
+
+def _pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise SpecError([f"--env: expected KEY=VALUE (got {text!r})"])
+    return key, value
+
+
+def interactive() -> bool:
+    """Whether to ask: only when stdin is a terminal (a script or a pipe is never asked)."""
+    import sys
+
+    try:
+        return sys.stdin.isatty()
+    except (AttributeError, ValueError):  # no stdin, or a closed one
+        return False
+
+
+def google_sources(config: Any) -> Callable[[], estimate.Sources]:
+    """The estimate's sources on Google's APIs (or the local cloud's), built when first asked."""
+    def build() -> estimate.Sources:
+        from controller.adapters.google import capacity_advisor, quota_reader
+
+        return estimate.sources(lambda: capacity_advisor(config), lambda: quota_reader(config))
+
+    return build

@@ -1,0 +1,135 @@
+"""Code from a local folder (controller/cli/pack.py): what is packed, the bytes it packs to,
+the limit, and the content-addressed upload."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from controller.adapters.memory import MemoryStore
+from controller.cli import pack
+
+BUCKET = "code-bucket"
+
+
+def tree(root: Path, files: dict[str, str | bytes]) -> Path:
+    for name, body in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(body if isinstance(body, bytes) else body.encode())
+    return root
+
+
+def members(packed: pack.Packed) -> dict[str, tarfile.TarInfo]:
+    with tarfile.open(fileobj=io.BytesIO(packed.data), mode="r:gz") as tar:
+        return {m.name: m for m in tar.getmembers()}
+
+
+def test_gitignore_and_respawnignore_rules_decide_what_is_packed(tmp_path):
+    src = tree(tmp_path / "src", {
+        "train.py": "print('train')\n",
+        "data/small.csv": "a,b\n",
+        "data/huge.bin": "x",
+        "logs/run.log": "noise",
+        "notes.log": "noise",
+        "keep.log": "kept by a negation",
+        "model/sub/weights.pt": "w",
+        "model/sub/config.json": "{}",
+        "model/.gitignore": "*.pt\n",  # a nested file applies to its own folder only
+        "top.pt": "a .pt outside model/ is not ignored by model/.gitignore",
+        ".git/HEAD": "ref: refs/heads/main",
+        "venv/lib/x.py": "",
+        ".gitignore": "*.log\n!keep.log\ndata/\nvenv/\n",
+        # Read after .gitignore: it re-includes a file git ignores and excludes more. It cannot
+        # bring back a file under an ignored folder (data/): git never enters one.
+        ".respawnignore": "!notes.log\nmodel/sub/config.json\n",
+    })
+    assert sorted(members(pack.pack(src))) == [
+        ".gitignore", ".respawnignore", "keep.log", "model/.gitignore", "notes.log", "top.pt", "train.py"]
+
+
+def test_the_same_folder_packs_to_the_same_bytes_whatever_its_times_and_owner(tmp_path):
+    files = {"train.py": "print(1)\n", "pkg/__init__.py": "", "pkg/run.sh": "#!/bin/bash\necho hi\n"}
+    one, two = tree(tmp_path / "one", files), tree(tmp_path / "two", dict(reversed(list(files.items()))))
+    os.chmod(one / "pkg/run.sh", 0o775)
+    os.chmod(two / "pkg/run.sh", 0o700)  # executable by its owner in both: packed 0755 in both
+    os.utime(two / "train.py", (1_000_000, 1_000_000))
+    first, second = pack.pack(one), pack.pack(two)
+    assert first.data == second.data and first.sha256 == second.sha256
+    assert first.name == f"code/{first.sha256}.tar.gz" and len(first.sha256) == 64
+    info = members(first)
+    assert [m.name for m in info.values()] == sorted(info)  # sorted members
+    assert {(m.mtime, m.uid, m.gid, m.uname, m.gname) for m in info.values()} == {(pack.MTIME, 0, 0, "", "")}
+    assert info["pkg/run.sh"].mode == 0o755 and info["train.py"].mode == 0o644
+    (one / "train.py").write_text("print(2)\n")
+    assert pack.pack(one).sha256 != first.sha256  # one byte changed: another address
+
+
+def test_over_the_limit_it_is_refused_naming_the_biggest_files(tmp_path):
+    src = tree(tmp_path / "src", {"train.py": "x" * 10, "a.bin": os.urandom(60_000), "b.bin": os.urandom(40_000),
+                                  "c.bin": os.urandom(1_000)})
+    with pytest.raises(pack.PackError) as refused:
+        pack.pack(src, limit=50_000)
+    message = str(refused.value)
+    assert "a.bin (0.1 MiB)" in message and "b.bin" in message and ".respawnignore" in message
+    assert message.index("a.bin") < message.index("b.bin") < message.index("c.bin")  # biggest first
+    (src / ".respawnignore").write_text("*.bin\n")
+    assert sorted(members(pack.pack(src, limit=50_000))) == [".respawnignore", "train.py"]
+
+
+def test_a_tarball_is_taken_as_it_is_and_any_other_file_packed_alone(tmp_path):
+    made = pack.pack(tree(tmp_path / "src", {"train.py": "print(1)\n"}))
+    tarball = tmp_path / "code.tar.gz"
+    tarball.write_bytes(made.data)
+    assert pack.pack(tarball).data == made.data
+    script = tree(tmp_path, {"job.sh": "echo hi\n"}) / "job.sh"
+    assert list(members(pack.pack(script))) == ["job.sh"]
+    fake = tree(tmp_path, {"bad.tar.gz": "not gzip"}) / "bad.tar.gz"
+    with pytest.raises(pack.PackError, match="not a .tar.gz"):
+        pack.pack(fake)
+
+
+def test_an_empty_or_missing_folder_is_refused(tmp_path):
+    with pytest.raises(pack.PackError, match="nothing to pack"):
+        pack.pack(tree(tmp_path / "src", {".gitignore": "*\n"}))
+    with pytest.raises(pack.PackError, match="No such file"):
+        pack.pack(tmp_path / "missing")
+
+
+def test_symlinks_are_packed_as_links_never_followed(tmp_path):
+    src = tree(tmp_path / "src", {"train.py": "print(1)\n"})
+    outside = tree(tmp_path / "outside", {"secret.txt": "s"})
+    (src / "link.py").symlink_to("train.py")
+    (src / "elsewhere").symlink_to(outside)
+    info = members(pack.pack(src))
+    assert info["link.py"].issym() and info["link.py"].linkname == "train.py"
+    assert info["elsewhere"].issym() and not any(n.startswith("elsewhere/") for n in info)
+
+
+def test_an_unchanged_folder_is_not_uploaded_again(tmp_path):
+    store = MemoryStore()
+    packed = pack.pack(tree(tmp_path / "src", {"train.py": "print(1)\n"}))
+    assert pack.upload(store, BUCKET, packed) is True
+    generation = store.stat(BUCKET, packed.name).generation
+    assert pack.upload(store, BUCKET, pack.pack(tmp_path / "src")) is False
+    assert store.stat(BUCKET, packed.name).generation == generation
+    assert store.read(BUCKET, packed.name).data == packed.data
+    assert packed.uri(BUCKET) == f"gs://{BUCKET}/code/{packed.sha256}.tar.gz"
+
+
+def test_a_broken_upload_of_the_same_address_is_replaced(tmp_path):
+    store = MemoryStore()
+    packed = pack.pack(tree(tmp_path / "src", {"train.py": "print(1)\n"}))
+    store.put(BUCKET, packed.name, b"truncated")
+    assert pack.upload(store, BUCKET, packed) is True
+    assert store.read(BUCKET, packed.name).data == packed.data
+
+
+@pytest.mark.parametrize("code, local", [("./src", True), ("src", True), ("/abs/train.tar.gz", True),
+                                         ("~/code", True), ("gs://b/code.tar.gz", False), ("https://x/y", False)])
+def test_which_code_values_are_local(code, local):
+    assert pack.is_local(code) is local
