@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Deploy respawn into a project: the trainer VMs' service account and the control
-# bucket's IAM (uniform bucket-level access; the controller on the whole bucket, the
-# trainer account on its VM records only), the trainer account's roles/logging.logWriter
-# (what `respawn logs` reads), both functions, the Cloud Scheduler job, the VM scripts.
-#   deploy/deploy.sh --project P --region R --bucket B [--trainer-account EMAIL] [--dry-run]
+# Deploy respawn into a project, fresh or deployed before: the APIs, the control bucket
+# (created if absent, refused if its settings would break respawn), the controller's,
+# scheduler's and trainer VMs' service accounts and every role deploy/IAM.md marks (deploy),
+# both functions, the Cloud Scheduler job, the VM scripts. Every step is safe to run again;
+# a failed one says how to resume (--from STEP).
+#   deploy/deploy.sh --project P --region R --bucket B [--trainer-account EMAIL] [--dry-run] [--from STEP]
 # A thin wrapper over `respawn deploy`; needs gcloud and application-default credentials.
 # --dry-run prints every command and API request (secrets redacted) and runs none of them.
 set -euo pipefail

@@ -1,14 +1,22 @@
-"""``respawn deploy``: the trainer identity, the bucket's IAM, both functions, the Scheduler
-job and the VM scripts, as a plan of steps.
+"""``respawn deploy``: everything respawn relies on in a project, as a plan of steps.
+
+The APIs, the control bucket (created if absent, refused if its settings would break respawn),
+the three service accounts, every role deploy/IAM.md marks **(deploy)**, both functions, the
+Scheduler job and the VM scripts. Each step says what it does and is safe to run again: it
+creates only what is absent (or treats "already exists" as done) and adds bindings IAM keeps
+once, so a second deploy changes nothing. A failed step names itself; ``--from`` (its number or
+name) resumes there, and running the whole deploy again is as good.
 
 The plan is data, so ``--dry-run`` prints exactly what a real run would execute: every
-``gcloud`` command line and the Cloud Scheduler API request, secrets (the notification webhook's
-URL, any token) redacted there as in every message about a failing step.
+``gcloud`` command line, what is looked up first (lines starting '#', which change nothing) and
+the Cloud Scheduler API request, secrets (the notification webhook's URL, any token) redacted
+there as in every message about a failing step.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 import shlex
@@ -148,8 +156,45 @@ class Target:
         return dict(sorted(env.items()))
 
 
+# The APIs a deploy relies on (a fresh project has most of them off). Enabling one that is on
+# already changes nothing. Cloud TPU only where the policy lets a spec ask for a TPU slice.
+APIS = ("compute", "cloudfunctions", "run", "cloudbuild", "artifactregistry", "eventarc", "pubsub", "cloudscheduler",
+        "logging", "iam", "storage")
+TPU_API = "tpu.googleapis.com"
+CONTROLLER_ACCOUNT_ID, SCHEDULER_ACCOUNT_ID = "respawn-controller", "respawn-scheduler"
+# Values only the project knows, looked up (by the gcloud command their Lookup names) when their step runs.
+PROJECT_NUMBER = "<project number>"
+STORAGE_AGENT = "<Cloud Storage service agent>"
+BUCKET_LOCATION = "<location of the control bucket>"
+# What `gcloud storage buckets describe` says of a bucket that does not exist ("gs://B not found: 404.").
+_ABSENT = ("not found: 404", "NotFoundError")
+# A binding to an account (or service agent) created moments ago: IAM may not see it yet.
+_IAM_LAG = ("does not exist", "NOT_FOUND")
+
+
+def tpu_allowed(env: Mapping[str, str]) -> bool:
+    """Whether the policy lets a spec ask for a TPU slice: RESPAWN_ALLOWED_TPU_TYPES empty admits
+    every type (controller.core.policy), so only RESPAWN_MAX_TPU_SIZE=0 (no slice fits) rules TPUs out."""
+    size = env.get("RESPAWN_MAX_TPU_SIZE")
+    return int(size if size not in (None, "") else Settings.model_fields["max_tpu_size"].default) > 0
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """A value a step's command needs that only the project knows: what ``argv`` prints (stripped,
+    lowercased if ``lower``) replaces ``placeholder`` in the command when the step runs."""
+    placeholder: str
+    argv: tuple[str, ...]
+    lower: bool = False
+
+
+class Refusal(Exception):
+    """A step found something respawn cannot work with (an existing control bucket's settings)."""
+
+
 @dataclass(frozen=True)
 class Step:
+    name: str  # short, unique: what `--from` takes besides the step's number
     title: str
     argv: tuple[str, ...] = ()
     request: dict[str, Any] | None = None
@@ -158,87 +203,202 @@ class Step:
     done_if: tuple[str, ...] = ()
     # a failure whose message contains one of these is retried (IAM is eventually consistent)
     retry_if: tuple[str, ...] = ()
-    # the tick function's deploy: its URL is what the Scheduler job calls
-    yields_tick_url: bool = False
+    lookups: tuple[Lookup, ...] = ()
+    # Run first. Found (exit 0): ``check`` reads what it printed (refusing what respawn cannot work
+    # with) and ``argv`` is not run. Not found: ``argv`` runs (creates it).
+    probe: tuple[str, ...] = ()
+    check: Callable[[str, Mapping[str, str]], None] | None = field(default=None, compare=False, repr=False)
+    check_says: str = ""
     secrets: tuple[str, ...] = ()  # values in it never shown (redact)
 
     def render(self, reveal: bool = False) -> str:
-        """What the step runs, as printed (secrets redacted), or as sent (``reveal``)."""
+        """What the step runs, as printed (secrets redacted), or as sent (``reveal``). Lines that
+        start with '#' read what is there and change nothing."""
+        lines = [f"#   {lookup.placeholder} = {shlex.join(lookup.argv)}" + (" (lowercased)" if lookup.lower else "")
+                 for lookup in self.lookups]
+        if self.probe:
+            lines.append(f"#   if `{shlex.join(self.probe)}` finds it: {self.check_says}; else:")
         if self.argv:
-            text = shlex.join(self.argv)
+            lines.append(shlex.join(self.argv))
         elif self.request is not None:
-            text = json.dumps(self.request, indent=2)
+            lines.append(json.dumps(self.request, indent=2))
         else:
-            text = "\n".join(f"upload {path} -> gs://{dest}" for path, dest in self.uploads)
+            lines += [f"upload {path} -> gs://{dest}" for path, dest in self.uploads]
+        text = "\n".join(lines)
         return text if reveal else redact(text, self.secrets)
+
+
+def usable_bucket(bucket: str, description: str, values: Mapping[str, str]) -> None:
+    """Refuse an existing bucket whose settings break respawn (``description``: the JSON API's bucket
+    resource, ``gcloud storage buckets describe --raw --format=json``).
+
+    Cloud Storage's documentation, setting by setting:
+    - a retention policy (Bucket Lock): an object cannot be deleted or replaced until it is as old
+      as the retention period. respawn replaces ``status.json`` on every change (compare-and-swap
+      on its generation), trainers overwrite their heartbeat, and the controller deletes consumed
+      markers, exit records and cancels: all refused.
+    - a default event-based hold: every new object gets a hold and cannot be deleted or replaced
+      until someone releases it: the same.
+    - requester pays: every request must name a billing project (``userProject``); neither the
+      controller nor the VM agent sends one, so every read and write fails.
+    - another project's bucket: a Cloud Storage trigger (``on_object``) must be in the bucket's
+      project ("the service and the bucket must be in the same Google Cloud project").
+    Not refused: another location than the functions' region (the trigger is created in the
+    bucket's location, ``--trigger-location``); object versioning and soft delete (old versions
+    are kept and billed, nothing is blocked); per-object retention enabled on the bucket (it holds
+    only objects given a retention, and respawn gives none); uniform access off (the next step
+    turns it on).
+    """
+    found = json.loads(description)
+    problems = []
+    period = int((found.get("retentionPolicy") or {}).get("retentionPeriod") or 0)
+    if period > 0:
+        problems.append(f"a retention policy of {period} s (objects could not be deleted or replaced for that long: "
+                        "respawn rewrites status.json and deletes the records it has read)")
+    if found.get("defaultEventBasedHold"):
+        problems.append("a default event-based hold (every new object held: status.json could not be rewritten "
+                        "nor a read record deleted until released)")
+    if (found.get("billing") or {}).get("requesterPays"):
+        problems.append("requester pays (respawn's requests name no billing project, so every one would fail)")
+    number = values.get(PROJECT_NUMBER)
+    if number and str(found.get("projectNumber", "")) != number:
+        problems.append(f"it belongs to project number {found.get('projectNumber')}, not this project ({number}): "
+                        "a Cloud Storage trigger must be in its bucket's project")
+    if problems:
+        raise Refusal(f"gs://{bucket} cannot be respawn's control bucket: {'; '.join(problems)}. Change those "
+                      "settings, or deploy with a new bucket name (deploy creates it).")
 
 
 def plan(t: Target) -> list[Step]:
     project = f"--project={t.project}"
     bucket = f"gs://{t.bucket}"
+    env = t.function_env()
+    tpu = tpu_allowed(env)
     common = ("--gen2", "--runtime=python311", f"--region={t.region}", project,
               f"--source={t.source}", f"--service-account={t.controller_sa}",
-              "--set-env-vars=" + gcloud_dict(t.function_env()), "--memory=512Mi")
-    trainer_id, _, trainer_domain = t.trainer.partition("@")
+              "--set-env-vars=" + gcloud_dict(env), "--memory=512Mi")
+    controller, scheduler, trainer = (f"serviceAccount:{a}" for a in (t.controller_sa, t.scheduler_sa, t.trainer))
     job = f"projects/{t.project}/locations/{t.region}/jobs/respawn-tick"
     scripts = REPO_ROOT / "deploy" / "vm"
-    iam_lag = ("does not exist", "NOT_FOUND")
-    steps: list[Step] = []
-    if trainer_domain == f"{t.project}.iam.gserviceaccount.com":
-        steps.append(Step(
-            "create the trainer VMs' service account (no roles yet; already there is fine)",
-            ("gcloud", "iam", "service-accounts", "create", trainer_id, project,
-             "--display-name=respawn trainer VMs",
-             "--description=runs respawn training VMs: writes only their records in the control bucket"),
-            done_if=("already exists", "ALREADY_EXISTS")))
-    steps += [
-        Step("turn on uniform bucket-level access on the control bucket (IAM Conditions need it)",
+    url = Lookup(URL_PLACEHOLDER, ("gcloud", "functions", "describe", TICK, "--gen2", f"--region={t.region}", project,
+                                   "--format=value(serviceConfig.uri)"))
+
+    def grant(name: str, title: str, where: str, member: str, role: str) -> Step:
+        return Step(name, title, ("gcloud", "projects", "add-iam-policy-binding", where, f"--member={member}",
+                                  f"--role={role}", "--condition=None"), retry_if=_IAM_LAG)
+
+    steps = [
+        Step("apis", "enable the APIs respawn uses (enabled already is fine)",
+             ("gcloud", "services", "enable", *(f"{api}.googleapis.com" for api in APIS), *((TPU_API,) if tpu else ()),
+              project)),
+        # Uniform access and public access prevention from the start: IAM Conditions need the
+        # first, and nothing of respawn's is ever public.
+        Step("bucket", f"create the control bucket in {t.region}, private, uniform access (if absent)",
+             ("gcloud", "storage", "buckets", "create", bucket, f"--location={t.region}",
+              "--uniform-bucket-level-access", "--public-access-prevention", project),
+             lookups=(Lookup(PROJECT_NUMBER, ("gcloud", "projects", "describe", t.project,
+                                              "--format=value(projectNumber)")),),
+             probe=("gcloud", "storage", "buckets", "describe", bucket, "--raw", "--format=json"),
+             check=functools.partial(usable_bucket, t.bucket),
+             check_says="kept, unless it is another project's or has a retention policy, a default event-based "
+                        "hold or requester pays (refused, saying which)"),
+        Step("uniform-access", "turn on uniform bucket-level access on the control bucket (IAM Conditions need it)",
              ("gcloud", "storage", "buckets", "update", bucket, "--uniform-bucket-level-access", project)),
-        Step("let the controller read and write every object of the control bucket",
-             ("gcloud", "storage", "buckets", "add-iam-policy-binding", bucket,
-              f"--member=serviceAccount:{t.controller_sa}", "--role=roles/storage.objectUser",
-              "--condition=None", project)),
+    ]
+    for key, email, display, description in (
+            ("controller", t.controller_sa, "respawn controller", "runs the respawn tick and on_object functions"),
+            ("scheduler", t.scheduler_sa, "respawn scheduler", "calls the respawn tick function every minute"),
+            ("trainer", t.trainer, "respawn trainer VMs",
+             "runs respawn training VMs: writes only their records in the control bucket")):
+        account_id, _, domain = email.partition("@")
+        if domain == f"{t.project}.iam.gserviceaccount.com":  # one of another project's is used, never created
+            steps.append(Step(f"{key}-account", f"create the {key}'s service account {email} (already there is fine)",
+                              ("gcloud", "iam", "service-accounts", "create", account_id, project,
+                               f"--display-name={display}", f"--description={description}"),
+                              done_if=("already exists", "ALREADY_EXISTS")))
+    steps += [
+        Step("controller-bucket", "let the controller read and write every object of the control bucket",
+             ("gcloud", "storage", "buckets", "add-iam-policy-binding", bucket, f"--member={controller}",
+              "--role=roles/storage.objectUser", "--condition=None", project),
+             retry_if=_IAM_LAG),
         # Write, never read: a record carries its attempt's secret, so a trainer that could
         # read another job's heartbeat could forge that job's exit record with it.
-        Step(f"create the custom role {TRAINER_ROLE_ID}: create and overwrite objects, nothing else "
+        Step("trainer-role", f"create the custom role {TRAINER_ROLE_ID}: create and overwrite objects, nothing else "
              "(already there is fine)",
              ("gcloud", "iam", "roles", "create", TRAINER_ROLE_ID, project,
               "--title=respawn VM records", "--description=write (never read or list) respawn VM records",
               f"--permissions={','.join(TRAINER_PERMISSIONS)}", "--stage=GA"),
              done_if=("already exists", "ALREADY_EXISTS")),
-        Step("let the trainer VMs write only jobs/<job>/exit, jobs/<job>/heartbeat and preempted-jobs/<job>",
+        Step("trainer-bucket", "let the trainer VMs write only jobs/<job>/exit, jobs/<job>/heartbeat and "
+             "preempted-jobs/<job>",
              ("gcloud", "storage", "buckets", "add-iam-policy-binding", bucket,
-              f"--member=serviceAccount:{t.trainer}", f"--role=projects/{t.project}/roles/{TRAINER_ROLE_ID}",
+              f"--member={trainer}", f"--role=projects/{t.project}/roles/{TRAINER_ROLE_ID}",
               "--condition=" + gcloud_dict({
                   "expression": trainer_condition(t.bucket),
                   "title": TRAINER_CONDITION_TITLE,
                   "description": "respawn VM records only: jobs/<job>/exit, jobs/<job>/heartbeat, "
                                  "preempted-jobs/<job>"}),
               project),
-             retry_if=iam_lag),
+             retry_if=_IAM_LAG),
         # The guest agent writes the startup script's lines to GCEMetadataScripts with the VM's
         # account: where `respawn logs` reads a VM's output when its serial port is not logged.
-        Step("let the trainer VMs write their logs to Cloud Logging (roles/logging.logWriter on the project)",
-             ("gcloud", "projects", "add-iam-policy-binding", t.project,
-              f"--member=serviceAccount:{t.trainer}", "--role=roles/logging.logWriter", "--condition=None"),
-             retry_if=iam_lag),
-        Step("let the controller create VMs that run as the trainer account (on that account only)",
-             ("gcloud", "iam", "service-accounts", "add-iam-policy-binding", t.trainer,
-              f"--member=serviceAccount:{t.controller_sa}", "--role=roles/iam.serviceAccountUser",
-              "--condition=None", project),
-             retry_if=iam_lag),
-        Step("deploy the tick function (HTTP, authenticated only)",
+        grant("trainer-logs", "let the trainer VMs write their logs to Cloud Logging (roles/logging.logWriter)",
+              t.project, trainer, "roles/logging.logWriter"),
+        Step("act-as-trainer", "let the controller create VMs that run as the trainer account (on that account only)",
+             ("gcloud", "iam", "service-accounts", "add-iam-policy-binding", t.trainer, f"--member={controller}",
+              "--role=roles/iam.serviceAccountUser", "--condition=None", project),
+             retry_if=_IAM_LAG),
+    ]
+    watched = dict.fromkeys((t.project, *[p for p in env.get("RESPAWN_ALLOWED_PROJECTS", "").split(",") if p]))
+    for where in watched:
+        at = "" if where == t.project else f"@{where}"
+        steps.append(grant(f"controller-compute{at}", f"let the controller create, list and delete VMs in {where} "
+                           "(roles/compute.instanceAdmin.v1)", where, controller, "roles/compute.instanceAdmin.v1"))
+        if tpu:
+            steps.append(grant(f"controller-tpu{at}", f"let the controller create, list and delete TPU nodes in {where} "
+                               "(roles/tpu.admin)", where, controller, "roles/tpu.admin"))
+    steps += [
+        grant("controller-logs", "let the controller write its logs (roles/logging.logWriter)",
+              t.project, controller, "roles/logging.logWriter"),
+        # gen2 functions: the trigger runs as --trigger-service-account, or else --service-account
+        # (gcloud's functions deploy): the controller's. Cloud Storage triggers need it to hold
+        # roles/eventarc.eventReceiver, and the Cloud Storage service agent roles/pubsub.publisher.
+        grant("trigger-events", "let on_object's trigger (the controller's account) receive events "
+              "(roles/eventarc.eventReceiver)", t.project, controller, "roles/eventarc.eventReceiver"),
+        dataclasses.replace(
+            grant("storage-agent", "let the Cloud Storage service agent publish bucket events (roles/pubsub.publisher; "
+                  "`gcloud storage service-agent` creates the agent if the project has none yet)",
+                  t.project, f"serviceAccount:{STORAGE_AGENT}", "roles/pubsub.publisher"),
+            lookups=(Lookup(STORAGE_AGENT, ("gcloud", "storage", "service-agent", project)),)),
+    ]
+    if topic := env.get("RESPAWN_NOTIFY_TOPIC"):
+        steps.append(Step("notify-topic", f"let the controller publish job notices to {topic} (on that topic only)",
+                          ("gcloud", "pubsub", "topics", "add-iam-policy-binding", topic, f"--member={controller}",
+                           "--role=roles/pubsub.publisher", project),
+                          retry_if=_IAM_LAG))
+    steps += [
+        Step("tick", "deploy the tick function (HTTP, authenticated only)",
              ("gcloud", "functions", "deploy", TICK, *common, "--entry-point=tick", "--trigger-http",
               "--no-allow-unauthenticated", "--timeout=540s"),
-             yields_tick_url=True),
-        Step("deploy the on_object function (GCS finalize events, retried)",
+             retry_if=_IAM_LAG),
+        # The trigger lives where the bucket does (Eventarc: a Cloud Storage trigger's location is its bucket's).
+        Step("on-object", "deploy the on_object function (GCS finalize events, retried)",
              ("gcloud", "functions", "deploy", ON_OBJECT, *common, "--entry-point=on_object",
               "--trigger-event-filters=type=google.cloud.storage.object.v1.finalized",
-              f"--trigger-event-filters=bucket={t.bucket}", "--retry", "--timeout=540s")),
-        Step("let the scheduler's service account invoke tick",
+              f"--trigger-event-filters=bucket={t.bucket}", f"--trigger-location={BUCKET_LOCATION}",
+              f"--trigger-service-account={t.controller_sa}", "--retry", "--timeout=540s"),
+             lookups=(Lookup(BUCKET_LOCATION, ("gcloud", "storage", "buckets", "describe", bucket,
+                                               "--format=value(location)"), lower=True),),
+             retry_if=_IAM_LAG),
+        Step("tick-invoker", "let the scheduler's service account invoke tick",
              ("gcloud", "functions", "add-invoker-policy-binding", TICK, "--gen2", f"--region={t.region}",
-              project, f"--member=serviceAccount:{t.scheduler_sa}")),
-        Step("create or update the Cloud Scheduler job (google-cloud-scheduler API)", request={
+              project, f"--member={scheduler}"),
+             retry_if=_IAM_LAG),
+        Step("on-object-invoker", "let on_object's trigger (the controller's account) invoke on_object",
+             ("gcloud", "functions", "add-invoker-policy-binding", ON_OBJECT, "--gen2", f"--region={t.region}",
+              project, f"--member={controller}"),
+             retry_if=_IAM_LAG),
+        Step("scheduler", "create or update the Cloud Scheduler job (google-cloud-scheduler API)", request={
             "parent": f"projects/{t.project}/locations/{t.region}",
             "job": {
                 "name": job,
@@ -251,12 +411,33 @@ def plan(t: Target) -> list[Step]:
                 "http_target": {"uri": URL_PLACEHOLDER, "http_method": "POST",
                                 "oidc_token": {"service_account_email": t.scheduler_sa, "audience": URL_PLACEHOLDER}},
             },
-        }),
-        Step("upload the VM scripts, for reference (the controller embeds its own copy)",
+        }, lookups=(url,)),
+        Step("scripts", "upload the VM scripts, for reference (the controller embeds its own copy)",
              uploads=tuple((p, f"{t.bucket}/respawn/vm/{p.name}") for p in sorted(scripts.glob("*.sh")))),
     ]
-    hidden = secrets_of(t.function_env())
+    hidden = secrets_of(env)
     return [dataclasses.replace(step, secrets=hidden) for step in steps]
+
+
+def start_at(steps: list[Step], wanted: str) -> int:
+    """The number of the step ``--from`` names (its number or its name)."""
+    if wanted.isdigit() and 1 <= int(wanted) <= len(steps):
+        return int(wanted)
+    for number, step in enumerate(steps, 1):
+        if step.name == wanted:
+            return number
+    raise ValueError(f"--from {wanted!r}: no such step; name one of 1-{len(steps)} or "
+                     f"{', '.join(s.name for s in steps)}")
+
+
+class StepFailed(Exception):
+    """Step ``number`` failed (``command`` and ``output``: gcloud's, secrets redacted) or refused."""
+
+    def __init__(self, number: int, step: Step, reason: str, command: str = "", output: str = "",
+                 refused: bool = False) -> None:
+        super().__init__(reason)
+        self.number, self.step, self.reason = number, step, reason
+        self.command, self.output, self.refused = command, output, refused
 
 
 Runner = Callable[[tuple[str, ...]], str]
@@ -288,21 +469,58 @@ def _redacted(error: subprocess.CalledProcessError, secrets: tuple[str, ...]) ->
     return subprocess.CalledProcessError(error.returncode, cmd, hide(error.stdout), hide(error.stderr))
 
 
-def execute(steps: list[Step], t: Target, run: Runner = run_command, say: Callable[[str], None] = print,
-            sleep: Callable[[float], None] = time.sleep) -> None:
-    """Carry the plan out; the Scheduler job gets the tick function's real URL."""
-    url = URL_PLACEHOLDER
-    for step in steps:
-        say(step.title)
-        if step.argv:
-            _run_step(step, run, sleep)
-            if step.yields_tick_url:
-                url = run(("gcloud", "functions", "describe", TICK, "--gen2", f"--region={t.region}",
-                           f"--project={t.project}", "--format=value(serviceConfig.uri)")).strip()
-        elif step.request is not None:
-            _upsert_scheduler_job(json.loads(step.render(reveal=True).replace(URL_PLACEHOLDER, url)))
+def _carry_out(step: Step, t: Target, run: Runner, sleep: Callable[[float], None],
+               schedule: Callable[[dict[str, Any]], None], upload: Callable[..., None]) -> None:
+    values = {}
+    for lookup in step.lookups:
+        found = run(lookup.argv).strip()
+        values[lookup.placeholder] = found.lower() if lookup.lower else found
+
+    def filled(text: str) -> str:
+        for placeholder, value in values.items():
+            text = text.replace(placeholder, value)
+        return text
+
+    if step.probe:
+        try:
+            description = run(step.probe)
+        except subprocess.CalledProcessError as error:
+            if not any(text in f"{error.stderr or ''}{error.stdout or ''}" for text in _ABSENT):
+                raise
         else:
-            _upload(step.uploads, t.project)
+            if step.check:
+                step.check(description, values)
+            return
+    if step.argv:
+        _run_step(dataclasses.replace(step, argv=tuple(filled(a) for a in step.argv)), run, sleep)
+    elif step.request is not None:
+        schedule(json.loads(filled(json.dumps(step.request))))
+    else:
+        upload(step.uploads, t.project)
+
+
+def execute(steps: list[Step], t: Target, run: Runner | None = None, say: Callable[[str], None] = print,
+            sleep: Callable[[float], None] | None = None, start: int = 1,
+            schedule: Callable[[dict[str, Any]], None] | None = None, upload: Callable[..., None] | None = None) -> None:
+    """Carry the plan out from step ``start`` (1: all of it); each step is safe to run again.
+
+    A step that fails or refuses raises StepFailed, naming it (its number and name: what
+    ``--from`` takes to resume there), secrets redacted."""
+    for number, step in enumerate(steps, 1):
+        if number < start:
+            continue
+        say(f"{number}. {step.name}: {step.title}")
+        try:
+            _carry_out(step, t, run or run_command, sleep or time.sleep, schedule or _upsert_scheduler_job, upload or _upload)
+        except Refusal as refusal:
+            raise StepFailed(number, step, str(refusal), refused=True) from None
+        except subprocess.CalledProcessError as error:
+            error = _redacted(error, step.secrets)
+            command = shlex.join(error.cmd) if isinstance(error.cmd, (list, tuple)) else str(error.cmd)
+            raise StepFailed(number, step, f"{command} failed", command=command,
+                             output=(error.stderr or error.stdout or "").strip()) from None
+        except Exception as error:  # the Scheduler or Storage client: a Google API error
+            raise StepFailed(number, step, redact(f"{type(error).__name__}: {error}", step.secrets)) from None
 
 
 def _upsert_scheduler_job(request: dict[str, Any]) -> None:

@@ -492,10 +492,11 @@ def deploy(
              "(default respawn-trainer@PROJECT.iam.gserviceaccount.com)")] = None,
     schedule: Annotated[str, typer.Option(envvar="RESPAWN_SCHEDULE", help="cron schedule of tick")] = "* * * * *",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print every command and API request, run nothing")] = False,
+    start: Annotated[str | None, typer.Option("--from", help="resume at this step (its number or name)")] = None,
 ) -> None:
-    """Deploy the trainer account and the bucket's IAM, both functions, the Cloud Scheduler job and the VM scripts."""
+    """Set up everything respawn relies on: APIs, the control bucket, the service accounts and their roles,
+    both functions, the Cloud Scheduler job and the VM scripts. Safe to run again."""
     import shlex
-    import subprocess
 
     from controller.cli import deploy as deployment
 
@@ -509,20 +510,32 @@ def deploy(
         schedule=schedule, env=policy_env)
     try:
         steps = deployment.plan(target)
+        first = deployment.start_at(steps, start) if start else 1
     except ValueError as error:
         _fail(str(error))
     if dry_run:
         for number, step in enumerate(steps, 1):
-            out.print(plain(f"# {number}. {step.title}", "bold"), soft_wrap=True)
-            print(step.render())
+            if number >= first:
+                out.print(plain(f"# {number}. {step.name}: {step.title}", "bold"), soft_wrap=True)
+                print(step.render())
         return
     try:
-        deployment.execute(steps, target, say=lambda title: out.print(_line("→", "bold", title), soft_wrap=True))
-    except subprocess.CalledProcessError as error:
-        command = shlex.join(error.cmd) if isinstance(error.cmd, (list, tuple)) else str(error.cmd)
-        err.print(_line("✗", "red", f"{command} failed:"), soft_wrap=True)
-        err.print(plain((error.stderr or "").strip()), soft_wrap=True)
-        raise typer.Exit(FAILED) from error
+        deployment.execute(steps, target, start=first,
+                           say=lambda title: out.print(_line("→", "bold", title), soft_wrap=True))
+    except deployment.StepFailed as failed:
+        given = ["--project", project, "--region", region, "--bucket", bucket]
+        for flag, value in (("--service-account", service_account), ("--scheduler-account", scheduler_account),
+                            ("--trainer-account", trainer_account), ("--schedule", schedule)):
+            if value and not (flag == "--schedule" and value == "* * * * *"):
+                given += [flag, value]
+        err.print(_line("✗", "red", f"step {failed.number} ({failed.step.name}) failed: {failed.reason}"),
+                  soft_wrap=True)
+        if failed.output:
+            err.print(plain(failed.output), soft_wrap=True)
+        err.print(plain(f"Fix that, then resume from it: {shlex.join(['respawn', 'deploy', *given, '--from', failed.step.name])}"
+                        " (with the same RESPAWN_* policy variables set), or run the whole deploy again: "
+                        "every step is safe to repeat."), soft_wrap=True)
+        raise typer.Exit(REFUSED if failed.refused else FAILED) from None
     out.print(_line("✓", "green", "deployed"))
 
 

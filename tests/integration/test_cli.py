@@ -157,6 +157,8 @@ def _dict_flag(value: str) -> dict[str, str]:
 def test_deploy_dry_run_prints_every_command_with_the_right_flags(cli, monkeypatch):
     import shlex
 
+    from controller.cli import deploy
+
     monkeypatch.setenv("RESPAWN_ALLOWED_ZONES", "us-central1-a,us-central1-b")
     monkeypatch.setenv("RESPAWN_ALLOWED_MACHINE_TYPES", "g2-standard-8,a2-highgpu-1g")
     monkeypatch.setenv("RESPAWN_NOTIFY_TOPIC", "projects/prod-proj/topics/respawn")
@@ -198,8 +200,11 @@ def test_deploy_dry_run_prints_every_command_with_the_right_flags(cli, monkeypat
     assert job["schedule"] == "* * * * *" and job["http_target"]["http_method"] == "POST"
     assert job["http_target"]["oidc_token"]["service_account_email"] == "respawn-scheduler@prod-proj.iam.gserviceaccount.com"
     assert "upload" in text and "gs://prod-bucket/respawn/vm/startup.sh" in text
-    titles = [l for l in lines if l.startswith("# ")]
-    assert [int(t.split(".")[0][2:]) for t in titles] == list(range(1, 13))  # every step, numbered, one line each
+    titles = [l for l in lines if l.startswith("# ") and not l.startswith("#  ")]  # '#   ': what a step looks up
+    steps = deploy.plan(deploy.Target("prod-proj", "us-central1", "prod-bucket", "c@prod-proj.iam.gserviceaccount.com",
+                                      "s@prod-proj.iam.gserviceaccount.com",
+                                      env={"RESPAWN_NOTIFY_TOPIC": "projects/prod-proj/topics/respawn"}))
+    assert [int(t.split(".")[0][2:]) for t in titles] == list(range(1, len(steps) + 1))  # every step, one line each
 
 
 def test_deploy_takes_the_trainer_account_and_the_users_allow_list(cli, monkeypatch):
@@ -258,6 +263,8 @@ def test_a_failing_deploy_step_never_prints_the_webhook_url(cli, monkeypatch):
     def gcloud(argv, **_):
         if argv[1:3] == ["functions", "deploy"] or tuple(argv[1:3]) == ("functions", "deploy"):
             raise subprocess.CalledProcessError(1, argv, "", f"ERROR: (gcloud.functions.deploy) invalid: {' '.join(argv)}")
+        if "--raw" in argv:  # the bucket's description: not there yet (deploy creates it)
+            raise subprocess.CalledProcessError(1, argv, "", "ERROR: gs://b-bucket not found: 404.")
         return subprocess.CompletedProcess(argv, 0, "", "")
 
     monkeypatch.setattr(subprocess, "run", gcloud)
@@ -279,15 +286,20 @@ def test_deploy_reports_the_failing_command_and_stops(cli, monkeypatch):
     from controller.cli import deploy
 
     def fail(steps, target, say, **_):
-        raise subprocess.CalledProcessError(1, ("gcloud", "storage", "buckets", "update"), "", "ERROR: PERMISSION_DENIED")
+        step = next(s for s in steps if s.name == "uniform-access")
+        raise deploy.StepFailed(steps.index(step) + 1, step, "gcloud storage buckets update gs://b-bucket failed",
+                                output="ERROR: PERMISSION_DENIED")
 
     monkeypatch.setattr(deploy, "execute", fail)
     result = cli("deploy", "--project", "p-proj", "--region", "us-central1", "--bucket", "b-bucket")
     assert result.exit_code == 1
-    assert "gcloud storage buckets update failed" in result.output and "PERMISSION_DENIED" in result.output
+    assert "step 3 (uniform-access) failed: gcloud storage buckets update gs://b-bucket failed" in result.output
+    assert "PERMISSION_DENIED" in result.output and "--from uniform-access" in result.output
 
 
 def test_deploy_runs_the_plan_in_order(monkeypatch):
+    import subprocess
+
     from controller.cli import deploy
 
     ran: list[tuple[str, ...]] = []
@@ -298,16 +310,24 @@ def test_deploy_runs_the_plan_in_order(monkeypatch):
 
     def fake_gcloud(argv: tuple[str, ...]) -> str:
         ran.append(argv)
-        return "https://respawn-tick-xyz.a.run.app\n" if "describe" in argv else ""
+        if "--raw" in argv:
+            raise subprocess.CalledProcessError(1, argv, "", "ERROR: gs://b-bucket not found: 404.")
+        if argv[1:3] == ("functions", "describe"):
+            return "https://respawn-tick-xyz.a.run.app\n"
+        return "US-CENTRAL1\n" if "describe" in argv else ""
 
     target = deploy.Target("p-proj", "us-central1", "b-bucket", "c@p-proj.iam.gserviceaccount.com",
                            "s@p-proj.iam.gserviceaccount.com")
     deploy.execute(deploy.plan(target), target, run=fake_gcloud, say=lambda _: None)
-    assert [a[1:3] for a in ran[:7]] == [("iam", "service-accounts"), ("storage", "buckets"), ("storage", "buckets"),
-                                         ("iam", "roles"), ("storage", "buckets"), ("projects", "add-iam-policy-binding"),
-                                         ("iam", "service-accounts")]
-    assert [a[3] for a in ran if a[1] == "functions"] == ["respawn-tick", "respawn-tick", "respawn-on-object",
-                                                          "respawn-tick"]
+    assert [a[1:4] for a in ran[:6]] == [("services", "enable", "compute.googleapis.com"),
+                                         ("projects", "describe", "p-proj"), ("storage", "buckets", "describe"),
+                                         ("storage", "buckets", "create"), ("storage", "buckets", "update"),
+                                         ("iam", "service-accounts", "create")]
+    functions = [a[2:4] for a in ran if a[1] == "functions"]
+    assert functions == [("deploy", "respawn-tick"), ("deploy", "respawn-on-object"),
+                         ("add-invoker-policy-binding", "respawn-tick"), ("add-invoker-policy-binding", "respawn-on-object"),
+                         ("describe", "respawn-tick")]
+    assert "--trigger-location=us-central1" in next(a for a in ran if "respawn-on-object" in a)
     assert scheduled[0]["job"]["http_target"]["uri"] == "https://respawn-tick-xyz.a.run.app"
     assert scheduled[0]["job"]["http_target"]["oidc_token"]["audience"] == "https://respawn-tick-xyz.a.run.app"
     assert {dest for _, dest in uploaded} >= {"b-bucket/respawn/vm/startup.sh", "b-bucket/respawn/vm/shutdown.sh"}

@@ -1,0 +1,512 @@
+"""`respawn deploy` on a fresh project: everything it relies on, set up idempotently and resumably.
+
+A fake gcloud (FakeProject) keeps a project's state the way Google does: APIs, buckets and their
+settings, service accounts, the custom role, IAM bindings (a set: one binding added twice is one
+binding), the Cloud Storage service agent, functions, the Scheduler job, uploaded objects. It
+refuses what Google refuses in the order deploy runs things (a function before its APIs, a binding
+to an account that does not exist, a Cloud Storage trigger outside its bucket's location), and
+logs every change it makes: a second deploy must log none.
+
+The last test runs every gcloud command deploy builds through gcloud's own parser (where gcloud
+is installed), answered by a server on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import http.server
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from controller.cli import deploy
+from controller.cli.main import app
+
+PROJECT, NUMBER, REGION, BUCKET = "prod-proj", "123456789012", "us-central1", "prod-bucket"
+DOMAIN = f"{PROJECT}.iam.gserviceaccount.com"
+CONTROLLER, SCHEDULER, TRAINER = (f"respawn-{k}@{DOMAIN}" for k in ("controller", "scheduler", "trainer"))
+AGENT = f"service-{NUMBER}@gs-project-accounts.iam.gserviceaccount.com"
+TICK_URL = "https://respawn-tick-abc-uc.a.run.app"
+IAM_MD = Path(__file__).resolve().parents[2] / "deploy" / "IAM.md"
+runner = CliRunner()
+
+
+def failure(argv: tuple[str, ...], message: str) -> subprocess.CalledProcessError:
+    return subprocess.CalledProcessError(1, argv, "", f"ERROR: (gcloud.{'.'.join(argv[1:4])}) {message}\n")
+
+
+class FakeProject:
+    """One Google Cloud project as gcloud, the Scheduler client and the Storage client see it."""
+
+    def __init__(self) -> None:
+        self.apis: set[str] = set()
+        self.buckets: dict[str, dict[str, Any]] = {}
+        self.accounts: set[str] = set()
+        self.roles: dict[str, str] = {}
+        self.bindings: set[tuple[str, str, str, str]] = set()  # (resource, member, role, condition title)
+        self.agent = False  # the Cloud Storage service agent exists
+        self.functions: dict[str, tuple[str, ...]] = {}
+        self.jobs: dict[str, Any] = {}
+        self.objects: dict[str, str] = {}
+        self.changes: list[str] = []
+        self.commands: list[tuple[str, ...]] = []
+        self.fail_once: dict[str, str] = {}  # step words (e.g. "storage service-agent") -> error, raised once
+
+    def state(self) -> dict[str, Any]:
+        return copy.deepcopy({k: v for k, v in vars(self).items() if k not in ("changes", "commands", "fail_once")})
+
+    def _change(self, what: str) -> None:
+        self.changes.append(what)
+
+    def _need(self, argv: tuple[str, ...], *apis: str) -> None:
+        for api in apis:
+            if f"{api}.googleapis.com" not in self.apis:
+                raise failure(argv, f"PERMISSION_DENIED: {api}.googleapis.com has not been used in project {PROJECT} "
+                                    "before or it is disabled (SERVICE_DISABLED)")
+
+    def _member_exists(self, argv: tuple[str, ...], member: str) -> None:
+        email = member.removeprefix("serviceAccount:")
+        if email.endswith(DOMAIN) and email not in self.accounts or email == AGENT and not self.agent:
+            raise failure(argv, f"INVALID_ARGUMENT: Service account {email} does not exist.")
+
+    def _bind(self, argv: tuple[str, ...], resource: str, member: str, role: str, condition: str = "None") -> str:
+        self._member_exists(argv, member)
+        title = "" if condition == "None" else dict(re.findall(r"(?:^|[;|#~])(\w+)=([^;]*)", condition))["title"]
+        binding = (resource, member, role, title)
+        if binding not in self.bindings:
+            self.bindings.add(binding)
+            self._change(f"bind {binding}")
+        return ""
+
+    def __call__(self, argv: tuple[str, ...]) -> str:
+        argv = tuple(argv)
+        self.commands.append(argv)
+        words = [a for a in argv[1:] if not a.startswith("--")]
+        flags: dict[str, list[str]] = {}
+        for a in argv:
+            if a.startswith("--"):
+                key, _, value = a[2:].partition("=")
+                flags.setdefault(key, []).append(value)
+        flag = lambda name: flags.get(name, [""])[-1]  # noqa: E731
+        for key, message in list(self.fail_once.items()):
+            if " ".join(words).startswith(key):
+                del self.fail_once[key]
+                raise failure(argv, message)
+        match words:
+            case ["services", "enable", *apis]:
+                for api in apis:
+                    if api not in self.apis:
+                        self.apis.add(api)
+                        self._change(f"enable {api}")
+                return ""
+            case ["projects", "describe", _]:
+                assert flag("format") == "value(projectNumber)"
+                return f"{NUMBER}\n"
+            case ["storage", "buckets", "describe", url]:
+                self._need(argv, "storage")
+                found = self.buckets.get(url.removeprefix("gs://"))
+                if found is None:
+                    raise failure(argv, f"{url} not found: 404.")
+                if "raw" in flags:
+                    return json.dumps(found)
+                assert flag("format") == "value(location)"
+                return f"{found['location']}\n"
+            case ["storage", "buckets", "create", url]:
+                self._need(argv, "storage")
+                name = url.removeprefix("gs://")
+                if name in self.buckets:
+                    raise failure(argv, "HTTPError 409: Your previous request to create the named bucket succeeded "
+                                        "and you already own it.")
+                self.buckets[name] = {"name": name, "projectNumber": NUMBER, "location": flag("location").upper(),
+                                      "iamConfiguration": {
+                                          "uniformBucketLevelAccess": {"enabled": "uniform-bucket-level-access" in flags},
+                                          "publicAccessPrevention":
+                                              "enforced" if "public-access-prevention" in flags else "inherited"}}
+                self._change(f"create bucket {name}")
+                return ""
+            case ["storage", "buckets", "update", url]:
+                access = self.buckets[url.removeprefix("gs://")]["iamConfiguration"]["uniformBucketLevelAccess"]
+                if "uniform-bucket-level-access" in flags and not access["enabled"]:
+                    access["enabled"] = True
+                    self._change(f"uniform access on {url}")
+                return ""
+            case ["storage", "buckets", "add-iam-policy-binding", url]:
+                bucket = self.buckets[url.removeprefix("gs://")]
+                if flag("condition") != "None":
+                    assert bucket["iamConfiguration"]["uniformBucketLevelAccess"]["enabled"], "conditions need UBLA"
+                return self._bind(argv, url, flag("member"), flag("role"), flag("condition"))
+            case ["storage", "service-agent"]:
+                self._need(argv, "storage")
+                if not self.agent:
+                    self.agent = True
+                    self._change("create the Cloud Storage service agent")
+                return f"{AGENT}\n"
+            case ["iam", "service-accounts", "create", account_id]:
+                self._need(argv, "iam")
+                email = f"{account_id}@{DOMAIN}"
+                if email in self.accounts:
+                    raise failure(argv, f"Resource in projects [{PROJECT}] is the subject of a conflict: Service "
+                                        f"account {account_id} already exists within project projects/{PROJECT}.")
+                self.accounts.add(email)
+                self._change(f"create account {email}")
+                return ""
+            case ["iam", "roles", "create", role_id]:
+                self._need(argv, "iam")
+                if role_id in self.roles:
+                    raise failure(argv, "ALREADY_EXISTS: A role named respawnVmRecords in projects/prod-proj already "
+                                        "exists.")
+                self.roles[role_id] = flag("permissions")
+                self._change(f"create role {role_id}")
+                return ""
+            case ["iam", "service-accounts", "add-iam-policy-binding", email]:
+                self._member_exists(argv, f"serviceAccount:{email}")
+                return self._bind(argv, f"account:{email}", flag("member"), flag("role"), flag("condition"))
+            case ["projects", "add-iam-policy-binding", where]:
+                return self._bind(argv, f"project:{where}", flag("member"), flag("role"), flag("condition"))
+            case ["pubsub", "topics", "add-iam-policy-binding", topic]:
+                self._need(argv, "pubsub")
+                return self._bind(argv, topic, flag("member"), flag("role"))
+            case ["functions", "deploy", name]:
+                self._need(argv, "cloudfunctions", "run", "cloudbuild", "artifactregistry")
+                self._member_exists(argv, f"serviceAccount:{flag('service-account')}")
+                if "trigger-event-filters" in flags:
+                    self._need(argv, "eventarc", "pubsub")
+                    bucket = self.buckets[dict(f.split("=", 1) for f in flags["trigger-event-filters"])["bucket"]]
+                    if flag("trigger-location") != bucket["location"].lower():
+                        raise failure(argv, "INVALID_ARGUMENT: the trigger must be in the bucket's location")
+                    if ("project:" + PROJECT, f"serviceAccount:{AGENT}", "roles/pubsub.publisher", "") not in self.bindings:
+                        raise failure(argv, "FAILED_PRECONDITION: the Cloud Storage service agent needs "
+                                            "roles/pubsub.publisher")
+                config = tuple(sorted(argv[3:]))
+                if self.functions.get(name) != config:
+                    self.functions[name] = config
+                    self._change(f"deploy {name}")
+                return ""
+            case ["functions", "describe", name]:
+                if name not in self.functions:
+                    raise failure(argv, f"NOT_FOUND: Resource '{name}' was not found")
+                return f"{TICK_URL}\n"
+            case ["functions", "add-invoker-policy-binding", name]:
+                if name not in self.functions:
+                    raise failure(argv, f"NOT_FOUND: Resource '{name}' was not found")
+                return self._bind(argv, f"function:{name}", flag("member"), "roles/run.invoker")
+        raise AssertionError(f"the fake gcloud does not know {shlex.join(argv)}")
+
+    def schedule(self, request: dict[str, Any]) -> None:
+        assert "cloudscheduler.googleapis.com" in self.apis
+        job = request["job"]
+        assert job["http_target"]["uri"] == TICK_URL and job["http_target"]["oidc_token"]["audience"] == TICK_URL
+        if self.jobs.get(job["name"]) != job:
+            self.jobs[job["name"]] = job
+            self._change(f"scheduler job {job['name']}")
+
+    def upload(self, uploads: tuple[tuple[Path, str], ...], project: str) -> None:
+        for path, dest in uploads:
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            if self.objects.get(dest) != digest:
+                self.objects[dest] = digest
+                self._change(f"upload {dest}")
+
+
+def target(**env: str) -> deploy.Target:
+    return deploy.Target(PROJECT, REGION, BUCKET, CONTROLLER, SCHEDULER, env=env)
+
+
+def run(fake: FakeProject, t: deploy.Target | None = None, start: int = 1) -> list[str]:
+    t = t or target()
+    said: list[str] = []
+    deploy.execute(deploy.plan(t), t, run=fake, say=said.append, sleep=lambda _: None, start=start,
+                   schedule=fake.schedule, upload=fake.upload)
+    return said
+
+
+def roles_of(fake: FakeProject, member: str) -> set[tuple[str, str]]:
+    return {(resource, role) for resource, m, role, _ in fake.bindings if m == member}
+
+
+@pytest.fixture
+def fake(monkeypatch) -> FakeProject:
+    project = FakeProject()
+    monkeypatch.setattr(deploy, "run_command", project)
+    monkeypatch.setattr(deploy, "_upsert_scheduler_job", project.schedule)
+    monkeypatch.setattr(deploy, "_upload", project.upload)
+    monkeypatch.setattr(deploy.time, "sleep", lambda _: None)
+    return project
+
+
+@pytest.fixture
+def cli(monkeypatch) -> Any:
+    """`respawn deploy` with no RESPAWN_* setting from the environment but those a test sets."""
+    for key in [k for k in os.environ if k.startswith("RESPAWN_")]:
+        monkeypatch.delenv(key)
+
+    def invoke(*args: str) -> Any:
+        return runner.invoke(app, ["deploy", "--project", PROJECT, "--region", REGION, "--bucket", BUCKET, *args])
+
+    return invoke
+
+
+# -- a fresh project, twice ------------------------------------------------------------------
+
+def test_a_fresh_project_gets_everything_respawn_relies_on_and_a_second_deploy_changes_nothing(fake):
+    said = run(fake)
+    assert {f"{api}.googleapis.com" for api in deploy.APIS} | {deploy.TPU_API} == fake.apis
+    bucket = fake.buckets[BUCKET]
+    assert bucket["location"] == "US-CENTRAL1" and bucket["projectNumber"] == NUMBER
+    assert bucket["iamConfiguration"] == {"uniformBucketLevelAccess": {"enabled": True},
+                                          "publicAccessPrevention": "enforced"}
+    assert fake.accounts == {CONTROLLER, SCHEDULER, TRAINER} and fake.agent
+    assert roles_of(fake, f"serviceAccount:{CONTROLLER}") == {
+        (f"gs://{BUCKET}", "roles/storage.objectUser"), (f"account:{TRAINER}", "roles/iam.serviceAccountUser"),
+        (f"project:{PROJECT}", "roles/compute.instanceAdmin.v1"), (f"project:{PROJECT}", "roles/tpu.admin"),
+        (f"project:{PROJECT}", "roles/logging.logWriter"), (f"project:{PROJECT}", "roles/eventarc.eventReceiver"),
+        ("function:respawn-on-object", "roles/run.invoker")}
+    assert roles_of(fake, f"serviceAccount:{TRAINER}") == {
+        (f"gs://{BUCKET}", f"projects/{PROJECT}/roles/respawnVmRecords"), (f"project:{PROJECT}", "roles/logging.logWriter")}
+    assert roles_of(fake, f"serviceAccount:{SCHEDULER}") == {("function:respawn-tick", "roles/run.invoker")}
+    assert roles_of(fake, f"serviceAccount:{AGENT}") == {(f"project:{PROJECT}", "roles/pubsub.publisher")}
+    assert set(fake.functions) == {"respawn-tick", "respawn-on-object"} and len(fake.jobs) == 1
+    assert {dest for dest in fake.objects} >= {f"{BUCKET}/respawn/vm/startup.sh"}
+    # each step said what it does, numbered and named
+    assert said[0].startswith("1. apis: enable the APIs") and len(said) == len(deploy.plan(target()))
+
+    first = fake.state()
+    fake.changes.clear()
+    run(fake)
+    assert fake.changes == [] and fake.state() == first
+
+
+def test_deploying_again_after_a_half_done_deploy_finishes_it(fake):
+    """Whatever a first deploy left (any prefix of the plan done), the next one completes it."""
+    whole = FakeProject()
+    run(whole)
+    steps = deploy.plan(target())
+    for done in (1, 4, 9, len(steps) - 1):
+        partial = FakeProject()
+        t = target()
+        deploy.execute(steps[:done], t, run=partial, say=lambda _: None, sleep=lambda _: None,
+                       schedule=partial.schedule, upload=partial.upload)
+        run(partial)
+        assert partial.state() == whole.state(), done
+
+
+# -- failures name their step; --from resumes there ---------------------------------------------
+
+def test_a_failed_step_names_itself_and_from_resumes_there_to_the_same_project(fake):
+    fake.fail_once["storage service-agent"] = "PERMISSION_DENIED: caller lacks storage.buckets.get"
+    with pytest.raises(deploy.StepFailed) as failed:
+        run(fake)
+    steps = deploy.plan(target())
+    assert failed.value.step.name == "storage-agent" and steps[failed.value.number - 1].name == "storage-agent"
+    assert "gcloud storage service-agent --project=prod-proj failed" in failed.value.reason
+    assert "PERMISSION_DENIED" in failed.value.output
+    assert "respawn-tick" not in fake.functions  # it stopped there
+    before = len(fake.commands)
+    said = run(fake, start=failed.value.number)
+    assert said[0].startswith(f"{failed.value.number}. storage-agent:")
+    assert not [c for c in fake.commands[before:] if c[1:3] == ("services", "enable")]  # earlier steps not rerun
+    whole = FakeProject()
+    run(whole)
+    assert fake.state() == whole.state()
+
+
+def test_the_cli_says_how_to_resume_and_from_takes_a_number_or_a_name(fake, cli):
+    fake.fail_once["functions deploy respawn-on-object"] = "INVALID_ARGUMENT: quota exceeded for builds"
+    result = cli("--trainer-account", TRAINER)
+    assert result.exit_code == 1, result.output
+    number = next(n for n, s in enumerate(deploy.plan(target()), 1) if s.name == "on-object")
+    assert f"step {number} (on-object) failed: gcloud functions deploy respawn-on-object" in result.output
+    assert "quota exceeded for builds" in result.output
+    assert (f"respawn deploy --project {PROJECT} --region {REGION} --bucket {BUCKET} --trainer-account {TRAINER} "
+            "--from on-object") in result.output
+    assert "run the whole deploy again" in result.output
+
+    result = cli("--from", "on-object")
+    assert result.exit_code == 0, result.output
+    assert f"{number}. on-object:" in result.output and "1. apis:" not in result.output
+    assert "deployed" in result.output
+    fake.changes.clear()
+    result = cli("--from", str(number))
+    assert result.exit_code == 0 and fake.changes == []
+
+
+def test_from_an_unknown_step_lists_the_steps(cli):
+    result = cli("--from", "nope", "--dry-run")
+    assert result.exit_code == 2
+    assert "--from 'nope': no such step" in result.output and "storage-agent" in result.output
+
+
+# -- an existing bucket: kept if respawn can use it, refused saying why if not -----------------------
+
+@pytest.mark.parametrize("settings, says", [
+    ({"retentionPolicy": {"retentionPeriod": "86400"}}, "a retention policy of 86400 s"),
+    ({"defaultEventBasedHold": True}, "a default event-based hold"),
+    ({"billing": {"requesterPays": True}}, "requester pays"),
+    ({"projectNumber": "999"}, "it belongs to project number 999"),
+])
+def test_an_existing_bucket_that_would_break_respawn_is_refused_saying_why(fake, cli, settings, says):
+    fake.apis.add("storage.googleapis.com")
+    fake.buckets[BUCKET] = {"name": BUCKET, "projectNumber": NUMBER, "location": "US-CENTRAL1",
+                            "iamConfiguration": {"uniformBucketLevelAccess": {"enabled": True}}, **settings}
+    kept = copy.deepcopy(fake.buckets)
+    result = cli()
+    assert result.exit_code == 2, result.output
+    assert f"step 2 (bucket) failed: gs://{BUCKET} cannot be respawn's control bucket: {says}" in result.output
+    assert "--from bucket" in result.output
+    assert fake.buckets == kept and not fake.bindings  # nothing done to it, nothing granted after it
+
+
+def test_an_existing_usable_bucket_elsewhere_is_kept_its_access_made_uniform_and_the_trigger_put_there(fake):
+    fake.apis.add("storage.googleapis.com")
+    fake.buckets[BUCKET] = {"name": BUCKET, "projectNumber": NUMBER, "location": "US", "versioning": {"enabled": True},
+                            "iamConfiguration": {"uniformBucketLevelAccess": {"enabled": False}}}
+    run(fake)
+    assert not [c for c in fake.commands if c[1:4] == ("storage", "buckets", "create")]
+    assert fake.buckets[BUCKET]["iamConfiguration"]["uniformBucketLevelAccess"]["enabled"]
+    assert "--trigger-location=us" in fake.functions["respawn-on-object"]
+
+
+# -- what the plan holds depends on the policy ---------------------------------------------------------
+
+def test_tpu_api_and_role_only_where_the_policy_admits_a_tpu_slice(fake):
+    run(fake, target(RESPAWN_MAX_TPU_SIZE="0"))
+    assert deploy.TPU_API not in fake.apis
+    assert not [b for b in fake.bindings if b[2] == "roles/tpu.admin"]
+    assert deploy.tpu_allowed({}) and deploy.tpu_allowed({"RESPAWN_ALLOWED_TPU_TYPES": "v5litepod-*"})
+
+
+def test_watched_projects_and_the_notification_topic_get_the_controllers_roles(fake):
+    topic = "projects/prod-proj/topics/respawn"
+    run(fake, target(RESPAWN_ALLOWED_PROJECTS="prod-proj,other-proj", RESPAWN_NOTIFY_TOPIC=topic))
+    mine = roles_of(fake, f"serviceAccount:{CONTROLLER}")
+    assert {("project:other-proj", "roles/compute.instanceAdmin.v1"), ("project:other-proj", "roles/tpu.admin"),
+            (topic, "roles/pubsub.publisher")} <= mine
+    assert not [r for r, role in mine if r == "project:other-proj" and role == "roles/logging.logWriter"]
+
+
+def test_accounts_of_another_project_are_used_never_created(fake):
+    t = deploy.Target(PROJECT, REGION, BUCKET, "ctl@shared-proj.iam.gserviceaccount.com", SCHEDULER)
+    names = [s.name for s in deploy.plan(t)]
+    assert "controller-account" not in names and "scheduler-account" in names and "trainer-account" in names
+
+
+# -- the dry run, and IAM.md as the one list of roles ---------------------------------------------
+
+def test_the_dry_run_prints_the_whole_plan_numbered_and_named_and_no_secret(cli, monkeypatch):
+    monkeypatch.setenv("RESPAWN_NOTIFY_WEBHOOK", "https://hooks.slack.com/services/T0/B0/secretpath")
+    result = cli("--dry-run")
+    assert result.exit_code == 0, result.output
+    steps = deploy.plan(target(RESPAWN_NOTIFY_WEBHOOK="x"))
+    titles = re.findall(r"^# (\d+)\. ([\w@.-]+): ", result.output, re.M)
+    assert [(int(n), name) for n, name in titles] == [(n, s.name) for n, s in enumerate(steps, 1)]
+    assert len({s.name for s in steps}) == len(steps)  # every name resumes one step
+    assert "secretpath" not in result.output and "https://hooks.slack.com/<redacted>" in result.output
+    assert "#   <Cloud Storage service agent> = gcloud storage service-agent --project=prod-proj" in result.output
+    partial = cli("--dry-run", "--from", "tick")
+    assert partial.output.startswith(f"# {[s.name for s in steps].index('tick') + 1}. tick:")
+
+
+def _iam_md_deploy_roles() -> set[str]:
+    """Every role a row of deploy/IAM.md's tables marks **(deploy)**."""
+    roles = set()
+    for line in IAM_MD.read_text().splitlines():
+        if line.startswith("| ") and "**(deploy)**" in line:
+            cell = line.split("|")[1]
+            roles |= set(re.findall(r"`(roles/[\w.]+)`", cell)) | {f"custom:{r}" for r in re.findall(
+                r"custom role `(\w+)`", cell)}
+    return roles
+
+
+def test_iam_md_lists_exactly_the_roles_deploy_grants(fake):
+    run(fake, target(RESPAWN_NOTIFY_TOPIC="projects/prod-proj/topics/respawn"))
+    granted = {f"custom:{role.rsplit('/', 1)[1]}" if role.startswith("projects/") else role
+               for _, _, role, _ in fake.bindings}
+    assert granted == _iam_md_deploy_roles()
+
+
+# -- every gcloud command, through gcloud's own parser ------------------------------------------
+
+PROBE = "respawn-parse-probe: the request reached 127.0.0.1"
+
+
+class _Answer400(http.server.BaseHTTPRequestHandler):
+    def _answer(self) -> None:
+        self.server.paths.append(f"{self.command} {self.path}")  # type: ignore[attr-defined]
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        body = json.dumps({"error": {"code": 400, "message": PROBE, "status": "INVALID_ARGUMENT"}}).encode()
+        self.send_response(400)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _answer
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def google_that_answers_400(tmp_path) -> Iterator[tuple[dict[str, str], list[str]]]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answer400)
+    server.paths = []  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    token = tmp_path / "token"
+    token.write_text("not-a-real-token")
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}/"
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "CLOUDSDK_CONFIG": str(tmp_path / "gcloud"),
+           "CLOUDSDK_CORE_DISABLE_PROMPTS": "1", "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE": str(token),
+           "CLOUDSDK_CORE_DISABLE_USAGE_REPORTING": "1", "CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK": "1"}
+    for api in ("serviceusage", "storage", "iam", "cloudresourcemanager", "cloudfunctions", "run", "pubsub",
+                "eventarc", "cloudbuild", "artifactregistry", "logging", "compute", "cloudscheduler", "tpu"):
+        env[f"CLOUDSDK_API_ENDPOINT_OVERRIDES_{api.upper()}"] = endpoint
+    yield env, server.paths  # type: ignore[attr-defined]
+    server.shutdown()
+
+
+def _every_gcloud_command(steps: list[deploy.Step]) -> list[tuple[str, ...]]:
+    filled = {deploy.PROJECT_NUMBER: NUMBER, deploy.STORAGE_AGENT: AGENT, deploy.BUCKET_LOCATION: "us-central1",
+              deploy.URL_PLACEHOLDER: TICK_URL}
+    commands = []
+    for step in steps:
+        commands += [lookup.argv for lookup in step.lookups] + ([step.probe] if step.probe else [])
+        if step.argv:
+            argv = step.argv
+            for placeholder, value in filled.items():
+                argv = tuple(a.replace(placeholder, value) for a in argv)
+            commands.append(argv)
+    return commands
+
+
+@pytest.mark.skipif(shutil.which("gcloud") is None, reason="gcloud is not installed: its parser cannot be asked")
+def test_every_gcloud_command_deploy_builds_parses_with_gclouds_own_parser(google_that_answers_400):
+    """Each command runs through gcloud: its argument parser and its flag checks pass when gcloud goes
+    on to send the request, which the server on 127.0.0.1 answers 400. A flag gcloud does not know
+    exits 2 ("unrecognized arguments") before any request."""
+    env, paths = google_that_answers_400
+    t = target(RESPAWN_ALLOWED_PROJECTS="prod-proj,other-proj", RESPAWN_NOTIFY_TOPIC="projects/prod-proj/topics/t",
+               RESPAWN_NOTIFY_WEBHOOK="https://hooks.slack.com/services/T0/B0/x",
+               RESPAWN_ALLOWED_ZONES="us-central1-a,us-central1-b")
+    commands = list(dict.fromkeys(_every_gcloud_command(deploy.plan(t))))
+    assert len(commands) > 20
+    for argv in commands:
+        before = len(paths)
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+        assert done.returncode == 1 and PROBE in done.stderr, (shlex.join(argv), done.returncode, done.stderr)
+        assert len(paths) > before, shlex.join(argv)
+    # ...and the check tells a bad flag from a good one
+    bad = subprocess.run(("gcloud", "services", "enable", "run.googleapis.com", "--no-such-flag", "--project=p"),
+                         env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+    assert bad.returncode == 2 and "unrecognized arguments" in bad.stderr
