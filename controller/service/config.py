@@ -53,6 +53,16 @@ class Settings(BaseSettings):
     notify_wait: float = Field(default=10.0, ge=0, le=300)
     pubsub_endpoint: str | None = None  # the local cloud's Pub/Sub server, e.g. http://127.0.0.1:8125
     logging_endpoint: str | None = None  # the local cloud's Cloud Logging server (`respawn logs` reads it)
+    # What `respawn doctor` reads besides those (the local cloud's stand-ins of these APIs, each a
+    # root URL such as http://127.0.0.1:8126; unset: Google's).
+    serviceusage_endpoint: str | None = None
+    resourcemanager_endpoint: str | None = None
+    iam_endpoint: str | None = None
+    functions_endpoint: str | None = None
+    scheduler_endpoint: str | None = None
+    # gcloud's access token file: the local cloud's dummy token (`respawn doctor`'s credentials there).
+    access_token_file: Path | None = Field(default=None, validation_alias=AliasChoices(
+        "RESPAWN_ACCESS_TOKEN_FILE", "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE"))
     # Jobs observed and reconciled side by side in one pass (threads: the clients block).
     concurrency: int = Field(default=32, ge=1, le=256)
     # How long a pass, from when it starts acting, waits for its inserts' operations (see

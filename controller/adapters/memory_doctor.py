@@ -1,0 +1,173 @@
+"""A project in memory, as ``respawn deploy`` leaves it, for ``respawn doctor``'s checks
+(controller.cli.doctor.Apis). Every field is plain data a test changes to break one thing."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from controller.cli import deploy
+from controller.core import errors
+from controller.core.quotas import QuotaUse
+from controller.service import lastpass
+
+FUNCTION_STATES = ("ACTIVE",)
+
+
+@dataclass
+class MemoryProject:
+    project_id: str
+    bucket_name: str
+    region: str
+    controller_sa: str
+    trainer_sa: str
+    now: datetime
+    principal: str | None = "you@example.com"
+    state: str = "ACTIVE"
+    disabled: set[str] = field(default_factory=set)  # "compute.googleapis.com", ...
+    bucket_exists: bool = True
+    uniform: bool = True
+    writable: bool = True
+    probes: list[str] = field(default_factory=list)  # objects written (and deleted) by write_probe
+    bucket_bindings: list[dict[str, Any]] = field(default_factory=list)
+    project_bindings: list[dict[str, Any]] = field(default_factory=list)
+    accounts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # email -> its policy's bindings
+    functions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    record: lastpass.LastPass | None = None
+    quota_table: dict[str, dict[str, QuotaUse]] = field(default_factory=dict)  # region -> metric -> use
+    images: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (project, name | family/F)
+    hang: set[str] = field(default_factory=set)  # method names that answer only after hang_seconds
+    hang_seconds: float = 2.0
+    failures: dict[str, Exception] = field(default_factory=dict)  # method name -> raised
+
+    @classmethod
+    def deployed(cls, project: str, bucket: str, region: str, now: datetime, **kw: Any) -> MemoryProject:
+        """What a successful ``respawn deploy`` and a tick a few seconds ago leave."""
+        controller = deploy.account_email("respawn-controller", project)
+        trainer = deploy.account_email(deploy.TRAINER_ACCOUNT_ID, project)
+        scheduler = deploy.account_email("respawn-scheduler", project)
+        base = f"projects/{project}/locations/{region}"
+        me = cls(project, bucket, region, controller, trainer, now, **kw)
+        me.bucket_bindings = [
+            {"role": "roles/storage.objectUser", "members": [f"serviceAccount:{controller}"]},
+            {"role": f"projects/{project}/roles/{deploy.TRAINER_ROLE_ID}", "members": [f"serviceAccount:{trainer}"],
+             "condition": {"title": deploy.TRAINER_CONDITION_TITLE, "expression": deploy.trainer_condition(bucket)}},
+            {"role": "roles/storage.legacyBucketOwner", "members": [f"projectOwner:{project}"]},
+        ]
+        me.project_bindings = [
+            {"role": "roles/logging.logWriter", "members": [f"serviceAccount:{trainer}"]},
+            {"role": "roles/owner", "members": ["user:you@example.com"]},
+        ]
+        me.accounts = {
+            trainer: [{"role": "roles/iam.serviceAccountUser", "members": [f"serviceAccount:{controller}"]}],
+            controller: [], scheduler: [],
+        }
+        me.functions = {
+            deploy.TICK: {"name": f"{base}/functions/{deploy.TICK}", "state": "ACTIVE",
+                          "serviceConfig": {"uri": f"https://{deploy.TICK}-x.a.run.app",
+                                            "serviceAccountEmail": controller}},
+            deploy.ON_OBJECT: {"name": f"{base}/functions/{deploy.ON_OBJECT}", "state": "ACTIVE",
+                               "serviceConfig": {"serviceAccountEmail": controller},
+                               "eventTrigger": {"eventType": "google.cloud.storage.object.v1.finalized",
+                                                "eventFilters": [{"attribute": "bucket", "value": bucket}]}},
+        }
+        me.jobs = {deploy.TICK: {"name": f"{base}/jobs/{deploy.TICK}", "state": "ENABLED", "schedule": "* * * * *",
+                                 "status": {}, "lastAttemptTime": now.isoformat()}}
+        me.record = lastpass.LastPass(now, 0.7, 2, 1, 0)
+        return me
+
+    def quota(self, region: str, metric: str, limit: float, usage: float = 0) -> None:
+        self.quota_table.setdefault(region, {})[metric] = QuotaUse(float(limit), float(usage))
+
+    # -- the port ----------------------------------------------------------------------------------
+    def whoami(self) -> str:
+        self._call("whoami")
+        if self.principal is None:
+            raise errors.ConfigError("Your default credentials were not found.")
+        return self.principal
+
+    def project(self, project: str) -> Mapping[str, Any]:
+        self._call("project")
+        if project != self.project_id:
+            raise errors.NotFound(f"403 the caller may not see projects/{project}, or it does not exist")
+        return {"name": "projects/123456789012", "projectId": project, "state": self.state}
+
+    def services(self, project: str, names: Sequence[str]) -> Mapping[str, str]:
+        self._call("services")
+        return {n: "DISABLED" if n in self.disabled else "ENABLED" for n in names}
+
+    def bucket(self, bucket: str) -> Mapping[str, Any]:
+        self._call("bucket")
+        self._bucket(bucket)
+        return {"uniform": self.uniform}
+
+    def write_probe(self, bucket: str, name: str) -> None:
+        self._call("write_probe")
+        self._bucket(bucket)
+        if not self.writable:
+            raise errors.RequestError(f"403 you@example.com does not have storage.objects.create access to {bucket}")
+        self.probes.append(name)
+
+    def bucket_policy(self, bucket: str) -> Sequence[Mapping[str, Any]]:
+        self._call("bucket_policy")
+        self._bucket(bucket)
+        return copy.deepcopy(self.bucket_bindings)
+
+    def project_policy(self, project: str) -> Sequence[Mapping[str, Any]]:
+        self._call("project_policy")
+        return copy.deepcopy(self.project_bindings)
+
+    def account(self, email: str) -> Mapping[str, Any]:
+        self._call("account")
+        if email not in self.accounts:
+            raise errors.NotFound(f"serviceAccounts/{email}")
+        return {"email": email}
+
+    def account_policy(self, email: str) -> Sequence[Mapping[str, Any]]:
+        self._call("account_policy")
+        if email not in self.accounts:
+            raise errors.NotFound(f"serviceAccounts/{email}")
+        return copy.deepcopy(self.accounts[email])
+
+    def function(self, project: str, region: str, name: str) -> Mapping[str, Any]:
+        self._call("function")
+        if region != self.region or name not in self.functions:
+            raise errors.NotFound(f"functions/{name}")
+        return copy.deepcopy(self.functions[name])
+
+    def scheduler_job(self, project: str, region: str, name: str) -> Mapping[str, Any]:
+        self._call("scheduler_job")
+        if region != self.region or name not in self.jobs:
+            raise errors.NotFound(f"jobs/{name}")
+        return copy.deepcopy(self.jobs[name])
+
+    def last_pass(self, bucket: str) -> lastpass.LastPass | None:
+        self._call("last_pass")
+        self._bucket(bucket)
+        return self.record
+
+    def region_quotas(self, project: str, region: str) -> dict[str, QuotaUse]:
+        self._call("region_quotas")
+        return dict(self.quota_table.get(region, {}))
+
+    def image(self, project: str, *, name: str | None = None, family: str | None = None) -> Mapping[str, Any]:
+        self._call("image")
+        key = (project, f"family/{family}" if family else str(name))
+        if key not in self.images:
+            raise errors.NotFound(f"projects/{project}/global/images/{key[1]}")
+        return copy.deepcopy(self.images[key])
+
+    def _bucket(self, bucket: str) -> None:
+        if not self.bucket_exists or bucket != self.bucket_name:
+            raise errors.NotFound(f"gs://{bucket}")
+
+    def _call(self, method: str) -> None:
+        if method in self.hang:
+            time.sleep(self.hang_seconds)  # longer than the test's check timeout
+        if method in self.failures:
+            raise self.failures[method]

@@ -1,0 +1,531 @@
+"""``respawn doctor``: can respawn work on this project? One line per check, ✓ or ✗, each ✗ with
+the command that fixes it (as ``sky check`` does for SkyPilot).
+
+The checks read what ``respawn deploy`` makes (controller.cli.deploy) and compare: the project,
+the APIs respawn needs, the control bucket and its IAM, both functions, the Scheduler job, the
+controller's last pass (``respawn/controller.json``), the IAM bindings; with a SPEC, also that
+spec's GPU quotas in each of its regions, its boot image and its service account.
+
+Checks are independent: each calls its own APIs (``Apis``, a port: Google's in
+controller.adapters.doctor, fakes in tests), runs on a thread of its own beside the others, and
+is given ``timeout`` seconds: one that fails, raises or hangs is its own ✗, never another's.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import shlex
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from controller.cli import deploy
+from controller.core import errors, quotas
+from controller.core.quotas import QuotaUse
+from controller.core.spec import JobSpec, built_in_gpus
+from controller.service import lastpass
+
+FINALIZED = "google.cloud.storage.object.v1.finalized"
+# The APIs respawn (its deploy, its functions, its VMs) calls. tpu only where TPU jobs may run.
+SERVICES = ("compute", "cloudfunctions", "run", "cloudbuild", "artifactregistry", "eventarc", "pubsub",
+            "cloudscheduler", "logging", "iam", "storage")
+TPU_SERVICE = "tpu"
+PROBE_PREFIX = "respawn/doctor-probe-"
+# Roles that let a principal read every object of a bucket (on the bucket or its project). The
+# trainer must hold none of them: its records carry their attempt's secret.
+READER_ROLES = ("roles/storage.objectViewer", "roles/storage.objectUser", "roles/storage.objectAdmin",
+                "roles/storage.admin", "roles/storage.legacyObjectReader", "roles/storage.legacyBucketReader",
+                "roles/storage.legacyBucketOwner", "roles/storage.legacyBucketWriter", "roles/viewer",
+                "roles/editor", "roles/owner")
+PUBLIC = ("allUsers", "allAuthenticatedUsers")
+ACT_AS = ("roles/iam.serviceAccountUser", "roles/iam.serviceAccountAdmin", "roles/editor", "roles/owner")
+class Apis(Protocol):
+    """What the checks read. Each method raises ``errors.NotFound`` for a resource that does not
+    exist (or that Google will not say exists: a project answers 403 either way), anything else
+    for a failure to read it."""
+
+    def whoami(self) -> str: ...
+    def project(self, project: str) -> Mapping[str, Any]: ...  # CRM v3 Project
+    def services(self, project: str, names: Sequence[str]) -> Mapping[str, str]: ...  # "compute.googleapis.com" -> state
+    def bucket(self, bucket: str) -> Mapping[str, Any]: ...  # {"uniform": bool}
+    def write_probe(self, bucket: str, name: str) -> None: ...  # write, then delete, a small object
+    def bucket_policy(self, bucket: str) -> Sequence[Mapping[str, Any]]: ...  # bindings (policy version 3)
+    def project_policy(self, project: str) -> Sequence[Mapping[str, Any]]: ...
+    def account(self, email: str) -> Mapping[str, Any]: ...  # IAM v1 ServiceAccount
+    def account_policy(self, email: str) -> Sequence[Mapping[str, Any]]: ...
+    def function(self, project: str, region: str, name: str) -> Mapping[str, Any]: ...  # Cloud Functions v2
+    def scheduler_job(self, project: str, region: str, name: str) -> Mapping[str, Any]: ...  # Cloud Scheduler v1
+    def last_pass(self, bucket: str) -> lastpass.LastPass | None: ...
+    def region_quotas(self, project: str, region: str) -> dict[str, QuotaUse]: ...  # ports.QuotaReader
+    def image(self, project: str, *, name: str | None = None, family: str | None = None) -> Mapping[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Result:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""  # the command (or step) that fixes a ✗
+    note: bool = False  # a ✓ that could not be fully checked (said, never failing)
+
+
+@dataclass(frozen=True)
+class Target:
+    """What is checked: the deployment (as ``respawn deploy`` names it), and the controller's policy."""
+
+    project: str
+    bucket: str
+    region: str
+    controller_sa: str
+    trainer_sa: str
+    tpu: bool = False  # TPU types allowed: the tpu API is needed too
+
+    @property
+    def deploy_command(self) -> str:
+        return shlex.join(["respawn", "deploy", f"--project={self.project}", f"--region={self.region}",
+                           f"--bucket={self.bucket}"])
+
+
+class Failed(Exception):
+    """A check's ✗: what is wrong and what fixes it."""
+
+    def __init__(self, detail: str, fix: str = "") -> None:
+        super().__init__(detail)
+        self.detail, self.fix = detail, fix
+
+
+Check = tuple[str, Callable[[], str | tuple[str, bool]]]  # name, () -> detail (or (detail, note)); raises Failed
+
+
+def run(checks: Sequence[Check], timeout: float) -> list[Result]:
+    """Every check on a thread of its own, side by side; each given ``timeout`` seconds."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(checks)), thread_name_prefix="doctor")
+    try:
+        futures = [(name, pool.submit(fn)) for name, fn in checks]
+        deadline = time.monotonic() + timeout
+        return [_result(name, future, deadline) for name, future in futures]
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)  # a hung check never holds the answer
+
+
+def _result(name: str, future: concurrent.futures.Future[Any], deadline: float) -> Result:
+    try:
+        value = future.result(timeout=max(0.0, deadline - time.monotonic()))
+    except concurrent.futures.TimeoutError:
+        return Result(name, False, "no answer in time", "run it again; if it keeps timing out, check your network")
+    except Failed as e:
+        return Result(name, False, e.detail, e.fix)
+    except Exception as e:  # noqa: BLE001 - a check that broke is that check's ✗, never the doctor's
+        return Result(name, False, _said(e), "")
+    detail, note = value if isinstance(value, tuple) else (value, False)
+    return Result(name, True, detail, note=note)
+
+
+def _said(error: BaseException) -> str:
+    text = str(error).strip() or type(error).__name__
+    if isinstance(error, errors.NotFound):
+        return f"not found: {text}"
+    return text if isinstance(error, errors.RespawnError) else f"{type(error).__name__}: {text}"
+
+
+# -- the deployment's checks ---------------------------------------------------------------------
+def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> list[Check]:
+    p, b, r = t.project, t.bucket, t.region
+    gs = f"gs://{b}"
+
+    def credentials() -> str:
+        try:
+            return f"found: {apis.whoami()}"
+        except Exception as e:  # noqa: BLE001
+            raise Failed(f"none usable: {_said(e)}", "gcloud auth application-default login") from e
+
+    def project() -> str:
+        try:
+            found = apis.project(p)
+        except errors.NotFound as e:
+            raise Failed(f"{p} does not exist, or you may not see it ({e})",
+                         f"gcloud projects describe {p}  # or set RESPAWN_PROJECT to your project's id") from e
+        state = found.get("state", "STATE_UNSPECIFIED")
+        if state != "ACTIVE":
+            raise Failed(f"{p} is {state}", f"gcloud projects undelete {p}")
+        return f"{p} ({found.get('name', '')}, ACTIVE)"
+
+    def apis_enabled() -> str:
+        wanted = [*SERVICES, *([TPU_SERVICE] if t.tpu else [])]
+        states = apis.services(p, [f"{s}.googleapis.com" for s in wanted])
+        off = [s for s in wanted if states.get(f"{s}.googleapis.com") != "ENABLED"]
+        if off:
+            raise Failed(f"not enabled: {', '.join(off)}",
+                         shlex.join(["gcloud", "services", "enable", *(f"{s}.googleapis.com" for s in off),
+                                     f"--project={p}"]))
+        return f"{len(wanted)} enabled ({', '.join(wanted)})"
+
+    def bucket() -> str:
+        try:
+            apis.bucket(b)
+        except errors.NotFound as e:
+            raise Failed(f"{gs} does not exist, or you may not see it",
+                         f"gcloud storage buckets create {gs} --project={p} --location={r} "
+                         "--uniform-bucket-level-access") from e
+        return f"{gs} reachable"
+
+    def uniform() -> str:
+        try:
+            found = apis.bucket(b)
+        except errors.NotFound as e:
+            raise Failed(f"{gs} does not exist", f"create it first (see the bucket check), then {t.deploy_command}") from e
+        if not found.get("uniform"):
+            raise Failed(f"off on {gs}: IAM Conditions (the trainer's) need it",
+                         f"gcloud storage buckets update {gs} --uniform-bucket-level-access --project={p}")
+        return "on"
+
+    def writable() -> str:
+        name = f"{PROBE_PREFIX}{int(time.time() * 1000)}"
+        try:
+            apis.write_probe(b, name)
+        except errors.NotFound as e:
+            raise Failed(f"{gs} does not exist", "create it first (see the bucket check)") from e
+        except Exception as e:  # noqa: BLE001
+            raise Failed(f"could not write and delete {gs}/{name}: {_said(e)}",
+                         f"gcloud storage buckets add-iam-policy-binding {gs} --member=user:YOU "
+                         f"--role=roles/storage.objectUser --project={p}") from e
+        return f"wrote and deleted {gs}/{name}"
+
+    def bucket_iam() -> str:
+        bindings = _bindings(apis.bucket_policy(b))
+        controller, trainer = f"serviceAccount:{t.controller_sa}", f"serviceAccount:{t.trainer_sa}"
+        problems, fixes = [], []
+        if not any(x.role == "roles/storage.objectUser" and controller in x.members and not x.condition
+                   for x in bindings):
+            problems.append(f"the controller ({t.controller_sa}) lacks roles/storage.objectUser")
+            fixes.append(f"gcloud storage buckets add-iam-policy-binding {gs} --member={controller} "
+                         f"--role=roles/storage.objectUser --condition=None --project={p}")
+        if not any(x.role == _trainer_role(p) and trainer in x.members and _trainer_condition(x, b) for x in bindings):
+            problems.append(f"the trainer ({t.trainer_sa}) lacks {_trainer_role(p)} conditioned to its records")
+            fixes.append(t.deploy_command)
+        if problems:
+            raise Failed("; ".join(problems), "\n".join(fixes))
+        return f"controller roles/storage.objectUser; trainer {deploy.TRAINER_ROLE_ID} on its records only"
+
+    def trainer_reads() -> str:
+        trainer = f"serviceAccount:{t.trainer_sa}"
+        problems, fixes = [], []
+        for x in _bindings(apis.bucket_policy(b)):
+            public = [m for m in x.members if m in PUBLIC]
+            if public:  # whatever the role: anyone, the trainer included
+                problems.append(f"{gs} grants {x.role} to {', '.join(public)}")
+                fixes += [f"gcloud storage buckets remove-iam-policy-binding {gs} --member={m} --role={x.role}"
+                          for m in public]
+            if trainer in x.members and not (x.role == _trainer_role(p) and _trainer_condition(x, b)):
+                problems.append(f"the trainer holds {x.role} on {gs}" + (" (conditioned otherwise)" if x.condition else ""))
+                fixes.append(f"gcloud storage buckets remove-iam-policy-binding {gs} --member={trainer} --role={x.role}"
+                             + (" --all" if x.condition else ""))
+        for x in _bindings(apis.project_policy(p)):
+            if trainer in x.members and (x.role in READER_ROLES or x.role.startswith("roles/storage.")):
+                problems.append(f"the trainer holds {x.role} on project {p}")
+                fixes.append(f"gcloud projects remove-iam-policy-binding {p} --member={trainer} --role={x.role}")
+        if problems:
+            raise Failed("; ".join(problems) + ": trainer VMs could read other jobs' records", "\n".join(fixes))
+        return f"{t.trainer_sa} may write its records only (no read, no list)"
+
+    def project_iam() -> str:
+        trainer = f"serviceAccount:{t.trainer_sa}"
+        if not any(x.role == "roles/logging.logWriter" and trainer in x.members and not x.condition
+                   for x in _bindings(apis.project_policy(p))):
+            raise Failed("the trainer account lacks roles/logging.logWriter (its VMs' logs for respawn logs)",
+                         f"gcloud projects add-iam-policy-binding {p} --member={trainer} "
+                         "--role=roles/logging.logWriter --condition=None")
+        return f"trainer roles/logging.logWriter on {p}"
+
+    def trainer_account() -> str:
+        try:
+            apis.account(t.trainer_sa)
+        except errors.NotFound as e:
+            raise Failed(f"{t.trainer_sa} does not exist", t.deploy_command) from e
+        if not _may_act_as(apis, t, t.trainer_sa):
+            raise Failed(f"the controller ({t.controller_sa}) may not act as {t.trainer_sa}: VMs cannot run as it",
+                         f"gcloud iam service-accounts add-iam-policy-binding {t.trainer_sa} "
+                         f"--member=serviceAccount:{t.controller_sa} --role=roles/iam.serviceAccountUser "
+                         f"--condition=None --project={p}")
+        return f"{t.trainer_sa} exists; the controller may act as it"
+
+    def function(name: str, http: bool) -> Callable[[], str]:
+        def check() -> str:
+            try:
+                found = apis.function(p, r, name)
+            except errors.NotFound as e:
+                raise Failed(f"not deployed in {p}/{r}", t.deploy_command) from e
+            state = found.get("state", "STATE_UNSPECIFIED")
+            redeploy = t.deploy_command
+            if state != "ACTIVE":
+                said = "; ".join(m.get("message", "") for m in found.get("stateMessages") or [] if m.get("message"))
+                raise Failed(f"{state}{': ' + said if said else ''}", redeploy)
+            trigger = found.get("eventTrigger") or {}
+            if http:
+                if trigger:
+                    raise Failed(f"triggered by {trigger.get('eventType')}, not HTTP", redeploy)
+                return f"ACTIVE, HTTP at {(found.get('serviceConfig') or {}).get('uri', '?')}"
+            filters = {f.get("attribute"): f.get("value") for f in trigger.get("eventFilters") or []}
+            if trigger.get("eventType") != FINALIZED or filters.get("bucket") != b:
+                raise Failed(f"trigger is {trigger.get('eventType') or 'HTTP'} on {filters.get('bucket') or 'no bucket'}, "
+                             f"not {FINALIZED} on {b}", redeploy)
+            return f"ACTIVE, {FINALIZED} on {gs}"
+        return check
+
+    def scheduler() -> str:
+        job = deploy.TICK
+        where = f"--location={r} --project={p}"
+        try:
+            found = apis.scheduler_job(p, r, job)
+        except errors.NotFound as e:
+            raise Failed(f"no job {job} in {p}/{r}", t.deploy_command) from e
+        state = found.get("state", "STATE_UNSPECIFIED")
+        if state == "PAUSED":
+            raise Failed("PAUSED: tick is never called", f"gcloud scheduler jobs resume {job} {where}")
+        if state != "ENABLED":
+            raise Failed(f"{state}", t.deploy_command)
+        last = found.get("lastAttemptTime")
+        if not last:
+            return (f"ENABLED; no attempt yet (schedule {found.get('schedule', '?')})", True)
+        status = found.get("status") or {}
+        if status.get("code"):
+            raise Failed(f"ENABLED, but its last attempt ({last}) failed: code {status.get('code')} "
+                         f"{status.get('message', '')}".rstrip(),
+                         f"gcloud functions logs read {deploy.TICK} --gen2 --region={r} --project={p}")
+        return f"ENABLED, last attempt {last} succeeded"
+
+    def last_pass() -> str:
+        try:
+            record = apis.last_pass(b)
+        except errors.NotFound as e:
+            raise Failed(f"{gs} does not exist", "create it first (see the bucket check)") from e
+        run_now = f"gcloud scheduler jobs run {deploy.TICK} --location={r} --project={p}"
+        if record is None:
+            raise Failed(f"the controller has never run ({gs}/{lastpass.KEY} missing)", run_now)
+        at = now()
+        if record.stale(at):
+            raise Failed(f"{record.describe(at)}: more than {lastpass.STALE_AFTER / 60:.0f} minutes",
+                         f"{run_now}\ngcloud functions logs read {deploy.TICK} --gen2 --region={r} --project={p}")
+        return record.describe(at)
+
+    return [
+        ("credentials", credentials),
+        ("project", project),
+        ("APIs", apis_enabled),
+        ("bucket", bucket),
+        ("uniform bucket-level access", uniform),
+        ("bucket writable", writable),
+        ("trainer cannot read the bucket", trainer_reads),
+        ("bucket IAM", bucket_iam),
+        ("project IAM", project_iam),
+        ("trainer account", trainer_account),
+        (f"function {deploy.TICK}", function(deploy.TICK, http=True)),
+        (f"function {deploy.ON_OBJECT}", function(deploy.ON_OBJECT, http=False)),
+        (f"scheduler job {deploy.TICK}", scheduler),
+        ("controller last ran", last_pass),
+    ]
+
+
+# -- a spec's checks -------------------------------------------------------------------------------
+def spec_checks(apis: Apis, t: Target, spec: JobSpec, account: str | None) -> list[Check]:
+    """Quotas in each region of the spec's zones, its image, its service account (``account``: the
+    one it runs as, the policy's trainer account when it names none)."""
+    project = spec.project or t.project
+    out: list[Check] = []
+    gpu = _gpus(spec)
+    regions = list(dict.fromkeys(z.rsplit("-", 1)[0] for z in spec.zones))
+    for region in regions:
+        if spec.tpu is not None:
+            out.append((f"quota in {region}", lambda: ("TPU quotas are not among Compute's regional quotas: "
+                                                       "Cloud TPU checks them at create", True)))
+        elif gpu is None:
+            out.append((f"quota in {region}", lambda: ("the spec asks for no GPU", True)))
+        else:
+            out.append((f"GPU quota in {region}", _quota_check(apis, project, region, spec, *gpu)))
+    out.append(("image", _image_check(apis, spec)))
+    out.append(("service account", _account_check(apis, t, account)))
+    return out
+
+
+def _gpus(spec: JobSpec) -> tuple[str, int] | None:
+    """(accelerator type, GPUs one attempt holds) of a VM spec; None without GPUs."""
+    if spec.accelerators is not None:
+        return spec.accelerators.type, spec.accelerators.count * spec.nodes
+    built = built_in_gpus(spec.machine_type or "")
+    if built and built[0] != "built-in":
+        return built[0], built[1] * spec.nodes
+    return None
+
+
+def _quota_check(apis: Apis, project: str, region: str, spec: JobSpec, kind: str, need: int) -> Callable[[], str]:
+    def check() -> str:
+        if quotas.metric(kind, "standard") is None:
+            return (f"{need} {kind}: no Compute quota metric known for it; Compute checks it at create", True)
+        listed = apis.region_quotas(project, region)
+        lines, fits, metrics = [], False, []
+        for model in spec.provisioning:  # the controller falls back along the list: one that fits will do
+            left = quotas.left_for(kind, model, need, listed)
+            name = quotas.metric(kind, model, listed)
+            metrics.append(name)
+            if left is None:
+                lines.append(f"{model}: {name} not listed in {region}")
+                continue
+            lines.append(f"{model}: {left.metric} {left.left:g} free of {left.limit:g}")
+            fits = fits or left.enough
+        said = f"{need} {kind} needed; " + ", ".join(lines)
+        if not fits:
+            raise Failed(said, f"request more of {' or '.join(dict.fromkeys(m for m in metrics if m))} in {region}: "
+                               f"https://console.cloud.google.com/iam-admin/quotas?project={project} "
+                               f"(or drop {region}'s zones from the spec)")
+        return said
+    return check
+
+
+def _image_check(apis: Apis, spec: JobSpec) -> Callable[[], str]:
+    disk = spec.boot_disk
+
+    def check() -> str:
+        if disk.image:
+            parts = disk.image.split("/")
+            try:
+                project, name = parts[parts.index("projects") + 1], parts[-1]
+            except (ValueError, IndexError) as e:
+                raise Failed(f"cannot read {disk.image!r} as projects/P/global/images/NAME") from e
+            what, kwargs = f"image {name} of {project}", {"name": name}
+            if "family" in parts:
+                what, kwargs = f"image family {name} of {project}", {"family": name}
+        else:
+            project = disk.image_project or ""
+            what, kwargs = f"image family {disk.image_family} of {project}", {"family": disk.image_family}
+        try:
+            found = apis.image(project, **kwargs)
+        except errors.NotFound as e:
+            flag = f"--image-family={kwargs['family']}" if "family" in kwargs else f"--filter=name={kwargs['name']}"
+            raise Failed(f"{what} does not exist (or you may not see it)",
+                         f"gcloud compute images list --project={project} {flag}  # then fix boot_disk") from e
+        status = found.get("status", "READY")
+        if status != "READY":
+            raise Failed(f"{what}: {found.get('name')} is {status}", "use another image")
+        return f"{what}: {found.get('name')}"
+    return check
+
+
+def _account_check(apis: Apis, t: Target, account: str | None) -> Callable[[], str]:
+    def check() -> str:
+        if not account:
+            raise Failed("the spec names no service account and the controller has no trainer account",
+                         "set RESPAWN_TRAINER_SERVICE_ACCOUNT, or service_account.email in the spec")
+        try:
+            apis.account(account)
+        except errors.NotFound as e:
+            raise Failed(f"{account} does not exist", f"gcloud iam service-accounts describe {account}") from e
+        if not _may_act_as(apis, t, account):
+            raise Failed(f"the controller ({t.controller_sa}) may not act as {account}",
+                         f"gcloud iam service-accounts add-iam-policy-binding {account} "
+                         f"--member=serviceAccount:{t.controller_sa} --role=roles/iam.serviceAccountUser "
+                         "--condition=None")
+        return f"{account} exists; the controller may act as it"
+    return check
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Binding:
+    role: str
+    members: frozenset[str]
+    condition: Mapping[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _bindings(raw: Sequence[Mapping[str, Any]]) -> list[_Binding]:
+    return [_Binding(str(x.get("role", "")), frozenset(x.get("members") or ()), x.get("condition") or None)
+            for x in raw]
+
+
+def _trainer_role(project: str) -> str:
+    return f"projects/{project}/roles/{deploy.TRAINER_ROLE_ID}"
+
+
+def _trainer_condition(binding: _Binding, bucket: str) -> bool:
+    return bool(binding.condition) and binding.condition.get("expression") == deploy.trainer_condition(bucket)
+
+
+def _may_act_as(apis: Apis, t: Target, account: str) -> bool:
+    """The controller holds a role that lets it act as ``account``: on the account itself, or on
+    the project (which reaches every account of the project)."""
+    controller = f"serviceAccount:{t.controller_sa}"
+    if any(x.role in ACT_AS and controller in x.members and not x.condition
+           for x in _bindings(apis.account_policy(account))):
+        return True
+    home = account.partition("@")[2].removesuffix(".iam.gserviceaccount.com")
+    return home == t.project and any(x.role in ACT_AS and controller in x.members and not x.condition
+                                     for x in _bindings(apis.project_policy(t.project)))
+
+
+# -- the command -------------------------------------------------------------------------------------
+def diagnose(apis: Apis, config: Any, region: str, controller_sa: str, timeout: float,
+             spec: tuple[bytes, str] | None = None) -> tuple[Target, list[Result]]:
+    """Every check of the deployment ``config`` (Settings) names, and of ``spec`` (its bytes, its job
+    name) if given, run side by side."""
+    from controller.core.spec import SpecError, parse_spec
+
+    project = config.project
+    trainer = config.trainer_service_account or deploy.account_email(deploy.TRAINER_ACCOUNT_ID, project)
+    parsed: JobSpec | None = None
+    spec_result: Result | None = None
+    if spec is not None:
+        raw, name = spec
+        try:
+            parsed = parse_spec(raw, name)
+            problems = config.policy().violations(parsed)
+        except SpecError as e:
+            problems = e.problems
+        if problems:
+            spec_result = Result(f"spec {name}", False, "; ".join(problems), f"respawn validate  # then fix the spec")
+            parsed = None
+        else:
+            spec_result = Result(f"spec {name}", True, "valid, within this controller's policy")
+    t = Target(project, config.bucket, region, controller_sa, trainer,
+               tpu=bool(config.allowed_tpu_types) or (parsed is not None and parsed.tpu is not None))
+    todo = checks(apis, t)
+    if parsed is not None:
+        todo += spec_checks(apis, t, parsed, config.policy().service_account_of(parsed))
+    results = run(todo, timeout)
+    return t, results + ([spec_result] if spec_result else [])
+
+
+def render(results: Sequence[Result]) -> list[Any]:
+    """One line per check (✓, ✗, or ✓ with a note: not fully checkable), each ✗'s fix under it."""
+    from rich.text import Text
+
+    from controller.cli.main import printable
+
+    width = max((len(r.name) for r in results), default=0)
+    lines: list[Any] = []
+    for r in results:
+        mark, style = ("✓", "green") if r.ok and not r.note else ("~", "yellow") if r.ok else ("✗", "red")
+        lines.append(Text.assemble((mark, style), " ", (r.name.ljust(width), "bold"), "  ", printable(r.detail)))
+        for fix in r.fix.splitlines() if not r.ok else ():
+            lines.append(Text.assemble("    fix: ", (printable(fix), "cyan")))
+    return lines
+
+
+def last_pass_line(store: Any, bucket: str, now: datetime) -> Any:
+    """``respawn status``'s line on the controller itself: when it last ran (yellow past 3 minutes)."""
+    from rich.text import Text
+
+    try:
+        record = lastpass.read(store, bucket)
+    except Exception as e:  # noqa: BLE001 - a line about the controller never fails the status
+        return Text(f"controller: {gs_key(bucket)} unreadable: {_said(e)}", style="yellow")
+    if record is None:
+        return Text(f"controller has not run yet ({gs_key(bucket)} missing): respawn doctor tells why", style="yellow")
+    if record.stale(now):
+        return Text(f"{record.describe(now)}: is its Scheduler job running? respawn doctor tells", style="yellow")
+    return Text(record.describe(now), style="dim")
+
+
+def gs_key(bucket: str) -> str:
+    return f"gs://{bucket}/{lastpass.KEY}"
