@@ -51,6 +51,7 @@ SUPPORTED = {
     "regionOperations": ("get", "wait", "list"),
     "advice": ("capacity", "capacityHistory"),
     "regions": ("get",),  # quotas[] (localcloud.quotas)
+    "images": ("get", "getFromFamily"),  # every image exists but those the unknown("image") fault names
 }
 ZONES = ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f", "us-east1-b", "us-east1-c",
          "us-east1-d", "us-west1-a", "us-west1-b", "europe-west4-a", "europe-west4-b", "europe-west4-c")
@@ -338,6 +339,26 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
                 "description": region, "status": "UP", "selfLink": self.urls.region(project, region),
                 "creationTimestamp": "1969-12-31T16:00:00.000-08:00",
                 "zones": [self.urls.zone(project, z) for z in zones], "quotas": listed}
+
+    # -- images ----------------------------------------------------------------------
+    def _images_get(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
+        return self._image(p["project"], p["image"], None)
+
+    def _images_getFromFamily(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
+        family = p["family"]
+        return self._image(p["project"], f"{family}-v20260101", family)
+
+    def _image(self, project: str, name: str, family: str | None) -> dict[str, Any]:
+        """Any image a VM may boot here (a local VM runs its startup script whatever its image), but
+        one the ``unknown`` fault names, as an insert naming it is refused: 404 as Google answers."""
+        path = f"projects/{project}/global/images/{'family/' + family if family else name}"
+        with self._lock:
+            if {("image", name), ("image", family or name), ("image", path)} & self.faults.unknown:
+                raise gce.not_found(path)
+        return {"kind": "compute#image", "id": str(project_number(f"{project}/{name}")), "name": name,
+                "family": family or name.rsplit("-v", 1)[0], "status": "READY", "archiveSizeBytes": "0",
+                "diskSizeGb": "10", "sourceType": "RAW", "creationTimestamp": "2026-01-01T00:00:00.000-08:00",
+                "selfLink": f"{self.urls.base}projects/{project}/global/images/{name}"}
 
     # -- instances -------------------------------------------------------------------
     def _instances_get(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:

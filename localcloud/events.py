@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import requests
@@ -53,10 +54,20 @@ class Ticker(_Loop):
         super().__init__("scheduler", interval)
         self.url = url
         self.runs = 0
+        # What Cloud Scheduler's job resource shows (lastAttemptTime, status): the last call's
+        # start, and its HTTP status (None: no answer).
+        self.last_attempt: datetime | None = None
+        self.last_status: int | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive() and not self._stop.is_set()
 
     def once(self) -> None:
+        self.last_attempt, self.last_status = datetime.now(UTC), None
         # Cloud Scheduler sends an OIDC ID token; the local functions do not check it.
-        requests.post(self.url, headers={"Authorization": "Bearer local-oidc-token"}, json={}, timeout=600)
+        answer = requests.post(self.url, headers={"Authorization": "Bearer local-oidc-token"}, json={}, timeout=600)
+        self.last_status = answer.status_code
         self.runs += 1
 
 

@@ -27,6 +27,11 @@ a resumable upload's ``Location``) point past any proxy, at itself. The proxy in
 - optionally (``write_interval``, off by default) refuses a second mutation of one object
   within that many seconds with GCS's 429 ``rateLimitExceeded``: GCS allows about one
   write per second to the same object name;
+- keeps what fake-gcs-server has no notion of: each bucket's IAM policy (``GET``/``PUT
+  .../b/BUCKET/iam``, policy version 3 with conditions, as Google answers it: an ``etag`` that
+  ``setIamPolicy`` must match when given, 412 otherwise) and its uniform bucket-level access
+  (``iamConfiguration`` on the bucket resource, set by a bucket ``PATCH``). Nothing is enforced
+  by them: they are what ``respawn doctor`` reads, as ``respawn deploy`` writes them;
 - optionally (``latency``, off by default) answers every request that many seconds late:
   a sleep in the thread serving it, so concurrent requests overlap as on Google.
   ``realism`` (a ``localcloud.realism.Realism``) sets both from one profile.
@@ -34,6 +39,7 @@ a resumable upload's ``Location``) point past any proxy, at itself. The proxy in
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -63,6 +69,8 @@ _UPLOAD = re.compile(r"^/upload/storage/v1/b/([^/]+)/o/?$")
 _COPY = re.compile(r"^(.+)/(?:copyTo|rewriteTo)/b/([^/]+)/o/(.+)$")
 _COMPOSE = re.compile(r"^(.+)/compose$")
 _ACL = re.compile(r"^(.+)/acl(?:/.*)?$")
+_BUCKET = re.compile(r"^/storage/v1/b/([^/]+)$")
+_BUCKET_IAM = re.compile(r"^/storage/v1/b/([^/]+)/iam$")
 _STRIPES = 256  # object locks: enough that unrelated objects rarely wait on each other
 _PRECONDITION_FAILED = "At least one of the pre-conditions you specified did not hold."
 _RATE = ("The object {bucket}/{name} exceeded the rate limit for object mutation operations (create, update, and "
@@ -106,6 +114,9 @@ class LocalGcs:
         self._sessions: dict[str, _Act] = {}  # resumable upload id -> the upload it will finish
         self._metagenerations: dict[tuple[str, str], tuple[str, int]] = {}  # -> (generation, updates since)
         self._last_write: dict[tuple[str, str], float] = {}
+        self._policies: dict[str, dict[str, Any]] = {}  # bucket -> its IAM policy (bindings, version, etag)
+        self._uniform: dict[str, bool] = {}  # bucket -> uniform bucket-level access on
+        self._policy_writes = 0  # each setIamPolicy a new etag
 
     def start(self) -> LocalGcs:
         try:
@@ -168,6 +179,11 @@ class LocalGcs:
         # The request target as the client sent it: never Flask's decoded path.
         target = request.environ.get("REQUEST_URI") or request.environ.get("RAW_URI") or request.full_path  # waitress, werkzeug
         body = request.get_data()
+        path = urlsplit(target).path
+        if iam := _BUCKET_IAM.match(path):
+            return self._iam(request, _decode(iam[1]))
+        if (bucket := _BUCKET.match(path)) and request.method in ("GET", "PATCH"):
+            return self._bucket(request, target, body, _decode(bucket[1]))
         act = _classify(request, target, body, self._sessions)
         if act is None or (act.kind == "read" and not act.conditions and act.source is None):
             return self._forward(request, target, body, None)
@@ -185,6 +201,59 @@ class LocalGcs:
                     with self._mutations:
                         self._sessions = {k: v for k, v in self._sessions.items() if v is not act}
             return response
+
+    # -- bucket IAM and uniform bucket-level access (fake-gcs-server keeps neither) ----------------
+    def _exists(self, bucket: str) -> bool:
+        return self._session.get(f"{self._server.url}/storage/v1/b/{quote(bucket, safe='')}", timeout=30).ok
+
+    def _iam(self, request: Request, bucket: str) -> Response:
+        if request.method not in ("GET", "PUT"):
+            return _error(405, "Method not allowed.", "methodNotAllowed")
+        if not self._exists(bucket):
+            return _error(404, "The specified bucket does not exist.", "notFound")
+        with self._mutations:
+            current = self._policies.get(bucket) or {"bindings": [], "etag": "CAE=", "version": 1}
+            if request.method == "GET":
+                return Response(json.dumps({"kind": "storage#policy", "resourceId": f"projects/_/buckets/{bucket}",
+                                            **current}), mimetype="application/json")
+            policy = request.get_json(silent=True)
+            if not isinstance(policy, dict) or not isinstance(policy.get("bindings", []), list):
+                return _error(400, "Invalid policy.", "invalid")
+            if policy.get("etag") and policy["etag"] != current["etag"]:
+                return _error(412, _PRECONDITION_FAILED, "conditionNotMet")
+            conditional = any(b.get("condition") for b in policy.get("bindings", []))
+            if conditional and not self._uniform.get(bucket):
+                return _error(400, "Conditions can only be set on buckets with uniform bucket-level access enabled.",
+                              "invalid")
+            self._policy_writes += 1
+            stored = {"bindings": policy.get("bindings", []), "version": 3 if conditional else 1,
+                      "etag": base64.b64encode(f"local-{self._policy_writes}".encode()).decode()}
+            self._policies[bucket] = stored
+            return Response(json.dumps({"kind": "storage#policy", "resourceId": f"projects/_/buckets/{bucket}",
+                                        **stored}), mimetype="application/json")
+
+    def _bucket(self, request: Request, target: str, body: bytes, bucket: str) -> Response:
+        """A bucket's GET or PATCH, with its ``iamConfiguration`` as Google keeps it."""
+        wanted = None
+        if request.method == "PATCH":
+            sent = request.get_json(silent=True) or {}
+            wanted = ((sent.get("iamConfiguration") or {}).get("uniformBucketLevelAccess") or {}).get("enabled")
+        response = self._forward(request, target, body, None)
+        if not response.status_code == 200:
+            return response
+        with self._mutations:
+            if wanted is not None:
+                self._uniform[bucket] = bool(wanted)
+            uniform = self._uniform.get(bucket, False)
+        try:
+            resource = json.loads(response.get_data())
+        except ValueError:
+            return response
+        resource["iamConfiguration"] = {
+            "bucketPolicyOnly": {"enabled": uniform},
+            "uniformBucketLevelAccess": {"enabled": uniform},
+            "publicAccessPrevention": "inherited"}
+        return Response(json.dumps(resource), status=200, mimetype="application/json")
 
     @contextlib.contextmanager
     def _holding(self, act: _Act) -> Iterator[None]:

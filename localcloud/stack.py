@@ -15,10 +15,12 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import requests
 
 from controller.service.config import REPO_ROOT
+from localcloud.apis import SERVERS, Deployment, DiscoveryServer
 from localcloud.compute import ComputeServer
 from localcloud.events import Ticker, Watcher
 from localcloud.gcs import LocalGcs, client
@@ -45,6 +47,7 @@ class Options:
     realism: Realism = field(default_factory=Realism)
     # Every job's notifications to the Pub/Sub stand-in's topic NOTIFY_TOPIC and to the webhook sink.
     notify: bool = False
+    region: str = "us-central1"  # where the local functions and Scheduler job are said to run (respawn doctor)
 
 
 NOTIFY_TOPIC = "respawn-events"
@@ -65,6 +68,9 @@ class LocalCloud:
         self._functions: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
         self.ticker: Ticker | None = None
         self.watcher: Watcher | None = None
+        # Service Usage, Resource Manager, IAM, Cloud Functions and Cloud Scheduler, answering for
+        # what runs here (localcloud.apis): what `respawn doctor` reads.
+        self.apis: dict[str, DiscoveryServer] = {}
         self._scratch: tempfile.TemporaryDirectory[str] | None = None  # the gcloud token file's folder
 
     @property
@@ -92,6 +98,10 @@ class LocalCloud:
             self.logging = LoggingServer().start()
             self.vm_logs = VmLogs(self.logging, self.compute, tpu=self.tpu).start()
             self.webhook = WebhookSink().start()
+            self.deployment = Deployment(o.project, o.region, o.bucket, functions=self._function_states,
+                                         ticker=self._ticker_state)
+            self.apis = {server.name: server(self.deployment).start() for server in SERVERS}
+            self._deploy_bucket_iam()
             if o.notify:
                 requests.put(f"{self.pubsub.endpoint}/v1/{self.notify_topic}", json={}, timeout=10).raise_for_status()
             for target in ("tick", "on_object"):
@@ -103,6 +113,26 @@ class LocalCloud:
             self.stop()
             raise
         return self
+
+    def _function_states(self) -> dict[str, tuple[str, bool]]:
+        return {target: (self.function_url(target), process.poll() is None)
+                for target, (process, _) in list(self._functions.items())}
+
+    def _ticker_state(self) -> tuple[bool, Any, int | None]:
+        ticker = self.ticker
+        return (False, None, None) if ticker is None else (ticker.running, ticker.last_attempt, ticker.last_status)
+
+    def _deploy_bucket_iam(self) -> None:
+        """What `respawn deploy` does to the control bucket: uniform bucket-level access on, then the
+        controller's and the trainer's (conditional) bindings, through the JSON API."""
+        bucket = self.storage.get_bucket(self.options.bucket)
+        bucket.iam_configuration.uniform_bucket_level_access_enabled = True
+        bucket.patch()
+        policy = bucket.get_iam_policy(requested_policy_version=3)
+        policy.version = 3
+        for binding in self.deployment.bucket_policy():
+            policy.bindings.append({**binding, "members": set(binding["members"])})
+        bucket.set_iam_policy(policy)
 
     def env(self) -> dict[str, str]:
         """What a user exports to point clients (the CLI, gsutil-free scripts, gcloud) here."""
@@ -132,6 +162,13 @@ class LocalCloud:
                 "CLOUDSDK_API_ENDPOINT_OVERRIDES_LOGGING": f"{self.logging.endpoint}/"} if self.logging else {}),
             **({"RESPAWN_NOTIFY_TOPIC": self.notify_topic, "RESPAWN_NOTIFY_WEBHOOK": self.webhook.url}
                if self.options.notify and self.webhook else {}),
+            # What respawn doctor reads besides (localcloud.apis), and where it looks for the deployment.
+            "RESPAWN_REGION": self.options.region,
+            **{f"RESPAWN_{key.upper()}_ENDPOINT": server.endpoint for key, server in self.apis.items()},
+            **{f"CLOUDSDK_API_ENDPOINT_OVERRIDES_{gcloud}": f"{self.apis[key].endpoint}/"
+               for key, gcloud in (("serviceusage", "SERVICEUSAGE"), ("resourcemanager", "CLOUDRESOURCEMANAGER"),
+                                   ("iam", "IAM"), ("functions", "CLOUDFUNCTIONS"), ("scheduler", "CLOUDSCHEDULER"))
+               if key in self.apis},
             **(self.options.policy_env or {}),
         }
 
@@ -160,9 +197,10 @@ class LocalCloud:
         self._functions.clear()
         if self.vm_logs:  # its last sweep reads the VMs' folders, which go with the Compute server
             self.vm_logs.stop()
-        for server in (self.webhook, self.pubsub, self.logging):
+        for server in (self.webhook, self.pubsub, self.logging, *self.apis.values()):
             if server:
                 server.stop()
+        self.apis = {}
         if self.tpu:
             self.tpu.stop()
         if self.compute:

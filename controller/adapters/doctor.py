@@ -28,6 +28,7 @@ class GoogleApis:
     def __init__(self, config: Settings, timeout: float = 20.0) -> None:
         self.config = config
         self.timeout = timeout
+        _import_clients()
 
     @property
     def local(self) -> bool:
@@ -130,11 +131,10 @@ class GoogleApis:
 
     def image(self, project: str, *, name: str | None = None, family: str | None = None) -> Mapping[str, Any]:
         from google.api_core import exceptions as gexc
-        from google.cloud.compute_v1.services.images import ImagesClient
 
         from controller.adapters.google import _client_args
 
-        client = ImagesClient(**_client_args(self.config))
+        client = _images_client()(**_client_args(self.config))
         try:
             found = (client.get_from_family(project=project, family=family, timeout=self.timeout) if family
                      else client.get(project=project, image=name, timeout=self.timeout))
@@ -184,3 +184,26 @@ class GoogleApis:
             raise errors.RequestError(f"{what}: {said}") from e
         except (socket.timeout, TimeoutError, OSError, httplib2.HttpLib2Error) as e:
             raise errors.TransientError(f"{what}: {type(e).__name__}: {e}") from e
+
+
+def _images_client() -> Any:
+    from controller.adapters.lean import lean
+
+    lean("google.cloud.compute_v1")  # its __init__ imports every service client: ~1 s
+    from google.cloud.compute_v1.services.images import ImagesClient
+
+    return ImagesClient
+
+
+def _import_clients() -> None:
+    """Every client library the checks use, imported here, once, before the checks' threads start:
+    two threads importing one package at once can each see it half initialized."""
+    import google.auth  # noqa: F401
+    import google_auth_httplib2  # noqa: F401
+    import httplib2  # noqa: F401
+    from google.cloud import storage  # noqa: F401
+    from googleapiclient import discovery, errors as _  # noqa: F401
+
+    from controller.adapters import gcs, google, quotas  # noqa: F401
+
+    _images_client()

@@ -1,0 +1,112 @@
+"""The local stand-ins respawn doctor reads (localcloud/apis.py; images in localcloud/compute.py; bucket
+IAM in localcloud/gcs.py): routes and bodies as Google's discovery documents have them, answers for
+what the local cloud runs, read through the same clients as on Google (controller.adapters.doctor)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+import requests
+
+from controller.adapters.doctor import GoogleApis
+from controller.cli import deploy
+from controller.core import errors
+from controller.service.config import Settings
+from localcloud.apis import SERVERS, Deployment
+from localcloud.compute import ComputeServer
+from tests.routes import assert_serves_exactly
+
+PROJECT, REGION, BUCKET = "respawn-local", "us-central1", "respawn-local"
+STATE = {"alive": True, "ticker": (True, datetime(2026, 1, 5, 12, 0, tzinfo=UTC), 200)}
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[dict]:
+    d = Deployment(PROJECT, REGION, BUCKET,
+                   functions=lambda: {"tick": ("http://127.0.0.1:1/", STATE["alive"]),
+                                      "on_object": ("http://127.0.0.1:2/", True)},
+                   ticker=lambda: STATE["ticker"])
+    started = {s.name: s(d).start() for s in SERVERS}
+    compute = ComputeServer(run_vms=False).start()
+    yield {**started, "compute": compute}
+    for s in started.values():
+        s.stop()
+    compute.stop()
+
+
+@pytest.fixture
+def apis(servers) -> GoogleApis:
+    config = Settings(project=PROJECT, bucket=BUCKET, compute_endpoint=servers["compute"].endpoint,
+                      **{f"{k}_endpoint": v.endpoint for k, v in servers.items() if k != "compute"})
+    return GoogleApis(config, timeout=10)
+
+
+@pytest.mark.parametrize("name", [s.name for s in SERVERS])
+def test_each_stand_in_serves_its_methods_and_501s_every_other_of_its_document(servers, name):
+    assert_serves_exactly(servers[name].endpoint, servers[name].DOC, servers[name].SUPPORTED)
+
+
+def test_a_body_field_the_document_does_not_have_is_refused_400(servers):
+    url = f"{servers['resourcemanager'].endpoint}/v3/projects/{PROJECT}:getIamPolicy"
+    answer = requests.post(url, json={"options": {"requestedPolicyVersion": 3, "bogus": 1}}, timeout=5)
+    assert answer.status_code == 400 and 'Unknown name "bogus"' in answer.json()["error"]["message"]
+    assert requests.post(url, json={"options": {"requestedPolicyVersion": 3}}, timeout=5).ok
+
+
+def test_another_project_is_refused_403_as_google_answers_and_read_as_missing(servers, apis):
+    answer = requests.get(f"{servers['resourcemanager'].endpoint}/v3/projects/someone-else", timeout=5)
+    assert answer.status_code == 403 and answer.json()["error"]["status"] == "PERMISSION_DENIED"
+    with pytest.raises(errors.NotFound):
+        apis.project("someone-else")
+    assert apis.project(PROJECT)["state"] == "ACTIVE"
+
+
+def test_the_deployment_read_through_google_s_clients(apis):
+    trainer = deploy.account_email(deploy.TRAINER_ACCOUNT_ID, PROJECT)
+    controller = deploy.account_email("respawn-controller", PROJECT)
+    assert apis.services(PROJECT, ["compute.googleapis.com", "tpu.googleapis.com"]) == {
+        "compute.googleapis.com": "ENABLED", "tpu.googleapis.com": "ENABLED"}
+    assert apis.account(trainer)["email"] == trainer
+    assert {"role": "roles/iam.serviceAccountUser", "members": [f"serviceAccount:{controller}"]} in \
+        apis.account_policy(trainer)
+    assert {"role": "roles/logging.logWriter", "members": [f"serviceAccount:{trainer}"]} in apis.project_policy(PROJECT)
+    on_object = apis.function(PROJECT, REGION, deploy.ON_OBJECT)
+    assert on_object["state"] == "ACTIVE" and on_object["eventTrigger"]["eventFilters"] == [
+        {"attribute": "bucket", "value": BUCKET}]
+    job = apis.scheduler_job(PROJECT, REGION, deploy.TICK)
+    assert job["state"] == "ENABLED" and job["lastAttemptTime"] == "2026-01-05T12:00:00Z" and job["status"] == {}
+    with pytest.raises(errors.NotFound):
+        apis.function(PROJECT, "europe-west4", deploy.TICK)
+    with pytest.raises(errors.NotFound):
+        apis.account(f"nobody@{PROJECT}.iam.gserviceaccount.com")
+
+
+def test_what_runs_shows_a_dead_function_a_stopped_ticker_and_a_failed_attempt(apis):
+    STATE["alive"], STATE["ticker"] = False, (False, datetime(2026, 1, 5, 12, 0, tzinfo=UTC), 500)
+    try:
+        tick = apis.function(PROJECT, REGION, deploy.TICK)
+        job = apis.scheduler_job(PROJECT, REGION, deploy.TICK)
+    finally:
+        STATE["alive"], STATE["ticker"] = True, (True, datetime(2026, 1, 5, 12, 0, tzinfo=UTC), 200)
+    assert tick["state"] == "FAILED" and "exited" in tick["stateMessages"][0]["message"]
+    assert job["state"] == "PAUSED" and job["status"]["code"] == 13
+
+
+def test_a_service_disabled_over_the_api_reads_disabled(servers, apis):
+    url = f"{servers['serviceusage'].endpoint}/v1/projects/{PROJECT}/services/eventarc.googleapis.com"
+    assert requests.post(f"{url}:disable", json={}, timeout=5).json()["done"] is True
+    try:
+        assert apis.services(PROJECT, ["eventarc.googleapis.com"]) == {"eventarc.googleapis.com": "DISABLED"}
+    finally:
+        requests.post(f"{url}:enable", json={}, timeout=5)
+    assert apis.services(PROJECT, ["eventarc.googleapis.com"]) == {"eventarc.googleapis.com": "ENABLED"}
+
+
+def test_compute_answers_images_by_name_and_family_but_those_the_unknown_fault_names(servers, apis):
+    assert apis.image("debian-cloud", family="debian-12")["status"] == "READY"
+    assert apis.image("my-proj", name="img-1")["name"] == "img-1"
+    servers["compute"].unknown("image", "no-such-family")
+    with pytest.raises(errors.NotFound):
+        apis.image("debian-cloud", family="no-such-family")
