@@ -159,7 +159,9 @@ def render(spec: JobSpec, job: str, table_rows: list[Row], notes: list[str]) -> 
                       Text(NONE if row.obtainability is None else f"{row.obtainability:.2f}",
                            style="red" if row.obtainability == 0 else ""),
                       _quota_cell(row))
-    lines = [Text(f"{NONE} {note}", style="dim") for note in dict.fromkeys(notes)]
+    metrics = dict.fromkeys(f"{row.model} {row.quota.metric}" for row in table_rows if row.quota is not None)
+    lines = [Text(f"quota: {', '.join(metrics)} (Compute regions.get: limit − usage)", style="dim")] if metrics else []
+    lines += [Text(f"{NONE} {note}", style="dim") for note in dict.fromkeys(notes)]
     return Group(table, *lines)
 
 
@@ -176,7 +178,7 @@ def _quota_cell(row: Row) -> Text:
     if row.quota is None:
         return Text(row.quota_note)
     q = row.quota
-    text = f"{q.left:g} of {q.limit:g} ({q.metric})"
+    text = f"{q.left:g} of {q.limit:g}"
     return Text(text + ("" if q.enough else " short"), style="" if q.enough else "red")
 
 

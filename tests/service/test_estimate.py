@@ -113,8 +113,9 @@ def test_obtainability_and_the_gpu_quota_left_against_what_the_job_needs(world, 
     assert "GPU quota left (needs 3)" in result.output
     spot_a, spot_b = row(result.output, "us-central1-a", "spot"), row(result.output, "us-central1-b", "spot")
     assert spot_a[4] == "0.90" and spot_b[4] == "0.00"
-    assert spot_a[5] == "3 of 4 (PREEMPTIBLE_NVIDIA_L4_GPUS)"  # another job's Spot VM holds one
-    assert row(result.output, "us-central1-a", "standard")[5] == "2 of 2 (NVIDIA_L4_GPUS) short"
+    assert spot_a[5] == "3 of 4"  # another job's Spot VM holds one
+    assert row(result.output, "us-central1-a", "standard")[5] == "2 of 2 short"
+    assert "quota: spot PREEMPTIBLE_NVIDIA_L4_GPUS, standard NVIDIA_L4_GPUS" in result.output
 
 
 def test_a_source_that_fails_shows_a_dash_says_why_and_never_blocks_the_submit(world, tmp_path):
