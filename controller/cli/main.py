@@ -295,6 +295,11 @@ def status(
             out.print(note)
         for problem in view.problems(rows):
             err.print(problem)
+        if job is None:  # when the controller last ran (respawn/controller.json; yellow past 3 minutes)
+            from controller.cli.doctor import last_pass_line
+
+            config = _config()
+            out.print(last_pass_line(bootstrap.adapters()[0], config.bucket, datetime.now(UTC)), soft_wrap=True)
         return
     from rich.live import Live
 
@@ -537,6 +542,44 @@ def deploy(
                         "every step is safe to repeat."), soft_wrap=True)
         raise typer.Exit(REFUSED if failed.refused else FAILED) from None
     out.print(_line("✓", "green", "deployed"))
+
+
+@app.command()
+def doctor(
+    spec: Annotated[Path | None, typer.Argument(exists=True, dir_okay=False,
+                                                help="also check this spec: its GPU quota in each of its zones' "
+                                                     "regions, its image, its service account")] = None,
+    region: Annotated[str, typer.Option(envvar="RESPAWN_REGION", help="region of the functions and the scheduler")] = "",
+    service_account: Annotated[str | None, typer.Option(envvar="RESPAWN_SERVICE_ACCOUNT",
+                                                        help="the controller's service account")] = None,
+    timeout: Annotated[float, typer.Option(envvar="RESPAWN_DOCTOR_TIMEOUT", min=1,
+                                           help="seconds each check may take")] = 20.0,
+) -> None:
+    """Can respawn work on this project? One line per check, ✓ or ✗ with the command that fixes it.
+    Exit 0 only when every check passes (1 otherwise)."""
+    from controller.adapters.doctor import GoogleApis
+    from controller.cli import doctor as doctors
+    from controller.cli.deploy import account_email
+
+    config = _config(fresh=True)
+    if not config.project or not config.bucket or not region:
+        _fail("set RESPAWN_PROJECT, RESPAWN_BUCKET and RESPAWN_REGION (or --region): the deployment to check")
+    checked = None
+    if spec is not None:
+        raw = _read(spec)
+        checked = (raw, _declared_name(raw) or spec.stem)
+    target, results = doctors.diagnose(GoogleApis(config, timeout), config, region,
+                                       service_account or account_email("respawn-controller", config.project),
+                                       timeout, checked)
+    out.print(plain(f"respawn doctor: project {target.project}, bucket gs://{target.bucket}, region {target.region}",
+                    "bold"), soft_wrap=True)
+    for line in doctors.render(results):
+        out.print(line, soft_wrap=True)
+    failed = [r.name for r in results if not r.ok]
+    if failed:
+        err.print(_line("✗", "red", f"{len(failed)} of {len(results)} checks failed: {', '.join(failed)}"), soft_wrap=True)
+        raise typer.Exit(FAILED)
+    out.print(_line("✓", "green", f"all {len(results)} checks passed"), soft_wrap=True)
 
 
 @app.command()

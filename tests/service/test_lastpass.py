@@ -80,3 +80,31 @@ def test_no_record_is_none_and_a_broken_one_is_an_error(h: Harness):
     h.store.put(BUCKET, lastpass.KEY, "{not json")
     with pytest.raises(ValueError, match="not a controller record"):
         lastpass.read(h.store, BUCKET)
+
+
+# -- respawn status's line ------------------------------------------------------------------------------
+def _status(h: Harness) -> str:
+    from typer.testing import CliRunner
+
+    from controller.cli.main import app
+
+    bootstrap.override(None, Settings(bucket=BUCKET, project="respawn-proj"), store=h.store, compute=h.compute)
+    done = CliRunner().invoke(app, ["status"], env={"COLUMNS": "200"})
+    assert done.exit_code == 0, done.output
+    return done.output
+
+
+def test_status_says_when_the_controller_last_ran(h: Harness):
+    from datetime import UTC, datetime
+
+    lastpass.write(h.store, BUCKET, lastpass.LastPass(datetime.now(UTC) - timedelta(seconds=40), 0.8, 3, 1, 0))
+    assert "controller last ran 40 s ago (0.8 s, 3 jobs, 1 action, 0 errors)" in _status(h)
+
+
+def test_status_warns_when_the_controller_has_not_run_for_minutes_or_ever(h: Harness):
+    from datetime import UTC, datetime
+
+    assert f"controller has not run yet (gs://{BUCKET}/{lastpass.KEY} missing)" in _status(h)
+    h.store.put(BUCKET, lastpass.KEY, lastpass.LastPass(datetime.now(UTC) - timedelta(minutes=5), 1, 0, 0, 0).as_json())
+    said = _status(h)
+    assert "controller last ran 5 min ago" in said and "is its Scheduler job running? respawn doctor tells" in said
