@@ -218,7 +218,8 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
                 problems.append(f"{gs} grants {x.role} to {', '.join(public)}")
                 fixes += [f"gcloud storage buckets remove-iam-policy-binding {gs} --member={m} --role={x.role}"
                           for m in public]
-            if trainer in x.members and not (x.role == _trainer_role(p) and _trainer_condition(x, b)):
+            if trainer in x.members and not (x.role == _trainer_role(p) and _trainer_condition(x, b)) \
+                    and not _code_read(x, b):
                 problems.append(f"the trainer holds {x.role} on {gs}" + (" (conditioned otherwise)" if x.condition else ""))
                 fixes.append(f"gcloud storage buckets remove-iam-policy-binding {gs} --member={trainer} --role={x.role}"
                              + (" --all" if x.condition else ""))
@@ -450,6 +451,13 @@ def _trainer_role(project: str) -> str:
 
 def _trainer_condition(binding: _Binding, bucket: str) -> bool:
     return bool(binding.condition) and binding.condition.get("expression") == deploy.trainer_condition(bucket)
+
+
+def _code_read(binding: _Binding, bucket: str) -> bool:
+    """The trainer's read of the code tarballs ``respawn submit`` packs (deploy/IAM.md): objectViewer
+    conditioned to ``code/`` alone, which holds no record and no secret."""
+    return binding.role == "roles/storage.objectViewer" and bool(binding.condition) and \
+        binding.condition.get("expression") == f'resource.name.startsWith("projects/_/buckets/{bucket}/objects/code/")'
 
 
 def _may_act_as(apis: Apis, t: Target, account: str) -> bool:

@@ -263,3 +263,13 @@ def test_a_check_whose_api_raises_is_its_own_failure():
     found = run(p)
     assert {n for n, r in found.items() if not r.ok} == {f"function {deploy.TICK}", f"function {deploy.ON_OBJECT}"}
     assert found[f"function {deploy.TICK}"].detail == "503 backend error"
+
+
+def test_the_trainer_s_read_of_code_tarballs_only_is_not_a_read_of_the_records():
+    p = healthy()
+    code = f'resource.name.startsWith("projects/_/buckets/{BUCKET}/objects/code/")'
+    p.bucket_bindings.append({"role": "roles/storage.objectViewer", "members": [f"serviceAccount:{TRAINER}"],
+                              "condition": {"title": "respawn-trainer-code-read-only", "expression": code}})
+    assert run(p)["trainer cannot read the bucket"].ok
+    p.bucket_bindings[-1]["condition"]["expression"] = f'resource.name.startsWith("projects/_/buckets/{BUCKET}/objects/")'
+    assert not run(p)["trainer cannot read the bucket"].ok
