@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controller.cli.pack import CODE_PREFIX  # where respawn submit packs a local folder
 from controller.core import names
 from controller.service.config import REPO_ROOT, Settings
 
@@ -125,6 +126,19 @@ def trainer_condition(bucket: str) -> str:
         f'(resource.name.startsWith("{objects}{names.JOBS_PREFIX}") && '
         f'(resource.name.endsWith("/{names.EXIT}") || resource.name.endsWith("/{names.HEARTBEAT}")))'
     )
+
+
+TRAINER_CODE_CONDITION_TITLE = "respawn-trainer-code-read-only"
+
+
+def trainer_code_condition(bucket: str) -> str:
+    """CEL for the trainer's second binding on the control bucket (``roles/storage.objectViewer``):
+    the code tarballs ``respawn submit`` packs, read-only. Listing is checked against the
+    bucket's own name, which this never admits: a tarball is read only by one that knows its
+    content's hash (its job's ``respawn-code`` metadata)."""
+    if not _BUCKET_RE.fullmatch(bucket):
+        raise ValueError(f"{bucket!r} is not a Cloud Storage bucket name")
+    return f'resource.name.startsWith("projects/_/buckets/{bucket}/objects/{CODE_PREFIX}")'
 
 
 @dataclass(frozen=True)
@@ -338,6 +352,16 @@ def plan(t: Target) -> list[Step]:
                   "title": TRAINER_CONDITION_TITLE,
                   "description": "respawn VM records only: jobs/<job>/exit, jobs/<job>/heartbeat, "
                                  "preempted-jobs/<job>"}),
+              project),
+             retry_if=_IAM_LAG),
+        Step("trainer-code", "let the trainer VMs read (never list, never write) the code tarballs respawn submit "
+             "packs into code/",
+             ("gcloud", "storage", "buckets", "add-iam-policy-binding", bucket,
+              f"--member={trainer}", "--role=roles/storage.objectViewer",
+              "--condition=" + gcloud_dict({
+                  "expression": trainer_code_condition(t.bucket),
+                  "title": TRAINER_CODE_CONDITION_TITLE,
+                  "description": "code tarballs packed by respawn submit, read-only"}),
               project),
              retry_if=_IAM_LAG),
         # The guest agent writes the startup script's lines to GCEMetadataScripts with the VM's

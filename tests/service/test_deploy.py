@@ -273,7 +273,8 @@ def test_a_fresh_project_gets_everything_respawn_relies_on_and_a_second_deploy_c
         (f"project:{PROJECT}", "roles/logging.logWriter"), (f"project:{PROJECT}", "roles/eventarc.eventReceiver"),
         ("function:respawn-on-object", "roles/run.invoker")}
     assert roles_of(fake, f"serviceAccount:{TRAINER}") == {
-        (f"gs://{BUCKET}", f"projects/{PROJECT}/roles/respawnVmRecords"), (f"project:{PROJECT}", "roles/logging.logWriter")}
+        (f"gs://{BUCKET}", f"projects/{PROJECT}/roles/respawnVmRecords"), (f"gs://{BUCKET}", "roles/storage.objectViewer"),
+        (f"project:{PROJECT}", "roles/logging.logWriter")}
     assert roles_of(fake, f"serviceAccount:{SCHEDULER}") == {("function:respawn-tick", "roles/run.invoker")}
     assert roles_of(fake, f"serviceAccount:{AGENT}") == {(f"project:{PROJECT}", "roles/pubsub.publisher")}
     assert set(fake.functions) == {"respawn-tick", "respawn-on-object"} and len(fake.jobs) == 1

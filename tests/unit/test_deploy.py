@@ -152,7 +152,7 @@ def test_a_trainer_account_outside_the_project_is_used_not_created():
 def test_the_trainer_binding_is_conditional_to_exactly_the_vm_records():
     steps = deploy.plan(target())
     bindings = [s for s in steps if s.argv[:4] == ("gcloud", "storage", "buckets", "add-iam-policy-binding")]
-    (trainer,) = [s for s in bindings if f"--member=serviceAccount:{TRAINER}" in s.argv]
+    (trainer, code) = [s for s in bindings if f"--member=serviceAccount:{TRAINER}" in s.argv]
     assert trainer.argv[4] == f"gs://{BUCKET}"
     assert flag(trainer.argv, "role") == f"projects/{PROJECT}/roles/{deploy.TRAINER_ROLE_ID}"
     condition = parse_dict_flag(flag(trainer.argv, "condition"))
@@ -162,6 +162,26 @@ def test_the_trainer_binding_is_conditional_to_exactly_the_vm_records():
     ubla = step(steps, "gcloud", "storage", "buckets", "update")
     assert ubla.argv[4] == f"gs://{BUCKET}" and "--uniform-bucket-level-access" in ubla.argv
     assert steps.index(ubla) < steps.index(trainer)
+    # and a second binding, read-only, to the code tarballs respawn submit packs
+    assert flag(code.argv, "role") == "roles/storage.objectViewer"
+    code_condition = parse_dict_flag(flag(code.argv, "condition"))
+    assert code_condition["expression"] == deploy.trainer_code_condition(BUCKET)
+    assert steps.index(ubla) < steps.index(code)
+
+
+@pytest.mark.parametrize("name, admitted", [
+    ("code/" + "a" * 64 + ".tar.gz", True),
+    ("jobs/train/exit", False),
+    ("preempted-jobs/train", False),
+    ("jobs/train/status.json", False),
+    ("respawn/tpu-zones.json", False),
+    ("xcode/a.tar.gz", False),
+])
+def test_the_code_condition_admits_the_code_tarballs_and_nothing_else(name, admitted):
+    cel = deploy.trainer_code_condition(BUCKET)
+    assert allowed(cel, f"projects/_/buckets/{BUCKET}/objects/{name}") is admitted
+    assert not allowed(cel, f"projects/_/buckets/{BUCKET}")  # no listing
+    assert not allowed(deploy.trainer_condition(BUCKET), f"projects/_/buckets/{BUCKET}/objects/code/x.tar.gz")
 
 
 def test_the_controller_gets_the_whole_bucket_and_may_attach_only_the_trainer_account():
