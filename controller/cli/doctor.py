@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import shlex
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -100,14 +101,24 @@ Check = tuple[str, Callable[[], str | tuple[str, bool]]]  # name, () -> detail (
 
 
 def run(checks: Sequence[Check], timeout: float) -> list[Result]:
-    """Every check on a thread of its own, side by side; each given ``timeout`` seconds."""
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(checks)), thread_name_prefix="doctor")
+    """Every check on a thread of its own, side by side; each given ``timeout`` seconds.
+
+    Daemon threads, not a ThreadPoolExecutor: the interpreter joins an executor's threads at
+    exit, so a check hung on an API would hold ``respawn doctor`` open after its answer."""
+    futures = []
+    for number, (name, fn) in enumerate(checks):
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        threading.Thread(target=_settle, args=(future, fn), name=f"doctor-{number}", daemon=True).start()
+        futures.append((name, future))
+    deadline = time.monotonic() + timeout
+    return [_result(name, future, deadline) for name, future in futures]
+
+
+def _settle(future: concurrent.futures.Future[Any], fn: Callable[[], Any]) -> None:
     try:
-        futures = [(name, pool.submit(fn)) for name, fn in checks]
-        deadline = time.monotonic() + timeout
-        return [_result(name, future, deadline) for name, future in futures]
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)  # a hung check never holds the answer
+        future.set_result(fn())
+    except BaseException as e:  # noqa: BLE001 - the check's own ✗ (_result says which)
+        future.set_exception(e)
 
 
 def _result(name: str, future: concurrent.futures.Future[Any], deadline: float) -> Result:

@@ -3,9 +3,12 @@ each fails, alone, on the one thing broken, naming the command that fixes it."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -255,6 +258,20 @@ def test_a_check_that_hangs_times_out_alone_and_the_others_answer():
     assert time.monotonic() - started < 1.5
     assert [n for n, r in found.items() if not r.ok] == [f"scheduler job {deploy.TICK}"]
     assert found[f"scheduler job {deploy.TICK}"].detail == "no answer in time"
+
+
+def test_a_hung_check_does_not_hold_the_doctor_open_after_its_answer():
+    # The interpreter joins a ThreadPoolExecutor's threads at exit: a check hung on an API held
+    # `respawn doctor` open, its answer printed, until that API answered.
+    code = ("import time; from controller.cli import doctor; "
+            "found = doctor.run([('hung', lambda: time.sleep(60) or 'late'), ('quick', lambda: 'ok')], 0.3); "
+            "print([(r.name, r.ok, r.detail) for r in found])")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50,
+                          cwd=Path(doctor.__file__).parents[2])
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - started < 20
+    assert done.stdout.strip() == "[('hung', False, 'no answer in time'), ('quick', True, 'ok')]"
 
 
 def test_a_check_whose_api_raises_is_its_own_failure():
