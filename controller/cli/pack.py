@@ -31,6 +31,7 @@ import io
 import os
 import stat
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -91,12 +92,15 @@ def pack(source: Path, limit: int | None = None) -> Packed:
     if not members:
         raise PackError(f"{source}: nothing to pack (every file is ignored, or the folder is empty)")
     buffer = io.BytesIO()
-    with gzip.GzipFile(filename="", mode="wb", fileobj=buffer, mtime=0, compresslevel=6) as zipped, \
-            tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name, path in members:
-            _add(tar, name, path)
-            if buffer.tell() > limit:
-                raise PackError(_too_big(source, members, limit, packed_past=True))
+    try:
+        with gzip.GzipFile(filename="", mode="wb", fileobj=buffer, mtime=0, compresslevel=6) as zipped, \
+                tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for name, path in members:
+                _add(tar, name, path, lambda: buffer.tell() > limit)
+                if buffer.tell() > limit:
+                    raise _PastLimit
+    except _PastLimit:
+        raise PackError(_too_big(source, members, limit, packed_past=True)) from None
     data = buffer.getvalue()
     if len(data) > limit:
         raise PackError(_too_big(source, members, limit, packed_past=True))
@@ -167,7 +171,24 @@ def upload(store: BlobStore, bucket: str, packed: Packed) -> bool:
     return True
 
 
-def _add(tar: tarfile.TarFile, name: PurePosixPath, path: Path) -> None:
+class _PastLimit(Exception):
+    """The packed bytes passed the limit while a file was being read."""
+
+
+class _Bounded(io.RawIOBase):
+    """A file read for the tarball, that stops as soon as ``past()``: one big file (a checkpoint,
+    a data set) is never compressed whole into memory only to be refused."""
+
+    def __init__(self, f: io.BufferedReader, past: Callable[[], bool]) -> None:
+        self.f, self.past = f, past
+
+    def read(self, size: int = -1) -> bytes:
+        if self.past():
+            raise _PastLimit
+        return self.f.read(size)
+
+
+def _add(tar: tarfile.TarFile, name: PurePosixPath, path: Path, past: Callable[[], bool] = lambda: False) -> None:
     try:
         info = tar.gettarinfo(str(path), arcname=name.as_posix())
         info.mtime, info.uid, info.gid, info.uname, info.gname = MTIME, 0, 0, "", ""
@@ -177,7 +198,7 @@ def _add(tar: tarfile.TarFile, name: PurePosixPath, path: Path) -> None:
             return
         info.mode = 0o755 if info.mode & stat.S_IXUSR else 0o644
         with path.open("rb") as f:
-            tar.addfile(info, f)
+            tar.addfile(info, _Bounded(f, past))
     except OSError as e:  # unreadable, or it changed size while being read
         raise PackError(f"{path}: cannot be packed: {e.strerror or e}") from e
 

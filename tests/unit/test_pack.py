@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,20 @@ def test_over_the_limit_it_is_refused_naming_the_biggest_files(tmp_path):
     assert message.index("a.bin") < message.index("b.bin") < message.index("c.bin")  # biggest first
     (src / ".respawnignore").write_text("*.bin\n")
     assert sorted(members(pack.pack(src, limit=50_000))) == [".respawnignore", "train.py"]
+
+
+def test_one_big_file_is_refused_without_being_packed_whole_into_memory(tmp_path):
+    # A checkpoint or a data set left in the folder: packing stopped only between files, so a
+    # 20 GB file was compressed whole into memory before being refused.
+    src = tree(tmp_path / "src", {"train.py": "x", "model.pt": os.urandom(24 * 1024 * 1024)})
+    tracemalloc.start()
+    try:
+        with pytest.raises(pack.PackError, match=r"model\.pt \(24\.0 MiB\)"):
+            pack.pack(src, limit=1024 * 1024)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 6 * 1024 * 1024
 
 
 def test_a_tarball_is_taken_as_it_is_and_any_other_file_packed_alone(tmp_path):
