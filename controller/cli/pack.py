@@ -132,7 +132,7 @@ def files(root: Path) -> list[tuple[PurePosixPath, Path]]:
                     lines = (here / rules).read_text(errors="replace").splitlines()
                 except OSError as e:
                     raise PackError(f"{here / rules}: {e.strerror or e}") from e
-                specs.append((relative_here, pathspec.GitIgnoreSpec.from_lines(lines)))
+                specs.append((relative_here, _rules(lines)))
         kept = []
         for d in sorted(dirs):
             relative = relative_here / d
@@ -151,6 +151,19 @@ def files(root: Path) -> list[tuple[PurePosixPath, Path]]:
             if not ignored(relative, folder=False):
                 found.append((relative, path))
     return sorted(found, key=lambda member: member[0].as_posix())
+
+
+def _rules(lines: list[str]) -> pathspec.GitIgnoreSpec:
+    """An ignore file's rules. A line git takes as a pattern that matches nothing (``!`` alone, a
+    trailing backslash) pathspec refuses: left out, as git leaves it out, never the pack's crash."""
+    valid = []
+    for line in lines:
+        try:
+            pathspec.GitIgnoreSpec.from_lines([line])
+        except ValueError:
+            continue
+        valid.append(line)
+    return pathspec.GitIgnoreSpec.from_lines(valid)
 
 
 def upload(store: BlobStore, bucket: str, packed: Packed) -> bool:

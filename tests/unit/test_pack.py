@@ -53,6 +53,14 @@ def test_gitignore_and_respawnignore_rules_decide_what_is_packed(tmp_path):
         ".gitignore", ".respawnignore", "keep.log", "model/.gitignore", "notes.log", "top.pt", "train.py"]
 
 
+def test_a_line_git_takes_as_matching_nothing_is_left_out_not_a_crash(tmp_path):
+    # pathspec refuses ('!' alone, a trailing backslash) lines git accepts and ignores: a
+    # ValueError out of respawn submit, a traceback, for a .gitignore git itself is happy with.
+    src = tree(tmp_path / "src", {"train.py": "x", "notes.log": "noise", "keep.log": "kept",
+                                  ".gitignore": "!\n*.log\nfoo\\\n!keep.log\n"})
+    assert sorted(members(pack.pack(src))) == [".gitignore", "keep.log", "train.py"]
+
+
 def test_the_same_folder_packs_to_the_same_bytes_whatever_its_times_and_owner(tmp_path):
     files = {"train.py": "print(1)\n", "pkg/__init__.py": "", "pkg/run.sh": "#!/bin/bash\necho hi\n"}
     one, two = tree(tmp_path / "one", files), tree(tmp_path / "two", dict(reversed(list(files.items()))))
