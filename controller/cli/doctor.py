@@ -317,6 +317,8 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
         if record is None:
             raise Failed(f"the controller has never run ({gs}/{lastpass.KEY} missing)", run_now)
         at = now()
+        if record.future(at):  # forged, or a clock gone wrong: never "ran 0 s ago" for ever
+            raise Failed(record.describe(at), f"check this machine's clock; then {run_now}")
         if record.stale(at):
             raise Failed(f"{record.describe(at)}: more than {lastpass.STALE_AFTER / 60:.0f} minutes",
                          f"{run_now}\ngcloud functions logs read {deploy.TICK} --gen2 --region={r} --project={p}")

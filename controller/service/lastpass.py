@@ -25,6 +25,7 @@ KEY = "respawn/controller.json"
 STALE_AFTER = 180.0  # seconds: the Scheduler calls tick every minute; three missed is a problem
 MIN_INTERVAL = 1.0  # seconds between two writes from one process (GCS: ~1 write/s per object)
 MAX_BYTES = 64 * 1024  # what a reader reads of it at most
+SKEW = 60.0  # seconds a record may be dated ahead of the reader's clock (clocks disagree a little)
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -46,11 +47,19 @@ class LastPass:
     def age(self, now: datetime) -> float:
         return max(0.0, (now - self.at).total_seconds())
 
+    def future(self, now: datetime) -> bool:
+        """Dated later than ``now`` by more than clocks disagree: a forged record (any bucket writer
+        can write one) or a broken clock; either way no sign that the controller runs."""
+        return (self.at - now).total_seconds() > SKEW
+
     def stale(self, now: datetime) -> bool:
-        return self.age(now) > STALE_AFTER
+        return self.age(now) > STALE_AFTER or self.future(now)
 
     def describe(self, now: datetime) -> str:
         """``controller last ran 40 s ago (0.8 s, 3 jobs, 1 action, 0 errors)``."""
+        if self.future(now):
+            return (f"{KEY} says the controller last ran at {self.at.isoformat()}, "
+                    f"{_ago((self.at - now).total_seconds()).removesuffix(' ago')} in the future: not believed")
         return (f"controller last ran {_ago(self.age(now))} ({self.duration_s:.1f} s, {_n(self.jobs, 'job')}, "
                 f"{_n(self.actions, 'action')}, {_n(self.errors, 'error')})")
 
@@ -95,7 +104,7 @@ def parse(data: bytes) -> LastPass:
         at = datetime.fromisoformat(raw["last_pass"])
         return LastPass(at=at if at.tzinfo else at.replace(tzinfo=UTC), duration_s=float(raw["duration_s"]),
                         jobs=int(raw["jobs"]), actions=int(raw["actions"]), errors=int(raw["errors"]))
-    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError, OverflowError) as e:
         raise ValueError(f"{KEY} is not a controller record: {e}") from e
 
 

@@ -260,6 +260,13 @@ def test_a_check_that_hangs_times_out_alone_and_the_others_answer():
     assert found[f"scheduler job {deploy.TICK}"].detail == "no answer in time"
 
 
+def test_a_controller_record_dated_in_the_future_fails_its_check():
+    p = healthy()
+    p.record = lastpass.LastPass(NOW + timedelta(days=365), 0.7, 2, 1, 0)
+    found = run(p)["controller last ran"]
+    assert not found.ok and "in the future: not believed" in found.detail and "clock" in found.fix
+
+
 def test_a_hung_check_does_not_hold_the_doctor_open_after_its_answer():
     # The interpreter joins a ThreadPoolExecutor's threads at exit: a check hung on an API held
     # `respawn doctor` open, its answer printed, until that API answered.

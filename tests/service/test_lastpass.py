@@ -82,6 +82,27 @@ def test_no_record_is_none_and_a_broken_one_is_an_error(h: Harness):
         lastpass.read(h.store, BUCKET)
 
 
+def test_a_record_dated_in_the_future_is_not_believed_and_an_overflowing_one_is_an_error(h: Harness):
+    # Any bucket writer can forge the record: one dated in 9999 read "last ran 0 s ago" for ever,
+    # hiding a controller that never runs (doctor ✓, status healthy).
+    now = h.clock.now()
+    forged = lastpass.LastPass(now + timedelta(days=3650), 0.1, 1, 0, 0)
+    assert forged.stale(now) and "in the future: not believed" in forged.describe(now)
+    assert not lastpass.LastPass(now + timedelta(seconds=20), 0.1, 1, 0, 0).stale(now)  # clocks disagree a little
+    h.store.put(BUCKET, lastpass.KEY, b'{"last_pass": "2026-01-01T00:00:00+00:00", "duration_s": 1, '
+                                      b'"jobs": 1e400, "actions": 0, "errors": 0}')
+    with pytest.raises(ValueError, match="not a controller record"):
+        lastpass.read(h.store, BUCKET)
+
+
+def test_status_does_not_call_a_future_record_healthy(h: Harness):
+    from datetime import UTC, datetime
+
+    h.store.put(BUCKET, lastpass.KEY, lastpass.LastPass(datetime(9999, 1, 1, tzinfo=UTC), 1, 0, 0, 0).as_json())
+    said = _status(h)
+    assert "in the future: not believed" in said and "controller last ran 0 s ago" not in said
+
+
 # -- respawn status's line ------------------------------------------------------------------------------
 def _status(h: Harness) -> str:
     from typer.testing import CliRunner
