@@ -39,7 +39,11 @@ def read_env(folder: Path) -> str | None:
         return None
 
 
-def remove_env(folder: Path) -> None:
+def remove_env(folder: Path, written: str | None = None) -> None:
+    """Remove the exports; given ``written`` (what this local cloud wrote), only while the file
+    still says that: a second local cloud started in the same folder since wrote its own, which stay."""
+    if written is not None and read_env(folder) != written:
+        return
     (folder / ENV_FILE).unlink(missing_ok=True)
 
 

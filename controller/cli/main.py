@@ -629,10 +629,13 @@ def local_up(
     cloud = LocalCloud(Options(bucket=bucket, project=project, tick_interval=tick, shutdown_budget=preemption_notice,
                                log_dir=_made(folder)))
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):  # explicit: a background job inherits SIGINT ignored
+    # explicit: a background job inherits SIGINT ignored; SIGHUP: its terminal closed (the VMs,
+    # each in a session of its own, would outlive a process killed by it, and local.env with them)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
     with cloud:
         env_file = write_env(folder, cloud.env())
+        written = env_file.read_text()
         out.print("[bold green]local cloud up[/bold green] — in another terminal, point clients at it with:\n")
         print(f"source {env_file}")
         out.print(f"\n[dim](`respawn local env` prints the exports again.) gcloud works against it once they are "
@@ -645,7 +648,7 @@ def local_up(
                 pass
         finally:
             actions.stop()
-            remove_env(folder)
+            remove_env(folder, written)
     out.print("local cloud stopped")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -213,13 +214,16 @@ def test_tick_alone_is_enough(cloud):
     until("the exit record consumed", lambda: cloud.storage.bucket(cloud.options.bucket).get_blob(names.exit_key(job)) is None)
 
 
-def test_local_up_prints_the_environment_and_stops_on_interrupt(tmp_path):
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGHUP"])  # Ctrl-C; its terminal closed
+def test_local_up_prints_the_environment_and_stops_on_interrupt(tmp_path, stop):
     import os
     import signal
     import subprocess
     import sys
 
-    process = subprocess.Popen([sys.executable, "-m", "controller.cli", "local", "up", "--tick", "3600"],
+    # --dir: never the user's own ~/.respawn/local (a local cloud of theirs may be using it)
+    process = subprocess.Popen([sys.executable, "-m", "controller.cli", "local", "up", "--tick", "3600",
+                                "--dir", str(tmp_path)],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env={**os.environ, "COLUMNS": "200"})
     lines: list[str] = []
@@ -228,13 +232,16 @@ def test_local_up_prints_the_environment_and_stops_on_interrupt(tmp_path):
             lines.append(line)
             if "Ctrl-C" in line:
                 break
-        exports = dict(l.removeprefix("export ").strip().split("=", 1) for l in lines if l.startswith("export "))
+        [source] = [Path(l.split(maxsplit=1)[1].strip()) for l in lines if l.startswith("source ")]
+        exports = dict(l.removeprefix("export ").strip().split("=", 1)
+                       for l in source.read_text().splitlines() if l.startswith("export "))
         assert exports["STORAGE_EMULATOR_HOST"].startswith("http://127.0.0.1:")
         assert exports["RESPAWN_COMPUTE_ENDPOINT"].startswith("http://127.0.0.1:")
         assert exports["CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE"].endswith("/compute/v1/")
-        process.send_signal(signal.SIGINT)
+        process.send_signal(getattr(signal, stop))
         assert process.wait(timeout=30) == 0
         assert "local cloud stopped" in process.stdout.read()  # type: ignore[union-attr]
+        assert not source.exists()
     finally:
         process.kill()
 

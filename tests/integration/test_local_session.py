@@ -18,6 +18,18 @@ def test_the_env_file_is_sourced_by_a_shell_exactly_even_with_odd_values(tmp_pat
     assert read_env(tmp_path) is None
 
 
+def test_a_local_cloud_that_stops_leaves_the_exports_of_one_started_since_in_the_same_folder(tmp_path):
+    # Two `respawn local up` in one folder: the first to stop removed the other's local.env, and
+    # `respawn local env` said no local cloud was up while one was.
+    first = write_env(tmp_path, {"RESPAWN_COMPUTE_ENDPOINT": "http://127.0.0.1:1111"}).read_text()
+    second = write_env(tmp_path, {"RESPAWN_COMPUTE_ENDPOINT": "http://127.0.0.1:2222"}).read_text()
+    remove_env(tmp_path, first)
+    assert read_env(tmp_path) == second
+    remove_env(tmp_path, second)
+    assert read_env(tmp_path) is None
+    remove_env(tmp_path, second)  # gone already: nothing to do
+
+
 def test_an_executor_line_becomes_one_action_line_and_nothing_else_does():
     line = ('2026-11-27 12:01:03,123 INFO controller.service.executor: create demo-1 in us-central1-a: done '
             '{"job": "demo", "action": "CreateInstances"}')
