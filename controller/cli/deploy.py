@@ -316,8 +316,12 @@ def plan(t: Target) -> list[Step]:
              check=functools.partial(usable_bucket, t.bucket),
              check_says="kept, unless it is another project's or has a retention policy, a default event-based "
                         "hold or requester pays (refused, saying which)"),
-        Step("uniform-access", "turn on uniform bucket-level access on the control bucket (IAM Conditions need it)",
-             ("gcloud", "storage", "buckets", "update", bucket, "--uniform-bucket-level-access", project)),
+        # An existing bucket is kept: made as private as a created one (public access prevention
+        # enforced: a public binding left on it would publish every spec and every record's secret).
+        Step("uniform-access", "turn on uniform bucket-level access (IAM Conditions need it) and enforce public "
+             "access prevention on the control bucket",
+             ("gcloud", "storage", "buckets", "update", bucket, "--uniform-bucket-level-access",
+              "--public-access-prevention", project)),
     ]
     for key, email, display, description in (
             ("controller", t.controller_sa, "respawn controller", "runs the respawn tick and on_object functions"),

@@ -136,10 +136,14 @@ class FakeProject:
                 self._change(f"create bucket {name}")
                 return ""
             case ["storage", "buckets", "update", url]:
-                access = self.buckets[url.removeprefix("gs://")]["iamConfiguration"]["uniformBucketLevelAccess"]
+                configuration = self.buckets[url.removeprefix("gs://")]["iamConfiguration"]
+                access = configuration["uniformBucketLevelAccess"]
                 if "uniform-bucket-level-access" in flags and not access["enabled"]:
                     access["enabled"] = True
                     self._change(f"uniform access on {url}")
+                if "public-access-prevention" in flags and configuration.get("publicAccessPrevention") != "enforced":
+                    configuration["publicAccessPrevention"] = "enforced"
+                    self._change(f"public access prevention on {url}")
                 return ""
             case ["storage", "buckets", "add-iam-policy-binding", url]:
                 bucket = self.buckets[url.removeprefix("gs://")]
@@ -376,6 +380,17 @@ def test_an_existing_usable_bucket_elsewhere_is_kept_its_access_made_uniform_and
     assert not [c for c in fake.commands if c[1:4] == ("storage", "buckets", "create")]
     assert fake.buckets[BUCKET]["iamConfiguration"]["uniformBucketLevelAccess"]["enabled"]
     assert "--trigger-location=us" in fake.functions["respawn-on-object"]
+
+
+def test_an_existing_bucket_kept_is_made_as_private_as_a_created_one(fake):
+    # A bucket adopted with public access prevention 'inherited' (a public binding allowed on it)
+    # stayed so: every spec's env and every record's secret one allUsers binding from the world.
+    fake.apis.add("storage.googleapis.com")
+    fake.buckets[BUCKET] = {"name": BUCKET, "projectNumber": NUMBER, "location": "US-CENTRAL1",
+                            "iamConfiguration": {"uniformBucketLevelAccess": {"enabled": True},
+                                                 "publicAccessPrevention": "inherited"}}
+    run(fake)
+    assert fake.buckets[BUCKET]["iamConfiguration"]["publicAccessPrevention"] == "enforced"
 
 
 # -- what the plan holds depends on the policy ---------------------------------------------------------
