@@ -217,11 +217,14 @@ def _add(tar: tarfile.TarFile, name: PurePosixPath, path: Path, past: Callable[[
 
 
 def _tarball(source: Path, limit: int) -> Packed:
-    size = source.stat().st_size
-    if size > limit:
-        raise PackError(f"{source} is {_mib(size)}, over the {_mib(limit)} limit on code; leave data out of "
-                        "code (read it from gs:// in the command)")
-    data = source.read_bytes()
+    try:
+        size = source.stat().st_size
+        if size > limit:
+            raise PackError(f"{source} is {_mib(size)}, over the {_mib(limit)} limit on code; leave data out of "
+                            "code (read it from gs:// in the command)")
+        data = source.read_bytes()
+    except OSError as e:  # unreadable, or gone since
+        raise PackError(f"{source}: cannot be read: {e.strerror or e}") from e
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
             count = sum(1 for _ in tar)

@@ -65,7 +65,10 @@ def with_code(raw: bytes, base: Path, workdir: Path | None, bucket: str) -> tupl
         if isinstance(given, str):
             note = f"--workdir {workdir} replaces the spec's code: {given}"
     elif isinstance(given, str) and pack.is_local(given):
-        source = Path(given).expanduser()
+        try:
+            source = Path(given).expanduser()
+        except RuntimeError as e:  # ~user of no user here
+            raise pack.PackError(f"{given}: {e}") from e
         source = source if source.is_absolute() else base / source
     else:
         return raw, None, None

@@ -232,6 +232,29 @@ def test_a_folder_over_the_limit_is_refused_naming_its_biggest_files(world, tmp_
     assert world.spec("j") is None and world.code_objects() == []
 
 
+def test_code_that_cannot_be_read_is_one_line_never_a_traceback(world, tmp_path, monkeypatch):
+    # `code: ~nobody/x` (Path.expanduser: RuntimeError) and a .tar.gz that cannot be read
+    # (read outside any try) came out of respawn submit as tracebacks.
+    result = runner.invoke(app, ["submit", write_spec(tmp_path, code="~no-such-user-respawn/src")])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
+    assert "code: ~no-such-user-respawn/src:" in result.output
+    tarball = tmp_path / "code.tar.gz"
+    tarball.write_bytes(b"")
+
+    read_bytes = type(tarball).read_bytes
+
+    def unreadable(self):
+        if self.name == tarball.name:
+            raise PermissionError(13, "Permission denied", str(self))
+        return read_bytes(self)
+
+    monkeypatch.setattr(type(tarball), "read_bytes", unreadable)
+    result = runner.invoke(app, ["submit", write_spec(tmp_path, code="code.tar.gz")])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
+    assert "code.tar.gz: cannot be read: Permission denied" in result.output
+    assert world.spec("j") is None and world.code_objects() == []
+
+
 def test_a_gs_code_spec_is_uploaded_byte_for_byte(world, tmp_path):
     path = tmp_path / "j.yaml"
     text = "# my comment\n" + yaml.safe_dump(spec_doc(zones=ZONES, code="gs://my-bucket/code.tar.gz"))
