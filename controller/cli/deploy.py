@@ -232,8 +232,8 @@ class Step:
                  for lookup in self.lookups]
         if self.probe:
             lines.append(f"#   if `{shlex.join(self.probe)}` finds it: {self.check_says}; else:")
-        if self.argv:
-            lines.append(shlex.join(self.argv))
+        if self.argv:  # each word redacted before quoting: a quote inside a secret splits it apart
+            lines.append(shlex.join(self.argv if reveal else [redact(a, self.secrets) for a in self.argv]))
         elif self.request is not None:
             lines.append(json.dumps(self.request, indent=2))
         else:

@@ -433,6 +433,18 @@ def test_the_dry_run_prints_the_whole_plan_numbered_and_named_and_no_secret(cli,
     assert partial.output.startswith(f"# {[s.name for s in steps].index('tick') + 1}. tick:")
 
 
+def test_a_secret_with_a_quote_in_it_is_redacted_from_the_dry_run_too():
+    # shlex.join quoted the command line before redaction: a ' inside the webhook URL became
+    # '"'"', the secret no longer matched, and the dry run printed it whole.
+    url = "https://chat.example.com/v1/spaces/X/messages?key=keysecret&token=it'stokensecret"
+    for step in deploy.plan(target(RESPAWN_NOTIFY_WEBHOOK=url)):
+        shown = step.render()
+        assert "keysecret" not in shown and "tokensecret" not in shown, step.name
+        if step.name == "tick":
+            assert "RESPAWN_NOTIFY_WEBHOOK=https://chat.example.com/<redacted>" in shown
+            assert any(url in word for word in step.argv)  # what gcloud is given is whole
+
+
 def _iam_md_deploy_roles() -> set[str]:
     """Every role a row of deploy/IAM.md's tables marks **(deploy)**."""
     roles = set()
