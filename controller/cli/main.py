@@ -299,7 +299,7 @@ def status(
             from controller.cli.doctor import last_pass_line
 
             config = _config()
-            out.print(last_pass_line(bootstrap.adapters()[0], config.bucket, datetime.now(UTC)), soft_wrap=True)
+            out.print(last_pass_line(bootstrap.adapters()[0], config.bucket, datetime.now(UTC)))  # wrapped at the width, as the table
         return
     from rich.live import Live
 

@@ -205,9 +205,11 @@ class Observer:
         """A pass over every job also lists each zone of a watched project the controller ever
         created a TPU node in (``tpuzones``, recorded before each create) that the jobs' own
         listing does not cover, each project with its own zones only: a node whose job folder was
-        deleted whole is found there, and deleted as an orphan. What fails is logged, never
-        blinds a job (a job's own zones are listed by ``_tpu_nodes``)."""
-        if self.tpu is None or job is not None:
+        deleted whole is found there, and deleted as an orphan. An event for a run that has
+        launched nothing yet lists them too (for that job): a node an earlier run of its name
+        left is then seen before the first launch. What fails is logged, never blinds a job (a
+        TPU problem never holds a VM job; a job's own zones are listed by ``_tpu_nodes``)."""
+        if self.tpu is None or (job is not None and not _new_run(views.get(job))):
             return []
         try:
             pairs = self.tpu_zones.read()
@@ -222,7 +224,7 @@ class Observer:
         nodes: list[TpuNode] = []
         for project, its_zones in extra.items():
             try:
-                found = self.tpu.list_nodes((project,), tuple(its_zones), None)
+                found = self.tpu.list_nodes((project,), tuple(its_zones), job)
             except errors.RespawnError as e:
                 log.warning("could not list TPU nodes in recorded zones",
                             extra={"json_fields": {"project": project, "error": _short(e)}})
@@ -267,6 +269,11 @@ class Observer:
         """
         spec, st = view.spec, view.status
         if spec is None or spec.project is None:
+            return None
+        if st is None or st.attempt_started_at is None:
+            # A run that has launched nothing yet: an earlier run of the same name, its folder
+            # deleted whole (status and all), may still have a VM in a zone this spec does not
+            # name. Its first launch looks everywhere, as a tick does (the aggregated list).
             return None
         # The status's zone and every zone its history names: a VM of an earlier run (its delete
         # failed) may still be there when a new spec lists other zones.
@@ -578,6 +585,11 @@ class _Background:
         if "error" in self._box:
             raise self._box["error"]
         return self._box["value"]
+
+
+def _new_run(view: JobView | None) -> bool:
+    """A job whose run has launched nothing yet (no status, or a status with no attempt begun)."""
+    return view is not None and view.spec is not None and (view.status is None or view.status.attempt_started_at is None)
 
 
 def _on_tpu(view: JobView) -> bool:

@@ -502,3 +502,37 @@ def test_a_run_numbered_while_a_zone_was_blind_never_adopts_the_previous_runs_vm
     assert "adopted" not in [e.event for e in st.history], st.message
     assert (st.restarts, st.failures) == (0, 0), st.message
     assert h.live("j") == ["j-2"] and st.attempt == 2 and st.phase == Phase.RUNNING, st.message
+
+
+@pytest.mark.parametrize("kind", ["vm", "tpu"])
+def test_a_job_resubmitted_over_zones_its_deleted_run_did_not_use_never_runs_beside_that_runs_vm(kind: str):
+    """Found by chaos (seeds 12084, 12927): the job folder deleted whole while its VM (or TPU node)
+    runs in us-central1-b, then the job resubmitted over other zones; the event for the new spec
+    listed only the new spec's zones, saw nothing, and created attempt 1 beside the old one. A run
+    that has launched nothing looks everywhere first (the aggregated list; the zones respawn
+    recorded for TPU nodes), finds the old run's machine, and goes after it."""
+    h = Harness()
+    old = spec_doc(zones=["us-central1-b"])
+    if kind == "tpu":
+        old = {**{k: v for k, v in old.items() if k != "machine_type"},
+               "zones": ["us-central2-b"], "tpu": {"type": "v4-16", "runtime_version": "tpu-ubuntu2204-base"}}
+    h.submit("j", old)
+    h.tick()
+    h.tick()
+    was = h.tpu.names() if kind == "tpu" else h.live("j")
+    assert was == ["j-1"]
+    for key in [names.spec_key("j"), names.status_key("j")]:  # gsutil rm -r gs://BUCKET/jobs/j/
+        h.store.delete(BUCKET, key)
+    h.advance(seconds=30)
+    h.submit("j", spec_doc(zones=["us-central1-c", "us-central1-a"]))
+    h.tick("j")  # the event for the new spec
+    h.tick("j")
+    st = h.status("j")
+    if kind == "vm":  # the old VM deleted first (the new run numbered after it), then attempt 2
+        assert h.live("j") == ["j-2"] and st.attempt == 2 and "j-1" in h.compute.deleted
+        return
+    # The old run's TPU node is alive: it is deleted and waited for, and no VM runs beside it.
+    assert h.live("j") == [] and ("delete", "j-1") in h.tpu.calls
+    h.advance(seconds=h.tpu.delete_seconds + 1)
+    h.tick("j")
+    assert h.live("j") == ["j-2"] and h.status("j").attempt == 2 and h.tpu.names() == []

@@ -110,7 +110,7 @@ def read_back(text: str, rows: list[dict]) -> tuple[list[str], list[dict[str, st
     for line in lines[1:]:
         if line.startswith(view.EVENT_INDENT):
             events[-1].append(line.removeprefix(view.EVENT_INDENT))
-        elif line.startswith("! "):
+        elif line.startswith(("! ", "controller ")):  # the table ends: errors, the controller's last pass
             break
         else:
             assert len(cells) < len(rows), f"a job's row drawn over two lines:\n{text}"
