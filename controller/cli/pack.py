@@ -145,7 +145,12 @@ def files(root: Path) -> list[tuple[PurePosixPath, Path]]:
         dirs[:] = kept
         for n in names:
             path, relative = here / n, relative_here / n
-            mode = path.lstat().st_mode
+            try:
+                mode = path.lstat().st_mode
+            except FileNotFoundError:
+                continue  # gone since the folder was listed (an editor's swap file): not packed
+            except OSError as e:
+                raise PackError(f"{path}: {e.strerror or e}") from e
             if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
                 continue  # sockets, pipes, devices: nothing a trainer could use
             if not ignored(relative, folder=False):

@@ -156,3 +156,17 @@ def test_a_broken_upload_of_the_same_address_is_replaced(tmp_path):
                                          ("~/code", True), ("gs://b/code.tar.gz", False), ("https://x/y", False)])
 def test_which_code_values_are_local(code, local):
     assert pack.is_local(code) is local
+
+
+def test_a_file_gone_between_the_listing_and_its_look_is_left_out_not_a_crash(tmp_path, monkeypatch):
+    (tmp_path / "train.py").write_text("print(1)\n")
+    (tmp_path / ".train.py.swp").write_text("x")
+    real_walk = os.walk
+
+    def walk_then_delete(*args, **kw):  # the editor removes its swap file while we look
+        for folder, dirs, names in real_walk(*args, **kw):
+            (tmp_path / ".train.py.swp").unlink(missing_ok=True)
+            yield folder, dirs, names
+
+    monkeypatch.setattr(os, "walk", walk_then_delete)
+    assert [str(p) for p, _ in pack.files(tmp_path)] == ["train.py"]
