@@ -12,8 +12,9 @@ with a note saying why, and never stops a submit. ``rows`` and ``render`` are pu
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,9 +71,38 @@ def sources(build_advisor: Callable[[], CapacityAdvisor], build_quotas: Callable
     return Sources(built.get("advice"), built.get("quotas"), why)
 
 
-def gather(spec: JobSpec, project: str, found: Sources) -> Gathered:
+ESTIMATE_WAIT = 15.0  # seconds the whole estimate may wait for Google: a submit is never held longer
+
+
+def _asked(asks: list[tuple[str, Any]], wait: float) -> dict[str, Any]:
+    """Each question on a thread of its own (a daemon: one that hangs never holds the process),
+    answers (or the exception raised) by key, for those that answered within ``wait`` seconds."""
+    answers: dict[str, Any] = {}
+    lock = threading.Lock()
+
+    def ask(key: str, call: Any) -> None:
+        try:
+            answer: Any = call()
+        except Exception as e:  # noqa: BLE001 - handed back as this question's answer
+            answer = e
+        with lock:
+            answers[key] = answer
+
+    threads = [threading.Thread(target=ask, args=(key, call), daemon=True, name=f"respawn-estimate-{key}")
+               for key, call in asks]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + wait
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    with lock:
+        return dict(answers)
+
+
+def gather(spec: JobSpec, project: str, found: Sources, wait: float = ESTIMATE_WAIT) -> Gathered:
     """Ask capacity advice (per model and region) and quotas (per region) at once, each
-    question on its own thread and each failure its own note."""
+    question on its own thread and each failure its own note; what has not answered within
+    ``wait`` seconds is a "—" too."""
     notes: list[str] = []
     advice: dict[str, dict[str, ZoneAdvice]] = {m: {} for m in spec.provisioning}
     region_quotas: dict[str, dict[str, QuotaUse]] = {}
@@ -97,15 +127,16 @@ def gather(spec: JobSpec, project: str, found: Sources) -> Gathered:
     else:
         reader = found.quotas
         asks += [(f"quotas:{r}", (lambda r=r: reader.region_quotas(project, r))) for r in regions]
-    with ThreadPoolExecutor(max_workers=max(1, min(8, len(asks)))) as pool:
-        futures = [(key, pool.submit(ask)) for key, ask in asks]
+    answers = _asked(asks, wait)
     failed: dict[str, str] = {}
-    for key, future in futures:
+    for key, _ in asks:
         kind, _, what = key.partition(":")
-        try:
-            answer = future.result()
-        except Exception as e:  # noqa: BLE001 - this source's cells say "—", the rest stand
-            failed.setdefault(f"{kind}:{what}", _reason(e))
+        answer = answers.get(key)
+        if answer is None:
+            failed.setdefault(f"{kind}:{what}", f"no answer within {wait:g} s")
+            continue
+        if isinstance(answer, BaseException):  # this source's cells say "—", the rest stand
+            failed.setdefault(f"{kind}:{what}", _reason(answer))
             continue
         if kind == "advice":
             advice[what].update(answer)

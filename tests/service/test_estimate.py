@@ -301,3 +301,28 @@ def test_run_refuses_what_a_spec_would_refuse_naming_the_field(world):
     assert result.exit_code == 2 and "--accelerator" in result.output
     result = runner.invoke(app, ["run", "-n", "bad", "-z", "nowhere", "-m", "n1-standard-8", "--", "true"])
     assert result.exit_code == 2 and "zones" in result.output and world.spec("bad") is None
+
+
+def test_a_source_that_hangs_costs_the_estimate_its_wait_at_most_and_shows_a_dash():
+    import threading
+    import time
+
+    hung = threading.Event()
+
+    class Hanging:
+        def advise(self, shape):
+            hung.wait(30)
+            return {}
+
+        def region_quotas(self, project, region):
+            hung.wait(30)
+            return {}
+
+    spec = parse_spec(yaml.safe_dump(spec_doc()), "llm")
+    started = time.monotonic()
+    try:
+        got = estimate.gather(spec, "proj-1", estimate.Sources(advisor=Hanging(), quotas=Hanging()), wait=0.3)
+    finally:
+        hung.set()
+    assert time.monotonic() - started < 5
+    assert any("no answer within 0.3 s" in note for note in got.notes)
