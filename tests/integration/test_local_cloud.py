@@ -15,7 +15,7 @@ import yaml
 from controller.core import names, notify
 from controller.core.state import JobStatus, Phase
 from localcloud.stack import LocalCloud, Options
-from tests.wait import until
+from tests.wait import stop_gently, until
 
 # A tiny trainer: one step every 0.4 s, a numbered checkpoint object per step, resumes
 # from RESUME_FROM, and prints where it started. Plain bash + curl, like the VM agent.
@@ -225,7 +225,7 @@ def test_local_up_prints_the_environment_and_stops_on_interrupt(tmp_path, stop):
     process = subprocess.Popen([sys.executable, "-m", "controller.cli", "local", "up", "--tick", "3600",
                                 "--dir", str(tmp_path)],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "COLUMNS": "200"})
+                               env={**os.environ, "COLUMNS": "200"}, start_new_session=True)
     lines: list[str] = []
     try:
         for line in process.stdout:  # type: ignore[union-attr]
@@ -243,7 +243,7 @@ def test_local_up_prints_the_environment_and_stops_on_interrupt(tmp_path, stop):
         assert "local cloud stopped" in process.stdout.read()  # type: ignore[union-attr]
         assert not source.exists()
     finally:
-        process.kill()
+        stop_gently(process)
 
 
 # -- TPU jobs: the local TPU server's nodes, each worker a real process running the agent ------

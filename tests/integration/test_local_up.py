@@ -24,7 +24,7 @@ from controller.core import names
 from controller.service.config import REPO_ROOT
 from controller.core.state import JobStatus, Phase
 from localcloud.gcs import client
-from tests.wait import until
+from tests.wait import stop_gently, until
 
 TOKEN = "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE"
 
@@ -38,7 +38,8 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     process = subprocess.Popen([sys.executable, "-m", "controller.cli", "local", "up", "--tick", "2",
                                 "--preemption-notice", "5", "--dir", str(folder)], stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, env={**shell, "COLUMNS": "200"},
-                               cwd=tmp_path_factory.mktemp("terminal-1"), stdin=subprocess.DEVNULL)
+                               cwd=tmp_path_factory.mktemp("terminal-1"), stdin=subprocess.DEVNULL,
+                               start_new_session=True)
     lines: list[str] = []
     ready = threading.Event()
 
@@ -64,7 +65,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         # The dummy token and the exports went with the local cloud.
         assert not Path(env[TOKEN]).exists() and not Path(source).exists()
     finally:
-        process.kill()
+        stop_gently(process)
 
 
 def terminal(up: dict[str, Any], home: Path) -> dict[str, str]:
