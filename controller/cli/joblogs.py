@@ -180,12 +180,17 @@ class Pace:
     def wait(self) -> None:
         while True:
             now = self.clock()
-            while self._reads and self._reads[0] <= now - 60.0:
-                self._reads.popleft()
-            if len(self._reads) < self.per_minute:
+            if (left := self.left(now)) <= 0:
                 self._reads.append(now)
                 return
-            self.sleep(self._reads[0] + 60.0 - now)
+            self.sleep(left)
+
+    def left(self, now: float | None = None) -> float:
+        """Seconds until the next read fits (0: now)."""
+        now = self.clock() if now is None else now
+        while self._reads and self._reads[0] <= now - 60.0:
+            self._reads.popleft()
+        return 0.0 if len(self._reads) < self.per_minute else self._reads[0] + 60.0 - now
 
 
 class _Delays:
@@ -343,6 +348,8 @@ class JobLogs:
         deadline = None if stop_after is None else time.monotonic() + stop_after
         while deadline is None or time.monotonic() < deadline:
             sleep(interval if deadline is None else max(0.0, min(interval, deadline - time.monotonic())))
+            if deadline is not None and time.monotonic() + self.pace.left() >= deadline:
+                return  # the next read would come after the end asked for (the pace is spent)
             try:
                 runs = [a for a in read() if a.instances]
                 index = self._index(runs)

@@ -38,7 +38,9 @@ def server() -> Iterator[LoggingServer]:
 
 @pytest.fixture
 def client(server: LoggingServer) -> cloud_logging.Client:
-    """The client `respawn logs` reads with (``logging_client``: google-cloud-logging's, over REST)."""
+    """The client `respawn logs` reads with (``logging_client``: google-cloud-logging's, over REST).
+    Each test starts with the project's read quota unspent (the server is the module's)."""
+    server.reads.clear()
     return logging_client(Settings(project=PROJECT, logging_endpoint=server.endpoint))
 
 
