@@ -250,8 +250,9 @@ def test_deep_documents_get_respawns_message_from_every_parser(monkeypatch, load
 
 def test_the_emulated_libyaml_refusal_is_what_the_installed_one_says_when_it_refuses():
     """Keeps _Libyaml026Loader honest: where libyaml >= 0.2.6 is installed, it raises the same error."""
-    if not yaml.__with_libyaml__:
-        pytest.skip("PyYAML here has no libyaml")
+    # The lock's PyYAML wheels bring libyaml on every platform it covers: a PyYAML without it
+    # was not installed from the lock.
+    assert yaml.__with_libyaml__, "PyYAML without libyaml: install the lock (make install)"
     try:
         for _ in yaml.parse("[" * 2000, Loader=yaml.CSafeLoader):  # events only: libyaml's composer is not run
             pass
