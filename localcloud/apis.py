@@ -112,9 +112,7 @@ class DiscoveryServer(Server):
         self.d = deployment
         self._lock = threading.RLock()
         self._failures: dict[str, list[int]] = defaultdict(list)
-        supported = {(r, m) for r, names in self.SUPPORTED.items() for m in names}
-        self._routes = [(m, (m.resource, m.name) in supported)
-                        for m in discovery.methods(discovery.every(self.DOC), self.DOC)]
+        self._routes = discovery.served(self.DOC, self.SUPPORTED)
 
     @property
     def endpoint(self) -> str:
@@ -145,13 +143,7 @@ class DiscoveryServer(Server):
         return app
 
     def _dispatch(self, verb: str, path: str) -> dict[str, Any]:
-        found = discovery.route(self._routes, verb, path)
-        if found is None:
-            raise ApiError(404, f"The requested URL /{path} was not found on this server.")
-        method, match, supported = found
-        name = f"{method.resource.rsplit('.', 1)[-1]}.{method.name}"
-        if not supported:
-            raise ApiError(501, f"Method {name} is not implemented by the local {self.name} server.")
+        method, match, name = discovery.resolve(self._routes, verb, path, self.name, ApiError)
         with self._lock:
             if self._failures.get(name):
                 code = self._failures[name].pop(0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -137,6 +138,28 @@ def _scalar(value: Any, spec: dict[str, Any], at: str) -> list[str]:
 
 def _snake(name: str) -> str:
     return re.sub(r"(?<!^)([A-Z])", r"_\1", name).lower()
+
+
+def served(doc: str, supported: Mapping[str, Sequence[str]]) -> list[tuple[Method, bool]]:
+    """Every method of the document as ``route`` takes them, each with whether the stand-in
+    implements it (``supported``: resource -> method names)."""
+    implemented = {(r, m) for r, names in supported.items() for m in names}
+    return [(m, (m.resource, m.name) in implemented) for m in methods(every(doc), doc)]
+
+
+def resolve(routes: list[tuple[Method, bool]], verb: str, path: str, server: str,
+            error: Callable[[int, str], Exception], qualified: bool = False) -> tuple[Method, re.Match[str], str]:
+    """``route``, answering as Google's front end does where it finds nothing (404) and as a
+    stand-in does for a method of the document it does not implement (501): (the method, its
+    path parameters, its name: ``resource.method``, the resource's last part unless ``qualified``)."""
+    found = route(routes, verb, path)
+    if found is None:
+        raise error(404, f"The requested URL /{path} was not found on this server.")
+    method, match, supported = found
+    name = f"{method.resource if qualified else method.resource.rsplit('.', 1)[-1]}.{method.name}"
+    if not supported:
+        raise error(501, f"Method {name} is not implemented by the local {server} server.")
+    return method, match, name
 
 
 def route(routes: list[tuple[Method, bool]], verb: str, path: str) -> tuple[Method, re.Match[str], bool] | None:

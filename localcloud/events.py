@@ -23,13 +23,13 @@ from cloudevents.http import CloudEvent
 log = logging.getLogger(__name__)
 
 
-class _Loop:
+class Loop:
     def __init__(self, name: str, interval: float) -> None:
         self.interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
-    def start(self) -> _Loop:
+    def start(self) -> Loop:
         self._thread.start()
         return self
 
@@ -49,7 +49,7 @@ class _Loop:
         raise NotImplementedError
 
 
-class Ticker(_Loop):
+class Ticker(Loop):
     def __init__(self, url: str, interval: float) -> None:
         super().__init__("scheduler", interval)
         self.url = url
@@ -71,7 +71,7 @@ class Ticker(_Loop):
         self.runs += 1
 
 
-class Watcher(_Loop):
+class Watcher(Loop):
     def __init__(self, gcs: Any, bucket: str, url: str, interval: float = 0.2, prefixes: tuple[str, ...] = ("",)) -> None:
         super().__init__("eventarc", interval)
         self.gcs = gcs

@@ -140,8 +140,7 @@ class LoggingServer(Server):
         self._entries: list[_Stored] = []  # sorted by key
         self._order = itertools.count(1)
         self._lock = threading.Lock()
-        supported = {(r, m) for r, names in SUPPORTED.items() for m in names}
-        self._routes = [(m, (m.resource, m.name) in supported) for m in discovery.methods(discovery.every(DOC), DOC)]
+        self._routes = discovery.served(DOC, SUPPORTED)
 
     @property
     def endpoint(self) -> str:
@@ -177,13 +176,8 @@ class LoggingServer(Server):
         return app
 
     def _dispatch(self, verb: str, path: str) -> dict[str, Any]:
-        found = discovery.route(self._routes, verb, path)
-        if found is None:
-            raise LoggingError(404, f"The requested URL /{path} was not found on this server.")
-        method, match, supported = found
-        name = f"{method.resource}.{method.name}"
-        if not supported:
-            raise LoggingError(501, f"Method {name} is not implemented by the local Cloud Logging server.")
+        method, match, name = discovery.resolve(self._routes, verb, path, "Cloud Logging", LoggingError,
+                                                qualified=True)
         body = self._body(method.request_schema) if method.request_schema else {}
         return getattr(self, f"_{name.replace('.', '_')}")(match.groupdict(), body)
 

@@ -126,8 +126,7 @@ class PubsubServer(Server):
         self._failures: dict[str, list[int]] = defaultdict(list)  # "topics.publish" -> HTTP codes to answer
         self._ids = itertools.count(int(time.time()) * 1000)
         self._lock = threading.Condition()
-        supported = {(r, m) for r, names in SUPPORTED.items() for m in names}
-        self._routes = [(m, (m.resource, m.name) in supported) for m in discovery.methods(discovery.every(DOC), DOC)]
+        self._routes = discovery.served(DOC, SUPPORTED)
 
     @property
     def endpoint(self) -> str:
@@ -173,13 +172,7 @@ class PubsubServer(Server):
         return app
 
     def _dispatch(self, verb: str, path: str) -> dict[str, Any]:
-        found = discovery.route(self._routes, verb, path)
-        if found is None:
-            raise PubsubError(404, f"The requested URL /{path} was not found on this server.")
-        method, match, supported = found
-        name = f"{method.resource.rsplit('.', 1)[-1]}.{method.name}"
-        if not supported:
-            raise PubsubError(501, f"Method {name} is not implemented by the local Pub/Sub server.")
+        method, match, name = discovery.resolve(self._routes, verb, path, "Pub/Sub", PubsubError)
         with self._lock:
             if self._failures.get(name):
                 code = self._failures[name].pop(0)

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import re
 import shlex
-import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
+
+from localcloud.events import Loop
 
 ENV_FILE = "local.env"
 # An executor log line, as controller.service.logs writes it in text form:
@@ -55,28 +56,24 @@ def action_line(line: str, source: str) -> str | None:
     return f"{found['time']} {source:<6} {found['what']}"
 
 
-class Actions:
+class Actions(Loop):
     """Follows ``function-tick.log`` and ``function-on_object.log`` in ``folder`` (where the local
     cloud's functions write) from their current end, and hands each action line to ``emit``."""
 
     SOURCES = {"function-tick.log": "tick", "function-on_object.log": "event"}
 
     def __init__(self, folder: Path, emit: Callable[[str], None], interval: float = 0.5) -> None:
+        super().__init__("respawn-local-actions", interval)
         self.folder = folder
         self.emit = emit
-        self.interval = interval
-        self._stop = threading.Event()
         self._offsets = {name: self._size(name) for name in self.SOURCES}  # from now on, not old runs'
-        self._thread = threading.Thread(target=self._run, name="respawn-local-actions", daemon=True)
-
-    def start(self) -> Actions:
-        self._thread.start()
-        return self
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+        super().stop()
         self.poll()  # what was written before the functions stopped
+
+    def once(self) -> None:
+        self.poll()
 
     def poll(self) -> None:
         for name, source in self.SOURCES.items():
@@ -98,7 +95,3 @@ class Actions:
             return (self.folder / name).stat().st_size
         except FileNotFoundError:
             return 0
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.poll()

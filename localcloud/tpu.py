@@ -175,8 +175,7 @@ class TpuServer(Host):
         self._ops: dict[str, dict[str, Any]] = {}  # full name -> operation
         self._requests: dict[tuple[str, str], dict[str, Any]] = {}  # (project, requestId) -> operation
         self._serial = 0  # nodes made so far: each gets its own loopback /24
-        supported = {(r, m) for r, names in SUPPORTED.items() for m in names}
-        self._routes = [(m, (m.resource, m.name) in supported) for m in discovery.methods(discovery.every(DOC), DOC)]
+        self._routes = discovery.served(DOC, SUPPORTED)
 
     # -- lifecycle ---------------------------------------------------------------
     def start(self) -> TpuServer:

@@ -29,12 +29,6 @@ class Backend:
     uptime: Callable[[str, float], None]
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[ComputeServer]:
-    with ComputeServer(run_vms=False) as srv:
-        yield srv
-
-
 @pytest.fixture(params=["memory", "local"])
 def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     if request.param == "memory":
@@ -44,7 +38,7 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
                       stockout=lambda z, on: (compute.stockouts.add if on else compute.stockouts.discard)(z),
                       rate=fake.preemption_rate, price=fake.spot_prices.__setitem__, uptime=fake.spot_uptime)
         return
-    srv: ComputeServer = request.getfixturevalue("server")
+    srv: ComputeServer = request.getfixturevalue("compute_server")
     advisor = capacity_advisor(Settings(bucket="b", project=PROJECT, compute_endpoint=srv.endpoint))
     yield Backend("local", advisor, stockout=lambda z, on: srv.stockout(z, on), rate=srv.preemption_rate,
                   price=srv.spot_price, uptime=srv.spot_uptime)

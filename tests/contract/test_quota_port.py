@@ -28,12 +28,6 @@ class Backend:
     exhaust: Callable[[str, bool], None]
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[ComputeServer]:
-    with ComputeServer(run_vms=False) as srv:
-        yield srv
-
-
 @pytest.fixture(params=["memory", "local"])
 def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     if request.param == "memory":
@@ -42,7 +36,7 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
         yield Backend(fake, compute, limit=lambda r, m, n: fake.limits.setdefault(r, {}).__setitem__(m, n),
                       exhaust=lambda z, on: (compute.quota_exhausted.add if on else compute.quota_exhausted.discard)(z))
         return
-    srv: ComputeServer = request.getfixturevalue("server")
+    srv: ComputeServer = request.getfixturevalue("compute_server")
     settings = Settings(bucket="b", project=PROJECT, compute_endpoint=srv.endpoint)
     yield Backend(quota_reader(settings), compute_gateway(settings), limit=srv.quota_limit,
                   exhaust=lambda z, on: srv.quota(z, on))
@@ -79,8 +73,8 @@ def test_a_region_out_of_quota_lists_its_gpu_limits_as_zero(backend):
     assert backend.reader.region_quotas(PROJECT, "us-east1")["NVIDIA_L4_GPUS"].limit > 0
 
 
-def test_an_unknown_region_is_a_respawn_error_on_the_real_adapter(server):
-    reader = quota_reader(Settings(bucket="b", project=PROJECT, compute_endpoint=server.endpoint))
+def test_an_unknown_region_is_a_respawn_error_on_the_real_adapter(compute_server):
+    reader = quota_reader(Settings(bucket="b", project=PROJECT, compute_endpoint=compute_server.endpoint))
     with pytest.raises(errors.NotFound):
         reader.region_quotas(PROJECT, "mars-north1")
 
