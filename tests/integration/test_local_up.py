@@ -168,8 +168,13 @@ def test_respawn_heals_a_job_preempted_from_another_terminal(up, tmp_path):
     assert final.phase == Phase.SUCCEEDED, final.message
     assert (final.attempt, final.preemptions, final.failures, final.zone) == (2, 1, 0, "us-central1-b")
     assert final.resume_from is not None and final.resume_from.step
-    # The terminal running the local cloud showed the controller at work, a line per action.
-    shown = "".join(up["lines"])
-    for action in ("create mine-1 in us-central1-a: done", "create mine-2 in us-central1-b: done",
-                   "status SUCCEEDED attempt 2"):
-        assert action in shown, shown[-3000:]
+    # The terminal running the local cloud showed the controller at work, a line per action. It
+    # follows the functions' logs every half second, so the last line may come a moment after the
+    # status it reports was written.
+    actions = ("create mine-1 in us-central1-a: done", "create mine-2 in us-central1-b: done",
+               "status SUCCEEDED attempt 2")
+    try:
+        until("the actions shown", lambda: all(action in "".join(up["lines"]) for action in actions), 10)
+    except AssertionError:
+        shown = "".join(up["lines"])
+        assert [a for a in actions if a not in shown] == [], shown[-3000:]
