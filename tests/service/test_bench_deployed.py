@@ -1,0 +1,92 @@
+"""bench/deployed.py, the function as deployed, run once at a tiny size with its latencies scaled down.
+
+Behaviour only: the RSS is the function process's, the requests were counted at the HTTP layer
+(list pages among them), the cold starts were fresh processes. The figures come from
+``python -m bench.deployed``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from bench import deployed
+from controller.adapters.gcs import GcsStore
+from controller.core import errors
+from localcloud.gcs import client
+from localcloud.http import Served
+
+
+def test_the_deployed_function_is_measured_at_a_tiny_size():
+    out = deployed.measure(scale=0.01, jobs=20, quick=True)
+    # The peak RSS is read from the gunicorn worker that ran the ticks: a child of the function's
+    # master process (functions-framework), neither of them this test's process.
+    assert out["function_pid"] != os.getpid() and out["function_master_pid"] != os.getpid()
+    assert out["function_parent_pid"] == out["function_master_pid"]
+    assert "functions_framework" in out["function_cmdline"] and "--target tick" in out["function_cmdline"]
+    assert out["function_rss_source"] == f"/proc/{out['function_pid']}/status VmHWM"
+    assert out["function_rss_20_mib"] > 0 and out["function_master_rss_mib"] > 0
+    # Requests were counted by the servers, per HTTP request: list pages and the aggregated list among them.
+    counted = out["tick_20_http_requests"]
+    assert counted["total"] > 0 and out["tick_20_http_requests_per_job"] == round(counted["total"] / 20, 3)
+    assert sum(v for k, v in counted["gcs"].items() if k.startswith("list ")) >= 1
+    assert sum(v for k, v in counted["compute"].items() if k.startswith("instances.aggregatedList ")) >= 1
+    assert not any(k.startswith("unimplemented") for k in counted["gcs"])
+    assert out["deployed_tick_summary"]["jobs_seen"] == 20 and not out["deployed_tick_summary"]["errors"]
+    # Cold starts: fresh processes, each its own pid, none of them the measured instance or this test.
+    runs = out["cold_start_runs"]["unlimited"] + out["cold_start_runs"]["third_vcpu"]
+    pids = {r["pid"] for r in runs}
+    assert len(pids) == len(runs) == out["cold_start_fresh_processes"] >= 1
+    assert not pids & {os.getpid(), out["function_pid"], out["function_master_pid"]}
+    assert all(0 < r["listening_s"] < r["wall_s"] and r["cpu_s"] > 0 for r in runs)
+    assert out["cold_start_http_requests"].get("instances.aggregatedList 200", 0) >= len(out["cold_start_runs"]["unlimited"])
+    assert out["cold_start_third_vcpu_method"].startswith(("measured: cgroup", "computed: wall + 2 x CPU-seconds"))
+    assert {row[0].strip().split(",")[0] for row in out["rows"]} >= {"cold start", "function peak RSS"}
+
+
+@pytest.fixture
+def standin():
+    app = deployed.GcsStandIn(("b",))
+    served = Served(app, "gcs-standin-test", threads=8)
+    try:
+        yield app, GcsStore(client(served.url, "p"), page_size=2)
+    finally:
+        served.stop()
+
+
+def test_the_gcs_standin_keeps_generations_and_preconditions(standin):
+    app, store = standin
+    first = store.write("b", "jobs/a/spec.yaml", b"one")
+    assert store.read("b", "jobs/a/spec.yaml").data == b"one"
+    with pytest.raises(errors.PreconditionFailed):
+        store.write("b", "jobs/a/spec.yaml", b"two", if_generation_match=0)
+    second = store.write("b", "jobs/a/spec.yaml", b"two", if_generation_match=first.generation)
+    assert second.generation > first.generation
+    with pytest.raises(errors.NotFound):  # replaced since it was listed
+        store.read_listed(first)
+    assert store.read_listed(second) == b"two"
+    with pytest.raises(errors.PreconditionFailed):
+        store.delete("b", "jobs/a/spec.yaml", if_generation_match=first.generation)
+    store.delete("b", "jobs/a/spec.yaml", if_generation_match=second.generation)
+    with pytest.raises(errors.NotFound):
+        store.stat("b", "jobs/a/spec.yaml")
+
+
+def test_the_gcs_standin_lists_by_prefix_a_page_at_a_time(standin):
+    app, store = standin
+    for name in ("jobs/a/x", "jobs/b/x", "jobs/c/x", "jobs/d/x", "jobs/e/x", "other/x", "jobr"):
+        store.write("b", name, b"")
+    app.counts.clear()
+    assert [i.name for i in store.list("b", "jobs/")] == [f"jobs/{c}/x" for c in "abcde"]
+    assert app.counts["list 200"] == 3  # 2 + 2 + 1: a request per page
+    assert store.list("b", "nothing/") == []
+
+
+def test_the_gcs_standin_refuses_a_second_write_within_the_interval(standin):
+    app, store = standin
+    app.write_interval = 1.0
+    store.write("b", "o", b"1")
+    store.write("b", "o", b"2")  # 429 rateLimitExceeded, then google-cloud-storage's own retry a second on
+    assert app.counts["upload 429"] >= 1 and app.counts["upload 200"] == 2
+    assert store.read("b", "o").data == b"2"
