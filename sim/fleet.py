@@ -21,8 +21,8 @@ controller's advice (``respawn-checkpoint-every-s``), a fixed 30 minutes, or the
 interval the sim computes from the zones' mean lifetime and ``C``. At the preemption notice
 (``L`` after the VM's creation) training stops; a save under way completes if it can land
 before the hard-off (``notice_s`` later) less ``marker_margin_s``, and everything since the
-last complete save is lost. From the notice the instance is STOPPING, no longer RUNNING nor
-paid. A VM that did not miss the notice and whose agent is up writes the preemption marker
+last complete save is lost. From the notice the instance is STOPPING, no longer RUNNING,
+but still billed until the hard-off (Google bills a VM until it is STOPPED or TERMINATED). A VM that did not miss the notice and whose agent is up writes the preemption marker
 once the trainer exited (at once, or after that last save); the event function, where the
 policy has one, runs ``event_delay_s`` later. At the hard-off a VM still there becomes
 TERMINATED (Compute records the preemption).
@@ -52,6 +52,7 @@ from controller.core.policy import ControllerPolicy
 from controller.core.ports import InstanceRequest, InstanceStatus
 from controller.core.state import JobStatus, Phase
 
+from sim.advice import GoogleLikeAdvisor
 from sim.model import Params, Trace, best_interval, young_daly
 
 BUCKET, CKPT_BUCKET, PROJECT = "respawn-sim", "sim-ckpts", "sim-proj"
@@ -68,7 +69,11 @@ POLICIES: dict[str, tuple[str, str, bool]] = {
     "poll-15s": ("poll", "sim", False),
     "mig-same-zone": ("mig", "sim", False),
     "ideal": ("ideal", "optimal", False),
+    "best-zone-wait": ("bestzone", "optimal", False),
 }
+# The ceiling's checks: policies that see the trace's truth (each zone's true mean lifetime, live
+# stockouts) by construction, whatever the advice. Never in the headline.
+REFERENCE_POLICIES = ("ideal", "best-zone-wait")
 DESCRIPTIONS = {
     "respawn": "events + 1-min tick, capacity placement; trainer follows the controller's interval",
     "respawn-tick-only": "1-min tick only (no events); interval as respawn",
@@ -77,7 +82,9 @@ DESCRIPTIONS = {
     "mig-same-zone": "MIG-like: recreates the VM in its one zone, no failover",
     "ideal": "the ceiling's policy, simulated on the same draws: at the notice, a new VM in the best available zone; "
              "per-zone optimal interval",
-    "ceiling": "ideal: instant recovery in the best available zone, optimal interval (analytic)",
+    "best-zone-wait": "oracle: only the zone with the longest true mean lifetime, waits out its stockouts; "
+                      "its optimal interval (goodput counts no waiting: this is what the bound is about)",
+    "ceiling": "upper bound: the best zone's best expected goodput over every save schedule (analytic)",
 }
 
 
@@ -124,6 +131,7 @@ class JobState:
     committed: int = 0  # training seconds in the newest complete save
     saves: list[int] = field(default_factory=list)  # complete saves' steps, oldest first
     partial: set[int] = field(default_factory=set)  # step dirs without their marker
+    finished: float | None = None  # when the newest complete save first held train_h of training
     losses: list[float] = field(default_factory=list)  # loss times waiting for a replacement
     recoveries: list[float] = field(default_factory=list)  # loss -> replacement RUNNING
     resumes: list[float] = field(default_factory=list)  # loss -> trainer training again
@@ -162,23 +170,36 @@ class Fleet:
         self.clock = SimClock(START)
         self.store = MemoryStore(self.clock)
         self.compute = MemoryCompute(self.clock)
-        self.advisor = MemoryAdvisor(self.compute, regions=sorted({z.rsplit("-", 1)[0] for z in trace.zones}))
-        # The advice Compute gives: the true mean lifetime per zone (as the Spot estimated uptime;
-        # every Spot VM that stops here is preempted: a preemption rate of 1), obtainability 0
-        # where the fake is stocked out now.
-        if self.p.advice == "true":
-            self.advisor.uptimes.update({n: z.mean_s for n, z in trace.zones.items()})
-            self.advisor.rates.update({n: 1.0 for n in trace.zones})
-        else:  # obtainability only: no Spot uptime or preemption rate at all
-            self.advisor.spot_estimates = False
         self.now = 0.0
+        self.advisor: MemoryAdvisor | GoogleLikeAdvisor
+        if self.p.advice == "as-google-gives":  # the headline: sim/advice.py
+            self.advisor = GoogleLikeAdvisor(trace, lambda: self.now)
+        else:
+            self.advisor = MemoryAdvisor(self.compute, regions=sorted({z.rsplit("-", 1)[0] for z in trace.zones}))
+            if self.p.advice == "oracle":
+                # "If advice were perfect": each zone's true mean lifetime as its Spot estimated
+                # uptime (every Spot VM that stops here is preempted: a preemption rate of 1), and
+                # obtainability 0 exactly while the fake is stocked out.
+                self.advisor.uptimes.update({n: z.mean_s for n, z in trace.zones.items()})
+                self.advisor.rates.update({n: 1.0 for n in trace.zones})
+            elif self.p.advice == "obtainability":  # live stockouts only: no Spot uptime or rate
+                self.advisor.spot_estimates = False
+            else:
+                raise ValueError(f"unknown advice: {self.p.advice!r}")
         self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self._seq = 0
         self.vms: dict[tuple[str, str], Vm] = {}
         self.alive: dict[tuple[str, str], Vm] = {}  # not ended yet
         self.jobs = {name: JobState(name) for name in trace.jobs}
         self.n = Counters()
-        self.sim_interval = young_daly(self.p.checkpoint_cost_s, trace.mean_lifetime_s)
+        # The baselines' interval: Young/Daly from the lifetime figure a user has. With advice as
+        # Google gives it, that is the mean of the zones' estimatedUptime at the start (a noisy
+        # median); only the oracle runs (and the legacy obtainability-only run) get the true mean.
+        if isinstance(self.advisor, GoogleLikeAdvisor):
+            published = sum(self.advisor.uptime(z, 0.0) for z in trace.zones) / len(trace.zones)
+        else:
+            published = trace.mean_lifetime_s
+        self.sim_interval = young_daly(self.p.checkpoint_cost_s, published)
         self.optimal = {n: best_interval(z, self.p)[0] for n, z in trace.zones.items()} \
             if self.interval_mode == "optimal" else {}
         self.tokens = random.Random(f"tokens-{self.p.seed}")
@@ -202,7 +223,7 @@ class Fleet:
         if self.kind == "engine":
             self._start_engine()
         else:
-            self.baseline = {"poll": PollLoop, "mig": MigLike, "ideal": Ideal}[self.kind](self)
+            self.baseline = {"poll": PollLoop, "mig": MigLike, "ideal": Ideal, "bestzone": BestZoneWait}[self.kind](self)
             self.baseline.start()
         while self._heap and self._heap[0][0] <= p.horizon_s:
             t, _, fn, args = heapq.heappop(self._heap)
@@ -397,6 +418,8 @@ class Fleet:
         self.n.saves += 1
         js.partial.discard(step)
         js.committed = max(js.committed, step)
+        if js.finished is None and js.committed >= self.p.train_h * 3600:
+            js.finished = self.now
         if step not in js.saves:
             js.saves.append(step)
             js.saves.sort()
@@ -481,10 +504,17 @@ class Fleet:
     def results(self) -> dict[str, Any]:
         p = self.p
         horizon = p.horizon_s
-        # Paid while RUNNING: from the insert (boot included) to the notice (STOPPING from then),
-        # or to the delete if a controller deleted it first.
-        paid = sum(max(0.0, min(vm.ended if vm.ended is not None else horizon, vm.notice, horizon) - vm.created)
-                   for vm in self.vms.values())
+        paid = sum(self.billed(vm, horizon) for vm in self.vms.values())
+        # The fixed amount of training (train_h): when each job's newest complete save first held
+        # it, and what its VMs were billed until then. A job that never got there within the
+        # horizon counts the horizon (a lower bound: "censored").
+        price = p.price_gpu_h * p.gpus_per_vm / 3600
+        finish = {job: js.finished for job, js in self.jobs.items()}
+        by_job: dict[str, float] = dict.fromkeys(self.jobs, 0.0)
+        for vm in self.vms.values():
+            by_job[vm.job] += self.billed(vm, finish[vm.job] if finish[vm.job] is not None else horizon)
+        unfinished = [job for job, t in finish.items() if t is None]
+        times = [t if t is not None else horizon for t in finish.values()]
         useful = float(sum(js.committed for js in self.jobs.values()))
         recoveries = [r for js in self.jobs.values() for r in js.recoveries]
         resumes = [r for js in self.jobs.values() for r in js.resumes]
@@ -502,7 +532,11 @@ class Fleet:
             "accelerator_hours_lost": paid_h - useful_h,
             "cost": cost,
             "cost_per_useful_accelerator_hour": cost / useful_h if useful_h else None,
-            "training_share_of_wall_time": useful / (horizon * len(self.jobs)),
+            "training_share": useful / (horizon * len(self.jobs)),
+            "time_to_train_h": sum(times) / len(times) / 3600,
+            "usd_per_job": sum(by_job.values()) / len(by_job) * price,
+            "jobs_unfinished": len(unfinished),
+            "time_to_train_per_job_h": {job: t / 3600 for job, t in zip(finish, times)},
             "losses": sum(len(js.recoveries) + len(js.losses) for js in self.jobs.values()),
             "unrecovered_at_end": sum(len(js.losses) for js in self.jobs.values()),
             "mean_interval_s": sum(intervals) / len(intervals) if intervals else None,
@@ -517,6 +551,16 @@ class Fleet:
         if self.engine is not None:
             out["controller_ledger"] = self._ledger()
         return out
+
+    def billed(self, vm: Vm, until: float) -> float:
+        """Seconds Google bills ``vm`` up to ``until``: from its insert (boot included) until it is
+        STOPPED or TERMINATED. A preempted VM is billed through its notice to the hard-off, whatever
+        a controller does meanwhile; one a controller deleted before any notice, until the delete."""
+        if vm.ended is not None and vm.ended < vm.notice:
+            end = vm.ended
+        else:
+            end = vm.notice + self.p.notice_s
+        return max(0.0, min(end, until) - vm.created)
 
     def _ledger(self) -> dict[str, Any] | None:
         """What the controller's own goodput ledger says (where this version has one)."""
@@ -688,6 +732,35 @@ class Ideal(Baseline):
             self.live[job] = None
             f.sync()
         back = min(b for z in f.trace.zones.values() for a, b in z.stockouts if a <= f.now < b)
+        f.at(back, self.launch, job)
+
+
+class BestZoneWait(Ideal):
+    """The check on the ceiling: an oracle that uses only the zone with the longest true mean
+    lifetime, recovers there at once, and waits out its stockouts (waiting is not billed, so it
+    costs goodput nothing); its trainer saves on that zone's optimal fixed interval."""
+
+    def best(self) -> str:
+        zones = self.f.trace.zones
+        return max(zones, key=lambda z: zones[z].mean_s)
+
+    def zones_to_try(self, job: str) -> list[str]:
+        best = self.best()
+        return [] if best in self.f.compute.stockouts else [best]
+
+    def launch(self, job: str) -> None:
+        f = self.f
+        if self.zones_to_try(job):
+            Baseline.launch(self, job)
+            return
+        if (old := self.live.get(job)) is not None:
+            zone = next((i.zone for i in f.compute.all() if i.name == old), None)
+            if zone is not None:
+                f.compute.delete(PROJECT, zone, old)
+            self.live[job] = None
+            f.sync()
+        best = self.best()
+        back = min(b for a, b in f.trace.zones[best].stockouts if a <= f.now < b)
         f.at(back, self.launch, job)
 
 

@@ -1,4 +1,4 @@
-"""The simulated world's parameters, its traces, and the analytic ceiling.
+"""The simulated world's parameters, its traces, and the goodput ceiling.
 
 A **trace** is everything random about a week of the fleet, drawn once per seed and shared
 by every policy, so that policies are compared on the same weather:
@@ -12,24 +12,35 @@ by every policy, so that policies are compared on the same weather:
   Weibull of the zone the policy put it in, so a policy that picks a better zone gets a
   longer life from the same draw.
 
-The **ceiling** (``ceiling``) is the expected goodput of an ideal policy over the same
-model: at every loss it recovers at once (no detection, no wait: only the new VM's boot)
-in the best zone available at that moment, and its trainer checkpoints on the interval that
-is optimal for that zone. For one zone, with lifetime ``L`` (creation to the preemption
-notice; survival ``S(t) = exp(-(t/λ)^k)``), boot ``b``, interval ``τ`` (training between
-saves) and checkpoint cost ``C``, the *i*-th save completes at ``b + i(τ + C)`` and counts
-when it is done before the hard-off minus a margin (``L + notice - margin``); the ideal
-pays ``L`` (it deletes the VM at the notice). By renewal-reward, exactly for this model::
+**Paid time** is what Google bills: a VM is billed from its insert (boot included) until it is
+STOPPED or TERMINATED. A preempted Spot VM is billed through its notice, to the hard-off
+(``L + notice``), whatever the controller does meanwhile; a VM a controller deletes before any
+notice is billed until the delete. (The sim models no crash or hang, so no VM bills while
+nobody notices it is dead: see ``sim/__init__.py``.)
 
-    G_z(τ) = τ · Σ_{i≥1} E_b[ S_z(b + i(τ + C) - (notice - margin)) ] / E[L_z],
-    E[L_z] = λ_z Γ(1 + 1/k)
+**The ceiling** (``ceiling``) is an upper bound on the expected goodput of *any* policy in this
+model. A job's goodput is the useful training its VMs commit over what they are billed, a
+ratio of sums over its VMs; each VM's lives are independent of what came before, so no
+policy can expect more than the best zone's best ratio. For one zone with lifetime ``L``
+(creation to the notice; survival ``S(t) = exp(-(t/λ)^k)``), boot ``b`` and checkpoint cost
+``C``, a save that completes at age ``t`` counts when ``L ≥ t - (notice - margin)``; the
+trainer may save at *any* ages it likes (not only on a fixed interval: Weibull k < 1 makes
+older VMs safer, so the best schedule stretches with age). The best expected useful time
+from age ``t``, ``V(t) = max(0, max_{t' ≥ t + C} (t' - t - C) S(t' - slack) + V(t'))``, is
+solved by dynamic programming on a grid of ages (steps of 5 s, growing 0.2 % per step), and::
 
-maximised over ``τ`` per zone; zones are mixed by the share of time each is the best one
-available on the trace (time with no zone available costs an ideal policy nothing: it pays
-for no VM): ``G = Σ w_z G_z E[L_z] / Σ w_z E[L_z]``. The first-order Young/Daly
-approximation of the same quantity, reported beside it, is
-``(τ / (τ + C)) · (1 - (b + (τ + C)/2) / M)`` with ``τ = √(2CM)`` and ``M`` the ideal's
-mean lifetime.
+    G_z* = E_b[V(b)] / (E[L_z] + notice),   E[L_z] = λ_z Γ(1 + 1/k);   ceiling = max_z G_z*
+
+A policy that waits is not charged for waiting (goodput is a ratio), so a policy that runs
+only in the best zone and waits out its stockouts approaches this bound; recovering at once
+in a worse zone lowers the ratio. The bound is on expectations: a finite week's measured ratio
+may exceed it by noise, which the results flag (``exceeded_by``).
+
+Beside it, ``reference_ideal``: the expected goodput of the ``ideal`` policy (at every loss, a
+new VM at once in the best zone available, on that zone's optimal *fixed* interval): the
+zones' ``G_z(τ_z*)`` weighted by the share of paid time each is the best one available. It is a
+reference, not a bound (the best-zone-and-wait policy exceeds it). The first-order Young/Daly
+approximation ``(τ / (τ + C)) · (1 - (b + (τ + C)/2) / M)``, ``τ = √(2CM)``, is reported too.
 """
 
 from __future__ import annotations
@@ -75,10 +86,21 @@ class Params:
     keep_checkpoints: int = 3
     price_gpu_h: float = 1.47  # US$ per GPU-hour, Spot
     gpus_per_vm: int = 1
-    policies: tuple[str, ...] = ()  # empty: all
-    # What capacity advice tells respawn: "true", each zone's true mean lifetime (as its Spot
-    # estimated uptime) and obtainability; "obtainability", only whether a zone has capacity now.
-    advice: str = "true"
+    policies: tuple[str, ...] = ()  # empty: the section's own
+    # What capacity advice tells the controllers (sim/advice.py):
+    # "as-google-gives" (the headline): obtainability a noisy, lagging score; estimatedUptime a
+    #   noisy estimate of the zone's *median* lifetime; preemptionRate a fraction 0..1 that says
+    #   nothing of how soon; no lifetime truth anywhere;
+    # "oracle": each zone's true mean lifetime and live stockouts ("if advice were perfect");
+    # "obtainability": live stockouts only (perfect), no Spot uptime or rate.
+    advice: str = "as-google-gives"
+    advice_uptime_sigma: float = 0.3  # estimatedUptime = true median x lognormal(0, sigma) ...
+    advice_uptime_refresh_h: float = 24.0  # ... the factor redrawn per zone this often
+    advice_obtainability_sd: float = 0.15  # normal noise on the score, then rounded to 0.1
+    advice_obtainability_lag_s: float = 600.0  # the score reflects the zone's capacity this long ago
+    advice_rate_range: tuple[float, float] = (0.6, 1.0)  # preemptionRate per zone and day, unrelated to lifetime
+    # A fixed amount of training per job: time_to_train_h and usd_per_job are for this much.
+    train_h: float = 24.0
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -186,8 +208,13 @@ def _boot_points(p: Params, n: int = 9) -> list[float]:
     return [lo + (hi - lo) * (i + 0.5) / n for i in range(n)] if hi > lo else [lo]
 
 
+def paid_per_life(z: Zone, p: Params) -> float:
+    """E[billed seconds] of one VM in zone ``z`` that lives to its preemption: through the notice."""
+    return z.mean_s + p.notice_s
+
+
 def zone_goodput(z: Zone, tau: float, p: Params) -> float:
-    """G_z(τ): committed training per paid second in zone ``z`` (module docstring)."""
+    """G_z(τ): committed training per billed second in zone ``z``, saving every ``τ`` of training."""
     k, lam = p.weibull_k, z.scale_s
     slack = p.notice_s - p.marker_margin_s
     boots = _boot_points(p)
@@ -201,12 +228,12 @@ def zone_goodput(z: Zone, tau: float, p: Params) -> float:
             if s < 1e-12:
                 break
             i += 1
-    return tau * useful / len(boots) / z.mean_s
+    return tau * useful / len(boots) / paid_per_life(z, p)
 
 
 def best_interval(z: Zone, p: Params) -> tuple[float, float]:
     """(τ*, G_z(τ*)) by a coarse grid, then golden-section search around its best point."""
-    grid = [60.0 * 1.15**i for i in range(45)]  # 60 s .. ~8 h
+    grid = [60.0 * 1.15**i for i in range(60)]  # 60 s .. ~1 week
     values = [zone_goodput(z, t, p) for t in grid]
     at = max(range(len(grid)), key=values.__getitem__)
     lo, hi = grid[max(0, at - 1)], grid[min(len(grid) - 1, at + 1)]
@@ -219,6 +246,30 @@ def best_interval(z: Zone, p: Params) -> tuple[float, float]:
             lo = a
     tau = (lo + hi) / 2
     return tau, zone_goodput(z, tau, p)
+
+
+def zone_bound(z: Zone, p: Params) -> float:
+    """G_z*: the best expected goodput in zone ``z`` over every save schedule (module docstring)."""
+    import numpy as np  # noqa: PLC0415 - only the ceiling needs it
+
+    k, lam, c = p.weibull_k, z.scale_s, p.checkpoint_cost_s
+    slack = p.notice_s - p.marker_margin_s
+    end = lam * (-math.log(1e-9)) ** (1 / k) + slack + c  # survival 1e-9: nothing left to gain
+    ages, t = [], 0.0
+    while t < end:
+        ages.append(t)
+        t += max(5.0, 0.002 * t)
+    grid = np.array(ages)
+    surv = np.exp(-np.power(np.clip(grid - slack, 0.0, None) / lam, k))
+    value = np.zeros_like(grid)
+    n = len(grid)
+    for j in range(n - 1, -1, -1):
+        first = int(np.searchsorted(grid, grid[j] + c))
+        if first < n:
+            value[j] = max(0.0, float(np.max((grid[first:] - grid[j] - c) * surv[first:] + value[first:])))
+    boots = _boot_points(p)
+    at = [max(0, int(np.searchsorted(grid, b, side="right")) - 1) for b in boots]  # the age at or before b
+    return float(np.mean(value[at])) / paid_per_life(z, p)
 
 
 def best_zone_shares(trace: Trace) -> dict[str, float]:
@@ -237,23 +288,30 @@ def best_zone_shares(trace: Trace) -> dict[str, float]:
 
 
 def ceiling(trace: Trace) -> dict[str, Any]:
+    """The upper bound (``goodput``), the ideal policy's expected goodput (``reference_ideal``)
+    and the first-order Young/Daly figure, for one trace (module docstring)."""
     p = trace.params
     shares = best_zone_shares(trace)
     per_zone = {name: best_interval(z, p) for name, z in trace.zones.items()}
-    paid = sum(shares[n] * z.mean_s for n, z in trace.zones.items())
-    useful = sum(shares[n] * per_zone[n][1] * z.mean_s for n, z in trace.zones.items())
-    m = paid  # the ideal's mean lifetime
+    bounds = {name: zone_bound(z, p) for name, z in trace.zones.items()}
+    best = max(bounds, key=bounds.__getitem__)
+    # The ideal is always running in the best zone available: its paid time in z is z's share.
+    reference = sum(shares[n] * per_zone[n][1] for n in trace.zones)
+    m = sum(shares[n] * z.mean_s for n, z in trace.zones.items())
     c, b = p.checkpoint_cost_s, sum(p.boot_s) / 2
     tau = math.sqrt(2 * c * m)
-    young_daly = (tau / (tau + c)) * (1 - (b + (tau + c) / 2) / m)
+    young_daly_g = (tau / (tau + c)) * (1 - (b + (tau + c) / 2) / m)
     return {
-        "goodput": useful / paid,
-        "young_daly_goodput": young_daly,
+        "goodput": bounds[best],
+        "best_zone": best,
+        "zone_bound": bounds,
+        "reference_ideal": reference,
+        "young_daly_goodput": young_daly_g,
         "young_daly_interval_s": tau,
         "mean_lifetime_s": m,
         "best_zone_shares": shares,
         "intervals_s": {n: v[0] for n, v in per_zone.items()},
-        "zone_goodput": {n: v[1] for n, v in per_zone.items()},
+        "zone_goodput_fixed_interval": {n: v[1] for n, v in per_zone.items()},
     }
 
 
