@@ -40,7 +40,7 @@ from localcloud.host import Host, json_response
 from localcloud.http import Served
 from localcloud.operations import OperationsApi
 from localcloud.metadata import MetadataServer, Tokens, service_account
-from localcloud.realism import Realism
+from localcloud.realism import Realism, quota_group
 from localcloud.vm import VmProcess
 
 SUPPORTED = {
@@ -122,6 +122,8 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
             self.faults.insert_seconds = self.realism.insert_seconds
         if self.realism.delete_seconds is not None:
             self.faults.delete_seconds = self.realism.delete_seconds
+        self._rate_windows: dict[tuple[str, str], tuple[int, int]] = {}  # (project, group) -> (minute, requests)
+        self.rate_refusals = 0  # 403 rateLimitExceeded answered (the rate quotas)
         self._bulk_calls: dict[str, deque[float]] = defaultdict(deque)  # project -> bulkInsert arrivals, last second
         self._bulk_running: dict[str, list[dict[str, Any]]] = defaultdict(list)  # project -> bulk operations
         self._vms: dict[tuple[str, str, str], Vm] = {}
@@ -311,6 +313,7 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
             raise ApiError(404, f"The requested URL /compute/v1/{path} was not found on this server.", "notFound")
         name = f"{method.resource}.{method.name}"
         self._delay(name)
+        self._rate_quota(match.groupdict().get("project", ""), name)
         if name in BULK:
             self._bulk_rate(match.group("project"))
         with self._lock:
@@ -390,16 +393,23 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
             unreachable = sorted(self.faults.unreachable)
         predicate = gce.compile_list_filter(q.get("filter"))
         zones = sorted(set(self.zones) | {vm.zone for vm in vms})
-        # Paging is over scopes here; a page never splits a zone (real pages may).
-        scopes, token = gce.page(zones, q)
-        items: dict[str, Any] = {}
-        for zone in scopes:
+        # Paged by items, as Google pages (maxResults, at most 500 instances a page; a zone's
+        # instances may span pages): each zone is one entry when it has none (its warning).
+        entries: list[tuple[str, Any]] = []
+        for zone in zones:
             if zone in unreachable:
                 continue
             found = [vm.resource for vm in vms if vm.zone == zone and predicate(vm.resource)]
-            items[f"zones/{zone}"] = {"instances": found} if found else {"warning": {
-                "code": "NO_RESULTS_ON_PAGE", "message": f"There are no results for scope 'zones/{zone}' on this page.",
-                "data": [{"key": "scope", "value": f"zones/{zone}"}]}}
+            entries += [(zone, r) for r in found] if found else [(zone, None)]
+        paged, token = gce.page(entries, q)
+        items: dict[str, Any] = {}
+        for zone, resource in paged:
+            if resource is not None:
+                items.setdefault(f"zones/{zone}", {"instances": []})["instances"].append(resource)
+            else:
+                items[f"zones/{zone}"] = {"warning": {
+                    "code": "NO_RESULTS_ON_PAGE", "message": f"There are no results for scope 'zones/{zone}' on this page.",
+                    "data": [{"key": "scope", "value": f"zones/{zone}"}]}}
         out: dict[str, Any] = {"kind": "compute#instanceAggregatedList", "id": f"projects/{project}/aggregated/instances",
                                "items": items, "selfLink": f"{self.urls.base}projects/{project}/aggregated/instances"}
         if unreachable:
@@ -736,7 +746,23 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
         """The call's latency, slept in this request's own thread (others overlap it, as on Google)."""
         seconds = self.realism.compute_delay(method) if method else self.realism.compute_latency
         if seconds > 0:
-            time.sleep(seconds)
+            time.sleep(self.realism.draw(seconds))
+
+    def _rate_quota(self, project: str, method: str) -> None:
+        """Compute's per-minute rate quota of the method's group (``realism.quota_group``), per
+        project and synchronized minute: beyond it, 403 rateLimitExceeded (a refused request is
+        not counted against the minute; the same rule as bench/fakes.py's)."""
+        limit = self.realism.rate_quota_per_minute
+        if limit is None:
+            return
+        key, minute = (project, quota_group(method)), int(time.monotonic() // 60)
+        with self._lock:
+            window, used = self._rate_windows.get(key, (minute, 0))
+            used = used if window == minute else 0
+            self._rate_windows[key] = (minute, min(used + 1, limit))
+            self.rate_refusals += used >= limit
+        if used >= limit:
+            raise gce.rate_limited(project)
 
     def _bulk_rate(self, project: str) -> None:
         """At most ``bulk_requests_per_second`` bulkInsert calls per project in any one second

@@ -103,6 +103,7 @@ class LocalGcs:
         self.project = project
         self.write_interval = write_interval if write_interval is not None else realism.gcs_write_interval
         self.latency = latency if latency is not None else realism.gcs_latency  # seconds, every request
+        self.draw = realism.draw  # one request's latency around ``latency`` (the profile's spread, seeded)
         self.pin_generations = pin_generations
         self._server = FakeGCSServer()
         self._served: Served | None = None
@@ -168,7 +169,7 @@ class LocalGcs:
     def _proxy(self, environ: dict[str, Any], start_response: Any) -> Any:
         request = Request(environ)
         if self.latency > 0:
-            time.sleep(self.latency)  # in this request's own thread: concurrent requests overlap
+            time.sleep(self.draw(self.latency))  # in this request's own thread: concurrent requests overlap
         try:
             response = self._handle(request)
         except _Refusal as refusal:

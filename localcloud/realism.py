@@ -13,7 +13,95 @@ requests overlap, as they do on Google.
 
 from __future__ import annotations
 
+import math
+import random
 from dataclasses import dataclass, field, replace
+
+# z of the 99th percentile of a normal distribution: a lognormal's p99 is median * exp(2.326 sigma).
+_Z99 = 2.3263
+
+
+@dataclass(frozen=True)
+class Lognormal:
+    """A duration drawn around ``median`` whose 99th percentile is ``p99`` (seconds)."""
+
+    median: float
+    p99: float
+
+    @property
+    def sigma(self) -> float:
+        return 0.0 if self.median <= 0 or self.p99 <= self.median else math.log(self.p99 / self.median) / _Z99
+
+    def draw(self, rng: random.Random | None = None, scale: float = 1.0) -> float:
+        if self.median <= 0:
+            return 0.0
+        return scale * self.median * math.exp((rng or random).gauss(0.0, 1.0) * self.sigma)
+
+    def scaled(self, factor: float) -> Lognormal:
+        return Lognormal(self.median * factor, self.p99 * factor)
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What Google's APIs cost, in one place: the bench's fakes (bench/fakes.py) and the local
+    cloud's ``Realism.google()`` both read these figures.
+
+    Documented by Google (named where used):
+    - Compute rate quotas: per project, per group, per synchronized minute; a request over the
+      limit is refused with 403 ``rateLimitExceeded`` (https://cloud.google.com/compute/api-quota).
+      Default limit of the groups used here: 1,500 requests a minute each (``default`` for
+      mutations, ``read_requests``, ``list_requests``, ``operation_read_requests``).
+    - Page sizes: GCS lists at most 1,000 objects a page (``maxResults``' cap); Compute's lists
+      (aggregatedList included) at most 500 items a page.
+    - GCS: one write a second to one object name; more answer 429.
+    - Spot: 30 s between the preemption notice (ACPI soft off) and the hard off.
+    - Cloud Run functions: one request at a time per instance unless concurrency is set
+      (``respawn deploy`` sets none); gen2's default maximum instances: 100.
+    Not documented anywhere we found (choices, in the range public measurements report, and
+    parameters of the bench): every latency's median and p99, operation durations, the
+    Eventarc delivery delay (Google publishes no latency figure for it; Cloud Storage says a
+    notification adds about 0.1 s to the write), a cold start's duration and how often an
+    isolated event finds no warm instance, and how long a trainer takes to save on SIGTERM.
+    """
+
+    gcs_request: Lognormal = Lognormal(0.030, 0.120)
+    compute_call: Lognormal = Lognormal(0.100, 0.400)
+    compute_list_page: Lognormal = Lognormal(0.400, 1.500)  # one page of an aggregatedList (500 items)
+    advice_call: Lognormal = Lognormal(0.300, 1.000)  # advice.capacity / capacityHistory
+    insert_running: Lognormal = Lognormal(20.0, 60.0)  # insert accepted -> operation DONE (VM RUNNING)
+    delete_done: Lognormal = Lognormal(30.0, 45.0)  # a running Spot VM's delete: its shutdown included
+    gcs_page: int = 1000
+    compute_page: int = 500
+    quota_per_minute: int = 1500  # each Compute group, per project
+    gcs_write_interval: float = 1.0
+    notice_s: float = 30.0
+    # The shutdown script (deploy/vm/shutdown.sh): SIGTERM, the trainer saves and exits (at
+    # most until 25 s into the notice), then the marker's upload (token + one GCS write).
+    trainer_exit: Lognormal = Lognormal(2.0, 20.0)
+    marker_upload: Lognormal = Lognormal(0.25, 1.0)
+    poweroff_after_marker: Lognormal = Lognormal(2.0, 8.0)  # guest halts -> Compute says TERMINATED
+    eventarc_delay: Lognormal = Lognormal(1.0, 4.0)  # object finalized -> the function's request
+    cold_start: Lognormal = Lognormal(3.0, 6.0)  # a new instance: platform start + import + clients
+    cold_fraction: float = 0.3  # isolated events that find no warm instance
+    max_instances: int = 100
+    tick_s: float = 60.0  # Cloud Scheduler's finest schedule: every minute
+
+
+COSTS = Costs()
+
+
+def quota_group(method: str) -> str:
+    """The Compute rate-quota group a method's requests count against (named as Google names
+    the metrics: https://cloud.google.com/compute/api-quota), for ``method`` as the discovery
+    document names it (``"instances.insert"``, ``"zoneOperations.wait"``)."""
+    resource, _, verb = method.rpartition(".")
+    if resource.endswith("Operations"):
+        return "list_requests" if verb == "list" else "operation_read_requests"
+    if verb in ("list", "aggregatedList"):
+        return "list_requests"
+    if verb == "get" or resource == "advice" and verb != "capacity":
+        return "read_requests"
+    return "default"  # mutations (insert, delete, bulkInsert, start, stop...), advice.capacity
 
 
 @dataclass
@@ -30,15 +118,38 @@ class Realism:
     tpu_latency: float = 0.0  # seconds added to every Cloud TPU API call
     tpu_create_seconds: float | None = None  # TPU node creates: CREATING this long before capacity is decided
 
+    # Latencies drawn from a lognormal around their medians (the figures above), its p99 this
+    # many times the median (0: fixed); seeded, so that a run's p99 is reproducible.
+    p99_factor: float = 0.0
+    seed: int = 0
+    # Compute's rate quotas: requests per group (``quota_group``) per project per synchronized
+    # minute; beyond it, 403 rateLimitExceeded (None: unlimited).
+    rate_quota_per_minute: int | None = None
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(self.seed)
+
     @classmethod
-    def google(cls) -> Realism:
-        """The benchmark profile: what Google's APIs usually cost (figures are typical, not promised)."""
-        return cls(gcs_latency=0.030, compute_latency=0.100, compute_method_latency={"instances.aggregatedList": 1.5},
-                   insert_seconds=20.0, delete_seconds=30.0, bulk_requests_per_second=20, bulk_operations_in_flight=10,
-                   gcs_write_interval=1.0, tpu_latency=0.100, tpu_create_seconds=60.0)
+    def google(cls, costs: Costs = COSTS) -> Realism:
+        """The benchmark profile: what Google's APIs usually cost (``Costs``: the same figures as
+        the bench's fakes; typical, not promised)."""
+        return cls(gcs_latency=costs.gcs_request.median, compute_latency=costs.compute_call.median,
+                   compute_method_latency={"instances.aggregatedList": costs.compute_list_page.median},
+                   insert_seconds=costs.insert_running.median, delete_seconds=costs.delete_done.median,
+                   bulk_requests_per_second=20, bulk_operations_in_flight=10,
+                   gcs_write_interval=costs.gcs_write_interval, tpu_latency=costs.compute_call.median,
+                   tpu_create_seconds=60.0, p99_factor=costs.gcs_request.p99 / costs.gcs_request.median,
+                   rate_quota_per_minute=costs.quota_per_minute)
+
+    def draw(self, median: float) -> float:
+        """One request's latency around ``median`` (``p99_factor`` 0: exactly the median)."""
+        if median <= 0 or self.p99_factor <= 1:
+            return median
+        return Lognormal(median, median * self.p99_factor).draw(self._rng)
 
     def compute_delay(self, method: str) -> float:
-        """Seconds a Compute call of ``method`` (e.g. ``"instances.insert"``) takes on top of its work."""
+        """Seconds a Compute call of ``method`` (e.g. ``"instances.insert"``) takes on top of its
+        work (the median; each call draws its own with ``draw``)."""
         return self.compute_method_latency.get(method, self.compute_latency)
 
     def scaled(self, factor: float) -> Realism:
