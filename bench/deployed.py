@@ -146,6 +146,20 @@ class GcsStandIn:
         self._lock = threading.Lock()
         self._generation = 0
 
+    def configure(self, sent: dict[str, Any]) -> None:
+        """``{"scale": x}``: ``Realism.google().scaled(x)``'s GCS latency (drawn as the profile draws
+        it) and per-object write interval; ``{"scale": null}``: none of either."""
+        from localcloud.realism import Realism
+
+        scale = sent.get("scale")
+        realism = Realism() if scale is None else Realism.google().scaled(float(scale))
+        with self._lock:
+            self.latency, self.write_interval = realism.gcs_latency, realism.gcs_write_interval
+            self._draw = getattr(realism, "draw", lambda median: median)
+            self._last_write.clear()
+
+    _draw: Any = staticmethod(lambda median: median)
+
     # WSGI
     def __call__(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
         target = environ.get("REQUEST_URI") or environ.get("RAW_URI") or environ.get("PATH_INFO", "")
@@ -155,7 +169,7 @@ class GcsStandIn:
         if path.startswith("/_bench/"):
             return self._control(method, path, environ, start_response)
         if self.latency > 0:
-            time.sleep(self.latency)
+            time.sleep(self._draw(self.latency))
         kind = _gcs_kind(method, path, args)
         try:
             status, body, headers = 200, self._route(kind, path, args, environ), []
@@ -173,12 +187,10 @@ class GcsStandIn:
 
     def _control(self, method: str, path: str, environ: dict[str, Any], start_response: Any) -> list[bytes]:
         if path == "/_bench/config" and method == "POST":
-            sent = json.loads(_body(environ) or b"{}")
-            with self._lock:
-                self.latency = float(sent.get("latency") or 0.0)
-                self.write_interval = sent.get("write_interval")
-                self._last_write.clear()
+            self.configure(json.loads(_body(environ) or b"{}"))
             out: Any = {"ok": True}
+        elif path == "/_bench/objects" and method == "POST":
+            out = self._bulk(json.loads(_body(environ)))
         elif path == "/_bench/counts":
             with self._lock:
                 out = dict(self.counts)
@@ -189,6 +201,22 @@ class GcsStandIn:
         payload = json.dumps(out).encode()
         start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(payload)))])
         return [payload]
+
+    def _bulk(self, sent: dict[str, Any]) -> dict[str, Any]:
+        """The bench's own side door, never counted and never the function's: ``{"bucket": b,
+        "read": [names]}`` answers ``{name: text}`` (the missing left out); ``{"bucket": b,
+        "write": {name: text}}`` writes each as a new generation (the fleet's records, in one request)."""
+        bucket = sent["bucket"]
+        with self._lock:
+            objects = self._bucket(bucket)
+            if "read" in sent:
+                return {n: objects[n].data.decode() for n in sent["read"] if n in objects}
+            for name, text in sent.get("write", {}).items():
+                self._generation = max(self._generation + 1, time.time_ns() // 1000)
+                if name not in objects:
+                    bisect.insort(self._names[bucket], name)
+                objects[name] = _Object(name, text.encode(), self._generation, "application/octet-stream", _now())
+            return {"written": len(sent.get("write", {}))}
 
     def _route(self, kind: str, path: str, args: dict[str, str], environ: dict[str, Any]) -> Any:
         if kind == "list":
@@ -484,6 +512,15 @@ class _Server:
     def config(self, **sent: Any) -> None:
         self.session.post(f"{self.url}/_bench/config", json=sent, timeout=30).raise_for_status()
 
+    def read(self, bucket: str, names: list[str]) -> dict[str, str]:
+        answer = self.session.post(f"{self.url}/_bench/objects", json={"bucket": bucket, "read": names}, timeout=300)
+        answer.raise_for_status()
+        return answer.json()
+
+    def write(self, bucket: str, objects: dict[str, str]) -> None:
+        self.session.post(f"{self.url}/_bench/objects", json={"bucket": bucket, "write": objects},
+                          timeout=300).raise_for_status()
+
     def counts(self, reset: bool = False) -> Counter[str]:
         answer = (self.session.post if reset else self.session.get)(f"{self.url}/_bench/counts", timeout=30)
         answer.raise_for_status()
@@ -633,6 +670,50 @@ class ThirdOfCpu:
             self.path = None
 
 
+# -- the fleet -------------------------------------------------------------------------------------------
+class Fleet:
+    """``jobs`` in the stand-in's bucket, written and read through its side door (one request for
+    them all: the fleet's trainers are not what is measured); the function launches them."""
+
+    def __init__(self, gcs: _Server, jobs: int) -> None:
+        self.gcs, self.jobs = gcs, [f"job-{i:05d}" for i in range(jobs)]
+
+    def specs(self) -> None:
+        from controller.core import names
+
+        self.gcs.write(BUCKET, {names.spec_key(j): SPEC for j in self.jobs})
+
+    def statuses(self) -> dict[str, Any]:
+        from controller.core import names
+        from controller.core.state import JobStatus
+
+        found = self.gcs.read(BUCKET, [names.status_key(j) for j in self.jobs])
+        return {j: JobStatus.from_json(found[names.status_key(j)].encode()) for j in self.jobs
+                if names.status_key(j) in found}
+
+    def records(self, key: Any, extra: Any, which: Any = lambda job, st: True) -> int:
+        """A record at ``key(job)`` for each job's current attempt, with its token, as its VM agent writes it."""
+        from controller.core import names
+
+        written = {key(j): json.dumps({"instance": names.instance_name(j, st.attempt), "attempt": st.attempt,
+                                       "node": 0, "token": st.attempt_token or "", **extra(j)})
+                   for j, st in self.statuses().items() if which(j, st)}
+        self.gcs.write(BUCKET, written)
+        return len(written)
+
+    def finish_some(self) -> int:
+        """20 % of the jobs exit 0, 10 % exit 1 (they back off): the bench's steady mix."""
+        from controller.core import names
+
+        mix = {j: i % 10 for i, j in enumerate(self.jobs) if i % 10 in (0, 1, 2)}
+        return self.records(names.exit_key, lambda j: {"exit_code": 0 if mix[j] < 2 else 1}, lambda j, st: j in mix)
+
+    def heartbeats(self) -> int:
+        from controller.core import names
+
+        return self.records(names.heartbeat_key, lambda j: {}, lambda j, st: not st.phase.terminal)
+
+
 # -- the scenario --------------------------------------------------------------------------------------
 def _env(gcs: str, compute: str, bucket: str, project: str) -> dict[str, str]:
     return {**os.environ, "STORAGE_EMULATOR_HOST": gcs, "RESPAWN_COMPUTE_ENDPOINT": compute,
@@ -665,150 +746,170 @@ def _requests(counts: Counter[str]) -> int:
     return sum(counts.values())
 
 
-def measure(scale: float = 1.0, jobs: int = 10000, quick: bool = False) -> dict[str, Any]:
+def measure(scale: float = 1.0, jobs: int = 10000, quick: bool = False, *, cold: bool = True,
+            with_fleet: bool = True) -> dict[str, Any]:
     """The three figures (and what they rest on) over a fleet of ``jobs``; ``scale`` multiplies
     every latency (0.01: a smoke run); ``quick``: one cold start of each kind instead of three.
+    ``cold`` / ``with_fleet``: run the cold starts / the fleet's ticks (both by default).
     Returns the ``bench/results.json`` keys and ``rows``: (scenario, figure, how) for a table."""
-    from controller.adapters.gcs import GcsStore
-    from controller.adapters.google import _tune
-    from localcloud.gcs import client
     from localcloud.realism import Realism
-
-    from bench.records import Records
 
     realism = Realism.google().scaled(scale)
     runs = 1 if quick else 3
     gcs, compute = _Server("gcs"), _Server("compute")
     third = ThirdOfCpu()
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {
+        "deployed_scale": scale,
+        "deployed_latency_s": {"gcs_request": realism.gcs_latency, "compute_call": realism.compute_latency,
+                               **{f"compute {k}": v for k, v in realism.compute_method_latency.items()},
+                               "p99_over_median": getattr(realism, "p99_factor", 0.0) or None,
+                               "compute_rate_quota_per_minute": getattr(realism, "rate_quota_per_minute", None),
+                               "gcs_write_interval": realism.gcs_write_interval},
+        "deployed_machine": f"{platform.machine()}, {platform.python_implementation()} {platform.python_version()}, "
+                            f"{len(os.sched_getaffinity(0))} CPUs"}
+    rows: list[tuple[str, str, str]] = []
     try:
         def google() -> None:
-            gcs.config(latency=realism.gcs_latency, write_interval=realism.gcs_write_interval)
+            gcs.config(scale=scale)
             compute.config(scale=scale)
 
         def off() -> None:
-            gcs.config(latency=0.0, write_interval=None)
+            gcs.config(scale=None)
             compute.config(scale=None)
 
         compute_endpoint = compute.url
         # 1. Cold starts: an empty bucket and project, Google's latencies.
-        google()
-        cold_env = _env(gcs.url, compute_endpoint, COLD, COLD)
-        gcs.counts(reset=True), compute.counts(reset=True)
-        free = cold_starts(cold_env, runs, None)
-        cold_requests = gcs.counts(reset=True) + compute.counts(reset=True)
-        held = cold_starts(cold_env, runs, third.path) if third.path else []
-        wall, cpu = _median([r["wall_s"] for r in free]), _median([r["cpu_s"] for r in free])
-        if held:
-            third_s, method = _median([r["wall_s"] for r in held]), f"measured: {third.kind}"
-        else:
-            third_s, method = wall + 2 * cpu, f"computed: wall + 2 x CPU-seconds ({third.why})"
-        out.update({"cold_start_wall_s": round(wall, 3), "cold_start_cpu_s": round(cpu, 3),
-                    "cold_start_listening_s": round(_median([r["listening_s"] for r in free]), 3),
-                    "cold_start_third_vcpu_s": round(third_s, 3), "cold_start_third_vcpu_method": method,
-                    "cold_start_third_vcpu_computed_s": round(wall + 2 * cpu, 3),
-                    "cold_start_runs": {"unlimited": [{k: round(v, 3) for k, v in r.items()} for r in free],
-                                        "third_vcpu": [{k: round(v, 3) for k, v in r.items()} for r in held]},
-                    "cold_start_fresh_processes": len(free) + len(held),
-                    "cold_start_http_requests": dict(cold_requests)})
-        if held:
-            out["cold_start_third_vcpu_cpu_s"] = round(_median([r["cpu_s"] for r in held]), 3)
+        if cold:
+            google()
+            cold_env = _env(gcs.url, compute_endpoint, COLD, COLD)
+            gcs.counts(reset=True), compute.counts(reset=True)
+            load = os.getloadavg()[0]
+            free = cold_starts(cold_env, runs, None)
+            cold_requests = gcs.counts(reset=True) + compute.counts(reset=True)
+            held = cold_starts(cold_env, runs, third.path) if third.path else []
+            wall, cpu = _median([r["wall_s"] for r in free]), _median([r["cpu_s"] for r in free])
+            if held:
+                third_s, method = _median([r["wall_s"] for r in held]), f"measured: {third.kind}"
+            else:
+                third_s, method = wall + 2 * cpu, f"computed: wall + 2 x CPU-seconds ({third.why})"
+            out.update({"cold_start_wall_s": round(wall, 3), "cold_start_cpu_s": round(cpu, 3),
+                        "cold_start_listening_s": round(_median([r["listening_s"] for r in free]), 3),
+                        "cold_start_third_vcpu_s": round(third_s, 3), "cold_start_third_vcpu_method": method,
+                        "cold_start_third_vcpu_computed_s": round(wall + 2 * cpu, 3),
+                        "cold_start_runs": {"unlimited": [{k: round(v, 3) for k, v in r.items()} for r in free],
+                                            "third_vcpu": [{k: round(v, 3) for k, v in r.items()} for r in held]},
+                        "cold_start_fresh_processes": len(free) + len(held),
+                        "cold_start_http_requests": dict(cold_requests),
+                        "cold_start_load_avg_1m": [round(load, 2), round(os.getloadavg()[0], 2)]})
+            if held:
+                out["cold_start_third_vcpu_cpu_s"] = round(_median([r["cpu_s"] for r in held]), 3)
+            rows += [("cold start, first tick included (empty bucket)", f"{wall:.2f} s",
+                      f"{cpu:.2f} CPU-s; fresh functions-framework process, spawn -> first tick's answer; "
+                      f"listening after {out['cold_start_listening_s']:.2f} s"),
+                     ("  at a third of a vCPU", f"{third_s:.2f} s", method)]
 
         # 2. The fleet, built at no latency by a function process of its own (as bench/local.py builds it).
-        off()
-        env = {**_env(gcs.url, compute_endpoint, BUCKET, PROJECT), "RESPAWN_CONCURRENCY": "32"}
-        storage = client(gcs.url, PROJECT)
-        _tune(storage._http, 32)
-        fleet = Records()
-        fleet.store, fleet.bucket, fleet.workers = GcsStore(storage), BUCKET, 32
-        fleet.jobs = [f"job-{i:05d}" for i in range(jobs)]
-        from controller.core import names
+        if with_fleet and jobs:
+            off()
+            env = {**_env(gcs.url, compute_endpoint, BUCKET, PROJECT), "RESPAWN_CONCURRENCY": "32"}
+            built = Fleet(gcs, jobs)
+            phases: dict[str, float] = {}
+            started = mark = time.perf_counter()
 
-        started = time.perf_counter()
-        fleet.each(lambda j: fleet.store.write(BUCKET, names.spec_key(j), SPEC.encode()), fleet.jobs)
-        builder = Function(env)
-        try:
-            builder.tick()
-            builder.tick()
-            mix = [(j, i % 10) for i, j in enumerate(fleet.jobs) if i % 10 in (0, 1, 2)]
-            fleet.each(lambda ji: fleet.record(ji[0], names.exit_key(ji[0]), {"exit_code": 0 if ji[1] < 2 else 1}), mix)
-            builder.tick()
-        finally:
-            builder.close()
-        fleet.heartbeats()
-        out["build_s"] = round(time.perf_counter() - started, 1)
+            def phase(name: str) -> None:
+                nonlocal mark
+                phases[name] = round(time.perf_counter() - mark, 1)
+                mark = time.perf_counter()
 
-        # 3. A fresh instance at Google's latencies: its first tick (cache filled), then a steady tick.
-        google()
-        function = Function(env)
-        try:
-            worker = function.worker
-            gcs.counts(reset=True), compute.counts(reset=True)
-            started, cpu0 = time.perf_counter(), function.cpu()
-            first_summary = function.tick()
-            first_s, first_cpu = time.perf_counter() - started, function.cpu() - cpu0
-            first_gcs, first_compute = gcs.counts(reset=True), compute.counts(reset=True)
-            first_hwm = _status_kib(worker, "VmHWM")
-            fleet.heartbeats()  # a minute later every running trainer has beaten again
-            gcs.counts(reset=True), compute.counts(reset=True)
-            steady_from_here = _reset_peak(worker)
-            started, cpu0 = time.perf_counter(), function.cpu()
-            summary = function.tick()
-            steady_s, steady_cpu = time.perf_counter() - started, function.cpu() - cpu0
-            steady_gcs, steady_compute = gcs.counts(reset=True), compute.counts(reset=True)
-            hwm, master_hwm = _status_kib(worker, "VmHWM"), _status_kib(function.process.pid, "VmHWM")
-            pss = _pss_kib(worker) + _pss_kib(function.process.pid)
-            rss_now = _status_kib(worker, "VmRSS")
-            pid, master = worker, function.process.pid
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        finally:
-            function.close()
-        total = _requests(steady_gcs) + _requests(steady_compute)
-        peak = max(first_hwm, hwm) if steady_from_here else hwm
-        label = {10000: "10k", 1000: "1k", 100: "100"}.get(jobs, str(jobs))
-        out.update({
-            f"function_rss_{label}_mib": round(peak / 1024, 1),
-            "function_rss_first_tick_mib": round(first_hwm / 1024, 1),
-            "function_rss_steady_tick_mib": round(hwm / 1024, 1) if steady_from_here else None,
-            "function_rss_after_mib": round(rss_now / 1024, 1),
-            "function_master_rss_mib": round(master_hwm / 1024, 1),
-            "function_pss_after_mib": round(pss / 1024, 1),
-            "function_pid": pid, "function_master_pid": master, "function_parent_pid": parent,
-            "function_cmdline": cmdline, "function_rss_source": f"/proc/{pid}/status VmHWM",
-            f"tick_{label}_http_requests_per_job": round(total / jobs, 3),
-            f"tick_{label}_http_requests": {"total": total, "gcs": dict(steady_gcs), "compute": dict(steady_compute)},
-            f"deployed_tick_{label}_s": round(steady_s, 3), f"deployed_tick_{label}_cpu_s": round(steady_cpu, 3),
-            f"deployed_tick_{label}_first_s": round(first_s, 3),
-            f"deployed_tick_{label}_first_cpu_s": round(first_cpu, 3),
-            f"deployed_tick_{label}_first_http_requests": {
-                "total": _requests(first_gcs) + _requests(first_compute),
-                "gcs": dict(first_gcs), "compute": dict(first_compute)},
-            "deployed_tick_summary": summary, "deployed_first_tick_summary": first_summary,
-            "deployed_jobs": jobs, "deployed_scale": scale,
-            "deployed_machine": f"{platform.machine()}, {platform.python_implementation()} {platform.python_version()}, "
-                                f"{len(os.sched_getaffinity(0))} CPUs",
-        })
+            built.specs()
+            phase("specs")
+            builder = Function(env)
+            try:
+                phase("builder_start")
+                builder.tick()
+                phase("launch_tick")
+                builder.tick()
+                phase("running_tick")
+                finished = built.finish_some()
+                phase("exit_records")
+                builder.tick()
+                phase("exits_tick")
+            finally:
+                builder.close()
+            phase("builder_stop")
+            beating = built.heartbeats()
+            phase("heartbeats")
+            out["build_s"] = round(time.perf_counter() - started, 1)
+            out["build_phases_s"] = phases
+            states = Counter(st.phase.value for st in built.statuses().values())
+            out["fleet_phases"] = dict(states)
+            out["fleet_exit_records"], out["fleet_heartbeats"] = finished, beating
+
+            # 3. A fresh instance at Google's latencies: its first tick (cache filled), then a steady tick.
+            google()
+            function = Function(env)
+            try:
+                worker = function.worker
+                gcs.counts(reset=True), compute.counts(reset=True)
+                started, cpu0 = time.perf_counter(), function.cpu()
+                first_summary = function.tick()
+                first_s, first_cpu = time.perf_counter() - started, function.cpu() - cpu0
+                first_gcs, first_compute = gcs.counts(reset=True), compute.counts(reset=True)
+                first_hwm = _status_kib(worker, "VmHWM")
+                built.heartbeats()  # a minute later every running trainer has beaten again
+                gcs.counts(reset=True), compute.counts(reset=True)
+                steady_from_here = _reset_peak(worker)
+                started, cpu0 = time.perf_counter(), function.cpu()
+                summary = function.tick()
+                steady_s, steady_cpu = time.perf_counter() - started, function.cpu() - cpu0
+                steady_gcs, steady_compute = gcs.counts(reset=True), compute.counts(reset=True)
+                hwm, master_hwm = _status_kib(worker, "VmHWM"), _status_kib(function.process.pid, "VmHWM")
+                pss = _pss_kib(worker) + _pss_kib(function.process.pid)
+                rss_now = _status_kib(worker, "VmRSS")
+                pid, master = worker, function.process.pid
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+                parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            finally:
+                function.close()
+            total = _requests(steady_gcs) + _requests(steady_compute)
+            peak = max(first_hwm, hwm) if steady_from_here else hwm
+            label = {10000: "10k", 1000: "1k", 100: "100"}.get(jobs, str(jobs))
+            out.update({
+                f"function_rss_{label}_mib": round(peak / 1024, 1),
+                "function_rss_first_tick_mib": round(first_hwm / 1024, 1),
+                "function_rss_steady_tick_mib": round(hwm / 1024, 1) if steady_from_here else None,
+                "function_rss_after_mib": round(rss_now / 1024, 1),
+                "function_master_rss_mib": round(master_hwm / 1024, 1),
+                "function_pss_after_mib": round(pss / 1024, 1),
+                "function_pid": pid, "function_master_pid": master, "function_parent_pid": parent,
+                "function_cmdline": cmdline, "function_rss_source": f"/proc/{pid}/status VmHWM",
+                f"tick_{label}_http_requests_per_job": round(total / jobs, 3),
+                f"tick_{label}_http_requests": {"total": total, "gcs": dict(steady_gcs), "compute": dict(steady_compute)},
+                f"deployed_tick_{label}_s": round(steady_s, 3), f"deployed_tick_{label}_cpu_s": round(steady_cpu, 3),
+                f"deployed_tick_{label}_first_s": round(first_s, 3),
+                f"deployed_tick_{label}_first_cpu_s": round(first_cpu, 3),
+                f"deployed_tick_{label}_first_http_requests": {
+                    "total": _requests(first_gcs) + _requests(first_compute),
+                    "gcs": dict(first_gcs), "compute": dict(first_compute)},
+                "deployed_tick_summary": summary, "deployed_first_tick_summary": first_summary,
+                "deployed_jobs": jobs})
+            lists = sum(v for k, v in steady_gcs.items() if k.startswith("list "))
+            agg = sum(v for k, v in steady_compute.items() if k.startswith("instances.aggregatedList "))
+            rows += [
+                (f"function peak RSS, {jobs:,}-job ticks", f"{peak / 1024:.0f} MiB",
+                 f"VmHWM of the gunicorn worker (pid {pid}), first + steady tick; master {master_hwm / 1024:.0f} MiB, "
+                 f"PSS of both after {pss / 1024:.0f} MiB"),
+                (f"HTTP requests per job, steady tick of {jobs:,}", f"{total / jobs:.3f}",
+                 f"{total:,} requests counted by the servers ({_requests(steady_gcs):,} GCS incl. {lists} list pages, "
+                 f"{_requests(steady_compute):,} Compute incl. {agg} aggregated-list pages)"),
+                (f"  the tick itself (deployed, {jobs:,} jobs)", f"{steady_s:.2f} s",
+                 f"{steady_cpu:.1f} CPU-s; the instance's first tick {first_s:.2f} s, {first_cpu:.1f} CPU-s"),
+            ]
     finally:
         third.close()
         gcs.close()
         compute.close()
-    lists = sum(v for k, v in steady_gcs.items() if k.startswith("list "))
-    agg = sum(v for k, v in steady_compute.items() if k.startswith("instances.aggregatedList "))
-    out["rows"] = [
-        ("cold start, first tick included (empty bucket)", f"{out['cold_start_wall_s']:.2f} s",
-         f"{out['cold_start_cpu_s']:.2f} CPU-s; fresh functions-framework process, spawn -> first tick's answer; "
-         f"listening after {out['cold_start_listening_s']:.2f} s"),
-        ("  at a third of a vCPU", f"{out['cold_start_third_vcpu_s']:.2f} s", method),
-        (f"function peak RSS, {jobs:,}-job ticks", f"{out[f'function_rss_{label}_mib']:.0f} MiB",
-         f"VmHWM of the gunicorn worker (pid {pid}), first + steady tick; master {master_hwm / 1024:.0f} MiB, "
-         f"PSS of both after {pss / 1024:.0f} MiB"),
-        (f"HTTP requests per job, steady tick of {jobs:,}", f"{total / jobs:.3f}",
-         f"{total:,} requests counted by the servers ({_requests(steady_gcs):,} GCS incl. {lists} list pages, "
-         f"{_requests(steady_compute):,} Compute incl. {agg} aggregated-list pages)"),
-        (f"  the tick itself (deployed, {jobs:,} jobs)", f"{steady_s:.2f} s",
-         f"{steady_cpu:.1f} CPU-s; the instance's first tick {first_s:.2f} s, {first_cpu:.1f} CPU-s"),
-    ]
+    out["rows"] = rows
     return out
 
 
@@ -826,16 +927,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=10000)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every latency (0.01: a smoke run)")
     parser.add_argument("--quick", action="store_true", help="one cold start of each kind")
+    parser.add_argument("--cold-only", action="store_true", help="the cold starts alone (no fleet)")
+    parser.add_argument("--fleet-only", action="store_true", help="the fleet's ticks alone (no cold starts)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--serve", choices=("gcs", "compute"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
         _serve(args.serve)
         return 0
-    result = measure(args.scale, args.jobs, args.quick)
+    result = measure(args.scale, args.jobs, args.quick, cold=not args.fleet_only, with_fleet=not args.cold_only)
     rows = result.pop("rows")
     width = max(len(r[0]) for r in rows)
-    print(f"respawn, the function as deployed: {result['deployed_machine']}; latency x {args.scale}")
+    print(f"respawn, the function as deployed: {result['deployed_machine']}; latency x {args.scale}: "
+          f"{result['deployed_latency_s']}")
     for scenario, figure, note in rows:
         print(f"  {scenario:<{width}}  {figure:<10} {note}")
     if args.json:
