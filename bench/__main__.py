@@ -1,81 +1,80 @@
-"""``make bench``: the controller's passes, timed at fleet scale under Google-like latencies.
+"""``make bench``: the controller's passes, timed at fleet scale, against fakes that cost what Google costs.
 
-This first bench runs the real engine (observe, plan, act; the same threads and cache
-as deployed) over the in-memory fakes, with every port call delayed as Google's would
-be (``Latency``): GCS 30 ms per request, Compute 100 ms per call, the aggregated
-instance list 1.5 s. What it does not model yet: operation durations (an insert
-here is done when its call returns), rate limits, and HTTP itself; the local cloud's
-realism knobs are for that. Figures are printed as a table and written to
-``bench/results.json``; a scenario not run is ``null`` there, never a guess.
+The real engine (observe, plan, act; the same threads, caches and operation deadline as
+deployed) runs over ``bench/fakes.py``: the in-memory fakes wrapped so that every HTTP
+request the real adapters would send is paid for and counted (paged lists, latencies drawn
+from a lognormal, insert operations that take their time and are waited for, Compute's
+per-minute rate quotas, GCS's one write a second per object, capacity advice with a cold
+cache). Its figures (``localcloud.realism.COSTS``) are the local cloud's too, and
+``--local N`` runs the calibration scenarios on the local cloud (bench/local.py) beside the
+fakes, over the same number of jobs.
 
-    python -m bench                    # every scenario, 100 / 1,000 / 10,000 jobs
+Clocks start where the user's loss starts: the preemption notice. What happens before the
+controller's pass (the trainer's save and the marker's upload, the guest's power-off,
+Eventarc's delivery, a cold function instance) is drawn from ``COSTS``; the passes
+themselves run for real, in wall-clock time. The polling baseline (a SkyPilot-style
+managed-jobs loop: one job's status read every 15 s, a relaunch after a 60 s wait, and a
+variant without the wait) runs over the same fakes on a simulated clock that each request
+advances (``bench.fakes.SimTimer``): minutes of polling take milliseconds.
+
+    python -m bench --local 1430       # make bench: every scenario, and the calibration
     python -m bench --sizes 20 --quick # what make test runs, so that this cannot rot
 """
 
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
+import math
 import platform
+import queue
+import random
 import resource
 import sys
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from controller.core import names
-from controller.adapters.memory import MemoryCompute, MemoryStore
+from bench.fakes import CostlyAdvisor, CostlyCompute, CostlyStore, Google, RealTimer, SimTimer
+from bench.records import Records
+from controller.adapters.memory import MemoryAdvisor, MemoryCompute, MemoryStore
+from controller.core import errors, names
 from controller.core.clock import FakeClock
+from controller.core.launch import LaunchContext
+from controller.core.policy import ControllerPolicy
+from controller.core.ports import InstanceStatus
+from controller.service.advice import AdviceCache
+from controller.service.config import Settings
 from controller.service.engine import Engine
 from controller.service.executor import Executor
-from controller.core.launch import LaunchContext
 from controller.service.observe import Observer
-from controller.core.policy import ControllerPolicy
-
-from bench.records import Records
+from localcloud.realism import COSTS, Costs
 
 BUCKET, PROJECT = "bench", "bench-proj"
 TRAINER = f"respawn-trainer@{PROJECT}.iam.gserviceaccount.com"
 SPEC = yaml.safe_dump({"zones": ["us-central1-a", "us-central1-b"], "machine_type": "g2-standard-8",
                        "command": "python train.py", "checkpoint": {"uri": "gs://bench-ckpt/run"},
                        "policy": {"backoff": {"initial": "30m", "max": "1h"}}})
-GOOGLE = {"store": 0.030, "compute": 0.100, "list_managed": 1.5}
-LATENCY = dict(GOOGLE)  # what this run uses: GOOGLE times --scale
-
-
-class Latency:
-    """A port whose every call first waits as Google's would, and is counted."""
-
-    def __init__(self, target: Any, default: float, per_method: dict[str, float] | None = None) -> None:
-        self._target, self._default, self._per = target, default, per_method or {}
-        self.calls: Counter[str] = Counter()
-        self._lock = threading.Lock()
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._target, name)
-        if not callable(attr):
-            return attr
-        delay = self._per.get(name, self._default)
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            with self._lock:
-                self.calls[name] += 1
-            time.sleep(delay(*args, **kwargs) if callable(delay) else delay)
-            return attr(*args, **kwargs)
-
-        return call
+OPERATION_WAIT = Settings.model_fields["operation_wait"].default  # as deployed: 2 s of a pass for its inserts
+POLL_S = 15.0  # the polling baseline's period (SkyPilot's managed-jobs controller: one job's status a poll)
+POLL_RELAUNCH_WAIT_S = 60.0  # SkyPilot's StrategyExecutor.RETRY_INIT_GAP_SECONDS, before a relaunch
 
 
 class Fleet(Records):
-    """``n`` jobs in the fakes, brought to a steady mix: 70 % running, 20 % finished, 10 % backing off."""
+    """``n`` jobs in the memory fakes, brought to a steady mix (free: no costs while building):
+    70 % running, 20 % finished, 10 % backing off."""
 
     def __init__(self, n: int, mix: bool = True) -> None:
         self.clock = FakeClock()
         self.store, self.compute = MemoryStore(self.clock), MemoryCompute(self.clock)
+        self.advisor = MemoryAdvisor(self.compute)
         self.policy = ControllerPolicy(default_project=PROJECT, trainer_service_account=TRAINER)
         self.ctx = LaunchContext(BUCKET, PROJECT, "#!/bin/bash\n", "#!/bin/bash\n")
         self.bucket = BUCKET
@@ -89,106 +88,327 @@ class Fleet(Records):
                 self.record(job, names.exit_key(job), {"exit_code": 1 if i % 10 == 2 else 0})
         fast.reconcile()
         self.heartbeats()
+        self.costly: CostlyCompute | None = None
 
-    def engine(self, workers: int, latency: dict[str, float] | None = None) -> Engine:
+    def engine(self, workers: int, google: Google | None = None) -> Engine:
+        """An engine as deployed (one function instance: its own caches); over the costly fakes with ``google``."""
         store: Any = self.store
         compute: Any = self.compute
-        if latency:
-            store = Latency(self.store, latency["store"])
-            # One job's instances come from zonal lists, side by side: one call's time, not an aggregated list's.
-            def listing(*args: Any, zones: Any = None, **kwargs: Any) -> float:
-                return latency["compute"] if zones is not None else latency["list_managed"]
+        advisor: Any = self.advisor
+        if google is not None:
+            store, advisor = CostlyStore(self.store, google), CostlyAdvisor(self.advisor, google)
+            compute = self.costly = CostlyCompute(self.compute, google)
+        observer = Observer(store, compute, BUCKET, self.policy, workers=workers, advisor=advisor)
+        return Engine(observer, Executor(store, compute, BUCKET), self.ctx, self.clock, workers=workers,
+                      operation_wait=OPERATION_WAIT if google is not None else None)
 
-            compute = Latency(self.compute, latency["compute"], {"list_managed": listing})
-        observer = Observer(store, compute, BUCKET, self.policy, workers=workers)
-        return Engine(observer, Executor(store, compute, BUCKET), self.ctx, self.clock, workers=workers)
+    # -- a preemption, as Compute and the VM's shutdown script make it ---------------------
+    def vm(self, job: str) -> str:
+        return names.instance_name(job, self.status(job).attempt)
 
+    def notice(self, job: str) -> str:
+        """The preemption notice: the VM is STOPPING (its shutdown script runs)."""
+        name = self.vm(job)
+        self.compute.set_status(name, InstanceStatus.STOPPING)
+        return name
 
-def steady_tick(n: int, workers: int) -> dict[str, Any]:
-    """A tick of a warm function instance (its cache filled by the tick before), over ``n`` jobs."""
-    fleet = Fleet(n)
-    engine = fleet.engine(workers, LATENCY)
-    started = time.perf_counter()
-    engine.reconcile()  # the tick before: fills the cache, as a deployed instance's earlier ticks have
-    first = time.perf_counter() - started
-    fleet.heartbeats()  # a minute later every running trainer has beaten again
-    store, compute = engine.observer.store, engine.observer.compute
-    store.calls.clear()
-    compute.calls.clear()
-    started = time.perf_counter()
-    engine.reconcile()
-    seconds = time.perf_counter() - started
-    requests = sum(store.calls.values()) + sum(compute.calls.values())
-    return {"seconds": seconds, "first_seconds": first, "requests": requests, "requests_per_job": requests / n}
+    def halt(self, name: str) -> None:
+        """The guest has powered off: TERMINATED (preempted), or gone if a delete was waiting for it."""
+        if self.costly is not None and self.costly.halted(name):
+            return
+        try:
+            self.compute.preempt(name)
+        except KeyError:
+            pass  # deleted meanwhile
 
-
-def mass_recovery(n: int, workers: int) -> float:
-    """``n`` running jobs preempted at once (markers written): seconds until every replacement insert was issued."""
-    fleet = Fleet(n, mix=False)
-    running = fleet.running()
-    for job in running:
-        fleet.compute.preempt(names.instance_name(job, fleet.status(job).attempt))
-        fleet.record(job, names.marker_key(job), {"reason": "preempted"})
-    engine = fleet.engine(workers, LATENCY)
-    before = Counter(op for op, _ in fleet.compute.calls)["insert"]
-    started = time.perf_counter()
-    engine.reconcile()
-    seconds = time.perf_counter() - started
-    issued = Counter(op for op, _ in fleet.compute.calls)["insert"] - before
-    assert issued >= len(running), f"only {issued} of {len(running)} replacement inserts issued"
-    return seconds
+    def marker(self, job: str) -> None:
+        self.record(job, names.marker_key(job), {"reason": "preempted", "saved": True})
 
 
-def event_path(n: int, events: int) -> list[float]:
-    """Marker written -> that job's pass issues its replacement insert, over an ``n``-job fleet, one at a time."""
-    fleet = Fleet(n)
-    engine = fleet.engine(1, LATENCY)
-    running = fleet.running()[:events]
+@dataclass(frozen=True)
+class Preemption:
+    """One preemption, in seconds from its notice: what the VM and the platform do before a pass."""
+
+    marker_at: float  # the shutdown script's marker has landed (the trainer saved, then the upload)
+    off_at: float  # the guest has powered off: Compute says TERMINATED
+    delivered_at: float  # Eventarc's request reaches the event function
+    cold_s: float  # a cold instance's start before the pass (0: a warm one)
+    tick_phase: float  # where the minute's tick falls, 0..60 s after the notice
+    poll_phase: float  # the polling loop's last read, 0..15 s before the notice
+
+
+def preemptions(n: int, costs: Costs, seed: int, cold_fraction: float | None = None) -> list[Preemption]:
+    rng = random.Random(seed)
+    deadline = costs.notice_s - min(costs.notice_s / 4, 5.0)  # deploy/vm/shutdown.sh: the marker by 25 s
+    fraction = costs.cold_fraction if cold_fraction is None else cold_fraction
     out = []
-    for job in running:
-        fleet.compute.preempt(names.instance_name(job, fleet.status(job).attempt))
-        fleet.record(job, names.marker_key(job), {"reason": "preempted"})
-        started = time.perf_counter()
-        engine.reconcile(job)
-        out.append(time.perf_counter() - started)
+    for _ in range(n):
+        marker = min(costs.trainer_exit.draw(rng), deadline) + costs.marker_upload.draw(rng)
+        off = min(marker + costs.poweroff_after_marker.draw(rng), costs.notice_s)
+        delivered = marker + costs.eventarc_delay.draw(rng)
+        cold = costs.cold_start.draw(rng) if rng.random() < fraction else 0.0
+        out.append(Preemption(marker, off, delivered, cold, rng.uniform(0, costs.tick_s), rng.uniform(0, POLL_S)))
     return out
 
 
-COLD = """
-import time
-started = time.perf_counter()
-import functions_framework  # noqa: F401 - the platform's own server, loaded before it imports main.py
-loaded = time.perf_counter()
-import main  # noqa: F401 - the user's code
-from controller.service import functions
-result, code = functions.tick()
-assert code == 200, result
-print(loaded - started, time.perf_counter() - loaded)
-"""
+def next_tick(p: Preemption, after: float, costs: Costs) -> float:
+    """The first tick at or after ``after`` (seconds from the notice)."""
+    return p.tick_phase + max(0, math.ceil((after - p.tick_phase) / costs.tick_s)) * costs.tick_s
 
 
-def cold_start(runs: int = 3) -> tuple[float, float]:
-    """A fresh process: import ``main``, then its first tick on an empty bucket (the local GCS and
-    Compute, without latency). The medians of ``runs``: (seconds from importing ``main`` to the
-    tick's end, seconds importing functions-framework before it). Cloud Functions runs
-    functions-framework, which then imports ``main.py``: the first figure is respawn's, the
-    second the platform's (``main.py`` imports the same modules, so it is not counted twice)."""
-    import os
-    import subprocess
+def per_kind(g: Google) -> dict[str, int]:
+    return dict(sorted(g.requests.items()))
 
-    from localcloud.compute import ComputeServer
-    from localcloud.gcs import LocalGcs
 
-    with LocalGcs(buckets=(BUCKET,), project=PROJECT) as gcs, ComputeServer() as compute:
-        env = {**os.environ, "STORAGE_EMULATOR_HOST": gcs.url, "RESPAWN_COMPUTE_ENDPOINT": compute.endpoint,
-               "RESPAWN_BUCKET": BUCKET, "RESPAWN_PROJECT": PROJECT, "RESPAWN_TRAINER_SERVICE_ACCOUNT": TRAINER,
-               "RESPAWN_LOG_FORMAT": "text"}
-        root = Path(__file__).resolve().parent.parent
-        runs_ = [[float(x) for x in subprocess.run([sys.executable, "-c", COLD], cwd=root, env=env, check=True,
-                                                   capture_output=True, text=True).stdout.split()[-2:]]
-                 for _ in range(runs)]
-    framework, ours = (sorted(column)[len(column) // 2] for column in zip(*runs_, strict=True))
-    return ours, framework
+# -- the scenarios ---------------------------------------------------------------------------
+
+
+def steady_tick(fleet: Fleet, workers: int, scale: float, seed: int) -> dict[str, Any]:
+    """A warm tick over the fleet (its instance's caches filled by the tick before), and that first tick."""
+    g = Google(timer=RealTimer(scale), seed=seed)
+    engine = fleet.engine(workers, g)
+    started = g.timer.now()
+    engine.reconcile()
+    first = g.timer.since(started)
+    fleet.heartbeats()  # a minute later every running trainer has beaten again
+    g.requests.clear()
+    started = g.timer.now()
+    engine.reconcile()
+    seconds = g.timer.since(started)
+    n = len(fleet.jobs)
+    return {"seconds": seconds, "first_seconds": first, "requests": g.http_requests, "per_job": g.http_requests / n,
+            "refusals": g.refusals, "by_kind": per_kind(g), "engine": engine, "google": g}
+
+
+def tick_offsets(fleet: Fleet, engine: Engine, g: Google, k: int) -> list[float]:
+    """``k`` VMs down with their markers before a tick: seconds from the tick's start to each
+    replacement insert received (where in a tick of this fleet a job's insert lands)."""
+    jobs = fleet.running()[:k]
+    for job in jobs:
+        fleet.halt(fleet.notice(job))
+        fleet.marker(job)
+    new = [names.instance_name(j, fleet.status(j).attempt + 1) for j in jobs]
+    started = g.timer.now()
+    engine.reconcile()
+    return sorted((g.received[n] - started) / g.timer.scale for n in new if n in g.received)
+
+
+def event_from_notice(fleet: Fleet, jobs: list[str], pre: list[Preemption], offsets: list[float], scale: float,
+                      seed: int, workers: int, side_by_side: int = 16) -> tuple[list[float], Counter[str], Google]:
+    """Each preemption's notice to its replacement insert received by Compute, through the event
+    path: the marker lands, Eventarc delivers it, a warm or cold instance runs that job's pass
+    (for real, over the costly fakes, its advice cache cold). If the pass finds the VM still on
+    its way down (STOPPING: the guest has not powered off yet) it deletes it and leaves the
+    insert to a later pass; no event follows, so the next tick's (at the preemption's tick
+    phase, that tick's own insert drawn from ``offsets``, measured on this fleet)."""
+    g = Google(timer=RealTimer(scale), seed=seed)
+    rng = random.Random(seed)
+    warm: queue.SimpleQueue[Engine] = queue.SimpleQueue()
+    for _ in range(side_by_side):
+        warm.put(fleet.engine(workers, g))
+    via: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def one(job: str, p: Preemption) -> float:
+        name = fleet.notice(job)
+        new = names.instance_name(job, fleet.status(job).attempt + 1)
+        fleet.marker(job)
+        start = p.delivered_at + p.cold_s  # the pass starts, seconds after the notice
+        halting = None
+        if p.off_at <= start:
+            fleet.halt(name)
+        else:
+            halting = threading.Timer((p.off_at - start) * scale, fleet.halt, (name,))
+            halting.daemon = True
+            halting.start()
+        engine = fleet.engine(workers, g) if p.cold_s else warm.get()
+        engine.observer.advice = AdviceCache(engine.observer.advice.advisor)  # advice: a cold cache
+        begun = g.timer.now()
+        try:
+            engine.reconcile(job)
+        finally:
+            if not p.cold_s:
+                warm.put(engine)
+        took = g.timer.since(begun)
+        if halting is not None:
+            halting.join()
+        with lock:
+            if new in g.received:
+                via["event"] += 1
+                return start + (g.received[new] - begun) / scale
+            via["tick"] += 1
+            return next_tick(p, max(p.off_at, start + took), fleet_costs) + rng.choice(offsets)
+
+    fleet_costs = g.costs
+    with ThreadPoolExecutor(side_by_side) as pool:
+        latencies = list(pool.map(one, jobs, pre))
+    return latencies, via, g
+
+
+def tick_only(pre: list[Preemption], offsets: list[float], costs: Costs, seed: int) -> list[float]:
+    """No event function: the first tick after the VM is down (its marker has landed before) acts."""
+    rng = random.Random(seed)
+    return [next_tick(p, p.off_at, costs) + rng.choice(offsets) for p in pre]
+
+
+def polling_baseline(fleet: Fleet, subjects: list[tuple[str, Any]], pre: list[Preemption], wait_s: float,
+                     seed: int) -> tuple[list[float], Counter[str], float]:
+    """A managed-jobs controller per job, as SkyPilot's (sky/jobs/controller.py): sleep 15 s, read
+    that one job's status (one zonal ``instances.list`` of its cluster), and on a preemption
+    relaunch, after ``wait_s`` (its recovery strategy's 60 s gap; 0 for the variant without).
+    A real loop over the same costly fakes, on a simulated clock (``SimTimer``): each job's
+    controller is its own process, so each runs on its own clock. Never handicapped: the
+    STOPPING VM counts as lost from the notice on (its first read after the notice sees it),
+    the relaunch is one insert with no provisioning steps before it, and no rate quota applies
+    (10,000 jobs polled every 15 s would send 40,000 lists a minute: see the notes)."""
+    requests: Counter[str] = Counter()
+    out = []
+    polled_s = 0.0  # simulated seconds the loops ran, all together
+    for i, ((job, old), p) in enumerate(zip(subjects, pre, strict=True)):
+        g = Google(timer=SimTimer(-p.poll_phase), seed=seed + i, quotas=False)
+        mem = MemoryCompute(fleet.clock)
+        mem.insert([old], f"{old.name}-first")
+        compute = CostlyCompute(mem, g)
+        preempted = False
+        while True:
+            g.timer.sleep(POLL_S)
+            if g.timer.now() >= 0 and not preempted:
+                mem.set_status(old.name, InstanceStatus.STOPPING)  # the notice: lost from here on
+                preempted = True
+            listed = compute.poll(old.project, old.zone, job)
+            if not any(v.name == old.name and v.status.alive for v in listed.instances):
+                break
+        polled_s += g.timer.now() + p.poll_phase  # its polling, up to the read that saw the loss
+        g.timer.sleep(wait_s)
+        new = replace(old, name=names.instance_name(job, int(old.labels.get(names.ATTEMPT_LABEL, "1")) + 1))
+        try:
+            compute.insert([new], f"{new.name}-relaunch", wait=0)
+        except errors.OperationPending:
+            pass
+        out.append(g.received[new.name])
+        requests.update(g.requests)
+    return out, requests, polled_s
+
+
+def mass_recovery(n: int, workers: int, scale: float, seed: int, costs: Costs = COSTS) -> dict[str, Any]:
+    """``n`` running VMs preempted at one moment: each marker lands when its trainer has saved,
+    Eventarc delivers each to the event function (up to ``costs.max_instances`` instances, one
+    request at a time each, a new one cold), the tick runs every minute at a drawn phase; until
+    Compute has received every replacement insert. Rate quotas on: refusals counted."""
+    fleet = Fleet(n, mix=False)
+    running = fleet.running()
+    g = Google(timer=RealTimer(scale), seed=seed)
+    tick_engine = fleet.engine(workers, g)
+    tick_engine.reconcile()  # the tick's instance is warm: a tick ran a minute before
+    g.requests.clear()
+    pre = preemptions(len(running), costs, seed, cold_fraction=0.0)
+    rng = random.Random(seed + 1)
+    tick_phase = rng.uniform(0, costs.tick_s)
+    new = {names.instance_name(j, fleet.status(j).attempt + 1) for j in running}
+    vms = {j: fleet.vm(j) for j in running}
+    events: list[tuple[float, int, str, str]] = []  # (seconds after the preemption, order, what, job)
+    for i, (job, p) in enumerate(zip(running, pre, strict=True)):
+        events += [(p.marker_at, i, "marker", job), (p.off_at, i, "halt", job), (p.delivered_at, i, "deliver", job)]
+    heapq.heapify(events)
+    deliveries: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+    done = threading.Event()
+    passes: Counter[str] = Counter()
+
+    def instance() -> None:
+        engine = None
+        while (job := deliveries.get()) is not None:
+            if engine is None:  # a new instance: its cold start, then its clients and caches
+                g.timer.sleep(costs.cold_start.draw(rng))
+                engine = fleet.engine(workers, g)
+                passes["cold starts"] += 1
+            try:
+                engine.reconcile(job)
+            except Exception:  # noqa: BLE001 - a pass that raises is retried by Eventarc; counted
+                passes["event passes that raised"] += 1
+            passes["event passes"] += 1
+
+    def ticker(started: float) -> None:
+        at = tick_phase
+        while not done.is_set():
+            delay = started + at * scale - g.timer.now()
+            if delay > 0 and done.wait(delay):
+                return
+            tick_engine.reconcile()
+            passes["ticks"] += 1
+            at += costs.tick_s
+
+    for job in running:
+        fleet.notice(job)
+    started = g.timer.now()
+    pool = [threading.Thread(target=instance, daemon=True) for _ in range(costs.max_instances)]
+    for t in pool:
+        t.start()
+    tick = threading.Thread(target=ticker, args=(started,), daemon=True)
+    tick.start()
+    while events:
+        at, _, what, job = heapq.heappop(events)
+        delay = started + at * scale - g.timer.now()
+        if delay > 0:
+            time.sleep(delay)
+        if what == "marker":
+            fleet.marker(job)
+        elif what == "halt":
+            fleet.halt(vms[job])
+        else:
+            deliveries.put(job)
+    limit = 900.0
+    while len(new & g.received.keys()) < len(new) and g.timer.since(started) < limit:
+        time.sleep(0.05 * scale if scale < 1 else 0.05)
+    arrived = [g.received[x] for x in new if x in g.received]
+    seconds = (max(arrived) - started) / scale if len(arrived) == len(new) else math.inf
+    done.set()
+    for _ in pool:
+        deliveries.put(None)
+    tick.join(timeout=600)
+    return {"seconds": seconds, "jobs": len(running), "received": len(arrived), "requests": g.http_requests,
+            "refusals": g.refusals, "by_kind": per_kind(g), "passes": dict(passes),
+            "p50_s": percentile([(a - started) / scale for a in arrived], 50) if arrived else math.inf}
+
+
+# -- calibration: the local cloud's scenarios (bench/local.py), on the fakes ------------------
+
+
+def calibration_on_fakes(n: int, workers: int, events: int, scale: float, seed: int) -> dict[str, Any]:
+    """bench/local.py's three scenarios over the costly fakes: a warm tick; every running job's
+    VM TERMINATED with its marker, then one tick, until every replacement insert is received;
+    events one at a time on a warm instance, marker landed -> insert received."""
+    fleet = Fleet(n)
+    tick = steady_tick(fleet, workers, scale, seed)
+    g: Google = tick["google"]
+    engine: Engine = tick["engine"]
+    running = fleet.running()
+    for job in running:
+        fleet.halt(fleet.notice(job))
+        fleet.marker(job)
+    new = {names.instance_name(j, fleet.status(j).attempt + 1) for j in running}
+    g.requests.clear()
+    started = g.timer.now()
+    engine.reconcile()
+    got = [g.received[x] for x in new if x in g.received]
+    recovery = (max(got) - started) / scale if len(got) == len(new) else math.inf
+    recovery_requests = g.http_requests
+    # Events: the fleet settled, one job at a time, a warm event instance (its first pass ran).
+    fleet.heartbeats()
+    engine.reconcile()
+    event_engine = fleet.engine(workers, g)
+    warm = fleet.running()
+    event_engine.reconcile(warm.pop())
+    latencies = []
+    for job in warm[:events]:
+        fleet.halt(fleet.notice(job))
+        target = names.instance_name(job, fleet.status(job).attempt + 1)
+        fleet.marker(job)
+        begun = g.timer.now()
+        event_engine.reconcile(job)
+        latencies.append((g.received.get(target, math.inf) - begun) / scale)
+    return {"tick_s": tick["seconds"], "tick_requests": tick["requests"], "mass_recovery_s": recovery,
+            "mass_recovery_jobs": len(running), "mass_recovery_requests": recovery_requests,
+            "event_p50_s": percentile(latencies, 50)}
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -196,91 +416,138 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
+def r3(x: float) -> float | None:
+    return None if x is None or math.isinf(x) else round(x, 3)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 10000])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--workers", type=int, default=32)
     parser.add_argument("--recovery", type=int, default=1000, help="jobs preempted at once")
     parser.add_argument("--events", type=int, default=200)
     parser.add_argument("--local", type=int, default=0, metavar="N",
-                        help="also run the scenarios on the local cloud at Google's latencies, over N jobs (bench/local.py)")
-    parser.add_argument("--scale", type=float, default=1.0, help="multiply every latency (0.01: a smoke run)")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, no baseline, nothing written: a smoke run")
+                        help="calibrate: the local cloud's scenarios over N jobs, on the local cloud and on the fakes")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every latency and duration (0.01: a smoke run)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, nothing written: a smoke run")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results.json")
     args = parser.parse_args(argv)
     if args.quick:
-        args.recovery, args.events = min(args.recovery, 20), min(args.events, 5)
-    LATENCY.update({k: v * args.scale for k, v in GOOGLE.items()})
+        args.recovery, args.events = min(args.recovery, 20), min(args.events, 10)
+        if args.scale == 1.0:
+            args.scale = 0.02
+    costs, scale = COSTS, args.scale
+    wall = time.perf_counter()
 
     rows: list[tuple[str, str, str]] = []
-    results: dict[str, Any] = {"model": "in-memory fakes + Google-like latency per call (bench/__main__.py)",
-                               "latency_s": LATENCY, "workers": args.workers,
-                               "machine": f"{platform.machine()}, {platform.python_implementation()} "
-                                          f"{platform.python_version()}, {_cpus()} CPUs"}
-    for n in args.sizes:
-        tick = steady_tick(n, args.workers)
+    results: dict[str, Any] = {
+        "model": "costly fakes (bench/fakes.py): paged lists, lognormal latencies, operations, rate quotas; "
+                 "figures from localcloud.realism.COSTS",
+        "costs": {k: (v.__dict__ if hasattr(v, "median") else v) for k, v in costs.__dict__.items()},
+        "workers": args.workers, "operation_wait_s": OPERATION_WAIT, "seed": args.seed, "scale": scale,
+        "machine": f"{platform.machine()}, {platform.python_implementation()} {platform.python_version()}, {_cpus()} CPUs"}
+    fleet = None
+    for n in sorted(args.sizes):
+        fleet = Fleet(n)
+        tick = steady_tick(fleet, args.workers, scale, args.seed)
         label = {100: "100", 1000: "1k", 10000: "10k"}.get(n, str(n))
-        results[f"tick_{label}_s"] = round(tick["seconds"], 3)
+        results[f"tick_{label}_s"] = r3(tick["seconds"])
+        results[f"tick_{label}_first_s"] = r3(tick["first_seconds"])
+        results[f"tick_{label}_requests"] = tick["requests"]
+        results[f"tick_{label}_requests_by_kind"] = tick["by_kind"]
         rows.append((f"steady tick, {n:,} jobs", f"{tick['seconds']:.2f} s",
-                     f"{tick['requests']:,} requests ({tick['requests_per_job']:.2f}/job); "
-                     f"a fresh instance's first tick: {tick['first_seconds']:.2f} s"))
-        results[f"tick_{label}_first_s"] = round(tick["first_seconds"], 3)
-        if n == max(args.sizes):
-            results[f"tick_{label}_requests"] = tick["requests"]
-            results[f"tick_{label}_peak_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-        if not args.quick and n <= 1000:
-            base = steady_tick(n, 1)
-            rows.append((f"  baseline: concurrency 1, {n:,} jobs", f"{base['seconds']:.2f} s", ""))
-    recovery = mass_recovery(args.recovery, args.workers)
-    results["mass_recovery_1k_s" if args.recovery == 1000 else f"mass_recovery_{args.recovery}_s"] = round(recovery, 3)
-    rows.append((f"mass recovery, {args.recovery:,} preempted at once", f"{recovery:.2f} s", "one tick issues every insert"))
-    if not args.quick:
-        small = min(100, args.recovery)
-        rows.append((f"  baseline: concurrency 1, {small} preempted", f"{mass_recovery(small, 1):.2f} s", ""))
-    background = max(args.sizes)
-    latencies = event_path(background, args.events)
-    results["event_p50_s"], results["event_p99_s"] = round(percentile(latencies, 50), 3), round(percentile(latencies, 99), 3)
-    rows.append((f"event path, {len(latencies)} events over {background:,} jobs",
-                 f"p50 {results['event_p50_s']:.2f} s, p99 {results['event_p99_s']:.2f} s", "marker -> insert issued"))
-    # A controller that polls every 15 s instead (as the peers do) first waits for its next
-    # poll: uniformly 0-15 s, then a whole pass over the fleet. Computed from the tick measured above.
-    poll = max(v for k, v in results.items() if k.startswith("tick_") and k.endswith("_s") and "first" not in k)
-    rows.append(("  baseline: a 15 s polling loop (computed)", f"p50 {7.5 + poll:.2f} s, p99 {14.85 + poll:.2f} s",
-                 "next poll, then a whole tick"))
+                     f"{tick['requests']:,} HTTP requests ({tick['per_job']:.2f}/job, {tick['refusals']} refused); "
+                     f"the instance's first tick: {tick['first_seconds']:.2f} s"))
+    assert fleet is not None
+    background = len(fleet.jobs)
+    # Where a job's insert lands in a tick of this fleet (the tick-only path's second half).
+    offsets = tick_offsets(fleet, tick["engine"], tick["google"], k=min(50, max(5, background // 20)))
+    results[f"tick_{background}_insert_offsets_s"] = {"p50": r3(percentile(offsets, 50)), "max": r3(max(offsets))}
+
+    pool = fleet.running()
+    pre = preemptions(min(args.events, len(pool) // 2), costs, args.seed)
+    jobs, spare = pool[-len(pre):], pool[-2 * len(pre):-len(pre)]
+    # The same preemptions for every path: these jobs' VMs, as they were before the event path's.
+    subjects = [(job, fleet.compute.request_of(fleet.vm(job))) for job in jobs]
+    latencies, via, g = event_from_notice(fleet, jobs, pre, offsets, scale, args.seed, args.workers)
+    results.update({"event_from_notice_p50_s": r3(percentile(latencies, 50)),
+                    "event_from_notice_p99_s": r3(percentile(latencies, 99)),
+                    "event_from_notice_max_s": r3(max(latencies)),
+                    "event_from_notice_events": len(latencies), "event_from_notice_via": dict(via),
+                    "event_from_notice_cold_events": sum(1 for p in pre if p.cold_s),
+                    "marker_after_notice_p50_s": r3(percentile([p.marker_at for p in pre], 50))})
+    rows.append((f"event path from the notice, {len(latencies)} preemptions over {background:,} jobs",
+                 f"p50 {percentile(latencies, 50):.2f} s, p99 {percentile(latencies, 99):.2f} s, max {max(latencies):.2f} s",
+                 f"{via['event']} by their event, {via['tick']} left to the tick (VM still STOPPING at the pass); "
+                 f"marker p50 {percentile([p.marker_at for p in pre], 50):.2f} s after the notice"))
+    # The same preemptions if the guest had powered off before its marker landed (the VM down
+    # when the pass lists it): what the event path costs when it does not lose that race.
+    down = [replace(p, off_at=p.marker_at) for p in pre]
+    if_down, via_down, _ = event_from_notice(fleet, spare, down, offsets, scale, args.seed, args.workers)
+    results.update({"event_from_notice_if_down_p50_s": r3(percentile(if_down, 50)),
+                    "event_from_notice_if_down_p99_s": r3(percentile(if_down, 99)),
+                    "event_from_notice_if_down_max_s": r3(max(if_down))})
+    rows.append(("  the same, had each VM been down when its pass listed it", f"p50 {percentile(if_down, 50):.2f} s, "
+                 f"p99 {percentile(if_down, 99):.2f} s, max {max(if_down):.2f} s", f"{via_down['event']} by their event"))
+    only = tick_only(pre, offsets, costs, args.seed)
+    results["tick_only_p50_s"], results["tick_only_p99_s"] = r3(percentile(only, 50)), r3(percentile(only, 99))
+    rows.append(("  tick only (no event function), same preemptions", f"p50 {percentile(only, 50):.2f} s, "
+                 f"p99 {percentile(only, 99):.2f} s", f"the next minute's tick after the VM is down, then its insert"))
+    for wait_s, key, label in ((POLL_RELAUNCH_WAIT_S, "poll_15s", "with its 60 s wait"), (0.0, "poll_15s_no_wait", "no wait")):
+        polled, asked, polled_s = polling_baseline(fleet, subjects, pre, wait_s, args.seed)
+        results[f"{key}_p50_s"], results[f"{key}_p99_s"] = r3(percentile(polled, 50)), r3(percentile(polled, 99))
+        results[f"{key}_max_s"] = r3(max(polled))
+        # Its cost: each job's controller lists its cluster every poll, watched or not.
+        results[f"{key}_list_requests_per_job_minute"] = round(asked["compute.instances.list"] / (polled_s / 60), 2)
+        rows.append((f"  polling baseline: 15 s, one job a poll, {label}", f"p50 {percentile(polled, 50):.2f} s, "
+                     f"p99 {percentile(polled, 99):.2f} s", "simulated clock, same fakes, same preemptions"))
+
+    recovery = mass_recovery(args.recovery, args.workers, scale, args.seed)
+    key = "mass_recovery_1k" if args.recovery == 1000 else f"mass_recovery_{args.recovery}"
+    results.update({f"{key}_s": r3(recovery["seconds"]), f"{key}_p50_s": r3(recovery["p50_s"]),
+                    f"{key}_requests": recovery["requests"], f"{key}_refusals_403": recovery["refusals"],
+                    f"{key}_requests_by_kind": recovery["by_kind"], f"{key}_passes": recovery["passes"]})
+    rows.append((f"mass recovery, {recovery['jobs']:,} preempted at once", f"{recovery['seconds']:.2f} s",
+                 f"from the preemption to the last insert received (p50 {recovery['p50_s']:.1f} s); "
+                 f"{recovery['requests']:,} HTTP requests, {recovery['refusals']} refused (403/429); "
+                 f"{recovery['passes']}"))
+
     if args.local:
         import logging
 
         from bench import local
 
         logging.disable(logging.WARNING)  # the controller's own lines: thousands of them
-        measured = local.run(args.local, args.workers, args.events, args.scale)
+        measured = local.run(args.local, args.workers, min(args.events, 50), scale)
         logging.disable(logging.NOTSET)
+        fakes = calibration_on_fakes(args.local, args.workers, min(args.events, 50), scale, args.seed)
         lat = measured["event_latencies_s"]
-        jobs = measured["mass_recovery_jobs"]
-        results.update({f"local_tick_{args.local}_s": round(measured["tick_s"], 3),
-                        f"local_tick_{args.local}_first_s": round(measured["first_tick_s"], 3),
-                        f"local_mass_recovery_{jobs}_s": round(measured["mass_recovery_s"], 3),
-                        "local_event_p50_s": round(percentile(lat, 50), 3),
-                        "local_event_p99_s": round(percentile(lat, 99), 3)})
-        rows += [(f"LOCAL CLOUD, Realism.google(): steady tick, {args.local:,} jobs", f"{measured['tick_s']:.2f} s",
-                  f"a fresh instance's first tick: {measured['first_tick_s']:.2f} s"),
-                 (f"LOCAL CLOUD: mass recovery, {jobs:,} preempted at once", f"{measured['mass_recovery_s']:.2f} s",
-                  f"until Compute had all {measured['mass_recovery_issued']:,} inserts"),
-                 (f"LOCAL CLOUD: event path, {len(lat)} events over {args.local:,} jobs",
-                  f"p50 {percentile(lat, 50):.2f} s, p99 {percentile(lat, 99):.2f} s",
-                  "marker landed -> Compute has the insert")]
-    ours, framework = cold_start(1 if args.quick else 3)
-    results["cold_start_s"], results["cold_start_framework_s"] = round(ours, 3), round(framework, 3)
-    rows.append(("cold start: import main + first tick, empty bucket", f"{ours:.2f} s",
-                 f"median of 3 fresh processes, local GCS and Compute; before it, the platform's "
-                 f"functions-framework import: {framework:.2f} s"))
-    results["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+        pairs = {"tick": (fakes["tick_s"], measured["tick_s"]),
+                 "mass_recovery": (fakes["mass_recovery_s"], measured["mass_recovery_s"]),
+                 "event_p50": (fakes["event_p50_s"], percentile(lat, 50))}
+        calibration: dict[str, Any] = {"jobs": args.local, "mass_recovery_jobs": measured["mass_recovery_jobs"]}
+        for name, (f, loc) in pairs.items():
+            ratio = f / loc if loc and not math.isinf(f) else None
+            calibration[name] = {"fakes": r3(f), "local": r3(loc), "ratio": None if ratio is None else round(ratio, 3),
+                                 "within_25pct": ratio is not None and 0.75 <= ratio <= 1.25}
+            rows.append((f"calibration, {args.local:,} jobs: {name}", f"fakes {f:.2f} s, local {loc:.2f} s",
+                         f"ratio {ratio:.2f}" if ratio else "no ratio"))
+        calibration["local_rate_refusals_403"] = measured.get("rate_refusals")
+        results["calibration"] = calibration
+        results.update({f"local_tick_{args.local}_s": r3(measured["tick_s"]),
+                        f"local_mass_recovery_{measured['mass_recovery_jobs']}_s": r3(measured["mass_recovery_s"]),
+                        "local_event_p50_s": r3(percentile(lat, 50)), "local_event_p99_s": r3(percentile(lat, 99))})
+    else:
+        results["calibration"] = None
 
+    results["bench_peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    results["bench_wall_s"] = round(time.perf_counter() - wall, 1)
     width = max(len(r[0]) for r in rows)
-    print(f"respawn bench: {results['model']}; {results['machine']}; {args.workers} workers")
+    print(f"respawn bench: {results['model']}; {results['machine']}; {args.workers} workers; scale {scale:g}")
     for scenario, figure, note in rows:
-        print(f"  {scenario:<{width}}  {figure:<24} {note}")
-    print(f"  peak RSS (the fakes' whole cloud included): {results['peak_rss_mib']} MiB")
+        print(f"  {scenario:<{width}}  {figure:<36} {note}")
+    print(f"  bench wall time {results['bench_wall_s']} s")
     if not args.quick:
         args.out.write_text(json.dumps(results, indent=1) + "\n")
         print(f"written: {args.out}")

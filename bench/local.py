@@ -2,9 +2,12 @@
 
 Real clients over real HTTP, deployed as on Google: ``main.py``'s two functions served by
 functions-framework, each in a process of its own (a function instance has its own CPU;
-Google's servers are not in it), against the local GCS and Compute with ``Realism.google()`` (30 ms per GCS request, 100 ms per
-Compute call, 1.5 s aggregated lists, inserts RUNNING 20 s, deletes 30 s, bulk limits, one write
-per second to one object).
+Google's servers are not in it), against the local GCS and Compute with ``Realism.google()``:
+the figures of ``localcloud.realism.COSTS``, the bench's fakes' too (latencies drawn around
+30 ms per GCS request, 100 ms per Compute call, 400 ms per aggregatedList page of 500
+instances; inserts RUNNING after 20 s, deletes 30 s; Compute's per-minute rate quotas, 403
+past them; one write per second to one object). ``python -m bench --local N`` runs these
+scenarios here and on the fakes (bench/__main__.py: ``calibration_on_fakes``) and reports both.
 VMs have no guest processes here (``run_vms=False``): a fleet of N is N instances, not N
 trainers, and the records a trainer would write are written by this script. The fleet
 is built with realism off; only the measured steps run at Google's speed. A tick is a
@@ -157,6 +160,7 @@ def run(n: int, workers: int, events: int, scale: float = 1.0) -> dict[str, Any]
             latencies.append(time.perf_counter() - started)  # Compute has the insert (the pass goes on)
             event.join()
         out["event_latencies_s"] = latencies
+        out["rate_refusals"] = fleet.compute.rate_refusals  # 403 rateLimitExceeded answered meanwhile
         return out
     finally:
         fleet.close()
