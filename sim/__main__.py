@@ -17,6 +17,7 @@ import json
 import math
 import os
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -177,9 +178,9 @@ def simulate(p: Params, workers: int = 1, skip_ticks: bool = True, verify_skips:
                 sweep_traces[(i, s)] = make_trace(replace(q, seed=s))
                 for n in SWEEP_POLICIES:
                     sweep_jobs[("sweep", i, s, n)] = (sweep_traces[(i, s)], n, skip_ticks, verify_skips)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), _cpu()
     raw = _pool({**jobs, **sweep_jobs}, workers)
-    wall = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, _cpu() - cpu
     tops = {s: ceiling(traces[(p.advice, s)]) for s in seeds}
     bound = {s: t["goodput"] for s, t in tops.items()}
 
@@ -193,9 +194,13 @@ def simulate(p: Params, workers: int = 1, skip_ticks: bool = True, verify_skips:
         orc = section({n: {s: raw[("oracle", s, n)] for s in seeds} for n in names_}, bound)
         doc["oracle"] = {"label": "if advice were perfect", "advice": "oracle", "advice_note": ADVICE_NOTE["oracle"],
                          **orc}
-        if "respawn" in names_ and "respawn" in chosen:
-            doc["oracle"]["respawn_gain_from_perfect_advice"] = margins(
-                {s: raw[("oracle", s, "respawn")] for s in seeds}, {s: raw[("headline", s, "respawn")] for s in seeds})
+        # Each policy with perfect advice minus itself with advice as Google gives it. For the
+        # baselines, whose placement asks no advice, this is their interval alone (Young/Daly from
+        # the true mean lifetime instead of from the zones' estimatedUptime): the part of
+        # respawn's headline margin that comes from the baselines' interval.
+        doc["oracle"]["gain_from_perfect_advice"] = {
+            n: margins({s: raw[("oracle", s, n)] for s in seeds}, {s: raw[("headline", s, n)] for s in seeds})
+            for n in names_ if n in chosen}
     refs = section({n: {s: raw[("reference", s, n)] for s in seeds} for n in REFERENCE_POLICIES}, bound)["policies"]
     doc["ceiling"] = ceiling_section(p, tops, {"headline": head["policies"], "oracle": doc.get("oracle", {}).get(
         "policies", {}), "reference": refs}, {sec: {n: {s: raw[(k, s, n)]["goodput"] for s in seeds} for n in ns}
@@ -219,9 +224,15 @@ def simulate(p: Params, workers: int = 1, skip_ticks: bool = True, verify_skips:
     }
     doc["descriptions"] = {n: DESCRIPTIONS[n] for n in [*chosen, *REFERENCE_POLICIES, "ceiling"]}
     doc["wall_s"] = wall
+    doc["cpu_s"] = cpu  # this process and its workers: what the runs cost whatever else shares the CPUs
     doc["machine"] = (f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
                       f"{min(workers, len(jobs) + len(sweep_jobs))} worker process(es)")
     return doc
+
+
+def _cpu() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _advice_note(advice: str, p: Params) -> str:
@@ -484,10 +495,11 @@ def main(argv: list[str] | None = None) -> int:
         console.print(table(f"ORACLE, {doc['oracle']['label']}: {size}", doc["oracle"]["policies"]))
         for line in margin_lines("[oracle]", doc["oracle"]["margins"]):
             console.print(line)
-        if "respawn_gain_from_perfect_advice" in doc["oracle"]:
-            g = doc["oracle"]["respawn_gain_from_perfect_advice"]["goodput_pp"]
-            console.print(f"respawn with perfect advice vs as Google gives it: {g['mean']:+.2f} pp goodput "
-                          f"(sd {g['sd']:.2f})")
+        for n, m in doc["oracle"]["gain_from_perfect_advice"].items():
+            g = m["goodput_pp"]
+            what = "placement and first interval" if POLICIES[n][0] == "engine" else "its interval alone"
+            console.print(f"{n} with perfect advice vs as Google gives it ({what}): {g['mean']:+.2f} pp goodput "
+                          f"(sd {g['sd']:.2f}, better in {g['better_in_seeds']}/{g['seeds']})")
     c = doc["ceiling"]
     console.print(table(f"CEILING CHECKS (oracle policies): bound {c['goodput']:.4f}", c["checks"]))
     console.print(f"ceiling: {c['goodput']:.4f} (upper bound: the best zone, best save schedule); {c['note']}")
@@ -520,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
             if r["errors"]:
                 console.print(f"[yellow]{name}: {r['counters']['pass_errors']} pass errors (not capacity), "
                               f"e.g. {r['errors'][0]}")
-    console.print(f"wall time {doc['wall_s']:.1f} s ({doc['machine']})")
+    console.print(f"wall time {doc['wall_s']:.1f} s, CPU {doc['cpu_s']:.1f} s ({doc['machine']})")
     if args.out:
         Path(args.out).write_text(json.dumps(doc, indent=1, sort_keys=False) + "\n")
         console.print(f"wrote {args.out}")

@@ -32,6 +32,7 @@ def test_a_few_hours_of_two_jobs_under_every_policy(tmp_path, capsys):
     # The oracle run is its own labelled section, never mixed into the headline.
     oracle = doc["oracle"]
     assert oracle["label"] == "if advice were perfect" and oracle["advice"] == "oracle"
+    assert set(oracle["gain_from_perfect_advice"]) == set(cli.ORACLE)
     assert set(oracle["policies"]) == set(cli.ORACLE) and "respawn" in oracle["policies"]
     assert not set(doc["policies"]) & set(REFERENCE_POLICIES)
     for section in (doc["policies"], oracle["policies"], doc["ceiling"]["checks"]):
