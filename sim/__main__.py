@@ -465,7 +465,7 @@ def plot(doc: dict[str, Any], path: str) -> None:
     left.axhline(ref, color="#ff9896", linestyle=":", label=f"ideal policy's expectation (reference) {ref:.3f}")
     goodputs = [r[1]["goodput"] for r in rows]
     left.set_ylim(max(0.0, min([*goodputs, top]) - 0.03), min(1.0, max([*goodputs, top]) + 0.01))
-    left.legend(loc="lower right", fontsize=7)
+    left.legend(loc="upper left", fontsize=7)
     times = [r[1]["time_to_train_h"] for r in rows]
     right.set_ylim(max(0.0, min(times) - 2), max(times) + 1)
     p = doc["parameters"]
