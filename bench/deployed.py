@@ -1,14 +1,16 @@
 """The function as deployed: cold start, peak RSS and HTTP requests per job of ``main.tick``.
 
-    python -m bench.deployed                  # 10,000 jobs at Google's latencies (about 6 minutes, 2 CPUs)
+    python -m bench.deployed                  # 10,000 jobs at Google's latencies (about 8 minutes, 2 CPUs)
+    python -m bench.deployed --cold-only      # the cold starts alone (half a minute)
     python -m bench.deployed --jobs 20 --quick --scale 0.01   # a smoke run (what the test runs)
 
 What runs: ``main.py``'s ``tick`` served by functions-framework (its gunicorn master and the
 worker it forks, as Cloud Functions 2nd gen runs it), with the real google-cloud-storage and
 google-cloud-compute clients, against a GCS and a Compute server each in a process of its own,
-so the servers' memory and CPU are not the function's. The latencies are the bench's,
-``localcloud.realism.Realism.google()`` (GCS 30 ms per request, Compute 100 ms per call, the
-aggregated instance list 1.5 s), times ``scale``.
+so the servers' memory and CPU are not the function's. The latencies are the bench's profile,
+``localcloud.realism.Realism.google()`` times ``scale``, whatever it holds when this runs (GCS
+30 ms a request, Compute 100 ms a call, the aggregated instance list's own figure per page;
+drawn around those medians where the profile draws them); ``deployed_latency_s`` records it.
 
 Three figures (``bench/results.json`` keys):
 
@@ -36,8 +38,10 @@ Three figures (``bench/results.json`` keys):
 The GCS server. fake-gcs-server (``localcloud.gcs``), the local cloud's GCS, reads every object of
 a bucket to list a prefix; at 10,000 jobs (about 28,000 objects, 28 pages a listing) one tick's
 listing alone costs it minutes of CPU on this machine, and its requests would be counted behind a
-proxy that makes several of its own. gcp-storage-emulator (PyPI) keeps objects in a dict and
-also scans and sorts the whole bucket for each page, and would be a new dependency. So this
+proxy that makes several of its own. gcp-storage-emulator (PyPI) would be a new dependency and
+answers a list in one response whatever its size (its ``objects.ls`` reads neither ``maxResults``
+nor ``pageToken``: no list pages to count) and judges no ``ifGenerationMatch`` on reads, uploads
+or deletes (src/gcp_storage_emulator/handlers/objects.py, oittaa/gcp-storage-emulator). So this
 module brings its own stand-in (option (a) of the issue): GCS's JSON API in Python, in its own
 process, serving exactly what ``controller.adapters.gcs.GcsStore`` sends through
 google-cloud-storage (object lists by prefix with ``maxResults``/``pageToken``, ``delimiter``,
@@ -46,11 +50,19 @@ google-cloud-storage (object lists by prefix with ``maxResults``/``pageToken``, 
 with generations, metagenerations, the four ``if(Meta)generation(Not)Match`` preconditions
 (412 ``conditionNotMet``, 304 for ``NotMatch``), crc32c and MD5 (``x-goog-hash``), and GCS's one
 mutation per second per object (429 ``rateLimitExceeded``) once the bench's latencies are on.
-Objects are held in a sorted index per bucket: a page is a bisection and 1,000 entries, as on
-GCS. Anything else it is sent is answered 501 and counted as ``unimplemented``, so a request it
-does not know cannot pass unnoticed. Compute is the local cloud's own
+Objects are held in a sorted index per bucket: a page is a bisection and at most 1,000 entries,
+as on GCS. Anything else it is sent is answered 501 and counted as ``unimplemented``, so a
+request it does not know cannot pass unnoticed. Compute is the local cloud's own
 ``localcloud.compute.ComputeServer`` (``run_vms=False``: instances without guest processes),
-wrapped to count requests.
+wrapped to count requests, with the profile's latencies, paging and rate quotas.
+
+The fleet: specs are written, then a function process of its own (not the one measured) launches
+them at no latency with three ticks, as bench/local.py builds its fleet: every job launched, then
+20 % exit 0 and 10 % exit 1 (backing off), the rest RUNNING with a heartbeat. The records a
+trainer would write (exit records, heartbeats) go through the stand-in's side door
+(``/_bench/objects``: one request for the fleet, never counted, never the function's). Then the
+latencies are turned on and a fresh function instance runs its first tick (filling its cache)
+and, after a round of heartbeats, the steady tick that is counted.
 
 Not modelled: the platform's container start and image pull (only the process's own start is
 measured), the metadata server's token fetches (anonymous credentials here; on Google one per
@@ -816,10 +828,14 @@ def measure(scale: float = 1.0, jobs: int = 10000, quick: bool = False, *, cold:
             phases: dict[str, float] = {}
             started = mark = time.perf_counter()
 
+            build_requests: dict[str, dict[str, int]] = {}
+
             def phase(name: str) -> None:
                 nonlocal mark
                 phases[name] = round(time.perf_counter() - mark, 1)
                 mark = time.perf_counter()
+                if name.endswith("_tick"):  # what the builder's tick sent
+                    build_requests[name] = dict(gcs.counts(reset=True) + compute.counts(reset=True))
 
             built.specs()
             phase("specs")
@@ -841,6 +857,7 @@ def measure(scale: float = 1.0, jobs: int = 10000, quick: bool = False, *, cold:
             phase("heartbeats")
             out["build_s"] = round(time.perf_counter() - started, 1)
             out["build_phases_s"] = phases
+            out["build_http_requests"] = build_requests
             states = Counter(st.phase.value for st in built.statuses().values())
             out["fleet_phases"] = dict(states)
             out["fleet_exit_records"], out["fleet_heartbeats"] = finished, beating
