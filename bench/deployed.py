@@ -481,6 +481,40 @@ class _Counted:
         return self.app(environ, counted)
 
 
+_ONE_JOB = re.compile(r'^\((?P<managed>.*)\) AND \(labels\.respawn-job = "(?P<job>[a-z0-9-]+)"\)$')
+
+
+def _indexed_compute() -> Any:
+    """``ComputeServer`` whose aggregated list of one job's instances (what each job's first launch
+    asks: ``(managed) AND (labels.respawn-job = "JOB")``) looks only at the instances carrying that
+    label, instead of evaluating the filter on every instance of the project: the same answer (no
+    instance without the label can match the AND; a name without wildcards matches only itself),
+    found as Google finds it, from an index rather than a scan. Without it, building a fleet of
+    10,000 cost about 10,000 x 10,000 filter evaluations in the server (most of a 17-minute run)."""
+    from localcloud.compute import ComputeServer
+
+    class View:
+        """The server as its method sees it, its instances narrowed to ``vms``."""
+
+        def __init__(self, server: Any, vms: dict[Any, Any]) -> None:
+            self.__dict__.update(_server=server, _vms=vms)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._server, name)
+
+    class Indexed(ComputeServer):  # type: ignore[misc,valid-type]
+        def _instances_aggregatedList(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
+            one = _ONE_JOB.match(q.get("filter") or "")
+            if one is None:
+                return super()._instances_aggregatedList(p, q, body)
+            with self._lock:
+                vms = {key: vm for key, vm in self._vms.items()
+                       if (vm.resource.get("labels") or {}).get("respawn-job") == one["job"]}
+            return ComputeServer._instances_aggregatedList(View(self, vms), p, q, body)
+
+    return Indexed
+
+
 def _serve(kind: str) -> None:
     """This process serves GCS or Compute until its stdin closes (its parent's end); prints the port."""
     from localcloud.http import Served
@@ -492,7 +526,7 @@ def _serve(kind: str) -> None:
         from localcloud import compute as local_compute
         from localcloud.realism import Realism
 
-        server = local_compute.ComputeServer(run_vms=False, shutdown_budget=0.5)
+        server = _indexed_compute()(run_vms=False, shutdown_budget=0.5)
 
         def configure(sent: dict[str, Any]) -> None:
             scale = sent.get("scale")

@@ -90,3 +90,25 @@ def test_the_gcs_standin_refuses_a_second_write_within_the_interval(standin):
     store.write("b", "o", b"2")  # 429 rateLimitExceeded, then google-cloud-storage's own retry a second on
     assert app.counts["upload 429"] >= 1 and app.counts["upload 200"] == 2
     assert store.read("b", "o").data == b"2"
+
+
+def test_the_counted_compute_answers_one_jobs_aggregated_list_as_the_local_server_does():
+    """The build's shortcut (only the instances labelled with the job are looked at) changes no answer."""
+    from controller.adapters.compute import MANAGED_FILTER
+    from localcloud.compute import ComputeServer, Vm
+
+    plain, indexed = ComputeServer(run_vms=False), deployed._indexed_compute()(run_vms=False)
+    for server in (plain, indexed):
+        for i in range(30):
+            zone = ("us-central1-a", "us-central1-b", "europe-west4-a")[i % 3]
+            labels = {"respawn-managed": "true" if i % 5 else "false", "respawn-job": f"job-{i % 7}"}
+            resource = {"name": f"vm-{i:02d}", "labels": labels, "status": "RUNNING", "zone": zone}
+            server._vms[("p", zone, resource["name"])] = Vm("p", zone, resource)
+    for text in (f'({MANAGED_FILTER}) AND (labels.respawn-job = "job-3")', MANAGED_FILTER,
+                 f'({MANAGED_FILTER}) AND (labels.respawn-job = "job-*")', None):
+        q = {"filter": text} if text else {}
+        assert indexed._instances_aggregatedList({"project": "p"}, q, None) == \
+            plain._instances_aggregatedList({"project": "p"}, q, None)
+    one = indexed._instances_aggregatedList({"project": "p"}, {"filter": f'({MANAGED_FILTER}) AND (labels.respawn-job = "job-3")'}, None)
+    assert sorted(i["name"] for scoped in one["items"].values() for i in scoped.get("instances", [])) == \
+        ["vm-03", "vm-17", "vm-24"]  # vm-10 is job-3's but not managed
