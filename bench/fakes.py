@@ -20,6 +20,8 @@ real adapters send over HTTP, request by request:
 - GCS's one write a second per object: a second write within the second is refused (429,
   counted); a conditional write is retried as the storage client retries (1 s, doubling),
   an unconditional one fails (the client does not retry those);
+- every request costs the client's own CPU too (``COSTS.client_cpu_s``, measured on the
+  deployed function: bench/deployed.py), burnt in the calling thread, under the GIL;
 - capacity advice costs one ``advice.capacity`` request and, for Spot, one
   ``advice.capacityHistory`` per zone, one after another (controller/adapters/advice.py).
 
@@ -127,15 +129,32 @@ class Google:
         self.received: dict[str, float] = {}  # instance name -> timer time its insert was received
         self.deleting: dict[str, tuple[str, str]] = {}  # a VM not down when deleted: gone once it has halted
         self.deleting_lock = threading.Lock()
+        self.operations: dict[str, float] = {}  # insert request id -> when its operation is DONE (any instance's)
         self._lock = threading.Lock()
+
+    def client_cpu(self) -> None:
+        """The client library's CPU for one request: burnt in this thread (holding the GIL, as the
+        real client's Python does), or, on a simulated clock, its time."""
+        seconds = self.costs.client_cpu_s * self.timer.scale
+        if seconds <= 0:
+            return
+        if not isinstance(self.timer, RealTimer):
+            self.timer.sleep(seconds)
+            return
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
 
     def draw(self, cost: Lognormal) -> float:
         with self._lock:
             return cost.draw(self.rng)
 
     def count(self, kind: str, n: int = 1) -> None:
+        """``n`` HTTP requests sent (answered or refused), each with its client CPU."""
         with self._lock:
             self.requests[kind] += n
+        for _ in range(n):
+            self.client_cpu()
 
     @property
     def http_requests(self) -> int:
@@ -230,7 +249,6 @@ class CostlyCompute:
     def __init__(self, target: Any, google: Google, operation_timeout: float = 180.0) -> None:
         self.target, self.g = target, google
         self.operation_timeout = operation_timeout  # the adapter's own wait when the pass gives none
-        self._done_at: dict[str, float] = {}  # request id -> when its operation is DONE
         self._lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:  # test helpers (preempt, calls...): free
@@ -266,9 +284,9 @@ class CostlyCompute:
         with self._lock:
             for r in requests:
                 self.g.received.setdefault(r.name, received)
-            if request_id not in self._done_at:
-                self._done_at[request_id] = received + self.g.draw(self.g.costs.insert_running) * self.g.timer.scale
-            done_at = self._done_at[request_id]
+            if request_id not in self.g.operations:
+                self.g.operations[request_id] = received + self.g.draw(self.g.costs.insert_running) * self.g.timer.scale
+            done_at = self.g.operations[request_id]
         budget = (self.operation_timeout if wait is None else wait) * self.g.timer.scale
         left = done_at - self.g.timer.now()
         waited = min(max(left, 0.0), budget)

@@ -70,6 +70,10 @@ class Costs:
     advice_call: Lognormal = Lognormal(0.300, 1.000)  # advice.capacity / capacityHistory
     insert_running: Lognormal = Lognormal(20.0, 60.0)  # insert accepted -> operation DONE (VM RUNNING)
     delete_done: Lognormal = Lognormal(30.0, 45.0)  # a running Spot VM's delete: its shutdown included
+    # The client's own CPU per HTTP request (google-cloud-storage / compute_v1, auth, JSON): one
+    # steady 10,000-job tick of the deployed function spent 22.5 CPU-s on 11,047 requests
+    # (bench/deployed.py, measured on this repo's 2-CPU machine). Under the GIL it does not overlap.
+    client_cpu_s: float = 0.002
     gcs_page: int = 1000
     compute_page: int = 500
     quota_per_minute: int = 1500  # each Compute group, per project
