@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from controller.core import errors
@@ -45,7 +46,7 @@ OBTAINABLE, OUT = 0.9, 0.1  # the score's level where the zone had capacity / wa
 class GoogleLikeAdvisor:
     """``CapacityAdvisor`` over a trace, noisy and lagging as above; ``now`` gives simulated seconds."""
 
-    def __init__(self, trace: Trace, now: callable) -> None:  # type: ignore[valid-type]
+    def __init__(self, trace: Trace, now: Callable[[], float]) -> None:
         self.trace = trace
         self.p = trace.params
         self.now = now
