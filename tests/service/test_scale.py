@@ -200,3 +200,29 @@ def test_a_record_read_again_unchanged_costs_one_metadata_request():
     assert [op for op, name in h.store.calls if name == marker] == ["read", "stat", "delete"], \
         "read once from the listing, checked once by its generation, consumed"
     assert h.status("again").attempt == 2
+
+
+def test_what_the_observer_keeps_between_passes_costs_about_what_it_counts():
+    """The cache of what was read is bounded by the bytes it counts (``PARSED_CACHE_BYTES``);
+    what it really holds must stay near that count, or a 10,000-job tick's function outgrows
+    its 512 MiB (a parsed status took five times its size: 20 KiB for 4 KiB)."""
+    import gc
+    import tracemalloc
+
+    h = Harness()
+    for i in range(150):
+        h.submit(f"job-{i:03d}")
+    h.engine().reconcile()  # every job launched: a status each
+    engine = h.engine()  # a fresh instance: its cache filled by the pass below
+    gc.collect()
+    tracemalloc.start(40)
+    try:
+        engine.reconcile()
+        gc.collect()
+        held = sum(t.size for t in tracemalloc.take_snapshot().traces
+                   if any(f.filename.endswith("service/observe.py") for f in t.traceback))
+    finally:
+        tracemalloc.stop()
+    counted = engine.observer.parsed._cache.currsize
+    assert counted > 150 * 1024, counted  # the statuses are in it
+    assert held <= 3 * counted, f"the cache holds {held:,} bytes but counts {counted:,}"
