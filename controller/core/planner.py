@@ -452,7 +452,7 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
     # (A TPU spec's own TPU nodes are waited for below, every one of them, for their quota; a VM
     # left by a spec that moved to a TPU is waited for here, as any VM is.)
     up = [i for i in v.instances if i.attempt == st.attempt and not i.status.down
-          and not (spec.tpu is not None and i.tpu)]
+          and not (spec.tpu is not None and i.tpu) and not _done_going_down(v, st, i)]
     since = st.recovering_since or st.created_at or now  # a new run: since it began
     if any(i.status.alive for i in up) or (up and now - since < _SETTLE_LIMIT):
         # A VM of this attempt is still up: delete it first (its shutdown script gives the
@@ -502,6 +502,18 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
     # What is left of the previous attempt is down, or stuck on its way down: its deletes
     # come after the insert, so that one that keeps failing never holds the next attempt.
     return [WriteStatus(v.job, nxt, why), *_insert(v, spec, nxt, now, ctx), *_delete_current(v, st, why)]
+
+
+def _done_going_down(v: JobView, st: JobStatus, i: Instance) -> bool:
+    """A VM on its way down (STOPPING...) whose own marker says its work is done.
+
+    The shutdown script writes the marker once the trainer has exited (its SIGTERM save
+    landed) or at its deadline just before the hard-off: nothing more will come from that
+    VM, so the next attempt need not wait for it to be down. Waiting would wait for the next
+    tick: nothing else fires when a VM finishes going down. Only the VM that wrote the
+    marker: a gang's other nodes may still be saving."""
+    return (not i.status.alive and v.marker is not None and v.marker.belongs_to(st)
+            and v.marker.instance == i.name)
 
 
 def _await_husks(v: JobView, st: JobStatus, husks: list[Instance], why: str, now: datetime) -> list[Action]:

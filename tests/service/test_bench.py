@@ -105,15 +105,17 @@ def test_the_polling_baseline_reads_one_job_a_poll_and_waits_before_relaunching(
         assert 0 < fast <= bench.POLL_S + 3.0  # the first poll after the notice sees it
 
 
-def test_a_pass_that_finds_the_vm_still_stopping_leaves_the_insert_to_the_tick():
+def test_a_pass_that_finds_the_vm_still_stopping_after_its_marker_launches_at_once():
+    """The marker says the VM's work is done: its event's pass inserts the replacement even
+    while the guest is still powering off (it used to leave the insert to the next tick)."""
     fleet = bench.Fleet(12, mix=False)
     jobs = fleet.running()[:2]
     quick = bench.Preemption(marker_at=0.5, off_at=0.5, delivered_at=0.6, cold_s=0.0, tick_phase=30.0, poll_phase=1.0)
     slow = replace(quick, off_at=20.0)  # the guest powers off long after its pass
     latencies, via, g = bench.event_from_notice(fleet, jobs, [quick, slow], [1.0], scale=0.05, seed=1, workers=4)
-    assert via == {"event": 1, "tick": 1}
-    assert latencies[0] < 30.0 and latencies[1] == pytest.approx(31.0)  # the tick at 30 s, its insert 1 s in
-    assert g.requests["compute.advice.capacity"] == 1  # the pass that launched asked (a cold cache); the other never launched
+    assert via == {"event": 2}
+    assert all(x < 30.0 for x in latencies)  # neither waited for the tick at 30 s
+    assert g.requests["compute.advice.capacity"] >= 1  # a cold advice cache: the launch asked
 
 
 def test_bench_runs_at_a_tiny_size(capsys, tmp_path):

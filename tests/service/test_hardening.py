@@ -552,7 +552,12 @@ def test_exit_zero_while_a_recycle_cannot_delete_the_vm_wins(h):
 def test_a_vm_stuck_on_its_way_down_holds_the_next_attempt_only_for_a_while(h):
     started(h)
     h.compute.set_status("llm-1", InstanceStatus.STOPPING)
-    h.marker("llm")
+    # A marker that does not name its VM (an older agent's): it does not say that llm-1's work
+    # is done, so llm-1 is waited for. (Its own marker would not be: test_planner's
+    # test_a_vm_going_down_whose_marker_says_its_work_is_done_is_not_waited_for.)
+    st = h.status("llm")
+    h.store.put(BUCKET, names.marker_key("llm"), json.dumps(
+        {"attempt": st.attempt, "reason": "preempted", "token": st.attempt_token}))
 
     class NeverGone:  # the delete is accepted but never completes
         def __getattr__(self, name: str) -> Any:

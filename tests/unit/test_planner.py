@@ -67,6 +67,24 @@ def test_first_action_of_a_decision_is_the_status_commit():
     assert actions[-1] == DeleteRecord("job", "preempted-jobs/job", 5, "acted on by attempt 2")
 
 
+@pytest.mark.parametrize("settling", [InstanceStatus.STOPPING, InstanceStatus.PENDING_STOP, InstanceStatus.UNKNOWN])
+def test_a_vm_going_down_whose_marker_says_its_work_is_done_is_not_waited_for(settling):
+    """The marker is written once the trainer exited (its save landed) or at the deadline:
+    the replacement goes in the same pass (the event's), not a tick later; the husk's delete
+    comes after the insert."""
+    record = Record("preempted-jobs/job", 5, NOW, attempt=1, instance="job-1")
+    actions = plan_job(view(marker=record, instances=(vm("job-1", 1, settling),)), NOW, CTX)
+    assert kinds(actions)[:2] == ["WriteStatus", "CreateInstances"] and actions[0].status.attempt == 2
+    assert [a.name for a in actions if isinstance(a, DeleteInstance)] == ["job-1"]
+    # A VM still alive is always waited for (never two live attempts), marker or not.
+    actions = plan_job(view(marker=record, instances=(vm("job-1", 1),)), NOW, CTX)
+    assert kinds(actions) == ["WriteStatus", "DeleteInstance"]
+    # A marker of another VM (a gang's rank 0) says nothing of this one: it may still be saving.
+    other = Record("preempted-jobs/job", 5, NOW, attempt=1, instance="job-1-w1")
+    actions = plan_job(view(marker=other, instances=(vm("job-1", 1, settling),)), NOW, CTX)
+    assert "CreateInstances" not in kinds(actions)
+
+
 @pytest.mark.parametrize(
     "reason, counted",
     [
