@@ -30,7 +30,7 @@ from controller.core.policy import ControllerPolicy
 from controller.core.ports import (Blob, BlobInfo, BlobStore, CapacityAdvisor, ComputeGateway, Instance, InstanceList,
                               StopReason, TpuGateway, TpuList, TpuNode)
 from controller.core.spec import MAX_SPEC_BYTES, Checkpoint, JobSpec, SpecError, parse_spec
-from controller.core.state import CheckpointRef, JobStatus
+from controller.core.state import CheckpointRef, JobStatus, Phase
 from controller.core.world import MAX_RECORD_BYTES, JobView, Record, World
 
 log = logging.getLogger(__name__)
@@ -520,13 +520,18 @@ class Observer:
         lost = [n for n in st.instances if n not in seen or not seen[n].status.alive]
         if not lost:
             return view
-        reads: dict[Any, Callable[[], Any]] = {n: (lambda n=n: self._stop_reason(view, seen.get(n), n)) for n in lost}
+        # Between attempts (backing off, or waiting for a zone) the loss was judged already:
+        # Compute's why changes no plan, and each ask is a list request against the project's
+        # per-minute quota (1,000 a tick for 1,000 jobs backing off: two thirds of the default).
+        judged = st.phase in (Phase.PENDING, Phase.RECOVERING)
+        reads: dict[Any, Callable[[], Any]] = {} if judged else {
+            n: (lambda n=n: self._stop_reason(view, seen.get(n), n)) for n in lost}
         reads["records"] = lambda: self.with_fresh_records(view)
         off = all(n not in seen or seen[n].status.down for n in lost)
         if side > 1 and off and view.spec and view.spec.checkpoint and not view.checkpoint_loaded:
             reads["checkpoint"] = lambda: self._checkpoint_fields(view)
         got = dict(zip(reads, fanout.each(reads.values(), lambda read: read(), side), strict=True))
-        return replace(got["records"], stop_reasons={n: got[n] for n in lost}, **got.get("checkpoint", {}))
+        return replace(got["records"], stop_reasons={n: got[n] for n in lost if n in got}, **got.get("checkpoint", {}))
 
 
 def _ours(objects: dict[str, BlobInfo]) -> bool:

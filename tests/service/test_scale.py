@@ -226,3 +226,22 @@ def test_what_the_observer_keeps_between_passes_costs_about_what_it_counts():
     counted = engine.observer.parsed._cache.currsize
     assert counted > 150 * 1024, counted  # the statuses are in it
     assert held <= 3 * counted, f"the cache holds {held:,} bytes but counts {counted:,}"
+
+
+def test_a_job_backing_off_costs_no_compute_request_for_why_its_vm_stopped():
+    """Between attempts the loss was judged already: asking Compute's operations again each
+    tick would spend the project's per-minute list quota (1,000 a tick for 1,000 such jobs)."""
+    h = Harness()
+    h.submit("job", spec_doc(policy={"backoff": {"initial": "30m", "max": "1h"}}))
+    engine = h.engine()
+    engine.reconcile()
+    engine.reconcile()
+    h.exit("job", 1)
+    engine.reconcile()
+    assert h.status("job").phase == Phase.RECOVERING and h.status("job").not_before
+    h.compute.calls.clear()
+    for _ in range(3):
+        h.advance(minutes=1)
+        engine.reconcile()
+    assert h.status("job").phase == Phase.RECOVERING
+    assert [c for c in h.compute.calls if c[0] == "stop_reason"] == []
