@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
+import logging
 import math
 import platform
 import queue
@@ -431,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=200)
     parser.add_argument("--local", type=int, default=0, metavar="N",
                         help="calibrate: the local cloud's scenarios over N jobs, on the local cloud and on the fakes")
+    parser.add_argument("--deployed", type=int, default=0, metavar="N",
+                        help="also the function as deployed over N jobs: cold start, its RSS, HTTP requests (bench/deployed.py)")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every latency and duration (0.01: a smoke run)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="tiny sizes, nothing written: a smoke run")
@@ -521,8 +524,6 @@ def main(argv: list[str] | None = None) -> int:
                  f"{recovery['passes']}"))
 
     if args.local:
-        import logging
-
         from bench import local
 
         logging.disable(logging.WARNING)  # the controller's own lines: thousands of them
@@ -555,6 +556,15 @@ def main(argv: list[str] | None = None) -> int:
                         "local_event_p50_s": r3(percentile(lat, 50)), "local_event_p99_s": r3(percentile(lat, 99))})
     else:
         results["calibration"] = None
+
+    if args.deployed:
+        from bench import deployed
+
+        logging.disable(logging.WARNING)
+        measured = deployed.measure(scale=scale, jobs=args.deployed, quick=args.quick)
+        logging.disable(logging.NOTSET)
+        rows += [(f"DEPLOYED: {a}", b, c) for a, b, c in measured.pop("rows")]
+        results.update(measured)
 
     results["bench_peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     results["bench_wall_s"] = round(time.perf_counter() - wall, 1)
