@@ -868,3 +868,34 @@ def test_capacity_advice_for_a_machine_type_with_attached_gpus_is_a_request_goog
         advice = advisor.advise(shape)  # the request and the history's are checked against the discovery document
         assert set(advice) == {"us-central1-a", "us-central1-b"}
         assert all(a.preemption_rate is not None for a in advice.values())
+
+
+def test_compute_rate_quotas_are_per_group_and_synchronized_minute_as_google_documents():
+    """https://cloud.google.com/compute/api-quota: per project and group, per synchronized
+    minute; past it, 403 rateLimitExceeded until the next minute. Lists and reads are counted
+    apart."""
+    if 60 - time.monotonic() % 60 < 15:  # the local server's minutes are monotonic minutes
+        time.sleep(60 - time.monotonic() % 60 + 0.1)
+    with ComputeServer(run_vms=False, realism=Realism(rate_quota_per_minute=3)) as srv:
+        instances, _ = clients(srv)
+        for _ in range(3):
+            list(instances.list(project=PROJECT, zone=ZONE))
+        with pytest.raises(gexc.Forbidden) as refused:
+            list(instances.list(project=PROJECT, zone=ZONE))
+        error = refused.value.errors[0]
+        assert (error["reason"], error["domain"]) == ("rateLimitExceeded", "usageLimits")
+        with pytest.raises(gexc.NotFound):  # a get is in another group: answered (404), not refused
+            instances.get(project=PROJECT, zone=ZONE, instance="nothing")
+        list(instances.list(project="another-project", zone=ZONE))  # per project
+
+
+def test_an_aggregated_list_pages_by_instances_as_google_does():
+    """500 items a page at most, however they fall into zones (a page may split a zone)."""
+    with ComputeServer(run_vms=False) as srv:
+        instances, _ = clients(srv)
+        for i in range(3):
+            bulk(instances, [f"a{i}-{n}" for n in range(400)])
+        pages = list(instances.aggregated_list(request={"project": PROJECT, "max_results": 500}).pages)
+        counts = [sum(len(scoped.instances) for _, scoped in page.items.items()) for page in pages]
+        # (an empty zone's warning takes a place on a page here, so a page may hold a few less)
+        assert sum(counts) == 1200 and max(counts) == 500 and len(pages) == 3
