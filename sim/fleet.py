@@ -725,13 +725,17 @@ class Ideal(Baseline):
         if self.zones_to_try(job):
             super().launch(job)
             return
+        self._wait_out(job, min(b for z in f.trace.zones.values() for a, b in z.stockouts if a <= f.now < b))
+
+    def _wait_out(self, job: str, back: float) -> None:
+        """No zone it may use has capacity: its VM (if any) goes, and it launches again at ``back``."""
+        f = self.f
         if (old := self.live.get(job)) is not None:
             zone = next((i.zone for i in f.compute.all() if i.name == old), None)
             if zone is not None:
                 f.compute.delete(PROJECT, zone, old)
             self.live[job] = None
             f.sync()
-        back = min(b for z in f.trace.zones.values() for a, b in z.stockouts if a <= f.now < b)
         f.at(back, self.launch, job)
 
 
@@ -753,15 +757,7 @@ class BestZoneWait(Ideal):
         if self.zones_to_try(job):
             Baseline.launch(self, job)
             return
-        if (old := self.live.get(job)) is not None:
-            zone = next((i.zone for i in f.compute.all() if i.name == old), None)
-            if zone is not None:
-                f.compute.delete(PROJECT, zone, old)
-            self.live[job] = None
-            f.sync()
-        best = self.best()
-        back = min(b for a, b in f.trace.zones[best].stockouts if a <= f.now < b)
-        f.at(back, self.launch, job)
+        self._wait_out(job, min(b for a, b in f.trace.zones[self.best()].stockouts if a <= f.now < b))
 
 
 def run_policy(trace: Trace, policy: str, skip_ticks: bool = True, verify_skips: bool = False) -> dict[str, Any]:
