@@ -13,8 +13,8 @@ Clocks start where the user's loss starts: the preemption notice. What happens b
 controller's pass (the trainer's save and the marker's upload, the guest's power-off,
 Eventarc's delivery, a cold function instance) is drawn from ``COSTS``; the passes
 themselves run for real, in wall-clock time. The polling baseline (a SkyPilot-style
-managed-jobs loop: one job's status read every 15 s, a relaunch after a 60 s wait, and a
-variant without the wait) runs over the same fakes on a simulated clock that each request
+managed-jobs loop: one job's status read every 15 s and a relaunch at once, and a
+variant that waits 60 s before relaunching) runs over the same fakes on a simulated clock that each request
 advances (``bench.fakes.SimTimer``): minutes of polling take milliseconds.
 
     python -m bench --local 1430       # make bench: every scenario, and the calibration
@@ -65,7 +65,12 @@ SPEC = yaml.safe_dump({"zones": ["us-central1-a", "us-central1-b"], "machine_typ
                        "policy": {"backoff": {"initial": "30m", "max": "1h"}}})
 OPERATION_WAIT = Settings.model_fields["operation_wait"].default  # as deployed: 2 s of a pass for its inserts
 POLL_S = 15.0  # the polling baseline's period (SkyPilot's managed-jobs controller: one job's status a poll)
-POLL_RELAUNCH_WAIT_S = 60.0  # SkyPilot's StrategyExecutor.RETRY_INIT_GAP_SECONDS, before a relaunch
+# SkyPilot's StrategyExecutor.RETRY_INIT_GAP_SECONDS: its backoff after a *failed* launch
+# (sky/jobs/recovery_strategy.py; its own tests: "A failed launch backs off
+# Backoff(RETRY_INIT_GAP_SECONDS) before the retry"). A recovery relaunches at once: the
+# headline baseline has no wait; the variant with a 60 s wait before every relaunch is the
+# one issue 24 assumed, kept as ``poll_15s_wait60``.
+POLL_RELAUNCH_WAIT_S = 60.0
 
 
 class Fleet(Records):
@@ -256,7 +261,7 @@ def polling_baseline(fleet: Fleet, subjects: list[tuple[str, Any]], pre: list[Pr
                      seed: int) -> tuple[list[float], Counter[str], float]:
     """A managed-jobs controller per job, as SkyPilot's (sky/jobs/controller.py): sleep 15 s, read
     that one job's status (one zonal ``instances.list`` of its cluster), and on a preemption
-    relaunch, after ``wait_s`` (its recovery strategy's 60 s gap; 0 for the variant without).
+    relaunch after ``wait_s`` (0, as SkyPilot recovers; 60 s for the variant with a wait).
     A real loop over the same costly fakes, on a simulated clock (``SimTimer``): each job's
     controller is its own process, so each runs on its own clock. Never handicapped: the
     STOPPING VM counts as lost from the notice on (its first read after the notice sees it),
@@ -504,7 +509,8 @@ def main(argv: list[str] | None = None) -> int:
     results["tick_only_p50_s"], results["tick_only_p99_s"] = r3(percentile(only, 50)), r3(percentile(only, 99))
     rows.append(("  tick only (no event function), same preemptions", f"p50 {percentile(only, 50):.2f} s, "
                  f"p99 {percentile(only, 99):.2f} s", f"the next minute's tick after the VM is down, then its insert"))
-    for wait_s, key, label in ((POLL_RELAUNCH_WAIT_S, "poll_15s", "with its 60 s wait"), (0.0, "poll_15s_no_wait", "no wait")):
+    for wait_s, key, label in ((0.0, "poll_15s", "relaunch at once (as SkyPilot)"),
+                               (POLL_RELAUNCH_WAIT_S, "poll_15s_wait60", "60 s wait before relaunch")):
         polled, asked, polled_s = polling_baseline(fleet, subjects, pre, wait_s, args.seed)
         results[f"{key}_p50_s"], results[f"{key}_p99_s"] = r3(percentile(polled, 50)), r3(percentile(polled, 99))
         results[f"{key}_max_s"] = r3(max(polled))

@@ -33,7 +33,8 @@ stockout parameters, with fewer days and seeds.
 
 Margins are respawn minus each baseline, seed by seed (every policy meets the same draws): the
 mean, the sd over seeds, in how many seeds respawn was better, and "ahead"/"behind" only where
-the mean is beyond two standard errors, else "within noise".
+a paired t-test over the seeds says so at 95 %, else "within noise" (no correction for the
+many comparisons a table makes).
 
 **Modelled**: Weibull Spot lifetimes per zone; stockout gaps (lognormal) between available
 periods (exponential); boot; the trainer's saves (an orbax-style step directory, complete when

@@ -49,7 +49,7 @@ HELP = {
     "event_delay_s": "object finalized -> the event function runs (seconds)",
     "tick_s": "respawn's tick (seconds)",
     "poll_s": "the managed-jobs baseline's poll (seconds)",
-    "poll_wait_s": "the managed-jobs baseline's wait before recovering (seconds)",
+    "poll_wait_s": "the managed-jobs baseline's wait before relaunching (seconds; SkyPilot: none, its 60 s gap follows a failed launch)",
     "retry_s": "a baseline's retry when no zone it tried had capacity (seconds)",
     "mig_check_s": "how often the MIG-like baseline notices a stopped VM (seconds)",
     "fixed_interval_s": "the fixed checkpoint interval of respawn-fixed-30m (seconds)",
@@ -256,10 +256,23 @@ def section(raw: dict[str, dict[int, dict[str, Any]]], bound: dict[int, float]) 
     return out
 
 
+# Two-sided 95 % critical values of Student's t by degrees of freedom (seeds - 1): with 4 or
+# 6 seeds a normal's 2 (1.96) would call "ahead" what a t-test calls noise.
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+        20: 2.086, 25: 2.060, 30: 2.042}
+
+
+def t95(df: int) -> float:
+    """Student's t two-sided 95 % critical value for ``df`` degrees of freedom (conservative between table rows)."""
+    return _T95[max(k for k in _T95 if k <= df)] if df <= 30 else 1.96
+
+
 def margins(mine: dict[int, dict[str, Any]], other: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """``mine`` minus ``other`` per metric, seed by seed (the policies share each seed's draws):
     mean, sd over seeds, in how many seeds ``mine`` was better, and a verdict: ahead or behind
-    where the mean is beyond two standard errors, else within noise."""
+    where a paired t-test over the seeds says so at 95 % (|mean| > t95(n-1) * sd / sqrt(n)),
+    else within noise. Not corrected for the many comparisons a table makes."""
     out: dict[str, Any] = {}
     seeds = sorted(set(mine) & set(other))
     for key, unit, scale, higher in METRICS:
@@ -273,7 +286,7 @@ def margins(mine: dict[int, dict[str, Any]], other: dict[int, dict[str, Any]]) -
             verdict = "censored: some job did not finish train_h in the horizon (the horizon counted)"
         elif len(d) < 2:
             verdict = "one seed: no spread"
-        elif abs(mean) <= 2 * sd / math.sqrt(len(d)):
+        elif abs(mean) <= t95(len(d) - 1) * sd / math.sqrt(len(d)):
             verdict = "within noise"
         else:
             verdict = "ahead" if (mean > 0) == higher else "behind"

@@ -78,7 +78,7 @@ DESCRIPTIONS = {
     "respawn": "events + 1-min tick, capacity placement; trainer follows the controller's interval",
     "respawn-tick-only": "1-min tick only (no events); interval as respawn",
     "respawn-fixed-30m": "events + tick; trainer saves every 30 min",
-    "poll-15s": "managed-jobs loop: polls every 15 s, waits 60 s, then relaunches (same zone first, then the others)",
+    "poll-15s": "managed-jobs loop: polls every 15 s and relaunches at once (same zone first, then the others; a minute later when all are out)",
     "mig-same-zone": "MIG-like: recreates the VM in its one zone, no failover",
     "ideal": "the ceiling's policy, simulated on the same draws: at the notice, a new VM in the best available zone; "
              "per-zone optimal interval",
@@ -671,8 +671,10 @@ class Baseline:
 
 
 class PollLoop(Baseline):
-    """The peers' managed-jobs loop: poll every 15 s; on a lost VM wait 60 s, then relaunch,
-    the same zone first, then the job's other zones; every zone out: try again a minute later."""
+    """The peers' managed-jobs loop (SkyPilot's): poll every 15 s; on a lost VM relaunch after
+    ``poll_wait_s`` (0: at once, as SkyPilot recovers), the same zone first, then the job's
+    other zones; every zone out: try again ``retry_s`` later (SkyPilot's 60 s gap after a
+    failed launch)."""
 
     def __init__(self, fleet: Fleet) -> None:
         super().__init__(fleet)

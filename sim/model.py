@@ -79,7 +79,9 @@ class Params:
     event_delay_s: float = 2.0  # object finalized -> the event function runs
     tick_s: float = 60.0
     poll_s: float = 15.0  # the managed-jobs loop's poll
-    poll_wait_s: float = 60.0  # ... and its wait before recovering
+    # ... and its wait before relaunching: none, as SkyPilot's managed jobs recover (its
+    # RETRY_INIT_GAP_SECONDS, 60 s, is the backoff after a launch that failed: retry_s here).
+    poll_wait_s: float = 0.0
     retry_s: float = 60.0  # a baseline's retry after every zone it tried was out of capacity
     mig_check_s: float = 60.0  # how often the MIG-like baseline notices a stopped VM
     fixed_interval_s: float = 1800.0
