@@ -50,8 +50,10 @@ def test_a_few_hours_of_two_jobs_under_every_policy(tmp_path, capsys):
             assert v["seeds"] == 2 and v["sd"] >= 0 and 0 <= v["better_in_seeds"] <= 2
             assert v["verdict"] in ("ahead", "behind", "within noise") or v["verdict"].startswith("censored")
     respawn, polling = doc["policies"]["respawn"], doc["policies"]["poll-15s"]
-    # The marker's event recovers at once; the polling loop waits 60 s after seeing the loss.
-    assert respawn["recovery_p50_s"] < 30 < 60 < polling["recovery_p50_s"]
+    # The marker's event recovers at once; the polling loop relaunches at its first poll after the
+    # loss (within its 15 s, as SkyPilot's), not before the event does.
+    assert respawn["recovery_p50_s"] < 30 and 0 < polling["recovery_p50_s"] <= 15 + 1
+    assert respawn["recovery_p50_s"] <= polling["recovery_p50_s"]
     c = respawn["counters"]
     assert c["passes_event"] > 0 and c["passes_skipped"] > 0
     assert c["interval_controller"] + c["interval_sim"] == c["vms"]
