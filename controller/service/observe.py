@@ -524,6 +524,11 @@ class Observer:
         # Compute's why changes no plan, and each ask is a list request against the project's
         # per-minute quota (1,000 a tick for 1,000 jobs backing off: two thirds of the default).
         judged = st.phase in (Phase.PENDING, Phase.RECOVERING)
+        # A VM's own marker says why it went (the planner reads it before Compute's why), and no
+        # exit record of this attempt asks whose fault a loss was: no request for it either
+        # (1,000 list requests in a 1,000-VM preemption, past the quota's 1,500 a minute).
+        told = view.marker is not None and view.marker.belongs_to(st) and view.deciding_exit(st) is None
+        judged = judged or told
         reads: dict[Any, Callable[[], Any]] = {} if judged else {
             n: (lambda n=n: self._stop_reason(view, seen.get(n), n)) for n in lost}
         reads["records"] = lambda: self.with_fresh_records(view)
