@@ -17,7 +17,7 @@ managed-jobs loop: one job's status read every 15 s and a relaunch at once, and 
 variant that waits 60 s before relaunching) runs over the same fakes on a simulated clock that each request
 advances (``bench.fakes.SimTimer``): minutes of polling take milliseconds.
 
-    python -m bench --local 1430       # make bench: every scenario, and the calibration
+    python -m bench --local 1430 --deployed 10000  # make bench: every scenario, the calibration, the function as deployed
     python -m bench --sizes 20 --quick # what make test runs, so that this cannot rot
 """
 
