@@ -152,6 +152,9 @@ class Target:
     source: Path = REPO_ROOT
     env: dict[str, str] = field(default_factory=dict)
     trainer_sa: str = ""  # default: respawn-trainer@PROJECT.iam.gserviceaccount.com
+    # Each function's memory, as gcloud's --memory takes it. 512Mi holds a fleet of a few thousand
+    # jobs; a 10,000-job tick peaked at 623 MiB (make bench, bench/deployed.py): give it 1Gi.
+    memory: str = "512Mi"
 
     @property
     def trainer(self) -> str:
@@ -283,6 +286,16 @@ def usable_bucket(bucket: str, description: str, values: Mapping[str, str]) -> N
                       "settings, or deploy with a new bucket name (deploy creates it).")
 
 
+def memory(text: str) -> str:
+    """A function's memory as gcloud's ``--memory`` takes it (``512Mi``, ``1Gi``); ValueError
+    naming the fix otherwise. Cloud Run functions take 128Mi to 32Gi."""
+    m = re.fullmatch(r"(\d+)(Mi|Gi)", text.strip())
+    mib = int(m[1]) * (1024 if m[2] == "Gi" else 1) if m else 0
+    if not 128 <= mib <= 32 * 1024:
+        raise ValueError(f"--memory {text!r}: give the functions' memory as 512Mi, 1Gi or 2Gi (128Mi to 32Gi)")
+    return f"{m[1]}{m[2]}"  # type: ignore[index]
+
+
 def plan(t: Target) -> list[Step]:
     project = f"--project={t.project}"
     bucket = f"gs://{t.bucket}"
@@ -290,7 +303,7 @@ def plan(t: Target) -> list[Step]:
     tpu = tpu_allowed(env)
     common = ("--gen2", "--runtime=python311", f"--region={t.region}", project,
               f"--source={t.source}", f"--service-account={t.controller_sa}",
-              "--set-env-vars=" + gcloud_dict(env), "--memory=512Mi")
+              "--set-env-vars=" + gcloud_dict(env), f"--memory={memory(t.memory)}")
     controller, scheduler, trainer = (f"serviceAccount:{a}" for a in (t.controller_sa, t.scheduler_sa, t.trainer))
     job = f"projects/{t.project}/locations/{t.region}/jobs/respawn-tick"
     scripts = REPO_ROOT / "deploy" / "vm"

@@ -496,6 +496,9 @@ def deploy(
         help="the trainer VMs' service account, created if it is in the project "
              "(default respawn-trainer@PROJECT.iam.gserviceaccount.com)")] = None,
     schedule: Annotated[str, typer.Option(envvar="RESPAWN_SCHEDULE", help="cron schedule of tick")] = "* * * * *",
+    memory: Annotated[str, typer.Option(envvar="RESPAWN_FUNCTION_MEMORY",
+                                        help="each function's memory: 512Mi holds a few thousand jobs, "
+                                             "1Gi 10,000 (make bench)")] = "512Mi",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print every command and API request, run nothing")] = False,
     start: Annotated[str | None, typer.Option("--from", help="resume at this step (its number or name)")] = None,
 ) -> None:
@@ -512,7 +515,7 @@ def deploy(
         controller_sa=service_account or deployment.account_email("respawn-controller", project),
         scheduler_sa=scheduler_account or deployment.account_email("respawn-scheduler", project),
         trainer_sa=trainer_account or deployment.account_email(deployment.TRAINER_ACCOUNT_ID, project),
-        schedule=schedule, env=policy_env)
+        schedule=schedule, env=policy_env, memory=memory)
     try:
         steps = deployment.plan(target)
         first = deployment.start_at(steps, start) if start else 1
