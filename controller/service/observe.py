@@ -454,8 +454,8 @@ class Observer:
             return found, found[1]  # kept only when read at the listed generation
 
         # The status is kept as its bytes and parsed on each pass: parsed, one takes about five
-        # times its size in memory (20 KiB for a 4 KiB status), which put a 10,000-job tick's
-        # function past its 512 MiB; a parse costs about 25 us (bench/deployed.py).
+        # times the bytes the cache counts for it (20 KiB for a 4 KiB status), so the cache's
+        # bound said little of its memory; a parse costs about 25 us.
         raw, generation = self.parsed.get(info, read)
         return (None if raw is None else JobStatus.from_json(raw)), generation
 
