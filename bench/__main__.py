@@ -370,7 +370,8 @@ def mass_recovery(n: int, workers: int, scale: float, seed: int, costs: Costs = 
     done.set()
     for _ in pool:
         deliveries.put(None)
-    tick.join(timeout=600)
+    for t in (*pool, tick):  # their passes end before the scenario does (none outlives it)
+        t.join(timeout=600)
     return {"seconds": seconds, "jobs": len(running), "received": len(arrived), "requests": g.http_requests,
             "refusals": g.refusals, "by_kind": per_kind(g), "passes": dict(passes),
             "p50_s": percentile([(a - started) / scale for a in arrived], 50) if arrived else math.inf}
