@@ -17,3 +17,10 @@ def tick(request: Request) -> tuple[dict, int]:
 def on_object(event: CloudEvent) -> None:
     """google.cloud.storage.object.v1.finalized on the bucket: reconcile that object's job."""
     functions.on_object(event.get_data() or {})
+
+
+@functions_framework.cloud_event
+def on_audit(event: CloudEvent) -> None:
+    """google.cloud.pubsub.topic.v1.messagePublished on the audit topic (a Logging sink of Compute's
+    System Event audit log): reconcile the job whose VM the entry names."""
+    functions.on_audit(event.get_data() or {})

@@ -10,7 +10,8 @@ from typing import Any
 import yaml
 
 from controller.core import names
-from controller.adapters.memory import MemoryAdvisor, MemoryCompute, MemoryStore, MemoryTpu
+from controller.adapters.memory import MemoryAdvisor, MemoryAuditLog, MemoryCompute, MemoryStore, MemoryTpu
+from controller.service.auditfeed import AuditFeed
 from controller.core.clock import FakeClock
 from controller.service.engine import Engine, Summary
 from controller.service.executor import Executor
@@ -44,6 +45,11 @@ class Harness:
         self.clock = FakeClock()
         self.store = MemoryStore(self.clock)
         self.compute = MemoryCompute(self.clock)
+        # Compute's System Event audit log: every preemption, crash, host error and maintenance of
+        # the fake Compute lands there; a pass over every job reads it only when ``read_audit`` is set.
+        self.audit = MemoryAuditLog()
+        self.compute.audit = self.audit
+        self.read_audit = False
         self.tpu = MemoryTpu(self.clock)
         self.advisor: MemoryAdvisor | None = None  # capacity advice: none unless a test sets one (zones keep the spec's order)
         self.notifier: Notifier | None = None  # notifications: none unless a test sets one
@@ -53,8 +59,9 @@ class Harness:
     def engine(self, store: Any = None, compute: Any = None, tpu: Any = None) -> Engine:
         store, compute, tpu = store or self.store, compute or self.compute, tpu or self.tpu
         observer = Observer(store, compute, BUCKET, self.policy, workers=self.workers, advisor=self.advisor, tpu=tpu)
+        feed = AuditFeed(self.audit, store, BUCKET, self.policy.watched_projects, self.clock) if self.read_audit else None
         return Engine(observer, Executor(store, compute, BUCKET, tpu, self.notifier), self.ctx, self.clock,
-                      workers=self.workers)
+                      workers=self.workers, audit=feed)
 
     def tick(self, job: str | None = None) -> Summary:
         return self.engine().reconcile(job)

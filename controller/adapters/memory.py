@@ -13,12 +13,13 @@ import itertools
 import json
 import math
 import threading
+import uuid
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from controller.core import errors, names
+from controller.core import audit, errors, names
 from controller.adapters.pubsub import check_message
 from controller.adapters.webhook import check as check_webhook
 from controller.core.clock import Clock, FakeClock
@@ -221,6 +222,8 @@ class MemoryCompute:
         self._ids = itertools.count(4_000_000_000_000_000_001)
         self._gone: dict[tuple[str, str, str], list[StopReason]] = {}
         self._lock = threading.RLock()
+        # Compute's System Event audit log: each system event below is also written there, when set.
+        self.audit: MemoryAuditLog | None = None
 
     def list_managed(self, projects: Sequence[str], job: str | None = None,
                      zones: Sequence[str] | None = None) -> InstanceList:
@@ -315,6 +318,7 @@ class MemoryCompute:
         with self._lock:
             key, vm = self._find(name)
             vm.causes.append(StopReason.PREEMPTED)
+            self._audit(vm.instance, StopReason.PREEMPTED)
             if vm.request and vm.request.termination_action == "delete":
                 self._gone[key] = vm.causes
                 del self._vms[key]
@@ -328,6 +332,7 @@ class MemoryCompute:
             _, vm = self._find(name)
             if reason != StopReason.UNKNOWN:
                 vm.causes.append(reason)
+                self._audit(vm.instance, reason)
             vm.instance = replace(vm.instance, status=InstanceStatus.TERMINATED)
 
     def maintenance(self, name: str) -> None:
@@ -399,6 +404,12 @@ class MemoryCompute:
     def _call(self, op: str, what: str) -> None:
         self.calls.append((op, what))
         self.faults.check(op)
+
+    def _audit(self, instance: Instance, reason: StopReason) -> None:
+        method = next((m for m, r in audit.LOSSES.items() if r == reason), None)
+        if self.audit is not None and method is not None:  # a person's stop is an Admin Activity entry, not this log's
+            self.audit.write(system_event_entry(instance.project, instance.zone, instance.name, instance.id, method,
+                                                self.clock.now()))
 
 
 class MemoryAdvisor:
@@ -790,6 +801,64 @@ def tpu_workers(accelerator_type: str) -> int:
     if family in ("v5litepod", "v6e"):
         return 1 if int(size) <= 8 else int(size) // 4
     return 1
+
+
+def system_event_entry(project: str, zone: str, name: str, instance_id: str, method: str, at: datetime,
+                       insert_id: str | None = None) -> dict[str, object]:
+    """A System Event audit entry as Compute writes it (LogEntry JSON, ``protoPayload`` an AuditLog)."""
+    stamp = at.isoformat(timespec="microseconds").replace("+00:00", "Z")
+    return {
+        "logName": audit.log_name(project),
+        "resource": {"type": "gce_instance", "labels": {"instance_id": instance_id, "zone": zone, "project_id": project}},
+        "timestamp": stamp, "receiveTimestamp": stamp, "severity": "INFO",
+        "insertId": insert_id or uuid.uuid5(uuid.NAMESPACE_URL, f"{project}/{zone}/{name}/{method}/{stamp}").hex[:20],
+        "protoPayload": {
+            "@type": "type.googleapis.com/google.cloud.audit.AuditLog",
+            "serviceName": "compute.googleapis.com", "methodName": method,
+            "resourceName": f"projects/{project}/zones/{zone}/instances/{name}",
+            "authenticationInfo": {"principalEmail": "system@google.com"},
+            "requestMetadata": {"callerIp": "0.0.0.0"},
+            "status": {"message": _STATUS_MESSAGES.get(method, method)},
+            "request": {"@type": f"type.googleapis.com/{method}"},
+        },
+    }
+
+
+_STATUS_MESSAGES = {"compute.instances.preempted": "Instance was preempted.",
+                    "compute.instances.hostError": "Instance terminated by Compute Engine.",
+                    "compute.instances.guestTerminate": "Instance terminated by guest OS shutdown.",
+                    "compute.instances.terminateOnHostMaintenance": "Instance terminated during Compute Engine maintenance."}
+
+
+class MemoryAuditLog:
+    """A fake Cloud Logging holding System Event entries, answering ``entries.list`` as the port asks
+    it (oldest first, from a timestamp on, ``limit`` at most); ``fail_next`` refuses the next reads."""
+
+    def __init__(self) -> None:
+        self.entries: list[dict[str, object]] = []
+        self.reads = 0
+        self.fail_next: list[Exception] = []
+        self._lock = threading.Lock()
+
+    def write(self, entry: dict[str, object]) -> None:
+        with self._lock:
+            self.entries.append(entry)
+
+    def system_events(self, projects: Sequence[str], since: datetime, limit: int) -> list[Mapping[str, object]]:
+        with self._lock:
+            self.reads += 1
+            if self.fail_next:
+                raise self.fail_next.pop(0)
+            logs = {audit.log_name(p) for p in projects}
+
+            def when(entry: Mapping[str, object]) -> datetime:
+                return datetime.fromisoformat(str(entry["timestamp"]).replace("Z", "+00:00"))
+
+            found = [e for e in self.entries if e.get("logName") in logs and when(e) >= since
+                     and isinstance(e.get("protoPayload"), dict)
+                     and e["protoPayload"].get("methodName") in audit.METHODS]  # type: ignore[union-attr]
+            order = sorted(range(len(found)), key=lambda i: (when(found[i]), i))  # by timestamp, then as written
+            return [json.loads(json.dumps(found[i])) for i in order[:limit]]
 
 
 class MemoryPublisher:

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.core import errors
+from controller.core.audit import AuditEvent
 from controller.service import fanout
+from controller.service.auditfeed import AuditFeed
 from controller.core.actions import Action, CreateInstances, WriteStatus
 from controller.core.clock import Clock
 from controller.service.executor import Executor, Outcome
@@ -39,12 +41,18 @@ class Summary:
     # those whose send was under way (they may still arrive; never sent again).
     notices_carried: list[str] = field(default_factory=list)
     notices_in_flight: list[str] = field(default_factory=list)
+    # Per job, the nodes of its current attempt seen on their way down (STOPPING...) when the pass
+    # planned: an audit event waits on them (functions.on_audit).
+    settling: dict[str, list[str]] = field(default_factory=dict)
+    audit_events: int = 0  # System Event entries handed to the pass as evidence
+    audit_error: str | None = None  # why the tick could not read them (the pass went on without)
 
     def merge(self, other: Summary) -> None:
         for job, done in other.jobs.items():
             self.jobs.setdefault(job, []).extend(done)
         self.errors.update(other.errors)
         self.transient.extend(other.transient)
+        self.settling.update(other.settling)
 
     def add(self, outcome: Outcome) -> None:
         self.jobs.setdefault(outcome.job, []).extend(outcome.done)
@@ -62,13 +70,17 @@ class Summary:
             "jobs_seen": len(self.jobs),
             **({"notices_unsent": {"carried": self.notices_carried, "in_flight": self.notices_in_flight}}
                if self.notices_carried or self.notices_in_flight else {}),
+            **({"audit_events": self.audit_events} if self.audit_events else {}),
+            **({"audit_error": self.audit_error} if self.audit_error else {}),
         }
 
 
 class Engine:
     def __init__(self, observer: Observer, executor: Executor, ctx: LaunchContext, clock: Clock,
-                 workers: int = 1, operation_wait: float | None = None) -> None:
+                 workers: int = 1, operation_wait: float | None = None, audit: AuditFeed | None = None) -> None:
         self.observer = observer
+        # The tick's read of Compute's System Event audit log (None: Compute's records alone).
+        self.audit = audit
         self.executor = executor
         self.ctx = ctx
         self.clock = clock
@@ -81,8 +93,12 @@ class Engine:
         # it: the next pass reads each one's outcome by the same request id.
         self.operation_wait = operation_wait
 
-    def reconcile(self, job: str | None = None, dry_run: bool = False) -> Summary:
+    def reconcile(self, job: str | None = None, dry_run: bool = False, evidence: tuple[AuditEvent, ...] = ()) -> Summary:
         """Reconcile every job (``job`` None) or one; ``dry_run`` plans without acting.
+
+        ``evidence``: System Event audit entries (an ``on_audit`` message), each telling why a VM it
+        names went down where the pass finds it down. A pass over every job also reads the entries
+        since its watermark (``audit``), and moves the watermark once the pass has ended.
 
         Notices are never on the path of a recovery: each job's chain hands its notices to the
         pass's sends (``Notifier.begin``), which go out side by side while the pass goes on; the
@@ -92,8 +108,12 @@ class Engine:
         notifier: Notifier | None = getattr(self.executor, "notifier", None)
         sends = notifier.begin(self.workers) if notifier is not None and not dry_run else None
         summary = Summary()
+        batch = self.audit.read() if self.audit is not None and job is None and not dry_run else None
+        if batch is not None:
+            evidence = (*evidence, *batch.events)
+            summary.audit_events, summary.audit_error = len(batch.events), batch.error
         try:
-            world = self.observer.world(job)
+            world = self.observer.world(job, evidence)
             summary.unreachable = [*world.unreachable, *(f"project {p}" for p in world.unseen_projects)]
             for project, why in world.unseen_projects.items():
                 summary.errors[f"project {project}"] = f"instance list failed: {why}"
@@ -105,6 +125,8 @@ class Engine:
                 summary.errors[name] = f"observe: {why}"
                 if not why.startswith(UNEXPECTED):
                     summary.transient.append(name)
+            if batch is not None and self.audit is not None:  # only once the pass that used them has ended: see auditfeed
+                self.audit.commit(batch)
         finally:
             if sends is not None:
                 unsent = sends.finish()
@@ -160,5 +182,9 @@ class Engine:
             outcome = self.executor.apply(view, actions, self.clock.now(), wait_until, **tell)
             summary.add(outcome)
             if not outcome.replan:
+                st = view.status
+                if going := [i.name for i in view.instances if st is not None and not st.phase.terminal
+                             and i.attempt == st.attempt and i.status.settling]:
+                    summary.settling[view.job] = going
                 return
             view = self.observer.world(view.job).jobs.get(view.job, view)

@@ -1,4 +1,4 @@
-"""What the two Cloud Functions do, kept out of ``main.py`` so it stays entry points only.
+"""What the three Cloud Functions do, kept out of ``main.py`` so it stays entry points only.
 
 Contract with the platform (functions-framework): raising means "retry me". So a
 transient failure raises; a terminal one (bad configuration, an event outside the
@@ -12,12 +12,17 @@ import time
 from typing import Any
 
 from controller.service import bootstrap, lastpass
-from controller.core import errors, names
+from controller.core import audit, errors, names
 
 log = logging.getLogger(__name__)
 # Objects whose arrival can change a decision. The controller's own status writes and
 # the VMs' heartbeats are left to the tick: reacting to them would only add passes.
 _EVENT_KINDS = {"spec", "cancel", "exit", "marker"}
+# How long one audit event may wait for its VM to be down: a Spot VM's notice (30 s) and the
+# guest's power-off after it. A VM still on its way down may be saving a checkpoint (its marker
+# will say so); one whose guest never ran its shutdown script is TERMINATED within seconds.
+AUDIT_WAIT = 45.0
+AUDIT_POLL = 1.0
 
 
 def tick() -> tuple[dict[str, Any], int]:
@@ -58,4 +63,45 @@ def on_object(data: dict[str, Any]) -> dict[str, Any] | None:
     if summary.transient:
         raise errors.TransientError(f"transient errors for {ref.job}: {summary.errors}")
     log.info("event handled", extra={"json_fields": {**where, "job": ref.job, **summary.as_dict()}})
+    return summary.as_dict()
+
+
+def on_audit(data: dict[str, Any], sleep: Any = time.sleep, wait: float = AUDIT_WAIT) -> dict[str, Any] | None:
+    """Reconcile the job whose VM a System Event audit entry names (a Pub/Sub message from the
+    Logging sink), with the entry as evidence of why it went down; ignore everything else.
+
+    A hint, as the bucket's events are: the pass judges the job as it finds it. An entry for an
+    attempt already replaced, a duplicate, a late one, finds nothing to do; a lost one costs the
+    tick's time (the tick reads the same entries again). A VM still on its way down (its
+    shutdown script saving a checkpoint) is looked at again every ``AUDIT_POLL`` seconds for
+    up to ``wait``: the recovery starts once it is down, not at the next tick."""
+    try:
+        event = audit.parse_entry(audit.decode_message(data))
+    except audit.AuditError as e:
+        log.warning("audit message ignored: %s", e)
+        return None
+    where = {"instance": event.instance, "zone": event.zone, "project": event.project, "method": event.method,
+             "at": event.at.isoformat(), "insert_id": event.insert_id}
+    job = event.job
+    if job is None and not event.tpu_worker:
+        log.debug("audit entry of an instance that is not respawn's", extra={"json_fields": where})
+        return None
+    try:
+        engine = bootstrap.engine()
+        if event.project not in engine.observer.policy.watched_projects:
+            log.info("audit entry from a project the controller does not watch", extra={"json_fields": where})
+            return None
+        for looks_left in range(int(wait / AUDIT_POLL), -1, -1):
+            # A TPU VM's worker names no node: every job is looked at (a pass over every job; these
+            # are rare), their TPU nodes' own state saying what happened.
+            summary = engine.reconcile(job, evidence=(event,)) if job else engine.reconcile(evidence=(event,))
+            if summary.transient:
+                raise errors.TransientError(f"transient errors for {job or event.instance}: {summary.errors}")
+            if not looks_left or event.instance not in summary.settling.get(job or "", ()):
+                break
+            sleep(AUDIT_POLL)
+    except errors.ConfigError as e:
+        log.error("controller misconfigured: %s", e, extra={"json_fields": where})
+        return None
+    log.info("audit event handled", extra={"json_fields": {**where, "job": job, **summary.as_dict()}})
     return summary.as_dict()

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from cachetools import LRUCache
 
-from controller.core import checkpoints, errors, names, placement
+from controller.core import audit, checkpoints, errors, names, placement
 from controller.service import fanout
 from controller.service.advice import AdviceCache
 from controller.service.tpuzones import TpuZones
@@ -94,12 +94,17 @@ class Observer:
         self.advice = AdviceCache(advisor)  # kept between passes, like ``parsed``
         self.tpu_zones = TpuZones(store, bucket)
 
-    def world(self, job: str | None = None) -> World:
+    def world(self, job: str | None = None, evidence: tuple[audit.AuditEvent, ...] = ()) -> World:
         """Everything the planner needs, for every job or for one.
 
         A pass over every job runs jobs side by side, each job's reads one after another; a
         pass for one job (an event: its latency is the point) runs that job's reads side by side.
+        ``evidence``: System Event audit entries, each job's used for its own VMs (``_with_evidence``).
         """
+        told: dict[str, list[audit.AuditEvent]] = defaultdict(list)
+        for event in evidence:
+            if event.job is not None:
+                told[event.job].append(event)
         listing = self._listing(job)
         failed: dict[str, str] = {}  # each job's own key: safe to fill from several threads
         strays = _strays(listing)
@@ -146,9 +151,9 @@ class Observer:
                  if _on_tpu(v) else replace(v, unreachable=unreachable, unseen_projects=unseen, unseen_why=why)
                  for n, v in views.items()}
         order = sorted(views)
-        evidence = fanout.each(order, lambda n: self._guarded(failed, n, self._with_evidence, views[n], side),
-                               self.workers)
-        complete = dict(zip(order, evidence, strict=True))
+        found_views = fanout.each(order, lambda n: self._guarded(failed, n, self._with_evidence, views[n], side,
+                                                                 tuple(told.get(n, ()))), self.workers)
+        complete = dict(zip(order, found_views, strict=True))
         return World({n: v for n, v in complete.items() if v}, tpu_unreachable, tpu_why, failed)
 
     def _instances(self, job: str | None, views: dict[str, JobView]) -> InstanceList:
@@ -500,8 +505,13 @@ class Observer:
             return Record.oversized(self.store.stat(self.bucket, name))
         return Record.parse(blob.info, blob.data)
 
-    def _with_evidence(self, view: JobView, side: int = 1) -> JobView:
+    def _with_evidence(self, view: JobView, side: int = 1, events: tuple[audit.AuditEvent, ...] = ()) -> JobView:
         """For each node of the current attempt that is stopped or gone: fresh records and Compute's why.
+
+        Compute's why is asked only for a node no System Event entry (``events``) already explains:
+        an entry of the platform's own (preempted, host error, terminating maintenance) about this
+        very VM is Compute's record of it, and a thousand VMs preempted at once then cost the
+        tick one Logging query, not a thousand zone-operation lists (``_logged``).
 
         Not for a zone the instance list could not see: there "not seen" means nothing.
         With ``side`` > 1 (a pass for this job alone) these reads go side by side, with the
@@ -529,14 +539,41 @@ class Observer:
         # (1,000 list requests in a 1,000-VM preemption, past the quota's 1,500 a minute).
         told = view.marker is not None and view.marker.belongs_to(st) and view.deciding_exit(st) is None
         judged = judged or told
+        logged = {} if judged else _logged(events, st, seen, lost)
         reads: dict[Any, Callable[[], Any]] = {} if judged else {
-            n: (lambda n=n: self._stop_reason(view, seen.get(n), n)) for n in lost}
+            n: (lambda n=n: self._stop_reason(view, seen.get(n), n)) for n in lost if n not in logged}
         reads["records"] = lambda: self.with_fresh_records(view)
         off = all(n not in seen or seen[n].status.down for n in lost)
         if side > 1 and off and view.spec and view.spec.checkpoint and not view.checkpoint_loaded:
             reads["checkpoint"] = lambda: self._checkpoint_fields(view)
         got = dict(zip(reads, fanout.each(reads.values(), lambda read: read(), side), strict=True))
-        return replace(got["records"], stop_reasons={n: got[n] for n in lost if n in got}, **got.get("checkpoint", {}))
+        return replace(got["records"], stop_reasons={**{n: got[n] for n in lost if n in got}, **logged},
+                       **got.get("checkpoint", {}))
+
+
+# The causes a System Event entry is taken for without asking Compute: the platform's own, which
+# beat any other record of the VM (a person's stop, the guest's power-off) as Compute's do
+# (controller.adapters.compute). An entry saying the guest shut itself down is not enough alone:
+# a person may have stopped the VM too, and that is no failure of the trainer's.
+_PLATFORM_REASONS = (StopReason.PREEMPTED, StopReason.HOST_ERROR, StopReason.MAINTENANCE)
+
+
+def _logged(events: tuple[audit.AuditEvent, ...], st: JobStatus, seen: dict[str, Instance],
+            lost: list[str]) -> dict[str, StopReason]:
+    """The lost nodes a System Event entry explains: about that VM (its project, zone, name and,
+    where both are known, its id: a name is reused by each run of a job), no older than the
+    attempt, and of the platform's own causes."""
+    out: dict[str, StopReason] = {}
+    for e in events:
+        if e.reason not in _PLATFORM_REASONS or e.instance not in lost or (e.project, e.zone) != (st.project, st.zone):
+            continue
+        known = seen[e.instance].id if e.instance in seen and seen[e.instance].id else st.instance_ids.get(e.instance)
+        if e.instance_id and known and e.instance_id != known:
+            continue  # another VM of the same name (an earlier run's)
+        if st.attempt_started_at is not None and e.at < st.attempt_started_at:
+            continue
+        out[e.instance] = e.reason  # type: ignore[assignment]
+    return out
 
 
 def _ours(objects: dict[str, BlobInfo]) -> bool:

@@ -53,10 +53,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from controller.core import errors, names, notify
+from controller.core import audit, errors, names, notify
 from controller.service import observe as observe_module
-from controller.adapters.memory import (MemoryAdvisor, MemoryCompute, MemoryPublisher, MemoryStore, MemoryTpu,
-                                       MemoryWebhook)
+from controller.adapters.memory import (MemoryAdvisor, MemoryAuditLog, MemoryCompute, MemoryPublisher, MemoryStore,
+                                       MemoryTpu, MemoryWebhook)
+from controller.service.auditfeed import AuditFeed
 from controller.core.clock import FakeClock
 from controller.service.engine import Engine, Summary
 from controller.service.executor import Executor
@@ -269,11 +270,11 @@ class StaleObserver:
         self._inner = inner
         self._world = world
 
-    def world(self, job: str | None = None) -> Any:
+    def world(self, job: str | None = None, evidence: tuple[audit.AuditEvent, ...] = ()) -> Any:
         if self._world is not None:
             world, self._world = self._world, None
             return world
-        return self._inner.world(job)
+        return self._inner.world(job, evidence)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -339,6 +340,14 @@ class Run:
         self.start = self.clock.now()
         self.store = MemoryStore(self.clock)
         self.compute = MemoryCompute(self.clock)
+        # Compute's System Event audit log: every system event of the fake Compute lands there, and
+        # reaches the controller twice over: as an on_audit message (lost, duplicated, late or
+        # reordered: ``audit_messages``), and through the ticks' own Logging query (which fails now
+        # and then). Neither may change an outcome, only its speed.
+        self.audit = MemoryAuditLog()
+        self.compute.audit = self.audit
+        self.audit_handed = 0  # entries of the log already turned into messages
+        self.audit_queue: list[dict[str, Any]] = []  # messages on their way (delivered in any order)
         self.tpu = MemoryTpu(self.clock)
         self.advisor = MemoryAdvisor(self.compute)
         self.advisor.rates.update({z: self.rng.choice([0.0, 0.05, 0.3, 0.8]) for z in ZONES})
@@ -559,15 +568,41 @@ class Run:
     # -- the steps -----------------------------------------------------------------------------------
     STEPS = (("tick", 12), ("event", 12), ("late", 8), ("advance", 12), ("checkpoint", 7), ("exit", 7),
              ("preempt", 6), ("platform", 2), ("glitch", 3), ("zone", 4), ("inserts", 2), ("user", 3),
-             ("stale_record", 1), ("tpu_api", 2), ("shortage", 2))
+             ("stale_record", 1), ("tpu_api", 2), ("shortage", 2), ("audit", 5))
     INNER = (("tick", 4), ("event", 6), ("advance", 3), ("checkpoint", 3), ("exit", 4), ("preempt", 4),
-             ("platform", 1), ("glitch", 1), ("zone", 1), ("inserts", 1), ("user", 2), ("tpu_api", 1))
+             ("platform", 1), ("glitch", 1), ("zone", 1), ("inserts", 1), ("user", 2), ("tpu_api", 1), ("audit", 2))
 
     def step(self, menu: tuple[tuple[str, int], ...] | None = None) -> None:
         menu = menu or self.STEPS
         kind = self.rng.choices([k for k, _ in menu], [w for _, w in menu])[0]
         self.stats[f"step.{kind}"] += 1
         getattr(self, f"step_{kind}")()
+        self.audit_messages()
+
+    def audit_messages(self) -> None:
+        """The Logging sink's messages for the entries Compute wrote since: each lost (a quarter),
+        or on its way, now and then twice; delivered later, in any order (``step_audit``)."""
+        for entry in self.audit.entries[self.audit_handed:]:
+            self.audit_handed += 1
+            if self.frng.random() < 0.25:
+                self.stats["fault.audit_lost"] += 1
+                continue
+            copies = 2 if self.frng.random() < 0.2 else 1
+            self.stats["fault.audit_duplicated"] += copies - 1
+            self.audit_queue.extend([entry] * copies)
+
+    def step_audit(self) -> None:
+        """One audit message reaches on_audit: the oldest, or (a third of the time) any other."""
+        if not self.audit_queue:
+            return
+        at = 0 if self.rng.random() < 0.66 else self.rng.randrange(len(self.audit_queue))
+        self.stats["fault.audit_reordered"] += at > 0
+        entry = self.audit_queue.pop(at)
+        event = audit.parse_entry(entry)
+        self.stats["audit.delivered"] += 1
+        if event.job is not None:
+            self.run_pass(event.job, label=f"audit {event.method.rsplit('.', 1)[-1]} {event.instance}",
+                          evidence=(event,))
 
     def step_tick(self) -> None:
         self.run_pass(None)
@@ -1347,7 +1382,12 @@ class Run:
                                                      errors.RequestError("webhook: 404 no_service")]))
             self.stats["notify.webhook_failures_injected"] += 1
         executor = ExecutorSpy(Executor(store, compute, BUCKET, tpu, self.notifier), self)  # type: ignore[arg-type]
-        return Engine(observer, executor, self.ctx, self.clock, workers=WORKERS)  # type: ignore[arg-type]
+        if self.faults_on and self.frng.random() < 0.1:  # Logging refuses the tick's query (quota, IAM)
+            self.audit.fail_next.append(self.frng.choice([errors.TransientError("logging: 429"),
+                                                          errors.ConfigError("logging: 403")]))
+            self.stats["fault.audit_query_refused"] += 1
+        feed = AuditFeed(self.audit, store, BUCKET, self.policy.watched_projects, self.clock)  # type: ignore[arg-type]
+        return Engine(observer, executor, self.ctx, self.clock, workers=WORKERS, audit=feed)  # type: ignore[arg-type]
 
     def new_pass_faults(self) -> PassFaults | None:
         if not self.faults_on:
@@ -1357,14 +1397,16 @@ class Run:
         crash = f.random() < 0.12
         return PassFaults(rate, timeout, f.randint(1, 4) if crash else None, f.random() < 0.5)
 
-    def run_pass(self, job: str | None, label: str | None = None) -> Summary | None:
+    def run_pass(self, job: str | None, label: str | None = None,
+                 evidence: tuple[audit.AuditEvent, ...] = ()) -> Summary | None:
         label = label or ("tick" if job is None else f"event {job}")
         engine = self.engine()
         faults = self.new_pass_faults()
-        summary = self.guarded(label, faults, lambda: engine.reconcile(job))
+        summary = self.guarded(label, faults, lambda: engine.reconcile(job, evidence=evidence))
         if summary is None and self.faults_on and self._last_transient and self.frng.random() < 0.5:
             self.stats["fault.platform_retry"] += 1  # the platform retries a function that raised
-            summary = self.guarded(label + " (retry)", self.new_pass_faults(), lambda: self.engine().reconcile(job))
+            summary = self.guarded(label + " (retry)", self.new_pass_faults(),
+                                   lambda: self.engine().reconcile(job, evidence=evidence))
         self.report(label, summary)
         if job is None and summary is not None:
             self.check_orphans(label, clean=self._last_clean)
@@ -2012,6 +2054,8 @@ def fault_line(totals: Totals) -> str:
     parts = {
         "passes": s["pass.total"], "faulted_passes": s["pass.faulted"], "calls": s["calls.total"], "transient": transient, "timeouts": timeouts, "crashes": crashes,
         "late_passes": s["fault.late_pass"], "dup_events": s["fault.duplicate_event"],
+        "audit_delivered": s["audit.delivered"], "audit_lost": s["fault.audit_lost"],
+        "audit_dup": s["fault.audit_duplicated"], "audit_reordered": s["fault.audit_reordered"],
         "stockouts": s["fault.stockout_hit"], "quota": s["fault.quota_hit"],
         "unreachable": s["fault.unreachable_listing"], "pending": s["fault.pending_insert_hit"],
         "late_stockouts": s["fault.late_stockout"],

@@ -1,0 +1,174 @@
+"""Compute's System Event audit log: the entries that say a VM was lost, and the filter that picks them.
+
+Google writes host-side events on an instance to the project's System Event audit log
+(``logName`` ``projects/P/logs/cloudaudit.googleapis.com%2Fsystem_event``, ``resource.type``
+``gce_instance``), whatever the guest did: a hard preemption, a host error or a kernel panic
+leave no marker, but they leave this entry. Its ``protoPayload`` is an ``AuditLog``:
+``methodName`` (``compute.instances.preempted``...), ``resourceName``
+(``projects/P/zones/Z/instances/NAME``), ``authenticationInfo.principalEmail``
+(``system@google.com``), ``status.message`` ("Instance was preempted."); ``resource.labels``
+hold ``instance_id``, ``zone`` and ``project_id``. The instance's own labels are not in it, so
+no filter can keep respawn's instances alone: others are told apart here, by name, at no cost.
+
+Eventarc's audit-log triggers cover Admin Activity and Data Access logs, and its method catalog
+lists none of these system methods: they reach respawn through a Logging sink on ``sink_filter``
+to a Pub/Sub topic (``on_audit``), and through the tick's own ``entries.list`` on ``list_filter``
+(controller.service.auditfeed). Both are hints: a pass judges the job as it finds it, with the
+entry only as evidence of why a VM it finds down went down.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from controller.core import names
+from controller.core.ports import StopReason
+
+SYSTEM_EVENT_LOG_ID = "cloudaudit.googleapis.com%2Fsystem_event"
+# The methods that end a VM's run, and the cause each is evidence of (what Compute's zone
+# operations of the same type say: controller.adapters.compute reads the same table).
+LOSSES: Mapping[str, StopReason] = {
+    "compute.instances.preempted": StopReason.PREEMPTED,
+    "compute.instances.hostError": StopReason.HOST_ERROR,
+    "compute.instances.terminateOnHostMaintenance": StopReason.MAINTENANCE,
+    "compute.instances.guestTerminate": StopReason.CRASHED,
+}
+# The VM went on (restarted by Compute after a host error, or moved live): nothing is evidence
+# of a loss, but its job is looked at (a restarted guest boots its trainer again).
+RESTARTS = ("compute.instances.automaticRestart", "compute.instances.migrateOnHostMaintenance")
+METHODS = (*LOSSES, *RESTARTS)
+# A Cloud TPU VM's worker as Compute names it (the node's name is not in it).
+_TPU_WORKER = re.compile(r"t1v-n-[0-9a-f]+-w-(0|[1-9][0-9]*)")
+_RESOURCE = re.compile(r"projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)")
+MAX_ENTRY_BYTES = 256 * 1024  # Logging's own limit on an entry
+
+
+class AuditError(ValueError):
+    """An entry or message that is not a System Event entry about an instance: ignored, said why."""
+
+
+@dataclass(frozen=True)
+class AuditEvent:
+    """One System Event entry about an instance."""
+
+    project: str
+    zone: str
+    instance: str
+    method: str
+    at: datetime  # the entry's timestamp: when the event happened
+    insert_id: str = ""
+    instance_id: str | None = None  # Compute's numeric id: tells a name's reuse apart
+
+    @property
+    def reason(self) -> StopReason | None:
+        """The cause this entry is evidence of; None for a method that ends nothing (or is new)."""
+        return LOSSES.get(self.method)
+
+    @property
+    def job(self) -> str | None:
+        """The job whose instance this is by respawn's naming; None for any other name."""
+        parsed = names.parse_instance_name(self.instance)
+        return parsed[0] if parsed else None
+
+    @property
+    def attempt(self) -> int | None:
+        parsed = names.parse_instance_name(self.instance)
+        return parsed[1] if parsed else None
+
+    @property
+    def tpu_worker(self) -> bool:
+        """A Cloud TPU VM's worker (``t1v-n-<hash>-w-<n>``): its name says nothing of its node."""
+        return _TPU_WORKER.fullmatch(self.instance) is not None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """What tells two deliveries of one entry apart from two entries (Logging's own identity)."""
+        return self.insert_id or f"{self.method}/{self.project}/{self.zone}/{self.instance}", self.at.isoformat()
+
+
+def log_name(project: str) -> str:
+    return f"projects/{project}/logs/{SYSTEM_EVENT_LOG_ID}"
+
+
+def sink_filter(project: str) -> str:
+    """The Logging sink's filter in ``project`` (a project sink sees that project's entries only)."""
+    return _filter((project,))
+
+
+def list_filter(projects: Iterable[str], since: datetime) -> str:
+    """The tick's ``entries.list`` filter: the sink's, over every project, from ``since`` on."""
+    return f'{_filter(tuple(projects))} AND timestamp>="{_rfc3339(since)}"'
+
+
+def _filter(projects: tuple[str, ...]) -> str:
+    logs = " OR ".join(f'"{log_name(p)}"' for p in projects)
+    methods = " OR ".join(f'"{m}"' for m in METHODS)
+    return f'logName=({logs}) AND resource.type="gce_instance" AND protoPayload.methodName=({methods})'
+
+
+def parse_entry(entry: Any) -> AuditEvent:
+    """The event a LogEntry (JSON, as Logging and Pub/Sub carry it) records; AuditError otherwise."""
+    if not isinstance(entry, Mapping):
+        raise AuditError(f"a LogEntry is a JSON object, not {type(entry).__name__}")
+    payload = entry.get("protoPayload")
+    if not isinstance(payload, Mapping):
+        raise AuditError("no protoPayload: not an audit log entry")
+    if not str(entry.get("logName", "")).endswith(f"/logs/{SYSTEM_EVENT_LOG_ID}"):
+        raise AuditError(f"logName {str(entry.get('logName'))[:200]!r} is not a System Event audit log")
+    method, resource = payload.get("methodName"), payload.get("resourceName")
+    if not isinstance(method, str) or not method.startswith("compute.instances."):
+        raise AuditError(f"methodName {str(method)[:100]!r} is not an instance's system event")
+    found = _RESOURCE.fullmatch(resource) if isinstance(resource, str) else None
+    if found is None:
+        raise AuditError(f"resourceName {str(resource)[:200]!r} names no instance (projects/P/zones/Z/instances/NAME)")
+    labels = entry.get("resource", {}).get("labels", {}) if isinstance(entry.get("resource"), Mapping) else {}
+    labels = labels if isinstance(labels, Mapping) else {}
+    instance_id = labels.get("instance_id")
+    at = _timestamp(entry.get("timestamp"))
+    insert_id = entry.get("insertId")
+    return AuditEvent(project=found["project"], zone=found["zone"], instance=found["name"], method=method, at=at,
+                      insert_id=insert_id if isinstance(insert_id, str) else "",
+                      instance_id=str(instance_id) if isinstance(instance_id, (str, int)) and str(instance_id).isdigit()
+                      else None)
+
+
+def decode_message(data: Any) -> Any:
+    """The LogEntry a Pub/Sub ``messagePublished`` CloudEvent carries (``message.data``: base64 JSON)."""
+    message = data.get("message") if isinstance(data, Mapping) else None
+    if not isinstance(message, Mapping) or not isinstance(message.get("data"), str):
+        raise AuditError("not a Pub/Sub message: no message.data")
+    text = message["data"]
+    if len(text) > MAX_ENTRY_BYTES * 4 // 3 + 4:
+        raise AuditError(f"message.data larger than a LogEntry can be ({MAX_ENTRY_BYTES // 1024} KiB)")
+    try:
+        return json.loads(base64.b64decode(text, validate=True))
+    except (binascii.Error, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise AuditError(f"message.data is not base64 JSON: {e}") from None
+
+
+def _timestamp(value: Any) -> datetime:
+    if not isinstance(value, str):
+        raise AuditError("no timestamp")
+    text = value.strip()
+    # RFC 3339 with up to nanoseconds (Logging writes 9 digits); Python's parser takes 6.
+    text = re.sub(r"(\.\d{6})\d+", r"\1", text).replace("Z", "+00:00").replace("z", "+00:00")
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise AuditError(f"timestamp {value[:40]!r} is not RFC 3339") from None
+    if at.tzinfo is None:
+        raise AuditError(f"timestamp {value[:40]!r} has no offset")
+    return at
+
+
+def _rfc3339(at: datetime) -> str:
+    return at.isoformat(timespec="microseconds").replace("+00:00", "Z")

@@ -1,0 +1,330 @@
+"""The audit path: Compute's System Event entries, through on_audit (Pub/Sub) and the tick's own query.
+
+Each test runs main.py's functions as the platform does (functions-framework test clients) over
+the in-memory fakes, whose Compute writes its system events to a fake Logging.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cloudevents.conversion import to_binary
+from cloudevents.http import CloudEvent
+from functions_framework import create_app
+
+from controller.adapters.memory import system_event_entry
+from controller.core import audit, errors, names
+from controller.core.state import Phase
+from controller.service import auditfeed, bootstrap, functions
+from controller.service.config import Settings
+from tests.harness import BUCKET, PROJECT, Harness
+
+MAIN = str(Path(__file__).resolve().parents[2] / "main.py")
+
+
+@pytest.fixture
+def wired(h: Harness) -> Harness:
+    bootstrap.override(h.engine(), Settings(bucket=BUCKET, project=PROJECT))
+    return h
+
+
+def message(entry: Any) -> dict[str, Any]:
+    """What Eventarc hands a Pub/Sub-triggered function: the sink's message, the LogEntry as JSON."""
+    data = base64.b64encode(json.dumps(entry).encode()).decode()
+    return {"message": {"data": data, "attributes": {"logging.googleapis.com/timestamp": "x"}, "messageId": "1",
+                        "publishTime": "2026-01-01T00:00:00Z"}, "subscription": f"projects/{PROJECT}/subscriptions/s"}
+
+
+def post(data: dict[str, Any]):
+    client = create_app("on_audit", MAIN, "cloudevent").test_client()
+    event = CloudEvent({"type": "google.cloud.pubsub.topic.v1.messagePublished",
+                        "source": f"//pubsub.googleapis.com/projects/{PROJECT}/topics/respawn-audit"}, data)
+    headers, body = to_binary(event)
+    return client.post("/", headers=headers, data=body)
+
+
+def running(h: Harness, job: str = "a") -> None:
+    h.submit(job)
+    h.tick()
+    assert h.status(job).phase in (Phase.PROVISIONING, Phase.RUNNING)
+    h.tick()
+
+
+def entries(h: Harness) -> list[dict[str, Any]]:
+    return list(h.audit.entries)
+
+
+def asked_why(h: Harness) -> list[str]:
+    return [what for op, what in h.compute.calls if op == "stop_reason"]
+
+
+# -- the entry and the filter -------------------------------------------------------------
+
+
+def test_the_filter_names_the_system_event_log_the_instances_and_every_loss_method():
+    text = audit.sink_filter("p1")
+    assert 'logName=("projects/p1/logs/cloudaudit.googleapis.com%2Fsystem_event")' in text
+    assert 'resource.type="gce_instance"' in text
+    for method in audit.METHODS:
+        assert f'"{method}"' in text
+    listed = audit.list_filter(["p1", "p2"], audit.parse_entry(system_event_entry(
+        "p1", "z", "a-1", "1", "compute.instances.preempted", _now())).at)
+    assert '"projects/p2/logs/cloudaudit.googleapis.com%2Fsystem_event"' in listed and "timestamp>=" in listed
+
+
+def _now():
+    from datetime import UTC, datetime
+
+    return datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
+
+
+def test_an_entry_parses_into_its_instance_method_and_time():
+    entry = system_event_entry("p1", "us-central1-a", "train-3-n1", "42", "compute.instances.preempted", _now())
+    event = audit.parse_entry(entry)
+    assert (event.project, event.zone, event.instance, event.instance_id) == ("p1", "us-central1-a", "train-3-n1", "42")
+    assert (event.job, event.attempt, event.reason) == ("train", 3, audit.LOSSES["compute.instances.preempted"])
+    assert audit.parse_entry(json.loads(json.dumps(entry))) == event
+    # Logging writes nanoseconds; a new method is still an event, evidence of nothing
+    entry["timestamp"] = "2026-11-27T12:00:00.123456789Z"
+    entry["protoPayload"]["methodName"] = "compute.instances.somethingNew"
+    assert audit.parse_entry(entry).reason is None
+
+
+@pytest.mark.parametrize("mangle, why", [
+    (lambda e: "not a dict", "JSON object"),
+    (lambda e: {**e, "protoPayload": None}, "protoPayload"),
+    (lambda e: {**e, "logName": "projects/p1/logs/cloudaudit.googleapis.com%2Factivity"}, "System Event"),
+    (lambda e: {**e, "protoPayload": {**e["protoPayload"], "methodName": "v1.compute.instances.delete"}}, "methodName"),
+    (lambda e: {**e, "protoPayload": {**e["protoPayload"], "resourceName": "projects/p1/global/networks/x"}}, "resourceName"),
+    (lambda e: {**e, "protoPayload": {**e["protoPayload"], "resourceName": 7}}, "resourceName"),
+    (lambda e: {**e, "timestamp": "yesterday"}, "RFC 3339"),
+    (lambda e: {**e, "timestamp": "2026-11-27T12:00:00"}, "offset"),
+    (lambda e: {k: v for k, v in e.items() if k != "timestamp"}, "timestamp"),
+])
+def test_a_malformed_entry_is_refused_naming_what_is_wrong(mangle, why):
+    entry = system_event_entry("p1", "z", "a-1", "1", "compute.instances.preempted", _now())
+    with pytest.raises(audit.AuditError, match=why):
+        audit.parse_entry(mangle(entry))
+
+
+@pytest.mark.parametrize("data", [
+    {}, {"message": {}}, {"message": {"data": 5}}, {"message": {"data": "%%%"}},
+    {"message": {"data": base64.b64encode(b"\xff\xfe").decode()}}, {"message": {"data": base64.b64encode(b"{").decode()}},
+    {"message": {"data": base64.b64encode(b"[1, 2]").decode()}}, "a string", None,
+])
+def test_on_audit_absorbs_garbage_messages_without_a_retry_or_any_request(wired, data):
+    running(wired)
+    store_calls, compute_calls = len(wired.store.calls), len(wired.compute.calls)
+    assert functions.on_audit(data) is None
+    assert (len(wired.store.calls), len(wired.compute.calls)) == (store_calls, compute_calls)
+
+
+# -- on_audit ---------------------------------------------------------------------------------
+
+
+def test_a_hard_preemption_is_recovered_from_its_audit_entry_alone_without_asking_compute_why(wired):
+    running(wired)
+    wired.compute.preempt("a-1")  # no shutdown script ran: no marker
+    [entry] = entries(wired)
+    assert post(message(entry)).status_code == 200
+    st = wired.status("a")
+    assert st.attempt == 2 and wired.live("a") == ["a-2"]
+    assert any(e.event == "preempted" for e in st.history) and st.failures == 0
+    assert asked_why(wired) == []  # the entry said it: no zone-operation list
+
+
+def test_a_crash_entry_is_no_evidence_alone_compute_is_asked_and_it_counts_as_a_failure(wired):
+    running(wired)
+    wired.compute.terminate("a-1")  # the guest crashed: compute.instances.guestTerminate
+    [entry] = entries(wired)
+    assert entry["protoPayload"]["methodName"] == "compute.instances.guestTerminate"
+    functions.on_audit(message(entry))
+    st = wired.status("a")
+    assert st.failures == 1 and asked_why(wired) == ["a-1"]
+
+
+def test_duplicate_late_and_reordered_entries_change_nothing_after_the_first(wired):
+    running(wired)
+    wired.compute.preempt("a-1")
+    [first] = entries(wired)
+    functions.on_audit(message(first))
+    wired.tick()
+    wired.tick()  # attempt 2 running
+    wired.compute.preempt("a-2")
+    second = entries(wired)[-1]
+    functions.on_audit(message(second))
+    assert wired.status("a").attempt == 3
+    wired.tick()  # attempt 3 running: nothing left to do
+    before = (wired.store.read(BUCKET, names.status_key("a")).info.generation, len(wired.compute.calls))
+    inserts = [c for c in wired.compute.calls if c[0] == "insert"]
+    for data in (message(first), message(second), message(first), message(second)):  # duplicated, late, reordered
+        functions.on_audit(data)
+    assert wired.status("a").attempt == 3
+    assert [c for c in wired.compute.calls if c[0] == "insert"] == inserts
+    assert wired.store.read(BUCKET, names.status_key("a")).info.generation == before[0]
+
+
+def test_an_entry_for_another_vm_of_the_same_name_is_no_evidence(wired):
+    running(wired)
+    wired.compute.terminate("a-1", reason=audit.LOSSES["compute.instances.guestTerminate"])
+    forged = system_event_entry(PROJECT, "us-central1-a", "a-1", "999", "compute.instances.preempted", wired.clock.now())
+    functions.on_audit(message(forged))  # an earlier run's a-1 (another id): Compute is asked
+    st = wired.status("a")
+    assert asked_why(wired) == ["a-1"] and st.failures == 1
+
+
+def test_an_entry_older_than_the_attempt_is_no_evidence(wired):
+    running(wired)
+    wired.compute.terminate("a-1", reason=audit.LOSSES["compute.instances.guestTerminate"])
+    st = wired.status("a")
+    old = system_event_entry(PROJECT, st.zone, "a-1", "", "compute.instances.preempted",
+                             st.attempt_started_at - timedelta(minutes=5))
+    functions.on_audit(message(old))
+    assert asked_why(wired) == ["a-1"] and wired.status("a").failures == 1
+
+
+@pytest.mark.parametrize("name", ["web-server", "t1v-nope", "db-7-replica", "UPPER-1"])
+def test_an_instance_that_is_not_respawns_costs_no_request(wired, name):
+    running(wired)
+    store_calls, compute_calls = len(wired.store.calls), len(wired.compute.calls)
+    functions.on_audit(message(system_event_entry(PROJECT, "us-central1-a", name, "5", "compute.instances.preempted",
+                                                  wired.clock.now())))
+    assert (len(wired.store.calls), len(wired.compute.calls)) == (store_calls, compute_calls)
+
+
+def test_a_lookalike_name_of_no_job_changes_nothing(wired):
+    running(wired)
+    calls = len(wired.store.calls)
+    functions.on_audit(message(system_event_entry(PROJECT, "us-central1-a", "web-7", "5", "compute.instances.preempted",
+                                                  wired.clock.now())))
+    assert wired.live() == ["a-1"] and wired.status("a").attempt == 1
+    assert not [c for c in wired.store.calls[calls:] if c[0] in ("write", "delete")]
+
+
+def test_an_entry_from_a_project_the_controller_does_not_watch_is_ignored(wired):
+    running(wired)
+    wired.compute.preempt("a-1")
+    entry = entries(wired)[0]
+    entry["protoPayload"]["resourceName"] = entry["protoPayload"]["resourceName"].replace(PROJECT, "someone-else")
+    entry["logName"] = audit.log_name("someone-else")
+    calls = len(wired.compute.calls)
+    functions.on_audit(message(entry))
+    assert len(wired.compute.calls) == calls and wired.status("a").attempt == 1
+
+
+def test_on_audit_waits_for_a_vm_on_its_way_down_then_recovers_in_the_same_call(wired):
+    running(wired)
+    wired.compute.set_status("a-1", "STOPPING")  # preempted; its shutdown script is saving
+    entry = system_event_entry(PROJECT, wired.status("a").zone, "a-1", wired.compute.all()[0].id,
+                               "compute.instances.preempted", wired.clock.now())
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) == 3:
+            wired.marker("a")  # the shutdown script's marker lands, then the guest is off
+            wired.compute.preempt("a-1")
+
+    functions.on_audit(message(entry), sleep=sleep)
+    assert len(sleeps) == 3 and wired.status("a").attempt == 2
+
+
+def test_on_audit_gives_up_waiting_at_its_bound_and_leaves_the_rest_to_the_tick(wired):
+    running(wired)
+    wired.compute.set_status("a-1", "STOPPING")
+    entry = system_event_entry(PROJECT, wired.status("a").zone, "a-1", "", "compute.instances.preempted",
+                               wired.clock.now())
+    sleeps: list[float] = []
+    functions.on_audit(message(entry), sleep=sleeps.append, wait=3.0)
+    assert 1 <= len(sleeps) <= 3 and wired.status("a").attempt == 1
+
+
+def test_on_audit_raises_for_a_retry_when_the_bucket_does_not_answer(wired):
+    running(wired)
+    wired.compute.preempt("a-1")
+    wired.store.faults.fail_next("list", errors.TransientError("503"), times=20)
+    response = post(message(entries(wired)[0]))
+    assert response.status_code == 500
+
+
+# -- the tick's own query -----------------------------------------------------------------------
+
+
+def test_the_tick_reads_the_entries_since_its_watermark_and_uses_them_as_evidence(h: Harness):
+    h.read_audit = True
+    for job in ("a", "b"):
+        h.submit(job)
+    h.tick()
+    h.tick()
+    h.compute.preempt("a-1")
+    h.compute.preempt("b-1")
+    summary = h.tick()
+    assert summary.audit_events == 2 and h.status("a").attempt == 2 and h.status("b").attempt == 2
+    assert asked_why(h) == [] and h.audit.reads == 3
+    mark = auditfeed.Watermark.parse(h.store.read(BUCKET, auditfeed.KEY).data)
+    assert mark.high is not None and len(mark.seen) == 2
+    assert h.tick().audit_events == 0  # handed over once
+
+
+def test_a_tick_that_crashed_before_its_watermark_moved_reads_the_same_entries_and_does_the_same_once(h: Harness):
+    h.read_audit = True
+    h.submit("a")
+    h.tick()
+    h.tick()
+    h.compute.preempt("a-1")
+    engine = h.engine()
+    assert engine.audit is not None
+    batch = engine.audit.read()  # the first tick read them, then died before acting or committing
+    assert len(batch.events) == 1
+    summary = h.tick()
+    assert summary.audit_events == 1 and h.status("a").attempt == 2
+    inserts = [c for c in h.compute.calls if c[0] == "insert"]
+    engine.audit.commit(batch)  # the dead tick's late write loses the compare-and-swap
+    assert h.tick().audit_events == 0
+    assert [c for c in h.compute.calls if c[0] == "insert"] == inserts and h.status("a").attempt == 2
+
+
+def test_an_entry_indexed_late_within_the_overlap_is_still_handed_over(h: Harness):
+    h.read_audit = True
+    h.submit("a")
+    h.tick()
+    h.tick()
+    h.compute.preempt("a-1")
+    entry = h.audit.entries.pop()  # Logging indexes it only after a later entry
+    h.audit.write(system_event_entry(PROJECT, "us-central1-a", "web-1", "9", "compute.instances.hostError",
+                                     h.clock.now() + timedelta(seconds=30)))
+    h.advance(seconds=60)
+    h.tick()
+    h.audit.write(entry)
+    h.advance(seconds=60)
+    summary = h.tick()
+    assert summary.audit_events == 1 and h.status("a").attempt == 2
+
+
+def test_a_logging_refusal_leaves_the_pass_to_computes_records_and_the_watermark_in_place(h: Harness):
+    h.read_audit = True
+    h.submit("a")
+    h.tick()
+    h.tick()
+    h.compute.preempt("a-1")
+    h.audit.fail_next.append(errors.ConfigError("403 logging.logEntries.list denied"))
+    summary = h.tick()
+    assert summary.audit_error and "403" in summary.audit_error and h.status("a").attempt == 2
+    assert asked_why(h) == ["a-1"]
+    assert not h.store.exists(BUCKET, auditfeed.KEY)
+
+
+def test_an_unreadable_watermark_reads_the_last_hour_again(h: Harness):
+    h.read_audit = True
+    h.store.put(BUCKET, auditfeed.KEY, b"{not json")
+    h.submit("a")
+    h.tick()
+    h.tick()
+    h.compute.preempt("a-1")
+    assert h.tick().audit_events == 1 and h.status("a").attempt == 2
+    assert auditfeed.Watermark.parse(h.store.read(BUCKET, auditfeed.KEY).data).high is not None
