@@ -328,3 +328,19 @@ def test_an_unreadable_watermark_reads_the_last_hour_again(h: Harness):
     h.compute.preempt("a-1")
     assert h.tick().audit_events == 1 and h.status("a").attempt == 2
     assert auditfeed.Watermark.parse(h.store.read(BUCKET, auditfeed.KEY).data).high is not None
+
+
+def test_a_tpu_workers_entry_names_no_node_so_every_job_is_looked_at_and_the_node_says_what_happened(wired):
+    from tests.service.test_tpu import tpu_doc
+
+    wired.submit("tpu", tpu_doc())
+    wired.tick()
+    wired.tick()
+    wired.tpu.preempt("tpu-1")
+    worker = system_event_entry(PROJECT, "us-central2-b", "t1v-n-5f3a9c1e-w-0", "77", "compute.instances.preempted",
+                                wired.clock.now())
+    assert audit.parse_entry(worker).tpu_worker
+    functions.on_audit(message(worker))
+    st = wired.status("tpu")
+    assert st.phase.name == "RECOVERING" and any(e.event == "preempted" for e in st.history)
+    assert ("delete", "tpu-1") in wired.tpu.calls
