@@ -2,7 +2,8 @@
 # Deploy respawn into a project, fresh or deployed before: the APIs, the control bucket
 # (created if absent, refused if its settings would break respawn), the controller's,
 # scheduler's and trainer VMs' service accounts and every role deploy/IAM.md marks (deploy),
-# both functions, the Cloud Scheduler job, the VM scripts. Every step is safe to run again;
+# the Logging sink of Compute's System Event audit entries and its Pub/Sub topic, the three
+# functions (tick, on_object, on_audit), the Cloud Scheduler job, the VM scripts. Every step is safe to run again;
 # a failed one says how to resume (--from STEP).
 #   deploy/deploy.sh --project P --region R --bucket B [--trainer-account EMAIL] [--dry-run] [--from STEP]
 # A thin wrapper over `respawn deploy`; needs gcloud and application-default credentials.

@@ -11,9 +11,11 @@ method 404. Errors are one-platform JSON (``{"error": {"code", "message", "statu
 What they answer comes from ``Deployment``: what ``respawn deploy`` would have made of the local
 cloud. The project (its number as ``localcloud.compute.project_number`` gives it) is ACTIVE and
 every API enabled; its IAM policy, the trainer account's and the three accounts themselves are
-deploy's; the two functions are the local functions-framework processes (ACTIVE while their
-process lives, FAILED once it has exited), ``respawn-tick`` HTTP at its local URL and
-``respawn-on-object`` on the bucket's finalized events; the Scheduler job ``respawn-tick`` is
+deploy's (the controller's ``roles/logging.viewer`` for the tick's read of the System Event audit
+log among them); the functions are the local functions-framework processes (ACTIVE while their
+process lives, FAILED once it has exited), ``respawn-tick`` HTTP at its local URL,
+``respawn-on-object`` on the bucket's finalized events and, where the local cloud serves it,
+``respawn-on-audit`` on the ``respawn-audit`` topic's messages (Pub/Sub trigger); the Scheduler job ``respawn-tick`` is
 the local ticker (ENABLED while it runs, PAUSED once stopped; ``lastAttemptTime`` and ``status``
 its last call's). Another project is 403 ``PERMISSION_DENIED``, as Google answers for a project
 that does not exist or that the caller may not see; another function, job or account 404.
@@ -53,7 +55,7 @@ class Deployment:
     project: str
     region: str
     bucket: str
-    # target ("tick", "on_object") -> (its URL, whether its process still runs)
+    # target ("tick", "on_object", "on_audit") -> (its URL, whether its process still runs)
     functions: Callable[[], dict[str, tuple[str, bool]]] = lambda: {}
     # the Scheduler stand-in: (running, last attempt time or None, last attempt's HTTP status or None)
     ticker: Callable[[], tuple[bool, datetime | None, int | None]] = lambda: (False, None, None)
@@ -257,6 +259,7 @@ class ResourceManagerServer(DiscoveryServer):
             {"role": "roles/logging.logWriter", "members": [f"serviceAccount:{self.d.trainer}"]},
             {"role": "roles/compute.instanceAdmin.v1", "members": [f"serviceAccount:{self.d.controller}"]},
             {"role": "roles/tpu.admin", "members": [f"serviceAccount:{self.d.controller}"]},
+            {"role": "roles/logging.viewer", "members": [f"serviceAccount:{self.d.controller}"]},
         ]}
 
 
@@ -297,7 +300,7 @@ class IamServer(DiscoveryServer):
 class FunctionsServer(DiscoveryServer):
     DOC, name = "cloudfunctions.v2", "functions"
     SUPPORTED = {"projects.locations.functions": ("get", "list")}
-    TARGETS = {deploy.TICK: "tick", deploy.ON_OBJECT: "on_object"}
+    TARGETS = {deploy.TICK: "tick", deploy.ON_OBJECT: "on_object", deploy.ON_AUDIT: "on_audit"}
 
     def _location(self, p: dict[str, str]) -> None:
         self._project(p["projectsId"])
@@ -328,6 +331,12 @@ class FunctionsServer(DiscoveryServer):
                 "eventType": FINALIZED, "retryPolicy": "RETRY_POLICY_RETRY", "triggerRegion": self.d.region,
                 "eventFilters": [{"attribute": "bucket", "value": self.d.bucket}],
                 "serviceAccountEmail": self.d.controller}
+        elif target == "on_audit":  # what `gcloud functions deploy --trigger-topic` makes
+            topic = f"projects/{self.d.project}/topics/{deploy.AUDIT_TOPIC}"
+            resource["eventTrigger"] = {
+                "eventType": deploy.PUBLISHED, "pubsubTopic": topic, "retryPolicy": "RETRY_POLICY_RETRY",
+                "triggerRegion": self.d.region, "serviceAccountEmail": self.d.controller,
+                "trigger": f"projects/{self.d.project}/locations/{self.d.region}/triggers/{name}"}
         return resource
 
     def _functions_get(self, p: dict[str, str], body: Any) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """``respawn doctor``'s reads on Google's APIs (controller.cli.doctor.Apis).
 
-Service Usage v1, Cloud Resource Manager v3, IAM v1, Cloud Functions v2 and Cloud Scheduler v1
+Service Usage v1, Cloud Resource Manager v3, IAM v1, Cloud Functions v2, Cloud Scheduler v1,
+Logging v2 (``projects.sinks.get``) and Pub/Sub v1 (``projects.topics.get``/``getIamPolicy``)
 through google-api-python-client, whose requests are built from the same discovery documents
 the local cloud's stand-ins serve (localcloud/apis.py); Cloud Storage and Compute through their
 own client libraries, as the rest of respawn. Each endpoint may be the local cloud's
@@ -92,6 +93,24 @@ class GoogleApis:
         full = f"projects/{project}/locations/{region}/jobs/{name}"
         with self._api("cloudscheduler", "v1", self.config.scheduler_endpoint, full) as api:
             return api.projects().locations().jobs().get(name=full).execute(num_retries=1)
+
+    # -- the audit path: Logging v2 (the sink), Pub/Sub v1 (its topic and the topic's policy) --------
+    def sink(self, project: str, name: str) -> Mapping[str, Any]:
+        full = f"projects/{project}/sinks/{name}"
+        with self._api("logging", "v2", self.config.logging_endpoint, full) as api:
+            return api.projects().sinks().get(sinkName=full).execute(num_retries=1)
+
+    def topic(self, project: str, name: str) -> Mapping[str, Any]:
+        full = f"projects/{project}/topics/{name}"
+        with self._api("pubsub", "v1", self.config.pubsub_endpoint, full) as api:
+            return api.projects().topics().get(topic=full).execute(num_retries=1)
+
+    def topic_policy(self, project: str, name: str) -> Sequence[Mapping[str, Any]]:
+        full = f"projects/{project}/topics/{name}"
+        with self._api("pubsub", "v1", self.config.pubsub_endpoint, full) as api:
+            policy = api.projects().topics().getIamPolicy(resource=full, options_requestedPolicyVersion=3
+                                                          ).execute(num_retries=1)
+        return policy.get("bindings") or []
 
     # -- Cloud Storage -------------------------------------------------------------------------------
     def bucket(self, bucket: str) -> Mapping[str, Any]:

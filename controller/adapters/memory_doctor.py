@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from controller.cli import deploy
-from controller.core import errors
+from controller.core import audit, errors
 from controller.core.quotas import QuotaUse
 from controller.service import lastpass
 
@@ -38,6 +38,8 @@ class MemoryProject:
     accounts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # email -> its policy's bindings
     functions: dict[str, dict[str, Any]] = field(default_factory=dict)
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sinks: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> Logging v2 LogSink
+    topics: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # topic id -> its policy's bindings
     record: lastpass.LastPass | None = None
     quota_table: dict[str, dict[str, QuotaUse]] = field(default_factory=dict)  # region -> metric -> use
     images: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (project, name | family/F)
@@ -59,8 +61,10 @@ class MemoryProject:
              "condition": {"title": deploy.TRAINER_CONDITION_TITLE, "expression": deploy.trainer_condition(bucket)}},
             {"role": "roles/storage.legacyBucketOwner", "members": [f"projectOwner:{project}"]},
         ]
+        writer = "serviceAccount:service-123456789012@gcp-sa-logging.iam.gserviceaccount.com"
         me.project_bindings = [
             {"role": "roles/logging.logWriter", "members": [f"serviceAccount:{trainer}"]},
+            {"role": "roles/logging.viewer", "members": [f"serviceAccount:{controller}"]},
             {"role": "roles/owner", "members": ["user:you@example.com"]},
         ]
         me.accounts = {
@@ -75,7 +79,15 @@ class MemoryProject:
                                "serviceConfig": {"serviceAccountEmail": controller},
                                "eventTrigger": {"eventType": "google.cloud.storage.object.v1.finalized",
                                                 "eventFilters": [{"attribute": "bucket", "value": bucket}]}},
+            deploy.ON_AUDIT: {"name": f"{base}/functions/{deploy.ON_AUDIT}", "state": "ACTIVE",
+                              "serviceConfig": {"serviceAccountEmail": controller},
+                              "eventTrigger": {"eventType": deploy.PUBLISHED, "retryPolicy": "RETRY_POLICY_RETRY",
+                                               "pubsubTopic": f"projects/{project}/topics/{deploy.AUDIT_TOPIC}",
+                                               "serviceAccountEmail": controller}},
         }
+        me.sinks = {deploy.AUDIT_SINK: {"name": deploy.AUDIT_SINK, "destination": deploy.audit_destination(project),
+                                        "filter": audit.sink_filter(project), "writerIdentity": writer}}
+        me.topics = {deploy.AUDIT_TOPIC: [{"role": "roles/pubsub.publisher", "members": [writer]}]}
         me.jobs = {deploy.TICK: {"name": f"{base}/jobs/{deploy.TICK}", "state": "ENABLED", "schedule": "* * * * *",
                                  "status": {}, "lastAttemptTime": now.isoformat()}}
         me.record = lastpass.LastPass(now, 0.7, 2, 1, 0)
@@ -145,6 +157,24 @@ class MemoryProject:
         if region != self.region or name not in self.jobs:
             raise errors.NotFound(f"jobs/{name}")
         return copy.deepcopy(self.jobs[name])
+
+    def sink(self, project: str, name: str) -> Mapping[str, Any]:
+        self._call("sink")
+        if project != self.project_id or name not in self.sinks:
+            raise errors.NotFound(f"projects/{project}/sinks/{name}")
+        return copy.deepcopy(self.sinks[name])
+
+    def topic(self, project: str, name: str) -> Mapping[str, Any]:
+        self._call("topic")
+        if project != self.project_id or name not in self.topics:
+            raise errors.NotFound(f"projects/{project}/topics/{name}")
+        return {"name": f"projects/{project}/topics/{name}"}
+
+    def topic_policy(self, project: str, name: str) -> Sequence[Mapping[str, Any]]:
+        self._call("topic_policy")
+        if project != self.project_id or name not in self.topics:
+            raise errors.NotFound(f"projects/{project}/topics/{name}")
+        return copy.deepcopy(self.topics[name])
 
     def last_pass(self, bucket: str) -> lastpass.LastPass | None:
         self._call("last_pass")

@@ -1,8 +1,9 @@
 """``respawn deploy``: everything respawn relies on in a project, as a plan of steps.
 
 The APIs, the control bucket (created if absent, refused if its settings would break respawn),
-the three service accounts, every role deploy/IAM.md marks **(deploy)**, both functions, the
-Scheduler job and the VM scripts. Each step says what it does and is safe to run again: it
+the three service accounts, every role deploy/IAM.md marks **(deploy)**, the Logging sink of
+Compute's System Event audit entries and its Pub/Sub topic, the three functions (``tick``,
+``on_object``, ``on_audit``), the Scheduler job and the VM scripts. Each step says what it does and is safe to run again: it
 creates only what is absent (or treats "already exists" as done) and adds bindings IAM keeps
 once, so a second deploy changes nothing. A failed step names itself; ``--from`` (its number or
 name) resumes there, and running the whole deploy again is as good.
@@ -28,10 +29,18 @@ from pathlib import Path
 from typing import Any
 
 from controller.cli.pack import CODE_PREFIX  # where respawn submit packs a local folder
-from controller.core import names
+from controller.core import audit, names
 from controller.service.config import REPO_ROOT, Settings
 
-TICK, ON_OBJECT = "respawn-tick", "respawn-on-object"
+TICK, ON_OBJECT, ON_AUDIT = "respawn-tick", "respawn-on-object", "respawn-on-audit"
+# Compute's System Event audit log -> a Logging sink -> this topic -> on_audit (controller.core.audit).
+AUDIT_TOPIC = AUDIT_SINK = "respawn-audit"
+PUBLISHED = "google.cloud.pubsub.topic.v1.messagePublished"  # what a --trigger-topic function receives
+# on_audit waits up to controller.service.functions.AUDIT_WAIT (45 s) for a VM on its way down, and an
+# entry about a Cloud TPU VM's worker (its name says no job) is a pass over every job, as the tick's:
+# given the tick's time.
+AUDIT_TIMEOUT = "540s"
+SINK_WRITER = "<writer identity of the respawn-audit sink>"
 URL_PLACEHOLDER = "<url of respawn-tick>"
 TRAINER_ACCOUNT_ID = "respawn-trainer"
 TRAINER_CONDITION_TITLE = "respawn-trainer-vm-records-only"
@@ -286,6 +295,44 @@ def usable_bucket(bucket: str, description: str, values: Mapping[str, str]) -> N
                       "settings, or deploy with a new bucket name (deploy creates it).")
 
 
+def audit_destination(project: str) -> str:
+    """The sink's destination: the audit topic, as Logging names a Pub/Sub destination."""
+    return f"pubsub.googleapis.com/projects/{project}/topics/{AUDIT_TOPIC}"
+
+
+def audit_topic_argv(project: str) -> tuple[str, ...]:
+    return ("gcloud", "pubsub", "topics", "create", AUDIT_TOPIC, f"--project={project}")
+
+
+def audit_sink_argv(project: str) -> tuple[str, ...]:
+    """Create the sink: System Event entries of instances (audit.sink_filter) to the audit topic. The
+    entries carry no instance labels, so the filter cannot keep respawn's instances alone; on_audit
+    ignores the others by name."""
+    return ("gcloud", "logging", "sinks", "create", AUDIT_SINK, audit_destination(project),
+            f"--log-filter={audit.sink_filter(project)}",
+            "--description=respawn: Compute System Event audit entries of instances, to on_audit",
+            f"--project={project}")
+
+
+def audit_sink_update_argv(project: str) -> tuple[str, ...]:
+    """Set the sink's destination and filter to respawn's and enable it: a sink made by an older
+    deploy (another filter) or changed by hand is brought back; the same values again change nothing."""
+    return ("gcloud", "logging", "sinks", "update", AUDIT_SINK, audit_destination(project),
+            f"--log-filter={audit.sink_filter(project)}", "--no-disabled", f"--project={project}")
+
+
+def audit_publisher_argv(project: str, member: str) -> tuple[str, ...]:
+    """Let the sink's writer identity (``member``, as Logging gives it: ``serviceAccount:...``) publish
+    to the audit topic, and to nothing else."""
+    return ("gcloud", "pubsub", "topics", "add-iam-policy-binding", AUDIT_TOPIC, f"--member={member}",
+            "--role=roles/pubsub.publisher", f"--project={project}")
+
+
+def writer_lookup(project: str) -> Lookup:
+    return Lookup(SINK_WRITER, ("gcloud", "logging", "sinks", "describe", AUDIT_SINK, f"--project={project}",
+                                "--format=value(writerIdentity)"))
+
+
 def memory(text: str) -> str:
     """A function's memory as gcloud's ``--memory`` takes it (``512Mi``, ``1Gi``); ValueError
     naming the fix otherwise. Cloud Run functions take 128Mi to 32Gi."""
@@ -337,7 +384,7 @@ def plan(t: Target) -> list[Step]:
               "--public-access-prevention", project)),
     ]
     for key, email, display, description in (
-            ("controller", t.controller_sa, "respawn controller", "runs the respawn tick and on_object functions"),
+            ("controller", t.controller_sa, "respawn controller", "runs the respawn functions: tick, on_object, on_audit"),
             ("scheduler", t.scheduler_sa, "respawn scheduler", "calls the respawn tick function every minute"),
             ("trainer", t.trainer, "respawn trainer VMs",
              "runs respawn training VMs: writes only their records in the control bucket")):
@@ -395,6 +442,9 @@ def plan(t: Target) -> list[Step]:
         at = "" if where == t.project else f"@{where}"
         steps.append(grant(f"controller-compute{at}", f"let the controller create, list and delete VMs in {where} "
                            "(roles/compute.instanceAdmin.v1)", where, controller, "roles/compute.instanceAdmin.v1"))
+        # The tick's one entries.list a pass reads every watched project's System Event entries.
+        steps.append(grant(f"controller-audit-read{at}", f"let the controller read Compute's System Event audit "
+                           f"entries in {where} (roles/logging.viewer)", where, controller, "roles/logging.viewer"))
         if tpu:
             steps.append(grant(f"controller-tpu{at}", f"let the controller create, list and delete TPU nodes in {where} "
                                "(roles/tpu.admin)", where, controller, "roles/tpu.admin"))
@@ -418,6 +468,21 @@ def plan(t: Target) -> list[Step]:
                            "--role=roles/pubsub.publisher", project),
                           retry_if=_IAM_LAG))
     steps += [
+        # Compute's System Event audit log (preemptions, host errors, guest terminations, terminating
+        # maintenance) through a Logging sink to a topic that on_audit is triggered by. "Already
+        # exists" is done: the update step below makes an existing sink's filter respawn's.
+        Step("audit-topic", f"create the Pub/Sub topic {AUDIT_TOPIC} the audit sink publishes to (already there "
+             "is fine)", audit_topic_argv(t.project), done_if=("already exists", "ALREADY_EXISTS")),
+        Step("audit-sink", f"create the Logging sink {AUDIT_SINK}: Compute's System Event audit entries of "
+             f"every instance of {t.project} (the entries carry no instance labels, so no filter can keep "
+             f"respawn's alone: on_audit ignores other names), to {AUDIT_TOPIC} (already there is fine)",
+             audit_sink_argv(t.project),
+             done_if=("already exists", "ALREADY_EXISTS")),
+        Step("audit-publisher", f"let the sink's writer identity publish to {AUDIT_TOPIC} (on that topic only)",
+             audit_publisher_argv(t.project, SINK_WRITER), lookups=(writer_lookup(t.project),),
+             retry_if=_IAM_LAG),
+        Step("audit-sink-update", f"make the sink's filter and destination respawn's and enable it (an older "
+             "deploy's filter is replaced; the same again changes nothing)", audit_sink_update_argv(t.project)),
         Step("tick", "deploy the tick function (HTTP, authenticated only)",
              ("gcloud", "functions", "deploy", TICK, *common, "--entry-point=tick", "--trigger-http",
               "--no-allow-unauthenticated", "--timeout=540s"),
@@ -431,12 +496,22 @@ def plan(t: Target) -> list[Step]:
              lookups=(Lookup(BUCKET_LOCATION, ("gcloud", "storage", "buckets", "describe", bucket,
                                                "--format=value(location)"), lower=True),),
              retry_if=_IAM_LAG),
+        # Retried: on_audit raises only for a transient failure (anything else it logs and absorbs).
+        Step("on-audit", f"deploy the on_audit function (Pub/Sub messages of {AUDIT_TOPIC}, retried)",
+             ("gcloud", "functions", "deploy", ON_AUDIT, *common, "--entry-point=on_audit",
+              f"--trigger-topic={AUDIT_TOPIC}", f"--trigger-service-account={t.controller_sa}", "--retry",
+              f"--timeout={AUDIT_TIMEOUT}"),
+             retry_if=_IAM_LAG),
         Step("tick-invoker", "let the scheduler's service account invoke tick",
              ("gcloud", "functions", "add-invoker-policy-binding", TICK, "--gen2", f"--region={t.region}",
               project, f"--member={scheduler}"),
              retry_if=_IAM_LAG),
         Step("on-object-invoker", "let on_object's trigger (the controller's account) invoke on_object",
              ("gcloud", "functions", "add-invoker-policy-binding", ON_OBJECT, "--gen2", f"--region={t.region}",
+              project, f"--member={controller}"),
+             retry_if=_IAM_LAG),
+        Step("on-audit-invoker", "let on_audit's trigger (the controller's account) invoke on_audit",
+             ("gcloud", "functions", "add-invoker-policy-binding", ON_AUDIT, "--gen2", f"--region={t.region}",
               project, f"--member={controller}"),
              retry_if=_IAM_LAG),
         Step("scheduler", "create or update the Cloud Scheduler job (google-cloud-scheduler API)", request={

@@ -2,9 +2,11 @@
 the command that fixes it (as ``sky check`` does for SkyPilot).
 
 The checks read what ``respawn deploy`` makes (controller.cli.deploy) and compare: the project,
-the APIs respawn needs, the control bucket and its IAM, both functions, the Scheduler job, the
-controller's last pass (``respawn/controller.json``), the IAM bindings; with a SPEC, also that
-spec's GPU quotas in each of its regions, its boot image and its service account.
+the APIs respawn needs, the control bucket and its IAM, the three functions, the Scheduler job,
+the controller's last pass (``respawn/controller.json``), the IAM bindings, and the audit path
+(the Logging sink of Compute's System Event audit entries, its filter, its Pub/Sub topic, the
+sink's right to publish there, the controller's right to read those entries); with a SPEC, also
+that spec's GPU quotas in each of its regions, its boot image and its service account.
 
 Checks are independent: each calls its own APIs (``Apis``, a port: Google's in
 controller.adapters.doctor, fakes in tests), runs on a thread of its own beside the others, and
@@ -23,7 +25,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from controller.cli import deploy
-from controller.core import errors, quotas
+from controller.core import audit, errors, quotas
 from controller.core.quotas import QuotaUse
 from controller.core.spec import JobSpec, built_in_gpus
 from controller.service import lastpass
@@ -42,6 +44,11 @@ READER_ROLES = ("roles/storage.objectViewer", "roles/storage.objectUser", "roles
                 "roles/editor", "roles/owner")
 PUBLIC = ("allUsers", "allAuthenticatedUsers")
 ACT_AS = ("roles/iam.serviceAccountUser", "roles/iam.serviceAccountAdmin", "roles/editor", "roles/owner")
+# Roles that let a principal publish to a topic (on the topic or its project).
+PUBLISH = ("roles/pubsub.publisher", "roles/pubsub.editor", "roles/pubsub.admin", "roles/editor", "roles/owner")
+# Roles with logging.logEntries.list on a project's System Event audit log (not a private log).
+LOG_READERS = ("roles/logging.viewer", "roles/logging.privateLogViewer", "roles/logging.admin", "roles/viewer",
+               "roles/editor", "roles/owner")
 class Apis(Protocol):
     """What the checks read. Each method raises ``errors.NotFound`` for a resource that does not
     exist (or that Google will not say exists: a project answers 403 either way), anything else
@@ -58,6 +65,9 @@ class Apis(Protocol):
     def account_policy(self, email: str) -> Sequence[Mapping[str, Any]]: ...
     def function(self, project: str, region: str, name: str) -> Mapping[str, Any]: ...  # Cloud Functions v2
     def scheduler_job(self, project: str, region: str, name: str) -> Mapping[str, Any]: ...  # Cloud Scheduler v1
+    def sink(self, project: str, name: str) -> Mapping[str, Any]: ...  # Logging v2 LogSink
+    def topic(self, project: str, name: str) -> Mapping[str, Any]: ...  # Pub/Sub v1 Topic
+    def topic_policy(self, project: str, name: str) -> Sequence[Mapping[str, Any]]: ...  # its bindings
     def last_pass(self, bucket: str) -> lastpass.LastPass | None: ...
     def region_quotas(self, project: str, region: str) -> dict[str, QuotaUse]: ...  # ports.QuotaReader
     def image(self, project: str, *, name: str | None = None, family: str | None = None) -> Mapping[str, Any]: ...
@@ -87,6 +97,10 @@ class Target:
     def deploy_command(self) -> str:
         return shlex.join(["respawn", "deploy", f"--project={self.project}", f"--region={self.region}",
                            f"--bucket={self.bucket}"])
+
+    def deploy_from(self, step: str) -> str:
+        """``respawn deploy`` resumed at ``step``: that step and everything after it (each safe again)."""
+        return f"{self.deploy_command} --from {step}"
 
 
 class Failed(Exception):
@@ -265,12 +279,12 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
 
     def function(name: str, http: bool) -> Callable[[], str]:
         def check() -> str:
+            redeploy = t.deploy_from("on-audit") if name == deploy.ON_AUDIT else t.deploy_command
             try:
                 found = apis.function(p, r, name)
             except errors.NotFound as e:
-                raise Failed(f"not deployed in {p}/{r}", t.deploy_command) from e
+                raise Failed(f"not deployed in {p}/{r}", redeploy) from e
             state = found.get("state", "STATE_UNSPECIFIED")
-            redeploy = t.deploy_command
             if state != "ACTIVE":
                 said = "; ".join(m.get("message", "") for m in found.get("stateMessages") or [] if m.get("message"))
                 raise Failed(f"{state}{': ' + said if said else ''}", redeploy)
@@ -279,12 +293,83 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
                 if trigger:
                     raise Failed(f"triggered by {trigger.get('eventType')}, not HTTP", redeploy)
                 return f"ACTIVE, HTTP at {(found.get('serviceConfig') or {}).get('uri', '?')}"
+            if name == deploy.ON_AUDIT:
+                topic = f"projects/{p}/topics/{deploy.AUDIT_TOPIC}"
+                if trigger.get("eventType") != deploy.PUBLISHED or trigger.get("pubsubTopic") != topic:
+                    raise Failed(f"trigger is {trigger.get('eventType') or 'HTTP'} on "
+                                 f"{trigger.get('pubsubTopic') or 'no topic'}, not {deploy.PUBLISHED} on {topic}",
+                                 redeploy)
+                return f"ACTIVE, {deploy.PUBLISHED} on {topic}"
             filters = {f.get("attribute"): f.get("value") for f in trigger.get("eventFilters") or []}
             if trigger.get("eventType") != FINALIZED or filters.get("bucket") != b:
                 raise Failed(f"trigger is {trigger.get('eventType') or 'HTTP'} on {filters.get('bucket') or 'no bucket'}, "
                              f"not {FINALIZED} on {b}", redeploy)
             return f"ACTIVE, {FINALIZED} on {gs}"
         return check
+
+    # -- the audit path: System Event entries -> sink -> topic -> on_audit; and the tick's read --
+    topic_name = f"projects/{p}/topics/{deploy.AUDIT_TOPIC}"
+
+    def audit_topic() -> str:
+        try:
+            apis.topic(p, deploy.AUDIT_TOPIC)
+        except errors.NotFound as e:
+            raise Failed(f"{topic_name} does not exist: the sink has nowhere to publish, on_audit no trigger",
+                         f"{shlex.join(deploy.audit_topic_argv(p))}\n{t.deploy_from('audit-topic')}  "
+                         "# then the sink's grant and on_audit's trigger again") from e
+        return f"{topic_name} exists"
+
+    def audit_sink() -> str:
+        try:
+            found = apis.sink(p, deploy.AUDIT_SINK)
+        except errors.NotFound as e:
+            raise Failed(f"no sink {deploy.AUDIT_SINK} in {p}: System Event entries reach only the tick",
+                         t.deploy_from("audit-sink")) from e
+        problems = []
+        destination = deploy.audit_destination(p)
+        if found.get("destination") != destination:
+            problems.append(f"it routes to {found.get('destination') or 'nowhere'}, not {destination}")
+        if (found.get("filter") or "") != audit.sink_filter(p):
+            problems.append("its filter is not respawn's (a stale deploy's, or changed by hand)")
+        if found.get("disabled"):
+            problems.append("it is disabled (exports nothing)")
+        if problems:
+            raise Failed("; ".join(problems), f"{shlex.join(deploy.audit_sink_update_argv(p))}\n"
+                                              f"# or: {t.deploy_from('audit-sink-update')}")
+        return (f"{deploy.AUDIT_SINK} routes System Event entries of instances to {topic_name}, enabled "
+                "(every instance's: the entries carry no labels; on_audit ignores names not respawn's)")
+
+    def audit_publisher() -> str:
+        try:
+            writer = (apis.sink(p, deploy.AUDIT_SINK).get("writerIdentity") or "").strip()
+        except errors.NotFound as e:
+            raise Failed(f"no sink {deploy.AUDIT_SINK}, so no writer identity", t.deploy_from("audit-sink")) from e
+        if not writer:
+            raise Failed(f"the sink {deploy.AUDIT_SINK} has no writer identity", t.deploy_from("audit-sink"))
+        try:
+            on_topic = _bindings(apis.topic_policy(p, deploy.AUDIT_TOPIC))
+        except errors.NotFound as e:
+            raise Failed(f"{topic_name} does not exist", t.deploy_from("audit-topic")) from e
+        if any(x.role in PUBLISH and writer in x.members and not x.condition for x in on_topic):
+            return f"{writer} may publish to {deploy.AUDIT_TOPIC}"
+        if any(x.role in PUBLISH and writer in x.members and not x.condition for x in _bindings(apis.project_policy(p))):
+            return (f"{writer} may publish to every topic of {p} (deploy grants it on {deploy.AUDIT_TOPIC} only)", True)
+        raise Failed(f"the sink's writer identity {writer} may not publish to {deploy.AUDIT_TOPIC}: the sink's "
+                     "exports fail", shlex.join(deploy.audit_publisher_argv(p, writer)))
+
+    def audit_reader() -> str:
+        controller = f"serviceAccount:{t.controller_sa}"
+        held = [x for x in _bindings(apis.project_policy(p)) if controller in x.members and not x.condition]
+        if any(x.role in LOG_READERS for x in held):
+            return f"the controller holds {next(x.role for x in held if x.role in LOG_READERS)} on {p}"
+        custom = [x.role for x in held if x.role.startswith(("projects/", "organizations/"))]
+        if custom:
+            return (f"the controller holds {', '.join(custom)}: whether it has logging.logEntries.list is not "
+                    "checked", True)
+        raise Failed(f"the controller ({t.controller_sa}) may not read {p}'s System Event audit entries "
+                     "(the tick's entries.list)",
+                     f"gcloud projects add-iam-policy-binding {p} --member={controller} --role=roles/logging.viewer "
+                     "--condition=None")
 
     def scheduler() -> str:
         job = deploy.TICK
@@ -337,6 +422,11 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
         ("trainer account", trainer_account),
         (f"function {deploy.TICK}", function(deploy.TICK, http=True)),
         (f"function {deploy.ON_OBJECT}", function(deploy.ON_OBJECT, http=False)),
+        (f"function {deploy.ON_AUDIT}", function(deploy.ON_AUDIT, http=False)),
+        (f"audit topic {deploy.AUDIT_TOPIC}", audit_topic),
+        (f"audit sink {deploy.AUDIT_SINK}", audit_sink),
+        ("audit sink may publish", audit_publisher),
+        ("controller reads audit logs", audit_reader),
         (f"scheduler job {deploy.TICK}", scheduler),
         ("controller last ran", last_pass),
     ]

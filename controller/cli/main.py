@@ -503,7 +503,8 @@ def deploy(
     start: Annotated[str | None, typer.Option("--from", help="resume at this step (its number or name)")] = None,
 ) -> None:
     """Set up everything respawn relies on: APIs, the control bucket, the service accounts and their roles,
-    both functions, the Cloud Scheduler job and the VM scripts. Safe to run again."""
+    the audit sink and its topic, the three functions, the Cloud Scheduler job and the VM scripts. Safe to
+    run again."""
     import shlex
 
     from controller.cli import deploy as deployment

@@ -26,7 +26,8 @@ STATE = {"alive": True, "ticker": (True, datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
 def servers() -> Iterator[dict]:
     d = Deployment(PROJECT, REGION, BUCKET,
                    functions=lambda: {"tick": ("http://127.0.0.1:1/", STATE["alive"]),
-                                      "on_object": ("http://127.0.0.1:2/", True)},
+                                      "on_object": ("http://127.0.0.1:2/", True),
+                                      "on_audit": ("http://127.0.0.1:3/", True)},
                    ticker=lambda: STATE["ticker"])
     started = {s.name: s(d).start() for s in SERVERS}
     compute = ComputeServer(run_vms=False).start()
@@ -75,6 +76,11 @@ def test_the_deployment_read_through_google_s_clients(apis):
     on_object = apis.function(PROJECT, REGION, deploy.ON_OBJECT)
     assert on_object["state"] == "ACTIVE" and on_object["eventTrigger"]["eventFilters"] == [
         {"attribute": "bucket", "value": BUCKET}]
+    on_audit = apis.function(PROJECT, REGION, deploy.ON_AUDIT)
+    assert on_audit["state"] == "ACTIVE" and on_audit["eventTrigger"]["eventType"] == deploy.PUBLISHED
+    assert on_audit["eventTrigger"]["pubsubTopic"] == f"projects/{PROJECT}/topics/{deploy.AUDIT_TOPIC}"
+    assert on_audit["buildConfig"]["entryPoint"] == "on_audit"
+    assert {"role": "roles/logging.viewer", "members": [f"serviceAccount:{controller}"]} in apis.project_policy(PROJECT)
     job = apis.scheduler_job(PROJECT, REGION, deploy.TICK)
     assert job["state"] == "ENABLED" and job["lastAttemptTime"] == "2026-01-05T12:00:00Z" and job["status"] == {}
     with pytest.raises(errors.NotFound):
@@ -110,3 +116,40 @@ def test_compute_answers_images_by_name_and_family_but_those_the_unknown_fault_n
     servers["compute"].unknown("image", "no-such-family")
     with pytest.raises(errors.NotFound):
         apis.image("debian-cloud", family="no-such-family")
+
+
+def test_the_audit_sink_its_topic_and_the_topic_s_policy_read_through_google_s_clients():
+    """What respawn doctor reads of the audit path, from the local Logging and Pub/Sub servers (made
+    there as respawn deploy makes them on Google, over their REST APIs), through GoogleApis."""
+    from controller.core import audit
+    from localcloud.logging import LoggingServer
+    from localcloud.pubsub import PubsubServer
+
+    pubsub = PubsubServer().start()
+    logging_ = LoggingServer(pubsub=pubsub).start()
+    try:
+        topic = f"projects/{PROJECT}/topics/{deploy.AUDIT_TOPIC}"
+        apis = GoogleApis(Settings(project=PROJECT, bucket=BUCKET, compute_endpoint="http://127.0.0.1:9",
+                                   pubsub_endpoint=pubsub.endpoint, logging_endpoint=logging_.endpoint), timeout=10)
+        with pytest.raises(errors.NotFound):
+            apis.topic(PROJECT, deploy.AUDIT_TOPIC)
+        with pytest.raises(errors.NotFound):
+            apis.sink(PROJECT, deploy.AUDIT_SINK)
+        requests.put(f"{pubsub.endpoint}/v1/{topic}", json={}, timeout=5).raise_for_status()
+        made = requests.post(f"{logging_.endpoint}/v2/projects/{PROJECT}/sinks", params={"uniqueWriterIdentity": "true"},
+                             json={"name": deploy.AUDIT_SINK, "destination": deploy.audit_destination(PROJECT),
+                                   "filter": audit.sink_filter(PROJECT)}, timeout=5)
+        made.raise_for_status()
+        writer = made.json()["writerIdentity"]
+        requests.post(f"{pubsub.endpoint}/v1/{topic}:setIamPolicy", json={"policy": {"bindings": [
+            {"role": "roles/pubsub.publisher", "members": [writer]}]}}, timeout=5).raise_for_status()
+
+        assert apis.topic(PROJECT, deploy.AUDIT_TOPIC)["name"] == topic
+        sink = apis.sink(PROJECT, deploy.AUDIT_SINK)
+        assert sink["destination"] == deploy.audit_destination(PROJECT) and sink["filter"] == audit.sink_filter(PROJECT)
+        assert sink["writerIdentity"] == writer and not sink.get("disabled")
+        assert [b for b in apis.topic_policy(PROJECT, deploy.AUDIT_TOPIC) if writer in b["members"]] == [
+            {"role": "roles/pubsub.publisher", "members": [writer]}]
+    finally:
+        logging_.stop()
+        pubsub.stop()

@@ -32,11 +32,14 @@ from typer.testing import CliRunner
 
 from controller.cli import deploy
 from controller.cli.main import app
+from controller.core import audit
+from controller.service import functions
 
 PROJECT, NUMBER, REGION, BUCKET = "prod-proj", "123456789012", "us-central1", "prod-bucket"
 DOMAIN = f"{PROJECT}.iam.gserviceaccount.com"
 CONTROLLER, SCHEDULER, TRAINER = (f"respawn-{k}@{DOMAIN}" for k in ("controller", "scheduler", "trainer"))
 AGENT = f"service-{NUMBER}@gs-project-accounts.iam.gserviceaccount.com"
+WRITER = f"serviceAccount:service-{NUMBER}@gcp-sa-logging.iam.gserviceaccount.com"  # the sink's writer identity
 TICK_URL = "https://respawn-tick-abc-uc.a.run.app"
 IAM_MD = Path(__file__).resolve().parents[2] / "deploy" / "IAM.md"
 runner = CliRunner()
@@ -57,6 +60,8 @@ class FakeProject:
         self.bindings: set[tuple[str, str, str, str]] = set()  # (resource, member, role, condition title)
         self.agent = False  # the Cloud Storage service agent exists
         self.functions: dict[str, tuple[str, ...]] = {}
+        self.topics: set[str] = set()
+        self.sinks: dict[str, dict[str, Any]] = {}  # name -> destination, filter, disabled, writerIdentity
         self.jobs: dict[str, Any] = {}
         self.objects: dict[str, str] = {}
         self.changes: list[str] = []
@@ -77,7 +82,8 @@ class FakeProject:
 
     def _member_exists(self, argv: tuple[str, ...], member: str) -> None:
         email = member.removeprefix("serviceAccount:")
-        if email.endswith(DOMAIN) and email not in self.accounts or email == AGENT and not self.agent:
+        if email.endswith(DOMAIN) and email not in self.accounts or email == AGENT and not self.agent \
+                or member == WRITER and not self.sinks:
             raise failure(argv, f"INVALID_ARGUMENT: Service account {email} does not exist.")
 
     def _bind(self, argv: tuple[str, ...], resource: str, member: str, role: str, condition: str = "None") -> str:
@@ -180,7 +186,42 @@ class FakeProject:
                 return self._bind(argv, f"project:{where}", flag("member"), flag("role"), flag("condition"))
             case ["pubsub", "topics", "add-iam-policy-binding", topic]:
                 self._need(argv, "pubsub")
+                if not topic.startswith("projects/") and topic not in self.topics:
+                    raise failure(argv, f"NOT_FOUND: Resource not found (resource={topic}).")
                 return self._bind(argv, topic, flag("member"), flag("role"))
+            case ["pubsub", "topics", "create", topic]:
+                self._need(argv, "pubsub")
+                if topic in self.topics:
+                    raise failure(argv, f"Failed to create topic [projects/{PROJECT}/topics/{topic}]: Resource "
+                                        f"already exists in the project (resource={topic}).")
+                self.topics.add(topic)
+                self._change(f"create topic {topic}")
+                return ""
+            case ["logging", "sinks", "create", name, destination]:
+                self._need(argv, "logging")
+                if name in self.sinks:
+                    raise failure(argv, f"ALREADY_EXISTS: Sink {name} already exists")
+                if destination.rpartition("/topics/")[2] not in self.topics:
+                    raise failure(argv, f"INVALID_ARGUMENT: destination {destination} does not exist")
+                self.sinks[name] = {"destination": destination, "filter": flag("log-filter"),
+                                    "disabled": "disabled" in flags, "writerIdentity": WRITER}
+                self._change(f"create sink {name}")
+                return ""
+            case ["logging", "sinks", "describe", name]:
+                if name not in self.sinks:
+                    raise failure(argv, f"NOT_FOUND: Sink {name} does not exist")
+                assert flag("format") == "value(writerIdentity)"
+                return f"{self.sinks[name]['writerIdentity']}\n"
+            case ["logging", "sinks", "update", name, destination]:
+                if name not in self.sinks:
+                    raise failure(argv, f"NOT_FOUND: Sink {name} does not exist")
+                sink = self.sinks[name]
+                wanted = {**sink, "destination": destination, "filter": flag("log-filter"),
+                          "disabled": "disabled" in flags and "no-disabled" not in flags}
+                if wanted != sink:
+                    self.sinks[name] = wanted
+                    self._change(f"update sink {name}")
+                return ""
             case ["functions", "deploy", name]:
                 self._need(argv, "cloudfunctions", "run", "cloudbuild", "artifactregistry")
                 self._member_exists(argv, f"serviceAccount:{flag('service-account')}")
@@ -192,6 +233,10 @@ class FakeProject:
                     if ("project:" + PROJECT, f"serviceAccount:{AGENT}", "roles/pubsub.publisher", "") not in self.bindings:
                         raise failure(argv, "FAILED_PRECONDITION: the Cloud Storage service agent needs "
                                             "roles/pubsub.publisher")
+                if "trigger-topic" in flags:
+                    self._need(argv, "eventarc", "pubsub")
+                    if flag("trigger-topic") not in self.topics:  # gcloud would create it: deploy must not rely on that
+                        raise failure(argv, f"NOT_FOUND: topic {flag('trigger-topic')} does not exist")
                 config = tuple(sorted(argv[3:]))
                 if self.functions.get(name) != config:
                     self.functions[name] = config
@@ -275,13 +320,18 @@ def test_a_fresh_project_gets_everything_respawn_relies_on_and_a_second_deploy_c
         (f"gs://{BUCKET}", "roles/storage.objectUser"), (f"account:{TRAINER}", "roles/iam.serviceAccountUser"),
         (f"project:{PROJECT}", "roles/compute.instanceAdmin.v1"), (f"project:{PROJECT}", "roles/tpu.admin"),
         (f"project:{PROJECT}", "roles/logging.logWriter"), (f"project:{PROJECT}", "roles/eventarc.eventReceiver"),
-        ("function:respawn-on-object", "roles/run.invoker")}
+        ("function:respawn-on-object", "roles/run.invoker"), (f"project:{PROJECT}", "roles/logging.viewer"),
+        ("function:respawn-on-audit", "roles/run.invoker")}
     assert roles_of(fake, f"serviceAccount:{TRAINER}") == {
         (f"gs://{BUCKET}", f"projects/{PROJECT}/roles/respawnVmRecords"), (f"gs://{BUCKET}", "roles/storage.objectViewer"),
         (f"project:{PROJECT}", "roles/logging.logWriter")}
     assert roles_of(fake, f"serviceAccount:{SCHEDULER}") == {("function:respawn-tick", "roles/run.invoker")}
     assert roles_of(fake, f"serviceAccount:{AGENT}") == {(f"project:{PROJECT}", "roles/pubsub.publisher")}
-    assert set(fake.functions) == {"respawn-tick", "respawn-on-object"} and len(fake.jobs) == 1
+    assert roles_of(fake, WRITER) == {("respawn-audit", "roles/pubsub.publisher")}  # that topic only
+    assert fake.topics == {"respawn-audit"} and fake.sinks == {"respawn-audit": {
+        "destination": f"pubsub.googleapis.com/projects/{PROJECT}/topics/respawn-audit",
+        "filter": audit.sink_filter(PROJECT), "disabled": False, "writerIdentity": WRITER}}
+    assert set(fake.functions) == {"respawn-tick", "respawn-on-object", "respawn-on-audit"} and len(fake.jobs) == 1
     assert {dest for dest in fake.objects} >= {f"{BUCKET}/respawn/vm/startup.sh"}
     # each step said what it does, numbered and named
     assert said[0].startswith("1. apis: enable the APIs") and len(said) == len(deploy.plan(target()))
@@ -355,12 +405,71 @@ def test_from_an_unknown_step_lists_the_steps(cli):
 def test_the_functions_memory_is_an_option_and_a_bad_one_is_refused_naming_the_fix(cli):
     """512Mi holds a few thousand jobs; a 10,000-job tick peaked at 623 MiB (make bench)."""
     plain = cli("--dry-run")
-    assert plain.exit_code == 0 and plain.output.count("--memory=512Mi") == 2  # both functions
+    assert plain.exit_code == 0 and plain.output.count("--memory=512Mi") == 3  # every function
     more = cli("--memory", "1Gi", "--dry-run")
-    assert more.exit_code == 0 and more.output.count("--memory=1Gi") == 2 and "--memory=512Mi" not in more.output
+    assert more.exit_code == 0 and more.output.count("--memory=1Gi") == 3 and "--memory=512Mi" not in more.output
     for bad in ("lots", "64Mi", "64Gi", "1G"):
         refused = cli("--memory", bad, "--dry-run")
         assert refused.exit_code == 2 and f"--memory {bad!r}" in refused.output and "1Gi" in refused.output
+
+
+# -- Compute's System Event audit log: sink -> topic -> on_audit ------------------------------------
+
+def _step(name: str, t: deploy.Target | None = None) -> deploy.Step:
+    return next(s for s in deploy.plan(t or target()) if s.name == name)
+
+
+def test_the_audit_path_is_a_topic_a_sink_on_audits_filter_its_writer_on_that_topic_and_a_third_function(fake):
+    run(fake)
+    names = [s.name for s in deploy.plan(target())]
+    # in the order Google needs: the topic before the sink that writes to it, the writer identity
+    # (known once the sink exists) before it is granted, the topic before the function it triggers
+    order = ["apis", "audit-topic", "audit-sink", "audit-publisher", "audit-sink-update", "on-audit", "on-audit-invoker"]
+    assert [n for n in names if n in order] == order
+    sink = _step("audit-sink").argv
+    assert sink[:6] == ("gcloud", "logging", "sinks", "create", "respawn-audit",
+                        f"pubsub.googleapis.com/projects/{PROJECT}/topics/respawn-audit")
+    assert f"--log-filter={audit.sink_filter(PROJECT)}" in sink  # the one filter, never a copy
+    on_audit = fake.functions["respawn-on-audit"]
+    common = {a for a in fake.functions["respawn-tick"] if a.split("=")[0] in (
+        "--gen2", "--runtime", "--region", "--project", "--source", "--service-account", "--set-env-vars", "--memory")}
+    assert common <= set(on_audit) and len(common) == 8  # the others' runtime, region, env, account, memory
+    assert {"--entry-point=on_audit", "--trigger-topic=respawn-audit", "--retry",
+            f"--trigger-service-account={CONTROLLER}"} <= set(on_audit)
+    timeout = next(a for a in on_audit if a.startswith("--timeout=")).removeprefix("--timeout=")
+    assert float(timeout.removesuffix("s")) > functions.AUDIT_WAIT + 60  # its wait, and a pass after it
+    assert _step("audit-publisher").lookups[0].argv == (
+        "gcloud", "logging", "sinks", "describe", "respawn-audit", f"--project={PROJECT}", "--format=value(writerIdentity)")
+
+
+def test_a_sink_an_older_deploy_made_with_another_filter_is_brought_back_and_a_disabled_one_enabled(fake):
+    run(fake)
+    fake.sinks["respawn-audit"].update(filter='resource.type="gce_instance"', disabled=True,
+                                       destination=f"pubsub.googleapis.com/projects/{PROJECT}/topics/other")
+    fake.changes.clear()
+    run(fake)
+    assert fake.changes == ["update sink respawn-audit"]
+    assert fake.sinks["respawn-audit"] == {"destination": f"pubsub.googleapis.com/projects/{PROJECT}/topics/respawn-audit",
+                                           "filter": audit.sink_filter(PROJECT), "disabled": False,
+                                           "writerIdentity": WRITER}
+
+
+def test_the_controller_reads_system_events_in_every_watched_project(fake):
+    run(fake, target(RESPAWN_ALLOWED_PROJECTS="prod-proj,other-proj"))
+    mine = roles_of(fake, f"serviceAccount:{CONTROLLER}")
+    assert {("project:prod-proj", "roles/logging.viewer"), ("project:other-proj", "roles/logging.viewer")} <= mine
+    # the sink is the deploy project's own (a project sink sees that project's entries only)
+    assert len(fake.sinks) == 1 and f"projects/{PROJECT}/logs/" in fake.sinks["respawn-audit"]["filter"]
+
+
+def test_the_dry_run_shows_the_audit_steps_and_says_the_filter_cannot_select_respawns_instances(cli):
+    result = cli("--dry-run")
+    assert result.exit_code == 0, result.output
+    assert shlex.join(deploy.audit_sink_argv(PROJECT)) in result.output
+    assert ("#   <writer identity of the respawn-audit sink> = gcloud logging sinks describe respawn-audit "
+            f"--project={PROJECT} '--format=value(writerIdentity)'") in result.output
+    assert "--trigger-topic=respawn-audit" in result.output
+    assert "the entries carry no instance labels, so no filter can keep respawn's alone" in result.output
 
 
 # -- an existing bucket: kept if respawn can use it, refused saying why if not -----------------------

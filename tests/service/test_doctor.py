@@ -14,7 +14,7 @@ import pytest
 
 from controller.adapters.memory_doctor import MemoryProject
 from controller.cli import deploy, doctor
-from controller.core import errors
+from controller.core import audit, errors
 from controller.core.spec import parse_spec
 from controller.service import lastpass
 
@@ -22,6 +22,8 @@ PROJECT, BUCKET, REGION = "respawn-proj", "respawn-bucket", "us-central1"
 NOW = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
 TRAINER = deploy.account_email(deploy.TRAINER_ACCOUNT_ID, PROJECT)
 CONTROLLER = deploy.account_email("respawn-controller", PROJECT)
+WRITER = "serviceAccount:service-123456789012@gcp-sa-logging.iam.gserviceaccount.com"
+DEPLOY_FROM = f"respawn deploy --project={PROJECT} --region={REGION} --bucket={BUCKET} --from"
 DEPLOYMENT = [name for name, _ in doctor.checks(None, doctor.Target(PROJECT, BUCKET, REGION, CONTROLLER, TRAINER))]  # type: ignore[arg-type]
 
 
@@ -95,6 +97,20 @@ BREAKS: dict[str, tuple[Callable[[MemoryProject], None], str, str]] = {
                                      f"gcloud scheduler jobs resume {deploy.TICK} --location={REGION}"),
     "controller last ran": (lambda p: setattr(p, "record", lastpass.LastPass(NOW - timedelta(minutes=5), 1, 1, 0, 0)),
                             "controller last ran 5 min ago", f"gcloud scheduler jobs run {deploy.TICK}"),
+    f"function {deploy.ON_AUDIT}": (lambda p: p.functions.pop(deploy.ON_AUDIT), "not deployed",
+                                    f"{DEPLOY_FROM} on-audit"),
+    f"audit sink {deploy.AUDIT_SINK}": (
+        lambda p: _set(p.sinks[deploy.AUDIT_SINK], "filter", 'resource.type="gce_instance"'),
+        "its filter is not respawn's",
+        f"gcloud logging sinks update respawn-audit pubsub.googleapis.com/projects/{PROJECT}/topics/respawn-audit "
+        f"'--log-filter={audit.sink_filter(PROJECT)}' --no-disabled --project={PROJECT}\n"
+        f"# or: {DEPLOY_FROM} audit-sink-update"),
+    "audit sink may publish": (lambda p: p.topics[deploy.AUDIT_TOPIC].clear(), f"{WRITER} may not publish",
+                               f"gcloud pubsub topics add-iam-policy-binding respawn-audit --member={WRITER} "
+                               f"--role=roles/pubsub.publisher --project={PROJECT}"),
+    "controller reads audit logs": (lambda p: p.project_bindings.pop(1), "may not read",
+                                    f"gcloud projects add-iam-policy-binding {PROJECT} "
+                                    f"--member=serviceAccount:{CONTROLLER} --role=roles/logging.viewer --condition=None"),
 }
 
 
@@ -109,8 +125,69 @@ def test_each_check_fails_alone_on_its_own_breakage_and_names_its_fix(name):
     assert said in found[name].detail and fix in found[name].fix, found[name]
 
 
-def test_the_breaks_cover_every_deployment_check_but_the_bucket_s_own():
-    assert set(BREAKS) | {"bucket"} == set(DEPLOYMENT)
+def test_the_breaks_cover_every_deployment_check_but_the_bucket_s_and_the_topic_s_own():
+    assert set(BREAKS) | {"bucket", f"audit topic {deploy.AUDIT_TOPIC}"} == set(DEPLOYMENT)
+
+
+# -- the audit path: sink -> topic -> on_audit; the tick's read ---------------------------------------
+def test_a_missing_audit_topic_fails_the_topic_and_the_sink_s_grant_naming_how_to_recreate_them():
+    p = healthy()
+    del p.topics[deploy.AUDIT_TOPIC]
+    found = run(p)
+    assert {n for n, r in found.items() if not r.ok} == {f"audit topic {deploy.AUDIT_TOPIC}", "audit sink may publish"}
+    topic = found[f"audit topic {deploy.AUDIT_TOPIC}"]
+    assert f"gcloud pubsub topics create respawn-audit --project={PROJECT}" in topic.fix
+    assert f"{DEPLOY_FROM} audit-topic" in topic.fix
+
+
+def test_a_missing_sink_names_the_deploy_step_that_creates_it():
+    p = healthy()
+    del p.sinks[deploy.AUDIT_SINK]
+    found = run(p)
+    assert {n for n, r in found.items() if not r.ok} == {f"audit sink {deploy.AUDIT_SINK}", "audit sink may publish"}
+    assert found[f"audit sink {deploy.AUDIT_SINK}"].fix == f"{DEPLOY_FROM} audit-sink"
+    assert "reach only the tick" in found[f"audit sink {deploy.AUDIT_SINK}"].detail
+
+
+def test_a_sink_routed_elsewhere_or_disabled_fails_saying_each_thing_wrong():
+    p = healthy()
+    p.sinks[deploy.AUDIT_SINK].update(destination="pubsub.googleapis.com/projects/x/topics/y", disabled=True)
+    sink = run(p)[f"audit sink {deploy.AUDIT_SINK}"]
+    assert not sink.ok
+    assert "routes to pubsub.googleapis.com/projects/x/topics/y, not" in sink.detail and "disabled" in sink.detail
+    assert "filter" not in sink.detail and "--no-disabled" in sink.fix
+
+
+def test_the_sink_check_passes_on_the_filter_audit_writes_and_says_it_cannot_select_respawns_instances():
+    found = run(healthy())[f"audit sink {deploy.AUDIT_SINK}"]
+    assert found.ok and "carry no labels" in found.detail
+
+
+def test_an_on_audit_function_triggered_by_another_topic_fails():
+    p = healthy()
+    p.functions[deploy.ON_AUDIT]["eventTrigger"]["pubsubTopic"] = f"projects/{PROJECT}/topics/other"
+    found = run(p)[f"function {deploy.ON_AUDIT}"]
+    assert not found.ok and f"on projects/{PROJECT}/topics/other, not" in found.detail
+    assert found.fix == f"{DEPLOY_FROM} on-audit"
+    p.functions[deploy.ON_AUDIT]["state"] = "DEPLOYING"
+    assert run(p)[f"function {deploy.ON_AUDIT}"].detail.startswith("DEPLOYING")
+
+
+def test_a_writer_that_may_publish_through_the_project_passes_with_a_note():
+    p = healthy()
+    p.topics[deploy.AUDIT_TOPIC].clear()
+    p.project_bindings.append({"role": "roles/pubsub.publisher", "members": [WRITER]})
+    found = run(p)["audit sink may publish"]
+    assert found.ok and found.note and "every topic" in found.detail
+
+
+def test_a_conditioned_log_reader_is_no_reader_and_a_custom_role_is_said_not_checked():
+    p = healthy()
+    p.project_bindings[1]["condition"] = {"title": "t", "expression": "false"}
+    assert not run(p)["controller reads audit logs"].ok
+    p.project_bindings.append({"role": f"projects/{PROJECT}/roles/logReader", "members": [f"serviceAccount:{CONTROLLER}"]})
+    found = run(p)["controller reads audit logs"]
+    assert found.ok and found.note and "not checked" in found.detail
 
 
 def test_a_missing_bucket_fails_every_check_that_needs_it_and_names_how_to_create_it():
@@ -285,7 +362,8 @@ def test_a_check_whose_api_raises_is_its_own_failure():
     p = healthy()
     p.failures["function"] = errors.TransientError("503 backend error")
     found = run(p)
-    assert {n for n, r in found.items() if not r.ok} == {f"function {deploy.TICK}", f"function {deploy.ON_OBJECT}"}
+    assert {n for n, r in found.items() if not r.ok} == {f"function {deploy.TICK}", f"function {deploy.ON_OBJECT}",
+                                                         f"function {deploy.ON_AUDIT}"}
     assert found[f"function {deploy.TICK}"].detail == "503 backend error"
 
 

@@ -262,3 +262,33 @@ def test_trainers_may_write_records_but_never_read_them():
     (create,) = [s for s in deploy.plan(target()) if s.argv[:4] == ("gcloud", "iam", "roles", "create")]
     assert flag(create.argv, "permissions") == "storage.objects.create,storage.objects.delete"
     assert "already exists" in create.done_if
+
+
+# -- the audit sink's filter: one source, shown as it is -------------------------------------------
+
+def test_the_readme_shows_the_sink_filter_audit_writes_for_project_PROJECT():
+    """README shows the filter once, generated from controller.core.audit.sink_filter("PROJECT"): this
+    keeps the two from drifting apart."""
+    import re
+    from pathlib import Path
+
+    from controller.core import audit
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    shown = re.findall(r"^```\n(logName=\(.*?)\n```$", readme, re.M)
+    assert shown == [audit.sink_filter("PROJECT")]
+    around = readme[readme.index(shown[0]) - 2000:readme.index(shown[0]) + 2000]
+    assert "no instance labels" in around and "ignores those whose name is not one of" in around
+
+
+def test_the_sink_is_created_and_updated_with_the_filter_audit_writes_and_its_topic_as_destination():
+    from controller.core import audit
+
+    for argv in (deploy.audit_sink_argv(PROJECT), deploy.audit_sink_update_argv(PROJECT)):
+        assert argv[4:6] == ("respawn-audit", "pubsub.googleapis.com/projects/prod-proj/topics/respawn-audit")
+        assert [a for a in argv if a.startswith("--log-filter=")] == [f"--log-filter={audit.sink_filter(PROJECT)}"]
+        assert argv[-1] == f"--project={PROJECT}"
+    assert "--no-disabled" in deploy.audit_sink_update_argv(PROJECT)
+    assert deploy.audit_publisher_argv(PROJECT, "serviceAccount:w@x") == (
+        "gcloud", "pubsub", "topics", "add-iam-policy-binding", "respawn-audit", "--member=serviceAccount:w@x",
+        "--role=roles/pubsub.publisher", f"--project={PROJECT}")
