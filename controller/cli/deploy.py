@@ -477,7 +477,8 @@ def plan(t: Target) -> list[Step]:
              f"every instance of {t.project} (the entries carry no instance labels, so no filter can keep "
              f"respawn's alone: on_audit ignores other names), to {AUDIT_TOPIC} (already there is fine)",
              audit_sink_argv(t.project),
-             done_if=("already exists", "ALREADY_EXISTS")),
+             # gcloud says of any 409 "... is the subject of a conflict: " before Logging's message
+             done_if=("already exists", "ALREADY_EXISTS", "is the subject of a conflict")),
         Step("audit-publisher", f"let the sink's writer identity publish to {AUDIT_TOPIC} (on that topic only)",
              audit_publisher_argv(t.project, SINK_WRITER), lookups=(writer_lookup(t.project),),
              retry_if=_IAM_LAG),

@@ -200,7 +200,9 @@ class FakeProject:
             case ["logging", "sinks", "create", name, destination]:
                 self._need(argv, "logging")
                 if name in self.sinks:
-                    raise failure(argv, f"ALREADY_EXISTS: Sink {name} already exists")
+                    # what gcloud 528 prints for Logging's 409 (seen against a local server answering it)
+                    raise failure(argv, f"Resource in projects [{PROJECT}] is the subject of a conflict: Sink {name} "
+                                        "already exists")
                 if destination.rpartition("/topics/")[2] not in self.topics:
                     raise failure(argv, f"INVALID_ARGUMENT: destination {destination} does not exist")
                 self.sinks[name] = {"destination": destination, "filter": flag("log-filter"),
