@@ -14,6 +14,12 @@ crashes, and any status string at all (values Google may add later). Capacity ad
 (``advice.capacity``, ``advice.capacityHistory``) is answered from those faults and a
 per-zone preemption rate (``localcloud.advice``).
 
+Each system event (a preemption, a host error, a guest's termination, a terminating host
+maintenance) is a zone operation named ``systemevent-...`` with the method as its
+``operationType``, and also the System Event audit entry Google writes for it
+(``localcloud.logging.system_event``), handed to ``audit_log`` (the stack points it at the local
+Cloud Logging server).
+
 How slow and strict it is comes from a ``localcloud.realism.Realism`` (default: not at
 all): latency per call (per method if wanted), how long insert and delete operations
 stay RUNNING, and bulkInsert's rate and in-flight limits. Requests are served on threads
@@ -24,12 +30,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from collections.abc import Callable
 
 from flask import Flask, Response, request
 
@@ -37,6 +45,7 @@ from localcloud import advice, discovery, gce, quotas
 from localcloud.advice import AdviceApi
 from localcloud.gce import ApiError
 from localcloud.host import Host, json_response
+from localcloud.logging import SYSTEM_EVENT_MESSAGES, system_event, system_event_operation
 from localcloud.http import Served
 from localcloud.operations import OperationsApi
 from localcloud.metadata import MetadataServer, Tokens, service_account
@@ -58,6 +67,9 @@ ZONES = ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f", "us
 USER = "respawn-controller@localcloud.iam.gserviceaccount.com"
 QUICK = 0.05  # seconds an operation runs when nothing asks for longer
 BULK = ("instances.bulkInsert", "regionInstances.bulkInsert")
+# The system events Compute writes to the System Event audit log (cloudaudit.googleapis.com/system_event).
+SYSTEM_EVENTS = tuple(SYSTEM_EVENT_MESSAGES)
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -118,6 +130,8 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
         self.preemption_day = preemption_day
         self.realism = realism or Realism()  # latency and limits are read from it on each call
         self.faults = Faults()
+        # Where System Event audit entries go (a LoggingServer's ``write``, set by the stack); None: nowhere.
+        self.audit_log: Callable[[list[dict[str, Any]]], None] | None = None
         if self.realism.insert_seconds is not None:
             self.faults.insert_seconds = self.realism.insert_seconds
         if self.realism.delete_seconds is not None:
@@ -793,12 +807,27 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
             vm.metadata.changed()
 
     def _record(self, vm: Vm, kind: str) -> dict[str, Any]:
-        """A system event (preemption, guest termination) as the zone operation Google logs."""
+        """A system event (preemption, guest termination) as the zone operation Google logs, named
+        ``systemevent-...`` as Google names those, and (``SYSTEM_EVENTS``) its System Event audit
+        entry, given to ``audit_log`` with that operation's name as its ``operation.id``."""
         op = self._zone_op(vm.project, vm.zone, kind, vm)
+        if kind in SYSTEM_EVENTS:
+            scope = self.urls.zone(vm.project, vm.zone)
+            del self._ops[(scope, op["name"])]
+            op["name"] = system_event_operation()
+            op["selfLink"] = f"{scope}/operations/{op['name']}"
+            self._ops[(scope, op["name"])] = op
         gce.finish(op)
         op["user"] = "system"
         if vm.metadata:
             vm.metadata.changed()
+        hook = self.audit_log
+        if hook is not None and kind in SYSTEM_EVENTS:
+            entry = system_event(vm.project, vm.zone, vm.name, str(vm.resource["id"]), kind, operation=op["name"])
+            try:
+                hook([entry])
+            except Exception:  # noqa: BLE001 - Logging's trouble is not Compute's: the VM's fate stands
+                log.exception("the System Event audit entry of %s could not be written", vm.name)
         return op
 
     def _zone_op(self, project: str, zone: str, kind: str, vm: Vm) -> dict[str, Any]:

@@ -1,8 +1,17 @@
-"""The whole local cloud in one object: GCS, Compute, Cloud TPU, the two functions, Scheduler, Eventarc,
-Pub/Sub and an incoming-webhook sink for notifications, and Cloud Logging with the VMs' serial output in it.
+"""The whole local cloud in one object: GCS, Compute, Cloud TPU, the three functions, Scheduler, Eventarc,
+Pub/Sub and an incoming-webhook sink for notifications, and Cloud Logging with the VMs' serial output and
+Compute's System Event audit log in it.
 
 The functions run as real ``functions-framework`` processes serving ``main.py``, with
 the same environment a deployment gives them, pointed at the local servers.
+
+The audit path (``Options.audit``, on by default) is what ``respawn deploy`` sets up on Google,
+done here through the servers' own REST APIs: a Pub/Sub topic ``respawn-audit``; a Logging sink
+``respawn-audit`` (``controller.core.audit.sink_filter``, destination that topic, a unique writer
+identity); ``roles/pubsub.publisher`` on the topic for the sink's writer identity; and the push
+subscription Eventarc makes for a Pub/Sub-triggered gen2 function, to ``on_audit`` in CloudEvents
+mode. Compute and Cloud TPU write their System Event audit entries into Cloud Logging whether or
+not it is on (the tick reads them with ``entries.list``); off, no sink routes them to ``on_audit``.
 """
 
 from __future__ import annotations
@@ -16,9 +25,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import requests
 
+from controller.cli.deploy import AUDIT_SINK, AUDIT_TIMEOUT, AUDIT_TOPIC
+from controller.core.audit import sink_filter
 from controller.service.config import REPO_ROOT
 from localcloud.apis import SERVERS, Deployment, DiscoveryServer
 from localcloud.compute import ComputeServer
@@ -48,9 +60,14 @@ class Options:
     # Every job's notifications to the Pub/Sub stand-in's topic NOTIFY_TOPIC and to the webhook sink.
     notify: bool = False
     region: str = "us-central1"  # where the local functions and Scheduler job are said to run (respawn doctor)
+    # Compute's System Event audit entries through a Logging sink, Pub/Sub and Eventarc to on_audit.
+    audit: bool = True
+    sink_delay: float | None = None  # Log Router's delay (None: localcloud.logging.SINK_DELAY)
+    push_delay: float | None = None  # Pub/Sub push's delay (None: localcloud.pubsub.PUSH_DELAY)
 
 
 NOTIFY_TOPIC = "respawn-events"
+PUBLISHER = "roles/pubsub.publisher"
 
 
 class LocalCloud:
@@ -94,8 +111,10 @@ class LocalCloud:
                                          realism=o.realism).start()
             self.tpu = TpuServer(vm_env=vm_env, boot_delay=o.boot_delay, shutdown_budget=o.shutdown_budget,
                                  realism=o.realism).start()
-            self.pubsub = PubsubServer().start()
-            self.logging = LoggingServer().start()
+            self.pubsub = PubsubServer(**({} if o.push_delay is None else {"push_delay": o.push_delay})).start()
+            self.logging = LoggingServer(pubsub=self.pubsub,
+                                         **({} if o.sink_delay is None else {"sink_delay": o.sink_delay})).start()
+            self.compute.audit_log = self.tpu.audit_log = self.logging.write
             self.vm_logs = VmLogs(self.logging, self.compute, tpu=self.tpu).start()
             self.webhook = WebhookSink().start()
             self.deployment = Deployment(o.project, o.region, o.bucket, functions=self._function_states,
@@ -104,8 +123,10 @@ class LocalCloud:
             self._deploy_bucket_iam()
             if o.notify:
                 requests.put(f"{self.pubsub.endpoint}/v1/{self.notify_topic}", json={}, timeout=10).raise_for_status()
-            for target in ("tick", "on_object"):
+            for target in ("tick", "on_object", *(("on_audit",) if o.audit else ())):
                 self._functions[target] = self._serve(target)
+            if o.audit:
+                self._deploy_audit()
             self.watcher = Watcher(self.storage, o.bucket, self.function_url("on_object"),
                                    prefixes=("jobs/", "preempted-jobs/")).start()
             self.ticker = Ticker(self.function_url("tick"), o.tick_interval).start()
@@ -133,6 +154,39 @@ class LocalCloud:
         for binding in self.deployment.bucket_policy():
             policy.bindings.append({**binding, "members": set(binding["members"])})
         bucket.set_iam_policy(policy)
+
+    @property
+    def audit_topic(self) -> str:
+        return f"projects/{self.options.project}/topics/{AUDIT_TOPIC}"
+
+    @property
+    def audit_subscription(self) -> str:
+        """The push subscription Eventarc would make for on_audit's Pub/Sub trigger."""
+        return f"projects/{self.options.project}/subscriptions/eventarc-{self.options.region}-on-audit"
+
+    def _deploy_audit(self) -> None:
+        """The audit path, as ``respawn deploy`` makes it on Google, through the servers' REST APIs:
+        topic, sink (unique writer identity), the writer's publisher grant, Eventarc's push subscription."""
+        assert self.pubsub is not None and self.logging is not None
+        project, pubsub, logging_ = self.options.project, self.pubsub.endpoint, self.logging.endpoint
+        requests.put(f"{pubsub}/v1/{self.audit_topic}", json={}, timeout=10).raise_for_status()
+        sink = requests.post(f"{logging_}/v2/projects/{project}/sinks", params={"uniqueWriterIdentity": "true"},
+                             json={"name": AUDIT_SINK, "destination": f"pubsub.googleapis.com/{self.audit_topic}",
+                                   "filter": sink_filter(project)}, timeout=10)
+        sink.raise_for_status()
+        policy = requests.get(f"{pubsub}/v1/{self.audit_topic}:getIamPolicy", timeout=10)
+        policy.raise_for_status()
+        bindings = [*policy.json().get("bindings", []),
+                    {"role": PUBLISHER, "members": [sink.json()["writerIdentity"]]}]
+        requests.post(f"{pubsub}/v1/{self.audit_topic}:setIamPolicy",
+                      json={"policy": {**policy.json(), "bindings": bindings}}, timeout=10).raise_for_status()
+        # Eventarc's subscription for a Pub/Sub trigger: the function's URL in CloudEvents mode, the
+        # function's timeout (deploy's --timeout) as the ack deadline, the 10 s to 600 s retry policy.
+        endpoint = f"{self.function_url('on_audit')}?__GCP_CloudEventsMode=CUSTOM_PUBSUB_{quote(self.audit_topic, safe='')}"
+        requests.put(f"{pubsub}/v1/{self.audit_subscription}", json={
+            "topic": self.audit_topic, "pushConfig": {"pushEndpoint": endpoint},
+            "ackDeadlineSeconds": int(AUDIT_TIMEOUT.rstrip("s")),
+            "retryPolicy": {"minimumBackoff": "10s", "maximumBackoff": "600s"}}, timeout=10).raise_for_status()
 
     def env(self) -> dict[str, str]:
         """What a user exports to point clients (the CLI, gsutil-free scripts, gcloud) here."""

@@ -44,11 +44,18 @@ Decisions where Google's behaviour is not written down, kept simple:
   once its nodes are READY; SUSPENDED when its node is preempted, terminated or deleted.
   Deleting it while it has nodes needs ``force`` (400 FAILED_PRECONDITION without);
   ``force`` deletes the nodes first.
+
+System Event audit entries: a preemption writes ``compute.instances.preempted``, a terminating
+maintenance ``compute.instances.terminateOnHostMaintenance``, one entry per worker, as Compute
+Engine logs the TPU VMs under a node (``gce_instance``, ``resourceName``
+``projects/P/zones/Z/instances/t1v-n-<hash>-w-<i>``, the worker's own name and id: the node's name
+is not in it), handed to ``audit_log`` (the stack points it at the local Cloud Logging server).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 import time
@@ -56,6 +63,7 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from flask import Flask, Response, request
@@ -66,6 +74,7 @@ from localcloud.compute import ZONES as COMPUTE_ZONES
 from localcloud.compute import project_number
 from localcloud.host import Host, json_response
 from localcloud.http import Served
+from localcloud.logging import system_event
 from localcloud.metadata import MetadataServer, Tokens, service_account
 from localcloud.realism import Realism
 from localcloud.tpu_api import TpuError
@@ -170,6 +179,8 @@ class TpuServer(Host):
         self.realism = realism or Realism()
         self.zones = ZONES
         self.faults = Faults()
+        # Where System Event audit entries go (a LoggingServer's ``write``, set by the stack); None: nowhere.
+        self.audit_log: Callable[[list[dict[str, Any]]], None] | None = None
         self._nodes: dict[str, Node] = {}  # full name -> node
         self._queued: dict[str, Queued] = {}  # full name -> queued resource
         self._ops: dict[str, dict[str, Any]] = {}  # full name -> operation
@@ -242,6 +253,7 @@ class TpuServer(Host):
                 raise ValueError(f"node {name} is {node.state}")
             node.preempted = True
         self._changed(node)
+        self._audit(node, "compute.instances.preempted")
         budget = self.shutdown_budget if graceful else 0.0
         threading.Thread(target=self._reclaim, args=(node, "PREEMPTED", budget), daemon=True).start()
 
@@ -259,9 +271,23 @@ class TpuServer(Host):
             node.maintenance = "TERMINATE_ON_HOST_MAINTENANCE"
             node.resource["health"] = "UNHEALTHY_MAINTENANCE"
         self._changed(node)
+        if outcome == "terminated":
+            self._audit(node, "compute.instances.terminateOnHostMaintenance")
         target = self._reclaim if outcome == "terminated" else self._reschedule
         args = (node, "TERMINATED", self.shutdown_budget) if outcome == "terminated" else (node,)
         threading.Thread(target=target, args=args, daemon=True).start()
+
+    def _audit(self, node: Node, method: str) -> None:
+        """The System Event audit entries of ``method`` on ``node``: one per worker VM, as Compute logs them."""
+        hook = self.audit_log
+        if hook is None:
+            return
+        entries = [system_event(node.project, node.zone, worker.host, worker.id, method) for worker in node.workers]
+        try:
+            hook(entries)
+        except Exception:  # noqa: BLE001 - Logging's trouble is not the TPU service's
+            logging.getLogger(__name__).exception("the System Event audit entries of %s could not be written",
+                                                  node.name)
 
     def set_health(self, name: str, health: str) -> None:
         """Any health string at all (TIMEOUT, UNHEALTHY_TENSORFLOW, one Google adds later)."""
