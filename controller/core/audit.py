@@ -75,19 +75,25 @@ class AuditEvent:
 
     @property
     def job(self) -> str | None:
-        """The job whose instance this is by respawn's naming; None for any other name."""
-        parsed = names.parse_instance_name(self.instance)
+        """The job whose instance this is by respawn's naming; None for any other name (a TPU
+        worker's ``t1v-n-<hash>-w-3`` reads as job ``t1v-n-<hash>-w``, attempt 3: it is not one)."""
+        parsed = None if self.tpu_worker else names.parse_instance_name(self.instance)
         return parsed[0] if parsed else None
 
     @property
     def attempt(self) -> int | None:
-        parsed = names.parse_instance_name(self.instance)
+        parsed = None if self.tpu_worker else names.parse_instance_name(self.instance)
         return parsed[1] if parsed else None
 
     @property
     def tpu_worker(self) -> bool:
         """A Cloud TPU VM's worker (``t1v-n-<hash>-w-<n>``): its name says nothing of its node."""
         return _TPU_WORKER.fullmatch(self.instance) is not None
+
+    @property
+    def tpu_worker_index(self) -> int | None:
+        found = _TPU_WORKER.fullmatch(self.instance)
+        return int(found.group(1)) if found else None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -153,6 +159,8 @@ def decode_message(data: Any) -> Any:
         return json.loads(base64.b64decode(text, validate=True))
     except (binascii.Error, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise AuditError(f"message.data is not base64 JSON: {e}") from None
+    except RecursionError:  # nested past the parser's depth: no LogEntry is (and a raise would be retried)
+        raise AuditError("message.data nests too deeply to be a LogEntry") from None
 
 
 def _timestamp(value: Any) -> datetime:

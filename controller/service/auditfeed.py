@@ -89,31 +89,44 @@ class AuditFeed:
     def read(self) -> Batch:
         """The entries since the watermark that no earlier pass was handed; never raises."""
         try:
-            mark, generation = self._load()
+            loaded, generation = self._load()
         except errors.RespawnError as e:
             return Batch(error=f"audit watermark: {type(e).__name__}: {e}")
         now = self.clock.now()
+        mark = loaded
+        if mark.high is not None and mark.high > now:
+            # A watermark ahead of the clock (Logging takes entries stamped up to a day ahead; an
+            # older release moved to them): from there every entry would be skipped until then.
+            mark = Watermark(now, mark.seen, mark.truncated)
         since = now - FIRST_LOOKBACK if mark.high is None else mark.high if mark.truncated else mark.high - OVERLAP
         try:
             raw = self.reader.system_events(self.projects, since, LIMIT)
+            events, ignored = _parse(raw)
+            if len(raw) >= LIMIT and mark.high is not None and since < mark.high \
+                    and not any(e.at > mark.high for e in events):
+                # The overlap alone holds a whole read (a mass preemption's entries): none of it is
+                # past the watermark. Go on from the watermark itself, or nothing new is ever read.
+                since = mark.high
+                raw = self.reader.system_events(self.projects, since, LIMIT)
+                more, more_ignored = _parse(raw)
+                events, ignored = [*events, *more], ignored + more_ignored
         except errors.RespawnError as e:
             log.warning("could not read the System Event audit log", extra={"json_fields": {"error": str(e)}})
             return Batch(error=f"audit log: {type(e).__name__}: {e}")
-        events: list[audit.AuditEvent] = []
-        ignored = 0
-        for entry in raw:
-            try:
-                events.append(audit.parse_entry(entry))
-            except audit.AuditError:
-                ignored += 1
+        events = list({e.key: e for e in events}.values())
         fresh = tuple(e for e in events if e.key not in mark.seen)
-        high = max([e.at for e in events], default=mark.high)
+        # The newest timestamp read, never behind the watermark (a read of the overlap alone must
+        # not move it back) nor ahead of the clock (an entry stamped ahead must not make every
+        # later one look old); an entry older than the query asked for is no timestamp to go by.
+        stamps = [e.at for e in events if e.at >= since]
+        high = max([*stamps, *([mark.high] if mark.high is not None else [])], default=None)
+        high = None if high is None else min(high, now)
         seen = frozenset(e.key for e in events if high is not None and e.at >= high - OVERLAP)
         if mark.high is not None and high is not None:
-            seen |= frozenset(k for k in mark.seen if _at(k) is not None and _at(k) >= high - OVERLAP)
+            seen |= frozenset(k for k in mark.seen if (at := _at(k)) is not None and at >= high - OVERLAP)
         seen = frozenset(sorted(seen, key=lambda k: k[1])[-MAX_SEEN:])
         new = Watermark(high, seen, truncated=len(raw) >= LIMIT)
-        return Batch(fresh, None if new == mark else new, generation, ignored=ignored, read=len(raw))
+        return Batch(fresh, None if new == loaded else new, generation, ignored=ignored, read=len(raw))
 
     def commit(self, batch: Batch) -> None:
         """The watermark moves past ``batch``, unless another tick moved it since (it read as much)."""
@@ -136,8 +149,21 @@ class AuditFeed:
         return Watermark.parse(blob.data), blob.info.generation
 
 
+def _parse(raw: Sequence[object]) -> tuple[list[audit.AuditEvent], int]:
+    events: list[audit.AuditEvent] = []
+    ignored = 0
+    for entry in raw:
+        try:
+            events.append(audit.parse_entry(entry))
+        except audit.AuditError:
+            ignored += 1
+    return events, ignored
+
+
 def _at(key: tuple[str, str]) -> datetime | None:
+    """The timestamp a kept identity holds; None for one that holds none (with no offset, say)."""
     try:
-        return datetime.fromisoformat(key[1])
+        at = datetime.fromisoformat(key[1])
     except ValueError:
         return None
+    return at if at.tzinfo is not None else None

@@ -22,7 +22,11 @@ _EVENT_KINDS = {"spec", "cancel", "exit", "marker"}
 # guest's power-off after it. A VM still on its way down may be saving a checkpoint (its marker
 # will say so); one whose guest never ran its shutdown script is TERMINATED within seconds.
 AUDIT_WAIT = 45.0
-AUDIT_POLL = 1.0
+AUDIT_POLL = 1.0  # the first look again; each later one waits twice as long, up to AUDIT_POLL_MAX
+# Each look is a pass: an instance list against Compute's per-minute read quota. A thousand VMs
+# preempted at once are a thousand on_audit calls waiting out their notice side by side: one look
+# a second each would be 30,000 lists in half a minute.
+AUDIT_POLL_MAX = 8.0
 
 
 def tick() -> tuple[dict[str, Any], int]:
@@ -73,8 +77,9 @@ def on_audit(data: dict[str, Any], sleep: Any = time.sleep, wait: float = AUDIT_
     A hint, as the bucket's events are: the pass judges the job as it finds it. An entry for an
     attempt already replaced, a duplicate, a late one, finds nothing to do; a lost one costs the
     tick's time (the tick reads the same entries again). A VM still on its way down (its
-    shutdown script saving a checkpoint) is looked at again every ``AUDIT_POLL`` seconds for
-    up to ``wait``: the recovery starts once it is down, not at the next tick."""
+    shutdown script saving a checkpoint) is looked at again after ``AUDIT_POLL`` seconds, then
+    twice as long each time (at most ``AUDIT_POLL_MAX``), for up to ``wait``: the recovery starts
+    once it is down, not at the next tick. A TPU worker's entry counts from worker 0 only."""
     try:
         event = audit.parse_entry(audit.decode_message(data))
     except audit.AuditError as e:
@@ -86,20 +91,28 @@ def on_audit(data: dict[str, Any], sleep: Any = time.sleep, wait: float = AUDIT_
     if job is None and not event.tpu_worker:
         log.debug("audit entry of an instance that is not respawn's", extra={"json_fields": where})
         return None
+    if event.tpu_worker_index:
+        # A slice's event reaches each of its workers: worker 0's entry looks at every job once
+        # (not once per host); one host's own event alone is the tick's, as the node's state says.
+        log.debug("audit entry of a TPU worker other than 0", extra={"json_fields": where})
+        return None
     try:
         engine = bootstrap.engine()
         if event.project not in engine.observer.policy.watched_projects:
             log.info("audit entry from a project the controller does not watch", extra={"json_fields": where})
             return None
-        for looks_left in range(int(wait / AUDIT_POLL), -1, -1):
+        waited, pause = 0.0, AUDIT_POLL
+        while True:
             # A TPU VM's worker names no node: every job is looked at (a pass over every job; these
             # are rare), their TPU nodes' own state saying what happened.
             summary = engine.reconcile(job, evidence=(event,)) if job else engine.reconcile(evidence=(event,))
             if summary.transient:
                 raise errors.TransientError(f"transient errors for {job or event.instance}: {summary.errors}")
-            if not looks_left or event.instance not in summary.settling.get(job or "", ()):
+            if waited >= wait or event.instance not in summary.settling.get(job or "", ()):
                 break
-            sleep(AUDIT_POLL)
+            step = min(pause, wait - waited)
+            sleep(step)
+            waited, pause = waited + step, min(pause * 2, AUDIT_POLL_MAX)
     except errors.ConfigError as e:
         log.error("controller misconfigured: %s", e, extra={"json_fields": where})
         return None

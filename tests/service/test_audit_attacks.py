@@ -1,0 +1,164 @@
+"""The audit path attacked: hostile messages and entries, a poisoned or saturated watermark, and
+what on_audit costs while a VM goes down (review of issue 25)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from controller.adapters.memory import system_event_entry
+from controller.core import audit
+from controller.core.ports import InstanceStatus
+from controller.service import auditfeed, bootstrap, functions
+from controller.service.config import Settings
+from tests.harness import BUCKET, PROJECT, Harness
+from tests.service.test_audit import asked_why, message, running
+
+
+@pytest.fixture
+def wired(h: Harness) -> Harness:
+    bootstrap.override(h.engine(), Settings(bucket=BUCKET, project=PROJECT))
+    return h
+
+
+def _raw(data: bytes) -> dict[str, Any]:
+    return {"message": {"data": base64.b64encode(data).decode(), "messageId": "1"}}
+
+
+def _high(h: Harness):
+    return auditfeed.Watermark.parse(h.store.read(BUCKET, auditfeed.KEY).data).high
+
+
+# -- hostile messages -----------------------------------------------------------------------------
+
+
+def test_a_deeply_nested_message_is_ignored_not_retried_for_ever(wired):
+    running(wired)
+    assert functions.on_audit(_raw(b"[" * 100_000)) is None
+    assert functions.on_audit(_raw(b'{"protoPayload": ' * 50_000)) is None
+
+
+def test_an_entry_with_deeply_nested_fields_is_refused_not_a_crash():
+    deep: Any = "x"
+    for _ in range(900):
+        deep = [deep]
+    entry = system_event_entry("p", "z", "a-1", "1", "compute.instances.preempted",
+                               __import__("datetime").datetime(2026, 1, 1, tzinfo=__import__("datetime").UTC))
+    for field in ("logName",):
+        with pytest.raises(audit.AuditError):
+            audit.parse_entry({**entry, field: deep})
+    for field in ("methodName", "resourceName"):
+        with pytest.raises(audit.AuditError):
+            audit.parse_entry({**entry, "protoPayload": {**entry["protoPayload"], field: deep}})
+
+
+# -- the watermark ----------------------------------------------------------------------------------
+
+
+def test_an_entry_stamped_in_the_future_does_not_make_the_feed_skip_later_entries(h: Harness):
+    """Logging takes entries stamped up to a day ahead: the watermark must not jump there."""
+    h.read_audit = True
+    h.submit("a")
+    h.tick()
+    h.tick()
+    h.audit.write(system_event_entry(PROJECT, "us-central1-a", "web-1", "9", "compute.instances.hostError",
+                                     h.clock.now() + timedelta(hours=23)))
+    h.advance(seconds=60)
+    h.tick()
+    assert _high(h) <= h.clock.now()
+    h.advance(seconds=60)
+    h.compute.preempt("a-1")  # a real entry, stamped now
+    summary = h.tick()
+    assert summary.audit_events == 1 and asked_why(h) == [] and h.status("a").attempt == 2
+
+
+def test_a_watermark_written_in_the_future_heals(h: Harness):
+    h.read_audit = True
+    h.store.put(BUCKET, auditfeed.KEY, json.dumps({"high": "9999-12-31T00:00:00+00:00", "seen": [],
+                                                   "truncated": False}).encode())
+    h.submit("a")
+    h.tick()
+    h.tick()
+    h.compute.preempt("a-1")
+    assert h.tick().audit_events == 1 and asked_why(h) == []
+
+
+def test_more_entries_than_a_read_takes_within_the_overlap_never_move_the_watermark_back_or_delay_new_ones(
+        h: Harness, monkeypatch):
+    monkeypatch.setattr(auditfeed, "LIMIT", 5)
+    h.read_audit = True
+    h.submit("a")
+    h.tick()
+    h.tick()
+    start = h.clock.now()
+    for i in range(12):  # a burst of other VMs' entries, within a minute
+        h.audit.write(system_event_entry(PROJECT, "us-central1-a", f"web-{i}", str(i), "compute.instances.preempted",
+                                         start + timedelta(seconds=i)))
+    h.advance(seconds=20)
+    highs = []
+    for _ in range(4):
+        h.tick()
+        highs.append(_high(h))
+        h.advance(seconds=10)
+    assert highs == sorted(highs), "the watermark moved back"
+    h.compute.preempt("a-1")
+    summary = h.tick()  # the very next tick hands it over
+    assert summary.audit_events == 1 and asked_why(h) == [] and h.status("a").attempt == 2
+
+
+# -- on_audit's wait and what it costs ---------------------------------------------------------------
+
+
+def test_on_audit_does_not_list_the_instances_every_second_while_a_vm_takes_its_notice(wired):
+    """A thousand VMs preempted at once: each on_audit looks again while its VM is STOPPING, and each
+    look is an instance list against Compute's per-minute quota."""
+    running(wired)
+    zone = wired.status("a").zone
+    wired.compute.set_status("a-1", "STOPPING")
+    entry = system_event_entry(PROJECT, zone, "a-1", wired.compute.all()[0].id, "compute.instances.preempted",
+                               wired.clock.now())
+    slept = [0.0]
+    lists = len([c for c in wired.compute.calls if c[0] == "list"])
+
+    def sleep(seconds: float) -> None:
+        slept[0] += seconds
+        wired.advance(seconds=seconds)
+        if slept[0] >= 30:  # the notice is over: no marker (the script failed), the guest is off
+            wired.compute.set_status("a-1", InstanceStatus.TERMINATED)
+
+    functions.on_audit(message(entry), sleep=sleep)
+    assert wired.status("a").attempt == 2
+    looks = len([c for c in wired.compute.calls if c[0] == "list"]) - lists
+    assert looks <= 10, f"{looks} instance lists for one VM's 30 s notice"
+
+
+def test_a_tpu_worker_other_than_0_is_not_read_as_a_job_and_costs_no_request(wired):
+    """``t1v-n-<hash>-w-3`` fits respawn's naming (job ``t1v-n-<hash>-w``, attempt 3): it was
+    reconciled as that job, one pass per worker of a preempted slice."""
+    running(wired)
+    worker = audit.parse_entry(system_event_entry(PROJECT, "us-central2-b", "t1v-n-5f3a9c1e-w-3", "77",
+                                                  "compute.instances.preempted", wired.clock.now()))
+    assert worker.tpu_worker and worker.job is None and worker.attempt is None
+    store_calls, compute_calls, tpu_calls = len(wired.store.calls), len(wired.compute.calls), len(wired.tpu.calls)
+    for n in range(1, 64):
+        functions.on_audit(message(system_event_entry(PROJECT, "us-central2-b", f"t1v-n-5f3a9c1e-w-{n}", "77",
+                                                      "compute.instances.preempted", wired.clock.now())))
+    assert (len(wired.store.calls), len(wired.compute.calls), len(wired.tpu.calls)) == (
+        store_calls, compute_calls, tpu_calls)
+
+
+def test_a_watermark_whose_identities_hold_no_offset_does_not_stop_every_tick(h: Harness):
+    h.read_audit = True
+    h.submit("a")
+    h.tick()
+    h.tick()
+    h.store.put(BUCKET, auditfeed.KEY, json.dumps({"high": h.clock.now().isoformat(), "truncated": False,
+                                                   "seen": [["x", "2026-01-01T00:00:00"], ["y", "garbage"]]}).encode())
+    h.compute.preempt("a-1")
+    h.advance(seconds=10)
+    summary = h.tick()
+    assert summary.audit_events == 1 and h.status("a").attempt == 2
