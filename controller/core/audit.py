@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -48,7 +49,9 @@ RESTARTS = ("compute.instances.automaticRestart", "compute.instances.migrateOnHo
 METHODS = (*LOSSES, *RESTARTS)
 # A Cloud TPU VM's worker as Compute names it (the node's name is not in it).
 _TPU_WORKER = re.compile(r"t1v-n-[0-9a-f]+-w-(0|[1-9][0-9]*)")
-_RESOURCE = re.compile(r"projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)")
+_RESOURCE = re.compile(r"projects/(?P<project>[^/]{1,100})/zones/(?P<zone>[^/]{1,100})/instances/(?P<name>[^/]+)")
+_INSTANCE_NAME = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")  # Compute's own rule (RFC 1035, 63 at most)
+MAX_INSERT_ID = 128  # past it (no entry of Compute's), an insertId is kept as its digest: the watermark keeps thousands
 MAX_ENTRY_BYTES = 256 * 1024  # Logging's own limit on an entry
 
 
@@ -136,11 +139,15 @@ def parse_entry(entry: Any) -> AuditEvent:
     found = _RESOURCE.fullmatch(resource) if isinstance(resource, str) else None
     if found is None:
         raise AuditError(f"resourceName {str(resource)[:200]!r} names no instance (projects/P/zones/Z/instances/NAME)")
+    if not _INSTANCE_NAME.fullmatch(found["name"]):
+        raise AuditError(f"instance name {found['name'][:100]!r} is not one Compute gives")
     labels = entry.get("resource", {}).get("labels", {}) if isinstance(entry.get("resource"), Mapping) else {}
     labels = labels if isinstance(labels, Mapping) else {}
     instance_id = labels.get("instance_id")
     at = _timestamp(entry.get("timestamp"))
     insert_id = entry.get("insertId")
+    if isinstance(insert_id, str) and len(insert_id) > MAX_INSERT_ID:
+        insert_id = "sha256:" + hashlib.sha256(insert_id.encode(errors="surrogatepass")).hexdigest()
     return AuditEvent(project=found["project"], zone=found["zone"], instance=found["name"], method=method, at=at,
                       insert_id=insert_id if isinstance(insert_id, str) else "",
                       instance_id=str(instance_id) if isinstance(instance_id, (str, int)) and str(instance_id).isdigit()

@@ -162,3 +162,108 @@ def test_a_watermark_whose_identities_hold_no_offset_does_not_stop_every_tick(h:
     h.advance(seconds=10)
     summary = h.tick()
     assert summary.audit_events == 1 and h.status("a").attempt == 2
+
+
+# -- the invariants ------------------------------------------------------------------------------------
+
+
+def test_an_entry_claiming_a_running_vm_was_preempted_deletes_nothing_and_restarts_nothing(wired):
+    running(wired)
+    vm = wired.compute.all()[0]
+    before = wired.status("a")
+    for method in audit.LOSSES:
+        functions.on_audit(message(system_event_entry(PROJECT, vm.zone, vm.name, vm.id, method, wired.clock.now())))
+    wired.read_audit = True
+    for method in audit.LOSSES:
+        wired.audit.write(system_event_entry(PROJECT, vm.zone, vm.name, vm.id, method, wired.clock.now()))
+    wired.tick()
+    assert wired.live("a") == ["a-1"] and not [c for c in wired.compute.calls if c[0] == "delete"]
+    st = wired.status("a")
+    assert (st.attempt, st.failures, st.restarts) == (before.attempt, before.failures, before.restarts)
+
+
+def test_a_preemption_claimed_for_a_running_rank_does_not_excuse_another_ranks_crash(wired):
+    from tests.harness import spec_doc
+
+    wired.submit("g", spec_doc(nodes=2))
+    wired.tick()
+    wired.tick()
+    st = wired.status("g")
+    assert wired.live("g") == ["g-1-n0", "g-1-n1"]
+    wired.compute.terminate("g-1-n0")  # rank 0's guest crashed
+    n1 = next(i for i in wired.compute.all() if i.name == "g-1-n1")
+    functions.on_audit(message(system_event_entry(PROJECT, st.zone, "g-1-n1", n1.id, "compute.instances.preempted",
+                                                  wired.clock.now())))  # n1 is RUNNING
+    st = wired.status("g")
+    assert st.failures == 1 and not any(e.event == "preempted" for e in st.history)
+
+
+def test_on_audit_the_tick_and_on_object_at_once_leave_one_live_attempt(h: Harness):
+    import threading
+
+    h.read_audit = True
+    h.submit("a")
+    h.tick()
+    h.tick()
+    for round_ in range(1, 4):
+        h.compute.preempt(f"a-{round_}")
+        h.marker("a", attempt=round_)
+        event = audit.parse_entry(h.audit.entries[-1])
+        engines = [h.engine() for _ in range(6)]
+        calls = [lambda e=engines[0]: e.reconcile("a", evidence=(event,)),
+                 lambda e=engines[1]: e.reconcile("a", evidence=(event,)),
+                 lambda e=engines[2]: e.reconcile(),
+                 lambda e=engines[3]: e.reconcile(),
+                 lambda e=engines[4]: e.reconcile("a"),
+                 lambda e=engines[5]: e.reconcile("a", evidence=(event,))]
+        barrier = threading.Barrier(len(calls))
+
+        def one(call):
+            barrier.wait()
+            call()
+
+        threads = [threading.Thread(target=one, args=(c,)) for c in calls]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        h.tick()
+        h.tick()
+        assert h.live("a") == [f"a-{round_ + 1}"]
+        st = h.status("a")
+        assert st.attempt == round_ + 1 and st.failures == 0
+    inserts = [c for c in h.compute.calls if c[0] == "insert"]
+    assert len({c[1] for c in inserts}) == 4
+
+
+def test_entries_with_huge_insert_ids_do_not_swell_the_watermark_past_reading(h: Harness, monkeypatch):
+    """The watermark keeps each entry's identity: kept whole, a few huge insertIds made it too large to
+    read, so every tick started over from the last hour's first LIMIT entries and never got past them."""
+    monkeypatch.setattr(auditfeed, "LIMIT", 5)
+    monkeypatch.setattr(auditfeed, "MAX_BYTES", 8192)
+    h.read_audit = True
+    h.submit("a")
+    h.tick()
+    h.tick()
+    for i in range(6):
+        h.audit.write(system_event_entry(PROJECT, "us-central1-a", f"web-{i}", str(i), "compute.instances.hostError",
+                                         h.clock.now() + timedelta(seconds=i), insert_id=f"{i}" * 3000))
+    h.advance(seconds=30)
+    for _ in range(3):
+        h.tick()
+        h.advance(seconds=10)
+    h.compute.preempt("a-1")
+    h.tick()
+    h.advance(seconds=10)
+    summary = h.tick()
+    assert h.status("a").attempt == 2 and asked_why(h) == [], "the feed never reached the new entry"
+    assert len(h.store.read(BUCKET, auditfeed.KEY).data) < 8192
+
+
+@pytest.mark.parametrize("name", ["a" * 64 + "-1", "a-1-n0-", "a_b-1", "-a-1"])
+def test_a_name_compute_would_never_give_costs_no_request(wired, name):
+    running(wired)
+    store_calls, compute_calls = len(wired.store.calls), len(wired.compute.calls)
+    functions.on_audit(message(system_event_entry(PROJECT, "us-central1-a", name, "5", "compute.instances.preempted",
+                                                  wired.clock.now())))
+    assert (len(wired.store.calls), len(wired.compute.calls)) == (store_calls, compute_calls)
