@@ -6,7 +6,9 @@ uninterrupted run computes.
 
 - **GPU** (``respawn demo``): a Spot VM over two zones, preempted three times: hard, in
   its first seconds, before any checkpoint (no notice reaches the guest, so only
-  Compute's preemption record explains the loss); then while a stockout blocks the first
+  Compute's preemption record explains the loss: its System Event audit entry reaches
+  ``on_audit`` through the Logging sink and Pub/Sub within seconds, and the story says
+  which pass inserted the replacement, and when); then while a stockout blocks the first
   zone (the job moves to the second); then once more.
 - **TPU** (``respawn demo --tpu``): a Spot Cloud TPU slice (v4-16: two hosts, both
   training, rank 0 saving). The slice is preempted (every worker's shutdown script
@@ -243,7 +245,11 @@ class GpuDemo(Demo):
         self._until("attempt 1 to start training", lambda: self._started(1), 30)
         self.say(f"[red]preempting {job}-1 hard[/red] at step {self._step(1)}: no checkpoint yet, and the guest "
                  "never runs its shutdown script (no marker)")
+        lost = time.time()
         compute.preempt(f"{job}-1", graceful=False)
+        self._until(f"{job}-2 to be inserted", lambda: f"{job}-2" in compute.names(), 60)
+        created = datetime.fromisoformat(compute.instance(f"{job}-2")["creationTimestamp"]).timestamp()
+        self.say(self._replaced(f"{job}-1", f"{job}-2", lost, created))
 
         self._until("attempt 2 to pass two checkpoints", lambda: self._started(2) and self._step(2) >= 2 * EVERY + 5, 60)
         compute.stockout("us-central1-a")
@@ -255,6 +261,48 @@ class GpuDemo(Demo):
         compute.stockout("us-central1-a", on=False)
         self.say(f"stockout over; [red]preempting {job}-3[/red] at step {self._step(3)}")
         compute.preempt(f"{job}-3")
+
+
+    def _replaced(self, gone: str, new: str, lost: float, inserted: float) -> str:
+        """How ``new`` came to replace ``gone`` (``lost``, ``inserted``: wall-clock times, the second
+        Compute's ``creationTimestamp``, to the millisecond): through the audit path (Compute's System
+        Event entry, the Logging sink, Pub/Sub's push to on_audit, whose pass inserted it while the
+        push was being answered), or, where the push came too late or not at all, by another pass."""
+        cloud = self.cloud
+        assert cloud.pubsub is not None
+        audit_path = cloud.options.audit
+        push = self._push_of(gone, lost, wait=5.0) if audit_path else None
+        after = f"{new} inserted {inserted - lost:.1f}s after the loss"
+        if push and push["started_at"] - 0.001 <= inserted <= push["answered_at"] + 0.001:  # ms timestamps
+            return (f"{after}, by on_audit: Compute's System Event entry (compute.instances.preempted) reached it "
+                    f"through the Logging sink and a Pub/Sub push {push['started_at'] - lost:.1f}s after the loss")
+        if push:
+            return (f"{after}, by another pass (on_audit got Compute's entry {push['started_at'] - lost:.1f}s after "
+                    "the loss)")
+        return f"{after}, by another pass (no audit entry reached on_audit)"
+
+    def _push_of(self, instance: str, since: float, wait: float) -> dict[str, Any] | None:
+        """The first answered push to on_audit, after ``since``, of an entry naming ``instance``."""
+        import base64
+        import json
+
+        cloud = self.cloud
+        assert cloud.pubsub is not None
+        deadline = time.monotonic() + wait
+        while True:
+            data = {m["messageId"]: m.get("data", "") for m in cloud.pubsub.published(cloud.audit_topic)}
+            for push in list(cloud.pubsub.pushes):
+                if push["subscription"] != cloud.audit_subscription or push["started_at"] < since:
+                    continue
+                try:
+                    entry = json.loads(base64.b64decode(data.get(push["messageId"], "")))
+                except ValueError:
+                    continue
+                if str(entry.get("protoPayload", {}).get("resourceName", "")).endswith(f"/instances/{instance}"):
+                    return push
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.1)
 
 
 class TpuDemo(Demo):

@@ -72,7 +72,6 @@ import secrets
 import threading
 import time
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qs, unquote, urlsplit
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -187,12 +186,13 @@ class PubsubServer(Server):
         to a push subscription's first POST (see the module's docstring)."""
         self.pull_wait = pull_wait
         self.push_delay = push_delay
-        self.pushes: list[dict[str, Any]] = []  # {"subscription", "messageId", "status"}: every push tried, in order
+        # Every push tried, once answered: {"subscription", "messageId", "status" (None: no answer), "dropped",
+        # "attempt", "started", "answered" (time.monotonic()), "started_at", "answered_at" (time.time())}.
+        self.pushes: list[dict[str, Any]] = []
         self._policies: dict[str, dict[str, Any]] = {}  # topic -> its IAM policy (bindings, version, etag serial)
         self._drop = 0  # pushes still to lose (drop_next)
         self._duplicate = 0  # pushes still to make twice (duplicate_next)
         self._pusher: threading.Thread | None = None
-        self._pool: ThreadPoolExecutor | None = None
         self._closing = False
         self._topics: dict[str, dict[str, Any]] = {}  # full name -> Topic
         self._subscriptions: dict[str, _Subscription] = {}  # full name -> subscription
@@ -213,7 +213,6 @@ class PubsubServer(Server):
     def start(self) -> PubsubServer:
         super().start()
         self._closing = False
-        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="pubsub-push")
         self._pusher = threading.Thread(target=self._push_loop, name="pubsub-pusher", daemon=True)
         self._pusher.start()
         return self
@@ -225,9 +224,6 @@ class PubsubServer(Server):
         if self._pusher is not None:
             self._pusher.join(timeout=5)
             self._pusher = None
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
         super().stop()
 
     # -- what a test looks at or injects -----------------------------------------------------------
@@ -470,6 +466,9 @@ class PubsubServer(Server):
             resource = {"pushConfig": {}, "messageRetentionDuration": RETENTION,
                         "expirationPolicy": {"ttl": "2678400s"}, "state": "ACTIVE",
                         **body, "name": name, "topic": topic, "ackDeadlineSeconds": deadline}
+            if endpoint:  # "GetSubscription calls will always return a valid version" (PushConfig.attributes)
+                push = resource["pushConfig"] = dict(resource["pushConfig"])
+                push["attributes"] = {"x-goog-version": "v1", **(push.get("attributes") or {})}
             self._subscriptions[name] = _Subscription(resource)
             return dict(resource)
 
@@ -529,7 +528,7 @@ class PubsubServer(Server):
 
     # -- push ----------------------------------------------------------------------------------------
     def _push_loop(self) -> None:
-        """Hand each due push delivery to a thread of the pool, until the server stops."""
+        """Start each due push delivery, until the server stops."""
         while True:
             with self._lock:
                 if self._closing:
@@ -551,14 +550,8 @@ class PubsubServer(Server):
                 if not due:
                     self._lock.wait(max(0.005, wake - now))
                     continue
-            for sub, delivery in due:
-                pool = self._pool
-                if pool is None:
-                    return
-                try:
-                    pool.submit(self._push, sub, delivery)
-                except RuntimeError:  # the pool shut down meanwhile
-                    return
+            for sub, delivery in due:  # each on a thread of its own: a slow endpoint holds only its pushes
+                threading.Thread(target=self._push, args=(sub, delivery), name="pubsub-push", daemon=True).start()
 
     def _push(self, sub: _Subscription, delivery: _Delivery) -> None:
         """One push of ``delivery`` (twice where duplicate_next asks), then acknowledged or backed off."""
@@ -571,6 +564,7 @@ class PubsubServer(Server):
             endpoint, name, timeout = sub.push_endpoint, sub.resource["name"], sub.ack_deadline
             topic = sub.resource["topic"]
         status: int | None = None
+        started, started_at = time.monotonic(), time.time()
         if drop:
             status = 0  # lost: never POSTed, and never delivered again
         else:
@@ -578,7 +572,8 @@ class PubsubServer(Server):
                 status = self._post(endpoint, name, topic, delivery.message, timeout, sub.resource.get("pushConfig") or {})
         with self._lock:
             self.pushes.append({"subscription": name, "messageId": delivery.message.id, "status": status,
-                                "dropped": drop, "attempt": delivery.attempts})
+                                "dropped": drop, "attempt": delivery.attempts, "started": started,
+                                "answered": time.monotonic(), "started_at": started_at, "answered_at": time.time()})
             delivery.pushing = False
             if drop or status in PUSH_OK:
                 if delivery in sub.backlog:

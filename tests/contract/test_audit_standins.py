@@ -454,3 +454,33 @@ def test_a_push_endpoint_google_would_refuse_is_refused(cloud):
     r = requests.put(f"{pubsub.endpoint}/v1/projects/refuse/subscriptions/sub", json={
         "topic": "projects/refuse/topics/topic", "pushConfig": {"pushEndpoint": "http://example.com/"}}, timeout=5)
     assert r.status_code == 400 and "push endpoint" in r.json()["error"]["message"]
+
+
+def test_the_real_pubsub_client_grants_a_topic_and_makes_a_push_subscription(cloud):
+    from google.api_core.client_options import ClientOptions
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import pubsub_v1
+
+    _, pubsub = cloud
+    options = ClientOptions(api_endpoint=pubsub.endpoint)
+    publisher = pubsub_v1.PublisherClient(credentials=AnonymousCredentials(), client_options=options, transport="rest")
+    subscriber = pubsub_v1.SubscriberClient(credentials=AnonymousCredentials(), client_options=options,
+                                            transport="rest")
+    topic = publisher.create_topic(name="projects/client-proj/topics/respawn-audit").name
+    policy = publisher.get_iam_policy(request={"resource": topic})
+    writer = f"serviceAccount:service-{project_number('client-proj')}@gcp-sa-logging.iam.gserviceaccount.com"
+    policy.bindings.add(role="roles/pubsub.publisher", members=[writer])
+    publisher.set_iam_policy(request={"resource": topic, "policy": policy})
+    assert [list(b.members) for b in publisher.get_iam_policy(request={"resource": topic}).bindings] == [[writer]]
+    held = publisher.test_iam_permissions(request={"resource": topic, "permissions": ["pubsub.topics.publish"]})
+    assert list(held.permissions) == ["pubsub.topics.publish"]
+    made = subscriber.create_subscription(request={
+        "name": "projects/client-proj/subscriptions/eventarc-us-central1-on-audit", "topic": topic,
+        "push_config": {"push_endpoint": "https://127.0.0.1:9/on-audit"}, "ack_deadline_seconds": 540,
+        "retry_policy": {"minimum_backoff": {"seconds": 10}, "maximum_backoff": {"seconds": 600}}})
+    assert made.push_config.push_endpoint == "https://127.0.0.1:9/on-audit"
+    assert made.push_config.attributes["x-goog-version"] == "v1" and made.ack_deadline_seconds == 540
+    assert pubsub.publish_as(writer, topic, "e30=") and pubsub.backlog(made.name) == 1
+    with pytest.raises(PermissionError):
+        pubsub.publish_as("serviceAccount:cloud-logs@system.gserviceaccount.com", topic, "e30=")
+    subscriber.delete_subscription(request={"subscription": made.name})
