@@ -267,3 +267,30 @@ def test_a_name_compute_would_never_give_costs_no_request(wired, name):
     functions.on_audit(message(system_event_entry(PROJECT, "us-central1-a", name, "5", "compute.instances.preempted",
                                                   wired.clock.now())))
     assert (len(wired.store.calls), len(wired.compute.calls)) == (store_calls, compute_calls)
+
+
+def test_on_audit_stops_looking_once_the_job_recovered_though_the_old_vm_lingers_stopping(wired):
+    """Compute keeps a deleted VM STOPPING a while: it is the old attempt's, nothing to wait for."""
+    running(wired)
+    zone = wired.status("a").zone
+    wired.compute.set_status("a-1", "STOPPING")
+    entry = system_event_entry(PROJECT, zone, "a-1", wired.compute.all()[0].id, "compute.instances.preempted",
+                               wired.clock.now())
+    real_delete = wired.compute.delete
+
+    def lingering_delete(project: str, zone: str, name: str) -> None:
+        if name == "a-1":  # accepted, but the VM shows STOPPING for the rest of the test
+            wired.compute.calls.append(("delete", name))
+            return
+        real_delete(project, zone, name)
+
+    wired.compute.delete = lingering_delete  # type: ignore[method-assign]
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) == 1:
+            wired.marker("a")  # the shutdown script's marker: the pass recovers while a-1 is still STOPPING
+
+    functions.on_audit(message(entry), sleep=sleep)
+    assert wired.status("a").attempt == 2 and len(sleeps) <= 2
