@@ -154,6 +154,14 @@ def parse_entry(entry: Any) -> AuditEvent:
                       else None)
 
 
+def entry_time(entry: Any) -> datetime | None:
+    """An entry's timestamp where it has one that reads, whatever else it holds (or lacks)."""
+    try:
+        return _timestamp(entry.get("timestamp")) if isinstance(entry, Mapping) else None
+    except AuditError:
+        return None
+
+
 def decode_message(data: Any) -> Any:
     """The LogEntry a Pub/Sub ``messagePublished`` CloudEvent carries (``message.data``: base64 JSON)."""
     message = data.get("message") if isinstance(data, Mapping) else None

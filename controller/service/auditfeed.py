@@ -101,24 +101,24 @@ class AuditFeed:
         since = now - FIRST_LOOKBACK if mark.high is None else mark.high if mark.truncated else mark.high - OVERLAP
         try:
             raw = self.reader.system_events(self.projects, since, LIMIT)
-            events, ignored = _parse(raw)
+            events, ignored, stamps = _parse(raw, since)
             if len(raw) >= LIMIT and mark.high is not None and since < mark.high \
-                    and not any(e.at > mark.high for e in events):
+                    and not any(at > mark.high for at in stamps):
                 # The overlap alone holds a whole read (a mass preemption's entries): none of it is
                 # past the watermark. Go on from the watermark itself, or nothing new is ever read.
                 since = mark.high
                 raw = self.reader.system_events(self.projects, since, LIMIT)
-                more, more_ignored = _parse(raw)
+                more, more_ignored, stamps = _parse(raw, since)
                 events, ignored = [*events, *more], ignored + more_ignored
         except errors.RespawnError as e:
             log.warning("could not read the System Event audit log", extra={"json_fields": {"error": str(e)}})
             return Batch(error=f"audit log: {type(e).__name__}: {e}")
         events = list({e.key: e for e in events}.values())
         fresh = tuple(e for e in events if e.key not in mark.seen)
-        # The newest timestamp read, never behind the watermark (a read of the overlap alone must
-        # not move it back) nor ahead of the clock (an entry stamped ahead must not make every
-        # later one look old); an entry older than the query asked for is no timestamp to go by.
-        stamps = [e.at for e in events if e.at >= since]
+        # The newest timestamp read (an entry ignored here was read too: past it, or a page of
+        # them stops the feed), never behind the watermark (a read of the overlap alone must not
+        # move it back) nor ahead of the clock (an entry stamped ahead must not make every later
+        # one look old); an entry older than the query asked for is no timestamp to go by.
         high = max([*stamps, *([mark.high] if mark.high is not None else [])], default=None)
         high = None if high is None else min(high, now)
         seen = frozenset(e.key for e in events if high is not None and e.at >= high - OVERLAP)
@@ -149,7 +149,8 @@ class AuditFeed:
         return Watermark.parse(blob.data), blob.info.generation
 
 
-def _parse(raw: Sequence[object]) -> tuple[list[audit.AuditEvent], int]:
+def _parse(raw: Sequence[object], since: datetime) -> tuple[list[audit.AuditEvent], int, list[datetime]]:
+    """The events among ``raw``, how many entries were not one, and the timestamps read (from ``since`` on)."""
     events: list[audit.AuditEvent] = []
     ignored = 0
     for entry in raw:
@@ -157,7 +158,8 @@ def _parse(raw: Sequence[object]) -> tuple[list[audit.AuditEvent], int]:
             events.append(audit.parse_entry(entry))
         except audit.AuditError:
             ignored += 1
-    return events, ignored
+    stamps = [at for entry in raw if (at := audit.entry_time(entry)) is not None and at >= since]
+    return events, ignored, stamps
 
 
 def _at(key: tuple[str, str]) -> datetime | None:

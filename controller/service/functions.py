@@ -106,8 +106,14 @@ def on_audit(data: dict[str, Any], sleep: Any = time.sleep, wait: float = AUDIT_
             # A TPU VM's worker names no node: every job is looked at (a pass over every job; these
             # are rare), their TPU nodes' own state saying what happened.
             summary = engine.reconcile(job, evidence=(event,)) if job else engine.reconcile(evidence=(event,))
+            if summary.transient and job:
+                raise errors.TransientError(f"transient errors for {job}: {summary.errors}")
             if summary.transient:
-                raise errors.TransientError(f"transient errors for {job or event.instance}: {summary.errors}")
+                # A pass over every job: some job's trouble (a bucket object that did not answer)
+                # is the tick's, a minute away; a retry would be another pass over every job, again
+                # and again for a day while any one job stays in trouble.
+                log.warning("audit event: transient errors left to the tick",
+                            extra={"json_fields": {**where, "errors": summary.errors}})
             if waited >= wait or event.instance not in summary.settling.get(job or "", ()):
                 break
             step = min(pause, wait - waited)

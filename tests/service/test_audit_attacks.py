@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from controller.adapters.memory import system_event_entry
-from controller.core import audit
+from controller.core import audit, errors
 from controller.core.ports import InstanceStatus
 from controller.service import auditfeed, bootstrap, functions
 from controller.service.config import Settings
@@ -294,3 +294,57 @@ def test_on_audit_stops_looking_once_the_job_recovered_though_the_old_vm_lingers
 
     functions.on_audit(message(entry), sleep=sleep)
     assert wired.status("a").attempt == 2 and len(sleeps) <= 2
+
+
+def test_a_tpu_slices_entry_is_not_retried_for_another_jobs_trouble(wired):
+    """Worker 0's entry makes a pass over every job: one job whose bucket objects do not answer made it
+    raise, and Pub/Sub retried the whole pass, for a day if that job's trouble lasted."""
+    from tests.service.test_tpu import tpu_doc
+
+    wired.submit("tpu", tpu_doc())
+    wired.submit("b")
+    wired.tick()
+    wired.tick()
+    wired.tpu.preempt("tpu-1")
+    real_read = wired.store.read
+
+    def read(bucket: str, name: str, **kw: Any):
+        if name.startswith("jobs/b/"):
+            raise errors.TransientError("503")
+        return real_read(bucket, name, **kw)
+
+    real_listed = wired.store.read_listed
+
+    def read_listed(info: Any) -> bytes:
+        if info.name.startswith("jobs/b/"):
+            raise errors.TransientError("503")
+        return real_listed(info)
+
+    wired.store.read = read  # type: ignore[method-assign]
+    wired.store.read_listed = read_listed  # type: ignore[method-assign]
+    worker = system_event_entry(PROJECT, "us-central2-b", "t1v-n-5f3a9c1e-w-0", "77", "compute.instances.preempted",
+                                wired.clock.now())
+    summary = functions.on_audit(message(worker))
+    assert summary is not None and "b" in summary["transient"]
+    assert wired.status("tpu").phase.name == "RECOVERING"
+
+
+def test_a_read_full_of_entries_that_are_no_instances_event_does_not_stop_the_feed(h: Harness, monkeypatch):
+    """The watermark went by the entries that parsed: a whole read of ones that do not (an instance
+    name Compute never gives) left it where it was, and every tick read the same page for an hour."""
+    monkeypatch.setattr(auditfeed, "LIMIT", 5)
+    h.read_audit = True
+    h.submit("a")
+    h.tick()
+    h.tick()
+    for i in range(7):
+        h.audit.write(system_event_entry(PROJECT, "us-central1-a", f"Web-{i}", str(i), "compute.instances.hostError",
+                                         h.clock.now() + timedelta(seconds=i)))
+    h.advance(seconds=30)
+    h.tick()
+    h.advance(seconds=10)
+    h.compute.preempt("a-1")
+    h.tick()
+    h.advance(seconds=10)
+    h.tick()
+    assert h.status("a").attempt == 2 and asked_why(h) == [], "the feed never got past the junk"
