@@ -423,7 +423,7 @@ class LoggingServer(Server):
             raise LoggingError(400, "customWriterIdentity can only be specified when routing logs to a log bucket "
                                     "in a different project than the sink.")
         now = _rfc3339(time.time_ns())
-        sink = {**{k: body[k] for k in SINK_FIELDS if k in body}, "name": name,
+        sink = {**{k: body[k] for k in SINK_FIELDS if body.get(k) not in (None, False, "", [], {})}, "name": name,
                 "resourceName": f"projects/{project}/sinks/{name}", "writerIdentity": _writer(project, unique),
                 "createTime": now, "updateTime": now}
         with self._lock:
@@ -478,6 +478,7 @@ class LoggingServer(Server):
             if unique and not self._unique[key]:
                 self._unique[key] = True
                 merged["writerIdentity"] = _writer(p["projectsId"], True)
+            merged = {k: v for k, v in merged.items() if v not in (False, "", [], {})}  # proto3 JSON omits defaults
             merged["updateTime"] = _rfc3339(time.time_ns())
             self._sinks[p["projectsId"]][p["sinksId"]] = merged
             return dict(merged)

@@ -46,7 +46,8 @@ Decisions where Google's behaviour is not written down, kept simple:
   ``force`` deletes the nodes first.
 
 System Event audit entries: a preemption writes ``compute.instances.preempted``, a terminating
-maintenance ``compute.instances.terminateOnHostMaintenance``, one entry per worker, as Compute
+maintenance ``compute.instances.terminateOnHostMaintenance``, one entry per worker, and a worker
+that powers itself off ``compute.instances.guestTerminate`` for that worker, as Compute
 Engine logs the TPU VMs under a node (``gce_instance``, ``resourceName``
 ``projects/P/zones/Z/instances/t1v-n-<hash>-w-<i>``, the worker's own name and id: the node's name
 is not in it), handed to ``audit_log`` (the stack points it at the local Cloud Logging server).
@@ -277,12 +278,14 @@ class TpuServer(Host):
         args = (node, "TERMINATED", self.shutdown_budget) if outcome == "terminated" else (node,)
         threading.Thread(target=target, args=args, daemon=True).start()
 
-    def _audit(self, node: Node, method: str) -> None:
-        """The System Event audit entries of ``method`` on ``node``: one per worker VM, as Compute logs them."""
+    def _audit(self, node: Node, method: str, workers: list[Worker] | None = None) -> None:
+        """The System Event audit entries of ``method`` on ``node``: one per worker VM (``workers``: those
+        only), as Compute logs them."""
         hook = self.audit_log
         if hook is None:
             return
-        entries = [system_event(node.project, node.zone, worker.host, worker.id, method) for worker in node.workers]
+        entries = [system_event(node.project, node.zone, worker.host, worker.id, method)
+                   for worker in (node.workers if workers is None else workers)]
         try:
             hook(entries)
         except Exception:  # noqa: BLE001 - Logging's trouble is not the TPU service's
@@ -729,6 +732,7 @@ class TpuServer(Host):
         with self._lock:
             if worker.process is not process:
                 return
+        self._audit(node, "compute.instances.guestTerminate", [worker])
         self._power_off(node, worker, GUEST_SHUTDOWN_LIMIT, notice=None)
         with self._lock:
             if self._nodes.get(node.name) is node and node.state not in GONE:
