@@ -133,7 +133,7 @@ def test_a_preempted_tpu_slice_writes_one_entry_per_worker_vm(written):
     for worker in workers:
         [entry] = written[worker]
         event = audit.parse_entry(entry)
-        assert event.tpu_worker and event.method == "compute.instances.preempted"
+        assert event.tpu_worker and event.job is None and event.method == "compute.instances.preempted"
         assert entry["resource"]["type"] == "gce_instance"
         assert entry["protoPayload"]["resourceName"] == f"projects/{PROJECT}/zones/{ZONE}/instances/{worker}"
         assert event.instance_id is not None

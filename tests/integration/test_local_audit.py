@@ -97,9 +97,6 @@ def test_a_hard_preemption_is_recovered_within_seconds_without_a_tick(cloud):
     assert all(p["status"] in (200, 204) for p in pushed)
 
 
-@pytest.mark.xfail(strict=True, reason="a crash is a failure: the pass on_audit makes schedules the restart after "
-                                       "the spec's backoff and acknowledges; nothing looks again before the tick "
-                                       "(controller side, reported to the lead)")
 def test_a_crash_is_recovered_within_seconds_without_a_tick(cloud):
     started(cloud, "crashed")
     ticks = cloud.ticker.runs if cloud.ticker else 0
