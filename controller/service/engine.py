@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from controller.core import errors
@@ -23,6 +24,7 @@ from controller.service.notifier import Notifier, Sends
 from controller.core.launch import LaunchContext
 from controller.service.observe import UNEXPECTED, Observer
 from controller.core.planner import plan_job
+from controller.core.state import Phase
 from controller.core.world import JobView
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,9 @@ class Summary:
     # Per job, the nodes of its current attempt seen on their way down (STOPPING...) when the pass
     # planned: an audit event waits on them (functions.on_audit).
     settling: dict[str, list[str]] = field(default_factory=dict)
+    # Per job, when its next step is due (a restart's backoff, a zone's cooldown): an audit event
+    # whose job is due within its wait looks again then (functions.on_audit).
+    due: dict[str, datetime] = field(default_factory=dict)
     audit_events: int = 0  # System Event entries handed to the pass as evidence
     audit_error: str | None = None  # why the tick could not read them (the pass went on without)
 
@@ -53,6 +58,7 @@ class Summary:
         self.errors.update(other.errors)
         self.transient.extend(other.transient)
         self.settling.update(other.settling)
+        self.due.update(other.due)
 
     def add(self, outcome: Outcome) -> None:
         self.jobs.setdefault(outcome.job, []).extend(outcome.done)
@@ -186,5 +192,9 @@ class Engine:
                 if going := [i.name for i in view.instances if st is not None and not st.phase.terminal
                              and i.attempt == st.attempt and i.status.settling]:
                     summary.settling[view.job] = going
+                if not outcome.error and not outcome.conflict:
+                    now_st = next((a.status for a in reversed(actions) if isinstance(a, WriteStatus)), st)
+                    if now_st is not None and now_st.phase in (Phase.PENDING, Phase.RECOVERING) and now_st.not_before:
+                        summary.due[view.job] = now_st.not_before
                 return
             view = self.observer.world(view.job).jobs.get(view.job, view)

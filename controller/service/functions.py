@@ -27,6 +27,7 @@ AUDIT_POLL = 1.0  # the first look again; each later one waits twice as long, up
 # preempted at once are a thousand on_audit calls waiting out their notice side by side: one look
 # a second each would be 30,000 lists in half a minute.
 AUDIT_POLL_MAX = 8.0
+AUDIT_DUE_SLACK = 0.2  # seconds past a restart's due time before looking again (clocks differ a little)
 
 
 def tick() -> tuple[dict[str, Any], int]:
@@ -79,7 +80,9 @@ def on_audit(data: dict[str, Any], sleep: Any = time.sleep, wait: float = AUDIT_
     tick's time (the tick reads the same entries again). A VM still on its way down (its
     shutdown script saving a checkpoint) is looked at again after ``AUDIT_POLL`` seconds, then
     twice as long each time (at most ``AUDIT_POLL_MAX``), for up to ``wait``: the recovery starts
-    once it is down, not at the next tick. A TPU worker's entry counts from worker 0 only."""
+    once it is down, not at the next tick. A loss that is the trainer's (a crash) restarts after
+    the spec's backoff: one that ends within what is left of ``wait`` is waited out and the job
+    looked at again then. A TPU worker's entry counts from worker 0 only."""
     try:
         event = audit.parse_entry(audit.decode_message(data))
     except audit.AuditError as e:
@@ -114,11 +117,21 @@ def on_audit(data: dict[str, Any], sleep: Any = time.sleep, wait: float = AUDIT_
                 # and again for a day while any one job stays in trouble.
                 log.warning("audit event: transient errors left to the tick",
                             extra={"json_fields": {**where, "errors": summary.errors}})
-            if waited >= wait or event.instance not in summary.settling.get(job or "", ()):
+            if waited >= wait:
                 break
-            step = min(pause, wait - waited)
+            if event.instance in summary.settling.get(job or "", ()):
+                step = min(pause, wait - waited)
+                pause = min(pause * 2, AUDIT_POLL_MAX)
+            elif job and (due := summary.due.get(job)) is not None and \
+                    0 < (left := (due - engine.clock.now()).total_seconds()) <= wait - waited:
+                # A loss the pass judged (a crash is a failure) whose restart waits out a backoff
+                # shorter than what is left of this event's wait: the restart happens then, not at
+                # the next tick.
+                step = left + AUDIT_DUE_SLACK
+            else:
+                break
             sleep(step)
-            waited, pause = waited + step, min(pause * 2, AUDIT_POLL_MAX)
+            waited += step
     except errors.ConfigError as e:
         log.error("controller misconfigured: %s", e, extra={"json_fields": where})
         return None

@@ -22,7 +22,7 @@ from controller.core import audit, errors, names
 from controller.core.state import Phase
 from controller.service import auditfeed, bootstrap, functions
 from controller.service.config import Settings
-from tests.harness import BUCKET, PROJECT, Harness
+from tests.harness import BUCKET, PROJECT, Harness, spec_doc
 
 MAIN = str(Path(__file__).resolve().parents[2] / "main.py")
 
@@ -344,3 +344,28 @@ def test_a_tpu_workers_entry_names_no_node_so_every_job_is_looked_at_and_the_nod
     st = wired.status("tpu")
     assert st.phase.name == "RECOVERING" and any(e.event == "preempted" for e in st.history)
     assert ("delete", "tpu-1") in wired.tpu.calls
+
+
+def test_a_crash_whose_backoff_ends_within_the_wait_is_restarted_by_the_same_call(wired):
+    running(wired)  # the spec's backoff starts at 30 s
+    wired.compute.terminate("a-1")  # the guest crashed: a failure, restarted after the backoff
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        wired.advance(seconds=seconds)
+
+    functions.on_audit(message(entries(wired)[0]), sleep=sleep)
+    st = wired.status("a")
+    assert st.failures == 1 and st.attempt == 2 and wired.live("a") == ["a-2"]
+    assert len(slept) == 1 and 30 <= slept[0] <= 31
+
+
+def test_a_backoff_longer_than_the_wait_is_left_to_the_tick(wired):
+    wired.submit("a", spec_doc(policy={"backoff": {"initial": "5m", "max": "10m"}}))
+    wired.tick()
+    wired.tick()
+    wired.compute.terminate("a-1")
+    slept: list[float] = []
+    functions.on_audit(message(entries(wired)[0]), sleep=slept.append)
+    assert slept == [] and wired.status("a").attempt == 1 and wired.status("a").failures == 1
