@@ -107,6 +107,7 @@ from localcloud import discovery
 from localcloud.host import Host, json_response
 from localcloud.http import Server
 from localcloud.tpu_api import STATUS
+from localcloud.realism import Delay, seconds
 
 if TYPE_CHECKING:
     from localcloud.compute import ComputeServer
@@ -190,7 +191,7 @@ class LoggingServer(Server):
     name, threads = "logging", 16
 
     def __init__(self, *, max_entries: int = 200_000, reads_per_minute: int | None = READS_PER_MINUTE,
-                 window: float = 60.0, pubsub: PubsubServer | None = None, sink_delay: float = SINK_DELAY) -> None:
+                 window: float = 60.0, pubsub: PubsubServer | None = None, sink_delay: Delay = SINK_DELAY) -> None:
         """``max_entries``: the oldest entries go past this many (Google keeps 30 days; a local
         cloud left up with a chatty trainer must not grow without bound); ``reads_per_minute``:
         ``entries.list`` calls a project may make within ``window`` seconds (None: any number);
@@ -338,7 +339,7 @@ class LoggingServer(Server):
             routed = any(self._sinks.get(e["logName"].split("/", 2)[1]) for e in stored)
         if routed:
             with self._router:
-                heapq.heappush(self._routing, (time.monotonic() + self.sink_delay, next(self._order), stored))
+                heapq.heappush(self._routing, (time.monotonic() + seconds(self.sink_delay), next(self._order), stored))
                 self._router.notify_all()
 
     # -- entries.list ---------------------------------------------------------------------------

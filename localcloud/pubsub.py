@@ -85,6 +85,7 @@ from localcloud import discovery
 from localcloud.host import Host, json_response
 from localcloud.http import Server
 from localcloud.tpu_api import STATUS, enums
+from localcloud.realism import Delay, seconds
 
 DOC = "pubsub.v1"
 SUPPORTED = {
@@ -181,7 +182,7 @@ class _Subscription:
 class PubsubServer(Server):
     name, threads = "pubsub", 16
 
-    def __init__(self, *, pull_wait: float = 0.5, push_delay: float = PUSH_DELAY) -> None:
+    def __init__(self, *, pull_wait: float = 0.5, push_delay: Delay = PUSH_DELAY) -> None:
         """``pull_wait``: how long a pull waits for a message; ``push_delay``: seconds from publish
         to a push subscription's first POST (see the module's docstring)."""
         self.pull_wait = pull_wait
@@ -370,7 +371,7 @@ class PubsubServer(Server):
             self._published[topic].append(m)
             for sub in self._subscriptions.values():
                 if sub.resource["topic"] == topic:
-                    sub.backlog.append(_Delivery(m, visible_at=time.monotonic() + self.push_delay
+                    sub.backlog.append(_Delivery(m, visible_at=time.monotonic() + seconds(self.push_delay)
                                                  if sub.push_endpoint else 0.0))
             out.append(m.id)
         self._lock.notify_all()

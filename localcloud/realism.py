@@ -41,6 +41,14 @@ class Lognormal:
         return Lognormal(self.median * factor, self.p99 * factor)
 
 
+Delay = float | Lognormal  # seconds, fixed or drawn for each use
+
+
+def seconds(delay: Delay) -> float:
+    """A delay's seconds this time: a fixed one as it is, a Lognormal drawn."""
+    return delay.draw() if isinstance(delay, Lognormal) else delay
+
+
 @dataclass(frozen=True)
 class Costs:
     """What Google's APIs cost, in one place: the bench's fakes (bench/fakes.py) and the local
@@ -85,6 +93,10 @@ class Costs:
     marker_upload: Lognormal = Lognormal(0.25, 1.0)
     poweroff_after_marker: Lognormal = Lognormal(2.0, 8.0)  # guest halts -> Compute says TERMINATED
     eventarc_delay: Lognormal = Lognormal(1.0, 4.0)  # object finalized -> the function's request
+    # A log entry -> its sink's Pub/Sub message (Log Router): Google says "near real-time" and
+    # publishes no figure; real System Event entries are received 0.5-1.1 s after their timestamp.
+    # The message -> on_audit's request is ``eventarc_delay`` (Eventarc's push subscription).
+    sink_delay: Lognormal = Lognormal(1.0, 3.0)
     cold_start: Lognormal = Lognormal(3.0, 6.0)  # a new instance: platform start + import + clients
     cold_fraction: float = 0.3  # isolated events that find no warm instance
     max_instances: int = 100
@@ -121,6 +133,10 @@ class Realism:
     gcs_write_interval: float | None = None  # GCS: one mutation per object per this many seconds (None: off)
     tpu_latency: float = 0.0  # seconds added to every Cloud TPU API call
     tpu_create_seconds: float | None = None  # TPU node creates: CREATING this long before capacity is decided
+    # The audit path's delays (None: the servers' own fixed defaults): a Log Router sink's, and a
+    # Pub/Sub push subscription's (Eventarc's, to on_audit).
+    sink_delay: Lognormal | None = None
+    push_delay: Lognormal | None = None
 
     # Latencies drawn from a lognormal around their medians (the figures above), its p99 this
     # many times the median (0: fixed); seeded, so that a run's p99 is reproducible.
@@ -143,6 +159,7 @@ class Realism:
                    bulk_requests_per_second=20, bulk_operations_in_flight=10,
                    gcs_write_interval=costs.gcs_write_interval, tpu_latency=costs.compute_call.median,
                    tpu_create_seconds=60.0, p99_factor=costs.gcs_request.p99 / costs.gcs_request.median,
+                   sink_delay=costs.sink_delay, push_delay=costs.eventarc_delay,
                    rate_quota_per_minute=costs.quota_per_minute)
 
     def draw(self, median: float) -> float:
@@ -164,4 +181,6 @@ class Realism:
                        insert_seconds=None if self.insert_seconds is None else self.insert_seconds * factor,
                        delete_seconds=None if self.delete_seconds is None else self.delete_seconds * factor,
                        tpu_latency=self.tpu_latency * factor,
-                       tpu_create_seconds=None if self.tpu_create_seconds is None else self.tpu_create_seconds * factor)
+                       tpu_create_seconds=None if self.tpu_create_seconds is None else self.tpu_create_seconds * factor,
+                       sink_delay=None if self.sink_delay is None else self.sink_delay.scaled(factor),
+                       push_delay=None if self.push_delay is None else self.push_delay.scaled(factor))

@@ -38,7 +38,7 @@ from localcloud.events import Ticker, Watcher
 from localcloud.gcs import LocalGcs, client
 from localcloud.logging import LoggingServer, VmLogs
 from localcloud.pubsub import PubsubServer
-from localcloud.realism import Realism
+from localcloud.realism import Delay, Realism
 from localcloud.tpu import TpuServer
 from localcloud.webhook import WebhookSink
 
@@ -62,8 +62,10 @@ class Options:
     region: str = "us-central1"  # where the local functions and Scheduler job are said to run (respawn doctor)
     # Compute's System Event audit entries through a Logging sink, Pub/Sub and Eventarc to on_audit.
     audit: bool = True
-    sink_delay: float | None = None  # Log Router's delay (None: localcloud.logging.SINK_DELAY)
-    push_delay: float | None = None  # Pub/Sub push's delay (None: localcloud.pubsub.PUSH_DELAY)
+    # The audit path's delays (None: the realism's, else localcloud.logging.SINK_DELAY and
+    # localcloud.pubsub.PUSH_DELAY); a Lognormal is drawn for each entry or message.
+    sink_delay: Delay | None = None  # Log Router's
+    push_delay: Delay | None = None  # Pub/Sub push's
 
 
 NOTIFY_TOPIC = "respawn-events"
@@ -111,9 +113,10 @@ class LocalCloud:
                                          realism=o.realism).start()
             self.tpu = TpuServer(vm_env=vm_env, boot_delay=o.boot_delay, shutdown_budget=o.shutdown_budget,
                                  realism=o.realism).start()
-            self.pubsub = PubsubServer(**({} if o.push_delay is None else {"push_delay": o.push_delay})).start()
+            push_delay, sink_delay = o.push_delay or o.realism.push_delay, o.sink_delay or o.realism.sink_delay
+            self.pubsub = PubsubServer(**({} if push_delay is None else {"push_delay": push_delay})).start()
             self.logging = LoggingServer(pubsub=self.pubsub,
-                                         **({} if o.sink_delay is None else {"sink_delay": o.sink_delay})).start()
+                                         **({} if sink_delay is None else {"sink_delay": sink_delay})).start()
             self.compute.audit_log = self.tpu.audit_log = self.logging.write
             self.vm_logs = VmLogs(self.logging, self.compute, tpu=self.tpu).start()
             self.webhook = WebhookSink().start()
