@@ -38,6 +38,9 @@ def test_demo_survives_three_preemptions_with_the_uninterrupted_weights(tmp_path
     output = demo(tmp_path)
     assert re.search(r"preemptions\s+│ 3", output)
     assert "preempting demo-1 hard" in output and "stockout in us-central1-a" in output
+    # The hard preemption's replacement says how it came (through on_audit, or the demo's 5 s tick)
+    assert re.search(r"demo-2 inserted [0-9.]+s after the loss, by (on_audit|another pass)", " ".join(output.split())), \
+        output[-4000:]
 
 
 def test_demo_tpu_slice_survives_a_preemption_and_host_maintenance_with_the_uninterrupted_weights(tmp_path):

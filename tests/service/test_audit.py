@@ -255,6 +255,15 @@ def test_on_audit_raises_for_a_retry_when_the_bucket_does_not_answer(wired):
 # -- the tick's own query -----------------------------------------------------------------------
 
 
+def preempted_with_the_feed_on(h: Harness) -> None:
+    """Job a running, its VM then preempted hard; the ticks read the audit log."""
+    h.read_audit = True
+    h.submit("a")
+    h.tick()
+    h.tick()
+    h.compute.preempt("a-1")
+
+
 def test_the_tick_reads_the_entries_since_its_watermark_and_uses_them_as_evidence(h: Harness):
     h.read_audit = True
     for job in ("a", "b"):
@@ -272,11 +281,7 @@ def test_the_tick_reads_the_entries_since_its_watermark_and_uses_them_as_evidenc
 
 
 def test_a_tick_that_crashed_before_its_watermark_moved_reads_the_same_entries_and_does_the_same_once(h: Harness):
-    h.read_audit = True
-    h.submit("a")
-    h.tick()
-    h.tick()
-    h.compute.preempt("a-1")
+    preempted_with_the_feed_on(h)
     engine = h.engine()
     assert engine.audit is not None
     batch = engine.audit.read()  # the first tick read them, then died before acting or committing
@@ -290,11 +295,7 @@ def test_a_tick_that_crashed_before_its_watermark_moved_reads_the_same_entries_a
 
 
 def test_an_entry_indexed_late_within_the_overlap_is_still_handed_over(h: Harness):
-    h.read_audit = True
-    h.submit("a")
-    h.tick()
-    h.tick()
-    h.compute.preempt("a-1")
+    preempted_with_the_feed_on(h)
     entry = h.audit.entries.pop()  # Logging indexes it only after a later entry
     h.audit.write(system_event_entry(PROJECT, "us-central1-a", "web-1", "9", "compute.instances.hostError",
                                      h.clock.now() + timedelta(seconds=30)))
@@ -307,11 +308,7 @@ def test_an_entry_indexed_late_within_the_overlap_is_still_handed_over(h: Harnes
 
 
 def test_a_logging_refusal_leaves_the_pass_to_computes_records_and_the_watermark_in_place(h: Harness):
-    h.read_audit = True
-    h.submit("a")
-    h.tick()
-    h.tick()
-    h.compute.preempt("a-1")
+    preempted_with_the_feed_on(h)
     h.audit.fail_next.append(errors.ConfigError("403 logging.logEntries.list denied"))
     summary = h.tick()
     assert summary.audit_error and "403" in summary.audit_error and h.status("a").attempt == 2
