@@ -134,6 +134,9 @@ def parse_entry(entry: Any) -> AuditEvent:
     if not str(entry.get("logName", "")).endswith(f"/logs/{SYSTEM_EVENT_LOG_ID}"):
         raise AuditError(f"logName {str(entry.get('logName'))[:200]!r} is not a System Event audit log")
     method, resource = payload.get("methodName"), payload.get("resourceName")
+    if payload.get("serviceName") != "compute.googleapis.com":
+        # Compute writes these, and says so; anything else is not its record of a VM.
+        raise AuditError(f"serviceName {str(payload.get('serviceName'))[:100]!r} is not compute.googleapis.com")
     if not isinstance(method, str) or not method.startswith("compute.instances."):
         raise AuditError(f"methodName {str(method)[:100]!r} is not an instance's system event")
     found = _RESOURCE.fullmatch(resource) if isinstance(resource, str) else None

@@ -102,6 +102,8 @@ def test_an_entry_parses_into_its_instance_method_and_time():
     (lambda e: {**e, "protoPayload": {**e["protoPayload"], "methodName": "v1.compute.instances.delete"}}, "methodName"),
     (lambda e: {**e, "protoPayload": {**e["protoPayload"], "resourceName": "projects/p1/global/networks/x"}}, "resourceName"),
     (lambda e: {**e, "protoPayload": {**e["protoPayload"], "resourceName": 7}}, "resourceName"),
+    (lambda e: {**e, "protoPayload": {**e["protoPayload"], "serviceName": "pubsub.googleapis.com"}}, "serviceName"),
+    (lambda e: {**e, "protoPayload": {k: v for k, v in e["protoPayload"].items() if k != "serviceName"}}, "serviceName"),
     (lambda e: {**e, "timestamp": "yesterday"}, "RFC 3339"),
     (lambda e: {**e, "timestamp": "2026-11-27T12:00:00"}, "offset"),
     (lambda e: {k: v for k, v in e.items() if k != "timestamp"}, "timestamp"),
