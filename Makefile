@@ -56,6 +56,7 @@ fuzz: $(STAMP)
 # Figures, not tests: the scenarios of bench/__main__.py, written to bench/results.json.
 bench: $(STAMP)
 	$(BIN)/python -m bench --local 1430 --deployed 10000
+	$(BIN)/python -m bench.hardpreempt --jobs 10 --rounds 5
 
 # Figures, not tests: a week of a Spot fleet under respawn and the baselines, on the same traces
 # (sim/): the headline with advice as Google gives it, the oracle section, the ceiling and the
