@@ -324,9 +324,9 @@ def test_deploy_runs_the_plan_in_order(monkeypatch):
                                          ("storage", "buckets", "create"), ("storage", "buckets", "update"),
                                          ("iam", "service-accounts", "create")]
     functions = [a[2:4] for a in ran if a[1] == "functions"]
-    assert functions == [("deploy", "respawn-tick"), ("deploy", "respawn-on-object"),
+    assert functions == [("deploy", "respawn-tick"), ("deploy", "respawn-on-object"), ("deploy", "respawn-on-audit"),
                          ("add-invoker-policy-binding", "respawn-tick"), ("add-invoker-policy-binding", "respawn-on-object"),
-                         ("describe", "respawn-tick")]
+                         ("add-invoker-policy-binding", "respawn-on-audit"), ("describe", "respawn-tick")]
     assert "--trigger-location=us-central1" in next(a for a in ran if "respawn-on-object" in a)
     assert scheduled[0]["job"]["http_target"]["uri"] == "https://respawn-tick-xyz.a.run.app"
     assert scheduled[0]["job"]["http_target"]["oidc_token"]["audience"] == "https://respawn-tick-xyz.a.run.app"

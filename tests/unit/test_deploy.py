@@ -278,7 +278,7 @@ def test_the_readme_shows_the_sink_filter_audit_writes_for_project_PROJECT():
     shown = re.findall(r"^```\n(logName=\(.*?)\n```$", readme, re.M)
     assert shown == [audit.sink_filter("PROJECT")]
     around = readme[readme.index(shown[0]) - 2000:readme.index(shown[0]) + 2000]
-    assert "no instance labels" in around and "ignores those whose name is not one of" in around
+    assert "no instance labels" in around and "ignores those whose name cannot be" in around
 
 
 def test_the_sink_is_created_and_updated_with_the_filter_audit_writes_and_its_topic_as_destination():
