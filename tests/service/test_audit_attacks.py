@@ -193,7 +193,7 @@ def test_a_preemption_claimed_for_a_running_rank_does_not_excuse_another_ranks_c
     wired.compute.terminate("g-1-n0")  # rank 0's guest crashed
     n1 = next(i for i in wired.compute.all() if i.name == "g-1-n1")
     functions.on_audit(message(system_event_entry(PROJECT, st.zone, "g-1-n1", n1.id, "compute.instances.preempted",
-                                                  wired.clock.now())))  # n1 is RUNNING
+                                                  wired.clock.now())), wait=0)  # n1 is RUNNING
     st = wired.status("g")
     assert st.failures == 1 and not any(e.event == "preempted" for e in st.history)
 
