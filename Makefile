@@ -44,6 +44,7 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/respawn demo
+	@echo "respawn is installed in $(VENV): 'source $(VENV)/bin/activate' puts it on your PATH (or run $(BIN)/respawn)"
 
 # Proofs: seeded randomized runs of the real engine over faulty fakes, and hostile inputs.
 # A failing seed prints the one command that replays it. `make test` runs a sample of each.

@@ -292,6 +292,15 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
         with self._lock:
             return {name for _, _, name in self._vms}
 
+    def _inventory(self) -> dict[str, Any]:
+        """What a fault can name, and the instances there were and are no more (``gone``): a name
+        given after its job finished is told apart from one no job has made yet."""
+        found = super()._inventory()
+        with self._lock:
+            made = {str(op.get("targetLink", "")).rsplit("/", 1)[-1] for op in self._ops.values()
+                    if op.get("operationType") == "insert"}
+        return {**found, "gone": sorted(made - set(found["machines"]) - {""})}
+
     def operations(self) -> list[dict[str, Any]]:
         with self._lock:
             return [dict(op) for op in self._ops.values()]

@@ -90,6 +90,10 @@ class Faults:
                 server.inject(fault, name=name, **args)
                 return server.label
         machines = sorted({m for _, held in reachable for m in held["machines"]})
+        if any(name in held.get("gone", ()) for _, held in reachable):
+            raise FaultError(f"{name} is gone: Compute Engine deleted it (its job finished, or moved on to a later "
+                             f"attempt); `respawn status` shows the instances there are now"
+                             + (f": {_listed(machines)}" if machines else ""))
         unset = [s.variable for s in self.servers if not s.endpoint]
         there = f"it has {_listed(machines)}" if machines else \
             "it has none yet (submit a job, and wait for `respawn status` to show its instance)"

@@ -163,6 +163,19 @@ def test_an_unknown_instance_in_an_empty_cloud_says_to_submit_a_job(monkeypatch)
     assert "RESPAWN_TPU_ENDPOINT not set, so its server was not asked" in line
 
 
+def test_an_instance_that_was_deleted_is_said_gone_not_yet_to_come(cli, servers):
+    """A walkthrough whose job finished before its next step: its VM was deleted, which is not "none yet"."""
+    compute, _ = servers
+    vm(compute, "done-1")
+    requests.delete(f"{compute.endpoint}/compute/v1/projects/{PROJECT}/zones/{ZONE}/instances/done-1", timeout=10)
+    until("done-1 deleted", lambda: "done-1" not in compute.names())
+    result = cli("maintenance", "done-1")
+    assert result.exit_code == 2
+    line = one_line(result)
+    assert line.startswith("✗ done-1 is gone: Compute Engine deleted it (its job finished, or moved on")
+    assert "none yet" not in line
+
+
 # -- zones -----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("fault, faults", [("stockout", lambda s: s.faults.stockouts),
                                            ("quota", lambda s: s.faults.quota)])
