@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Group
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.table import Table
 from rich.text import Text
 
@@ -175,18 +175,64 @@ def render_text(job: str, status: JobStatus, now: datetime) -> Group:
     """What ``respawn report`` prints. Every name and message is plain text, escaped."""
     head = Table(show_header=False, title=Text(f"respawn report: {printable(job)}"), title_justify="left")
     for what, figure in facts(status, now):
-        head.add_row(what, Text(printable(figure)))
-    parts: list[Any] = [head, _table("attempts", ATTEMPT_COLUMNS, attempt_rows(status, now), _kept_note(status))]
+        head.add_row(what, Text(printable(figure), overflow="fold"))  # a long word folds, never cut with "…"
+    parts: list[Any] = [head, Grid("attempts", ATTEMPT_LAYOUTS, attempt_rows(status, now), _kept_note(status))]
     if zones := zone_rows(status):
-        parts.append(_table("losses by zone", ZONE_COLUMNS, zones))
+        parts.append(Grid("losses by zone", (tuple(enumerate(ZONE_COLUMNS)),), zones))
     return Group(*parts)
 
 
-def _table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]], caption: str | None = None) -> Table:
-    table = Table(*columns, title=title, title_justify="left", caption=caption, caption_justify="left")
-    for row in rows:
-        table.add_row(*(Text(printable(cell)) for cell in row))
-    return table
+# The attempts as ``respawn status`` draws its jobs (controller.cli.status_view): plain columns two
+# spaces apart, no borders, never a cell cut; laid out when drawn, the widest layout that fits the
+# width. Each layout is (column of ATTEMPT_COLUMNS, header) pairs; "started (UTC)" without its year
+# is column -1 (its cell ``MM-DD HH:MM:SS``). As the width shrinks, things give way in this order:
+# the start's year, the provisioning model, where it resumed from, how long it ran. The attempt's
+# number, its zone (whole: the zone at fault must be readable) and how it ended are always drawn.
+_SHORT_START = -1
+ATTEMPT_LAYOUTS: tuple[tuple[tuple[int, str], ...], ...] = (
+    ((0, "attempt"), (1, "zone"), (2, "model"), (3, "resumed from"), (4, "started (UTC)"), (5, "ran for"),
+     (6, "ended by")),
+    ((0, "attempt"), (1, "zone"), (2, "model"), (3, "resumed from"), (_SHORT_START, "started (UTC)"),
+     (5, "ran for"), (6, "ended by")),
+    ((0, "#"), (1, "zone"), (2, "model"), (3, "resumed from"), (_SHORT_START, "started (UTC)"), (5, "ran for"),
+     (6, "ended by")),
+    ((0, "#"), (1, "zone"), (3, "resumed from"), (_SHORT_START, "started (UTC)"), (5, "ran for"), (6, "ended by")),
+    ((0, "#"), (1, "zone"), (_SHORT_START, "started (UTC)"), (5, "ran for"), (6, "ended by")),
+    ((0, "#"), (1, "zone"), (_SHORT_START, "started (UTC)"), (6, "ended by")),
+    ((0, "#"), (1, "zone"), (6, "ended by")),
+)
+
+
+class Grid:
+    """A titled table drawn as ``respawn status`` draws its jobs: the first of ``layouts`` whose
+    lines fit the width it is drawn at (the last whatever the width; the terminal wraps it)."""
+
+    def __init__(self, title: str, layouts: tuple[tuple[tuple[int, str], ...], ...],
+                 rows: list[tuple[str, ...]], caption: str | None = None) -> None:
+        self.title, self.layouts, self.rows, self.caption = title, layouts, rows, caption
+
+    def lines(self, width: int) -> list[Text]:
+        from controller.cli.status_view import columns
+
+        drawn: list[Text] = []
+        for layout in self.layouts:
+            cells = [[Text(printable(_cell(row, i))) for i, _ in layout] for row in self.rows]
+            drawn = columns([header for _, header in layout], cells)
+            if max(line.cell_len for line in drawn) <= width:
+                break
+        return drawn
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield Text(self.title, no_wrap=True, overflow="ignore")
+        yield from self.lines(options.max_width)
+        if self.caption:
+            yield Text(printable(self.caption))
+
+
+def _cell(row: tuple[str, ...], column: int) -> str:
+    if column == _SHORT_START:
+        return row[4][5:]  # "2026-01-01 00:55:10" -> "01-01 00:55:10"
+    return row[column]
 
 
 # -- the picture -----------------------------------------------------------------------------------

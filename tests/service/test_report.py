@@ -70,9 +70,13 @@ def text_of(renderable: object) -> str:
 
 
 def table_row(text: str, first: str) -> list[str]:
-    """The cells of the table row whose first cell is ``first``."""
+    """The cells of the row whose first cell is ``first``: a bordered table's (the summary), or a
+    plain grid's (the attempts, the losses by zone: columns two spaces apart, as ``respawn status``)."""
     for line in text.splitlines():
-        cells = [c.strip() for c in re.split(r"[│┃]", line)[1:-1]]
+        if re.search(r"[│┃]", line):
+            cells = [c.strip() for c in re.split(r"[│┃]", line)[1:-1]]
+        else:
+            cells = re.split(r"\s{2,}", line.strip())
         if cells and cells[0] == first:
             return cells
     raise AssertionError(f"no row {first!r} in\n{text}")
@@ -251,3 +255,45 @@ def test_time_waiting_for_capacity_is_its_own_line_not_paid_hours():
     assert round(doc["summary"]["waiting_hours"], 2) == 4.97
     row = {"job": "llm", "goodput": doc["summary"], "checkpoint_every_s": None}
     assert "4h58m waiting for capacity, not billed" in status_view.goodput_line(row).text
+
+
+# -- at 80 columns (issue 26: every zone was cut to ``us-centra…`` and "started (UTC)" wrapped) ----
+
+LONG_ZONES = ("us-central1-a", "europe-west4-b", "northamerica-northeast1-a")
+
+
+def three_zones(h: Harness) -> JobStatus:
+    """The day's status with a third attempt, the three in zones of every length Google has."""
+    st = h.status("llm")
+    spans = [*st.ledger.spans, st.ledger.spans[-1].model_copy(update={"attempt": 3})]
+    spans = [s.model_copy(update={"zone": zone}) for s, zone in zip(spans, LONG_ZONES, strict=True)]
+    return st.model_copy(update={"ledger": st.ledger.model_copy(update={"spans": spans})})
+
+
+@pytest.mark.parametrize("width", [80, 100, 60])
+def test_at_80_columns_each_attempts_zone_and_start_are_whole_on_its_line(day, width):
+    st = three_zones(day)
+    console = Console(width=width, file=io.StringIO(), record=True)
+    console.print(report.render_text("llm", st, day.clock.now()))
+    text = console.export_text()
+    lines = text.splitlines()
+    assert "…" not in text, text
+    for span, zone in zip(st.ledger.spans, LONG_ZONES, strict=True):
+        row = table_row(text, str(span.attempt))
+        assert row[1] == zone, text
+        if width >= 80:  # the start, whole, on the same line (it gives way only below 80)
+            assert f"{span.start:%H:%M:%S}" in " ".join(row), text
+    if width <= 80:
+        assert max(len(line.rstrip()) for line in lines) <= width, text
+    assert table_row(text, "1")[-1] == "preempted" and table_row(text, "3")[-1] == "succeeded"
+
+
+def test_report_at_columns_80_shows_each_attempts_whole_zone(cli, monkeypatch):
+    """``respawn report`` in an 80-column terminal, as a newcomer runs it."""
+    monkeypatch.setenv("COLUMNS", "80")
+    result = runner.invoke(app, ["report", "llm"])
+    assert result.exit_code == 0, result.output
+    assert table_row(result.output, "1")[1] == A and table_row(result.output, "2")[1] == B
+    assert table_row(result.output, "1")[-1] == "preempted"
+    assert "us-centra…" not in result.output
+    assert max(len(line.rstrip()) for line in result.output.splitlines()) <= 80, result.output
