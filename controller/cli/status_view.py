@@ -228,8 +228,8 @@ def watched(rows: Sequence[Row], wide: bool = False, stale: str | None = None) -
 def goodput_line(row: Row) -> Note:
     """Under one job's row: its goodput so far and the advised checkpoint interval (wrapped between words)."""
     total: dict[str, Any] | None = row["goodput"]
-    if not total or total["goodput"] is None:
-        text = "goodput: nothing paid yet"
+    if not total or total["goodput"] is None or not total.get("accelerator_hours"):
+        text = "goodput: not started (nothing paid yet)"  # never "0.0% (0.00 of 0.00)" before anything ran
     else:
         text = (f"goodput {total['goodput']:.1%} ({total['useful_hours']:.2f} of {total['accelerator_hours']:.2f} "
                 "accelerator-hours useful)")

@@ -13,12 +13,13 @@ use shell globs (``us-central1-*``, ``a2-*``); an empty list allows anything, ex
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from urllib.parse import urlsplit
 
-from controller.core.spec import JobSpec, Notify, SpecError, built_in_gpus
+from controller.core.spec import BUILT_IN_GPUS, JobSpec, Notify, SpecError, built_in_gpus
 
 TRAINER_SETTING = "RESPAWN_TRAINER_SERVICE_ACCOUNT"
 ALLOWED_ACCOUNTS_SETTING = "RESPAWN_ALLOWED_SERVICE_ACCOUNTS"
@@ -104,9 +105,11 @@ class ControllerPolicy:
             out.append(f"nodes: {spec.nodes} exceeds this controller's limit; use at most {self.max_nodes}")
         if spec.accelerators is None and built_in_gpus(spec.machine_type) is None and _GPU_FAMILY.match(spec.machine_type):
             # A newer GPU family (g4, a5...) would count as zero GPUs: refuse what cannot be counted.
-            out.append(f"machine_type: {spec.machine_type!r} belongs to a GPU machine family whose GPU count "
-                       f"respawn does not know, so it cannot be held to this controller's limit of "
-                       f"{self.max_accelerators} GPUs; use a listed type or add it to controller/core/spec.py BUILT_IN_GPUS")
+            near = difflib.get_close_matches(spec.machine_type, BUILT_IN_GPUS, n=1, cutoff=0.8)
+            fix = f"did you mean {near[0]!r}?" if near else \
+                f"use one whose GPUs respawn knows (e.g. g2-standard-8, a3-highgpu-8g), or name its GPUs in accelerators"
+            out.append(f"machine_type: {spec.machine_type!r} is no GPU machine type respawn knows, so its GPUs cannot be "
+                       f"counted against this controller's limit of {self.max_accelerators}; {fix}")
         elif (total := spec.total_gpus) > self.max_accelerators:
             out.append(self._too_many_gpus(spec, total))
         return out

@@ -834,6 +834,29 @@ def _yaml_where(error: yaml.YAMLError) -> str:
 # -- describing validation errors ----------------------------------------------------------
 
 
+# What each pattern of the schema asks for, in words with an example: a raw regular expression
+# ('^[a-z]+-[a-z]+\d+-[a-z]$') tells a user little.
+_PATTERN_WORDS = {
+    GCS_URI: "a gs:// URI such as gs://my-bucket/runs/llm",
+    _NAME: "a name of lowercase letters, digits and dashes, starting with a letter (g2-standard-8, nvidia-l4, debian-12)",
+    _RESOURCE: "a resource name, path or URL, such as projects/debian-cloud/global/images/family/debian-12",
+    _LABEL_RE: "lowercase letters, digits, dashes and underscores, starting with a letter, such as team_ml",
+    TPU_TYPE: "a TPU type such as v4-16 or v5litepod-8",
+    r"^[a-z0-9][-a-z0-9.]{0,62}$": "a version of lowercase letters, digits, dots and dashes, such as tpu-ubuntu2204-base",
+    r"^[a-z][-a-z0-9.:]{0,127}$": "a project id such as debian-cloud",
+    r"^(default|[-A-Za-z0-9_.+]{1,64}@[-a-z0-9.]{1,253})$":
+        "a service account's email, such as trainer@my-proj.iam.gserviceaccount.com, or default",
+    r"^[-A-Za-z0-9_.:/]{1,256}$": "an OAuth scope such as https://www.googleapis.com/auth/cloud-platform",
+    r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$": "a network tag of lowercase letters, digits and dashes, such as trainer",
+    r"^projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/topics/[A-Za-z][-A-Za-z0-9_.~+%]{2,254}$":
+        "a topic such as projects/my-proj/topics/respawn-events",
+    r"^[-_a-z0-9]{0,63}$": "lowercase letters, digits, dashes and underscores, at most 63",
+    r"^[A-Za-z_][A-Za-z0-9_]{0,127}$": "a variable name of letters, digits and underscores, such as BATCH_SIZE",
+    r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$": "a project id: 6 to 30 lowercase letters, digits and dashes, such as my-proj",
+    r"^[a-z]+-[a-z]+\d+-[a-z]$": "a zone such as us-central1-a (a region and a letter)",
+}
+
+
 def _describe(err: Any) -> str:
     about_key = "[key]" in err["loc"]
     loc = tuple(p for p in err["loc"] if p != "[key]")
@@ -853,6 +876,8 @@ def _describe(err: Any) -> str:
     quiet = about_key or secret or isinstance(got, (dict, list, tuple, set)) or isinstance(problem, FieldProblem)
     if secret and err["type"] == "string_pattern_mismatch":
         message = "not a webhook URL respawn accepts: https://HOST/PATH, the host letters, digits, dots and dashes"
+    elif err["type"] == "string_pattern_mismatch" and (words := _PATTERN_WORDS.get((err.get("ctx") or {}).get("pattern"))):
+        message = f"should be {words}"
     shown = "" if quiet else f" (got {_shown(got)})"
     return _one_line(f"{path}: {_clip(message, 300)}{shown}")
 

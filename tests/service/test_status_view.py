@@ -292,3 +292,10 @@ def test_watch_redraws_in_place_at_the_terminals_width_of_the_moment(monkeypatch
     assert read_back(frames[0] + "\n", TYPICAL)[0] == WIDE_HEADERS
     check_readable(frames[-1] + "\n", TYPICAL, 60, max_event_lines=view.EVENT_LINES)
     assert read_back(frames[-1] + "\n", TYPICAL)[0] == ["JOB", "PHASE", "ZONE"]
+
+
+def test_a_job_that_has_not_run_yet_says_so_not_zero_percent_of_nothing():
+    for total in (None, {"goodput": None, "useful_hours": 0, "accelerator_hours": 0},
+                  {"goodput": 0.0, "useful_hours": 0.0, "accelerator_hours": 0.0}):
+        text = view.goodput_line({**TYPICAL[2], "goodput": total, "checkpoint_every_s": None}).text
+        assert text.startswith("goodput: not started (nothing paid yet); ") and "0.0%" not in text

@@ -260,3 +260,11 @@ def test_loopback_webhooks_are_admitted_only_by_the_explicit_local_cloud_setting
     assert Settings(project="home-proj", _env_file=None).policy().allow_loopback_webhooks is False
     monkeypatch.setenv("RESPAWN_ALLOW_LOOPBACK_WEBHOOKS", "true")
     assert Settings(project="home-proj", _env_file=None).policy().allow_loopback_webhooks is True
+
+
+def test_a_gpu_machine_type_typo_suggests_the_closest_known_type_not_a_source_file():
+    [line] = policy().violations(spec(machine_type="g2-standrd-8"))
+    assert line.startswith("machine_type: 'g2-standrd-8' is no GPU machine type respawn knows")
+    assert "did you mean 'g2-standard-8'?" in line and ".py" not in line
+    [far] = policy().violations(spec(machine_type="g9-mystery-1"))
+    assert "did you mean" not in far and "e.g. g2-standard-8" in far and ".py" not in far

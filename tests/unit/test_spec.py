@@ -476,3 +476,33 @@ def test_a_local_code_path_in_the_bucket_names_the_field_and_the_fix():
     assert other.startswith("code: expected a gs:// URI")
     assert parse_spec(yaml.safe_dump(doc(code="gs://my-bucket/code/abc.tar.gz")), "job").code == \
         "gs://my-bucket/code/abc.tar.gz"
+
+
+def _patterns(schema: Any) -> set[str]:
+    if isinstance(schema, dict):
+        found = {schema["pattern"]} if isinstance(schema.get("pattern"), str) else set()
+        return found.union(*(_patterns(v) for v in schema.values()))
+    if isinstance(schema, list):
+        return set().union(*(_patterns(v) for v in schema))
+    return set()
+
+
+def test_every_pattern_of_the_schema_is_said_in_words_with_an_example():
+    """A user who gets a field wrong reads what it should be, never a regular expression."""
+    webhook = next(m.pattern for m in spec_module.Notify.model_fields["webhook"].metadata if hasattr(m, "pattern"))
+    found = _patterns(spec_module.JobSpec.model_json_schema())
+    assert len(found) > 10 and webhook in found
+    assert not found - set(spec_module._PATTERN_WORDS) - {webhook}
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("zones", ["us-central1"], "zones.0: should be a zone such as us-central1-a"),
+    ("machine_type", "G2", "machine_type: should be a name of lowercase letters"),
+    ("checkpoint", {"uri": "s3://bucket/x"}, "checkpoint.uri: should be a gs:// URI such as gs://my-bucket/runs/llm"),
+])
+def test_a_pattern_mismatch_says_what_the_field_should_be(field, value, words):
+    doc = {"zones": ["us-central1-a"], "machine_type": "g2-standard-8", "command": "python t.py", field: value}
+    with pytest.raises(SpecError) as e:
+        parse_spec(yaml.safe_dump(doc), "j")
+    shown = "\n".join(e.value.problems)
+    assert words in shown and "^" not in shown and "\\d" not in shown
