@@ -203,7 +203,13 @@ def _one(ledger: Ledger, e: Event, status: JobStatus, spec: JobSpec | None) -> L
             return _with_current(ledger, _priced(found, status, spec))
         return _launched(ledger, e, status, spec)
     if name == "inserted" and (open_ := ledger.open) is not None:
-        return _with_current(ledger, open_.model_copy(update={"inserted": open_.inserted or e.at}))
+        inserted = open_.model_copy(update={"inserted": open_.inserted or e.at})
+        if open_.attempt == status.attempt and status.zone and (status.zone, status.provisioning) != (open_.zone, open_.model):
+            # Accepted where a failover took it (the span was opened where the first create was
+            # tried): the zone, the model and their price are the accepted ones.
+            inserted = _priced(inserted.model_copy(update={"zone": status.zone, "model": status.provisioning}),
+                               status, spec)
+        return _with_current(ledger, inserted)
     if name == "running" and (open_ := ledger.open) is not None and open_.running is None:
         return _ran(ledger, e.at)
     if name == "queued" and (open_ := ledger.open) is not None and open_.queued is None and open_.running is None:
@@ -252,6 +258,11 @@ def _ran(ledger: Ledger, at: datetime, estimated: bool = False) -> Ledger:
 
 
 def _launched(ledger: Ledger, e: Event, status: JobStatus, spec: JobSpec | None) -> Ledger:
+    if (open_ := ledger.open) is not None and open_.attempt == status.attempt and open_.inserted is None \
+            and open_.running is None and open_.queued is None:
+        # The same attempt launched again (its create was refused: a stockout, a quota): the refused
+        # create was never a VM, nor billed; it is no attempt of its own ("ran for 0.0048s").
+        ledger = ledger.model_copy(update={"spans": ledger.spans[:-1]})
     if ledger.open is not None:  # adopted past it (another pass's attempt): this one ended unseen
         ledger = _closed(ledger, e.at, "replaced")
     checkpoint = status.resume_from

@@ -247,3 +247,21 @@ def test_a_save_whose_objects_land_together_costs_at_least_its_bytes_at_the_stat
     assert math.isclose(single.write_s, 5 * gb / checkpoints.UPLOAD_BYTES_PER_S)  # one object: its size alone
     empty = checkpoints.latest("gs://b/run", [blob("ckpt-000400.pt", 9, 0)], lambda n, lim: None)
     assert empty.write_s is None  # nothing known of it
+
+
+def test_a_create_refused_then_launched_again_is_one_attempt_not_two():
+    """A stockout's refused create was never a VM: the attempt launched again is the only one."""
+    st = commit(launched(), (0.01, "stockout"))
+    st = commit(st, (0.02, "launch"), zone="z2")
+    assert len(st.ledger.spans) == 1 and st.ledger.totals.attempts == 0
+    st = commit(commit(st, (1, "inserted"), zone="z2"), (4, "running"), phase=Phase.RUNNING)
+    st = commit(st, (10, "succeeded"), phase=Phase.SUCCEEDED)
+    (span,) = st.ledger.spans
+    assert st.ledger.totals.attempts == 1 and span.start == at(0.02) and span.end == at(10)
+
+
+def test_an_attempt_accepted_in_another_zone_than_its_first_try_is_priced_there():
+    st = commit(launched(), (0.01, "stockout"))
+    st = commit(st, (1, "inserted"), zone="z2", provisioning="standard")
+    (span,) = st.ledger.spans
+    assert (span.zone, span.model) == ("z2", "standard")
