@@ -33,7 +33,7 @@ characters escaped (``controller.cli.main.printable``).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from rich.cells import cell_len, chop_cells
@@ -241,6 +241,18 @@ def goodput_line(row: Row) -> Note:
     return Note("", "", f"{text}; {advice} (respawn report {row['job']})")
 
 
+def _ago(stamp: Any) -> str:
+    """', 5m ago' for an ISO timestamp (advice is a snapshot: how old it is matters), else ''."""
+    try:
+        then = datetime.fromisoformat(str(stamp))
+    except ValueError:
+        return ""
+    if then.tzinfo is None:
+        return ""
+    age = max(0, round((datetime.now(timezone.utc) - then).total_seconds()))
+    return f", {format_duration(timedelta(seconds=age))} ago" if age else ", just now"
+
+
 ADVICE_LAYOUTS = (("zone", "obtainability", "uptime", "rate"), ("zone", "obtainability", "rate"), ("zone", "rate"))
 
 
@@ -270,6 +282,6 @@ class AdviceTable:
             lines = columns([self.HEADERS[k] for k in keys], [[c[k] for k in keys] for c in cells])
             if max(line.cell_len for line in lines) <= options.max_width:
                 break
-        yield Note("", "", f"capacity advice at the last launch ({self.row['advice_at']})")
+        yield Note("", "", f"capacity advice at the last launch ({self.row['advice_at']}{_ago(self.row['advice_at'])})")
         yield from lines
 

@@ -299,3 +299,13 @@ def test_a_job_that_has_not_run_yet_says_so_not_zero_percent_of_nothing():
                   {"goodput": 0.0, "useful_hours": 0.0, "accelerator_hours": 0.0}):
         text = view.goodput_line({**TYPICAL[2], "goodput": total, "checkpoint_every_s": None}).text
         assert text.startswith("goodput: not started (nothing paid yet); ") and "0.0%" not in text
+
+
+def test_the_capacity_advice_says_how_old_it_is():
+    from datetime import datetime, timedelta, timezone
+
+    then = (datetime.now(timezone.utc) - timedelta(minutes=5, seconds=2)).isoformat()
+    row = {**TYPICAL[2], "advice_at": then, "zone_advice": {"us-central1-a": {"obtainability": 0.9}}}
+    console = Console(width=120, record=True, color_system=None, file=io.StringIO())
+    console.print(view.AdviceTable(row))
+    assert f"capacity advice at the last launch ({then}, 5m" in console.export_text()
