@@ -826,7 +826,12 @@ def _yaml_where(error: yaml.YAMLError) -> str:
     mark = getattr(error, "problem_mark", None)
     problem = getattr(error, "problem", None) or str(error)
     if context := getattr(error, "context", None):
-        problem = f"{context}, {problem}"
+        # Where the thing that went wrong began (an unclosed quote or bracket): the problem's own
+        # mark is where the parser gave up, often the end of the file.
+        start = getattr(error, "context_mark", None)
+        began = f" (begun at line {start.line + 1}, column {start.column + 1})" if start and (
+            not mark or (start.line, start.column) != (mark.line, mark.column)) else ""
+        problem = f"{context}{began}, {problem}"
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
     return _clip(_one_line(str(problem)), 160) + where
 

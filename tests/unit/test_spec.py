@@ -506,3 +506,11 @@ def test_a_pattern_mismatch_says_what_the_field_should_be(field, value, words):
         parse_spec(yaml.safe_dump(doc), "j")
     shown = "\n".join(e.value.problems)
     assert words in shown and "^" not in shown and "\\d" not in shown
+
+
+def test_a_yaml_error_names_the_line_where_the_unclosed_thing_began_not_only_where_the_file_ended():
+    raw = 'zones: [us-central1-a]\nmachine_type: g2-standard-8\ncommand: "python t.py\nenv: {A: 1}\n'
+    with pytest.raises(SpecError) as e:
+        parse_spec(raw, "j")
+    [line] = e.value.problems
+    assert "quoted scalar (begun at line 3, column 10)" in line and "at line 5" in line
