@@ -18,7 +18,10 @@ in one query first (their newest page); only an attempt that page does not settl
 own, once (both logs in one query). Reads are paced (``Pace``) and one refused for the quota (429)
 is tried again after the delay the server names (``google.rpc.RetryInfo``), else with backoff.
 
-Printing is the caller's (``emit``, ``show``): this module reads and orders.
+Printing is the caller's (``emit``, ``show``): this module reads and orders, and gives each line as
+a terminal would show it (``as_shown``: a progress bar's carriage-return updates collapse to their
+last state) with one timestamp, the entry's, ``MM-DD HH:MM:SS`` UTC (``one_stamp`` drops a line's
+own leading stamp within a minute of it, such as the VM agent's ISO one).
 """
 
 from __future__ import annotations
@@ -452,7 +455,8 @@ class JobLogs:
         name = next((n for n, i in attempt.instances.items() if key in (f"id:{i}", f"node:{n}")), "")
         if name and worker:
             name = f"{name}/w{worker}"  # a TPU node's worker
-        self.emit(f"{entry.timestamp:%Y-%m-%d %H:%M:%S} {self.show(name)} {self.show(text)}")
+        text = one_stamp(as_shown(text), entry.timestamp)
+        self.emit(f"{_utc(entry.timestamp):{STAMP}} {self.show(name)} {self.show(text)}")
         # Following re-reads the last LOOKBACK: what was printed is known by its insert id.
         self._seen[_key(entry)] = entry.timestamp
         when = entry.timestamp
@@ -460,6 +464,44 @@ class JobLogs:
             self.newest[clock] = when
             oldest = min(self.newest.values()) - LOOKBACK
             self._seen = {k: t for k, t in self._seen.items() if t >= oldest}
+
+
+STAMP = "%m-%d %H:%M:%S"  # each line's one timestamp, the entry's (UTC): the year is the run's, and 80 columns are few
+# A timestamp a line starts with (after a tag such as ``respawn: ``): the VM agent's (ISO 8601, UTC),
+# Python logging's (``2025-01-01 12:00:04,007``).
+_LEADING_STAMP = re.compile(r"(?P<tag>[\w.-]+(?:\[\d+\])?: )?(?P<stamp>\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}"
+                            r"(?:[.,]\d{1,9})?(?:Z|[+-]\d{2}:?\d{2})?) +")
+SAME_MOMENT = timedelta(minutes=1)  # a line's own stamp this close to its entry's says nothing more
+
+
+def as_shown(text: str) -> str:
+    """``text`` as a terminal leaves it: each line's carriage-return updates (a progress bar's)
+    collapse to the last state drawn; a ``\\r`` with nothing after it leaves what came before it."""
+    shown = []
+    for line in text.replace("\r\n", "\n").split("\n"):
+        states = [part for part in line.split("\r") if part.strip()]
+        shown.append(states[-1] if states else "")
+    return "\n".join(shown).rstrip("\n")
+
+
+def one_stamp(text: str, when: datetime) -> str:
+    """``text`` without the timestamp it starts with (after a tag) where that is within SAME_MOMENT
+    of ``when``, the entry's: the line is printed with one timestamp, the entry's."""
+    match = _LEADING_STAMP.match(text)
+    if not match:
+        return text
+    try:
+        stamp = datetime.fromisoformat(match["stamp"].replace(",", "."))
+    except ValueError:
+        return text
+    if abs(_utc(stamp) - _utc(when)) > SAME_MOMENT:
+        return text
+    return (match["tag"] or "") + text[match.end():]
+
+
+def _utc(moment: datetime) -> datetime:
+    """A moment in UTC; one without a zone is taken as UTC (the agent's clock, Google's VMs')."""
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 class _Nothing:

@@ -70,6 +70,9 @@ def test_logs_prints_every_attempt_in_order_under_its_header(cloud, cli):
     assert all(f" {job}-2 " in line for line in lines[second + 1:])
     body = [line for line in lines if not line.startswith("──")]
     assert len(body) == len(set(body)) and not any("startup-script: " in line for line in body)
+    # one timestamp a line, the entry's (MM-DD HH:MM:SS): the VM agent's own ISO stamp is not repeated
+    assert all(len(re.findall(r"\d{2}:\d{2}:\d{2}", line)) == 1 for line in body), result.output
+    assert any(f" {job}-1 respawn: " in line for line in body), result.output
     stamps = [line[:19] for line in lines[second + 1:]]
     assert stamps == sorted(stamps)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
@@ -171,3 +172,42 @@ def test_the_logs_of_a_gang_of_a_thousand_nodes_are_read_within_loggings_filter_
     reader.print_all([joblogs.Attempt(1, ids)], T0 - timedelta(hours=1))
     lines = [line for line in out if "says hi" in line]
     assert [line.split()[-3] for line in lines] == ["0", "500", "999"], out[:5]
+
+
+# -- as a terminal shows them (issue 26: progress-bar noise, two timestamps a line) --------------
+
+def _printed(*texts: str, at: datetime = T0) -> list[str]:
+    client, out = FakeClient(), []
+    client.entries += [_entry(at + timedelta(seconds=k), "111", text, f"i{k}") for k, text in enumerate(texts)]
+    joblogs.JobLogs(client, "j", ["proj-p"], out.append, lambda s: s).print_all(
+        [joblogs.Attempt(1, {"j-1": "111"})], at - timedelta(hours=1))
+    return out[1:]  # after the attempt's header
+
+
+def test_carriage_return_updates_show_only_their_last_state():
+    bar = ("Writing model shards:   0%|          | 0/4 [00:00<?, ?it/s]\r"
+           "Writing model shards:  50%|#####     | 2/4 [00:01<00:01, 1.9it/s]\r"
+           "Writing model shards: 100%|##########| 4/4 [00:02<00:00, 1.9it/s]")
+    lines = _printed(bar, "a\rb", "left as it was\r", "\rloading 1/3\rloading 3/3\r", "step 10\r\n")
+    texts = [line.split(" j-1 ", 1)[1] for line in lines]
+    assert texts == ["Writing model shards: 100%|##########| 4/4 [00:02<00:00, 1.9it/s]", "b", "left as it was",
+                     "loading 3/3", "step 10"]
+    assert not any("\r" in line for line in lines)
+    assert joblogs.as_shown("x\r   \ry\r  ") == "y"  # a bar cleared with spaces, then redrawn
+
+
+def test_each_log_line_has_one_timestamp_and_the_agents_lines_fit_80_columns():
+    """The entry's time is the one kept, ``MM-DD HH:MM:SS`` (UTC): the agent's own ISO stamp (or a
+    trainer's logging stamp) within a minute of it says nothing more. 80 columns: a newcomer's
+    terminal; the prefix (14 + the instance name) leaves the agent's usual lines whole in it."""
+    at = datetime(2025, 1, 1, 12, 0, 3, 412000, tzinfo=UTC)
+    lines = _printed("respawn: 2025-01-01T12:00:03.281Z trainer started (pid 4242), resuming from step 100",
+                     "2025-01-01 12:00:04,007 INFO step 110 loss 2.31",
+                     "2019-06-30 00:00:00 is when the data's snapshot was taken",
+                     at=at)
+    assert lines[0] == "01-01 12:00:03 j-1 respawn: trainer started (pid 4242), resuming from step 100"
+    assert lines[1] == "01-01 12:00:04 j-1 INFO step 110 loss 2.31"
+    # a time far from the entry's is what the line says, not when it was written: kept
+    assert lines[2] == "01-01 12:00:05 j-1 2019-06-30 00:00:00 is when the data's snapshot was taken"
+    stamp = r"\d{2}:\d{2}:\d{2}"
+    assert all(len(re.findall(stamp, line)) == 1 for line in lines[:2]) and max(map(len, lines)) <= 80
