@@ -9,7 +9,8 @@ width shrinks, things give way in this order (``LAYOUTS``):
 step   what gives way
 =====  ===============================================================================
 1      the instance's numeric id (the instance name stays)
-2      ``PREEMPTED`` and ``FAILED`` become one ``LOSSES`` column: ``3p/1f``
+2      ``PREEMPTED`` and ``FAILED`` become one ``LOSSES`` column: ``3p/1f`` (``3p/1m/1f`` with
+       a terminating host maintenance; ``PREEMPTED`` shows it as ``3+1m``)
 3      the instance
 4      the attempt number (the losses say most of it)
 5      the provisioning model beside the zone: ``us-central1-a (spot)`` becomes ``us-central1-a``
@@ -79,9 +80,10 @@ COLUMNS: dict[str, tuple[str, Callable[[Row], Text]]] = {
     "job": ("JOB", lambda r: plain(r["job"])),
     "phase": ("PHASE", lambda r: plain(r["phase"], COLOURS.get(str(r["phase"]), ""))),
     "attempt": ("ATTEMPT", lambda r: plain(r["attempt"])),
-    "preempted": ("PREEMPTED", lambda r: plain(r["preemptions"])),
+    "preempted": ("PREEMPTED", lambda r: plain(f"{r['preemptions']}" + (f"+{m}m" if (m := r.get("maintenance")) else ""))),
     "failed": ("FAILED", lambda r: plain(r["failures"])),
-    "losses": ("LOSSES", lambda r: plain(f"{r['preemptions']}p/{r['failures']}f")),
+    "losses": ("LOSSES", lambda r: plain(f"{r['preemptions']}p/" + (f"{m}m/" if (m := r.get("maintenance")) else "")
+                                         + f"{r['failures']}f")),
     "zone_model": ("ZONE", lambda r: _zone(r, model=True)),
     "zone": ("ZONE", lambda r: _zone(r, model=False)),
     "instance_id": ("INSTANCE (ID)", lambda r: _instance(r, with_id=True)),

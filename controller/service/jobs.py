@@ -40,6 +40,8 @@ class JobRow:
             "attempt": st.attempt if st else 0,
             "preemptions": st.preemptions if st else 0,
             "failures": st.failures if st else 0,
+            # Terminating host maintenance (a GPU VM cannot live-migrate): a loss of its own, not a preemption.
+            "maintenance": sum(c.get("maintenance", 0) for c in st.ledger.totals.losses.values()) if st else 0,
             "zone": st.zone if st else None,
             "provisioning": st.provisioning if st else None,  # the current attempt's model
             "tpu": st.tpu if st else False,  # the job has run on a Cloud TPU node

@@ -309,3 +309,25 @@ def test_the_capacity_advice_says_how_old_it_is():
     console = Console(width=120, record=True, color_system=None, file=io.StringIO())
     console.print(view.AdviceTable(row))
     assert f"capacity advice at the last launch ({then}, 5m" in console.export_text()
+
+
+def test_host_maintenance_is_counted_beside_the_preemptions_not_hidden():
+    row = {**TYPICAL[2], "maintenance": 1}
+    for width, shown in ((200, "2+1m"), (80, "2p/1m/0f")):
+        console = Console(width=width, record=True, color_system=None, file=io.StringIO())
+        console.print(view.StatusView([row], False, []))
+        assert shown in console.export_text(), console.export_text()
+
+
+def test_a_jobs_row_counts_its_terminating_maintenance():
+    from controller.service.jobs import JobRow
+    from tests.harness import Harness
+
+    h = Harness()
+    h.submit("a")
+    h.tick()
+    h.tick()
+    h.compute.maintenance("a-1")
+    h.tick()
+    row = JobRow("a", h.status("a"), True, False).as_dict(h.clock.now(), {})
+    assert (row["maintenance"], row["preemptions"]) == (1, 0)
