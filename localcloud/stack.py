@@ -245,12 +245,15 @@ class LocalCloud:
         for loop in (self.ticker, self.watcher):
             if loop:
                 loop.stop()
-        for process, _ in self._functions.values():
+        for process, _ in self._functions.values():  # all at once: each takes most of a second to end
             process.terminate()
+        deadline = time.monotonic() + 10
+        for process, _ in self._functions.values():
             try:
-                process.wait(timeout=10)
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 process.kill()
+                process.wait()
         self._functions.clear()
         if self.vm_logs:  # its last sweep reads the VMs' folders, which go with the Compute server
             self.vm_logs.stop()
@@ -286,8 +289,17 @@ def serve_function(target: str, env: dict[str, str], log_dir: Path | None = None
     process = subprocess.Popen(
         [sys.executable, "-m", "functions_framework", "--target", target, "--source", str(REPO_ROOT / "main.py"),
          "--host", "127.0.0.1", "--port", str(port)] + ([] if target == "tick" else ["--signature-type", "cloudevent"]),
-        cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    _wait_for_port(port, process)
+        cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        # A session of its own: Ctrl-C (SIGINT to the terminal's process group) reaches the process
+        # that started it, which stops the Scheduler and Eventarc first, then it (LocalCloud.stop).
+        # In the terminal's group it died first, and every tick or event sent to it was a traceback.
+        start_new_session=True)
+    try:
+        _wait_for_port(port, process)
+    except BaseException:
+        process.kill()  # never left serving (or starting) when its start is given up
+        process.wait()
+        raise
     return process, port
 
 

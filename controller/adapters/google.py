@@ -12,6 +12,7 @@ from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
+from controller.adapters import failfast
 from controller.adapters.compute import ComputeEngine, InstancesClient, ZoneOperationsClient
 from controller.adapters.gcs import GcsStore
 from controller.service.config import Settings
@@ -43,7 +44,8 @@ def _tune(session: requests.Session, size: int) -> None:
     tick function). Where it holds no proxy and no netrc, as in a Cloud Function, the lookup
     is turned off and a CA bundle it names is taken once; where it holds either, it stays on.
     """
-    adapter = requests.adapters.HTTPAdapter(pool_connections=size, pool_maxsize=size)
+    adapter = failfast.adapter(size) if failfast.enabled() else \
+        requests.adapters.HTTPAdapter(pool_connections=size, pool_maxsize=size)
     for scheme in ("https://", "http://"):
         if type(session.adapters.get(scheme)) is requests.adapters.HTTPAdapter:  # never a client's mTLS adapter
             session.mount(scheme, adapter)
@@ -65,7 +67,17 @@ def _client_args(config: Settings) -> dict[str, Any]:
 
 
 def instances_client(config: Settings) -> InstancesClient:
-    return InstancesClient(**_client_args(config))
+    client = InstancesClient(**_client_args(config))
+    _fail_fast(client._transport._session)
+    return client
+
+
+def _fail_fast(session: Any) -> None:
+    """At a terminal (``failfast.enabled()``), a client ``_tune`` leaves alone fails fast too."""
+    if failfast.enabled() and session is not None:
+        for scheme in ("https://", "http://"):
+            if type(session.adapters.get(scheme)) is requests.adapters.HTTPAdapter:
+                session.mount(scheme, failfast.adapter(10))
 
 
 def capacity_advisor(config: Settings) -> ComputeAdvice:
@@ -80,7 +92,9 @@ def quota_reader(config: Settings) -> ComputeQuotas:
     """Compute's regional quotas (``regions.get``), for the CLI."""
     from controller.adapters.quotas import ComputeQuotas, RegionsClient
 
-    return ComputeQuotas(RegionsClient(**_client_args(config)))
+    client = RegionsClient(**_client_args(config))
+    _fail_fast(getattr(client._transport, "_session", None))
+    return ComputeQuotas(client)
 
 
 def compute_gateway(config: Settings) -> ComputeEngine:
@@ -107,9 +121,13 @@ def logging_client(config: Settings) -> Any:
                                                                                                   labels={}))
 
     if config.logging_endpoint:
-        return Reader(project=config.project, credentials=AnonymousCredentials(), _use_grpc=False,
-                      client_options=ClientOptions(api_endpoint=config.logging_endpoint))
-    return Reader(project=config.project)
+        reader = Reader(project=config.project, credentials=AnonymousCredentials(), _use_grpc=False,
+                        client_options=ClientOptions(api_endpoint=config.logging_endpoint))
+    else:
+        reader = Reader(project=config.project)
+    if failfast.enabled():
+        _fail_fast(getattr(reader, "_http", None))  # made now (it is made on first use otherwise)
+    return reader
 
 
 def tpu_gateway(config: Settings) -> CloudTpu:

@@ -12,9 +12,11 @@ with control characters escaped so that no name can drive the terminal.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -36,6 +38,7 @@ from controller.core.spec import SpecError, load_document, parse_spec
 from controller.core.state import JobStatus
 
 OK, FAILED, REFUSED, UNAVAILABLE = 0, 1, 2, 3  # exit codes
+INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports it
 # C0 and C1 controls, DEL, line/paragraph separators and bidirectional overrides: a name
 # holding any of these could move the cursor, recolour or hide text, or reorder a line.
 # Control characters, bidi controls, and invisible ones (zero-width space/joiners, word
@@ -82,16 +85,23 @@ class _Guarded(TyperGroup):
     """Every command: a RespawnError is one line on stderr and its exit code, never a traceback."""
 
     def invoke(self, ctx: Any) -> Any:
+        from controller.adapters import failfast
+
+        failfast.enable()  # at a terminal, an endpoint that is not there is said in seconds
         try:
             return super().invoke(ctx)
         except Refused as e:
             _fail(str(e))
+        except errors.Unreachable as e:  # already one line that says what to do
+            _fail(str(e), UNAVAILABLE)
         except errors.RespawnError as e:
             _fail(_message(e), _code(e))
         except ValidationError as e:
             if e.title != Settings.__name__:
                 raise
             _fail(_message(errors.ConfigError(_settings_problem(e))))
+        finally:
+            failfast.enable(False)
 
 
 app = typer.Typer(cls=_Guarded, help="Keep Spot training jobs on Compute Engine alive.", no_args_is_help=True)
@@ -735,6 +745,29 @@ def local_quota(zone: Zone, off: Off = False) -> None:
     _zone_fault("quota", zone, off, "creates there are refused for quota")
 
 
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """Ctrl-C, SIGTERM or a closed terminal (SIGHUP) is a KeyboardInterrupt in the main thread, even
+    where SIGINT came inherited ignored (a shell's background job): the command's ``with`` blocks
+    then stop what they started. Once one has come, the others are ignored until the block is left,
+    so that a second Ctrl-C cannot cut that stopping short and leave servers or VMs behind."""
+    import signal
+
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def interrupted(*_: object) -> None:
+        for sig in signals:
+            signal.signal(sig, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    before = {sig: signal.signal(sig, interrupted) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 @app.command()
 def demo(
     notice: Annotated[float, typer.Option(envvar="RESPAWN_DEMO_NOTICE",
@@ -750,9 +783,13 @@ def demo(
     from localcloud import demo as story
 
     try:
-        result = story.run(out, notice, "tpu" if tpu else "gpu", output)
+        with _interruptible():
+            result = story.run(out, notice, "tpu" if tpu else "gpu", output)
     except TimeoutError as e:
         _fail(f"demo failed: {e}", FAILED)
+    except KeyboardInterrupt:  # the local cloud's `with` has stopped it (servers, functions, VMs)
+        err.print("interrupted: the local cloud is stopped", soft_wrap=True, highlight=False)
+        raise typer.Exit(INTERRUPTED) from None
     table = Table(title="respawn demo --tpu" if tpu else "respawn demo", show_header=False)
     rows = [
         ("outcome", str(result.phase)),

@@ -65,3 +65,13 @@ class RequestError(RespawnError):
 
 class ConfigError(RespawnError):
     """The controller's own configuration is missing or wrong."""
+
+
+class Unreachable(TransientError):
+    """No connection could be made to an endpoint at all (refused, no such host, no answer to the
+    connect): at a terminal, said at once instead of retried for minutes. ``str()``: one line
+    naming the endpoint, the variable that set it, and what to do."""
+
+    def __init__(self, endpoint: str, message: str) -> None:
+        super().__init__(message)
+        self.endpoint = endpoint
