@@ -9,6 +9,8 @@ query it cannot evaluate exactly is refused 400, never answered wrong.
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -240,8 +242,10 @@ def test_a_vms_serial_lines_are_logged_as_serial_port_logging_and_the_guest_agen
 
 
 def plain(line: str) -> str:
-    """A printed line without its time (headers and notes have none)."""
-    return line if line.startswith(("──", "…")) else line[20:]
+    """A printed line without its time (``MM-DD HH:MM:SS``, UTC; headers and notes have none)."""
+    stamped = re.match(r"\d{2}-\d{2} \d{2}:\d{2}:\d{2} ", line)
+    assert stamped or line.startswith(("──", "…")), line
+    return line[stamped.end():] if stamped else line
 
 
 def test_respawns_reader_prints_each_attempt_from_one_log_and_follows_new_ones(server, client):
