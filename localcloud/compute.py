@@ -45,7 +45,8 @@ from localcloud import advice, discovery, gce, quotas
 from localcloud.advice import AdviceApi
 from localcloud.gce import ApiError
 from localcloud.host import Host, json_response
-from localcloud.logging import SYSTEM_EVENT_MESSAGES, system_event, system_event_operation
+from controller.core import audit
+from localcloud.logging import system_event, system_event_operation
 from localcloud.http import Served
 from localcloud.operations import OperationsApi
 from localcloud.metadata import MetadataServer, Tokens, service_account
@@ -68,7 +69,7 @@ USER = "respawn-controller@localcloud.iam.gserviceaccount.com"
 QUICK = 0.05  # seconds an operation runs when nothing asks for longer
 BULK = ("instances.bulkInsert", "regionInstances.bulkInsert")
 # The system events Compute writes to the System Event audit log (cloudaudit.googleapis.com/system_event).
-SYSTEM_EVENTS = tuple(SYSTEM_EVENT_MESSAGES)
+SYSTEM_EVENTS = tuple(audit.LOSSES)
 log = logging.getLogger(__name__)
 
 

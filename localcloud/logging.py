@@ -103,6 +103,7 @@ from typing import TYPE_CHECKING, Any
 
 from flask import Flask, Response, request
 
+from controller.core import audit
 from localcloud import discovery
 from localcloud.host import Host, json_response
 from localcloud.http import Server
@@ -145,19 +146,8 @@ PUBLISHER_ROLES = ("roles/pubsub.publisher", "roles/pubsub.editor", "roles/pubsu
 TIMESTAMP_ATTRIBUTE = "logging.googleapis.com/timestamp"
 # Seconds from an entry's arrival to its publication by a sink: Google publishes no number ("near
 # real-time", docs.cloud.google.com/logging/docs/export/using_exported_logs); real System Event
-# entries are received 0.5-1.1 s after their timestamp (see system_event): 1 s, all told.
+# entries are received 0.5-1.1 s after their timestamp (see controller.core.audit.system_event_entry): 1 s, all told.
 SINK_DELAY = 1.0
-# Compute Engine's System Event audit log (cloudaudit.googleapis.com/system_event).
-SYSTEM_EVENT_LOG = "cloudaudit.googleapis.com%2Fsystem_event"
-SYSTEM_EVENT_MESSAGES = {
-    "compute.instances.preempted": "Instance was preempted.",
-    "compute.instances.hostError": "Instance terminated by Compute Engine.",
-    "compute.instances.guestTerminate": "Instance terminated by guest OS shutdown.",
-    # No public sample of this one's status.message was found: the host error's text, as a guess.
-    "compute.instances.terminateOnHostMaintenance": "Instance terminated by Compute Engine.",
-}
-
-
 class LoggingError(Exception):
     """An HTTP error answered as one-platform APIs do (google.rpc.Status in JSON)."""
 
@@ -572,39 +562,14 @@ class LoggingServer(Server):
 # -- System Event audit entries ------------------------------------------------------------------
 def system_event(project: str, zone: str, instance: str, instance_id: str, method: str, *,
                  operation: str | None = None, at_ns: int | None = None) -> dict[str, Any]:
-    """A Compute Engine System Event audit entry, as Google writes one for ``method`` on an instance.
-
-    The shape is that of real entries quoted in public code: a preemption
-    (thought-machine/spot-interruption-exporter's README), a host error (scylladb/scylla-cluster-tests'
-    unit_tests, and a Rust publisher with the same fields), a live migration (Dynatrace's
-    dynatrace-gcp-monitoring tests): ``severity`` INFO; ``operation.id`` the system event's zone
-    operation (``systemevent-<ms>-...``), ``operation.producer`` the method itself, ``first`` and
-    ``last`` true; ``protoPayload`` an AuditLog with ``principalEmail`` ``system@google.com``,
-    ``request.@type`` ``type.googleapis.com/<method>`` and ``status.message`` (SYSTEM_EVENT_MESSAGES);
-    ``resource`` ``gce_instance`` with ``instance_id``, ``project_id`` and ``zone``; a microsecond
-    ``timestamp`` and a 12-character ``insertId``."""
+    """A Compute Engine System Event audit entry for ``method`` on an instance, now (or at ``at_ns``),
+    as ``controller.core.audit.system_event_entry`` shapes it, with the unique names Google gives."""
     nanos = time.time_ns() if at_ns is None else at_ns
-    stamp = datetime.fromtimestamp(nanos // 1000 / 1e6, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     alphabet = string.ascii_lowercase + string.digits
-    return {
-        "protoPayload": {
-            "@type": "type.googleapis.com/google.cloud.audit.AuditLog",
-            "status": {"message": SYSTEM_EVENT_MESSAGES.get(method, "")},
-            "authenticationInfo": {"principalEmail": "system@google.com"},
-            "serviceName": "compute.googleapis.com",
-            "methodName": method,
-            "resourceName": f"projects/{project}/zones/{zone}/instances/{instance}",
-            "request": {"@type": f"type.googleapis.com/{method}"},
-        },
-        "insertId": "".join(secrets.choice(alphabet) for _ in range(12)),
-        "resource": {"type": "gce_instance",
-                     "labels": {"instance_id": str(instance_id), "project_id": project, "zone": zone}},
-        "timestamp": stamp,
-        "severity": "INFO",
-        "logName": f"projects/{project}/logs/{SYSTEM_EVENT_LOG}",
-        "operation": {"id": operation or system_event_operation(nanos // 1_000_000), "producer": method,
-                      "first": True, "last": True},
-    }
+    return audit.system_event_entry(project, zone, instance, instance_id, method,
+                                    datetime.fromtimestamp(nanos // 1000 / 1e6, UTC),
+                                    operation=operation or system_event_operation(nanos // 1_000_000),
+                                    insert_id="".join(secrets.choice(alphabet) for _ in range(12)))
 
 
 def system_event_operation(millis: int | None = None) -> str:

@@ -38,7 +38,7 @@ from google.cloud.compute_v1.services.instances import InstancesClient  # noqa: 
 from google.cloud.compute_v1.services.zone_operations import ZoneOperationsClient  # noqa: E402
 from google.cloud.compute_v1.types import compute as compute_v1  # noqa: E402 - the message types, as usual
 
-from controller.core import errors, names  # noqa: E402
+from controller.core import audit, errors, names  # noqa: E402
 from controller.service import fanout
 from controller.core.ports import PROVISIONING_MODELS, Instance, InstanceList, InstanceRequest, InstanceStatus, StopReason
 
@@ -54,10 +54,7 @@ _TRANSIENT = (gexc.TooManyRequests, gexc.InternalServerError, gexc.BadGateway, g
 _DONE = compute_v1.Operation.Status.DONE
 # Compute's own records of why an instance stopped (zone operation types).
 _REASONS = {
-    "compute.instances.preempted": StopReason.PREEMPTED,
-    "compute.instances.terminateOnHostMaintenance": StopReason.MAINTENANCE,
-    "compute.instances.hostError": StopReason.HOST_ERROR,
-    "compute.instances.guestTerminate": StopReason.CRASHED,
+    **audit.LOSSES,  # the system events, as their audit entries name them
     "stop": StopReason.STOPPED,
     "suspend": StopReason.STOPPED,
     "delete": StopReason.STOPPED,

@@ -44,11 +44,8 @@ def _tune(session: requests.Session, size: int) -> None:
     tick function). Where it holds no proxy and no netrc, as in a Cloud Function, the lookup
     is turned off and a CA bundle it names is taken once; where it holds either, it stays on.
     """
-    adapter = failfast.adapter(size) if failfast.enabled() else \
-        requests.adapters.HTTPAdapter(pool_connections=size, pool_maxsize=size)
-    for scheme in ("https://", "http://"):
-        if type(session.adapters.get(scheme)) is requests.adapters.HTTPAdapter:  # never a client's mTLS adapter
-            session.mount(scheme, adapter)
+    _mount(session, failfast.adapter(size) if failfast.enabled() else
+           requests.adapters.HTTPAdapter(pool_connections=size, pool_maxsize=size))
     if urllib.request.getproxies() or os.environ.get("NETRC") or any(
             os.path.exists(os.path.expanduser(f)) for f in ("~/.netrc", "~/_netrc")):
         return  # requests goes on reading the environment per request, as it would
@@ -75,9 +72,14 @@ def instances_client(config: Settings) -> InstancesClient:
 def _fail_fast(session: Any) -> None:
     """At a terminal (``failfast.enabled()``), a client ``_tune`` leaves alone fails fast too."""
     if failfast.enabled() and session is not None:
-        for scheme in ("https://", "http://"):
-            if type(session.adapters.get(scheme)) is requests.adapters.HTTPAdapter:
-                session.mount(scheme, failfast.adapter(10))
+        _mount(session, failfast.adapter(10))
+
+
+def _mount(session: requests.Session, adapter: requests.adapters.HTTPAdapter) -> None:
+    """``adapter`` for both schemes, where the session has requests' own (never a client's mTLS adapter)."""
+    for scheme in ("https://", "http://"):
+        if type(session.adapters.get(scheme)) is requests.adapters.HTTPAdapter:
+            session.mount(scheme, adapter)
 
 
 def capacity_advisor(config: Settings) -> ComputeAdvice:

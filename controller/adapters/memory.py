@@ -408,8 +408,8 @@ class MemoryCompute:
     def _audit(self, instance: Instance, reason: StopReason) -> None:
         method = next((m for m, r in audit.LOSSES.items() if r == reason), None)
         if self.audit is not None and method is not None:  # a person's stop is an Admin Activity entry, not this log's
-            self.audit.write(system_event_entry(instance.project, instance.zone, instance.name, instance.id, method,
-                                                self.clock.now()))
+            self.audit.write(audit.system_event_entry(instance.project, instance.zone, instance.name, instance.id,
+                                                      method, self.clock.now()))
 
 
 class MemoryAdvisor:
@@ -801,33 +801,6 @@ def tpu_workers(accelerator_type: str) -> int:
     if family in ("v5litepod", "v6e"):
         return 1 if int(size) <= 8 else int(size) // 4
     return 1
-
-
-def system_event_entry(project: str, zone: str, name: str, instance_id: str, method: str, at: datetime,
-                       insert_id: str | None = None) -> dict[str, object]:
-    """A System Event audit entry as Compute writes it (LogEntry JSON, ``protoPayload`` an AuditLog)."""
-    stamp = at.isoformat(timespec="microseconds").replace("+00:00", "Z")
-    return {
-        "logName": audit.log_name(project),
-        "resource": {"type": "gce_instance", "labels": {"instance_id": instance_id, "zone": zone, "project_id": project}},
-        "timestamp": stamp, "receiveTimestamp": stamp, "severity": "INFO",
-        "insertId": insert_id or uuid.uuid5(uuid.NAMESPACE_URL, f"{project}/{zone}/{name}/{method}/{stamp}").hex[:20],
-        "protoPayload": {
-            "@type": "type.googleapis.com/google.cloud.audit.AuditLog",
-            "serviceName": "compute.googleapis.com", "methodName": method,
-            "resourceName": f"projects/{project}/zones/{zone}/instances/{name}",
-            "authenticationInfo": {"principalEmail": "system@google.com"},
-            "requestMetadata": {"callerIp": "0.0.0.0"},
-            "status": {"message": _STATUS_MESSAGES.get(method, method)},
-            "request": {"@type": f"type.googleapis.com/{method}"},
-        },
-    }
-
-
-_STATUS_MESSAGES = {"compute.instances.preempted": "Instance was preempted.",
-                    "compute.instances.hostError": "Instance terminated by Compute Engine.",
-                    "compute.instances.guestTerminate": "Instance terminated by guest OS shutdown.",
-                    "compute.instances.terminateOnHostMaintenance": "Instance terminated during Compute Engine maintenance."}
 
 
 class MemoryAuditLog:

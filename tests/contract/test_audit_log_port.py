@@ -10,9 +10,9 @@ import pytest
 
 from controller.adapters.auditlog import CloudAuditLog
 from controller.adapters.google import logging_client
-from controller.adapters.memory import system_event_entry
 from controller.core import audit, errors
 from controller.service.config import Settings
+from controller.core.audit import system_event_entry
 from localcloud.logging import LoggingServer
 
 PROJECT = "audit-proj"

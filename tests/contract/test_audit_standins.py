@@ -31,7 +31,7 @@ from controller.service.config import Settings
 from localcloud import discovery
 from localcloud.compute import ComputeServer, project_number
 from localcloud.http import Served
-from localcloud.logging import DOC, SINK_DELAY, SYSTEM_EVENT_MESSAGES, LoggingServer, compile_filter, system_event
+from localcloud.logging import DOC, SINK_DELAY, LoggingServer, compile_filter, system_event
 from localcloud.pubsub import PUSH_DELAY, PubsubServer, _Subscription
 from localcloud.tpu import TpuServer
 from localcloud.tpu_api import hostname
@@ -109,7 +109,7 @@ def test_compute_writes_one_entry_per_system_event_in_googles_shape(written):
                                      "labels": {"instance_id": ids[name], "project_id": PROJECT, "zone": ZONE}}
         assert entry["severity"] == "INFO" and len(entry["insertId"]) == 12
         assert payload == {"@type": "type.googleapis.com/google.cloud.audit.AuditLog",
-                           "status": {"message": SYSTEM_EVENT_MESSAGES[method]},
+                           "status": {"message": audit.STATUS_MESSAGES[method]},
                            "authenticationInfo": {"principalEmail": "system@google.com"},
                            "serviceName": "compute.googleapis.com", "methodName": method,
                            "resourceName": f"projects/{PROJECT}/zones/{ZONE}/instances/{name}",
@@ -124,7 +124,7 @@ def test_compute_writes_one_entry_per_system_event_in_googles_shape(written):
         assert (event.project, event.zone, event.instance, event.method) == (PROJECT, ZONE, name, method)
         assert event.instance_id == ids[name] and event.reason == audit.LOSSES[method]
     assert audit.parse_entry(written["crash"][0]).reason is StopReason.CRASHED
-    assert SYSTEM_EVENT_MESSAGES["compute.instances.preempted"] == "Instance was preempted."
+    assert audit.STATUS_MESSAGES["compute.instances.preempted"] == "Instance was preempted."
 
 
 def test_a_preempted_tpu_slice_writes_one_entry_per_worker_vm(written):

@@ -17,8 +17,8 @@ from cloudevents.conversion import to_binary
 from cloudevents.http import CloudEvent
 from functions_framework import create_app
 
-from controller.adapters.memory import system_event_entry
 from controller.core import audit, errors, names
+from controller.core.audit import system_event_entry
 from controller.core.state import Phase
 from controller.service import auditfeed, bootstrap, functions
 from controller.service.config import Settings

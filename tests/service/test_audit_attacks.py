@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from controller.adapters.memory import system_event_entry
 from controller.core import audit, errors
 from controller.core.ports import InstanceStatus
 from controller.service import auditfeed, bootstrap, functions
 from controller.service.config import Settings
+from controller.core.audit import system_event_entry
 from tests.harness import BUCKET, PROJECT, Harness
 from tests.service.test_audit import asked_why, message, running
 
