@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from controller.core import names  # noqa: E402
-from controller.cli import report
+from controller.render import report
 from tests.harness import Harness, spec_doc  # noqa: E402
 
 JOB = "llm-finetune"

@@ -37,7 +37,7 @@ from flask import Flask, Response, request
 
 from controller.cli import deploy
 from localcloud import discovery
-from localcloud.compute import project_number
+from localcloud.metadata import project_number
 from localcloud.host import Host, json_response
 from localcloud.http import Server
 from localcloud.tpu_api import STATUS

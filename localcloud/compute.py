@@ -28,7 +28,6 @@ of their own: a latency or an ``operations.wait`` blocks only its own caller.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import threading
@@ -49,7 +48,7 @@ from controller.core import audit
 from localcloud.logging import system_event, system_event_operation
 from localcloud.http import Served
 from localcloud.operations import OperationsApi
-from localcloud.metadata import MetadataServer, Tokens, service_account
+from localcloud.metadata import MetadataServer, Tokens, project_number, service_account
 from localcloud.realism import Realism, quota_group
 from localcloud.vm import VmProcess
 
@@ -881,11 +880,6 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
             raise gce.not_found(f"{scope.split('/compute/v1/')[-1]}/operations/{name}")
         return op
 
-
-
-def project_number(project: str) -> int:
-    """A stable 12-digit project number for a project id (Google assigns one to each project)."""
-    return 100_000_000_000 + int(hashlib.sha1(project.encode()).hexdigest(), 16) % 900_000_000_000
 
 
 def _switch(lock: threading.RLock, faults: dict[str, str], zone: str, mode: str | None) -> None:

@@ -116,7 +116,7 @@ class Demo:
 
     def _write_report(self, final: JobStatus) -> list[Path]:
         """``respawn report``'s HTML page and timeline picture of the finished job."""
-        from controller.cli import report
+        from controller.render import report
 
         folder = self.output or Path(tempfile.mkdtemp(prefix=f"respawn-{self.job}-"))
         folder.mkdir(parents=True, exist_ok=True)

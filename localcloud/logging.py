@@ -108,12 +108,11 @@ from localcloud import discovery
 from localcloud.host import Host, json_response
 from localcloud.http import Server
 from localcloud.tpu_api import STATUS
+from localcloud.metadata import project_number  # the number Compute's metadata gives the project
 from localcloud.realism import Delay, seconds
 
 if TYPE_CHECKING:
-    from localcloud.compute import ComputeServer
     from localcloud.pubsub import PubsubServer
-    from localcloud.tpu import TpuServer
 
 log = pylogging.getLogger(__name__)
 DOC = "logging.v2"
@@ -314,7 +313,7 @@ class LoggingServer(Server):
         return {}
 
     def _store(self, entries: list[dict[str, Any]]) -> None:
-        received = _rfc3339(time.time_ns())
+        received = rfc3339(time.time_ns())
         stored: list[dict[str, Any]] = []
         with self._lock:
             for entry in entries:
@@ -413,7 +412,7 @@ class LoggingServer(Server):
         if request.args.get("customWriterIdentity"):
             raise LoggingError(400, "customWriterIdentity can only be specified when routing logs to a log bucket "
                                     "in a different project than the sink.")
-        now = _rfc3339(time.time_ns())
+        now = rfc3339(time.time_ns())
         sink = {**{k: body[k] for k in SINK_FIELDS if body.get(k) not in (None, False, "", [], {})}, "name": name,
                 "resourceName": f"projects/{project}/sinks/{name}", "writerIdentity": _writer(project, unique),
                 "createTime": now, "updateTime": now}
@@ -470,7 +469,7 @@ class LoggingServer(Server):
                 self._unique[key] = True
                 merged["writerIdentity"] = _writer(p["projectsId"], True)
             merged = {k: v for k, v in merged.items() if v not in (False, "", [], {})}  # proto3 JSON omits defaults
-            merged["updateTime"] = _rfc3339(time.time_ns())
+            merged["updateTime"] = rfc3339(time.time_ns())
             self._sinks[p["projectsId"]][p["sinksId"]] = merged
             return dict(merged)
 
@@ -579,7 +578,6 @@ def system_event_operation(millis: int | None = None) -> str:
 
 
 def _writer(project: str, unique: bool) -> str:
-    from localcloud.compute import project_number  # the number Compute's metadata gives the project
 
     return f"serviceAccount:service-{project_number(project)}@gcp-sa-logging.iam.gserviceaccount.com" if unique \
         else SHARED_WRITER
@@ -655,7 +653,7 @@ def _nanos(text: str) -> int:
     return seconds * 1_000_000_000 + int((fraction or "0").ljust(9, "0"))
 
 
-def _rfc3339(nanos: int) -> str:
+def rfc3339(nanos: int) -> str:
     """RFC 3339 UTC with nanoseconds, as Cloud Logging writes timestamps."""
     seconds, fraction = divmod(nanos, 1_000_000_000)
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{fraction:09d}Z"
@@ -912,144 +910,3 @@ def _level(value: str | int) -> int:
     if text.isdigit():
         return int(text)
     raise FilterError(f"{value!r} is not a severity")
-
-
-# -- the VMs' output ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Who:
-    """Whose serial port a log is, as Logging names it."""
-
-    resource: dict[str, Any]  # the monitored resource: gce_instance or tpu_worker
-    project: str
-    host: str  # the VM's own name (the guest agent's instance_name label)
-    serial: bool  # serial-port-logging-enable is TRUE in its metadata
-
-
-@dataclass
-class _Tail:
-    offset: int = 0
-    partial: bytes = b""
-    last: int = 0  # the last timestamp given (ns): each line later than the one before
-    who: _Who | None = None  # the machine writing it, as last seen
-
-
-def _enabled(value: str | None) -> bool:
-    """A metadata boolean as Compute reads it (TRUE, true, 1, y, yes...)."""
-    return str(value or "").strip().lower() in ("true", "1", "y", "yes", "on")
-
-
-class VmLogs:
-    """Feeds each line a local Compute VM, or a local Cloud TPU node's worker (``tpu``), writes to
-    its serial port into a ``LoggingServer``, as Google's serial-port logging and guest agent do
-    (see the module's docstring), every ``interval`` seconds until ``stop()``, which feeds what is
-    left first."""
-
-    def __init__(self, logging: LoggingServer, compute: ComputeServer, interval: float = 0.2,
-                 tpu: TpuServer | None = None) -> None:
-        self.logging, self.compute, self.tpu, self.interval = logging, compute, tpu, interval
-        self._tails: dict[str, _Tail] = {}
-        self._stop = threading.Event()
-        self._sweeping = threading.Lock()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> VmLogs:
-        self._thread = threading.Thread(target=self._run, name="vm-logs", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=5)
-        self.sweep(final=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.sweep()
-            except Exception:  # noqa: BLE001 - a VM folder going away mid-read: the next sweep sees
-                continue
-
-    def sweep(self, final: bool = False) -> None:
-        """Feed every line written since the last sweep (``final``: an unfinished last line too)."""
-        with self._sweeping:
-            root = self.compute.workdir
-            for folder in sorted(root.iterdir()) if root.exists() else ():
-                log = folder / "serial-port-1.log"
-                if folder.name.startswith(".") or not log.is_file():
-                    continue
-                self._feed(folder.name, log, final, lambda name=folder.name: self._vm(name))
-            root = self.tpu.workdir if self.tpu is not None else None
-            for folder in sorted(root.iterdir()) if root is not None and root.exists() else ():
-                if folder.name.startswith("."):
-                    continue
-                for worker in sorted(folder.glob("w-*")):
-                    log, number = worker / "serial-port-1.log", worker.name[2:]
-                    if not number.isdigit() or not log.is_file():
-                        continue
-                    self._feed(f"tpu/{folder.name}/{number}", log, final,
-                               lambda node=folder.name, n=int(number): self._worker(node, n))
-
-    def _vm(self, name: str) -> _Who:
-        resource = self.compute.instance(name)  # KeyError once deleted
-        project = resource["selfLink"].split("/projects/", 1)[1].split("/", 1)[0]
-        items = {i.get("key"): i.get("value") for i in (resource.get("metadata") or {}).get("items") or []}
-        return _Who({"type": "gce_instance", "labels": {"instance_id": str(resource["id"]),
-                                                        "zone": resource["zone"].rsplit("/", 1)[-1],
-                                                        "project_id": project}},
-                    project, name, _enabled(items.get(SERIAL_METADATA)))
-
-    def _worker(self, node_id: str, worker: int) -> _Who:
-        assert self.tpu is not None
-        from localcloud.tpu_api import hostname
-
-        node = self.tpu.node(node_id)  # KeyError once deleted
-        _, project, _, zone, _, _ = node["name"].split("/")
-        return _Who({"type": "tpu_worker", "labels": {"project_id": project, "zone": zone, "node_id": node_id,
-                                                      "worker_id": str(worker)}},
-                    project, hostname(node["id"], worker), _enabled((node.get("metadata") or {}).get(SERIAL_METADATA)))
-
-    def _feed(self, key: str, log: Path, final: bool, identify: Callable[[], _Who]) -> None:
-        tail = self._tails.setdefault(key, _Tail())
-        size = log.stat().st_size
-        if size < tail.offset:  # a new file in its place
-            tail.offset, tail.partial = 0, b""
-        if size == tail.offset and not (final and tail.partial):
-            return
-        with open(log, "rb") as f:
-            f.seek(tail.offset)
-            data = f.read(size - tail.offset)
-        tail.offset += len(data)
-        *lines, tail.partial = (tail.partial + data).split(b"\n")
-        if final and tail.partial:
-            lines, tail.partial = [*lines, tail.partial], b""
-        if not lines:
-            return
-        try:
-            tail.who = identify()
-        except KeyError:  # deleted since: its last lines are still its own
-            pass
-        if tail.who is None:
-            return
-        entries = []
-        for raw in lines:
-            tail.last = max(time.time_ns(), tail.last + 1000)
-            entries += _vm_entries(tail.who, raw.decode(errors="replace").rstrip("\r"), tail.last)
-        if entries:
-            self.logging.write(entries)
-
-
-def _vm_entries(who: _Who, line: str, nanos: int) -> list[dict[str, Any]]:
-    """One serial-port line as serial-port logging (where it is on) and the guest agent's script
-    runner log it."""
-    stamp = _rfc3339(nanos)
-    message = line[len(RUNNER):] if line.startswith(RUNNER) else f"startup-script: {line}"
-    local = datetime.fromtimestamp(nanos / 1e9).astimezone().isoformat(timespec="milliseconds")
-    serial = [{"logName": f"projects/{who.project}/logs/{SERIAL_LOG}", "resource": who.resource,
-               "textPayload": line, "timestamp": stamp}] if who.serial else []
-    return [
-        *serial,
-        {"logName": f"projects/{who.project}/logs/{SCRIPTS_LOG}", "resource": who.resource, "severity": "INFO",
-         "jsonPayload": {"message": message, "localTimestamp": local}, "labels": {"instance_name": who.host},
-         "timestamp": stamp},
-    ]

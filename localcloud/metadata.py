@@ -39,6 +39,11 @@ from localcloud.http import Served
 Snapshot = Callable[[], dict[str, Any]]
 
 
+def project_number(project: str) -> int:
+    """A stable 12-digit project number for a project id (Google assigns one to each project)."""
+    return 100_000_000_000 + int(hashlib.sha1(project.encode()).hexdigest(), 16) % 900_000_000_000
+
+
 class Endpoint:
     """A leaf computed per request (a token): listed in its directory, left out of recursive answers."""
 

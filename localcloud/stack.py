@@ -36,7 +36,8 @@ from localcloud.apis import SERVERS, Deployment, DiscoveryServer
 from localcloud.compute import ComputeServer
 from localcloud.events import Ticker, Watcher
 from localcloud.gcs import LocalGcs, client
-from localcloud.logging import LoggingServer, VmLogs
+from localcloud.logging import LoggingServer
+from localcloud.vmlogs import VmLogs
 from localcloud.pubsub import PubsubServer
 from localcloud.realism import Delay, Realism
 from localcloud.tpu import TpuServer

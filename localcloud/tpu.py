@@ -72,7 +72,7 @@ from flask import Flask, Response, request
 from localcloud import discovery
 from localcloud import tpu_api as api
 from localcloud.compute import ZONES as COMPUTE_ZONES
-from localcloud.compute import project_number
+from localcloud.metadata import project_number
 from localcloud.host import Host, json_response
 from localcloud.http import Served
 from localcloud.logging import system_event

@@ -1,1 +1,1 @@
-"""The `respawn` command: its commands (main), and what they render (status_view, report, joblogs)."""
+"""The `respawn` command: its commands (main) and its logs view (joblogs); what it draws is in controller.render."""

@@ -611,7 +611,7 @@ def render(results: Sequence[Result]) -> list[Any]:
     """One line per check (✓, ✗, or ✓ with a note: not fully checkable), each ✗'s fix under it."""
     from rich.text import Text
 
-    from controller.cli.main import printable
+    from controller.render.text import printable
 
     width = max((len(r.name) for r in results), default=0)
     lines: list[Any] = []

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -31,6 +30,7 @@ from typer.core import TyperGroup
 from controller.service import bootstrap
 from controller.core import errors, ledger
 from controller.cli import joblogs
+from controller.render.text import plain, printable
 from controller.service.config import Settings
 from controller.service.jobs import Jobs, Refused
 from controller.cli.joblogs import logs_filter  # noqa: F401 - the query `respawn logs` sends, named for tests
@@ -39,31 +39,6 @@ from controller.core.state import JobStatus
 
 OK, FAILED, REFUSED, UNAVAILABLE = 0, 1, 2, 3  # exit codes
 INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports it
-# C0 and C1 controls, DEL, line/paragraph separators and bidirectional overrides: a name
-# holding any of these could move the cursor, recolour or hide text, or reorder a line.
-# Control characters, bidi controls, and invisible ones (zero-width space/joiners, word
-# joiner, BOM, soft hyphen) with which one job name could pass for another.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\xad\u061c\u180e\u200b-\u200f\u2028\u2029\u202a-\u202e"
-                      "\u2060-\u2064\u2066-\u2069\ufeff]")
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def printable(text: object, keep: str = "") -> str:
-    """``text`` with every control character written as an escape (``\\x1b``), but those in ``keep``."""
-    def escaped(match: re.Match[str]) -> str:
-        c = match.group()
-        if c in keep:
-            return c
-        return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
-
-    return _CONTROL.sub(escaped, str(text))
-
-
-def plain(text: object, style: str = "") -> Text:
-    """User or cloud text as a Rich renderable: no markup parsed, no control character kept."""
-    return Text(printable(text), style=style)
-
-
 def _line(mark: str, style: str, text: object) -> Text:
     return Text.assemble((mark, style), " ", printable(text))
 
@@ -279,7 +254,7 @@ def status(
     job's last event on its own line under its row.
 
     The columns that fit the terminal are shown (job and phase always, then the zone, losses,
-    checkpoint, age, attempt, instance: see controller.cli.status_view); --wide shows them all.
+    checkpoint, age, attempt, instance: see controller.render.status_view); --wide shows them all.
 
     For one JOB, also its goodput so far and the checkpoint interval advised to its attempt
     (``respawn report`` tells the rest); --json has both for every job (``goodput``, ``checkpoint_every_s``).
@@ -287,7 +262,7 @@ def status(
     A job whose checkpoints cannot be listed keeps its row, with the reason (``checkpoint_error``
     in --json); the command still exits 0. A JOB that does not exist exits 2.
     """
-    from controller.cli import status_view as view
+    from controller.render import status_view as view
 
     rows = _status_rows(job)
     if as_json:
@@ -377,7 +352,7 @@ def report(
 ) -> None:
     """A job's goodput: accelerator-hours paid, lost to boots and redone work, and useful; its cost
     against on demand; its losses and recoveries by zone; the advised checkpoint interval."""
-    from controller.cli import report as reporting
+    from controller.render import report as reporting
 
     status = _job_status(job)
     now = datetime.now(UTC)

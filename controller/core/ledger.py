@@ -1,6 +1,6 @@
 """The goodput ledger: what a job's run got for its money, kept in its status.
 
-Folded from the history events each status commit adds (``settle``), so every transition
+Folded from the history events each status commit adds (``controller.core.accounting.settle``), so every transition
 is accounted exactly once, by the pass whose compare-and-swap wins, whichever rule of the
 planner or the executor made it. Pure: no I/O, no clock; times are the events' own.
 
@@ -35,7 +35,6 @@ from controller.core import prices
 
 if TYPE_CHECKING:
     from controller.core.spec import JobSpec
-    from controller.core.state import Event, JobStatus
 
 SPANS_KEPT = 20
 LOSSES_KEPT = 20
@@ -156,83 +155,7 @@ class Ledger(_Model):
         return self.losses[-1] if self.losses and self.losses[-1].running_at is None else None
 
 
-def settle(status: JobStatus, spec: JobSpec | None) -> JobStatus:
-    """``status`` with its ledger brought up to date with its own history."""
-    book = catch_up(status, spec)
-    return status if book == status.ledger else status.model_copy(update={"ledger": book})
-
-
-def catch_up(status: JobStatus, spec: JobSpec | None) -> Ledger:
-    """The status's ledger with the events it has not accounted yet (those after ``folded``)
-    folded in. A pure function of the events: a status derived from a stale copy (the
-    planner's, behind a commit of the same chain) folds the same events to the same ledger.
-
-    Accounting is never worth a recovery: events it cannot fold (a hand-edited status with a
-    date without a time zone...) are skipped, and the ledger says so (``skipped``)."""
-    book = status.ledger
-    fresh = min(status.event_count - book.folded, len(status.history))
-    if fresh <= 0:  # nothing new, or a status whose count went back (hand-edited, rolled back)
-        return book if book.folded == status.event_count else book.model_copy(update={"folded": status.event_count})
-    try:
-        book = account(book, status.history[len(status.history) - fresh:], status, spec)
-    except Exception as e:  # noqa: BLE001 - a bug or a hostile status: its accounting, not the job, pays
-        book = book.model_copy(update={"skipped": book.skipped + fresh,
-                                       "problem": f"{type(e).__name__}: {e}"[:200]})
-    return book.model_copy(update={"folded": status.event_count})
-
-
-def account(ledger: Ledger, events: Sequence[Event], status: JobStatus, spec: JobSpec | None) -> Ledger:
-    """Fold ``events`` (those one commit adds, in order) into ``ledger``; ``status``: as committed."""
-    for e in events:
-        ledger = _one(ledger, e, status, spec)
-    if (open_ := ledger.open) is not None and open_.attempt == status.attempt and open_.inserted is None:
-        # Not created yet: the attempt goes where, and on what, the status says now.
-        if (open_.zone, open_.model) != (status.zone, status.provisioning):
-            ledger = _with_current(ledger, _priced(open_.model_copy(update={"zone": status.zone,
-                                                                             "model": status.provisioning}), status, spec))
-    return ledger
-
-
-def _one(ledger: Ledger, e: Event, status: JobStatus, spec: JobSpec | None) -> Ledger:
-    name = e.event
-    if name in ("launch", "adopted"):
-        if name == "adopted" and ledger.open is not None and ledger.open.attempt == status.attempt:
-            # Found where it is (another zone, maybe), and accepted: priced there.
-            found = ledger.open.model_copy(update={"inserted": ledger.open.inserted or e.at, "zone": status.zone,
-                                                   "model": status.provisioning})
-            return _with_current(ledger, _priced(found, status, spec))
-        return _launched(ledger, e, status, spec)
-    if name == "inserted" and (open_ := ledger.open) is not None:
-        inserted = open_.model_copy(update={"inserted": open_.inserted or e.at})
-        if open_.attempt == status.attempt and status.zone and (status.zone, status.provisioning) != (open_.zone, open_.model):
-            # Accepted where a failover took it (the span was opened where the first create was
-            # tried): the zone, the model and their price are the accepted ones.
-            inserted = _priced(inserted.model_copy(update={"zone": status.zone, "model": status.provisioning}),
-                               status, spec)
-        return _with_current(ledger, inserted)
-    if name == "running" and (open_ := ledger.open) is not None and open_.running is None:
-        return _ran(ledger, e.at)
-    if name == "queued" and (open_ := ledger.open) is not None and open_.queued is None and open_.running is None:
-        return _with_current(ledger, open_.model_copy(update={"queued": e.at}))
-    if name == "provisioned" and (open_ := ledger.open) is not None and open_.queued and open_.capacity is None:
-        return _with_current(ledger, open_.model_copy(update={"capacity": max(e.at, open_.queued)}))
-    if name in ("stockout", "quota"):
-        totals = ledger.totals
-        if name == "stockout" and e.zone:
-            totals = totals.model_copy(update={"stockouts": {**totals.stockouts,
-                                                             e.zone: totals.stockouts.get(e.zone, 0) + 1}})
-        return _marked(ledger.model_copy(update={"totals": totals}), Mark(at=e.at, kind=name, zone=e.zone))
-    ended = name in ENDS and (name != "failed" or status.phase == "FAILED")
-    if name in LOSS_CAUSES and not ended:
-        return _lost(ledger, e, name)
-    if ended:
-        # An exit record (the event's ``since``: when the VM wrote it) says the trainer ran,
-        # seen RUNNING or not; a deadline, a budget or a cancel says nothing of the kind.
-        return _closed(ledger, e.at, name, ran=e.since is not None) if ledger.open is not None else ledger
-    return ledger
-
-
-def _ran(ledger: Ledger, at: datetime, estimated: bool = False) -> Ledger:
+def began_running(ledger: Ledger, at: datetime, estimated: bool = False) -> Ledger:
     """The current attempt RUNNING from ``at``; the recovery of the loss it replaces ends there."""
     span = ledger.open
     assert span is not None
@@ -244,7 +167,7 @@ def _ran(ledger: Ledger, at: datetime, estimated: bool = False) -> Ledger:
     if not estimated and not span.capacity_estimated and (billed := _billed_from(span)) is not None:
         totals = totals.model_copy(update={"boots": totals.boots + 1,
                                            "boot_s": totals.boot_s + max(0.0, (at - billed).total_seconds())})
-    ledger = _with_current(ledger.model_copy(update={"totals": totals}),
+    ledger = with_current(ledger.model_copy(update={"totals": totals}),
                            span.model_copy(update={"running": at, "running_estimated": estimated}))
     # Every loss this attempt replaces (a replacement lost before it ran leaves its own loss
     # open too): each one's recovery ends here.
@@ -257,38 +180,7 @@ def _ran(ledger: Ledger, at: datetime, estimated: bool = False) -> Ledger:
     return ledger.model_copy(update={"losses": tuple(losses), "totals": totals})
 
 
-def _launched(ledger: Ledger, e: Event, status: JobStatus, spec: JobSpec | None) -> Ledger:
-    if (open_ := ledger.open) is not None and open_.attempt == status.attempt and open_.inserted is None \
-            and open_.running is None and open_.queued is None:
-        # The same attempt launched again (its create was refused: a stockout, a quota): the refused
-        # create was never a VM, nor billed; it is no attempt of its own ("ran for 0.0048s").
-        ledger = ledger.model_copy(update={"spans": ledger.spans[:-1]})
-    if ledger.open is not None:  # adopted past it (another pass's attempt): this one ended unseen
-        ledger = _closed(ledger, e.at, "replaced")
-    checkpoint = status.resume_from
-    span = _priced(Span(attempt=status.attempt, zone=status.zone, model=status.provisioning, tpu=status.attempt_tpu,
-                        start=e.at, inserted=e.at if e.event == "adopted" else None,
-                        resumed_step=checkpoint.step if checkpoint else None,
-                        resumed_saved_at=checkpoint.saved_at if checkpoint else None), status, spec)
-    updates: dict[str, object] = {"spans": (*ledger.spans, span)[-SPANS_KEPT:]}
-    if checkpoint is not None and checkpoint.saved_at is not None and checkpoint.step is not None:
-        point = (checkpoint.saved_at, checkpoint.step)
-        if point not in ledger.checkpoints:
-            updates["checkpoints"] = (*ledger.checkpoints, point)[-SPANS_KEPT:]
-    if checkpoint is not None and checkpoint.write_s is not None:
-        updates["checkpoint_cost_s"] = checkpoint.write_s
-    if (loss := ledger.pending) is not None and loss.issued_at is None:
-        redone = _redone(ledger, loss, checkpoint)
-        done = loss.model_copy(update={"issued_at": e.at, "redone_s": redone,
-                                       "resumed_step": checkpoint.step if checkpoint else None})
-        updates["losses"] = (*ledger.losses[:-1], done)
-        if redone:
-            totals = ledger.totals
-            updates["totals"] = totals.model_copy(update={"redone_acc_s": totals.redone_acc_s + redone * loss.accelerators})
-    return ledger.model_copy(update=updates)
-
-
-def _redone(ledger: Ledger, loss: Loss, checkpoint: object) -> float | None:
+def redone_since(ledger: Ledger, loss: Loss, checkpoint: object) -> float | None:
     """Training time the lost attempt did past the save its replacement resumes from."""
     lost = next((s for s in reversed(ledger.spans) if s.attempt == loss.attempt), None)
     if lost is None or lost.running is None:
@@ -299,26 +191,7 @@ def _redone(ledger: Ledger, loss: Loss, checkpoint: object) -> float | None:
     return max(0.0, (until - began).total_seconds())
 
 
-def _lost(ledger: Ledger, e: Event, cause: str) -> Ledger:
-    open_ = ledger.open
-    if open_ is None:
-        return ledger  # a restart decided before the attempt was ever launched (hand-edited)
-    lost_at = e.since if e.since and e.since <= e.at else None
-    # A marker (lost_at) is written by the VM's agent while its trainer runs.
-    ledger = _closed(ledger, lost_at or e.at, cause, ran=lost_at is not None)
-    totals = ledger.totals
-    zone = open_.zone or "?"
-    by_zone = {**totals.losses, zone: {**totals.losses.get(zone, {}), cause: totals.losses.get(zone, {}).get(cause, 0) + 1}}
-    platform = totals.platform_losses + (cause in PLATFORM_CAUSES)
-    loss = Loss(attempt=open_.attempt, cause=cause, zone=open_.zone, accelerators=open_.accelerators,
-                lost_at=lost_at, seen_at=e.at)
-    ledger = ledger.model_copy(update={"losses": (*ledger.losses, loss)[-LOSSES_KEPT:],
-                                       "totals": totals.model_copy(update={"losses": by_zone,
-                                                                           "platform_losses": platform})})
-    return _marked(ledger, Mark(at=lost_at or e.at, kind=cause, zone=open_.zone))
-
-
-def _closed(ledger: Ledger, at: datetime, cause: str, ran: bool = False) -> Ledger:
+def close(ledger: Ledger, at: datetime, cause: str, ran: bool = False) -> Ledger:
     """End the current attempt at ``at``; ``ran``: there is evidence its trainer ran, so one
     never seen RUNNING is taken to have run from its boot (the run's mean boot) on."""
     span = ledger.open
@@ -326,9 +199,9 @@ def _closed(ledger: Ledger, at: datetime, cause: str, ran: bool = False) -> Ledg
     if ran and span.running is None and span.queued is not None and span.capacity is None and at > span.queued:
         # It ran, so it got capacity, when is unseen: from its last sighting waiting (the most it was paid).
         span = span.model_copy(update={"capacity": span.queued, "capacity_estimated": True})
-        ledger = _with_current(ledger, span)
+        ledger = with_current(ledger, span)
     if ran and span.running is None and (billed := _billed_from(span)) is not None and at > billed:
-        ledger = _ran(ledger, min(at, billed + _mean_boot(ledger.totals)), estimated=True)
+        ledger = began_running(ledger, min(at, billed + _mean_boot(ledger.totals)), estimated=True)
         span = ledger.open
         assert span is not None
     end = max(at, span.start)
@@ -376,11 +249,11 @@ def _times(span: Span, until: datetime) -> tuple[float, float, float, float]:
     return paid, boot, ran, max(0.0, waited)
 
 
-def _marked(ledger: Ledger, mark: Mark) -> Ledger:
+def with_mark(ledger: Ledger, mark: Mark) -> Ledger:
     return ledger.model_copy(update={"marks": (*ledger.marks, mark)[-MARKS_KEPT:]})
 
 
-def _with_current(ledger: Ledger, span: Span) -> Ledger:
+def with_current(ledger: Ledger, span: Span) -> Ledger:
     return ledger.model_copy(update={"spans": (*ledger.spans[:-1], span)})
 
 
@@ -388,28 +261,6 @@ def shape_of(spec: JobSpec) -> str:
     """The shape (``prices.shape``) an attempt of ``spec`` runs on, as capacity advice is asked about it."""
     return prices.shape(machine_type=spec.machine_type, gpus=spec.gpus_per_node,
                         tpu_type=spec.tpu.type if spec.tpu else None)
-
-
-def _priced(span: Span, status: JobStatus, spec: JobSpec | None) -> Span:
-    """``span`` priced by the shape it runs on: the spec's at its launch (kept on the span, so that a
-    later spec never reprices it), on its model, in its zone. Capacity advice's Spot price counts
-    only where the advice was asked for that very shape (``ZoneScore.shape``)."""
-    if spec is None:
-        return span
-    if span.machine_type is None and span.tpu_type is None:  # a fresh attempt: the spec it is launched with
-        span = span.model_copy(update={"machine_type": spec.machine_type, "gpus": spec.gpus_per_node,
-                                       "tpu_type": spec.tpu.type if spec.tpu else None,
-                                       "nodes": 1 if spec.tpu else spec.nodes})
-    score = status.zone_advice.get(span.zone or "")
-    shape = prices.shape(machine_type=span.machine_type, gpus=span.gpus, tpu_type=span.tpu_type)
-    rate = prices.rate(model=span.model or spec.provisioning[0], nodes=span.nodes, gpus=span.gpus,
-                       machine_type=span.machine_type, tpu_type=span.tpu_type,
-                       override=dict(spec.policy.prices) if spec.policy.prices else None,
-                       spot_price=score.spot_price_h if score and score.shape == shape else None)
-    # A machine without accelerators counts its VMs: goodput is then of VM-hours.
-    units = rate.accelerators or float(span.nodes)
-    return span.model_copy(update={"accelerators": units, "per_hour": rate.per_hour,
-                                   "on_demand_per_hour": rate.on_demand_per_hour, "price_source": rate.source})
 
 
 class Summary(_Model):

@@ -196,7 +196,7 @@ class JobStatus(BaseModel):
     # (recorded_notify: the URL is a secret, and any bucket reader reads this object).
     notify: Annotated[Notify | None, BeforeValidator(_without_webhook)] = None
     history: tuple[Event, ...] = ()
-    event_count: int = 0  # events ever appended: which of ``history`` a commit adds (ledger.settle)
+    event_count: int = 0  # events ever appended: which of ``history`` a commit adds (accounting.settle)
 
     @model_validator(mode="before")
     @classmethod

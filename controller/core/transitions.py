@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 
-from controller.core import errors, ledger, placement
+from controller.core import accounting, errors, ledger, placement
 from controller.core.durations import format_duration
 from controller.core.spec import JobSpec
 from controller.core.ports import ZoneAdvice
@@ -135,7 +135,7 @@ def begin_attempt(
     seed = (scores.get(zone) or status.zone_advice.get(zone)) if model == "spot" else None
     seed = seed if seed is not None and seed.shape == shape else None  # never another machine's uptime
     # The run's losses so far, this commit's own (the loss that brought this launch) included.
-    every = ledger.checkpoint_every(ledger.catch_up(status, spec), checkpoint.write_s if checkpoint else None,
+    every = ledger.checkpoint_every(accounting.catch_up(status, spec), checkpoint.write_s if checkpoint else None,
                                     seed.uptime_s if seed else None)
     return status.but(
         Event(at=now, event="launch", attempt=attempt, detail=detail, instance=names[0], zone=zone),

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from controller.core import errors, ledger, names, notify, transitions
+from controller.core import accounting, errors, ledger, names, notify, transitions
 from controller.core.actions import Action, CreateInstances, DeleteInstance, DeleteRecord, WriteStatus
 from controller.service.notifier import Notifier
 from controller.service.tpuzones import TpuZones
@@ -240,7 +240,7 @@ class _Chain:
     def write(self, store: BlobStore, bucket: str, status: JobStatus) -> None:
         # Every commit accounts the events it adds, and tells of them, once: the pass that wins
         # the swap does; one that loses it decided nothing (PreconditionFailed), and sends nothing.
-        status = ledger.settle(status.with_ids(self.ids), self.spec)
+        status = accounting.settle(status.with_ids(self.ids), self.spec)
         info = store.write(bucket, names.status_key(self.job), status.to_json(), if_generation_match=self.generation)
         before, self.status, self.generation, self.wrote = self.status, status, info.generation, True
         if self.tell:

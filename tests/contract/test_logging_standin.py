@@ -26,7 +26,8 @@ from controller.adapters.google import logging_client
 from controller.service.config import Settings
 from controller.cli.joblogs import SCRIPTS, SERIAL, logs_filter
 from tests.routes import assert_serves_exactly
-from localcloud.logging import DOC, SUPPORTED, LoggingServer, VmLogs
+from localcloud.logging import DOC, SUPPORTED, LoggingServer
+from localcloud.vmlogs import VmLogs
 from localcloud.tpu_api import hostname
 
 PROJECT = "logs-proj"

@@ -278,7 +278,7 @@ def test_logs_escape_control_characters_unless_raw(mem, monkeypatch):
 
 
 def test_invisible_characters_cannot_make_one_job_name_pass_for_another():
-    from controller.cli.main import printable
+    from controller.render.text import printable
 
     assert printable("ab\u200bc") != "abc" and printable("a\ufeffb\u00adc\u2060") == "a\\ufeffb\\xadc\\u2060"
 

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from controller.service import bootstrap
 from controller.core import ledger
-from controller.cli import report
+from controller.render import report
 from controller.core import checkpoints
 from controller.cli.main import app
 from controller.service.config import Settings
@@ -214,7 +214,7 @@ def test_only_drawing_loads_matplotlib():
     import subprocess
     import sys
 
-    code = ("import sys, main, controller.cli.main, controller.cli.report; "
+    code = ("import sys, main, controller.cli.main, controller.render.report; "
             "assert 'matplotlib' not in sys.modules, 'matplotlib loaded'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -236,7 +236,7 @@ def test_the_checkpoint_cost_is_told_as_a_lower_bound_and_where_it_comes_from(da
 def test_time_waiting_for_capacity_is_its_own_line_not_paid_hours():
     """A Flex-start VM 5 h in PENDING, then 1 h RUNNING: the report and `respawn status` tell the
     waiting apart, and the paid hours are the hour it ran."""
-    from controller.cli import status_view
+    from controller.render import status_view
 
     h = Harness()
     h.compute.stockouts.update({A, B})

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from controller.service import bootstrap
 from controller.core import names
 from controller.cli import main as cli_module
-from controller.cli import status_view as view
+from controller.render import status_view as view
 from controller.cli.main import app
 from controller.service.config import Settings
 from controller.core.durations import format_duration

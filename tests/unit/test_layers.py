@@ -7,7 +7,11 @@
   reaches Google only through the ports; only its wiring (``bootstrap``, and ``logs``: Cloud
   Logging's handler) names a cloud library or the adapters.
 - ``controller/adapters``: one per Google API (and the in-memory fakes).
+- ``controller/render``: what respawn draws (plain text, the jobs table, the run report), for
+  the CLI and the local cloud's demo alike: below both, it imports neither.
 - ``controller/cli``: the ``respawn`` command.
+
+And no module imports, however indirectly, a module that imports it: each layer only looks down.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2] / "controller"
+REPO = Path(__file__).resolve().parents[2]
+ROOT = REPO / "controller"
 CORE = sorted(p.stem for p in (ROOT / "core").glob("*.py") if p.stem != "__init__")
 SERVICE = sorted(p.stem for p in (ROOT / "service").glob("*.py") if p.stem != "__init__")
 CORE_MAY_IMPORT = ("__future__", "pydantic", "yaml", "controller.core")
@@ -59,3 +64,62 @@ def test_the_core_does_no_io_and_reads_no_clock(module):
     for call in ("datetime.now(", "time.time(", "time.monotonic(", "os.environ", "subprocess", "socket"):
         assert call not in source, f"controller/core/{module}.py: {call}"
     assert not re.search(r"(?<!def )(?<![\w.])open\(", source), f"controller/core/{module}.py: open("
+
+
+def _graph() -> dict[str, set[str]]:
+    """Each module of the project's packages -> the project's modules it imports (at the top, in a
+    function, or for type checking alike: a circle of any of them is a tangle)."""
+    found: dict[str, set[str]] = {}
+    for package in ("controller", "localcloud", "bench", "sim"):
+        for path in (REPO / package).rglob("*.py"):
+            name = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+            tree = ast.parse(path.read_text())
+            named = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+            named |= {f"{n.module}.{a.name}" for n in ast.walk(tree)
+                      if isinstance(n, ast.ImportFrom) and n.module and not n.level for a in n.names}
+            named |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+            found[name] = named
+    return {m: {d for d in deps if d in found and d != m and not m.startswith(d + ".")} for m, deps in found.items()}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while (w := stack.pop()) != v:
+                part.append(w)
+            if part:
+                circles.append(sorted([v, *part]))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_no_module_imports_a_module_that_imports_it():
+    assert _circles(_graph()) == []
+
+
+def test_the_circle_finder_finds_a_circle():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_what_respawn_draws_imports_neither_the_cli_nor_the_local_cloud():
+    for path in (ROOT / "render").glob("*.py"):
+        bad = [m for m in imports(path) if m.startswith(("controller.cli", "localcloud", "controller.service"))]
+        assert not bad, f"controller/render/{path.name} imports {bad}"

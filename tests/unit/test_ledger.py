@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from controller.core import checkpoints, ledger, prices
+from controller.core import accounting, checkpoints, ledger, prices
 from controller.core.ports import BlobInfo
 from controller.core.state import CheckpointRef, Event, JobStatus, Phase
 
@@ -23,7 +23,7 @@ def commit(before: JobStatus, *events: tuple[float, str], **changes) -> JobStatu
     """``before`` plus ``events`` (minute, name) committed, the ledger settled as the executor does."""
     after = before.but(*(Event(at=at(m), event=n, attempt=changes.get("attempt", before.attempt), zone="z1")
                          for m, n in events), **changes)
-    return ledger.settle(after, None)
+    return accounting.settle(after, None)
 
 
 def launched(minute: float = 0, attempt: int = 1, **changes) -> JobStatus:
@@ -40,7 +40,7 @@ def test_a_launch_opens_an_attempt_and_inserted_and_running_date_it():
 
 def test_a_commit_accounts_only_the_events_it_adds():
     st = commit(launched(), (1, "inserted"))
-    again = ledger.settle(st, None)  # the same status written again: nothing new
+    again = accounting.settle(st, None)  # the same status written again: nothing new
     assert again.ledger == st.ledger
 
 
@@ -71,7 +71,7 @@ def test_a_new_run_starts_its_own_ledger_even_with_the_old_runs_history():
 
     old = commit(commit(launched(), (1, "inserted")), (60, "succeeded"), phase=Phase.SUCCEEDED)
     fresh = transitions.new_run(old, old.attempt, 2, at(90))
-    settled = ledger.settle(fresh, None)
+    settled = accounting.settle(fresh, None)
     assert settled.ledger == ledger.Ledger(folded=old.event_count + 1) and settled.event_count == old.event_count + 1
 
 
@@ -138,7 +138,7 @@ def test_an_attempt_that_ran_and_ended_between_two_passes_is_not_all_boot():
     st = commit(st, (31, "launch"), attempt=2, zone="z1", provisioning="spot")
     st = commit(st, (32, "inserted"))
     marker = Event(at=at(60), event="preempted", attempt=2, zone="z1", since=at(59))
-    st = ledger.settle(st.but(marker, phase=Phase.RECOVERING), None)
+    st = accounting.settle(st.but(marker, phase=Phase.RECOVERING), None)
     second = st.ledger.spans[1]
     assert (second.running, second.running_estimated, second.end) == (at(35), True, at(59))
     first_loss = st.ledger.losses[0]
@@ -148,7 +148,7 @@ def test_an_attempt_that_ran_and_ended_between_two_passes_is_not_all_boot():
     st = commit(st, (61, "launch"), attempt=3, zone="z1", provisioning="spot")
     st = commit(st, (62, "inserted"))
     exit0 = Event(at=at(70), event="succeeded", attempt=3, zone="z1", since=at(69))  # its exit record
-    st = ledger.settle(st.but(exit0, phase=Phase.SUCCEEDED), None)
+    st = accounting.settle(st.but(exit0, phase=Phase.SUCCEEDED), None)
     third = st.ledger.spans[2]
     assert (third.running, third.running_estimated, third.cause) == (at(65), True, "succeeded")
     assert st.ledger.losses[1].running_at == at(65) and st.ledger.totals.recoveries == 2
@@ -169,7 +169,7 @@ def test_an_attempt_adopted_in_another_zone_is_accounted_there():
     st = launched()
     assert st.ledger.open.zone == "z1"
     found = Event(at=at(2), event="adopted", attempt=1, detail="found llm-1 in z2")
-    st = ledger.settle(st.but(found, zone="z2", inserted=True), None)
+    st = accounting.settle(st.but(found, zone="z2", inserted=True), None)
     assert (st.ledger.open.zone, st.ledger.open.inserted) == ("z2", at(2))
 
 
@@ -185,7 +185,7 @@ def test_a_ledger_written_before_folded_existed_is_taken_as_up_to_date_not_folde
     del raw["ledger"]["folded"]  # as the previous release wrote it
     old = JobStatus.model_validate(raw)
     assert old.ledger.folded == old.event_count
-    again = ledger.settle(old.but(Event(at=at(9), event="preempted", attempt=1, zone="z1"),
+    again = accounting.settle(old.but(Event(at=at(9), event="preempted", attempt=1, zone="z1"),
                                   phase=Phase.RECOVERING), None)
     assert len(again.ledger.spans) == 1 and again.ledger.totals.attempts == 1
 
@@ -193,7 +193,7 @@ def test_a_ledger_written_before_folded_existed_is_taken_as_up_to_date_not_folde
 def test_an_event_the_ledger_cannot_fold_is_skipped_and_said_never_raised():
     st = commit(launched(), (1, "inserted"))
     naive = Event(at=datetime(2026, 1, 1, 0, 30), event="preempted", attempt=1)  # no time zone: hand-written
-    out = ledger.settle(st.but(naive, phase=Phase.RECOVERING), None)
+    out = accounting.settle(st.but(naive, phase=Phase.RECOVERING), None)
     assert out.ledger.skipped == 1 and "TypeError" in out.ledger.problem
     assert out.ledger.folded == out.event_count
 
@@ -201,7 +201,7 @@ def test_an_event_the_ledger_cannot_fold_is_skipped_and_said_never_raised():
 def test_an_attempt_never_seen_running_before_any_boot_was_measured_is_charged_a_default_boot():
     st = commit(launched(), (1, "inserted"))
     exit0 = Event(at=at(21), event="succeeded", attempt=1, zone="z1", since=at(20))
-    st = ledger.settle(st.but(exit0, phase=Phase.SUCCEEDED), None)
+    st = accounting.settle(st.but(exit0, phase=Phase.SUCCEEDED), None)
     assert st.ledger.spans[0].running == at(1) + timedelta(seconds=ledger.DEFAULT_BOOT_S)
 
 

@@ -28,7 +28,7 @@ the terminal, which wraps it (``--watch``'s Live crops it at the edge instead).
 Each job's last event goes on its own indented line(s) under its row, wrapped between
 words; the narrow view keeps two lines at most and ends a longer one with ``…`` after
 a whole word. Everything from a user or the cloud is printed as plain text with control
-characters escaped (``controller.cli.main.printable``).
+characters escaped (``controller.render.text.printable``).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from rich.cells import cell_len, chop_cells
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.text import Text
 
-from controller.cli.main import plain, printable
+from controller.render.text import plain, printable
 from controller.core.durations import format_duration
 from controller.core.placement import fraction
 

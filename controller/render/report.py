@@ -30,7 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from controller.core import checkpoints, ledger
-from controller.cli.main import printable
+from controller.render.text import printable
 from controller.core.durations import format_duration, measured
 
 if TYPE_CHECKING:
@@ -182,7 +182,7 @@ def render_text(job: str, status: JobStatus, now: datetime) -> Group:
     return Group(*parts)
 
 
-# The attempts as ``respawn status`` draws its jobs (controller.cli.status_view): plain columns two
+# The attempts as ``respawn status`` draws its jobs (controller.render.status_view): plain columns two
 # spaces apart, no borders, never a cell cut; laid out when drawn, the widest layout that fits the
 # width. Each layout is (column of ATTEMPT_COLUMNS, header) pairs; "started (UTC)" without its year
 # is column -1 (its cell ``MM-DD HH:MM:SS``). As the width shrinks, things give way in this order:
@@ -212,7 +212,7 @@ class Grid:
         self.title, self.layouts, self.rows, self.caption = title, layouts, rows, caption
 
     def lines(self, width: int) -> list[Text]:
-        from controller.cli.status_view import columns
+        from controller.render.status_view import columns
 
         drawn: list[Text] = []
         for layout in self.layouts:
