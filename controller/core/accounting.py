@@ -60,6 +60,11 @@ def account(ledger: Ledger, events: Sequence[Event], status: JobStatus, spec: Jo
 
 def _one(ledger: Ledger, e: Event, status: JobStatus, spec: JobSpec | None) -> Ledger:
     name = e.event
+    if e.trainer_started is not None and (open_ := ledger.open) is not None and open_.attempt == e.attempt \
+            and open_.trainer_started is None:
+        # The VM's agent said when its trainer started (a heartbeat, a marker, an exit record):
+        # the end of the attempt's boot, whenever a pass saw it RUNNING.
+        ledger = with_current(ledger, open_.model_copy(update={"trainer_started": e.trainer_started}))
     if name in ("launch", "adopted"):
         if name == "adopted" and ledger.open is not None and ledger.open.attempt == status.attempt:
             # Found where it is (another zone, maybe), and accepted: priced there.

@@ -17,9 +17,15 @@ planner or the executor made it. Pure: no I/O, no clock; times are the events' o
   for capacity (not paid, not in goodput); Spot cost against the same hours on demand. Old attempts and losses fold into the totals, so the
   status stays small however long the job runs.
 
-Goodput is useful accelerator-time over paid accelerator-time; useful is paid less boots
-(billed to RUNNING) and less redone work (time trained past the last save, lost). Waiting
-for capacity is in neither: nothing is billed for it.
+Goodput is useful accelerator-time over paid accelerator-time *whose split is known*;
+useful is paid less boots and less redone work (time trained past the last save, lost). An
+attempt's boot runs from when it was billed to when its trainer started: the time the VM's
+agent puts in its records (``trainer_started``, the VM's clock, clamped to the attempt), else
+when a pass saw the VM RUNNING. An attempt that ran and ended between two passes with no
+record naming its trainer's start has an **unknown split** (``Span.boot_unknown``): its paid
+time is counted as paid and as unknown (``unknown_acc_s``), never guessed into boot and
+useful, and it is left out of goodput's ratio on both sides; the report says how much.
+Waiting for capacity is in neither: nothing is billed for it.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ LOSS_CAUSES = (*PLATFORM_CAUSES, "recycled", "failed")
 ENDS = ("succeeded", "failed", "cancelled")
 _MOVES = ("failover", "step-down", "respec")
 MIN_INTERVAL_S, MAX_INTERVAL_S = 60.0, 6 * 3600.0
-DEFAULT_BOOT_S = 120.0  # a boot, before the run has seen one: what an attempt never seen RUNNING is charged
+DEFAULT_BOOT_S = 120.0  # a boot, before the run has seen one: where a queued attempt's capacity came is estimated
 
 
 class _Model(BaseModel):
@@ -75,8 +81,15 @@ class Span(_Model):
     capacity_estimated: bool = False  # not seen between capacity and RUNNING: RUNNING less a boot
     running: datetime | None = None
     # Not seen RUNNING by any pass (it ran and ended between two), yet it ran (a marker, an exit
-    # record): RUNNING from its acceptance plus the run's mean boot.
+    # record): RUNNING from its acceptance plus the run's mean boot. (Ledgers written before
+    # trainer_started existed; an attempt is now boot_unknown instead.)
     running_estimated: bool = False
+    # When its trainer started, by its VM's clock (the agent's records): the end of its boot,
+    # whenever a pass saw it RUNNING; clamped to the attempt where the clocks disagree.
+    trainer_started: datetime | None = None
+    # It ran and ended between two passes, and no record said when its trainer started: how its
+    # paid time splits into boot and training is unknown, and said so, never guessed.
+    boot_unknown: bool = False
     end: datetime | None = None
     cause: str | None = None  # why it ended: a loss cause, or succeeded / failed / cancelled
     resumed_step: int | None = None  # the checkpoint step it started from
@@ -96,11 +109,14 @@ class Loss(_Model):
     running_at: datetime | None = None  # the replacement RUNNING
     redone_s: float | None = None  # training time lost: from the save resumed from to the loss
     resumed_step: int | None = None
+    # The replacement ran, but when it began is unknown (it ended between two passes, no
+    # trainer start recorded): running_at is its end, and no recovery time is claimed.
+    recovery_unknown: bool = False
 
     @property
     def recovery_s(self) -> float | None:
         """From the loss (or its sighting) to the replacement RUNNING."""
-        if self.running_at is None:
+        if self.running_at is None or self.recovery_unknown:
             return None
         return (self.running_at - (self.lost_at or self.seen_at)).total_seconds()
 
@@ -117,7 +133,8 @@ class Totals(_Model):
     attempts: int = 0
     paid_acc_s: float = 0.0  # accelerator-seconds paid (accepted, or given capacity, to end)
     waiting_s: float = 0.0  # wall time attempts waited for capacity, unbilled (accepted to capacity)
-    boot_acc_s: float = 0.0  # accepted to RUNNING
+    boot_acc_s: float = 0.0  # accepted to the trainer's start (else to RUNNING)
+    unknown_acc_s: float = 0.0  # paid to attempts whose split into boot and training is unknown
     redone_acc_s: float = 0.0  # trained past the last save, then lost
     running_s: float = 0.0  # wall time RUNNING: the time between losses counts it
     boots: int = 0  # attempts seen going from accepted to RUNNING,
@@ -183,30 +200,38 @@ def began_running(ledger: Ledger, at: datetime, estimated: bool = False) -> Ledg
 def redone_since(ledger: Ledger, loss: Loss, checkpoint: object) -> float | None:
     """Training time the lost attempt did past the save its replacement resumes from."""
     lost = next((s for s in reversed(ledger.spans) if s.attempt == loss.attempt), None)
-    if lost is None or lost.running is None:
-        return 0.0  # it never trained
+    if lost is not None and lost.boot_unknown:
+        return None  # when it began training is unknown: its whole paid time is counted unknown
     until = loss.lost_at or loss.seen_at
+    up = _up(lost, lost.end or until) if lost is not None else None
+    if up is None:
+        return 0.0  # it never trained
     saved = getattr(checkpoint, "saved_at", None)
-    began = max(lost.running, saved) if saved is not None else lost.running
+    began = max(up, saved) if saved is not None else up
     return max(0.0, (until - began).total_seconds())
 
 
 def close(ledger: Ledger, at: datetime, cause: str, ran: bool = False) -> Ledger:
-    """End the current attempt at ``at``; ``ran``: there is evidence its trainer ran, so one
-    never seen RUNNING is taken to have run from its boot (the run's mean boot) on."""
+    """End the current attempt at ``at``; ``ran``: there is evidence its trainer ran. One never
+    seen RUNNING ran from its trainer's start where a record gave it; without one, how its paid
+    time splits is unknown (``boot_unknown``), never a guessed boot."""
     span = ledger.open
     assert span is not None
+    ran = ran or span.trainer_started is not None
     if ran and span.running is None and span.queued is not None and span.capacity is None and at > span.queued:
         # It ran, so it got capacity, when is unseen: from its last sighting waiting (the most it was paid).
         span = span.model_copy(update={"capacity": span.queued, "capacity_estimated": True})
         ledger = with_current(ledger, span)
     if ran and span.running is None and (billed := _billed_from(span)) is not None and at > billed:
-        ledger = began_running(ledger, min(at, billed + _mean_boot(ledger.totals)), estimated=True)
+        if span.trainer_started is not None:
+            ledger = began_running(ledger, min(max(span.trainer_started, billed), at))
+        else:
+            ledger = _ran_unseen(ledger, at)
         span = ledger.open
         assert span is not None
     end = max(at, span.start)
     done = span.model_copy(update={"end": end, "cause": cause})
-    paid, boot, ran, waited = _times(done, end)
+    paid, boot, ran, waited, unknown = _times(done, end)
     totals = ledger.totals
     sources = totals.price_sources if done.price_source in totals.price_sources or not paid else (
         *totals.price_sources, done.price_source)
@@ -214,6 +239,7 @@ def close(ledger: Ledger, at: datetime, cause: str, ran: bool = False) -> Ledger
         "attempts": totals.attempts + 1,
         "paid_acc_s": totals.paid_acc_s + paid * span.accelerators,
         "boot_acc_s": totals.boot_acc_s + boot * span.accelerators,
+        "unknown_acc_s": totals.unknown_acc_s + unknown * span.accelerators,
         "running_s": totals.running_s + ran,
         "waiting_s": totals.waiting_s + waited,
         "cost": totals.cost + paid / 3600 * span.per_hour,
@@ -221,6 +247,26 @@ def close(ledger: Ledger, at: datetime, cause: str, ran: bool = False) -> Ledger
         "price_sources": sources,
     })
     return ledger.model_copy(update={"spans": (*ledger.spans[:-1], done), "totals": totals})
+
+
+def _ran_unseen(ledger: Ledger, at: datetime) -> Ledger:
+    """The current attempt ran, never seen RUNNING and with no trainer start on record: its boot
+    is unknown, and so is when the recoveries it ends were over (closed at ``at``, none claimed)."""
+    span = ledger.open
+    assert span is not None
+    losses = tuple(loss.model_copy(update={"running_at": max(at, loss.issued_at), "recovery_unknown": True})
+                   if loss.running_at is None and loss.issued_at is not None and loss.attempt < span.attempt
+                   else loss for loss in ledger.losses)
+    return with_current(ledger.model_copy(update={"losses": losses}), span.model_copy(update={"boot_unknown": True}))
+
+
+def _up(span: Span, until: datetime) -> datetime | None:
+    """When the attempt's boot ended, up to ``until``: its trainer's start (clamped to its billed
+    time: the VM's clock and the controller's may disagree), else when a pass saw it RUNNING."""
+    billed = _billed_from(span)
+    if span.trainer_started is not None and billed is not None:
+        return min(max(span.trainer_started, billed), until)
+    return min(span.running, until) if span.running else None
 
 
 def _billed_from(span: Span) -> datetime | None:
@@ -233,20 +279,23 @@ def _mean_boot(totals: Totals) -> timedelta:
     return timedelta(seconds=totals.boot_s / totals.boots if totals.boots else DEFAULT_BOOT_S)
 
 
-def _times(span: Span, until: datetime) -> tuple[float, float, float, float]:
-    """(paid, booting, running, waiting) seconds of ``span`` up to ``until``: waiting for
-    capacity is not paid (a Flex-start VM in PENDING, a queued TPU is not billed)."""
+def _times(span: Span, until: datetime) -> tuple[float, float, float, float, float]:
+    """(paid, booting, running, waiting, unknown) seconds of ``span`` up to ``until``: waiting
+    for capacity is not paid (a Flex-start VM in PENDING, a queued TPU is not billed); an
+    attempt whose boot is unknown has its paid time unknown, neither boot nor running."""
     if span.inserted is None or until <= span.inserted:
-        return 0.0, 0.0, 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0, 0.0
     billed = _billed_from(span)
     waited = ((min(billed, until) if billed else until) - span.inserted).total_seconds() if span.queued else 0.0
     if billed is None or until <= billed:
-        return 0.0, 0.0, 0.0, max(0.0, waited)
+        return 0.0, 0.0, 0.0, max(0.0, waited), 0.0
     paid = (until - billed).total_seconds()
-    up = min(span.running, until) if span.running else until
+    if span.boot_unknown:
+        return paid, 0.0, 0.0, max(0.0, waited), paid
+    up = _up(span, until) or until
     boot = max(0.0, (up - billed).total_seconds())
-    ran = max(0.0, (until - span.running).total_seconds()) if span.running and span.running < until else 0.0
-    return paid, boot, ran, max(0.0, waited)
+    ran = max(0.0, (until - up).total_seconds())
+    return paid, boot, ran, max(0.0, waited), 0.0
 
 
 def with_mark(ledger: Ledger, mark: Mark) -> Ledger:
@@ -271,7 +320,7 @@ class Summary(_Model):
     boot_hours: float
     redone_hours: float
     useful_hours: float
-    goodput: float | None  # useful / paid; None before anything was paid
+    goodput: float | None  # useful / paid of known split; None before any such was paid
     cost: float
     on_demand_cost: float
     savings: float  # on-demand cost less the cost paid
@@ -279,6 +328,7 @@ class Summary(_Model):
     recovery_mean_s: float | None
     time_between_losses_s: float | None  # M: RUNNING time per platform loss
     price_sources: tuple[str, ...]
+    unknown_hours: float = 0.0  # paid to attempts whose split into boot and training is unknown
 
 
 def summary(ledger: Ledger, now: datetime) -> Summary:
@@ -293,24 +343,26 @@ def summary(ledger: Ledger, now: datetime) -> Summary:
 
 def _summary(ledger: Ledger, now: datetime) -> Summary:
     totals = ledger.totals
-    paid, boot, redone = totals.paid_acc_s, totals.boot_acc_s, totals.redone_acc_s
+    paid, boot, redone, unknown = totals.paid_acc_s, totals.boot_acc_s, totals.redone_acc_s, totals.unknown_acc_s
     cost, on_demand, running = totals.cost, totals.on_demand_cost, totals.running_s
     sources, waiting = totals.price_sources, totals.waiting_s
     if (span := ledger.open) is not None:
-        p, b, r, w = _times(span, now)
+        p, b, r, w, u = _times(span, now)
         paid, boot, running = paid + p * span.accelerators, boot + b * span.accelerators, running + r
+        unknown += u * span.accelerators
         waiting += w
         cost, on_demand = cost + p / 3600 * span.per_hour, on_demand + p / 3600 * span.on_demand_per_hour
         if p and span.price_source not in sources:
             sources = (*sources, span.price_source)
-    useful = max(0.0, paid - boot - redone)
+    known = paid - unknown  # goodput is of the paid time whose split is known
+    useful = max(0.0, known - boot - redone)
     losses = sum(sum(c.values()) for c in totals.losses.values())
     return Summary(
         accelerator_hours=paid / 3600, waiting_hours=waiting / 3600, boot_hours=boot / 3600, redone_hours=redone / 3600, useful_hours=useful / 3600,
-        goodput=useful / paid if paid > 0 else None, cost=cost, on_demand_cost=on_demand, savings=on_demand - cost,
+        goodput=useful / known if known > 1e-9 else None, cost=cost, on_demand_cost=on_demand, savings=on_demand - cost,
         losses=losses, recovery_mean_s=totals.recovery_s / totals.recoveries if totals.recoveries else None,
         time_between_losses_s=running / totals.platform_losses if totals.platform_losses else None,
-        price_sources=sources,
+        price_sources=sources, unknown_hours=unknown / 3600,
     )
 
 

@@ -49,6 +49,7 @@ class Event(BaseModel):
     instance: str | None = None
     zone: str | None = None
     since: datetime | None = None  # when it happened, where that is known and earlier (a VM's marker)
+    trainer_started: datetime | None = None  # the attempt's trainer started, by its VM's clock (its records)
 
 
 class CheckpointRef(BaseModel):

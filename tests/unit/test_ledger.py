@@ -130,28 +130,85 @@ def test_a_directory_saves_writing_time_is_its_first_object_to_its_marker():
     assert CheckpointRef.of(found).write_s == 150.0
 
 
-def test_an_attempt_that_ran_and_ended_between_two_passes_is_not_all_boot():
-    """Never seen RUNNING, but its marker (or exit record) says its trainer ran: RUNNING from its
-    acceptance plus the run's mean observed boot, and the recovery it ends is closed."""
+def one_accelerator(st: JobStatus) -> JobStatus:
+    """``st`` with its open attempt on one accelerator (a spec-less ledger counts none)."""
+    span = st.ledger.open.model_copy(update={"accelerators": 1.0})
+    return st.model_copy(update={"ledger": ledger.with_current(st.ledger, span)})
+
+
+def test_an_attempt_that_ran_and_ended_between_two_passes_boots_until_its_trainer_started():
+    """Never seen RUNNING, but its marker (or exit record) names its trainer's start: booting
+    from its acceptance to then, training after; the recovery it ends is closed there."""
     st = commit(commit(launched(), (1, "inserted")), (4, "running"))  # a 3-minute boot seen
     st = commit(st, (30, "failed"), phase=Phase.RECOVERING)
-    st = commit(st, (31, "launch"), attempt=2, zone="z1", provisioning="spot")
-    st = commit(st, (32, "inserted"))
-    marker = Event(at=at(60), event="preempted", attempt=2, zone="z1", since=at(59))
+    st = one_accelerator(commit(commit(st, (31, "launch"), attempt=2, zone="z1", provisioning="spot"), (32, "inserted")))
+    marker = Event(at=at(60), event="preempted", attempt=2, zone="z1", since=at(59), trainer_started=at(32.5))
     st = accounting.settle(st.but(marker, phase=Phase.RECOVERING), None)
     second = st.ledger.spans[1]
-    assert (second.running, second.running_estimated, second.end) == (at(35), True, at(59))
+    assert (second.trainer_started, second.boot_unknown, second.end) == (at(32.5), False, at(59))
+    assert math.isclose(st.ledger.totals.boot_acc_s, 30.0)  # 32 to 32.5 min, not a mean boot nor all of it
+    assert math.isclose(st.ledger.totals.paid_acc_s, 27 * 60) and st.ledger.totals.unknown_acc_s == 0
     first_loss = st.ledger.losses[0]
-    assert first_loss.running_at == at(35) and st.ledger.totals.recoveries == 1
-    assert math.isclose(st.ledger.totals.boot_acc_s, 0.0)  # no accelerators in a spec-less ledger
-    assert math.isclose(st.ledger.totals.running_s, 26 * 60 + 24 * 60)
-    st = commit(st, (61, "launch"), attempt=3, zone="z1", provisioning="spot")
-    st = commit(st, (62, "inserted"))
-    exit0 = Event(at=at(70), event="succeeded", attempt=3, zone="z1", since=at(69))  # its exit record
+    assert first_loss.running_at == at(32.5) and st.ledger.totals.recoveries == 1
+    total = ledger.summary(st.ledger, at(60))
+    assert math.isclose(total.goodput, (27 * 60 - 30) / (27 * 60)) and total.unknown_hours == 0
+
+
+def test_an_attempt_that_ran_between_two_passes_with_no_trainer_start_is_boot_unknown_not_guessed():
+    """Its exit record says it ran, and none names when its trainer started: no mean boot, no
+    default boot is charged; its paid time is of unknown split, outside goodput's ratio."""
+    st = commit(commit(launched(), (1, "inserted")), (4, "running"))
+    st = one_accelerator(st)
+    st = commit(st, (30, "failed"), phase=Phase.RECOVERING)  # 26 min trained, 3 booted: known
+    saved = CheckpointRef(uri="gs://b/run/ckpt-87.pt", step=87, saved_at=at(30))  # nothing redone
+    st = commit(st, (31, "launch"), attempt=2, zone="z1", provisioning="spot", resume_from=saved)
+    st = one_accelerator(commit(st, (32, "inserted")))
+    exit0 = Event(at=at(50), event="succeeded", attempt=2, zone="z1", since=at(49))  # an agent without the field
     st = accounting.settle(st.but(exit0, phase=Phase.SUCCEEDED), None)
-    third = st.ledger.spans[2]
-    assert (third.running, third.running_estimated, third.cause) == (at(65), True, "succeeded")
-    assert st.ledger.losses[1].running_at == at(65) and st.ledger.totals.recoveries == 2
+    second = st.ledger.spans[1]
+    assert (second.running, second.boot_unknown, second.end) == (None, True, at(50))
+    totals = st.ledger.totals
+    assert math.isclose(totals.boot_acc_s, 3 * 60) and math.isclose(totals.unknown_acc_s, 18 * 60)
+    loss = st.ledger.losses[0]
+    assert loss.recovery_unknown and loss.recovery_s is None and totals.recoveries == 0
+    total = ledger.summary(st.ledger, at(50))
+    assert math.isclose(total.unknown_hours, 18 / 60) and math.isclose(total.accelerator_hours, 47 / 60)
+    assert math.isclose(total.goodput, 26 / 29)  # of the 29 known minutes; the 18 unknown are in neither side
+
+
+def test_an_attempt_whose_split_is_all_unknown_has_no_goodput_rather_than_a_guess():
+    st = one_accelerator(commit(launched(), (1, "inserted")))
+    exit0 = Event(at=at(21), event="succeeded", attempt=1, zone="z1", since=at(20))
+    st = accounting.settle(st.but(exit0, phase=Phase.SUCCEEDED), None)
+    assert st.ledger.spans[0].running is None and st.ledger.spans[0].boot_unknown
+    total = ledger.summary(st.ledger, at(21))
+    assert total.goodput is None and math.isclose(total.unknown_hours, 20 / 60) and total.boot_hours == 0
+
+
+@pytest.mark.parametrize(("started", "boot_s"), [
+    (at(0.5), 0.0),  # the VM's clock behind the controller's: before billing, so no boot at all
+    (at(1.25), 15.0),
+    (at(90), 19 * 60),  # after the attempt's end (a clock ahead): all of it boot, never more
+])
+def test_a_trainer_start_outside_the_attempt_is_clamped_to_it(started, boot_s):
+    st = one_accelerator(commit(launched(), (1, "inserted")))
+    marker = Event(at=at(21), event="preempted", attempt=1, zone="z1", since=at(20), trainer_started=started)
+    st = accounting.settle(st.but(marker, phase=Phase.RECOVERING), None)
+    totals = st.ledger.totals
+    assert math.isclose(totals.boot_acc_s, boot_s) and math.isclose(totals.paid_acc_s, 19 * 60)
+    assert totals.unknown_acc_s == 0 and math.isclose(totals.running_s, 19 * 60 - boot_s)
+
+
+def test_a_trainer_start_ends_the_boot_whenever_a_pass_saw_running():
+    """The tick's lag is no boot: training within half a second, seen RUNNING 5.1 s later."""
+    st = one_accelerator(commit(launched(), (0, "inserted")))
+    seen = Event(at=T0 + timedelta(seconds=5.6), event="running", attempt=1, zone="z1")
+    st = accounting.settle(st.but(seen, phase=Phase.RUNNING), None)
+    done = Event(at=at(10), event="succeeded", attempt=1, zone="z1", since=at(10),
+                 trainer_started=T0 + timedelta(seconds=0.5))
+    st = accounting.settle(st.but(done, phase=Phase.SUCCEEDED), None)
+    assert math.isclose(st.ledger.totals.boot_acc_s, 0.5)
+    assert math.isclose(ledger.summary(st.ledger, at(10)).goodput, (600 - 0.5) / 600)
 
 
 def test_a_hard_loss_never_seen_running_stays_boot_and_a_cancel_is_no_evidence():
@@ -196,13 +253,6 @@ def test_an_event_the_ledger_cannot_fold_is_skipped_and_said_never_raised():
     out = accounting.settle(st.but(naive, phase=Phase.RECOVERING), None)
     assert out.ledger.skipped == 1 and "TypeError" in out.ledger.problem
     assert out.ledger.folded == out.event_count
-
-
-def test_an_attempt_never_seen_running_before_any_boot_was_measured_is_charged_a_default_boot():
-    st = commit(launched(), (1, "inserted"))
-    exit0 = Event(at=at(21), event="succeeded", attempt=1, zone="z1", since=at(20))
-    st = accounting.settle(st.but(exit0, phase=Phase.SUCCEEDED), None)
-    assert st.ledger.spans[0].running == at(1) + timedelta(seconds=ledger.DEFAULT_BOOT_S)
 
 
 # -- issue 22: what advice and a listing can honestly say of M and C ---------------------------
