@@ -10,6 +10,11 @@ turns ``enable()`` on for the command it runs; the sessions the adapters build t
 could be made at all: refused, no such host, or no answer to the connect. Errors after a
 connection was made (a reset, a 5xx, a read timeout) are left to the clients' retries.
 
+The CLI also bounds a command's total time (controller/cli/deadline.py): each request sent
+records its endpoint and answer (``last()``), so that the one line said when the bound is
+reached names them; once ``stop_at`` has passed, no request is sent any more (a thread still
+retrying gets ``errors.Unreachable``, which no retry predicate takes for transient).
+
 Light on purpose: the CLI imports it for every command; ``requests`` is imported only when
 an adapter is made.
 """
@@ -17,6 +22,7 @@ an adapter is made.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -27,12 +33,30 @@ _LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 START = "is `respawn local up` still running? If not, start one and export the variables it prints"
 
 _enabled = False
+_stop_at: float | None = None  # time.monotonic() past which no request is sent
+_last: dict[str, str] = {}  # the last request sent: its endpoint and what came of it
 
 
 def enable(on: bool = True) -> None:
     """Clients built from now on fail fast (the CLI's command), or no longer (``on=False``)."""
     global _enabled
     _enabled = on
+    if not on:
+        stop_at(None)
+    _last.clear()
+
+
+def stop_at(when: float | None) -> None:
+    """Past ``when`` (``time.monotonic()``), requests are refused before they are sent; None: never."""
+    global _stop_at
+    _stop_at = when
+
+
+def last() -> tuple[str, str, str]:
+    """(endpoint, the variable that set it or "", what came of its last request or "") of the last request sent."""
+    endpoint = _last.get("endpoint", "")
+    variable = (_variable_for(urlsplit(endpoint).netloc) or "") if endpoint else ""
+    return endpoint, variable, _last.get("answer", "")
 
 
 def enabled() -> bool:
@@ -48,9 +72,18 @@ def adapter(size: int) -> Any:
     class FailFast(requests.adapters.HTTPAdapter):
         def send(self, request: Any, stream: bool = False, timeout: Any = None, verify: Any = True,
                  cert: Any = None, proxies: Any = None) -> Any:
+            parts = urlsplit(request.url)
+            _last.update(endpoint=f"{parts.scheme}://{parts.netloc}", answer="no answer yet")
+            if _stop_at is not None and time.monotonic() >= _stop_at:
+                raise errors.Unreachable(_last["endpoint"], f"{_last['endpoint']}: the command's time is up")
             try:
-                return super().send(request, stream=stream, timeout=_bounded(timeout), verify=verify, cert=cert,
+                answer = super().send(request, stream=stream, timeout=_bounded(timeout), verify=verify, cert=cert,
                                     proxies=proxies)
+                _last["answer"] = f"{answer.status_code} {answer.reason or ''}".strip()
+                return answer
+            except requests.exceptions.ReadTimeout:
+                _last["answer"] = "no answer within the read timeout"
+                raise
             except requests.exceptions.ConnectTimeout as e:
                 raise unreachable(request.url, f"no answer to a connect within {CONNECT_TIMEOUT:.0f} s") from e
             except requests.exceptions.ConnectionError as e:

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
+import click
 import typer
 from pydantic import ValidationError
 from rich.console import Console
@@ -29,7 +30,7 @@ from typer.core import TyperGroup
 
 from controller.service import bootstrap
 from controller.core import errors, ledger
-from controller.cli import joblogs
+from controller.cli import deadline, joblogs
 from controller.render.text import plain, printable
 from controller.service.config import Settings
 from controller.service.jobs import Jobs, Refused
@@ -65,6 +66,8 @@ class _Guarded(TyperGroup):
         failfast.enable()  # at a terminal, an endpoint that is not there is said in seconds
         try:
             return super().invoke(ctx)
+        except deadline.Expired as e:  # the command's bound (--timeout): one line, never a traceback
+            _fail(str(e), UNAVAILABLE)
         except Refused as e:
             _fail(str(e))
         except errors.Unreachable as e:  # already one line that says what to do
@@ -76,12 +79,27 @@ class _Guarded(TyperGroup):
                 raise
             _fail(_message(errors.ConfigError(_settings_problem(e))))
         finally:
+            deadline.stop()
             failfast.enable(False)
 
 
 app = typer.Typer(cls=_Guarded, help="Keep Spot training jobs on Compute Engine alive.", no_args_is_help=True)
 out = Console()
 err = Console(stderr=True)
+
+
+@app.callback()
+def _bounded(timeout: Annotated[float, typer.Option(
+        "--timeout", envvar="RESPAWN_TIMEOUT", min=0,
+        help="seconds a command may wait on the cloud in all, retries included, before it gives up "
+             "(exit 3); 0: no bound")] = deadline.DEFAULT) -> None:
+    deadline.start(timeout)
+
+
+def _ctx_timeout() -> float:
+    """The --timeout the command was started with."""
+    root = click.get_current_context().find_root()
+    return float(root.params.get("timeout", deadline.DEFAULT))
 
 
 def _settings_problem(error: ValidationError) -> str:
@@ -178,7 +196,7 @@ def _submit(raw: bytes, name: str, base: Path, workdir: Path | None, replace: bo
     request = submitting.Request(raw, name, base, workdir, replace, uncancel, yes, dry_run)
     try:
         done = submitting.submit(request, jobs, submitting.google_sources(config), config.project, out, err,
-                                 ask=lambda q: typer.confirm(q, default=True), interactive=submitting.interactive(),
+                                 ask=lambda q: deadline.paused(typer.confirm, q, default=True), interactive=submitting.interactive(),
                                  show_spec=show_spec)
     except SpecError as e:
         for line in e.problems:
@@ -288,6 +306,8 @@ def status(
         return
     from rich.live import Live
 
+    deadline.stop()  # it runs until Ctrl-C; each refresh has a bound of its own
+    bound = _ctx_timeout()
     # Live redraws in place (cursor up, erase line), never clearing the screen; each redraw
     # lays the view out at the terminal's width of that moment.
     count = 0
@@ -296,10 +316,13 @@ def status(
             while not refreshes or count < refreshes:
                 time.sleep(interval)
                 try:
+                    deadline.start(bound)
                     rows = _status_rows(job)
                     live.update(view.watched(rows, wide), refresh=True)
-                except (errors.RespawnError, Refused) as e:  # keep the last table, say why it is old
+                except (errors.RespawnError, Refused, deadline.Expired) as e:  # keep the last table, say why it is old
                     live.update(view.watched(rows, wide, stale=str(e)), refresh=True)
+                finally:
+                    deadline.stop()
                 count += 1
         except KeyboardInterrupt:
             pass
@@ -438,6 +461,7 @@ def logs(
                                  guard=lambda: translated("Cloud Logging"), account=config.trainer_service_account)
         reader.print_all(runs, since)
         if follow:
+            deadline.stop()  # it runs until Ctrl-C
             try:
                 reader.follow(read, since, interval, stop_after)
             except KeyboardInterrupt:
@@ -494,6 +518,7 @@ def deploy(
 
     from controller.cli import deploy as deployment
 
+    deadline.stop()  # each step (a gcloud command, an API request) is bounded by its own timeout
     config = _config(fresh=True)
     policy_env = deployment.policy_env(config)  # an empty list set on purpose is passed on empty
     target = deployment.Target(
@@ -550,6 +575,7 @@ def doctor(
     from controller.cli import doctor as doctors
     from controller.cli.deploy import account_email
 
+    deadline.stop()  # every check has its own bound (--timeout of doctor)
     config = _config(fresh=True)
     if not config.project or not config.bucket or not region:
         _fail("set RESPAWN_PROJECT, RESPAWN_BUCKET and RESPAWN_REGION (or --region): the deployment to check")
@@ -614,6 +640,8 @@ def local_up(
 
     from localcloud.session import Actions, remove_env, write_env
     from localcloud.stack import LocalCloud, Options
+
+    deadline.stop()  # it runs until Ctrl-C
 
     cloud = LocalCloud(Options(bucket=bucket, project=project, tick_interval=tick, shutdown_budget=preemption_notice,
                                log_dir=_made(folder)))
@@ -757,6 +785,7 @@ def demo(
     then taken by host maintenance) still ends exactly right."""
     from localcloud import demo as story
 
+    deadline.stop()  # its story takes minutes; its own waits are bounded
     try:
         with _interruptible():
             result = story.run(out, notice, "tpu" if tpu else "gpu", output)

@@ -227,3 +227,70 @@ def test_an_unreachable_endpoint_is_named_with_the_variable_that_set_it(monkeypa
     assert failfast._bounded(None) == (failfast.CONNECT_TIMEOUT, None)
     assert failfast._bounded(60) == (failfast.CONNECT_TIMEOUT, 60)
     assert failfast._bounded((120, 30)) == (failfast.CONNECT_TIMEOUT, 30)
+
+
+class _Busy:
+    """An HTTP server on 127.0.0.1 that answers every request 503, forever."""
+
+    def __enter__(self) -> str:
+        import http.server
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def answer(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(503)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_GET = do_POST = do_PUT = do_DELETE = answer
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("command", [["status"], ["report", "j"], ["cancel", "j"]])
+def test_a_command_against_an_endpoint_that_answers_503_forever_gives_up_at_its_bound_in_one_line(command):
+    """A 5xx is retried by the clients for minutes (120 s for storage): at a terminal, the command's
+    --timeout (RESPAWN_TIMEOUT) bounds it all, with one line naming the endpoint and exit 3."""
+    shell = {k: v for k, v in os.environ.items() if not k.startswith(("RESPAWN_", "CLOUDSDK_", "STORAGE_EMULATOR"))}
+    with _Busy() as endpoint:
+        env = {**shell, "COLUMNS": "200", "STORAGE_EMULATOR_HOST": endpoint, "RESPAWN_BUCKET": "respawn-local",
+               "RESPAWN_PROJECT": "respawn-local", "RESPAWN_COMPUTE_ENDPOINT": endpoint, "RESPAWN_TIMEOUT": "4"}
+        began = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "controller.cli", *command], env=env, capture_output=True,
+                              text=True, timeout=60, stdin=subprocess.DEVNULL)
+    took = time.monotonic() - began
+    text = done.stdout + done.stderr
+    assert took < 4 + 5, (took, text)
+    assert done.returncode == 3, text
+    said = [line for line in text.splitlines() if line.strip()]
+    assert len(said) == 1, text
+    assert said[0].startswith("✗ gave up after 4 s: ") and endpoint in said[0] and "503" in said[0], text
+    assert "--timeout" in said[0] and "Traceback" not in text
+
+
+def test_the_bound_is_the_cli_s_alone_and_ends_with_the_command():
+    """The functions keep their own retries: nothing bounds a process that did not start a CLI command,
+    and a command, once done, leaves no timer armed nor requests refused behind it."""
+    from typer.testing import CliRunner
+
+    from controller.adapters import failfast
+    from controller.cli.main import app
+
+    assert failfast._stop_at is None  # a function's requests are never refused for time
+    handler, left = signal.getsignal(signal.SIGALRM), signal.getitimer(signal.ITIMER_REAL)[0]
+    spec = Path(__file__).parents[2] / "examples" / "llm-finetune.yaml"
+    result = CliRunner().invoke(app, ["--timeout", "7", "validate", str(spec)])
+    assert result.exit_code == 0 and "valid" in result.output, result.output
+    # pytest-timeout's own alarm (if any) is back, never pushed later
+    assert failfast._stop_at is None and signal.getsignal(signal.SIGALRM) is handler
+    now = signal.getitimer(signal.ITIMER_REAL)[0]
+    assert now <= left and (left == 0) == (now == 0)
