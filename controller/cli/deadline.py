@@ -31,6 +31,7 @@ GRACE = 3.0  # seconds between Expired raised and the process ended regardless
 UNAVAILABLE = 3  # the CLI's exit code: the same command may work later
 
 T = TypeVar("T")
+given = DEFAULT  # the command's --timeout (begin()), which status --watch gives each refresh
 _bound: float = 0.0
 _expired = False
 _before: tuple[Any, float, float] | None = None  # SIGALRM's handler and timer before start(), and when
@@ -38,6 +39,13 @@ _before: tuple[Any, float, float] | None = None  # SIGALRM's handler and timer b
 
 class Expired(BaseException):
     """The command's time is up; ``str()``: one line naming the endpoint and what to do."""
+
+
+def begin(seconds: float) -> None:
+    """The command's bound: ``seconds`` from now, and ``given`` for the steps that bound themselves."""
+    global given
+    given = seconds
+    start(seconds)
 
 
 def start(seconds: float) -> None:

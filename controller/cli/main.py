@@ -20,7 +20,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
-import click
 import typer
 from pydantic import ValidationError
 from rich.console import Console
@@ -93,13 +92,7 @@ def _bounded(timeout: Annotated[float, typer.Option(
         "--timeout", envvar="RESPAWN_TIMEOUT", min=0,
         help="seconds a command may wait on the cloud in all, retries included, before it gives up "
              "(exit 3); 0: no bound")] = deadline.DEFAULT) -> None:
-    deadline.start(timeout)
-
-
-def _ctx_timeout() -> float:
-    """The --timeout the command was started with."""
-    root = click.get_current_context().find_root()
-    return float(root.params.get("timeout", deadline.DEFAULT))
+    deadline.begin(timeout)
 
 
 def _settings_problem(error: ValidationError) -> str:
@@ -307,7 +300,7 @@ def status(
     from rich.live import Live
 
     deadline.stop()  # it runs until Ctrl-C; each refresh has a bound of its own
-    bound = _ctx_timeout()
+    bound = deadline.given
     # Live redraws in place (cursor up, erase line), never clearing the screen; each redraw
     # lays the view out at the terminal's width of that moment.
     count = 0
