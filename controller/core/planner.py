@@ -212,7 +212,8 @@ def _watch(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchC
         # The heartbeat grace starts no earlier than this: a VM can wait long before it runs
         # (a Flex-start VM sits in PENDING until Compute finds capacity, hours at times), and
         # its trainer cannot beat before it runs.
-        running = st.but(t.event(now, st, "running", detail), phase=Phase.RUNNING, message=detail, resumed_at=now)
+        running = st.but(t.event(now, st, "running", detail, trainer_started=_trainer_started(v, st)),
+                         phase=Phase.RUNNING, message=detail, resumed_at=now)
         return [WriteStatus(v.job, running, "instances running")]
     if hung := _hung(spec, st, working, now):
         # The TPU service itself says the runtime does not answer: a hang, as a stale heartbeat is.
@@ -397,7 +398,7 @@ def _restart(v: JobView, spec: JobSpec, st: JobStatus, cause: str, detail: str, 
     """A loss that is not the trainer's fault: preemption, maintenance, host error, recycling.
 
     ``since``: when the VM said so (its marker), for the ledger."""
-    lost = _loss_event(now, st, cause, detail, since)
+    lost = _loss_event(now, st, cause, detail, since, _trainer_started(v, st))
     if cause == "recycled":
         st = st.but(recycles=st.recycles + 1)
     else:
@@ -409,9 +410,19 @@ def _restart(v: JobView, spec: JobSpec, st: JobStatus, cause: str, detail: str, 
     return _launch(v, spec, recovering, f"{cause}: {detail}", now, ctx)
 
 
-def _loss_event(now: datetime, st: JobStatus, cause: str, detail: str, since: datetime | None = None) -> Event:
-    """The current attempt lost: where it was, and when the VM said so (``since``)."""
-    return t.event(now, st, cause, detail, since=since, zone=st.zone, instance=st.instances[0] if st.instances else None)
+def _loss_event(now: datetime, st: JobStatus, cause: str, detail: str, since: datetime | None = None,
+                trainer_started: datetime | None = None) -> Event:
+    """The current attempt lost: where it was, when the VM said so (``since``), and when its
+    trainer had started (``_trainer_started``)."""
+    return t.event(now, st, cause, detail, since=since, zone=st.zone, instance=st.instances[0] if st.instances else None,
+                   trainer_started=trainer_started)
+
+
+def _trainer_started(v: JobView, st: JobStatus) -> datetime | None:
+    """When the current attempt's trainer started, as its agent's records say (the earliest, by
+    the VM's clock), for the ledger: the end of its boot, whenever a pass saw it RUNNING."""
+    return min((r.trainer_started for r in (*v.records(), v.heartbeat)
+                if r is not None and r.trainer_started is not None and r.belongs_to(st)), default=None)
 
 
 def _failure(v: JobView, spec: JobSpec, st: JobStatus, detail: str, now: datetime,
@@ -436,7 +447,8 @@ def _failure(v: JobView, spec: JobSpec, st: JobStatus, detail: str, now: datetim
                     f"(max_restarts {policy.max_restarts})", now, since=since)
     delay = t.backoff(spec, stalled)
     text = f"{detail}; failure {failures} of {policy.max_failures}, restarting in {fmt(delay)}"
-    nxt = counted.but(_loss_event(now, st, "failed", text, since), phase=Phase.RECOVERING, restarts=restarts,
+    nxt = counted.but(_loss_event(now, st, "failed", text, since, _trainer_started(v, st)), phase=Phase.RECOVERING,
+                      restarts=restarts,
                       not_before=now + delay, message=text, recovering_since=now)
     # Its records stay until the next attempt is inserted (``_insert`` consumes them): a gang
     # worker's failure must still be there to outweigh rank 0's exit 0 landing meanwhile.
@@ -489,7 +501,7 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
     # refused everywhere was refused for the spec of its time: a spec replaced since (another
     # machine type, another list) is tried afresh, never left with no model to wait on.
     fresh = st.but(zone_rejections={}, **({"refused_models": {}} if st.spec_generation != v.spec_generation else {}))
-    choice = t.choose(spec, fresh, now, v.zone_order)
+    choice = t.choose(spec, fresh, now, lambda m: v.zone_order(m, now))
     if choice is None:
         return [_waiting(v, spec, st, now), *_delete_current(v, st, why)]
     model, zone = choice
@@ -570,7 +582,7 @@ def _insert(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: Launch
         # never put a second try of one attempt in another zone.
         kept = (st.zone in spec.zones and st.zone not in v.denied_zones and not st.not_before
                 and t.usable(st, st.zone, now))
-        zone = st.zone if kept else t.pick_zone(spec, st, now, v.zone_order(t.model_of(spec, st)))
+        zone = st.zone if kept else t.pick_zone(spec, st, now, v.zone_order(t.model_of(spec, st), now))
         if zone is None:
             return [_waiting(v, spec, st, now)]
         if zone != st.zone or st.not_before or st.instances != wanted or switched:
@@ -597,7 +609,7 @@ def _step_up(v: JobView, spec: JobSpec, st: JobStatus, now: datetime) -> WriteSt
     """The attempt, not created yet, on a model above its own whose capacity is back (a zone not
     cooling on it) now that ``fallback.step_up_after`` has passed: while the job is not running,
     every model it may use is a candidate, the spec's order preferred."""
-    choice = t.choose(spec, st, now, v.zone_order)
+    choice = t.choose(spec, st, now, lambda m: v.zone_order(m, now))
     if choice is None or choice[0] == t.model_of(spec, st):
         return None
     up = t.switch_model(st, spec, choice[0], now).but(zone=choice[1])
@@ -667,7 +679,7 @@ def _end(v: JobView, st: JobStatus, phase: Phase, detail: str, now: datetime, si
     # The spec generation this was decided under: a spec replaced during the run
     # (``--replace``) applied to its remaining attempts, not to a run after the end.
     changes.setdefault("spec_generation", v.spec_generation)
-    done = t.finish(st, phase, detail, now, since=since, **changes)
+    done = t.finish(st, phase, detail, now, since=since, trainer_started=_trainer_started(v, st), **changes)
     return [WriteStatus(v.job, done, phase.lower()), *_leftovers(v)]
 
 

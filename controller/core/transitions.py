@@ -40,10 +40,12 @@ def new_run(prev: JobStatus | None, attempt: int, spec_generation: int | None, n
 
 
 def finish(status: JobStatus, phase: Phase, detail: str, now: datetime, since: datetime | None = None,
-           **changes: object) -> JobStatus:
-    """The run ends; ``since``: when the VM's exit record that decided it was written."""
+           trainer_started: datetime | None = None, **changes: object) -> JobStatus:
+    """The run ends; ``since``: when the VM's exit record that decided it was written;
+    ``trainer_started``: when its attempt's trainer started, where a record said so."""
     return status.but(
-        event(now, status, phase.lower(), detail, since=since), phase=phase, message=detail, not_before=None, **changes
+        event(now, status, phase.lower(), detail, since=since, trainer_started=trainer_started), phase=phase,
+        message=detail, not_before=None, **changes
     )
 
 
@@ -123,7 +125,9 @@ def begin_attempt(
     """Commit attempt N+1 before inserting it: the status write is what makes it unique."""
     attempt = status.attempt + 1
     resume = f"resuming from {checkpoint.uri}" if checkpoint else "starting from scratch (no complete checkpoint)"
-    where = f"{zone} ({model}; {placement.describe(advice.get(zone))})" if advice else f"{zone} ({model})"
+    # A zone seen stocked out since the advice may have been asked is never described by it.
+    lately = placement.stocked_out(status.history, now - placement.ADVICE_MAX_AGE).get(zone)
+    where = f"{zone} ({model}; {placement.describe(advice.get(zone), lately, now)})" if advice else f"{zone} ({model})"
     detail = f"{why}; creating {', '.join(names)} in {where}, {resume}"
     # Against the model the status was on (a new spec may have dropped it): its cooldowns and
     # its time on that model are its own, never the new one's.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timezone
 
 from controller.core import placement
 from controller.core.ports import BlobInfo, Instance, StopReason, ZoneAdvice
@@ -39,6 +39,9 @@ class Record:
     token: str | None = None
     detail: str = ""  # a marker's reason (preempted, maintenance, rebooted); an exit record's why
     saved: bool | None = None  # a marker: the trainer exited (its SIGTERM save done) before the deadline
+    # When the agent launched the trainer, by the VM's clock (RFC 3339, UTC); None from an older
+    # agent, or where the field is garbage (the record itself still counts).
+    trainer_started: datetime | None = None
 
     @classmethod
     def oversized(cls, info: BlobInfo) -> Record:
@@ -80,6 +83,7 @@ class Record:
             token=token if isinstance(token, str) and 0 < len(token) <= 256 else None,
             detail=reason[:200] if isinstance(reason, str) else "",
             saved=body.get("saved") if isinstance(body.get("saved"), bool) else None,
+            trainer_started=_instant(body.get("trainer_started")),
         )
 
     def belongs_to(self, status: JobStatus) -> bool:
@@ -91,6 +95,18 @@ class Record:
         if self.attempt is None or self.attempt != status.attempt:
             return False
         return status.attempt_token is None or self.token == status.attempt_token
+
+
+def _instant(value: object) -> datetime | None:
+    """An RFC 3339 time with its offset (``2026-01-01T00:00:00.123Z``), or None: anything else
+    (no offset, a number, a date out of range, 64 KiB of digits) says nothing."""
+    if not isinstance(value, str) or not 20 <= len(value) <= 40:
+        return None
+    try:
+        when = datetime.fromisoformat(value)
+        return when.astimezone(timezone.utc) if when.utcoffset() is not None else None
+    except (ValueError, OverflowError):  # not a time, or one whose UTC is before year 1
+        return None
 
 
 def _whole(value: object, low: int, high: int) -> int | None:
@@ -171,10 +187,14 @@ class JobView:
         capacity = self.spec is not None and self.spec.placement_for(model) == "capacity"
         return self.advice if capacity and self.advice_model == model else None
 
-    def zone_order(self, model: str) -> tuple[str, ...]:
-        """The spec's zones, best first, for an attempt on ``model`` (see ``controller.core.placement``)."""
+    def zone_order(self, model: str, now: datetime | None = None) -> tuple[str, ...]:
+        """The spec's zones, best first, for an attempt on ``model`` (see ``controller.core.placement``);
+        with ``now``, a zone the job saw stock out since its advice may have been asked ranks
+        without that advice."""
         assert self.spec is not None
-        order = placement.zone_order(self.spec, model, self.advice_for(model))
+        recent = placement.stocked_out(self.status.history, now - placement.ADVICE_MAX_AGE) \
+            if now is not None and self.status is not None else {}
+        order = placement.zone_order(self.spec, model, self.advice_for(model), recent)
         return tuple(z for z in order if z not in self.denied_zones)
 
 
