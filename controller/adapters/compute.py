@@ -38,6 +38,7 @@ from google.cloud.compute_v1.services.instances import InstancesClient  # noqa: 
 from google.cloud.compute_v1.services.zone_operations import ZoneOperationsClient  # noqa: E402
 from google.cloud.compute_v1.types import compute as compute_v1  # noqa: E402 - the message types, as usual
 
+from controller.adapters import reasons
 from controller.core import audit, errors, names  # noqa: E402
 from controller.service import fanout
 from controller.core.ports import PROVISIONING_MODELS, Instance, InstanceList, InstanceRequest, InstanceStatus, StopReason
@@ -91,19 +92,19 @@ def translate(e: Exception, zone: str, *, creating: bool = False) -> errors.Resp
     """A library error as one of the project's. ``creating``: the answer to an insert, where
     a 404 names something the request refers to (zone, image, machine type), not a VM."""
     if not isinstance(e, gexc.GoogleAPICallError):  # no answer, or RETRY gave up on transient ones
-        return errors.TransientError(str(e))
+        return errors.TransientError(reasons.reason(e))
     text = _text(e)
     if _retryable(e):  # still failing after RETRY gave up: rate limits, 5xx
-        return errors.TransientError(e.message)
+        return errors.TransientError(reasons.message(e))
     if any(m in text for m in _CAPACITY):
         return errors.CapacityError(zone, next(m for m in _CAPACITY if m in text))
     if any(m in text for m in _QUOTA):
         return errors.QuotaError(zone, _quota_named(text))
     if isinstance(e, gexc.Conflict):
-        return errors.AlreadyExists(e.message)
+        return errors.AlreadyExists(reasons.message(e))
     if isinstance(e, gexc.NotFound) and not creating:
-        return errors.NotFound(e.message)
-    return errors.RequestError(e.message)
+        return errors.NotFound(reasons.message(e))
+    return errors.RequestError(reasons.message(e))
 
 
 class ComputeEngine:

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from google.api_core import exceptions as gexc
 from google.cloud import storage
 
+from controller.adapters.reasons import said
 from controller.core import errors
 from controller.core.ports import Blob, BlobInfo
 
@@ -22,7 +23,7 @@ _TRANSIENT = (gexc.TooManyRequests, gexc.InternalServerError, gexc.BadGateway, g
 
 @contextmanager
 def translated(what: str) -> Iterator[None]:
-    """Library errors in, the project's own errors out."""
+    """Library errors in, the project's own errors out: the reason first, then ``what`` (never the request's URL)."""
     try:
         yield
     except gexc.NotFound as e:
@@ -32,13 +33,13 @@ def translated(what: str) -> Iterator[None]:
     except gexc.Conflict as e:
         raise errors.AlreadyExists(what) from e
     except _TRANSIENT as e:
-        raise errors.TransientError(f"{what}: {e}") from e
+        raise errors.TransientError(said(what, e)) from e
     except gexc.RetryError as e:  # the library's own retries ran out on transient errors
-        raise errors.TransientError(f"{what}: {e}") from e
+        raise errors.TransientError(said(what, e)) from e
     except gexc.GoogleAPICallError as e:
-        raise errors.RequestError(f"{what}: {e}") from e
+        raise errors.RequestError(said(what, e)) from e
     except (ConnectionError, OSError) as e:  # requests' connection errors derive from OSError
-        raise errors.TransientError(f"{what}: {e}") from e
+        raise errors.TransientError(said(what, e)) from e
 
 
 class GcsStore:

@@ -63,6 +63,7 @@ from google.cloud import tpu_v2
 from google.longrunning import operations_pb2
 from google.protobuf import json_format
 
+from controller.adapters import reasons
 from controller.core import errors, names
 from controller.service import fanout
 from controller.core.ports import (QUEUED_AS_NODE, NodeHealth, NodeState, QueuedState, TpuList, TpuNode, TpuRequest)
@@ -130,19 +131,19 @@ def translate(e: Exception, zone: str, *, creating: bool = False) -> errors.Resp
     """A library error as one of the project's. ``creating``: the answer to a create, where a
     404 names something the request refers to (zone, accelerator type, network), not a node."""
     if not isinstance(e, gexc.GoogleAPICallError):  # no answer, or RETRY gave up on transient ones
-        return errors.TransientError(str(e))
+        return errors.TransientError(reasons.reason(e))
     text = _text(e)
     if _retryable(e):  # still failing after RETRY gave up: rate limits, 5xx
-        return errors.TransientError(e.message)
+        return errors.TransientError(reasons.message(e))
     if _marker(text, _QUOTA):
         return errors.QuotaError(zone, _quota_reason(text))
     if marker := _marker(text, _CAPACITY):
         return errors.CapacityError(zone, f"RESOURCE_EXHAUSTED ({marker})")
     if isinstance(e, gexc.Conflict):
-        return errors.AlreadyExists(e.message)
+        return errors.AlreadyExists(reasons.message(e))
     if isinstance(e, gexc.NotFound) and not creating:
-        return errors.NotFound(e.message)
-    return errors.RequestError(e.message)
+        return errors.NotFound(reasons.message(e))
+    return errors.RequestError(reasons.message(e))
 
 
 def _raise_for(op: operations_pb2.Operation, zone: str) -> None:
