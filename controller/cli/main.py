@@ -792,6 +792,7 @@ def demo(
         ("outcome", str(result.phase)),
         ("attempts", str(result.attempts)),
         ("preemptions", str(result.preemptions)),
+        ("stockouts met", str(result.stockouts)),  # creates refused for want of capacity, as the report counts them
         *([("maintenance restarts", str(result.maintenance))] if tpu else []),
         ("failures", str(result.failures)),
         ("steps lost to preemption", str(result.steps_lost)),

@@ -8,15 +8,36 @@ preempted (``preemptionRate``, a fraction 0..1: it says how Spot VMs ended, not 
 then the spec's order. A rate outside 0..1 (or not finite) ranks as unknown. Zones the advice did not score keep the spec's order after
 the scored ones. Without advice (not asked, or the call failed) the order is the spec's:
 advice may improve a launch, never block one.
+
+Advice is kept up to ``ADVICE_MAX_AGE`` (``controller.service.advice``), so it may predate a
+stockout the controller has since met: a zone the job saw refuse a create for want of
+capacity within that time (``stocked_out``) has its scores set aside, ranks with the
+unscored zones, and is never described by them ("obtainability 0.90" of a zone that just
+stocked out).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
+from datetime import datetime, timedelta
+from typing import Any
 
 from controller.core.ports import PROVISIONING_MODELS, Shape, ZoneAdvice
 from controller.core.spec import JobSpec
+
+
+ADVICE_MAX_AGE = timedelta(minutes=5)  # how long advice is kept before it is asked again
+
+
+def stocked_out(history: Iterable[Any], since: datetime) -> dict[str, datetime]:
+    """Each zone where a create was refused for want of capacity (a history event "stockout")
+    at or after ``since``: zone -> when last."""
+    seen: dict[str, datetime] = {}
+    for e in history:
+        if e.event == "stockout" and e.zone and e.at >= since:
+            seen[e.zone] = max(e.at, seen.get(e.zone, e.at))
+    return seen
 
 
 def region_of(zone: str) -> str:
@@ -33,14 +54,16 @@ def shapes(spec: JobSpec, model: str, project: str) -> list[Shape]:
             for r in regions]
 
 
-def zone_order(spec: JobSpec, model: str, advice: Mapping[str, ZoneAdvice] | None) -> tuple[str, ...]:
-    """The spec's zones, best first, for an attempt on ``model``."""
+def zone_order(spec: JobSpec, model: str, advice: Mapping[str, ZoneAdvice] | None,
+               stockouts: Collection[str] = ()) -> tuple[str, ...]:
+    """The spec's zones, best first, for an attempt on ``model``; ``stockouts``: zones just seen
+    stocked out, whose advice is set aside (``stocked_out``)."""
     if spec.placement_for(model) != "capacity" or not advice:
         return spec.zones
     position = {z: i for i, z in enumerate(spec.zones)}
 
     def rank(zone: str) -> tuple[float, ...]:
-        a = advice.get(zone)
+        a = None if zone in stockouts else advice.get(zone)
         if a is None:
             return (1, 0, 0, 0, position[zone])
         share = fraction(a.preemption_rate)
@@ -50,8 +73,12 @@ def zone_order(spec: JobSpec, model: str, advice: Mapping[str, ZoneAdvice] | Non
     return tuple(sorted(spec.zones, key=rank))
 
 
-def describe(advice: ZoneAdvice | None) -> str:
-    """One zone's advice in words, for a launch's history line."""
+def describe(advice: ZoneAdvice | None, stockout: datetime | None = None, now: datetime | None = None) -> str:
+    """One zone's advice in words, for a launch's history line; ``stockout``: when the job last saw
+    the zone stock out, if it did lately (its advice is then set aside, never quoted)."""
+    if stockout is not None:
+        ago = max(0, round(((now or stockout) - stockout).total_seconds()))
+        return f"stocked out {ago}s ago: capacity advice set aside"
     if advice is None:
         return "no advice"
     parts = []

@@ -33,6 +33,8 @@ characters escaped (``controller.render.text.printable``).
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -166,21 +168,48 @@ def _width(rows: Sequence[Row], keys: Sequence[str]) -> int:
         + cell_len(GAP) * (len(keys) - 1)
 
 
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+_COUNTDOWN = re.compile(r"\b(restarting|retrying) in \d[\dsmhd]*$")
+
+
+def counted_down(row: Row, now: datetime) -> str:
+    """The row's last event, its "restarting in 30s" (said when it was written) told again
+    from the status's due time (``not_before``) as of ``now``: "restarting in 12s", then
+    "restarting now" once it is due."""
+    event = str(row["last_event"])
+    try:
+        due = datetime.fromisoformat(str(row.get("not_before")))
+    except ValueError:
+        return event
+    match = _COUNTDOWN.search(event)
+    if match is None or due.tzinfo is None:
+        return event
+    left = math.ceil((due - now).total_seconds())
+    when = f"in {format_duration(timedelta(seconds=left))}" if left > 0 else "now"
+    return f"{event[:match.start()]}{match.group(1)} {when}"
+
+
 class StatusView:
     """The jobs' table with each last event under its row, then ``notes``; laid out when drawn.
 
     ``fit_height`` (``--watch``, whose Live cuts what is taller than the terminal): when the
-    events do not fit the terminal's height, each keeps one line, then none."""
+    events do not fit the terminal's height, each keeps one line, then none. A restart's
+    delay is told from ``clock`` at each drawing (``counted_down``): ``--watch`` counts it down."""
 
     def __init__(self, rows: Sequence[Row], wide: bool = False, notes: Iterable[Note] = (),
-                 fit_height: bool = False) -> None:
+                 fit_height: bool = False, clock: Callable[[], datetime] = _utcnow) -> None:
         self.rows, self.wide, self.notes, self.fit_height = list(rows), wide, list(notes), fit_height
+        self.clock = clock
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width = options.max_width
         keys = layout(self.rows, width, self.wide)
         lines = columns([COLUMNS[k][0] for k in keys], [[COLUMNS[k][1](r) for k in keys] for r in self.rows])
-        said = [printable(r["last_event"]) for r in self.rows]
+        now = self.clock()
+        said = [printable(counted_down(r, now)) for r in self.rows]
         room = width - cell_len(EVENT_INDENT)
         events = [wrap(s, room, None if self.wide else EVENT_LINES) for s in said]
         if self.fit_height:
@@ -221,10 +250,11 @@ def maintenance(rows: Sequence[Row]) -> list[Note]:
             for r in rows if r["upcoming_maintenance"]]
 
 
-def watched(rows: Sequence[Row], wide: bool = False, stale: str | None = None) -> StatusView:
+def watched(rows: Sequence[Row], wide: bool = False, stale: str | None = None,
+            clock: Callable[[], datetime] = _utcnow) -> StatusView:
     """What ``--watch`` redraws: the view, its problems under it, and why it is old if a refresh failed."""
     notes = problems(rows) + ([Note("!", "yellow", f"not refreshed: {stale}")] if stale else [])
-    return StatusView(rows, wide, notes, fit_height=True)
+    return StatusView(rows, wide, notes, fit_height=True, clock=clock)
 
 
 def goodput_line(row: Row) -> Note:
@@ -273,11 +303,14 @@ class AdviceTable:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         advice: dict[str, dict[str, float | None]] = self.row["zone_advice"]
+        stocked_out = self.row.get("stocked_out") or {}  # seen since: the advice's scores there are stale
         cells = []
         for zone, a in advice.items():
             uptime, rate = a.get("uptime_s"), fraction(a.get("preemption_rate"))
+            odds = "stocked out" if zone in stocked_out else \
+                "—" if a.get("obtainability") is None else f"{a['obtainability']:.2f}"
             cells.append({"zone": plain(zone + (" ←" if zone == self.row["zone"] else "")),
-                          "obtainability": plain("—" if a.get("obtainability") is None else f"{a['obtainability']:.2f}"),
+                          "obtainability": plain(odds, "yellow" if zone in stocked_out else ""),
                           "uptime": plain("—" if uptime is None else f"{uptime / 86400:.1f} d"),
                           "rate": plain("—" if rate is None else f"{rate:.1%}")})
         for keys in ADVICE_LAYOUTS:

@@ -17,11 +17,11 @@ from collections.abc import Callable
 
 from cachetools import TTLCache
 
-from controller.core import errors
+from controller.core import errors, placement
 from controller.core.ports import CapacityAdvisor, Shape, ZoneAdvice
 
 log = logging.getLogger(__name__)
-ADVICE_TTL = 300.0
+ADVICE_TTL = placement.ADVICE_MAX_AGE.total_seconds()  # placement sets aside what a stockout since contradicts
 FAILURE_TTL = 60.0
 _SHAPES = 1024
 

@@ -166,7 +166,7 @@ class Executor:
             return
         if isinstance(action, CreateInstances):
             model = transitions.model_of(action.spec, chain.status)
-            order = view.zone_order(model) if view.spec is not None else None
+            order = view.zone_order(model, now) if view.spec is not None else None
             # This job's own TPU nodes where the create failed: they hold that zone's TPU quota
             # until they are gone, so a quota error there is theirs, not the zone's capacity.
             made = {r.name for r in action.requests}

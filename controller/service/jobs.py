@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from controller.core import errors, names
+from controller.core import errors, names, placement
 from controller.core.checkpoints import Found
 from controller.service.observe import MAX_STATUS_BYTES, discover
 from controller.core.policy import ControllerPolicy
@@ -49,6 +49,9 @@ class JobRow:
             # What capacity advice said of each zone at the last launch (placement: capacity).
             "zone_advice": {z: a.model_dump() for z, a in st.zone_advice.items()} if st else {},
             "advice_at": st.advice_at.isoformat() if st and st.advice_at else None,
+            # Zones seen stocked out since that advice may have been asked: its scores there are stale.
+            "stocked_out": {z: at.isoformat() for z, at in placement.stocked_out(
+                st.history, st.advice_at - placement.ADVICE_MAX_AGE).items()} if st and st.advice_at else {},
             "instance": instance,
             "instance_id": ids.get(instance or "") or (st.instance_ids.get(instance or "") if st else None),
             "checkpoint": checkpoint.uri if checkpoint else None,  # the latest complete one, as RESUME_FROM
@@ -58,6 +61,7 @@ class JobRow:
             "checkpoint_error": checkpoint_error,  # why the checkpoints could not be listed
             "age_seconds": int((now - st.created_at).total_seconds()) if st and st.created_at else None,
             "last_event": f"{last.event}: {last.detail}" if last else "",
+            "not_before": st.not_before.isoformat() if st and st.not_before else None,  # a restart's due time
             "message": st.message if st else "",
             "errors": list(st.errors) if st else [],
         }

@@ -38,6 +38,10 @@ def test_demo_survives_three_preemptions_with_the_uninterrupted_weights(tmp_path
     output = demo(tmp_path)
     assert re.search(r"preemptions\s+│ 3", output)
     assert "preempting demo-1 hard" in output and "stockout in us-central1-a" in output
+    # Issue 26: the stockout is met (a create there refused), not dodged, and the report counts it.
+    assert re.search(r"stockouts met\s+│ [1-9]", output), output[-4000:]
+    page = " ".join(re.sub(r"<[^>]+>", " ", next(tmp_path.glob("*-report.html")).read_text()).split())
+    assert re.search(r"losses by zone zone losses stockouts us-central1-a preempted \d+ [1-9]", page), page[-1500:]
     # The hard preemption's replacement says how it came (through on_audit, or the demo's 5 s tick)
     assert re.search(r"demo-2 inserted [0-9.]+s after the loss, by (on_audit|another pass)", " ".join(output.split())), \
         output[-4000:]

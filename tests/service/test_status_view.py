@@ -311,6 +311,64 @@ def test_the_capacity_advice_says_how_old_it_is():
     assert f"capacity advice at the last launch ({then}, 5m" in console.export_text()
 
 
+def test_the_capacity_advice_shows_a_zone_seen_stocked_out_since_as_such_not_at_its_stale_score():
+    row = {**TYPICAL[2], "advice_at": "2026-01-01T00:00:00+00:00", "zone": "us-central1-b",
+           "stocked_out": {"us-central1-a": "2026-01-01T00:00:09+00:00"},
+           "zone_advice": {"us-central1-a": {"obtainability": 0.9}, "us-central1-b": {"obtainability": 0.9}}}
+    console = Console(width=80, record=True, color_system=None, file=io.StringIO())
+    console.print(view.AdviceTable(row))
+    advice = {l.split()[0]: l for l in console.export_text().splitlines() if l.startswith("us-central1-")}
+    assert "stocked out" in advice["us-central1-a"] and "0.90" not in advice["us-central1-a"], advice
+    assert "0.90" in advice["us-central1-b"]
+
+
+def test_a_jobs_row_names_the_zones_seen_stocked_out_since_its_advice():
+    from controller.core.state import ZoneScore
+    from controller.service.jobs import JobRow
+
+    then = datetime(2026, 1, 1, tzinfo=UTC)
+    st = JobStatus(phase=Phase.RUNNING, attempt=3, zone="us-central1-b", advice_at=then,
+                   zone_advice={"us-central1-a": ZoneScore(obtainability=0.9)},
+                   history=(Event(at=then - timedelta(hours=1), event="stockout", zone="us-central1-c"),
+                            Event(at=then + timedelta(seconds=9), event="stockout", zone="us-central1-a")))
+    row = JobRow("j", st, True, False).as_dict(then + timedelta(minutes=1), {})
+    assert row["stocked_out"] == {"us-central1-a": (then + timedelta(seconds=9)).isoformat()}
+
+
+def test_watch_counts_a_restarts_delay_down_at_each_redraw():
+    """Issue 26: "restarting in 30s" stood still in ``--watch``; each drawing now tells it from the
+    status's due time, here by a fake clock, as Live redraws the same view."""
+    failed_at = datetime(2026, 1, 1, 12, tzinfo=UTC)
+    row = _row("rl-agent", "RECOVERING", attempt=2, failures=1, zone="us-west1-a",
+               not_before=(failed_at + timedelta(seconds=30)).isoformat(),
+               last_event="failed: command exited with code 1 on rl-agent-2-0; failure 1 of 3, restarting in 30s")
+    clock = [failed_at]
+    drawn = view.watched([row], clock=lambda: clock[0])
+
+    def event() -> str:
+        console = Console(width=120, height=40, record=True, color_system=None, file=io.StringIO())
+        console.print(drawn)
+        return " ".join(console.export_text().split())
+
+    seen = []
+    for after in (0, 12, 29.5, 30, 95):
+        clock[0] = failed_at + timedelta(seconds=after)
+        seen.append(re.search(r"restarting (in \w+|now)", event()).group(1))
+    assert seen == ["in 30s", "in 18s", "in 1s", "now", "now"], seen
+    assert "failure 1 of 3, restarting in 30s" in " ".join(view.wrap(row["last_event"], 200))  # the row is unchanged
+    # An event without a due time, or none to count down, is drawn as written.
+    assert view.counted_down({**row, "not_before": None}, clock[0]).endswith("restarting in 30s")
+    assert view.counted_down({**row, "last_event": "running: x"}, clock[0]) == "running: x"
+
+
+def test_a_jobs_row_carries_its_restarts_due_time():
+    from controller.service.jobs import JobRow
+
+    due = datetime(2026, 1, 1, 12, 0, 30, tzinfo=UTC)
+    st = JobStatus(phase=Phase.RECOVERING, attempt=2, not_before=due)
+    assert JobRow("j", st, True, False).as_dict(due, {})["not_before"] == due.isoformat()
+
+
 def test_host_maintenance_is_counted_beside_the_preemptions_not_hidden():
     row = {**TYPICAL[2], "maintenance": 1}
     for width, shown in ((200, "2+1m"), (80, "2p/1m/0f")):

@@ -88,3 +88,25 @@ def test_the_storys_own_markup_still_styles_and_wraps_between_words():
     assert lines[0].startswith("   3.2s preempting demo-1 hard at step 12")
     assert " ".join(" ".join(lines).split()) == ("3.2s preempting demo-1 hard at step 12: no checkpoint yet, and the "
                                                 "guest never runs its shutdown script (no marker)")
+
+
+def test_the_demos_line_for_a_launch_in_a_zone_just_stocked_out_does_not_claim_its_advice():
+    """Issue 26: the demo said "creating ... in us-central1-a (spot; obtainability 0.90 ...)" of a
+    zone the controller had just seen stock out, on the strength of advice kept for 5 minutes."""
+    from datetime import datetime, timedelta, timezone
+
+    from controller.core import errors, transitions
+    from controller.core.ports import ZoneAdvice
+    from controller.core.spec import parse_spec
+
+    now = datetime(2026, 11, 27, 12, tzinfo=timezone.utc)
+    spec = parse_spec("zones: [us-central1-a, us-central1-b]\nmachine_type: g2-standard-8\ncommand: x\n", "demo")
+    st = JobStatus(attempt=2, zone="us-central1-a", provisioning="spot")
+    st = transitions.after_create_error(st, spec, errors.CapacityError("us-central1-a", "ZONE_RESOURCE_POOL_EXHAUSTED"),
+                                        now - timedelta(seconds=20))
+    advice = {"us-central1-a": ZoneAdvice(0.9, 30 * 86400.0, 0.0), "us-central1-b": ZoneAdvice(0.9, 30 * 86400.0, 0.0)}
+    launched = transitions.begin_attempt(st, spec, "p", "us-central1-a", ["demo-3"], None, now, "preempted", 1,
+                                         "tok", "spot", advice)
+    words = " ".join(" ".join(printed(event_line(9.9, status_line(launched)))).split())
+    assert "creating demo-3 in us-central1-a" in words and "obtainability 0.90" not in words, words
+    assert "stocked out 20s ago: capacity advice set aside" in words, words

@@ -141,3 +141,49 @@ def test_a_step_down_tries_every_zone_afresh_on_the_new_model_even_one_that_refu
     assert after.provisioning == "standard" and after.zone is None
     assert after.zone_rejections == {} and after.zone_cooldowns == {}
     assert t.pick_zone(s, after, NOW) == A
+
+
+# -- stale advice and a stockout the controller has just met (issue 26) --------------------------
+
+def stocked_out_at(zone: str, ago: timedelta) -> JobStatus:
+    """A job whose create in ``zone`` was refused for want of capacity ``ago`` before NOW."""
+    st = JobStatus(attempt=1, zone=zone, provisioning="spot")
+    return stockout(st, spec(), zone, NOW - ago)
+
+
+def test_a_zone_just_seen_stocked_out_ranks_without_its_stale_advice():
+    advice = {A: z(0.9, 30 * 86400), B: z(0.5, 86400)}
+    assert placement.zone_order(spec(), "spot", advice) == (A, B, C)
+    # A stocked out since the advice was asked: it ranks with the unscored zones, B first.
+    assert placement.zone_order(spec(), "spot", advice, {A}) == (B, A, C)
+    assert placement.zone_order(spec(), "spot", advice, {C}) == (A, B, C)  # C had no score to set aside
+
+
+@pytest.mark.parametrize("ago, seen", [(timedelta(seconds=30), True), (timedelta(minutes=4), True),
+                                       (timedelta(minutes=6), False)])  # older than any kept advice
+def test_stocked_out_reads_the_jobs_history_within_the_advices_age(ago, seen):
+    st = stocked_out_at(A, ago)
+    found = placement.stocked_out(st.history, NOW - placement.ADVICE_MAX_AGE)
+    assert (found == {A: NOW - ago}) is seen, found
+
+
+def test_the_views_order_sets_aside_the_advice_of_a_zone_it_saw_stock_out():
+    from controller.core.world import JobView
+
+    s = spec()
+    view = JobView("j", spec=s, status=stocked_out_at(A, timedelta(seconds=40)),
+                   advice={A: z(0.9, 30 * 86400), B: z(0.5, 86400)}, advice_model="spot", advice_loaded=True)
+    assert view.zone_order("spot") == (A, B, C)  # no clock: as before
+    assert view.zone_order("spot", NOW) == (B, A, C)
+    assert view.zone_order("spot", NOW + timedelta(minutes=10)) == (A, B, C)  # advice asked since is fresh
+
+
+def test_a_launch_in_a_zone_just_seen_stocked_out_does_not_quote_its_advice():
+    st = stocked_out_at(A, timedelta(seconds=40))
+    advice = {A: z(0.9, 30 * 86400), B: z(0.9, 86400)}
+    launched = t.begin_attempt(st, spec(), "p", A, ["j-2"], None, NOW, "preempted", 1, "tok", "spot", advice)
+    line = launched.history[-1].detail
+    assert "obtainability 0.90" not in line and "stocked out 40s ago" in line, line
+    other = t.begin_attempt(st, spec(), "p", B, ["j-2"], None, NOW, "preempted", 1, "tok", "spot", advice)
+    assert "obtainability 0.90" in other.history[-1].detail  # B's advice still stands
+    assert placement.describe(z(0.9), NOW - timedelta(seconds=5), NOW) == "stocked out 5s ago: capacity advice set aside"
