@@ -30,7 +30,7 @@ from typer.core import TyperGroup
 from controller.service import bootstrap
 from controller.core import errors, ledger
 from controller.cli import deadline, joblogs
-from controller.render.text import plain, printable
+from controller.render.text import Trimmed, plain, printable
 from controller.service.config import Settings
 from controller.service.jobs import Jobs, Refused
 from controller.cli.joblogs import logs_filter  # noqa: F401 - the query `respawn logs` sends, named for tests
@@ -83,8 +83,8 @@ class _Guarded(TyperGroup):
 
 
 app = typer.Typer(cls=_Guarded, help="Keep Spot training jobs on Compute Engine alive.", no_args_is_help=True)
-out = Console()
-err = Console(stderr=True)
+out = Console(file=Trimmed())  # piped or redirected: no line padded with spaces to the width
+err = Console(file=Trimmed(stderr=True))
 
 
 @app.callback()
@@ -135,7 +135,7 @@ def validate(
         # Without the controller's settings there is no policy to check against.
         problems = config.policy().violations(parsed) if config.project else []
     except SpecError as e:
-        problems = e.problems
+        problems = e.named(spec.name).problems  # the file as the user named it, not spec.yaml
     if problems:
         for line in problems:
             err.print(_line("✗", "red", line), soft_wrap=True)
@@ -177,11 +177,13 @@ def submit(
     packed (honouring .gitignore and .respawnignore) and uploaded to gs://BUCKET/code/<sha256>.tar.gz
     first. The question is asked only on a terminal; --yes skips it."""
     raw = _read(spec)
-    _submit(raw, job or _declared_name(raw) or spec.stem, spec.resolve().parent, workdir, replace, uncancel, yes, dry_run)
+    _submit(raw, job or _declared_name(raw) or spec.stem, spec.resolve().parent, workdir, replace, uncancel, yes, dry_run,
+            source=spec.name)
 
 
 def _submit(raw: bytes, name: str, base: Path, workdir: Path | None, replace: bool, uncancel: bool, yes: bool,
-            dry_run: bool, show_spec: bool = False) -> None:
+            dry_run: bool, show_spec: bool = False, source: str = "spec.yaml") -> None:
+    """``source``: what the spec's problems call it (the local file's name; run's spec is made from flags)."""
     from controller.cli import pack, submitting
 
     config = _config()
@@ -192,7 +194,7 @@ def _submit(raw: bytes, name: str, base: Path, workdir: Path | None, replace: bo
                                  ask=lambda q: deadline.paused(typer.confirm, q, default=True), interactive=submitting.interactive(),
                                  show_spec=show_spec)
     except SpecError as e:
-        for line in e.problems:
+        for line in e.named(source).problems:
             err.print(_line("✗", "red", line), soft_wrap=True)
         raise typer.Exit(REFUSED) from e
     except pack.PackError as e:

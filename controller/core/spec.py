@@ -213,6 +213,10 @@ class Checkpoint(Strict):
     pattern: str | None = Field(default=None, description="e.g. 'run/step-{step}/' or 'ckpt-{step}.pt'")
     marker: str | None = Field(default=None, description="the object a directory save writes last")
     same_files: bool = Field(default=False, description="complete when it holds the previous complete save's files")
+    # A new run of this spec ignores every earlier run's checkpoints: its own go under
+    # <uri>/runs/<run id>/ (RESPAWN_CHECKPOINT_URI), the older ones stay where they are
+    # (controller.core.runs). ``respawn submit --fresh`` sets it.
+    fresh: bool = Field(default=False, description="a new run starts from no checkpoint, under a prefix of its own")
 
     @model_validator(mode="after")
     def _usable_rule(self) -> Checkpoint:
@@ -570,12 +574,20 @@ def _seconds(value: timedelta) -> str:
     return f"{int(value.total_seconds())}s"
 
 
+DOCUMENT = "spec.yaml"  # what problems call the whole document: its name in the bucket
+
+
 class SpecError(ValueError):
     """A spec that cannot be run; ``problems`` holds one readable line each."""
 
     def __init__(self, problems: list[str]) -> None:
         super().__init__("; ".join(problems))
         self.problems = problems
+
+    def named(self, source: str) -> SpecError:
+        """The same problems, the document called ``source`` (a local file's name) in place of
+        ``spec.yaml``, which is what it is called in the bucket (jobs/<job>/spec.yaml)."""
+        return SpecError([f"{source}{p[len(DOCUMENT):]}" if p.startswith(DOCUMENT) else p for p in self.problems])
 
 
 def parse_spec(raw: bytes | str, job: str) -> JobSpec:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import re
+import sys
 
 from rich.text import Text
 
@@ -29,3 +31,50 @@ def printable(text: object, keep: str = "") -> str:
 def plain(text: object, style: str = "") -> Text:
     """User or cloud text as a Rich renderable: no markup parsed, no control character kept."""
     return Text(printable(text), style=style)
+
+
+_PADDING = re.compile(r" +((?:\x1b\[[0-9;]*m)*)(?=\n)")  # spaces, then only style codes, to a line's end
+
+
+class Trimmed(io.TextIOBase):
+    """Standard output (``stderr``: standard error) as a Rich console's file, looked up at each
+    write as Rich looks it up (so that a test's captured stream is the one written), with the
+    spaces Rich pads each line with to the console's width dropped where it is not a
+    terminal: piped or redirected output has no trailing spaces. A terminal gets it as is."""
+
+    def __init__(self, stderr: bool = False) -> None:
+        super().__init__()
+        self._stderr = stderr
+        self._held = ""  # spaces that ended a write: kept until the next write says whether a line ended there
+
+    @property
+    def _target(self) -> io.TextIOBase:
+        return sys.stderr if self._stderr else sys.stdout  # type: ignore[return-value]
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self._target, "encoding", None) or "utf-8"
+
+    def isatty(self) -> bool:
+        return self._target.isatty()
+
+    def fileno(self) -> int:
+        return self._target.fileno()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        target, held = self._target, self._held
+        if target.isatty():
+            self._held = ""
+            target.write(held + text)
+            return len(text)
+        trimmed = _PADDING.sub(r"\1", held + text)
+        kept = trimmed.rstrip(" ")
+        self._held = trimmed[len(kept):]
+        target.write(kept)
+        return len(text)
+
+    def flush(self) -> None:
+        self._target.flush()
