@@ -1,0 +1,36 @@
+"""How a save is named under the checkpoint prefix, and which object proves it complete.
+
+Each layout is one that respawn's finder (``controller/core/checkpoints.py``) already
+recognises; the saver uploads every other file of a save first and the marker last, so a
+save the finder sees a marker for is whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Layout:
+    """``pattern`` formats a step (``{step}``) into the save's name under the prefix; ``marker`` names the
+    object inside that directory written last, or is None for a save that is one object (a GCS object
+    appears whole or not at all, so it needs no marker)."""
+
+    pattern: str
+    marker: str | None = None
+    marker_from_writer: bool = False  # the framework writes the marker itself (and it must be there)
+
+    def name(self, step: int) -> str:
+        return self.pattern.format(step=step)
+
+    @property
+    def single(self) -> bool:
+        return self.marker is None
+
+
+STEP_DIR = Layout("step-{step:09d}", "_SUCCESS")  # the kit's default: the finder's "files" format
+HUGGINGFACE = Layout("checkpoint-{step}", "trainer_state.json", marker_from_writer=True)
+DCP = Layout("step-{step:09d}", ".metadata", marker_from_writer=True)  # torch.distributed.checkpoint
+ORBAX = Layout("{step}", "commit_success.txt")  # what Orbax writes last on GCS
+LIGHTNING_STEPS = Layout("step-{step:09d}.ckpt")  # numbered single files: the finder's "files"
+LIGHTNING_LAST = Layout("last.ckpt")  # Lightning's own tracker: always the newest

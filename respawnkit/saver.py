@@ -1,0 +1,289 @@
+"""CheckpointSaver: write a save locally, upload it in the background, marker last.
+
+The training loop pays only for the local write; one background thread uploads each save
+to the checkpoint prefix (``RESPAWN_CHECKPOINT_URI``) file by file, the layout's
+completion marker last, so respawn's finder never resumes from a save whose upload was
+cut off. Saves upload one at a time, in step order; a step already saved, waiting or
+uploading is not saved again.
+
+Back-pressure: at most ``max_pending`` saves (default 1) wait behind the one uploading.
+A save that finds the queue full drops the *oldest waiting* save (its local copy is
+removed, and stderr says so) rather than making the training loop wait: a newer complete
+checkpoint supersedes it, and local disk stays bounded at ``max_pending + 1`` copies.
+
+SIGTERM (see ``respawnkit.notice``) makes the next ``should_save`` true, once, unless the
+save cannot land before the notice's deadline: the last measured write and upload times,
+plus what is left of an upload under way, are compared with the time left, and a save
+that would not fit is skipped with a line on stderr (a half-uploaded save is worth
+nothing; the upload already under way keeps the bandwidth). Then ``on_step_end`` flushes
+until the hard-off and tells the loop to stop. A final flush runs at exit (``atexit``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Union
+
+from respawnkit import env, notice
+from respawnkit.layouts import STEP_DIR, Layout
+from respawnkit.log import say
+from respawnkit.progress import Progress
+from respawnkit.stores import Store, open_store
+
+# What a save is made of: a function that writes into the folder it is given (and may return a
+# future, e.g. torch.distributed.checkpoint.async_save's, that the upload waits for), or an
+# existing file or folder, which is copied before save() returns (hard-linked with link=True).
+Source = Union[Callable[[str], Any], str, os.PathLike]
+ADVICE = object()  # every_s default: respawn's advice, RESPAWN_CHECKPOINT_EVERY_S
+
+
+@dataclass
+class _Job:
+    step: int
+    name: str
+    staging: str
+    ready: Callable[[], Any] | None  # the local write still under way (an async save's future)
+    started: float  # monotonic: when save() began
+    save_s: float | None = None
+    upload_started: float | None = None
+
+
+class CheckpointSaver:
+    def __init__(self, uri: str | None = None, layout: Layout = STEP_DIR, *, every_s: Any = ADVICE,
+                 every_steps: int | None = None, max_pending: int = 1, handle_sigterm: bool = True,
+                 staging_dir: str | None = None, progress: Progress | None = None, store: Store | None = None,
+                 sigterm: notice.Notice | None = None) -> None:
+        uri = uri or env.checkpoint_uri()
+        if store is None and not uri:
+            raise ValueError("no checkpoint prefix: pass uri= or run under respawn (RESPAWN_CHECKPOINT_URI)")
+        self.store = store if store is not None else open_store(str(uri))
+        self.layout = layout
+        self.every_s: float | None = env.number("RESPAWN_CHECKPOINT_EVERY_S") if every_s is ADVICE else every_s
+        self.every_steps = every_steps
+        self.max_pending = max(1, max_pending)
+        self.notice = sigterm if sigterm is not None else notice.shared(install=handle_sigterm)
+        self.progress = progress if progress is not None else Progress()
+        self.save_s: float | None = None  # the last measured local write
+        self.upload_s: float | None = None  # the last measured upload
+        self.saved_step: int | None = None  # the newest step whose upload completed
+        self.skipped: list[int] = []  # steps whose SIGTERM save would not have fitted the notice
+        self.errors: list[str] = []
+        self._staging_root = tempfile.mkdtemp(prefix="respawnkit-", dir=staging_dir)
+        self._cond = threading.Condition()
+        self._pending: deque[_Job] = deque()
+        self._uploading: _Job | None = None
+        self._closed = False
+        self._last_save = time.monotonic()
+        self._notice_answered = False
+        self._worker = threading.Thread(target=self._run, name="respawnkit-upload", daemon=True)
+        self._worker.start()
+        ref = weakref.ref(self)
+        atexit.register(lambda: (saver := ref()) is not None and saver._at_exit())
+
+    @property
+    def stop_requested(self) -> bool:
+        """SIGTERM came: the loop should stop after this step's save (``on_step_end`` says so too)."""
+        return self.notice.requested
+
+    def should_save(self, step: int) -> bool:
+        """Call once per finished step: reports progress, and says whether to save now (SIGTERM, the
+        ``every_steps`` count, or ``every_s`` seconds since the last save)."""
+        self.progress.step(step)
+        if self.notice.requested:
+            if self._notice_answered:
+                return False
+            self._notice_answered = True
+            return not self._known(step) and self._fits(step)
+        if self.every_steps and step % self.every_steps == 0:
+            return not self._known(step)
+        return bool(self.every_s) and time.monotonic() - self._last_save >= self.every_s and not self._known(step)
+
+    def on_step_end(self, step: int, source: Source) -> bool:
+        """``should_save`` then ``save``; after SIGTERM, flushes and returns True: stop the loop."""
+        if self.should_save(step):
+            self.save(step, source)
+        if not self.notice.requested:
+            return False
+        self.flush(timeout=self._until_hard_off())
+        return True
+
+    def save(self, step: int, source: Source, link: bool = False) -> bool:
+        """Write step ``step`` locally now and queue its upload; False when that step is already saved or queued.
+
+        ``link``: snapshot a ``source`` folder by hard links instead of copies; only for files the
+        framework never rewrites in place (HuggingFace writes each save to a new folder)."""
+        if self._known(step):
+            say(f"step {step} is already saved or queued: not saving it again")
+            return False
+        started = time.monotonic()
+        staging = tempfile.mkdtemp(prefix=f"step-{step}-", dir=self._staging_root)
+        ready = None
+        if callable(source):
+            result = source(staging)
+            ready = result.result if callable(getattr(result, "result", None)) else None
+        else:
+            _snapshot(os.fspath(source), staging, link)
+        job = _Job(step, self.layout.name(step), staging, ready, started)
+        if ready is None:
+            job.save_s = self.save_s = time.monotonic() - started
+            self.progress.update(save_s=round(job.save_s, 3))
+        self._last_save = time.monotonic()
+        with self._cond:
+            while len(self._pending) >= self.max_pending:
+                dropped = self._pending.popleft()
+                shutil.rmtree(dropped.staging, ignore_errors=True)
+                say(f"dropping the waiting upload of step {dropped.step}: step {step} supersedes it")
+            self._pending.append(job)
+            self._cond.notify_all()
+        return True
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued save is uploaded (or failed); False when ``timeout`` seconds were not enough."""
+        end = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        with self._cond:
+            while self._pending or self._uploading:
+                left = None if end is None else end - time.monotonic()
+                if left is not None and left <= 0:
+                    steps = [j.step for j in ([self._uploading] if self._uploading else []) + list(self._pending)]
+                    say(f"flush: step(s) {steps} still uploading after {timeout:.1f} s; the last complete save "
+                        f"is step {self.saved_step}")
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def close(self, timeout: float | None = None) -> bool:
+        done = self.flush(timeout)
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if done:
+            self._worker.join()
+            shutil.rmtree(self._staging_root, ignore_errors=True)
+        return done
+
+    def __enter__(self) -> CheckpointSaver:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close(self._until_hard_off())
+
+    def _known(self, step: int) -> bool:
+        with self._cond:
+            queued = [j.step for j in self._pending] + ([self._uploading.step] if self._uploading else [])
+            return step == self.saved_step or step in queued
+
+    def _until_hard_off(self) -> float | None:
+        left = self.notice.left()
+        return None if left is None else left + notice.margin(env.number("RESPAWN_NOTICE_SECONDS")
+                                                              or notice.DEFAULT_NOTICE_S)
+
+    def _fits(self, step: int) -> bool:
+        left = self.notice.left() or 0.0
+        if self.save_s is None or self.upload_s is None:
+            say(f"SIGTERM save at step {step}: no save measured yet to tell whether it fits {left:.1f} s: trying")
+            return True
+        with self._cond:
+            job = self._uploading
+            ahead = max(0.0, self.upload_s - (time.monotonic() - job.upload_started)) \
+                if job and job.upload_started else (self.upload_s if job else 0.0)
+        need = self.save_s + self.upload_s + ahead
+        if need <= left:
+            return True
+        self.skipped.append(step)
+        under_way = f" + {ahead:.1f} s for the upload under way" if ahead else ""
+        say(f"SIGTERM at step {step}: not saving: a save needs about {need:.1f} s (write {self.save_s:.1f} s + "
+            f"upload {self.upload_s:.1f} s{under_way}) and {left:.1f} s are left before the deadline; "
+            f"the newest complete save stays step {self.saved_step}")
+        return False
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._cond.wait()
+                if not self._pending:
+                    return
+                job = self._uploading = self._pending.popleft()
+            try:
+                self._upload(job)
+            except Exception as e:  # one failed upload leaves the previous save; the next one may land
+                self.errors.append(f"step {job.step}: {e}")
+                say(f"the upload of step {job.step} failed ({type(e).__name__}: {e}); the newest complete save "
+                    f"stays step {self.saved_step}")
+            finally:
+                shutil.rmtree(job.staging, ignore_errors=True)
+                with self._cond:
+                    self._uploading = None
+                    self._cond.notify_all()
+
+    def _upload(self, job: _Job) -> None:
+        if job.ready is not None:
+            job.ready()
+            job.save_s = self.save_s = time.monotonic() - job.started
+            self.progress.update(save_s=round(job.save_s, 3))
+        job.upload_started = time.monotonic()
+        files = _files(job.staging)
+        if self.layout.single:
+            if len(files) != 1:
+                raise ValueError(f"layout {self.layout.pattern!r} is one object, but the save holds {len(files)} files")
+            self.store.put(os.path.join(job.staging, files[0]), job.name)
+        else:
+            marker = str(self.layout.marker)
+            if marker in files:
+                files.remove(marker)
+            elif self.layout.marker_from_writer:
+                raise ValueError(f"the save has no {marker}: it is not complete")
+            else:
+                os.makedirs(os.path.dirname(os.path.join(job.staging, marker)), exist_ok=True)
+                open(os.path.join(job.staging, marker), "wb").close()
+            for name in [*files, marker]:  # the marker last: before it, the save is not complete
+                self.store.put(os.path.join(job.staging, *name.split("/")), f"{job.name}/{name}")
+        self.upload_s = time.monotonic() - job.upload_started
+        self.saved_step = job.step if self.saved_step is None else max(self.saved_step, job.step)
+        self.progress.update(upload_s=round(self.upload_s, 3), saved_step=self.saved_step)
+        say(f"step {job.step} saved as {job.name} (write {job.save_s or 0:.2f} s, upload {self.upload_s:.2f} s)")
+
+    def _at_exit(self) -> None:
+        with self._cond:
+            idle = not self._pending and not self._uploading
+        if not idle:
+            self.flush(self._until_hard_off())
+
+
+def _files(folder: str) -> list[str]:
+    found = []
+    for where, _, leaves in os.walk(folder):
+        found += [os.path.relpath(os.path.join(where, leaf), folder).replace(os.sep, "/") for leaf in leaves]
+    return sorted(found)
+
+
+def _snapshot(source: str, staging: str, link: bool) -> None:
+    """The save as it is now, immune to the framework deleting or rotating the original while it uploads:
+    copies, or hard links (instant; the same bytes if the original is rewritten in place)."""
+    copy = _link if link else shutil.copy2
+    if os.path.isfile(source):
+        copy(source, os.path.join(staging, os.path.basename(source)))
+        return
+    if not os.path.isdir(source):
+        raise FileNotFoundError(f"nothing to save at {source}")
+    for where, _, leaves in os.walk(source):
+        for leaf in leaves:
+            target = os.path.join(staging, os.path.relpath(os.path.join(where, leaf), source))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            copy(os.path.join(where, leaf), target)
+
+
+def _link(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)

@@ -1,0 +1,205 @@
+"""CheckpointSaver in process: upload order, back-pressure, the notice's deadline, the progress file."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from datetime import datetime
+
+import pytest
+
+from respawnkit import HUGGINGFACE, LIGHTNING_STEPS, CheckpointSaver
+from respawnkit.notice import Notice
+from respawnkit.progress import Progress
+from respawnkit.stores import LocalStore
+from tests.kit import finder
+
+
+class RecordingStore(LocalStore):
+    """A local bucket that records each upload and can hold uploads back until released."""
+
+    def __init__(self, root: str, hold: bool = False) -> None:
+        super().__init__(root)
+        self.order: list[str] = []
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        if not hold:
+            self.release.set()
+
+    def put(self, local: str, name: str) -> None:
+        self.entered.set()
+        assert self.release.wait(10)
+        super().put(local, name)
+        self.order.append(name)
+
+
+def writer(files: dict[str, bytes], pause: float = 0.0):
+    def write(folder: str) -> None:
+        time.sleep(pause)
+        for name, data in files.items():
+            os.makedirs(os.path.dirname(os.path.join(folder, name)), exist_ok=True)
+            with open(os.path.join(folder, name), "wb") as f:
+                f.write(data)
+    return write
+
+
+def saver_for(store: LocalStore, **kwargs) -> CheckpointSaver:
+    kwargs.setdefault("sigterm", Notice())
+    return CheckpointSaver(store=store, progress=kwargs.pop("progress", Progress(path="")), **kwargs)
+
+
+def test_marker_is_uploaded_last_and_the_finder_picks_the_newest_save(tmp_path) -> None:
+    store = RecordingStore(str(tmp_path / "bucket"))
+    saver = saver_for(store)
+    for step in (10, 20):
+        assert saver.save(step, writer({"model.bin": b"m" * 100, "optim/state.bin": b"o", "zz.json": b"{}"}))
+    assert saver.flush(10)
+    assert store.order == [f"step-0000000{s}/{n}" for s in (10, 20)
+                           for n in ("model.bin", "optim/state.bin", "zz.json", "_SUCCESS")]
+    found = finder.latest(str(tmp_path / "bucket"))
+    assert (found.uri, found.format, found.step) == ("gs://kit-bucket/step-000000020", "files", 20)
+    assert saver.saved_step == 20
+
+
+def test_a_save_from_a_folder_the_framework_rotates_away_still_uploads(tmp_path) -> None:
+    store = RecordingStore(str(tmp_path / "bucket"), hold=True)
+    saver = saver_for(store, layout=HUGGINGFACE)
+    checkpoint = tmp_path / "out" / "checkpoint-5"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "model.safetensors").write_bytes(b"weights")
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 5}))
+    saver.save(5, str(checkpoint), link=True)
+    for leaf in checkpoint.iterdir():  # HF's save_total_limit deletes it while the upload waits
+        leaf.unlink()
+    store.release.set()
+    assert saver.flush(10)
+    assert store.order[-1] == "checkpoint-5/trainer_state.json"
+    found = finder.latest(str(tmp_path / "bucket"))
+    assert (found.format, found.step) == ("huggingface", 5)
+
+
+def test_a_writer_marker_missing_means_no_upload_of_that_save(tmp_path, capfd) -> None:
+    saver = saver_for(RecordingStore(str(tmp_path / "bucket")), layout=HUGGINGFACE)
+    saver.save(5, writer({"model.safetensors": b"w"}))
+    assert saver.flush(10)
+    assert saver.saved_step is None and "no trainer_state.json" in saver.errors[0]
+    assert finder.latest(str(tmp_path / "bucket")) is None
+    assert "upload of step 5 failed" in capfd.readouterr().err
+
+
+def test_a_single_file_layout_is_one_object(tmp_path) -> None:
+    store = RecordingStore(str(tmp_path / "bucket"))
+    saver = saver_for(store, layout=LIGHTNING_STEPS)
+    saver.save(12, writer({"anything.ckpt": b"ckpt"}))
+    assert saver.flush(10)
+    assert store.order == ["step-000000012.ckpt"]
+    assert finder.latest(str(tmp_path / "bucket")).step == 12
+
+
+def test_a_full_queue_drops_the_oldest_waiting_save_and_never_uploads_a_step_twice(tmp_path, capfd) -> None:
+    store = RecordingStore(str(tmp_path / "bucket"), hold=True)
+    saver = saver_for(store, max_pending=1)
+    files = {"w.bin": b"w"}
+    assert saver.save(1, writer(files))
+    assert store.entered.wait(5)  # step 1 is uploading, held
+    assert saver.save(2, writer(files))  # waits
+    assert not saver.save(1, writer(files))  # uploading: not a second time
+    assert not saver.save(2, writer(files))  # waiting: not a second time
+    assert saver.save(3, writer(files))  # the queue is full: step 2 is dropped
+    store.release.set()
+    assert saver.flush(10)
+    assert sorted({name.split("/")[0] for name in store.order}) == ["step-000000001", "step-000000003"]
+    assert not saver.save(3, writer(files))  # uploaded already
+    assert "dropping the waiting upload of step 2: step 3 supersedes it" in capfd.readouterr().err
+    assert finder.latest(str(tmp_path / "bucket")).step == 3
+
+
+def test_every_steps_and_every_seconds_say_when_to_save(tmp_path) -> None:
+    by_steps = saver_for(RecordingStore(str(tmp_path / "a")), every_steps=3, every_s=None)
+    assert [s for s in range(1, 10) if by_steps.should_save(s)] == [3, 6, 9]
+    by_time = saver_for(RecordingStore(str(tmp_path / "b")), every_s=0.05)
+    assert not by_time.should_save(1)
+    time.sleep(0.06)
+    assert by_time.should_save(2)
+    by_time.save(2, writer({"w": b""}))
+    assert not by_time.should_save(3)
+    assert by_time.flush(10) and by_steps.flush(10)
+
+
+def test_every_seconds_defaults_to_respawns_advice(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RESPAWN_CHECKPOINT_EVERY_S", "900")
+    assert saver_for(RecordingStore(str(tmp_path))).every_s == 900.0
+
+
+def test_a_notice_asks_for_one_save_at_the_next_step_then_stop(tmp_path) -> None:
+    notice = Notice()
+    saver = saver_for(RecordingStore(str(tmp_path / "bucket")), sigterm=notice, every_s=None)
+    assert not saver.on_step_end(1, writer({"w": b"1"}))
+    notice.trigger()
+    assert saver.on_step_end(2, writer({"w": b"2"}))  # saved, flushed: stop
+    assert saver.saved_step == 2 and not saver.should_save(3)
+    assert finder.latest(str(tmp_path / "bucket")).step == 2
+
+
+def test_a_save_that_cannot_finish_before_the_deadline_is_skipped_and_said(tmp_path, monkeypatch, capfd) -> None:
+    monkeypatch.setenv("RESPAWN_NOTICE_SECONDS", "1")  # the deadline: 0.75 s after SIGTERM
+    notice = Notice()
+    saver = saver_for(RecordingStore(str(tmp_path / "bucket")), sigterm=notice, every_s=None)
+    saver.save(1, writer({"w": b"1"}, pause=0.8))  # a save is measured to take 0.8 s
+    assert saver.flush(10)
+    notice.trigger()
+    assert saver.on_step_end(2, writer({"w": b"2"}, pause=0.8))  # stop, without saving
+    assert saver.skipped == [2] and saver.saved_step == 1
+    err = capfd.readouterr().err
+    assert "SIGTERM at step 2: not saving: a save needs about 0.8 s" in err
+    assert "the newest complete save stays step 1" in err
+    assert finder.latest(str(tmp_path / "bucket")).step == 1
+
+
+def test_a_save_that_fits_the_deadline_is_made(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("RESPAWN_NOTICE_SECONDS", "30")
+    notice = Notice()
+    saver = saver_for(RecordingStore(str(tmp_path / "bucket")), sigterm=notice, every_s=None)
+    saver.save(1, writer({"w": b"1"}, pause=0.2))
+    assert saver.flush(10)
+    notice.trigger()
+    assert 24 < notice.left() <= 25  # Spot's 30 s less the shutdown script's 5 s margin
+    assert saver.on_step_end(2, writer({"w": b"2"}))
+    assert saver.skipped == [] and saver.saved_step == 2
+
+
+def test_a_deadline_known_at_launch_caps_the_notice(monkeypatch) -> None:
+    monkeypatch.setenv("RESPAWN_NOTICE_DEADLINE", str(time.time() + 8))
+    notice = Notice()
+    notice.trigger()
+    assert 2 < notice.left() <= 3  # 8 s to the hard-off, less 5 s
+
+
+def test_the_progress_file_carries_step_times_and_the_saved_step(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "progress.json"
+    monkeypatch.setenv("RESPAWN_PROGRESS_FILE", str(path))
+    saver = saver_for(RecordingStore(str(tmp_path / "bucket")), progress=Progress(), every_steps=4, every_s=None)
+    for step in range(1, 6):
+        if saver.should_save(step):
+            saver.save(step, writer({"w": b"x"}, pause=0.05))
+    assert saver.flush(10)
+    progress = json.loads(path.read_text())
+    assert set(progress) == {"step", "step_at", "save_s", "upload_s", "saved_step"}
+    assert progress["step"] == 5 and progress["saved_step"] == 4
+    assert progress["save_s"] >= 0.05 and isinstance(progress["upload_s"], float)
+    assert datetime.fromisoformat(progress["step_at"].replace("Z", "+00:00")).tzinfo is not None
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".progress")] == []  # no temporary left
+
+
+def test_an_async_write_is_uploaded_once_it_completes(tmp_path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = RecordingStore(str(tmp_path / "bucket"))
+    saver = saver_for(store)
+    with ThreadPoolExecutor(1) as pool:
+        saver.save(4, lambda folder: pool.submit(writer({"late.bin": b"x"}, pause=0.3), folder))
+        assert saver.flush(10)
+    assert store.order == ["step-000000004/late.bin", "step-000000004/_SUCCESS"]
+    assert saver.save_s >= 0.3
