@@ -30,6 +30,7 @@ from typer.core import TyperGroup
 from controller.service import bootstrap
 from controller.core import errors, ledger
 from controller.cli import deadline, joblogs
+from controller.render.amounts import counted
 from controller.render.text import Trimmed, plain, printable
 from controller.service.config import Settings
 from controller.service.jobs import Jobs, Refused
@@ -140,7 +141,7 @@ def validate(
         for line in problems:
             err.print(_line("✗", "red", line), soft_wrap=True)
         raise typer.Exit(REFUSED)
-    out.print(_line("✓", "green", f"{name}: valid ({len(parsed.zones)} zones, {parsed.nodes} node(s), "
+    out.print(_line("✓", "green", f"{name}: valid ({counted(len(parsed.zones), 'zone')}, {counted(parsed.nodes, 'node')}, "
                                   f"{' then '.join(parsed.provisioning)})"), soft_wrap=True)
     if not config.project:
         out.print("[dim]schema only: set RESPAWN_PROJECT (and the policy variables) to check this controller's policy[/dim]")
@@ -587,7 +588,7 @@ def doctor(
         out.print(line, soft_wrap=True)
     failed = [r.name for r in results if not r.ok]
     if failed:
-        err.print(_line("✗", "red", f"{len(failed)} of {len(results)} checks failed: {', '.join(failed)}"), soft_wrap=True)
+        err.print(_line("✗", "red", f"{len(failed)} of {counted(len(results), 'check')} failed: {', '.join(failed)}"), soft_wrap=True)
         raise typer.Exit(FAILED)
     out.print(_line("✓", "green", f"all {len(results)} checks passed"), soft_wrap=True)
 

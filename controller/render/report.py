@@ -30,6 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from controller.core import checkpoints, ledger
+from controller.render.amounts import dollars
 from controller.render.text import printable
 from controller.core.durations import format_duration, measured
 
@@ -79,10 +80,6 @@ def human(seconds: float | None) -> str:
     return f"{seconds:.2g}s" if 0 < seconds < 1 else format_duration(timedelta(seconds=round(seconds)))
 
 
-def _money(dollars: float) -> str:
-    return f"${dollars:,.2f}" if dollars >= 0.01 or dollars == 0 else f"${dollars:.2g}"  # a short run: $0.0061
-
-
 def _unit(paid_hours: float) -> tuple[str, float]:
     """Accelerator time in hours, or in minutes or seconds for a short run (the demo's): its name and factor."""
     if paid_hours >= 1 or paid_hours == 0:
@@ -99,6 +96,8 @@ def facts(status: JobStatus, now: datetime) -> list[tuple[str, str]]:
     book, total = status.ledger, ledger.summary(status.ledger, now)
     unit, k = _unit(total.accelerator_hours)
     return [
+        ("run", f"{status.run or '—'}" + (" (fresh)" if status.fresh else "")
+                + (f", after {len(status.runs)} earlier (respawn history)" if status.runs else "")),
         ("phase", f"{status.phase}" + (f" — {status.message}" if status.message else "")),
         ("attempts", f"{book.totals.attempts + (book.open is not None)} ({total.losses} lost)"),
         (unit, f"{total.accelerator_hours * k:.2f} paid: {total.boot_hours * k:.2f} booting, "
@@ -119,9 +118,9 @@ def facts(status: JobStatus, now: datetime) -> list[tuple[str, str]]:
 
 def _cost(total: ledger.Summary) -> str:
     if not total.on_demand_cost:
-        return _money(total.cost)
-    return (f"{_money(total.cost)} against {_money(total.on_demand_cost)} on demand: "
-            f"{_money(total.savings)} saved ({total.savings / total.on_demand_cost:.0%})")
+        return dollars(total.cost)[0]
+    cost, on_demand, saved = dollars(total.cost, total.on_demand_cost, total.savings)  # one precision for the line
+    return f"{cost} against {on_demand} on demand: {saved} saved ({total.savings / total.on_demand_cost:.0%})"
 
 
 def _recoveries(book: ledger.Ledger, total: ledger.Summary) -> str:
@@ -157,7 +156,7 @@ def zone_rows(status: JobStatus) -> list[tuple[str, str, str]]:
 
 
 def as_json(job: str, status: JobStatus, now: datetime) -> dict[str, Any]:
-    return {"job": job, "phase": str(status.phase), "checkpoint_every_s": status.checkpoint_every_s,
+    return {"job": job, "run": status.run, "phase": str(status.phase), "checkpoint_every_s": status.checkpoint_every_s,
             "checkpoint_cost": {"at_least_s": status.ledger.checkpoint_cost_s, "source": checkpoints.WRITE_TIME_SOURCE},
             "summary": ledger.summary(status.ledger, now).model_dump(mode="json"),
             "ledger": status.ledger.model_dump(mode="json")}
@@ -302,7 +301,7 @@ def _title(job: str, status: JobStatus, now: datetime) -> str:
     unit, k = _unit(total.accelerator_hours)
     text = (f"{printable(job)}: {status.phase}, goodput {_percent(total.goodput)}\n"
             f"{total.useful_hours * k:.1f} of {total.accelerator_hours * k:.1f} {unit} useful; "
-            f"{_money(total.cost)} against {_money(total.on_demand_cost)} on demand")
+            "{} against {} on demand".format(*dollars(total.cost, total.on_demand_cost)))
     return text.replace("$", r"\$")  # not mathtext
 
 

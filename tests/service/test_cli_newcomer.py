@@ -32,3 +32,35 @@ def test_a_spec_in_the_bucket_is_still_called_spec_yaml():
             ["t.yml: expected a mapping of fields, got list", "nodes: not a number"]
     else:
         raise AssertionError("a list is no spec")
+
+
+def test_counts_are_singular_for_one():
+    from controller.render.amounts import counted
+
+    assert [counted(n, "zone") for n in (0, 1, 2)] == ["0 zones", "1 zone", "2 zones"]
+    assert counted(1, "entry", "entries") == "1 entry" and counted(3, "entry", "entries") == "3 entries"
+
+
+def test_validate_says_1_zone_and_1_node(tmp_path):
+    import yaml
+
+    from tests.harness import spec_doc
+
+    path = tmp_path / "one.yaml"
+    path.write_text(yaml.safe_dump(spec_doc(zones=["us-central1-a"], nodes=1)))
+    result = runner.invoke(app, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "(1 zone, 1 node, " in result.output
+
+
+def test_the_figures_of_one_money_line_share_one_precision():
+    from types import SimpleNamespace
+
+    from controller.render import report
+    from controller.render.amounts import dollars
+
+    assert dollars(0.0036, 0.0116, 0.008) == ("$0.0036", "$0.0116", "$0.0080")
+    assert dollars(0.39, 1.266, 0.875) == ("$0.39", "$1.27", "$0.88")
+    assert dollars(0.00061) == ("$0.00061",) and dollars(0) == ("$0.00",) and dollars(1234.5) == ("$1,234.50",)
+    tiny = SimpleNamespace(cost=0.0036, on_demand_cost=0.0116, savings=0.008)
+    assert report._cost(tiny) == "$0.0036 against $0.0116 on demand: $0.0080 saved (69%)"
