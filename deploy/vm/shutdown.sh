@@ -84,7 +84,15 @@ if [ -n "$agent_reason" ]; then
   ((agent_left < 1)) && agent_left=1
   ((agent_gcs_try > agent_left)) && agent_gcs_try=$agent_left
   ((agent_gcs_patience > agent_left)) && agent_gcs_patience=$agent_left
-  record marker "preempted-jobs/$agent_job" "\"reason\": \"$agent_reason\", \"saved\": $agent_saved" \
+  # When the trainer started (the startup script's note, this boot's): only a well-formed time.
+  agent_started=""
+  { read -r agent_started < "$agent_run_dir/trainer.started"; } 2> /dev/null
+  if [[ "$agent_started" =~ ^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?Z$ ]]; then
+    agent_started=", \"trainer_started\": \"$agent_started\""
+  else
+    agent_started=""
+  fi
+  record marker "preempted-jobs/$agent_job" "\"reason\": \"$agent_reason\", \"saved\": $agent_saved$agent_started" \
     && log "marker written ($agent_reason, saved: $agent_saved)" || log "could not write the marker"
 fi
 

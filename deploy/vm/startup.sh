@@ -71,10 +71,10 @@ if command -v flock > /dev/null; then
 else
   log "no flock on this image: a second run of this script is not prevented"
 fi
-# Under the lock, no trainer of this boot exists yet: a trainer.pid is a stale one.
-# The stopping flag is not touched: on a fresh run directory it can only be this boot's
-# shutdown script, already under way.
-rm -f "$agent_run_dir/trainer.pid"
+# Under the lock, no trainer of this boot exists yet: a trainer.pid is a stale one (and so is
+# its trainer.started). The stopping flag is not touched: on a fresh run directory it can only
+# be this boot's shutdown script, already under way.
+rm -f "$agent_run_dir/trainer.pid" "$agent_run_dir/trainer.started"
 
 # Boot twice, train twice: a reset, a stop+start or a reboot runs this script again, and
 # the launch-time RESUME_FROM is stale by then. The state directory (which survives a
@@ -130,7 +130,20 @@ readonly agent_checkpoint_every
 readonly agent_code_uri agent_resume_from agent_resume_step agent_resume_tag agent_checkpoint_uri agent_master_addr agent_env_lines agent_command agent_interval
 agent_role=node
 [ "$agent_tpu" = 1 ] && agent_role="node $agent_name, TPU worker"
-log "job $agent_job attempt $agent_attempt $agent_role $agent_rank/$agent_nodes; RESUME_FROM=${agent_resume_from:-<none>}${agent_resume_step:+ RESUME_STEP=$agent_resume_step}${agent_resume_tag:+ RESUME_TAG=$agent_resume_tag}"
+# Two lines, each within 80 columns as `respawn logs` prints them (stamp and VM name first) for
+# a checkpoint under checkpoint.uri: the checkpoint's own path is shown under the trainer's
+# $RESPAWN_CHECKPOINT_URI, which holds that prefix.
+agent_from="from scratch"
+[ -n "$agent_resume_from" ] && agent_from="from ${agent_resume_step:+step $agent_resume_step}"
+[ "$agent_from" = "from " ] && agent_from="from a checkpoint"
+log "job $agent_job attempt $agent_attempt $agent_role $agent_rank/$agent_nodes, $agent_from${agent_resume_tag:+ (tag $agent_resume_tag)}"
+if [ -n "$agent_resume_from" ]; then
+  if [ -n "$agent_checkpoint_uri" ] && [[ "$agent_resume_from" == "${agent_checkpoint_uri%/}/"* ]]; then
+    log "RESUME_FROM=\$RESPAWN_CHECKPOINT_URI/${agent_resume_from#"${agent_checkpoint_uri%/}/"}"
+  else
+    log "RESUME_FROM=$agent_resume_from"
+  fi
+fi
 
 # A stop that began while the VM was booting: its shutdown script writes the marker.
 if [ -e "$agent_run_dir/stopping" ]; then
@@ -193,6 +206,17 @@ export RESUME_FROM="$4" RESPAWN_CHECKPOINT_URI="$5" RESPAWN_JOB="$6" RESPAWN_ATT
   RESPAWN_BUCKET="$8" NODE_RANK="$9" NODES="${10}" MASTER_ADDR="${11}" RESUME_STEP="${12}" RESUME_TAG="${13}" \
   RESPAWN_CHECKPOINT_EVERY_S="${14}"
 exec "$1" -c "$3"'
+# When the trainer starts, by this VM's clock: every record says it, so that the controller's
+# ledger ends the attempt's boot there, not when a pass happened to see the VM RUNNING.
+agent_trainer_started="$(now)"
+agent_started_field="\"trainer_started\": \"$agent_trainer_started\""
+readonly agent_trainer_started agent_started_field
+# Noted before the launch, for the shutdown script's marker, which may come at any moment
+# after it. Not noted: the marker goes without the field, and the controller then says the
+# attempt's boot is unknown, never a guess.
+{ printf '%s\n' "$agent_trainer_started" > "$agent_run_dir/trainer.started.new" \
+  && mv -f "$agent_run_dir/trainer.started.new" "$agent_run_dir/trainer.started"; } \
+  || log "cannot write $agent_run_dir/trainer.started: a marker will not say when the trainer started"
 setsid "$BASH" -c "$agent_launcher" respawn-trainer "$BASH" "$agent_env_lines" "$agent_command" \
   "$agent_resume_from" "$agent_checkpoint_uri" "$agent_job" "$agent_attempt" "$agent_bucket" \
   "$agent_rank" "$agent_nodes" "$agent_master_addr" "$agent_resume_step" "$agent_resume_tag" "$agent_checkpoint_every" &
@@ -203,12 +227,13 @@ if ! { printf '%s\n' "$agent_trainer" > "$agent_run_dir/trainer.pid.new" \
   # A trainer the shutdown script cannot find gets no SIGTERM, hence no save: never run one.
   kill -KILL -- "-$agent_trainer" 2>/dev/null
   wait "$agent_trainer" 2>/dev/null
+  rm -f "$agent_run_dir/trainer.started"
   never_ran 96 "cannot write $agent_run_dir/trainer.pid"
 fi
 
 if [ "$agent_rank" = 0 ]; then
   ( while kill -0 "$agent_trainer" 2>/dev/null; do
-      record heartbeat "jobs/$agent_job/heartbeat" || log "heartbeat failed"
+      record heartbeat "jobs/$agent_job/heartbeat" "$agent_started_field" || log "heartbeat failed"
       sleep "$agent_interval"
     done ) &
 fi
@@ -245,7 +270,8 @@ fi
 # Rank 0's exit record is the gang's and always written. A worker writes only a failure
 # (its exit 0 decides nothing: rank 0's does), to its own object.
 if [ "$agent_rank" = 0 ] || [ "$agent_code" != 0 ]; then
-  record exit "$(exit_object)" "\"exit_code\": $agent_code" || log "could not write the exit record"
+  record exit "$(exit_object)" "\"exit_code\": $agent_code, $agent_started_field" \
+    || log "could not write the exit record"
 fi
 # A Cloud TPU worker does not power itself off: a TPU VM that goes down breaks the slice
 # (the TPU service marks the node's health TIMEOUT, which the controller counts as a hang,

@@ -12,6 +12,7 @@ import tarfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,7 @@ def test_startup_runs_the_command_with_its_environment_then_records_exit_and_pow
     record = until("the exit record", lambda: read(gcs, "jobs/envjob/exit"))
     assert (record["exit_code"], record["attempt"], record["instance"], record["node"]) == (7, 3, "envjob-3", 0)
     assert record["token"] == token_of("envjob-3")
+    assert started_at(record) <= datetime.fromisoformat(record["at"]), "the trainer started before its exit"
     env = dict(line.split("=", 1) for line in (srv.workdir_of("envjob-3") / "env.txt").read_text().splitlines())
     assert env["RESUME_FROM"] == "gs://ck/run/global_step40" and env["RESPAWN_ATTEMPT"] == "3"
     assert (env["RESUME_STEP"], env["RESUME_TAG"]) == ("40", "global_step40")
@@ -111,11 +113,42 @@ def test_startup_runs_the_command_with_its_environment_then_records_exit_and_pow
     assert any(o["operationType"] == "compute.instances.guestTerminate" for o in srv.operations())
 
 
+def started_at(record: dict[str, Any]) -> datetime:
+    """A record's trainer start: RFC 3339 in UTC, as the controller reads it (world.Record)."""
+    from controller.core.world import _instant
+
+    assert isinstance(record.get("trainer_started"), str), record
+    when = _instant(record["trainer_started"])
+    assert when is not None and record["trainer_started"].endswith("Z"), record
+    return when
+
+
 def test_heartbeat_while_running(gcs, srv):
     boot(srv, "beat-1", "sleep 30")
     first = until("a heartbeat", lambda: read(gcs, "jobs/beat/heartbeat"))
     assert (first["attempt"], first["instance"], first["token"]) == (1, "beat-1", token_of("beat-1"))
-    until("a newer heartbeat", lambda: (hb := read(gcs, "jobs/beat/heartbeat")) and hb["at"] != first["at"])
+    newer = until("a newer heartbeat", lambda: (hb := read(gcs, "jobs/beat/heartbeat")) and hb["at"] != first["at"] and hb)
+    # Every beat names the one start of the trainer, before the first beat.
+    assert newer["trainer_started"] == first["trainer_started"]
+    assert started_at(first) <= datetime.fromisoformat(first["at"])
+
+
+def test_the_resume_lines_fit_80_columns_as_respawn_logs_prints_them(gcs, srv):
+    """Issue 26: 'job X attempt N ...; RESUME_FROM=...' was about 135 columns under `respawn logs`."""
+    from controller.cli.joblogs import STAMP, one_stamp
+
+    boot(srv, "demo-2", "sleep 30", **{"respawn-checkpoint-uri": "gs://respawn-local/checkpoints/demo",
+                                        "respawn-resume-from": "gs://respawn-local/checkpoints/demo/step_000087",
+                                        "respawn-resume-step": "87"})
+    until("the trainer's heartbeat", lambda: read(gcs, "jobs/demo/heartbeat"))
+    lines = [line for line in serial(srv, "demo-2").splitlines() if line.startswith("respawn: ")]
+    said = [line for line in lines if " job demo attempt 2 " in line or "RESUME_FROM=" in line]
+    assert len(said) == 2, lines
+    when = datetime.fromisoformat(said[0].split()[1])
+    shown = [f"{when:{STAMP}} demo-2 {one_stamp(line, when)}" for line in said]
+    assert all(len(line) <= 80 for line in shown), shown
+    assert shown[0].endswith("respawn: job demo attempt 2 node 0/1, from step 87"), shown
+    assert shown[1].endswith("respawn: RESUME_FROM=$RESPAWN_CHECKPOINT_URI/step_000087"), shown
 
 
 def test_code_tarball_is_fetched_before_the_command(gcs, srv):
@@ -191,6 +224,7 @@ def test_preemption_sigterms_the_trainer_then_writes_the_marker_and_no_exit_reco
     marker = until("the marker", lambda: read(gcs, "preempted-jobs/pre"))
     assert (marker["attempt"], marker["instance"], marker["reason"]) == (5, "pre-5", "preempted")
     assert marker["token"] == token_of("pre-5")
+    assert started_at(marker) <= datetime.fromisoformat(marker["at"]), "the marker names when the trainer started"
     assert (srv.workdir_of("pre-5") / "got-sigterm.txt").exists(), "trainer got no SIGTERM"
     until("the VM to stop", lambda: status(srv, "pre-5") == "TERMINATED")
     assert read(gcs, "jobs/pre/exit") is None, "a trainer exiting 0 on SIGTERM must not look like success"
@@ -665,6 +699,7 @@ def test_when_the_command_never_ran_the_exit_record_says_why(gcs, guest, tmp_pat
     record = read(gcs, f"jobs/why{code}/exit")
     assert record is not None, out
     assert (record["exit_code"], record["reason"][:len(reason)], record["token"]) == (code, reason, token_of(name))
+    assert "trainer_started" not in record, "no trainer started"
     assert g.poweroffs == 1
 
 
