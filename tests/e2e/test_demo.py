@@ -40,6 +40,12 @@ def test_demo_survives_three_preemptions_with_the_uninterrupted_weights(tmp_path
     assert "preempting demo-1 hard" in output and "stockout in us-central1-a" in output
     # Issue 26: the stockout is met (a create there refused), not dodged, and the report counts it.
     assert re.search(r"stockouts met\s+│ [1-9]", output), output[-4000:]
+    # Every line is one of the demo's templates, which the README's sample is held to as well.
+    from tests import demo_output
+
+    lines = demo_output.logical_lines(output)
+    assert demo_output.unmatched(lines) == [], output[-4000:]
+    assert [name for name, _ in demo_output.rows(lines)] == [name for name, _ in demo_output.ROWS]
     page = " ".join(re.sub(r"<[^>]+>", " ", next(tmp_path.glob("*-report.html")).read_text()).split())
     assert re.search(r"losses by zone zone losses stockouts us-central1-a preempted \d+ [1-9]", page), page[-1500:]
     # The hard preemption's replacement says how it came (through on_audit, or the demo's 5 s tick)
