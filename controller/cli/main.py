@@ -33,7 +33,7 @@ from controller.cli import deadline, joblogs
 from controller.render.amounts import counted
 from controller.render.text import Trimmed, plain, printable
 from controller.service.config import Settings
-from controller.service.jobs import Jobs, Refused
+from controller.service.jobs import Jobs, Refused, no_such_job
 from controller.cli.joblogs import logs_filter  # noqa: F401 - the query `respawn logs` sends, named for tests
 from controller.core.spec import SpecError, load_document, parse_spec
 from controller.core.state import JobStatus
@@ -249,9 +249,9 @@ def run(
 
 @app.command()
 def cancel(job: Annotated[str, typer.Argument(help="the job to cancel")]) -> None:
-    """Ask the controller to cancel a job and delete its VMs."""
-    _jobs().cancel(job)
-    out.print(_line("✓", "green", f"cancel requested for {job}"), soft_wrap=True)
+    """Ask the controller to cancel a job and delete its VMs (a job whose run is over: nothing is written)."""
+    over = _jobs().cancel(job)
+    out.print(_line("✓", "green", over or f"cancel requested for {job}"), soft_wrap=True)
 
 
 @app.command()
@@ -351,7 +351,7 @@ def _status_rows(job: str | None) -> list[dict[str, object]]:
 
 
 def _no_job(job: str, bucket: str) -> Refused:
-    return Refused(f"no job named {job!r} in gs://{bucket}")
+    return no_such_job(job, bucket)
 
 
 def _goodput(status: JobStatus | None, now: datetime) -> dict[str, object]:
@@ -486,6 +486,8 @@ def _serial_output(config: Settings, project: str, zone: str | None, name: str) 
     except errors.RespawnError as e:  # one instance's console, not the others'
         return f"(serial console not readable: {e})"
 
+    if status is None and not jobs.rows(job):
+        raise _no_job(job, jobs.bucket)
 
 @app.command()
 def deploy(
@@ -600,7 +602,9 @@ def reconcile(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Run one reconcile pass from the terminal."""
-    _config()
+    config = _config()
+    if job is not None and not _jobs().rows(job):  # as status: an unknown JOB is an error, not an empty row
+        raise _no_job(job, config.bucket)
     summary = bootstrap.engine().reconcile(job, dry_run=dry_run)
     if as_json:
         print(json.dumps(summary.as_dict(), indent=2))

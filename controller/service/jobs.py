@@ -22,6 +22,12 @@ class Refused(Exception):
     """The request was understood and declined; the message says what to do instead."""
 
 
+def no_such_job(job: str, bucket: str) -> Refused:
+    """One wording for a job that is not there, whichever command asked (status, report, logs,
+    reconcile, cancel...)."""
+    return Refused(f"no job named {job!r} in gs://{bucket}")
+
+
 @dataclass(frozen=True)
 class JobRow:
     job: str
@@ -112,10 +118,18 @@ class Jobs:
         info = self.store.write(self.bucket, names.spec_key(job), raw, if_generation_match=None if replace else current)
         return info.generation
 
-    def cancel(self, job: str) -> None:
-        if not self._generation(names.spec_key(job)) and self.status(job) is None:
-            raise Refused(f"no job named {job!r} in gs://{self.bucket}")
+    def cancel(self, job: str) -> str | None:
+        """Write the job's cancel; or, writing nothing, say why there is nothing to cancel: its run
+        is over (cancelled, succeeded or failed) and no new spec has been submitted since."""
+        spec = self._generation(names.spec_key(job))
+        status = self.status(job)
+        if not spec and status is None:
+            raise no_such_job(job, self.bucket)
+        if status is not None and status.phase.terminal and status.spec_generation in (None, spec):
+            how = "cancelled" if status.phase == "CANCELLED" else f"finished ({status.phase.lower()})"
+            return f"{job} is already {how}: nothing to cancel"
         self.store.write(self.bucket, names.cancel_key(job), b"")
+        return None
 
     def status(self, job: str) -> JobStatus | None:
         try:

@@ -64,3 +64,54 @@ def test_the_figures_of_one_money_line_share_one_precision():
     assert dollars(0.00061) == ("$0.00061",) and dollars(0) == ("$0.00",) and dollars(1234.5) == ("$1,234.50",)
     tiny = SimpleNamespace(cost=0.0036, on_demand_cost=0.0116, savings=0.008)
     assert report._cost(tiny) == "$0.0036 against $0.0116 on demand: $0.0080 saved (69%)"
+
+
+def _spec_file(tmp_path) -> str:
+    import yaml
+
+    from tests.harness import spec_doc
+
+    path = tmp_path / "j.yaml"
+    path.write_text(yaml.safe_dump(spec_doc()))
+    return str(path)
+
+
+def test_cancel_of_a_cancelled_job_says_so_and_writes_nothing(mem, tmp_path):  # noqa: F811
+    from controller.core import names
+    from controller.core.state import Phase
+
+    assert runner.invoke(app, ["submit", _spec_file(tmp_path)]).exit_code == 0
+    mem.tick()
+    assert runner.invoke(app, ["cancel", "j"]).output.strip() == "✓ cancel requested for j"
+    mem.tick()
+    assert mem.status("j").phase == Phase.CANCELLED
+    written = mem.store.stat(BUCKET, names.cancel_key("j")).generation
+    again = runner.invoke(app, ["cancel", "j"])
+    assert again.exit_code == 0, again.output
+    assert again.output.strip() == "✓ j is already cancelled: nothing to cancel"
+    assert mem.store.stat(BUCKET, names.cancel_key("j")).generation == written
+
+
+def test_cancel_of_a_finished_job_resubmitted_since_is_written(mem, tmp_path):  # noqa: F811
+    from controller.core import names
+
+    path = _spec_file(tmp_path)
+    runner.invoke(app, ["submit", path])
+    mem.tick()
+    mem.exit("j", 0)
+    mem.tick()
+    assert runner.invoke(app, ["cancel", "j"]).output.strip() == "✓ j is already finished (succeeded): nothing to cancel"
+    assert runner.invoke(app, ["submit", path]).exit_code == 0  # a new run, not taken up yet
+    assert runner.invoke(app, ["cancel", "j"]).output.strip() == "✓ cancel requested for j"
+    assert mem.store.exists(BUCKET, names.cancel_key("j"))
+
+
+def test_one_wording_for_a_job_that_is_not_there(mem):  # noqa: F811
+    mem.submit("known")
+    said = set()
+    for command in (["status", "nosuch"], ["report", "nosuch"], ["logs", "nosuch"], ["reconcile", "nosuch"],
+                    ["cancel", "nosuch"], ["reconcile", "nosuch", "--dry-run"]):
+        result = runner.invoke(app, command)
+        assert result.exit_code == 2, (command, result.output)
+        said.add(result.output.strip())
+    assert said == {f"✗ no job named 'nosuch' in gs://{BUCKET}"}
