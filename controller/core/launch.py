@@ -103,7 +103,8 @@ def _metadata(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, ma
         "respawn-resume-from": status.resume_from.uri if status.resume_from else "",
         "respawn-resume-step": str(status.resume_from.step) if status.resume_from and status.resume_from.step is not None else "",
         "respawn-resume-tag": (status.resume_from.tag or "") if status.resume_from else "",
-        "respawn-checkpoint-uri": spec.checkpoint.uri if spec.checkpoint else "",
+        # Where this run writes its checkpoints: a fresh run's own prefix (controller.core.runs).
+        "respawn-checkpoint-uri": status.checkpoints(spec.checkpoint).uri if spec.checkpoint else "",
         "respawn-command": spec.command_line,
         "respawn-code": spec.code or "",
         # Lines the startup script evaluates; keys are validated identifiers, values quoted.

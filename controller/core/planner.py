@@ -85,7 +85,10 @@ def _plan_job(v: JobView, now: datetime, ctx: LaunchContext) -> list[Action]:
     # First sight of the job, or a new spec written over a finished run: start a run.
     if st is None or (st.phase.terminal and st.spec_generation != v.spec_generation):
         attempt = max([st.attempt if st else 0, *(i.attempt for i in v.instances)])
-        return [WriteStatus(v.job, t.new_run(st, attempt, v.spec_generation, now), "new run", replan=True)]
+        # The run before's latest checkpoint, listed where it wrote them, for its summary.
+        last = v.checkpoint if st is not None and v.checkpoint_loaded else None
+        return [WriteStatus(v.job, t.new_run(st, attempt, v.spec_generation, now, v.spec, last), "new run",
+                            replan=True)]
     if st.phase.terminal:
         return _leftovers(v)
     newest = max((i.attempt for i in v.instances), default=0)
@@ -93,7 +96,8 @@ def _plan_job(v: JobView, now: datetime, ctx: LaunchContext) -> list[Action]:
         # The previous run's VMs, seen only now (their zone did not answer when this run was
         # numbered, its folder deleted whole): this run's attempts go after them, as a new run
         # numbers them when it sees them; they are its leftovers, never its attempt.
-        return [WriteStatus(v.job, t.new_run(st, newest, st.spec_generation, now), "run renumbered after "
+        return [WriteStatus(v.job, t.new_run(st, newest, st.spec_generation, now, v.spec, renumbered=True),
+                            "run renumbered after "
                             f"attempt {newest}, left by an earlier run", replan=True)]
     if newest > st.attempt:
         # Another pass committed and inserted after our status read (our CAS would fail

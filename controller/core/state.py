@@ -17,7 +17,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_serial
 from controller.core.checkpoints import Found
 from controller.core.durations import measured
 from controller.core.ledger import Ledger
-from controller.core.spec import Notify
+from controller.core.runs import RunSummary, checkpoint_root, run_id
+from controller.core.spec import Checkpoint, Notify
 
 HISTORY_LIMIT = 100
 IDS_KEPT = 50  # instance ids remembered (name -> id), the newest
@@ -198,6 +199,14 @@ class JobStatus(BaseModel):
     notify: Annotated[Notify | None, BeforeValidator(_without_webhook)] = None
     history: tuple[Event, ...] = ()
     event_count: int = 0  # events ever appended: which of ``history`` a commit adds (accounting.settle)
+    # The run (controller.core.runs): its id, set when it began (None in a status written before
+    # runs had ids: then ``run`` is read from ``created_at``, the same stamp); where its checkpoints
+    # go when not the spec's own prefix (a fresh run's, or one inherited from the run before); and
+    # whether it began fresh, ignoring earlier runs' checkpoints.
+    run_id: str | None = None
+    checkpoint_uri: str | None = None
+    fresh: bool = False
+    runs: tuple[RunSummary, ...] = ()  # the past runs of this job name, oldest first (runs.RUNS_KEPT)
 
     @model_validator(mode="before")
     @classmethod
@@ -241,6 +250,18 @@ class JobStatus(BaseModel):
     @classmethod
     def from_json(cls, raw: bytes) -> JobStatus:
         return cls.model_validate_json(raw)
+
+    @property
+    def run(self) -> str | None:
+        """This run's id (controller.core.runs.run_id)."""
+        return self.run_id or (run_id(self.created_at) if self.created_at else None)
+
+    def checkpoints(self, checkpoint: Checkpoint) -> Checkpoint:
+        """The spec's ``checkpoint`` as this run reads and writes it: under the run's own prefix
+        where it has one (``runs.checkpoint_root``), so that every attempt of a fresh run, and every
+        pass that lists its checkpoints, sees its saves only."""
+        root = checkpoint_root(checkpoint.uri, self.checkpoint_uri)
+        return checkpoint if root == checkpoint.uri else checkpoint.model_copy(update={"uri": root})
 
     def same_run(self, other: JobStatus | None) -> bool:
         return other is not None and other.created_at == self.created_at

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 
-from controller.core import accounting, errors, ledger, placement
+from controller.core import accounting, errors, ledger, placement, runlog, runs
 from controller.core.durations import format_duration
 from controller.core.spec import JobSpec
 from controller.core.ports import ZoneAdvice
@@ -19,18 +19,38 @@ def event(now: datetime, status: JobStatus, name: str, detail: str, **where: str
     return Event(at=now, event=name, attempt=status.attempt, detail=detail, **where)
 
 
-def new_run(prev: JobStatus | None, attempt: int, spec_generation: int | None, now: datetime) -> JobStatus:
-    """A fresh run of the job: counters reset, attempt numbers keep growing (names stay unique)."""
+def new_run(prev: JobStatus | None, attempt: int, spec_generation: int | None, now: datetime,
+            spec: JobSpec | None = None, last: CheckpointRef | None = None, renumbered: bool = False) -> JobStatus:
+    """A fresh run of the job: counters reset, attempt numbers keep growing (names stay unique).
+
+    Its id is when it began (controller.core.runs); ``prev``'s run is summed up into the past runs
+    it keeps (``last``: that run's latest complete checkpoint, where a listing found it). Its
+    checkpoints go where the run before's went, unless ``spec`` asks for a fresh start
+    (``checkpoint.fresh``): then under a prefix of its own, which every attempt of it reads from
+    status.json. ``renumbered``: the same run begun again after the VMs of an earlier run seen only
+    now; it keeps its id, its prefix and its past runs."""
     # No attempt of the new run exists yet: an empty secret, which no record carries, so
     # records the previous run left under the same attempt number belong to nothing.
     # Where the previous run's VMs or TPU nodes were is kept (project, history, the TPU flag):
     # one whose delete failed must still be found, listed and deleted by the new run.
     count = prev.event_count if prev else 0
+    if renumbered and prev is not None:
+        run, own, fresh, past = prev.run or runs.run_id(now), prev.checkpoint_uri, prev.fresh, prev.runs
+    else:
+        run = runs.run_id(now)
+        fresh = spec is not None and spec.checkpoint is not None and spec.checkpoint.fresh
+        own = runs.fresh_root(spec.checkpoint.uri, run) if fresh and spec and spec.checkpoint else \
+            (prev.checkpoint_uri if prev else None)
+        past = runlog.archived(prev, now, last)
+    detail = "spec accepted; waiting for a VM"
+    if fresh and own:
+        detail += f"; run {run} starts fresh: no earlier checkpoint is resumed, its own go under {own}"
     base = JobStatus(history=prev.history if prev else (), attempt_token="", tpu=prev.tpu if prev else False,
                      project=prev.project if prev else None, event_count=count,
-                     ledger=ledger.Ledger(folded=count))  # a run's own ledger: none of the previous run's events
+                     ledger=ledger.Ledger(folded=count),  # a run's own ledger: none of the previous run's events
+                     run_id=run, checkpoint_uri=own, fresh=fresh, runs=past)
     return base.but(
-        Event(at=now, event="accepted", attempt=attempt, detail="spec accepted; waiting for a VM"),
+        Event(at=now, event="accepted", attempt=attempt, detail=detail),
         phase=Phase.PENDING,
         attempt=attempt,
         spec_generation=spec_generation,

@@ -149,12 +149,16 @@ class Jobs:
                 for name, k in sorted(kinds.items())]
 
     def checkpoint(self, job: str) -> Found | None:
-        """The job's latest complete checkpoint, if its spec names a prefix and it is readable."""
+        """The job's latest complete checkpoint, if its spec names a prefix and it is readable: where
+        its current run writes them."""
         try:
             spec = parse_spec(self.store.read(self.bucket, names.spec_key(job), limit=MAX_SPEC_BYTES).data, job)
         except (errors.NotFound, errors.TooLarge, SpecError):
             return None
-        return discover(self.store, spec.checkpoint) if spec.checkpoint else None
+        if spec.checkpoint is None:
+            return None
+        status = self.status(job)  # where its run writes them: a fresh run's own prefix (core.runs)
+        return discover(self.store, status.checkpoints(spec.checkpoint) if status else spec.checkpoint)
 
     def _generation(self, key: str) -> int:
         try:

@@ -320,8 +320,10 @@ class Observer:
         spec = view.spec
         if spec is None or spec.checkpoint is None:
             return view
+        # Where this run's checkpoints are: a fresh run's own prefix, never an earlier run's saves.
+        where = view.status.checkpoints(spec.checkpoint) if view.status is not None else spec.checkpoint
         try:
-            found = discover(self.store, spec.checkpoint)
+            found = discover(self.store, where)
         except errors.RespawnError as e:
             log.warning("cannot list checkpoints", extra={"json_fields": {"job": view.job, "error": str(e)}})
             return replace(view, checkpoint=None, checkpoint_loaded=True, checkpoint_error=_short(e))
