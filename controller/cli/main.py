@@ -60,6 +60,12 @@ def _message(error: errors.RespawnError) -> str:
 class _Guarded(TyperGroup):
     """Every command: a RespawnError is one line on stderr and its exit code, never a traceback."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        from controller.cli.helptext import tidy
+
+        tidy(self)  # --help at any width: whole paragraphs, no <bool>, no {spec}
+
     def invoke(self, ctx: Any) -> Any:
         from controller.adapters import failfast
 
@@ -170,26 +176,33 @@ def submit(
                                                  "(packed and uploaded; in place of the spec's code:)")] = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="submit without asking after the estimate")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="check the spec and show the estimate; upload nothing")] = False,
+    fresh: Annotated[bool, typer.Option("--fresh", help="a finished job's new run resumes no earlier checkpoint: "
+                                                        "its own go under CHECKPOINT_URI/runs/<run id>/ (none is "
+                                                        "deleted)")] = False,
 ) -> None:
     """Validate a spec, show what it would cost and find (per zone and model: price, obtainability,
     GPU quota left), ask, then upload it to jobs/<name>/spec.yaml.
+
+    A job whose run is over (SUCCEEDED, FAILED, CANCELLED) starts a new run, which resumes from the
+    last run's latest checkpoint: the command says which before it asks. --fresh starts from scratch
+    instead (checkpoint.fresh), the older checkpoints kept where they are.
 
     A ``code:`` that is a local folder or file (relative to the spec's folder), or --workdir, is
     packed (honouring .gitignore and .respawnignore) and uploaded to gs://BUCKET/code/<sha256>.tar.gz
     first. The question is asked only on a terminal; --yes skips it."""
     raw = _read(spec)
     _submit(raw, job or _declared_name(raw) or spec.stem, spec.resolve().parent, workdir, replace, uncancel, yes, dry_run,
-            source=spec.name)
+            source=spec.name, fresh=fresh)
 
 
 def _submit(raw: bytes, name: str, base: Path, workdir: Path | None, replace: bool, uncancel: bool, yes: bool,
-            dry_run: bool, show_spec: bool = False, source: str = "spec.yaml") -> None:
+            dry_run: bool, show_spec: bool = False, source: str = "spec.yaml", fresh: bool = False) -> None:
     """``source``: what the spec's problems call it (the local file's name; run's spec is made from flags)."""
     from controller.cli import pack, submitting
 
     config = _config()
     jobs = _jobs()
-    request = submitting.Request(raw, name, base, workdir, replace, uncancel, yes, dry_run)
+    request = submitting.Request(raw, name, base, workdir, replace, uncancel, yes, dry_run, fresh)
     try:
         done = submitting.submit(request, jobs, submitting.google_sources(config), config.project, out, err,
                                  ask=lambda q: deadline.paused(typer.confirm, q, default=True), interactive=submitting.interactive(),
@@ -229,6 +242,7 @@ def run(
     replace: Annotated[bool, typer.Option("--replace", help="overwrite the spec of a job that is still running")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="submit without asking after the estimate")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the spec and the estimate; upload nothing")] = False,
+    fresh: Annotated[bool, typer.Option("--fresh", help="as submit --fresh: resume no earlier checkpoint")] = False,
 ) -> None:
     """A job from flags alone: prints the spec it makes, then submits it as `respawn submit` does
     (the estimate and the question included). Example:
@@ -244,7 +258,7 @@ def run(
     except SpecError as e:
         _fail("; ".join(e.problems))
     raw = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True).encode()
-    _submit(raw, name, Path.cwd(), workdir, replace, False, yes, dry_run, show_spec=True)
+    _submit(raw, name, Path.cwd(), workdir, replace, False, yes, dry_run, show_spec=True, fresh=fresh)
 
 
 @app.command()
@@ -263,9 +277,12 @@ def status(
                                                       "(it wraps the lines that do not fit)")] = False,
     interval: Annotated[float, typer.Option(envvar="RESPAWN_WATCH_INTERVAL", help="seconds between refreshes")] = 2.0,
     refreshes: Annotated[int, typer.Option(hidden=True, help="stop --watch after this many refreshes (0: never)")] = 0,
+    every_run: Annotated[bool, typer.Option("--all", help="also each job's earlier runs (respawn history JOB): "
+                                                          "outcome, goodput, cost")] = False,
 ) -> None:
-    """A table of jobs: phase, attempt, preemptions, failures, zone, instance, checkpoint, age; each
-    job's last event on its own line under its row.
+    """A table of jobs, finished ones included (one row a job: its current run): phase, attempt,
+    preemptions, failures, zone, instance, checkpoint, age; each job's last event on its own line
+    under its row. --all also lists each job's earlier runs under the table (--json: ``runs``).
 
     The columns that fit the terminal are shown (job and phase always, then the zone, losses,
     checkpoint, age, attempt, instance: see controller.render.status_view); --wide shows them all.
@@ -278,7 +295,9 @@ def status(
     """
     from controller.render import status_view as view
 
-    rows = _status_rows(job)
+    from controller.render import history_view
+
+    rows = _status_rows(job, every_run)
     if as_json:
         print(json.dumps(rows, indent=2))
         return
@@ -286,7 +305,12 @@ def status(
         out.print(view.StatusView(rows, wide), soft_wrap=True)
         if job is not None and rows:  # one job's details, each after a blank line
             out.print()
+            out.print(history_view.run_line(rows[0]))
             out.print(view.goodput_line(rows[0]))
+        for row in rows if every_run else ():
+            if row["runs"]:
+                out.print()
+                out.print(history_view.earlier_runs(row))
         if job is not None and rows and rows[0]["zone_advice"]:
             out.print()
             out.print(view.AdviceTable(rows[0]))
@@ -324,7 +348,7 @@ def status(
             pass
 
 
-def _status_rows(job: str | None) -> list[dict[str, object]]:
+def _status_rows(job: str | None, every_run: bool = False) -> list[dict[str, object]]:
     from controller.core import names
 
     config = _config()
@@ -346,8 +370,18 @@ def _status_rows(job: str | None) -> list[dict[str, object]]:
             checkpoint, problem = None, str(e) or type(e).__name__
         except Exception as e:  # noqa: BLE001 - a bug or a hostile tree: this row only, never the command
             checkpoint, problem = None, f"unexpected {type(e).__name__}: {e}"
-        rows.append({**row.as_dict(now, ids, checkpoint, problem), **_goodput(row.status, now)})
+        rows.append({**row.as_dict(now, ids, checkpoint, problem), **_goodput(row.status, now),
+                     **_run(row.status, every_run)})
     return rows
+
+
+def _run(status: JobStatus | None, every_run: bool) -> dict[str, object]:
+    """What a status row adds of the job's runs: the current one's id, where its checkpoints go
+    when not the spec's prefix (a fresh run's), how many ran before; with --all, those runs."""
+    past = status.runs if status else ()
+    return {"run": status.run if status else None, "fresh": status.fresh if status else False,
+            "run_checkpoints": status.checkpoint_uri if status else None, "earlier_runs": len(past),
+            **({"runs": [r.model_dump(mode="json") for r in past]} if every_run else {})}
 
 
 def _no_job(job: str, bucket: str) -> Refused:
@@ -388,6 +422,43 @@ def report(
             (err if as_json else out).print(_line("✓", "green", f"wrote {path}"), soft_wrap=True)
 
 
+@app.command()
+def history(
+    job: Annotated[str, typer.Argument(help="the job whose runs to show")],
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """A job's runs, one line each, oldest first, the current one last: its id (when it began, UTC),
+    how it ended and when, how long it ran, its attempts, goodput, cost and the same hours on
+    demand, and its latest checkpoint. A JOB that does not exist exits 2."""
+    from controller.render.history_view import HistoryView
+    from controller.service import jobruns
+
+    runs = jobruns.history(_jobs(), job, datetime.now(UTC))
+    if as_json:
+        print(json.dumps([r.model_dump(mode="json") for r in runs], indent=2))
+        return
+    out.print(HistoryView(runs), soft_wrap=True)
+
+
+@app.command("rm")
+def remove(job: Annotated[str, typer.Argument(help="the finished job to forget")]) -> None:
+    """Forget a finished or cancelled job: delete its spec, status and records under jobs/JOB/ (and
+    its preemption marker). Its checkpoints are never deleted. A job still running is refused: cancel
+    it first. Removing a job that is already gone does nothing and exits 0."""
+    from controller.service import jobruns
+
+    jobs = _jobs()
+    done = jobruns.remove(jobs, job)
+    if not done.removed:
+        out.print(_line("✓", "green", f"nothing to remove: no job named {job!r} in gs://{jobs.bucket}"), soft_wrap=True)
+        return
+    out.print(_line("✓", "green", f"removed {job}: {len(done.removed)} object(s) under gs://{jobs.bucket}/jobs/{job}/"),
+              soft_wrap=True)
+    for prefix in done.checkpoints:
+        out.print(plain(f"  checkpoints kept under {prefix} (a new job named {job} resumes from them unless "
+                        "submitted with --fresh)"), soft_wrap=True)
+
+
 def _job_status(job: str) -> JobStatus:
     """One job's status, read as ``status`` reads it; a job without one is refused (exit 2)."""
     jobs = _jobs()
@@ -421,6 +492,8 @@ def logs(
     config = _config()
     jobs = _jobs()
     status = jobs.status(job)
+    if status is None and not jobs.rows(job):
+        raise _no_job(job, jobs.bucket)
     _, compute = bootstrap.adapters()
     live = compute.list_managed(config.policy().watched_projects, job).instances
     runs = joblogs.attempts(job, status, live)
@@ -486,8 +559,6 @@ def _serial_output(config: Settings, project: str, zone: str | None, name: str) 
     except errors.RespawnError as e:  # one instance's console, not the others'
         return f"(serial console not readable: {e})"
 
-    if status is None and not jobs.rows(job):
-        raise _no_job(job, jobs.bucket)
 
 @app.command()
 def deploy(

@@ -23,7 +23,9 @@ from rich.text import Text
 
 from controller.cli import estimate, pack
 from controller.core.spec import JobSpec, SpecError, load_document
-from controller.service.jobs import Jobs
+from controller.render.text import printable
+from controller.service import jobruns
+from controller.service.jobs import Jobs, Refused
 
 
 class NotSubmitted(Exception):
@@ -40,6 +42,7 @@ class Request:
     uncancel: bool = False
     yes: bool = False
     dry_run: bool = False
+    fresh: bool = False  # --fresh: a new run that resumes no earlier checkpoint (checkpoint.fresh)
 
 
 @dataclass(frozen=True)
@@ -77,18 +80,38 @@ def with_code(raw: bytes, base: Path, workdir: Path | None, bucket: str) -> tupl
     return yaml.safe_dump(data, sort_keys=False, allow_unicode=True).encode(), packed, note
 
 
+def with_fresh(raw: bytes) -> tuple[bytes, str | None]:
+    """The spec with ``checkpoint.fresh: true`` (``--fresh``), and a note when that changes nothing
+    (a spec without a checkpoint prefix: every run of it starts from scratch anyway)."""
+    data = load_document(raw)
+    if not isinstance(data, dict):
+        return raw, None  # parse_spec says what is wrong with it
+    checkpoint = data.get("checkpoint")
+    if not isinstance(checkpoint, dict):
+        return raw, "--fresh: the spec names no checkpoint.uri, so there is nothing to resume: it changes nothing"
+    data["checkpoint"] = {**checkpoint, "fresh": True}
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True).encode(), None
+
+
 def submit(request: Request, jobs: Jobs, sources: Callable[[], estimate.Sources], project: str,
            out: Console, err: Console, ask: Callable[[str], bool], interactive: bool,
            show_spec: bool = False) -> Done:
     """Steps 1 to 4; raises SpecError (the spec or its code), PackError, NotSubmitted, or what
-    ``Jobs.submit`` raises."""
+    ``Jobs.submit`` raises. A submit that starts a new run over checkpoints already there says
+    which one it will resume (or, ``--fresh``, that it resumes none), before the question."""
     raw, packed, note = with_code(request.raw, request.base, request.workdir, jobs.bucket)
+    fresh_note = None
+    if request.fresh:
+        _fresh_allowed(jobs, request.job)
+        raw, fresh_note = with_fresh(raw)
     spec = jobs.check(raw, request.job)
     if show_spec:
         out.print(Text(raw.decode("utf-8", "replace").rstrip("\n")), soft_wrap=True, highlight=False)
         out.print()
-    if note:
-        err.print(Text(f"! {note}", style="yellow"), soft_wrap=True)
+    for said in (note, fresh_note):
+        if said:
+            err.print(Text(f"! {said}", style="yellow"), soft_wrap=True)
+    resumes = jobruns.resume(jobs, spec, request.job)
     there = packed is not None and _there(jobs, packed)
     table_rows, notes = _estimate(spec, request.job, project or "", sources)
     out.print(estimate.render(spec, request.job, table_rows, notes))
@@ -96,16 +119,28 @@ def submit(request: Request, jobs: Jobs, sources: Callable[[], estimate.Sources]
         size = f"{len(packed.data) / 1024 / 1024:.1f} MiB"
         out.print(Text(f"code: {packed.source} → {packed.uri(jobs.bucket)} ({packed.files} files, {size}; "
                        f"{'already in the bucket' if there else 'to upload'})"), soft_wrap=True)
+    if resumes is not None and (warning := resumes.warning()):
+        err.print(Text(f"! {printable(warning)}", style="yellow"), soft_wrap=True)
     if request.dry_run:
         out.print(Text("dry run: nothing uploaded", style="dim"))
         return Done(None, packed, False)
-    if interactive and not request.yes and not ask(f"Submit {request.job}?"):
+    question = f"Submit {request.job}" + (f", resuming from {resumes.label}?" if resumes and resumes.label else "?")
+    if interactive and not request.yes and not ask(question):
         raise NotSubmitted(f"{request.job} not submitted")
     uploaded = False
     if packed is not None and not there:
         uploaded = pack.upload(jobs.store, jobs.bucket, packed)
     generation = jobs.submit(raw, request.job, request.replace, request.uncancel)
     return Done(generation, packed, uploaded)
+
+
+def _fresh_allowed(jobs: Jobs, job: str) -> None:
+    """``--fresh`` begins a new run: a job whose run goes on is refused, with what to do instead."""
+    status = jobs.status(job)
+    if status is not None and not status.phase.terminal:
+        raise Refused(f"--fresh starts a new run, and job {job!r} is {status.phase}: cancel it first "
+                      f"(respawn cancel {job}), then submit with --fresh once it is CANCELLED; or drop --fresh "
+                      "to replace its spec (--replace) and keep its checkpoints")
 
 
 def run_spec(*, name: str, zones: list[str], command: list[str], machine_type: str | None,
