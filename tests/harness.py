@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import yaml
@@ -25,6 +25,11 @@ BUCKET = "respawn-test"
 PROJECT = "respawn-proj"
 CKPT_BUCKET = "ckpts"
 TRAINER = f"respawn-trainer@{PROJECT}.iam.gserviceaccount.com"
+
+
+def _started(when: datetime | None) -> dict[str, str]:
+    """A record's trainer start as the VM agent writes it (RFC 3339, UTC, milliseconds), where given."""
+    return {"trainer_started": when.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"} if when else {}
 
 
 def spec_doc(**overrides: Any) -> dict[str, Any]:
@@ -94,10 +99,10 @@ class Harness:
     # Each record carries the attempt's secret, as the VM agent copies it from the
     # instance's metadata; ``token=""`` writes one without it (a forger).
     def exit(self, job: str, code: int, attempt: int | None = None, token: str | None = None,
-             node: int = 0) -> None:
+             node: int = 0, trainer_started: datetime | None = None) -> None:
         attempt = self.status(job).attempt if attempt is None else attempt
         body = {"exit_code": code, "instance": names.instance_name(job, attempt), "attempt": attempt,
-                "node": node, "token": self._token(job, attempt, token)}
+                "node": node, "token": self._token(job, attempt, token), **_started(trainer_started)}
         self.store.put(BUCKET, names.exit_key(job), json.dumps(body))
 
     def worker_exit(self, job: str, rank: int, code: int, attempt: int | None = None, token: str | None = None,
@@ -108,10 +113,11 @@ class Harness:
                 "node": rank, "token": self._token(job, attempt, token)}
         self.store.put(BUCKET, names.node_exit_key(job, rank), json.dumps(body))
 
-    def marker(self, job: str, attempt: int | None = None, reason: str = "preempted", token: str | None = None) -> None:
+    def marker(self, job: str, attempt: int | None = None, reason: str = "preempted", token: str | None = None,
+               trainer_started: datetime | None = None) -> None:
         attempt = self.status(job).attempt if attempt is None else attempt
         body = {"instance": names.instance_name(job, attempt), "attempt": attempt, "reason": reason,
-                "token": self._token(job, attempt, token)}
+                "token": self._token(job, attempt, token), **_started(trainer_started)}
         self.store.put(BUCKET, names.marker_key(job), json.dumps(body))
 
     def heartbeat(self, job: str, token: str | None = None) -> None:

@@ -203,7 +203,7 @@ def redone_since(ledger: Ledger, loss: Loss, checkpoint: object) -> float | None
     if lost is not None and lost.boot_unknown:
         return None  # when it began training is unknown: its whole paid time is counted unknown
     until = loss.lost_at or loss.seen_at
-    up = _up(lost, lost.end or until) if lost is not None else None
+    up = boot_end(lost, lost.end or until) if lost is not None else None
     if up is None:
         return 0.0  # it never trained
     saved = getattr(checkpoint, "saved_at", None)
@@ -260,7 +260,7 @@ def _ran_unseen(ledger: Ledger, at: datetime) -> Ledger:
     return with_current(ledger.model_copy(update={"losses": losses}), span.model_copy(update={"boot_unknown": True}))
 
 
-def _up(span: Span, until: datetime) -> datetime | None:
+def boot_end(span: Span, until: datetime) -> datetime | None:
     """When the attempt's boot ended, up to ``until``: its trainer's start (clamped to its billed
     time: the VM's clock and the controller's may disagree), else when a pass saw it RUNNING."""
     billed = _billed_from(span)
@@ -292,7 +292,7 @@ def _times(span: Span, until: datetime) -> tuple[float, float, float, float, flo
     paid = (until - billed).total_seconds()
     if span.boot_unknown:
         return paid, 0.0, 0.0, max(0.0, waited), paid
-    up = _up(span, until) or until
+    up = boot_end(span, until) or until
     boot = max(0.0, (up - billed).total_seconds())
     ran = max(0.0, (until - up).total_seconds())
     return paid, boot, ran, max(0.0, waited), 0.0

@@ -101,10 +101,11 @@ def facts(status: JobStatus, now: datetime) -> list[tuple[str, str]]:
         ("phase", f"{status.phase}" + (f" — {status.message}" if status.message else "")),
         ("attempts", f"{book.totals.attempts + (book.open is not None)} ({total.losses} lost)"),
         (unit, f"{total.accelerator_hours * k:.2f} paid: {total.boot_hours * k:.2f} booting, "
-               f"{total.redone_hours * k:.2f} redone, {total.useful_hours * k:.2f} useful"),
+               f"{total.redone_hours * k:.2f} redone, {total.useful_hours * k:.2f} useful"
+               + (f", {total.unknown_hours * k:.2f} boot unknown" if total.unknown_hours else "")),
         ("waiting", f"{human(total.waiting_hours * 3600) if total.waiting_hours else 'none'} for capacity "
                     "(Flex-start PENDING, a queued TPU: not billed, not in goodput)"),
-        ("goodput", _percent(total.goodput)),
+        ("goodput", _goodput(total)),
         ("cost", _cost(total)),
         ("prices from", "; ".join(total.price_sources) or "—"),
         ("losses", f"{total.losses} ({book.totals.platform_losses} of the platform's); mean time between them "
@@ -114,6 +115,16 @@ def facts(status: JobStatus, now: datetime) -> list[tuple[str, str]]:
                        f"a save takes at least {human(book.checkpoint_cost_s)}"),
         ("save time from", checkpoints.WRITE_TIME_SOURCE),
     ]
+
+
+def _goodput(total: ledger.Summary) -> str:
+    """Goodput, and how much paid time it leaves out: attempts that ran and ended between two
+    passes with no record of their trainer's start, whose boot is unknown (never guessed)."""
+    if not total.unknown_hours:
+        return _percent(total.goodput)
+    unit, k = _unit(total.accelerator_hours)
+    return (f"{_percent(total.goodput)} of the time whose split is known; {total.unknown_hours * k:.2f} "
+            f"{unit} boot unknown (attempts that ended between two passes, no trainer start recorded)")
 
 
 def _cost(total: ledger.Summary) -> str:
@@ -139,7 +150,7 @@ def attempt_rows(status: JobStatus, now: datetime) -> list[tuple[str, ...]]:
     return [(str(s.attempt), s.zone or "?", s.model or "?",
              "scratch" if s.resumed_step is None else f"step {s.resumed_step}",
              f"{s.start:%Y-%m-%d %H:%M:%S}", human(((s.end or now) - s.start).total_seconds()),
-             OUTCOMES[outcome(s.cause)][0] if s.cause is None else s.cause)
+             (OUTCOMES[outcome(s.cause)][0] if s.cause is None else s.cause) + (" (boot unknown)" if s.boot_unknown else ""))
             for s in status.ledger.spans]
 
 
@@ -299,25 +310,29 @@ def _lanes(book: ledger.Ledger) -> Lanes:
 def _title(job: str, status: JobStatus, now: datetime) -> str:
     total = ledger.summary(status.ledger, now)
     unit, k = _unit(total.accelerator_hours)
+    unknown = f" ({total.unknown_hours * k:.1f} boot unknown, not in goodput)" if total.unknown_hours else ""
     text = (f"{printable(job)}: {status.phase}, goodput {_percent(total.goodput)}\n"
-            f"{total.useful_hours * k:.1f} of {total.accelerator_hours * k:.1f} {unit} useful; "
+            f"{total.useful_hours * k:.1f} of {total.accelerator_hours * k:.1f} {unit} useful{unknown}; "
             "{} against {} on demand".format(*dollars(total.cost, total.on_demand_cost)))
     return text.replace("$", r"\$")  # not mathtext
 
 
 def _bars(ax: Axes, book: ledger.Ledger, lanes: Lanes, now: datetime) -> list[Any]:
-    """Each attempt: booting (start to RUNNING) light and hatched, then RUNNING solid, to its end or now."""
+    """Each attempt: booting (start to its trainer's start, else RUNNING) light and hatched, then
+    training solid, to its end or now; one whose boot is unknown light and cross-hatched whole."""
     from matplotlib.patches import Patch
 
     used: dict[str, None] = {}
+    unknown = False
     for span in book.spans:
         kind = outcome(span.cause)
         used[kind] = None
         colour, y, end = OUTCOMES[kind][1], lanes[span.zone or "?"], span.end or now
-        up = min(span.running or end, end)
+        up = end if span.boot_unknown else max(span.start, min(ledger.boot_end(span, end) or end, end))
         if up > span.start:
+            unknown = unknown or span.boot_unknown
             ax.barh(y, up - span.start, left=span.start, height=BAR, color=_light(colour), edgecolor=colour,
-                    hatch="////", linewidth=0, zorder=2)
+                    hatch="xx" if span.boot_unknown else "////", linewidth=0, zorder=2)
         ran = end > up
         if ran:
             ax.barh(y, end - up, left=up, height=BAR, color=colour, linewidth=0, zorder=2)
@@ -328,7 +343,10 @@ def _bars(ax: Axes, book: ledger.Ledger, lanes: Lanes, now: datetime) -> list[An
     handles = [Patch(color=OUTCOMES[k][1], label=OUTCOMES[k][0]) for k in OUTCOMES if k in used]
     if book.spans:
         handles.append(Patch(facecolor="#dddddd", edgecolor="#777777", hatch="////", linewidth=0,
-                             label="booting (until RUNNING)"))
+                             label="booting (until the trainer started)"))
+    if unknown:
+        handles.append(Patch(facecolor="#dddddd", edgecolor="#777777", hatch="xx", linewidth=0,
+                             label="boot unknown (ended between passes)"))
     return handles
 
 

@@ -260,11 +260,18 @@ def watched(rows: Sequence[Row], wide: bool = False, stale: str | None = None,
 def goodput_line(row: Row) -> Note:
     """Under one job's row: its goodput so far and the advised checkpoint interval (wrapped between words)."""
     total: dict[str, Any] | None = row["goodput"]
-    if not total or total["goodput"] is None or not total.get("accelerator_hours"):
+    # Paid to attempts that ran and ended between two passes with no trainer start on record:
+    # their boot is unknown, and goodput is of the rest (controller.core.ledger), so said apart.
+    unknown = total.get("unknown_hours") if total else None
+    unknown = unknown if isinstance(unknown, float | int) and unknown > 0 else 0.0
+    if not total or not total.get("accelerator_hours"):
         text = "goodput: not started (nothing paid yet)"  # never "0.0% (0.00 of 0.00)" before anything ran
+    elif total["goodput"] is None:
+        text = f"goodput unknown ({unknown:.2f} accelerator-hours paid, boot unknown)"
     else:
-        text = (f"goodput {total['goodput']:.1%} ({total['useful_hours']:.2f} of {total['accelerator_hours']:.2f} "
-                "accelerator-hours useful)")
+        known = total["accelerator_hours"] - unknown
+        text = (f"goodput {total['goodput']:.1%} ({total['useful_hours']:.2f} of {known:.2f} accelerator-hours useful"
+                + (f"; {unknown:.2f} more paid, boot unknown)" if unknown else ")"))
     if total and isinstance(waited := total.get("waiting_hours"), float | int) and waited > 0:
         text += f"; {format_duration(timedelta(seconds=round(waited * 3600)))} waiting for capacity, not billed"
     every = row["checkpoint_every_s"]

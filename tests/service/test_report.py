@@ -5,8 +5,9 @@ from __future__ import annotations
 import base64
 import io
 import json
+import math
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pytest
@@ -297,3 +298,50 @@ def test_report_at_columns_80_shows_each_attempts_whole_zone(cli, monkeypatch):
     assert table_row(result.output, "1")[-1] == "preempted"
     assert "us-centra…" not in result.output
     assert max(len(line.rstrip()) for line in result.output.splitlines()) <= 80, result.output
+
+
+# -- issue 26, Major 5: an attempt that ended between two passes -------------------------------
+
+def ended_between_passes(started_after_s: float | None) -> Harness:
+    """One attempt, never seen RUNNING by a pass: its exit 0 lands 10 minutes after its insert,
+    naming its trainer's start (``started_after_s`` into the attempt) or not (an older agent)."""
+    h = Harness()
+    h.submit("llm")
+    h.tick()  # inserted; no pass sees it RUNNING
+    t0 = h.clock.now()
+    h.advance(minutes=10)
+    h.exit("llm", 0, trainer_started=None if started_after_s is None else t0 + timedelta(seconds=started_after_s))
+    h.tick()
+    assert h.status("llm").phase == Phase.SUCCEEDED
+    return h
+
+
+def test_an_attempt_that_ended_between_passes_boots_only_until_its_trainer_started(tmp_path):
+    h = ended_between_passes(30)
+    st = h.status("llm")
+    (span,) = st.ledger.spans
+    assert span.trainer_started is not None and not span.boot_unknown
+    total = ledger.summary(st.ledger, h.clock.now())
+    assert math.isclose(total.boot_hours * 3600, 30) and total.unknown_hours == 0
+    assert math.isclose(total.goodput, (600 - 30) / 600)
+    text = text_of(report.render_text("llm", st, h.clock.now()))
+    assert table_row(text, "1")[-1] == "succeeded" and "unknown" not in text
+    png = image.imread(report.draw("llm", st, h.clock.now(), tmp_path / "known.png"))
+    assert len(colour_pixels(png, outcome_colour("succeeded"))) > 5000, "drawn all boot"
+
+
+def test_an_attempt_that_ended_between_passes_without_a_trainer_start_says_boot_unknown(tmp_path):
+    h = ended_between_passes(None)
+    st = h.status("llm")
+    total = ledger.summary(st.ledger, h.clock.now())
+    assert total.boot_hours == 0 and math.isclose(total.unknown_hours, 10 / 60) and total.goodput is None
+    text = text_of(report.render_text("llm", st, h.clock.now()))
+    assert table_row(text, "1")[-1] == "succeeded (boot unknown)"
+    assert "10.00 accelerator-minutes boot unknown" in table_row(text, "goodput")[1]
+    assert table_row(text, "accelerator-minutes")[1].endswith(", 10.00 boot unknown")
+    png = image.imread(report.draw("llm", st, h.clock.now(), tmp_path / "unknown.png"))
+    from matplotlib.colors import to_hex
+
+    light = len(colour_pixels(png, to_hex(report._light(outcome_colour("succeeded")))))
+    solid = len(colour_pixels(png, outcome_colour("succeeded")))  # its cross-hatching, and the legend's swatch
+    assert light > 5 * solid, ("a guessed split drawn as training", light, solid)

@@ -301,6 +301,16 @@ def test_a_job_that_has_not_run_yet_says_so_not_zero_percent_of_nothing():
         assert text.startswith("goodput: not started (nothing paid yet); ") and "0.0%" not in text
 
 
+def test_paid_time_whose_boot_is_unknown_is_said_apart_from_goodput():
+    """Issue 26: attempts that ended between two passes, no trainer start on record."""
+    some = {"goodput": 0.9, "useful_hours": 0.9, "accelerator_hours": 1.5, "unknown_hours": 0.5}
+    text = view.goodput_line({**TYPICAL[2], "goodput": some, "checkpoint_every_s": None}).text
+    assert text.startswith("goodput 90.0% (0.90 of 1.00 accelerator-hours useful; 0.50 more paid, boot unknown); ")
+    every = {"goodput": None, "useful_hours": 0.0, "accelerator_hours": 0.5, "unknown_hours": 0.5}
+    text = view.goodput_line({**TYPICAL[2], "goodput": every, "checkpoint_every_s": None}).text
+    assert text.startswith("goodput unknown (0.50 accelerator-hours paid, boot unknown); ") and "not started" not in text
+
+
 def test_the_capacity_advice_says_how_old_it_is():
     from datetime import datetime, timedelta, timezone
 
