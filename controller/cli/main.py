@@ -89,14 +89,16 @@ class _Guarded(TyperGroup):
             failfast.enable(False)
 
 
-app = typer.Typer(cls=_Guarded, help="Keep Spot training jobs on Compute Engine alive.", no_args_is_help=True)
+app = typer.Typer(cls=_Guarded, no_args_is_help=True,
+                  help="Keep Spot training jobs alive on Compute Engine VMs (GPUs) and Cloud TPU slices: "
+                       "a preempted job is recreated, in another zone if need be, and resumes from its checkpoint.")
 out = Console(file=Trimmed())  # piped or redirected: no line padded with spaces to the width
 err = Console(file=Trimmed(stderr=True))
 
 
 @app.callback()
 def _bounded(timeout: Annotated[float, typer.Option(
-        "--timeout", envvar="RESPAWN_TIMEOUT", min=0,
+        "--timeout", envvar="RESPAWN_TIMEOUT", min=0, metavar="SECONDS",
         help="seconds a command may wait on the cloud in all, retries included, before it gives up "
              "(exit 3); 0: no bound")] = deadline.DEFAULT) -> None:
     deadline.begin(timeout)
@@ -130,7 +132,7 @@ def _read(spec: Path) -> bytes:
 
 @app.command()
 def validate(
-    spec: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="spec.yaml or .json")],
+    spec: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="the job's spec file, YAML or JSON")],
     job: Annotated[str | None, typer.Option(envvar="RESPAWN_JOB", help="job name (default: spec's name or file stem)")] = None,
 ) -> None:
     """Check a spec against the schema and this controller's policy. Exit 2 if invalid."""
@@ -167,7 +169,7 @@ def _fail(message: str, code: int = REFUSED) -> NoReturn:
 
 @app.command()
 def submit(
-    spec: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="spec.yaml or .json")],
+    spec: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="the job's spec file, YAML or JSON")],
     job: Annotated[str | None, typer.Option(envvar="RESPAWN_JOB", help="job name (default: spec's name or file stem)")] = None,
     replace: Annotated[bool, typer.Option("--replace", help="overwrite the spec of a job that is still running")] = False,
     uncancel: Annotated[bool, typer.Option("--uncancel", help="withdraw a cancel the controller has not acted on "
@@ -285,7 +287,7 @@ def status(
     under its row. --all also lists each job's earlier runs under the table (--json: ``runs``).
 
     The columns that fit the terminal are shown (job and phase always, then the zone, losses,
-    checkpoint, age, attempt, instance: see controller.render.status_view); --wide shows them all.
+    checkpoint, age, attempt, instance); --wide shows them all.
 
     For one JOB, also its goodput so far and the checkpoint interval advised to its attempt
     (``respawn report`` tells the rest); --json has both for every job (``goodput``, ``checkpoint_every_s``).
@@ -572,7 +574,7 @@ def deploy(
     trainer_account: Annotated[str | None, typer.Option(
         envvar="RESPAWN_TRAINER_SERVICE_ACCOUNT",
         help="the trainer VMs' service account, created if it is in the project "
-             "(default respawn-trainer@PROJECT.iam.gserviceaccount.com)")] = None,
+             "(default: respawn-trainer, in the project)")] = None,
     schedule: Annotated[str, typer.Option(envvar="RESPAWN_SCHEDULE", help="cron schedule of tick")] = "* * * * *",
     memory: Annotated[str, typer.Option(envvar="RESPAWN_FUNCTION_MEMORY",
                                         help="each function's memory: 512Mi holds a few thousand jobs, "
@@ -698,8 +700,8 @@ app.add_typer(local, name="local")
 
 @local.command("up")
 def local_up(
-    bucket: Annotated[str, typer.Option(envvar="RESPAWN_BUCKET")] = "respawn-local",
-    project: Annotated[str, typer.Option(envvar="RESPAWN_PROJECT")] = "respawn-local",
+    bucket: Annotated[str, typer.Option(envvar="RESPAWN_BUCKET", help="the local control bucket's name")] = "respawn-local",
+    project: Annotated[str, typer.Option(envvar="RESPAWN_PROJECT", help="the local project's id")] = "respawn-local",
     tick: Annotated[float, typer.Option(envvar="RESPAWN_LOCAL_TICK", help="seconds between scheduler ticks")] = 60.0,
     preemption_notice: Annotated[float, typer.Option(envvar="RESPAWN_LOCAL_NOTICE",
                                                      help="shutdown-script budget in seconds (Spot: 30)")] = 30.0,

@@ -23,6 +23,7 @@ from rich.text import Text
 
 from controller.cli import estimate, pack
 from controller.core.spec import JobSpec, SpecError, load_document
+from controller.render.amounts import counted
 from controller.render.text import printable
 from controller.service import jobruns
 from controller.service.jobs import Jobs, Refused
@@ -117,7 +118,7 @@ def submit(request: Request, jobs: Jobs, sources: Callable[[], estimate.Sources]
     out.print(estimate.render(spec, request.job, table_rows, notes))
     if packed is not None:
         size = f"{len(packed.data) / 1024 / 1024:.1f} MiB"
-        out.print(Text(f"code: {packed.source} → {packed.uri(jobs.bucket)} ({packed.files} files, {size}; "
+        out.print(Text(f"code: {packed.source} → {packed.uri(jobs.bucket)} ({counted(packed.files, 'file')}, {size}; "
                        f"{'already in the bucket' if there else 'to upload'})"), soft_wrap=True)
     if resumes is not None and (warning := resumes.warning()):
         err.print(Text(f"! {printable(warning)}", style="yellow"), soft_wrap=True)

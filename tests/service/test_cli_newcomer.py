@@ -115,3 +115,40 @@ def test_one_wording_for_a_job_that_is_not_there(mem):  # noqa: F811
         assert result.exit_code == 2, (command, result.output)
         said.add(result.output.strip())
     assert said == {f"✗ no job named 'nosuch' in gs://{BUCKET}"}
+
+
+def _commands(command, path=()):
+    """Every command and group under ``command``, with the words that reach it."""
+    yield list(path), command
+    for name, sub in getattr(command, "commands", {}).items():
+        if not sub.hidden:
+            yield from _commands(sub, (*path, name))
+
+
+def test_every_help_reads_well_at_80_columns():
+    import re
+
+    import typer
+
+    root = typer.main.get_command(app)
+    seen = 0
+    for path, command in _commands(root):
+        result = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "80"}, terminal_width=80)
+        assert result.exit_code == 0, (path, result.output)
+        text = result.output
+        assert max(len(line) for line in text.splitlines()) <= 80, path
+        for wrong in ("``", "controller.", "<bool>", "{spec}", "…", "{"):
+            assert wrong not in text, (path, wrong, text)
+        assert not re.search(r"\[default: [^\]]*…", text), path
+        for param in command.params:
+            if not getattr(param, "hidden", False):
+                assert (param.help or "").strip(), (path, param.name)
+        seen += 1
+    assert seen >= 20  # every command, the local ones included
+    top = runner.invoke(app, ["--help"], env={"COLUMNS": "80"}, terminal_width=80).output
+    assert "TPU" in top
+    # the command list: each summary a paragraph wrapped at the width, not the docstring's own breaks
+    listed = [line.strip("│").rstrip() for line in top[top.index("Commands"):].splitlines()[1:-1]]
+    for line, after in zip(listed, listed[1:]):
+        if after[:11].strip() == "":  # the summary goes on: this line was filled up to the width
+            assert len(line) > 60, (line, after)
