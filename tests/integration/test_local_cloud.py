@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.core import names, notify
+from controller.core import ledger, names, notify
 from controller.core.state import JobStatus, Phase
 from localcloud.stack import LocalCloud, Options
 from tests.wait import stop_gently, until
@@ -94,6 +94,13 @@ def test_preempted_vm_is_recreated_from_its_checkpoint_and_succeeds(cloud):
     book = final.ledger
     assert [(s.attempt, s.cause) for s in book.spans] == [(1, "preempted"), (2, "succeeded")]
     assert book.losses[0].running_at is not None and book.totals.losses == {"us-central1-a": {"preempted": 1}}
+    # Both trained (issue 26): each boot ends at its trainer's start, from the agent's records,
+    # however late a pass saw it RUNNING; none is all boot, none of unknown split.
+    for span in book.spans:
+        assert span.trainer_started is not None and not span.boot_unknown, span
+        up = ledger.boot_end(span, span.end)
+        assert up is not None and up < span.end, f"attempt {span.attempt} all boot: {span}"
+    assert book.totals.unknown_acc_s == 0
     assert final.resume_from is not None and final.resume_from.step and final.resume_from.step >= 2
     log = (cloud.compute.workdir_of(f"{job}-2") / "serial-port-1.log").read_text()
     assert f"trainer: attempt 2 starts at step {final.resume_from.step}" in log
