@@ -1739,7 +1739,8 @@ class Run:
             if st.phase.terminal and book.open is not None:
                 problems.append(f"the job is {st.phase} with attempt {book.open.attempt} still open")
             t = book.totals
-            if min(t.paid_acc_s, t.boot_acc_s, t.redone_acc_s, t.running_s, t.cost) < 0 or t.boot_acc_s > t.paid_acc_s + 1e-6:
+            if min(t.paid_acc_s, t.boot_acc_s, t.redone_acc_s, t.running_s, t.cost, t.unknown_acc_s) < 0 \
+                    or t.boot_acc_s + t.unknown_acc_s > t.paid_acc_s + 1e-6:
                 problems.append(f"totals out of range: {t}")
             if problems:
                 self.violate("ledger", f"{job}: {'; '.join(problems)} ({_last(st)})")
