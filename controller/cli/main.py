@@ -299,7 +299,7 @@ def status(
 
     from controller.render import history_view
 
-    rows = _status_rows(job, every_run)
+    rows = _status_rows(job, every_run=True) if every_run else _status_rows(job)
     if as_json:
         print(json.dumps(rows, indent=2))
         return

@@ -79,6 +79,10 @@ def _plan_job(v: JobView, now: datetime, ctx: LaunchContext) -> list[Action]:
         if st and st.phase == Phase.FAILED and st.spec_generation == v.spec_generation:
             return _leftovers(v)
         base = st or JobStatus(created_at=now)
+        if st is not None and st.phase.terminal and st.spec_generation != v.spec_generation:
+            # Written over a finished run, which keeps its outcome (its summary goes into the past
+            # runs): the invalid spec is a run of its own, failed before it launched anything.
+            base = t.new_run(st, st.attempt, v.spec_generation, now, last=v.checkpoint if v.checkpoint_loaded else None)
         return _end(v, base, Phase.FAILED, "invalid spec: " + "; ".join(v.problems), now,
                     errors=v.problems, spec_generation=v.spec_generation)
     assert v.spec is not None

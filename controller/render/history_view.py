@@ -19,6 +19,7 @@ from rich.text import Text
 
 from controller.core.durations import format_duration
 from controller.core.runs import RunSummary
+from controller.render.amounts import counted, dollars
 from controller.render.status_view import COLOURS, Note, columns
 from controller.render.text import plain
 
@@ -29,8 +30,9 @@ def _ran(r: RunSummary) -> Text:
     return plain(format_duration(max(timedelta(0), r.ended - r.started)))
 
 
-def _money(value: float) -> Text:
-    return plain(f"${value:,.2f}")
+def _money(r: RunSummary, which: int) -> Text:
+    """The run's cost (0) or its on-demand cost (1), both at one precision (render.amounts)."""
+    return plain(dollars(r.cost, r.on_demand_cost)[which])
 
 
 def _outcome(r: RunSummary, current: bool) -> Text:
@@ -46,8 +48,8 @@ COLUMNS: dict[str, tuple[str, Callable[[RunSummary, bool], Text]]] = {
     "ran": ("RAN", lambda r, now: _ran(r)),
     "attempts": ("ATTEMPTS", lambda r, now: plain(r.attempts)),
     "goodput": ("GOODPUT", lambda r, now: plain("—" if r.goodput is None else f"{r.goodput:.1%}")),
-    "cost": ("COST", lambda r, now: _money(r.cost)),
-    "on_demand": ("ON DEMAND", lambda r, now: _money(r.on_demand_cost)),
+    "cost": ("COST", lambda r, now: _money(r, 0)),
+    "on_demand": ("ON DEMAND", lambda r, now: _money(r, 1)),
     "checkpoint": ("CHECKPOINT", lambda r, now: plain(r.checkpoint_label or "—")),
 }
 
@@ -95,13 +97,12 @@ def run_line(row: Mapping[str, Any]) -> Note:
     if row.get("run_checkpoints"):
         text += f" ({'fresh: ' if row.get('fresh') else ''}its checkpoints under {row['run_checkpoints']})"
     count = row.get("earlier_runs") or 0
-    text += f"; {count} earlier run{'' if count == 1 else 's'} (respawn history {row['job']})" if count else \
-        "; the job's first run"
+    text += f"; {counted(count, 'earlier run')} (respawn history {row['job']})" if count else "; the job's first run"
     return Note("", "", text)
 
 
 def earlier_runs(row: Mapping[str, Any]) -> Group:
     """``respawn status --all``: a job's earlier runs (its row's ``runs``) under a line naming it."""
     runs = [RunSummary.model_validate(r) for r in row["runs"]]
-    return Group(Note("", "", f"{row['job']}: {len(runs)} earlier run{'' if len(runs) == 1 else 's'}"),
+    return Group(Note("", "", f"{row['job']}: {counted(len(runs), 'earlier run')}"),
                  HistoryView(runs, current=False))

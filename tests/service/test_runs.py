@@ -327,3 +327,25 @@ def test_a_runs_summary_survives_a_status_read_back(mem, spec):
     past = st.runs[0]
     assert past.run == first.run and past.started == first.created_at and past.ended is not None
     assert past.ended - past.started >= timedelta(minutes=30) and past.attempts == 1
+
+
+def test_an_invalid_spec_over_a_finished_run_leaves_that_runs_outcome_as_it_was(mem, spec):
+    assert _cli("submit", spec).exit_code == 0
+    mem.tick()
+    mem.tick()
+    mem.exit("j", 0)
+    mem.tick()
+    done = mem.status("j")
+    assert done.phase == Phase.SUCCEEDED
+    mem.submit("j", spec_doc(zones="not a list"))
+    mem.advance(seconds=5)
+    mem.tick()
+    bad = mem.status("j")
+    assert bad.phase == Phase.FAILED and "invalid spec" in bad.message and bad.run != done.run
+    assert [(r.run, r.phase) for r in bad.runs] == [(done.run, "SUCCEEDED")]
+    mem.tick()
+    assert mem.status("j") == bad  # decided once
+    assert _cli("submit", spec).exit_code == 0
+    mem.advance(seconds=5)
+    mem.tick()
+    assert [r.phase for r in mem.status("j").runs] == ["SUCCEEDED", "FAILED"]
