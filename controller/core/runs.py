@@ -32,6 +32,17 @@ def run_id(began: datetime) -> str:
     return f"{began:%Y%m%d-%H%M%S}"
 
 
+def unique_id(began: datetime, taken: set[str | None]) -> str:
+    """``run_id(began)``, or with ``-2``, ``-3``... where an earlier run of the job began in the same
+    second (a spec refused at once, then a corrected one): a fresh prefix is never an earlier run's."""
+    base = run = run_id(began)
+    count = 1
+    while run in taken:
+        count += 1
+        run = f"{base}-{count}"
+    return run
+
+
 def fresh_root(uri: str, run: str) -> str:
     """Where a fresh run's checkpoints go: a prefix of its own under the spec's."""
     return f"{uri.rstrip('/')}/{RUNS_DIR}/{run}/"

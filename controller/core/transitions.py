@@ -37,7 +37,7 @@ def new_run(prev: JobStatus | None, attempt: int, spec_generation: int | None, n
     if renumbered and prev is not None:
         run, own, fresh, past = prev.run or runs.run_id(now), prev.checkpoint_uri, prev.fresh, prev.runs
     else:
-        run = runs.run_id(now)
+        run = runs.unique_id(now, {r.run for r in prev.runs} | {prev.run} if prev else set())
         fresh = spec is not None and spec.checkpoint is not None and spec.checkpoint.fresh
         own = runs.fresh_root(spec.checkpoint.uri, run) if fresh and spec and spec.checkpoint else \
             (prev.checkpoint_uri if prev else None)

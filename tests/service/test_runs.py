@@ -349,3 +349,19 @@ def test_an_invalid_spec_over_a_finished_run_leaves_that_runs_outcome_as_it_was(
     mem.advance(seconds=5)
     mem.tick()
     assert [r.phase for r in mem.status("j").runs] == ["SUCCEEDED", "FAILED"]
+
+
+def test_a_vm_left_by_a_removed_job_is_deleted_as_an_orphan(mem, spec):
+    from controller.core import errors
+
+    assert _cli("submit", spec).exit_code == 0
+    mem.tick()
+    mem.tick()
+    assert _cli("cancel", "j").exit_code == 0
+    mem.compute.faults.fail_next("delete", errors.TransientError("503 backend error"))
+    mem.tick()
+    assert mem.status("j").phase == Phase.CANCELLED and mem.live("j") == ["j-1"]  # its delete failed
+    assert _cli("rm", "j").exit_code == 0
+    mem.tick()
+    assert mem.live("j") == [] and "j-1" in mem.compute.deleted
+    assert [o.name for o in mem.store.list(BUCKET, "jobs/j/")] == []  # nothing written back
