@@ -454,7 +454,9 @@ def remove(job: Annotated[str, typer.Argument(help="the finished job to forget")
     if not done.removed:
         out.print(_line("✓", "green", f"nothing to remove: no job named {job!r} in gs://{jobs.bucket}"), soft_wrap=True)
         return
-    out.print(_line("✓", "green", f"removed {job}: {len(done.removed)} object(s) under gs://{jobs.bucket}/jobs/{job}/"),
+    from controller.render.amounts import counted
+
+    out.print(_line("✓", "green", f"removed {job}: {counted(len(done.removed), 'object')} from gs://{jobs.bucket}"),
               soft_wrap=True)
     for prefix in done.checkpoints:
         out.print(plain(f"  checkpoints kept under {prefix} (a new job named {job} resumes from them unless "
