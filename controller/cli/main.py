@@ -592,6 +592,7 @@ def deploy(
     from controller.cli import deploy as deployment
 
     deadline.stop()  # each step (a gcloud command, an API request) is bounded by its own timeout
+    _check_target(project, region, bucket)
     config = _config(fresh=True)
     policy_env = deployment.policy_env(config)  # an empty list set on purpose is passed on empty
     target = deployment.Target(
@@ -629,6 +630,20 @@ def deploy(
                         "every step is safe to repeat."), soft_wrap=True)
         raise typer.Exit(REFUSED if failed.refused else FAILED) from None
     out.print(_line("✓", "green", "deployed"))
+
+
+def _check_target(project: str, region: str, bucket: str) -> None:
+    """Refuse (exit 2) a project id, region or bucket name that cannot be one, each with its fix,
+    before any step is printed or run; a region respawn does not know is only warned of."""
+    from controller.cli import targets
+
+    wrong = targets.problems(project, region, bucket)
+    for problem in wrong:
+        err.print(_line("✗", "red", problem), soft_wrap=True)
+    if wrong:
+        raise typer.Exit(REFUSED)
+    if note := targets.region_note(region):
+        err.print(_line("!", "yellow", note), soft_wrap=True)
 
 
 @app.command()

@@ -152,3 +152,38 @@ def test_every_help_reads_well_at_80_columns():
     for line, after in zip(listed, listed[1:]):
         if after[:11].strip() == "":  # the summary goes on: this line was filled up to the width
             assert len(line) > 60, (line, after)
+
+
+def test_deploy_refuses_a_project_region_or_bucket_that_cannot_be_one_each_with_its_fix():
+    result = runner.invoke(app, ["deploy", "--dry-run", "--project", "MY_PROJ", "--region", "uscentral",
+                                 "--bucket", "gs://my-bucket"])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 3 and all(line.startswith("✗ ") for line in lines), result.output
+    assert "'MY_PROJ' is not a project id" in lines[0] and "--project my-proj" in lines[0]
+    assert "did you mean --region us-central1?" in lines[1]
+    assert "drop gs://" in lines[2] and "--bucket my-bucket" in lines[2] and "refused" in lines[2]
+    assert "gcloud" not in result.output.replace("`gcloud projects list`", "").replace(
+        "`gcloud compute regions list`", "")  # no step printed
+
+
+def test_deploy_rules_for_project_ids_and_regions():
+    from controller.cli import targets
+
+    for good in ("my-proj", "abcdef", "a" * 30, "example.com:my-proj"):
+        assert targets.project_problem(good) is None, good
+    for bad in ("MY_PROJ", "abcde", "a" * 31, "1project", "my-proj-", "my proj"):
+        assert targets.project_problem(bad), bad
+    assert targets.region_problem("us-central1") is None and targets.region_note("us-central1") is None
+    assert targets.region_problem("northamerica-northeast1") is None
+    assert targets.region_problem("us-east9") is None  # well formed: perhaps newer than the list, only noted
+    assert "did you mean --region us-central1?" in targets.region_note("us-centrl1")
+    for bad in ("uscentral", "us-central", "US-CENTRAL1", "us-central1-a"):
+        assert targets.region_problem(bad), bad
+
+
+def test_a_well_formed_deploy_target_prints_its_plan(monkeypatch):
+    result = runner.invoke(app, ["deploy", "--dry-run", "--project", "my-proj", "--region", "europe-west4",
+                                 "--bucket", "my-bucket"])
+    assert result.exit_code == 0, result.output
+    assert "✗" not in result.output and "--project=my-proj" in result.output
