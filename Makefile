@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-latest unit demo chaos fuzz bench sim install lock clean
+.PHONY: test test-latest test-frameworks unit demo chaos fuzz bench sim install lock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +64,19 @@ bench: $(STAMP)
 # sweep, written to sim/results.json and sim/results.png. About five minutes on 2 cores.
 sim: $(STAMP)
 	$(BIN)/python -m sim --sweep
+
+# respawnkit's hooks in real framework runs (tests/frameworks: a run SIGTERMed mid-way resumes with 0 steps
+# lost and the same losses as an uninterrupted one), on CPU with tiny models built from config. The frameworks
+# are not in the locks, nor collected by `make test`: their pins go into the project's venv here (torch 2.13.0
+# is the CPU wheel where one is provided, as on this project's machines), and JAX's, which pin a protobuf the
+# Google clients cannot take, into a folder of their own that only the JAX trainer's path holds.
+FRAMEWORKS := torch==2.13.0 transformers==5.18.0 accelerate==1.15.0 lightning==2.6.6
+JAX := jax==0.10.2 jaxlib==0.10.2 orbax-checkpoint==0.12.8
+JAX_SITE := $(VENV)/jax-site
+test-frameworks: $(STAMP)
+	$(BIN)/python -m pip install --quiet $(FRAMEWORKS)
+	[ -d $(JAX_SITE)/orbax ] || $(BIN)/python -m pip install --quiet --target $(JAX_SITE) $(JAX)
+	RESPAWN_FRAMEWORKS=1 RESPAWN_JAX_SITE=$(abspath $(JAX_SITE)) $(BIN)/python -m pytest tests/frameworks
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit

@@ -160,6 +160,10 @@ class CheckpointSaver:
                 self._cond.wait(left)
         return True
 
+    def finish(self) -> bool:
+        """The flush before a process ends: until the hard-off after a notice, else until every upload is done."""
+        return self.flush(self._until_hard_off())
+
     def close(self, timeout: float | None = None) -> bool:
         done = self.flush(timeout)
         with self._cond:

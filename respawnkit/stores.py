@@ -22,6 +22,7 @@ import urllib.request
 from typing import Protocol
 
 TIMEOUT_S = 60.0  # one request: a hung network never hangs a flush forever
+_TEMPORARY = ".respawnkit-"  # a local copy under way (hidden and ".partial": never a checkpoint to the finder)
 
 
 class Store(Protocol):
@@ -51,7 +52,7 @@ class LocalStore:
     def put(self, local: str, name: str) -> None:
         target = os.path.join(self.root, *name.split("/"))
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        fd, temporary = tempfile.mkstemp(prefix=".", suffix=".partial", dir=os.path.dirname(target))
+        fd, temporary = tempfile.mkstemp(prefix=_TEMPORARY, suffix=".partial", dir=os.path.dirname(target))
         try:
             with os.fdopen(fd, "wb") as out, open(local, "rb") as src:
                 shutil.copyfileobj(src, out, 1 << 20)
@@ -67,7 +68,7 @@ class LocalStore:
         found = []
         for folder, _, files in os.walk(base):
             for leaf in files:
-                if not leaf.startswith("."):  # a copy under way
+                if not leaf.startswith(_TEMPORARY):  # a copy under way
                     found.append(os.path.relpath(os.path.join(folder, leaf), self.root).replace(os.sep, "/"))
         return sorted(found)
 

@@ -71,11 +71,13 @@ def test_resume_from_downloads_a_folder(monkeypatch: pytest.MonkeyPatch, tmp_pat
     (save / "sub").mkdir(parents=True)
     (save / "w.bin").write_bytes(b"weights")
     (save / "sub" / "opt.bin").write_bytes(b"optimizer")
+    (save / ".metadata").write_bytes(b"dcp")  # a hidden name is part of a save (DCP's marker)
     monkeypatch.setenv("RESUME_FROM", str(save))
     resume = respawnkit.resume_from(download_to=str(tmp_path / "here"))
     assert resume.step == 7
     assert resume.path == str(tmp_path / "here" / "step-000000007")
     assert (tmp_path / "here" / "step-000000007" / "sub" / "opt.bin").read_bytes() == b"optimizer"
+    assert (tmp_path / "here" / "step-000000007" / ".metadata").read_bytes() == b"dcp"
     assert os.fspath(resume) == resume.path
 
 

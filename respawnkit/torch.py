@@ -1,0 +1,72 @@
+"""respawnkit.torch: a plain PyTorch loop's saves with ``torch.distributed.checkpoint``.
+
+Each save is a DCP checkpoint (``async_save`` where this torch has it: the state is staged
+and the loop goes on while it is written) in a local folder, uploaded as
+``step-<step>/`` with ``.metadata`` last, the file DCP's coordinator writes after every
+shard and respawn's finder takes as the proof of a whole save::
+
+    ckpt = Checkpointer(model, optimizer)
+    start = ckpt.resume()  # the step to start after: 0 on a fresh start
+    for step in range(start + 1, steps + 1):
+        train_one_step(step)
+        if ckpt.step_end(step):
+            break  # SIGTERM: saved (when it fitted the notice) and flushed
+
+Single process (or rank zero of one writer): a multi-node DCP save needs every rank's
+shards uploaded before rank zero's ``.metadata``, which this helper does not coordinate.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from respawnkit.layouts import DCP
+from respawnkit.resume import resume_from
+from respawnkit.saver import ADVICE, CheckpointSaver
+
+
+class Checkpointer:
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, uri: str | None = None,
+                 *, use_async: bool = True, every_s: Any = ADVICE, every_steps: int | None = None, **saver: Any) -> None:
+        self.model, self.optimizer = model, optimizer
+        self.use_async = use_async and hasattr(dcp, "async_save")
+        self.saver = CheckpointSaver(uri, DCP, every_s=every_s, every_steps=every_steps, **saver)
+
+    def state(self) -> dict[str, Any]:
+        if self.optimizer is None:
+            return {"model": self.model.state_dict()}
+        model, optimizer = get_state_dict(self.model, self.optimizer)
+        return {"model": model, "optimizer": optimizer}
+
+    def write(self, folder: str) -> Any:
+        """One DCP save into ``folder``: a future when asynchronous (the saver uploads once it resolves)."""
+        if self.use_async:
+            return dcp.async_save(self.state(), checkpoint_id=folder)
+        dcp.save(self.state(), checkpoint_id=folder)
+        return None
+
+    def step_end(self, step: int) -> bool:
+        """After step ``step``: save when due; True when SIGTERM came (saved if it fitted, flushed): stop."""
+        return self.saver.on_step_end(step, self.write)
+
+    def resume(self, download_to: str | None = None) -> int:
+        """Load respawn's choice into the model and optimizer; the step it holds (0 on a fresh start)."""
+        chosen = resume_from(download_to=download_to or tempfile.mkdtemp(prefix="respawn-resume-"))
+        if chosen is None:
+            return 0
+        state = self.state()
+        dcp.load(state, checkpoint_id=os.fspath(chosen))
+        if self.optimizer is None:
+            self.model.load_state_dict(state["model"])
+        else:
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optimizer"])
+        if chosen.step is None:
+            raise ValueError(f"{chosen.uri} names no step: set RESUME_STEP")
+        return chosen.step
