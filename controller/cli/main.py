@@ -39,6 +39,8 @@ from controller.core.spec import SpecError, load_document, parse_spec
 from controller.core.state import JobStatus
 
 OK, FAILED, REFUSED, UNAVAILABLE = 0, 1, 2, 3  # exit codes
+NO_CREDENTIALS = ("no Google credentials: run `gcloud auth application-default login`, or, for the local cloud, "
+                  "export what `respawn local env` prints")
 INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports it
 def _line(mark: str, style: str, text: object) -> Text:
     return Text.assemble((mark, style), " ", printable(text))
@@ -84,6 +86,10 @@ class _Guarded(TyperGroup):
             if e.title != Settings.__name__:
                 raise
             _fail(_message(errors.ConfigError(_settings_problem(e))))
+        except Exception as e:
+            if type(e).__name__ != "DefaultCredentialsError":  # google.auth's, not imported for every command
+                raise
+            _fail(_message(errors.ConfigError(NO_CREDENTIALS)))
         finally:
             deadline.stop()
             failfast.enable(False)

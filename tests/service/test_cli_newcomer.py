@@ -187,3 +187,21 @@ def test_a_well_formed_deploy_target_prints_its_plan(monkeypatch):
                                  "--bucket", "my-bucket"])
     assert result.exit_code == 0, result.output
     assert "✗" not in result.output and "--project=my-proj" in result.output
+
+
+def test_no_google_credentials_is_one_line_with_the_command_that_fixes_it(monkeypatch):
+    from google.auth.exceptions import DefaultCredentialsError
+
+    from controller.service import bootstrap
+
+    def adapters():
+        raise DefaultCredentialsError("Your default credentials were not found. To set up Application Default "
+                                      "Credentials, see https://cloud.google.com/docs/authentication/external/set-up-adc")
+
+    monkeypatch.setenv("RESPAWN_PROJECT", "my-proj")
+    monkeypatch.setenv("RESPAWN_BUCKET", "my-bucket")
+    monkeypatch.setattr(bootstrap, "adapters", adapters)
+    result = runner.invoke(app, ["status"])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == ("✗ configuration: no Google credentials: run `gcloud auth application-default "
+                                     "login`, or, for the local cloud, export what `respawn local env` prints")
