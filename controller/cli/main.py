@@ -536,8 +536,11 @@ def logs(
         # Only the calls to Cloud Logging are translated: a closed pipe on our side is not Google's.
         with translated("Cloud Logging"):
             client = logging_client(config)
+        # respawn's own pacing of reads (50 a minute) is no wait on Google: the bound stops for it
+        pace = joblogs.Pace(sleep=lambda seconds: deadline.paused(time.sleep, seconds))
         reader = joblogs.JobLogs(client, job, projects, lambda line: print(line, flush=True), show, limit,
-                                 guard=lambda: translated("Cloud Logging"), account=config.trainer_service_account)
+                                 guard=lambda: translated("Cloud Logging"), account=config.trainer_service_account,
+                                 pace=pace)
         reader.print_all(runs, since)
         if follow:
             deadline.stop()  # it runs until Ctrl-C

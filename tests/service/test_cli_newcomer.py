@@ -205,3 +205,26 @@ def test_no_google_credentials_is_one_line_with_the_command_that_fixes_it(monkey
     assert result.exit_code == 2, result.output
     assert result.output.strip() == ("✗ configuration: no Google credentials: run `gcloud auth application-default "
                                      "login`, or, for the local cloud, export what `respawn local env` prints")
+
+
+def test_a_paused_wait_does_not_count_against_the_bound(monkeypatch):
+    """respawn's own waits (a question, logs' pacing of reads) stop the clock; then a whole bound again."""
+    import signal
+    import time
+
+    from controller.cli import deadline
+
+    before = signal.getsignal(signal.SIGALRM)
+    deadline.begin(0.3)
+    try:
+        deadline.paused(time.sleep, 0.5)  # longer than the bound: not Expired
+        assert 0 < signal.getitimer(signal.ITIMER_REAL)[0] <= 0.3  # a whole bound again after it
+        try:
+            time.sleep(1)
+        except deadline.Expired as e:
+            assert str(e).startswith("gave up after 0.3 s: ")
+        else:
+            raise AssertionError("the bound did not ring")
+    finally:
+        deadline.stop()
+    assert signal.getsignal(signal.SIGALRM) is before
