@@ -24,7 +24,7 @@ from rich.text import Text
 from controller.cli import estimate, pack
 from controller.core.spec import JobSpec, SpecError, load_document
 from controller.render.amounts import counted
-from controller.render.text import printable
+from controller.render.status_view import Note
 from controller.service import jobruns
 from controller.service.jobs import Jobs, Refused
 
@@ -121,7 +121,7 @@ def submit(request: Request, jobs: Jobs, sources: Callable[[], estimate.Sources]
         out.print(Text(f"code: {packed.source} → {packed.uri(jobs.bucket)} ({counted(packed.files, 'file')}, {size}; "
                        f"{'already in the bucket' if there else 'to upload'})"), soft_wrap=True)
     if resumes is not None and (warning := resumes.warning()):
-        err.print(Text(f"! {printable(warning)}", style="yellow"), soft_wrap=True)
+        err.print(Note("!", "yellow", warning))  # wrapped between words, at the terminal's width
     if request.dry_run:
         out.print(Text("dry run: nothing uploaded", style="dim"))
         return Done(None, packed, False)
