@@ -120,9 +120,9 @@ class Harness:
                 "token": self._token(job, attempt, token), **_started(trainer_started)}
         self.store.put(BUCKET, names.marker_key(job), json.dumps(body))
 
-    def heartbeat(self, job: str, token: str | None = None) -> None:
+    def heartbeat(self, job: str, token: str | None = None, trainer_started: datetime | None = None) -> None:
         attempt = self.status(job).attempt
-        body = {"attempt": attempt, "token": self._token(job, attempt, token)}
+        body = {"attempt": attempt, "token": self._token(job, attempt, token), **_started(trainer_started)}
         self.store.put(BUCKET, names.heartbeat_key(job), json.dumps(body))
 
     def _token(self, job: str, attempt: int, token: str | None) -> str:

@@ -223,6 +223,12 @@ def _watch(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchC
         running = st.but(t.event(now, st, "running", detail, trainer_started=_trainer_started(v, st)),
                          phase=Phase.RUNNING, message=detail, resumed_at=now)
         return [WriteStatus(v.job, running, "instances running")]
+    if (started := _unsaid_start(v, st)) is not None:
+        # Seen RUNNING before its trainer's first record: the start, said once, ends the
+        # ledger's boot while the attempt runs, not only when it ends.
+        text = f"trainer started at {started:%H:%M:%S} UTC (its VM's clock)"
+        return [WriteStatus(v.job, st.but(t.event(now, st, "training", text, trainer_started=started)),
+                            "trainer started", replan=True)]
     if hung := _hung(spec, st, working, now):
         # The TPU service itself says the runtime does not answer: a hang, as a stale heartbeat is.
         return _fresh(v, _failure(v, spec, st, f"{', '.join(hung)} (hung)", now))
@@ -424,6 +430,18 @@ def _loss_event(now: datetime, st: JobStatus, cause: str, detail: str, since: da
     trainer had started (``_trainer_started``)."""
     return t.event(now, st, cause, detail, since=since, zone=st.zone, instance=st.instances[0] if st.instances else None,
                    trainer_started=trainer_started)
+
+
+def _unsaid_start(v: JobView, st: JobStatus) -> datetime | None:
+    """The running attempt's trainer start, where a record gives it and the ledger has none yet.
+    Said once: an event of this attempt that carried one (the ledger could not fold it, say) is
+    never said again."""
+    span = st.ledger.open
+    if span is None or span.attempt != st.attempt or span.trainer_started is not None:
+        return None
+    if any(e.attempt == st.attempt and e.trainer_started is not None for e in st.history):
+        return None
+    return _trainer_started(v, st)
 
 
 def _trainer_started(v: JobView, st: JobStatus) -> datetime | None:

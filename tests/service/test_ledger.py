@@ -271,3 +271,25 @@ def test_after_a_spec_change_the_attempt_is_priced_by_the_shape_it_runs_not_the_
     assert math.isclose(span.per_hour, 8 * 3.50) and span.price_source.startswith("respawn's price table")
     first = h.status("llm").ledger.spans[0]
     assert (first.machine_type, first.per_hour) == ("g2-standard-8", 0.30)
+
+
+def test_a_running_attempts_boot_ends_at_its_trainers_start_once_a_heartbeat_says_it():
+    """Issue 26: seen RUNNING before its trainer's first record (a real VM's guest boots after
+    Compute says RUNNING): the heartbeat's start is said once, and the ledger's boot ends there
+    while the attempt runs, not only when it ends."""
+    h = Harness()
+    t0 = h.clock.now()
+    running(h)  # RUNNING seen 3 minutes in
+    h.heartbeat("llm", trainer_started=t0 + timedelta(minutes=4))
+    h.advance(minutes=1)
+    h.tick()
+    st = h.status("llm")
+    said = [e for e in st.history if e.event == "training"]
+    assert len(said) == 1 and said[0].trainer_started == t0 + timedelta(minutes=4)
+    assert st.ledger.open.trainer_started == t0 + timedelta(minutes=4) and st.phase == Phase.RUNNING
+    h.advance(minutes=55)
+    total = ledger.summary(st.ledger, h.clock.now())
+    assert math.isclose(total.boot_hours, 4 / 60) and math.isclose(total.accelerator_hours, 59 / 60)
+    h.heartbeat("llm", trainer_started=t0 + timedelta(minutes=4))
+    h.tick()
+    assert [e.event for e in h.status("llm").history].count("training") == 1, "said once"
