@@ -161,8 +161,11 @@ class CheckpointSaver:
         return True
 
     def finish(self) -> bool:
-        """The flush before a process ends: until the hard-off after a notice, else until every upload is done."""
-        return self.flush(self._until_hard_off())
+        """The flush before a process ends: until the hard-off after a notice, else until every upload is done;
+        the progress file gets the last step."""
+        done = self.flush(self._until_hard_off())
+        self.progress.update()
+        return done
 
     def close(self, timeout: float | None = None) -> bool:
         done = self.flush(timeout)

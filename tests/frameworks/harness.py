@@ -29,8 +29,9 @@ class Run:
         return sorted(self.losses)
 
 
-def run(script: str, env: dict[str, str], sigterm_after: int | None = None, timeout: float = 300) -> Run:
-    """Run ``script``; with ``sigterm_after``, SIGTERM it once it has printed that step."""
+def run(script: str, env: dict[str, str], sigterm_after: int | None = None, timeout: float = 300,
+        signal_to_send: int = signal.SIGTERM) -> Run:
+    """Run ``script``; with ``sigterm_after``, SIGTERM it (or ``signal_to_send``) once it has printed that step."""
     process = subprocess.Popen([sys.executable, os.path.join(HERE, script)], env=env, cwd=REPO,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     result, signalled = Run(0), False
@@ -42,7 +43,7 @@ def run(script: str, env: dict[str, str], sigterm_after: int | None = None, time
                 assert step not in result.losses, f"step {step} trained twice"
                 result.losses[step] = words[3]
                 if sigterm_after is not None and step >= sigterm_after and not signalled:
-                    process.send_signal(signal.SIGTERM)
+                    process.send_signal(signal_to_send)
                     signalled = True
         result.stderr = process.stderr.read()
         result.returncode = process.wait(timeout)
@@ -87,3 +88,20 @@ def preempt_and_resume(script: str, tmp_path, steps: int, sigterm_after: int, fm
 # JAX and Orbax bring their own protobuf and numpy pins, which the project's lock must not take: `make
 # test-frameworks` installs them into a folder of their own, added to the JAX trainer's path only.
 JAX_SITE = os.environ.get("RESPAWN_JAX_SITE") or os.path.join(REPO, ".venv", "jax-site")
+
+
+def kill_and_resume(script: str, tmp_path, steps: int, kill_after: int, saved: int, fmt: str) -> None:
+    """SIGKILL (no notice) after step ``kill_after``: the run resumes from the periodic save of step ``saved``,
+    written asynchronously while training went on, with the same losses as an uninterrupted run."""
+    whole = run(script, environment(str(tmp_path / "whole"), STEPS=steps))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    env = environment(str(tmp_path / "killed"), STEPS=steps, STEP_S=0.2)
+    first = run(script, env, sigterm_after=kill_after, signal_to_send=signal.SIGKILL)
+    assert first.returncode == -signal.SIGKILL
+    found = finder.latest(env["RESPAWN_CHECKPOINT_URI"])
+    assert (found.format, found.step) == (fmt, saved)
+    second = run(script, {**env, "STEP_S": "0", "RESUME_FROM": finder.local(found, env["RESPAWN_CHECKPOINT_URI"]),
+                          "RESUME_STEP": str(found.step)})
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert second.steps == list(range(saved + 1, steps + 1))
+    assert second.losses == {s: whole.losses[s] for s in second.steps}
