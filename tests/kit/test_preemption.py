@@ -33,7 +33,7 @@ def read_until(process, predicate, timeout: float = 30) -> list[str]:
 def test_sigkill_in_the_middle_of_an_upload_never_leaves_a_checkpoint_the_finder_picks(spawn, tmp_path) -> None:
     bucket = str(tmp_path / "bucket")
     trainer = spawn(trainer_env(bucket, STEPS=1000, STEP_S=0.05, SAVE_EVERY=10, FILES=4,
-                                       SLOW_UPLOAD_S=0.15))
+                                       SLOW_UPLOAD_S=0.02, HANG_ON="step-000000020/shard-3.bin"))
     # step 10's save lands whole; step 20's is cut after two of its files
     read_until(trainer, lambda line: line == "uploading step-000000020/shard-3.bin")
     trainer.send_signal(signal.SIGKILL)

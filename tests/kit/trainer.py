@@ -2,7 +2,7 @@
 (so a lost or repeated step shows), saved as ``state.json`` through respawnkit.CheckpointSaver.
 
 Environment: STEPS (total), STEP_S (seconds a step takes), SAVE_EVERY (steps, 0: none), SLOW_UPLOAD_S
-(seconds each uploaded file takes), plus respawn's own (RESPAWN_CHECKPOINT_URI, RESUME_FROM...).
+(seconds each uploaded file takes), HANG_ON (an object whose upload never ends), plus respawn's own (RESPAWN_CHECKPOINT_URI, RESUME_FROM...).
 Prints ``step N`` after each step and ``stopped at step N`` / ``done at step N state X``.
 """
 
@@ -23,6 +23,8 @@ class SlowStore(LocalStore):
     def put(self, local: str, name: str) -> None:
         print(f"uploading {name}", flush=True)
         time.sleep(float(os.environ.get("SLOW_UPLOAD_S", "0")))
+        if name == os.environ.get("HANG_ON"):  # an upload that never ends: the test kills the process here
+            time.sleep(3600)
         super().put(local, name)
 
 
