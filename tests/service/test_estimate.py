@@ -172,7 +172,7 @@ def test_dry_run_shows_the_table_and_uploads_neither_spec_nor_code(world, tmp_pa
     result = runner.invoke(app, ["submit", write_spec(tmp_path, code="./src"), "--dry-run"])
     assert result.exit_code == 0, result.output
     assert "estimate for j" in result.output and "dry run: nothing uploaded" in result.output
-    assert re.search(r"gs://respawn-test/code/[0-9a-f]{64}\.tar\.gz \(1 files, .*; to upload\)", result.output)
+    assert re.search(r"gs://respawn-test/code/[0-9a-f]{64}\.tar\.gz \(1 file, .*; to upload\)", result.output)
     assert world.spec("j") is None and world.code_objects() == []
 
 
