@@ -7,13 +7,15 @@ so that neither of those two imports the other. Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from controller.core import prices
+from controller.core.world import MAX_REPORTED_S, MAX_STEP
 from controller.core.ledger import (
     ENDS, LOSS_CAUSES, LOSSES_KEPT, PLATFORM_CAUSES, SPANS_KEPT, Ledger, Loss, Mark, Span,
-    began_running, close, redone_since, with_current, with_mark,
+    began_running, close, redone_since, steps_lost, with_current, with_mark,
 )
 
 if TYPE_CHECKING:
@@ -65,6 +67,8 @@ def _one(ledger: Ledger, e: Event, status: JobStatus, spec: JobSpec | None) -> L
         # The VM's agent said when its trainer started (a heartbeat, a marker, an exit record):
         # the end of the attempt's boot, whenever a pass saw it RUNNING.
         ledger = with_current(ledger, open_.model_copy(update={"trainer_started": e.trainer_started}))
+    if (open_ := ledger.open) is not None and open_.attempt == e.attempt:
+        ledger = _reported(ledger, open_, e)
     if name in ("launch", "adopted"):
         if name == "adopted" and ledger.open is not None and ledger.open.attempt == status.attempt:
             # Found where it is (another zone, maybe), and accepted: priced there.
@@ -102,6 +106,17 @@ def _one(ledger: Ledger, e: Event, status: JobStatus, spec: JobSpec | None) -> L
     return ledger
 
 
+def _reported(ledger: Ledger, span: Span, e: Event) -> Ledger:
+    """What the attempt's trainer reported, carried by an event of that attempt (the planner takes
+    it from the attempt's own records only): its furthest step on its span, its latest save's
+    durations on the ledger. Written by third-party code: only sane figures count."""
+    if e.step is not None and 0 <= e.step <= MAX_STEP and (span.step is None or e.step > span.step):
+        ledger = with_current(ledger, span.model_copy(update={"step": e.step}))
+    sane = {name: value for name in ("save_s", "upload_s")
+            if isinstance(value := getattr(e, name), float | int) and math.isfinite(value) and 0 <= value <= MAX_REPORTED_S}
+    return ledger.model_copy(update=sane) if sane else ledger
+
+
 def _launched(ledger: Ledger, e: Event, status: JobStatus, spec: JobSpec | None) -> Ledger:
     if (open_ := ledger.open) is not None and open_.attempt == status.attempt and open_.inserted is None \
             and open_.running is None and open_.queued is None:
@@ -124,12 +139,13 @@ def _launched(ledger: Ledger, e: Event, status: JobStatus, spec: JobSpec | None)
         updates["checkpoint_cost_s"] = checkpoint.write_s
     if (loss := ledger.pending) is not None and loss.issued_at is None:
         redone = redone_since(ledger, loss, checkpoint)
-        done = loss.model_copy(update={"issued_at": e.at, "redone_s": redone,
+        steps = steps_lost(loss, checkpoint.step if checkpoint else 0)
+        done = loss.model_copy(update={"issued_at": e.at, "redone_s": redone, "steps_lost": steps,
                                        "resumed_step": checkpoint.step if checkpoint else None})
         updates["losses"] = (*ledger.losses[:-1], done)
-        if redone:
-            totals = ledger.totals
-            updates["totals"] = totals.model_copy(update={"redone_acc_s": totals.redone_acc_s + redone * loss.accelerators})
+        totals = ledger.totals
+        updates["totals"] = totals.model_copy(update={"redone_acc_s": totals.redone_acc_s + (redone or 0.0) * loss.accelerators,
+                                                      "steps_lost": totals.steps_lost + (steps or 0)})
     return ledger.model_copy(update=updates)
 
 
@@ -145,7 +161,7 @@ def _lost(ledger: Ledger, e: Event, cause: str) -> Ledger:
     by_zone = {**totals.losses, zone: {**totals.losses.get(zone, {}), cause: totals.losses.get(zone, {}).get(cause, 0) + 1}}
     platform = totals.platform_losses + (cause in PLATFORM_CAUSES)
     loss = Loss(attempt=open_.attempt, cause=cause, zone=open_.zone, accelerators=open_.accelerators,
-                lost_at=lost_at, seen_at=e.at)
+                lost_at=lost_at, seen_at=e.at, step=open_.step)
     ledger = ledger.model_copy(update={"losses": (*ledger.losses, loss)[-LOSSES_KEPT:],
                                        "totals": totals.model_copy(update={"losses": by_zone,
                                                                            "platform_losses": platform})})

@@ -170,7 +170,7 @@ def latest(
 # is only an estimate.
 UPLOAD_BYTES_PER_S = 1e9
 WRITE_TIME_SOURCE = ("a lower bound from Cloud Storage: the save's first object to its last, and no less "
-                     f"than its bytes at {UPLOAD_BYTES_PER_S / 1e9:g} GB/s (the trainer does not report it yet)")
+                     f"than its bytes at {UPLOAD_BYTES_PER_S / 1e9:g} GB/s (no save reported by the trainer)")
 
 
 def write_time(first: datetime, last: datetime, total_bytes: int) -> float | None:

@@ -94,6 +94,7 @@ class Span(_Model):
     cause: str | None = None  # why it ended: a loss cause, or succeeded / failed / cancelled
     resumed_step: int | None = None  # the checkpoint step it started from
     resumed_saved_at: datetime | None = None
+    step: int | None = None  # the furthest step its trainer reported (respawnkit's progress, its records)
 
 
 class Loss(_Model):
@@ -109,6 +110,10 @@ class Loss(_Model):
     running_at: datetime | None = None  # the replacement RUNNING
     redone_s: float | None = None  # training time lost: from the save resumed from to the loss
     resumed_step: int | None = None
+    step: int | None = None  # the step the lost attempt had reached, as its trainer reported it
+    # Steps to do again: the step reached less the step resumed from (from scratch: 0); None
+    # where either is unknown (no progress reported, a checkpoint without a step).
+    steps_lost: int | None = None
     # The replacement ran, but when it began is unknown (it ended between two passes, no
     # trainer start recorded): running_at is its end, and no recovery time is claimed.
     recovery_unknown: bool = False
@@ -136,6 +141,7 @@ class Totals(_Model):
     boot_acc_s: float = 0.0  # accepted to the trainer's start (else to RUNNING)
     unknown_acc_s: float = 0.0  # paid to attempts whose split into boot and training is unknown
     redone_acc_s: float = 0.0  # trained past the last save, then lost
+    steps_lost: int = 0  # the same in steps, over the losses whose steps are known (Loss.steps_lost)
     running_s: float = 0.0  # wall time RUNNING: the time between losses counts it
     boots: int = 0  # attempts seen going from accepted to RUNNING,
     boot_s: float = 0.0  # and how long that took them, summed (wall time)
@@ -154,7 +160,12 @@ class Ledger(_Model):
     losses: tuple[Loss, ...] = ()
     marks: tuple[Mark, ...] = ()
     totals: Totals = Totals()
-    checkpoint_cost_s: float | None = None  # the latest save's writing time seen (C)
+    checkpoint_cost_s: float | None = None  # the latest save's writing time seen (C), from GCS times: a lower bound
+    # The latest save's durations as its trainer reported them (respawnkit's progress file):
+    # the write that blocks training, which is the checkpoint cost C wherever it is known, and
+    # the upload, which runs in the background while training goes on.
+    save_s: float | None = None
+    upload_s: float | None = None
     checkpoints: tuple[tuple[datetime, int], ...] = ()  # (saved at, step) of each save resumed from
     # The status's event_count through which its events are accounted here. A ledger read
     # without it (written before it existed) is taken as up to date (JobStatus reads it so).
@@ -170,6 +181,27 @@ class Ledger(_Model):
     def pending(self) -> Loss | None:
         """The last loss while its replacement is not RUNNING yet."""
         return self.losses[-1] if self.losses and self.losses[-1].running_at is None else None
+
+
+SAVE_REPORTED, SAVE_FROM_GCS = "reported by the trainer", "from GCS times"
+
+
+def save_cost(ledger: Ledger) -> tuple[float | None, str | None]:
+    """The checkpoint cost C and where it comes from: the trainer's reported write (what blocks
+    training), else the GCS-finalize estimate (a lower bound); (None, None) with neither."""
+    if ledger.save_s is not None:
+        return ledger.save_s, SAVE_REPORTED
+    if ledger.checkpoint_cost_s is not None:
+        return ledger.checkpoint_cost_s, SAVE_FROM_GCS
+    return None, None
+
+
+def steps_lost(loss: Loss, from_step: int | None) -> int | None:
+    """Steps the loss cost: the step it had reached less ``from_step``, the step its replacement
+    resumes from (0 from scratch), never negative; None where either is unknown."""
+    if loss.step is None or from_step is None:
+        return None
+    return max(0, loss.step - from_step)
 
 
 def began_running(ledger: Ledger, at: datetime, estimated: bool = False) -> Ledger:
@@ -320,6 +352,13 @@ class Summary(_Model):
     boot_hours: float
     redone_hours: float
     useful_hours: float
+    steps_lost: int = 0  # over the losses whose steps are known
+    steps_lost_each: tuple[int | None, ...] = ()  # each kept loss's, oldest first (None: unknown)
+    step: int | None = None  # the furthest step the latest attempt that reported one reached
+    # The checkpoint cost C and its source (``save_cost``), and the upload after it, where reported.
+    save_s: float | None = None
+    save_source: str | None = None
+    upload_s: float | None = None
     goodput: float | None  # useful / paid of known split; None before any such was paid
     cost: float
     on_demand_cost: float
@@ -345,6 +384,7 @@ def _summary(ledger: Ledger, now: datetime) -> Summary:
     totals = ledger.totals
     paid, boot, redone, unknown = totals.paid_acc_s, totals.boot_acc_s, totals.redone_acc_s, totals.unknown_acc_s
     cost, on_demand, running = totals.cost, totals.on_demand_cost, totals.running_s
+    lost_steps = totals.steps_lost
     sources, waiting = totals.price_sources, totals.waiting_s
     if (span := ledger.open) is not None:
         p, b, r, w, u = _times(span, now)
@@ -362,7 +402,10 @@ def _summary(ledger: Ledger, now: datetime) -> Summary:
         goodput=useful / known if known > 1e-9 else None, cost=cost, on_demand_cost=on_demand, savings=on_demand - cost,
         losses=losses, recovery_mean_s=totals.recovery_s / totals.recoveries if totals.recoveries else None,
         time_between_losses_s=running / totals.platform_losses if totals.platform_losses else None,
-        price_sources=sources, unknown_hours=unknown / 3600,
+        price_sources=sources, unknown_hours=unknown / 3600, steps_lost=lost_steps,
+        steps_lost_each=tuple(loss.steps_lost for loss in ledger.losses),
+        step=next((s.step for s in reversed(ledger.spans) if s.step is not None), None),
+        save_s=save_cost(ledger)[0], save_source=save_cost(ledger)[1], upload_s=ledger.upload_s,
     )
 
 
@@ -370,13 +413,14 @@ def checkpoint_every(ledger: Ledger, write_s: float | None, uptime_s: float | No
                      running_s: float = 0.0) -> float | None:
     """Young/Daly's checkpoint interval, τ ≈ √(2·C·M), in seconds; None without a C or an M.
 
-    C: the latest save's writing time (``write_s``, else the ledger's): a lower bound
+    C: the latest save's write as its trainer reported it (``Ledger.save_s``), else its writing
+    time from GCS (``write_s``, else the ledger's): a lower bound
     (``controller.core.checkpoints.write_time``). M: the mean time between the platform's
     losses: the run's own RUNNING time per loss once it has lost an attempt; before that, the
     Spot VMs' estimated uptime in the zone (capacity advice's ``estimatedUptime``, Google's
     best-effort estimate for the majority of Spot VMs). capacityHistory's ``preemptionRate`` is
     no time at all (of the Spot VMs that stopped, the share preempted) and never seeds M."""
-    cost = write_s if write_s is not None else ledger.checkpoint_cost_s
+    cost = ledger.save_s if ledger.save_s is not None else write_s if write_s is not None else ledger.checkpoint_cost_s
     if cost is None:
         return None
     cost = max(cost, 1.0)  # a save whose objects all landed within a second: as cheap as saves get

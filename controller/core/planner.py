@@ -7,6 +7,7 @@ unique among concurrent passes; the effects follow it and are idempotent.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -220,7 +221,8 @@ def _watch(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchC
         # The heartbeat grace starts no earlier than this: a VM can wait long before it runs
         # (a Flex-start VM sits in PENDING until Compute finds capacity, hours at times), and
         # its trainer cannot beat before it runs.
-        running = st.but(t.event(now, st, "running", detail, trainer_started=_trainer_started(v, st)),
+        running = st.but(t.event(now, st, "running", detail, trainer_started=_trainer_started(v, st),
+                                 **_progress(v, st)),
                          phase=Phase.RUNNING, message=detail, resumed_at=now)
         return [WriteStatus(v.job, running, "instances running")]
     if (started := _unsaid_start(v, st)) is not None:
@@ -412,7 +414,7 @@ def _restart(v: JobView, spec: JobSpec, st: JobStatus, cause: str, detail: str, 
     """A loss that is not the trainer's fault: preemption, maintenance, host error, recycling.
 
     ``since``: when the VM said so (its marker), for the ledger."""
-    lost = _loss_event(now, st, cause, detail, since, _trainer_started(v, st))
+    lost = _loss_event(now, st, cause, detail, since, _trainer_started(v, st), _progress(v, st))
     if cause == "recycled":
         st = st.but(recycles=st.recycles + 1)
     else:
@@ -425,11 +427,11 @@ def _restart(v: JobView, spec: JobSpec, st: JobStatus, cause: str, detail: str, 
 
 
 def _loss_event(now: datetime, st: JobStatus, cause: str, detail: str, since: datetime | None = None,
-                trainer_started: datetime | None = None) -> Event:
-    """The current attempt lost: where it was, when the VM said so (``since``), and when its
-    trainer had started (``_trainer_started``)."""
+                trainer_started: datetime | None = None, progress: Mapping[str, int | float] | None = None) -> Event:
+    """The current attempt lost: where it was, when the VM said so (``since``), when its
+    trainer had started (``_trainer_started``) and how far it had got (``_progress``)."""
     return t.event(now, st, cause, detail, since=since, zone=st.zone, instance=st.instances[0] if st.instances else None,
-                   trainer_started=trainer_started)
+                   trainer_started=trainer_started, **(progress or {}))
 
 
 def _unsaid_start(v: JobView, st: JobStatus) -> datetime | None:
@@ -442,6 +444,21 @@ def _unsaid_start(v: JobView, st: JobStatus) -> datetime | None:
     if any(e.attempt == st.attempt and e.trainer_started is not None for e in st.history):
         return None
     return _trainer_started(v, st)
+
+
+def _progress(v: JobView, st: JobStatus) -> dict[str, int | float]:
+    """What the current attempt's trainer reported through its agent's records (its own records
+    only, by token: a trainer of another attempt or job counts for nothing here), for the ledger:
+    the furthest step it finished, and its newest save's write and upload times."""
+    mine = sorted((r for r in (*v.records(), v.heartbeat) if r is not None and r.belongs_to(st)),
+                  key=lambda r: (r.updated, r.generation))
+    found: dict[str, int | float] = {}
+    if steps := [r.step for r in mine if r.step is not None]:
+        found["step"] = max(steps)
+    for name in ("save_s", "upload_s"):
+        if said := [x for r in mine if (x := getattr(r, name)) is not None]:
+            found[name] = said[-1]
+    return found
 
 
 def _trainer_started(v: JobView, st: JobStatus) -> datetime | None:
@@ -473,7 +490,8 @@ def _failure(v: JobView, spec: JobSpec, st: JobStatus, detail: str, now: datetim
                     f"(max_restarts {policy.max_restarts})", now, since=since)
     delay = t.backoff(spec, stalled)
     text = f"{detail}; failure {failures} of {policy.max_failures}, restarting in {fmt(delay)}"
-    nxt = counted.but(_loss_event(now, st, "failed", text, since, _trainer_started(v, st)), phase=Phase.RECOVERING,
+    nxt = counted.but(_loss_event(now, st, "failed", text, since, _trainer_started(v, st), _progress(v, st)),
+                      phase=Phase.RECOVERING,
                       restarts=restarts,
                       not_before=now + delay, message=text, recovering_since=now)
     # Its records stay until the next attempt is inserted (``_insert`` consumes them): a gang
@@ -705,7 +723,8 @@ def _end(v: JobView, st: JobStatus, phase: Phase, detail: str, now: datetime, si
     # The spec generation this was decided under: a spec replaced during the run
     # (``--replace``) applied to its remaining attempts, not to a run after the end.
     changes.setdefault("spec_generation", v.spec_generation)
-    done = t.finish(st, phase, detail, now, since=since, trainer_started=_trainer_started(v, st), **changes)
+    done = t.finish(st, phase, detail, now, since=since, trainer_started=_trainer_started(v, st),
+                    progress=_progress(v, st), **changes)
     return [WriteStatus(v.job, done, phase.lower()), *_leftovers(v)]
 
 

@@ -51,6 +51,11 @@ class Event(BaseModel):
     zone: str | None = None
     since: datetime | None = None  # when it happened, where that is known and earlier (a VM's marker)
     trainer_started: datetime | None = None  # the attempt's trainer started, by its VM's clock (its records)
+    # The attempt's progress as its trainer reported it (its records, through the VM agent): the
+    # furthest step it finished, and its newest save's write (blocking) and upload times.
+    step: int | None = None
+    save_s: float | None = None
+    upload_s: float | None = None
 
 
 class CheckpointRef(BaseModel):

@@ -15,7 +15,8 @@ from controller.core.ports import ZoneAdvice
 from controller.core.state import CheckpointRef, Event, JobStatus, Phase, ZoneScore, recorded_notify
 
 
-def event(now: datetime, status: JobStatus, name: str, detail: str, **where: str | datetime | None) -> Event:
+def event(now: datetime, status: JobStatus, name: str, detail: str,
+          **where: str | datetime | int | float | None) -> Event:
     return Event(at=now, event=name, attempt=status.attempt, detail=detail, **where)
 
 
@@ -60,11 +61,14 @@ def new_run(prev: JobStatus | None, attempt: int, spec_generation: int | None, n
 
 
 def finish(status: JobStatus, phase: Phase, detail: str, now: datetime, since: datetime | None = None,
-           trainer_started: datetime | None = None, **changes: object) -> JobStatus:
+           trainer_started: datetime | None = None, progress: Mapping[str, int | float] | None = None,
+           **changes: object) -> JobStatus:
     """The run ends; ``since``: when the VM's exit record that decided it was written;
-    ``trainer_started``: when its attempt's trainer started, where a record said so."""
+    ``trainer_started``: when its attempt's trainer started, where a record said so;
+    ``progress``: what its trainer reported (``Event.step``, ``save_s``, ``upload_s``)."""
     return status.but(
-        event(now, status, phase.lower(), detail, since=since, trainer_started=trainer_started), phase=phase,
+        event(now, status, phase.lower(), detail, since=since, trainer_started=trainer_started, **(progress or {})),
+        phase=phase,
         message=detail, not_before=None, **changes
     )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -17,6 +18,8 @@ from controller.core.state import CheckpointRef, JobStatus
 # cost a function its memory or its 540 s).
 MAX_RECORD_BYTES = 64 * 1024
 _MAX_ATTEMPT = 10**9
+MAX_STEP = 10**18 - 1  # a step as the agent passes it on: at most 18 digits
+MAX_REPORTED_S = 7 * 86400.0  # a save or an upload reported longer than a week is not one
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,14 @@ class Record:
     # When the agent launched the trainer, by the VM's clock (RFC 3339, UTC); None from an older
     # agent, or where the field is garbage (the record itself still counts).
     trainer_started: datetime | None = None
+    # What the trainer's progress file said (respawnkit.progress), through its agent: the last
+    # step it finished, how long its last save took to write (blocking training) and to upload
+    # (in the background), and the step of its newest uploaded save. Third-party values: None
+    # where absent or not sane, the record itself still counts.
+    step: int | None = None
+    save_s: float | None = None
+    upload_s: float | None = None
+    saved_step: int | None = None
 
     @classmethod
     def oversized(cls, info: BlobInfo) -> Record:
@@ -84,6 +95,10 @@ class Record:
             detail=reason[:200] if isinstance(reason, str) else "",
             saved=body.get("saved") if isinstance(body.get("saved"), bool) else None,
             trainer_started=_instant(body.get("trainer_started")),
+            step=_whole(body.get("step"), 0, MAX_STEP),
+            save_s=_seconds(body.get("save_s")),
+            upload_s=_seconds(body.get("upload_s")),
+            saved_step=_whole(body.get("saved_step"), 0, MAX_STEP),
         )
 
     def belongs_to(self, status: JobStatus) -> bool:
@@ -107,6 +122,16 @@ def _instant(value: object) -> datetime | None:
         return when.astimezone(timezone.utc) if when.utcoffset() is not None else None
     except (ValueError, OverflowError):  # not a time, or one whose UTC is before year 1
         return None
+
+
+def _seconds(value: object) -> float | None:
+    """A duration a trainer measured, in seconds: finite, from 0 to MAX_REPORTED_S, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, int) and not 0 <= value <= MAX_REPORTED_S:
+        return None  # a JSON integer of 4000 digits: too large for a float
+    number = float(value)
+    return number if math.isfinite(number) and 0.0 <= number <= MAX_REPORTED_S else None
 
 
 def _whole(value: object, low: int, high: int) -> int | None:

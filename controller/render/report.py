@@ -80,6 +80,11 @@ def human(seconds: float | None) -> str:
     return f"{seconds:.2g}s" if 0 < seconds < 1 else format_duration(timedelta(seconds=round(seconds)))
 
 
+def seconds(value: float | None) -> str:
+    """A measured save or upload: two figures under 10 s ("0.41s", "5.8s"), else as ``human``."""
+    return f"{value:.2g}s" if value is not None and measured(value) and 0 < value < 10 else human(value)
+
+
 def _unit(paid_hours: float) -> tuple[str, float]:
     """Accelerator time in hours, or in minutes or seconds for a short run (the demo's): its name and factor."""
     if paid_hours >= 1 or paid_hours == 0:
@@ -111,10 +116,36 @@ def facts(status: JobStatus, now: datetime) -> list[tuple[str, str]]:
         ("losses", f"{total.losses} ({book.totals.platform_losses} of the platform's); mean time between them "
                    f"{human(total.time_between_losses_s)}"),
         ("recoveries", _recoveries(book, total)),
-        ("checkpoint", f"advised every {human(status.checkpoint_every_s)} (Young/Daly); "
-                       f"a save takes at least {human(book.checkpoint_cost_s)}"),
-        ("save time from", checkpoints.WRITE_TIME_SOURCE),
+        ("steps", _steps(total)),
+        ("checkpoint", f"advised every {human(status.checkpoint_every_s)} (Young/Daly); {_save(total)}"),
+        ("save time from", _save_source(total)),
     ]
+
+
+def _steps(total: ledger.Summary) -> str:
+    """How far training got and the steps the losses cost, as the trainer reported its steps."""
+    if total.step is None and not any(n is not None for n in total.steps_lost_each):
+        return "not reported (a trainer using respawnkit reports its step)"
+    known = [n for n in total.steps_lost_each if n is not None]
+    text = f"reached step {total.step if total.step is not None else '—'}; {total.steps_lost} lost"
+    if total.steps_lost_each:
+        each = ", ".join("—" if n is None else str(n) for n in total.steps_lost_each)
+        text += f" (per loss: {each})" if len(total.steps_lost_each) > 1 or not known else ""
+    return text
+
+
+def _save(total: ledger.Summary) -> str:
+    """The checkpoint cost C: the trainer's measured write, else the GCS lower bound."""
+    if total.save_source == ledger.SAVE_REPORTED:
+        upload = f", then its upload {seconds(total.upload_s)} in the background" if total.upload_s is not None else ""
+        return f"a save takes {seconds(total.save_s)}{upload}"
+    return f"a save takes at least {human(total.save_s)}"
+
+
+def _save_source(total: ledger.Summary) -> str:
+    if total.save_source == ledger.SAVE_REPORTED:
+        return f"{ledger.SAVE_REPORTED}: its last save's local write, which blocks training (respawnkit)"
+    return checkpoints.WRITE_TIME_SOURCE
 
 
 def _goodput(total: ledger.Summary) -> str:
@@ -168,9 +199,40 @@ def zone_rows(status: JobStatus) -> list[tuple[str, str, str]]:
 
 def as_json(job: str, status: JobStatus, now: datetime) -> dict[str, Any]:
     return {"job": job, "run": status.run, "phase": str(status.phase), "checkpoint_every_s": status.checkpoint_every_s,
-            "checkpoint_cost": {"at_least_s": status.ledger.checkpoint_cost_s, "source": checkpoints.WRITE_TIME_SOURCE},
+            "checkpoint_cost": _cost_json(status.ledger),
             "summary": ledger.summary(status.ledger, now).model_dump(mode="json"),
             "ledger": status.ledger.model_dump(mode="json")}
+
+
+def _cost_json(book: ledger.Ledger) -> dict[str, Any]:
+    """C as ``--json`` gives it: GCS's lower bound (``at_least_s``) and, where the trainer
+    reported its saves, the measured write (``s``, what C is) and upload (``upload_s``)."""
+    gcs = {"at_least_s": book.checkpoint_cost_s, "source": checkpoints.WRITE_TIME_SOURCE}
+    if book.save_s is None:
+        return gcs
+    return {"s": book.save_s, "upload_s": book.upload_s, "source": ledger.SAVE_REPORTED, "at_least_s": book.checkpoint_cost_s}
+
+
+LOSS_COLUMNS = ("attempt", "lost by", "lost at (UTC)", "step reached", "resumed from", "steps lost", "recovery")
+# As the attempts' layouts: the width given up by the loss's time first, then the column names.
+LOSS_LAYOUTS: tuple[tuple[tuple[int, str], ...], ...] = (
+    tuple(enumerate(LOSS_COLUMNS)),
+    ((0, "attempt"), (1, "lost by"), (3, "step reached"), (4, "resumed from"), (5, "steps lost"), (6, "recovery")),
+    ((0, "#"), (1, "lost by"), (3, "reached"), (4, "resumed"), (5, "lost"), (6, "recovery")),
+    ((0, "#"), (1, "lost by"), (3, "reached"), (5, "lost")),
+)
+
+
+def loss_rows(status: JobStatus) -> list[tuple[str, ...]]:
+    """The kept losses, oldest first: the step each attempt had reached, the step its replacement
+    resumed from, and the steps lost between them (— where the trainer reported no step)."""
+    def step(n: int | None) -> str:
+        return "—" if n is None else str(n)
+
+    return [(str(loss.attempt), loss.cause, f"{loss.lost_at or loss.seen_at:%m-%d %H:%M:%S}", step(loss.step),
+             "—" if loss.issued_at is None else "scratch" if loss.resumed_step is None else f"step {loss.resumed_step}",
+             step(loss.steps_lost), human(loss.recovery_s))
+            for loss in status.ledger.losses]
 
 
 def _kept_note(status: JobStatus) -> str | None:
@@ -187,6 +249,8 @@ def render_text(job: str, status: JobStatus, now: datetime) -> Group:
     for what, figure in facts(status, now):
         head.add_row(what, Text(printable(figure), overflow="fold"))  # a long word folds, never cut with "…"
     parts: list[Any] = [head, Grid("attempts", ATTEMPT_LAYOUTS, attempt_rows(status, now), _kept_note(status))]
+    if losses := loss_rows(status):
+        parts.append(Grid("losses", LOSS_LAYOUTS, losses))
     if zones := zone_rows(status):
         parts.append(Grid("losses by zone", (tuple(enumerate(ZONE_COLUMNS)),), zones))
     return Group(*parts)
@@ -272,6 +336,7 @@ def timeline_png(job: str, status: JobStatus, now: datetime) -> bytes:
     # The marks over everything, the checkpoint line's axes included.
     marks = _marks(steps[0].axes if steps else ax, ax, status.ledger, lanes)
     events = [*marks, *_redone(ax, status.ledger), *steps]
+    _steps_lost(ax, status.ledger, lanes)
     if status.ledger.open is not None:
         events.append(ax.axvline(now, color="#999999", linestyle=":", linewidth=1, label="now"))
     _axes(ax, lanes, _title(job, status, now))
@@ -313,7 +378,8 @@ def _title(job: str, status: JobStatus, now: datetime) -> str:
     unknown = f" ({total.unknown_hours * k:.1f} boot unknown, not in goodput)" if total.unknown_hours else ""
     text = (f"{printable(job)}: {status.phase}, goodput {_percent(total.goodput)}\n"
             f"{total.useful_hours * k:.1f} of {total.accelerator_hours * k:.1f} {unit} useful{unknown}; "
-            "{} against {} on demand".format(*dollars(total.cost, total.on_demand_cost)))
+            "{} against {} on demand".format(*dollars(total.cost, total.on_demand_cost))
+            + (f"; {total.steps_lost} steps lost" if any(n is not None for n in total.steps_lost_each) else ""))
     return text.replace("$", r"\$")  # not mathtext
 
 
@@ -382,6 +448,19 @@ def _redone(ax: Axes, book: ledger.Ledger) -> list[Any]:
     return shaded[:1]  # one entry in the legend
 
 
+def loss_notes(book: ledger.Ledger) -> list[tuple[datetime, str, str]]:
+    """(when, zone, words) beside each loss whose steps lost are known: "-30 steps"."""
+    return [(loss.lost_at or loss.seen_at, loss.zone or "?", f"\u2212{loss.steps_lost} steps")
+            for loss in book.losses if loss.steps_lost is not None]
+
+
+def _steps_lost(ax: Axes, book: ledger.Ledger, lanes: Lanes) -> list[Any]:
+    """Each loss's steps lost, written beside its mark on its zone's lane."""
+    return [ax.annotate(words, xy=(when, lanes[zone] - LANE_GAP), xytext=(6, 0), textcoords="offset points",
+                        va="center", fontsize=8, color=MARK_COLOUR, zorder=5)
+            for when, zone, words in loss_notes(book)]
+
+
 def _checkpoints(ax: Axes, book: ledger.Ledger) -> list[Any]:
     """The checkpoints the run resumed from: (saved at, step), on a second y axis."""
     if not book.checkpoints:
@@ -425,6 +504,7 @@ def page(job: str, status: JobStatus, now: datetime, picture: bytes) -> str:
         '<h2>summary</h2><table class="facts">',
         *(f"<tr><th>{_h(what)}</th><td>{_h(figure)}</td></tr>" for what, figure in facts(status, now)),
         "</table>", "<h2>attempts</h2>", _html_table(ATTEMPT_COLUMNS, attempt_rows(status, now), _kept_note(status)),
+        *(["<h2>losses</h2>", _html_table(LOSS_COLUMNS, losses)] if (losses := loss_rows(status)) else []),
         *(["<h2>losses by zone</h2>", _html_table(ZONE_COLUMNS, zones)] if zones else []),
         f"<p class=\"when\">at {now:%Y-%m-%d %H:%M:%S} UTC</p>", "</body></html>", ""])
 

@@ -18,7 +18,10 @@ agent_state_dir="${agent_state_dir:-/var/lib/respawn}"
 agent_md_url="http://${GCE_METADATA_HOST:-metadata.google.internal}/computeMetadata/v1"
 agent_gcs_url="${STORAGE_EMULATOR_HOST:-https://storage.googleapis.com}"
 case "$agent_gcs_url" in *://*) ;; *) agent_gcs_url="http://$agent_gcs_url" ;; esac
-readonly agent_run_dir agent_state_dir agent_md_url agent_gcs_url
+# The trainer's progress file (RESPAWN_PROGRESS_FILE, respawnkit.progress): this boot's, so in
+# the run directory; the records pass on what it says (progress_fields).
+agent_progress_file="$agent_run_dir/progress.json"
+readonly agent_run_dir agent_state_dir agent_md_url agent_gcs_url agent_progress_file
 
 # Deadlines. Every curl call has a per-try limit and every retry loop a total one, so a
 # hung metadata server or GCS never hangs the agent. The shutdown script, which has 30 s
@@ -253,6 +256,22 @@ load_tpu_identity() {
   fi
   [[ "$agent_tpu_master" =~ ^[0-9A-Za-z]([-.0-9A-Za-z]{0,252}[0-9A-Za-z])?$ ]] \
     || { log "bad worker 0 address '$agent_tpu_master' in worker-network-endpoints"; return 1; }
+}
+
+# progress_fields: the progress file's "step", "save_s", "upload_s" and "saved_step" as
+# record fields (', "step": 120, "save_s": 0.41'), each only where it is a plain JSON number
+# of bounded length; nothing when the file is absent or says none. The trainer writes the file:
+# only a regular file is read, and only its first 4 KiB.
+progress_fields() {
+  local LC_ALL=C text="" out="" key value
+  local int='(0|[1-9][0-9]{0,17})' real='(0|[1-9][0-9]{0,8})([.][0-9]{1,17})?([eE][-+]?[0-9]{1,3})?'
+  [ -f "$agent_progress_file" ] || return 0
+  { IFS= read -r -d '' -n 4096 text < "$agent_progress_file"; } 2> /dev/null
+  for key in step save_s upload_s saved_step; do
+    case "$key" in *_s) value="$real" ;; *) value="$int" ;; esac
+    [[ "$text" =~ \"$key\"[[:space:]]*:[[:space:]]*($value)[[:space:]]*[,}] ]] && out+=", \"$key\": ${BASH_REMATCH[1]}"
+  done
+  printf '%s' "$out"
 }
 
 # record KIND OBJECT [EXTRA_JSON]: {"instance", "attempt", "node", "at", "token", ...}

@@ -92,7 +92,9 @@ if [ -n "$agent_reason" ]; then
   else
     agent_started=""
   fi
-  record marker "preempted-jobs/$agent_job" "\"reason\": \"$agent_reason\", \"saved\": $agent_saved$agent_started" \
+  # How far the trainer got, and its last save's times, as its progress file says after its exit.
+  record marker "preempted-jobs/$agent_job" \
+    "\"reason\": \"$agent_reason\", \"saved\": $agent_saved$agent_started$(progress_fields)" \
     && log "marker written ($agent_reason, saved: $agent_saved)" || log "could not write the marker"
 fi
 

@@ -71,10 +71,10 @@ if command -v flock > /dev/null; then
 else
   log "no flock on this image: a second run of this script is not prevented"
 fi
-# Under the lock, no trainer of this boot exists yet: a trainer.pid is a stale one (and so is
-# its trainer.started). The stopping flag is not touched: on a fresh run directory it can only
-# be this boot's shutdown script, already under way.
-rm -f "$agent_run_dir/trainer.pid" "$agent_run_dir/trainer.started"
+# Under the lock, no trainer of this boot exists yet: a trainer.pid is a stale one (and so are
+# its trainer.started and its progress file). The stopping flag is not touched: on a fresh run
+# directory it can only be this boot's shutdown script, already under way.
+rm -f "$agent_run_dir/trainer.pid" "$agent_run_dir/trainer.started" "$agent_progress_file"
 
 # Boot twice, train twice: a reset, a stop+start or a reboot runs this script again, and
 # the launch-time RESUME_FROM is stale by then. The state directory (which survives a
@@ -165,7 +165,7 @@ fi
 readonly agent_launcher='
 export RESUME_FROM="$4" RESPAWN_CHECKPOINT_URI="$5" RESPAWN_JOB="$6" RESPAWN_ATTEMPT="$7" \
   RESPAWN_BUCKET="$8" NODE_RANK="$9" NODES="${10}" MASTER_ADDR="${11}" RESUME_STEP="${12}" RESUME_TAG="${13}" \
-  RESPAWN_CHECKPOINT_EVERY_S="${14}"
+  RESPAWN_CHECKPOINT_EVERY_S="${14}" RESPAWN_PROGRESS_FILE="${15}" RESPAWN_NOTICE_SECONDS="${16}"
 if [ -n "$2" ]; then
   declare -A respawn_base=()
   for respawn_n in $(compgen -e); do respawn_base[$respawn_n]="${!respawn_n}"; done
@@ -204,8 +204,13 @@ if [ -n "$2" ]; then
 fi
 export RESUME_FROM="$4" RESPAWN_CHECKPOINT_URI="$5" RESPAWN_JOB="$6" RESPAWN_ATTEMPT="$7" \
   RESPAWN_BUCKET="$8" NODE_RANK="$9" NODES="${10}" MASTER_ADDR="${11}" RESUME_STEP="${12}" RESUME_TAG="${13}" \
-  RESPAWN_CHECKPOINT_EVERY_S="${14}"
+  RESPAWN_CHECKPOINT_EVERY_S="${14}" RESPAWN_PROGRESS_FILE="${15}" RESPAWN_NOTICE_SECONDS="${16}"
 exec "$1" -c "$3"'
+# The notice the shutdown script assumes (its RESPAWN_NOTICE_SECONDS, 30 s: Spot's), told to the
+# trainer so that a save that cannot finish in it is skipped (respawnkit.notice).
+agent_notice="${RESPAWN_NOTICE_SECONDS:-30}"
+[[ "$agent_notice" =~ ^[0-9]{1,5}([.][0-9]{1,3})?$ ]] || agent_notice=30
+readonly agent_notice
 # When the trainer starts, by this VM's clock: every record says it, so that the controller's
 # ledger ends the attempt's boot there, not when a pass happened to see the VM RUNNING.
 agent_trainer_started="$(now)"
@@ -219,7 +224,8 @@ readonly agent_trainer_started agent_started_field
   || log "cannot write $agent_run_dir/trainer.started: a marker will not say when the trainer started"
 setsid "$BASH" -c "$agent_launcher" respawn-trainer "$BASH" "$agent_env_lines" "$agent_command" \
   "$agent_resume_from" "$agent_checkpoint_uri" "$agent_job" "$agent_attempt" "$agent_bucket" \
-  "$agent_rank" "$agent_nodes" "$agent_master_addr" "$agent_resume_step" "$agent_resume_tag" "$agent_checkpoint_every" &
+  "$agent_rank" "$agent_nodes" "$agent_master_addr" "$agent_resume_step" "$agent_resume_tag" "$agent_checkpoint_every" \
+  "$agent_progress_file" "$agent_notice" &
 agent_trainer=$!
 readonly agent_trainer
 if ! { printf '%s\n' "$agent_trainer" > "$agent_run_dir/trainer.pid.new" \
@@ -233,7 +239,8 @@ fi
 
 if [ "$agent_rank" = 0 ]; then
   ( while kill -0 "$agent_trainer" 2>/dev/null; do
-      record heartbeat "jobs/$agent_job/heartbeat" "$agent_started_field" || log "heartbeat failed"
+      # How far the trainer is, where it says (its progress file): the controller counts steps lost.
+      record heartbeat "jobs/$agent_job/heartbeat" "$agent_started_field$(progress_fields)" || log "heartbeat failed"
       sleep "$agent_interval"
     done ) &
 fi
@@ -270,7 +277,7 @@ fi
 # Rank 0's exit record is the gang's and always written. A worker writes only a failure
 # (its exit 0 decides nothing: rank 0's does), to its own object.
 if [ "$agent_rank" = 0 ] || [ "$agent_code" != 0 ]; then
-  record exit "$(exit_object)" "\"exit_code\": $agent_code, $agent_started_field" \
+  record exit "$(exit_object)" "\"exit_code\": $agent_code, $agent_started_field$(progress_fields)" \
     || log "could not write the exit record"
 fi
 # A Cloud TPU worker does not power itself off: a TPU VM that goes down breaks the slice

@@ -213,6 +213,37 @@ def test_gang_node_reads_its_rank_from_its_name(gcs, srv):
     assert read(gcs, "jobs/gang/heartbeat") is None, "only rank 0 heartbeats"
 
 
+# A trainer's progress file (respawnkit.progress) now and later: the later one's figures are not
+# plain JSON numbers (a negative, a string, a leading zero, 19 digits), so none is passed on.
+PROGRESS = ('printf \'%s\\n\' "$RESPAWN_PROGRESS_FILE" "$RESPAWN_NOTICE_SECONDS" > told.txt; '
+            'printf \'{"step": 42, "step_at": "2026-01-01T00:00:00.000Z", "save_s": 0.25, "upload_s": null, '
+            '"saved_step": 40}\' > "$RESPAWN_PROGRESS_FILE"; sleep 3; '
+            'printf \'{"step": 1234567890123456789, "save_s": -1, "upload_s": "9", "saved_step": 007}\' '
+            '> "$RESPAWN_PROGRESS_FILE"; sleep 1.5')
+
+
+def test_the_trainer_is_told_its_progress_file_and_notice_and_records_carry_its_numbers_only(gcs, srv):
+    boot(srv, "prog-2", PROGRESS)
+    beat = until("a heartbeat with the step", lambda: (hb := read(gcs, "jobs/prog/heartbeat")) and "step" in hb and hb)
+    assert (beat["step"], beat["save_s"], beat["saved_step"]) == (42, 0.25, 40) and "upload_s" not in beat
+    record = until("the exit record", lambda: read(gcs, "jobs/prog/exit"))
+    assert record["exit_code"] == 0 and not {"step", "save_s", "upload_s", "saved_step"} & set(record), record
+    told_file, told_notice = (srv.workdir_of("prog-2") / "told.txt").read_text().splitlines()
+    assert Path(told_file).is_absolute() and Path(told_file).name == "progress.json"
+    assert told_notice == str(NOTICE)  # the notice the shutdown script assumes
+
+
+def test_the_marker_carries_the_progress_the_trainer_wrote_on_sigterm(gcs, srv):
+    saved = '{"step": 77, "step_at": null, "save_s": 1.5, "upload_s": 2.25, "saved_step": 77}'
+    boot(srv, "mark-4", f"printf '%s' '{saved}' > saved.json; trap 'cp saved.json \"$RESPAWN_PROGRESS_FILE\"; exit 0' TERM; "
+                        "echo started > started.txt; while true; do sleep 0.1; done")
+    until("the trainer to start", lambda: (srv.workdir_of("mark-4") / "started.txt").exists())
+    srv.preempt("mark-4")
+    marker = until("the marker", lambda: read(gcs, "preempted-jobs/mark"))
+    assert (marker["step"], marker["save_s"], marker["upload_s"], marker["saved_step"]) == (77, 1.5, 2.25, 77)
+    assert marker["reason"] == "preempted" and marker["saved"] is True
+
+
 TRAP = ('trap \'echo term > got-sigterm.txt; exit 0\' TERM; echo started > started.txt; '
         'while true; do sleep 0.1; done')
 

@@ -144,7 +144,7 @@ def test_the_page_embeds_the_picture_and_the_summary_with_nothing_external(day, 
     (embedded,) = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
     assert base64.b64decode(embedded).startswith(b"\x89PNG\r\n\x1a\n")
     assert "<td>76.6%</td>" in page and f"<td>{A}</td><td>preempted 1</td><td>1</td>" in page
-    assert page.count("<table") == 3  # the summary, the attempts, the losses by zone
+    assert page.count("<table") == 4  # the summary, the attempts, the losses, the losses by zone
     assert not re.search(r"(src|href)=\"(?!data:)|<script|<link|@import|url\(", page)
 
 
@@ -202,7 +202,8 @@ def test_status_of_a_job_shows_its_goodput_and_the_advised_checkpoint_interval(c
     result = runner.invoke(app, ["status", "llm"])
     assert result.exit_code == 0, result.output
     every = report.human(cli.status("llm").checkpoint_every_s)
-    assert f"goodput 76.6% (1.37 of 1.78 accelerator-hours useful); checkpoint every {every} advised" in result.output
+    assert (f"goodput 76.6% (1.37 of 1.78 accelerator-hours useful); a save takes at least 2m (from GCS times); "
+            f"checkpoint every {every} advised") in result.output
     (row,) = json.loads(runner.invoke(app, ["status", "llm", "--json"]).stdout)
     assert round(row["goodput"]["goodput"], 3) == round(USEFUL_MIN / PAID_MIN, 3)
     assert row["checkpoint_every_s"] == cli.status("llm").checkpoint_every_s
