@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import re
 
-_REQUEST = re.compile(r"\b(?:GET|POST|PUT|PATCH|DELETE|HEAD) (?:https?://)?[^\s:]*(?::\d+)?\S*?: ")
+# The request as google-api-core writes it: a method, then an absolute URL or a path (never words).
+_REQUEST = re.compile(r"\b(?:GET|POST|PUT|PATCH|DELETE|HEAD) (?:https?://[^\s/:]+(?::\d+)?|(?=/))\S*?: ")
 _POOL = re.compile(r"(?P<pool>\w+ConnectionPool\(host='[^']*', port=\d+\)): Max retries exceeded with url: \S+ ")
 
 

@@ -10,7 +10,9 @@ more from any thread. ``Expired`` is a BaseException, as KeyboardInterrupt is, s
 ``GRACE`` seconds later (a pool joining a thread that sleeps between retries), the process says the
 line and exits there and then.
 
-Waiting on the user (a question) is no waiting on the cloud: ``paused`` stops the clock for it.
+Waiting on the user (a question) is no waiting on the cloud: ``paused`` stops the clock for it. An
+upload takes what its size takes: ``widened`` gives it that much more (``submit``'s code, at
+``UPLOAD_BYTES_S``, a slow uplink).
 Commands that run until stopped (``demo``, ``local up``, ``status --watch``, ``logs --follow``) or
 bound each step themselves (``deploy``, ``doctor``) call ``stop()``.
 """
@@ -29,6 +31,8 @@ from controller.adapters import failfast
 DEFAULT = 30.0  # seconds
 GRACE = 3.0  # seconds between Expired raised and the process ended regardless
 UNAVAILABLE = 3  # the CLI's exit code: the same command may work later
+LONGEST = 7 * 24 * 3600.0  # a bound longer than a week is none
+UPLOAD_BYTES_S = 128 * 1024  # 1 Mbit/s: the slowest uplink an upload's bound allows for
 
 T = TypeVar("T")
 given = DEFAULT  # the command's --timeout (begin()), which status --watch gives each refresh
@@ -42,8 +46,11 @@ class Expired(BaseException):
 
 
 def begin(seconds: float) -> None:
-    """The command's bound: ``seconds`` from now, and ``given`` for the steps that bound themselves."""
+    """The command's bound: ``seconds`` from now, and ``given`` for the steps that bound themselves.
+    ``inf``, or more than ``LONGEST`` (which no interval timer takes): no bound, as 0 is."""
     global given
+    if not seconds <= LONGEST:
+        seconds = 0.0
     given = seconds
     start(seconds)
 
@@ -81,6 +88,21 @@ def paused(ask: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     finally:
         if bound:
             start(bound)
+
+
+def widened(extra: float, work: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``work(*args, **kwargs)`` bounded by ``extra`` seconds more than the command's bound (an
+    upload, whose time is its size's, not the cloud's answer); then a whole bound again."""
+    bound = _bound
+    if not bound:
+        return work(*args, **kwargs)
+    stop()
+    start(bound + extra)
+    try:
+        return work(*args, **kwargs)
+    finally:
+        stop()
+        start(bound)
 
 
 def message(seconds: float) -> str:

@@ -106,7 +106,7 @@ err = Console(file=Trimmed(stderr=True))
 def _bounded(timeout: Annotated[float, typer.Option(
         "--timeout", envvar="RESPAWN_TIMEOUT", min=0, metavar="SECONDS",
         help="seconds a command may wait on the cloud in all, retries included, before it gives up "
-             "(exit 3); 0: no bound")] = deadline.DEFAULT) -> None:
+             "(exit 3); 0 or inf: no bound")] = deadline.DEFAULT) -> None:
     deadline.begin(timeout)
 
 
@@ -185,7 +185,7 @@ def submit(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="submit without asking after the estimate")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="check the spec and show the estimate; upload nothing")] = False,
     fresh: Annotated[bool, typer.Option("--fresh", help="a finished job's new run resumes no earlier checkpoint: "
-                                                        "its own go under CHECKPOINT_URI/runs/<run id>/ (none is "
+                                                        "its own go under CHECKPOINT_URI/runs/<job>/<run id>/ (none is "
                                                         "deleted)")] = False,
 ) -> None:
     """Validate a spec, show what it would cost and find (per zone and model: price, obtainability,
@@ -464,9 +464,13 @@ def remove(job: Annotated[str, typer.Argument(help="the finished job to forget")
 
     out.print(_line("✓", "green", f"removed {job}: {counted(len(done.removed), 'object')} from gs://{jobs.bucket}"),
               soft_wrap=True)
+    from controller.core.runs import RUNS_DIR
+
     for prefix in done.checkpoints:
-        out.print(plain(f"  checkpoints kept under {prefix} (a new job named {job} resumes from them unless "
-                        "submitted with --fresh)"), soft_wrap=True)
+        # A new job resumes from its spec's checkpoint.uri itself, never from a fresh run's own prefix.
+        fate = "kept, never resumed by a new job" if f"/{RUNS_DIR}/" in prefix else \
+            f"a new job named {job} with this checkpoint.uri resumes from them unless submitted with --fresh"
+        out.print(plain(f"  checkpoints kept under {prefix} ({fate})"), soft_wrap=True)
 
 
 def _job_status(job: str) -> JobStatus:

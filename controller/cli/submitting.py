@@ -21,7 +21,7 @@ import yaml
 from rich.console import Console
 from rich.text import Text
 
-from controller.cli import estimate, pack
+from controller.cli import deadline, estimate, pack
 from controller.core.spec import JobSpec, SpecError, load_document
 from controller.render.amounts import counted
 from controller.render.status_view import Note
@@ -130,7 +130,8 @@ def submit(request: Request, jobs: Jobs, sources: Callable[[], estimate.Sources]
         raise NotSubmitted(f"{request.job} not submitted")
     uploaded = False
     if packed is not None and not there:
-        uploaded = pack.upload(jobs.store, jobs.bucket, packed)
+        # Its time is its size's (100 MiB at most): the command's bound, plus that at a slow uplink.
+        uploaded = deadline.widened(len(packed.data) / deadline.UPLOAD_BYTES_S, pack.upload, jobs.store, jobs.bucket, packed)
     generation = jobs.submit(raw, request.job, request.replace, request.uncancel)
     return Done(generation, packed, uploaded)
 

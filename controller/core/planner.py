@@ -83,7 +83,8 @@ def _plan_job(v: JobView, now: datetime, ctx: LaunchContext) -> list[Action]:
         if st is not None and st.phase.terminal and st.spec_generation != v.spec_generation:
             # Written over a finished run, which keeps its outcome (its summary goes into the past
             # runs): the invalid spec is a run of its own, failed before it launched anything.
-            base = t.new_run(st, st.attempt, v.spec_generation, now, last=v.checkpoint if v.checkpoint_loaded else None)
+            base = t.new_run(st, st.attempt, v.spec_generation, now, last=v.checkpoint if v.checkpoint_loaded else None,
+                             job=v.job)
         return _end(v, base, Phase.FAILED, "invalid spec: " + "; ".join(v.problems), now,
                     errors=v.problems, spec_generation=v.spec_generation)
     assert v.spec is not None
@@ -92,7 +93,7 @@ def _plan_job(v: JobView, now: datetime, ctx: LaunchContext) -> list[Action]:
         attempt = max([st.attempt if st else 0, *(i.attempt for i in v.instances)])
         # The run before's latest checkpoint, listed where it wrote them, for its summary.
         last = v.checkpoint if st is not None and v.checkpoint_loaded else None
-        return [WriteStatus(v.job, t.new_run(st, attempt, v.spec_generation, now, v.spec, last), "new run",
+        return [WriteStatus(v.job, t.new_run(st, attempt, v.spec_generation, now, v.spec, last, job=v.job), "new run",
                             replan=True)]
     if st.phase.terminal:
         return _leftovers(v)
@@ -101,7 +102,7 @@ def _plan_job(v: JobView, now: datetime, ctx: LaunchContext) -> list[Action]:
         # The previous run's VMs, seen only now (their zone did not answer when this run was
         # numbered, its folder deleted whole): this run's attempts go after them, as a new run
         # numbers them when it sees them; they are its leftovers, never its attempt.
-        return [WriteStatus(v.job, t.new_run(st, newest, st.spec_generation, now, v.spec, renumbered=True),
+        return [WriteStatus(v.job, t.new_run(st, newest, st.spec_generation, now, v.spec, renumbered=True, job=v.job),
                             "run renumbered after "
                             f"attempt {newest}, left by an earlier run", replan=True)]
     if newest > st.attempt:
@@ -177,7 +178,9 @@ def _exited(v: JobView, spec: JobSpec, st: JobStatus, exited: Record, now: datet
         others = [n for n in st.instances if n != exited.instance and (n not in mine or mine[n].status.down)]
         if others and mine:  # a gang is inserted whole or not at all: seen in part means lost in part
             return _lost(v, spec, st, mine, others, now, ctx, also=detail)
-    return _failure(v, spec, st, detail, now, since=exited.updated)
+    # A record that says the command never ran is no evidence that the trainer ran (the ledger
+    # reads an event's ``since`` as such): the attempt was all boot, not of an unknown split.
+    return _failure(v, spec, st, detail, now, since=None if exited.detail else exited.updated)
 
 
 def _platform_cause(v: JobView, st: JobStatus) -> str | None:

@@ -7,7 +7,7 @@ and unique for a job name even after ``respawn rm`` forgot every earlier one.
 
 A new run resumes from the previous run's latest checkpoint, unless its spec says
 ``checkpoint.fresh``: then its checkpoints go under a prefix of its own,
-``<checkpoint.uri>/runs/<run id>/``, given to its trainer as ``RESPAWN_CHECKPOINT_URI`` and the
+``<checkpoint.uri>/runs/<job>/<run id>/``, given to its trainer as ``RESPAWN_CHECKPOINT_URI`` and the
 only place the controller looks for ``RESUME_FROM``, at every attempt of that run. Nothing is
 deleted or moved: the older checkpoints stay where they were. A later run that is not fresh
 goes on from where the last run's checkpoints are (its prefix is inherited), so "resume" always
@@ -24,7 +24,7 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict
 
 RUNS_KEPT = 20  # past runs remembered in a status, the newest
-RUNS_DIR = "runs"  # <checkpoint.uri>/runs/<run id>/: a fresh run's own checkpoints
+RUNS_DIR = "runs"  # <checkpoint.uri>/runs/<job>/<run id>/: a fresh run's own checkpoints
 
 
 def run_id(began: datetime) -> str:
@@ -43,9 +43,10 @@ def unique_id(began: datetime, taken: set[str | None]) -> str:
     return run
 
 
-def fresh_root(uri: str, run: str) -> str:
-    """Where a fresh run's checkpoints go: a prefix of its own under the spec's."""
-    return f"{uri.rstrip('/')}/{RUNS_DIR}/{run}/"
+def fresh_root(uri: str, job: str, run: str) -> str:
+    """Where a fresh run's checkpoints go: a prefix of its own under the spec's, named by its job
+    too (jobs of a sweep share a ``checkpoint.uri`` and may begin in the same second)."""
+    return f"{uri.rstrip('/')}/{RUNS_DIR}/{job}/{run}/"
 
 
 def checkpoint_root(spec_uri: str, own: str | None) -> str:

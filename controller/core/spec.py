@@ -214,7 +214,7 @@ class Checkpoint(Strict):
     marker: str | None = Field(default=None, description="the object a directory save writes last")
     same_files: bool = Field(default=False, description="complete when it holds the previous complete save's files")
     # A new run of this spec ignores every earlier run's checkpoints: its own go under
-    # <uri>/runs/<run id>/ (RESPAWN_CHECKPOINT_URI), the older ones stay where they are
+    # <uri>/runs/<job>/<run id>/ (RESPAWN_CHECKPOINT_URI), the older ones stay where they are
     # (controller.core.runs). ``respawn submit --fresh`` sets it.
     fresh: bool = Field(default=False, description="a new run starts from no checkpoint, under a prefix of its own")
 

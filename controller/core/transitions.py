@@ -21,7 +21,8 @@ def event(now: datetime, status: JobStatus, name: str, detail: str,
 
 
 def new_run(prev: JobStatus | None, attempt: int, spec_generation: int | None, now: datetime,
-            spec: JobSpec | None = None, last: CheckpointRef | None = None, renumbered: bool = False) -> JobStatus:
+            spec: JobSpec | None = None, last: CheckpointRef | None = None, renumbered: bool = False,
+            job: str = "") -> JobStatus:
     """A fresh run of the job: counters reset, attempt numbers keep growing (names stay unique).
 
     Its id is when it began (controller.core.runs); ``prev``'s run is summed up into the past runs
@@ -40,7 +41,7 @@ def new_run(prev: JobStatus | None, attempt: int, spec_generation: int | None, n
     else:
         run = runs.unique_id(now, {r.run for r in prev.runs} | {prev.run} if prev else set())
         fresh = spec is not None and spec.checkpoint is not None and spec.checkpoint.fresh
-        own = runs.fresh_root(spec.checkpoint.uri, run) if fresh and spec and spec.checkpoint else \
+        own = runs.fresh_root(spec.checkpoint.uri, job, run) if fresh and spec and spec.checkpoint else \
             (prev.checkpoint_uri if prev else None)
         past = runlog.archived(prev, now, last)
     detail = "spec accepted; waiting for a VM"

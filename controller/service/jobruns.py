@@ -37,7 +37,7 @@ class Resume:
         if self.fresh:
             kept = f"; {self.found.label} under {self.where} is kept, not resumed" if self.found else ""
             return (f"--fresh: the new run of {self.job} starts from scratch{kept}; its own checkpoints go under "
-                    f"{fresh_root(self.where, '<run id>')} (its RESPAWN_CHECKPOINT_URI: the trainer must write there)")
+                    f"{fresh_root(self.where, self.job, '<run id>')} (its RESPAWN_CHECKPOINT_URI: the trainer must write there)")
         if self.error:
             return f"cannot list {self.where} ({self.error}): the new run will resume from whatever it finds there"
         if self.found is None:
@@ -133,7 +133,7 @@ def _refuse_active(job: str, spec: BlobInfo | None, has_status: bool, status: Jo
         return
     if not status.phase.terminal:
         raise Refused(f"job {job!r} is {status.phase}; {cancel}")
-    if spec is not None and status.spec_generation is not None and spec.generation != status.spec_generation:
+    if spec is not None and spec.generation != status.spec_generation:  # None too: the planner starts it
         raise Refused(f"job {job!r} was submitted again: a new run is about to start; {cancel}")
 
 

@@ -125,7 +125,9 @@ class Jobs:
         status = self.status(job)
         if not spec and status is None:
             raise no_such_job(job, self.bucket)
-        if status is not None and status.phase.terminal and status.spec_generation in (None, spec):
+        # A spec whose generation the ended run did not take (None included: a run ended by its spec's
+        # deletion) is a new submission, which the planner starts: it can still be cancelled.
+        if status is not None and status.phase.terminal and (not spec or status.spec_generation == spec):
             how = "cancelled" if status.phase == "CANCELLED" else f"finished ({status.phase.lower()})"
             return f"{job} is already {how}: nothing to cancel"
         self.store.write(self.bucket, names.cancel_key(job), b"")

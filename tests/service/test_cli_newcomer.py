@@ -3,6 +3,7 @@ in the right number, one wording for a job that is not there, and help that read
 
 from __future__ import annotations
 
+import pytest
 from typer.testing import CliRunner
 
 from controller.cli.main import app
@@ -104,6 +105,27 @@ def test_cancel_of_a_finished_job_resubmitted_since_is_written(mem, tmp_path):  
     assert runner.invoke(app, ["submit", path]).exit_code == 0  # a new run, not taken up yet
     assert runner.invoke(app, ["cancel", "j"]).output.strip() == "✓ cancel requested for j"
     assert mem.store.exists(BUCKET, names.cancel_key("j"))
+
+
+def test_a_job_cancelled_by_deleting_its_spec_then_resubmitted_can_be_cancelled_and_is_not_removed(mem, tmp_path):  # noqa: F811
+    # The spec's deletion ends the run with no spec generation; a spec written since is a new
+    # submission the planner starts, so cancel writes its cancel and rm refuses it.
+    from controller.core import names
+    from controller.core.state import Phase
+
+    path = _spec_file(tmp_path)
+    assert runner.invoke(app, ["submit", path]).exit_code == 0
+    mem.tick()
+    mem.store.delete(BUCKET, names.spec_key("j"))
+    mem.tick()
+    assert mem.status("j").phase == Phase.CANCELLED and mem.status("j").spec_generation is None
+    assert runner.invoke(app, ["submit", path, "--yes"]).exit_code == 0
+    removed = runner.invoke(app, ["rm", "j"])
+    assert removed.exit_code != 0 and "cancel it first" in removed.output, removed.output
+    assert mem.store.exists(BUCKET, names.spec_key("j"))
+    assert runner.invoke(app, ["cancel", "j"]).output.strip() == "✓ cancel requested for j"
+    mem.tick()
+    assert mem.status("j").phase == Phase.CANCELLED
 
 
 def test_one_wording_for_a_job_that_is_not_there(mem):  # noqa: F811
@@ -228,3 +250,38 @@ def test_a_paused_wait_does_not_count_against_the_bound(monkeypatch):
     finally:
         deadline.stop()
     assert signal.getsignal(signal.SIGALRM) is before
+
+
+def test_an_upload_is_bounded_by_its_size_at_a_slow_uplink_not_by_the_commands_bound(monkeypatch):
+    """A workdir of 40 MiB cannot go up in 30 s on a home uplink: its upload gets the time its size
+    takes at UPLOAD_BYTES_S more than the bound, then a whole bound again."""
+    import signal
+    import time
+
+    from controller.cli import deadline
+
+    monkeypatch.setattr(deadline, "UPLOAD_BYTES_S", 10.0)  # 5 bytes: half a second more
+    deadline.begin(0.3)
+    try:
+        deadline.widened(5 / deadline.UPLOAD_BYTES_S, time.sleep, 0.5)  # past the bound, within the widened one
+        assert 0 < signal.getitimer(signal.ITIMER_REAL)[0] <= 0.3
+        try:
+            deadline.widened(0.1, time.sleep, 1.0)  # past even the widened bound
+        except deadline.Expired as e:
+            assert str(e).startswith("gave up after 0.4 s: ")
+        else:
+            raise AssertionError("the widened bound did not ring")
+    finally:
+        deadline.stop()
+
+
+@pytest.mark.parametrize("value", ["inf", "1e12", "0"])
+def test_a_timeout_of_inf_or_more_than_a_timer_takes_is_no_bound(value):
+    from pathlib import Path
+
+    from controller.cli import deadline
+
+    spec = Path(__file__).parents[2] / "examples" / "llm-finetune.yaml"
+    result = runner.invoke(app, ["--timeout", value, "validate", str(spec)])
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+    assert deadline.given == 0.0

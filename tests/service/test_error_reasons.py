@@ -58,3 +58,16 @@ def test_compute_and_tpu_errors_say_the_reason_without_the_request(adapter):
     assert str(said) == "Invalid value for field 'resource.machineType'"
     gone = adapter.translate(gexc.NotFound(f"GET {url}: The resource was not found"), "us-central1-a")
     assert str(gone) == "The resource was not found"
+
+
+def test_words_after_a_method_name_are_kept():
+    from controller.adapters.reasons import reason
+
+    said = reason(RuntimeError("403 missing permission to GET buckets: storage.buckets.get denied"))
+    assert said == "403 missing permission to GET buckets: storage.buckets.get denied"
+    url = reason(RuntimeError("403 GET https://storage.googleapis.com/storage/v1/b/x/o?a=b: denied"))
+    assert url == "403 denied"
+    local = reason(RuntimeError("503 POST http://127.0.0.1:4443/upload/storage/v1/b/x/o: busy"))
+    assert local == "503 busy"
+    path = reason(RuntimeError("404 GET /compute/v1/projects/p/zones/z/instances/i: not found"))
+    assert path == "404 not found"

@@ -293,3 +293,22 @@ def test_a_running_attempts_boot_ends_at_its_trainers_start_once_a_heartbeat_say
     h.heartbeat("llm", trainer_started=t0 + timedelta(minutes=4))
     h.tick()
     assert [e.event for e in h.status("llm").history].count("training") == 1, "said once"
+
+
+def test_an_attempt_whose_command_never_ran_is_all_boot_not_of_unknown_split():
+    # The agent's exit record for a command it could not start (code download failed: exit 96).
+    import json
+
+    h = Harness()
+    h.submit("llm")
+    h.tick()
+    st = h.status("llm")
+    h.advance(minutes=2)
+    body = {"exit_code": 96, "reason": "code download failed", "instance": names.instance_name("llm", st.attempt),
+            "attempt": st.attempt, "node": 0, "token": h._token("llm", st.attempt, None)}
+    h.store.put(BUCKET, names.exit_key("llm"), json.dumps(body))
+    h.tick()
+    book = h.status("llm").ledger
+    span = next(s for s in book.spans if s.attempt == st.attempt)
+    assert span.end is not None and not span.boot_unknown
+    assert book.totals.unknown_acc_s == 0 and book.totals.boot_acc_s == book.totals.paid_acc_s > 0

@@ -64,7 +64,7 @@ def _cancelled_at_step(h: Harness, spec: str, step: int) -> JobStatus:
 
 def _fresh_save(h: Harness, st: JobStatus, step: int) -> None:
     """What the trainer of a fresh run saves: under its RESPAWN_CHECKPOINT_URI."""
-    prefix = f"run/runs/{st.run}/{step}"
+    prefix = f"run/runs/j/{st.run}/{step}"
     h.store.put(CKPT_BUCKET, f"{prefix}/state.bin", b"w" * 8)
     h.store.put(CKPT_BUCKET, f"{prefix}/commit_success.txt", b"")
 
@@ -125,11 +125,11 @@ def test_fresh_resumes_no_old_checkpoint_at_the_first_attempt_nor_a_later_one(me
     assert fresh.exit_code == 0, fresh.output
     said = " ".join(fresh.output.split())
     assert "starts from scratch; step 809 under gs://ckpts/run is kept, not resumed" in said
-    assert "gs://ckpts/run/runs/<run id>/" in said
+    assert "gs://ckpts/run/runs/j/<run id>/" in said
     mem.advance(seconds=5)
     mem.tick()
     st = mem.status("j")
-    own = f"gs://ckpts/run/runs/{st.run}/"
+    own = f"gs://ckpts/run/runs/j/{st.run}/"
     assert st.fresh and st.checkpoint_uri == own
     first = mem.metadata(st.instances[0])
     assert first["respawn-resume-from"] == "" and first["respawn-checkpoint-uri"] == own
@@ -202,7 +202,7 @@ def test_a_pass_crashing_between_any_two_steps_of_a_fresh_resubmit_still_ends_fr
         mem.advance(seconds=5)
         mem.tick()
     st = mem.status("j")
-    assert st.fresh and st.checkpoint_uri == f"gs://ckpts/run/runs/{st.run}/"
+    assert st.fresh and st.checkpoint_uri == f"gs://ckpts/run/runs/j/{st.run}/"
     assert mem.live("j") == [st.instances[0]]
     assert mem.metadata(st.instances[0])["respawn-resume-from"] == ""
     assert mem.metadata(st.instances[0])["respawn-checkpoint-uri"] == st.checkpoint_uri
@@ -365,3 +365,30 @@ def test_a_vm_left_by_a_removed_job_is_deleted_as_an_orphan(mem, spec):
     mem.tick()
     assert mem.live("j") == [] and "j-1" in mem.compute.deleted
     assert [o.name for o in mem.store.list(BUCKET, "jobs/j/")] == []  # nothing written back
+
+
+def test_two_jobs_sharing_a_checkpoint_uri_begun_fresh_in_the_same_second_get_prefixes_of_their_own(mem):
+    # A sweep: one checkpoint.uri, each job --fresh, all taken up by one pass.
+    doc = spec_doc(checkpoint={"uri": f"gs://{CKPT_BUCKET}/run", "fresh": True})
+    mem.submit("a", doc)
+    mem.submit("b", doc)
+    mem.tick()
+    a, b = mem.status("a"), mem.status("b")
+    assert a.run == b.run  # the same second
+    assert a.checkpoint_uri == f"gs://{CKPT_BUCKET}/run/runs/a/{a.run}/"
+    assert b.checkpoint_uri == f"gs://{CKPT_BUCKET}/run/runs/b/{b.run}/"
+
+
+def test_rm_after_a_fresh_run_says_which_kept_checkpoints_a_new_job_would_resume(mem, spec):
+    _cancelled_at_step(mem, spec, 809)
+    assert _cli("submit", spec, "--fresh").exit_code == 0
+    mem.tick()
+    st = mem.status("j")
+    assert _cli("cancel", "j").exit_code == 0
+    mem.tick()
+    gone = _cli("rm", "j")
+    said = " ".join(gone.output.split())
+    assert gone.exit_code == 0, gone.output
+    assert (f"checkpoints kept under gs://ckpts/run (a new job named j with this checkpoint.uri resumes from them "
+            "unless submitted with --fresh)") in said
+    assert f"checkpoints kept under gs://ckpts/run/runs/j/{st.run}/ (kept, never resumed by a new job)" in said

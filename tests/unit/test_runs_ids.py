@@ -20,8 +20,8 @@ def test_a_run_begun_in_the_same_second_as_an_earlier_one_gets_its_own_id():
 
 
 def test_a_fresh_prefix_is_under_the_specs_and_followed_only_while_it_is():
-    own = fresh_root("gs://b/ckpt/", "20261127-191742")
-    assert own == "gs://b/ckpt/runs/20261127-191742/"
+    own = fresh_root("gs://b/ckpt/", "j", "20261127-191742")
+    assert own == "gs://b/ckpt/runs/j/20261127-191742/"
     assert checkpoint_root("gs://b/ckpt", own) == own
     assert checkpoint_root("gs://b/other", own) == "gs://b/other"  # the spec moved its checkpoints
     assert checkpoint_root("gs://b/ckpt", None) == "gs://b/ckpt"
