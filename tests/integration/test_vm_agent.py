@@ -233,6 +233,18 @@ def test_the_trainer_is_told_its_progress_file_and_notice_and_records_carry_its_
     assert told_notice == str(NOTICE)  # the notice the shutdown script assumes
 
 
+@pytest.mark.parametrize("job, what", [
+    ("fifo", 'mkfifo "$RESPAWN_PROGRESS_FILE"'),  # a read would block for ever
+    ("zero", 'ln -s /dev/zero "$RESPAWN_PROGRESS_FILE"'),  # endless
+    ("huge", 'printf \'{"step": %03000000d}\' 7 > "$RESPAWN_PROGRESS_FILE"'),  # 3 MB of one number
+])
+def test_a_progress_file_that_is_no_file_or_no_json_never_stops_the_heartbeat(gcs, srv, job, what):
+    boot(srv, f"{job}-1", f"{what}; sleep 30")
+    first = until("a heartbeat", lambda: read(gcs, f"jobs/{job}/heartbeat"))
+    newer = until("a newer heartbeat", lambda: (hb := read(gcs, f"jobs/{job}/heartbeat")) and hb["at"] != first["at"] and hb)
+    assert not {"step", "save_s", "upload_s", "saved_step"} & (set(first) | set(newer)), newer
+
+
 def test_the_marker_carries_the_progress_the_trainer_wrote_on_sigterm(gcs, srv):
     saved = '{"step": 77, "step_at": null, "save_s": 1.5, "upload_s": 2.25, "saved_step": 77}'
     boot(srv, "mark-4", f"printf '%s' '{saved}' > saved.json; trap 'cp saved.json \"$RESPAWN_PROGRESS_FILE\"; exit 0' TERM; "

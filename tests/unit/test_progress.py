@@ -152,10 +152,16 @@ def test_the_advice_at_a_relaunch_uses_the_save_the_lost_attempt_reported():
     from controller.core import transitions
     from tests.unit.test_planner import SPEC
 
-    st = said(running_attempt(), 30, "preempted", step=130, save_s=40.0, phase=Phase.RECOVERING)
     ref = CheckpointRef(uri="gs://b/ckpt/step-100/", step=100, saved_at=at(25), write_s=2.0)
-    seeded = transitions.ledger.checkpoint_every(accounting.catch_up(st, SPEC), ref.write_s, 7200.0)
-    assert seeded == pytest.approx(math.sqrt(2 * 40.0 * 26 * 60))  # M: the run's own 26 min RUNNING per loss
+
+    def relaunch(**reported) -> JobStatus:
+        st = said(running_attempt(), 30, "preempted", step=130, phase=Phase.RECOVERING, **reported)
+        return transitions.begin_attempt(st, SPEC, "p", "us-central1-a", ["job-2"], ref, at(31), "preempted", 1,
+                                         "tok", "spot")
+
+    # M: the run's own 26 min RUNNING per loss; C: the reported 40 s write, else GCS's 2 s.
+    assert relaunch(save_s=40.0).checkpoint_every_s == pytest.approx(math.sqrt(2 * 40.0 * 26 * 60))
+    assert relaunch().checkpoint_every_s == pytest.approx(math.sqrt(2 * 2.0 * 26 * 60))
 
 
 @pytest.mark.parametrize("field, value", [("step", -5), ("step", 10**19), ("save_s", math.nan), ("save_s", math.inf),
