@@ -30,9 +30,10 @@ class Run:
 
 
 def run(script: str, env: dict[str, str], sigterm_after: int | None = None, timeout: float = 300,
-        signal_to_send: int = signal.SIGTERM) -> Run:
-    """Run ``script``; with ``sigterm_after``, SIGTERM it (or ``signal_to_send``) once it has printed that step."""
-    process = subprocess.Popen([sys.executable, os.path.join(HERE, script)], env=env, cwd=REPO,
+        signal_to_send: int = signal.SIGTERM, args: tuple[str, ...] = (), cwd: str = REPO) -> Run:
+    """Run ``script`` (under tests/frameworks, or a path) with ``args``; with ``sigterm_after``, SIGTERM it (or
+    ``signal_to_send``) once it has printed that step."""
+    process = subprocess.Popen([sys.executable, os.path.join(HERE, script), *args], env=env, cwd=cwd,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     result, signalled = Run(0), False
     try:

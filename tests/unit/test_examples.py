@@ -1,0 +1,58 @@
+"""Every spec under examples/ is one respawn accepts, and the files its command names are in the code it is
+submitted with (`respawn submit examples/X/spec.yaml --workdir .`: the repository, packed as the CLI packs it)."""
+
+from __future__ import annotations
+
+import io
+import re
+import shlex
+import tarfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from controller.cli import pack
+from controller.core.spec import parse_spec
+from controller.service.config import REPO_ROOT
+
+EXAMPLES = REPO_ROOT / "examples"
+SPECS = sorted(p for p in EXAMPLES.rglob("*") if p.suffix in (".yaml", ".yml", ".json"))
+PACKED_FROM_THE_REPO = ("hf-finetune", "lightning")  # their spec says: --workdir . from the repository's root
+
+
+def test_the_examples_folder_holds_every_spec_this_test_knows_of():
+    names = {p.relative_to(EXAMPLES).as_posix() for p in SPECS}
+    assert {"llm-finetune.yaml", "hf-finetune/spec.yaml", "lightning/spec.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.relative_to(EXAMPLES).as_posix())
+def test_every_example_spec_parses_under_its_own_name(path: Path):
+    raw = path.read_bytes()
+    declared = yaml.safe_load(raw).get("name")
+    job = declared or path.stem
+    if path.name.startswith("spec."):
+        assert declared == path.parent.name, "a spec in its own folder is named after it"
+    spec = parse_spec(raw, job)
+    assert spec.zones and spec.command
+    assert spec.checkpoint is not None and spec.checkpoint.uri.startswith("gs://")
+
+
+@pytest.fixture(scope="module")
+def repo_members() -> set[str]:
+    packed = pack.pack(REPO_ROOT)
+    with tarfile.open(fileobj=io.BytesIO(packed.data), mode="r:gz") as tar:
+        return {m.name.removeprefix("./") for m in tar.getmembers()}
+
+
+@pytest.mark.parametrize("example", PACKED_FROM_THE_REPO)
+def test_the_files_a_kit_example_runs_are_in_the_packed_repository(example: str, repo_members: set[str]):
+    spec = parse_spec((EXAMPLES / example / "spec.yaml").read_bytes(), example)
+    assert spec.code is None, "the code comes from --workdir, not the spec"
+    words = shlex.split(spec.command if isinstance(spec.command, str) else " ".join(spec.command))
+    named = [w for w in words if re.fullmatch(r"(\./)?(examples|respawnkit)(/\S*)?", w)]
+    assert f"examples/{example}/train.py" in named and f"examples/{example}/requirements.txt" in named
+    assert "./respawnkit" in named and "respawnkit/pyproject.toml" in repo_members
+    for word in named:
+        path = word.removeprefix("./")
+        assert path in repo_members or any(m.startswith(path.rstrip("/") + "/") for m in repo_members), word
