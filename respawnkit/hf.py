@@ -18,6 +18,7 @@ Only the world's process zero uploads (its output_dir holds the save).
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from transformers import TrainerCallback
@@ -41,18 +42,25 @@ class RespawnCallback(TrainerCallback):
         # built here, on the main thread, so that SIGTERM is handled from the start
         self.saver = CheckpointSaver(uri, HUGGINGFACE, every_s=every_s, every_steps=every_steps,
                                      max_pending=max_pending, **saver)
+        self._began: float | None = None  # when the Trainer was asked for the save it is writing
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if self.saver.should_save(state.global_step):
             control.should_save = True
         if self.saver.stop_requested:
             control.should_training_stop = True
+        # The Trainer writes its save after the step's callbacks (its own save_steps included, set
+        # by the flow callback before this one) and calls on_save once it is written: its time,
+        # which blocks training, is from here to there, not the copy on_save makes.
+        self._began = time.monotonic() if control.should_save else None
         return control
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if state.is_world_process_zero:
             folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
-            self.saver.save(state.global_step, folder, link=True)  # a new folder each save: links are safe
+            # a new folder each save: links are safe
+            self.saver.save(state.global_step, folder, link=True, began=self._began)
+        self._began = None
         return control
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:

@@ -116,15 +116,17 @@ class CheckpointSaver:
         self.flush(timeout=self._until_hard_off())
         return True
 
-    def save(self, step: int, source: Source, link: bool = False) -> bool:
+    def save(self, step: int, source: Source, link: bool = False, began: float | None = None) -> bool:
         """Write step ``step`` locally now and queue its upload; False when that step is already saved or queued.
 
         ``link``: snapshot a ``source`` folder by hard links instead of copies; only for files the
-        framework never rewrites in place (HuggingFace writes each save to a new folder)."""
+        framework never rewrites in place (HuggingFace writes each save to a new folder).
+        ``began``: when (``time.monotonic()``) the framework began writing a ``source`` folder it
+        wrote itself: the save's time, which blocked training, is counted from there."""
         if self._known(step):
             say(f"step {step} is already saved or queued: not saving it again")
             return False
-        started = time.monotonic()
+        started = time.monotonic() if began is None else min(began, time.monotonic())
         staging = tempfile.mkdtemp(prefix=f"step-{step}-", dir=self._staging_root)
         ready = None
         if callable(source):

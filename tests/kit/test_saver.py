@@ -203,3 +203,16 @@ def test_an_async_write_is_uploaded_once_it_completes(tmp_path) -> None:
         assert saver.flush(10)
     assert store.order == ["step-000000004/late.bin", "step-000000004/_SUCCESS"]
     assert saver.save_s >= 0.3
+
+
+def test_a_folder_the_framework_wrote_counts_its_save_from_when_it_began_not_the_copy(tmp_path) -> None:
+    # HuggingFace's Trainer writes checkpoint-<step>/ itself, then calls on_save: the kit's own
+    # snapshot of it (hard links) takes no time; the save that blocked training began earlier.
+    folder = tmp_path / "checkpoint-7"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"w" * 8)
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": 7}))
+    saver = saver_for(RecordingStore(str(tmp_path / "bucket")), layout=HUGGINGFACE)
+    assert saver.save(7, str(folder), link=True, began=time.monotonic() - 0.4)
+    assert saver.flush(10)
+    assert saver.save_s >= 0.4
