@@ -33,7 +33,7 @@ from controller.cli import deadline, joblogs
 from controller.render.amounts import counted
 from controller.render.text import Trimmed, plain, printable
 from controller.service.config import Settings
-from controller.service.jobs import Jobs, Refused, no_such_job
+from controller.service.jobs import MAX_LIVE_READS, Jobs, Refused, no_such_job
 from controller.cli.joblogs import logs_filter  # noqa: F401 - the query `respawn logs` sends, named for tests
 from controller.core.spec import SpecError, load_document, parse_spec
 from controller.core.state import JobStatus
@@ -298,6 +298,10 @@ def status(
     For one JOB, also its goodput so far and the checkpoint interval advised to its attempt
     (``respawn report`` tells the rest); --json has both for every job (``goodput``, ``checkpoint_every_s``).
 
+    A RUNNING job's STEP is the live one, read from its heartbeat (its trainer's report, with the
+    current attempt's token): for one JOB always, with its latest save's times; for every job, of
+    the first 50 RUNNING jobs only (--json: ``live``, and ``live_unread`` for the rest).
+
     A job whose checkpoints cannot be listed keeps its row, with the reason (``checkpoint_error``
     in --json); the command still exits 0. A JOB that does not exist exits 2.
     """
@@ -315,6 +319,8 @@ def status(
             out.print()
             out.print(history_view.run_line(rows[0]))
             out.print(view.goodput_line(rows[0]))
+            if live := view.live_line(rows[0]):
+                out.print(live)
         for row in rows if every_run else ():
             if row["runs"]:
                 out.print()
@@ -322,7 +328,7 @@ def status(
         if job is not None and rows and rows[0]["zone_advice"]:
             out.print()
             out.print(view.AdviceTable(rows[0]))
-        for note in view.maintenance(rows):
+        for note in [*view.unread(rows), *view.maintenance(rows)]:
             out.print(note)
         for problem in view.problems(rows):
             err.print(problem)
@@ -370,6 +376,8 @@ def _status_rows(job: str | None, every_run: bool = False) -> list[dict[str, obj
         compute.list_managed(config.policy().watched_projects, job).instances
     ids = {i.name: i.id for i in listed}
     now = datetime.now(UTC)
+    # The live step, from each RUNNING job's heartbeat: every job's for one JOB, else a bounded number.
+    lives, unread = jobs.lives(found, None if job is not None else MAX_LIVE_READS)
     rows = []
     for row in found:
         try:  # one job's unreadable checkpoint bucket must not hide every job
@@ -379,7 +387,8 @@ def _status_rows(job: str | None, every_run: bool = False) -> list[dict[str, obj
         except Exception as e:  # noqa: BLE001 - a bug or a hostile tree: this row only, never the command
             checkpoint, problem = None, f"unexpected {type(e).__name__}: {e}"
         rows.append({**row.as_dict(now, ids, checkpoint, problem), **_goodput(row.status, now),
-                     **_run(row.status, every_run)})
+                     **_run(row.status, every_run), "live": lives.get(row.job),
+                     "live_unread": row.job in unread})
     return rows
 
 
@@ -416,15 +425,16 @@ def report(
     from controller.render import report as reporting
 
     status = _job_status(job)
+    live = _jobs().live(job, status)  # while it runs: its trainer's step now, from its heartbeat
     now = datetime.now(UTC)
     if as_json:
-        print(json.dumps(reporting.as_json(job, status, now), indent=2))
+        print(json.dumps(reporting.as_json(job, status, now, live), indent=2))
     else:
-        out.print(reporting.render_text(job, status, now))
+        out.print(reporting.render_text(job, status, now, live))
     for path, kind in ((png, "png"), (html, "html")):
         if path is not None:
             try:
-                reporting.draw(job, status, now, path, kind)
+                reporting.draw(job, status, now, path, kind, live)
             except OSError as e:
                 _fail(f"cannot write {path}: {e.strerror or e}")
             (err if as_json else out).print(_line("✓", "green", f"wrote {path}"), soft_wrap=True)

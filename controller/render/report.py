@@ -31,6 +31,7 @@ from rich.text import Text
 
 from controller.core import checkpoints, ledger
 from controller.render.amounts import dollars
+from controller.render.status_view import live_line
 from controller.render.text import printable
 from controller.core.durations import format_duration, measured
 
@@ -96,8 +97,9 @@ def _percent(share: float | None) -> str:
     return "—" if share is None else f"{share:.1%}"
 
 
-def facts(status: JobStatus, now: datetime) -> list[tuple[str, str]]:
-    """The summary, as (what, figure) lines."""
+def facts(status: JobStatus, now: datetime, live: dict[str, Any] | None = None) -> list[tuple[str, str]]:
+    """The summary, as (what, figure) lines; with ``live`` (``controller.service.jobs.Jobs.live``: the
+    running attempt's heartbeat), the step its trainer is at now and its latest save's times."""
     book, total = status.ledger, ledger.summary(status.ledger, now)
     unit, k = _unit(total.accelerator_hours)
     return [
@@ -116,16 +118,40 @@ def facts(status: JobStatus, now: datetime) -> list[tuple[str, str]]:
         ("losses", f"{total.losses} ({book.totals.platform_losses} of the platform's); mean time between them "
                    f"{human(total.time_between_losses_s)}"),
         ("recoveries", _recoveries(book, total)),
-        ("steps", _steps(total)),
+        ("steps", _steps(total, _now_at(live, now))),
         ("checkpoint", f"advised every {human(status.checkpoint_every_s)} (Young/Daly); {_save(total)}"),
         ("save time from", _save_source(total)),
+        *((("latest save", latest),) if (latest := _latest_save(live, now)) else ()),
     ]
 
 
-def _steps(total: ledger.Summary) -> str:
-    """How far training got and the steps the losses cost, as the trainer reported its steps."""
+def _now_at(live: dict[str, Any] | None, now: datetime) -> str | None:
+    """'now at step 1,734 (reported by the trainer in its heartbeat, 12s ago)', else None."""
+    if not isinstance(live, dict):
+        return None
+    note = live_line({"live": {"step": live.get("step"), "at": live.get("at")}}, now)
+    return note.text if note else None
+
+
+def _latest_save(live: dict[str, Any] | None, now: datetime) -> str | None:
+    """The running attempt's latest save, as its heartbeat says: its write and upload times, the
+    step uploaded (reported by the trainer in its heartbeat, 12s ago); else None."""
+    if not isinstance(live, dict):
+        return None
+    note = live_line({"live": {k: live.get(k) for k in ("save_s", "upload_s", "saved_step", "at")}}, now)
+    return note.text.removeprefix("its last save took ") if note else None
+
+
+def _steps(total: ledger.Summary, now_at: str | None = None) -> str:
+    """How far training got and the steps the losses cost, as the trainer reported its steps;
+    then, while it runs, the step it is at now (its heartbeat's: the ledger's is the last event's)."""
     if total.step is None and not any(n is not None for n in total.steps_lost_each):
-        return "not reported (a trainer using respawnkit reports its step)"
+        return now_at or "not reported (a trainer using respawnkit reports its step)"
+    return _steps_recorded(total) + (f"; {now_at}" if now_at else "")
+
+
+def _steps_recorded(total: ledger.Summary) -> str:
+    """What the ledger holds: the step reached at its last event and the steps each loss cost."""
     known = [n for n in total.steps_lost_each if n is not None]
     text = f"reached step {total.step if total.step is not None else '—'}; {total.steps_lost} lost"
     if total.steps_lost_each:
@@ -197,9 +223,9 @@ def zone_rows(status: JobStatus) -> list[tuple[str, str, str]]:
             for zone in zones]
 
 
-def as_json(job: str, status: JobStatus, now: datetime) -> dict[str, Any]:
+def as_json(job: str, status: JobStatus, now: datetime, live: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"job": job, "run": status.run, "phase": str(status.phase), "checkpoint_every_s": status.checkpoint_every_s,
-            "checkpoint_cost": _cost_json(status.ledger),
+            "checkpoint_cost": _cost_json(status.ledger), "live": live,
             "summary": ledger.summary(status.ledger, now).model_dump(mode="json"),
             "ledger": status.ledger.model_dump(mode="json")}
 
@@ -243,10 +269,10 @@ def _kept_note(status: JobStatus) -> str | None:
 
 # -- the terminal ------------------------------------------------------------------------------
 
-def render_text(job: str, status: JobStatus, now: datetime) -> Group:
+def render_text(job: str, status: JobStatus, now: datetime, live: dict[str, Any] | None = None) -> Group:
     """What ``respawn report`` prints. Every name and message is plain text, escaped."""
     head = Table(show_header=False, title=Text(f"respawn report: {printable(job)}"), title_justify="left")
-    for what, figure in facts(status, now):
+    for what, figure in facts(status, now, live):
         head.add_row(what, Text(printable(figure), overflow="fold"))  # a long word folds, never cut with "…"
     parts: list[Any] = [head, Grid("attempts", ATTEMPT_LAYOUTS, attempt_rows(status, now), _kept_note(status))]
     if losses := loss_rows(status):
@@ -311,7 +337,8 @@ def _cell(row: tuple[str, ...], column: int) -> str:
 
 # -- the picture -----------------------------------------------------------------------------------
 
-def draw(job: str, status: JobStatus, now: datetime, path: Path | str, kind: str | None = None) -> Path:
+def draw(job: str, status: JobStatus, now: datetime, path: Path | str, kind: str | None = None,
+         live: dict[str, Any] | None = None) -> Path:
     """Write the timeline to ``path``: ``kind`` "png", or "html" (the picture embedded, and the summary);
     by default from the path's suffix."""
     path = Path(path)
@@ -319,7 +346,7 @@ def draw(job: str, status: JobStatus, now: datetime, path: Path | str, kind: str
     if kind not in ("png", "html"):
         raise ValueError(f"{path}: a report is a .png or an .html file")
     picture = timeline_png(job, status, now)
-    path.write_bytes(picture if kind == "png" else page(job, status, now, picture).encode())
+    path.write_bytes(picture if kind == "png" else page(job, status, now, picture, live).encode())
     return path
 
 
@@ -491,7 +518,7 @@ def _axes(ax: Axes, lanes: Lanes, title: str) -> None:
 
 # -- the page ------------------------------------------------------------------------------------
 
-def page(job: str, status: JobStatus, now: datetime, picture: bytes) -> str:
+def page(job: str, status: JobStatus, now: datetime, picture: bytes, live: dict[str, Any] | None = None) -> str:
     """A self-contained HTML page: the timeline embedded as a data: URI, then the summary's tables."""
     name = html.escape(printable(job))
     image = base64.b64encode(picture).decode()
@@ -502,7 +529,7 @@ def page(job: str, status: JobStatus, now: datetime, picture: bytes) -> str:
         f"<h1>respawn report: {name}</h1>",
         f'<img alt="timeline of {name}: its attempts by zone" src="data:image/png;base64,{image}">',
         '<h2>summary</h2><table class="facts">',
-        *(f"<tr><th>{_h(what)}</th><td>{_h(figure)}</td></tr>" for what, figure in facts(status, now)),
+        *(f"<tr><th>{_h(what)}</th><td>{_h(figure)}</td></tr>" for what, figure in facts(status, now, live)),
         "</table>", "<h2>attempts</h2>", _html_table(ATTEMPT_COLUMNS, attempt_rows(status, now), _kept_note(status)),
         *(["<h2>losses</h2>", _html_table(LOSS_COLUMNS, losses)] if (losses := loss_rows(status)) else []),
         *(["<h2>losses by zone</h2>", _html_table(ZONE_COLUMNS, zones)] if zones else []),

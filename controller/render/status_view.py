@@ -15,10 +15,17 @@ step   what gives way
 4      the attempt number (the losses say most of it)
 5      the provisioning model beside the zone: ``us-central1-a (spot)`` becomes ``us-central1-a``
 6      the age
-7      the checkpoint
-8      the losses
-9      the zone: job and phase are always drawn
+7      how old the live step is: ``1,234 (12s ago)`` becomes ``1,234``
+8      the live step
+9      the checkpoint
+10     the losses
+11     the zone: job and phase are always drawn
 =====  ===============================================================================
+
+``STEP`` (steps 7 and 8) is drawn only when some row has a live step: the step its trainer
+reported in its current attempt's heartbeat (``controller.service.jobs.Jobs.live``), which
+the CLI reads for at most ``MAX_LIVE_READS`` RUNNING jobs per table; with none, the layouts
+are the others, unchanged.
 
 A zone, a phase, a name is drawn whole or not at all. ``wide`` draws the first layout
 whatever the width (the terminal wraps what does not fit, as ``kubectl get -o wide``).
@@ -72,6 +79,35 @@ def _checkpoint(r: Row) -> Text:
     return plain("unreadable", "yellow") if r.get("checkpoint_error") else plain(r["checkpoint_label"] or "—")
 
 
+def live_step(r: Row, now: datetime, ago: bool = True) -> str | None:
+    """"1,234 (12s ago)": the step the row's ``live`` (its trainer, in its current attempt's
+    heartbeat) reports, and how long before ``now`` GCS got that beat; None without one. The
+    values come from third-party code: anything not of its type is left out, never a crash."""
+    live = r.get("live")
+    step = live.get("step") if isinstance(live, Mapping) else None
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 10**18:
+        return None
+    when = beat_age(live, now)
+    return f"{step:,}" + (f" ({when})" if ago and when else "")
+
+
+def beat_age(live: Mapping[str, Any], now: datetime) -> str | None:
+    """"12s ago" for the beat's ``at``; None when it is no time with its offset."""
+    try:
+        then = datetime.fromisoformat(str(live.get("at")))
+        if then.tzinfo is None:
+            return None
+        age = max(0, math.floor((now - then).total_seconds()))
+    except (ValueError, OverflowError, TypeError):
+        return None
+    return f"{format_duration(timedelta(seconds=age))} ago"
+
+
+def _stamped(rows: Sequence[Row], now: datetime) -> list[Row]:
+    """The rows with their STEP cells' text as of ``now``: one time for the layout and the drawing."""
+    return [{**r, "_step": live_step(r, now, ago=False), "_step_ago": live_step(r, now)} for r in rows]
+
+
 def _age(r: Row) -> Text:
     age = r["age_seconds"]
     return plain(format_duration(timedelta(seconds=int(age))) if isinstance(age, int) else "—")
@@ -91,17 +127,22 @@ COLUMNS: dict[str, tuple[str, Callable[[Row], Text]]] = {
     "instance_id": ("INSTANCE (ID)", lambda r: _instance(r, with_id=True)),
     "instance": ("INSTANCE", lambda r: _instance(r, with_id=False)),
     "checkpoint": ("CHECKPOINT", _checkpoint),
+    "step_ago": ("STEP", lambda r: plain(r.get("_step_ago") or "—")),
+    "step": ("STEP", lambda r: plain(r.get("_step") or "—")),
     "age": ("AGE", _age),
 }
+STEP_KEYS = ("step_ago", "step")
 
 # Widest first; each gives one thing up (module docstring). The first that fits is drawn.
 LAYOUTS: tuple[tuple[str, ...], ...] = (
-    ("job", "phase", "attempt", "preempted", "failed", "zone_model", "instance_id", "checkpoint", "age"),
-    ("job", "phase", "attempt", "preempted", "failed", "zone_model", "instance", "checkpoint", "age"),
-    ("job", "phase", "attempt", "losses", "zone_model", "instance", "checkpoint", "age"),
-    ("job", "phase", "attempt", "losses", "zone_model", "checkpoint", "age"),
-    ("job", "phase", "losses", "zone_model", "checkpoint", "age"),
-    ("job", "phase", "losses", "zone", "checkpoint", "age"),
+    ("job", "phase", "attempt", "preempted", "failed", "zone_model", "instance_id", "checkpoint", "step_ago", "age"),
+    ("job", "phase", "attempt", "preempted", "failed", "zone_model", "instance", "checkpoint", "step_ago", "age"),
+    ("job", "phase", "attempt", "losses", "zone_model", "instance", "checkpoint", "step_ago", "age"),
+    ("job", "phase", "attempt", "losses", "zone_model", "checkpoint", "step_ago", "age"),
+    ("job", "phase", "losses", "zone_model", "checkpoint", "step_ago", "age"),
+    ("job", "phase", "losses", "zone", "checkpoint", "step_ago", "age"),
+    ("job", "phase", "losses", "zone", "checkpoint", "step_ago"),
+    ("job", "phase", "losses", "zone", "checkpoint", "step"),
     ("job", "phase", "losses", "zone", "checkpoint"),
     ("job", "phase", "losses", "zone"),
     ("job", "phase", "zone"),
@@ -154,13 +195,21 @@ def columns(headers: Sequence[str], cells: Sequence[Sequence[Text]]) -> list[Tex
 
 
 def layout(rows: Sequence[Row], width: int, wide: bool = False) -> tuple[str, ...]:
-    """The widest of ``LAYOUTS`` whose lines fit ``width`` (the first with ``wide``)."""
+    """The widest of ``LAYOUTS`` whose lines fit ``width`` (the first with ``wide``); without STEP
+    where no row has a live step (``_stamped`` rows)."""
+    layouts = LAYOUTS if any(r.get("_step") for r in rows) else without_step()
     if wide:
-        return LAYOUTS[0]
-    for keys in LAYOUTS:
+        return layouts[0]
+    for keys in layouts:
         if _width(rows, keys) <= width:
             return keys
-    return LAYOUTS[-1]
+    return layouts[-1]
+
+
+def without_step() -> tuple[tuple[str, ...], ...]:
+    """``LAYOUTS`` with no STEP: each layout the previous one less one thing, as before it had one."""
+    kept = (tuple(k for k in keys if k not in STEP_KEYS) for keys in LAYOUTS)
+    return tuple(dict.fromkeys(kept))
 
 
 def _width(rows: Sequence[Row], keys: Sequence[str]) -> int:
@@ -206,9 +255,10 @@ class StatusView:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width = options.max_width
-        keys = layout(self.rows, width, self.wide)
-        lines = columns([COLUMNS[k][0] for k in keys], [[COLUMNS[k][1](r) for k in keys] for r in self.rows])
         now = self.clock()
+        rows = _stamped(self.rows, now)
+        keys = layout(rows, width, self.wide)
+        lines = columns([COLUMNS[k][0] for k in keys], [[COLUMNS[k][1](r) for k in keys] for r in rows])
         said = [printable(counted_down(r, now)) for r in self.rows]
         room = width - cell_len(EVENT_INDENT)
         events = [wrap(s, room, None if self.wide else EVENT_LINES) for s in said]
@@ -253,7 +303,7 @@ def maintenance(rows: Sequence[Row]) -> list[Note]:
 def watched(rows: Sequence[Row], wide: bool = False, stale: str | None = None,
             clock: Callable[[], datetime] = _utcnow) -> StatusView:
     """What ``--watch`` redraws: the view, its problems under it, and why it is old if a refresh failed."""
-    notes = problems(rows) + ([Note("!", "yellow", f"not refreshed: {stale}")] if stale else [])
+    notes = problems(rows) + unread(rows) + ([Note("!", "yellow", f"not refreshed: {stale}")] if stale else [])
     return StatusView(rows, wide, notes, fit_height=True, clock=clock)
 
 
@@ -280,6 +330,44 @@ def goodput_line(row: Row) -> Note:
     advice = f"checkpoint every {format_duration(timedelta(seconds=round(every)))} advised" \
         if isinstance(every, float | int) else "no checkpoint interval advised yet"
     return Note("", "", f"{text}; {advice} (respawn report {row['job']})")
+
+
+def live_line(row: Row, now: datetime | None = None) -> Note | None:
+    """Under one job's row, while it runs: 'now at step 1,734; its last save took 0.41s to write,
+    5.8s to upload; step 1,700 uploaded (reported by the trainer in its heartbeat, 12s ago)'.
+    None without a live beat. Only values of their type are shown (third-party figures)."""
+    live = row.get("live")
+    if not isinstance(live, Mapping):
+        return None
+    now = now or _utcnow()
+    parts = []
+    if step := live_step(row, now, ago=False):
+        parts.append(f"now at step {step}")
+    save, upload = (live.get(k) for k in ("save_s", "upload_s"))
+    took = [f"{_seconds(v)} to {what}" for v, what in ((save, "write"), (upload, "upload")) if _duration(v)]
+    if took:
+        parts.append(f"its last save took {', '.join(took)}")
+    saved = live.get("saved_step")
+    if isinstance(saved, int) and not isinstance(saved, bool) and 0 <= saved < 10**18:
+        parts.append(f"step {saved:,} uploaded")
+    if not parts:
+        return None
+    when = beat_age(live, now)
+    return Note("", "", "; ".join(parts) + f" (reported by the trainer in its heartbeat{', ' + when if when else ''})")
+
+
+def _duration(value: object) -> bool:
+    """A save's or an upload's seconds worth showing: a number from 0 to a week (never NaN, never inf)."""
+    return isinstance(value, float | int) and not isinstance(value, bool) and 0 <= value <= 7 * 86400
+
+
+def unread(rows: Sequence[Row]) -> list[Note]:
+    """Running jobs whose heartbeats the table did not read (past ``MAX_LIVE_READS``): where to see their step."""
+    n = sum(1 for r in rows if r.get("live_unread") is True)
+    if not n:
+        return []
+    return [Note("", "", f"STEP read for the first running jobs only; {n} more not read "
+                         "(respawn status JOB shows a job's)")]
 
 
 def _progress(total: Mapping[str, Any]) -> str:

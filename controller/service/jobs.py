@@ -9,13 +9,21 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from controller.core import errors, names, placement
+from controller.core import errors, ledger, names, placement
 from controller.core.checkpoints import Found
+from controller.service import fanout
 from controller.service.observe import MAX_STATUS_BYTES, discover
 from controller.core.policy import ControllerPolicy
 from controller.core.ports import BlobStore
 from controller.core.spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec
-from controller.core.state import JobStatus
+from controller.core.state import JobStatus, Phase
+from controller.core.world import MAX_RECORD_BYTES, Record
+
+# ``respawn status`` of every job reads the heartbeats of at most this many RUNNING jobs (the
+# first by name), this many at once: one small read each, never a cost that grows with the fleet.
+# ``respawn status JOB`` and ``respawn report JOB`` always read their job's.
+MAX_LIVE_READS = 50
+LIVE_WORKERS = 8
 
 
 class Refused(Exception):
@@ -149,6 +157,47 @@ class Jobs:
                 kinds.setdefault(ref.job, set()).add(ref.kind)
         return [JobRow(name, self.status(name) if "status" in k else None, "spec" in k, "cancel" in k)
                 for name, k in sorted(kinds.items())]
+
+    def live(self, job: str, status: JobStatus | None) -> dict[str, Any] | None:
+        """How far the current attempt's trainer is, as its heartbeat says (the VM agent folds the
+        trainer's progress file into it, every heartbeat interval): the step, the latest save's
+        write and upload times, the step of its newest uploaded save, and when GCS got the beat.
+
+        The controller writes status.json only on events, so between losses this is the only fresh
+        step; it is read here, by the CLI, never by a pass. Only a RUNNING job's, and only a beat of
+        its current attempt with its token (``Record.belongs_to``); its fields are a trainer's
+        (third-party code) and pass ``Record.parse``'s checks. None where there is nothing to show:
+        no beat, another attempt's, an unreadable one, or one that reports no progress.
+        """
+        if status is None or status.phase != Phase.RUNNING:
+            return None
+        try:
+            blob = self.store.read(self.bucket, names.heartbeat_key(job), limit=MAX_RECORD_BYTES)
+        except errors.RespawnError:  # gone, too large, unreadable: the view goes on without it
+            return None
+        beat = Record.parse(blob.info, blob.data)
+        if not beat.belongs_to(status):
+            return None
+        fields = {"step": beat.step, "saved_step": beat.saved_step, "save_s": beat.save_s, "upload_s": beat.upload_s}
+        if all(value is None for value in fields.values()):
+            return None
+        return {**fields, "at": beat.updated.isoformat(), "source": ledger.SAVE_REPORTED}
+
+    def lives(self, rows: list[JobRow], limit: int | None = MAX_LIVE_READS) -> tuple[dict[str, dict[str, Any]], set[str]]:
+        """``live`` of the RUNNING jobs among ``rows``, the first ``limit`` of them (None: all), read
+        side by side (those with something to show); and the RUNNING jobs left unread."""
+        running = [r for r in rows if r.status is not None and r.status.phase == Phase.RUNNING]
+        read = running if limit is None else running[:limit]
+
+        def one(row: JobRow) -> dict[str, Any] | None:
+            try:
+                return self.live(row.job, row.status)
+            except Exception:  # noqa: BLE001 - a report: one job's odd beat never costs the table
+                return None
+
+        got = fanout.each(read, one, LIVE_WORKERS)
+        return ({r.job: live for r, live in zip(read, got, strict=True) if live is not None},
+                {r.job for r in running[len(read):]})
 
     def checkpoint(self, job: str) -> Found | None:
         """The job's latest complete checkpoint, if its spec names a prefix and it is readable: where
