@@ -73,8 +73,12 @@ sim: $(STAMP)
 FRAMEWORKS := torch==2.13.0 transformers==5.18.0 accelerate==1.15.0 lightning==2.6.6
 JAX := jax==0.10.2 jaxlib==0.10.2 orbax-checkpoint==0.12.8
 JAX_SITE := $(VENV)/jax-site
+# Each integration (plain torch, Lightning, HF, JAX/Orbax) preempted with notice, SIGKILLed mid-upload, and SIGTERMed
+# with too short a notice for its save; `pip check` confirms the framework pins sit with the lock's (the JAX folder
+# is outside the venv's site-packages, so pip check does not see it: its import is the test of it).
 test-frameworks: $(STAMP)
 	$(BIN)/python -m pip install --quiet $(FRAMEWORKS)
+	$(BIN)/python -m pip check
 	[ -d $(JAX_SITE)/orbax ] || $(BIN)/python -m pip install --quiet --target $(JAX_SITE) $(JAX)
 	RESPAWN_FRAMEWORKS=1 RESPAWN_JAX_SITE=$(abspath $(JAX_SITE)) $(BIN)/python -m pytest tests/frameworks
 

@@ -13,7 +13,7 @@ respawn's finder takes as the proof of a whole save::
             break
 
 Untested in this repository's suite unless jax and orbax-checkpoint are installed
-(tests/frameworks/test_jax.py says so).
+(tests/frameworks/test_frameworks.py says so).
 """
 
 from __future__ import annotations

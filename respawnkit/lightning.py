@@ -44,18 +44,26 @@ class RespawnCallback(Callback):
                                      max_pending=max_pending, **saver)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._save_when_due(trainer)
+        if self.saver.stop_requested:
+            self.saver.finish()
+            trainer.should_stop = True
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        # A SIGTERM that came after this callback's on_train_batch_end (in the module's own hook, in validation)
+        # ends the fit with Lightning's SIGTERMException before the next one: the notice's save, at the step
+        # that ended, is made here (once: should_save answers a notice one time).
+        if self.saver.stop_requested:
+            self._save_when_due(trainer)
+        self.saver.finish()
+
+    def _save_when_due(self, trainer: Any) -> None:
         step = trainer.global_step
         if self.saver.should_save(step):
             if trainer.is_global_zero:
                 self.saver.save(step, lambda folder: trainer.save_checkpoint(os.path.join(folder, "save.ckpt")))
             else:
                 trainer.save_checkpoint(os.path.join(self.saver._staging_root, "rank.ckpt"))
-        if self.saver.stop_requested:
-            self.saver.finish()
-            trainer.should_stop = True
-
-    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self.saver.finish()
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self.saver.finish()

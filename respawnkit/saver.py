@@ -114,6 +114,7 @@ class CheckpointSaver:
         if not self.notice.requested:
             return False
         self.flush(timeout=self._until_hard_off())
+        self.progress.update()  # the step it stops at, for the agent's exit record (step updates are throttled)
         return True
 
     def save(self, step: int, source: Source, link: bool = False, began: float | None = None) -> bool:

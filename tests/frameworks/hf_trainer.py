@@ -11,6 +11,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments, set_seed
 
 from respawnkit.hf import RespawnCallback, resume_checkpoint
+from tests.frameworks import uploads
 
 
 class Tokens(torch.utils.data.Dataset):
@@ -39,6 +40,7 @@ class Slow(TrainerCallback):
 
 
 def main() -> int:
+    uploads.install()
     torch.set_num_threads(1)
     work = os.environ["WORK"]
     output = os.path.join(work, "output")

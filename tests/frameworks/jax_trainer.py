@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from respawnkit.jax import OrbaxCheckpointer
+from tests.frameworks import uploads
 
 
 def loss_of(params: dict, x: jax.Array, y: jax.Array) -> jax.Array:
@@ -29,6 +30,7 @@ def train_step(state: dict, step: jax.Array) -> tuple[dict, jax.Array]:
 
 
 def main() -> int:
+    uploads.install()
     state = {"w": jnp.zeros(8), "b": jnp.zeros(()), "m_w": jnp.zeros(8), "m_b": jnp.zeros(())}
     ckpt = OrbaxCheckpointer(every_s=None, every_steps=int(os.environ.get("SAVE_EVERY", "5")))
     state, start = ckpt.resume(state, download_to=os.path.join(os.environ["WORK"], "resume"))

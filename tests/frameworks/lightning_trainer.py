@@ -4,6 +4,7 @@ drawn from the global step (the DataLoader only counts), so a resumed run sees t
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -11,6 +12,7 @@ import lightning as L
 import torch
 
 from respawnkit.lightning import RespawnCallback, resume_checkpoint
+from tests.frameworks import uploads
 
 
 class Model(L.LightningModule):
@@ -26,6 +28,9 @@ class Model(L.LightningModule):
         return loss
 
     def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
+        # Lightning calls this after the callbacks' on_train_batch_end: SIGTERM_SELF_AT puts the notice there
+        if self.global_step == int(os.environ.get("SIGTERM_SELF_AT", "0")):
+            os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(float(os.environ.get("STEP_S", "0")))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -33,6 +38,7 @@ class Model(L.LightningModule):
 
 
 def main() -> int:
+    uploads.install()
     torch.set_num_threads(1)
     L.seed_everything(0, verbose=False)
     callback = RespawnCallback(every_s=None, every_steps=int(os.environ.get("SAVE_EVERY", "5")))

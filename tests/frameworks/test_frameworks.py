@@ -1,27 +1,90 @@
-"""A run preempted with notice (SIGTERM mid-run) resumes at the step it saved, with 0 steps lost and the same
-losses, bit for bit, as a run that was never interrupted; the save is one respawn's finder picks."""
+"""respawnkit's hooks in real framework runs, each integration the same four ways (issue 27's proof):
+
+- preempted with notice (SIGTERM mid-run): it saves at the step it stopped at and resumes there, 0 steps lost;
+- SIGKILLed in the middle of an upload (hung, deterministically, at its save's last object): respawn's finder
+  picks the last fully uploaded save, never the half-uploaded one;
+- SIGTERMed with a notice too short for the measured save: the save is skipped, stderr says so, and the resume is
+  from the previous save;
+- in each, the progress file (RESPAWN_PROGRESS_FILE, what the VM agent puts into its heartbeat) has the step
+  reached and the newest uploaded save,
+
+and every resumed run trains the remaining steps with the losses, bit for bit, of a run never interrupted."""
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass, field
+
 import pytest
 
-from tests.frameworks.harness import kill_and_resume, preempt_and_resume
+from tests.frameworks.harness import (JAX_SITE, REPO, SAVE_EVERY, Run, kill_mid_upload_and_resume,
+                                      preempt_and_resume, skip_and_resume, uninterrupted)
 
 pytestmark = pytest.mark.timeout(600)
 
-
-def test_plain_torch_loop_resumes_from_its_sigterm_save(tmp_path) -> None:
-    preempt_and_resume("torch_trainer.py", tmp_path, steps=20, sigterm_after=7, fmt="dcp")
+STEPS = 20
 
 
-def test_plain_torch_loop_resumes_from_a_periodic_async_save_after_a_kill(tmp_path) -> None:
-    # saves every 5 steps (SAVE_EVERY); killed after step 12, it resumes from step 10's, written while it trained
-    kill_and_resume("torch_trainer.py", tmp_path, steps=20, kill_after=12, saved=10, fmt="dcp")
+@dataclass(frozen=True)
+class Framework:
+    script: str
+    fmt: str  # what respawn's finder calls the saves
+    last_object: str  # the object of a save uploaded last, for step {step}
+    env: dict[str, str] = field(default_factory=dict)
 
 
-def test_lightning_fit_resumes_from_its_sigterm_save(tmp_path) -> None:
-    preempt_and_resume("lightning_trainer.py", tmp_path, steps=20, sigterm_after=7, fmt="files")
+FRAMEWORKS = {
+    "torch": Framework("torch_trainer.py", "dcp", "step-{step:09d}/.metadata"),
+    "lightning": Framework("lightning_trainer.py", "files", "step-{step:09d}.ckpt"),
+    "huggingface": Framework("hf_trainer.py", "huggingface", "checkpoint-{step}/trainer_state.json"),
+    "jax": Framework("jax_trainer.py", "orbax", "{step}/commit_success.txt",
+                     {"JAX_PLATFORMS": "cpu", "PYTHONPATH": f"{REPO}{os.pathsep}{JAX_SITE}"}),
+}
 
 
-def test_huggingface_trainer_resumes_from_its_sigterm_save(tmp_path) -> None:
-    preempt_and_resume("hf_trainer.py", tmp_path, steps=20, sigterm_after=7, fmt="huggingface")
+@pytest.fixture(params=list(FRAMEWORKS))
+def framework(request: pytest.FixtureRequest) -> Framework:
+    if request.param == "jax":
+        assert os.path.isdir(os.path.join(JAX_SITE, "orbax")), f"no jax/orbax under {JAX_SITE}: `make test-frameworks`"
+    return FRAMEWORKS[request.param]
+
+
+@pytest.fixture(scope="session")
+def whole_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+    return {}
+
+
+def whole_run(framework: Framework, whole_runs: dict[str, Run], tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The uninterrupted run's losses, once per framework."""
+    if framework.script not in whole_runs:
+        whole_runs[framework.script] = uninterrupted(framework.script, tmp_path_factory.mktemp("whole"), STEPS,
+                                                     **framework.env)
+    return whole_runs[framework.script]
+
+
+@pytest.fixture
+def whole(framework: Framework, whole_runs: dict[str, Run], tmp_path_factory: pytest.TempPathFactory) -> Run:
+    return whole_run(framework, whole_runs, tmp_path_factory)
+
+
+def test_preempted_with_notice_resumes_at_the_step_it_saved(framework: Framework, whole: Run, tmp_path) -> None:
+    preempt_and_resume(framework.script, tmp_path, STEPS, sigterm_after=7, fmt=framework.fmt, whole=whole,
+                       **framework.env)
+
+
+def test_killed_mid_upload_resumes_from_the_last_whole_save(framework: Framework, whole: Run, tmp_path) -> None:
+    kill_mid_upload_and_resume(framework.script, tmp_path, whole, STEPS, framework.fmt,
+                               framework.last_object.format(step=2 * SAVE_EVERY), **framework.env)
+
+
+def test_a_save_that_cannot_meet_the_deadline_is_skipped_and_said(framework: Framework, whole: Run, tmp_path) -> None:
+    skip_and_resume(framework.script, tmp_path, whole, STEPS, framework.fmt, **framework.env)
+
+
+def test_lightning_saves_for_a_sigterm_that_comes_after_the_callbacks_batch_end(
+        whole_runs: dict[str, Run], tmp_path_factory: pytest.TempPathFactory, tmp_path) -> None:
+    # Lightning raises its SIGTERMException at the end of the step, before the callback's next on_train_batch_end:
+    # the notice's save at that step is made in on_exception (it was lost before)
+    whole = whole_run(FRAMEWORKS["lightning"], whole_runs, tmp_path_factory)
+    preempt_and_resume("lightning_trainer.py", tmp_path, STEPS, sigterm_after=7, fmt="files", whole=whole,
+                       self_sigterm=True, SIGTERM_SELF_AT=7)

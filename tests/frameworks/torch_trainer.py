@@ -9,6 +9,7 @@ import time
 import torch
 
 from respawnkit.torch import Checkpointer
+from tests.frameworks import uploads
 
 
 def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -18,6 +19,7 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def main() -> int:
+    uploads.install()
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
