@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-latest test-frameworks unit demo chaos fuzz bench sim install lock clean
+.PHONY: test test-latest test-frameworks test-browser unit demo chaos fuzz bench sim install lock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -81,6 +81,19 @@ test-frameworks: $(STAMP)
 	$(BIN)/python -m pip check
 	[ -d $(JAX_SITE)/orbax ] || $(BIN)/python -m pip install --quiet --target $(JAX_SITE) $(JAX)
 	RESPAWN_FRAMEWORKS=1 RESPAWN_JAX_SITE=$(abspath $(JAX_SITE)) $(BIN)/python -m pytest tests/frameworks
+
+# The dashboard in a real browser (tests/browser): Debian's headless Chromium, installed with apt when it is
+# missing (as root), driven by Playwright for Python, whose pin goes into the venv. Never `playwright install`: it
+# downloads a browser of its own; the tests launch $(CHROMIUM). Not collected by `make test`. Without a Chromium
+# (not root, no Debian archive) the tests run anyway and fail saying why.
+BROWSER := playwright==1.65.2 greenlet==3.5.6
+CHROMIUM ?= /usr/bin/chromium
+test-browser: $(STAMP)
+	[ -x $(CHROMIUM) ] || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends chromium; } || echo "could not install chromium: see the tests' failure"
+	$(BIN)/python -m pip install --quiet $(BROWSER)
+	$(BIN)/python -m pip check
+	RESPAWN_BROWSER=1 RESPAWN_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest tests/browser
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit
