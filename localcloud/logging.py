@@ -61,6 +61,7 @@ As the API answers:
   exist, the entry is not delivered and the failure is kept in ``sink_errors`` (Google logs a sink
   error and mails the owner; it does not retry a configuration error). Other destinations are
   accepted and deliver nothing here.
+- ``projects.metrics`` create / get / list / update / delete (``LogMetric``): see ``localcloud.logmetrics``.
 - ``system_event(...)``: a Compute Engine System Event audit entry as Google writes one
   (``localcloud.compute`` and ``localcloud.tpu`` write them through ``audit_log`` hooks), shaped
   after public samples of real entries (see its docstring).
@@ -106,6 +107,7 @@ from flask import Flask, Response, request
 from controller.core import audit
 from localcloud import discovery
 from localcloud.host import Host, json_response
+from localcloud.logmetrics import LogMetrics
 from localcloud.http import Server
 from localcloud.tpu_api import STATUS
 from localcloud.metadata import project_number  # the number Compute's metadata gives the project
@@ -117,7 +119,8 @@ if TYPE_CHECKING:
 log = pylogging.getLogger(__name__)
 DOC = "logging.v2"
 SUPPORTED = {"entries": ("list", "write"), "projects.logs": ("list",),
-             "projects.sinks": ("create", "get", "list", "update", "patch", "delete")}
+             "projects.sinks": ("create", "get", "list", "update", "patch", "delete"),
+             "projects.metrics": ("create", "get", "list", "update", "delete")}
 SERIAL_LOG = "serialconsole.googleapis.com%2Fserial_port_1_output"
 SCRIPTS_LOG = "GCEMetadataScripts"
 RUNNER = "google_metadata_script_runner: "  # how the local guest agent marks its own lines (localcloud.vm)
@@ -176,8 +179,13 @@ class _Stored:
         return self.entry["logName"].split("/", 2)[1]
 
 
-class LoggingServer(Server):
+class LoggingServer(LogMetrics, Server):
     name, threads = "logging", 16
+    metric_error = LoggingError  # what LogMetrics raises
+
+    @staticmethod
+    def check_filter(text: str) -> object:
+        return compile_filter(text)
 
     def __init__(self, *, max_entries: int = 200_000, reads_per_minute: int | None = READS_PER_MINUTE,
                  window: float = 60.0, pubsub: PubsubServer | None = None, sink_delay: Delay = SINK_DELAY) -> None:
@@ -199,6 +207,7 @@ class LoggingServer(Server):
         self._routes = discovery.served(DOC, SUPPORTED)
         self._sinks: dict[str, dict[str, dict[str, Any]]] = {}  # project -> sink name -> LogSink
         self._unique: dict[tuple[str, str], bool] = {}  # (project, sink) -> made with uniqueWriterIdentity
+        self._metrics: dict[str, dict[str, dict[str, Any]]] = {}  # project -> name -> LogMetric (localcloud.logmetrics)
         self._router = threading.Condition()
         self._routing: list[tuple[float, int, list[dict[str, Any]]]] = []  # (due, order, entries): a heap
         self._router_thread: threading.Thread | None = None

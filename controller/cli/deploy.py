@@ -2,7 +2,8 @@
 
 The APIs, the control bucket (created if absent, refused if its settings would break respawn),
 the three service accounts, every role deploy/IAM.md marks **(deploy)**, the Logging sink of
-Compute's System Event audit entries and its Pub/Sub topic, the three functions (``tick``,
+Compute's System Event audit entries and its Pub/Sub topic, the log-based metrics of the fleet's
+figures (``deploy/metrics``), the three functions (``tick``,
 ``on_object``, ``on_audit``), the Scheduler job and the VM scripts. Each step says what it does and is safe to run again: it
 creates only what is absent (or treats "already exists" as done) and adds bindings IAM keeps
 once, so a second deploy changes nothing. A failed step names itself; ``--from`` (its number or
@@ -235,6 +236,9 @@ class Step:
     probe: tuple[str, ...] = ()
     check: Callable[[str, Mapping[str, str]], None] | None = field(default=None, compare=False, repr=False)
     check_says: str = ""
+    # Found by ``probe``: run this instead of ``argv`` (an update to respawn's config), not nothing.
+    found_argv: tuple[str, ...] = ()
+    absent_if: tuple[str, ...] = ()  # what ``probe`` says of a thing that is not there (default: _ABSENT)
     secrets: tuple[str, ...] = ()  # values in it never shown (redact)
 
     def render(self, reveal: bool = False) -> str:
@@ -243,7 +247,8 @@ class Step:
         lines = [f"#   {lookup.placeholder} = {shlex.join(lookup.argv)}" + (" (lowercased)" if lookup.lower else "")
                  for lookup in self.lookups]
         if self.probe:
-            lines.append(f"#   if `{shlex.join(self.probe)}` finds it: {self.check_says}; else:")
+            found = shlex.join(self.found_argv) if self.found_argv else self.check_says
+            lines.append(f"#   if `{shlex.join(self.probe)}` finds it: {found}; else:")
         if self.argv:  # each word redacted before quoting: a quote inside a secret splits it apart
             lines.append(shlex.join(self.argv if reveal else [redact(a, self.secrets) for a in self.argv]))
         elif self.request is not None:
@@ -331,6 +336,29 @@ def audit_publisher_argv(project: str, member: str) -> tuple[str, ...]:
 def writer_lookup(project: str) -> Lookup:
     return Lookup(SINK_WRITER, ("gcloud", "logging", "sinks", "describe", AUDIT_SINK, f"--project={project}",
                                 "--format=value(writerIdentity)"))
+
+
+METRICS_DIR = REPO_ROOT / "deploy" / "metrics"
+
+
+def metric_files() -> list[Path]:
+    """The log-based metrics deploy makes (``deploy/metrics/NAME.yaml``: a LogMetric each, the
+    metric's name the file's), reading the figures entries of controller.core.fleet."""
+    return sorted(METRICS_DIR.glob("respawn_*.yaml"))
+
+
+def metric_step(project: str, path: Path) -> Step:
+    """Create the log-based metric ``path`` defines, or, where it exists, update it to that file
+    (gcloud's update sets every top-level field the file has): a metric an older deploy made, or
+    one changed by hand, is brought back; the same file again changes nothing that counts."""
+    name, config = path.stem, f"--config-from-file={path}"
+    return Step(f"metric-{name}", f"create or update the log-based metric {name} ({path.relative_to(REPO_ROOT)})",
+                ("gcloud", "logging", "metrics", "create", name, config, f"--project={project}"),
+                probe=("gcloud", "logging", "metrics", "describe", name, f"--project={project}", "--format=json"),
+                found_argv=("gcloud", "logging", "metrics", "update", name, config, f"--project={project}"),
+                absent_if=("NOT_FOUND", "does not exist"),
+                # created by another deploy between the look and the create: the next deploy updates it
+                done_if=("already exists", "ALREADY_EXISTS", "is the subject of a conflict"))
 
 
 def memory(text: str) -> str:
@@ -529,6 +557,7 @@ def plan(t: Target) -> list[Step]:
                                 "oidc_token": {"service_account_email": t.scheduler_sa, "audience": URL_PLACEHOLDER}},
             },
         }, lookups=(url,)),
+        *(metric_step(t.project, path) for path in metric_files()),
         Step("scripts", "upload the VM scripts, for reference (the controller embeds its own copy)",
              uploads=tuple((p, f"{t.bucket}/respawn/vm/{p.name}") for p in sorted(scripts.glob("*.sh")))),
     ]
@@ -602,11 +631,13 @@ def _carry_out(step: Step, t: Target, run: Runner, sleep: Callable[[float], None
         try:
             description = run(step.probe)
         except subprocess.CalledProcessError as error:
-            if not any(text in f"{error.stderr or ''}{error.stdout or ''}" for text in _ABSENT):
+            if not any(text in f"{error.stderr or ''}{error.stdout or ''}" for text in step.absent_if or _ABSENT):
                 raise
         else:
             if step.check:
                 step.check(description, values)
+            if step.found_argv:
+                _run_step(dataclasses.replace(step, argv=tuple(filled(a) for a in step.found_argv)), run, sleep)
             return
     if step.argv:
         _run_step(dataclasses.replace(step, argv=tuple(filled(a) for a in step.argv)), run, sleep)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from controller.core import errors
+from controller.core import errors, fleet
 from controller.core.audit import AuditEvent
 from controller.service import fanout
 from controller.service.auditfeed import AuditFeed
@@ -24,8 +24,8 @@ from controller.service.notifier import Notifier, Sends
 from controller.core.launch import LaunchContext
 from controller.service.observe import UNEXPECTED, Observer
 from controller.core.planner import plan_job
-from controller.core.state import Phase
-from controller.core.world import JobView
+from controller.core.state import JobStatus, Phase
+from controller.core.world import JobView, World
 
 log = logging.getLogger(__name__)
 MAX_ROUNDS = 5
@@ -51,6 +51,11 @@ class Summary:
     due: dict[str, datetime] = field(default_factory=dict)
     audit_events: int = 0  # System Event entries handed to the pass as evidence
     audit_error: str | None = None  # why the tick could not read them (the pass went on without)
+    # What the pass's commits added to ledgers, and each job's status as it last committed it; a
+    # pass over every job adds the fleet up from them (controller.core.fleet), for the tick's log.
+    changes: list[fleet.Change] = field(default_factory=list)
+    committed: dict[str, JobStatus] = field(default_factory=dict)
+    figures: fleet.Figures | None = None
 
     def merge(self, other: Summary) -> None:
         for job, done in other.jobs.items():
@@ -59,6 +64,8 @@ class Summary:
         self.transient.extend(other.transient)
         self.settling.update(other.settling)
         self.due.update(other.due)
+        self.changes.extend(other.changes)
+        self.committed.update(other.committed)
 
     def add(self, outcome: Outcome) -> None:
         self.jobs.setdefault(outcome.job, []).extend(outcome.done)
@@ -66,6 +73,9 @@ class Summary:
             self.errors[outcome.job] = outcome.error
         if outcome.transient:
             self.transient.append(outcome.job)
+        self.changes.extend(outcome.changes)
+        if outcome.status is not None:
+            self.committed[outcome.job] = outcome.status
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -133,11 +143,24 @@ class Engine:
                     summary.transient.append(name)
             if batch is not None and self.audit is not None:  # only once the pass that used them has ended: see auditfeed
                 self.audit.commit(batch)
+            if job is None and not dry_run:
+                summary.figures = self._figures(world, summary)
         finally:
             if sends is not None:
                 unsent = sends.finish()
                 summary.notices_carried, summary.notices_in_flight = unsent.carried, unsent.in_flight
         return summary
+
+    def _figures(self, world: World, summary: Summary) -> fleet.Figures | None:
+        """Every job's status as the pass left it (its commit, else what it read) added up; a job
+        whose spec has no status yet counts as PENDING. Never the pass's failure: None."""
+        statuses = [summary.committed.get(name) or view.status or JobStatus()
+                    for name, view in world.jobs.items() if view.has_spec or view.status is not None]
+        try:
+            return fleet.figures(statuses, self.clock.now(), summary.changes, unread=len(world.failed))
+        except Exception:  # noqa: BLE001 - figures for people: never a pass's failure
+            log.exception("could not add up the fleet's figures")
+            return None
 
     def plan(self, view: JobView) -> tuple[JobView, list[Action]]:
         """Plan one job; when the plan commits a decision, load the evidence it must rest on

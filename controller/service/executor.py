@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from controller.core import accounting, errors, ledger, names, notify, transitions
+from controller.core import accounting, errors, fleet, ledger, names, notify, transitions
 from controller.core.actions import Action, CreateInstances, DeleteInstance, DeleteRecord, WriteStatus
 from controller.service.notifier import Notifier
 from controller.service.tpuzones import TpuZones
@@ -38,6 +38,10 @@ class Outcome:
     transient: bool = False
     conflict: bool = False  # another pass committed first; it owns this step
     replan: bool = False
+    # What its commits added to the job's ledger (each loss, recovery and stockout, counted once: by
+    # the commit that made it), and the status it last committed (None: it committed none).
+    changes: list[fleet.Change] = field(default_factory=list)
+    status: JobStatus | None = None
 
 
 class Executor:
@@ -243,6 +247,12 @@ class _Chain:
         status = accounting.settle(status.with_ids(self.ids), self.spec)
         info = store.write(bucket, names.status_key(self.job), status.to_json(), if_generation_match=self.generation)
         before, self.status, self.generation, self.wrote = self.status, status, info.generation, True
+        self.outcome.status = status
+        made = fleet.changes(self.job, before, status)
+        self.outcome.changes += made
+        for change in made:  # one entry each: what the log-based metrics count (controller.core.fleet)
+            log.info("%s: %s in %s", change.kind, change.cause or change.job, change.zone,
+                     extra={"json_fields": {**fleet.change_entry(change), "bucket": bucket}})
         if self.tell:
             self.notices += notify.notices(self.job, bucket, before, status, self.spec)
 

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from controller.service import bootstrap, lastpass
-from controller.core import audit, errors, names
+from controller.core import audit, errors, fleet, names
 
 log = logging.getLogger(__name__)
 # Objects whose arrival can change a decision. The controller's own status writes and
@@ -40,12 +40,25 @@ def tick() -> tuple[dict[str, Any], int]:
         log.error("controller misconfigured: %s", e)
         return {"error": str(e)}, 500
     result = summary.as_dict()
+    if summary.figures is not None:
+        log_figures(summary.figures, engine.executor.bucket)
     # respawn/controller.json: when the controller last ran (respawn doctor, respawn status); never fails the tick
     lastpass.write(engine.executor.store, engine.executor.bucket,
                    lastpass.of_summary(result, at, time.monotonic() - started))
     if summary.transient:
         raise errors.TransientError(f"transient errors for {summary.transient}: {summary.errors}")
     return result, 200
+
+
+def log_figures(figures: fleet.Figures, bucket: str) -> None:
+    """The tick's figures entries (controller.core.fleet): one with every figure of the fleet, and one
+    per phase; each names the bucket, so that two controllers in one project chart apart."""
+    entry = fleet.fleet_entry(figures)
+    log.info("fleet: %d jobs, %g accelerators running, $%.2f spent ($%.2f on demand)", entry["jobs"],
+             figures.accelerators_running, figures.cost, figures.on_demand_cost,
+             extra={"json_fields": {**entry, "bucket": bucket}})
+    for phase in fleet.phase_entries(figures):
+        log.info("jobs %s: %d", phase["phase"], phase["jobs"], extra={"json_fields": {**phase, "bucket": bucket}})
 
 
 def on_object(data: dict[str, Any]) -> dict[str, Any] | None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from controller.cli import deploy
@@ -63,6 +64,7 @@ class FakeProject:
         self.topics: set[str] = set()
         self.sinks: dict[str, dict[str, Any]] = {}  # name -> destination, filter, disabled, writerIdentity
         self.jobs: dict[str, Any] = {}
+        self.metrics: dict[str, dict[str, Any]] = {}  # name -> LogMetric, as its config file set it
         self.objects: dict[str, str] = {}
         self.changes: list[str] = []
         self.commands: list[tuple[str, ...]] = []
@@ -223,6 +225,22 @@ class FakeProject:
                 if wanted != sink:
                     self.sinks[name] = wanted
                     self._change(f"update sink {name}")
+                return ""
+            case ["logging", "metrics", "describe", name]:
+                self._need(argv, "logging")
+                if name not in self.metrics:
+                    raise failure(argv, f"NOT_FOUND: Metric {name} does not exist.")
+                return json.dumps({"name": name, **self.metrics[name]})
+            case ["logging", "metrics", ("create" | "update") as verb, name]:
+                self._need(argv, "logging")
+                if (verb == "create") == (name in self.metrics):
+                    raise failure(argv, f"Resource in projects [{PROJECT}] is the subject of a conflict: Metric {name} "
+                                        "already exists" if verb == "create" else f"NOT_FOUND: Metric {name} does not exist.")
+                config = yaml.safe_load(Path(flag("config-from-file")).read_text())
+                wanted = {**self.metrics.get(name, {}), **config}  # gcloud's update sets the file's top-level fields
+                if self.metrics.get(name) != wanted:
+                    self.metrics[name] = wanted
+                    self._change(f"{verb} metric {name}")
                 return ""
             case ["functions", "deploy", name]:
                 self._need(argv, "cloudfunctions", "run", "cloudbuild", "artifactregistry")
@@ -660,3 +678,69 @@ def test_every_gcloud_command_deploy_builds_parses_with_gclouds_own_parser(googl
     bad = subprocess.run(("gcloud", "services", "enable", "run.googleapis.com", "--no-such-flag", "--project=p"),
                          env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
     assert bad.returncode == 2 and "unrecognized arguments" in bad.stderr
+
+
+# -- the log-based metrics of the fleet's figures (deploy/metrics) ------------------------------------------
+
+def test_the_log_based_metrics_are_created_and_one_an_older_deploy_or_a_hand_changed_brought_back(fake):
+    run(fake)
+    files = {p.stem: yaml.safe_load(p.read_text()) for p in deploy.metric_files()}
+    assert set(fake.metrics) == set(files) >= {"respawn_jobs", "respawn_losses", "respawn_recovery_seconds",
+                                               "respawn_goodput", "respawn_cost_dollars"}
+    assert fake.metrics == files
+    fake.metrics["respawn_losses"]["filter"] = 'jsonPayload.respawn_figures="loss"'  # changed by hand
+    fake.changes.clear()
+    run(fake)
+    assert fake.changes == ["update metric respawn_losses"] and fake.metrics == files
+    names = [s.name for s in deploy.plan(target())]
+    assert names.index("apis") < names.index("metric-respawn_jobs")  # the Logging API on first
+
+
+def test_the_dry_run_shows_each_metrics_look_update_and_create(cli):
+    result = cli("--dry-run")
+    assert result.exit_code == 0, result.output
+    path = deploy.METRICS_DIR / "respawn_jobs.yaml"
+    assert (f"#   if `gcloud logging metrics describe respawn_jobs --project={PROJECT} --format=json` finds it: "
+            f"gcloud logging metrics update respawn_jobs --config-from-file={path} --project={PROJECT}; else:\n"
+            f"gcloud logging metrics create respawn_jobs --config-from-file={path} --project={PROJECT}") in result.output
+
+
+def test_iam_md_names_the_role_that_makes_the_metrics():
+    text = IAM_MD.read_text()
+    assert "logging.logMetrics.create" in text and "logging.logMetrics.update" in text
+    assert "roles/logging.configWriter" in text
+
+
+@pytest.mark.skipif(shutil.which("gcloud") is None, reason="gcloud is not installed")
+def test_gcloud_makes_the_metrics_in_the_local_logging_and_a_second_deploy_brings_a_changed_one_back(tmp_path):
+    """The metric steps run for real: gcloud against the Logging stand-in (projects.metrics, its
+    bodies checked against the discovery document's LogMetric). Three of the metrics: a distribution
+    labelled by phase, a counter, a distribution in seconds (test_fleet_metrics puts every file through
+    the same API)."""
+    from localcloud.logging import LoggingServer
+
+    token = tmp_path / "token"
+    token.write_text("not-a-real-token")
+    with LoggingServer() as server:
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "CLOUDSDK_CONFIG": str(tmp_path / "gcloud"),
+               "CLOUDSDK_CORE_DISABLE_PROMPTS": "1", "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE": str(token),
+               "CLOUDSDK_CORE_DISABLE_USAGE_REPORTING": "1", "CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK": "1",
+               "CLOUDSDK_API_ENDPOINT_OVERRIDES_LOGGING": server.endpoint + "/"}
+        gcloud = lambda argv: subprocess.run(argv, env=env, check=True, capture_output=True, text=True,  # noqa: E731
+                                             stdin=subprocess.DEVNULL, timeout=120).stdout
+        steps = [s for s in deploy.plan(target()) if s.name in (
+            "metric-respawn_jobs", "metric-respawn_losses", "metric-respawn_recovery_seconds")]
+        deploy.execute(steps, target(), run=gcloud, say=lambda _: None, sleep=lambda _: None)
+        made = server.metrics(PROJECT)
+        assert set(made) == {"respawn_jobs", "respawn_losses", "respawn_recovery_seconds"}
+        for name, kept in made.items():
+            wanted = yaml.safe_load((deploy.METRICS_DIR / f"{name}.yaml").read_text())
+            assert kept["filter"] == wanted["filter"] and kept.get("valueExtractor") == wanted.get("valueExtractor")
+            assert kept["labelExtractors"] == wanted["labelExtractors"]
+            assert kept["metricDescriptor"]["valueType"] == wanted["metricDescriptor"]["valueType"]
+        losses = made["respawn_losses"]
+        server._metrics[PROJECT]["respawn_losses"] = {**losses, "filter": "severity>=ERROR"}  # changed by hand
+        deploy.execute(steps, target(), run=gcloud, say=lambda _: None, sleep=lambda _: None)
+        again = server.metrics(PROJECT)
+        assert again["respawn_losses"]["filter"] == losses["filter"]
+        assert again["respawn_jobs"]["createTime"] == made["respawn_jobs"]["createTime"]  # updated, not made anew
