@@ -441,6 +441,43 @@ def report(
 
 
 @app.command()
+def dashboard(
+    port: Annotated[int, typer.Option(envvar="RESPAWN_DASHBOARD_PORT", min=0, max=65535,
+                                      help="the port to listen on; 0: a free one (printed)")] = 8642,
+    interval: Annotated[float, typer.Option(envvar="RESPAWN_DASHBOARD_INTERVAL", min=1, metavar="SECONDS",
+                                            help="seconds between refreshes: the pages poll this often, and "
+                                                 "the bucket is read at most this often however many are open")] = 5.0,
+    host: Annotated[str, typer.Option(envvar="RESPAWN_DASHBOARD_HOST", help="the address to listen on; other "
+                                      "than loopback only with --allow-remote")] = "127.0.0.1",
+    allow_remote: Annotated[bool, typer.Option("--allow-remote", help="let --host be an address others can reach "
+                                               "(whoever reaches it can cancel and resubmit jobs)")] = False,
+    no_open: Annotated[bool, typer.Option("--no-open", help="do not open a browser")] = False,
+) -> None:
+    """The fleet and each job in a browser, live: a local web server over the bucket, with cancel
+    and resubmit behind a confirmation, and /metrics for Prometheus.
+
+    It reads what `respawn status` reads, with the same credentials, at most once per --interval
+    however many pages are open. It prints one line, the address it serves at, then serves until
+    Ctrl-C. It listens on 127.0.0.1 only, unless --host names another address and --allow-remote
+    is given: whoever reaches it can cancel jobs."""
+    from controller.dashboard import guard, serving
+
+    deadline.stop()  # it serves until stopped; each read has the adapters' own bounds
+    try:
+        warning = guard.bind_warning(host, allow_remote)
+    except guard.BindRefused as e:
+        _fail(str(e))
+    jobs = _jobs()
+    try:
+        server, url = serving.bind(jobs, host, port, interval, allow_remote)
+    except OSError as e:
+        _fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
+    if warning:
+        err.print(_line("!", "yellow", warning), soft_wrap=True)
+    raise typer.Exit(serving.serve(server, url, open_browser=not no_open))
+
+
+@app.command()
 def history(
     job: Annotated[str, typer.Argument(help="the job whose runs to show")],
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,

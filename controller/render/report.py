@@ -18,7 +18,6 @@ inside ``draw``, so neither ``respawn status`` nor the functions ever load it.
 from __future__ import annotations
 
 import base64
-import html
 import io
 import statistics
 from datetime import datetime, timedelta
@@ -32,7 +31,7 @@ from rich.text import Text
 from controller.core import checkpoints, ledger
 from controller.render.amounts import dollars
 from controller.render.status_view import live_line
-from controller.render.text import printable
+from controller.render.text import html_text, printable
 from controller.core.durations import format_duration, measured
 
 if TYPE_CHECKING:
@@ -520,7 +519,7 @@ def _axes(ax: Axes, lanes: Lanes, title: str) -> None:
 
 def page(job: str, status: JobStatus, now: datetime, picture: bytes, live: dict[str, Any] | None = None) -> str:
     """A self-contained HTML page: the timeline embedded as a data: URI, then the summary's tables."""
-    name = html.escape(printable(job))
+    name = html_text(job)
     image = base64.b64encode(picture).decode()
     zones = zone_rows(status)
     return "\n".join([
@@ -537,7 +536,7 @@ def page(job: str, status: JobStatus, now: datetime, picture: bytes, live: dict[
 
 
 def _h(text: object) -> str:
-    return html.escape(printable(text))
+    return html_text(text)
 
 
 def _html_table(columns: tuple[str, ...], rows: list[tuple[str, ...]], caption: str | None = None) -> str:

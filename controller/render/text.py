@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import io
 import re
 import sys
@@ -26,6 +27,13 @@ def printable(text: object, keep: str = "") -> str:
         return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
 
     return _CONTROL.sub(escaped, str(text))
+
+
+def html_text(text: object) -> str:
+    """User or cloud text in an HTML page, in an element or in a quoted attribute: control
+    characters escaped as ``printable`` writes them, then ``& < > " '`` as entities. The one
+    way respawn writes such text into HTML (the report's page and the dashboard's templates)."""
+    return html.escape(printable(text), quote=True)
 
 
 def plain(text: object, style: str = "") -> Text:

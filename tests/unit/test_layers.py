@@ -10,6 +10,8 @@
 - ``controller/render``: what respawn draws (plain text, the jobs table, the run report), for
   the CLI and the local cloud's demo alike: below both, it imports neither.
 - ``controller/cli``: the ``respawn`` command.
+- ``controller/dashboard``: ``respawn dashboard``'s web server, over the service like the CLI;
+  only the CLI imports it (never the functions), and it imports neither the CLI nor the local cloud.
 
 And no module imports, however indirectly, a module that imports it: each layer only looks down.
 """
@@ -123,3 +125,15 @@ def test_what_respawn_draws_imports_neither_the_cli_nor_the_local_cloud():
     for path in (ROOT / "render").glob("*.py"):
         bad = [m for m in imports(path) if m.startswith(("controller.cli", "localcloud", "controller.service"))]
         assert not bad, f"controller/render/{path.name} imports {bad}"
+
+
+def test_only_the_cli_imports_the_dashboard_and_the_dashboard_imports_no_cli():
+    for path in ROOT.rglob("*.py"):
+        if path.is_relative_to(ROOT / "cli") or path.is_relative_to(ROOT / "dashboard"):
+            continue
+        bad = [m for m in imports(path) if m.startswith("controller.dashboard")]
+        assert not bad, f"{path.relative_to(REPO)} imports {bad}"
+    for path in (ROOT / "dashboard").glob("*.py"):
+        bad = [m for m in imports(path) if m.startswith(("controller.cli", "localcloud"))]
+        assert not bad, f"controller/dashboard/{path.name} imports {bad}"
+    assert not [m for m in imports(REPO / "main.py") if m.startswith("controller.dashboard")]

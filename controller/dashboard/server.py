@@ -1,0 +1,154 @@
+"""The dashboard's web server: Flask routes over the cached ``Fleet`` and the CLI's verbs.
+
+Pages are Jinja templates whose every ``{{ }}`` goes through ``controller.render.text.html_text``
+(the report's escaping: one path for all HTML), JSON escapes ``< > & '`` as ``\\u`` escapes
+so that no value is markup even where a browser sniffs it, and every asset (CSS, JavaScript,
+the timeline's PNG) is served from here. Every request is checked by ``guard.Guard``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from flask import Flask, Response, abort, render_template, request
+from markupsafe import Markup
+
+from controller.core import errors
+from controller.core.spec import SpecError
+from controller.dashboard import metrics, views
+from controller.dashboard.guard import TOKEN_HEADER, Guard
+from controller.dashboard.snapshot import Fleet
+from controller.render.text import html_text
+from controller.service.jobs import Refused
+
+DEFAULT_INTERVAL = 5.0
+
+
+def _escaped(value: object) -> Markup:
+    """Every ``{{ }}`` of the templates: Markup already made safe stays; anything else is text."""
+    return value if isinstance(value, Markup) else Markup(html_text("" if value is None else value))
+
+
+def as_json(data: Any, status: int = 200) -> Response:
+    text = json.dumps(data).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").replace("'", "\\u0027")
+    return Response(text, status=status, mimetype="application/json",
+                    headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})
+
+
+def create_app(fleet: Fleet, guard: Guard, interval: float = DEFAULT_INTERVAL,
+               now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> Flask:
+    app = Flask(__name__)
+    app.jinja_env.finalize = _escaped
+    pictures: dict[str, tuple[int, bytes]] = {}  # job -> (status generation, its timeline PNG)
+    drawing = threading.Lock()
+
+    @app.before_request
+    def _checked() -> Response | None:
+        problem = guard.write_problem(request.headers) if request.method == "POST" else guard.read_problem(request.headers)
+        return as_json({"error": problem}, 403) if problem else None
+
+    @app.after_request
+    def _headers(response: Response) -> Response:
+        response.headers.setdefault("Content-Security-Policy", "default-src 'self'; img-src 'self'; "
+                                    "frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
+        response.headers.setdefault("X-Frame-Options", "DENY")
+        response.headers.setdefault("Referrer-Policy", "no-referrer")
+        return response
+
+    def page(template: str, **context: Any) -> str:
+        return render_template(template, token=guard.token, interval=interval, **context)
+
+    @app.get("/")
+    def fleet_page() -> str:
+        data = views.fleet(fleet.snapshot(), now())
+        return page("fleet.html", data=data, columns=views.COLUMNS, phases=views.PHASES)
+
+    @app.get("/api/jobs")
+    def fleet_json() -> Response:
+        return as_json(views.fleet(fleet.snapshot(), now()))
+
+    def detail(job: str) -> dict[str, Any]:
+        snapshot = fleet.snapshot()
+        view = snapshot.jobs.get(job)
+        if view is None:
+            abort(404)
+        return views.job(view, snapshot, now(), fleet.spec(job))
+
+    @app.get("/jobs/<job>")
+    def job_page(job: str) -> str:
+        return page("job.html", job=detail(job), attempt_columns=views.ATTEMPT_COLUMNS,
+                    loss_columns=views.LOSS_COLUMNS)
+
+    @app.get("/api/jobs/<job>")
+    def job_json(job: str) -> Response:
+        return as_json(detail(job))
+
+    @app.get("/jobs/<job>/timeline.png")
+    def timeline(job: str) -> Response:
+        from controller.render import report
+
+        view = fleet.snapshot().jobs.get(job)
+        if view is None or view.row.status is None:
+            abort(404)
+        with drawing:  # matplotlib's figures are not drawn side by side; one drawing per status written
+            kept = pictures.get(job)
+            if kept is None or kept[0] != view.status_generation:
+                kept = pictures[job] = (view.status_generation, report.timeline_png(job, view.row.status, now()))
+        return Response(kept[1], mimetype="image/png", headers={"Cache-Control": "no-store"})
+
+    @app.post("/api/jobs/<job>/cancel")
+    def cancel(job: str) -> Response:
+        return _act(fleet, lambda: fleet.jobs.cancel(job) or f"cancel requested for {job}")
+
+    @app.post("/api/jobs/<job>/resubmit")
+    def resubmit(job: str) -> Response:
+        body = request.get_json(silent=True) or {}
+        shown = fleet.spec(job)
+        if shown is None:
+            return as_json({"error": f"{job} has no spec to resubmit"}, 409)
+        if body.get("spec_generation") != shown[0]:
+            return as_json({"error": "the spec changed since the page showed it: reload and look again"}, 409)
+
+        def submit() -> str:
+            generation = fleet.jobs.submit(shown[1], job, replace=True)
+            return f"resubmitted {job} with --replace (spec generation {generation})"
+        return _act(fleet, submit)
+
+    @app.get("/metrics")
+    def prometheus() -> Response:
+        return Response(metrics.exposition(fleet.snapshot(), now()), mimetype=None,
+                        headers={"Content-Type": metrics.CONTENT_TYPE})
+
+    @app.get("/favicon.ico")
+    def _icon() -> Response:
+        return Response(status=204)  # none: a browser asks for one; the answer is from here, and empty
+
+    @app.errorhandler(errors.RespawnError)
+    def _unreadable(e: errors.RespawnError) -> Response:
+        # The bucket did not answer (or refused): said, and the page's next poll tries again.
+        return as_json({"error": f"cannot read gs://{fleet.jobs.bucket}: {e or type(e).__name__}"}, 503)
+
+    @app.errorhandler(404)
+    def _missing(_: Exception) -> Response:
+        return as_json({"error": "no such job or page"}, 404)
+
+    return app
+
+
+def _act(fleet: Fleet, action: Callable[[], str]) -> Response:
+    """A verb's outcome as JSON: what was done, or why not (409), or that Google failed (503)."""
+    try:
+        done = action()
+        fleet.expire()
+        return as_json({"message": done})
+    except (Refused, SpecError) as e:
+        return as_json({"error": "; ".join(e.problems) if isinstance(e, SpecError) else str(e)}, 409)
+    except errors.RespawnError as e:
+        return as_json({"error": str(e) or type(e).__name__}, 503)
+
+
+__all__ = ["TOKEN_HEADER", "create_app", "as_json", "DEFAULT_INTERVAL"]

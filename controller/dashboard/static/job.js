@@ -1,0 +1,73 @@
+// A job's page: polls /api/jobs/JOB (phase, tables, history, timeline), and cancel / resubmit behind a dialog.
+"use strict";
+(() => {
+  const main = document.getElementById("job");
+  const dialog = document.getElementById("confirm");
+  const flash = document.getElementById("flash");
+  let pending = null;
+
+  function say(message, bad) {
+    flash.textContent = message;
+    flash.className = bad ? "problem" : "done";
+    flash.hidden = false;
+  }
+
+  function apply(data) {
+    respawn.text(document.getElementById("phase"), data.phase);
+    respawn.text(document.getElementById("attempt"), data.attempt);
+    respawn.text(document.getElementById("updated"), data.updated);
+    const summary = document.querySelector("#summary tbody");
+    summary.replaceChildren(...data.facts.map(([what, figure]) => {
+      const tr = document.createElement("tr");
+      const th = document.createElement("th");
+      th.textContent = what;
+      const td = document.createElement("td");
+      td.textContent = figure;
+      tr.append(th, td);
+      return tr;
+    }));
+    respawn.rows(document.querySelector("#ledger tbody"), data.attempts);
+    respawn.rows(document.querySelector("#losses tbody"), data.losses);
+    const history = document.getElementById("history");
+    history.replaceChildren(...data.history.map((event) => {
+      const li = document.createElement("li");
+      li.textContent = event.text;
+      return li;
+    }));
+    if (String(data.status_generation) !== main.dataset.statusGeneration && data.status_generation) {
+      main.dataset.statusGeneration = String(data.status_generation);
+      document.getElementById("timeline").src = `${main.dataset.timeline}?g=${data.status_generation}`;
+    }
+    main.dataset.specGeneration = data.spec_generation ?? "";
+    respawn.text(document.getElementById("spec"), data.spec ?? "(no spec in the bucket)");
+    document.getElementById("resubmit").disabled = !data.spec;
+  }
+
+  function ask(question, action) {
+    pending = action;
+    document.getElementById("confirm-text").textContent = question;
+    dialog.showModal();
+  }
+
+  const name = document.querySelector("h1").textContent;
+  document.getElementById("cancel").addEventListener("click", () =>
+    ask(`Cancel ${name}? Its VMs are deleted; its checkpoints are kept.`,
+        () => respawn.post(main.dataset.cancel)));
+  document.getElementById("resubmit").addEventListener("click", () =>
+    ask(`Resubmit ${name} with --replace, from the spec shown below?`,
+        () => respawn.post(main.dataset.resubmit, {spec_generation: Number(main.dataset.specGeneration)})));
+  document.getElementById("confirm-no").addEventListener("click", () => { pending = null; dialog.close(); });
+  document.getElementById("confirm-yes").addEventListener("click", async () => {
+    const action = pending;
+    pending = null;
+    dialog.close();
+    if (!action) return;
+    try {
+      const {ok, data} = await action();
+      say(ok ? data.message : data.error, !ok);
+    } catch (error) {
+      say(String(error), true);
+    }
+  });
+  respawn.poll(main.dataset.api, apply, (error) => say(`not refreshed: ${error}`, true));
+})();

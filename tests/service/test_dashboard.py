@@ -1,0 +1,398 @@
+"""``respawn dashboard`` over the in-memory fakes: its pages, JSON and /metrics say every field, escape
+every hostile name, message and zone, read the bucket at a bounded rate however many pages poll,
+refuse a POST from anywhere but its own page, and bind loopback unless told otherwise."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import threading
+import urllib.request
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from typer.testing import CliRunner
+
+from controller.cli.main import app as cli
+from controller.core import names
+from controller.core.ledger import Ledger, Span, Totals
+from controller.core.state import Event, JobStatus, Phase
+from controller.dashboard import guard as guards
+from controller.dashboard import serving
+from controller.dashboard.guard import TOKEN_HEADER, Guard
+from controller.dashboard.server import create_app
+from controller.dashboard.snapshot import Fleet
+from controller.service import bootstrap
+from controller.service.config import Settings
+from controller.service.jobs import Jobs
+from tests.harness import BUCKET, PROJECT, TRAINER, Harness
+
+PORT = 8642
+BASE = f"http://127.0.0.1:{PORT}"
+NOW = datetime(2026, 1, 1, 3, tzinfo=UTC)
+EVIL_JOB = "<img src=x onerror=alert(1)>\"'&"  # no "/": a job is a folder of the bucket
+EVIL_TEXT = "<script>alert(1)</script>"
+EVIL_ZONE = "us-\"central1'-a<b>"
+
+
+class Ticks:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def h() -> Harness:
+    return Harness()
+
+
+def _dashboard(h: Harness, interval: float = 5.0, clock: Ticks | None = None):
+    guard = Guard()
+    guard.bound("127.0.0.1", PORT)
+    fleet = Fleet(Jobs(h.store, BUCKET, h.policy), interval, clock or Ticks(), wall=lambda: NOW)
+    app = create_app(fleet, guard, interval, now=lambda: NOW)
+    return app.test_client(), guard, fleet
+
+
+def _running(h: Harness, job: str = "train") -> None:
+    h.submit(job)
+    h.tick()
+    h.tick()
+    assert h.status(job).phase == Phase.RUNNING
+
+
+def _hostile(h: Harness) -> None:
+    """A job whose name, message, history and zones are all markup."""
+    start = NOW - timedelta(hours=2)
+    span = Span(attempt=1, zone=EVIL_ZONE, model="spot", accelerators=1, per_hour=1.0, on_demand_per_hour=3.0,
+                start=start, inserted=start, running=start + timedelta(minutes=2), end=NOW - timedelta(hours=1),
+                cause="preempted")
+    book = Ledger(spans=(span,), totals=Totals(attempts=1, paid_acc_s=3600, boot_acc_s=120, running_s=3480, cost=1.0,
+                                               on_demand_cost=3.0, losses={EVIL_ZONE: {"preempted": 1}},
+                                               stockouts={EVIL_ZONE: 2}))
+    status = JobStatus(created_at=start, phase=Phase.RECOVERING, attempt=1, zone=EVIL_ZONE, provisioning="spot",
+                       message=EVIL_TEXT, ledger=book,
+                       history=(Event(at=start, event="preempted", attempt=1, detail=EVIL_TEXT),))
+    h.store.put(BUCKET, names.spec_key(EVIL_JOB), "zones: [us-central1-a]")
+    h.store.put(BUCKET, names.status_key(EVIL_JOB), status.to_json())
+
+
+def _job_url(job: str) -> str:
+    from urllib.parse import quote
+
+    return "/jobs/" + quote(job, safe="")
+
+
+# -- the pages say every field ----------------------------------------------------------------------
+
+def test_the_fleet_page_has_one_row_per_job_with_every_cell_and_the_totals(h):
+    _running(h)
+    h.submit("waiting")
+    client, _, _ = _dashboard(h)
+    page = client.get("/", base_url=BASE)
+    assert page.status_code == 200
+    text = page.get_data(as_text=True)
+    assert '<table id="jobs">' in text and '<select id="phase-filter">' in text and 'id="updated"' in text
+    assert '<tr data-job="train"' in text and '<tr data-job="waiting"' in text
+    row = re.search(r'<tr data-job="train".*?</tr>', text, re.S).group()
+    for cell in ("phase", "attempt", "zone", "step", "age", "goodput", "cost", "event"):
+        assert f'<td class="{cell}"' in row, cell
+        assert f'<th data-sort="{cell}"' in text
+    assert ">RUNNING<" in row and "us-central1-a (spot)" in row
+    assert '<option value="">all</option>' in text and '<option value="RUNNING">RUNNING</option>' in text
+    assert '<option value="SUCCEEDED">SUCCEEDED</option>' in text  # every phase, whether a job is in it or not
+    for figure in ("total-running", "total-week", "total-goodput", "total-cost", "total-saved"):
+        assert f'id="{figure}"' in text
+    assert 'href="/static/fleet.js"' not in text and 'src="/static/fleet.js"' in text  # its own asset
+    assert "http://" not in text.replace(BASE, "") and "https://" not in text  # nothing from elsewhere
+
+
+def test_the_fleet_json_has_every_job_its_cells_and_when_it_was_read(h):
+    _running(h)
+    client, _, _ = _dashboard(h)
+    data = client.get("/api/jobs", base_url=BASE).get_json()
+    assert data["updated"] == "2026-01-01T03:00:00Z"
+    (job,) = data["jobs"]
+    assert job["job"] == "train" and job["phase"] == "RUNNING" and job["attempt"] == 1
+    assert set(job["cells"]) == {"phase", "attempt", "zone", "step", "age", "goodput", "cost", "event"}
+    assert data["totals"]["accelerators_running"] == 1  # g2-standard-8: one L4
+    assert set(data["totals"]["text"]) == {"accelerators_running", "accelerator_hours_week", "goodput", "cost", "saved"}
+
+
+def test_fleet_totals_count_preemptions_and_stockouts_by_zone_and_money(h):
+    _hostile(h)
+    client, _, _ = _dashboard(h)
+    totals = client.get("/api/jobs", base_url=BASE).get_json()["totals"]
+    assert totals["zones"] == {EVIL_ZONE: {"preemptions": 1, "stockouts": 2}}
+    assert totals["cost"] == 1.0 and totals["saved"] == 2.0
+    assert totals["accelerator_hours_week"] == 1.0 and totals["accelerators_running"] == 0
+
+
+def test_the_job_page_has_its_timeline_ledger_history_logs_command_and_actions(h):
+    _running(h)
+    client, _, _ = _dashboard(h)
+    text = client.get("/jobs/train", base_url=BASE).get_data(as_text=True)
+    assert "<h1>train</h1>" in text and '<span id="phase" class="phase">RUNNING</span>' in text
+    assert '<img id="timeline"' in text and 'src="/jobs/train/timeline.png?g=' in text
+    assert '<table id="ledger">' in text and "us-central1-a" in re.search(r'<table id="ledger">.*?</table>', text, re.S).group()
+    history = re.search(r'<ol id="history">(.*?)</ol>', text, re.S).group(1)
+    assert history.count("<li>") == len(h.status("train").history) >= 2
+    assert '<code id="logs-command">respawn logs train</code>' in text
+    for element in ('<button id="cancel"', '<button id="resubmit"', '<dialog id="confirm">', '<button id="confirm-yes"',
+                    '<button id="confirm-no"', 'id="flash"'):
+        assert element in text, element
+    assert "g2-standard-8" in re.search(r'<pre id="spec">.*?</pre>', text, re.S).group()
+    picture = client.get("/jobs/train/timeline.png", base_url=BASE)
+    assert picture.status_code == 200 and picture.mimetype == "image/png" and picture.data[:4] == b"\x89PNG"
+
+
+def test_the_job_json_has_its_phase_history_newest_last_and_tables(h):
+    _running(h)
+    client, _, _ = _dashboard(h)
+    data = client.get("/api/jobs/train", base_url=BASE).get_json()
+    assert data["phase"] == "RUNNING" and data["logs_command"] == "respawn logs train"
+    events = [e["event"] for e in data["history"]]
+    assert events == [e.event for e in h.status("train").history]
+    assert data["attempts"] and data["facts"] and data["spec_generation"]
+    assert client.get("/api/jobs/nope", base_url=BASE).status_code == 404
+    assert client.get("/jobs/nope", base_url=BASE).status_code == 404
+
+
+def test_a_bucket_that_does_not_answer_is_a_503_saying_so_and_the_next_poll_reads_again(h):
+    from controller.core import errors
+
+    _running(h)
+    clock = Ticks()
+    client, _, _ = _dashboard(h, clock=clock)
+    real = h.store.list
+    h.store.list = lambda *a, **k: (_ for _ in ()).throw(errors.TransientError("503 from GCS"))
+    failed = client.get("/api/jobs", base_url=BASE)
+    assert failed.status_code == 503 and "503 from GCS" in failed.get_json()["error"]
+    h.store.list = real
+    assert client.get("/api/jobs", base_url=BASE).get_json()["jobs"][0]["job"] == "train"
+
+
+# -- hostile text ----------------------------------------------------------------------------------
+
+def test_hostile_names_messages_and_zones_are_text_on_both_pages_and_in_the_json(h):
+    _hostile(h)
+    client, _, _ = _dashboard(h)
+    fleet = client.get("/", base_url=BASE).get_data(as_text=True)
+    job = client.get(_job_url(EVIL_JOB), base_url=BASE)
+    assert job.status_code == 200
+    page = job.get_data(as_text=True)
+    for text in (fleet, page):
+        assert "<script>alert" not in text and "<img src=x" not in text and '-"central1' not in text
+        assert "&lt;img src=x onerror=alert(1)&gt;&quot;&#x27;&amp;" in text
+        assert "us-&quot;central1&#x27;-a&lt;b&gt;" in text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page  # the message and the history's detail
+    assert page.count("<li>") == 1
+    for raw in (client.get("/api/jobs", base_url=BASE).data, client.get(_job_url(EVIL_JOB).replace("/jobs", "/api/jobs"),
+                                                                         base_url=BASE).data):
+        assert b"<" not in raw and b">" not in raw and b"'" not in raw  # \u003c...: never markup, even sniffed
+        data = json.loads(raw)
+    assert data["job"] == EVIL_JOB and data["message"] == EVIL_TEXT and data["zone"] == EVIL_ZONE
+
+
+def test_the_report_and_the_dashboard_escape_through_one_helper():
+    from controller.render import report
+    from controller.render.text import html_text
+
+    assert report._h(EVIL_TEXT) == html_text(EVIL_TEXT) == "&lt;script&gt;alert(1)&lt;/script&gt;"
+    assert html_text("a\x1b[31m\"'") == "a\\x1b[31m&quot;&#x27;"
+
+
+# -- the bucket read at a bounded rate ----------------------------------------------------------------
+
+def _reads(h: Harness) -> list[tuple[str, str]]:
+    return [c for c in h.store.calls if c[0] in ("read", "list", "stat")]
+
+
+def test_many_pages_polling_cost_one_refresh_per_interval_and_reads_only_what_changed(h):
+    _running(h)
+    h.heartbeat("train")
+    clock = Ticks()
+    client, _, _ = _dashboard(h, interval=5.0, clock=clock)
+    h.store.calls.clear()
+    client.get("/api/jobs", base_url=BASE)
+    first = len(_reads(h))
+    assert first >= 2  # the listing and the job's status, at least
+    for _ in range(20):  # twenty pages poll within the interval: nothing more is read
+        client.get("/api/jobs", base_url=BASE)
+        client.get("/api/jobs/train", base_url=BASE)
+    assert len(_reads(h)) == first + 1  # the spec, once, for the job page
+    h.store.calls.clear()
+    for _ in range(6):  # half a minute of polls on a quiet fleet: one listing per interval, no read
+        clock.t += 5
+        client.get("/api/jobs", base_url=BASE)
+        client.get("/api/jobs/train", base_url=BASE)
+    assert _reads(h) == [("list", names.JOBS_PREFIX)] * 6
+    h.heartbeat("train")  # its VM beat: that heartbeat is read again, nothing else
+    h.store.calls.clear()  # (the harness read the status to write it)
+    clock.t += 5
+    client.get("/api/jobs", base_url=BASE)
+    assert _reads(h) == [("list", names.JOBS_PREFIX), ("read", names.heartbeat_key("train"))]
+
+
+def test_a_changed_status_is_read_and_shown_at_the_next_refresh(h):
+    _running(h)
+    clock = Ticks()
+    client, _, _ = _dashboard(h, clock=clock)
+    assert client.get("/api/jobs/train", base_url=BASE).get_json()["phase"] == "RUNNING"
+    h.marker("train")
+    h.tick()
+    assert client.get("/api/jobs/train", base_url=BASE).get_json()["phase"] == "RUNNING"  # within the interval
+    clock.t += 5
+    data = client.get("/api/jobs/train", base_url=BASE).get_json()
+    assert data["phase"] != "RUNNING" and "preempted" in [e["event"] for e in data["history"]]
+
+
+# -- who may act -------------------------------------------------------------------------------------
+
+def _post(client, guard: Guard, path: str, **headers):
+    sent = {TOKEN_HEADER: guard.token, "Origin": BASE, **headers}
+    return client.post(path, base_url=BASE, headers={k: v for k, v in sent.items() if v is not None}, json={})
+
+
+def test_cancel_with_the_pages_token_cancels(h):
+    _running(h)
+    client, guard, _ = _dashboard(h)
+    page = client.get("/jobs/train", base_url=BASE).get_data(as_text=True)
+    assert f'<meta name="respawn-token" content="{guard.token}">' in page
+    done = _post(client, guard, "/api/jobs/train/cancel")
+    assert done.status_code == 200 and done.get_json()["message"] == "cancel requested for train"
+    assert h.store.exists(BUCKET, names.cancel_key("train"))
+    h.tick()
+    assert h.status("train").phase == Phase.CANCELLED
+
+
+@pytest.mark.parametrize("headers, why", [
+    ({TOKEN_HEADER: None}, "token"),
+    ({TOKEN_HEADER: "guessed"}, "token"),
+    ({"Origin": "http://evil.example"}, "Origin"),
+    ({"Origin": "null"}, "Origin"),
+    ({"Host": "evil.example:8642"}, "Host"),  # DNS rebinding: a foreign name that resolves to 127.0.0.1
+])
+def test_a_post_without_the_token_from_a_foreign_origin_or_host_is_refused(h, headers, why):
+    _running(h)
+    client, guard, _ = _dashboard(h)
+    refused = _post(client, guard, "/api/jobs/train/cancel", **headers)
+    assert refused.status_code == 403 and why in refused.get_json()["error"]
+    assert not h.store.exists(BUCKET, names.cancel_key("train"))
+
+
+def test_a_read_under_a_foreign_host_name_is_refused(h):
+    _running(h)
+    client, _, _ = _dashboard(h)
+    for path in ("/", "/api/jobs", "/jobs/train", "/metrics"):
+        assert client.get(path, base_url="http://evil.example:8642").status_code == 403, path
+    assert client.get("/", base_url=f"http://localhost:{PORT}").status_code == 200
+
+
+def test_resubmit_replaces_the_spec_shown_and_refuses_one_changed_since(h):
+    _running(h)
+    client, guard, fleet = _dashboard(h)
+    shown = client.get("/api/jobs/train", base_url=BASE).get_json()["spec_generation"]
+    stale = client.post("/api/jobs/train/resubmit", base_url=BASE, json={"spec_generation": shown - 1},
+                        headers={TOKEN_HEADER: guard.token})
+    assert stale.status_code == 409 and "changed" in stale.get_json()["error"]
+    done = client.post("/api/jobs/train/resubmit", base_url=BASE, json={"spec_generation": shown},
+                       headers={TOKEN_HEADER: guard.token})
+    assert done.status_code == 200 and "--replace" in done.get_json()["message"]
+    assert h.store.read(BUCKET, names.spec_key("train")).info.generation != shown
+    h.cancel("train")  # a pending cancel is not revoked by a resubmit: said, as `respawn submit` says it
+    fresh = client.get("/api/jobs/train", base_url=BASE).get_json()["spec_generation"]
+    refused = client.post("/api/jobs/train/resubmit", base_url=BASE, json={"spec_generation": fresh},
+                          headers={TOKEN_HEADER: guard.token})
+    assert refused.status_code == 409 and "pending cancel" in refused.get_json()["error"]
+
+
+# -- binding ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "127.0.0.2"])
+def test_a_loopback_address_binds_without_a_warning(host):
+    assert guards.bind_warning(host, allow_remote=False) is None
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.5", "::", "example.com"])
+def test_another_address_needs_allow_remote_and_is_warned_of(host):
+    with pytest.raises(guards.BindRefused, match="--allow-remote"):
+        guards.bind_warning(host, allow_remote=False)
+    assert "cancel" in guards.bind_warning(host, allow_remote=True)
+
+
+def test_the_command_refuses_a_remote_host_without_allow_remote(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    h = Harness()
+    bootstrap.override(None, Settings(bucket=BUCKET, project=PROJECT, trainer_service_account=TRAINER), h.store, h.compute)
+    try:
+        result = CliRunner().invoke(cli, ["dashboard", "--host", "0.0.0.0", "--no-open", "--port", "0"])
+    finally:
+        bootstrap.override(None)
+    assert result.exit_code == 2 and "--allow-remote" in result.output
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
+def test_the_server_prints_one_line_with_the_port_it_got_answers_and_stops_on_a_signal(h, signum, code):
+    server, url = serving.bind(Jobs(h.store, BUCKET, h.policy), "127.0.0.1", 0, 5.0, remote=False)
+    port = server.server_port
+    assert port and url == f"http://127.0.0.1:{port}/"
+    answers: list[int] = []
+
+    def client() -> None:
+        try:
+            with urllib.request.urlopen(url + "api/jobs", timeout=10) as answer:
+                answers.append(answer.status)
+        finally:
+            os.kill(os.getpid(), signum)
+
+    threading.Timer(0.3, client).start()
+    out = io.StringIO()
+    assert serving.serve(server, url, open_browser=False, out=out) == code
+    assert out.getvalue() == f"dashboard at http://127.0.0.1:{port}/\n" and answers == [200]
+
+
+def test_the_command_prints_exactly_one_line_and_exits_0_on_sigterm(monkeypatch):
+    h = Harness()
+    _running(h)
+    opened: list[str] = []
+    monkeypatch.setattr("webbrowser.open", opened.append)
+    bootstrap.override(None, Settings(bucket=BUCKET, project=PROJECT, trainer_service_account=TRAINER), h.store, h.compute)
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    try:
+        result = CliRunner().invoke(cli, ["dashboard", "--port", "0", "--no-open", "--interval", "2"])
+    finally:
+        bootstrap.override(None)
+    assert result.exit_code == 0, result.output
+    assert re.fullmatch(r"dashboard at http://127\.0\.0\.1:[1-9][0-9]*/\n", result.output), result.output
+    assert opened == []
+
+
+# -- /metrics --------------------------------------------------------------------------------------
+
+def test_metrics_parse_with_prometheus_clients_parser_and_say_the_fleets_figures(h):
+    _running(h)
+    _hostile(h)
+    client, _, _ = _dashboard(h)
+    answer = client.get("/metrics", base_url=BASE)
+    assert answer.status_code == 200 and answer.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    families = {f.name: f for f in text_string_to_metric_families(answer.get_data(as_text=True))}
+    assert all(name.startswith("respawn_") for name in families)
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
+    assert samples[("respawn_jobs", (("phase", "RUNNING"),))] == 1
+    assert samples[("respawn_jobs", (("phase", "RECOVERING"),))] == 1
+    assert samples[("respawn_preemptions_total", (("zone", EVIL_ZONE),))] == 1
+    assert samples[("respawn_stockouts_total", (("zone", EVIL_ZONE),))] == 2
+    assert samples[("respawn_accelerators_running", ())] == 1
+    assert samples[("respawn_cost_dollars", ())] >= 1.0 and samples[("respawn_saved_dollars", ())] >= 2.0
+    assert ("respawn_recovery_seconds_count", ()) in samples and ("respawn_recovery_seconds_sum", ()) in samples
+    assert ("respawn_job_goodput_ratio", (("job", EVIL_JOB),)) in samples
+    assert "respawn_goodput_ratio" in families and "respawn_accelerator_hours_week" in families
