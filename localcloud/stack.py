@@ -12,6 +12,7 @@ identity); ``roles/pubsub.publisher`` on the topic for the sink's writer identit
 subscription Eventarc makes for a Pub/Sub-triggered gen2 function, to ``on_audit`` in CloudEvents
 mode. Compute and Cloud TPU write their System Event audit entries into Cloud Logging whether or
 not it is on (the tick reads them with ``entries.list``); off, no sink routes them to ``on_audit``.
+The log-based metrics of the fleet's figures (``deploy/metrics``) are made in its Logging too.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 from urllib.parse import quote
 
 import requests
+import yaml
 
 from controller.cli.deploy import AUDIT_SINK, AUDIT_TIMEOUT, AUDIT_TOPIC
 from controller.core.audit import sink_filter
@@ -131,6 +133,7 @@ class LocalCloud:
                 self._functions[target] = self._serve(target)
             if o.audit:
                 self._deploy_audit()
+            self._deploy_metrics()
             self.watcher = Watcher(self.storage, o.bucket, self.function_url("on_object"),
                                    prefixes=("jobs/", "preempted-jobs/")).start()
             self.ticker = Ticker(self.function_url("tick"), o.tick_interval).start()
@@ -167,6 +170,14 @@ class LocalCloud:
     def audit_subscription(self) -> str:
         """The push subscription Eventarc would make for on_audit's Pub/Sub trigger."""
         return f"projects/{self.options.project}/subscriptions/eventarc-{self.options.region}-on-audit"
+
+    def _deploy_metrics(self) -> None:
+        """The log-based metrics of the fleet's figures (``deploy/metrics``), as ``respawn deploy`` makes
+        them on Google, through Logging's REST API (``projects.metrics.update`` creates an absent one)."""
+        assert self.logging is not None
+        for path in sorted((REPO_ROOT / "deploy" / "metrics").glob("respawn_*.yaml")):
+            requests.put(f"{self.logging.endpoint}/v2/projects/{self.options.project}/metrics/{path.stem}",
+                         json=yaml.safe_load(path.read_text()), timeout=10).raise_for_status()
 
     def _deploy_audit(self) -> None:
         """The audit path, as ``respawn deploy`` makes it on Google, through the servers' REST APIs:

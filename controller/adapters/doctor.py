@@ -100,6 +100,17 @@ class GoogleApis:
         with self._api("logging", "v2", self.config.logging_endpoint, full) as api:
             return api.projects().sinks().get(sinkName=full).execute(num_retries=1)
 
+    def log_metrics(self, project: str) -> Mapping[str, Mapping[str, Any]]:
+        """Every log-based metric of ``project`` by name (``projects.metrics.list``, every page)."""
+        parent, found, token = f"projects/{project}", {}, None
+        with self._api("logging", "v2", self.config.logging_endpoint, f"{parent}/metrics") as api:
+            while True:
+                page = api.projects().metrics().list(parent=parent, pageToken=token).execute(num_retries=1)
+                found.update({m["name"].rpartition("/")[2]: m for m in page.get("metrics") or []})
+                token = page.get("nextPageToken")
+                if not token:
+                    return found
+
     def topic(self, project: str, name: str) -> Mapping[str, Any]:
         full = f"projects/{project}/topics/{name}"
         with self._api("pubsub", "v1", self.config.pubsub_endpoint, full) as api:

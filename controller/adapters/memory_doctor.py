@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import yaml
+
 from controller.cli import deploy
 from controller.core import audit, errors
 from controller.core.quotas import QuotaUse
@@ -39,6 +41,7 @@ class MemoryProject:
     functions: dict[str, dict[str, Any]] = field(default_factory=dict)
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     sinks: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> Logging v2 LogSink
+    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> Logging v2 LogMetric
     topics: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # topic id -> its policy's bindings
     record: lastpass.LastPass | None = None
     quota_table: dict[str, dict[str, QuotaUse]] = field(default_factory=dict)  # region -> metric -> use
@@ -88,6 +91,7 @@ class MemoryProject:
         me.sinks = {deploy.AUDIT_SINK: {"name": deploy.AUDIT_SINK, "destination": deploy.audit_destination(project),
                                         "filter": audit.sink_filter(project), "writerIdentity": writer}}
         me.topics = {deploy.AUDIT_TOPIC: [{"role": "roles/pubsub.publisher", "members": [writer]}]}
+        me.metrics = {path.stem: {"name": path.stem, **yaml.safe_load(path.read_text())} for path in deploy.metric_files()}
         me.jobs = {deploy.TICK: {"name": f"{base}/jobs/{deploy.TICK}", "state": "ENABLED", "schedule": "* * * * *",
                                  "status": {}, "lastAttemptTime": now.isoformat()}}
         me.record = lastpass.LastPass(now, 0.7, 2, 1, 0)
@@ -163,6 +167,10 @@ class MemoryProject:
         if project != self.project_id or name not in self.sinks:
             raise errors.NotFound(f"projects/{project}/sinks/{name}")
         return copy.deepcopy(self.sinks[name])
+
+    def log_metrics(self, project: str) -> Mapping[str, Mapping[str, Any]]:
+        self._call("log_metrics")
+        return copy.deepcopy(self.metrics) if project == self.project_id else {}
 
     def topic(self, project: str, name: str) -> Mapping[str, Any]:
         self._call("topic")

@@ -5,7 +5,8 @@ The checks read what ``respawn deploy`` makes (controller.cli.deploy) and compar
 the APIs respawn needs, the control bucket and its IAM, the three functions, the Scheduler job,
 the controller's last pass (``respawn/controller.json``), the IAM bindings, and the audit path
 (the Logging sink of Compute's System Event audit entries, its filter, its Pub/Sub topic, the
-sink's right to publish there, the controller's right to read those entries); with a SPEC, also
+sink's right to publish there, the controller's right to read those entries), the log-based metrics
+of the fleet's figures (``deploy/metrics``); with a SPEC, also
 that spec's GPU quotas in each of its regions, its boot image and its service account.
 
 Checks are independent: each calls its own APIs (``Apis``, a port: Google's in
@@ -66,6 +67,7 @@ class Apis(Protocol):
     def function(self, project: str, region: str, name: str) -> Mapping[str, Any]: ...  # Cloud Functions v2
     def scheduler_job(self, project: str, region: str, name: str) -> Mapping[str, Any]: ...  # Cloud Scheduler v1
     def sink(self, project: str, name: str) -> Mapping[str, Any]: ...  # Logging v2 LogSink
+    def log_metrics(self, project: str) -> Mapping[str, Mapping[str, Any]]: ...  # Logging v2 LogMetrics by name
     def topic(self, project: str, name: str) -> Mapping[str, Any]: ...  # Pub/Sub v1 Topic
     def topic_policy(self, project: str, name: str) -> Sequence[Mapping[str, Any]]: ...  # its bindings
     def last_pass(self, bucket: str) -> lastpass.LastPass | None: ...
@@ -371,6 +373,24 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
                      f"gcloud projects add-iam-policy-binding {p} --member={controller} --role=roles/logging.viewer "
                      "--condition=None")
 
+    def log_metrics() -> str:
+        """The log-based metrics of the fleet's figures (deploy/metrics), each there with respawn's filter
+        and extractors (the controller runs without them; Cloud Monitoring then has no fleet figures)."""
+        import yaml
+
+        found = apis.log_metrics(p)
+        wanted = {path.stem: yaml.safe_load(path.read_text()) for path in deploy.metric_files()}
+        missing = [name for name in wanted if name not in found]
+        changed = [name for name in wanted if name in found and any(
+            found[name].get(key) != wanted[name].get(key) for key in ("filter", "valueExtractor", "labelExtractors"))]
+        if missing or changed:
+            said = "; ".join([*([f"missing: {', '.join(missing)}"] if missing else []),
+                              *([f"not respawn's (filter or extractors): {', '.join(changed)}"] if changed else [])])
+            first = (missing or changed)[0]
+            raise Failed(f"{said}: Cloud Monitoring has no figures of the fleet from them",
+                         f"{t.deploy_from(f'metric-{first}')}  # creates or updates every metric from there")
+        return f"{len(wanted)} log-based metrics of the fleet's figures ({', '.join(sorted(wanted))})"
+
     def scheduler() -> str:
         job = deploy.TICK
         where = f"--location={r} --project={p}"
@@ -427,6 +447,7 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
         (f"audit sink {deploy.AUDIT_SINK}", audit_sink),
         ("audit sink may publish", audit_publisher),
         ("controller reads audit logs", audit_reader),
+        ("log-based metrics", log_metrics),
         (f"scheduler job {deploy.TICK}", scheduler),
         ("controller last ran", last_pass),
     ]

@@ -153,3 +153,24 @@ def test_the_audit_sink_its_topic_and_the_topic_s_policy_read_through_google_s_c
     finally:
         logging_.stop()
         pubsub.stop()
+
+
+def test_the_log_based_metrics_read_through_google_s_client():
+    """respawn doctor's read of the metrics deploy makes (projects.metrics.list), from the
+    local Logging, where they are made as the Logging API makes them (update creates an absent one)."""
+    import yaml
+
+    from localcloud.logging import LoggingServer
+
+    with LoggingServer() as logging_:
+        apis = GoogleApis(Settings(project=PROJECT, bucket=BUCKET, compute_endpoint="http://127.0.0.1:9",
+                                   logging_endpoint=logging_.endpoint), timeout=10)
+        assert apis.log_metrics(PROJECT) == {}
+        for path in deploy.metric_files():
+            requests.put(f"{logging_.endpoint}/v2/projects/{PROJECT}/metrics/{path.stem}",
+                         json=yaml.safe_load(path.read_text()), timeout=5).raise_for_status()
+        found = apis.log_metrics(PROJECT)
+        assert set(found) == {p.stem for p in deploy.metric_files()}
+        jobs = found["respawn_jobs"]
+        assert jobs["valueExtractor"] == "EXTRACT(jsonPayload.jobs)"
+        assert jobs["metricDescriptor"]["type"] == "logging.googleapis.com/user/respawn_jobs"

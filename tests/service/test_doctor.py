@@ -108,6 +108,8 @@ BREAKS: dict[str, tuple[Callable[[MemoryProject], None], str, str]] = {
     "audit sink may publish": (lambda p: p.topics[deploy.AUDIT_TOPIC].clear(), f"{WRITER} may not publish",
                                f"gcloud pubsub topics add-iam-policy-binding respawn-audit --member={WRITER} "
                                f"--role=roles/pubsub.publisher --project={PROJECT}"),
+    "log-based metrics": (lambda p: p.metrics.pop("respawn_losses"), "missing: respawn_losses",
+                          f"{DEPLOY_FROM} metric-respawn_losses"),
     "controller reads audit logs": (lambda p: p.project_bindings.pop(1), "may not read",
                                     f"gcloud projects add-iam-policy-binding {PROJECT} "
                                     f"--member=serviceAccount:{CONTROLLER} --role=roles/logging.viewer --condition=None"),
@@ -127,6 +129,15 @@ def test_each_check_fails_alone_on_its_own_breakage_and_names_its_fix(name):
 
 def test_the_breaks_cover_every_deployment_check_but_the_bucket_s_and_the_topic_s_own():
     assert set(BREAKS) | {"bucket", f"audit topic {deploy.AUDIT_TOPIC}"} == set(DEPLOYMENT)
+
+
+def test_a_metric_changed_by_hand_fails_naming_it_and_every_metric_passes_when_deployed():
+    assert "8 log-based metrics of the fleet's figures" in run(healthy())["log-based metrics"].detail
+    p = healthy()
+    p.metrics["respawn_jobs"]["filter"] = "severity>=ERROR"
+    found = run(p)["log-based metrics"]
+    assert not found.ok and "not respawn's (filter or extractors): respawn_jobs" in found.detail
+    assert f"{DEPLOY_FROM} metric-respawn_jobs" in found.fix
 
 
 # -- the audit path: sink -> topic -> on_audit; the tick's read ---------------------------------------
