@@ -29,7 +29,9 @@ INTERRUPTED = 130  # SIGINT's exit code, as a shell reports it
 def bind(jobs: Jobs, host: str, port: int, interval: float, remote: bool) -> tuple[BaseWSGIServer, str]:
     """The server, bound (``port`` 0: a free one), and the address it answers at."""
     guard = Guard(remote=remote)
-    app = create_app(Fleet(jobs, interval), guard, interval)
+    fleet = Fleet(jobs, interval)
+    fleet.snapshot()  # the bucket read once before anything is said: no credentials, no bucket: one line, exit 2 or 3
+    app = create_app(fleet, guard, interval)
     server = make_server(host, port, app, threaded=True)
     guard.bound(host, server.server_port)
     shown = f"[{host}]" if ":" in host else host

@@ -376,6 +376,20 @@ def test_the_command_prints_exactly_one_line_and_exits_0_on_sigterm(monkeypatch)
     assert opened == []
 
 
+def test_a_bucket_that_cannot_be_read_at_the_start_is_one_line_and_exit_3_before_anything_listens(monkeypatch):
+    from controller.core import errors
+
+    h = Harness()
+    h.store.list = lambda *a, **k: (_ for _ in ()).throw(errors.TransientError("503 from GCS"))
+    bootstrap.override(None, Settings(bucket=BUCKET, project=PROJECT, trainer_service_account=TRAINER), h.store, h.compute)
+    try:
+        result = CliRunner().invoke(cli, ["dashboard", "--port", "0", "--no-open"])
+    finally:
+        bootstrap.override(None)
+    assert result.exit_code == 3 and "503 from GCS" in result.output and "dashboard at" not in result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+
+
 # -- /metrics --------------------------------------------------------------------------------------
 
 def test_metrics_parse_with_prometheus_clients_parser_and_say_the_fleets_figures(h):
