@@ -251,7 +251,7 @@ class _Chain:
         made = fleet.changes(self.job, before, status)
         self.outcome.changes += made
         for change in made:  # one entry each: what the log-based metrics count (controller.core.fleet)
-            log.info("%s: %s in %s", change.kind, change.cause or change.job, change.zone,
+            log.info("%s: %s in %s%s", change.kind, change.job, change.zone, f" ({change.cause})" if change.cause else "",
                      extra={"json_fields": {**fleet.change_entry(change), "bucket": bucket}})
         if self.tell:
             self.notices += notify.notices(self.job, bucket, before, status, self.spec)
