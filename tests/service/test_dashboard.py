@@ -9,7 +9,9 @@ import json
 import os
 import re
 import signal
+import socket
 import threading
+import time
 import urllib.request
 from datetime import UTC, datetime, timedelta
 
@@ -366,13 +368,29 @@ def test_the_command_prints_exactly_one_line_and_exits_0_on_sigterm(monkeypatch)
     opened: list[str] = []
     monkeypatch.setattr("webbrowser.open", opened.append)
     bootstrap.override(None, Settings(bucket=BUCKET, project=PROJECT, trainer_service_account=TRAINER), h.store, h.compute)
-    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    answered: list[int] = []
+
+    def client() -> None:  # SIGTERM once it answers: its handlers are set by then
+        for _ in range(200):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/jobs", timeout=10) as answer:
+                    answered.append(answer.status)
+                    break
+            except OSError:
+                time.sleep(0.1)
+        if answered:  # never a SIGTERM to the test run when nothing serves (the command failed: said below)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=client, daemon=True).start()
     try:
-        result = CliRunner().invoke(cli, ["dashboard", "--port", "0", "--no-open", "--interval", "2"])
+        result = CliRunner().invoke(cli, ["dashboard", "--port", str(port), "--no-open", "--interval", "2"])
     finally:
         bootstrap.override(None)
     assert result.exit_code == 0, result.output
-    assert re.fullmatch(r"dashboard at http://127\.0\.0\.1:[1-9][0-9]*/\n", result.output), result.output
+    assert result.output == f"dashboard at http://127.0.0.1:{port}/\n" and answered == [200]
     assert opened == []
 
 
