@@ -461,6 +461,22 @@ def test_the_pages_fit_a_phone(dashboard, page):
     assert problems == []
 
 
+def test_the_fleet_table_fits_a_laptop(dashboard, page):
+    """At 1280 pixels every column of the fleet table is in view, the last event included: a long message wraps
+    in its cell, it does not push the table out of its box."""
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(dashboard["url"])
+    page.wait_for_selector("#jobs tr[data-job]")
+    page.wait_for_timeout(500)
+    box = page.evaluate("""() => {
+        const t = document.querySelector('#jobs'), r = t.getBoundingClientRect();
+        let p = t.parentElement;
+        while (p && p !== document.body && !/(auto|scroll|hidden)/.test(getComputedStyle(p).overflowX)) p = p.parentElement;
+        const clip = p && p !== document.body ? p.getBoundingClientRect().right : document.documentElement.clientWidth;
+        return {table: Math.round(r.right), clip: Math.round(clip)}; }""")
+    assert box["table"] <= box["clip"] + 1, f"the fleet table is cut off at 1280 px (right edges): {box}"
+
+
 def test_every_request_went_to_127_0_0_1_and_no_script_failed(dashboard, browser, page):
     _, seen = browser
     for url in (dashboard["url"], f"{dashboard['url']}jobs/{JOB}"):  # both pages at least, whatever ran before
