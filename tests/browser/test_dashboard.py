@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import signal
 import subprocess
 import sys
@@ -44,7 +43,7 @@ from controller.core.state import JobStatus, Phase
 from controller.service.config import REPO_ROOT
 from localcloud.gcs import client
 from tests.browser.conftest import SCREENSHOTS
-from tests.wait import stop_gently, until
+from tests.wait import Terminal, until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -70,33 +69,10 @@ def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     home, folder = tmp_path_factory.mktemp("home"), tmp_path_factory.mktemp("respawn-local")
     shell.update(HOME=str(home), CLOUDSDK_CONFIG=str(home / "gcloud"), CLOUDSDK_CORE_DISABLE_PROMPTS="1",
                  COLUMNS="200")
-    process = subprocess.Popen([sys.executable, "-m", "controller.cli", "local", "up", "--tick", "2",
-                                "--preemption-notice", "5", "--dir", str(folder)], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, env=shell, cwd=home, stdin=subprocess.DEVNULL,
-                               start_new_session=True)
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        for line in process.stdout:  # type: ignore[union-attr]
-            lines.append(line)
-            if "Ctrl-C" in line:
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    try:
-        if not ready.wait(120) or process.poll() is not None:
-            pytest.fail("respawn local up ended: " + "".join(lines)[-3000:])
-        [source] = [line.split(maxsplit=1)[1].strip() for line in lines if line.startswith("source ")]
-        exports = [line for line in Path(source).read_text().splitlines() if line.startswith("export ")]
-        env = {key: shlex.split(value)[0] for key, value in
-               (line.removeprefix("export ").split("=", 1) for line in exports)}
-        yield {"env": {**shell, **env}, "home": home, "lines": lines}
-        process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=60) == 0, "".join(lines)[-3000:]
-    finally:
-        stop_gently(process)  # nothing left running, whatever happened
+    with Terminal([sys.executable, "-m", "controller.cli", "local", "up", "--tick", "2", "--preemption-notice", "5",
+                   "--dir", str(folder)], shell, home) as up:
+        yield {"env": {**shell, **up.exports()}, "home": home, "lines": up.lines}
+        assert up.stop() == 0, "".join(up.lines)[-3000:]
 
 
 def respawn(env: dict[str, str], *args: str, cwd: Path | None = None) -> str:

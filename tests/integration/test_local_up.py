@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import shutil
-import signal
 import stat
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +21,7 @@ from controller.core import names
 from controller.service.config import REPO_ROOT
 from controller.core.state import JobStatus, Phase
 from localcloud.gcs import client
-from tests.wait import stop_gently, until
+from tests.wait import Terminal, until
 
 TOKEN = "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE"
 
@@ -35,37 +32,16 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     reading), and the exports of the file it named."""
     shell = {k: v for k, v in os.environ.items() if not k.startswith(("RESPAWN_", "CLOUDSDK_", "STORAGE_EMULATOR"))}
     folder = tmp_path_factory.mktemp("respawn-local")
-    process = subprocess.Popen([sys.executable, "-m", "controller.cli", "local", "up", "--tick", "2",
-                                "--preemption-notice", "5", "--dir", str(folder)], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, env={**shell, "COLUMNS": "200"},
-                               cwd=tmp_path_factory.mktemp("terminal-1"), stdin=subprocess.DEVNULL,
-                               start_new_session=True)
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        for line in process.stdout:  # type: ignore[union-attr]
-            lines.append(line)
-            if "Ctrl-C" in line:
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    try:
-        if not ready.wait(120) or process.poll() is not None:
-            pytest.fail("respawn local up ended: " + "".join(lines)[-3000:])
-        [source] = [line.split(maxsplit=1)[1].strip() for line in lines if line.startswith("source ")]
+    with Terminal([sys.executable, "-m", "controller.cli", "local", "up", "--tick", "2", "--preemption-notice", "5",
+                   "--dir", str(folder)], {**shell, "COLUMNS": "200"}, tmp_path_factory.mktemp("terminal-1")) as up:
+        [source] = [line.split(maxsplit=1)[1].strip() for line in up.lines if line.startswith("source ")]
         exports = [line for line in Path(source).read_text().splitlines() if line.startswith("export ")]
-        env = {key: shlex.split(value)[0] for key, value in
-               (line.removeprefix("export ").split("=", 1) for line in exports)}
-        yield {"lines": lines, "exports": exports, "env": env, "shell": shell, "source": Path(source),
+        env = up.exports()
+        yield {"lines": up.lines, "exports": exports, "env": env, "shell": shell, "source": Path(source),
                "folder": folder}
-        process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=30) == 0
+        assert up.stop(timeout=30) == 0
         # The dummy token and the exports went with the local cloud.
         assert not Path(env[TOKEN]).exists() and not Path(source).exists()
-    finally:
-        stop_gently(process)
 
 
 def terminal(up: dict[str, Any], home: Path) -> dict[str, str]:

@@ -19,7 +19,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ from controller.core import names
 from controller.core.state import JobStatus, Phase
 from controller.service.config import REPO_ROOT
 from localcloud.gcs import client
-from tests.wait import stop_gently, until
+from tests.wait import Terminal, until
 
 SECTION = "### See respawn heal your own job"
 PACE = ('STEP_SECONDS: "0.1"', 'STEP_SECONDS: "0.005"')  # the one change: training 20 times faster
@@ -85,28 +84,10 @@ def terminals(tmp_path: Path) -> Iterator[dict[str, Any]]:
     shell = {k: v for k, v in os.environ.items() if not k.startswith(("RESPAWN_", "CLOUDSDK_", "STORAGE_EMULATOR"))}
     shell.update(HOME=str(home), PATH=f"{Path(sys.executable).parent}{os.pathsep}{shell.get('PATH', '')}",
                  CLOUDSDK_CORE_DISABLE_PROMPTS="1", COLUMNS="200")
-    process = subprocess.Popen(["bash", "-c", first], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=shell, cwd=folder, stdin=subprocess.DEVNULL, start_new_session=True)
-    printed: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        for line in process.stdout:  # type: ignore[union-attr]
-            printed.append(line)
-            if "Ctrl-C" in line:
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    try:
-        if not ready.wait(120) or process.poll() is not None:
-            pytest.fail(f"{first} ended: " + "".join(printed)[-3000:])
-        yield {"shell": shell, "folder": folder, "home": home, "printed": printed}
-        process.send_signal(__import__("signal").SIGINT)
-        assert process.wait(timeout=60) == 0, "".join(printed)[-3000:]
-        assert "local cloud stopped" in "".join(printed)
-    finally:
-        stop_gently(process)  # nothing left running, whatever happened
+    with Terminal(["bash", "-c", first], shell, folder) as up:
+        yield {"shell": shell, "folder": folder, "home": home, "printed": up.lines}
+        assert up.stop() == 0, "".join(up.lines)[-3000:]
+        assert "local cloud stopped" in "".join(up.lines)
 
 
 def test_the_readmes_walkthrough_heals_the_job_as_it_is_written(terminals):
