@@ -32,6 +32,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -40,6 +41,7 @@ from controller.core import errors, names
 from controller.core.ledger import ENDS, LOSS_CAUSES
 from controller.core.ports import Instance
 from controller.core.state import JobStatus
+from controller.render.text import printable as _printable
 
 SERIAL = "serialconsole.googleapis.com%2Fserial_port_1_output"
 SCRIPTS = "GCEMetadataScripts"
@@ -464,6 +466,93 @@ class JobLogs:
             self.newest[clock] = when
             oldest = min(self.newest.values()) - LOOKBACK
             self._seen = {k: t for k, t in self._seen.items() if t >= oldest}
+
+
+DASHBOARD_READS_PER_MINUTE = 20  # respawn dashboard's own reads, all jobs together: a third of Logging's 60
+
+
+class Recent:
+    """``respawn dashboard``'s reader of a job's last log lines (its server calls it as ``recent(job)``,
+    at most every 30 s per job, and only while the job's page is open: ``controller.dashboard.logtail``):
+    the last ``lines`` of the job's current run, every attempt's, as ``respawn logs`` prints them (one
+    timestamp, ``as_shown``, control characters escaped). It never waits: a read Cloud Logging refuses
+    for its quota (429) is not tried again, and one respawn's own pace (``per_minute``, all jobs of the
+    dashboard together) has no room for is refused at once; each raises, and the page shows why.
+    ``status(job)``: the job's status as read from the bucket; ``client()``: the Logging client
+    (made once, on the first read); ``guard``: the context manager around each call to Logging
+    (its errors made the project's own); ``projects``: the job's and the configured project."""
+
+    def __init__(self, status: Callable[[str], JobStatus | None], client: Callable[[], Any], project: str,
+                 guard: Callable[[], Any], account: str | None = None, lines: int = 40,
+                 per_minute: int = DASHBOARD_READS_PER_MINUTE, clock: Callable[[], float] = time.monotonic,
+                 now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        import threading
+
+        self.status, self._make, self.project, self.guard, self.account = status, client, project, guard, account
+        self.lines, self.now = lines, now
+        self._lock = threading.Lock()
+        self._client: Any = None
+        self.pace = Pace(per_minute, clock, sleep=self._refused)
+
+    @staticmethod
+    def _refused(seconds: float) -> None:
+        raise errors.TransientError(f"respawn's own pace of Cloud Logging reads is spent: again in {seconds:.0f} s")
+
+    def __call__(self, job: str) -> list[str]:
+        from google.auth import exceptions as auth_errors
+
+        status = self.status(job)
+        runs = attempts(job, status)
+        if not any(a.instances for a in runs):
+            return [f"(no instance of {job} has been seen yet: nothing is logged)"]
+        shown: list[str] = []
+        with self._lock:
+            if self._client is None:
+                self._client = self._make()
+            client = self._client
+        reader = JobLogs(client, job, [(status.project if status else None) or self.project, self.project],
+                         shown.append, lambda text: _printable(text.replace("\r\n", "\n"), keep="\n\t"),
+                         limit=self.lines, guard=lambda: _last_refusal(self.guard), pace=_Locked(self.pace, self._lock),
+                         retry_for=0.0,
+                         account=self.account)
+        try:
+            reader.print_all(runs, run_start(status, self.now()))
+        except auth_errors.TransportError as e:  # the token could not be fetched: the network
+            raise errors.TransientError(f"Cloud Logging: {e}") from e
+        except auth_errors.GoogleAuthError as e:
+            raise errors.ConfigError(f"no usable Google credentials for Cloud Logging: {e}") from e
+        lines = [part for line in shown for part in line.split("\n")]
+        return lines[-self.lines:]
+
+
+@contextmanager
+def _last_refusal(guard: Callable[[], Any]) -> Iterator[None]:
+    """``guard``, around Logging's own refusal where the dashboard's reader tried once (``retry_for``
+    0): its "429 Quota exceeded", not google-api-core's "Timeout of 0.0s exceeded" around it."""
+    from google.api_core import exceptions as gexc
+
+    with guard():
+        try:
+            yield
+        except gexc.RetryError as e:
+            if isinstance(e.cause, Exception):
+                raise e.cause from e
+            raise
+
+
+class _Locked:
+    """A ``Pace`` shared by the dashboard's request threads: one ``wait`` at a time (it never sleeps)."""
+
+    def __init__(self, pace: Pace, lock: Any) -> None:
+        self.pace, self.lock = pace, lock
+
+    def wait(self) -> None:
+        with self.lock:
+            self.pace.wait()
+
+    def left(self, now: float | None = None) -> float:
+        with self.lock:
+            return self.pace.left(now)
 
 
 STAMP = "%m-%d %H:%M:%S"  # each line's one timestamp, the entry's (UTC): the year is the run's, and 80 columns are few

@@ -469,12 +469,26 @@ def dashboard(
         _fail(str(e))
     jobs = _jobs()
     try:
-        server, url = serving.bind(jobs, host, port, interval, allow_remote)
+        server, url = serving.bind(jobs, host, port, interval, allow_remote, recent=_recent_logs(jobs))
     except OSError as e:
         _fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
     if warning:
         err.print(_line("!", "yellow", warning), soft_wrap=True)
     raise typer.Exit(serving.serve(server, url, open_browser=not no_open))
+
+
+def _recent_logs(jobs: Jobs) -> joblogs.Recent:
+    """The job page's last log lines: read as `respawn logs` reads them, with the same settings."""
+    from controller.adapters.gcs import translated
+    from controller.adapters.google import logging_client
+
+    config = _config()
+
+    def client() -> Any:
+        with translated("Cloud Logging"):
+            return logging_client(config)
+    return joblogs.Recent(jobs.status, client, config.project, guard=lambda: translated("Cloud Logging"),
+                          account=config.trainer_service_account)
 
 
 @app.command()

@@ -20,6 +20,7 @@ from markupsafe import Markup
 from controller.core import errors
 from controller.core.spec import SpecError
 from controller.dashboard import metrics, views
+from controller.dashboard.logtail import Recent, Tail, Tails
 from controller.dashboard.guard import TOKEN_HEADER, Guard
 from controller.dashboard.snapshot import Fleet
 from controller.render.text import html_text
@@ -40,8 +41,12 @@ def as_json(data: Any, status: int = 200) -> Response:
 
 
 def create_app(fleet: Fleet, guard: Guard, interval: float = DEFAULT_INTERVAL,
-               now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> Flask:
+               now: Callable[[], datetime] = lambda: datetime.now(UTC), recent: Recent | None = None,
+               tails: Tails | None = None) -> Flask:
+    """``recent(job)``: the job's last log lines (the CLI's reader of Cloud Logging), read through
+    ``tails`` (``logtail.Tails``: per job, at most once per 30 s, only when its page asks)."""
     app = Flask(__name__)
+    tails = tails or Tails(recent)
     app.jinja_env.finalize = _escaped
     pictures: dict[str, tuple[int, bytes]] = {}  # job -> (status generation, its timeline PNG)
     drawing = threading.Lock()
@@ -80,8 +85,17 @@ def create_app(fleet: Fleet, guard: Guard, interval: float = DEFAULT_INTERVAL,
 
     @app.get("/jobs/<job>")
     def job_page(job: str) -> str:
-        return page("job.html", job=detail(job), attempt_columns=views.ATTEMPT_COLUMNS,
-                    loss_columns=views.LOSS_COLUMNS)
+        shown = detail(job)  # the lines last read, if any: the page asks for fresh ones itself
+        return page("job.html", job=shown, attempt_columns=views.ATTEMPT_COLUMNS,
+                    loss_columns=views.LOSS_COLUMNS, logs=_logs(job, tails.cached(job), tails.every))
+
+    @app.get("/api/jobs/<job>/logs")
+    def logs_json(job: str) -> Response:
+        jobs = fleet.snapshot().jobs
+        if job not in jobs:
+            abort(404)
+        tails.forget(set(jobs))
+        return as_json(_logs(job, tails.get(job), tails.every))
 
     @app.get("/api/jobs/<job>")
     def job_json(job: str) -> Response:
@@ -137,6 +151,17 @@ def create_app(fleet: Fleet, guard: Guard, interval: float = DEFAULT_INTERVAL,
         return as_json({"error": "no such job or page"}, 404)
 
     return app
+
+
+def _logs(job: str, tail: Tail | None, every: float) -> dict[str, Any]:
+    """``GET /api/jobs/JOB/logs``: the last lines of its current run, or the note saying why none,
+    when they were read, and the command that prints them all."""
+    if tail is None:
+        return {"lines": [], "note": "reading its last lines…", "read_at": None, "every": every,
+                "command": views.logs_command(job)}
+    return {"lines": list(tail.lines), "note": tail.note if tail.note or tail.lines else "(no output yet)",
+            "read_at": views.stamp(tail.read_at) if tail.read_at else None, "every": every,
+            "command": views.logs_command(job)}
 
 
 def _act(fleet: Fleet, action: Callable[[], str]) -> Response:

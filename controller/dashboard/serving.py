@@ -19,6 +19,7 @@ from typing import TextIO
 from werkzeug.serving import BaseWSGIServer, make_server
 
 from controller.dashboard.guard import Guard
+from controller.dashboard.logtail import Recent
 from controller.dashboard.server import create_app
 from controller.dashboard.snapshot import Fleet
 from controller.service.jobs import Jobs
@@ -26,12 +27,14 @@ from controller.service.jobs import Jobs
 INTERRUPTED = 130  # SIGINT's exit code, as a shell reports it
 
 
-def bind(jobs: Jobs, host: str, port: int, interval: float, remote: bool) -> tuple[BaseWSGIServer, str]:
-    """The server, bound (``port`` 0: a free one), and the address it answers at."""
+def bind(jobs: Jobs, host: str, port: int, interval: float, remote: bool,
+         recent: Recent | None = None) -> tuple[BaseWSGIServer, str]:
+    """The server, bound (``port`` 0: a free one), and the address it answers at. ``recent(job)``:
+    the job's last log lines (``logtail``; None: the job page says to run ``respawn logs``)."""
     guard = Guard(remote=remote)
     fleet = Fleet(jobs, interval)
     fleet.snapshot()  # the bucket read once before anything is said: no credentials, no bucket: one line, exit 2 or 3
-    app = create_app(fleet, guard, interval)
+    app = create_app(fleet, guard, interval, recent=recent)
     server = make_server(host, port, app, threaded=True)
     guard.bound(host, server.server_port)
     shown = f"[{host}]" if ":" in host else host

@@ -117,13 +117,32 @@ def fleet(snapshot: Snapshot, now: datetime) -> dict[str, Any]:
             "updated": stamp(snapshot.at)}
 
 
+def logs_command(job: str) -> str:
+    """What prints every attempt's output and follows it: ``respawn logs JOB --follow``."""
+    return shlex.join(["respawn", "logs", job, "--follow"])
+
+
+def nothing_to_cancel(view: JobView) -> str | None:
+    """Why the job's Cancel button is disabled, as ``respawn cancel`` would answer it; None: it can be
+    cancelled. A run that ended (succeeded, failed, cancelled) has nothing to cancel until a spec it
+    did not take is submitted (a resubmit): then the new run can be."""
+    status = view.row.status
+    if status is None:
+        return None if view.spec_generation else "no spec and no run: nothing to cancel"
+    if status.phase.terminal and (not view.spec_generation or status.spec_generation == view.spec_generation):
+        how = "cancelled" if status.phase == Phase.CANCELLED else f"finished ({status.phase.lower()})"
+        return f"already {how}: nothing to cancel (resubmit it to run it again)"
+    return None
+
+
 def job(view: JobView, snapshot: Snapshot, now: datetime, spec: tuple[int, bytes] | None) -> dict[str, Any]:
     """``GET /api/jobs/JOB``: its row, the report's summary and tables, its transitions (oldest
     first), its spec (for resubmit) and the command that prints its logs."""
     status = view.row.status
     detail: dict[str, Any] = {**fleet_row(view, now), "updated": stamp(snapshot.at),
                               "status_generation": view.status_generation,
-                              "logs_command": shlex.join(["respawn", "logs", view.row.job]),
+                              "logs_command": logs_command(view.row.job),
+                              "cancel_refused": nothing_to_cancel(view),
                               "spec": spec[1].decode("utf-8", "replace") if spec else None,
                               "spec_generation": spec[0] if spec else None}
     if status is None:

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import threading
@@ -147,7 +148,7 @@ def test_the_job_page_has_its_timeline_ledger_history_logs_command_and_actions(h
     assert '<table id="ledger">' in text and "us-central1-a" in re.search(r'<table id="ledger">.*?</table>', text, re.S).group()
     history = re.search(r'<ol id="history">(.*?)</ol>', text, re.S).group(1)
     assert history.count("<li>") == len(h.status("train").history) >= 2
-    assert '<code id="logs-command">respawn logs train</code>' in text
+    assert '<code id="logs-command">respawn logs train --follow</code>' in text
     for element in ('<button id="cancel"', '<button id="resubmit"', '<dialog id="confirm">', '<button id="confirm-yes"',
                     '<button id="confirm-no"', 'id="flash"'):
         assert element in text, element
@@ -160,7 +161,7 @@ def test_the_job_json_has_its_phase_history_newest_last_and_tables(h):
     _running(h)
     client, _, _ = _dashboard(h)
     data = client.get("/api/jobs/train", base_url=BASE).get_json()
-    assert data["phase"] == "RUNNING" and data["logs_command"] == "respawn logs train"
+    assert data["phase"] == "RUNNING" and data["logs_command"] == "respawn logs train --follow"
     events = [e["event"] for e in data["history"]]
     assert events == [e.event for e in h.status("train").history]
     assert data["attempts"] and data["facts"] and data["spec_generation"]
@@ -255,6 +256,216 @@ def test_a_changed_status_is_read_and_shown_at_the_next_refresh(h):
     clock.t += 5
     data = client.get("/api/jobs/train", base_url=BASE).get_json()
     assert data["phase"] != "RUNNING" and "preempted" in [e["event"] for e in data["history"]]
+
+
+# -- its recent log lines ---------------------------------------------------------------------------
+
+class FakeRecent:
+    """The CLI's reader of a job's last lines, faked: what each call returned, and how many were made."""
+
+    def __init__(self, lines: list[str] | None = None, error: Exception | None = None) -> None:
+        self.lines, self.error = lines or [], error
+        self.calls: list[str] = []
+
+    def __call__(self, job: str) -> list[str]:
+        self.calls.append(job)
+        if self.error is not None:
+            raise self.error
+        return list(self.lines)
+
+
+def _with_logs(h: Harness, recent, clock: Ticks | None = None):
+    from controller.dashboard.logtail import Tails
+
+    clock = clock or Ticks()
+    guard = Guard()
+    guard.bound("127.0.0.1", PORT)
+    fleet = Fleet(Jobs(h.store, BUCKET, h.policy), 5.0, clock, wall=lambda: NOW)
+    app = create_app(fleet, guard, 5.0, now=lambda: NOW, tails=Tails(recent, clock=clock, wall=lambda: NOW))
+    return app.test_client(), guard, clock
+
+
+def _pre(page: str) -> str:
+    return re.search(r'<pre id="logs"[^>]*>(.*?)</pre>', page, re.S).group(1)
+
+
+def test_the_job_page_shows_its_last_log_lines_as_text_and_the_command_for_all_of_them(h):
+    _running(h)
+    lines = [f"01-01 02:{k // 60:02d}:{k % 60:02d} train-1 trainer: step {k}" for k in range(60)]
+    recent = FakeRecent([*lines[:-1], f"01-01 02:59:59 train-1 {EVIL_TEXT} & 'quoted'"])
+    client, _, _ = _with_logs(h, recent)
+    page = client.get("/jobs/train", base_url=BASE).get_data(as_text=True)
+    assert recent.calls == []  # the page itself reads no log: it asks for its lines once loaded
+    assert "reading its last lines" in _pre(page)
+    assert '<code id="logs-command">respawn logs train --follow</code>' in page
+    answer = client.get("/api/jobs/train/logs", base_url=BASE)
+    assert answer.status_code == 200 and recent.calls == ["train"]
+    assert b"<script>" not in answer.data and b"'" not in answer.data  # \u003c...: never markup, even sniffed
+    data = answer.get_json()
+    assert data["lines"] == [*lines[20:-1], f"01-01 02:59:59 train-1 {EVIL_TEXT} & 'quoted'"]  # the last 40
+    assert data["note"] is None and data["command"] == "respawn logs train --follow" and data["read_at"]
+    shown = _pre(client.get("/jobs/train", base_url=BASE).get_data(as_text=True))  # the lines read, at once
+    assert recent.calls == ["train"]
+    assert shown.splitlines() == [*lines[20:-1], "01-01 02:59:59 train-1 &lt;script&gt;alert(1)&lt;/script&gt; "
+                                                 "&amp; &#x27;quoted&#x27;"]
+    assert "<script>alert" not in shown
+    assert client.get("/api/jobs/nope/logs", base_url=BASE).status_code == 404 and recent.calls == ["train"]
+
+
+def test_a_hostile_job_name_and_control_characters_in_its_lines_stay_text(h):
+    _hostile(h)
+    recent = FakeRecent(["\x1b[31mred\x1b[0m\tand a bell\x07", "a line\nand its next"])
+    client, _, _ = _with_logs(h, recent)
+    data = client.get(_job_url(EVIL_JOB).replace("/jobs", "/api/jobs") + "/logs", base_url=BASE).get_json()
+    assert recent.calls == [EVIL_JOB]
+    assert data["lines"] == ["\\x1b[31mred\\x1b[0m\tand a bell\\x07", "a line", "and its next"]
+    assert data["command"] == shlex.join(["respawn", "logs", EVIL_JOB, "--follow"])
+    page = client.get(_job_url(EVIL_JOB), base_url=BASE).get_data(as_text=True)
+    assert "<img src=x" not in page and "\x1b" not in page and "\\x1b[31mred" in _pre(page)
+
+
+def test_many_pages_polling_read_a_jobs_logs_once_per_30_seconds_and_only_when_asked(h):
+    _running(h)
+    _running(h, "other")
+    recent = FakeRecent(["one line"])
+    client, _, clock = _with_logs(h, recent)
+    for _ in range(20):  # the fleet page and the job's own JSON never read logs
+        client.get("/", base_url=BASE)
+        client.get("/api/jobs", base_url=BASE)
+        client.get("/api/jobs/train", base_url=BASE)
+    assert recent.calls == []
+    for _ in range(6):  # half a minute of twenty pages polling every 5 s: one read
+        for _ in range(20):
+            assert client.get("/api/jobs/train/logs", base_url=BASE).get_json()["lines"] == ["one line"]
+        clock.t += 4.9
+    assert recent.calls == ["train"]
+    clock.t += 0.7  # 30 s since that read
+    client.get("/api/jobs/train/logs", base_url=BASE)
+    client.get("/api/jobs/other/logs", base_url=BASE)  # each job its own read, its own 30 s
+    client.get("/api/jobs/other/logs", base_url=BASE)
+    assert recent.calls == ["train", "train", "other"]
+
+
+def test_one_read_of_a_job_at_a_time_the_pages_asking_meanwhile_share_it(h):
+    _running(h)
+    started, release = threading.Event(), threading.Event()
+    running, most = [0], [0]
+    lock = threading.Lock()
+
+    class Slow(FakeRecent):
+        def __call__(self, job: str) -> list[str]:
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            started.set()
+            release.wait(10)
+            with lock:
+                running[0] -= 1
+            return super().__call__(job)
+
+    recent = Slow(["shared"])
+    client, _, _ = _with_logs(h, recent)
+    client.get("/api/jobs/train", base_url=BASE)  # the bucket read before the threads start
+    answers: list[list[str]] = []
+
+    def page() -> None:
+        answers.append(client.application.test_client().get("/api/jobs/train/logs", base_url=BASE).get_json()["lines"])
+
+    threads = [threading.Thread(target=page) for _ in range(8)]
+    for t in threads:
+        t.start()
+    assert started.wait(10)
+    time.sleep(0.2)  # the others are asking by now
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert answers == [["shared"]] * 8 and recent.calls == ["train"] and most[0] == 1
+
+
+@pytest.mark.parametrize("error, said", [
+    ("quota", "429 Too Many Requests"),
+    ("permission", "403 Permission 'logging.logEntries.list' denied"),
+    ("endpoint", "Connection refused"),
+    ("bug", "KeyError"),
+])
+def test_a_read_that_fails_is_a_one_line_note_in_place_of_the_lines_never_a_500(h, error, said):
+    from controller.core import errors
+
+    raised = {"quota": errors.TransientError("429 Too Many Requests: Quota exceeded for quota metric 'Read requests'"
+                                             "\nretry in 12 s (Cloud Logging)"),
+              "permission": errors.RequestError("403 Permission 'logging.logEntries.list' denied on resource "
+                                                "(Cloud Logging)"),
+              "endpoint": errors.TransientError("HTTPConnectionPool(host='127.0.0.1', port=1): Connection refused "
+                                                "(Cloud Logging)"),
+              "bug": KeyError("instance_id")}[error]
+    _running(h)
+    recent = FakeRecent(["never shown"], error=raised)
+    client, _, clock = _with_logs(h, recent)
+    answer = client.get("/api/jobs/train/logs", base_url=BASE)
+    assert answer.status_code == 200
+    data = answer.get_json()
+    assert data["lines"] == [] and data["note"].startswith("logs not read: ") and said in data["note"]
+    assert "\n" not in data["note"] and data["command"] == "respawn logs train --follow"
+    page = client.get("/jobs/train", base_url=BASE)
+    assert page.status_code == 200
+    note = _pre(page.get_data(as_text=True))
+    assert note.startswith("logs not read: ") and "\n" not in note and "never shown" not in note
+    for _ in range(10):  # the failure is kept as lines are: a refused read is not tried again at each poll
+        clock.t += 2.9
+        assert client.get("/api/jobs/train/logs", base_url=BASE).status_code == 200
+    assert recent.calls == ["train"]
+    clock.t += 1
+    recent.error = None
+    assert client.get("/api/jobs/train/logs", base_url=BASE).get_json() == {
+        **data, "lines": ["never shown"], "note": None}
+
+
+def test_a_dashboard_without_a_reader_says_so_in_place_of_the_lines(h):
+    _running(h)
+    client, _, _ = _dashboard(h)
+    data = client.get("/api/jobs/train/logs", base_url=BASE).get_json()
+    assert data["lines"] == [] and data["note"] == "this dashboard reads no logs: run the command below"
+
+
+def _finished(h: Harness, phase: Phase) -> None:
+    _running(h)
+    st = h.status("train")
+    h.store.put(BUCKET, names.status_key("train"), st.model_copy(update={"phase": phase}).to_json())
+
+
+@pytest.mark.parametrize("phase", [Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED])
+def test_cancel_is_disabled_saying_why_for_a_finished_job_and_enabled_again_once_it_is_resubmitted(h, phase):
+    _finished(h, phase)
+    client, guard, fleet = _dashboard(h)
+    page = client.get("/jobs/train", base_url=BASE).get_data(as_text=True)
+    button = re.search(r'<button id="cancel"[^>]*>', page).group()
+    assert " disabled" in button and 'title="already ' in button and "nothing to cancel" in button
+    data = client.get("/api/jobs/train", base_url=BASE).get_json()
+    assert data["phase"] == phase and "nothing to cancel" in data["cancel_refused"]
+    done = client.post("/api/jobs/train/resubmit", base_url=BASE, json={"spec_generation": data["spec_generation"]},
+                       headers={TOKEN_HEADER: guard.token})
+    assert done.status_code == 200
+    again = client.get("/api/jobs/train", base_url=BASE).get_json()  # the page's next poll
+    assert again["phase"] == phase and again["cancel_refused"] is None  # a new run is about to start: cancellable
+    assert " disabled" not in re.search(r'<button id="cancel"[^>]*>', client.get(
+        "/jobs/train", base_url=BASE).get_data(as_text=True)).group()
+    h.tick()
+    fleet.expire()
+    data = client.get("/api/jobs/train", base_url=BASE).get_json()
+    assert data["phase"] not in ("SUCCEEDED", "FAILED", "CANCELLED") and data["cancel_refused"] is None
+
+
+def test_cancel_is_enabled_while_the_job_runs_and_disabled_once_the_cancel_lands(h):
+    _running(h)
+    client, guard, fleet = _dashboard(h)
+    button = re.search(r'<button id="cancel"[^>]*>', client.get("/jobs/train", base_url=BASE).get_data(as_text=True))
+    assert button.group() == '<button id="cancel" type="button">'
+    assert client.get("/api/jobs/train", base_url=BASE).get_json()["cancel_refused"] is None
+    assert _post(client, guard, "/api/jobs/train/cancel").status_code == 200
+    h.tick()
+    fleet.expire()
+    data = client.get("/api/jobs/train", base_url=BASE).get_json()
+    assert data["phase"] == "CANCELLED" and data["cancel_refused"].startswith("already cancelled")
 
 
 # -- who may act -------------------------------------------------------------------------------------

@@ -211,3 +211,68 @@ def test_each_log_line_has_one_timestamp_and_the_agents_lines_fit_80_columns():
     assert lines[2] == "01-01 12:00:05 j-1 2019-06-30 00:00:00 is when the data's snapshot was taken"
     stamp = r"\d{2}:\d{2}:\d{2}"
     assert all(len(re.findall(stamp, line)) == 1 for line in lines[:2]) and max(map(len, lines)) <= 80
+
+
+# -- the dashboard's reader: a job's last lines, never waiting -------------------------------------------------
+
+def _recent(client: FakeClient, made: list[int], per_minute: int = 20, now: list[float] | None = None):
+    from controller.adapters.gcs import translated
+
+    status = JobStatus.model_validate({"phase": "RUNNING", "attempt": 2, "project": "proj-p", "created_at": T0,
+                                       "instance_ids": {"j-1": "111", "j-2": "222"}})
+
+    def make() -> FakeClient:
+        made.append(1)
+        return client
+    clock = now or [0.0]
+    return joblogs.Recent(lambda job: status if job == "j" else None, make, "proj-p",
+                          guard=lambda: translated("Cloud Logging"),  # as `respawn dashboard` builds it
+                          lines=40, per_minute=per_minute, clock=lambda: clock[0], now=lambda: T0 + timedelta(hours=1))
+
+
+def test_the_dashboards_reader_gives_the_last_40_lines_of_the_run_as_respawn_logs_prints_them():
+    client, made = FakeClient(), []
+    client.entries += [_entry(T0 + timedelta(seconds=k), "111", f"trainer: step {k}", f"a{k}") for k in range(30)]
+    client.entries += [_entry(T0 + timedelta(minutes=5, seconds=k), "222",
+                              f"{T0 + timedelta(minutes=5, seconds=k):%Y-%m-%dT%H:%M:%SZ} 10%\r"
+                              f"{T0 + timedelta(minutes=5, seconds=k):%Y-%m-%dT%H:%M:%SZ} \x1b[31m{k}", f"b{k}")
+                       for k in range(20)]
+    recent = _recent(client, made)
+    lines = recent("j")
+    assert len(lines) == 40 and made == [1]
+    assert "── attempt 2: j-2" in lines[19]  # attempt 1's last 19 lines, attempt 2's header, its 20 lines
+    assert lines[:19] == [f"01-01 12:00:{k:02d} j-1 trainer: step {k}" for k in range(11, 30)]
+    assert lines[20] == "01-01 12:05:00 j-2 \\x1b[31m0"  # one stamp, the bar's last state, control characters escaped
+    assert lines[-1] == "01-01 12:05:19 j-2 \\x1b[31m19"
+    assert recent("j") == lines and made == [1]  # the client is made once
+    assert recent("nope") == ["(no instance of nope has been seen yet: nothing is logged)"]
+
+
+def test_the_dashboards_reader_never_waits_a_quota_refusal_or_its_own_pace_is_an_error_at_once():
+    from google.api_core import exceptions as gexc
+
+    from controller.core import errors
+
+    class Refusing(FakeClient):
+        calls = 0
+
+        def list_entries(self, *args, **kwargs):  # noqa: ANN002, ANN003
+            self.calls += 1
+            raise gexc.TooManyRequests("Quota exceeded", details=[{"@type": "type.googleapis.com/google.rpc.RetryInfo",
+                                                                   "retryDelay": "20s"}])
+
+    refusing = Refusing()
+    with pytest.raises(errors.TransientError) as refused:
+        _recent(refusing, [])("j")
+    said = str(refused.value)  # Logging's own words, not a retry's "Timeout of 0.0s exceeded"
+    assert said.startswith("429 Quota exceeded") and said.endswith("(Cloud Logging)") and "Timeout" not in said
+    assert refusing.calls == 1  # not tried again: the page shows why, and asks again in 30 s
+    client, now = FakeClient(), [0.0]
+    client.entries.append(_entry(T0, "111", "a line", "a"))
+    recent = _recent(client, [], per_minute=2, now=now)
+    recent("j")
+    recent("j")
+    with pytest.raises(errors.TransientError, match="pace of Cloud Logging reads is spent: again in 60 s"):
+        recent("j")
+    now[0] += 60
+    assert "01-01 12:00:00 j-1 a line" in recent("j")

@@ -5,8 +5,9 @@ const respawn = (() => {
   const token = meta("respawn-token");
   const interval = Math.max(1, Number(meta("respawn-interval")) || 5) * 1000;
 
-  // Poll `url` every interval, one request at a time, and hand each answer to `apply`.
-  function poll(url, apply, failed) {
+  // Poll `url` every interval, one request at a time, and hand each answer to `apply` (the first
+  // request at once with `{now: true}`, else after an interval).
+  function poll(url, apply, failed, options) {
     const once = async () => {
       try {
         const answer = await fetch(url, {headers: {"Accept": "application/json"}, cache: "no-store"});
@@ -18,7 +19,7 @@ const respawn = (() => {
         setTimeout(once, interval);
       }
     };
-    setTimeout(once, interval);
+    setTimeout(once, options && options.now ? 0 : interval);
   }
 
   // POST with the page's token in a header (the server refuses any POST without it).

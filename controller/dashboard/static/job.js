@@ -41,6 +41,19 @@
     main.dataset.specGeneration = data.spec_generation ?? "";
     respawn.text(document.getElementById("spec"), data.spec ?? "(no spec in the bucket)");
     document.getElementById("resubmit").disabled = !data.spec;
+    const cancel = document.getElementById("cancel");
+    cancel.disabled = Boolean(data.cancel_refused);
+    if (data.cancel_refused) cancel.title = data.cancel_refused; else cancel.removeAttribute("title");
+  }
+
+  // The last log lines (the server reads Cloud Logging at most every data.every seconds per job).
+  function logs(data) {
+    const pre = document.getElementById("logs");
+    const bottom = pre.scrollHeight - pre.scrollTop - pre.clientHeight < 8;  // following the end: stay there
+    respawn.text(pre, data.lines.length ? data.lines.join("\n") + "\n" : (data.note || ""));
+    pre.className = data.lines.length ? "" : "note";
+    respawn.text(document.getElementById("logs-read"), data.read_at || "not yet");
+    if (bottom) pre.scrollTop = pre.scrollHeight;
   }
 
   function ask(question, action) {
@@ -70,4 +83,6 @@
     }
   });
   respawn.poll(main.dataset.api, apply, (error) => say(`not refreshed: ${error}`, true));
+  const logsNote = (error) => logs({lines: [], note: `logs not refreshed: ${error}`, read_at: null});
+  respawn.poll(main.dataset.logs, logs, logsNote, {now: true});
 })();
