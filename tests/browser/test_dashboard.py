@@ -321,9 +321,15 @@ def test_the_job_page_draws_its_timeline_ledger_and_history(dashboard, fleet, pa
     assert page.locator("table#ledger").count() == 1 and page.locator("#ledger tr").count() >= 1
     assert len(history(page)) >= 2, history(page)  # submitted (or pending), then running at least
     assert page.inner_text("#phase").strip() == "RUNNING"
-    assert page.locator("#logs, #logs-command").count() >= 1
-    shown = page.inner_text("#logs-command") if page.locator("#logs-command").count() else page.inner_text("#logs")
-    assert shown.strip(), "the logs section is empty"
+    # Its current run's last lines from the local Cloud Logging, as `respawn logs` prints them (the demo trainer's
+    # steps), read once the page asks for them, and the command that prints them all.
+    assert page.inner_text("#logs-command").strip() == f"respawn logs {JOB} --follow"
+    page.wait_for_function("() => /trainer: step \\d+/.test(document.querySelector('#logs').innerText)",
+                           timeout=30_000)
+    lines = page.inner_text("#logs").splitlines()
+    assert 1 <= len(lines) <= 40, lines
+    stepped = [line for line in lines if re.fullmatch(rf"\d\d-\d\d \d\d:\d\d:\d\d {JOB}-1 .*trainer: step \d+ loss \S+", line)]
+    assert stepped, lines
     api = requests.get(f"{dashboard['url']}api/jobs/{JOB}", timeout=10)
     assert api.status_code == 200 and api.headers["content-type"].startswith("application/json")
     listed = requests.get(f"{dashboard['url']}api/jobs", timeout=10)
@@ -382,6 +388,9 @@ def test_cancel_asks_first_then_cancels(dashboard, fleet, page):
     until("the job CANCELLED", lambda: fleet.status().phase == Phase.CANCELLED, 60)
     page.wait_for_function("() => document.querySelector('#phase').innerText.trim() === 'CANCELLED'",
                            timeout=(INTERVAL + SLACK) * 1000)
+    # Nothing is left to cancel: the button is disabled, and says why.
+    page.wait_for_function("() => document.querySelector('#cancel').disabled", timeout=(INTERVAL + SLACK) * 1000)
+    assert "nothing to cancel" in page.get_attribute("#cancel", "title")
 
 
 def test_hostile_names_and_messages_are_text_in_every_page(dashboard, fleet, page, browser):

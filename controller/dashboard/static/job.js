@@ -83,6 +83,8 @@
     }
   });
   respawn.poll(main.dataset.api, apply, (error) => say(`not refreshed: ${error}`, true));
+  const shown = document.getElementById("logs");
+  shown.scrollTop = shown.scrollHeight;  // the lines the page came with: their end in view
   const logsNote = (error) => logs({lines: [], note: `logs not refreshed: ${error}`, read_at: null});
   respawn.poll(main.dataset.logs, logs, logsNote, {now: true});
 })();
