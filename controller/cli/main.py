@@ -450,7 +450,13 @@ def dashboard(
     host: Annotated[str, typer.Option(envvar="RESPAWN_DASHBOARD_HOST", help="the address to listen on; other "
                                       "than loopback only with --allow-remote")] = "127.0.0.1",
     allow_remote: Annotated[bool, typer.Option("--allow-remote", help="let --host be an address others can reach "
-                                               "(whoever reaches it can cancel and resubmit jobs)")] = False,
+                                               "(whoever reaches it can cancel and resubmit jobs); it then "
+                                               "answers to IP addresses and localhost only, and to the names "
+                                               "given with --allowed-host")] = False,
+    allowed_host: Annotated[list[str] | None, typer.Option("--allowed-host", metavar="NAME",
+                                                           help="with --allow-remote: a host name the dashboard "
+                                                                "answers to (repeatable); any other name is refused, "
+                                                                "so a DNS-rebinding site cannot reach it")] = None,
     no_open: Annotated[bool, typer.Option("--no-open", help="do not open a browser")] = False,
 ) -> None:
     """The fleet and each job in a browser, live: a local web server over the bucket, with cancel
@@ -459,7 +465,8 @@ def dashboard(
     It reads what `respawn status` reads, with the same credentials, at most once per --interval
     however many pages are open. It prints one line, the address it serves at, then serves until
     Ctrl-C. It listens on 127.0.0.1 only, unless --host names another address and --allow-remote
-    is given: whoever reaches it can cancel jobs."""
+    is given: whoever reaches it can cancel jobs. Remote, it answers to a Host that is an IP
+    address, localhost, or a name given with --allowed-host (repeatable), never to another name."""
     from controller.dashboard import guard, serving
 
     deadline.stop()  # it serves until stopped; each read has the adapters' own bounds
@@ -469,7 +476,8 @@ def dashboard(
         _fail(str(e))
     jobs = _jobs()
     try:
-        server, url = serving.bind(jobs, host, port, interval, allow_remote, recent=_recent_logs(jobs))
+        server, url = serving.bind(jobs, host, port, interval, allow_remote, recent=_recent_logs(jobs),
+                                    allowed_hosts=tuple(allowed_host or ()))
     except OSError as e:
         _fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
     if warning:

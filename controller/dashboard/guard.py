@@ -5,7 +5,9 @@ requests to 127.0.0.1.
   (``--allow-remote``), with a warning (``bind_warning``).
 - **DNS rebinding**: a hostile name that resolves to 127.0.0.1 reaches the server with its own
   name in the Host header. Every request, reads included, must name the address the server
-  is bound to (or ``localhost`` at its port); a remote bind accepts any Host, as the user chose.
+  is bound to (or ``localhost`` at its port). A remote bind (``--allow-remote``) accepts a Host
+  that is an IP literal, ``localhost``, or a name given with ``--allowed-host``: never another
+  name, which is what a rebinding page sends.
 - **CSRF**: a POST must carry the server's token in the ``X-Respawn-Token`` header (a random
   token made when the server starts and written only into its own pages; a form another site
   posts cannot set a header without a CORS preflight this server never grants), and an
@@ -55,6 +57,7 @@ class Guard:
     remote: bool = False
     token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     hosts: set[str] = field(default_factory=set)
+    names: frozenset[str] = frozenset()  # remote only: the names (``--allowed-host``) it answers to besides IPs
 
     def bound(self, host: str, port: int) -> None:
         """The address the server got (``port`` 0 asks for a free one: the one it got)."""
@@ -64,9 +67,30 @@ class Guard:
     def read_problem(self, headers: Mapping[str, str]) -> str | None:
         """Why a request may not even read (a foreign Host); None when it may."""
         host = (headers.get("Host") or "").lower()
-        if not self.remote and host not in self.hosts:
-            return f"Host {host or '(none)'} is not this dashboard's address"
-        return None
+        if host in self.hosts or (self.remote and self._remote_ok(host)):
+            return None
+        if self.remote:
+            return (f"Host {host or '(none)'} is not this dashboard's address: pass --allowed-host NAME to "
+                    "answer to a name other than an IP address or localhost")
+        return f"Host {host or '(none)'} is not this dashboard's address"
+
+    def _remote_ok(self, host: str) -> bool:
+        name = host
+        if host.startswith("["):  # [v6]:port
+            name = host[1:].split("]", 1)[0]
+        elif host.count(":") == 1:
+            name, port = host.split(":")
+            if not port.isdigit():
+                return False
+        if not name:
+            return False
+        if name == "localhost" or name in {n.lower().rstrip(".") for n in self.names}:
+            return True
+        try:
+            ipaddress.ip_address(name)
+            return True
+        except ValueError:
+            return False
 
     def write_problem(self, headers: Mapping[str, str]) -> str | None:
         """Why a POST is refused (a foreign Host or Origin, no or a wrong token); None when it may go on."""

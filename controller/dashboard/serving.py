@@ -28,10 +28,10 @@ INTERRUPTED = 130  # SIGINT's exit code, as a shell reports it
 
 
 def bind(jobs: Jobs, host: str, port: int, interval: float, remote: bool,
-         recent: Recent | None = None) -> tuple[BaseWSGIServer, str]:
+         recent: Recent | None = None, allowed_hosts: tuple[str, ...] = ()) -> tuple[BaseWSGIServer, str]:
     """The server, bound (``port`` 0: a free one), and the address it answers at. ``recent(job)``:
     the job's last log lines (``logtail``; None: the job page says to run ``respawn logs``)."""
-    guard = Guard(remote=remote)
+    guard = Guard(remote=remote, names=frozenset(allowed_hosts))
     fleet = Fleet(jobs, interval)
     fleet.snapshot()  # the bucket read once before anything is said: no credentials, no bucket: one line, exit 2 or 3
     app = create_app(fleet, guard, interval, recent=recent)

@@ -510,6 +510,22 @@ def test_a_read_under_a_foreign_host_name_is_refused(h):
     assert client.get("/", base_url=f"http://localhost:{PORT}").status_code == 200
 
 
+def test_a_remote_dashboard_answers_ip_addresses_localhost_and_allowed_names_never_a_rebinding_name(h):
+    _running(h)
+    guard = Guard(remote=True, names=frozenset({"dash.internal"}))
+    guard.bound("0.0.0.0", PORT)
+    client = create_app(Fleet(Jobs(h.store, BUCKET, h.policy), 5.0, Ticks(), wall=lambda: NOW), guard, 5.0,
+                        now=lambda: NOW).test_client()
+    for base in ("http://10.1.2.3:8642", "http://[fd00::1]:8642", "http://localhost:8642", "http://dash.internal:8642"):
+        assert client.get("/api/jobs", base_url=base).status_code == 200, base
+    evil = "http://evil.example:8642"  # the attacker's name, rebound to this machine's address
+    assert client.get("/", base_url=evil).status_code == 403
+    refused = client.post("/api/jobs/train/cancel", base_url=evil, headers={TOKEN_HEADER: guard.token,
+                                                                           "Origin": evil})
+    assert refused.status_code == 403 and "--allowed-host" in refused.get_json()["error"]
+    assert not h.store.exists(BUCKET, names.cancel_key("train"))
+
+
 def test_resubmit_replaces_the_spec_shown_and_refuses_one_changed_since(h):
     _running(h)
     client, guard, fleet = _dashboard(h)
