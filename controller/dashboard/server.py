@@ -128,7 +128,12 @@ def create_app(fleet: Fleet, guard: Guard, interval: float = DEFAULT_INTERVAL,
             return as_json({"error": "the spec changed since the page showed it: reload and look again"}, 409)
 
         def submit() -> str:
-            generation = fleet.jobs.submit(shown[1], job, replace=True)
+            try:
+                generation = fleet.jobs.submit(shown[1], job, replace=True, if_generation=shown[0])
+            except errors.PreconditionFailed:
+                fleet.expire()
+                raise Refused("the spec changed since the page showed it (someone submitted another): "
+                              "reload and look again") from None
             return f"resubmitted {job} with --replace (spec generation {generation})"
         return _act(fleet, submit)
 

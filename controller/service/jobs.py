@@ -94,8 +94,12 @@ class Jobs:
             raise SpecError(problems)
         return spec
 
-    def submit(self, raw: bytes, job: str, replace: bool = False, uncancel: bool = False) -> int:
+    def submit(self, raw: bytes, job: str, replace: bool = False, uncancel: bool = False,
+               if_generation: int | None = None) -> int:
         """Upload the spec; a job still running is only overwritten with ``replace``.
+
+        ``if_generation``: write only over that spec generation (the one a page showed);
+        ``errors.PreconditionFailed`` when someone wrote another since.
 
         A cancel the controller has not acted on yet is only withdrawn with ``uncancel``:
         replacing the spec must not quietly revoke someone's cancel. A cancel left from a
@@ -103,6 +107,8 @@ class Jobs:
         """
         self.check(raw, job)
         current = self._generation(names.spec_key(job))
+        if if_generation is not None and current != if_generation:
+            raise errors.PreconditionFailed(f"spec of {job!r} is at generation {current}, not {if_generation}")
         status = self.status(job)
         finished = status is not None and status.phase.terminal
         cancel = self._generation(names.cancel_key(job))
@@ -123,7 +129,8 @@ class Jobs:
                 pass
             except errors.PreconditionFailed:
                 raise Refused(f"job {job!r} was cancelled again while submitting; nothing was changed") from None
-        info = self.store.write(self.bucket, names.spec_key(job), raw, if_generation_match=None if replace else current)
+        match = if_generation if if_generation is not None else (None if replace else current)
+        info = self.store.write(self.bucket, names.spec_key(job), raw, if_generation_match=match)
         return info.generation
 
     def cancel(self, job: str) -> str | None:

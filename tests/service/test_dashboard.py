@@ -32,7 +32,7 @@ from controller.dashboard.snapshot import Fleet
 from controller.service import bootstrap
 from controller.service.config import Settings
 from controller.service.jobs import Jobs
-from tests.harness import BUCKET, PROJECT, TRAINER, Harness
+from tests.harness import BUCKET, PROJECT, TRAINER, Harness, spec_doc
 
 PORT = 8642
 BASE = f"http://127.0.0.1:{PORT}"
@@ -542,6 +542,18 @@ def test_resubmit_replaces_the_spec_shown_and_refuses_one_changed_since(h):
     refused = client.post("/api/jobs/train/resubmit", base_url=BASE, json={"spec_generation": fresh},
                           headers={TOKEN_HEADER: guard.token})
     assert refused.status_code == 409 and "pending cancel" in refused.get_json()["error"]
+
+
+def test_resubmit_does_not_undo_a_spec_a_teammate_wrote_after_the_page_showed_it(h):
+    _running(h)
+    client, guard, _ = _dashboard(h)
+    shown = client.get("/api/jobs/train", base_url=BASE).get_json()["spec_generation"]
+    h.submit("train", spec_doc(command="python train.py --fixed"))  # within the snapshot's interval
+    newer = h.store.read(BUCKET, names.spec_key("train"))
+    refused = client.post("/api/jobs/train/resubmit", base_url=BASE, json={"spec_generation": shown},
+                          headers={TOKEN_HEADER: guard.token})
+    assert refused.status_code == 409 and "changed" in refused.get_json()["error"]
+    assert h.store.read(BUCKET, names.spec_key("train")).info.generation == newer.info.generation
 
 
 # -- binding ---------------------------------------------------------------------------------------
