@@ -12,7 +12,9 @@ last, the file respawn's finder takes as the proof of a whole HuggingFace save::
     trainer = Trainer(model, args, train_dataset=data, callbacks=[callback])
     trainer.train(resume_from_checkpoint=resume_checkpoint(args.output_dir))
 
-Only the world's process zero uploads (its output_dir holds the save).
+Only the world's process zero uploads (its output_dir holds the save). The Trainer's save is
+collective: whether to save, and to stop, is decided on process zero and broadcast to every
+rank (``torch.distributed.broadcast_object_list`` when a process group is up).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from respawnkit.dist import torch_broadcast
 from respawnkit.layouts import HUGGINGFACE
 from respawnkit.resume import resume_from
 from respawnkit.saver import ADVICE, CheckpointSaver
@@ -45,6 +48,8 @@ class RespawnCallback(TrainerCallback):
         self._began: float | None = None  # when the Trainer was asked for the save it is writing
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self.saver.leader = bool(state.is_world_process_zero)
+        self.saver.agree = torch_broadcast
         if self.saver.should_save(state.global_step):
             control.should_save = True
         if self.saver.stop_requested:
@@ -56,6 +61,7 @@ class RespawnCallback(TrainerCallback):
         return control
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self.saver._last_save = time.monotonic()  # every rank: the Trainer's own saves count as saves too
         if state.is_world_process_zero:
             folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
             # a new folder each save: links are safe

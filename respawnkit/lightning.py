@@ -12,8 +12,10 @@ Lightning's own SIGTERM handling (chained with the kit's) then ends ``fit`` by r
     trainer = L.Trainer(callbacks=[callback], ...)
     trainer.fit(model, data, ckpt_path=resume_checkpoint("/tmp/resume"))
 
-``save_checkpoint`` runs on every rank (a strategy may need them all); only global rank
-zero's save is uploaded.
+``save_checkpoint`` runs on every rank (a strategy may need them all; it ends in a barrier);
+only global rank zero's save is uploaded. Whether to save, and whether to stop, is decided
+on global rank zero and broadcast (``trainer.strategy.broadcast``), so every rank saves at
+the same steps.
 """
 
 from __future__ import annotations
@@ -53,12 +55,15 @@ class RespawnCallback(Callback):
         # A SIGTERM that came after this callback's on_train_batch_end (in the module's own hook, in validation)
         # ends the fit with Lightning's SIGTERMException before the next one: the notice's save, at the step
         # that ended, is made here (once: should_save answers a notice one time).
-        if self.saver.stop_requested:
+        # Lightning broadcasts a SIGTERM to every rank and raises it on all of them at the same point.
+        if self.saver.notice.requested or type(exception).__name__ == "SIGTERMException":
             self._save_when_due(trainer)
         self.saver.finish()
 
     def _save_when_due(self, trainer: Any) -> None:
         step = trainer.global_step
+        self.saver.leader = bool(trainer.is_global_zero)
+        self.saver.agree = lambda value: trainer.strategy.broadcast(value, src=0)
         if self.saver.should_save(step):
             if trainer.is_global_zero:
                 self.saver.save(step, lambda folder: trainer.save_checkpoint(os.path.join(folder, "save.ckpt")))

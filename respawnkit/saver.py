@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Union
 
-from respawnkit import env, notice
+from respawnkit import dist, env, notice
 from respawnkit.layouts import STEP_DIR, Layout
 from respawnkit.log import say
 from respawnkit.progress import Progress
@@ -61,7 +61,8 @@ class CheckpointSaver:
     def __init__(self, uri: str | None = None, layout: Layout = STEP_DIR, *, every_s: Any = ADVICE,
                  every_steps: int | None = None, max_pending: int = 1, handle_sigterm: bool = True,
                  staging_dir: str | None = None, progress: Progress | None = None, store: Store | None = None,
-                 sigterm: notice.Notice | None = None) -> None:
+                 sigterm: notice.Notice | None = None, agree: Callable[[Any], Any] | None = None,
+                 leader: bool | None = None) -> None:
         uri = uri or env.checkpoint_uri()
         if store is None and not uri:
             raise ValueError("no checkpoint prefix: pass uri= or run under respawn (RESPAWN_CHECKPOINT_URI)")
@@ -84,6 +85,12 @@ class CheckpointSaver:
         self._closed = False
         self._last_save = time.monotonic()
         self._notice_answered = False
+        # Several ranks (each with its saver): ``agree`` broadcasts global rank zero's value to every rank
+        # (a save is collective: all decide alike or some wait forever); ``leader``: whether this is rank
+        # zero (None: respawnkit.dist.global_rank() says). None: this process decides alone.
+        self.agree = agree
+        self.leader = leader
+        self._agreed_stop = False
         self._worker = threading.Thread(target=self._run, name="respawnkit-upload", daemon=True)
         self._worker.start()
         ref = weakref.ref(self)
@@ -91,13 +98,27 @@ class CheckpointSaver:
 
     @property
     def stop_requested(self) -> bool:
-        """SIGTERM came: the loop should stop after this step's save (``on_step_end`` says so too)."""
-        return self.notice.requested
+        """SIGTERM came: the loop should stop after this step's save (``on_step_end`` says so too). With
+        ``agree``, what rank zero said at the last ``should_save``: every rank stops at the same step."""
+        return self._agreed_stop if self.agree is not None else self.notice.requested
 
     def should_save(self, step: int) -> bool:
-        """Call once per finished step: reports progress, and says whether to save now (SIGTERM, the
-        ``every_steps`` count, or ``every_s`` seconds since the last save)."""
+        """Call once per finished step (on every rank, with ``agree``): reports progress, and says whether to
+        save now (SIGTERM, the ``every_steps`` count, or ``every_s`` seconds since the last save). With
+        ``agree``, rank zero decides and every rank gets its answer (and resets its timer on a save)."""
         self.progress.step(step)
+        if self.agree is None:
+            save = self._wants(step)
+        else:
+            leader = self.leader if self.leader is not None else dist.global_rank() == 0
+            mine = (self._wants(step), self.notice.requested) if leader else (False, False)
+            save, stop = self.agree(mine)
+            save, self._agreed_stop = bool(save), bool(stop)
+        if save:
+            self._last_save = time.monotonic()
+        return save
+
+    def _wants(self, step: int) -> bool:
         if self.notice.requested:
             if self._notice_answered:
                 return False
@@ -111,7 +132,7 @@ class CheckpointSaver:
         """``should_save`` then ``save``; after SIGTERM, flushes and returns True: stop the loop."""
         if self.should_save(step):
             self.save(step, source)
-        if not self.notice.requested:
+        if not self.stop_requested:
             return False
         self.flush(timeout=self._until_hard_off())
         self.progress.update()  # the step it stops at, for the agent's exit record (step updates are throttled)

@@ -26,6 +26,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from respawnkit.dist import torch_broadcast
 from respawnkit.layouts import DCP
 from respawnkit.resume import resume_from
 from respawnkit.saver import ADVICE, CheckpointSaver
@@ -36,6 +37,7 @@ class Checkpointer:
                  *, use_async: bool = True, every_s: Any = ADVICE, every_steps: int | None = None, **saver: Any) -> None:
         self.model, self.optimizer = model, optimizer
         self.use_async = use_async and hasattr(dcp, "async_save")
+        saver.setdefault("agree", torch_broadcast)  # every rank decides as rank zero does (a DCP save is collective)
         self.saver = CheckpointSaver(uri, DCP, every_s=every_s, every_steps=every_steps, **saver)
 
     def state(self) -> dict[str, Any]:

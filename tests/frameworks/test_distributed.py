@@ -1,0 +1,79 @@
+"""Several ranks, one decision: a save is collective (Lightning's save_checkpoint ends in a barrier,
+HuggingFace's in an all-gather, DCP's over every rank), so every rank must save at the same steps and stop at
+the same step, or some wait forever. Two CPU processes with gloo."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from tests.frameworks.harness import HERE, environment
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ranks_agree_on_every_save_and_on_the_notice_with_rank_zeros_decision(tmp_path) -> None:
+    env = environment(str(tmp_path), MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(), WORLD_SIZE=2,
+                      NOTICE_AT_0=25, NOTICE_AT_1=22)
+    ranks = [subprocess.Popen([sys.executable, os.path.join(HERE, "ddp_saver.py")], env={**env, "RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=120) for p in ranks]
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in ranks] == [0, 0], [err[-2000:] for _, err in outs]
+    zero, one = (json.loads(out.strip().splitlines()[-1]) for out, _ in outs)
+    assert zero["saved"] == one["saved"], (zero, one)  # the same steps on both ranks
+    assert len([s for s in zero["saved"] if s < 25]) >= 2, zero  # periodic saves, before the notice
+    assert zero["stopped"] == one["stopped"] == 25  # rank zero's notice: both stop there
+    assert [s for s in zero["saved"] if s >= 25] == [25]  # one notice save, rank zero's
+
+
+def lightning_ddp(tmp_path, sigterm_at: int | None) -> tuple[int, str, str]:
+    env = environment(str(tmp_path), RESPAWN_CHECKPOINT_EVERY_S=0.3, STEPS=30, MASTER_PORT=free_port())
+    errors = tmp_path / "stderr.txt"  # a file: a pipe nobody reads till the end could fill and block the ranks
+    with open(errors, "w") as err:
+        process = subprocess.Popen([sys.executable, os.path.join(HERE, "ddp_lightning.py")], env=env,
+                                   cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=err, text=True,
+                                   start_new_session=True)
+    lines = []
+    try:
+        for line in process.stdout:
+            lines.append(line)
+            if sigterm_at is not None and line.strip() == f"step {sigterm_at}":
+                os.killpg(process.pid, signal.SIGTERM)  # what the shutdown script does: the whole group
+                sigterm_at = None
+        return process.wait(60), "".join(lines), errors.read_text()
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def saves(out: str, rank: int) -> list[int]:
+    return [int(s) for s in re.findall(rf"^rank {rank} saved (\d+)$", out, re.MULTILINE)]
+
+
+def test_lightning_ddp_with_a_short_advised_interval_saves_the_same_steps_on_every_rank(tmp_path) -> None:
+    code, out, err = lightning_ddp(tmp_path, None)
+    assert code == 0, err[-3000:]
+    assert "rank 0 done" in out and "rank 1 done" in out, err[-3000:]
+    assert len(saves(out, 0)) >= 2 and saves(out, 0) == saves(out, 1), out
+    uploaded = sorted(os.listdir(os.path.join(str(tmp_path), "bucket")))
+    assert uploaded == [f"step-{s:09d}.ckpt" for s in saves(out, 0)]
+
