@@ -10,6 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+# The top-level file names respawn's finder takes as proof of a whole save in any format (``_DIR_MARKERS``;
+# ``commit_success`` as a prefix): a save holding one (a DCP ``.metadata`` in a STEP_DIR save) uploads it after
+# every other file and just before its layout's own marker, or the finder could pick the save half uploaded.
+FINDER_MARKERS = (".metadata", "trainer_state.json", "_SUCCESS", "COMPLETE", "DONE")
+
+
+def finder_marker(name: str) -> bool:
+    """Whether respawn's finder would take ``name`` (relative to the save's folder) as a completion marker."""
+    return "/" not in name and (name in FINDER_MARKERS or name.startswith("commit_success"))
+
+
 @dataclass(frozen=True)
 class Layout:
     """``pattern`` formats a step (``{step}``) into the save's name under the prefix; ``marker`` names the

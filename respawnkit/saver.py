@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from respawnkit import dist, env, notice
-from respawnkit.layouts import STEP_DIR, Layout
+from respawnkit.layouts import STEP_DIR, Layout, finder_marker
 from respawnkit.log import say
 from respawnkit.progress import Progress
 from respawnkit.stores import Store, open_store
@@ -276,7 +276,10 @@ class CheckpointSaver:
             else:
                 os.makedirs(os.path.dirname(os.path.join(job.staging, marker)), exist_ok=True)
                 open(os.path.join(job.staging, marker), "wb").close()
-            for name in [*files, marker]:  # the marker last: before it, the save is not complete
+            # the marker last: before it, the save is not complete; any other file the finder takes as a marker
+            # just before it
+            files = [f for f in files if not finder_marker(f)] + [f for f in files if finder_marker(f)]
+            for name in [*files, marker]:
                 self.store.put(os.path.join(job.staging, *name.split("/")), f"{job.name}/{name}")
         self.upload_s = time.monotonic() - job.upload_started
         self.saved_step = job.step if self.saved_step is None else max(self.saved_step, job.step)

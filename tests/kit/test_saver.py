@@ -216,3 +216,29 @@ def test_a_folder_the_framework_wrote_counts_its_save_from_when_it_began_not_the
     assert saver.save(7, str(folder), link=True, began=time.monotonic() - 0.4)
     assert saver.flush(10)
     assert saver.save_s >= 0.4
+
+
+def test_a_file_the_finder_takes_as_a_marker_is_uploaded_after_the_rest_and_before_the_layouts_own(tmp_path) -> None:
+    # a DCP save (.metadata) in the default STEP_DIR layout, its upload hung after the first object: with .metadata
+    # sorted first, respawn's finder called the save complete; now it picks nothing until the very end
+    root = str(tmp_path / "bucket")
+    seen = []
+
+    class Watching(RecordingStore):
+        def put(self, local: str, name: str) -> None:
+            super().put(local, name)
+            found = finder.latest(root)
+            seen.append((name, found.uri if found else None))
+
+    store = Watching(root)
+    saver = saver_for(store)
+    files = {".metadata": b"m", "__0_0.distcp": b"d" * 100, "a.bin": b"a", "trainer_state.json": b"{}",
+             "sub/.metadata": b"x"}
+    assert saver.save(7, writer(files))
+    assert saver.flush(10)
+    names = [n for n, _ in seen]
+    assert names == [f"step-000000007/{n}" for n in ("__0_0.distcp", "a.bin", "sub/.metadata", ".metadata",
+                                                      "trainer_state.json", "_SUCCESS")]
+    # whichever marker the finder reads, the save is whole when it is first picked: after every other object
+    first_picked = next(i for i, (_, found) in enumerate(seen) if found)
+    assert first_picked >= 3
