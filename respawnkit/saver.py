@@ -157,9 +157,10 @@ class CheckpointSaver:
         else:
             _snapshot(os.fspath(source), staging, link)
         job = _Job(step, self.layout.name(step), staging, ready, started)
-        if ready is None:
-            job.save_s = self.save_s = time.monotonic() - started
-            self.progress.update(save_s=round(job.save_s, 3))
+        # save_s: what blocked training (the write, or an async write's staging); the rest of an async write,
+        # done in the background, counts in its upload_s
+        job.save_s = self.save_s = time.monotonic() - started
+        self.progress.update(save_s=round(job.save_s, 3))
         self._last_save = time.monotonic()
         with self._cond:
             while len(self._pending) >= self.max_pending:
@@ -257,11 +258,9 @@ class CheckpointSaver:
                     self._cond.notify_all()
 
     def _upload(self, job: _Job) -> None:
-        if job.ready is not None:
-            job.ready()
-            job.save_s = self.save_s = time.monotonic() - job.started
-            self.progress.update(save_s=round(job.save_s, 3))
         job.upload_started = time.monotonic()
+        if job.ready is not None:
+            job.ready()  # the background write's remainder: part of upload_s, never of save_s
         files = _files(job.staging)
         if self.layout.single:
             if len(files) != 1:
