@@ -78,6 +78,7 @@ class CheckpointSaver:
         self.saved_step: int | None = None  # the newest step whose upload completed
         self.skipped: list[int] = []  # steps whose SIGTERM save would not have fitted the notice
         self.errors: list[str] = []
+        self._errors_reported = 0  # errors a flush has returned False for already
         self._staging_root = tempfile.mkdtemp(prefix="respawnkit-", dir=staging_dir)
         self._cond = threading.Condition()
         self._pending: deque[_Job] = deque()
@@ -172,7 +173,8 @@ class CheckpointSaver:
         return True
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every queued save is uploaded (or failed); False when ``timeout`` seconds were not enough."""
+        """Wait until every queued save is uploaded (or failed); False when ``timeout`` seconds were not enough, or
+        when an upload failed since the last flush (stderr names its step)."""
         end = None if timeout is None else time.monotonic() + max(0.0, timeout)
         with self._cond:
             while self._pending or self._uploading:
@@ -183,6 +185,11 @@ class CheckpointSaver:
                         f"is step {self.saved_step}")
                     return False
                 self._cond.wait(left)
+            failed = self.errors[self._errors_reported:]
+            self._errors_reported = len(self.errors)
+        if failed:
+            say(f"flush: the upload of {'; '.join(failed)} failed; the last complete save is step {self.saved_step}")
+            return False
         return True
 
     def finish(self) -> bool:

@@ -15,13 +15,19 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import tempfile
+import time
+import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Protocol
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 TIMEOUT_S = 60.0  # one request: a hung network never hangs a flush forever
+RETRY_FOR_S = 120.0  # a request refused for a transient cause (408, 429, 5xx, the network) is retried this long
+_T = TypeVar("_T")
 _TEMPORARY = ".respawnkit-"  # a local copy under way (hidden and ".partial": never a checkpoint to the finder)
 
 
@@ -146,8 +152,33 @@ class _FsspecStore:
         self.fs.get_file(f"{self.root}/{name}", local)
 
 
+def _transient(error: BaseException) -> bool:
+    if isinstance(error, urllib.error.HTTPError):
+        return error.code in (408, 429) or 500 <= error.code < 600
+    return isinstance(error, (urllib.error.URLError, ConnectionError, TimeoutError))
+
+
+def _retrying(call: Callable[[], _T], retry_for: float, backoff: float) -> _T:
+    """``call()``, again after a transient failure (exponential backoff with jitter) for up to ``retry_for`` s.
+    Each try sends the whole request anew: an object's upload is idempotent (it replaces the object whole)."""
+    end = time.monotonic() + retry_for
+    while True:
+        try:
+            return call()
+        except Exception as e:
+            delay = random.uniform(backoff / 2, backoff)
+            if not _transient(e) or time.monotonic() + delay > end:
+                raise
+            time.sleep(delay)
+            backoff = min(backoff * 2, 30.0)
+
+
 class _JsonApiStore:
-    """The Cloud Storage JSON API with the standard library only."""
+    """The Cloud Storage JSON API with the standard library only. A request that fails for a transient cause
+    (408, 429, 5xx, a connection error or timeout) is tried again, with backoff, for up to ``retry_for`` s."""
+
+    retry_for = RETRY_FOR_S
+    backoff = 1.0  # seconds before the first retry
 
     def __init__(self, uri: str) -> None:
         self.uri = uri
@@ -167,11 +198,15 @@ class _JsonApiStore:
 
     def put(self, local: str, name: str) -> None:
         query = urllib.parse.urlencode({"uploadType": "media", "name": self.prefix + name})
-        with open(local, "rb") as body:
-            request = urllib.request.Request(f"{self.base}/upload/storage/v1/b/{self.bucket}/o?{query}", data=body,
-                                             method="POST", headers={**self._token(),
-                                                                     "Content-Length": str(os.path.getsize(local))})
-            urllib.request.urlopen(request, timeout=TIMEOUT_S).close()
+
+        def send() -> None:
+            with open(local, "rb") as body:
+                request = urllib.request.Request(f"{self.base}/upload/storage/v1/b/{self.bucket}/o?{query}",
+                                                 data=body, method="POST",
+                                                 headers={**self._token(), "Content-Length": str(os.path.getsize(local))})
+                urllib.request.urlopen(request, timeout=TIMEOUT_S).close()
+
+        _retrying(send, self.retry_for, self.backoff)
 
     def names(self, under: str = "") -> list[str]:
         start, found, page = self.prefix + under, [], ""
