@@ -6,15 +6,21 @@ that ask while one is under way wait for it and share it). It lists ``jobs/`` on
 reads only what changed since the last refresh, by the listing's generations: a job's
 status when a pass wrote it, its heartbeat when its VM beat (RUNNING jobs only, the first
 ``MAX_LIVE_READS``). A job's latest checkpoint (its spec, then a listing of its checkpoint
-prefix) is looked up again when its spec or status changes, else at most every
-``CHECKPOINT_EVERY`` seconds. A page left open on a quiet fleet costs one listing per
-interval and no read per job.
+prefix; the status already read is passed in) is looked up again when its spec or status
+changes, or, for a RUNNING job whose heartbeat changed since, at most every
+``CHECKPOINT_EVERY`` seconds; never for a finished job while nothing changes; at most
+``MAX_CHECKPOINT_READS`` per refresh. The reads of one refresh go side by side
+(``READ_WORKERS``). A page left open on a quiet fleet costs one listing per interval and no
+read per job. One job's status that cannot be read keeps the last one read and flags its row
+(``problem``); a listing that fails is the refresh's error, given to every page until the
+next refresh, an interval later.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -27,7 +33,9 @@ from controller.core.spec import MAX_SPEC_BYTES
 from controller.core.state import JobStatus, Phase
 from controller.service.jobs import MAX_LIVE_READS, JobRow, Jobs
 
-CHECKPOINT_EVERY = 60.0  # seconds between two listings of one job's checkpoints, nothing else changing
+CHECKPOINT_EVERY = 60.0  # seconds between two listings of one RUNNING job's checkpoints, nothing else changing
+MAX_CHECKPOINT_READS = 50  # checkpoint look-ups per refresh; the others wait for the next
+READ_WORKERS = 8  # reads side by side within one refresh
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,7 @@ class JobView:
     live: dict[str, Any] | None = None
     checkpoint: Found | None = None
     checkpoint_error: str | None = None
+    problem: str | None = None  # why its status could not be read this time (the row shows the last one read)
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,8 @@ class _Kept:
     checkpoint: tuple[Found | None, str | None] = (None, None)
     checkpoint_key: tuple[int, int] = (-1, -1)  # (spec, status) generations
     checkpoint_at: float = float("-inf")
+    beat_at: float = float("-inf")  # when its heartbeat last changed (this clock)
+    problem: str | None = None
     spec: tuple[int, bytes] | None = None  # (generation, text), read for the job page
 
 
@@ -71,14 +82,23 @@ class Fleet:
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
         self._read_at = float("-inf")
+        self._failed: errors.RespawnError | None = None  # the last refresh's error, until the next one
         self._kept: dict[str, _Kept] = {}
 
     def snapshot(self) -> Snapshot:
         """The last snapshot, refreshed first when it is ``interval`` old."""
         with self._lock:
-            if self._snapshot is None or self.clock() - self._read_at >= self.interval:
-                self._snapshot = self._refresh()
-                self._read_at = self.clock()
+            if self.clock() - self._read_at >= self.interval or (self._snapshot is None and self._failed is None):
+                try:
+                    self._snapshot, self._failed = self._refresh(), None
+                except errors.RespawnError as e:
+                    self._failed = e
+                    raise
+                finally:  # a failed refresh waits its interval too: pages polling meanwhile get its error
+                    self._read_at = self.clock()
+            elif self._failed is not None:
+                raise self._failed
+            assert self._snapshot is not None
             return self._snapshot
 
     def expire(self) -> None:
@@ -107,44 +127,84 @@ class Fleet:
             if (ref := names.parse_object_name(info.name)) and ref.node is None:
                 listed.setdefault(ref.job, {})[ref.kind] = info
         self._kept = {job: self._kept.get(job, _Kept()) for job in listed}
+        gens = {job: (objects["spec"].generation if "spec" in objects else 0,
+                      objects["status"].generation if "status" in objects else 0) for job, objects in listed.items()}
+        with ThreadPoolExecutor(READ_WORKERS) as pool:
+            # Statuses that a pass wrote since the last refresh, side by side; one that cannot be
+            # read keeps the last one read and flags its row, never the fleet.
+            changed = [job for job, (_, status_gen) in gens.items() if status_gen != self._kept[job].status_generation]
+            for job, (status, problem) in zip(changed, pool.map(self._status, changed)):
+                kept = self._kept[job]
+                kept.problem = problem
+                if problem is None:
+                    kept.status, kept.status_generation = (status if gens[job][1] else None), gens[job][1]
+            running = [job for job in sorted(listed) if _running(self._kept[job].status)][:MAX_LIVE_READS]
+            beats = [job for job in running if self._beat_changed(job, listed[job])]
+            for job, live in zip(beats, pool.map(lambda j: self._live(j, self._kept[j].status), beats)):
+                self._kept[job].live = live
+            due = self._checkpoints_due(gens)
+            for job, found in zip(due, pool.map(lambda j: self._checkpoint(j, self._kept[j].status), due)):
+                kept = self._kept[job]
+                kept.checkpoint, kept.checkpoint_key, kept.checkpoint_at = found, gens[job], self.clock()
         views: dict[str, JobView] = {}
-        running = 0
         for job, objects in sorted(listed.items()):
             kept = self._kept[job]
-            status_gen = objects["status"].generation if "status" in objects else 0
-            if status_gen != kept.status_generation:
-                kept.status = self.jobs.status(job) if status_gen else None
-                kept.status_generation = status_gen
             row = JobRow(job, kept.status, "spec" in objects, "cancel" in objects)
-            is_running = kept.status is not None and kept.status.phase == Phase.RUNNING
-            running += is_running
-            live = self._live(job, kept, objects, status_gen) if is_running and running <= MAX_LIVE_READS else None
-            spec_gen = objects["spec"].generation if "spec" in objects else 0
-            checkpoint, problem = self._checkpoint(job, kept, spec_gen, status_gen)
-            views[job] = JobView(row, status_gen, spec_gen, live, checkpoint, problem)
+            live = kept.live if job in running and "heartbeat" in objects else None
+            checkpoint, problem = kept.checkpoint if gens[job][0] else (None, None)
+            views[job] = JobView(row, kept.status_generation, gens[job][0], live, checkpoint, problem, kept.problem)
         return Snapshot(views, self.wall())
 
-    def _live(self, job: str, kept: _Kept, objects: dict[str, BlobInfo], status_gen: int) -> dict[str, Any] | None:
-        beat = objects.get("heartbeat")
-        key = (status_gen, beat.generation if beat else 0)
-        if beat is not None and key != kept.live_key:
-            try:
-                kept.live = self.jobs.live(job, kept.status)
-            except Exception:  # noqa: BLE001 - a trainer's odd beat never costs the page
-                kept.live = None
-            kept.live_key = key
-        return kept.live if beat is not None else None
+    def _status(self, job: str) -> tuple[JobStatus | None, str | None]:
+        try:
+            return self.jobs.status(job), None
+        except errors.RespawnError as e:
+            return None, f"status unreadable: {e or type(e).__name__}"
+        except Exception as e:  # noqa: BLE001 - a bug or a hostile object: this job's row only
+            return None, f"status unreadable: unexpected {type(e).__name__}: {e}"
 
-    def _checkpoint(self, job: str, kept: _Kept, spec_gen: int, status_gen: int) -> tuple[Found | None, str | None]:
-        key = (spec_gen, status_gen)
-        if not spec_gen:
-            return None, None
-        if key != kept.checkpoint_key or self.clock() - kept.checkpoint_at >= CHECKPOINT_EVERY:
-            try:
-                kept.checkpoint = (self.jobs.checkpoint(job), None)
-            except errors.RespawnError as e:
-                kept.checkpoint = (None, str(e) or type(e).__name__)
-            except Exception as e:  # noqa: BLE001 - a bug or a hostile tree: this job's cell only
-                kept.checkpoint = (None, f"unexpected {type(e).__name__}: {e}")
-            kept.checkpoint_key, kept.checkpoint_at = key, self.clock()
-        return kept.checkpoint
+    def _beat_changed(self, job: str, objects: dict[str, BlobInfo]) -> bool:
+        kept, beat = self._kept[job], objects.get("heartbeat")
+        key = (kept.status_generation, beat.generation if beat else 0)
+        if beat is None or key == kept.live_key:
+            return False
+        if key[1] != kept.live_key[1]:
+            kept.beat_at = self.clock()  # it beat: its run may have written a checkpoint since
+        kept.live_key = key
+        return True
+
+    def _live(self, job: str, status: JobStatus | None) -> dict[str, Any] | None:
+        try:
+            return self.jobs.live(job, status)
+        except Exception:  # noqa: BLE001 - a trainer's odd beat never costs the page
+            return None
+
+    def _checkpoints_due(self, gens: dict[str, tuple[int, int]]) -> list[str]:
+        """The jobs whose latest checkpoint is looked up this refresh: those whose spec or status
+        changed, then RUNNING jobs that beat since their last look, at most every
+        ``CHECKPOINT_EVERY`` seconds; a finished job's is never looked up again while nothing
+        changes. At most ``MAX_CHECKPOINT_READS``, oldest look first: the others wait a refresh."""
+        changed, aged = [], []
+        for job, key in gens.items():
+            kept = self._kept[job]
+            if not key[0] or kept.problem is not None:
+                continue
+            if key != kept.checkpoint_key:
+                changed.append(job)
+            elif (_running(kept.status) and kept.beat_at > kept.checkpoint_at
+                  and self.clock() - kept.checkpoint_at >= CHECKPOINT_EVERY):
+                aged.append(job)
+        aged.sort(key=lambda job: self._kept[job].checkpoint_at)
+        return (sorted(changed, key=lambda job: self._kept[job].checkpoint_at) + aged)[:MAX_CHECKPOINT_READS]
+
+    def _checkpoint(self, job: str, status: JobStatus | None) -> tuple[Found | None, str | None]:
+        try:
+            return self.jobs.checkpoint(job, status), None
+        except errors.RespawnError as e:
+            return None, str(e) or type(e).__name__
+        except Exception as e:  # noqa: BLE001 - a bug or a hostile tree: this job's cell only
+            return None, f"unexpected {type(e).__name__}: {e}"
+
+
+def _running(status: JobStatus | None) -> bool:
+    return status is not None and status.phase == Phase.RUNNING

@@ -40,6 +40,7 @@ def fleet_row(view: JobView, now: datetime) -> dict[str, Any]:
     total = ledger.summary(view.row.status.ledger, now) if view.row.status else None
     row["goodput"] = total.model_dump(mode="json") if total else None
     row["live"] = view.live
+    row["problem"] = view.problem
     row["cells"] = {key: printable(text) for key, text in _cells(row, total, now).items()}
     row["sort"] = {"attempt": row["attempt"], "age": row["age_seconds"] or 0,
                    "goodput": total.goodput if total and total.goodput is not None else -1.0,
@@ -60,7 +61,7 @@ def _cells(row: dict[str, Any], total: ledger.Summary | None, now: datetime) -> 
         "age": format_duration(timedelta(seconds=age)) if isinstance(age, int) else "—",
         "goodput": "—" if total is None or total.goodput is None else f"{total.goodput:.1%}",
         "cost": _cost(total),
-        "event": counted_down(row, now),
+        "event": f"{row['problem']} (showing the last one read)" if row.get("problem") else counted_down(row, now),
     }
 
 

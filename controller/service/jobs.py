@@ -206,16 +206,17 @@ class Jobs:
         return ({r.job: live for r, live in zip(read, got, strict=True) if live is not None},
                 {r.job for r in running[len(read):]})
 
-    def checkpoint(self, job: str) -> Found | None:
+    def checkpoint(self, job: str, status: JobStatus | None | bool = False) -> Found | None:
         """The job's latest complete checkpoint, if its spec names a prefix and it is readable: where
-        its current run writes them."""
+        its current run writes them. ``status``: the job's, already read (False: read it here)."""
         try:
             spec = parse_spec(self.store.read(self.bucket, names.spec_key(job), limit=MAX_SPEC_BYTES).data, job)
         except (errors.NotFound, errors.TooLarge, SpecError):
             return None
         if spec.checkpoint is None:
             return None
-        status = self.status(job)  # where its run writes them: a fresh run's own prefix (core.runs)
+        if status is False:
+            status = self.status(job)  # where its run writes them: a fresh run's own prefix (core.runs)
         return discover(self.store, status.checkpoints(spec.checkpoint) if status else spec.checkpoint)
 
     def _generation(self, key: str) -> int:

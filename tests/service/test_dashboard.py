@@ -169,18 +169,108 @@ def test_the_job_json_has_its_phase_history_newest_last_and_tables(h):
     assert client.get("/jobs/nope", base_url=BASE).status_code == 404
 
 
-def test_a_bucket_that_does_not_answer_is_a_503_saying_so_and_the_next_poll_reads_again(h):
+def test_a_bucket_that_does_not_answer_is_a_503_saying_so_and_the_poll_after_the_interval_reads_again(h):
     from controller.core import errors
 
     _running(h)
     clock = Ticks()
     client, _, _ = _dashboard(h, clock=clock)
     real = h.store.list
-    h.store.list = lambda *a, **k: (_ for _ in ()).throw(errors.TransientError("503 from GCS"))
-    failed = client.get("/api/jobs", base_url=BASE)
-    assert failed.status_code == 503 and "503 from GCS" in failed.get_json()["error"]
+    listings = []
+    h.store.list = lambda *a, **k: listings.append(1) or (_ for _ in ()).throw(errors.TransientError("503 from GCS"))
+    for _ in range(10):  # ten pages polling within one interval: one listing, the same error for all
+        failed = client.get("/api/jobs", base_url=BASE)
+        assert failed.status_code == 503 and "503 from GCS" in failed.get_json()["error"]
+    assert len(listings) == 1
     h.store.list = real
+    clock.t += 5
     assert client.get("/api/jobs", base_url=BASE).get_json()["jobs"][0]["job"] == "train"
+
+
+def test_one_jobs_unreadable_status_flags_its_row_and_keeps_the_last_one_read_the_fleet_still_shows(h):
+    from controller.core import errors
+
+    for job in ("eval", "train"):
+        _running(h, job)
+    clock = Ticks()
+    client, _, _ = _dashboard(h, clock=clock)
+    client.get("/api/jobs", base_url=BASE)
+    real = h.store.read
+
+    def read(bucket, key, *a, **k):
+        if key == names.status_key("train"):
+            raise errors.TransientError("503 backend error")
+        return real(bucket, key, *a, **k)
+    h.store.read = read
+    h.store.put(BUCKET, names.status_key("train"), real(BUCKET, names.status_key("train")).data)  # a pass wrote it
+    clock.t += 5
+    shown = client.get("/api/jobs", base_url=BASE)
+    assert shown.status_code == 200
+    rows = {row["job"]: row for row in shown.get_json()["jobs"]}
+    assert rows["train"]["phase"] == "RUNNING" and "503 backend error" in rows["train"]["problem"]
+    assert "status unreadable" in rows["train"]["cells"]["event"] and rows["eval"]["problem"] is None
+    h.store.read = real
+    clock.t += 5
+    assert {row["job"]: row for row in client.get("/api/jobs", base_url=BASE).get_json()["jobs"]}["train"]["problem"] is None
+
+
+def test_a_quiet_fleet_costs_one_listing_per_interval_and_no_checkpoint_listing(h):
+    for i in range(20):
+        h.submit(f"job{i}")
+    h.tick()
+    h.tick()
+    clock = Ticks()
+    client, _, _ = _dashboard(h, clock=clock)
+    client.get("/api/jobs", base_url=BASE)
+    h.store.calls.clear()
+    for _ in range(24):  # two minutes, one page polling, nothing written
+        clock.t += 5
+        client.get("/api/jobs", base_url=BASE)
+    assert _reads(h) == [("list", names.JOBS_PREFIX)] * 24
+
+
+def test_a_running_job_that_beats_has_its_checkpoints_listed_at_most_every_minute(h, monkeypatch):
+    _running(h)
+    clock = Ticks()
+    client, _, fleet = _dashboard(h, clock=clock)
+    lookups = []
+    real = fleet.jobs.checkpoint
+    monkeypatch.setattr(fleet.jobs, "checkpoint", lambda job, *a: lookups.append(clock.t) or real(job, *a))
+    client.get("/api/jobs", base_url=BASE)
+    for _ in range(24):  # two minutes, beating every poll
+        clock.t += 5
+        h.heartbeat("train")
+        client.get("/api/jobs", base_url=BASE)
+    assert [t - lookups[0] for t in lookups] == [0, 60, 120]
+
+
+def test_checkpoint_lookups_are_capped_per_refresh_and_read_side_by_side(h, monkeypatch):
+    from controller.dashboard import snapshot
+
+    for i in range(200):
+        h.submit(f"job{i:03}")
+    h.tick()
+    h.tick()
+    clock = Ticks()
+    client, _, fleet = _dashboard(h, clock=clock)
+    lookups = []
+    real = fleet.jobs.checkpoint
+
+    def slow(job, *a):
+        lookups.append(job)
+        time.sleep(0.02 * 2)  # its spec and a listing, 20 ms each (the status is passed in)
+        return real(job, *a)
+    monkeypatch.setattr(fleet.jobs, "checkpoint", slow)
+    started = time.monotonic()
+    client.get("/api/jobs", base_url=BASE)
+    assert len(lookups) == snapshot.MAX_CHECKPOINT_READS
+    assert time.monotonic() - started < 1.0
+    for _ in range(5):  # the others over the next refreshes, then none while nothing changes
+        clock.t += 5
+        started = time.monotonic()
+        client.get("/api/jobs", base_url=BASE)
+        assert time.monotonic() - started < 1.0
+    assert sorted(lookups) == [f"job{i:03}" for i in range(200)]
 
 
 # -- hostile text ----------------------------------------------------------------------------------
