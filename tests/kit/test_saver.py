@@ -83,7 +83,7 @@ def test_a_save_from_a_folder_the_framework_rotates_away_still_uploads(tmp_path)
 def test_a_writer_marker_missing_means_no_upload_of_that_save(tmp_path, capfd) -> None:
     saver = saver_for(RecordingStore(str(tmp_path / "bucket")), layout=HUGGINGFACE)
     saver.save(5, writer({"model.safetensors": b"w"}))
-    assert saver.flush(10)
+    assert not saver.flush(10)  # a save that failed: flush says so
     assert saver.saved_step is None and "no trainer_state.json" in saver.errors[0]
     assert finder.latest(str(tmp_path / "bucket")) is None
     assert "upload of step 5 failed" in capfd.readouterr().err
