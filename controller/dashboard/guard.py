@@ -12,6 +12,9 @@ requests to 127.0.0.1.
   token made when the server starts and written only into its own pages; a form another site
   posts cannot set a header without a CORS preflight this server never grants), and an
   ``Origin`` header, where sent, must be the server's own.
+- **Cross-site reads**: ``/api/*`` and a job's ``timeline.png`` refuse a request whose
+  ``Sec-Fetch-Site`` says another site's page sent it (an ``<img>`` there would spend a Cloud
+  Logging read or tell which jobs exist).
 """
 
 from __future__ import annotations
@@ -91,6 +94,16 @@ class Guard:
             return True
         except ValueError:
             return False
+
+    def fetch_problem(self, headers: Mapping[str, str]) -> str | None:
+        """Why a request for data (JSON, a job's logs, its timeline) is refused: another site's page
+        asked for it (``Sec-Fetch-Site`` ``cross-site`` or ``same-site``: an ``<img>`` that would
+        spend a Logging read, or probe which jobs exist). A browser that sends no such header, or
+        a scraper, may."""
+        site = (headers.get("Sec-Fetch-Site") or "").lower()
+        if site in ("cross-site", "same-site"):
+            return f"a request from another site ({site}) is refused: open the dashboard itself"
+        return None
 
     def write_problem(self, headers: Mapping[str, str]) -> str | None:
         """Why a POST is refused (a foreign Host or Origin, no or a wrong token); None when it may go on."""

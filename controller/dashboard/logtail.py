@@ -5,7 +5,9 @@ The reader is given (``recent(job) -> list[str]``: the last lines of the job's c
 This module only bounds how often it is called. Cloud Logging allows a project 60
 ``entries.list`` a minute: a job's lines are read only when its page asks for them (``GET
 /api/jobs/JOB/logs``), at most once per ``EVERY`` seconds per job however many pages poll, and
-one read at a time per job (a page that asks meanwhile waits for that read and shares it). A read
+one read at a time per job (a page that asks meanwhile waits for that read and shares it), and
+at most ``PER_MINUTE`` reads a minute in all jobs together (past it, a page gets the lines last
+read, or a note, and its next poll tries again). A read
 that fails (the quota's 429, a 403, no Logging endpoint, anything at all) is a one-line note in
 place of the lines, kept as long as lines are: the page never gets a 500, and a refused read is
 not tried again at each poll.
@@ -14,6 +16,7 @@ not tried again at each poll.
 from __future__ import annotations
 
 import threading
+from collections import deque
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +27,7 @@ from controller.render.text import printable
 
 EVERY = 30.0  # seconds a job's lines (or the note of a failed read) are kept before the next read
 LINES = 40  # the last lines shown
+PER_MINUTE = 20  # reads a minute, all jobs together: a third of Logging's quota, the rest for respawn logs
 NOTE_CHARS = 300  # a note is one line, at most this long
 
 Recent = Callable[[str], list[str]]
@@ -49,11 +53,13 @@ class Tails:
     """Each job's last lines, read through ``recent`` at most once per ``every`` seconds (module docstring)."""
 
     def __init__(self, recent: Recent | None, every: float = EVERY, lines: int = LINES,
-                 clock: Callable[[], float] = time.monotonic,
+                 per_minute: int = PER_MINUTE, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self.recent, self.every, self.lines, self.clock, self.wall = recent, every, lines, clock, wall
+        self.per_minute = per_minute
         self._lock = threading.Lock()
         self._kept: dict[str, _Kept] = {}
+        self._reads: deque[float] = deque()  # when the reads of the last minute began
 
     def cached(self, job: str) -> Tail | None:
         """The job's last read, whatever its age; None when none was made. Never reads."""
@@ -67,9 +73,25 @@ class Tails:
             kept = self._kept.setdefault(job, _Kept())
         with kept.lock:  # one read in flight per job: the others wait for it and share it
             if kept.tail is None or self.clock() - kept.at >= self.every:
+                if not self._may_read():
+                    if kept.tail is None:
+                        kept.tail = Tail(note=f"logs not read yet: the dashboard reads at most {self.per_minute} "
+                                              "a minute in all; the next poll tries again", read_at=self.wall())
+                    return kept.tail  # its ``at`` unchanged: the next poll tries again
                 kept.tail = self._read(job)
                 kept.at = self.clock()
             return kept.tail
+
+    def _may_read(self) -> bool:
+        """Whether one more read fits in the last minute's ``per_minute`` (counted when it does)."""
+        with self._lock:
+            now = self.clock()
+            while self._reads and now - self._reads[0] >= 60.0:
+                self._reads.popleft()
+            if len(self._reads) >= self.per_minute:
+                return False
+            self._reads.append(now)
+            return True
 
     def forget(self, keep: set[str]) -> None:
         """Drop what was kept of jobs no longer in the bucket."""

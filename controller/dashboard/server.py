@@ -54,6 +54,8 @@ def create_app(fleet: Fleet, guard: Guard, interval: float = DEFAULT_INTERVAL,
     @app.before_request
     def _checked() -> Response | None:
         problem = guard.write_problem(request.headers) if request.method == "POST" else guard.read_problem(request.headers)
+        if problem is None and (request.path.startswith("/api/") or request.path.endswith("/timeline.png")):
+            problem = guard.fetch_problem(request.headers)
         return as_json({"error": problem}, 403) if problem else None
 
     @app.after_request

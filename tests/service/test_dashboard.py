@@ -379,6 +379,19 @@ def _pre(page: str) -> str:
     return re.search(r'<pre id="logs"[^>]*>(.*?)</pre>', page, re.S).group(1)
 
 
+def test_logging_is_read_at_most_20_times_a_minute_in_all_jobs_together(h):
+    for i in range(30):
+        _running(h, f"job{i:02}")
+    recent = FakeRecent(["a line"])
+    client, _, clock = _with_logs(h, recent)
+    answers = [client.get(f"/api/jobs/job{i:02}/logs", base_url=BASE).get_json() for i in range(30)]
+    assert len(recent.calls) == 20
+    assert answers[-1]["lines"] == [] and "20 a minute" in answers[-1]["note"]
+    clock.t += 60  # a minute on: the jobs left are read at their next poll
+    assert client.get("/api/jobs/job29/logs", base_url=BASE).get_json()["lines"] == ["a line"]
+    assert len(recent.calls) == 21
+
+
 def test_the_job_page_shows_its_last_log_lines_as_text_and_the_command_for_all_of_them(h):
     _running(h)
     lines = [f"01-01 02:{k // 60:02d}:{k % 60:02d} train-1 trainer: step {k}" for k in range(60)]
@@ -614,6 +627,23 @@ def test_a_remote_dashboard_answers_ip_addresses_localhost_and_allowed_names_nev
                                                                            "Origin": evil})
     assert refused.status_code == 403 and "--allowed-host" in refused.get_json()["error"]
     assert not h.store.exists(BUCKET, names.cancel_key("train"))
+
+
+@pytest.mark.parametrize("site", ["cross-site", "same-site"])
+def test_another_sites_page_cannot_spend_a_logging_read_nor_probe_job_names(h, site):
+    _running(h)
+    guard = Guard()
+    guard.bound("127.0.0.1", PORT)
+    calls = []
+    client = create_app(Fleet(Jobs(h.store, BUCKET, h.policy), 5.0, Ticks(), wall=lambda: NOW), guard, 5.0,
+                        now=lambda: NOW, recent=lambda job: calls.append(job) or ["x"]).test_client()
+    xs = {"Sec-Fetch-Site": site, "Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Dest": "image"}
+    for path in ("/api/jobs/train/logs", "/jobs/train/timeline.png", "/jobs/nosuch/timeline.png", "/api/jobs"):
+        assert client.get(path, base_url=BASE, headers=xs).status_code == 403, path
+    assert calls == []
+    own = {"Sec-Fetch-Site": "same-origin"}
+    assert client.get("/api/jobs/train/logs", base_url=BASE, headers=own).status_code == 200 and calls == ["train"]
+    assert client.get("/jobs/train/timeline.png", base_url=BASE, headers=own).status_code == 200
 
 
 def test_resubmit_replaces_the_spec_shown_and_refuses_one_changed_since(h):
