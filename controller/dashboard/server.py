@@ -8,6 +8,7 @@ the timeline's PNG) is served from here. Every request is checked by ``guard.Gua
 
 from __future__ import annotations
 
+import html
 import json
 import threading
 from collections.abc import Callable
@@ -88,7 +89,9 @@ def create_app(fleet: Fleet, guard: Guard, interval: float = DEFAULT_INTERVAL,
     @app.get("/jobs/<job>")
     def job_page(job: str) -> str:
         shown = detail(job)  # the lines last read, if any: the page asks for fresh ones itself
-        return page("job.html", job=shown, attempt_columns=views.ATTEMPT_COLUMNS,
+        # The spec as the polls send it (its lines kept, every other control character escaped), then HTML-escaped.
+        spec = Markup(html.escape(shown["spec"], quote=True)) if shown["spec"] is not None else None
+        return page("job.html", job=shown, spec=spec, attempt_columns=views.ATTEMPT_COLUMNS,
                     loss_columns=views.LOSS_COLUMNS, logs=_logs(job, tails.cached(job), tails.every))
 
     @app.get("/api/jobs/<job>/logs")

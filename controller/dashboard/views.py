@@ -144,7 +144,7 @@ def job(view: JobView, snapshot: Snapshot, now: datetime, spec: tuple[int, bytes
                               "status_generation": view.status_generation,
                               "logs_command": logs_command(view.row.job),
                               "cancel_refused": nothing_to_cancel(view),
-                              "spec": spec[1].decode("utf-8", "replace") if spec else None,
+                              "spec": printable(spec[1].decode("utf-8", "replace"), keep="\n\t") if spec else None,
                               "spec_generation": spec[0] if spec else None}
     if status is None:
         return {**detail, "history": [], "facts": [], "attempts": [], "losses": []}

@@ -646,6 +646,19 @@ def test_another_sites_page_cannot_spend_a_logging_read_nor_probe_job_names(h, s
     assert client.get("/jobs/train/timeline.png", base_url=BASE, headers=own).status_code == 200
 
 
+def test_the_spec_is_shown_alike_on_the_page_and_in_the_polls_lines_kept_controls_escaped(h):
+    raw = "zones: [us-central1-a]\ncommand: python train.py\r" + " " * 60 + "--lr \u202e1e-4 <b>\n"
+    h.submit("train", raw)
+    h.tick()
+    h.tick()
+    client, _, _ = _dashboard(h)
+    polled = client.get("/api/jobs/train", base_url=BASE).get_json()["spec"]
+    assert polled.startswith("zones: [us-central1-a]\ncommand: python train.py\\r") and "\\u202e" in polled
+    page = client.get("/jobs/train", base_url=BASE).get_data(as_text=True)
+    shown = re.search(r'<pre id="spec">(.*?)</pre>', page, re.S).group(1)
+    assert shown == polled.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def test_resubmit_replaces_the_spec_shown_and_refuses_one_changed_since(h):
     _running(h)
     client, guard, fleet = _dashboard(h)

@@ -66,9 +66,11 @@
   document.getElementById("cancel").addEventListener("click", () =>
     ask(`Cancel ${name}? Its VMs are deleted; its checkpoints are kept.`,
         () => respawn.post(main.dataset.cancel)));
-  document.getElementById("resubmit").addEventListener("click", () =>
+  document.getElementById("resubmit").addEventListener("click", () => {
+    const shown = Number(main.dataset.specGeneration);  // the spec on screen when asked, not at the confirm
     ask(`Resubmit ${name} with --replace, from the spec shown below?`,
-        () => respawn.post(main.dataset.resubmit, {spec_generation: Number(main.dataset.specGeneration)})));
+        () => respawn.post(main.dataset.resubmit, {spec_generation: shown}));
+  });
   document.getElementById("confirm-no").addEventListener("click", () => { pending = null; dialog.close(); });
   document.getElementById("confirm-yes").addEventListener("click", async () => {
     const action = pending;
