@@ -55,6 +55,7 @@ class _Job:
     started: float  # monotonic: when save() began
     save_s: float | None = None
     upload_started: float | None = None
+    future: Any = None  # an async write's future (what ``ready`` waits on)
 
 
 class CheckpointSaver:
@@ -151,13 +152,14 @@ class CheckpointSaver:
             return False
         started = time.monotonic() if began is None else min(began, time.monotonic())
         staging = tempfile.mkdtemp(prefix=f"step-{step}-", dir=self._staging_root)
-        ready = None
+        ready, future = None, None
         if callable(source):
             result = source(staging)
-            ready = result.result if callable(getattr(result, "result", None)) else None
+            if callable(getattr(result, "result", None)):
+                ready, future = result.result, result
         else:
             _snapshot(os.fspath(source), staging, link)
-        job = _Job(step, self.layout.name(step), staging, ready, started)
+        job = _Job(step, self.layout.name(step), staging, ready, started, future=future)
         # save_s: what blocked training (the write, or an async write's staging); the rest of an async write,
         # done in the background, counts in its upload_s
         job.save_s = self.save_s = time.monotonic() - started
@@ -166,7 +168,7 @@ class CheckpointSaver:
         with self._cond:
             while len(self._pending) >= self.max_pending:
                 dropped = self._pending.popleft()
-                shutil.rmtree(dropped.staging, ignore_errors=True)
+                _discard(dropped)
                 say(f"dropping the waiting upload of step {dropped.step}: step {step} supersedes it")
             self._pending.append(job)
             self._cond.notify_all()
@@ -297,6 +299,26 @@ class CheckpointSaver:
             idle = not self._pending and not self._uploading
         if not idle:
             self.flush(self._until_hard_off())
+
+
+def _discard(job: _Job) -> None:
+    """Remove a dropped save's local copy: once its write is over, when it is still being written (an async save
+    writing into a folder removed under it fails, and leaves files behind)."""
+    def remove(*_: object) -> None:
+        shutil.rmtree(job.staging, ignore_errors=True)
+
+    if job.ready is None:
+        remove()
+    elif callable(getattr(job.future, "add_done_callback", None)):
+        job.future.add_done_callback(remove)
+    else:  # a waitable with no callbacks (Orbax's): waited on aside
+        def wait() -> None:
+            try:
+                job.ready()
+            except Exception:
+                pass
+            remove()
+        threading.Thread(target=wait, name="respawnkit-discard", daemon=True).start()
 
 
 def _files(folder: str) -> list[str]:

@@ -270,3 +270,31 @@ def test_an_async_saves_time_is_what_blocked_the_caller_never_the_queue_or_the_u
         state = json.load(f)
     assert state["save_s"] < 0.2 and saver.save_s < 0.2, state
     assert state["upload_s"] >= 0.5 and state["saved_step"] == 2, state
+
+
+def test_a_dropped_async_save_keeps_its_folder_until_its_write_is_over(tmp_path) -> None:
+    from concurrent.futures import Future
+
+    store = RecordingStore(str(tmp_path / "bucket"), hold=True)
+    saver = saver_for(store)
+    folders: dict[int, str] = {}
+    futures: dict[int, Future] = {}
+
+    def async_write(step: int):
+        def write(folder: str) -> Future:
+            folders[step], futures[step] = folder, Future()
+            return futures[step]
+        return write
+
+    saver.save(1, writer({"a.bin": b"a"}))
+    assert store.entered.wait(5)  # step 1 uploading, held
+    saver.save(2, async_write(2))  # waiting, its write in flight
+    saver.save(3, async_write(3))  # drops step 2
+    assert os.path.isdir(folders[2])  # still being written: not removed under the write
+    with open(os.path.join(folders[2], "late.bin"), "wb") as f:
+        f.write(b"x")
+    futures[2].set_result(None)
+    assert not os.path.exists(folders[2])  # removed once the write is over
+    futures[3].set_result(None)
+    store.release.set()
+    assert saver.flush(10) and saver.saved_step == 3
