@@ -43,9 +43,20 @@ class RespawnCallback(TrainerCallback):
     def __init__(self, uri: str | None = None, *, every_s: Any = ADVICE, every_steps: int | None = None,
                  max_pending: int = 1, **saver: Any) -> None:
         # built here, on the main thread, so that SIGTERM is handled from the start
+        self._stage_beside_output = saver.get("staging_dir") is None
         self.saver = CheckpointSaver(uri, HUGGINGFACE, every_s=every_s, every_steps=every_steps,
                                      max_pending=max_pending, **saver)
         self._began: float | None = None  # when the Trainer was asked for the save it is writing
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        # Saves are hard-linked from output_dir into the staging folder: on another filesystem (the default
+        # temporary folder often is) a link fails and each save is copied whole, blocking training. By default,
+        # stage in output_dir itself (a hidden folder the Trainer never rotates).
+        if self._stage_beside_output and state.is_world_process_zero:
+            self._stage_beside_output = False
+            os.makedirs(args.output_dir, exist_ok=True)
+            self.saver.stage_in(args.output_dir)
+        return control
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         self.saver.leader = bool(state.is_world_process_zero)

@@ -174,6 +174,15 @@ class CheckpointSaver:
             self._cond.notify_all()
         return True
 
+    def stage_in(self, folder: str) -> None:
+        """Keep local copies of later saves in a new hidden folder under ``folder`` (e.g. beside the files a
+        framework writes, so that ``link=True`` links rather than copies); the old staging folder goes once empty."""
+        old, self._staging_root = self._staging_root, tempfile.mkdtemp(prefix=".respawnkit-", dir=folder)
+        try:
+            os.rmdir(old)
+        except OSError:
+            pass  # a save still staged there: removed with it
+
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued save is uploaded (or failed); False when ``timeout`` seconds were not enough, or
         when an upload failed since the last flush (stderr names its step)."""
