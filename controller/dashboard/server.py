@@ -36,7 +36,7 @@ def _escaped(value: object) -> Markup:
 
 
 def as_json(data: Any, status: int = 200) -> Response:
-    text = json.dumps(data).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").replace("'", "\\u0027")
+    text = json.dumps(data, separators=(",", ":")).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").replace("'", "\\u0027")
     return Response(text, status=status, mimetype="application/json",
                     headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})
 

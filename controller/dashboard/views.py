@@ -112,10 +112,15 @@ def _hours_since(span: ledger.Span, since: datetime, now: datetime) -> float:
 
 
 def fleet(snapshot: Snapshot, now: datetime) -> dict[str, Any]:
-    """``GET /api/jobs``: every job's row, the fleet's totals, and when the bucket was read."""
+    """``GET /api/jobs``: every job's row (``FLEET_FIELDS``: what the page shows and sorts by; the
+    rest is in ``GET /api/jobs/JOB``), the fleet's totals, and when the bucket was read."""
     statuses = [v.row.status for v in snapshot.jobs.values() if v.row.status is not None]
-    return {"jobs": [fleet_row(v, now) for v in snapshot.jobs.values()], "totals": totals(statuses, now),
-            "updated": stamp(snapshot.at)}
+    return {"jobs": [{key: row[key] for key in FLEET_FIELDS} for row in (fleet_row(v, now) for v in snapshot.jobs.values())],
+            "totals": totals(statuses, now), "updated": stamp(snapshot.at)}
+
+
+# What the fleet page uses of a row (its cells and sort keys); a job's JSON has all of them.
+FLEET_FIELDS = ("job", "phase", "attempt", "problem", "cells", "sort")
 
 
 def logs_command(job: str) -> str:
