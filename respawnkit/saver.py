@@ -189,13 +189,16 @@ class CheckpointSaver:
         end = None if timeout is None else time.monotonic() + max(0.0, timeout)
         with self._cond:
             while self._pending or self._uploading:
+                if end is None and self.notice.requested:  # a SIGTERM since: bounded by the notice's hard-off
+                    end = time.monotonic() + max(0.0, self._until_hard_off() or 0.0)
+                    timeout = end - time.monotonic()
                 left = None if end is None else end - time.monotonic()
                 if left is not None and left <= 0:
                     steps = [j.step for j in ([self._uploading] if self._uploading else []) + list(self._pending)]
                     say(f"flush: step(s) {steps} still uploading after {timeout:.1f} s; the last complete save "
                         f"is step {self.saved_step}")
                     return False
-                self._cond.wait(left)
+                self._cond.wait(0.2 if left is None else min(left, 0.2))  # a notice may come meanwhile
             failed = self.errors[self._errors_reported:]
             self._errors_reported = len(self.errors)
         if failed:
@@ -307,7 +310,8 @@ class CheckpointSaver:
         with self._cond:
             idle = not self._pending and not self._uploading
         if not idle:
-            self.flush(self._until_hard_off())
+            self.flush(self._until_hard_off())  # no notice: until done, unless a SIGTERM comes meanwhile
+        self.progress.update()  # the last step reached (step updates are throttled)
 
 
 def _discard(job: _Job) -> None:

@@ -57,6 +57,11 @@ class Checkpointer:
         """After step ``step``: save when due; True when SIGTERM came (saved if it fitted, flushed): stop."""
         return self.saver.on_step_end(step, self.write)
 
+    def finish(self) -> bool:
+        """After the last step: flush the uploads (until the hard-off after a notice) and write the last step to
+        the progress file. Called at exit too, when the loop ends without it."""
+        return self.saver.finish()
+
     def resume(self, download_to: str | None = None) -> int:
         """Load respawn's choice into the model and optimizer; the step it holds (0 on a fresh start)."""
         chosen = resume_from(download_to=download_to or tempfile.mkdtemp(prefix="respawn-resume-"))

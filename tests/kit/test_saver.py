@@ -298,3 +298,21 @@ def test_a_dropped_async_save_keeps_its_folder_until_its_write_is_over(tmp_path)
     futures[3].set_result(None)
     store.release.set()
     assert saver.flush(10) and saver.saved_step == 3
+
+
+def test_a_flush_with_no_timeout_is_bounded_by_a_notice_that_comes_meanwhile(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("RESPAWN_NOTICE_SECONDS", "1")
+    store = RecordingStore(str(tmp_path / "bucket"), hold=True)
+    notice = Notice()
+    saver = saver_for(store, sigterm=notice)
+    saver.save(1, writer({"a.bin": b"a"}))
+    assert store.entered.wait(5)
+    result: list[bool] = []
+    flushing = threading.Thread(target=lambda: result.append(saver.flush()))  # atexit's: no timeout
+    flushing.start()
+    time.sleep(0.3)
+    began = time.monotonic()
+    notice.trigger()
+    flushing.join(5)
+    assert result == [False] and time.monotonic() - began < 2.0  # at the hard-off (1 s), not forever
+    store.release.set()
