@@ -9,7 +9,8 @@ When ``RESPAWN_PROGRESS_FILE`` is set, the kit keeps at that path one JSON objec
 until one did); ``saved_step``: the step of the newest save whose upload completed (null
 until one did). The file is replaced whole (a temporary file, then ``os.replace``), so a
 reader never sees half of one. Step updates are written at most once a second; saves and
-uploads are written at once.
+uploads are written at once. Only the global rank zero of a distributed run writes it (every rank
+of a node shares the path): see ``respawnkit.dist.global_rank``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from respawnkit import env
+from respawnkit import dist, env
 from respawnkit.log import say
 
 MIN_INTERVAL_S = 1.0
@@ -54,6 +55,8 @@ class Progress:
 
     def _write(self) -> None:
         if not self.path or self.state["step"] is None and self.state["saved_step"] is None:
+            return
+        if dist.global_rank() != 0:  # one writer: the rank whose saves are uploaded
             return
         self._written = time.monotonic()
         folder = os.path.dirname(os.path.abspath(self.path))

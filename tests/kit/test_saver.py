@@ -316,3 +316,18 @@ def test_a_flush_with_no_timeout_is_bounded_by_a_notice_that_comes_meanwhile(tmp
     flushing.join(5)
     assert result == [False] and time.monotonic() - began < 2.0  # at the hard-off (1 s), not forever
     store.release.set()
+
+
+@pytest.mark.parametrize("variables, written", [({}, True), ({"RANK": "0", "LOCAL_RANK": "0"}, True),
+                                                ({"RANK": "1", "LOCAL_RANK": "1"}, False),
+                                                ({"LOCAL_RANK": "1"}, False)])
+def test_only_global_rank_zero_writes_the_progress_file(tmp_path, monkeypatch, variables, written) -> None:
+    for name in ("RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    path = tmp_path / "progress.json"
+    progress = Progress(str(path))
+    progress.step(4)
+    progress.update(saved_step=4)
+    assert path.exists() == written
