@@ -261,12 +261,13 @@ load_tpu_identity() {
 # progress_fields: the progress file's "step", "save_s", "upload_s" and "saved_step" as
 # record fields (', "step": 120, "save_s": 0.41'), each only where it is a plain JSON number
 # of bounded length; nothing when the file is absent or says none. The trainer writes the file:
-# only a regular file is read, and only its first 4 KiB.
+# only a regular file is read, and only its first 4 KiB, within 2 s (the path may become a FIFO
+# between the test and the read: an open or read that blocks never hangs a heartbeat or a marker).
 progress_fields() {
   local LC_ALL=C text="" out="" key value
   local int='(0|[1-9][0-9]{0,17})' real='(0|[1-9][0-9]{0,8})([.][0-9]{1,17})?([eE][-+]?[0-9]{1,3})?'
   [ -f "$agent_progress_file" ] || return 0
-  { IFS= read -r -d '' -n 4096 text < "$agent_progress_file"; } 2> /dev/null
+  text="$(timeout -s KILL 2 head -c 4096 -- "$agent_progress_file" 2> /dev/null | tr -d '\000')"
   for key in step save_s upload_s saved_step; do
     case "$key" in *_s) value="$real" ;; *) value="$int" ;; esac
     [[ "$text" =~ \"$key\"[[:space:]]*:[[:space:]]*($value)[[:space:]]*[,}] ]] && out+=", \"$key\": ${BASH_REMATCH[1]}"

@@ -815,3 +815,18 @@ def test_a_trainer_whose_pid_cannot_be_recorded_is_never_left_running(gcs, tmp_p
     finally:
         guest.close()
         md.close()
+
+
+def test_a_progress_file_that_turns_into_a_fifo_after_its_test_never_hangs_progress_fields(tmp_path):
+    # the race a trainer could make: the path a regular file when tested, a FIFO with no writer when read (here
+    # the test builtin itself swaps it): the read is bounded (2 s), the fields are empty, nothing hangs
+    script = ('printf \'{"step": 5, "saved_step": 4}\' > "$agent_progress_file"\n'
+              'echo "fields:$(progress_fields)"\n'
+              '[() { builtin [ "$@"; local r=$?; rm -f "$agent_progress_file"; mkfifo "$agent_progress_file"; '
+              'return $r; }\n'
+              'echo "fifo:$(progress_fields)"')
+    started = time.monotonic()
+    out = subprocess.run(["bash", "-c", f"set -uo pipefail\n{COMMON}\n{script}"], capture_output=True, text=True,
+                         timeout=20, env={"PATH": os.environ["PATH"], "RESPAWN_RUN_DIR": str(tmp_path)})
+    assert out.stdout.splitlines() == ['fields:, "step": 5, "saved_step": 4', "fifo:"], out.stderr
+    assert time.monotonic() - started < 6
