@@ -1,9 +1,10 @@
 """``GET /metrics``: the fleet's figures in Prometheus' text format, through prometheus_client.
 
-Gauges of what is now (jobs by phase, accelerators running, goodput, dollars spent and saved
-by the jobs the bucket holds) and counters of what each job's run has seen (preemptions and
-stockouts by zone, recoveries and their time), summed over the jobs in the bucket: a job
-removed (``respawn rm``) leaves them, which Prometheus reads as a counter reset.
+Gauges, all of them: what is now (jobs by phase, accelerators running, goodput, dollars spent
+and saved by the jobs the bucket holds) and what the jobs' current runs have seen (preemptions
+and stockouts by zone, recoveries and their time), summed over the jobs in the bucket. Those
+sums fall when a job is resubmitted (a fresh run) or removed (``respawn rm``), so they are not
+counters (no ``_total``): ``rate()`` over one would read each fall as a reset and spike.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Iterator
 from datetime import datetime
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from controller.core import ledger
@@ -58,9 +59,10 @@ class FleetCollector(Collector):
                                 value=fleet["accelerator_hours_week"])
 
     def _zones(self, zones: dict[str, dict[str, int]]) -> Iterator[Metric]:
-        preempted = CounterMetricFamily("respawn_preemptions", "Preemptions, by zone", labels=["zone"])
-        stockouts = CounterMetricFamily("respawn_stockouts", "Creates refused for want of capacity, by zone",
-                                        labels=["zone"])
+        preempted = GaugeMetricFamily("respawn_preemptions", "Preemptions in the jobs' current runs, by zone",
+                                      labels=["zone"])
+        stockouts = GaugeMetricFamily("respawn_stockouts", "Creates refused for want of capacity in the jobs' "
+                                      "current runs, by zone", labels=["zone"])
         for zone, counts in zones.items():
             preempted.add_metric([zone], counts["preemptions"])
             stockouts.add_metric([zone], counts["stockouts"])
@@ -70,8 +72,9 @@ class FleetCollector(Collector):
     def _recoveries(self, statuses: list[JobStatus]) -> Iterator[Metric]:
         count = sum(s.ledger.totals.recoveries for s in statuses)
         seconds = sum(s.ledger.totals.recovery_s for s in statuses)
-        yield SummaryMetricFamily("respawn_recovery_seconds", "From a loss to its replacement RUNNING",
-                                  count_value=count, sum_value=seconds)
+        yield GaugeMetricFamily("respawn_recoveries", "Recoveries in the jobs' current runs", value=count)
+        yield GaugeMetricFamily("respawn_recovery_seconds", "Seconds from each loss to its replacement RUNNING, "
+                                "summed over the jobs' current runs", value=seconds)
 
 
 def exposition(snapshot: Snapshot, now: datetime) -> bytes:
