@@ -65,6 +65,9 @@ def create_app(fleet: Fleet, guard: Guard, interval: float = DEFAULT_INTERVAL,
                                     "frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
         response.headers.setdefault("X-Frame-Options", "DENY")
         response.headers.setdefault("Referrer-Policy", "no-referrer")
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        if not request.path.startswith("/static/"):  # pages, JSON, /metrics, pictures: always fresh
+            response.headers.setdefault("Cache-Control", "no-store")
         return response
 
     def page(template: str, **context: Any) -> str:
@@ -110,10 +113,13 @@ def create_app(fleet: Fleet, guard: Guard, interval: float = DEFAULT_INTERVAL,
     def timeline(job: str) -> Response:
         from controller.render import report
 
-        view = fleet.snapshot().jobs.get(job)
+        snapshot = fleet.snapshot()
+        view = snapshot.jobs.get(job)
         if view is None or view.row.status is None:
             abort(404)
         with drawing:  # matplotlib's figures are not drawn side by side; one drawing per status written
+            for gone in [name for name in pictures if name not in snapshot.jobs]:
+                del pictures[gone]  # a job removed from the bucket: its picture goes too
             kept = pictures.get(job)
             if kept is None or kept[0] != view.status_generation:
                 kept = pictures[job] = (view.status_generation, report.timeline_png(job, view.row.status, now()))

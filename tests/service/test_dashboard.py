@@ -631,6 +631,16 @@ def test_a_read_under_a_foreign_host_name_is_refused(h):
     assert client.get("/", base_url=f"http://localhost:{PORT}").status_code == 200
 
 
+def test_pages_json_metrics_and_pictures_are_never_sniffed_nor_cached(h):
+    _running(h)
+    client, _, _ = _dashboard(h)
+    for path in ("/", "/jobs/train", "/api/jobs", "/api/jobs/train", "/metrics", "/jobs/train/timeline.png"):
+        answer = client.get(path, base_url=BASE)
+        assert answer.status_code == 200, path
+        assert answer.headers["X-Content-Type-Options"] == "nosniff", path
+        assert answer.headers["Cache-Control"] == "no-store", path
+
+
 def test_a_remote_dashboard_answers_ip_addresses_localhost_and_allowed_names_never_a_rebinding_name(h):
     _running(h)
     guard = Guard(remote=True, names=frozenset({"dash.internal"}))
