@@ -258,6 +258,18 @@ load_tpu_identity() {
     || { log "bad worker 0 address '$agent_tpu_master' in worker-network-endpoints"; return 1; }
 }
 
+# notice_seconds: RESPAWN_NOTICE_SECONDS as the agent uses it and tells the trainer: a positive
+# number of seconds (up to 5 digits, up to 3 decimals), else 30 (Spot's notice). 0 is no notice
+# length at all: 30, as respawnkit.notice reads a value that is not positive.
+notice_seconds() {
+  local value="${RESPAWN_NOTICE_SECONDS:-30}"
+  if [[ "$value" =~ ^[0-9]{1,5}([.][0-9]{1,3})?$ && "$value" =~ [1-9] ]]; then
+    printf '%s' "$value"
+  else
+    printf '30'
+  fi
+}
+
 # progress_fields: the progress file's "step", "save_s", "upload_s" and "saved_step" as
 # record fields (', "step": 120, "save_s": 0.41'), each only where it is a plain JSON number
 # of bounded length; nothing when the file is absent or says none. The trainer writes the file:

@@ -13,7 +13,8 @@ set -uo pipefail
 # @@common.sh@@
 
 agent_t0="$(ms_now)"
-agent_notice="${RESPAWN_NOTICE_SECONDS:-30}"
+agent_notice="$(notice_seconds)"
+[ "$agent_notice" = "${RESPAWN_NOTICE_SECONDS:-30}" ] || log "bad RESPAWN_NOTICE_SECONDS '${RESPAWN_NOTICE_SECONDS:-}': 30 s"
 if [[ "$agent_notice" =~ ^([0-9]{1,5})(\.([0-9]{1,3}))?$ ]]; then
   agent_fraction="${BASH_REMATCH[3]}000"
   agent_notice_ms=$((10#${BASH_REMATCH[1]} * 1000 + 10#${agent_fraction:0:3}))

@@ -208,8 +208,7 @@ export RESUME_FROM="$4" RESPAWN_CHECKPOINT_URI="$5" RESPAWN_JOB="$6" RESPAWN_ATT
 exec "$1" -c "$3"'
 # The notice the shutdown script assumes (its RESPAWN_NOTICE_SECONDS, 30 s: Spot's), told to the
 # trainer so that a save that cannot finish in it is skipped (respawnkit.notice).
-agent_notice="${RESPAWN_NOTICE_SECONDS:-30}"
-[[ "$agent_notice" =~ ^[0-9]{1,5}([.][0-9]{1,3})?$ ]] || agent_notice=30
+agent_notice="$(notice_seconds)"
 readonly agent_notice
 # When the trainer starts, by this VM's clock: every record says it, so that the controller's
 # ledger ends the attempt's boot there, not when a pass happened to see the VM RUNNING.

@@ -830,3 +830,13 @@ def test_a_progress_file_that_turns_into_a_fifo_after_its_test_never_hangs_progr
                          timeout=20, env={"PATH": os.environ["PATH"], "RESPAWN_RUN_DIR": str(tmp_path)})
     assert out.stdout.splitlines() == ['fields:, "step": 5, "saved_step": 4', "fifo:"], out.stderr
     assert time.monotonic() - started < 6
+
+
+@pytest.mark.parametrize("value, used", [("0", "30"), ("0.000", "30"), ("00", "30"), ("", "30"), ("-4", "30"),
+                                         ("1e3", "30"), ("4", "4"), ("0.5", "0.5"), ("30", "30")])
+def test_the_agent_reads_the_notice_as_respawnkit_does_a_zero_is_the_30_s_default(value, used):
+    # respawnkit.notice takes a value that is not a positive number as unset (30 s): so does the agent, and what
+    # it uses is what it tells the trainer, so both count the same deadline
+    out = subprocess.run(["bash", "-c", f"set -uo pipefail\n{COMMON}\nnotice_seconds"], capture_output=True, text=True,
+                         timeout=10, env={"PATH": os.environ["PATH"], "RESPAWN_NOTICE_SECONDS": value})
+    assert out.stdout == used, out.stderr

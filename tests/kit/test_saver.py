@@ -331,3 +331,11 @@ def test_only_global_rank_zero_writes_the_progress_file(tmp_path, monkeypatch, v
     progress.step(4)
     progress.update(saved_step=4)
     assert path.exists() == written
+
+
+def test_a_zero_notice_is_the_30_s_default_as_the_agent_reads_it(monkeypatch) -> None:
+    monkeypatch.setenv("RESPAWN_NOTICE_SECONDS", "0")
+    monkeypatch.delenv("RESPAWN_NOTICE_DEADLINE", raising=False)
+    notice = Notice()
+    notice.trigger(now=1000.0)
+    assert notice.deadline == 1000.0 + 30 - 5
