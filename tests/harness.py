@@ -148,3 +148,16 @@ class Harness:
 
     def advance(self, **kw: float) -> None:
         self.clock.advance(timedelta(**kw))
+
+
+def under_cli(monkeypatch: Any, columns: int = 400) -> Harness:
+    """A harness that the `respawn` CLI reads and writes (its store and compute in place of
+    Google's), on a terminal ``columns`` wide."""
+    from controller.service import bootstrap
+    from controller.service.config import Settings
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    h = Harness()
+    bootstrap.override(None, Settings(bucket=BUCKET, project=PROJECT, trainer_service_account=TRAINER),
+                       h.store, h.compute)
+    return h

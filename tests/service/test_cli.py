@@ -47,7 +47,7 @@ from controller.service import bootstrap
 from controller.core import errors, names
 from controller.service.config import Settings
 from controller.core.state import Event, JobStatus, Phase
-from tests.harness import BUCKET, PROJECT, TRAINER, Harness
+from tests.harness import BUCKET, PROJECT, Harness, under_cli
 
 ESC = "\x1b"
 
@@ -55,10 +55,7 @@ ESC = "\x1b"
 @pytest.fixture
 def mem(monkeypatch) -> Harness:
     """The CLI over the in-memory store and compute, on a terminal wide enough for the whole table."""
-    monkeypatch.setenv("COLUMNS", "400")
-    h = Harness()
-    bootstrap.override(None, Settings(bucket=BUCKET, project=PROJECT, trainer_service_account=TRAINER),
-                       h.store, h.compute)
+    h = under_cli(monkeypatch, 400)
     return h
 
 

@@ -17,11 +17,9 @@ from controller.cli.main import app
 from controller.core import names
 from controller.core.state import Event, JobStatus, Phase
 from controller.render import status_view as view
-from controller.service import bootstrap
-from controller.service.config import Settings
 from controller.service.jobs import MAX_LIVE_READS, Jobs
 from controller.core.policy import ControllerPolicy
-from tests.harness import BUCKET, PROJECT, TRAINER, Harness
+from tests.harness import BUCKET, PROJECT, Harness, under_cli
 from tests.service.test_report import table_row
 
 runner = CliRunner()
@@ -32,10 +30,7 @@ BEAT = {"attempt": 3, "token": TOKEN, "instance": "llm-3-0", "step": 1234, "save
 
 @pytest.fixture
 def mem(monkeypatch) -> Harness:
-    monkeypatch.setenv("COLUMNS", "80")
-    h = Harness()
-    bootstrap.override(None, Settings(bucket=BUCKET, project=PROJECT, trainer_service_account=TRAINER),
-                       h.store, h.compute)
+    h = under_cli(monkeypatch, 80)
     # The store stamps each write with its clock: 12 s before the CLI reads it.
     h.clock.advance(datetime.now(UTC) - h.clock.now() - timedelta(seconds=12))
     return h

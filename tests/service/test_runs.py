@@ -17,9 +17,7 @@ from controller.cli.main import app
 from controller.core import names
 from controller.core.runs import RUNS_KEPT
 from controller.core.state import JobStatus, Phase
-from controller.service import bootstrap
-from controller.service.config import Settings
-from tests.harness import BUCKET, CKPT_BUCKET, PROJECT, TRAINER, Harness, spec_doc
+from tests.harness import BUCKET, CKPT_BUCKET, Harness, spec_doc, under_cli
 from tests.service.test_invariants import Crash, CrashAfter
 
 runner = CliRunner()
@@ -28,10 +26,7 @@ runner = CliRunner()
 @pytest.fixture
 def mem(monkeypatch) -> Harness:
     """The CLI over the in-memory store and compute, at 80 columns."""
-    monkeypatch.setenv("COLUMNS", "80")
-    h = Harness()
-    bootstrap.override(None, Settings(bucket=BUCKET, project=PROJECT, trainer_service_account=TRAINER),
-                       h.store, h.compute)
+    h = under_cli(monkeypatch, 80)
     return h
 
 
@@ -389,6 +384,6 @@ def test_rm_after_a_fresh_run_says_which_kept_checkpoints_a_new_job_would_resume
     gone = _cli("rm", "j")
     said = " ".join(gone.output.split())
     assert gone.exit_code == 0, gone.output
-    assert (f"checkpoints kept under gs://ckpts/run (a new job named j with this checkpoint.uri resumes from them "
+    assert ("checkpoints kept under gs://ckpts/run (a new job named j with this checkpoint.uri resumes from them "
             "unless submitted with --fresh)") in said
     assert f"checkpoints kept under gs://ckpts/run/runs/j/{st.run}/ (kept, never resumed by a new job)" in said
