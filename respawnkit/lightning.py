@@ -16,6 +16,19 @@ Lightning's own SIGTERM handling (chained with the kit's) then ends ``fit`` by r
 only global rank zero's save is uploaded. Whether to save, and whether to stop, is decided
 on global rank zero and broadcast (``trainer.strategy.broadcast``), so every rank saves at
 the same steps.
+
+Several ranks: Lightning's own SIGTERM handler (``_SignalConnector._sigterm_notifier_fn``, 2.x)
+runs a ``torch.distributed.broadcast`` inside the handler, once per SIGTERM a rank receives.
+A preemption signals the whole process group and Lightning's launcher forwards rank zero's
+SIGTERM to the other local ranks, so they receive it twice (or once, when the two arrive
+before the handler runs) while rank zero receives it once: the ranks' collectives get out of
+step (a broadcast paired with another rank's all-reduce, or the kit's broadcast) and the run
+hangs. With more than one rank the callback replaces that handler (at ``setup``, before
+Lightning installs it): a SIGTERM only records the notice (and is forwarded to the launched
+ranks once, as Lightning does), with no collective; the decision is taken at the next step
+boundary by the kit's broadcast, the one collective every rank makes there, and once every
+rank knows it, each marks Lightning's ``received_sigterm`` so that Lightning ends ``fit``
+with its ``SIGTERMException`` on every rank at the same point.
 """
 
 from __future__ import annotations
@@ -44,19 +57,51 @@ class RespawnCallback(Callback):
                  every_steps: int | None = None, max_pending: int = 1, **saver: Any) -> None:
         self.saver = CheckpointSaver(uri, layout, every_s=every_s, every_steps=every_steps,
                                      max_pending=max_pending, **saver)
+        self._stopped = False  # the ranks agreed to stop at a step boundary
+        self._took_over = False  # this callback, not Lightning's handler, answers SIGTERM (several ranks)
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._stopped = False  # the ranks agreed to stop (at a step boundary), Lightning is told
+        self._took_over = stage == "fit" and self._take_over_sigterm(trainer)
+
+    def _take_over_sigterm(self, trainer: Any) -> bool:
+        """Several ranks: replace Lightning's SIGTERM handler, which runs a collective per signal received, with one
+        that only records the notice. Lightning registers it after the ``setup`` hooks."""
+        connector = getattr(trainer, "_signal_connector", None)
+        if getattr(trainer, "world_size", 1) <= 1 or not hasattr(connector, "_sigterm_notifier_fn"):
+            return False
+        notice = self.saver.notice
+        forwarded = []
+
+        def notifier(signum: Any, frame: Any) -> None:
+            if not forwarded:  # as Lightning does: the ranks its launcher started get the signal too, once
+                forwarded.append(signum)
+                launcher = getattr(trainer.strategy, "launcher", None)
+                if launcher is not None:
+                    launcher.kill(signum)
+            notice.trigger()
+
+        connector._sigterm_notifier_fn = notifier
+        return True
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._save_when_due(trainer)
         if self.saver.stop_requested:
             self.saver.finish()
             trainer.should_stop = True
+            self._stopped = True
+            if self._took_over:
+                # every rank has rank zero's decision: every rank raises Lightning's SIGTERMException at the same point
+                trainer._signal_connector.received_sigterm = True
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         # A SIGTERM that came after this callback's on_train_batch_end (in the module's own hook, in validation)
         # ends the fit with Lightning's SIGTERMException before the next one: the notice's save, at the step
-        # that ended, is made here (once: should_save answers a notice one time).
-        # Lightning broadcasts a SIGTERM to every rank and raises it on all of them at the same point.
-        if self.saver.notice.requested or type(exception).__name__ == "SIGTERMException":
+        # that ended, is made here (once: should_save answers a notice one time). One process only: with
+        # several ranks, Lightning's SIGTERMException comes after the ranks agreed (and saved) at a step
+        # boundary, and an exception may be one rank's alone, so no collective is made here.
+        if not self._took_over and not self._stopped and (
+                self.saver.notice.requested or type(exception).__name__ == "SIGTERMException"):
             self._save_when_due(trainer)
         self.saver.finish()
 

@@ -53,11 +53,13 @@ def main() -> int:
                         enable_model_summary=False, callbacks=[callback])
     try:
         trainer.fit(Model(), torch.utils.data.DataLoader(list(range(10_000)), batch_size=1))
-    except SystemExit:
-        if not callback.saver.notice.requested:
+    except SystemExit:  # Lightning's SIGTERMException, on every rank once they agreed to stop
+        if not callback.saver.stop_requested:
             raise
+    if callback.saver.stop_requested:
+        print(f"rank {trainer.global_rank} stopped {trainer.global_step}", flush=True)
     print(f"rank {trainer.global_rank} done", flush=True)
-    return 143 if callback.saver.notice.requested else 0
+    return 143 if callback.saver.stop_requested else 0
 
 
 if __name__ == "__main__":

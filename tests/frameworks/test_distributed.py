@@ -4,6 +4,7 @@ the same step, or some wait forever. Two CPU processes with gloo."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -44,13 +46,21 @@ def test_ranks_agree_on_every_save_and_on_the_notice_with_rank_zeros_decision(tm
     assert [s for s in zero["saved"] if s >= 25] == [25]  # one notice save, rank zero's
 
 
-def lightning_ddp(tmp_path, sigterm_at: int | None) -> tuple[int, str, str]:
+def lightning_ddp(tmp_path, sigterm_at: int | None, deadline: float = 90) -> tuple[int, str, str]:
+    """Both ranks run in a process group of their own (rank zero launches rank one); with ``sigterm_at``, the group
+    is SIGTERMed once rank zero prints that step. After ``deadline`` seconds the group is SIGKILLed (a hang is a
+    failure, not a stuck test): the exit code is then -9."""
     env = environment(str(tmp_path), RESPAWN_CHECKPOINT_EVERY_S=0.3, STEPS=30, MASTER_PORT=free_port())
     errors = tmp_path / "stderr.txt"  # a file: a pipe nobody reads till the end could fill and block the ranks
     with open(errors, "w") as err:
         process = subprocess.Popen([sys.executable, os.path.join(HERE, "ddp_lightning.py")], env=env,
                                    cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=err, text=True,
                                    start_new_session=True)
+    def kill_group() -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    watchdog = threading.Timer(deadline, kill_group)  # the loop below blocks on the ranks' output
+    watchdog.start()
     lines = []
     try:
         for line in process.stdout:
@@ -58,11 +68,13 @@ def lightning_ddp(tmp_path, sigterm_at: int | None) -> tuple[int, str, str]:
             if sigterm_at is not None and line.strip() == f"step {sigterm_at}":
                 os.killpg(process.pid, signal.SIGTERM)  # what the shutdown script does: the whole group
                 sigterm_at = None
-        return process.wait(60), "".join(lines), errors.read_text()
+        return process.wait(deadline), "".join(lines), errors.read_text()
     finally:
+        watchdog.cancel()
         if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
+            kill_group()
             process.wait()
+        kill_group()  # rank one, should it outlive rank zero
 
 
 def saves(out: str, rank: int) -> list[int]:
@@ -77,3 +89,23 @@ def test_lightning_ddp_with_a_short_advised_interval_saves_the_same_steps_on_eve
     uploaded = sorted(os.listdir(os.path.join(str(tmp_path), "bucket")))
     assert uploaded == [f"step-{s:09d}.ckpt" for s in saves(out, 0)]
 
+
+
+@pytest.mark.timeout(120)
+def test_lightning_ddp_sigterm_to_the_process_group_saves_one_step_on_both_ranks_and_stops(tmp_path) -> None:
+    # A preemption SIGTERMs every process; Lightning's launcher also forwards rank zero's SIGTERM to rank one, which
+    # gets it twice. Lightning's own handler made a broadcast per SIGTERM received (2 on rank one, 1 on rank zero):
+    # the collectives got out of step and the run hung. The callback's handler records the notice only; the ranks
+    # agree at the step boundary, save that step once, and both end with Lightning's SIGTERMException.
+    code, out, err = lightning_ddp(tmp_path, sigterm_at=10, deadline=90)
+    assert code == 143, (code, out[-2000:], err[-3000:])
+    assert "rank 0 done" in out and "rank 1 done" in out, err[-3000:]
+    stops = sorted(re.findall(r"^rank (\d) stopped (\d+)$", out, re.MULTILINE))
+    assert [rank for rank, _ in stops] == ["0", "1"] and stops[0][1] == stops[1][1], out
+    stopped = int(stops[0][1])
+    assert 10 <= stopped < 30, out  # the notice's step boundary, well before the end
+    assert saves(out, 0) == saves(out, 1), out  # the same saves on both ranks
+    assert saves(out, 0)[-1] == stopped and saves(out, 0).count(stopped) == 1, out  # the notice's save, once
+    assert "SIGTERM: saving at the next step boundary" in err
+    uploaded = sorted(os.listdir(os.path.join(str(tmp_path), "bucket")))
+    assert uploaded == [f"step-{s:09d}.ckpt" for s in saves(out, 0)]
