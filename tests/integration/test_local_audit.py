@@ -68,6 +68,23 @@ def inserted(cloud: LocalCloud, name: str) -> bool:
     return name in cloud.compute.names()
 
 
+# First in the module, before the module's cloud exists: two local clouds in one process at once
+# build their Flask apps while the other's threads run, and CPython 3.11's ast module is not safe
+# for two threads parsing at once (werkzeug compiles each URL rule with ast.parse): a CI run met
+# "SystemError: AST constructor recursion depth mismatch" there.
+def test_without_the_audit_path_nothing_recovers_them_within_that_time():
+    with LocalCloud(Options(**OPTIONS, audit=False)) as cloud:
+        assert cloud.logging.sinks(cloud.options.project) == [] and "on_audit" not in cloud._functions
+        started(cloud, "hard", "crashed")
+        cloud.compute.preempt("hard-1", graceful=False)
+        cloud.compute.crash("crashed-1")
+        until("both TERMINATED", lambda: all(i["status"] == "TERMINATED" for i in cloud.compute.instances()))
+        # Compute still wrote its entries (the tick reads them), but no sink sends them anywhere.
+        assert len(cloud.logging.entries(audit.SYSTEM_EVENT_LOG_ID)) == 2
+        time.sleep(QUIET)  # more than twice what the audit path takes (the tests below): nothing else is meant to act in it
+        assert not inserted(cloud, "hard-2") and not inserted(cloud, "crashed-2")
+
+
 def test_the_local_cloud_deploys_the_audit_path_as_respawn_deploy_would(cloud):
     project = cloud.options.project
     [sink] = cloud.logging.sinks(project)
@@ -107,16 +124,3 @@ def test_a_crash_is_recovered_within_seconds_without_a_tick(cloud):
     crashed = until("crashed's status", lambda: (s := status(cloud, "crashed")) and s.attempt == 2 and s)
     assert crashed.failures == 1 and crashed.preemptions == 0
     assert any(e.event == "failed" and "crashed" in e.detail for e in crashed.history)
-
-
-def test_without_the_audit_path_nothing_recovers_them_within_that_time():
-    with LocalCloud(Options(**OPTIONS, audit=False)) as cloud:
-        assert cloud.logging.sinks(cloud.options.project) == [] and "on_audit" not in cloud._functions
-        started(cloud, "hard", "crashed")
-        cloud.compute.preempt("hard-1", graceful=False)
-        cloud.compute.crash("crashed-1")
-        until("both TERMINATED", lambda: all(i["status"] == "TERMINATED" for i in cloud.compute.instances()))
-        # Compute still wrote its entries (the tick reads them), but no sink sends them anywhere.
-        assert len(cloud.logging.entries(audit.SYSTEM_EVENT_LOG_ID)) == 2
-        time.sleep(QUIET)  # more than twice what the audit path took above: nothing else is meant to act in it
-        assert not inserted(cloud, "hard-2") and not inserted(cloud, "crashed-2")
