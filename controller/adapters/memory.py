@@ -140,6 +140,7 @@ class _Vm:
     instance: Instance
     request: InstanceRequest | None
     causes: list[StopReason] = field(default_factory=list)  # stop causes Compute recorded, in order
+    metadata: dict[str, str] = field(default_factory=dict)  # the instance's, as its VM reads it (``release``)
 
 
 @dataclass
@@ -282,6 +283,18 @@ class MemoryCompute:
             self._gone[(project, zone, name)] = [*vm.causes, StopReason.STOPPED]
             self.deleted.append(name)
 
+    def release(self, project: str, zone: str, name: str, items: Mapping[str, str],
+                wait: float | None = None) -> bool:
+        with self._lock:
+            self._call("release", name)
+            vm = self._vms.get((project, zone, name))
+            if vm is None:
+                raise errors.NotFound(f"instance {name} in {zone}")
+            if "respawn-go" in vm.metadata:
+                return False  # a go once given is never changed
+            vm.metadata.update(items)
+            return True
+
     def stop_reason(self, project: str, zone: str, name: str) -> StopReason:
         with self._lock:
             self._call("stop_reason", name)
@@ -298,6 +311,12 @@ class MemoryCompute:
     def all(self) -> list[Instance]:
         with self._lock:
             return [vm.instance for vm in self._vms.values()]
+
+    def metadata_of(self, name: str) -> dict[str, str]:
+        """The instance's metadata as its VM reads it now: its insert's, and what ``release`` added."""
+        with self._lock:
+            _, vm = self._find(name)
+            return dict(vm.metadata)
 
     def request_of(self, name: str) -> InstanceRequest:
         with self._lock:
@@ -374,7 +393,7 @@ class MemoryCompute:
         if key in self._vms:
             return None
         instance = Instance(r.project, r.zone, r.name, status, dict(r.labels), self.clock.now(), str(next(self._ids)))
-        self._vms[key] = _Vm(instance, r)
+        self._vms[key] = _Vm(instance, r, metadata=dict(r.metadata))
         return key
 
     def _finish(self, request_id: str) -> None:

@@ -63,6 +63,15 @@ class RequestError(RespawnError):
     """The request itself is wrong (bad image, permission denied...): retrying will not help."""
 
 
+class NoticeRefused(RequestError):
+    """Compute refused ``scheduling.preemptionNoticeDuration`` (a Preview field: a project not
+    enrolled answers 400 naming it). The controller inserts without a notice for the rest of the run."""
+
+    def __init__(self, zone: str, message: str) -> None:
+        super().__init__(f"{message} in {zone}")
+        self.zone = zone
+
+
 class ConfigError(RespawnError):
     """The controller's own configuration is missing or wrong."""
 

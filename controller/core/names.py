@@ -20,6 +20,8 @@ CANCEL = "cancel"
 STATUS = "status.json"
 EXIT = "exit"
 HEARTBEAT = "heartbeat"
+NOTICE = "notice"  # jobs/<job>/notice: a VM's preemption notice, written by its agent at once
+READY = "ready"  # jobs/<job>/ready: a held VM waiting at the starting line (rank 0), re-written while it waits
 NODES = "nodes"  # jobs/<job>/nodes/<rank>/exit: a gang worker's (or TPU host's) own exit record
 
 MANAGED_LABEL = "respawn-managed"
@@ -67,6 +69,14 @@ def heartbeat_key(job: str) -> str:
     return f"{JOBS_PREFIX}{job}/{HEARTBEAT}"
 
 
+def notice_key(job: str) -> str:
+    return f"{JOBS_PREFIX}{job}/{NOTICE}"
+
+
+def ready_key(job: str) -> str:
+    return f"{JOBS_PREFIX}{job}/{READY}"
+
+
 def marker_key(job: str) -> str:
     return f"{MARKERS_PREFIX}{job}"
 
@@ -86,11 +96,12 @@ class ObjectRef:
     """What a bucket object means under the contract: whose it is and which kind."""
 
     job: str
-    kind: str  # spec | cancel | status | exit | heartbeat | marker
+    kind: str  # spec | cancel | status | exit | heartbeat | marker | notice | ready
     node: int | None = None  # an exit record's rank, for a worker's own record (``node_exit_key``)
 
 
-_KINDS = {SPEC: "spec", CANCEL: "cancel", STATUS: "status", EXIT: "exit", HEARTBEAT: "heartbeat"}
+_KINDS = {SPEC: "spec", CANCEL: "cancel", STATUS: "status", EXIT: "exit", HEARTBEAT: "heartbeat", NOTICE: "notice",
+          READY: "ready"}
 # A worker's rank as the agent writes it: 1 to 999999, no leading zero (rank 0's record is ``exit``).
 _NODE_EXIT_RE = re.compile(rf"{NODES}/([1-9][0-9]{{0,5}})/{EXIT}")
 

@@ -197,6 +197,9 @@ class InstanceRequest:
     accelerator_type: str | None = None
     accelerator_count: int = 0
     max_run_seconds: int | None = None  # Flex-start: Compute deletes the VM after this long
+    # Spot only: seconds of warning through the metadata server before the soft-off
+    # (scheduling.preemptionNoticeDuration: 0 or 120, a Preview field; 0 = none, not sent).
+    preemption_notice_s: int = 0
 
     @property
     def spot(self) -> bool:
@@ -307,6 +310,15 @@ class ComputeGateway(Protocol):
 
     def delete(self, project: str, zone: str, name: str) -> None:
         """Delete one VM; raises NotFound when it is already gone."""
+        ...
+
+    def release(self, project: str, zone: str, name: str, items: Mapping[str, str],
+                wait: float | None = None) -> bool:
+        """The go at the starting line: add ``items`` to the instance's metadata (merged into what
+        is there, by ``instances.setMetadata`` on the fingerprint just read; a fingerprint race is
+        read again and retried). A go once given is never changed: where ``respawn-go`` is there
+        already nothing is written and the answer is False; True when written now. NotFound when
+        the instance is gone. ``wait`` as for ``insert``."""
         ...
 
     def stop_reason(self, project: str, zone: str, name: str) -> StopReason:
