@@ -120,6 +120,21 @@ class Harness:
                 "token": self._token(job, attempt, token), **_started(trainer_started)}
         self.store.put(BUCKET, names.marker_key(job), json.dumps(body))
 
+    def notice(self, job: str, attempt: int | None = None, reason: str = "preempted", token: str | None = None) -> None:
+        """The agent's notice record, written the moment instance/preempted turns TRUE."""
+        attempt = self.status(job).attempt if attempt is None else attempt
+        body = {"instance": names.instance_name(job, attempt), "attempt": attempt, "node": 0, "reason": reason,
+                "notice_s": 120, "token": self._token(job, attempt, token)}
+        self.store.put(BUCKET, names.notice_key(job), json.dumps(body))
+
+    def ready(self, job: str, token: str | None = None) -> None:
+        """A standby's rank 0 at the starting line (its ready record, with the standby's own secret)."""
+        sb = self.status(job).standby
+        assert sb is not None, "no standby"
+        body = {"instance": sb.instances[0], "attempt": sb.attempt, "node": 0,
+                "token": sb.token if token is None else token}
+        self.store.put(BUCKET, names.ready_key(job), json.dumps(body))
+
     def heartbeat(self, job: str, token: str | None = None, trainer_started: datetime | None = None) -> None:
         attempt = self.status(job).attempt
         body = {"attempt": attempt, "token": self._token(job, attempt, token), **_started(trainer_started)}
@@ -144,7 +159,8 @@ class Harness:
         return sorted(i.name for i in self.compute.live(job))
 
     def metadata(self, name: str) -> dict[str, str]:
-        return dict(self.compute.request_of(name).metadata)
+        """What the VM reads from its metadata server now: its insert's, and the go if it was given."""
+        return self.compute.metadata_of(name)
 
     def advance(self, **kw: float) -> None:
         self.clock.advance(timedelta(**kw))

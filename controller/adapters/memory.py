@@ -215,6 +215,9 @@ class MemoryCompute:
         self.unreachable: set[str] = set()
         self.boot_status = InstanceStatus.RUNNING
         self.hold_inserts = False
+        # A project not enrolled in the preemption notice's Preview: an insert asking for one is
+        # refused at once (400 naming the field), as Compute does, and nothing is created.
+        self.refuse_notice = False
         self.failing_projects: set[str] = set()  # projects whose list fails (403)
         self.deleted: list[str] = []
         self._vms = _Vms()
@@ -249,6 +252,9 @@ class MemoryCompute:
             if len({(r.project, r.zone) for r in requests}) != 1:
                 raise errors.RequestError("a gang must be inserted in a single zone of one project")
             zone, model = requests[0].zone, requests[0].provisioning
+            if self.refuse_notice and any(r.preemption_notice_s for r in requests):
+                raise errors.NoticeRefused(zone, "Invalid value for field 'resource.scheduling.preemptionNoticeDuration'"
+                                                 ": the feature is not enabled for this project")
             if request_id not in self._requests:
                 if self.hold_inserts:  # accepted; capacity is decided when the operation finishes
                     keys = [self._create(r, InstanceStatus.PROVISIONING) for r in requests]
@@ -311,6 +317,12 @@ class MemoryCompute:
     def all(self) -> list[Instance]:
         with self._lock:
             return [vm.instance for vm in self._vms.values()]
+
+    def causes_of(self, name: str) -> list[StopReason]:
+        """The stop causes Compute recorded for the instance, in order (a test appends to say one
+        was recorded while the VM is still on its way down: a preemption's soft-off)."""
+        with self._lock:
+            return self._find(name)[1].causes
 
     def metadata_of(self, name: str) -> dict[str, str]:
         """The instance's metadata as its VM reads it now: its insert's, and what ``release`` added."""

@@ -37,9 +37,8 @@ TICK, ON_OBJECT, ON_AUDIT = "respawn-tick", "respawn-on-object", "respawn-on-aud
 # Compute's System Event audit log -> a Logging sink -> this topic -> on_audit (controller.core.audit).
 AUDIT_TOPIC = AUDIT_SINK = "respawn-audit"
 PUBLISHED = "google.cloud.pubsub.topic.v1.messagePublished"  # what a --trigger-topic function receives
-# on_audit waits up to controller.service.functions.AUDIT_WAIT (45 s) for a VM on its way down, and an
-# entry about a Cloud TPU VM's worker (its name says no job) is a pass over every job, as the tick's:
-# given the tick's time.
+# on_audit makes one pass; an entry about a Cloud TPU VM's worker (its name says no job) is a pass over
+# every job, as the tick's: given the tick's time.
 AUDIT_TIMEOUT = "540s"
 SINK_WRITER = "<writer identity of the respawn-audit sink>"
 URL_PLACEHOLDER = "<url of respawn-tick>"

@@ -7,6 +7,7 @@ fails, so a later step (deleting a marker) never runs without the earlier one
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from controller.core.ports import InstanceRequest, TpuRequest
@@ -37,6 +38,9 @@ class CreateInstances:
     request_id: str
     spec: JobSpec  # the executor turns a capacity error into a status update with it
     reason: str
+    # The standby's VMs (JobStatus.standby), not the current attempt's: an error moves or drops
+    # the standby (transitions.after_standby_error), never the current attempt's zone or model.
+    standby: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,21 @@ class DeleteInstance:
 
 
 @dataclass(frozen=True)
+class ReleaseLine:
+    """The go at the starting line: set ``items`` (``launch.go_items``) on each of the current
+    attempt's held VMs, by ``instances.setMetadata``. Idempotent: a VM that has its go keeps it
+    (``ComputeGateway.release``); one that is gone is the watch's business."""
+
+    job: str
+    attempt: int
+    project: str
+    zone: str
+    names: tuple[str, ...]
+    items: Mapping[str, str]
+    reason: str
+
+
+@dataclass(frozen=True)
 class DeleteRecord:
     """Delete a marker or exit record that has been acted on (or is stale)."""
 
@@ -71,4 +90,4 @@ class DeleteRecord:
     reason: str
 
 
-Action = WriteStatus | CreateInstances | DeleteInstance | DeleteRecord
+Action = WriteStatus | CreateInstances | DeleteInstance | DeleteRecord | ReleaseLine

@@ -33,6 +33,34 @@ def boot_image(spec: JobSpec) -> str:
     return f"projects/{disk.image_project}/global/images/family/{disk.image_family}"
 
 
+# Seconds between a held VM's ready records while it waits at the starting line: each wakes a pass.
+LINE_POKE_S = 10
+
+
+def standby_requests(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext) -> tuple[InstanceRequest, ...]:
+    """The standby's VMs (``JobStatus.standby``): the next attempt, held at the starting line,
+    with no checkpoint yet (the go names it), where and as which model the standby says."""
+    sb = status.standby
+    assert sb is not None and spec.tpu is None
+    slot = status.model_copy(update={"attempt": sb.attempt, "zone": sb.zone, "attempt_token": sb.token,
+                                     "provisioning": sb.provisioning, "resume_from": None, "checkpoint_every_s": None,
+                                     "held": True, "go_at": None, "notice_s": status.notice_s})
+    return requests_for(job, spec, slot, ctx)  # type: ignore[return-value]
+
+
+def go_items(status: JobStatus) -> dict[str, str]:
+    """What the go at the starting line sets on each VM of a held attempt (one setMetadata): the
+    attempt it is for, and the checkpoint resolved when it was given, as an insert would carry them."""
+    resume = status.resume_from
+    return {
+        "respawn-go": str(status.attempt),
+        "respawn-resume-from": resume.uri if resume else "",
+        "respawn-resume-step": str(resume.step) if resume and resume.step is not None else "",
+        "respawn-resume-tag": (resume.tag or "") if resume else "",
+        "respawn-checkpoint-every-s": str(round(status.checkpoint_every_s)) if status.checkpoint_every_s else "",
+    }
+
+
 def requests_for(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext,
                  ) -> tuple[InstanceRequest, ...] | tuple[TpuRequest]:
     """One request per node of the status's current attempt, all in its zone.
@@ -114,6 +142,13 @@ def _metadata(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, ma
         "respawn-heartbeat-interval": str(int(spec.heartbeat_interval.total_seconds())),
         # Young/Daly's interval for this attempt (RESPAWN_CHECKPOINT_EVERY_S), "" while unknown.
         "respawn-checkpoint-every-s": str(round(status.checkpoint_every_s)) if status.checkpoint_every_s else "",
+        # Zero-gap recovery: what notice Compute was asked for, and whether the VM waits at the
+        # starting line for the go (a standby). An attempt held and given its go already (its
+        # insert retried after the go) carries the go itself: it starts at once.
+        "respawn-preemption-notice-s": str(status.notice_s),
+        "respawn-hold": "1" if status.held else "",
+        "respawn-line-poke-s": str(LINE_POKE_S),
+        **(go_items(status) if status.held and status.go_at else {}),
         "startup-script": ctx.startup_script,
         "shutdown-script": ctx.shutdown_script,
         # The serial console into Cloud Logging (serial_port_1_output), where `respawn logs` reads it:
@@ -140,4 +175,5 @@ def _request(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, nam
         accelerator_count=accel.count if accel else 0,
         max_run_seconds=int(spec.policy.max_run_duration.total_seconds()) if model == "flex-start"
         and spec.policy.max_run_duration else None,
+        preemption_notice_s=status.notice_s if model == "spot" else 0,
     )

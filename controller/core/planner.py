@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from controller.core import names, transitions as t
+from controller.core import handover, names, transitions as t
 from controller.core.durations import format_duration as fmt
-from controller.core.actions import Action, CreateInstances, DeleteInstance, DeleteRecord, WriteStatus
-from controller.core.launch import LaunchContext, requests_for
+from controller.core.actions import Action, CreateInstances, DeleteInstance, DeleteRecord, ReleaseLine, WriteStatus
+from controller.core.launch import LaunchContext, go_items, requests_for, standby_requests
 from controller.core.ports import Instance, InstanceStatus, StopReason
 from controller.core.spec import JobSpec
 from controller.core.state import Event, JobStatus, Phase
@@ -97,7 +97,7 @@ def _plan_job(v: JobView, now: datetime, ctx: LaunchContext) -> list[Action]:
                             replan=True)]
     if st.phase.terminal:
         return _leftovers(v)
-    newest = max((i.attempt for i in v.instances), default=0)
+    newest = max((i.attempt for i in v.instances if not _spare(st, i)), default=0)
     if newest > st.attempt and _earlier_runs(v, st, newest):
         # The previous run's VMs, seen only now (their zone did not answer when this run was
         # numbered, its folder deleted whole): this run's attempts go after them, as a new run
@@ -205,9 +205,14 @@ def _watch(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchC
         return []  # its zone or project did not answer the list: "not seen" is not "gone"
     mine = _current(v, st)
     lost = [n for n in st.instances if n not in mine or mine[n].status.down]
+    if handover.hard_off_passed(st, now):
+        # Past the standby's bound a VM still on its way down is off, whatever Compute says yet.
+        lost += [n for n in st.instances if n not in lost and mine[n].status.settling]
     done = _finished_workers(v, st, mine, lost)
     if lost and lost != done:
         return _lost(v, spec, st, mine, lost, now, ctx)
+    if not lost and (standby := _standby(v, spec, st, mine, now, ctx)):
+        return standby
     working = {n: mine[n] for n in st.instances if n not in done}  # every one is there: none lost
     if any(i.status != InstanceStatus.RUNNING for i in working.values()):
         # booting (waiting for capacity, said once), settling, or a status we do not know
@@ -219,14 +224,24 @@ def _watch(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchC
                       settling_since=None, resumed_at=now)
         return [WriteStatus(v.job, back, "resumed")]
     if st.phase == Phase.PROVISIONING:
+        if st.held and not handover.past_line(v, st):
+            # A promoted standby: its go is given again (nothing, once a VM has it: a crash may have
+            # come between the commit and the go) until its trainer's first record says it started.
+            # Its grace counts from the go (``resumed_at``): one that never starts fails as a hang.
+            if _stale_heartbeat(v, spec, st, working, now):
+                why = f"no trainer past the starting line {fmt(now - (st.go_at or now))} after the go"
+                return _fresh(v, _failure(v, spec, st, why, now))
+            return _go(v.job, st)
         detail = f"{', '.join(st.instances)} running in {st.zone}"
+        if st.held:
+            detail = f"{', '.join(st.instances)} past the starting line in {st.zone}: its trainer started"
         # (The instances' ids ride on this write as on every other: _seen_ids.)
         # The heartbeat grace starts no earlier than this: a VM can wait long before it runs
         # (a Flex-start VM sits in PENDING until Compute finds capacity, hours at times), and
         # its trainer cannot beat before it runs.
         running = st.but(t.event(now, st, "running", detail, trainer_started=_trainer_started(v, st),
                                  **_progress(v, st)),
-                         phase=Phase.RUNNING, message=detail, resumed_at=now)
+                         phase=Phase.RUNNING, message=detail, resumed_at=now, held=False)
         return [WriteStatus(v.job, running, "instances running")]
     if (started := _unsaid_start(v, st)) is not None:
         # Seen RUNNING before its trainer's first record: the start, said once, ends the
@@ -499,7 +514,11 @@ def _failure(v: JobView, spec: JobSpec, st: JobStatus, detail: str, now: datetim
                       not_before=now + delay, message=text, recovering_since=now)
     # Its records stay until the next attempt is inserted (``_insert`` consumes them): a gang
     # worker's failure must still be there to outweigh rank 0's exit 0 landing meanwhile.
-    return [WriteStatus(v.job, nxt, "failure"), *_delete_current(v, st, "attempt failed")]
+    spare: list[Action] = []
+    if st.standby is not None:  # a failure restarts after its backoff, never from a standby booted for a preemption
+        spare = _delete_standby(v, st, "its attempt failed")
+        nxt = handover.withdrawn(nxt, f"attempt {st.attempt} failed: {', '.join(st.standby.instances)} withdrawn", now)
+    return [WriteStatus(v.job, nxt, "failure"), *_delete_current(v, st, "attempt failed"), *spare]
 
 
 def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, ctx: LaunchContext) -> list[Action]:
@@ -511,9 +530,10 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
     # (A TPU spec's own TPU nodes are waited for below, every one of them, for their quota; a VM
     # left by a spec that moved to a TPU is waited for here, as any VM is.)
     up = [i for i in v.instances if i.attempt == st.attempt and not i.status.down
-          and not (spec.tpu is not None and i.tpu) and not _done_going_down(v, st, i)]
+          and not (spec.tpu is not None and i.tpu) and not _done_going_down(v, st, i, now)]
     since = st.recovering_since or st.created_at or now  # a new run: since it began
-    if any(i.status.alive for i in up) or (up and now - since < _SETTLE_LIMIT):
+    settled = now - since >= _SETTLE_LIMIT or handover.hard_off_passed(st, now)
+    if any(i.status.alive for i in up) or (up and not settled):
         # A VM of this attempt is still up: delete it first (its shutdown script gives the
         # trainer the SIGTERM save) and choose the checkpoint once it is gone, so that the
         # save is the one resumed from. One still alive is always waited for (never two
@@ -535,6 +555,8 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
         text = (f"waiting: cannot list checkpoint.uri {spec.checkpoint.uri} ({v.checkpoint_error}); "
                 "fix the URI or grant the controller's service account roles/storage.objectViewer on it")
         return [*_note(v, st, "checkpoint", text, now), *_delete_current(v, st, why)]
+    if st.standby is not None:
+        return _promote(v, spec, st, why, now, ctx)
     if denied := {z: v.denied_zones[z] for z in spec.zones if z in v.denied_zones}:
         if len(denied) == len(spec.zones):
             # Not at once: a grant made just before (respawn deploy's) takes minutes to hold.
@@ -563,7 +585,7 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
     return [WriteStatus(v.job, nxt, why), *_insert(v, spec, nxt, now, ctx), *_delete_current(v, st, why)]
 
 
-def _done_going_down(v: JobView, st: JobStatus, i: Instance) -> bool:
+def _done_going_down(v: JobView, st: JobStatus, i: Instance, now: datetime) -> bool:
     """A VM on its way down (STOPPING...) whose own marker says its work is done.
 
     The shutdown script writes the marker once the trainer has exited (its SIGTERM save
@@ -572,7 +594,10 @@ def _done_going_down(v: JobView, st: JobStatus, i: Instance) -> bool:
     tick: nothing else fires when a VM finishes going down. Only the VM that wrote the
     marker: a gang's other nodes may still be saving."""
     return (not i.status.alive and v.marker is not None and v.marker.belongs_to(st)
-            and v.marker.instance == i.name)
+            and v.marker.instance == i.name
+            # A standby starts its trainer within a second of the go: a marker written at the
+            # script's deadline leaves its trainer writing until the hard-off, which is waited out.
+            and (st.standby is None or handover.saved_or_late(v.marker, now)))
 
 
 def _await_husks(v: JobView, st: JobStatus, husks: list[Instance], why: str, now: datetime) -> list[Action]:
@@ -596,7 +621,7 @@ def _insert(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: Launch
     may have been accepted with its status write lost (or still running), and a new
     zone would then mean the same attempt in two zones.
     """
-    if st.not_before and now < st.not_before:
+    if st.not_before and now < st.not_before and not _quota_freed(v, st):
         # Cooling or backing off past fallback.wait: step down (not when the spec has moved to the
         # other kind since: that capacity record is the other kind's, and is dropped at the switch).
         same_kind = st.attempt_tpu == (spec.tpu is not None)
@@ -726,6 +751,8 @@ def _end(v: JobView, st: JobStatus, phase: Phase, detail: str, now: datetime, si
     # The spec generation this was decided under: a spec replaced during the run
     # (``--replace``) applied to its remaining attempts, not to a run after the end.
     changes.setdefault("spec_generation", v.spec_generation)
+    if st.standby is not None:  # its VMs are deleted with the rest (_leftovers); its number never reused
+        st = st.but(standby=None, withdrawn=max(st.withdrawn, st.standby.attempt))
     done = t.finish(st, phase, detail, now, since=since, trainer_started=_trainer_started(v, st),
                     progress=_progress(v, st), **changes)
     return [WriteStatus(v.job, done, phase.lower()), *_leftovers(v)]
@@ -770,10 +797,12 @@ def _cleanup(v: JobView, st: JobStatus) -> list[Action]:
     """Husks of older attempts go at once; their records only after the new insert is acknowledged."""
     # A husk's delete that fails never holds what follows (DeleteInstance.husk).
     husks = [replace(_delete(v.job, i, f"left over from attempt {i.attempt}"), husk=True)
-             for i in v.instances if i.attempt < st.attempt]
+             for i in v.instances if i.attempt < st.attempt or (_spare(st, i) and not _standing_by(st, i))]
     if not st.inserted:
         return husks
     stale = [r for r in v.records() if not r.belongs_to(st)]
+    if v.ready is not None and not v.ready.belongs_to_standby(st) and not (v.ready.belongs_to(st) and st.held):
+        stale.append(v.ready)  # its VM is past the line, or it was never one of ours to wait
     return [*husks, *(DeleteRecord(v.job, r.key, r.generation, _why_stale(r, st)) for r in stale)]
 
 
@@ -813,10 +842,121 @@ def _strays(v: JobView, now: datetime) -> list[Action]:
     ``exit`` before ``spec.yaml``); each delete by generation, so a record rewritten meanwhile
     stays, and only while the job still has no status (the executor re-checks). The observer
     hands over a bounded number per pass, oldest first."""
-    old = [r for r in (v.marker, *v.exits, v.heartbeat) if r and now - r.updated >= STRAY_GRACE]
+    old = [r for r in (v.marker, *v.exits, v.heartbeat, v.notice, v.ready) if r and now - r.updated >= STRAY_GRACE]
     return [DeleteRecord(v.job, r.key, r.generation, f"stray: no spec or status for {fmt(STRAY_GRACE)}")
             for r in old]
 
 
 def _delete(job: str, i: Instance, why: str, orphan: bool = False) -> DeleteInstance:
     return DeleteInstance(job, i.project, i.zone, i.name, why, only_if_spec_absent=orphan, tpu=i.tpu)
+
+
+# -- zero-gap recovery: the standby and the starting line (controller.core.handover) ------------
+
+
+def _spare(st: JobStatus, i: Instance) -> bool:
+    """An instance numbered past the current attempt that is no attempt of its own: the standby's,
+    or a withdrawn standby's (never adopted; a husk)."""
+    return _standing_by(st, i) or st.attempt < i.attempt <= st.withdrawn
+
+
+def _standing_by(st: JobStatus, i: Instance) -> bool:
+    return st.standby is not None and i.attempt == st.standby.attempt
+
+
+def _standby(v: JobView, spec: JobSpec, st: JobStatus, mine: dict[str, Instance], now: datetime,
+             ctx: LaunchContext) -> list[Action]:
+    """The current attempt is about to be lost to a preemption (or is being lost): boot the next one
+    beside it; while it boots, insert it until Compute takes it; withdraw it when no preemption came."""
+    sb = st.standby
+    if sb is None:
+        ahead = handover.preemption_ahead(v, st, mine, now) if handover.may_stand_by(spec, st) else None
+        if ahead is None:
+            return []
+        why, until = ahead
+        if now >= until and all(i.status == InstanceStatus.RUNNING for i in mine.values()):
+            # Seen only past its bound (a late pass) with every VM still RUNNING: it came to nothing.
+            return _note(v, st, "notice", f"{why}: no preemption came by {until:%H:%M:%S} UTC", now)
+        return _begin_standby(v, spec, st, why, until, now, ctx)
+    if not handover.may_stand_by(spec, st) or sb.spec_generation != v.spec_generation:
+        return _stand_down(v, st, f"{', '.join(sb.instances)} no longer fits the job (its spec or budget changed)", now)
+    if why := handover.came_to_nothing(v, st, mine, now):
+        return _stand_down(v, st, why, now, notice=True)
+    if not sb.inserted:
+        return _insert_standby(v, spec, st, now, ctx)
+    return []
+
+
+def _begin_standby(v: JobView, spec: JobSpec, st: JobStatus, why: str, until: datetime, now: datetime,
+                   ctx: LaunchContext) -> list[Action]:
+    zone = t.pick_zone(spec, st, now, handover.standby_order(v, spec, st, now))
+    if zone is None:
+        return _note(v, st, "standby", f"{why}: every zone is cooling, so no replacement boots beside it; "
+                     "it is launched once the VM is down", now)
+    nxt = handover.standby_for(v, spec, st, _project(spec, ctx), zone, ctx.new_token(), why, until, now,
+                               v.spec_generation)
+    return [WriteStatus(v.job, nxt, "standby"), *_insert_standby(v, spec, nxt, now, ctx)]
+
+
+def _insert_standby(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchContext) -> list[Action]:
+    """Insert the standby (again: the request id makes a repeat harmless); one found already was
+    accepted by an earlier pass whose status write was lost."""
+    sb = st.standby
+    assert sb is not None
+    if any(i.attempt == sb.attempt for i in v.instances):
+        return [WriteStatus(v.job, handover.standby_inserted(st, now), "standby found")]
+    create = CreateInstances(v.job, sb.attempt, standby_requests(v.job, spec, st, ctx),
+                             names.request_id(v.job, sb.attempt, sb.placement, _run(st)), spec,
+                             f"standby attempt {sb.attempt}", standby=True)
+    return [create, WriteStatus(v.job, handover.standby_inserted(st, now), "standby inserted")]
+
+
+def _stand_down(v: JobView, st: JobStatus, why: str, now: datetime, notice: bool = False) -> list[Action]:
+    """Give the standby up, and its VMs; ``notice``: the notice that launched it is spent too."""
+    spent: list[Action] = []
+    if notice and v.notice is not None and v.notice.belongs_to(st):
+        spent = [DeleteRecord(v.job, v.notice.key, v.notice.generation, "came to nothing")]
+    return [WriteStatus(v.job, handover.withdrawn(st, why, now), "standby withdrawn"), *_delete_standby(v, st, why),
+            *spent]
+
+
+def _delete_standby(v: JobView, st: JobStatus, why: str) -> list[Action]:
+    return [_delete(v.job, i, why) for i in v.instances if _standing_by(st, i)]
+
+
+def _promote(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, ctx: LaunchContext) -> list[Action]:
+    """The current attempt's save is in: the standby becomes the current attempt, from the newest
+    complete checkpoint now, and its VMs get the go. A standby the job no longer fits (its spec
+    replaced since, or moved to a TPU) is withdrawn, and the next round launches afresh."""
+    sb = st.standby
+    assert sb is not None
+    fits = (spec.tpu is None and sb.provisioning in spec.provisioning and sb.zone in spec.zones
+            and sb.zone not in v.denied_zones and sb.spec_generation == v.spec_generation)
+    if not fits:
+        gone = handover.withdrawn(st, f"{', '.join(sb.instances)} no longer fits the job's spec: launching afresh", now)
+        return [WriteStatus(v.job, gone, why, replan=True), *_delete_standby(v, st, why)]
+    fresh = st.but(zone_rejections={}, **({"refused_models": {}} if st.spec_generation != v.spec_generation else {}))
+    begun = t.begin_attempt(fresh, spec, sb.project, sb.zone, sb.instances, v.checkpoint, now, why, v.spec_generation,
+                            sb.token, sb.provisioning, v.advice_for(sb.provisioning), attempt=sb.attempt,
+                            verb="giving the go to")
+    nxt = handover.promoted(st, begun, now)
+    head: list[Action] = [WriteStatus(v.job, nxt, why)]
+    if not nxt.inserted:  # its insert is retried, carrying the go itself (launch._metadata)
+        return [*head, *_insert(v, spec, nxt, now, ctx), *_delete_current(v, st, why)]
+    return [*head, *_go(v.job, nxt), *_consume(v, nxt), *_delete_current(v, st, why)]
+
+
+def _go(job: str, st: JobStatus) -> list[Action]:
+    if st.go_at is None or not st.project or not st.zone:
+        return []
+    return [ReleaseLine(job, st.attempt, st.project, st.zone, st.instances, go_items(st), f"the go for attempt {st.attempt}")]
+
+
+def _quota_freed(v: JobView, st: JobStatus) -> bool:
+    """The quota an insert was refused for was held by this job's own VMs, and none of them is up
+    now (down, gone, or its marker says its work is done): try again at once."""
+    if not st.quota_held_by:
+        return False
+    up = {i.name for i in v.instances if i.name in st.quota_held_by and not i.status.down}
+    done = {v.marker.instance} if v.marker is not None and v.marker.instance else set()
+    return not (up - done)

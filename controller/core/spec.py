@@ -273,6 +273,10 @@ class Fallback(Strict):
 
 
 Provisioning = Literal["spot", "standard", "flex-start"]  # ports.PROVISIONING_MODELS maps them to Compute's
+# Compute's scheduling.preemptionNoticeDuration (Preview since 2026-04-16): the metadata server
+# turns instance/preempted TRUE this long before a Spot VM's soft-off. Google accepts 0 and 120 s.
+NOTICES = (timedelta(0), timedelta(seconds=120))
+DEFAULT_NOTICE = timedelta(seconds=120)
 FLEX_MAX_RUN = timedelta(days=7)  # Compute's limit on a Flex-start VM's maxRunDuration
 FLEX_MIN_RUN = timedelta(seconds=30)  # a run Compute accepts (0s is no maxRunDuration at all, and refused)
 
@@ -375,6 +379,9 @@ class JobSpec(Strict):
     nodes: int = Field(default=1, ge=1, le=MAX_NODES_PER_JOB)
     checkpoint: Checkpoint | None = None
     heartbeat_interval: Duration = timedelta(seconds=60)
+    # Spot VMs: how long before the soft-off Compute warns through the metadata server (0s: none).
+    # 120s by default: it costs nothing, and the replacement boots under it (see notice_for).
+    preemption_notice: Duration | None = None
     notify: Notify | None = None
     policy: JobPolicy = Field(default=JobPolicy(), validate_default=True)  # its idle_timeout is checked against heartbeat_interval
 
@@ -523,6 +530,31 @@ class JobSpec(Strict):
         if self.tpu is not None:
             return "ordered"  # Compute's capacity advice does not cover TPUs
         return self.placement or ("capacity" if model == "spot" else "ordered")
+
+    @field_validator("preemption_notice")
+    @classmethod
+    def _a_notice_google_takes(cls, value: timedelta | None) -> timedelta | None:
+        if value is not None and value not in NOTICES:
+            raise ValueError("Compute takes 0s (no notice) or 120s (the Preview's only other value); "
+                             "write 120s or 0s")
+        return value
+
+    @model_validator(mode="after")
+    def _notice_for_spot(self) -> JobSpec:
+        if self.preemption_notice and "spot" not in self.provisioning:
+            raise FieldProblem("preemption_notice", "only Spot VMs get a preemption notice; "
+                               "remove it, or list spot in provisioning")
+        if self.preemption_notice and self.tpu is not None:
+            raise FieldProblem("preemption_notice", "Cloud TPU nodes take no preemption notice; remove it")
+        return self
+
+    def notice_for(self, model: str) -> int:
+        """Seconds of preemption notice an attempt on ``model`` asks Compute for: 120 for a Spot VM
+        unless the spec says 0s (a project that refuses the Preview field gets none: the status says
+        so, ``JobStatus.notice_refused``); never for a TPU node or another model."""
+        if model != "spot" or self.tpu is not None:
+            return 0
+        return int((DEFAULT_NOTICE if self.preemption_notice is None else self.preemption_notice).total_seconds())
 
     @field_validator("heartbeat_interval")
     @classmethod

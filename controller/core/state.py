@@ -136,6 +136,33 @@ def _without_webhook(value: Any) -> Any:
     return recorded_notify(value) if isinstance(value, Notify) else value
 
 
+class Standby(BaseModel):
+    """The next attempt, launched at the current one's preemption notice (or Compute's word that
+    it is being preempted) while the current one still saves: its VMs boot and prepare, then wait
+    at the starting line (metadata ``respawn-hold``) for the go that only the controller gives
+    (``respawn-go``, by ``instances.setMetadata``), once the current attempt's save is in.
+
+    Committed (status CAS) before its insert, as an attempt is; it becomes the current attempt
+    (``planner._promote``) when the current one is lost, or is withdrawn past ``until`` if the
+    current one is still RUNNING then (a notice that came to nothing): one VM, never two."""
+
+    model_config = ConfigDict(frozen=True)
+
+    attempt: int
+    project: str
+    zone: str
+    instances: tuple[str, ...]
+    token: str  # the attempt's secret, as ``JobStatus.attempt_token`` once promoted
+    provisioning: str  # its model: the current attempt's
+    since: datetime  # when the controller saw the notice (or Compute's preemption)
+    until: datetime  # the starting line's bound: the notice, plus the 30 s shutdown and 5 s of slack
+    cause: str  # what launched it, in words ("preemption notice from demo-2", ...)
+    spec_generation: int | None = None  # the spec its VMs were made from: another one withdraws it
+    placement: int = 0  # capacity errors of its inserts: part of its request id
+    inserted: bool = False
+    inserted_at: datetime | None = None
+
+
 class JobStatus(BaseModel):
     """Everything the planner must remember between passes; the rest is observed anew."""
 
@@ -172,6 +199,21 @@ class JobStatus(BaseModel):
     zone_advice: dict[str, ZoneScore] = Field(default_factory=dict)  # what placement knew at the last launch
     advice_at: datetime | None = None
     resume_from: CheckpointRef | None = None
+    # Zero-gap recovery (Standby): the next attempt booting beside this one, if any; whether this
+    # attempt's VMs were made to wait at the starting line (a promoted standby), and when the go was
+    # given (its checkpoint is ``resume_from``); the highest attempt number a withdrawn standby
+    # took, never used again (its VMs, if a delete failed, are husks, never this run's attempt).
+    standby: Standby | None = None
+    held: bool = False
+    go_at: datetime | None = None
+    withdrawn: int = 0
+    # The preemption notice this attempt asked Compute for (seconds: 0 or 120), and why the project
+    # refused it, if it did (a Preview field): then this run asks for none again.
+    notice_s: int = 0
+    notice_refused: str | None = None
+    # This job's own VMs that held the quota an insert was refused for (they are still going down):
+    # the insert is tried again as soon as none of them is up, never a zone's or region's cooldown.
+    quota_held_by: tuple[str, ...] = ()
 
     created_at: datetime | None = None
     started_at: datetime | None = None  # first attempt launched: the max_runtime clock

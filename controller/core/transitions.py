@@ -143,17 +143,19 @@ def backoff(spec: JobSpec, failures_in_a_row: int) -> timedelta:
 
 
 def begin_attempt(
-    status: JobStatus, spec: JobSpec, project: str, zone: str, names: list[str],
+    status: JobStatus, spec: JobSpec, project: str, zone: str, names: Sequence[str],
     checkpoint: CheckpointRef | None, now: datetime, why: str, spec_generation: int | None, token: str,
-    model: str, advice: Mapping[str, ZoneAdvice] | None = None,
+    model: str, advice: Mapping[str, ZoneAdvice] | None = None, attempt: int | None = None,
+    verb: str = "creating",
 ) -> JobStatus:
-    """Commit attempt N+1 before inserting it: the status write is what makes it unique."""
-    attempt = status.attempt + 1
+    """Commit the next attempt before inserting it: the status write is what makes it unique.
+    ``attempt``: the number a standby took when it was launched (``next_attempt`` otherwise)."""
+    attempt = attempt or next_attempt(status)
     resume = f"resuming from {checkpoint.uri}" if checkpoint else "starting from scratch (no complete checkpoint)"
     # A zone seen stocked out since the advice may have been asked is never described by it.
     lately = placement.stocked_out(status.history, now - placement.ADVICE_MAX_AGE).get(zone)
     where = f"{zone} ({model}; {placement.describe(advice.get(zone), lately, now)})" if advice else f"{zone} ({model})"
-    detail = f"{why}; creating {', '.join(names)} in {where}, {resume}"
+    detail = f"{why}; {verb} {', '.join(names)} in {where}, {resume}"
     # Against the model the status was on (a new spec may have dropped it): its cooldowns and
     # its time on that model are its own, never the new one's.
     switched = model != (status.provisioning or model_of(spec, status))
@@ -192,18 +194,29 @@ def begin_attempt(
         advice_at=now if advice else status.advice_at,
         resume_from=checkpoint,
         checkpoint_every_s=every,
+        standby=None,
+        held=False,
+        go_at=None,
+        notice_s=0 if status.notice_refused else spec.notice_for(model),
+        quota_held_by=(),
         notify=recorded_notify(spec.notify),  # its topic: a webhook URL is a secret, never in status.json
         attempt_started_at=now,
         started_at=status.started_at or now,
         not_before=None,
         spec_generation=spec_generation,
-        zone_cooldowns=_cooldowns_on(status, model, now)[0] if switched else _unexpired(status, now),
+        zone_cooldowns=_cooldowns_on(status, model, now)[0] if switched else unexpired(status, now),
         model_cooldowns=_cooldowns_on(status, model, now)[1] if switched else status.model_cooldowns,
         # A zone's refusal holds for one attempt: the next tries every zone again (a 4xx may
         # have been passing, and a replaced spec may ask for something else).
         zone_rejections={},
         message=detail,
     )
+
+
+def next_attempt(status: JobStatus) -> int:
+    """The number the next attempt (or standby) takes: past the current one and past any a
+    withdrawn standby took (its VMs may still be going down under that name)."""
+    return max(status.attempt, status.withdrawn) + 1
 
 
 def inserted(status: JobStatus, now: datetime) -> JobStatus:
@@ -291,7 +304,9 @@ def after_create_error(status: JobStatus, spec: JobSpec, error: Exception, now: 
                        order: Sequence[str] | None = None, held: Sequence[str] = ()) -> JobStatus:
     """The status to record when inserting the current attempt failed; ``order``: the zones
     as placement ranked them for the attempt's model; ``held``: this job's own TPU nodes still
-    in the zone of the error (being deleted), which hold its TPU quota until they are gone."""
+    in the error's zone (TPU nodes) or region (VMs) that are still up or going down, which hold its
+    quota until they are gone: the insert is tried again as soon as none of them is up
+    (``quota_held_by``), with a backoff as the bound."""
     zone = status.zone
     rate = isinstance(error, errors.QuotaError) and quota_scope(error.reason) == "rate"
     if isinstance(error, errors.QuotaError) and (held or rate):
@@ -299,11 +314,11 @@ def after_create_error(status: JobStatus, spec: JobSpec, error: Exception, now: 
         # the rate of requests (RATE_LIMIT_EXCEEDED), which passes. Never a cooldown, never a
         # step down; tried again once the husk may be gone, or the rate back under its limit.
         delay = backoff(spec, status.placement + 1)
-        whose = "a request rate limit" if rate else f"this job's own {', '.join(held)} until its delete is done"
-        detail = (f"quota exceeded in {error.zone} ({error.reason}), held by {whose}; "
-                  f"retrying in {format_duration(delay)}")
+        whose = "a request rate limit" if rate else f"this job's own {', '.join(held)} until it is down"
+        when = f"in {format_duration(delay)}" if rate else f"once it is down (in {format_duration(delay)} at the latest)"
+        detail = f"quota exceeded in {error.zone} ({error.reason}), held by {whose}; retrying {when}"
         return status.but(event(now, status, "quota", detail, zone=zone), placement=status.placement + 1,
-                          not_before=now + delay, message=detail)
+                          not_before=now + delay, message=detail, quota_held_by=() if rate else tuple(held))
     if isinstance(error, (errors.CapacityError, errors.QuotaError)):
         out, name, what = [error.zone], "stockout", f"no capacity: {error.reason} in {error.zone}"
         if isinstance(error, errors.QuotaError):
@@ -317,7 +332,7 @@ def after_create_error(status: JobStatus, spec: JobSpec, error: Exception, now: 
                    or (scope == "region" and placement.region_of(z) == region)] or [error.zone]
             where = {"project": "every region", "zone": f"zone {error.zone}"}.get(scope, f"region {region}")
             name, what = "quota", f"quota exceeded in {where} ({error.reason}, asked in {error.zone})"
-        cooldowns = {**_unexpired(status, now), **dict.fromkeys(out, now + spec.policy.zone_cooldown)}
+        cooldowns = {**unexpired(status, now), **dict.fromkeys(out, now + spec.policy.zone_cooldown)}
         misses, since = status.capacity_misses + 1, status.capacity_since or now
         cooled = status.but(zone_cooldowns=cooldowns, placement=status.placement + 1, capacity_misses=misses,
                             capacity_since=since)
@@ -371,7 +386,7 @@ def _cooldowns_on(status: JobStatus, model: str, now: datetime) -> tuple[dict[st
     """Moving to ``model``: (its own cooldowns, taken back; every other model's, the current one's
     set aside)."""
     parked = {m: c for m, c in status.model_cooldowns.items() if m != model}
-    if status.provisioning and status.provisioning != model and (kept := _unexpired(status, now)):
+    if status.provisioning and status.provisioning != model and (kept := unexpired(status, now)):
         parked[status.provisioning] = kept
     own = {z: t for z, t in status.model_cooldowns.get(model, {}).items() if t > now}
     return own, parked
@@ -390,5 +405,8 @@ def quota_scope(reason: str) -> str:
     return "region"
 
 
-def _unexpired(status: JobStatus, now: datetime) -> dict[str, datetime]:
+def unexpired(status: JobStatus, now: datetime) -> dict[str, datetime]:
+    """The zone cooldowns of the current model still running."""
     return {z: t for z, t in status.zone_cooldowns.items() if t > now}
+
+

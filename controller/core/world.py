@@ -111,6 +111,11 @@ class Record:
             return False
         return status.attempt_token is None or self.token == status.attempt_token
 
+    def belongs_to_standby(self, status: JobStatus) -> bool:
+        """Written by the standby's VMs (``JobStatus.standby``): its number and its own secret."""
+        sb = status.standby
+        return sb is not None and self.attempt == sb.attempt and self.token == sb.token
+
 
 def _instant(value: object) -> datetime | None:
     """An RFC 3339 time with its offset (``2026-01-01T00:00:00.123Z``), or None: anything else
@@ -158,6 +163,10 @@ class JobView:
     # jobs/<job>/nodes/<rank>/exit: each worker's own exit record (rank > 0, ``node`` from its name).
     node_exits: tuple[Record, ...] = ()
     heartbeat: Record | None = None
+    # jobs/<job>/notice: a VM's preemption notice (its agent writes it at once, token-signed);
+    # jobs/<job>/ready: a held VM (a standby) waiting at the starting line, re-written while it waits.
+    notice: Record | None = None
+    ready: Record | None = None
     instances: tuple[Instance, ...] = ()
     stop_reasons: Mapping[str, StopReason] = field(default_factory=dict)
     checkpoint: CheckpointRef | None = None
@@ -204,8 +213,9 @@ class JobView:
         return first
 
     def records(self) -> tuple[Record, ...]:
-        """The VM records a decision consumes or a cleanup deletes: the marker and every exit record."""
-        return (*((self.marker,) if self.marker else ()), *self.exits)
+        """The VM records a decision consumes or a cleanup deletes: the marker, the notice and every
+        exit record."""
+        return (*((self.marker,) if self.marker else ()), *((self.notice,) if self.notice else ()), *self.exits)
 
     def advice_for(self, model: str) -> Mapping[str, ZoneAdvice] | None:
         """The advice an attempt on ``model`` is placed by: asked for that model, under capacity placement."""

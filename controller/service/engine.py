@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from controller.core import errors, fleet
@@ -24,7 +23,7 @@ from controller.service.notifier import Notifier, Sends
 from controller.core.launch import LaunchContext
 from controller.service.observe import UNEXPECTED, Observer
 from controller.core.planner import plan_job
-from controller.core.state import JobStatus, Phase
+from controller.core.state import JobStatus
 from controller.core.world import JobView, World
 
 log = logging.getLogger(__name__)
@@ -43,12 +42,6 @@ class Summary:
     # those whose send was under way (they may still arrive; never sent again).
     notices_carried: list[str] = field(default_factory=list)
     notices_in_flight: list[str] = field(default_factory=list)
-    # Per job, the nodes of its current attempt seen on their way down (STOPPING...) when the pass
-    # planned: an audit event waits on them (functions.on_audit).
-    settling: dict[str, list[str]] = field(default_factory=dict)
-    # Per job, when its next step is due (a restart's backoff, a zone's cooldown): an audit event
-    # whose job is due within its wait looks again then (functions.on_audit).
-    due: dict[str, datetime] = field(default_factory=dict)
     audit_events: int = 0  # System Event entries handed to the pass as evidence
     audit_error: str | None = None  # why the tick could not read them (the pass went on without)
     # What the pass's commits added to ledgers, and each job's status as it last committed it; a
@@ -62,8 +55,6 @@ class Summary:
             self.jobs.setdefault(job, []).extend(done)
         self.errors.update(other.errors)
         self.transient.extend(other.transient)
-        self.settling.update(other.settling)
-        self.due.update(other.due)
         self.changes.extend(other.changes)
         self.committed.update(other.committed)
 
@@ -211,13 +202,5 @@ class Engine:
             outcome = self.executor.apply(view, actions, self.clock.now(), wait_until, **tell)
             summary.add(outcome)
             if not outcome.replan:
-                st = view.status
-                if going := [i.name for i in view.instances if st is not None and not st.phase.terminal
-                             and i.attempt == st.attempt and i.status.settling]:
-                    summary.settling[view.job] = going
-                if not outcome.error and not outcome.conflict:
-                    now_st = next((a.status for a in reversed(actions) if isinstance(a, WriteStatus)), st)
-                    if now_st is not None and now_st.phase in (Phase.PENDING, Phase.RECOVERING) and now_st.not_before:
-                        summary.due[view.job] = now_st.not_before
                 return
             view = self.observer.world(view.job).jobs.get(view.job, view)

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from controller.core import accounting, errors, fleet, ledger, names, notify, transitions
-from controller.core.actions import Action, CreateInstances, DeleteInstance, DeleteRecord, WriteStatus
+from controller.core import accounting, errors, fleet, handover, ledger, names, notify, placement, transitions
+from controller.core.actions import Action, CreateInstances, DeleteInstance, DeleteRecord, ReleaseLine, WriteStatus
 from controller.service.notifier import Notifier
 from controller.service.tpuzones import TpuZones
 from controller.core.ports import BlobStore, ComputeGateway, TpuGateway, TpuRequest
@@ -145,6 +145,15 @@ class Executor:
                     gateway.delete(action.project, action.zone, action.name)
                 except errors.NotFound:
                     pass
+            case ReleaseLine():
+                # A late pass must never start a trainer on VMs the job has moved past.
+                self._unchanged(chain)
+                wait = None if wait_until is None else max(0.0, wait_until - time.monotonic())
+                for name in action.names:
+                    try:
+                        self.compute.release(action.project, action.zone, name, action.items, wait)
+                    except errors.NotFound:
+                        pass  # gone: the watch sees it lost
             case DeleteRecord():
                 self._unchanged(chain)  # a stale view must not consume the next attempt's record
                 try:
@@ -169,13 +178,28 @@ class Executor:
         if isinstance(action, WriteStatus) or chain.status is None:
             return
         if isinstance(action, CreateInstances):
+            held = _held(view, action, error)
+            if isinstance(error, errors.NoticeRefused):
+                # A Preview field the project is not enrolled in: the same insert again at once, without it.
+                after = handover.notice_refused(chain.status, error, now)
+                out.error, out.replan = None, True
+                try:
+                    chain.write(self.store, self.bucket, after)
+                except errors.RespawnError as e:
+                    log.warning("could not record error", extra={"json_fields": {"job": chain.job, "error": str(e)}})
+                return
+            if action.standby and chain.status.standby is not None:
+                order = handover.standby_order(view, action.spec, chain.status, now) if view.spec is not None else []
+                after = handover.after_standby_error(chain.status, action.spec, error, now, order, held)
+                if after.standby is not None:  # moved to the next zone, to be inserted at once
+                    out.error, out.replan = None, True
+                try:
+                    chain.write(self.store, self.bucket, after)
+                except errors.RespawnError as e:
+                    log.warning("could not record error", extra={"json_fields": {"job": chain.job, "error": str(e)}})
+                return
             model = transitions.model_of(action.spec, chain.status)
             order = view.zone_order(model, now) if view.spec is not None else None
-            # This job's own TPU nodes where the create failed: they hold that zone's TPU quota
-            # until they are gone, so a quota error there is theirs, not the zone's capacity.
-            made = {r.name for r in action.requests}
-            held = [i.name for i in view.instances
-                    if i.tpu and i.name not in made and i.zone == getattr(error, "zone", None)]
             after = transitions.after_create_error(chain.status, action.spec, error, now, order, held)
             # Another zone, or the next model of the provisioning list, to try right away (only a
             # capacity error or a refusal moves either: transitions.after_create_error).
@@ -219,6 +243,19 @@ class Executor:
             return 0
         except errors.RespawnError as e:
             raise _Spared(f"could not re-check {key}: {e}") from e
+
+
+def _held(view: JobView, action: CreateInstances, error: errors.RespawnError) -> list[str]:
+    """This job's own instances (not the create's) that may hold the quota ``error`` names, being
+    up or on their way down: a TPU node in the error's zone (it holds its zone's TPU quota until its
+    delete is done); a VM in the error's region (a GPU quota is a region's). Their quota is theirs,
+    not the zone's capacity: never a cooldown, never a step down (``transitions.after_create_error``)."""
+    zone = getattr(error, "zone", None)
+    if not isinstance(error, errors.QuotaError) or zone is None:
+        return []
+    made = {r.name for r in action.requests}
+    return [i.name for i in view.instances if i.name not in made and not (not i.tpu and i.status.down)
+            and (i.zone == zone if i.tpu else placement.region_of(i.zone) == placement.region_of(zone))]
 
 
 class _Spared(errors.RespawnError):
@@ -272,6 +309,8 @@ def _describe(action: Action) -> str:
             return f"delete {action.name} ({action.reason})"
         case DeleteRecord():
             return f"delete {action.key} ({action.reason})"
+        case ReleaseLine():
+            return f"go {', '.join(action.names)} ({action.reason})"
     raise TypeError(action)
 
 
@@ -285,4 +324,6 @@ def _log(action: Action, result: str, level: int = logging.INFO) -> None:
                           zone=action.requests[0].zone)
         case DeleteInstance():
             fields.update(instance=action.name, zone=action.zone)
+        case ReleaseLine():
+            fields.update(attempt=action.attempt, instance=",".join(action.names), zone=action.zone)
     log.log(level, "%s: %s", _describe(action), result, extra={"json_fields": fields})

@@ -16,18 +16,10 @@ from controller.core import audit, errors, fleet, names
 
 log = logging.getLogger(__name__)
 # Objects whose arrival can change a decision. The controller's own status writes and
-# the VMs' heartbeats are left to the tick: reacting to them would only add passes.
-_EVENT_KINDS = {"spec", "cancel", "exit", "marker"}
-# How long one audit event may wait for its VM to be down: a Spot VM's notice (30 s) and the
-# guest's power-off after it. A VM still on its way down may be saving a checkpoint (its marker
-# will say so); one whose guest never ran its shutdown script is TERMINATED within seconds.
-AUDIT_WAIT = 45.0
-AUDIT_POLL = 1.0  # the first look again; each later one waits twice as long, up to AUDIT_POLL_MAX
-# Each look is a pass: an instance list against Compute's per-minute read quota. A thousand VMs
-# preempted at once are a thousand on_audit calls waiting out their notice side by side: one look
-# a second each would be 30,000 lists in half a minute.
-AUDIT_POLL_MAX = 8.0
-AUDIT_DUE_SLACK = 0.2  # seconds past a restart's due time before looking again (clocks differ a little)
+# the VMs' heartbeats are left to the tick: reacting to them would only add passes. A notice
+# launches the standby at once; a ready record (a standby at its starting line, re-written while
+# it waits) asks whether its go is due.
+_EVENT_KINDS = {"spec", "cancel", "exit", "marker", "notice", "ready"}
 
 
 def tick() -> tuple[dict[str, Any], int]:
@@ -84,18 +76,16 @@ def on_object(data: dict[str, Any]) -> dict[str, Any] | None:
     return summary.as_dict()
 
 
-def on_audit(data: dict[str, Any], sleep: Any = time.sleep, wait: float = AUDIT_WAIT) -> dict[str, Any] | None:
+def on_audit(data: dict[str, Any]) -> dict[str, Any] | None:
     """Reconcile the job whose VM a System Event audit entry names (a Pub/Sub message from the
     Logging sink), with the entry as evidence of why it went down; ignore everything else.
 
-    A hint, as the bucket's events are: the pass judges the job as it finds it. An entry for an
-    attempt already replaced, a duplicate, a late one, finds nothing to do; a lost one costs the
-    tick's time (the tick reads the same entries again). A VM still on its way down (its
-    shutdown script saving a checkpoint) is looked at again after ``AUDIT_POLL`` seconds, then
-    twice as long each time (at most ``AUDIT_POLL_MAX``), for up to ``wait``: the recovery starts
-    once it is down, not at the next tick. A loss that is the trainer's (a crash) restarts after
-    the spec's backoff: one that ends within what is left of ``wait`` is waited out and the job
-    looked at again then. A TPU worker's entry counts from worker 0 only."""
+    A hint, as the bucket's events are: the pass judges the job as it finds it, once, and returns
+    (the function never waits in its instance for a VM to go down). A VM being preempted gets its
+    standby at once (controller.core.handover); the go follows on the events its save and its
+    standby make (the marker, the ready record) or the next tick. An entry for an attempt already
+    replaced, a duplicate, a late one, finds nothing to do; a lost one costs the tick's time (the
+    tick reads the same entries again). A TPU worker's entry counts from worker 0 only."""
     try:
         event = audit.parse_entry(audit.decode_message(data))
     except audit.AuditError as e:
@@ -117,36 +107,17 @@ def on_audit(data: dict[str, Any], sleep: Any = time.sleep, wait: float = AUDIT_
         if event.project not in engine.observer.policy.watched_projects:
             log.info("audit entry from a project the controller does not watch", extra={"json_fields": where})
             return None
-        waited, pause = 0.0, AUDIT_POLL
-        while True:
-            # A TPU VM's worker names no node: every job is looked at (a pass over every job; these
-            # are rare), their TPU nodes' own state saying what happened.
-            summary = engine.reconcile(job, evidence=(event,)) if job else engine.reconcile(evidence=(event,))
-            if summary.transient and job:
-                raise errors.TransientError(f"transient errors for {job}: {summary.errors}")
-            if summary.transient:
-                # A pass over every job: some job's trouble (a bucket object that did not answer)
-                # is the tick's, a minute away; a retry would be another pass over every job, again
-                # and again for a day while any one job stays in trouble.
-                log.warning("audit event: transient errors left to the tick",
-                            extra={"json_fields": {**where, "errors": summary.errors}})
-            if waited >= wait:
-                break
-            if event.instance in summary.settling.get(job or "", ()):
-                step = min(pause, wait - waited)
-                pause = min(pause * 2, AUDIT_POLL_MAX)
-            elif job and (due := summary.due.get(job)) is not None and \
-                    0 < (left := (due - engine.clock.now()).total_seconds()) <= wait - waited:
-                # A loss the pass judged (a crash is a failure) whose restart waits out a backoff
-                # shorter than what is left of this event's wait: the restart happens then, not at
-                # the next tick.
-                step = left + AUDIT_DUE_SLACK
-            else:
-                break
-            sleep(step)
-            waited += step
+        # A TPU VM's worker names no node: every job is looked at (a pass over every job; these
+        # are rare), their TPU nodes' own state saying what happened.
+        summary = engine.reconcile(job, evidence=(event,)) if job else engine.reconcile(evidence=(event,))
     except errors.ConfigError as e:
         log.error("controller misconfigured: %s", e, extra={"json_fields": where})
         return None
+    if summary.transient and job:
+        raise errors.TransientError(f"transient errors for {job}: {summary.errors}")
+    if summary.transient:
+        # A pass over every job: some job's trouble (a bucket object that did not answer) is the
+        # tick's, a minute away; a retry would be another pass over every job, again and again.
+        log.warning("audit event: transient errors left to the tick", extra={"json_fields": {**where, "errors": summary.errors}})
     log.info("audit event handled", extra={"json_fields": {**where, "job": job, **summary.as_dict()}})
     return summary.as_dict()

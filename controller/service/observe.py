@@ -49,7 +49,7 @@ MAX_STRAYS = 500
 # Worker exit records of a job that no rank of its current attempt can have written, handed
 # over per pass (to be cleaned up, never read).
 MAX_UNREAD_NODE_EXITS = 100
-_RECORD_KINDS = ("marker", "exit", "heartbeat")
+_RECORD_KINDS = ("marker", "exit", "heartbeat", "notice", "ready")
 T = TypeVar("T")
 
 
@@ -396,14 +396,15 @@ class Observer:
         ours = _ours(objects)
         reads: dict[str, Callable[[], Any]] = {"status": lambda: self._status(objects.get("status"))}
         if ours:
-            reads.update({kind: (lambda k=kind: self._record(objects.get(k))) for kind in ("marker", "exit", "heartbeat")})
+            reads.update({kind: (lambda k=kind: self._record(objects.get(k))) for kind in _RECORD_KINDS})
         if "spec" in objects:
             info = objects["spec"]
             reads["spec"] = lambda: self.parsed.get(info, lambda: self._judge_spec(job, info))
         got = dict(zip(reads, fanout.each(reads.values(), lambda read: read(), side), strict=True))
         status, generation = got["status"]
         view = JobView(job=job, cancelled="cancel" in objects, status=status, status_generation=generation,
-                       marker=got.get("marker"), exit=got.get("exit"), heartbeat=got.get("heartbeat"))
+                       marker=got.get("marker"), exit=got.get("exit"), heartbeat=got.get("heartbeat"),
+                       notice=got.get("notice"), ready=got.get("ready"))
         if "spec" in objects:
             spec, problems = got["spec"]
             view = replace(view, spec=spec, problems=problems, spec_generation=objects["spec"].generation)

@@ -145,7 +145,7 @@ def test_a_crash_entry_is_no_evidence_alone_compute_is_asked_and_it_counts_as_a_
     wired.compute.terminate("a-1")  # the guest crashed: compute.instances.guestTerminate
     [entry] = entries(wired)
     assert entry["protoPayload"]["methodName"] == "compute.instances.guestTerminate"
-    functions.on_audit(message(entry), wait=0)  # the restart after the backoff is another test's
+    functions.on_audit(message(entry))  # the restart after the backoff is the tick's
     st = wired.status("a")
     assert st.failures == 1 and asked_why(wired) == ["a-1"]
 
@@ -175,7 +175,7 @@ def test_an_entry_for_another_vm_of_the_same_name_is_no_evidence(wired):
     running(wired)
     wired.compute.terminate("a-1", reason=audit.LOSSES["compute.instances.guestTerminate"])
     forged = system_event_entry(PROJECT, "us-central1-a", "a-1", "999", "compute.instances.preempted", wired.clock.now())
-    functions.on_audit(message(forged), wait=0)  # an earlier run's a-1 (another id): Compute is asked
+    functions.on_audit(message(forged))  # an earlier run's a-1 (another id): Compute is asked
     st = wired.status("a")
     assert asked_why(wired) == ["a-1"] and st.failures == 1
 
@@ -186,7 +186,7 @@ def test_an_entry_older_than_the_attempt_is_no_evidence(wired):
     st = wired.status("a")
     old = system_event_entry(PROJECT, st.zone, "a-1", "", "compute.instances.preempted",
                              st.attempt_started_at - timedelta(minutes=5))
-    functions.on_audit(message(old), wait=0)
+    functions.on_audit(message(old))
     assert asked_why(wired) == ["a-1"] and wired.status("a").failures == 1
 
 
@@ -219,31 +219,23 @@ def test_an_entry_from_a_project_the_controller_does_not_watch_is_ignored(wired)
     assert len(wired.compute.calls) == calls and wired.status("a").attempt == 1
 
 
-def test_on_audit_waits_for_a_vm_on_its_way_down_then_recovers_in_the_same_call(wired):
+def test_on_audit_boots_the_standby_for_a_vm_on_its_way_down_in_one_pass_and_never_waits(wired):
+    """Issue 34: on_audit no longer sleeps in its instance until the VM is down. The entry of a VM
+    being preempted (STOPPING: its shutdown script saving) launches the next attempt at once, held
+    at the starting line; the marker's event gives the go."""
     running(wired)
     wired.compute.set_status("a-1", "STOPPING")  # preempted; its shutdown script is saving
     entry = system_event_entry(PROJECT, wired.status("a").zone, "a-1", wired.compute.all()[0].id,
                                "compute.instances.preempted", wired.clock.now())
-    sleeps: list[float] = []
-
-    def sleep(seconds: float) -> None:
-        sleeps.append(seconds)
-        if len(sleeps) == 3:
-            wired.marker("a")  # the shutdown script's marker lands, then the guest is off
-            wired.compute.preempt("a-1")
-
-    functions.on_audit(message(entry), sleep=sleep)
-    assert len(sleeps) == 3 and wired.status("a").attempt == 2
-
-
-def test_on_audit_gives_up_waiting_at_its_bound_and_leaves_the_rest_to_the_tick(wired):
-    running(wired)
-    wired.compute.set_status("a-1", "STOPPING")
-    entry = system_event_entry(PROJECT, wired.status("a").zone, "a-1", "", "compute.instances.preempted",
-                               wired.clock.now())
-    sleeps: list[float] = []
-    functions.on_audit(message(entry), sleep=sleeps.append, wait=3.0)
-    assert 1 <= len(sleeps) <= 3 and wired.status("a").attempt == 1
+    lists = len([c for c in wired.compute.calls if c[0] == "list"])
+    functions.on_audit(message(entry))
+    assert len([c for c in wired.compute.calls if c[0] == "list"]) - lists == 1  # one instance list: one pass
+    st = wired.status("a")
+    assert st.attempt == 1 and st.standby is not None and wired.live("a") == ["a-2"]
+    assert wired.metadata("a-2")["respawn-hold"] == "1" and "respawn-go" not in wired.metadata("a-2")
+    wired.marker("a")  # the shutdown script's marker lands: its save is in
+    wired.tick("a")
+    assert wired.status("a").attempt == 2 and wired.metadata("a-2")["respawn-go"] == "2"
 
 
 def test_on_audit_raises_for_a_retry_when_the_bucket_does_not_answer(wired):
@@ -345,26 +337,12 @@ def test_a_tpu_workers_entry_names_no_node_so_every_job_is_looked_at_and_the_nod
     assert ("delete", "tpu-1") in wired.tpu.calls
 
 
-def test_a_crash_whose_backoff_ends_within_the_wait_is_restarted_by_the_same_call(wired):
+def test_a_crash_entry_makes_a_failure_whose_restart_is_left_to_its_backoff_and_the_tick(wired):
     running(wired)  # the spec's backoff starts at 30 s
     wired.compute.terminate("a-1")  # the guest crashed: a failure, restarted after the backoff
-    slept: list[float] = []
-
-    def sleep(seconds: float) -> None:
-        slept.append(seconds)
-        wired.advance(seconds=seconds)
-
-    functions.on_audit(message(entries(wired)[0]), sleep=sleep)
+    functions.on_audit(message(entries(wired)[0]))
     st = wired.status("a")
-    assert st.failures == 1 and st.attempt == 2 and wired.live("a") == ["a-2"]
-    assert len(slept) == 1 and 30 <= slept[0] <= 31
-
-
-def test_a_backoff_longer_than_the_wait_is_left_to_the_tick(wired):
-    wired.submit("a", spec_doc(policy={"backoff": {"initial": "5m", "max": "10m"}}))
+    assert st.failures == 1 and st.attempt == 1 and wired.live("a") == [] and st.not_before is not None
+    wired.advance(seconds=31)
     wired.tick()
-    wired.tick()
-    wired.compute.terminate("a-1")
-    slept: list[float] = []
-    functions.on_audit(message(entries(wired)[0]), sleep=slept.append)
-    assert slept == [] and wired.status("a").attempt == 1 and wired.status("a").failures == 1
+    assert wired.status("a").attempt == 2 and wired.live("a") == ["a-2"]

@@ -113,27 +113,23 @@ def test_more_entries_than_a_read_takes_within_the_overlap_never_move_the_waterm
 # -- on_audit's wait and what it costs ---------------------------------------------------------------
 
 
-def test_on_audit_does_not_list_the_instances_every_second_while_a_vm_takes_its_notice(wired):
-    """A thousand VMs preempted at once: each on_audit looks again while its VM is STOPPING, and each
-    look is an instance list against Compute's per-minute quota."""
+def test_on_audit_costs_one_instance_list_however_long_its_vm_takes_to_go_down(wired):
+    """A thousand VMs preempted at once are a thousand on_audit calls: each is one pass (one instance
+    list against Compute's per-minute quota), never a look again every few seconds while the VM is
+    STOPPING; the go follows the marker, the standby's ready record, or the next tick."""
     running(wired)
     zone = wired.status("a").zone
     wired.compute.set_status("a-1", "STOPPING")
     entry = system_event_entry(PROJECT, zone, "a-1", wired.compute.all()[0].id, "compute.instances.preempted",
                                wired.clock.now())
-    slept = [0.0]
     lists = len([c for c in wired.compute.calls if c[0] == "list"])
-
-    def sleep(seconds: float) -> None:
-        slept[0] += seconds
-        wired.advance(seconds=seconds)
-        if slept[0] >= 30:  # the notice is over: no marker (the script failed), the guest is off
-            wired.compute.set_status("a-1", InstanceStatus.TERMINATED)
-
-    functions.on_audit(message(entry), sleep=sleep)
-    assert wired.status("a").attempt == 2
-    looks = len([c for c in wired.compute.calls if c[0] == "list"]) - lists
-    assert looks <= 10, f"{looks} instance lists for one VM's 30 s notice"
+    functions.on_audit(message(entry))
+    assert len([c for c in wired.compute.calls if c[0] == "list"]) - lists == 1
+    wired.advance(seconds=30)  # no marker (the script failed); the guest is off
+    wired.compute.set_status("a-1", InstanceStatus.TERMINATED)
+    wired.ready("a")  # the standby at its line: its event's pass gives the go
+    wired.tick("a")
+    assert wired.status("a").attempt == 2 and wired.metadata("a-2")["respawn-go"] == "2"
 
 
 def test_a_tpu_worker_other_than_0_is_not_read_as_a_job_and_costs_no_request(wired):
@@ -193,7 +189,7 @@ def test_a_preemption_claimed_for_a_running_rank_does_not_excuse_another_ranks_c
     wired.compute.terminate("g-1-n0")  # rank 0's guest crashed
     n1 = next(i for i in wired.compute.all() if i.name == "g-1-n1")
     functions.on_audit(message(system_event_entry(PROJECT, st.zone, "g-1-n1", n1.id, "compute.instances.preempted",
-                                                  wired.clock.now())), wait=0)  # n1 is RUNNING
+                                                  wired.clock.now())))  # n1 is RUNNING
     st = wired.status("g")
     assert st.failures == 1 and not any(e.event == "preempted" for e in st.history)
 
@@ -269,31 +265,18 @@ def test_a_name_compute_would_never_give_costs_no_request(wired, name):
     assert (len(wired.store.calls), len(wired.compute.calls)) == (store_calls, compute_calls)
 
 
-def test_on_audit_stops_looking_once_the_job_recovered_though_the_old_vm_lingers_stopping(wired):
-    """Compute keeps a deleted VM STOPPING a while: it is the old attempt's, nothing to wait for."""
+def test_a_marker_gives_the_go_though_the_old_vm_lingers_stopping(wired):
+    """Compute keeps a preempted VM STOPPING a while: once its marker says its save is in, the standby
+    goes, and the old VM is only a husk to delete."""
     running(wired)
     zone = wired.status("a").zone
     wired.compute.set_status("a-1", "STOPPING")
     entry = system_event_entry(PROJECT, zone, "a-1", wired.compute.all()[0].id, "compute.instances.preempted",
                                wired.clock.now())
-    real_delete = wired.compute.delete
-
-    def lingering_delete(project: str, zone: str, name: str) -> None:
-        if name == "a-1":  # accepted, but the VM shows STOPPING for the rest of the test
-            wired.compute.calls.append(("delete", name))
-            return
-        real_delete(project, zone, name)
-
-    wired.compute.delete = lingering_delete  # type: ignore[method-assign]
-    sleeps: list[float] = []
-
-    def sleep(seconds: float) -> None:
-        sleeps.append(seconds)
-        if len(sleeps) == 1:
-            wired.marker("a")  # the shutdown script's marker: the pass recovers while a-1 is still STOPPING
-
-    functions.on_audit(message(entry), sleep=sleep)
-    assert wired.status("a").attempt == 2 and len(sleeps) <= 2
+    functions.on_audit(message(entry))
+    wired.marker("a")  # the shutdown script's marker: a-1 is still STOPPING
+    wired.tick("a")
+    assert wired.status("a").attempt == 2 and wired.metadata("a-2")["respawn-go"] == "2"
 
 
 def test_a_tpu_slices_entry_is_not_retried_for_another_jobs_trouble(wired):
