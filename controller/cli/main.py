@@ -431,13 +431,16 @@ def report(
         print(json.dumps(reporting.as_json(job, status, now, live), indent=2))
     else:
         out.print(reporting.render_text(job, status, now, live))
+    picture = reporting.timeline(job, status, now) if png or html else None
     for path, kind in ((png, "png"), (html, "html")):
         if path is not None:
             try:
-                reporting.draw(job, status, now, path, kind, live)
+                reporting.draw(job, status, now, path, kind, live, picture)
             except OSError as e:
                 _fail(f"cannot write {path}: {e.strerror or e}")
             (err if as_json else out).print(_line("✓", "green", f"wrote {path}"), soft_wrap=True)
+    if picture is not None and picture.note:  # its status holds what cannot be drawn: the files say this line
+        err.print(_line("!", "yellow", picture.note), soft_wrap=True)
 
 
 @app.command()

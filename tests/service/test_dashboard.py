@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from controller.cli.main import app as cli
 from controller.core import names
-from controller.core.ledger import Ledger, Span, Totals
+from controller.core.ledger import Ledger, Mark, Span, Totals
 from controller.core.state import Event, JobStatus, Phase
 from controller.dashboard import guard as guards
 from controller.dashboard import serving
@@ -173,6 +173,18 @@ def test_the_job_page_has_its_timeline_ledger_history_logs_command_and_actions(h
     assert "g2-standard-8" in re.search(r'<pre id="spec">.*?</pre>', text, re.S).group()
     picture = client.get("/jobs/train/timeline.png", base_url=BASE)
     assert picture.status_code == 200 and picture.mimetype == "image/png" and picture.data[:4] == b"\x89PNG"
+
+
+def test_a_status_whose_times_cannot_be_drawn_gives_its_timeline_a_picture_of_one_line_never_a_500(h):
+    _running(h)
+    st = h.status("train")
+    book = st.ledger.model_copy(update={"marks": (Mark(at=datetime(9999, 12, 31, tzinfo=UTC), kind="stockout",
+                                                       zone="us-central1-a"),)})
+    h.store.put(BUCKET, names.status_key("train"), st.model_copy(update={"ledger": book}).to_json())  # by hand
+    client, _, _ = _dashboard(h)
+    picture = client.get("/jobs/train/timeline.png", base_url=BASE)
+    assert picture.status_code == 200 and picture.mimetype == "image/png" and picture.data[:4] == b"\x89PNG"
+    assert client.get("/jobs/train", base_url=BASE).status_code == 200
 
 
 def test_the_job_json_has_its_phase_history_newest_last_and_tables(h):
