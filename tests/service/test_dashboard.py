@@ -148,6 +148,22 @@ def test_the_fleet_json_stays_small_at_3000_jobs_its_rows_only_what_the_page_sho
     assert len(answer.data) < 3000 * 400  # it was 1,550 bytes a row: 15 MB every poll at 10,000 jobs
 
 
+def test_a_name_holding_only_what_a_trainer_writes_is_no_job_on_any_page_nor_in_the_metrics(h):
+    _running(h)
+    for key in (names.heartbeat_key, names.exit_key, names.notice_key, names.ready_key):
+        h.store.put(BUCKET, key("forged"), b'{"step": 1}')  # a trainer may write these, under any name
+    h.store.put(BUCKET, names.node_exit_key("forged", 1), b"{}")
+    client, _, _ = _dashboard(h)
+    assert [row["job"] for row in client.get("/api/jobs", base_url=BASE).get_json()["jobs"]] == ["train"]
+    assert 'data-job="forged"' not in client.get("/", base_url=BASE).get_data(as_text=True)
+    for path in ("/jobs/forged", "/api/jobs/forged", "/api/jobs/forged/logs", "/jobs/forged/timeline.png"):
+        assert client.get(path, base_url=BASE).status_code == 404, path
+    metrics = client.get("/metrics", base_url=BASE).get_data(as_text=True)
+    jobs = {s.labels["phase"]: s.value for f in text_string_to_metric_families(metrics) if f.name == "respawn_jobs"
+            for s in f.samples}
+    assert jobs["RUNNING"] == 1 and jobs["SUBMITTED"] == 0 and sum(jobs.values()) == 1
+
+
 def test_fleet_totals_count_preemptions_and_stockouts_by_zone_and_money(h):
     _hostile(h)
     client, _, _ = _dashboard(h)
