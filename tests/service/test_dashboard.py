@@ -4,6 +4,7 @@ refuse a POST from anywhere but its own page, and bind loopback unless told othe
 
 from __future__ import annotations
 
+import html
 import io
 import json
 import os
@@ -17,6 +18,7 @@ import urllib.request
 from datetime import UTC, datetime, timedelta
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
@@ -713,6 +715,50 @@ def test_the_spec_is_shown_alike_on_the_page_and_in_the_polls_lines_kept_control
     page = client.get("/jobs/train", base_url=BASE).get_data(as_text=True)
     shown = re.search(r'<pre id="spec">(.*?)</pre>', page, re.S).group(1)
     assert shown == polled.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+WEBHOOK = "https://hooks.slack.com/services/T0001/B0002/webhookcredential"
+
+
+def test_no_page_json_nor_poll_shows_a_webhook_url_or_a_token_in_the_specs_env(h):
+    raw = yaml.safe_dump(spec_doc(notify={"webhook": WEBHOOK}, env={"HF_TOKEN": "hf_tokencredential",
+                                                                     "TOKENIZERS_PARALLELISM": "false"}))
+    h.submit("train", raw)
+    h.tick()
+    h.tick()
+    client, guard, _ = _dashboard(h)
+    paths = ("/", "/jobs/train", "/api/jobs", "/api/jobs/train", "/api/jobs/train/logs", "/metrics")
+    answers = {path: client.get(path, base_url=BASE) for path in paths}
+    for path, answer in answers.items():
+        assert answer.status_code == 200, path
+        assert b"webhookcredential" not in answer.data and b"hf_tokencredential" not in answer.data, path
+    spec = answers["/api/jobs/train"].get_json()["spec"]
+    assert "webhook: https://hooks.slack.com/<redacted>" in spec and "HF_TOKEN: <redacted>" in spec
+    assert "TOKENIZERS_PARALLELISM: 'false'" in spec  # the rest as written
+    shown = re.search(r'<pre id="spec">(.*?)</pre>', answers["/jobs/train"].get_data(as_text=True), re.S).group(1)
+    assert shown == html.escape(spec, quote=True)
+    generation = answers["/api/jobs/train"].get_json()["spec_generation"]
+    done = client.post("/api/jobs/train/resubmit", base_url=BASE, json={"spec_generation": generation},
+                       headers={TOKEN_HEADER: guard.token})
+    assert done.status_code == 200  # the spec in the bucket, secrets and all, not the one shown
+    assert h.store.read(BUCKET, names.spec_key("train")).data == raw.encode()
+
+
+@pytest.mark.parametrize("raw", [
+    # JSON that spells the URL with escapes: the text never holds it as such
+    json.dumps({**spec_doc(), "notify": {"webhook": WEBHOOK}}).replace("/", "\\/"),
+    # a folded YAML string: the URL is split across lines
+    yaml.safe_dump(spec_doc()) + "notify:\n  webhook: >-\n    https://hooks.slack.com/services/T0001/B0002/\n"
+                                 "    webhookcredential\n",
+])
+def test_a_webhook_spelled_another_way_is_hidden_too_the_spec_shown_as_respawn_read_it(h, raw):
+    h.store.put(BUCKET, names.spec_key("train"), raw)  # as a hand could write it
+    client, _, _ = _dashboard(h)
+    for path in ("/jobs/train", "/api/jobs/train"):
+        answer = client.get(path, base_url=BASE)
+        assert answer.status_code == 200 and b"webhookcredential" not in answer.data, path
+    spec = client.get("/api/jobs/train", base_url=BASE).get_json()["spec"]
+    assert spec.startswith("# the spec as respawn read it") and "https://hooks.slack.com/<redacted>" in spec
 
 
 def test_resubmit_replaces_the_spec_shown_and_refuses_one_changed_since(h):
