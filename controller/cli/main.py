@@ -457,9 +457,10 @@ def dashboard(
                                                "answers to IP addresses and localhost only, and to the names "
                                                "given with --allowed-host")] = False,
     allowed_host: Annotated[list[str] | None, typer.Option("--allowed-host", metavar="NAME",
-                                                           help="with --allow-remote: a host name the dashboard "
-                                                                "answers to (repeatable); any other name is refused, "
-                                                                "so a DNS-rebinding site cannot reach it")] = None,
+                                                           help="a host name the dashboard answers to besides its "
+                                                                "address (repeatable), at any port: a reverse "
+                                                                "proxy's, passed on in Host; any other name is "
+                                                                "refused, so a DNS-rebinding site cannot reach it")] = None,
     no_open: Annotated[bool, typer.Option("--no-open", help="do not open a browser")] = False,
 ) -> None:
     """The fleet and each job in a browser, live: a local web server over the bucket, with cancel

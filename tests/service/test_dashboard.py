@@ -687,6 +687,58 @@ def test_a_remote_dashboard_answers_ip_addresses_localhost_and_allowed_names_nev
     assert not h.store.exists(BUCKET, names.cancel_key("train"))
 
 
+def _served(h: Harness, host: str, port: int, **guarded):
+    guard = Guard(**guarded)
+    guard.bound(host, port)
+    fleet = Fleet(Jobs(h.store, BUCKET, h.policy), 5.0, Ticks(), wall=lambda: NOW)
+    return create_app(fleet, guard, 5.0, now=lambda: NOW).test_client(), guard
+
+
+@pytest.mark.parametrize("remote, bound", [(False, "127.0.0.1"), (True, "0.0.0.0")])
+def test_on_port_80_the_host_a_browser_sends_without_its_port_is_answered_and_may_cancel(h, remote, bound):
+    _running(h)
+    client, guard = _served(h, bound, 80, remote=remote)
+    for base in ("http://127.0.0.1", "http://localhost"):  # Host: 127.0.0.1, as a browser sends it on port 80
+        assert client.get("/", base_url=base).status_code == 200, base
+        assert client.get("/api/jobs", base_url=base).status_code == 200, base
+    done = client.post("/api/jobs/train/cancel", base_url="http://127.0.0.1",
+                       headers={TOKEN_HEADER: guard.token, "Origin": "http://127.0.0.1"})
+    assert done.status_code == 200 and h.store.exists(BUCKET, names.cancel_key("train"))
+    assert client.get("/", base_url="http://evil.example").status_code == 403
+
+
+@pytest.mark.parametrize("remote, bound", [(False, "127.0.0.1"), (True, "0.0.0.0")])
+def test_behind_an_https_proxy_that_passes_the_host_on_a_post_from_its_page_cancels(h, remote, bound):
+    """Caddy and Traefik pass the browser's Host on (nginx with ``proxy_set_header Host $host``); none of
+    them need say X-Forwarded-Proto. The page is https://dash.example.com, its POSTs' Origin that."""
+    _running(h)
+    client, guard = _served(h, bound, PORT, remote=remote, names=frozenset({"dash.example.com"}))
+    proxied = "http://dash.example.com"  # Host: dash.example.com, the port the browser left out (443)
+    assert client.get("/api/jobs", base_url=proxied).status_code == 200
+    done = client.post("/api/jobs/train/cancel", base_url=proxied,
+                       headers={TOKEN_HEADER: guard.token, "Origin": "https://dash.example.com"})
+    assert done.status_code == 200, done.get_json()
+    assert h.store.exists(BUCKET, names.cancel_key("train"))
+
+
+@pytest.mark.parametrize("origin, host", [
+    ("https://evil.example", "dash.example.com"),
+    ("https://dash.example.com.evil.example", "dash.example.com"),
+    ("https://dash.example.com:8443", "dash.example.com"),  # another port: another origin
+    ("http://127.0.0.1:8643", f"127.0.0.1:{PORT}"),  # another server on this machine
+    ("https://127.0.0.1:8643", f"127.0.0.1:{PORT}"),
+    ("ftp://dash.example.com", "dash.example.com"),
+    ("null", "dash.example.com"),
+])
+def test_a_post_whose_origin_is_another_sites_is_refused_over_http_or_https(h, origin, host):
+    _running(h)
+    client, guard = _served(h, "127.0.0.1", PORT, names=frozenset({"dash.example.com"}))
+    refused = client.post("/api/jobs/train/cancel", base_url=f"http://{host}",
+                          headers={TOKEN_HEADER: guard.token, "Origin": origin})
+    assert refused.status_code == 403 and "Origin" in refused.get_json()["error"]
+    assert not h.store.exists(BUCKET, names.cancel_key("train"))
+
+
 @pytest.mark.parametrize("site", ["cross-site", "same-site"])
 def test_another_sites_page_cannot_spend_a_logging_read_nor_probe_job_names(h, site):
     _running(h)
