@@ -1,6 +1,12 @@
-"""Who may talk to the dashboard: it can cancel jobs, and any web page the user visits can send
-requests to 127.0.0.1.
+"""Who may talk to the dashboard: it can cancel jobs, any other account on this machine can reach
+127.0.0.1, and any web page the user visits can send requests there.
 
+- **Its key**: a random secret made when it starts (or read from ``--token-file``), in the address
+  it prints (``?token=KEY``), as notebook servers do. Every request, pages, JSON, assets and
+  ``/metrics`` alike, must carry it: in that query, in the cookie the first visit sets (HttpOnly,
+  SameSite=Strict, Path=/, named for the port), or as ``Authorization: Bearer KEY`` (a scraper).
+  Without it, a 403 that says how to get in, and nothing of the user's: not the POST token, which
+  only the pages hold.
 - **Binding**: loopback by default; any other address only when asked for explicitly
   (``--allow-remote``), with a warning (``bind_warning``).
 - **DNS rebinding**: a hostile name that resolves to 127.0.0.1 reaches the server with its own
@@ -28,6 +34,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 TOKEN_HEADER = "X-Respawn-Token"
+KEY_PARAM = "token"  # the query that carries the key: ?token=KEY, as notebook servers name it
+NO_KEY = (f"this is respawn's dashboard: open the address `respawn dashboard` printed (it ends in ?{KEY_PARAM}=...), "
+          "or send its key as Authorization: Bearer KEY")
+
+
+def new_key() -> str:
+    return secrets.token_urlsafe(32)
 
 
 class BindRefused(Exception):
@@ -51,8 +64,9 @@ def bind_warning(host: str, allow_remote: bool) -> str | None:
     if not allow_remote:
         raise BindRefused(f"--host {host} is not a loopback address: whoever reaches it can cancel and resubmit "
                           "jobs; pass --allow-remote as well to bind it anyway")
-    return (f"the dashboard listens on {host}: whoever can reach that address can see every job and cancel or "
-            "resubmit them (nothing but the network guards it)")
+    return (f"the dashboard listens on {host}: whoever can reach that address and has its key (in the address "
+            "printed) can see every job and cancel or resubmit them, and plain http shows the key to the network "
+            "between: put an HTTPS proxy in front of it")
 
 
 @dataclass
@@ -60,12 +74,15 @@ class Guard:
     """The checks for one server: its token, and the Host names it answers to once bound."""
 
     remote: bool = False
-    token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    token: str = field(default_factory=new_key)  # the POST token, written into its pages only
+    key: str = field(default_factory=new_key)  # the secret every request carries (module docstring)
     hosts: set[str] = field(default_factory=set)
     names: frozenset[str] = frozenset()  # the names (``--allowed-host``) it answers to, at any port: a proxy's
+    cookie: str = "respawn-dashboard"  # the key's cookie, named for the port once bound: two dashboards keep theirs
 
     def bound(self, host: str, port: int) -> None:
         """The address the server got (``port`` 0 asks for a free one: the one it got)."""
+        self.cookie = f"respawn-dashboard-{port}"
         shown = (f"[{host}]" if ":" in host else host).lower()
         self.hosts = {f"{shown}:{port}", f"localhost:{port}", f"127.0.0.1:{port}"}
         if port == 80:  # a browser leaves http's default port out of Host
@@ -83,6 +100,20 @@ class Guard:
             return (f"Host {host or '(none)'} is not this dashboard's address: pass --allowed-host NAME to "
                     "answer to a name other than an IP address or localhost")
         return f"Host {host or '(none)'} is not this dashboard's address"
+
+    def key_problem(self, headers: Mapping[str, str], cookies: Mapping[str, str],
+                    query: Mapping[str, str]) -> str | None:
+        """Why a request without the key is refused (``NO_KEY``); None when it carries it."""
+        bearer = headers.get("Authorization") or ""
+        sent = [query.get(KEY_PARAM), cookies.get(self.cookie),
+                bearer[7:] if bearer[:7].lower() == "bearer " else None]
+        if any(value and hmac.compare_digest(value.encode(), self.key.encode()) for value in sent):
+            return None
+        return NO_KEY
+
+    def key_in_query(self, query: Mapping[str, str]) -> bool:
+        """Whether the request came by the printed address (its cookie is then set)."""
+        return hmac.compare_digest((query.get(KEY_PARAM) or "").encode(), self.key.encode())
 
     def fetch_problem(self, headers: Mapping[str, str]) -> str | None:
         """Why a request for data (JSON, a job's logs, its timeline) is refused: another site's page

@@ -26,16 +26,17 @@ INTERVAL = 1.0
 
 @pytest.fixture
 def serve() -> Iterator[Any]:
-    """``serve(fleet)``: the dashboard over ``fleet`` on a free loopback port; its address."""
+    """``serve(fleet, path)``: the dashboard over ``fleet`` on a free loopback port; the address of ``path``
+    there with its key, as ``respawn dashboard`` prints it."""
     servers = []
 
-    def start(fleet: Fleet) -> str:
+    def start(fleet: Fleet, path: str) -> str:
         guard = Guard()
         server = make_server("127.0.0.1", 0, create_app(fleet, guard, INTERVAL), threaded=True)
         guard.bound("127.0.0.1", server.server_port)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
-        return f"http://127.0.0.1:{server.server_port}"
+        return f"http://127.0.0.1:{server.server_port}{path}?token={guard.key}"
     yield start
     for server in servers:
         server.shutdown()
@@ -68,7 +69,7 @@ def test_the_fleet_page_answers_within_a_fraction_of_a_second_while_polling_3000
     many = Snapshot({f"job-{i:05d}": dataclasses.replace(view, row=dataclasses.replace(view.row, job=f"job-{i:05d}"))
                      for i in range(3000)}, one.at)
     fleet.snapshot = lambda: many
-    page.goto(serve(fleet) + "/")
+    page.goto(serve(fleet, "/"))
     assert page.locator("#jobs tbody tr").count() == 3000
     worst, started = 0.0, time.monotonic()
     while time.monotonic() - started < 6 * INTERVAL:  # six polls of 3,000 rows
@@ -86,7 +87,7 @@ def test_resubmit_sends_the_spec_generation_shown_when_clicked_not_one_a_poll_br
     h = Harness()
     _running(h)
     fleet = Fleet(Jobs(h.store, BUCKET, h.policy), INTERVAL)
-    page.goto(serve(fleet) + "/jobs/train")
+    page.goto(serve(fleet, "/jobs/train"))
     page.click("#resubmit")  # the dialog opens on the spec shown
     h.submit("train", spec_doc(command="python train.py --teammates-fix"))  # a teammate's, while it is open
     teammates = h.store.read(BUCKET, names.spec_key("train")).info.generation

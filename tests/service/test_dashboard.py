@@ -14,8 +14,11 @@ import signal
 import socket
 import threading
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 import yaml
@@ -59,12 +62,19 @@ def h() -> Harness:
     return Harness()
 
 
+def _keyed(client, guard: Guard):
+    """A client that sends the dashboard's key with every request, as a scraper would (a browser's cookie:
+    the tests of who may enter)."""
+    client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {guard.key}"
+    return client
+
+
 def _dashboard(h: Harness, interval: float = 5.0, clock: Ticks | None = None):
     guard = Guard()
     guard.bound("127.0.0.1", PORT)
     fleet = Fleet(Jobs(h.store, BUCKET, h.policy), interval, clock or Ticks(), wall=lambda: NOW)
     app = create_app(fleet, guard, interval, now=lambda: NOW)
-    return app.test_client(), guard, fleet
+    return _keyed(app.test_client(), guard), guard, fleet
 
 
 def _running(h: Harness, job: str = "train") -> None:
@@ -420,7 +430,7 @@ def _with_logs(h: Harness, recent, clock: Ticks | None = None):
     guard.bound("127.0.0.1", PORT)
     fleet = Fleet(Jobs(h.store, BUCKET, h.policy), 5.0, clock, wall=lambda: NOW)
     app = create_app(fleet, guard, 5.0, now=lambda: NOW, tails=Tails(recent, clock=clock, wall=lambda: NOW))
-    return app.test_client(), guard, clock
+    return _keyed(app.test_client(), guard), guard, clock
 
 
 def _pre(page: str) -> str:
@@ -515,12 +525,13 @@ def test_one_read_of_a_job_at_a_time_the_pages_asking_meanwhile_share_it(h):
             return super().__call__(job)
 
     recent = Slow(["shared"])
-    client, _, _ = _with_logs(h, recent)
+    client, guard, _ = _with_logs(h, recent)
     client.get("/api/jobs/train", base_url=BASE)  # the bucket read before the threads start
     answers: list[list[str]] = []
 
     def page() -> None:
-        answers.append(client.application.test_client().get("/api/jobs/train/logs", base_url=BASE).get_json()["lines"])
+        answers.append(_keyed(client.application.test_client(), guard).get("/api/jobs/train/logs", base_url=BASE)
+                       .get_json()["lines"])
 
     threads = [threading.Thread(target=page) for _ in range(8)]
     for t in threads:
@@ -638,6 +649,121 @@ def test_cancel_with_the_pages_token_cancels(h):
     assert h.status("train").phase == Phase.CANCELLED
 
 
+def _bare(h: Harness):
+    """The dashboard as another account on this machine meets it: the port known, not the key."""
+    guard = Guard()
+    guard.bound("127.0.0.1", PORT)
+    fleet = Fleet(Jobs(h.store, BUCKET, h.policy), 5.0, Ticks(), wall=lambda: NOW)
+    return create_app(fleet, guard, 5.0, now=lambda: NOW).test_client(), guard
+
+
+KEYED_PATHS = ("/", "/jobs/train", "/api/jobs", "/api/jobs/train", "/api/jobs/train/logs", "/jobs/train/timeline.png",
+               "/metrics", "/static/common.js", "/static/job.js", "/static/dashboard.css", "/favicon.ico",
+               "/jobs/nosuch", "/api/jobs/nosuch")
+
+
+def test_another_account_without_the_key_gets_a_403_saying_how_to_get_in_everywhere_and_never_the_post_token(h):
+    _running(h)
+    client, guard = _bare(h)
+    for path in KEYED_PATHS:  # a job that does not exist included: not even which names do
+        answer = client.get(path, base_url=BASE)
+        assert answer.status_code == 403, path
+        assert guard.token.encode() not in answer.data and b"train" not in answer.data, path
+        assert b"open the address `respawn dashboard` printed" in answer.data, path
+        assert "Set-Cookie" not in answer.headers, path
+    refused = client.post("/api/jobs/train/cancel", base_url=BASE, headers={TOKEN_HEADER: "guessed", "Origin": BASE})
+    assert refused.status_code == 403 and not h.store.exists(BUCKET, names.cancel_key("train"))
+
+
+@pytest.mark.parametrize("how", ["query", "cookie", "bearer"])
+def test_a_wrong_key_in_the_query_the_cookie_or_an_authorization_header_is_refused(h, how):
+    _running(h)
+    for key, expected in (("wrong", 403), ("right", 200)):  # the right key, sent the same way, is let in
+        client, guard = _bare(h)
+        sent = guard.key if key == "right" else guard.key[:-1] + ("A" if guard.key[-1] != "A" else "B")
+        if how == "cookie":
+            client.set_cookie(guard.cookie, sent, domain="127.0.0.1")
+        path = "/api/jobs" + (f"?token={sent}" if how == "query" else "")
+        answer = client.get(path, base_url=BASE, headers={"Authorization": f"Bearer {sent}"} if how == "bearer" else {})
+        assert answer.status_code == expected, key
+        assert ("Set-Cookie" in answer.headers) == (key == "right" and how == "query"), key
+
+
+def test_the_printed_address_lets_a_browser_in_and_its_cookie_carries_the_key_to_links_assets_polls_and_posts(h):
+    _running(h)
+    client, guard = _bare(h)
+    first = client.get(f"/?token={guard.key}", base_url=BASE)  # the address `respawn dashboard` printed
+    assert first.status_code == 200 and guard.key.encode() not in first.data  # the page itself never holds it
+    (cookie,) = first.headers.getlist("Set-Cookie")
+    assert cookie.split("; ")[0] == f"respawn-dashboard-{PORT}={guard.key}"
+    assert {"HttpOnly", "Path=/", "SameSite=Strict"} <= set(cookie.split("; ")[1:])
+    page = client.get("/jobs/train", base_url=BASE)  # a link followed: the cookie, no query
+    assert page.status_code == 200 and "Set-Cookie" not in page.headers
+    for path in ("/static/common.js", "/api/jobs/train", "/jobs/train/timeline.png", "/metrics"):
+        assert client.get(path, base_url=BASE).status_code == 200, path
+    token = re.search(r'<meta name="respawn-token" content="([^"]+)">', page.get_data(as_text=True)).group(1)
+    done = client.post("/api/jobs/train/cancel", base_url=BASE, headers={TOKEN_HEADER: token, "Origin": BASE})
+    assert done.status_code == 200 and h.store.exists(BUCKET, names.cancel_key("train"))
+
+
+def test_a_key_in_the_address_under_a_foreign_host_sets_no_cookie_there(h):
+    _running(h)
+    client, guard = _bare(h)
+    refused = client.get(f"/?token={guard.key}", base_url="http://evil.example:8642")  # a rebinding name
+    assert refused.status_code == 403 and "Set-Cookie" not in refused.headers
+
+
+def test_the_browser_is_opened_on_a_file_of_the_users_alone_never_with_the_key_on_its_command_line(h, monkeypatch):
+    opened: list[str] = []
+    monkeypatch.setattr("webbrowser.open", opened.append)
+    server, url = serving.bind(Jobs(h.store, BUCKET, h.policy), "127.0.0.1", 0, 5.0, remote=False)
+    key = url.rpartition("=")[2]
+    seen: dict[str, object] = {}
+
+    def look() -> None:
+        try:
+            for _ in range(100):
+                if opened:
+                    break
+                time.sleep(0.05)
+            page = Path(urllib.parse.urlsplit(opened[0]).path)
+            seen.update(mode=page.stat().st_mode & 0o777, folder=page.parent.stat().st_mode & 0o777,
+                        text=page.read_text(), path=page)
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Timer(0.3, look).start()
+    assert serving.serve(server, url, open_browser=True, out=io.StringIO()) == 0
+    (argument,) = opened  # what a browser's command line shows every account (ps)
+    assert argument.startswith("file:///") and key not in argument
+    assert seen["mode"] == 0o600 and seen["folder"] == 0o700
+    assert f'content="0;url={html.escape(url, quote=True)}"' in seen["text"]
+    assert not seen["path"].exists()  # gone once the dashboard stops
+
+
+def test_a_token_file_keeps_the_key_across_starts_and_one_others_may_read_or_too_short_is_refused(tmp_path):
+    kept = tmp_path / "key"
+    first = serving.key_file(kept)
+    assert serving.key_file(kept) == first and kept.stat().st_mode & 0o777 == 0o600
+    kept.chmod(0o644)
+    with pytest.raises(serving.KeyRefused, match="chmod 600"):
+        serving.key_file(kept)
+    kept.write_text("short\n")
+    kept.chmod(0o600)
+    with pytest.raises(serving.KeyRefused, match="at least 16 characters"):
+        serving.key_file(kept)
+
+
+def test_the_command_refuses_a_token_file_others_may_read_in_one_line_exit_2(monkeypatch, tmp_path):
+    monkeypatch.setenv("COLUMNS", "200")
+    kept = tmp_path / "key"
+    kept.write_text("k" * 40 + "\n")
+    kept.chmod(0o644)
+    result = CliRunner().invoke(cli, ["dashboard", "--no-open", "--port", "0", "--token-file", str(kept)])
+    assert result.exit_code == 2 and f"chmod 600 {kept}" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("headers, why", [
     ({TOKEN_HEADER: None}, "token"),
     ({TOKEN_HEADER: "guessed"}, "token"),
@@ -675,8 +801,8 @@ def test_a_remote_dashboard_answers_ip_addresses_localhost_and_allowed_names_nev
     _running(h)
     guard = Guard(remote=True, names=frozenset({"dash.internal"}))
     guard.bound("0.0.0.0", PORT)
-    client = create_app(Fleet(Jobs(h.store, BUCKET, h.policy), 5.0, Ticks(), wall=lambda: NOW), guard, 5.0,
-                        now=lambda: NOW).test_client()
+    client = _keyed(create_app(Fleet(Jobs(h.store, BUCKET, h.policy), 5.0, Ticks(), wall=lambda: NOW), guard, 5.0,
+                               now=lambda: NOW).test_client(), guard)
     for base in ("http://10.1.2.3:8642", "http://[fd00::1]:8642", "http://localhost:8642", "http://dash.internal:8642"):
         assert client.get("/api/jobs", base_url=base).status_code == 200, base
     evil = "http://evil.example:8642"  # the attacker's name, rebound to this machine's address
@@ -691,7 +817,7 @@ def _served(h: Harness, host: str, port: int, **guarded):
     guard = Guard(**guarded)
     guard.bound(host, port)
     fleet = Fleet(Jobs(h.store, BUCKET, h.policy), 5.0, Ticks(), wall=lambda: NOW)
-    return create_app(fleet, guard, 5.0, now=lambda: NOW).test_client(), guard
+    return _keyed(create_app(fleet, guard, 5.0, now=lambda: NOW).test_client(), guard), guard
 
 
 @pytest.mark.parametrize("remote, bound", [(False, "127.0.0.1"), (True, "0.0.0.0")])
@@ -745,8 +871,8 @@ def test_another_sites_page_cannot_spend_a_logging_read_nor_probe_job_names(h, s
     guard = Guard()
     guard.bound("127.0.0.1", PORT)
     calls = []
-    client = create_app(Fleet(Jobs(h.store, BUCKET, h.policy), 5.0, Ticks(), wall=lambda: NOW), guard, 5.0,
-                        now=lambda: NOW, recent=lambda job: calls.append(job) or ["x"]).test_client()
+    client = _keyed(create_app(Fleet(Jobs(h.store, BUCKET, h.policy), 5.0, Ticks(), wall=lambda: NOW), guard, 5.0,
+                               now=lambda: NOW, recent=lambda job: calls.append(job) or ["x"]).test_client(), guard)
     xs = {"Sec-Fetch-Site": site, "Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Dest": "image"}
     for path in ("/api/jobs/train/logs", "/jobs/train/timeline.png", "/jobs/nosuch/timeline.png", "/api/jobs"):
         assert client.get(path, base_url=BASE, headers=xs).status_code == 403, path
@@ -869,26 +995,30 @@ def test_the_command_refuses_a_remote_host_without_allow_remote(monkeypatch):
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
-def test_the_server_prints_one_line_with_the_port_it_got_answers_and_stops_on_a_signal(h, signum, code):
+def test_the_server_prints_one_line_with_the_port_it_got_and_its_key_answers_and_stops_on_a_signal(h, signum, code):
     server, url = serving.bind(Jobs(h.store, BUCKET, h.policy), "127.0.0.1", 0, 5.0, remote=False)
     port = server.server_port
-    assert port and url == f"http://127.0.0.1:{port}/"
+    key = re.fullmatch(rf"http://127\.0\.0\.1:{port}/\?token=([A-Za-z0-9_-]{{43}})", url).group(1)
     answers: list[int] = []
 
     def client() -> None:
         try:
-            with urllib.request.urlopen(url + "api/jobs", timeout=10) as answer:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/jobs?token={key}", timeout=10) as answer:
                 answers.append(answer.status)
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/api/jobs", timeout=10)
+            except urllib.error.HTTPError as e:
+                answers.append(e.code)
         finally:
             os.kill(os.getpid(), signum)
 
     threading.Timer(0.3, client).start()
     out = io.StringIO()
     assert serving.serve(server, url, open_browser=False, out=out) == code
-    assert out.getvalue() == f"dashboard at http://127.0.0.1:{port}/\n" and answers == [200]
+    assert out.getvalue() == f"dashboard at {url}\n" and answers == [200, 403]
 
 
-def test_the_command_prints_exactly_one_line_and_exits_0_on_sigterm(monkeypatch):
+def test_the_command_prints_exactly_one_line_its_key_from_the_token_file_and_exits_0_on_sigterm(monkeypatch, tmp_path):
     h = Harness()
     _running(h)
     opened: list[str] = []
@@ -898,11 +1028,14 @@ def test_the_command_prints_exactly_one_line_and_exits_0_on_sigterm(monkeypatch)
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
     answered: list[int] = []
+    kept = tmp_path / "dashboard-key"  # made, the user's alone: a scrape job's credentials_file
 
     def client() -> None:  # SIGTERM once it answers: its handlers are set by then
         for _ in range(200):
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/jobs", timeout=10) as answer:
+                asked = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
+                                               headers={"Authorization": f"Bearer {kept.read_text().strip()}"})
+                with urllib.request.urlopen(asked, timeout=10) as answer:
                     answered.append(answer.status)
                     break
             except OSError:
@@ -912,11 +1045,14 @@ def test_the_command_prints_exactly_one_line_and_exits_0_on_sigterm(monkeypatch)
 
     threading.Thread(target=client, daemon=True).start()
     try:
-        result = CliRunner().invoke(cli, ["dashboard", "--port", str(port), "--no-open", "--interval", "2"])
+        result = CliRunner().invoke(cli, ["dashboard", "--port", str(port), "--no-open", "--interval", "2",
+                                          "--token-file", str(kept)])
     finally:
         bootstrap.override(None)
     assert result.exit_code == 0, result.output
-    assert result.output == f"dashboard at http://127.0.0.1:{port}/\n" and answered == [200]
+    key = kept.read_text().strip()
+    assert result.output == f"dashboard at http://127.0.0.1:{port}/?token={key}\n" and answered == [200]
+    assert kept.stat().st_mode & 0o777 == 0o600 and len(key) >= 43
     assert opened == []
 
 
