@@ -461,7 +461,7 @@ def dashboard(
                                                                 "address (repeatable), at any port: a reverse "
                                                                 "proxy's, passed on in Host; any other name is "
                                                                 "refused, so a DNS-rebinding site cannot reach it")] = None,
-    token_file: Annotated[Path | None, typer.Option("--token-file", envvar="RESPAWN_DASHBOARD_TOKEN_FILE",
+    key_file: Annotated[Path | None, typer.Option("--key-file", envvar="RESPAWN_DASHBOARD_KEY_FILE",
                                                     dir_okay=False, metavar="PATH",
                                                     help="keep its key in this file (made, readable by you "
                                                          "alone, when missing): the same address at every "
@@ -485,7 +485,7 @@ def dashboard(
     deadline.stop()  # it serves until stopped; each read has the adapters' own bounds
     try:
         warning = guard.bind_warning(host, allow_remote)
-        key = serving.key_file(token_file) if token_file is not None else None
+        key = serving.key_file(key_file) if key_file is not None else None
     except (guard.BindRefused, serving.KeyRefused) as e:
         _fail(str(e))
     jobs = _jobs()

@@ -1,7 +1,7 @@
 """Who may talk to the dashboard: it can cancel jobs, any other account on this machine can reach
 127.0.0.1, and any web page the user visits can send requests there.
 
-- **Its key**: a random secret made when it starts (or read from ``--token-file``), in the address
+- **Its key**: a random secret made when it starts (or read from ``--key-file``), in the address
   it prints (``?token=KEY``), as notebook servers do. Every request, pages, JSON, assets and
   ``/metrics`` alike, must carry it: in that query, in the cookie the first visit sets (HttpOnly,
   SameSite=Strict, Path=/, named for the port), or as ``Authorization: Bearer KEY`` (a scraper).

@@ -5,7 +5,7 @@ person's browser tabs, never a production server. One line goes to standard outp
 ``dashboard at http://HOST:PORT/?token=KEY``, so that a script can read the port it got
 (``--port 0``) and the key every request carries (``guard``). The key never goes on a command
 line, where any account's ``ps`` reads it: the browser is opened on a file of the user's alone
-that forwards to the address (as notebook servers do), and ``--token-file`` names a file.
+that forwards to the address (as notebook servers do), and ``--key-file`` names a file.
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ from controller.service.jobs import Jobs
 INTERRUPTED = 130  # SIGINT's exit code, as a shell reports it
 
 
-MIN_KEY = 16  # characters of a key read from --token-file: a shorter one could be guessed
+MIN_KEY = 16  # characters of a key read from --key-file: a shorter one could be guessed
 
 
 class KeyRefused(Exception):
-    """A --token-file that cannot hold the dashboard's key: said in one line."""
+    """A --key-file that cannot hold the dashboard's key: said in one line."""
 
 
 def bind(jobs: Jobs, host: str, port: int, interval: float, remote: bool,
@@ -69,18 +69,18 @@ def key_file(path: Path) -> str:
     except FileExistsError:
         pass
     except OSError as e:
-        raise KeyRefused(f"cannot make --token-file {path}: {e.strerror or e}") from None
+        raise KeyRefused(f"cannot make --key-file {path}: {e.strerror or e}") from None
     else:
         with os.fdopen(fd, "w") as made:
             made.write(new_key() + "\n")
     try:
         if os.stat(path).st_mode & 0o077:
-            raise KeyRefused(f"--token-file {path} may be read by other accounts: chmod 600 {path}")
+            raise KeyRefused(f"--key-file {path} may be read by other accounts: chmod 600 {path}")
         key = path.read_text(encoding="utf-8").partition("\n")[0].strip()
     except (OSError, UnicodeError) as e:
-        raise KeyRefused(f"cannot read --token-file {path}: {getattr(e, 'strerror', None) or e}") from None
+        raise KeyRefused(f"cannot read --key-file {path}: {getattr(e, 'strerror', None) or e}") from None
     if len(key) < MIN_KEY or not key.isprintable() or " " in key:
-        raise KeyRefused(f"--token-file {path}: its first line must be a key of at least {MIN_KEY} characters, "
+        raise KeyRefused(f"--key-file {path}: its first line must be a key of at least {MIN_KEY} characters, "
                          "no spaces (delete the file to have one made)")
     return key
 

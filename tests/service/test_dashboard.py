@@ -741,7 +741,7 @@ def test_the_browser_is_opened_on_a_file_of_the_users_alone_never_with_the_key_o
     assert not seen["path"].exists()  # gone once the dashboard stops
 
 
-def test_a_token_file_keeps_the_key_across_starts_and_one_others_may_read_or_too_short_is_refused(tmp_path):
+def test_a_key_file_keeps_the_key_across_starts_and_one_others_may_read_or_too_short_is_refused(tmp_path):
     kept = tmp_path / "key"
     first = serving.key_file(kept)
     assert serving.key_file(kept) == first and kept.stat().st_mode & 0o777 == 0o600
@@ -754,12 +754,12 @@ def test_a_token_file_keeps_the_key_across_starts_and_one_others_may_read_or_too
         serving.key_file(kept)
 
 
-def test_the_command_refuses_a_token_file_others_may_read_in_one_line_exit_2(monkeypatch, tmp_path):
+def test_the_command_refuses_a_key_file_others_may_read_in_one_line_exit_2(monkeypatch, tmp_path):
     monkeypatch.setenv("COLUMNS", "200")
     kept = tmp_path / "key"
     kept.write_text("k" * 40 + "\n")
     kept.chmod(0o644)
-    result = CliRunner().invoke(cli, ["dashboard", "--no-open", "--port", "0", "--token-file", str(kept)])
+    result = CliRunner().invoke(cli, ["dashboard", "--no-open", "--port", "0", "--key-file", str(kept)])
     assert result.exit_code == 2 and f"chmod 600 {kept}" in result.output
     assert len(result.output.strip().splitlines()) == 1
 
@@ -907,9 +907,11 @@ def test_no_page_json_nor_poll_shows_a_webhook_url_or_a_token_in_the_specs_env(h
     client, guard, _ = _dashboard(h)
     paths = ("/", "/jobs/train", "/api/jobs", "/api/jobs/train", "/api/jobs/train/logs", "/metrics")
     answers = {path: client.get(path, base_url=BASE) for path in paths}
+    attempt_token = h.status("train").attempt_token.encode()  # its VMs' secret: the status's own
     for path, answer in answers.items():
         assert answer.status_code == 200, path
         assert b"webhookcredential" not in answer.data and b"hf_tokencredential" not in answer.data, path
+        assert attempt_token not in answer.data, path
     spec = answers["/api/jobs/train"].get_json()["spec"]
     assert "webhook: https://hooks.slack.com/<redacted>" in spec and "HF_TOKEN: <redacted>" in spec
     assert "TOKENIZERS_PARALLELISM: 'false'" in spec  # the rest as written
@@ -1018,7 +1020,7 @@ def test_the_server_prints_one_line_with_the_port_it_got_and_its_key_answers_and
     assert out.getvalue() == f"dashboard at {url}\n" and answers == [200, 403]
 
 
-def test_the_command_prints_exactly_one_line_its_key_from_the_token_file_and_exits_0_on_sigterm(monkeypatch, tmp_path):
+def test_the_command_prints_exactly_one_line_its_key_from_the_key_file_and_exits_0_on_sigterm(monkeypatch, tmp_path):
     h = Harness()
     _running(h)
     opened: list[str] = []
@@ -1046,7 +1048,7 @@ def test_the_command_prints_exactly_one_line_its_key_from_the_token_file_and_exi
     threading.Thread(target=client, daemon=True).start()
     try:
         result = CliRunner().invoke(cli, ["dashboard", "--port", str(port), "--no-open", "--interval", "2",
-                                          "--token-file", str(kept)])
+                                          "--key-file", str(kept)])
     finally:
         bootstrap.override(None)
     assert result.exit_code == 0, result.output
