@@ -99,7 +99,7 @@ class Guard:
         if self.remote:
             return (f"Host {host or '(none)'} is not this dashboard's address: pass --allowed-host NAME to "
                     "answer to a name other than an IP address or localhost")
-        return f"Host {host or '(none)'} is not this dashboard's address"
+        return f"Host {host or '(none)'} is not this dashboard's address (a reverse proxy's name: pass --allowed-host NAME)"
 
     def key_problem(self, headers: Mapping[str, str], cookies: Mapping[str, str],
                     query: Mapping[str, str]) -> str | None:

@@ -85,7 +85,7 @@ def key_file(path: Path) -> str:
     return key
 
 
-def _opener(url: str) -> Path:
+def forwarding_page(url: str) -> Path:
     """A page of the user's alone (its folder 0700) that forwards the browser to ``url``: opened in
     place of the address, which a browser's command line would show to every account."""
     folder = Path(tempfile.mkdtemp(prefix="respawn-dashboard-"))
@@ -119,7 +119,7 @@ def serve(server: BaseWSGIServer, url: str, open_browser: bool, out: TextIO | No
     """Print where, open a browser there unless told not to, serve; the exit code once signalled."""
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request: stdout says one thing
     print(f"dashboard at {url}", file=out or sys.stdout, flush=True)  # looked up now: a test's capture
-    opener = _opener(url) if open_browser else None
+    opener = forwarding_page(url) if open_browser else None
     if opener is not None:
         threading.Thread(target=webbrowser.open, args=(opener.as_uri(),), daemon=True).start()
     code: list[int] = []

@@ -99,3 +99,29 @@ def test_resubmit_sends_the_spec_generation_shown_when_clicked_not_one_a_poll_br
     page.wait_for_selector("#flash:not([hidden])")
     assert "changed" in page.text_content("#flash")
     assert h.store.read(BUCKET, names.spec_key("train")).info.generation == teammates
+
+
+def test_a_browser_opened_on_the_forwarding_page_gets_in_and_its_links_and_polls_stay_in(serve, page):
+    """``respawn dashboard`` opens the browser on a file that forwards to the address (never the key on a command
+    line): a navigation from a file:// page, which is another site's, so the cookie it sets (SameSite=Strict)
+    must still carry the key to the page's polls and to the links followed from it."""
+    from controller.dashboard import serving
+
+    h = Harness()
+    _running(h)
+    fleet = Fleet(Jobs(h.store, BUCKET, h.policy), INTERVAL)
+    entry = serve(fleet, "/")
+    opener = serving.forwarding_page(entry)
+    statuses: list[tuple[int, str]] = []
+    page.on("response", lambda r: statuses.append((r.status, r.url)))
+    page.goto(opener.as_uri())
+    page.wait_for_selector('#jobs tr[data-job="train"]')
+    assert page.url == entry.partition("?")[0]  # forwarded, the key then out of the address bar
+    polled = len([s for s in statuses if "/api/jobs" in s[1]])
+    deadline = time.monotonic() + 10 * INTERVAL
+    while len([s for s in statuses if "/api/jobs" in s[1]]) <= polled:  # a poll, with the cookie alone
+        assert time.monotonic() < deadline, "no poll"
+        page.wait_for_timeout(100)
+    page.click('#jobs tr[data-job="train"] a')
+    page.wait_for_selector("#timeline")
+    assert [s for s in statuses if s[0] >= 400 and not s[1].endswith("/favicon.ico")] == []
