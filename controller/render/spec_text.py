@@ -15,6 +15,7 @@ field says so.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +40,7 @@ def secret_env_name(name: str) -> bool:
     return any(part in SECRET_PARTS for part in name.upper().split("_"))
 
 
+@functools.lru_cache(maxsize=64)  # each open job page polls its spec, which changes only at a submit
 def shown(raw: bytes) -> str:
     """``raw`` as a person may see it: its text with every secret hidden (module docstring)."""
     try:
