@@ -431,13 +431,16 @@ def report(
         print(json.dumps(reporting.as_json(job, status, now, live), indent=2))
     else:
         out.print(reporting.render_text(job, status, now, live))
+    picture = reporting.timeline(job, status, now) if png or html else None
     for path, kind in ((png, "png"), (html, "html")):
         if path is not None:
             try:
-                reporting.draw(job, status, now, path, kind, live)
+                reporting.draw(job, status, now, path, kind, live, picture)
             except OSError as e:
                 _fail(f"cannot write {path}: {e.strerror or e}")
             (err if as_json else out).print(_line("✓", "green", f"wrote {path}"), soft_wrap=True)
+    if picture is not None and picture.note:  # its status holds what cannot be drawn: the files say this line
+        err.print(_line("!", "yellow", picture.note), soft_wrap=True)
 
 
 @app.command()
@@ -454,9 +457,16 @@ def dashboard(
                                                "answers to IP addresses and localhost only, and to the names "
                                                "given with --allowed-host")] = False,
     allowed_host: Annotated[list[str] | None, typer.Option("--allowed-host", metavar="NAME",
-                                                           help="with --allow-remote: a host name the dashboard "
-                                                                "answers to (repeatable); any other name is refused, "
-                                                                "so a DNS-rebinding site cannot reach it")] = None,
+                                                           help="a host name the dashboard answers to besides its "
+                                                                "address (repeatable), at any port: a reverse "
+                                                                "proxy's, passed on in Host; any other name is "
+                                                                "refused, so a DNS-rebinding site cannot reach it")] = None,
+    key_file: Annotated[Path | None, typer.Option("--key-file", envvar="RESPAWN_DASHBOARD_KEY_FILE",
+                                                    dir_okay=False, metavar="PATH",
+                                                    help="keep its key in this file (made, readable by you "
+                                                         "alone, when missing): the same address at every "
+                                                         "start, and the file a Prometheus scrape job's "
+                                                         "credentials_file names")] = None,
     no_open: Annotated[bool, typer.Option("--no-open", help="do not open a browser")] = False,
 ) -> None:
     """The fleet and each job in a browser, live: a local web server over the bucket, with cancel
@@ -464,20 +474,24 @@ def dashboard(
 
     It reads what `respawn status` reads, with the same credentials, at most once per --interval
     however many pages are open. It prints one line, the address it serves at, then serves until
-    Ctrl-C. It listens on 127.0.0.1 only, unless --host names another address and --allow-remote
-    is given: whoever reaches it can cancel jobs. Remote, it answers to a Host that is an IP
-    address, localhost, or a name given with --allowed-host (repeatable), never to another name."""
+    Ctrl-C. The address carries a secret key (?token=...), as a notebook server's does: any other
+    account on this machine can reach the port, and every page, JSON, asset and /metrics answers
+    403 without the key (a cookie carries it after the first visit; a scraper sends
+    Authorization: Bearer KEY). It listens on 127.0.0.1 only, unless --host names another address
+    and --allow-remote is given. Remote, it answers to a Host that is an IP address, localhost, or
+    a name given with --allowed-host (repeatable), never to another name."""
     from controller.dashboard import guard, serving
 
     deadline.stop()  # it serves until stopped; each read has the adapters' own bounds
     try:
         warning = guard.bind_warning(host, allow_remote)
-    except guard.BindRefused as e:
+        key = serving.key_file(key_file) if key_file is not None else None
+    except (guard.BindRefused, serving.KeyRefused) as e:
         _fail(str(e))
     jobs = _jobs()
     try:
         server, url = serving.bind(jobs, host, port, interval, allow_remote, recent=_recent_logs(jobs),
-                                    allowed_hosts=tuple(allowed_host or ()))
+                                    allowed_hosts=tuple(allowed_host or ()), key=key)
     except OSError as e:
         _fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
     if warning:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from flask import Flask, Response, abort, render_template, request
+from flask import Flask, Response, abort, g, render_template, request
 from markupsafe import Markup
 
 from controller.core import errors
@@ -54,13 +54,22 @@ def create_app(fleet: Fleet, guard: Guard, interval: float = DEFAULT_INTERVAL,
 
     @app.before_request
     def _checked() -> Response | None:
-        problem = guard.write_problem(request.headers) if request.method == "POST" else guard.read_problem(request.headers)
+        if problem := guard.read_problem(request.headers):
+            return as_json({"error": problem}, 403)
+        if problem := guard.key_problem(request.headers, request.cookies, request.args):
+            # Nothing of the user's, the POST token included: only how to get in.
+            return as_json({"error": problem}, 403) if request.path.startswith("/api/") else \
+                Response(problem + "\n", status=403, mimetype="text/plain")
+        g.keyed = guard.key_in_query(request.args)  # by the printed address: its cookie is set
+        problem = guard.write_problem(request.headers) if request.method == "POST" else None
         if problem is None and (request.path.startswith("/api/") or request.path.endswith("/timeline.png")):
             problem = guard.fetch_problem(request.headers)
         return as_json({"error": problem}, 403) if problem else None
 
     @app.after_request
     def _headers(response: Response) -> Response:
+        if g.get("keyed"):  # the links, the assets and the polls carry the key from here on
+            response.set_cookie(guard.cookie, guard.key, httponly=True, samesite="Strict", path="/")
         response.headers.setdefault("Content-Security-Policy", "default-src 'self'; img-src 'self'; "
                                     "frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
         response.headers.setdefault("X-Frame-Options", "DENY")

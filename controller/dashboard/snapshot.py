@@ -126,6 +126,9 @@ class Fleet:
         for info in self.jobs.store.list(self.jobs.bucket, names.JOBS_PREFIX):
             if (ref := names.parse_object_name(info.name)) and ref.node is None:
                 listed.setdefault(ref.job, {})[ref.kind] = info
+        # A job is a name with a spec or a status, as the controller judges them (observe._ours): a
+        # name holding only what a trainer can write (a heartbeat, an exit record, a notice) is none.
+        listed = {job: objects for job, objects in listed.items() if "spec" in objects or "status" in objects}
         self._kept = {job: self._kept.get(job, _Kept()) for job in listed}
         gens = {job: (objects["spec"].generation if "spec" in objects else 0,
                       objects["status"].generation if "status" in objects else 0) for job, objects in listed.items()}

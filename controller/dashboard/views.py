@@ -18,7 +18,7 @@ from controller.core import ledger
 from controller.core.durations import format_duration
 from controller.core.state import JobStatus, Phase
 from controller.dashboard.snapshot import JobView, Snapshot
-from controller.render import report
+from controller.render import report, spec_text
 from controller.render.amounts import dollars
 from controller.render.status_view import counted_down, live_step
 from controller.render.text import printable
@@ -143,13 +143,15 @@ def nothing_to_cancel(view: JobView) -> str | None:
 
 def job(view: JobView, snapshot: Snapshot, now: datetime, spec: tuple[int, bytes] | None) -> dict[str, Any]:
     """``GET /api/jobs/JOB``: its row, the report's summary and tables, its transitions (oldest
-    first), its spec (for resubmit) and the command that prints its logs."""
+    first), its spec (what resubmit sends, its secrets hidden: ``spec_text``) and the command that
+    prints its logs."""
     status = view.row.status
     detail: dict[str, Any] = {**fleet_row(view, now), "updated": stamp(snapshot.at),
                               "status_generation": view.status_generation,
                               "logs_command": logs_command(view.row.job),
                               "cancel_refused": nothing_to_cancel(view),
-                              "spec": printable(spec[1].decode("utf-8", "replace"), keep="\n\t") if spec else None,
+                              # Its secrets hidden (a webhook's URL, a token in env), whoever reaches the page.
+                              "spec": printable(spec_text.shown(spec[1]), keep="\n\t") if spec else None,
                               "spec_generation": spec[0] if spec else None}
     if status is None:
         return {**detail, "history": [], "facts": [], "attempts": [], "losses": []}

@@ -20,7 +20,8 @@ from __future__ import annotations
 import base64
 import io
 import statistics
-from datetime import datetime, timedelta
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -337,19 +338,86 @@ def _cell(row: tuple[str, ...], column: int) -> str:
 # -- the picture -----------------------------------------------------------------------------------
 
 def draw(job: str, status: JobStatus, now: datetime, path: Path | str, kind: str | None = None,
-         live: dict[str, Any] | None = None) -> Path:
+         live: dict[str, Any] | None = None, picture: Picture | None = None) -> Path:
     """Write the timeline to ``path``: ``kind`` "png", or "html" (the picture embedded, and the summary);
-    by default from the path's suffix."""
+    by default from the path's suffix. ``picture``: the timeline already drawn (``timeline``)."""
     path = Path(path)
     kind = kind or {".png": "png", ".html": "html", ".htm": "html"}.get(path.suffix.lower())
     if kind not in ("png", "html"):
         raise ValueError(f"{path}: a report is a .png or an .html file")
-    picture = timeline_png(job, status, now)
-    path.write_bytes(picture if kind == "png" else page(job, status, now, picture, live).encode())
+    picture = picture or timeline(job, status, now)
+    path.write_bytes(picture.png if kind == "png" else page(job, status, now, picture.png, live, picture.note).encode())
     return path
 
 
+@dataclass(frozen=True)
+class Picture:
+    png: bytes
+    note: str | None = None  # why the picture is this one line in place of the timeline
+
+
+# The times a timeline is drawn between. Matplotlib's dates run from year 1 to 9999 and its axes
+# pad a run's span on both sides, so a time near either end (a hand-edited status) would be drawn
+# outside them; a controller writes its own clock's times, far inside.
+DRAWN_FROM, DRAWN_UNTIL = datetime(1900, 1, 1, tzinfo=UTC), datetime(9000, 1, 1, tzinfo=UTC)
+MAX_DRAWN_STEP = 10**15  # a checkpoint step drawn on the axis (a float): no trainer counts near it
+
+
+def timeline(job: str, status: JobStatus, now: datetime) -> Picture:
+    """The timeline; for a status it cannot be drawn from (a hand edit's times, a trainer's absurd
+    step), a picture of the one line that says why. Whatever a status holds, never an exception:
+    the dashboard's page and ``respawn report`` show the line in its place."""
+    note = _undrawable(status.ledger, now)
+    if note is None:
+        try:
+            return Picture(_drawn(job, status, now))
+        except Exception as e:  # noqa: BLE001 - a status is anyone's hand edit: matplotlib's refusal is a note
+            note = f"timeline not drawn: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return Picture(note_png(note), note)
+
+
 def timeline_png(job: str, status: JobStatus, now: datetime) -> bytes:
+    return timeline(job, status, now).png
+
+
+def _undrawable(book: ledger.Ledger, now: datetime) -> str | None:
+    """Why ``book`` cannot be drawn, or None: a time without a zone or outside DRAWN_FROM..DRAWN_UNTIL
+    (the training redone before a loss included), or a checkpoint step too large to place."""
+    redone = [(loss.lost_at or loss.seen_at, loss.redone_s) for loss in book.losses if loss.redone_s]
+    if any(not measured(seconds) for _, seconds in redone):
+        return "timeline not drawn: a loss's training redone is no duration a clock measured"
+    times = [now, *(value for item in (*book.spans, *book.losses, *book.marks) for value in dict(item).values()
+                    if isinstance(value, datetime)), *(at for at, _ in book.checkpoints)]
+    for when in times:
+        if when.utcoffset() is None:
+            return f"timeline not drawn: its ledger has a time without a time zone ({when.isoformat()})"
+        if not DRAWN_FROM <= when < DRAWN_UNTIL:
+            return (f"timeline not drawn: its ledger has a time ({when.isoformat()}) outside the years "
+                    f"{DRAWN_FROM.year} to {DRAWN_UNTIL.year - 1}")
+    for until, seconds in redone:
+        if seconds > (until - DRAWN_FROM).total_seconds():
+            return f"timeline not drawn: a loss's training redone ({seconds:g} s) began before {DRAWN_FROM.year}"
+    if any(abs(step) > MAX_DRAWN_STEP for _, step in book.checkpoints):
+        return "timeline not drawn: a checkpoint step is too large to draw"
+    return None
+
+
+def note_png(note: str) -> bytes:
+    """A picture of one line of text (``note``, its controls escaped, clipped to 200 characters)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    line = printable(note)
+    line = line if len(line) <= 200 else line[:199] + "…"
+    fig = Figure(figsize=(12, 0.6), dpi=100)
+    FigureCanvasAgg(fig)
+    fig.text(0.01, 0.5, line, va="center", fontsize=11, color="#444444", parse_math=False)
+    out = io.BytesIO()
+    fig.savefig(out, format="png")
+    return out.getvalue()
+
+
+def _drawn(job: str, status: JobStatus, now: datetime) -> bytes:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -517,16 +585,19 @@ def _axes(ax: Axes, lanes: Lanes, title: str) -> None:
 
 # -- the page ------------------------------------------------------------------------------------
 
-def page(job: str, status: JobStatus, now: datetime, picture: bytes, live: dict[str, Any] | None = None) -> str:
-    """A self-contained HTML page: the timeline embedded as a data: URI, then the summary's tables."""
+def page(job: str, status: JobStatus, now: datetime, picture: bytes, live: dict[str, Any] | None = None,
+         note: str | None = None) -> str:
+    """A self-contained HTML page: the timeline embedded as a data: URI (``note``: why it is a line of
+    text in its place), then the summary's tables."""
     name = html_text(job)
     image = base64.b64encode(picture).decode()
+    alt = _h(note) if note else f"timeline of {name}: its attempts by zone"
     zones = zone_rows(status)
     return "\n".join([
         "<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
         f"<title>respawn report: {name}</title>", f"<style>{_STYLE}</style></head><body>",
         f"<h1>respawn report: {name}</h1>",
-        f'<img alt="timeline of {name}: its attempts by zone" src="data:image/png;base64,{image}">',
+        f'<img alt="{alt}" src="data:image/png;base64,{image}">',
         '<h2>summary</h2><table class="facts">',
         *(f"<tr><th>{_h(what)}</th><td>{_h(figure)}</td></tr>" for what, figure in facts(status, now, live)),
         "</table>", "<h2>attempts</h2>", _html_table(ATTEMPT_COLUMNS, attempt_rows(status, now), _kept_note(status)),

@@ -14,7 +14,9 @@ markup, which the controller fails with a message quoting them, and one whose jo
   (the page's own window object survives) within the polling interval of the bucket's change;
 - cancel asks first (`#confirm-no` cancels nothing), then cancels (`#flash`, then CANCELLED);
 - hostile names and messages are shown as text: no dialog fires, no injected element exists;
-- every request the pages made went to 127.0.0.1; no page threw a script error.
+- every request the pages made went to 127.0.0.1; no page threw a script error;
+- the address it prints carries its key: without it, a 403; with it, a cookie the pages' scripts cannot read
+  carries it, and the key leaves the address bar.
 
 Screenshots of both pages at 1280 and 390 pixels wide go to tests/browser/screenshots/ (git-ignored) or
 $RESPAWN_SCREENSHOTS. Everything started here is stopped at the end."""
@@ -147,12 +149,14 @@ def dashboard(cloud: dict[str, Any], fleet: Fleet) -> Iterator[dict[str, Any]]:
     try:
         if not first.wait(60) or not out:
             pytest.fail(f"respawn dashboard printed nothing (exit {process.poll()}): {''.join(err)[-3000:]}")
-        match = re.fullmatch(r"dashboard at (http://127\.0\.0\.1:(\d+)/)\n", out[0])
+        match = re.fullmatch(r"dashboard at ((http://127\.0\.0\.1:(\d+)/)\?token=([A-Za-z0-9_-]{43}))\n", out[0])
         assert match, f"the dashboard's line: {out[0]!r} (stderr: {''.join(err)[-1000:]})"
-        url, port = match.group(1), int(match.group(2))
+        entry, url, port, key = match.group(1), match.group(2), int(match.group(3)), match.group(4)
         assert port != 0
-        until("the dashboard to answer", lambda: _answers(url), 30)
-        yield {"url": url, "port": port, "out": out, "err": err, "process": process}
+        until("the dashboard to answer", lambda: _answers(url, key), 30)
+        assert requests.get(url, timeout=10).status_code == 403  # without its key: another account on this machine
+        # entry: the address printed, its key in it; url: the address alone, which the key's cookie opens after
+        yield {"url": url, "entry": entry, "key": key, "port": port, "out": out, "err": err, "process": process}
         process.send_signal(signal.SIGINT)
         code = process.wait(timeout=30)
         assert code in (0, -signal.SIGINT, 130), f"the dashboard exited {code} on SIGINT: {''.join(err)[-2000:]}"
@@ -165,9 +169,9 @@ def dashboard(cloud: dict[str, Any], fleet: Fleet) -> Iterator[dict[str, Any]]:
             process.wait(timeout=30)
 
 
-def _answers(url: str) -> bool:
+def _answers(url: str, key: str) -> bool:
     try:
-        return requests.get(url, timeout=5).status_code == 200
+        return requests.get(url, params={"token": key}, timeout=5).status_code == 200
     except requests.ConnectionError:
         return False
 
@@ -211,9 +215,12 @@ def browser(chromium: str) -> Iterator[tuple[Any, Seen]]:
 
 
 @pytest.fixture(scope="module")
-def page(browser: tuple[Any, Seen]) -> Any:
+def page(browser: tuple[Any, Seen], dashboard: dict[str, Any]) -> Any:
+    """The browser's tab, let in once by the address printed: its cookie carries the key to every page after."""
     context, _ = browser
-    return context.pages[0] if context.pages else context.new_page()
+    tab = context.pages[0] if context.pages else context.new_page()
+    tab.goto(dashboard["entry"])
+    return tab
 
 
 def shoot(page: Any, name: str) -> dict[int, Path]:
@@ -259,6 +266,21 @@ def cell(page: Any, job: str, name: str) -> str:
 
 
 # -- the tests, in the order a user meets them ----------------------------------------------------------------
+def test_the_address_printed_lets_the_browser_in_its_key_leaves_the_address_bar_and_no_script_reads_it(
+        dashboard, browser, page):
+    context, _ = browser
+    response = page.goto(dashboard["entry"])
+    assert response.status == 200
+    page.wait_for_selector("#jobs tr[data-job]")
+    assert page.url == dashboard["url"]  # the key out of the address bar (and the history)
+    assert page.evaluate("document.cookie") == ""  # HttpOnly: no script of any page reads it
+    (cookie,) = [c for c in context.cookies(dashboard["url"]) if c["name"] == f"respawn-dashboard-{dashboard['port']}"]
+    assert cookie["value"] == dashboard["key"] and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+    assert cookie["path"] == "/"
+    page.reload()  # the address without its key: the cookie carries it
+    page.wait_for_selector("#jobs tr[data-job]")
+
+
 def test_the_fleet_page_lists_the_job_with_its_phase_filters_sorts_and_polls(dashboard, fleet, page):
     page.goto(dashboard["url"])
     page.wait_for_selector("#jobs tr[data-job]")
@@ -330,9 +352,10 @@ def test_the_job_page_draws_its_timeline_ledger_and_history(dashboard, fleet, pa
     assert 1 <= len(lines) <= 40, lines
     stepped = [line for line in lines if re.fullmatch(rf"\d\d-\d\d \d\d:\d\d:\d\d {JOB}-1 .*trainer: step \d+ loss \S+", line)]
     assert stepped, lines
-    api = requests.get(f"{dashboard['url']}api/jobs/{JOB}", timeout=10)
+    keyed = {"Authorization": f"Bearer {dashboard['key']}"}  # as a scraper sends it
+    api = requests.get(f"{dashboard['url']}api/jobs/{JOB}", headers=keyed, timeout=10)
     assert api.status_code == 200 and api.headers["content-type"].startswith("application/json")
-    listed = requests.get(f"{dashboard['url']}api/jobs", timeout=10)
+    listed = requests.get(f"{dashboard['url']}api/jobs", headers=keyed, timeout=10)
     assert listed.status_code == 200 and JOB in listed.text
 
 

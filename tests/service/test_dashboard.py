@@ -4,6 +4,7 @@ refuse a POST from anywhere but its own page, and bind loopback unless told othe
 
 from __future__ import annotations
 
+import html
 import io
 import json
 import os
@@ -13,16 +14,20 @@ import signal
 import socket
 import threading
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from controller.cli.main import app as cli
 from controller.core import names
-from controller.core.ledger import Ledger, Span, Totals
+from controller.core.ledger import Ledger, Mark, Span, Totals
 from controller.core.state import Event, JobStatus, Phase
 from controller.dashboard import guard as guards
 from controller.dashboard import serving
@@ -57,12 +62,19 @@ def h() -> Harness:
     return Harness()
 
 
+def _keyed(client, guard: Guard):
+    """A client that sends the dashboard's key with every request, as a scraper would (a browser's cookie:
+    the tests of who may enter)."""
+    client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {guard.key}"
+    return client
+
+
 def _dashboard(h: Harness, interval: float = 5.0, clock: Ticks | None = None):
     guard = Guard()
     guard.bound("127.0.0.1", PORT)
     fleet = Fleet(Jobs(h.store, BUCKET, h.policy), interval, clock or Ticks(), wall=lambda: NOW)
     app = create_app(fleet, guard, interval, now=lambda: NOW)
-    return app.test_client(), guard, fleet
+    return _keyed(app.test_client(), guard), guard, fleet
 
 
 def _running(h: Harness, job: str = "train") -> None:
@@ -148,6 +160,22 @@ def test_the_fleet_json_stays_small_at_3000_jobs_its_rows_only_what_the_page_sho
     assert len(answer.data) < 3000 * 400  # it was 1,550 bytes a row: 15 MB every poll at 10,000 jobs
 
 
+def test_a_name_holding_only_what_a_trainer_writes_is_no_job_on_any_page_nor_in_the_metrics(h):
+    _running(h)
+    for key in (names.heartbeat_key, names.exit_key, names.notice_key, names.ready_key):
+        h.store.put(BUCKET, key("forged"), b'{"step": 1}')  # a trainer may write these, under any name
+    h.store.put(BUCKET, names.node_exit_key("forged", 1), b"{}")
+    client, _, _ = _dashboard(h)
+    assert [row["job"] for row in client.get("/api/jobs", base_url=BASE).get_json()["jobs"]] == ["train"]
+    assert 'data-job="forged"' not in client.get("/", base_url=BASE).get_data(as_text=True)
+    for path in ("/jobs/forged", "/api/jobs/forged", "/api/jobs/forged/logs", "/jobs/forged/timeline.png"):
+        assert client.get(path, base_url=BASE).status_code == 404, path
+    metrics = client.get("/metrics", base_url=BASE).get_data(as_text=True)
+    jobs = {s.labels["phase"]: s.value for f in text_string_to_metric_families(metrics) if f.name == "respawn_jobs"
+            for s in f.samples}
+    assert jobs["RUNNING"] == 1 and jobs["SUBMITTED"] == 0 and sum(jobs.values()) == 1
+
+
 def test_fleet_totals_count_preemptions_and_stockouts_by_zone_and_money(h):
     _hostile(h)
     client, _, _ = _dashboard(h)
@@ -173,6 +201,18 @@ def test_the_job_page_has_its_timeline_ledger_history_logs_command_and_actions(h
     assert "g2-standard-8" in re.search(r'<pre id="spec">.*?</pre>', text, re.S).group()
     picture = client.get("/jobs/train/timeline.png", base_url=BASE)
     assert picture.status_code == 200 and picture.mimetype == "image/png" and picture.data[:4] == b"\x89PNG"
+
+
+def test_a_status_whose_times_cannot_be_drawn_gives_its_timeline_a_picture_of_one_line_never_a_500(h):
+    _running(h)
+    st = h.status("train")
+    book = st.ledger.model_copy(update={"marks": (Mark(at=datetime(9999, 12, 31, tzinfo=UTC), kind="stockout",
+                                                       zone="us-central1-a"),)})
+    h.store.put(BUCKET, names.status_key("train"), st.model_copy(update={"ledger": book}).to_json())  # by hand
+    client, _, _ = _dashboard(h)
+    picture = client.get("/jobs/train/timeline.png", base_url=BASE)
+    assert picture.status_code == 200 and picture.mimetype == "image/png" and picture.data[:4] == b"\x89PNG"
+    assert client.get("/jobs/train", base_url=BASE).status_code == 200
 
 
 def test_the_job_json_has_its_phase_history_newest_last_and_tables(h):
@@ -390,7 +430,7 @@ def _with_logs(h: Harness, recent, clock: Ticks | None = None):
     guard.bound("127.0.0.1", PORT)
     fleet = Fleet(Jobs(h.store, BUCKET, h.policy), 5.0, clock, wall=lambda: NOW)
     app = create_app(fleet, guard, 5.0, now=lambda: NOW, tails=Tails(recent, clock=clock, wall=lambda: NOW))
-    return app.test_client(), guard, clock
+    return _keyed(app.test_client(), guard), guard, clock
 
 
 def _pre(page: str) -> str:
@@ -485,12 +525,13 @@ def test_one_read_of_a_job_at_a_time_the_pages_asking_meanwhile_share_it(h):
             return super().__call__(job)
 
     recent = Slow(["shared"])
-    client, _, _ = _with_logs(h, recent)
+    client, guard, _ = _with_logs(h, recent)
     client.get("/api/jobs/train", base_url=BASE)  # the bucket read before the threads start
     answers: list[list[str]] = []
 
     def page() -> None:
-        answers.append(client.application.test_client().get("/api/jobs/train/logs", base_url=BASE).get_json()["lines"])
+        answers.append(_keyed(client.application.test_client(), guard).get("/api/jobs/train/logs", base_url=BASE)
+                       .get_json()["lines"])
 
     threads = [threading.Thread(target=page) for _ in range(8)]
     for t in threads:
@@ -608,6 +649,121 @@ def test_cancel_with_the_pages_token_cancels(h):
     assert h.status("train").phase == Phase.CANCELLED
 
 
+def _bare(h: Harness):
+    """The dashboard as another account on this machine meets it: the port known, not the key."""
+    guard = Guard()
+    guard.bound("127.0.0.1", PORT)
+    fleet = Fleet(Jobs(h.store, BUCKET, h.policy), 5.0, Ticks(), wall=lambda: NOW)
+    return create_app(fleet, guard, 5.0, now=lambda: NOW).test_client(), guard
+
+
+KEYED_PATHS = ("/", "/jobs/train", "/api/jobs", "/api/jobs/train", "/api/jobs/train/logs", "/jobs/train/timeline.png",
+               "/metrics", "/static/common.js", "/static/job.js", "/static/dashboard.css", "/favicon.ico",
+               "/jobs/nosuch", "/api/jobs/nosuch")
+
+
+def test_another_account_without_the_key_gets_a_403_saying_how_to_get_in_everywhere_and_never_the_post_token(h):
+    _running(h)
+    client, guard = _bare(h)
+    for path in KEYED_PATHS:  # a job that does not exist included: not even which names do
+        answer = client.get(path, base_url=BASE)
+        assert answer.status_code == 403, path
+        assert guard.token.encode() not in answer.data and b"train" not in answer.data, path
+        assert b"open the address `respawn dashboard` printed" in answer.data, path
+        assert "Set-Cookie" not in answer.headers, path
+    refused = client.post("/api/jobs/train/cancel", base_url=BASE, headers={TOKEN_HEADER: "guessed", "Origin": BASE})
+    assert refused.status_code == 403 and not h.store.exists(BUCKET, names.cancel_key("train"))
+
+
+@pytest.mark.parametrize("how", ["query", "cookie", "bearer"])
+def test_a_wrong_key_in_the_query_the_cookie_or_an_authorization_header_is_refused(h, how):
+    _running(h)
+    for key, expected in (("wrong", 403), ("right", 200)):  # the right key, sent the same way, is let in
+        client, guard = _bare(h)
+        sent = guard.key if key == "right" else guard.key[:-1] + ("A" if guard.key[-1] != "A" else "B")
+        if how == "cookie":
+            client.set_cookie(guard.cookie, sent, domain="127.0.0.1")
+        path = "/api/jobs" + (f"?token={sent}" if how == "query" else "")
+        answer = client.get(path, base_url=BASE, headers={"Authorization": f"Bearer {sent}"} if how == "bearer" else {})
+        assert answer.status_code == expected, key
+        assert ("Set-Cookie" in answer.headers) == (key == "right" and how == "query"), key
+
+
+def test_the_printed_address_lets_a_browser_in_and_its_cookie_carries_the_key_to_links_assets_polls_and_posts(h):
+    _running(h)
+    client, guard = _bare(h)
+    first = client.get(f"/?token={guard.key}", base_url=BASE)  # the address `respawn dashboard` printed
+    assert first.status_code == 200 and guard.key.encode() not in first.data  # the page itself never holds it
+    (cookie,) = first.headers.getlist("Set-Cookie")
+    assert cookie.split("; ")[0] == f"respawn-dashboard-{PORT}={guard.key}"
+    assert {"HttpOnly", "Path=/", "SameSite=Strict"} <= set(cookie.split("; ")[1:])
+    page = client.get("/jobs/train", base_url=BASE)  # a link followed: the cookie, no query
+    assert page.status_code == 200 and "Set-Cookie" not in page.headers
+    for path in ("/static/common.js", "/api/jobs/train", "/jobs/train/timeline.png", "/metrics"):
+        assert client.get(path, base_url=BASE).status_code == 200, path
+    token = re.search(r'<meta name="respawn-token" content="([^"]+)">', page.get_data(as_text=True)).group(1)
+    done = client.post("/api/jobs/train/cancel", base_url=BASE, headers={TOKEN_HEADER: token, "Origin": BASE})
+    assert done.status_code == 200 and h.store.exists(BUCKET, names.cancel_key("train"))
+
+
+def test_a_key_in_the_address_under_a_foreign_host_sets_no_cookie_there(h):
+    _running(h)
+    client, guard = _bare(h)
+    refused = client.get(f"/?token={guard.key}", base_url="http://evil.example:8642")  # a rebinding name
+    assert refused.status_code == 403 and "Set-Cookie" not in refused.headers
+
+
+def test_the_browser_is_opened_on_a_file_of_the_users_alone_never_with_the_key_on_its_command_line(h, monkeypatch):
+    opened: list[str] = []
+    monkeypatch.setattr("webbrowser.open", opened.append)
+    server, url = serving.bind(Jobs(h.store, BUCKET, h.policy), "127.0.0.1", 0, 5.0, remote=False)
+    key = url.rpartition("=")[2]
+    seen: dict[str, object] = {}
+
+    def look() -> None:
+        try:
+            for _ in range(100):
+                if opened:
+                    break
+                time.sleep(0.05)
+            page = Path(urllib.parse.urlsplit(opened[0]).path)
+            seen.update(mode=page.stat().st_mode & 0o777, folder=page.parent.stat().st_mode & 0o777,
+                        text=page.read_text(), path=page)
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Timer(0.3, look).start()
+    assert serving.serve(server, url, open_browser=True, out=io.StringIO()) == 0
+    (argument,) = opened  # what a browser's command line shows every account (ps)
+    assert argument.startswith("file:///") and key not in argument
+    assert seen["mode"] == 0o600 and seen["folder"] == 0o700
+    assert f'content="0;url={html.escape(url, quote=True)}"' in seen["text"]
+    assert not seen["path"].exists()  # gone once the dashboard stops
+
+
+def test_a_key_file_keeps_the_key_across_starts_and_one_others_may_read_or_too_short_is_refused(tmp_path):
+    kept = tmp_path / "key"
+    first = serving.key_file(kept)
+    assert serving.key_file(kept) == first and kept.stat().st_mode & 0o777 == 0o600
+    kept.chmod(0o644)
+    with pytest.raises(serving.KeyRefused, match="chmod 600"):
+        serving.key_file(kept)
+    kept.write_text("short\n")
+    kept.chmod(0o600)
+    with pytest.raises(serving.KeyRefused, match="at least 16 characters"):
+        serving.key_file(kept)
+
+
+def test_the_command_refuses_a_key_file_others_may_read_in_one_line_exit_2(monkeypatch, tmp_path):
+    monkeypatch.setenv("COLUMNS", "200")
+    kept = tmp_path / "key"
+    kept.write_text("k" * 40 + "\n")
+    kept.chmod(0o644)
+    result = CliRunner().invoke(cli, ["dashboard", "--no-open", "--port", "0", "--key-file", str(kept)])
+    assert result.exit_code == 2 and f"chmod 600 {kept}" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("headers, why", [
     ({TOKEN_HEADER: None}, "token"),
     ({TOKEN_HEADER: "guessed"}, "token"),
@@ -645,8 +801,8 @@ def test_a_remote_dashboard_answers_ip_addresses_localhost_and_allowed_names_nev
     _running(h)
     guard = Guard(remote=True, names=frozenset({"dash.internal"}))
     guard.bound("0.0.0.0", PORT)
-    client = create_app(Fleet(Jobs(h.store, BUCKET, h.policy), 5.0, Ticks(), wall=lambda: NOW), guard, 5.0,
-                        now=lambda: NOW).test_client()
+    client = _keyed(create_app(Fleet(Jobs(h.store, BUCKET, h.policy), 5.0, Ticks(), wall=lambda: NOW), guard, 5.0,
+                               now=lambda: NOW).test_client(), guard)
     for base in ("http://10.1.2.3:8642", "http://[fd00::1]:8642", "http://localhost:8642", "http://dash.internal:8642"):
         assert client.get("/api/jobs", base_url=base).status_code == 200, base
     evil = "http://evil.example:8642"  # the attacker's name, rebound to this machine's address
@@ -657,14 +813,66 @@ def test_a_remote_dashboard_answers_ip_addresses_localhost_and_allowed_names_nev
     assert not h.store.exists(BUCKET, names.cancel_key("train"))
 
 
+def _served(h: Harness, host: str, port: int, **guarded):
+    guard = Guard(**guarded)
+    guard.bound(host, port)
+    fleet = Fleet(Jobs(h.store, BUCKET, h.policy), 5.0, Ticks(), wall=lambda: NOW)
+    return _keyed(create_app(fleet, guard, 5.0, now=lambda: NOW).test_client(), guard), guard
+
+
+@pytest.mark.parametrize("remote, bound", [(False, "127.0.0.1"), (True, "0.0.0.0")])
+def test_on_port_80_the_host_a_browser_sends_without_its_port_is_answered_and_may_cancel(h, remote, bound):
+    _running(h)
+    client, guard = _served(h, bound, 80, remote=remote)
+    for base in ("http://127.0.0.1", "http://localhost"):  # Host: 127.0.0.1, as a browser sends it on port 80
+        assert client.get("/", base_url=base).status_code == 200, base
+        assert client.get("/api/jobs", base_url=base).status_code == 200, base
+    done = client.post("/api/jobs/train/cancel", base_url="http://127.0.0.1",
+                       headers={TOKEN_HEADER: guard.token, "Origin": "http://127.0.0.1"})
+    assert done.status_code == 200 and h.store.exists(BUCKET, names.cancel_key("train"))
+    assert client.get("/", base_url="http://evil.example").status_code == 403
+
+
+@pytest.mark.parametrize("remote, bound", [(False, "127.0.0.1"), (True, "0.0.0.0")])
+def test_behind_an_https_proxy_that_passes_the_host_on_a_post_from_its_page_cancels(h, remote, bound):
+    """Caddy and Traefik pass the browser's Host on (nginx with ``proxy_set_header Host $host``); none of
+    them need say X-Forwarded-Proto. The page is https://dash.example.com, its POSTs' Origin that."""
+    _running(h)
+    client, guard = _served(h, bound, PORT, remote=remote, names=frozenset({"dash.example.com"}))
+    proxied = "http://dash.example.com"  # Host: dash.example.com, the port the browser left out (443)
+    assert client.get("/api/jobs", base_url=proxied).status_code == 200
+    done = client.post("/api/jobs/train/cancel", base_url=proxied,
+                       headers={TOKEN_HEADER: guard.token, "Origin": "https://dash.example.com"})
+    assert done.status_code == 200, done.get_json()
+    assert h.store.exists(BUCKET, names.cancel_key("train"))
+
+
+@pytest.mark.parametrize("origin, host", [
+    ("https://evil.example", "dash.example.com"),
+    ("https://dash.example.com.evil.example", "dash.example.com"),
+    ("https://dash.example.com:8443", "dash.example.com"),  # another port: another origin
+    ("http://127.0.0.1:8643", f"127.0.0.1:{PORT}"),  # another server on this machine
+    ("https://127.0.0.1:8643", f"127.0.0.1:{PORT}"),
+    ("ftp://dash.example.com", "dash.example.com"),
+    ("null", "dash.example.com"),
+])
+def test_a_post_whose_origin_is_another_sites_is_refused_over_http_or_https(h, origin, host):
+    _running(h)
+    client, guard = _served(h, "127.0.0.1", PORT, names=frozenset({"dash.example.com"}))
+    refused = client.post("/api/jobs/train/cancel", base_url=f"http://{host}",
+                          headers={TOKEN_HEADER: guard.token, "Origin": origin})
+    assert refused.status_code == 403 and "Origin" in refused.get_json()["error"]
+    assert not h.store.exists(BUCKET, names.cancel_key("train"))
+
+
 @pytest.mark.parametrize("site", ["cross-site", "same-site"])
 def test_another_sites_page_cannot_spend_a_logging_read_nor_probe_job_names(h, site):
     _running(h)
     guard = Guard()
     guard.bound("127.0.0.1", PORT)
     calls = []
-    client = create_app(Fleet(Jobs(h.store, BUCKET, h.policy), 5.0, Ticks(), wall=lambda: NOW), guard, 5.0,
-                        now=lambda: NOW, recent=lambda job: calls.append(job) or ["x"]).test_client()
+    client = _keyed(create_app(Fleet(Jobs(h.store, BUCKET, h.policy), 5.0, Ticks(), wall=lambda: NOW), guard, 5.0,
+                               now=lambda: NOW, recent=lambda job: calls.append(job) or ["x"]).test_client(), guard)
     xs = {"Sec-Fetch-Site": site, "Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Dest": "image"}
     for path in ("/api/jobs/train/logs", "/jobs/train/timeline.png", "/jobs/nosuch/timeline.png", "/api/jobs"):
         assert client.get(path, base_url=BASE, headers=xs).status_code == 403, path
@@ -685,6 +893,52 @@ def test_the_spec_is_shown_alike_on_the_page_and_in_the_polls_lines_kept_control
     page = client.get("/jobs/train", base_url=BASE).get_data(as_text=True)
     shown = re.search(r'<pre id="spec">(.*?)</pre>', page, re.S).group(1)
     assert shown == polled.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+WEBHOOK = "https://hooks.slack.com/services/T0001/B0002/webhookcredential"
+
+
+def test_no_page_json_nor_poll_shows_a_webhook_url_or_a_token_in_the_specs_env(h):
+    raw = yaml.safe_dump(spec_doc(notify={"webhook": WEBHOOK}, env={"HF_TOKEN": "hf_tokencredential",
+                                                                     "TOKENIZERS_PARALLELISM": "false"}))
+    h.submit("train", raw)
+    h.tick()
+    h.tick()
+    client, guard, _ = _dashboard(h)
+    paths = ("/", "/jobs/train", "/api/jobs", "/api/jobs/train", "/api/jobs/train/logs", "/metrics")
+    answers = {path: client.get(path, base_url=BASE) for path in paths}
+    attempt_token = h.status("train").attempt_token.encode()  # its VMs' secret: the status's own
+    for path, answer in answers.items():
+        assert answer.status_code == 200, path
+        assert b"webhookcredential" not in answer.data and b"hf_tokencredential" not in answer.data, path
+        assert attempt_token not in answer.data, path
+    spec = answers["/api/jobs/train"].get_json()["spec"]
+    assert "webhook: https://hooks.slack.com/<redacted>" in spec and "HF_TOKEN: <redacted>" in spec
+    assert "TOKENIZERS_PARALLELISM: 'false'" in spec  # the rest as written
+    shown = re.search(r'<pre id="spec">(.*?)</pre>', answers["/jobs/train"].get_data(as_text=True), re.S).group(1)
+    assert shown == html.escape(spec, quote=True)
+    generation = answers["/api/jobs/train"].get_json()["spec_generation"]
+    done = client.post("/api/jobs/train/resubmit", base_url=BASE, json={"spec_generation": generation},
+                       headers={TOKEN_HEADER: guard.token})
+    assert done.status_code == 200  # the spec in the bucket, secrets and all, not the one shown
+    assert h.store.read(BUCKET, names.spec_key("train")).data == raw.encode()
+
+
+@pytest.mark.parametrize("raw", [
+    # JSON that spells the URL with escapes: the text never holds it as such
+    json.dumps({**spec_doc(), "notify": {"webhook": WEBHOOK}}).replace("/", "\\/"),
+    # a folded YAML string: the URL is split across lines
+    yaml.safe_dump(spec_doc()) + "notify:\n  webhook: >-\n    https://hooks.slack.com/services/T0001/B0002/\n"
+                                 "    webhookcredential\n",
+])
+def test_a_webhook_spelled_another_way_is_hidden_too_the_spec_shown_as_respawn_read_it(h, raw):
+    h.store.put(BUCKET, names.spec_key("train"), raw)  # as a hand could write it
+    client, _, _ = _dashboard(h)
+    for path in ("/jobs/train", "/api/jobs/train"):
+        answer = client.get(path, base_url=BASE)
+        assert answer.status_code == 200 and b"webhookcredential" not in answer.data, path
+    spec = client.get("/api/jobs/train", base_url=BASE).get_json()["spec"]
+    assert spec.startswith("# the spec as respawn read it") and "https://hooks.slack.com/<redacted>" in spec
 
 
 def test_resubmit_replaces_the_spec_shown_and_refuses_one_changed_since(h):
@@ -743,26 +997,30 @@ def test_the_command_refuses_a_remote_host_without_allow_remote(monkeypatch):
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
-def test_the_server_prints_one_line_with_the_port_it_got_answers_and_stops_on_a_signal(h, signum, code):
+def test_the_server_prints_one_line_with_the_port_it_got_and_its_key_answers_and_stops_on_a_signal(h, signum, code):
     server, url = serving.bind(Jobs(h.store, BUCKET, h.policy), "127.0.0.1", 0, 5.0, remote=False)
     port = server.server_port
-    assert port and url == f"http://127.0.0.1:{port}/"
+    key = re.fullmatch(rf"http://127\.0\.0\.1:{port}/\?token=([A-Za-z0-9_-]{{43}})", url).group(1)
     answers: list[int] = []
 
     def client() -> None:
         try:
-            with urllib.request.urlopen(url + "api/jobs", timeout=10) as answer:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/jobs?token={key}", timeout=10) as answer:
                 answers.append(answer.status)
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/api/jobs", timeout=10)
+            except urllib.error.HTTPError as e:
+                answers.append(e.code)
         finally:
             os.kill(os.getpid(), signum)
 
     threading.Timer(0.3, client).start()
     out = io.StringIO()
     assert serving.serve(server, url, open_browser=False, out=out) == code
-    assert out.getvalue() == f"dashboard at http://127.0.0.1:{port}/\n" and answers == [200]
+    assert out.getvalue() == f"dashboard at {url}\n" and answers == [200, 403]
 
 
-def test_the_command_prints_exactly_one_line_and_exits_0_on_sigterm(monkeypatch):
+def test_the_command_prints_exactly_one_line_its_key_from_the_key_file_and_exits_0_on_sigterm(monkeypatch, tmp_path):
     h = Harness()
     _running(h)
     opened: list[str] = []
@@ -772,11 +1030,14 @@ def test_the_command_prints_exactly_one_line_and_exits_0_on_sigterm(monkeypatch)
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
     answered: list[int] = []
+    kept = tmp_path / "dashboard-key"  # made, the user's alone: a scrape job's credentials_file
 
     def client() -> None:  # SIGTERM once it answers: its handlers are set by then
         for _ in range(200):
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/jobs", timeout=10) as answer:
+                asked = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
+                                               headers={"Authorization": f"Bearer {kept.read_text().strip()}"})
+                with urllib.request.urlopen(asked, timeout=10) as answer:
                     answered.append(answer.status)
                     break
             except OSError:
@@ -786,11 +1047,14 @@ def test_the_command_prints_exactly_one_line_and_exits_0_on_sigterm(monkeypatch)
 
     threading.Thread(target=client, daemon=True).start()
     try:
-        result = CliRunner().invoke(cli, ["dashboard", "--port", str(port), "--no-open", "--interval", "2"])
+        result = CliRunner().invoke(cli, ["dashboard", "--port", str(port), "--no-open", "--interval", "2",
+                                          "--key-file", str(kept)])
     finally:
         bootstrap.override(None)
     assert result.exit_code == 0, result.output
-    assert result.output == f"dashboard at http://127.0.0.1:{port}/\n" and answered == [200]
+    key = kept.read_text().strip()
+    assert result.output == f"dashboard at http://127.0.0.1:{port}/?token={key}\n" and answered == [200]
+    assert kept.stat().st_mode & 0o777 == 0o600 and len(key) >= 43
     assert opened == []
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import html
 import io
 import json
 import math
@@ -11,6 +12,8 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
 from matplotlib import image
 from matplotlib.colors import to_rgb
 from rich.console import Console
@@ -19,7 +22,7 @@ from typer.testing import CliRunner
 from controller.service import bootstrap
 from controller.core import ledger
 from controller.render import report
-from controller.core import checkpoints
+from controller.core import checkpoints, names
 from controller.cli.main import app
 from controller.service.config import Settings
 from controller.core.state import JobStatus, Phase
@@ -346,3 +349,91 @@ def test_an_attempt_that_ended_between_passes_without_a_trainer_start_says_boot_
     light = len(colour_pixels(png, to_hex(report._light(outcome_colour("succeeded")))))
     solid = len(colour_pixels(png, outcome_colour("succeeded")))  # its cross-hatching, and the legend's swatch
     assert light > 5 * solid, ("a guessed split drawn as training", light, solid)
+
+
+# -- what a hand edit can write --------------------------------------------------------------------
+
+def _hand_edited(edit) -> JobStatus:
+    """A RUNNING status one attempt old, as JSON, edited as anyone who can write the bucket may."""
+    doc = {"phase": "RUNNING", "attempt": 1, "created_at": "2026-01-01T00:00:00Z",
+           "ledger": {"spans": [{"attempt": 1, "zone": A, "start": "2026-01-01T00:00:00Z",
+                                 "running": "2026-01-01T00:02:00Z"}]}}
+    edit(doc)
+    return JobStatus.model_validate_json(json.dumps(doc))
+
+
+def _mark(at: str):
+    return lambda doc: doc["ledger"].setdefault("marks", []).append({"at": at, "kind": "stockout", "zone": A})
+
+
+def _loss(redone_s: float):
+    return lambda doc: doc["ledger"].setdefault("losses", []).append(
+        {"attempt": 1, "cause": "preempted", "seen_at": "2026-01-01T01:00:00Z", "redone_s": redone_s})
+
+
+HAND_EDITS = {
+    "a mark in year 9999": _mark("9999-12-31T00:00:00Z"),
+    "an attempt begun in year 1": lambda doc: doc["ledger"]["spans"][0].update(start="0001-01-01T00:00:00Z"),
+    "year 1 in a zone ahead of UTC": lambda doc: doc["ledger"]["spans"][0].update(start="0001-01-01T00:00:00+14:00"),
+    "a time without a zone": lambda doc: doc["ledger"]["spans"][0].update(start="2026-01-01T00:00:00"),
+    "training redone for 1e300 s": _loss(1e300),
+    "training redone for NaN s": _loss(math.nan),
+    "a checkpoint at step 10**400": lambda doc: doc["ledger"].update(checkpoints=[["2026-01-01T00:30:00Z", 10**400]]),
+}
+
+
+@pytest.mark.parametrize("edit", HAND_EDITS.values(), ids=HAND_EDITS.keys())
+def test_a_status_whose_ledger_cannot_be_drawn_gives_a_picture_of_one_line_saying_why(edit, tmp_path):
+    st = _hand_edited(edit)
+    now = datetime(2026, 1, 1, 3, tzinfo=UTC)
+    png = report.draw("llm", st, now, tmp_path / "odd.png")
+    assert image.imread(png).size
+    picture = report.timeline("llm", st, now)
+    assert picture.png == png.read_bytes() and picture.note.startswith("timeline not drawn: ")
+    assert "\n" not in picture.note and len(picture.note) < 200
+
+
+def test_the_page_of_a_status_that_cannot_be_drawn_has_the_line_in_place_of_the_timeline(tmp_path):
+    st = _hand_edited(_mark("9999-12-31T00:00:00Z"))
+    now = datetime(2026, 1, 1, 3, tzinfo=UTC)
+    note = report.timeline("llm", st, now).note
+    page = report.draw("llm", st, now, tmp_path / "odd.html").read_text()
+    assert f'alt="{html.escape(note, quote=True)}"' in page and "data:image/png;base64," in page
+
+
+def test_report_of_a_status_that_cannot_be_drawn_writes_the_line_and_says_it_exit_0(cli, tmp_path):
+    cli.store.put(BUCKET, names.status_key("llm"), _hand_edited(_mark("9999-12-31T00:00:00Z")).to_json())
+    png, page = tmp_path / "out.png", tmp_path / "out.html"
+    result = runner.invoke(app, ["report", "llm", "--png", str(png), "--html", str(page)])
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output and f"wrote {png}" in result.output and f"wrote {page}" in result.output
+    assert "! timeline not drawn: its ledger has a time (9999-12-31T00:00:00+00:00) outside the years" in result.output
+    assert image.imread(png).size and "data:image/png;base64," in page.read_text()
+
+
+_TIMES = hs.one_of(hs.datetimes(min_value=datetime(2025, 12, 31), max_value=datetime(2026, 1, 2),
+                                 timezones=hs.just(UTC)),  # a controller's (drawn: matplotlib's refusals are met)
+                   hs.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30),
+                                timezones=hs.one_of(hs.none(), hs.timezones())))
+_SECONDS = hs.one_of(hs.floats(allow_nan=True, allow_infinity=True), hs.integers(-10**30, 10**30))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spans=hs.lists(hs.fixed_dictionaries({"attempt": hs.integers(1, 5), "zone": hs.sampled_from([A, B, None]),
+                                             "start": _TIMES},
+                                            optional={"end": _TIMES, "running": _TIMES, "trainer_started": _TIMES,
+                                                      "cause": hs.sampled_from(["preempted", "failed", "odd"])}),
+                      max_size=3),
+       marks=hs.lists(hs.fixed_dictionaries({"at": _TIMES, "kind": hs.sampled_from(["stockout", "preempted", "?"])}),
+                      max_size=2),
+       losses=hs.lists(hs.fixed_dictionaries({"attempt": hs.integers(1, 5), "cause": hs.just("preempted"),
+                                              "seen_at": _TIMES},
+                                             optional={"lost_at": _TIMES, "redone_s": _SECONDS,
+                                                       "steps_lost": hs.integers(-10**20, 10**20)}), max_size=2),
+       saves=hs.lists(hs.tuples(_TIMES, hs.integers(-10**400, 10**400)), max_size=2),
+       now=_TIMES)
+def test_any_ledger_a_hand_edit_can_write_gives_a_picture_never_an_exception(spans, marks, losses, saves, now):
+    book = ledger.Ledger.model_validate({"spans": spans, "marks": marks, "losses": losses, "checkpoints": saves})
+    picture = report.timeline("hand", JobStatus(phase=Phase.RUNNING, ledger=book), now)
+    assert picture.png.startswith(b"\x89PNG")
+    assert picture.note is None or (picture.note.startswith("timeline not drawn: ") and "\n" not in picture.note)

@@ -1,6 +1,13 @@
 // respawn dashboard: what both pages share. Text from the server is only ever set as textContent.
 "use strict";
 const respawn = (() => {
+  // The printed address carries the dashboard's key (?token=...); its cookie holds it now, so the key
+  // leaves the address bar (a shared screen, a copied link, the history).
+  const address = new URL(location.href);
+  if (address.searchParams.has("token")) {
+    address.searchParams.delete("token");
+    history.replaceState(history.state, "", address.pathname + address.search + address.hash);
+  }
   const meta = (name) => document.querySelector(`meta[name="${name}"]`).content;
   const token = meta("respawn-token");
   const interval = Math.max(1, Number(meta("respawn-interval")) || 5) * 1000;
