@@ -82,8 +82,8 @@ def console_project(job: str, recorded: str | None, watched: Sequence[str], spec
     saying why, before any request."""
     if not recorded:
         return None
-    if recorded in watched or recorded == spec_project:
-        return project_id(recorded)
+    if project_id(recorded) in watched or recorded == spec_project:
+        return recorded
     raise errors.RequestError(
         f"refusing to read {job}'s VM output in project {recorded!r}, which its status.json names: this "
         f"controller watches {', '.join(watched) or 'no project'} (RESPAWN_PROJECT, RESPAWN_ALLOWED_PROJECTS) "
