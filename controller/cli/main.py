@@ -712,7 +712,8 @@ def deploy(
         return
     try:
         deployment.execute(steps, target, start=first,
-                           say=lambda title: out.print(_line("→", "bold", title), soft_wrap=True))
+                           say=lambda said: out.print(plain(said, "dim") if said.startswith(" ") else
+                                                      _line("→", "bold", said), soft_wrap=True))
     except deployment.StepFailed as failed:
         given = ["--project", project, "--region", region, "--bucket", bucket]
         for flag, value in (("--service-account", service_account), ("--scheduler-account", scheduler_account),
