@@ -80,8 +80,9 @@ def source_digest(source: Path) -> str:
 
 def label(source_sha: str, argv: Sequence[str]) -> str:
     """The ``respawn-deploy`` label's value: the source's digest and the deploy's flags (``argv``,
-    its label flag left out), hashed together."""
-    flags = [a for a in argv if not a.startswith("--update-labels=")]
+    its label flag left out, and the source's path: the same files deployed from another checkout
+    are the same function), hashed together."""
+    flags = [a for a in argv if not a.startswith(("--update-labels=", "--source="))]
     return hashlib.sha256(json.dumps([source_sha, flags]).encode()).hexdigest()[:LENGTH]
 
 
