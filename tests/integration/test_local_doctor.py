@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -65,7 +66,7 @@ def test_doctor_passes_every_check_on_a_healthy_local_cloud(cloud, spec):
                   "custom role respawnVmRecords", "who may read the bucket"):
         assert line(done.stdout, check).startswith(f"✓ {check}"), done.stdout
     assert "PREEMPTIBLE_NVIDIA_L4_GPUS 64 free of 64" in line(done.stdout, "GPU quota in us-east1")
-    assert line(done.stdout, "scheduler job respawn-tick").startswith("✓ scheduler job respawn-tick      ENABLED")
+    assert re.match(r"✓ scheduler job respawn-tick +ENABLED", line(done.stdout, "scheduler job respawn-tick"))
 
 
 def test_a_zero_gpu_quota_in_one_of_the_spec_s_regions_fails_that_check(cloud, spec):
