@@ -935,3 +935,32 @@ def test_gcloud_makes_the_metrics_in_the_local_logging_and_a_second_deploy_bring
         again = server.metrics(PROJECT)
         assert again["respawn_losses"]["filter"] == losses["filter"]
         assert again["respawn_jobs"]["createTime"] == made["respawn_jobs"]["createTime"]  # updated, not made anew
+
+
+@pytest.mark.skipif(shutil.which("gcloud") is None, reason="gcloud is not installed")
+def test_gcloud_runs_the_sink_update_against_the_local_logging_and_no_exclusion_is_left(tmp_path):
+    """The audit-sink-update step for real: gcloud against the Logging stand-in, on a sink someone gave
+    an exclusion that drops the preemptions (and disabled): respawn's filter, enabled, no exclusion."""
+    import requests
+
+    from localcloud.logging import LoggingServer
+
+    token = tmp_path / "token"
+    token.write_text("not-a-real-token")
+    with LoggingServer() as server:
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "CLOUDSDK_CONFIG": str(tmp_path / "gcloud"),
+               "CLOUDSDK_CORE_DISABLE_PROMPTS": "1", "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE": str(token),
+               "CLOUDSDK_CORE_DISABLE_USAGE_REPORTING": "1", "CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK": "1",
+               "CLOUDSDK_API_ENDPOINT_OVERRIDES_LOGGING": server.endpoint + "/"}
+        made = requests.post(  # a unique writer identity, as gcloud's create asks for
+            f"{server.endpoint}/v2/projects/{PROJECT}/sinks", params={"uniqueWriterIdentity": "true"},
+            json={"name": "respawn-audit", "destination": deploy.audit_destination(PROJECT), "disabled": True,
+                  "filter": audit.sink_filter(PROJECT), "exclusions": [
+                      {"name": "quiet", "filter": 'protoPayload.methodName="compute.instances.preempted"'}]}, timeout=10)
+        made.raise_for_status()
+        gcloud = lambda argv: subprocess.run(argv, env=env, check=True, capture_output=True, text=True,  # noqa: E731
+                                             stdin=subprocess.DEVNULL, timeout=120).stdout
+        deploy.execute([_step("audit-sink-update")], target(), run=gcloud, say=lambda _: None, sleep=lambda _: None)
+        sink = next(s for s in server.sinks(PROJECT) if s["name"] == "respawn-audit")
+        assert not sink.get("exclusions") and not sink.get("disabled")
+        assert sink["filter"] == audit.sink_filter(PROJECT)
