@@ -3,16 +3,19 @@
 The APIs, the control bucket (created if absent, refused if its settings would break respawn),
 the three service accounts, every role deploy/IAM.md marks **(deploy)**, the Logging sink of
 Compute's System Event audit entries and its Pub/Sub topic, the log-based metrics of the fleet's
-figures (``deploy/metrics``), the three functions (``tick``,
-``on_object``, ``on_audit``), the Scheduler job and the VM scripts. Each step says what it does and is safe to run again: it
-creates only what is absent (or treats "already exists" as done) and adds bindings IAM keeps
-once, so a second deploy changes nothing. A failed step names itself; ``--from`` (its number or
-name) resumes there, and running the whole deploy again is as good.
+figures (``deploy/metrics``), the secret settings in Secret Manager, the three functions (``tick``,
+``on_object``, ``on_audit``), the Scheduler job and the VM scripts. Each step says what it does and is
+safe to run again: it creates only what is absent (or treats "already exists" as done), brings what it
+finds otherwise back to respawn's (the custom role's permissions, the sink's filter and exclusions),
+adds bindings IAM keeps once, and deploys a function only when its source or flags changed
+(controller.cli.revision), so a second deploy changes nothing. A failed step names itself; ``--from``
+(its number or name) resumes there, and running the whole deploy again is as good.
 
 The plan is data, so ``--dry-run`` prints exactly what a real run would execute: every
 ``gcloud`` command line, what is looked up first (lines starting '#', which change nothing) and
-the Cloud Scheduler API request, secrets (the notification webhook's URL, any token) redacted
-there as in every message about a failing step.
+the Cloud Scheduler API request. A secret (the notification webhook's URL, any token) is on no
+command line: it reaches gcloud on its standard input, and is redacted wherever a command or its
+output is printed.
 """
 
 from __future__ import annotations
