@@ -578,8 +578,9 @@ def plan(t: Target) -> list[Step]:
         Step("audit-publisher", f"let the sink's writer identity publish to {AUDIT_TOPIC} (on that topic only)",
              audit_publisher_argv(t.project, SINK_WRITER), lookups=(writer_lookup(t.project),),
              retry_if=_IAM_LAG),
-        Step("audit-sink-update", f"make the sink's filter and destination respawn's and enable it (an older "
-             "deploy's filter is replaced; the same again changes nothing)", audit_sink_update_argv(t.project)),
+        Step("audit-sink-update", f"make the sink's filter and destination respawn's, remove its exclusions and "
+             "enable it (an older deploy's filter is replaced; the same again changes nothing)",
+             audit_sink_update_argv(t.project)),
         function("tick", "deploy the tick function (HTTP, authenticated only)",
                  ("gcloud", "functions", "deploy", TICK, *common, "--entry-point=tick", "--trigger-http",
                   "--no-allow-unauthenticated", "--timeout=540s")),
