@@ -35,6 +35,7 @@ from typing import Any
 
 from flask import Flask, Response, request
 
+from controller.adapters.memory_doctor import PREDEFINED
 from controller.cli import deploy
 from localcloud import discovery
 from localcloud.metadata import project_number
@@ -109,12 +110,16 @@ class DiscoveryServer(Server):
 
     DOC = ""
     SUPPORTED: dict[str, tuple[str, ...]] = {}
+    # Methods of another document served at the same address (its paths start with its own version:
+    # Cloud Run v2 beside Cloud Functions v2, Service Usage v1beta1 beside v1), after DOC's routes.
+    ALSO: dict[str, dict[str, tuple[str, ...]]] = {}
 
     def __init__(self, deployment: Deployment) -> None:
         self.d = deployment
         self._lock = threading.RLock()
         self._failures: dict[str, list[int]] = defaultdict(list)
-        self._routes = discovery.served(self.DOC, self.SUPPORTED)
+        self._routes = discovery.served(self.DOC, self.SUPPORTED) + [
+            route for doc, supported in self.ALSO.items() for route in discovery.served(doc, supported)]
 
     @property
     def endpoint(self) -> str:
@@ -172,10 +177,34 @@ class DiscoveryServer(Server):
 class ServiceUsageServer(DiscoveryServer):
     DOC, name = "serviceusage.v1", "serviceusage"
     SUPPORTED = {"services": ("get", "batchGet", "list", "enable", "disable")}
+    # Cloud TPU's quota limits, as respawn doctor reads them for a TPU spec: one per-zone metric of
+    # chips, TPU_QUOTA in every zone but those ``tpu_quota`` set.
+    ALSO = {"serviceusage.v1beta1": {"services.consumerQuotaMetrics": ("list",)}}
+    TPU_QUOTA = 64
 
     def __init__(self, deployment: Deployment) -> None:
         super().__init__(deployment)
         self.enabled = {f"{s}.googleapis.com" for s in ENABLED}
+        self.tpu_limits: dict[str, int] = {}  # zone -> its limit, where a test set one
+
+    def tpu_quota(self, zone: str, limit: int) -> None:
+        with self._lock:
+            self.tpu_limits[zone] = int(limit)
+
+    def _consumerQuotaMetrics_list(self, p: dict[str, str], body: Any) -> dict[str, Any]:
+        self._parent({"v1Id": p["v1beta1Id"], "v1Id1": p["v1beta1Id1"]})
+        if p["servicesId"] != "tpu.googleapis.com":
+            return {}
+        with self._lock:
+            zones = dict(self.tpu_limits)
+        name = f"projects/{self.d.number}/services/tpu.googleapis.com/consumerQuotaMetrics/tpu_chips"
+        buckets = [{"effectiveLimit": str(self.TPU_QUOTA), "defaultLimit": str(self.TPU_QUOTA)},
+                   *({"effectiveLimit": str(v), "defaultLimit": str(self.TPU_QUOTA), "dimensions": {"zone": z}}
+                     for z, v in sorted(zones.items()))]
+        return {"metrics": [{"name": name, "metric": "tpu.googleapis.com/tpu_chips", "displayName": "TPU chips",
+                             "unit": "1/{project}/{zone}", "consumerQuotaLimits": [
+                                 {"name": f"{name}/limits/%2Fproject%2Fzone", "metric": "tpu.googleapis.com/tpu_chips",
+                                  "unit": "1/{project}/{zone}", "isPrecise": True, "quotaBuckets": buckets}]}]}
 
     def disable(self, service: str) -> None:
         with self._lock:
@@ -186,7 +215,7 @@ class ServiceUsageServer(DiscoveryServer):
             self.enabled.add(service if "." in service else f"{service}.googleapis.com")
 
     def _faults(self) -> dict[str, Callable[..., Any]]:
-        return {**super()._faults(), "disable": self.disable, "enable": self.enable}
+        return {**super()._faults(), "disable": self.disable, "enable": self.enable, "tpu_quota": self.tpu_quota}
 
     def _service(self, name: str) -> dict[str, Any]:
         parent = f"projects/{self.d.number}"
@@ -255,17 +284,42 @@ class ResourceManagerServer(DiscoveryServer):
 
     def _projects_getIamPolicy(self, p: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
         self._project(p["projectsId"])
+        agent = f"service-{self.d.number}@"
         return {"version": 1, "etag": "BwYlocal=", "bindings": [
             {"role": "roles/logging.logWriter", "members": [f"serviceAccount:{self.d.trainer}"]},
             {"role": "roles/compute.instanceAdmin.v1", "members": [f"serviceAccount:{self.d.controller}"]},
             {"role": "roles/tpu.admin", "members": [f"serviceAccount:{self.d.controller}"]},
             {"role": "roles/logging.viewer", "members": [f"serviceAccount:{self.d.controller}"]},
+            {"role": "roles/logging.logWriter", "members": [f"serviceAccount:{self.d.controller}"]},
+            {"role": "roles/eventarc.eventReceiver", "members": [f"serviceAccount:{self.d.controller}"]},
+            {"role": "roles/pubsub.publisher", "members": [f"serviceAccount:{agent}gs-project-accounts.iam.gserviceaccount.com"]},
+            {"role": "roles/pubsub.serviceAgent", "members": [f"serviceAccount:{agent}gcp-sa-pubsub.iam.gserviceaccount.com"]},
         ]}
 
 
 class IamServer(DiscoveryServer):
     DOC, name = "iam.v1", "iam"
-    SUPPORTED = {"projects.serviceAccounts": ("get", "getIamPolicy", "list")}
+    SUPPORTED = {"projects.serviceAccounts": ("get", "getIamPolicy", "list"), "roles": ("get",),
+                 "projects.roles": ("get",)}
+
+    def _roles_get(self, p: dict[str, str], body: Any) -> dict[str, Any]:
+        """``roles.get``: a predefined role the local deployment's identities hold, with the permissions
+        the in-memory project gives it (controller.adapters.memory_doctor.PREDEFINED: what respawn
+        checks, a subset); ``projects.roles.get`` (routed here too): deploy's custom role."""
+        if "projectsId" in p:
+            return self._custom_role(p)
+        name = f"roles/{p['rolesId']}"
+        if name not in PREDEFINED:
+            raise ApiError(404, f"The role named {name} was not found.")
+        return {"name": name, "title": name, "includedPermissions": list(PREDEFINED[name]), "stage": "GA",
+                "etag": "AA=="}
+
+    def _custom_role(self, p: dict[str, str]) -> dict[str, Any]:
+        project = self._project(p["projectsId"])
+        if p["rolesId"] != deploy.TRAINER_ROLE_ID:
+            raise ApiError(404, f"The role named projects/{project}/roles/{p['rolesId']} was not found.")
+        return {"name": f"projects/{project}/roles/{deploy.TRAINER_ROLE_ID}", "title": "respawn VM records",
+                "includedPermissions": list(deploy.TRAINER_PERMISSIONS), "stage": "GA", "etag": "BwYlocal="}
 
     def _accounts(self) -> dict[str, str]:
         return {self.d.controller: "respawn controller", self.d.trainer: "respawn trainer VMs",
@@ -300,7 +354,20 @@ class IamServer(DiscoveryServer):
 class FunctionsServer(DiscoveryServer):
     DOC, name = "cloudfunctions.v2", "functions"
     SUPPORTED = {"projects.locations.functions": ("get", "list")}
+    # A gen2 function's Cloud Run service holds its invoker bindings (`gcloud functions
+    # add-invoker-policy-binding`): deploy's, the scheduler's on tick and the controller's on the others.
+    ALSO = {"run.v2": {"projects.locations.services": ("getIamPolicy",)}}
     TARGETS = {deploy.TICK: "tick", deploy.ON_OBJECT: "on_object", deploy.ON_AUDIT: "on_audit"}
+
+    def _services_getIamPolicy(self, p: dict[str, str], body: Any) -> dict[str, Any]:
+        self._location(p)
+        name = p["servicesId"]
+        if name not in self.TARGETS or self.TARGETS[name] not in self.d.functions():
+            raise ApiError(404, f"Resource 'projects/{self.d.project}/locations/{self.d.region}/services/{name}' "
+                                "was not found")
+        invoker = self.d.scheduler if name == deploy.TICK else self.d.controller
+        return {"version": 1, "etag": "BwYlocal=",
+                "bindings": [{"role": "roles/run.invoker", "members": [f"serviceAccount:{invoker}"]}]}
 
     def _location(self, p: dict[str, str]) -> None:
         self._project(p["projectsId"])

@@ -1,6 +1,7 @@
 """``respawn doctor``'s reads on Google's APIs (controller.cli.doctor.Apis).
 
-Service Usage v1, Cloud Resource Manager v3, IAM v1, Cloud Functions v2, Cloud Scheduler v1,
+Service Usage v1 (v1beta1 for Cloud TPU's quota metrics), Cloud Resource Manager v3, IAM v1 (roles
+too), Cloud Functions v2, Cloud Run v2 (a function's service policy), Cloud Scheduler v1,
 Logging v2 (``projects.sinks.get``) and Pub/Sub v1 (``projects.topics.get``/``getIamPolicy``)
 through google-api-python-client, whose requests are built from the same discovery documents
 the local cloud's stand-ins serve (localcloud/apis.py); Cloud Storage and Compute through their
@@ -83,6 +84,42 @@ class GoogleApis:
             policy = api.projects().serviceAccounts().getIamPolicy(
                 resource=f"projects/-/serviceAccounts/{email}", options_requestedPolicyVersion=3).execute(num_retries=1)
         return policy.get("bindings") or []
+
+    def role(self, name: str) -> Mapping[str, Any]:
+        """IAM's Role: ``roles.get`` for a predefined one (``roles/X``), ``projects.roles.get`` or
+        ``organizations.roles.get`` for a custom one; its ``includedPermissions`` are what it grants."""
+        with self._api("iam", "v1", self.config.iam_endpoint, name) as api:
+            if name.startswith("projects/"):
+                request = api.projects().roles().get(name=name)
+            elif name.startswith("organizations/"):
+                request = api.organizations().roles().get(name=name)
+            else:
+                request = api.roles().get(name=name)
+            return request.execute(num_retries=1)
+
+    def service_policy(self, service: str) -> Sequence[Mapping[str, Any]]:
+        """The allow policy of a gen2 function's Cloud Run service (``projects/P/locations/R/services/S``,
+        its ``serviceConfig.service``): where ``gcloud functions add-invoker-policy-binding`` puts
+        ``roles/run.invoker``. Cloud Run Admin v2 ``services.getIamPolicy``; the local cloud answers it
+        at its Functions stand-in, whose functions these services are."""
+        with self._api("run", "v2", self.config.functions_endpoint, service) as api:
+            policy = api.projects().locations().services().getIamPolicy(
+                resource=service, options_requestedPolicyVersion=3).execute(num_retries=1)
+        return policy.get("bindings") or []
+
+    def tpu_quotas(self, project: str) -> Sequence[Mapping[str, Any]]:
+        """Cloud TPU's quota metrics and their limits in ``project`` (Service Usage v1beta1
+        ``services.consumerQuotaMetrics.list`` of tpu.googleapis.com, every page; BASIC view: limits,
+        no usage)."""
+        parent, found, token = f"projects/{project}/services/tpu.googleapis.com", [], None
+        with self._api("serviceusage", "v1beta1", self.config.serviceusage_endpoint, parent) as api:
+            while True:
+                page = api.services().consumerQuotaMetrics().list(parent=parent, view="BASIC",
+                                                                  pageToken=token).execute(num_retries=1)
+                found += page.get("metrics") or []
+                token = page.get("nextPageToken")
+                if not token:
+                    return found
 
     def function(self, project: str, region: str, name: str) -> Mapping[str, Any]:
         full = f"projects/{project}/locations/{region}/functions/{name}"

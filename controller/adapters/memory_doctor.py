@@ -12,12 +12,38 @@ from typing import Any
 
 import yaml
 
-from controller.cli import deploy
+from controller.cli import deploy, grants
 from controller.core import audit, errors
 from controller.core.quotas import QuotaUse
 from controller.service import lastpass
 
 FUNCTION_STATES = ("ACTIVE",)
+NUMBER = "123456789012"
+STORAGE_AGENT = f"service-{NUMBER}@gs-project-accounts.iam.gserviceaccount.com"
+PUBSUB_AGENT = f"service-{NUMBER}@gcp-sa-pubsub.iam.gserviceaccount.com"
+# What IAM's roles.get lists for the predefined roles a deployed project holds: the permissions
+# respawn checks (controller.cli.grants) and a few others of each, as Google documents the roles;
+# a subset, never the whole list.
+PREDEFINED = {
+    "roles/owner": ("storage.objects.get", "storage.objects.list", "storage.objects.create", "storage.objects.delete",
+                    "resourcemanager.projects.setIamPolicy", "run.routes.invoke", "pubsub.topics.publish"),
+    "roles/compute.instanceAdmin.v1": (*grants.COMPUTE, "compute.instances.start", "compute.instances.stop"),
+    "roles/tpu.admin": (*grants.TPU, "tpu.nodes.start", "tpu.nodes.stop"),
+    "roles/logging.viewer": ("logging.logEntries.list", "logging.logMetrics.list", "logging.sinks.list"),
+    "roles/logging.logWriter": ("logging.logEntries.create", "logging.logEntries.route"),
+    "roles/eventarc.eventReceiver": ("eventarc.events.receiveEvent", "eventarc.events.receiveAuditLogWritten"),
+    "roles/run.invoker": ("run.routes.invoke", "run.jobs.run"),
+    "roles/pubsub.publisher": ("pubsub.topics.publish",),
+    "roles/pubsub.serviceAgent": ("iam.serviceAccounts.getOpenIdToken", "iam.serviceAccounts.getAccessToken",
+                                  "pubsub.topics.publish"),
+    "roles/iam.serviceAccountUser": ("iam.serviceAccounts.actAs", "iam.serviceAccounts.get"),
+    "roles/storage.objectUser": ("storage.objects.create", "storage.objects.delete", "storage.objects.get",
+                                 "storage.objects.list", "storage.objects.update", "storage.objects.restore"),
+    "roles/storage.objectViewer": ("storage.objects.get", "storage.objects.list"),
+    "roles/storage.legacyBucketOwner": ("storage.buckets.get", "storage.buckets.update", "storage.objects.list",
+                                        "storage.objects.create", "storage.objects.delete"),
+    "roles/storage.legacyBucketReader": ("storage.buckets.get", "storage.objects.list"),
+}
 
 
 @dataclass
@@ -46,6 +72,10 @@ class MemoryProject:
     record: lastpass.LastPass | None = None
     quota_table: dict[str, dict[str, QuotaUse]] = field(default_factory=dict)  # region -> metric -> use
     images: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (project, name | family/F)
+    other_projects: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # watched project -> its bindings
+    roles: dict[str, dict[str, Any]] = field(default_factory=dict)  # role name -> IAM v1 Role
+    run_services: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # Cloud Run service -> bindings
+    tpu_metrics: list[dict[str, Any]] = field(default_factory=list)  # tpu.googleapis.com's ConsumerQuotaMetrics
     hang: set[str] = field(default_factory=set)  # method names that answer only after hang_seconds
     hang_seconds: float = 2.0
     failures: dict[str, Exception] = field(default_factory=dict)  # method name -> raised
@@ -69,7 +99,22 @@ class MemoryProject:
             {"role": "roles/logging.logWriter", "members": [f"serviceAccount:{trainer}"]},
             {"role": "roles/logging.viewer", "members": [f"serviceAccount:{controller}"]},
             {"role": "roles/owner", "members": ["user:you@example.com"]},
+            {"role": "roles/compute.instanceAdmin.v1", "members": [f"serviceAccount:{controller}"]},
+            {"role": "roles/tpu.admin", "members": [f"serviceAccount:{controller}"]},
+            {"role": "roles/logging.logWriter", "members": [f"serviceAccount:{controller}"]},
+            {"role": "roles/eventarc.eventReceiver", "members": [f"serviceAccount:{controller}"]},
+            {"role": "roles/pubsub.publisher", "members": [f"serviceAccount:{STORAGE_AGENT}"]},
+            {"role": "roles/pubsub.serviceAgent", "members": [f"serviceAccount:{PUBSUB_AGENT}"]},
         ]
+        me.roles = {name: {"name": name, "includedPermissions": list(permissions), "stage": "GA"}
+                    for name, permissions in PREDEFINED.items()}
+        custom = f"projects/{project}/roles/{deploy.TRAINER_ROLE_ID}"
+        me.roles[custom] = {"name": custom, "includedPermissions": list(deploy.TRAINER_PERMISSIONS), "stage": "GA"}
+        me.run_services = {f"{base}/services/{deploy.TICK}": [
+                           {"role": "roles/run.invoker", "members": [f"serviceAccount:{scheduler}"]}],
+                       **{f"{base}/services/{name}": [{"role": "roles/run.invoker",
+                                                      "members": [f"serviceAccount:{controller}"]}]
+                          for name in (deploy.ON_OBJECT, deploy.ON_AUDIT)}}
         me.accounts = {
             trainer: [{"role": "roles/iam.serviceAccountUser", "members": [f"serviceAccount:{controller}"]}],
             controller: [], scheduler: [],
@@ -77,13 +122,16 @@ class MemoryProject:
         me.functions = {
             deploy.TICK: {"name": f"{base}/functions/{deploy.TICK}", "state": "ACTIVE",
                           "serviceConfig": {"uri": f"https://{deploy.TICK}-x.a.run.app",
-                                            "serviceAccountEmail": controller}},
+                                            "serviceAccountEmail": controller,
+                                            "service": f"{base}/services/{deploy.TICK}"}},
             deploy.ON_OBJECT: {"name": f"{base}/functions/{deploy.ON_OBJECT}", "state": "ACTIVE",
-                               "serviceConfig": {"serviceAccountEmail": controller},
+                               "serviceConfig": {"serviceAccountEmail": controller,
+                                                 "service": f"{base}/services/{deploy.ON_OBJECT}"},
                                "eventTrigger": {"eventType": "google.cloud.storage.object.v1.finalized",
                                                 "eventFilters": [{"attribute": "bucket", "value": bucket}]}},
             deploy.ON_AUDIT: {"name": f"{base}/functions/{deploy.ON_AUDIT}", "state": "ACTIVE",
-                              "serviceConfig": {"serviceAccountEmail": controller},
+                              "serviceConfig": {"serviceAccountEmail": controller,
+                                                "service": f"{base}/services/{deploy.ON_AUDIT}"},
                               "eventTrigger": {"eventType": deploy.PUBLISHED, "retryPolicy": "RETRY_POLICY_RETRY",
                                                "pubsubTopic": f"projects/{project}/topics/{deploy.AUDIT_TOPIC}",
                                                "serviceAccountEmail": controller}},
@@ -93,7 +141,9 @@ class MemoryProject:
         me.topics = {deploy.AUDIT_TOPIC: [{"role": "roles/pubsub.publisher", "members": [writer]}]}
         me.metrics = {path.stem: {"name": path.stem, **yaml.safe_load(path.read_text())} for path in deploy.metric_files()}
         me.jobs = {deploy.TICK: {"name": f"{base}/jobs/{deploy.TICK}", "state": "ENABLED", "schedule": "* * * * *",
-                                 "status": {}, "lastAttemptTime": now.isoformat()}}
+                                 "status": {}, "lastAttemptTime": now.isoformat(),
+                                 "httpTarget": {"uri": f"https://{deploy.TICK}-x.a.run.app",
+                                                "oidcToken": {"serviceAccountEmail": scheduler}}}}
         me.record = lastpass.LastPass(now, 0.7, 2, 1, 0)
         return me
 
@@ -111,7 +161,7 @@ class MemoryProject:
         self._call("project")
         if project != self.project_id:
             raise errors.NotFound(f"403 the caller may not see projects/{project}, or it does not exist")
-        return {"name": "projects/123456789012", "projectId": project, "state": self.state}
+        return {"name": f"projects/{NUMBER}", "projectId": project, "state": self.state}
 
     def services(self, project: str, names: Sequence[str]) -> Mapping[str, str]:
         self._call("services")
@@ -136,7 +186,27 @@ class MemoryProject:
 
     def project_policy(self, project: str) -> Sequence[Mapping[str, Any]]:
         self._call("project_policy")
+        if project != self.project_id:
+            if project not in self.other_projects:
+                raise errors.NotFound(f"403 the caller may not see projects/{project}, or it does not exist")
+            return copy.deepcopy(self.other_projects[project])
         return copy.deepcopy(self.project_bindings)
+
+    def role(self, name: str) -> Mapping[str, Any]:
+        self._call("role")
+        if name not in self.roles:
+            raise errors.NotFound(name)
+        return copy.deepcopy(self.roles[name])
+
+    def service_policy(self, service: str) -> Sequence[Mapping[str, Any]]:
+        self._call("service_policy")
+        if service not in self.run_services:
+            raise errors.NotFound(service)
+        return copy.deepcopy(self.run_services[service])
+
+    def tpu_quotas(self, project: str) -> Sequence[Mapping[str, Any]]:
+        self._call("tpu_quotas")
+        return copy.deepcopy(self.tpu_metrics)
 
     def account(self, email: str) -> Mapping[str, Any]:
         self._call("account")

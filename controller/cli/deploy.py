@@ -3,16 +3,19 @@
 The APIs, the control bucket (created if absent, refused if its settings would break respawn),
 the three service accounts, every role deploy/IAM.md marks **(deploy)**, the Logging sink of
 Compute's System Event audit entries and its Pub/Sub topic, the log-based metrics of the fleet's
-figures (``deploy/metrics``), the three functions (``tick``,
-``on_object``, ``on_audit``), the Scheduler job and the VM scripts. Each step says what it does and is safe to run again: it
-creates only what is absent (or treats "already exists" as done) and adds bindings IAM keeps
-once, so a second deploy changes nothing. A failed step names itself; ``--from`` (its number or
-name) resumes there, and running the whole deploy again is as good.
+figures (``deploy/metrics``), the secret settings in Secret Manager, the three functions (``tick``,
+``on_object``, ``on_audit``), the Scheduler job and the VM scripts. Each step says what it does and is
+safe to run again: it creates only what is absent (or treats "already exists" as done), brings what it
+finds otherwise back to respawn's (the custom role's permissions, the sink's filter and exclusions),
+adds bindings IAM keeps once, and deploys a function only when its source or flags changed
+(controller.cli.revision), so a second deploy changes nothing. A failed step names itself; ``--from``
+(its number or name) resumes there, and running the whole deploy again is as good.
 
 The plan is data, so ``--dry-run`` prints exactly what a real run would execute: every
 ``gcloud`` command line, what is looked up first (lines starting '#', which change nothing) and
-the Cloud Scheduler API request, secrets (the notification webhook's URL, any token) redacted
-there as in every message about a failing step.
+the Cloud Scheduler API request. A secret (the notification webhook's URL, any token) is on no
+command line: it reaches gcloud on its standard input, and is redacted wherever a command or its
+output is printed.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controller.cli import revision
 from controller.cli.pack import CODE_PREFIX  # where respawn submit packs a local folder
 from controller.core import audit, names
 from controller.service.config import REPO_ROOT, Settings
@@ -53,7 +57,8 @@ _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")
 POLICY_SETTINGS = ("allowed_projects", "allowed_zones", "allowed_machine_types", "allowed_service_accounts", "max_nodes",
                    "max_accelerators", "allowed_tpu_types", "max_tpu_size", "notify_topic", "notify_webhook",
                    "allowed_notify_topics", "allowed_webhook_hosts")
-# Settings whose value is a secret: never printed, whether planned, run or failed.
+# Settings whose value is a secret: never printed, whether planned, run or failed; kept in Secret
+# Manager, never in the functions' plain variables (which a project Viewer reads) nor on a command line.
 SECRET_SETTINGS = ("RESPAWN_NOTIFY_WEBHOOK",)
 _SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|CREDENTIALS?|PRIVATE_KEY|API_KEY)$")
 # An incoming webhook's URL is its credential, whoever set it and wherever it shows up.
@@ -74,9 +79,24 @@ def policy_env(config: Settings) -> dict[str, str]:
     return env
 
 
+def is_secret(key: str) -> bool:
+    return key in SECRET_SETTINGS or bool(_SECRET_NAME.search(key))
+
+
+def secret_id(key: str) -> str:
+    """The Secret Manager secret that holds setting ``key``: ``RESPAWN_NOTIFY_WEBHOOK`` ->
+    ``respawn-notify-webhook``."""
+    return "respawn-" + key.lower().removeprefix("respawn_").replace("_", "-")
+
+
+def secret_version(secret: str) -> str:
+    """The placeholder of ``secret``'s latest version number, looked up when a function step runs."""
+    return f"<version of {secret}>"
+
+
 def secrets_of(env: Mapping[str, str]) -> tuple[str, ...]:
     """The values in ``env`` that are secrets (SECRET_SETTINGS, names like *_TOKEN), longest first."""
-    found = {v for k, v in env.items() if v and (k in SECRET_SETTINGS or _SECRET_NAME.search(k))}
+    found = {v for k, v in env.items() if v and is_secret(k)}
     return tuple(sorted(found, key=len, reverse=True))
 
 
@@ -190,6 +210,13 @@ TPU_API = "tpu.googleapis.com"
 CONTROLLER_ACCOUNT_ID, SCHEDULER_ACCOUNT_ID = "respawn-controller", "respawn-scheduler"
 # Values only the project knows, looked up (by the gcloud command their Lookup names) when their step runs.
 PROJECT_NUMBER = "<project number>"
+DIGEST = "<digest of the source and these flags>"  # controller.cli.revision.label
+SECRET_API = "secretmanager.googleapis.com"  # only where a secret setting is deployed
+# What `gcloud functions describe` and `gcloud iam roles describe` say of what is not there.
+_NO_FUNCTION = ("NOT_FOUND", "was not found", "does not exist", "status=[404]")
+_NO_ROLE = ("NOT_FOUND", "was not found")
+# What `gcloud secrets versions access latest` says of a secret with no version to read.
+_NO_VERSION = ("NOT_FOUND", "not found", "DISABLED", "DESTROYED", "FAILED_PRECONDITION")
 STORAGE_AGENT = "<Cloud Storage service agent>"
 BUCKET_LOCATION = "<location of the control bucket>"
 # What `gcloud storage buckets describe` says of a bucket that does not exist ("gs://B not found: 404.").
@@ -239,6 +266,14 @@ class Step:
     found_argv: tuple[str, ...] = ()
     absent_if: tuple[str, ...] = ()  # what ``probe`` says of a thing that is not there (default: _ABSENT)
     secrets: tuple[str, ...] = ()  # values in it never shown (redact)
+    # Found by ``probe``: the commands that make it respawn's, from what the probe printed and the
+    # step's own command (filled); none: it is respawn's already, and ``unchanged_says`` is said.
+    when_found: Callable[[str, tuple[str, ...]], tuple[tuple[str, ...], ...]] | None = field(
+        default=None, compare=False, repr=False)
+    found_says: str = ""  # what ``when_found`` runs, as the dry run says it
+    unchanged_says: str = ""
+    stdin: str = field(default="", repr=False)  # given to ``argv`` on its standard input: never on a command line
+    digest_of: Path | None = None  # DIGEST in ``argv``: this source's and the filled command's (controller.cli.revision)
 
     def render(self, reveal: bool = False) -> str:
         """What the step runs, as printed (secrets redacted), or as sent (``reveal``). Lines that
@@ -246,10 +281,11 @@ class Step:
         lines = [f"#   {lookup.placeholder} = {shlex.join(lookup.argv)}" + (" (lowercased)" if lookup.lower else "")
                  for lookup in self.lookups]
         if self.probe:
-            found = shlex.join(self.found_argv) if self.found_argv else self.check_says
+            found = shlex.join(self.found_argv) if self.found_argv else self.found_says or self.check_says
             lines.append(f"#   if `{shlex.join(self.probe)}` finds it: {found}; else:")
         if self.argv:  # each word redacted before quoting: a quote inside a secret splits it apart
-            lines.append(shlex.join(self.argv if reveal else [redact(a, self.secrets) for a in self.argv]))
+            lines.append(shlex.join(self.argv if reveal else [redact(a, self.secrets) for a in self.argv])
+                         + ("  # its standard input: the value, never shown" if self.stdin else ""))
         elif self.request is not None:
             lines.append(json.dumps(self.request, indent=2))
         else:
@@ -319,10 +355,13 @@ def audit_sink_argv(project: str) -> tuple[str, ...]:
 
 
 def audit_sink_update_argv(project: str) -> tuple[str, ...]:
-    """Set the sink's destination and filter to respawn's and enable it: a sink made by an older
-    deploy (another filter) or changed by hand is brought back; the same values again change nothing."""
+    """Set the sink's destination and filter to respawn's, drop every exclusion and enable it: a sink
+    made by an older deploy (another filter) or changed by hand is brought back (an exclusion drops
+    the entries that match it, and respawn's filter already selects only what on_audit needs);
+    the same values again change nothing."""
     return ("gcloud", "logging", "sinks", "update", AUDIT_SINK, audit_destination(project),
-            f"--log-filter={audit.sink_filter(project)}", "--no-disabled", f"--project={project}")
+            f"--log-filter={audit.sink_filter(project)}", "--clear-exclusions", "--no-disabled",
+            f"--project={project}")
 
 
 def audit_publisher_argv(project: str, member: str) -> tuple[str, ...]:
@@ -375,9 +414,19 @@ def plan(t: Target) -> list[Step]:
     bucket = f"gs://{t.bucket}"
     env = t.function_env()
     tpu = tpu_allowed(env)
+    hidden = {key: value for key, value in env.items() if value and is_secret(key)}
+    plain = {key: value for key, value in env.items() if key not in hidden}
+    # A secret setting reaches the functions from Secret Manager, pinned to its latest version (Google
+    # advises a number for a secret variable: "latest" is read only by instances started after it).
+    secret_flag = "--set-secrets=" + gcloud_dict({key: f"{secret_id(key)}:{secret_version(secret_id(key))}"
+                                                  for key in hidden}) if hidden else "--clear-secrets"
+    versions = tuple(Lookup(secret_version(secret_id(key)), (
+        "gcloud", "secrets", "versions", "describe", "latest", f"--secret={secret_id(key)}", project,
+        "--format=value(name.basename())")) for key in hidden)
     common = ("--gen2", "--runtime=python311", f"--region={t.region}", project,
               f"--source={t.source}", f"--service-account={t.controller_sa}",
-              "--set-env-vars=" + gcloud_dict(env), f"--memory={memory(t.memory)}")
+              "--set-env-vars=" + gcloud_dict(plain), secret_flag, f"--memory={memory(t.memory)}",
+              f"--update-labels={revision.LABEL}={DIGEST}")
     controller, scheduler, trainer = (f"serviceAccount:{a}" for a in (t.controller_sa, t.scheduler_sa, t.trainer))
     job = f"projects/{t.project}/locations/{t.region}/jobs/respawn-tick"
     scripts = REPO_ROOT / "deploy" / "vm"
@@ -388,10 +437,21 @@ def plan(t: Target) -> list[Step]:
         return Step(name, title, ("gcloud", "projects", "add-iam-policy-binding", where, f"--member={member}",
                                   f"--role={role}", "--condition=None"), retry_if=_IAM_LAG)
 
+    def function(name: str, title: str, argv: tuple[str, ...], lookups: tuple[Lookup, ...] = ()) -> Step:
+        """Deploy a function unless it is deployed already from this source with these flags."""
+        return Step(name, title, argv, retry_if=_IAM_LAG, lookups=(*lookups, *versions), digest_of=t.source,
+                    probe=("gcloud", "functions", "describe", argv[3], "--gen2", f"--region={t.region}", project,
+                           "--format=json"),
+                    absent_if=_NO_FUNCTION,
+                    when_found=functools.partial(_redeploy, plain, t.controller_sa),
+                    found_says=f"nothing if it is ACTIVE, labelled {revision.LABEL}=<this digest> and runs with these "
+                               "variables, the command below otherwise",
+                    unchanged_says="deployed already from this source with these flags: not deployed again")
+
     steps = [
         Step("apis", "enable the APIs respawn uses (enabled already is fine)",
              ("gcloud", "services", "enable", *(f"{api}.googleapis.com" for api in APIS), *((TPU_API,) if tpu else ()),
-              project)),
+              *((SECRET_API,) if hidden else ()), project)),
         # Uniform access and public access prevention from the start: IAM Conditions need the
         # first, and nothing of respawn's is ever public.
         Step("bucket", f"create the control bucket in {t.region}, private, uniform access (if absent)",
@@ -429,10 +489,16 @@ def plan(t: Target) -> list[Step]:
         # Write, never read: a record carries its attempt's secret, so a trainer that could
         # read another job's heartbeat could forge that job's exit record with it.
         Step("trainer-role", f"create the custom role {TRAINER_ROLE_ID}: create and overwrite objects, nothing else "
-             "(already there is fine)",
+             "(one there with other permissions, disabled or deleted is made so again)",
              ("gcloud", "iam", "roles", "create", TRAINER_ROLE_ID, project,
               "--title=respawn VM records", "--description=write (never read or list) respawn VM records",
               f"--permissions={','.join(TRAINER_PERMISSIONS)}", "--stage=GA"),
+             probe=("gcloud", "iam", "roles", "describe", TRAINER_ROLE_ID, project, "--format=json"),
+             absent_if=_NO_ROLE, when_found=lambda found, _: role_fixes(t.project, found),
+             found_says=f"{shlex.join(role_fixes(t.project, '{}')[-1])} (undeleted first if deleted) unless it has "
+                        "exactly these permissions",
+             unchanged_says=f"{TRAINER_ROLE_ID} has exactly {', '.join(TRAINER_PERMISSIONS)}",
+             # created by another deploy between the look and the create: the next deploy checks it
              done_if=("already exists", "ALREADY_EXISTS")),
         Step("trainer-bucket", "let the trainer VMs write only jobs/<job>/exit, jobs/<job>/heartbeat and "
              "preempted-jobs/<job>",
@@ -494,6 +560,8 @@ def plan(t: Target) -> list[Step]:
                           ("gcloud", "pubsub", "topics", "add-iam-policy-binding", topic, f"--member={controller}",
                            "--role=roles/pubsub.publisher", project),
                           retry_if=_IAM_LAG))
+    for key, value in hidden.items():
+        steps += secret_steps(t.project, key, value, controller)
     steps += [
         # Compute's System Event audit log (preemptions, host errors, guest terminations, terminating
         # maintenance) through a Logging sink to a topic that on_audit is triggered by. "Already
@@ -509,27 +577,25 @@ def plan(t: Target) -> list[Step]:
         Step("audit-publisher", f"let the sink's writer identity publish to {AUDIT_TOPIC} (on that topic only)",
              audit_publisher_argv(t.project, SINK_WRITER), lookups=(writer_lookup(t.project),),
              retry_if=_IAM_LAG),
-        Step("audit-sink-update", f"make the sink's filter and destination respawn's and enable it (an older "
-             "deploy's filter is replaced; the same again changes nothing)", audit_sink_update_argv(t.project)),
-        Step("tick", "deploy the tick function (HTTP, authenticated only)",
-             ("gcloud", "functions", "deploy", TICK, *common, "--entry-point=tick", "--trigger-http",
-              "--no-allow-unauthenticated", "--timeout=540s"),
-             retry_if=_IAM_LAG),
+        Step("audit-sink-update", f"make the sink's filter and destination respawn's, remove its exclusions and "
+             "enable it (an older deploy's filter is replaced; the same again changes nothing)",
+             audit_sink_update_argv(t.project)),
+        function("tick", "deploy the tick function (HTTP, authenticated only)",
+                 ("gcloud", "functions", "deploy", TICK, *common, "--entry-point=tick", "--trigger-http",
+                  "--no-allow-unauthenticated", "--timeout=540s")),
         # The trigger lives where the bucket does (Eventarc: a Cloud Storage trigger's location is its bucket's).
-        Step("on-object", "deploy the on_object function (GCS finalize events, retried)",
-             ("gcloud", "functions", "deploy", ON_OBJECT, *common, "--entry-point=on_object",
-              "--trigger-event-filters=type=google.cloud.storage.object.v1.finalized",
-              f"--trigger-event-filters=bucket={t.bucket}", f"--trigger-location={BUCKET_LOCATION}",
-              f"--trigger-service-account={t.controller_sa}", "--retry", "--timeout=540s"),
-             lookups=(Lookup(BUCKET_LOCATION, ("gcloud", "storage", "buckets", "describe", bucket,
-                                               "--format=value(location)"), lower=True),),
-             retry_if=_IAM_LAG),
+        function("on-object", "deploy the on_object function (GCS finalize events, retried)",
+                 ("gcloud", "functions", "deploy", ON_OBJECT, *common, "--entry-point=on_object",
+                  "--trigger-event-filters=type=google.cloud.storage.object.v1.finalized",
+                  f"--trigger-event-filters=bucket={t.bucket}", f"--trigger-location={BUCKET_LOCATION}",
+                  f"--trigger-service-account={t.controller_sa}", "--retry", "--timeout=540s"),
+                 lookups=(Lookup(BUCKET_LOCATION, ("gcloud", "storage", "buckets", "describe", bucket,
+                                                   "--format=value(location)"), lower=True),)),
         # Retried: on_audit raises only for a transient failure (anything else it logs and absorbs).
-        Step("on-audit", f"deploy the on_audit function (Pub/Sub messages of {AUDIT_TOPIC}, retried)",
-             ("gcloud", "functions", "deploy", ON_AUDIT, *common, "--entry-point=on_audit",
-              f"--trigger-topic={AUDIT_TOPIC}", f"--trigger-service-account={t.controller_sa}", "--retry",
-              f"--timeout={AUDIT_TIMEOUT}"),
-             retry_if=_IAM_LAG),
+        function("on-audit", f"deploy the on_audit function (Pub/Sub messages of {AUDIT_TOPIC}, retried)",
+                 ("gcloud", "functions", "deploy", ON_AUDIT, *common, "--entry-point=on_audit",
+                  f"--trigger-topic={AUDIT_TOPIC}", f"--trigger-service-account={t.controller_sa}", "--retry",
+                  f"--timeout={AUDIT_TIMEOUT}")),
         Step("tick-invoker", "let the scheduler's service account invoke tick",
              ("gcloud", "functions", "add-invoker-policy-binding", TICK, "--gen2", f"--region={t.region}",
               project, f"--member={scheduler}"),
@@ -560,8 +626,59 @@ def plan(t: Target) -> list[Step]:
         Step("scripts", "upload the VM scripts, for reference (the controller embeds its own copy)",
              uploads=tuple((p, f"{t.bucket}/respawn/vm/{p.name}") for p in sorted(scripts.glob("*.sh")))),
     ]
-    hidden = secrets_of(env)
-    return [dataclasses.replace(step, secrets=hidden) for step in steps]
+    redacted = secrets_of(env)
+    return [dataclasses.replace(step, secrets=redacted) for step in steps]
+
+
+def _redeploy(env: Mapping[str, str], account: str, found: str, argv: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
+    """The function deploy ``argv``, unless the function ``found`` describes is what it would make."""
+    wanted = next(a for a in argv if a.startswith("--update-labels=")).rpartition("=")[2]
+    return () if revision.unchanged(found, wanted, env, account) else (argv,)
+
+
+def role_fixes(project: str, description: str) -> tuple[tuple[str, ...], ...]:
+    """What makes the custom role ``gcloud iam roles describe --format=json`` described respawn's: its
+    permissions exactly TRAINER_PERMISSIONS (more would let trainers read or list the records; fewer,
+    not write them), enabled (stage GA), not deleted (a deleted role grants nothing for up to 44
+    days, and cannot be made again under its id meanwhile: it is undeleted)."""
+    try:
+        found = json.loads(description)
+    except ValueError:
+        found = {}
+    found = found if isinstance(found, dict) else {}
+    update = ("gcloud", "iam", "roles", "update", TRAINER_ROLE_ID, f"--project={project}",
+              f"--permissions={','.join(TRAINER_PERMISSIONS)}", "--stage=GA")
+    fixes: list[tuple[str, ...]] = []
+    if found.get("deleted"):
+        fixes.append(("gcloud", "iam", "roles", "undelete", TRAINER_ROLE_ID, f"--project={project}"))
+    if found.get("deleted") or sorted(found.get("includedPermissions") or ()) != sorted(TRAINER_PERMISSIONS) \
+            or found.get("stage") == "DISABLED":
+        fixes.append(update)
+    return tuple(fixes)
+
+
+def secret_steps(project: str, key: str, value: str, controller: str) -> list[Step]:
+    """Setting ``key`` (a secret) in Secret Manager: the secret, its value as its latest version (from
+    standard input, never a command line: ``ps`` shows a command line to every user of the machine;
+    a new version only when the value changed), and the controller's read of that secret alone.
+    The functions read it with ``--set-secrets``, never as a plain variable a project Viewer reads."""
+    secret, where = secret_id(key), f"--project={project}"
+    return [
+        Step(f"secret-{secret}", f"create the Secret Manager secret {secret}, which holds {key} (already there is fine)",
+             ("gcloud", "secrets", "create", secret, "--replication-policy=automatic", where),
+             done_if=("already exists", "ALREADY_EXISTS")),
+        Step(f"secret-{secret}-value", f"store {key} as the latest version of {secret}, from standard input",
+             ("gcloud", "secrets", "versions", "add", secret, "--data-file=-", where), stdin=value,
+             probe=("gcloud", "secrets", "versions", "access", "latest", f"--secret={secret}", where),
+             absent_if=_NO_VERSION, when_found=lambda found, argv: () if found.rstrip("\n") == value else (argv,),
+             found_says="nothing if its latest version holds this value, the command below otherwise",
+             unchanged_says="its latest version holds this value already"),
+        Step(f"secret-{secret}-access", f"let the controller read {secret} (roles/secretmanager.secretAccessor, on "
+             "that secret only)",
+             ("gcloud", "secrets", "add-iam-policy-binding", secret, f"--member={controller}",
+              "--role=roles/secretmanager.secretAccessor", "--condition=None", where),
+             retry_if=_IAM_LAG),
+    ]
 
 
 def start_at(steps: list[Step], wanted: str) -> int:
@@ -585,18 +702,21 @@ class StepFailed(Exception):
         self.command, self.output, self.refused = command, output, refused
 
 
-Runner = Callable[[tuple[str, ...]], str]
+Runner = Callable[..., str]  # (argv) or (argv, stdin) -> what it printed; CalledProcessError when it failed
 
 
-def run_command(argv: tuple[str, ...]) -> str:
-    # stdin closed: gcloud must never wait for an answer nobody will type
-    return subprocess.run(argv, check=True, capture_output=True, text=True, stdin=subprocess.DEVNULL).stdout
+def run_command(argv: tuple[str, ...], stdin: str | None = None) -> str:
+    # stdin closed unless given: gcloud must never wait for an answer nobody will type. A secret goes
+    # through stdin, never argv: another user of this machine sees a command line in `ps`.
+    if stdin is None:
+        return subprocess.run(argv, check=True, capture_output=True, text=True, stdin=subprocess.DEVNULL).stdout
+    return subprocess.run(argv, check=True, capture_output=True, text=True, input=stdin).stdout
 
 
 def _run_step(step: Step, run: Runner, sleep: Callable[[float], None], tries: int = 6) -> None:
     for attempt in range(1, tries + 1):
         try:
-            run(step.argv)
+            run(step.argv, step.stdin) if step.stdin else run(step.argv)
             return
         except subprocess.CalledProcessError as error:
             message = f"{error.stderr or ''}{error.stdout or ''}"
@@ -615,7 +735,8 @@ def _redacted(error: subprocess.CalledProcessError, secrets: tuple[str, ...]) ->
 
 
 def _carry_out(step: Step, t: Target, run: Runner, sleep: Callable[[float], None],
-               schedule: Callable[[dict[str, Any]], None], upload: Callable[..., None]) -> None:
+               schedule: Callable[[dict[str, Any]], None], upload: Callable[..., None]) -> str | None:
+    """Do the step; what to say besides its title (something found as respawn needs it), if anything."""
     values = {}
     for lookup in step.lookups:
         found = run(lookup.argv).strip()
@@ -626,6 +747,10 @@ def _carry_out(step: Step, t: Target, run: Runner, sleep: Callable[[float], None
             text = text.replace(placeholder, value)
         return text
 
+    argv = tuple(filled(a) for a in step.argv)
+    if step.digest_of is not None:
+        digest = revision.label(revision.source_digest(step.digest_of), argv)
+        argv = tuple(a.replace(DIGEST, digest) for a in argv)
     if step.probe:
         try:
             description = run(step.probe)
@@ -635,15 +760,22 @@ def _carry_out(step: Step, t: Target, run: Runner, sleep: Callable[[float], None
         else:
             if step.check:
                 step.check(description, values)
+            if step.when_found:
+                todo = step.when_found(description, argv)
+                for command in todo:
+                    _run_step(dataclasses.replace(step, argv=command, stdin=step.stdin if command == argv else ""),
+                              run, sleep)
+                return None if todo else step.unchanged_says or "found as respawn needs it: nothing to do"
             if step.found_argv:
                 _run_step(dataclasses.replace(step, argv=tuple(filled(a) for a in step.found_argv)), run, sleep)
-            return
+            return None
     if step.argv:
-        _run_step(dataclasses.replace(step, argv=tuple(filled(a) for a in step.argv)), run, sleep)
+        _run_step(dataclasses.replace(step, argv=argv), run, sleep)
     elif step.request is not None:
         schedule(json.loads(filled(json.dumps(step.request))))
     else:
         upload(step.uploads, t.project)
+    return None
 
 
 def execute(steps: list[Step], t: Target, run: Runner | None = None, say: Callable[[str], None] = print,
@@ -658,7 +790,8 @@ def execute(steps: list[Step], t: Target, run: Runner | None = None, say: Callab
             continue
         say(f"{number}. {step.name}: {step.title}")
         try:
-            _carry_out(step, t, run or run_command, sleep or time.sleep, schedule or _upsert_scheduler_job, upload or _upload)
+            note = _carry_out(step, t, run or run_command, sleep or time.sleep, schedule or _upsert_scheduler_job,
+                              upload or _upload)
         except Refusal as refusal:
             raise StepFailed(number, step, str(refusal), refused=True) from None
         except subprocess.CalledProcessError as error:
@@ -668,6 +801,8 @@ def execute(steps: list[Step], t: Target, run: Runner | None = None, say: Callab
                              output=(error.stderr or error.stdout or "").strip()) from None
         except Exception as error:  # the Scheduler or Storage client: a Google API error
             raise StepFailed(number, step, redact(f"{type(error).__name__}: {error}", step.secrets)) from None
+        if note:
+            say(f"   {note}")
 
 
 def _upsert_scheduler_job(request: dict[str, Any]) -> None:

@@ -3,11 +3,14 @@ the command that fixes it (as ``sky check`` does for SkyPilot).
 
 The checks read what ``respawn deploy`` makes (controller.cli.deploy) and compare: the project,
 the APIs respawn needs, the control bucket and its IAM, the three functions, the Scheduler job,
-the controller's last pass (``respawn/controller.json``), the IAM bindings, and the audit path
-(the Logging sink of Compute's System Event audit entries, its filter, its Pub/Sub topic, the
-sink's right to publish there, the controller's right to read those entries), the log-based metrics
+the controller's last pass (``respawn/controller.json``) and the errors it recorded, the IAM bindings
+(what each identity may do, judged by the permissions of the roles it holds: controller.cli.grants),
+the custom role's permissions, and the audit path
+(the Logging sink of Compute's System Event audit entries, its filter and exclusions, its Pub/Sub topic,
+the sink's right to publish there, the controller's right to read those entries), the log-based metrics
 of the fleet's figures (``deploy/metrics``); with a SPEC, also
-that spec's GPU quotas in each of its regions, its boot image and its service account.
+that spec's GPU quotas in each of its regions (Cloud TPU's quotas in each of its zones), its boot
+image and its service account.
 
 Checks are independent: each calls its own APIs (``Apis``, a port: Google's in
 controller.adapters.doctor, fakes in tests), runs on a thread of its own beside the others, and
@@ -17,6 +20,7 @@ is given ``timeout`` seconds: one that fails, raises or hangs is its own ✗, ne
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import shlex
 import threading
 import time
@@ -25,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from controller.cli import deploy
+from controller.cli import deploy, grants
 from controller.core import audit, errors, quotas
 from controller.core.quotas import QuotaUse
 from controller.core.spec import JobSpec, built_in_gpus
@@ -73,6 +77,9 @@ class Apis(Protocol):
     def last_pass(self, bucket: str) -> lastpass.LastPass | None: ...
     def region_quotas(self, project: str, region: str) -> dict[str, QuotaUse]: ...  # ports.QuotaReader
     def image(self, project: str, *, name: str | None = None, family: str | None = None) -> Mapping[str, Any]: ...
+    def role(self, name: str) -> Mapping[str, Any]: ...  # IAM v1 Role: roles/X, projects/P/roles/X
+    def service_policy(self, service: str) -> Sequence[Mapping[str, Any]]: ...  # a Cloud Run v2 service's bindings
+    def tpu_quotas(self, project: str) -> Sequence[Mapping[str, Any]]: ...  # Service Usage v1beta1 ConsumerQuotaMetrics
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,8 @@ class Target:
     controller_sa: str
     trainer_sa: str
     tpu: bool = False  # TPU types allowed: the tpu API is needed too
+    scheduler_sa: str = ""  # when the Scheduler job names none (default: respawn-scheduler@PROJECT)
+    watched: tuple[str, ...] = ()  # the other projects the controller runs jobs in (RESPAWN_ALLOWED_PROJECTS)
 
     @property
     def deploy_command(self) -> str:
@@ -113,7 +122,8 @@ class Failed(Exception):
         self.detail, self.fix = detail, fix
 
 
-Check = tuple[str, Callable[[], str | tuple[str, bool]]]  # name, () -> detail (or (detail, note)); raises Failed
+# name, () -> detail, or (detail, note) or (detail, note, fix): a ✓ said with a reservation; raises Failed
+Check = tuple[str, Callable[[], str | tuple[str, bool] | tuple[str, bool, str]]]
 
 
 def run(checks: Sequence[Check], timeout: float) -> list[Result]:
@@ -146,8 +156,8 @@ def _result(name: str, future: concurrent.futures.Future[Any], deadline: float) 
         return Result(name, False, e.detail, e.fix)
     except Exception as e:  # noqa: BLE001 - a check that broke is that check's ✗, never the doctor's
         return Result(name, False, _said(e), "")
-    detail, note = value if isinstance(value, tuple) else (value, False)
-    return Result(name, True, detail, note=note)
+    detail, note, fix = (*value, "")[:3] if isinstance(value, tuple) else (value, False, "")
+    return Result(name, True, detail, fix, note=note)
 
 
 def _said(error: BaseException) -> str:
@@ -161,6 +171,8 @@ def _said(error: BaseException) -> str:
 def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> list[Check]:
     p, b, r = t.project, t.bucket, t.region
     gs = f"gs://{b}"
+    roles = grants.Roles(lambda name: apis.role(name))
+    controller_member = f"serviceAccount:{t.controller_sa}"
 
     def credentials() -> str:
         try:
@@ -221,12 +233,15 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
         return f"wrote and deleted {gs}/{name}"
 
     def bucket_iam() -> str:
-        bindings = _bindings(apis.bucket_policy(b))
+        policy = apis.bucket_policy(b)
+        bindings = _bindings(policy)
         controller, trainer = f"serviceAccount:{t.controller_sa}", f"serviceAccount:{t.trainer_sa}"
         problems, fixes = [], []
-        if not any(x.role == "roles/storage.objectUser" and controller in x.members and not x.condition
-                   for x in bindings):
-            problems.append(f"the controller ({t.controller_sa}) lacks roles/storage.objectUser")
+        # The controller's own writes (status.json, its last pass record) and reads, by what its roles
+        # grant on the bucket or the project: a custom role or a project grant counts as deploy's.
+        found = grants.held(roles, controller, grants.OBJECTS, policy, apis.project_policy(p))
+        if missing := found.missing(grants.OBJECTS):
+            problems.append(_lacks(f"the controller ({t.controller_sa})", missing, gs, found.unread))
             fixes.append(f"gcloud storage buckets add-iam-policy-binding {gs} --member={controller} "
                          f"--role=roles/storage.objectUser --condition=None --project={p}")
         if not any(x.role == _trainer_role(p) and trainer in x.members and _trainer_condition(x, b) for x in bindings):
@@ -234,7 +249,8 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
             fixes.append(t.deploy_command)
         if problems:
             raise Failed("; ".join(problems), "\n".join(fixes))
-        return f"controller roles/storage.objectUser; trainer {deploy.TRAINER_ROLE_ID} on its records only"
+        return (f"the controller may read, write and list its objects ({', '.join(found.roles(grants.OBJECTS))}); "
+                f"trainer {deploy.TRAINER_ROLE_ID} on its records only")
 
     def trainer_reads() -> str:
         trainer = f"serviceAccount:{t.trainer_sa}"
@@ -335,6 +351,12 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
             problems.append("its filter is not respawn's (a stale deploy's, or changed by hand)")
         if found.get("disabled"):
             problems.append("it is disabled (exports nothing)")
+        # An exclusion drops every entry it matches, whatever the filter keeps; respawn's filter keeps
+        # only what on_audit needs, so any exclusion in force may drop some of it (a disabled one: none).
+        dropping = [x.get("name") or "?" for x in found.get("exclusions") or [] if not x.get("disabled")]
+        if dropping:
+            problems.append(f"its exclusion{'s' if len(dropping) > 1 else ''} {', '.join(dropping)} drop"
+                            f"{'' if len(dropping) > 1 else 's'} entries its filter selects (respawn's sink needs none)")
         if problems:
             raise Failed("; ".join(problems), f"{shlex.join(deploy.audit_sink_update_argv(p))}\n"
                                               f"# or: {t.deploy_from('audit-sink-update')}")
@@ -424,10 +446,165 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
         at = now()
         if record.future(at):  # forged, or a clock gone wrong: never "ran 0 s ago" for ever
             raise Failed(record.describe(at), f"check this machine's clock; then {run_now}")
+        logs = f"gcloud functions logs read {deploy.TICK} --gen2 --region={r} --project={p}"
         if record.stale(at):
-            raise Failed(f"{record.describe(at)}: more than {lastpass.STALE_AFTER / 60:.0f} minutes",
-                         f"{run_now}\ngcloud functions logs read {deploy.TICK} --gen2 --region={r} --project={p}")
+            raise Failed(f"{record.describe(at)}: more than {lastpass.STALE_AFTER / 60:.0f} minutes", f"{run_now}\n{logs}")
+        if record.errors:  # a pass that ran is no pass that worked: some job was not reconciled
+            raise Failed(f"{record.describe(at)}: its last pass failed on {record.errors} "
+                         f"job{'' if record.errors == 1 else 's'}", f"{logs}  # why\nrespawn status  # which: "
+                         "each job's last error under its row")
         return record.describe(at)
+
+    # -- who may do what: the permissions of the roles each identity holds (controller.cli.grants) --
+    def controller_in(project: str) -> Callable[[], str]:
+        """The controller's Compute (and TPU) permissions in ``project``; in a watched project other
+        than the deploy project, also its read of the System Event audit entries there."""
+        def check() -> str:
+            wanted = {"roles/compute.instanceAdmin.v1": grants.COMPUTE,
+                      **({"roles/tpu.admin": grants.TPU} if t.tpu else {}),
+                      **({"roles/logging.viewer": grants.READ_LOGS} if project != p else {})}
+            every = [perm for perms in wanted.values() for perm in perms]
+            found = grants.held(roles, controller_member, every, apis.project_policy(project))
+            short = [role for role, perms in wanted.items() if found.missing(perms)]
+            if short:
+                at = "" if project == p else f"@{project}"
+                steps = [f"controller-{'compute' if 'compute' in role else 'tpu' if 'tpu' in role else 'audit-read'}{at}"
+                         for role in short]
+                raise Failed(_lacks(f"the controller ({t.controller_sa})", found.missing(every), f"project {project}",
+                                    found.unread) + ": it cannot create, list or delete what its jobs need there",
+                             "\n".join([*(f"gcloud projects add-iam-policy-binding {project} --member={controller_member} "
+                                           f"--role={role} --condition=None" for role in short),
+                                         f"# or: {t.deploy_from(steps[0])}"]))
+            return (f"may create, list and delete VMs{' and TPU nodes' if t.tpu else ''} in {project}"
+                    + (", and read its System Event audit entries" if project != p else "")
+                    + f" ({', '.join(found.roles(every))})")
+        return check
+
+    unchecked = "is not deployed (its own check says so): nothing to check"
+
+    def may_invoke(name: str, account: str) -> tuple[str, str]:
+        """(what was found, the fix) for ``account``'s right to call function ``name``: ("", "") when it may."""
+        found = apis.function(p, r, name)
+        service = (found.get("serviceConfig") or {}).get("service") or f"projects/{p}/locations/{r}/services/{name}"
+        member = f"serviceAccount:{account}"
+        held = grants.held(roles, member, grants.INVOKE, apis.service_policy(service), apis.project_policy(p))
+        if held.missing(grants.INVOKE):
+            return (_lacks(account, grants.INVOKE, f"{name}'s service", held.unread) + ": its calls are refused 403",
+                    f"gcloud functions add-invoker-policy-binding {name} --gen2 --region={r} --project={p} "
+                    f"--member={member}")
+        return "", ""
+
+    def scheduler_invokes() -> str | tuple[str, bool]:
+        try:
+            job = apis.scheduler_job(p, r, deploy.TICK)
+        except errors.NotFound:
+            return f"the Scheduler job {unchecked}", True
+        account = ((job.get("httpTarget") or {}).get("oidcToken") or {}).get("serviceAccountEmail") or t.scheduler_sa
+        try:
+            said, fix = may_invoke(deploy.TICK, account)
+        except errors.NotFound:
+            return f"{deploy.TICK} {unchecked}", True
+        if said:
+            raise Failed(said, fix)
+        return f"{account} (the Scheduler job's token) may invoke {deploy.TICK}"
+
+    def trigger_account(name: str) -> str:
+        found = apis.function(p, r, name)
+        return ((found.get("eventTrigger") or {}).get("serviceAccountEmail")
+                or (found.get("serviceConfig") or {}).get("serviceAccountEmail") or t.controller_sa)
+
+    def triggers_invoke() -> str | tuple[str, bool]:
+        problems, fixes, accounts, absent = [], [], [], []
+        for name in (deploy.ON_OBJECT, deploy.ON_AUDIT):
+            try:
+                said, fix = may_invoke(name, account := trigger_account(name))
+            except errors.NotFound:
+                absent.append(name)
+                continue
+            problems += [said] if said else []
+            fixes += [fix] if fix else []
+            accounts.append(f"{name}'s ({account})")
+        if problems:
+            raise Failed("; ".join(problems), "\n".join(fixes))
+        said = f"each trigger's account may invoke its function: {', '.join(accounts)}" if accounts else ""
+        if absent:
+            return "; ".join(x for x in (said, f"{', '.join(absent)} {unchecked}") if x), True
+        return said
+
+    def trigger_receives() -> str | tuple[str, bool]:
+        try:
+            account = trigger_account(deploy.ON_OBJECT)
+        except errors.NotFound:
+            return f"{deploy.ON_OBJECT} {unchecked}", True
+        member = f"serviceAccount:{account}"
+        found = grants.held(roles, member, grants.RECEIVE, apis.project_policy(p))
+        if found.missing(grants.RECEIVE):
+            raise Failed(_lacks(f"{deploy.ON_OBJECT}'s trigger account ({account})", grants.RECEIVE, f"project {p}",
+                                found.unread) + ": Eventarc delivers none of the bucket's events",
+                         f"gcloud projects add-iam-policy-binding {p} --member={member} "
+                         "--role=roles/eventarc.eventReceiver --condition=None")
+        return f"{account} may receive {deploy.ON_OBJECT}'s events ({', '.join(found.roles(grants.RECEIVE))})"
+
+    def service_agents() -> str | tuple[str, bool, str]:
+        number = str(apis.project(p).get("name", "")).rpartition("/")[2]
+        storage, pubsub = (f"service-{number}@{domain}" for domain in ("gs-project-accounts.iam.gserviceaccount.com",
+                                                                       "gcp-sa-pubsub.iam.gserviceaccount.com"))
+        policy = apis.project_policy(p)
+        found = grants.held(roles, f"serviceAccount:{storage}", grants.PUBLISH, policy)
+        if found.missing(grants.PUBLISH):
+            raise Failed(_lacks(f"the Cloud Storage service agent ({storage})", grants.PUBLISH, f"project {p}",
+                                found.unread) + ": the bucket's events never reach on_object",
+                         f"gcloud storage service-agent --project={p}  # makes it if the project has none yet\n"
+                         f"gcloud projects add-iam-policy-binding {p} --member=serviceAccount:{storage} "
+                         "--role=roles/pubsub.publisher --condition=None")
+        said = f"{storage} may publish the bucket's events ({', '.join(found.roles(grants.PUBLISH))})"
+        try:
+            trigger = apis.account_policy(t.controller_sa)
+        except errors.NotFound:
+            trigger = []
+        tokens = grants.held(roles, f"serviceAccount:{pubsub}", grants.OIDC_TOKEN, policy, trigger)
+        if tokens.missing(grants.OIDC_TOKEN):
+            # Google builds this in for projects made after 2021-04-08, where no policy shows it.
+            return (f"{said}; {pubsub} holds no {grants.OIDC_TOKEN[0]} in the policies read: a project made "
+                    "before April 8, 2021 needs it for on_audit's push (newer ones have it built in)", True,
+                    f"gcloud projects add-iam-policy-binding {p} --member=serviceAccount:{pubsub} "
+                    "--role=roles/iam.serviceAccountTokenCreator --condition=None")
+        return f"{said}; {pubsub} may sign on_audit's push tokens ({', '.join(tokens.roles(grants.OIDC_TOKEN))})"
+
+    def custom_role() -> str:
+        name = f"projects/{p}/roles/{deploy.TRAINER_ROLE_ID}"
+        try:
+            found = apis.role(name)
+        except errors.NotFound as e:
+            raise Failed(f"{name} does not exist: the trainer's binding grants nothing, no VM can write its records",
+                         t.deploy_from("trainer-role")) from e
+        permissions = sorted(found.get("includedPermissions") or ())
+        extra = [x for x in permissions if x not in deploy.TRAINER_PERMISSIONS]
+        missing = [x for x in deploy.TRAINER_PERMISSIONS if x not in permissions]
+        problems = [*(["it is deleted: it grants nothing"] if found.get("deleted") else []),
+                    *(["it is DISABLED: it grants nothing"] if found.get("stage") == "DISABLED" else []),
+                    *([f"it also grants {', '.join(extra)}: every trainer VM could do that to every job's "
+                       "records (read their secrets, list them)"] if extra else []),
+                    *([f"it lacks {', '.join(missing)}: trainer VMs cannot write their records"] if missing else [])]
+        if problems:
+            fixes = deploy.role_fixes(p, json.dumps(dict(found)))
+            raise Failed("; ".join(problems), "\n".join([*(shlex.join(f) for f in fixes),
+                                                         f"# or: {t.deploy_from('trainer-role')}"]))
+        return f"{deploy.TRAINER_ROLE_ID} grants exactly {', '.join(deploy.TRAINER_PERMISSIONS)}"
+
+    def bucket_readers() -> str | tuple[str, bool]:
+        """Everyone who may read the control bucket's objects: every spec (its env, the webhook of its
+        notify) and every record (its attempt's secret). Public members are the trainer check's ✗."""
+        try:
+            policy = apis.bucket_policy(b)
+        except errors.NotFound as e:
+            raise Failed(f"{gs} does not exist", "create it first (see the bucket check)") from e
+        found = grants.members_with(roles, grants.READ_OBJECTS[0], policy, apis.project_policy(p))
+        others = {m: role for m, role in found.items() if m != controller_member and m not in PUBLIC}
+        if not others:
+            return f"only the controller may read {gs}'s objects"
+        return (f"besides the controller, {len(others)} may read every spec (its env) and every record in {gs}: "
+                + ", ".join(f"{m} ({role})" for m, role in sorted(others.items())), True)
 
     return [
         ("credentials", credentials),
@@ -450,6 +627,13 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
         ("log-based metrics", log_metrics),
         (f"scheduler job {deploy.TICK}", scheduler),
         ("controller last ran", last_pass),
+        *((f"controller's grants in {where}", controller_in(where)) for where in dict.fromkeys((p, *t.watched))),
+        ("scheduler may invoke tick", scheduler_invokes),
+        ("triggers may invoke on_object and on_audit", triggers_invoke),
+        ("on_object's trigger receives events", trigger_receives),
+        ("service agents", service_agents),
+        (f"custom role {deploy.TRAINER_ROLE_ID}", custom_role),
+        ("who may read the bucket", bucket_readers),
     ]
 
 
@@ -461,11 +645,12 @@ def spec_checks(apis: Apis, t: Target, spec: JobSpec, account: str | None) -> li
     out: list[Check] = []
     gpu = _gpus(spec)
     regions = list(dict.fromkeys(z.rsplit("-", 1)[0] for z in spec.zones))
+    if spec.tpu is not None:  # Cloud TPU's quotas are its own (per zone), not among Compute's regional ones
+        return [*((f"TPU quota in {zone}", _tpu_quota_check(apis, project, zone, spec.tpu.type))
+                  for zone in dict.fromkeys(spec.zones)),
+                ("image", _image_check(apis, spec)), ("service account", _account_check(apis, t, account))]
     for region in regions:
-        if spec.tpu is not None:
-            out.append((f"quota in {region}", lambda: ("TPU quotas are not among Compute's regional quotas: "
-                                                       "Cloud TPU checks them at create", True)))
-        elif gpu is None:
+        if gpu is None:
             out.append((f"quota in {region}", lambda: ("the spec asks for no GPU", True)))
         else:
             out.append((f"GPU quota in {region}", _quota_check(apis, project, region, spec, *gpu)))
@@ -506,6 +691,46 @@ def _quota_check(apis: Apis, project: str, region: str, spec: JobSpec, kind: str
                                f"(or drop {region}'s zones from the spec)")
         return said
     return check
+
+
+def _tpu_quota_check(apis: Apis, project: str, zone: str, kind: str) -> Callable[[], str | tuple[str, bool]]:
+    """Cloud TPU's quota limits in ``zone`` (Service Usage's consumer quota metrics of
+    tpu.googleapis.com: each limit per zone or region, its most specific bucket). Every one at 0: no
+    TPU of any type can be made there (✗). Otherwise said, not judged: which metric a type counts
+    against (chips or TensorCores, by generation and model) is Cloud TPU's to decide at create, and
+    these metrics carry no usage."""
+    def check() -> str | tuple[str, bool]:
+        limits = tpu_zone_limits(apis.tpu_quotas(project), zone)
+        if not limits:
+            return f"Cloud TPU lists no quota limit for {zone}: it checks at create", True
+        open_ = [(name, value) for name, value in limits if value != 0]
+        if not open_:
+            raise Failed(f"every Cloud TPU quota in {zone} is 0 ({', '.join(n for n, _ in limits)}): no TPU, a {kind} "
+                         "included, can be made there",
+                         f"request Cloud TPU quota in {zone}: https://console.cloud.google.com/iam-admin/quotas?"
+                         f"project={project} (or drop {zone} from the spec)")
+        shown = ", ".join(f"{name} {'unlimited' if value < 0 else f'{value:g}'}" for name, value in open_)
+        return (f"{len(open_)} of Cloud TPU's quotas open in {zone} ({shown}); which one a {kind} counts against, "
+                "and how much is in use, Cloud TPU decides at create", True)
+    return check
+
+
+def tpu_zone_limits(metrics: Sequence[Mapping[str, Any]], zone: str) -> list[tuple[str, float]]:
+    """(metric, effective limit; -1 unlimited) of each per-zone or per-region limit in ``zone``: the
+    bucket for the zone, else for its region, else the default (a bucket without dimensions)."""
+    region = zone.rsplit("-", 1)[0]
+    out = []
+    for metric in metrics:
+        name = str(metric.get("displayName") or metric.get("metric") or "?")
+        for limit in metric.get("consumerQuotaLimits") or []:
+            if "{zone}" not in str(limit.get("unit", "")) and "{region}" not in str(limit.get("unit", "")):
+                continue
+            buckets = limit.get("quotaBuckets") or []
+            chosen = next((x for want in ({"zone": zone}, {"region": region}, {}) for x in buckets
+                           if (x.get("dimensions") or {}) == want), None)
+            if chosen is not None and chosen.get("effectiveLimit") not in (None, ""):
+                out.append((name, float(chosen["effectiveLimit"])))
+    return out
 
 
 def _image_check(apis: Apis, spec: JobSpec) -> Callable[[], str]:
@@ -569,6 +794,13 @@ def _bindings(raw: Sequence[Mapping[str, Any]]) -> list[_Binding]:
             for x in raw]
 
 
+def _lacks(who: str, missing: Sequence[str], where: str, unread: Sequence[str] = ()) -> str:
+    """``who`` lacks ``missing`` on ``where``, said in a line (the first three), with what could not be seen."""
+    shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+    said = f"{who} lacks {shown} on {where} (grants through groups, folders or the organization are not read"
+    return said + (f"; roles IAM would not describe: {', '.join(unread)})" if unread else ")")
+
+
 def _trainer_role(project: str) -> str:
     return f"projects/{project}/roles/{deploy.TRAINER_ROLE_ID}"
 
@@ -620,7 +852,9 @@ def diagnose(apis: Apis, config: Any, region: str, controller_sa: str, timeout: 
         else:
             spec_result = Result(f"spec {name}", True, "valid, within this controller's policy")
     t = Target(project, config.bucket, region, controller_sa, trainer,
-               tpu=bool(config.allowed_tpu_types) or (parsed is not None and parsed.tpu is not None))
+               tpu=bool(config.allowed_tpu_types) or (parsed is not None and parsed.tpu is not None),
+               scheduler_sa=deploy.account_email(deploy.SCHEDULER_ACCOUNT_ID, project),
+               watched=tuple(x for x in config.allowed_projects if x != project))
     todo = checks(apis, t)
     if parsed is not None:
         todo += spec_checks(apis, t, parsed, config.policy().service_account_of(parsed))
@@ -629,7 +863,7 @@ def diagnose(apis: Apis, config: Any, region: str, controller_sa: str, timeout: 
 
 
 def render(results: Sequence[Result]) -> list[Any]:
-    """One line per check (✓, ✗, or ✓ with a note: not fully checkable), each ✗'s fix under it."""
+    """One line per check (✓, ✗, or ! for a ✓ with a reservation), each ✗'s (and !'s) fix under it."""
     from rich.text import Text
 
     from controller.render.text import printable
@@ -637,9 +871,9 @@ def render(results: Sequence[Result]) -> list[Any]:
     width = max((len(r.name) for r in results), default=0)
     lines: list[Any] = []
     for r in results:
-        mark, style = ("✓", "green") if r.ok and not r.note else ("~", "yellow") if r.ok else ("✗", "red")
+        mark, style = ("✓", "green") if r.ok and not r.note else ("!", "yellow") if r.ok else ("✗", "red")
         lines.append(Text.assemble((mark, style), " ", (r.name.ljust(width), "bold"), "  ", printable(r.detail)))
-        for fix in r.fix.splitlines() if not r.ok else ():
+        for fix in r.fix.splitlines() if not r.ok or r.note else ():
             lines.append(Text.assemble("    fix: ", (printable(fix), "cyan")))
     return lines
 

@@ -74,6 +74,22 @@ def project_id(value: str) -> str:
         "the job's status.json or the live instances: check what wrote them")
 
 
+def console_project(job: str, recorded: str | None, watched: Sequence[str], spec_project: str | None) -> str | None:
+    """The project ``job``'s status records (None: it records none), where ``respawn logs`` reads its
+    VMs' output (``--serial``: asks Compute for a VM's console): only one this controller watches (its policy's projects) or the
+    one the job's spec names, as a pass looks for the job's VMs (controller.service.observe). A
+    status is only as trustworthy as whoever could write the bucket: anything else is refused,
+    saying why, before any request."""
+    if not recorded:
+        return None
+    if project_id(recorded) in watched or recorded == spec_project:
+        return recorded
+    raise errors.RequestError(
+        f"refusing to read {job}'s VM output in project {recorded!r}, which its status.json names: this "
+        f"controller watches {', '.join(watched) or 'no project'} (RESPAWN_PROJECT, RESPAWN_ALLOWED_PROJECTS) "
+        f"and the job's spec names {spec_project or 'none'}. Check what wrote the status")
+
+
 @dataclass(frozen=True)
 class Attempt:
     number: int

@@ -600,9 +600,12 @@ def logs(
     def show(text: str) -> str:
         return text if raw else printable(text.replace("\r\n", "\n"), keep="\n\t")
 
+    # A status is anyone's who may write the bucket: its project is used only where a pass would look.
+    recorded = joblogs.console_project(job, status.project if status else None, config.policy().watched_projects,
+                                       _spec_project(jobs, job))
     if serial:
         where = {i.name: (i.project, i.zone) for i in live}
-        fallback = ((status.project or config.project), status.zone) if status else (config.project, None)
+        fallback = ((recorded or config.project), status.zone) if status else (config.project, None)
         for name in (n for a in runs for n in a.instances):
             out.print(plain(f"== {name}", "bold"), soft_wrap=True)
             print(show(_serial_output(config, *where.get(name, fallback), name)))
@@ -614,7 +617,7 @@ def logs(
 
     now = datetime.now(UTC)
     since = joblogs.run_start(status, now)
-    projects = [*(i.project for i in live), (status.project if status else None) or config.project, config.project]
+    projects = [*(i.project for i in live), recorded or config.project, config.project]
 
     def read() -> list[joblogs.Attempt]:
         return joblogs.attempts(job, jobs.status(job))  # a new attempt's ids, as its status records them
@@ -639,6 +642,19 @@ def logs(
         raise errors.TransientError(f"Cloud Logging: {e}") from e
     except auth_errors.GoogleAuthError as e:
         raise errors.ConfigError(f"no usable Google credentials for Cloud Logging: {e}") from e
+
+
+def _spec_project(jobs: Jobs, job: str) -> str | None:
+    """The project the job's spec names (its controller's default when it names none); None without
+    a readable spec."""
+    from controller.core import names
+    from controller.core.spec import MAX_SPEC_BYTES
+
+    try:
+        spec = parse_spec(jobs.store.read(jobs.bucket, names.spec_key(job), limit=MAX_SPEC_BYTES).data, job)
+    except (errors.NotFound, errors.TooLarge, SpecError):
+        return None
+    return jobs.policy.project_of(spec)
 
 
 def _serial_output(config: Settings, project: str, zone: str | None, name: str) -> str:
@@ -710,7 +726,8 @@ def deploy(
         return
     try:
         deployment.execute(steps, target, start=first,
-                           say=lambda title: out.print(_line("→", "bold", title), soft_wrap=True))
+                           say=lambda said: out.print(plain(said, "dim") if said.startswith(" ") else
+                                                      _line("→", "bold", said), soft_wrap=True))
     except deployment.StepFailed as failed:
         given = ["--project", project, "--region", region, "--bucket", bucket]
         for flag, value in (("--service-account", service_account), ("--scheduler-account", scheduler_account),

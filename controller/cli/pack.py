@@ -12,7 +12,10 @@ unpacks it into the command's working directory (deploy/vm/startup.sh: ``tar -xz
   shallower one, ``.respawnignore`` after ``.gitignore`` in the same folder, so that a
   ``!pattern`` there can bring back what git ignores (a small data file, say). A folder that
   is excluded is not entered (as git: nothing under it can be brought back). Empty folders
-  are left out, as git leaves them out.
+  are left out, as git leaves them out. A folder inside a git repository is also under the
+  rules above it, as git applies them (controller/cli/gitrules.py): the repository's ignore
+  files from its top down, ``info/exclude`` and ``core.excludesFile``; a ``.env`` git keeps out
+  of a subfolder is kept out of that subfolder's tarball.
 - Deterministic: members sorted by path, mtime fixed (1980-01-01), uid/gid 0 with no names,
   mode 0755 for a file its owner may execute and 0644 otherwise, and a gzip header with no
   name and no time; the same folder gives the same bytes (with the same zlib), hence the
@@ -35,14 +38,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-import pathspec
-
+from controller.cli import gitrules
 from controller.core import errors
 from controller.core.ports import BlobStore
 
 MAX_PACKED = 100 * 1024 * 1024
 CODE_PREFIX = "code/"
-IGNORE_FILES = (".gitignore", ".respawnignore")
+IGNORE_FILES = gitrules.IGNORE_FILES
 ALWAYS_LEFT_OUT = (".git",)
 MTIME = 315532800  # 1980-01-01T00:00:00Z: a fixed time no tar calls implausible
 _BIGGEST = 5
@@ -108,35 +110,37 @@ def pack(source: Path, limit: int | None = None) -> Packed:
 
 
 def files(root: Path) -> list[tuple[PurePosixPath, Path]]:
-    """Every file (and symlink) under ``root`` that is packed, by its path in the tarball, sorted."""
-    specs: list[tuple[PurePosixPath, pathspec.GitIgnoreSpec]] = []  # (folder, its rules), shallow first
+    """Every file (and symlink) under ``root`` that is packed, by its path in the tarball, sorted.
+
+    Inside a git repository the rules above ``root`` apply too (controller/cli/gitrules.py): the
+    repository's ignore files from its top down, ``info/exclude``, ``core.excludesFile``. A ``root``
+    those rules leave out whole is refused, naming the rule's file: nothing of it would be packed."""
+    try:
+        rules = gitrules.outside(root)
+        ignored, source = rules.verdict(rules.prefix, folder=True) if rules.prefix != gitrules.HERE else (False, None)
+    except gitrules.RulesError as e:
+        raise PackError(str(e)) from e
+    if ignored:
+        raise PackError(f"{root}: git ignores this folder (a rule in {source}), so nothing of it would be packed; "
+                        f"bring it back with !{rules.prefix.name}/ in a .respawnignore beside that file")
     found: list[tuple[PurePosixPath, Path]] = []
 
-    def ignored(relative: PurePosixPath, folder: bool) -> bool:
-        verdict = False
-        for where, spec in specs:
-            if where != PurePosixPath(".") and where not in relative.parents:
-                continue
-            inside = relative.relative_to(where).as_posix() + ("/" if folder else "")
-            result = spec.check_file(inside)
-            if result.include is not None:  # the last rule that matches decides, deeper files last
-                verdict = result.include
-        return verdict
+    def left_out(relative: PurePosixPath, folder: bool) -> bool:
+        return rules.verdict(rules.prefix / relative, folder)[0]
 
     for folder, dirs, names in os.walk(root, onerror=_unreadable, followlinks=False):
         here = Path(folder)
         relative_here = PurePosixPath(here.relative_to(root).as_posix())
-        for rules in IGNORE_FILES:
-            if rules in names and (here / rules).is_file():
+        for name in IGNORE_FILES:
+            if name in names:
                 try:
-                    lines = (here / rules).read_text(errors="replace").splitlines()
-                except OSError as e:
-                    raise PackError(f"{here / rules}: {e.strerror or e}") from e
-                specs.append((relative_here, _rules(lines)))
+                    rules.add(rules.prefix / relative_here, here / name)
+                except gitrules.RulesError as e:
+                    raise PackError(str(e)) from e
         kept = []
         for d in sorted(dirs):
             relative = relative_here / d
-            if d in ALWAYS_LEFT_OUT or ignored(relative, folder=True):
+            if d in ALWAYS_LEFT_OUT or left_out(relative, folder=True):
                 continue
             if (here / d).is_symlink():  # a link to a folder is packed as the link, never followed
                 found.append((relative, here / d))
@@ -153,22 +157,9 @@ def files(root: Path) -> list[tuple[PurePosixPath, Path]]:
                 raise PackError(f"{path}: {e.strerror or e}") from e
             if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
                 continue  # sockets, pipes, devices: nothing a trainer could use
-            if not ignored(relative, folder=False):
+            if not left_out(relative, folder=False):
                 found.append((relative, path))
     return sorted(found, key=lambda member: member[0].as_posix())
-
-
-def _rules(lines: list[str]) -> pathspec.GitIgnoreSpec:
-    """An ignore file's rules. A line git takes as a pattern that matches nothing (``!`` alone, a
-    trailing backslash) pathspec refuses: left out, as git leaves it out, never the pack's crash."""
-    valid = []
-    for line in lines:
-        try:
-            pathspec.GitIgnoreSpec.from_lines([line])
-        except ValueError:
-            continue
-        valid.append(line)
-    return pathspec.GitIgnoreSpec.from_lines(valid)
 
 
 def upload(store: BlobStore, bucket: str, packed: Packed) -> bool:

@@ -107,7 +107,7 @@ def submit(request: Request, jobs: Jobs, sources: Callable[[], estimate.Sources]
         raw, fresh_note = with_fresh(raw)
     spec = jobs.check(raw, request.job)
     if show_spec:
-        out.print(Text(raw.decode("utf-8", "replace").rstrip("\n")), soft_wrap=True, highlight=False)
+        out.print(Text(shown(raw).rstrip("\n")), soft_wrap=True, highlight=False)
         out.print()
     for said in (note, fresh_note):
         if said:
@@ -134,6 +134,20 @@ def submit(request: Request, jobs: Jobs, sources: Callable[[], estimate.Sources]
         uploaded = deadline.widened(len(packed.data) / deadline.UPLOAD_BYTES_S, pack.upload, jobs.store, jobs.bucket, packed)
     generation = jobs.submit(raw, request.job, request.replace, request.uncancel)
     return Done(generation, packed, uploaded)
+
+
+HIDDEN = "<hidden>"
+
+
+def shown(raw: bytes) -> str:
+    """The spec as ``respawn run`` echoes it: each ``env`` value hidden (``--env TOKEN=...`` is how a
+    secret reaches the VM, and a terminal's scrollback or a CI log is no place for it); the spec
+    written to the bucket keeps them, since the VM needs them."""
+    data = load_document(raw)
+    if not isinstance(data, dict) or not isinstance(data.get("env"), dict) or not data["env"]:
+        return raw.decode("utf-8", "replace")
+    masked = {**data, "env": {key: HIDDEN for key in data["env"]}}
+    return yaml.safe_dump(masked, sort_keys=False, allow_unicode=True)
 
 
 def _fresh_allowed(jobs: Jobs, job: str) -> None:

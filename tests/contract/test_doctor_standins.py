@@ -174,3 +174,29 @@ def test_the_log_based_metrics_read_through_google_s_client():
         jobs = found["respawn_jobs"]
         assert jobs["valueExtractor"] == "EXTRACT(jsonPayload.jobs)"
         assert jobs["metricDescriptor"]["type"] == "logging.googleapis.com/user/respawn_jobs"
+
+
+def test_roles_service_policies_and_tpu_quotas_read_through_google_s_clients(servers, apis):
+    """What respawn doctor's IAM checks read (issue 35, item 10): a role's permissions (IAM roles.get,
+    projects.roles.get), a function's Cloud Run service policy (run v2 services.getIamPolicy, at the
+    Functions stand-in) and Cloud TPU's quota limits (Service Usage v1beta1 consumerQuotaMetrics.list)."""
+    from controller.cli import doctor, grants
+
+    controller = deploy.account_email("respawn-controller", PROJECT)
+    scheduler = deploy.account_email("respawn-scheduler", PROJECT)
+    assert set(grants.COMPUTE) <= set(apis.role("roles/compute.instanceAdmin.v1")["includedPermissions"])
+    custom = apis.role(f"projects/{PROJECT}/roles/{deploy.TRAINER_ROLE_ID}")
+    assert sorted(custom["includedPermissions"]) == sorted(deploy.TRAINER_PERMISSIONS)
+    with pytest.raises(errors.NotFound):
+        apis.role("roles/no.such")
+    tick = apis.function(PROJECT, REGION, deploy.TICK)["serviceConfig"]["service"]
+    assert apis.service_policy(tick) == [{"role": "roles/run.invoker", "members": [f"serviceAccount:{scheduler}"]}]
+    on_audit = apis.function(PROJECT, REGION, deploy.ON_AUDIT)["serviceConfig"]["service"]
+    assert apis.service_policy(on_audit) == [{"role": "roles/run.invoker", "members": [f"serviceAccount:{controller}"]}]
+    assert doctor.tpu_zone_limits(apis.tpu_quotas(PROJECT), "us-central2-b") == [("TPU chips", 64.0)]
+    servers["serviceusage"].tpu_quota("us-central2-b", 0)
+    try:
+        assert doctor.tpu_zone_limits(apis.tpu_quotas(PROJECT), "us-central2-b") == [("TPU chips", 0.0)]
+        assert doctor.tpu_zone_limits(apis.tpu_quotas(PROJECT), "us-central2-a") == [("TPU chips", 64.0)]
+    finally:
+        servers["serviceusage"].tpu_limits.clear()

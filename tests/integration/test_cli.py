@@ -183,7 +183,8 @@ def test_deploy_dry_run_prints_every_command_with_the_right_flags(cli, monkeypat
     assert env["RESPAWN_BUCKET"] == "prod-bucket" and env["RESPAWN_ALLOWED_ZONES"] == "us-central1-a,us-central1-b"
     assert env["RESPAWN_ALLOWED_MACHINE_TYPES"] == "g2-standard-8,a2-highgpu-1g"
     assert env["RESPAWN_NOTIFY_TOPIC"] == "projects/prod-proj/topics/respawn"
-    assert env["RESPAWN_NOTIFY_WEBHOOK"] == "https://hooks.slack.com/<redacted>"  # a secret: never printed
+    assert "RESPAWN_NOTIFY_WEBHOOK" not in env  # a secret: in Secret Manager, never a plain variable
+    assert "--set-secrets=^|^RESPAWN_NOTIFY_WEBHOOK=respawn-notify-webhook:<version of respawn-notify-webhook>" in tick
     assert "T0/B0" not in text
     assert env["RESPAWN_ALLOWED_WEBHOOK_HOSTS"] == "hooks.slack.com"
     assert env["RESPAWN_TRAINER_SERVICE_ACCOUNT"] == trainer == env["RESPAWN_ALLOWED_SERVICE_ACCOUNTS"]
@@ -203,7 +204,8 @@ def test_deploy_dry_run_prints_every_command_with_the_right_flags(cli, monkeypat
     titles = [l for l in lines if l.startswith("# ") and not l.startswith("#  ")]  # '#   ': what a step looks up
     steps = deploy.plan(deploy.Target("prod-proj", "us-central1", "prod-bucket", "c@prod-proj.iam.gserviceaccount.com",
                                       "s@prod-proj.iam.gserviceaccount.com",
-                                      env={"RESPAWN_NOTIFY_TOPIC": "projects/prod-proj/topics/respawn"}))
+                                      env={"RESPAWN_NOTIFY_TOPIC": "projects/prod-proj/topics/respawn",
+                                           "RESPAWN_NOTIFY_WEBHOOK": "https://hooks.slack.com/services/T0/B0/x,y"}))
     assert [int(t.split(".")[0][2:]) for t in titles] == list(range(1, len(steps) + 1))  # every step, one line each
 
 
@@ -253,26 +255,28 @@ def test_an_empty_webhook_host_list_is_deployed_empty(cli, monkeypatch):
 
 
 def test_a_failing_deploy_step_never_prints_the_webhook_url(cli, monkeypatch):
-    """gcloud's command line carries the functions' environment, the notification webhook's URL (a
-    secret) with it, and gcloud may echo it back: neither the failure's message nor its output shows it."""
+    """The notification webhook's URL (a secret) reaches gcloud on its standard input alone, and
+    gcloud may echo what it read back: neither a failure's message nor its output shows it."""
     import subprocess
 
     secret = "https://hooks.slack.com/services/T0SECRET/B0SECRET/xyzzy"
     monkeypatch.setenv("RESPAWN_NOTIFY_WEBHOOK", secret)
+    given: list[tuple[list[str], str | None]] = []
 
-    def gcloud(argv, **_):
-        if argv[1:3] == ["functions", "deploy"] or tuple(argv[1:3]) == ("functions", "deploy"):
-            raise subprocess.CalledProcessError(1, argv, "", f"ERROR: (gcloud.functions.deploy) invalid: {' '.join(argv)}")
+    def gcloud(argv, **kw):
+        given.append((list(argv), kw.get("input")))
+        if tuple(argv[1:4]) == ("secrets", "versions", "add"):
+            raise subprocess.CalledProcessError(1, argv, "", f"ERROR: (gcloud.secrets.versions.add) invalid: {kw['input']}")
         if "--raw" in argv:  # the bucket's description: not there yet (deploy creates it)
             raise subprocess.CalledProcessError(1, argv, "", "ERROR: gs://b-bucket not found: 404.")
         return subprocess.CompletedProcess(argv, 0, "", "")
 
     monkeypatch.setattr(subprocess, "run", gcloud)
     result = cli("deploy", "--project", "p-proj", "--region", "us-central1", "--bucket", "b-bucket")
-    assert result.exit_code == 1 and "gcloud functions deploy respawn-tick" in result.output
-    assert "(gcloud.functions.deploy) invalid" in result.output
+    assert result.exit_code == 1 and "gcloud secrets versions add respawn-notify-webhook" in result.output
+    assert "(gcloud.secrets.versions.add) invalid: https://hooks.slack.com/<redacted>" in result.output
     assert "T0SECRET" not in result.output and "xyzzy" not in result.output
-    assert "https://hooks.slack.com/<redacted>" in result.output
+    assert [stdin for argv, stdin in given if secret in " ".join(argv) or stdin] == [secret]  # stdin, once
 
 
 def test_deploy_refuses_a_bucket_name_that_is_not_one(cli):
@@ -324,10 +328,12 @@ def test_deploy_runs_the_plan_in_order(monkeypatch):
                                          ("storage", "buckets", "create"), ("storage", "buckets", "update"),
                                          ("iam", "service-accounts", "create")]
     functions = [a[2:4] for a in ran if a[1] == "functions"]
-    assert functions == [("deploy", "respawn-tick"), ("deploy", "respawn-on-object"), ("deploy", "respawn-on-audit"),
+    assert functions == [("describe", "respawn-tick"), ("deploy", "respawn-tick"),  # what is deployed, read first
+                         ("describe", "respawn-on-object"), ("deploy", "respawn-on-object"),
+                         ("describe", "respawn-on-audit"), ("deploy", "respawn-on-audit"),
                          ("add-invoker-policy-binding", "respawn-tick"), ("add-invoker-policy-binding", "respawn-on-object"),
                          ("add-invoker-policy-binding", "respawn-on-audit"), ("describe", "respawn-tick")]
-    assert "--trigger-location=us-central1" in next(a for a in ran if "respawn-on-object" in a)
+    assert "--trigger-location=us-central1" in next(a for a in ran if "respawn-on-object" in a and "deploy" in a)
     assert scheduled[0]["job"]["http_target"]["uri"] == "https://respawn-tick-xyz.a.run.app"
     assert scheduled[0]["job"]["http_target"]["oidc_token"]["audience"] == "https://respawn-tick-xyz.a.run.app"
     assert {dest for _, dest in uploaded} >= {"b-bucket/respawn/vm/startup.sh", "b-bucket/respawn/vm/shutdown.sh"}

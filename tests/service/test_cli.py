@@ -352,3 +352,13 @@ def test_logs_refuses_a_project_in_the_status_that_is_not_a_project_id(mem, monk
     result = runner.invoke(app, ["logs", "pj"])
     assert result.exit_code != 0 and queries == []
     assert "not a project id" in _one_error_line(result) and "status.json" in _one_error_line(result)
+
+
+def test_run_echoes_its_spec_with_env_values_hidden_and_submits_them_whole(mem):
+    result = runner.invoke(app, ["run", "-n", "envy", "-z", "us-central1-a", "-m", "g2-standard-8", "--yes",
+                                 "--env", "HF_TOKEN=hf_s3cretvalue", "--env", "LR=3e-4", "--", "python", "train.py"])
+    assert result.exit_code == 0, result.output
+    assert "hf_s3cretvalue" not in result.output and "3e-4" not in result.output
+    assert "HF_TOKEN: <hidden>" in result.output and "LR: <hidden>" in result.output
+    written = yaml.safe_load(mem.store.read(BUCKET, names.spec_key("envy")).data)
+    assert written["env"] == {"HF_TOKEN": "hf_s3cretvalue", "LR": "3e-4"}

@@ -14,6 +14,7 @@ is installed), answered by a server on 127.0.0.1.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import http.server
 import json
@@ -45,6 +46,14 @@ IAM_MD = Path(__file__).resolve().parents[2] / "deploy" / "IAM.md"
 runner = CliRunner()
 
 
+def _dict_flag(value: str) -> dict[str, str]:
+    """A gcloud dict-flag value read back by the rule of `gcloud topic escaping`."""
+    delim = ","
+    if value.startswith("^") and "^" in value[1:]:
+        delim, value = value[1:].split("^", 1)
+    return dict(item.split("=", 1) for item in value.split(delim)) if value else {}
+
+
 def failure(argv: tuple[str, ...], message: str) -> subprocess.CalledProcessError:
     return subprocess.CalledProcessError(1, argv, "", f"ERROR: (gcloud.{'.'.join(argv[1:4])}) {message}\n")
 
@@ -56,10 +65,13 @@ class FakeProject:
         self.apis: set[str] = set()
         self.buckets: dict[str, dict[str, Any]] = {}
         self.accounts: set[str] = set()
-        self.roles: dict[str, str] = {}
+        self.roles: dict[str, dict[str, Any]] = {}  # id -> includedPermissions, stage, deleted
         self.bindings: set[tuple[str, str, str, str]] = set()  # (resource, member, role, condition title)
         self.agent = False  # the Cloud Storage service agent exists
-        self.functions: dict[str, tuple[str, ...]] = {}
+        self.functions: dict[str, tuple[str, ...]] = {}  # name -> the flags of its last deploy
+        # name -> what `gcloud functions describe --format=json` shows: state, labels, variables, account
+        self.deployed: dict[str, dict[str, Any]] = {}
+        self.secrets: dict[str, list[str]] = {}  # secret id -> its versions' values, oldest first
         self.topics: set[str] = set()
         self.sinks: dict[str, dict[str, Any]] = {}  # name -> destination, filter, disabled, writerIdentity
         self.jobs: dict[str, Any] = {}
@@ -96,7 +108,7 @@ class FakeProject:
             self._change(f"bind {binding}")
         return ""
 
-    def __call__(self, argv: tuple[str, ...]) -> str:
+    def __call__(self, argv: tuple[str, ...], stdin: str | None = None) -> str:
         argv = tuple(argv)
         self.commands.append(argv)
         words = [a for a in argv[1:] if not a.startswith("--")]
@@ -177,9 +189,54 @@ class FakeProject:
                 if role_id in self.roles:
                     raise failure(argv, "ALREADY_EXISTS: A role named respawnVmRecords in projects/prod-proj already "
                                         "exists.")
-                self.roles[role_id] = flag("permissions")
+                self.roles[role_id] = {"includedPermissions": sorted(flag("permissions").split(",")),
+                                       "stage": flag("stage"), "deleted": False}
                 self._change(f"create role {role_id}")
                 return ""
+            case ["iam", "roles", "describe", role_id]:
+                self._need(argv, "iam")
+                if role_id not in self.roles:
+                    raise failure(argv, f"NOT_FOUND: The role named projects/{PROJECT}/roles/{role_id} was not found.")
+                assert flag("format") == "json"
+                return json.dumps({"name": f"projects/{PROJECT}/roles/{role_id}", **self.roles[role_id]})
+            case ["iam", "roles", "update", role_id]:
+                role = self.roles[role_id]
+                if role["deleted"]:
+                    raise failure(argv, "FAILED_PRECONDITION: You can't update a deleted role.")
+                wanted = {**role, "includedPermissions": sorted(flag("permissions").split(",")), "stage": flag("stage")}
+                if wanted != role:
+                    self.roles[role_id] = wanted
+                    self._change(f"update role {role_id}")
+                return ""
+            case ["iam", "roles", "undelete", role_id]:
+                self.roles[role_id]["deleted"] = False
+                self._change(f"undelete role {role_id}")
+                return ""
+            case ["secrets", "create", secret]:
+                self._need(argv, "secretmanager")
+                if secret in self.secrets:
+                    raise failure(argv, f"ALREADY_EXISTS: Secret [projects/{NUMBER}/secrets/{secret}] already exists.")
+                self.secrets[secret] = []
+                self._change(f"create secret {secret}")
+                return ""
+            case ["secrets", "versions", "add", secret]:
+                assert flag("data-file") == "-" and stdin is not None  # the value from stdin, never argv
+                self.secrets[secret].append(stdin)
+                self._change(f"add a version of {secret}")
+                return ""
+            case ["secrets", "versions", "access", "latest"]:
+                versions = self.secrets.get(flag("secret"))
+                if not versions:
+                    raise failure(argv, f"NOT_FOUND: Secret Version [projects/{NUMBER}/secrets/{flag('secret')}/"
+                                        "versions/latest] not found or has no versions.")
+                return versions[-1]
+            case ["secrets", "versions", "describe", "latest"]:
+                assert flag("format") == "value(name.basename())"
+                return f"{len(self.secrets[flag('secret')])}\n"
+            case ["secrets", "add-iam-policy-binding", secret]:
+                if secret not in self.secrets:
+                    raise failure(argv, f"NOT_FOUND: Secret [{secret}] not found.")
+                return self._bind(argv, f"secret:{secret}", flag("member"), flag("role"), flag("condition"))
             case ["iam", "service-accounts", "add-iam-policy-binding", email]:
                 self._member_exists(argv, f"serviceAccount:{email}")
                 return self._bind(argv, f"account:{email}", flag("member"), flag("role"), flag("condition"))
@@ -207,7 +264,7 @@ class FakeProject:
                 if destination.rpartition("/topics/")[2] not in self.topics:
                     raise failure(argv, f"INVALID_ARGUMENT: destination {destination} does not exist")
                 self.sinks[name] = {"destination": destination, "filter": flag("log-filter"),
-                                    "disabled": "disabled" in flags, "writerIdentity": WRITER}
+                                    "disabled": "disabled" in flags, "writerIdentity": WRITER, "exclusions": []}
                 self._change(f"create sink {name}")
                 return ""
             case ["logging", "sinks", "describe", name]:
@@ -220,7 +277,8 @@ class FakeProject:
                     raise failure(argv, f"NOT_FOUND: Sink {name} does not exist")
                 sink = self.sinks[name]
                 wanted = {**sink, "destination": destination, "filter": flag("log-filter"),
-                          "disabled": "disabled" in flags and "no-disabled" not in flags}
+                          "disabled": "disabled" in flags and "no-disabled" not in flags,
+                          "exclusions": [] if "clear-exclusions" in flags else sink.get("exclusions", [])}
                 if wanted != sink:
                     self.sinks[name] = wanted
                     self._change(f"update sink {name}")
@@ -256,14 +314,35 @@ class FakeProject:
                     self._need(argv, "eventarc", "pubsub")
                     if flag("trigger-topic") not in self.topics:  # gcloud would create it: deploy must not rely on that
                         raise failure(argv, f"NOT_FOUND: topic {flag('trigger-topic')} does not exist")
-                config = tuple(sorted(argv[3:]))
-                if self.functions.get(name) != config:
-                    self.functions[name] = config
-                    self._change(f"deploy {name}")
+                if "set-secrets" in flags:
+                    for key, ref in _dict_flag(flag("set-secrets")).items():
+                        secret, _, version = ref.partition(":")
+                        assert version.isdigit(), f"{key}: a secret variable is pinned to a version number"
+                        if int(version) > len(self.secrets.get(secret, [])):
+                            raise failure(argv, f"INVALID_ARGUMENT: secret {ref} does not exist")
+                        if ("secret:" + secret, f"serviceAccount:{flag('service-account')}",
+                                "roles/secretmanager.secretAccessor", "") not in self.bindings:
+                            raise failure(argv, f"FAILED_PRECONDITION: the function's account may not read {secret}")
+                else:
+                    assert "clear-secrets" in flags
+                # Google makes a new revision of every deploy, the same flags and source or not
+                self.functions[name] = tuple(sorted(argv[3:]))
+                labels = _dict_flag(flag("update-labels")) if "update-labels" in flags else {}
+                self.deployed[name] = {"state": "ACTIVE", "labels": {**self.deployed.get(name, {}).get("labels", {}),
+                                                                     **labels},
+                                       "serviceConfig": {"environmentVariables": {
+                                           **_dict_flag(flag("set-env-vars")), "LOG_EXECUTION_ID": "true"},
+                                           "serviceAccountEmail": flag("service-account")}}
+                self._change(f"deploy {name}")
                 return ""
             case ["functions", "describe", name]:
                 if name not in self.functions:
-                    raise failure(argv, f"NOT_FOUND: Resource '{name}' was not found")
+                    raise failure(argv, f"NOT_FOUND: Resource 'projects/{PROJECT}/locations/{REGION}/functions/{name}' "
+                                        "was not found")
+                if flag("format") == "json":
+                    return json.dumps({"name": f"projects/{PROJECT}/locations/{REGION}/functions/{name}",
+                                       **self.deployed[name]})
+                assert flag("format") == "value(serviceConfig.uri)"
                 return f"{TICK_URL}\n"
             case ["functions", "add-invoker-policy-binding", name]:
                 if name not in self.functions:
@@ -349,7 +428,7 @@ def test_a_fresh_project_gets_everything_respawn_relies_on_and_a_second_deploy_c
     assert roles_of(fake, WRITER) == {("respawn-audit", "roles/pubsub.publisher")}  # that topic only
     assert fake.topics == {"respawn-audit"} and fake.sinks == {"respawn-audit": {
         "destination": f"pubsub.googleapis.com/projects/{PROJECT}/topics/respawn-audit",
-        "filter": audit.sink_filter(PROJECT), "disabled": False, "writerIdentity": WRITER}}
+        "filter": audit.sink_filter(PROJECT), "disabled": False, "writerIdentity": WRITER, "exclusions": []}}
     assert set(fake.functions) == {"respawn-tick", "respawn-on-object", "respawn-on-audit"} and len(fake.jobs) == 1
     assert {dest for dest in fake.objects} >= {f"{BUCKET}/respawn/vm/startup.sh"}
     # each step said what it does, numbered and named
@@ -470,7 +549,19 @@ def test_a_sink_an_older_deploy_made_with_another_filter_is_brought_back_and_a_d
     assert fake.changes == ["update sink respawn-audit"]
     assert fake.sinks["respawn-audit"] == {"destination": f"pubsub.googleapis.com/projects/{PROJECT}/topics/respawn-audit",
                                            "filter": audit.sink_filter(PROJECT), "disabled": False,
-                                           "writerIdentity": WRITER}
+                                           "writerIdentity": WRITER, "exclusions": []}
+
+
+def test_a_deploy_leaves_the_audit_sink_no_exclusion_that_could_drop_respawns_entries(fake):
+    # An exclusion drops every entry it matches, whatever the filter keeps: one matching the
+    # preemptions made a sink that exports nothing, and deploy's update kept it.
+    run(fake)
+    fake.sinks["respawn-audit"]["exclusions"] = [
+        {"name": "quiet", "filter": 'protoPayload.methodName="compute.instances.preempted"'}]
+    fake.changes.clear()
+    run(fake)
+    assert fake.sinks["respawn-audit"]["exclusions"] == [] and fake.changes == ["update sink respawn-audit"]
+    assert "--clear-exclusions" in _step("audit-sink-update").argv
 
 
 def test_the_controller_reads_system_events_in_every_watched_project(fake):
@@ -566,7 +657,9 @@ def test_the_dry_run_prints_the_whole_plan_numbered_and_named_and_no_secret(cli,
     titles = re.findall(r"^# (\d+)\. ([\w@.-]+): ", result.output, re.M)
     assert [(int(n), name) for n, name in titles] == [(n, s.name) for n, s in enumerate(steps, 1)]
     assert len({s.name for s in steps}) == len(steps)  # every name resumes one step
-    assert "secretpath" not in result.output and "https://hooks.slack.com/<redacted>" in result.output
+    assert "secretpath" not in result.output and "hooks.slack.com/" not in result.output
+    assert "gcloud secrets versions add respawn-notify-webhook --data-file=- --project=prod-proj  # its standard " \
+           "input: the value, never shown" in result.output
     assert "#   <Cloud Storage service agent> = gcloud storage service-agent --project=prod-proj" in result.output
     partial = cli("--dry-run", "--from", "tick")
     assert partial.output.startswith(f"# {[s.name for s in steps].index('tick') + 1}. tick:")
@@ -579,9 +672,102 @@ def test_a_secret_with_a_quote_in_it_is_redacted_from_the_dry_run_too():
     for step in deploy.plan(target(RESPAWN_NOTIFY_WEBHOOK=url)):
         shown = step.render()
         assert "keysecret" not in shown and "tokensecret" not in shown, step.name
-        if step.name == "tick":
-            assert "RESPAWN_NOTIFY_WEBHOOK=https://chat.example.com/<redacted>" in shown
-            assert any(url in word for word in step.argv)  # what gcloud is given is whole
+        if step.name == "secret-respawn-notify-webhook-value":
+            assert step.stdin == url  # what gcloud is given is whole, on its standard input
+
+
+def test_the_webhook_url_is_on_no_command_line_and_in_no_plain_variable_only_in_secret_manager(fake):
+    """`ps` shows a command line to every user of the machine, and a project Viewer reads a function's
+    plain variables: the URL, the webhook's credential, goes to Secret Manager through gcloud's
+    standard input, and the functions read it with --set-secrets, as the controller, granted
+    roles/secretmanager.secretAccessor on that secret alone."""
+    url = "https://hooks.slack.com/services/T0/B0/secretpath"
+    run(fake, target(RESPAWN_NOTIFY_WEBHOOK=url))
+    assert not [c for c in fake.commands if any("secretpath" in word for word in c)]
+    assert fake.secrets == {"respawn-notify-webhook": [url]}
+    for name, deployed in fake.deployed.items():
+        assert "RESPAWN_NOTIFY_WEBHOOK" not in deployed["serviceConfig"]["environmentVariables"], name
+        assert "--set-secrets=^|^RESPAWN_NOTIFY_WEBHOOK=respawn-notify-webhook:1" in fake.functions[name], name
+    assert [(r, m) for r, m, role, _ in fake.bindings if role == "roles/secretmanager.secretAccessor"] == [
+        ("secret:respawn-notify-webhook", f"serviceAccount:{CONTROLLER}")]
+    assert "secretmanager.googleapis.com" in fake.apis
+    fake.changes.clear()
+    run(fake, target(RESPAWN_NOTIFY_WEBHOOK=url))  # the same URL again: no new version, nothing redeployed
+    assert fake.changes == []
+    run(fake, target(RESPAWN_NOTIFY_WEBHOOK=url + "2"))  # a new URL: a new version, and every function reads it
+    assert fake.secrets["respawn-notify-webhook"] == [url, url + "2"]
+    assert sorted(fake.changes) == ["add a version of respawn-notify-webhook", "deploy respawn-on-audit",
+                                    "deploy respawn-on-object", "deploy respawn-tick"]
+    assert "--set-secrets=^|^RESPAWN_NOTIFY_WEBHOOK=respawn-notify-webhook:2" in fake.functions["respawn-tick"]
+
+
+def test_without_a_secret_setting_the_functions_are_deployed_with_none_and_secret_manager_stays_off(fake):
+    run(fake)
+    assert "secretmanager.googleapis.com" not in fake.apis and not fake.secrets
+    assert all("--clear-secrets" in flags for flags in fake.functions.values())  # one an older deploy set: gone
+
+
+# -- a second deploy with nothing changed deploys nothing again ----------------------------------------
+
+def test_a_second_deploy_with_nothing_changed_makes_no_new_revision_and_says_so(fake):
+    run(fake)
+    fake.changes.clear()
+    said = run(fake)
+    assert fake.changes == []  # each deploy of a function is a new revision, a build and a restart
+    for name in ("tick", "on-object", "on-audit"):
+        title = next(i for i, line in enumerate(said) if re.match(rf"\d+\. {name}: ", line))
+        assert said[title + 1] == "   deployed already from this source with these flags: not deployed again"
+
+
+def test_a_changed_source_variable_or_flag_or_a_function_that_is_not_active_is_deployed_again(fake, tmp_path):
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "main.py").write_text("print(1)\n")
+    (source / ".gcloudignore").write_text("notes.txt\n")
+    t = deploy.Target(PROJECT, REGION, BUCKET, CONTROLLER, SCHEDULER, source=source)
+    run(fake, t)
+
+    def deploys(t: deploy.Target) -> list[str]:
+        fake.changes.clear()
+        run(fake, t)
+        return sorted(c for c in fake.changes if c.startswith("deploy "))
+
+    every = ["deploy respawn-on-audit", "deploy respawn-on-object", "deploy respawn-tick"]
+    (source / "notes.txt").write_text("gcloud uploads no file its .gcloudignore leaves out")
+    assert deploys(t) == []
+    (source / "main.py").write_text("print(2)\n")
+    assert deploys(t) == every
+    assert deploys(dataclasses.replace(t, env={"RESPAWN_MAX_NODES": "4"})) == every
+    assert deploys(dataclasses.replace(t, env={"RESPAWN_MAX_NODES": "4"}, memory="1Gi")) == every
+    fake.deployed["respawn-on-object"]["state"] = "FAILED"  # a deploy that failed half way
+    fake.deployed["respawn-tick"]["serviceConfig"]["environmentVariables"]["RESPAWN_MAX_NODES"] = "64"  # by hand
+    assert deploys(dataclasses.replace(t, env={"RESPAWN_MAX_NODES": "4"}, memory="1Gi")) == [
+        "deploy respawn-on-object", "deploy respawn-tick"]
+
+
+# -- the custom role: exactly its permissions ----------------------------------------------------------
+
+@pytest.mark.parametrize("found, changes", [
+    ({"includedPermissions": ["storage.objects.create", "storage.objects.delete", "storage.objects.get",
+                              "storage.objects.list"], "stage": "GA", "deleted": False}, ["update role respawnVmRecords"]),
+    ({"includedPermissions": ["storage.objects.create"], "stage": "GA", "deleted": False}, ["update role respawnVmRecords"]),
+    ({"includedPermissions": ["storage.objects.create", "storage.objects.delete"], "stage": "DISABLED",
+      "deleted": False}, ["update role respawnVmRecords"]),
+    ({"includedPermissions": ["storage.objects.create", "storage.objects.delete"], "stage": "GA", "deleted": True},
+     ["undelete role respawnVmRecords"]),
+])
+def test_a_custom_role_whose_permissions_differ_or_that_is_disabled_or_deleted_is_made_respawns_again(fake, found,
+                                                                                                        changes):
+    # Deploy took the role as done once it existed: one given storage.objects.get let every trainer
+    # read every job's records (their secrets); one left without delete, never overwrite a heartbeat.
+    run(fake)
+    fake.roles["respawnVmRecords"] = found
+    fake.changes.clear()
+    run(fake)
+    assert fake.changes == changes
+    assert fake.roles["respawnVmRecords"] == {"includedPermissions": ["storage.objects.create", "storage.objects.delete"],
+                                              "stage": "GA", "deleted": False}
+
 
 
 def _iam_md_deploy_roles() -> set[str]:
@@ -596,7 +782,8 @@ def _iam_md_deploy_roles() -> set[str]:
 
 
 def test_iam_md_lists_exactly_the_roles_deploy_grants(fake):
-    run(fake, target(RESPAWN_NOTIFY_TOPIC="projects/prod-proj/topics/respawn"))
+    run(fake, target(RESPAWN_NOTIFY_TOPIC="projects/prod-proj/topics/respawn",
+                     RESPAWN_NOTIFY_WEBHOOK="https://hooks.slack.com/services/T0/B0/x"))
     granted = {f"custom:{role.rsplit('/', 1)[1]}" if role.startswith("projects/") else role
                for _, _, role, _ in fake.bindings}
     assert granted == _iam_md_deploy_roles()
@@ -637,7 +824,8 @@ def google_that_answers_400(tmp_path) -> Iterator[tuple[dict[str, str], list[str
            "CLOUDSDK_CORE_DISABLE_PROMPTS": "1", "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE": str(token),
            "CLOUDSDK_CORE_DISABLE_USAGE_REPORTING": "1", "CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK": "1"}
     for api in ("serviceusage", "storage", "iam", "cloudresourcemanager", "cloudfunctions", "run", "pubsub",
-                "eventarc", "cloudbuild", "artifactregistry", "logging", "compute", "cloudscheduler", "tpu"):
+                "eventarc", "cloudbuild", "artifactregistry", "logging", "compute", "cloudscheduler", "tpu",
+                "secretmanager"):
         env[f"CLOUDSDK_API_ENDPOINT_OVERRIDES_{api.upper()}"] = endpoint
     yield env, server.paths  # type: ignore[attr-defined]
     server.shutdown()
@@ -649,9 +837,12 @@ def _every_gcloud_command(steps: list[deploy.Step]) -> list[tuple[str, ...]]:
     commands = []
     for step in steps:
         commands += [lookup.argv for lookup in step.lookups] + ([step.probe] if step.probe else [])
+        if step.name == "trainer-role":  # what it runs on a role found otherwise
+            commands += deploy.role_fixes(PROJECT, json.dumps({"deleted": True}))
         if step.argv:
             argv = step.argv
-            for placeholder, value in filled.items():
+            for placeholder, value in {**filled, deploy.DIGEST: "0123abcd",
+                                       **{deploy.secret_version(s): "1" for s in ("respawn-notify-webhook",)}}.items():
                 argv = tuple(a.replace(placeholder, value) for a in argv)
             commands.append(argv)
     return commands
@@ -743,3 +934,32 @@ def test_gcloud_makes_the_metrics_in_the_local_logging_and_a_second_deploy_bring
         again = server.metrics(PROJECT)
         assert again["respawn_losses"]["filter"] == losses["filter"]
         assert again["respawn_jobs"]["createTime"] == made["respawn_jobs"]["createTime"]  # updated, not made anew
+
+
+@pytest.mark.skipif(shutil.which("gcloud") is None, reason="gcloud is not installed")
+def test_gcloud_runs_the_sink_update_against_the_local_logging_and_no_exclusion_is_left(tmp_path):
+    """The audit-sink-update step for real: gcloud against the Logging stand-in, on a sink someone gave
+    an exclusion that drops the preemptions (and disabled): respawn's filter, enabled, no exclusion."""
+    import requests
+
+    from localcloud.logging import LoggingServer
+
+    token = tmp_path / "token"
+    token.write_text("not-a-real-token")
+    with LoggingServer() as server:
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "CLOUDSDK_CONFIG": str(tmp_path / "gcloud"),
+               "CLOUDSDK_CORE_DISABLE_PROMPTS": "1", "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE": str(token),
+               "CLOUDSDK_CORE_DISABLE_USAGE_REPORTING": "1", "CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK": "1",
+               "CLOUDSDK_API_ENDPOINT_OVERRIDES_LOGGING": server.endpoint + "/"}
+        made = requests.post(  # a unique writer identity, as gcloud's create asks for
+            f"{server.endpoint}/v2/projects/{PROJECT}/sinks", params={"uniqueWriterIdentity": "true"},
+            json={"name": "respawn-audit", "destination": deploy.audit_destination(PROJECT), "disabled": True,
+                  "filter": audit.sink_filter(PROJECT), "exclusions": [
+                      {"name": "quiet", "filter": 'protoPayload.methodName="compute.instances.preempted"'}]}, timeout=10)
+        made.raise_for_status()
+        gcloud = lambda argv: subprocess.run(argv, env=env, check=True, capture_output=True, text=True,  # noqa: E731
+                                             stdin=subprocess.DEVNULL, timeout=120).stdout
+        deploy.execute([_step("audit-sink-update")], target(), run=gcloud, say=lambda _: None, sleep=lambda _: None)
+        sink = next(s for s in server.sinks(PROJECT) if s["name"] == "respawn-audit")
+        assert not sink.get("exclusions") and not sink.get("disabled")
+        assert sink["filter"] == audit.sink_filter(PROJECT)

@@ -3,6 +3,7 @@ each fails, alone, on the one thing broken, naming the command that fixes it."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from controller.adapters.memory_doctor import MemoryProject
-from controller.cli import deploy, doctor
+from controller.cli import deploy, doctor, grants
 from controller.core import audit, errors
 from controller.core.spec import parse_spec
 from controller.service import lastpass
@@ -24,6 +25,11 @@ TRAINER = deploy.account_email(deploy.TRAINER_ACCOUNT_ID, PROJECT)
 CONTROLLER = deploy.account_email("respawn-controller", PROJECT)
 WRITER = "serviceAccount:service-123456789012@gcp-sa-logging.iam.gserviceaccount.com"
 DEPLOY_FROM = f"respawn deploy --project={PROJECT} --region={REGION} --bucket={BUCKET} --from"
+SCHEDULER = deploy.account_email("respawn-scheduler", PROJECT)
+SERVICES = f"projects/{PROJECT}/locations/{REGION}/services"
+CUSTOM = f"projects/{PROJECT}/roles/{deploy.TRAINER_ROLE_ID}"
+STORAGE_AGENT = "service-123456789012@gs-project-accounts.iam.gserviceaccount.com"
+PUBSUB_AGENT = "service-123456789012@gcp-sa-pubsub.iam.gserviceaccount.com"
 DEPLOYMENT = [name for name, _ in doctor.checks(None, doctor.Target(PROJECT, BUCKET, REGION, CONTROLLER, TRAINER))]  # type: ignore[arg-type]
 
 
@@ -103,7 +109,7 @@ BREAKS: dict[str, tuple[Callable[[MemoryProject], None], str, str]] = {
         lambda p: _set(p.sinks[deploy.AUDIT_SINK], "filter", 'resource.type="gce_instance"'),
         "its filter is not respawn's",
         f"gcloud logging sinks update respawn-audit pubsub.googleapis.com/projects/{PROJECT}/topics/respawn-audit "
-        f"'--log-filter={audit.sink_filter(PROJECT)}' --no-disabled --project={PROJECT}\n"
+        f"'--log-filter={audit.sink_filter(PROJECT)}' --clear-exclusions --no-disabled --project={PROJECT}\n"
         f"# or: {DEPLOY_FROM} audit-sink-update"),
     "audit sink may publish": (lambda p: p.topics[deploy.AUDIT_TOPIC].clear(), f"{WRITER} may not publish",
                                f"gcloud pubsub topics add-iam-policy-binding respawn-audit --member={WRITER} "
@@ -113,7 +119,42 @@ BREAKS: dict[str, tuple[Callable[[MemoryProject], None], str, str]] = {
     "controller reads audit logs": (lambda p: p.project_bindings.pop(1), "may not read",
                                     f"gcloud projects add-iam-policy-binding {PROJECT} "
                                     f"--member=serviceAccount:{CONTROLLER} --role=roles/logging.viewer --condition=None"),
+    f"controller's grants in {PROJECT}": (
+        lambda p: _unbind(p.project_bindings, "roles/compute.instanceAdmin.v1"),
+        f"the controller ({CONTROLLER}) lacks compute.instances.create, compute.instances.delete, "
+        f"compute.instances.get and 10 more on project {PROJECT}",
+        f"gcloud projects add-iam-policy-binding {PROJECT} --member=serviceAccount:{CONTROLLER} "
+        f"--role=roles/compute.instanceAdmin.v1 --condition=None\n# or: {DEPLOY_FROM} controller-compute"),
+    "scheduler may invoke tick": (
+        lambda p: p.run_services[f"{SERVICES}/{deploy.TICK}"].clear(),
+        f"{SCHEDULER} lacks run.routes.invoke on {deploy.TICK}'s service",
+        f"gcloud functions add-invoker-policy-binding {deploy.TICK} --gen2 --region={REGION} --project={PROJECT} "
+        f"--member=serviceAccount:{SCHEDULER}"),
+    "triggers may invoke on_object and on_audit": (
+        lambda p: p.run_services[f"{SERVICES}/{deploy.ON_AUDIT}"].clear(),
+        f"{CONTROLLER} lacks run.routes.invoke on {deploy.ON_AUDIT}'s service",
+        f"gcloud functions add-invoker-policy-binding {deploy.ON_AUDIT} --gen2 --region={REGION} --project={PROJECT} "
+        f"--member=serviceAccount:{CONTROLLER}"),
+    "on_object's trigger receives events": (
+        lambda p: _unbind(p.project_bindings, "roles/eventarc.eventReceiver"),
+        f"{deploy.ON_OBJECT}'s trigger account ({CONTROLLER}) lacks eventarc.events.receiveEvent",
+        f"gcloud projects add-iam-policy-binding {PROJECT} --member=serviceAccount:{CONTROLLER} "
+        "--role=roles/eventarc.eventReceiver --condition=None"),
+    "service agents": (
+        lambda p: _unbind(p.project_bindings, "roles/pubsub.publisher"),
+        f"the Cloud Storage service agent ({STORAGE_AGENT}) lacks pubsub.topics.publish",
+        f"gcloud projects add-iam-policy-binding {PROJECT} --member=serviceAccount:{STORAGE_AGENT} "
+        "--role=roles/pubsub.publisher --condition=None"),
+    f"custom role {deploy.TRAINER_ROLE_ID}": (
+        lambda p: p.roles[CUSTOM]["includedPermissions"].append("storage.objects.get"),
+        "it also grants storage.objects.get: every trainer VM could do that to every job's records",
+        f"gcloud iam roles update respawnVmRecords --project={PROJECT} "
+        "--permissions=storage.objects.create,storage.objects.delete --stage=GA"),
 }
+
+
+def _unbind(bindings: list, role: str) -> None:
+    bindings[:] = [b for b in bindings if b["role"] != role]
 
 
 @pytest.mark.parametrize("name", sorted(BREAKS))
@@ -128,7 +169,8 @@ def test_each_check_fails_alone_on_its_own_breakage_and_names_its_fix(name):
 
 
 def test_the_breaks_cover_every_deployment_check_but_the_bucket_s_and_the_topic_s_own():
-    assert set(BREAKS) | {"bucket", f"audit topic {deploy.AUDIT_TOPIC}"} == set(DEPLOYMENT)
+    # (who may read the bucket is said, never failed: its readers are the user's to grant)
+    assert set(BREAKS) | {"bucket", f"audit topic {deploy.AUDIT_TOPIC}", "who may read the bucket"} == set(DEPLOYMENT)
 
 
 def test_a_metric_changed_by_hand_fails_naming_it_and_every_metric_passes_when_deployed():
@@ -208,7 +250,7 @@ def test_a_missing_bucket_fails_every_check_that_needs_it_and_names_how_to_creat
     assert not found["bucket"].ok and f"gcloud storage buckets create gs://{BUCKET}" in found["bucket"].fix
     assert {n for n, r in found.items() if not r.ok} == {
         "bucket", "uniform bucket-level access", "bucket writable", "trainer cannot read the bucket", "bucket IAM",
-        "controller last ran"}
+        "controller last ran", "who may read the bucket"}
     assert all(found[n].ok for n in ("project", "APIs", f"function {deploy.TICK}", "project IAM"))
 
 
@@ -331,21 +373,41 @@ def test_a_spec_s_service_account_must_exist_and_be_usable_by_the_controller():
     assert run(p, spec(service_account={"email": other}))["service account"].ok
 
 
-def test_a_tpu_spec_says_its_quota_is_not_compute_s_and_does_not_fail_on_it():
-    found = run(healthy(), spec(machine_type=None, zones=["us-central2-b"],
-                                tpu={"type": "v4-8", "runtime_version": "tpu-ubuntu2204-base"}))
-    assert found["quota in us-central2"].ok and found["quota in us-central2"].note
+def _tpu_metric(name: str, unit: str, buckets: list[tuple[dict, str]]) -> dict:
+    return {"metric": f"tpu.googleapis.com/{name}", "displayName": name, "consumerQuotaLimits": [
+        {"unit": unit, "quotaBuckets": [{"dimensions": d, "effectiveLimit": v} for d, v in buckets]}]}
+
+
+TPU_SPEC = {"machine_type": None, "zones": ["us-central2-b", "europe-west4-a"],
+            "tpu": {"type": "v4-8", "runtime_version": "tpu-ubuntu2204-base"}}
+
+
+def test_a_tpu_spec_fails_a_zone_where_every_cloud_tpu_quota_is_zero_and_says_the_open_ones_elsewhere():
+    p = healthy()
+    p.tpu_metrics = [
+        _tpu_metric("TPU v4 chips", "1/{project}/{zone}", [({}, "0"), ({"zone": "us-central2-b"}, "32")]),
+        _tpu_metric("Preemptible TPU v4 chips", "1/{project}/{zone}", [({}, "0")]),
+        _tpu_metric("TPU API requests", "1/min/{project}", [({}, "600")]),  # no zone: not a capacity quota
+    ]
+    found = run(p, spec(**TPU_SPEC))
+    central, west = found["TPU quota in us-central2-b"], found["TPU quota in europe-west4-a"]
+    assert central.ok and central.note and "TPU v4 chips 32" in central.detail
+    assert "Cloud TPU decides at create" in central.detail and "Preemptible" not in central.detail
+    assert not west.ok and "every Cloud TPU quota in europe-west4-a is 0 (TPU v4 chips, Preemptible TPU v4 chips)" \
+        in west.detail
+    assert "iam-admin/quotas?project=respawn-proj" in west.fix and "drop europe-west4-a" in west.fix
+    assert not any(n.startswith("GPU quota") or n.startswith("quota in") for n in found)
 
 
 # -- independence and timeouts ----------------------------------------------------------------------
 def test_a_check_that_hangs_times_out_alone_and_the_others_answer():
     p = healthy()
-    p.hang.add("scheduler_job")
+    p.hang.add("log_metrics")  # read by that check alone
     started = time.monotonic()
     found = run(p, timeout=0.5)
     assert time.monotonic() - started < 1.5
-    assert [n for n, r in found.items() if not r.ok] == [f"scheduler job {deploy.TICK}"]
-    assert found[f"scheduler job {deploy.TICK}"].detail == "no answer in time"
+    assert [n for n, r in found.items() if not r.ok] == ["log-based metrics"]
+    assert found["log-based metrics"].detail == "no answer in time"
 
 
 def test_a_controller_record_dated_in_the_future_fails_its_check():
@@ -374,7 +436,9 @@ def test_a_check_whose_api_raises_is_its_own_failure():
     p.failures["function"] = errors.TransientError("503 backend error")
     found = run(p)
     assert {n for n, r in found.items() if not r.ok} == {f"function {deploy.TICK}", f"function {deploy.ON_OBJECT}",
-                                                         f"function {deploy.ON_AUDIT}"}
+                                                         f"function {deploy.ON_AUDIT}", "scheduler may invoke tick",
+                                                         "triggers may invoke on_object and on_audit",
+                                                         "on_object's trigger receives events"}
     assert found[f"function {deploy.TICK}"].detail == "503 backend error"
 
 
@@ -386,3 +450,116 @@ def test_the_trainer_s_read_of_code_tarballs_only_is_not_a_read_of_the_records()
     assert run(p)["trainer cannot read the bucket"].ok
     p.bucket_bindings[-1]["condition"]["expression"] = f'resource.name.startsWith("projects/_/buckets/{BUCKET}/objects/")'
     assert not run(p)["trainer cannot read the bucket"].ok
+
+
+# -- who may do what: judged by what each role grants (issue 35, item 10) --------------------------------
+def test_a_controller_without_its_compute_role_fails_and_a_custom_role_is_judged_by_its_permissions():
+    # Doctor was all ✓ with no Compute role at all: the controller could create no VM.
+    p = healthy()
+    _unbind(p.project_bindings, "roles/compute.instanceAdmin.v1")
+    assert not run(p)[f"controller's grants in {PROJECT}"].ok
+    narrow = f"projects/{PROJECT}/roles/respawnCompute"
+    p.roles[narrow] = {"name": narrow, "includedPermissions": list(grants.COMPUTE), "stage": "GA"}
+    p.project_bindings.append({"role": narrow, "members": [f"serviceAccount:{CONTROLLER}"]})
+    found = run(p)[f"controller's grants in {PROJECT}"]
+    assert found.ok and narrow in found.detail  # the narrower role IAM.md describes does
+    p.roles[narrow]["includedPermissions"].remove("compute.disks.create")
+    found = run(p)[f"controller's grants in {PROJECT}"]
+    assert not found.ok and "lacks compute.disks.create on project" in found.detail
+    p.roles[narrow]["deleted"] = True  # a deleted role grants nothing
+    assert "and 10 more" in run(p)[f"controller's grants in {PROJECT}"].detail
+
+
+def test_a_conditioned_grant_or_a_role_iam_will_not_describe_is_no_grant_and_said_so():
+    p = healthy()
+    for binding in p.project_bindings:
+        if binding["role"] == "roles/compute.instanceAdmin.v1":
+            binding["condition"] = {"title": "t", "expression": "request.time < timestamp('2020-01-01T00:00:00Z')"}
+    hidden = "organizations/1/roles/computeish"
+    p.project_bindings.append({"role": hidden, "members": [f"serviceAccount:{CONTROLLER}"]})
+    found = run(p)[f"controller's grants in {PROJECT}"]
+    assert not found.ok and f"roles IAM would not describe: {hidden}" in found.detail
+
+
+def test_the_tpu_role_is_checked_where_tpu_types_are_allowed():
+    p = healthy()
+    _unbind(p.project_bindings, "roles/tpu.admin")
+    assert run(p)[f"controller's grants in {PROJECT}"].ok
+    found = run(p, tpu=True)[f"controller's grants in {PROJECT}"]
+    assert not found.ok and "lacks tpu.nodes.create" in found.detail and "--role=roles/tpu.admin" in found.fix
+
+
+def test_each_other_watched_project_is_checked_for_the_controllers_grants_there():
+    p = healthy()
+    p.other_projects["other-proj"] = [{"role": "roles/compute.instanceAdmin.v1",
+                                       "members": [f"serviceAccount:{CONTROLLER}"]}]
+    t = dataclasses.replace(target(), watched=("other-proj",))
+    found = {r.name: r for r in doctor.run(doctor.checks(p, t, now=lambda: NOW), 5.0)}
+    there = found["controller's grants in other-proj"]
+    assert found[f"controller's grants in {PROJECT}"].ok and not there.ok
+    assert "lacks logging.logEntries.list on project other-proj" in there.detail
+    assert (f"gcloud projects add-iam-policy-binding other-proj --member=serviceAccount:{CONTROLLER} "
+            "--role=roles/logging.viewer --condition=None") in there.fix
+    assert f"{DEPLOY_FROM} controller-audit-read@other-proj" in there.fix
+    p.other_projects["other-proj"].append({"role": "roles/logging.viewer", "members": [f"serviceAccount:{CONTROLLER}"]})
+    again = {r.name: r for r in doctor.run(doctor.checks(p, t, now=lambda: NOW), 5.0)}
+    assert again["controller's grants in other-proj"].ok
+    assert "in other-proj, and read its System Event audit entries" in again["controller's grants in other-proj"].detail
+
+
+def test_a_last_pass_that_recorded_errors_fails_saying_where_to_read_them():
+    # "controller last ran" passed whatever errors the pass recorded: a controller failing every job looked fine.
+    p = healthy()
+    p.record = lastpass.LastPass(NOW - timedelta(seconds=30), 0.9, 4, 0, 3)
+    found = run(p)["controller last ran"]
+    assert not found.ok and "its last pass failed on 3 jobs" in found.detail
+    assert f"gcloud functions logs read {deploy.TICK} --gen2 --region={REGION} --project={PROJECT}" in found.fix
+    assert "respawn status" in found.fix
+
+
+def test_a_sink_exclusion_in_force_fails_the_sink_and_a_disabled_one_does_not():
+    # A sink whose exclusion drops the preemptions exported nothing respawn needs, and passed.
+    p = healthy()
+    p.sinks[deploy.AUDIT_SINK]["exclusions"] = [
+        {"name": "off", "filter": "severity<ERROR", "disabled": True},
+        {"name": "quiet", "filter": 'protoPayload.methodName="compute.instances.preempted"'}]
+    found = run(p)[f"audit sink {deploy.AUDIT_SINK}"]
+    assert not found.ok and "its exclusion quiet drops entries its filter selects" in found.detail
+    assert "off" not in found.detail and "--clear-exclusions" in found.fix
+    p.sinks[deploy.AUDIT_SINK]["exclusions"][1]["disabled"] = True
+    assert run(p)[f"audit sink {deploy.AUDIT_SINK}"].ok
+
+
+def test_a_pubsub_agent_without_its_token_role_is_said_with_its_fix_never_failed():
+    p = healthy()
+    _unbind(p.project_bindings, "roles/pubsub.serviceAgent")  # as in a project made before April 2021
+    found = run(p)["service agents"]
+    assert found.ok and found.note and "before April 8, 2021" in found.detail
+    assert (f"gcloud projects add-iam-policy-binding {PROJECT} --member=serviceAccount:{PUBSUB_AGENT} "
+            "--role=roles/iam.serviceAccountTokenCreator --condition=None") == found.fix
+    shown = [str(line) for line in doctor.render([found])]
+    assert shown[0].startswith("! service agents") and shown[1].startswith("    fix: gcloud projects")
+
+
+def test_a_custom_role_deleted_disabled_missing_or_granting_less_fails_naming_what_brings_it_back():
+    p = healthy()
+    p.roles[CUSTOM]["deleted"] = True
+    found = run(p)[f"custom role {deploy.TRAINER_ROLE_ID}"]
+    assert not found.ok and "it is deleted: it grants nothing" in found.detail
+    assert found.fix.splitlines()[0] == f"gcloud iam roles undelete respawnVmRecords --project={PROJECT}"
+    p.roles[CUSTOM].update(deleted=False, includedPermissions=["storage.objects.create"])
+    assert "it lacks storage.objects.delete" in run(p)[f"custom role {deploy.TRAINER_ROLE_ID}"].detail
+    del p.roles[CUSTOM]
+    found = run(p)[f"custom role {deploy.TRAINER_ROLE_ID}"]
+    assert not found.ok and "does not exist" in found.detail and found.fix == f"{DEPLOY_FROM} trainer-role"
+
+
+def test_everyone_who_may_read_the_bucket_beyond_the_controller_is_named_with_the_role():
+    p = healthy()
+    p.bucket_bindings.append({"role": "roles/storage.objectViewer", "members": ["group:ml-team@example.com"]})
+    p.bucket_bindings.append({"role": "roles/storage.legacyBucketReader", "members": [f"projectViewer:{PROJECT}"]})
+    found = run(p)["who may read the bucket"]
+    assert found.ok and found.note
+    assert "besides the controller, 2 may read every spec (its env) and every record" in found.detail
+    assert "group:ml-team@example.com (roles/storage.objectViewer)" in found.detail
+    assert "user:you@example.com (roles/owner)" in found.detail and "projectViewer" not in found.detail

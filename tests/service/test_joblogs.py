@@ -276,3 +276,31 @@ def test_the_dashboards_reader_never_waits_a_quota_refusal_or_its_own_pace_is_an
         recent("j")
     now[0] += 60
     assert "01-01 12:00:00 j-1 a line" in recent("j")
+
+
+def test_logs_serial_never_asks_compute_in_a_project_a_forged_status_names_and_says_why(monkeypatch):
+    from typer.testing import CliRunner
+
+    from controller.cli import main
+    from controller.core import names
+    from tests.harness import BUCKET, PROJECT, under_cli
+
+    h = under_cli(monkeypatch)
+    h.submit("j")
+    h.tick("j")
+    asked: list[str] = []
+    monkeypatch.setattr(main, "_serial_output", lambda config, project, zone, name: asked.append(project) or "boot")
+    forged = json.loads(h.store.read(BUCKET, names.status_key("j")).data)
+    forged["project"] = "someone-elses"  # anyone who may write the bucket may write this
+    h.store.put(BUCKET, names.status_key("j"), json.dumps(forged))
+    h.compute.vanish("j-1")  # no live VM: its console is looked for where the status says
+    result = CliRunner().invoke(main.app, ["logs", "j", "--serial"])
+    assert result.exit_code == 2 and asked == [], result.output
+    said = " ".join(result.output.split())
+    assert "refusing to read j's VM output in project 'someone-elses', which its status.json names" in said
+    assert f"this controller watches {PROJECT}" in said
+
+    forged["project"] = PROJECT  # a watched project is read as before
+    h.store.put(BUCKET, names.status_key("j"), json.dumps(forged))
+    result = CliRunner().invoke(main.app, ["logs", "j", "--serial"])
+    assert result.exit_code == 0 and asked == [PROJECT], result.output

@@ -292,3 +292,25 @@ def test_the_sink_is_created_and_updated_with_the_filter_audit_writes_and_its_to
     assert deploy.audit_publisher_argv(PROJECT, "serviceAccount:w@x") == (
         "gcloud", "pubsub", "topics", "add-iam-policy-binding", "respawn-audit", "--member=serviceAccount:w@x",
         "--role=roles/pubsub.publisher", f"--project={PROJECT}")
+
+
+def test_the_deploy_label_is_the_source_s_content_and_the_flags_not_where_the_source_lies(tmp_path):
+    from controller.cli import revision
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    for source in (one, two):
+        (source / "controller").mkdir(parents=True)
+        (source / "main.py").write_text("print(1)\n")
+        (source / "controller" / "x.py").write_text("x = 1\n")
+        (source / ".gcloudignore").write_text(".gcloudignore\ntests/\n#!include:.extra\n")
+        (source / ".extra").write_text("*.log\n")
+    (two / "tests").mkdir()
+    (two / "tests" / "test_x.py").write_text("left out by .gcloudignore")
+    (two / "run.log").write_text("left out by the file .gcloudignore includes")
+    argv = ("gcloud", "functions", "deploy", "f", "--memory=512Mi")
+    same = [revision.label(revision.source_digest(s), (*argv, f"--source={s}", "--update-labels=respawn-deploy=x"))
+            for s in (one, two)]
+    assert same[0] == same[1] and len(same[0]) == revision.LENGTH
+    (two / "controller" / "x.py").write_text("x = 2\n")
+    assert revision.source_digest(one) != revision.source_digest(two)
+    assert revision.label("d", (*argv,)) != revision.label("d", (*argv[:-1], "--memory=1Gi"))

@@ -170,3 +170,60 @@ def test_a_file_gone_between_the_listing_and_its_look_is_left_out_not_a_crash(tm
 
     monkeypatch.setattr(os, "walk", walk_then_delete)
     assert [str(p) for p, _ in pack.files(tmp_path)] == ["train.py"]
+
+
+# -- a folder inside a git repository: the rules above it apply too ---------------------------------
+def git(*args: str, cwd: Path) -> None:
+    import subprocess
+
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, stdin=subprocess.DEVNULL,
+                   env={**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(cwd)})
+
+
+def test_a_subfolder_of_a_repository_leaves_out_what_its_gitignore_files_above_it_and_info_exclude_keep_out(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    repo = tree(tmp_path / "repo", {
+        ".git/HEAD": "ref: refs/heads/main\n",
+        ".git/info/exclude": "scratch.txt\n",
+        ".gitignore": ".env\n*.pem\n",
+        "jobs/.gitignore": "*.ckpt\n",
+        "jobs/sub/.env": "OPENAI_API_KEY=sk-secret",
+        "jobs/sub/deploy.pem": "-----BEGIN PRIVATE KEY-----",
+        "jobs/sub/model.ckpt": "w",
+        "jobs/sub/scratch.txt": "notes",
+        "jobs/sub/train.py": "print(1)\n",
+        "jobs/sub/.respawnignore": "!deploy.pem\n",  # the folder's own file still has the last word
+    })
+    assert sorted(members(pack.pack(repo / "jobs" / "sub"))) == [".respawnignore", "deploy.pem", "train.py"]
+
+
+def test_the_users_excludes_file_applies_inside_a_repository_and_only_there(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    tree(tmp_path / "xdg", {"git/ignore": "*.key\n"})  # git's default core.excludesFile
+    repo = tree(tmp_path / "repo", {".git/HEAD": "ref: refs/heads/main\n", "sub/id.key": "k", "sub/train.py": "x"})
+    assert sorted(members(pack.pack(repo / "sub"))) == ["train.py"]
+    plain = tree(tmp_path / "plain", {"id.key": "k", "train.py": "x"})  # no repository: git applies none
+    assert sorted(members(pack.pack(plain))) == ["id.key", "train.py"]
+
+
+def test_core_excludes_file_is_read_as_git_reads_it_in_the_repository(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git("init", "-q", cwd=repo)
+    tree(tmp_path, {"elsewhere/ignore": "credentials.json\n"})
+    git("config", "core.excludesFile", str(tmp_path / "elsewhere" / "ignore"), cwd=repo)
+    tree(repo, {"sub/credentials.json": "{}", "sub/train.py": "x"})
+    assert sorted(members(pack.pack(repo / "sub"))) == ["train.py"]
+    assert sorted(members(pack.pack(repo))) == ["sub/train.py"]  # the repository's top too
+
+
+def test_a_subfolder_git_ignores_whole_is_refused_naming_the_rule_and_the_way_back(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    repo = tree(tmp_path / "repo", {".git/HEAD": "ref: refs/heads/main\n", ".gitignore": "scratch/\n",
+                                    "scratch/exp/train.py": "x"})
+    with pytest.raises(pack.PackError, match=r"git ignores this folder \(a rule in .*repo/\.gitignore\).*!exp/"):
+        pack.pack(repo / "scratch" / "exp")
+    (repo / ".respawnignore").write_text("!scratch/\n")  # read after .gitignore in the same folder
+    assert sorted(members(pack.pack(repo / "scratch" / "exp"))) == ["train.py"]
