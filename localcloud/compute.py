@@ -54,7 +54,7 @@ from localcloud.vm import VmProcess
 
 SUPPORTED = {
     "instances": ("aggregatedList", "list", "get", "insert", "delete", "bulkInsert", "stop", "start",
-                  "getSerialPortOutput"),
+                  "getSerialPortOutput", "setMetadata"),
     "regionInstances": ("bulkInsert",),
     "zoneOperations": ("get", "wait", "list", "delete"),
     "regionOperations": ("get", "wait", "list"),
@@ -271,6 +271,14 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
         down) gets the record too."""
         self._guest_terminated(self._find(name), budget=0)
 
+    def set_metadata(self, name: str, items: dict[str, str]) -> None:
+        """Merge ``items`` into a named instance's metadata, as someone else's ``setMetadata``
+        would (a new fingerprint; the VM's long polls wake)."""
+        with self._lock:
+            vm = self._find(name)
+            merged = {i["key"]: i.get("value", "") for i in vm.resource["metadata"]["items"]} | dict(items)
+            self._set_items(vm, [{"key": k, "value": v} for k, v in merged.items()])
+
     def set_status(self, name: str, status: str) -> None:
         """Give a named instance any status string at all, e.g. PENDING_STOP or one Google adds later."""
         with self._lock:
@@ -322,7 +330,7 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
             "host_error": self.host_error, "set_status": self.set_status, "slow_operations": self.slow_operations,
             "hold_operations": self.hold_operations, "unknown": self.unknown,
             "preemption_rate": self.preemption_rate, "spot_uptime": self.spot_uptime, "spot_price": self.spot_price,
-            "quota_limit": self.quota_limit},
+            "quota_limit": self.quota_limit, "set_metadata": self.set_metadata},
             refused=(TypeError, ValueError, KeyError), inventory=self._inventory)  # KeyError: an instance not there
         return app
 
@@ -544,6 +552,23 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
                 return op
             self._set_status(vm, "STOPPING")
         threading.Thread(target=self._stop_then, args=(vm, "TERMINATED", op), daemon=True).start()
+        return op
+
+    def _instances_setMetadata(self, p: dict[str, str], q: Any, body: dict[str, Any]) -> dict[str, Any]:
+        """The items replace the instance's, on its current fingerprint (Google's optimistic lock:
+        any other, or none, is 412 conditionNotMet); the guest sees them at once."""
+        with self._lock:
+            if replay := self._replay(p["project"], q.get("requestId")):
+                return replay
+            vm = self._vm(p["project"], p["zone"], p["instance"])
+            if body.get("fingerprint") != vm.resource["metadata"]["fingerprint"]:
+                raise gce.metadata_race()
+            items = [{"key": i.get("key", ""), "value": i.get("value", "")} for i in body.get("items") or []]
+            gce.check_metadata(items, "metadataResource")
+            op = self._zone_op(vm.project, vm.zone, "setMetadata", vm)
+            self._set_items(vm, items)
+            self._remember(vm.project, q.get("requestId"), op)
+        self._later(QUICK, self._finish_op, op)
         return op
 
     def _instances_start(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
@@ -814,6 +839,16 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
         vm.resource["status"] = status
         if vm.metadata:
             vm.metadata.changed()
+
+    def _set_items(self, vm: Vm, items: list[dict[str, str]]) -> None:
+        vm.resource["metadata"] = gce.metadata(items)
+        if vm.metadata:
+            vm.metadata.changed()
+
+    def _finish_op(self, op: dict[str, Any]) -> None:
+        with self._lock:
+            gce.finish(op)
+            self._done.notify_all()
 
     def _record(self, vm: Vm, kind: str) -> dict[str, Any]:
         """A system event (preemption, guest termination) as the zone operation Google logs, named

@@ -1,0 +1,175 @@
+"""The local Compute as zero-gap recovery meets it (issue 34): ``instances.setMetadata`` on
+Google's optimistic lock, the Spot preemption notice (``scheduling.preemptionNoticeDuration``,
+a Preview field, on v1 and beta routes), the guest's halt time between the soft-off and
+TERMINATED, and ``instances.simulateMaintenanceEvent``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from google.api_core import exceptions as gexc
+from google.api_core.client_options import ClientOptions
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import compute_v1
+
+from localcloud.compute import ComputeServer
+from tests.wait import until
+
+PROJECT = "notice-proj"
+ZONE = "us-central1-a"
+FLAVOR = {"Metadata-Flavor": "Google"}
+
+
+@pytest.fixture
+def srv() -> Iterator[ComputeServer]:
+    with ComputeServer(boot_delay=0.05, shutdown_budget=3.0) as s:
+        yield s
+
+
+def api(srv: ComputeServer, path: str = "", version: str = "v1") -> str:
+    return f"{srv.endpoint}/compute/{version}/projects/{PROJECT}/zones/{ZONE}/instances{path}"
+
+
+def body(name: str, *, spot: bool = True, notice: dict[str, Any] | None = None, startup: str | None = None,
+         shutdown: str | None = None, items: dict[str, str] | None = None, **scheduling: Any) -> dict[str, Any]:
+    metadata = {**(items or {}), **{k: v for k, v in (("startup-script", startup), ("shutdown-script", shutdown)) if v}}
+    sched: dict[str, Any] = {"provisioningModel": "SPOT", "automaticRestart": False, "onHostMaintenance": "TERMINATE"} \
+        if spot else {"provisioningModel": "STANDARD"}
+    if notice is not None:
+        sched["preemptionNoticeDuration"] = notice
+    return {"name": name, "machineType": f"zones/{ZONE}/machineTypes/e2-small",
+            "disks": [{"boot": True, "initializeParams": {"sourceImage": "projects/debian-cloud/global/images/family/debian-12"}}],
+            "networkInterfaces": [{"network": "global/networks/default"}], "scheduling": {**sched, **scheduling},
+            "metadata": {"items": [{"key": k, "value": v} for k, v in metadata.items()]}}
+
+
+def insert(srv: ComputeServer, resource: dict[str, Any], version: str = "v1") -> requests.Response:
+    return requests.post(api(srv, version=version), json=resource, timeout=10)
+
+
+def running(srv: ComputeServer, resource: dict[str, Any], version: str = "v1") -> dict[str, Any]:
+    r = insert(srv, resource, version)
+    assert r.ok, r.text
+    until("RUNNING", lambda: status(srv, resource["name"]) == "RUNNING")
+    return srv.instance(resource["name"])
+
+
+def status(srv: ComputeServer, name: str) -> str:
+    return srv.instance(name)["status"]
+
+
+def operation(srv: ComputeServer, op: dict[str, Any]) -> dict[str, Any]:
+    """The zone operation once DONE (``zoneOperations.wait``)."""
+    url = f"{srv.endpoint}/compute/v1/projects/{PROJECT}/zones/{ZONE}/operations/{op['name']}/wait"
+    return requests.post(url, timeout=30).json()
+
+
+def metadata_host(srv: ComputeServer, name: str) -> str:
+    return until("the VM's metadata host", lambda: _text(srv.workdir_of(name) / "md-host"))
+
+
+def _text(path: Path) -> str | None:
+    return path.read_text().strip() if path.exists() and path.read_text().strip() else None
+
+
+TELL_HOST = 'echo "$GCE_METADATA_HOST" > md-host'
+
+
+# -- instances.setMetadata -----------------------------------------------------------------------
+def test_set_metadata_replaces_the_items_on_the_current_fingerprint_and_answers_a_done_operation(srv):
+    before = running(srv, body("md", items={"respawn-attempt": "2"}))["metadata"]
+    assert before["fingerprint"] and before["items"] == [{"key": "respawn-attempt", "value": "2"}]
+    items = [{"key": "respawn-attempt", "value": "2"}, {"key": "respawn-go", "value": "2"}]
+    r = requests.post(api(srv, "/md/setMetadata"), json={"fingerprint": before["fingerprint"], "items": items}, timeout=10)
+    assert r.status_code == 200, r.text
+    op = r.json()
+    assert op["operationType"] == "setMetadata" and op["targetLink"].endswith("/instances/md")
+    assert operation(srv, op)["status"] == "DONE" and "error" not in operation(srv, op)
+    after = requests.get(api(srv, "/md"), timeout=10).json()["metadata"]
+    assert after["items"] == items and after["fingerprint"] not in ("", before["fingerprint"])
+
+
+@pytest.mark.parametrize("fingerprint", ["stale", None])
+def test_set_metadata_on_another_fingerprint_is_412_condition_not_met_as_google_answers(srv, fingerprint):
+    running(srv, body("race", items={"a": "1"}))
+    sent = {"items": [{"key": "a", "value": "2"}], **({"fingerprint": fingerprint} if fingerprint else {})}
+    r = requests.post(api(srv, "/race/setMetadata"), json=sent, timeout=10)
+    assert r.status_code == 412
+    message = "Supplied fingerprint does not match current metadata fingerprint."
+    assert r.json() == {"error": {"code": 412, "message": message, "status": "FAILED_PRECONDITION",
+                                  "errors": [{"message": message, "domain": "global", "reason": "conditionNotMet"}]}}
+    assert srv.instance("race")["metadata"]["items"] == [{"key": "a", "value": "1"}]  # nothing written
+
+
+def test_the_client_reads_the_fingerprint_and_a_stale_one_is_failed_precondition(srv):
+    running(srv, body("cl", items={"a": "1"}))
+    client = compute_v1.InstancesClient(transport="rest", credentials=AnonymousCredentials(),
+                                        client_options=ClientOptions(api_endpoint=srv.endpoint))
+    got = client.get(project=PROJECT, zone=ZONE, instance="cl")
+    fingerprint = got.metadata.fingerprint
+    assert fingerprint == srv.instance("cl")["metadata"]["fingerprint"]
+    srv.set_metadata("cl", {"b": "2"})  # someone else's write in between
+    with pytest.raises(gexc.PreconditionFailed) as e:
+        client.set_metadata_unary(project=PROJECT, zone=ZONE, instance="cl", metadata_resource=compute_v1.Metadata(
+            fingerprint=fingerprint, items=[compute_v1.Items(key="c", value="3")]))
+    assert "conditionNotMet" in str(e.value.errors)
+
+
+def test_the_python_helper_merges_items_and_gives_a_new_fingerprint(srv):
+    first = running(srv, body("merge", items={"a": "1", "b": "1"}))["metadata"]["fingerprint"]
+    srv.set_metadata("merge", {"b": "2", "c": "3"})
+    after = srv.instance("merge")["metadata"]
+    assert after["items"] == [{"key": "a", "value": "1"}, {"key": "b", "value": "2"}, {"key": "c", "value": "3"}]
+    assert after["fingerprint"] != first
+    requests.post(f"{srv.endpoint}/_local/set_metadata", json={"name": "merge", "items": {"d": "4"}},
+                  timeout=10).raise_for_status()
+    assert {"key": "d", "value": "4"} in srv.instance("merge")["metadata"]["items"]
+
+
+def test_a_metadata_change_wakes_the_guests_long_poll_on_its_attributes(srv):
+    running(srv, body("poll", startup=TELL_HOST, items={"respawn-hold": "1"}))
+    host = metadata_host(srv, "poll")
+    url = f"http://{host}/computeMetadata/v1/instance/attributes/"
+    first = requests.get(url, headers=FLAVOR, params={"recursive": "true"}, timeout=5)
+    answers: list[requests.Response] = []
+    poll = threading.Thread(target=lambda: answers.append(requests.get(url, headers=FLAVOR, timeout=30, params={
+        "recursive": "true", "wait_for_change": "true", "last_etag": first.headers["ETag"], "timeout_sec": "20"})))
+    began = time.monotonic()
+    poll.start()
+    time.sleep(0.3)
+    fingerprint = srv.instance("poll")["metadata"]["fingerprint"]
+    items = srv.instance("poll")["metadata"]["items"] + [{"key": "respawn-go", "value": "3"}]
+    requests.post(api(srv, "/poll/setMetadata"), json={"fingerprint": fingerprint, "items": items},
+                  timeout=10).raise_for_status()
+    poll.join(timeout=25)
+    assert answers and answers[0].json()["respawn-go"] == "3"  # keys as they are, as Google serves them
+    assert time.monotonic() - began < 5  # woken by the change, not by the poll's timeout
+
+
+def test_gcloud_add_metadata_goes_through_get_and_set_metadata(srv, tmp_path):
+    gcloud = shutil.which("gcloud")
+    if gcloud is None:
+        pytest.skip("gcloud is not on PATH: `gcloud compute instances add-metadata` was not run")
+    running(srv, body("gc", items={"a": "1"}))
+    done = subprocess.run([gcloud, "compute", "instances", "add-metadata", "gc", f"--zone={ZONE}", "--metadata=b=2"],
+                          env=_gcloud_env(srv, tmp_path), capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    assert srv.instance("gc")["metadata"]["items"] == [{"key": "a", "value": "1"}, {"key": "b", "value": "2"}]
+
+
+def _gcloud_env(srv: ComputeServer, tmp_path: Path) -> dict[str, str]:
+    token = tmp_path / "token"
+    token.write_text("local\n")
+    return {**os.environ, "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE": f"{srv.endpoint}/compute/v1/",
+            "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE": str(token), "CLOUDSDK_CORE_PROJECT": PROJECT,
+            "CLOUDSDK_CONFIG": str(tmp_path / "gcloud"), "CLOUDSDK_CORE_DISABLE_PROMPTS": "1"}
