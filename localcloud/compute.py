@@ -62,6 +62,10 @@ SUPPORTED = {
     "regions": ("get",),  # quotas[] (localcloud.quotas)
     "images": ("get", "getFromFamily"),  # every image exists but those the unknown("image") fault names
 }
+# What the beta API (``compute/beta/...``, validated against compute.beta.json) is served for: the
+# inserts that carry ``scheduling.preemptionNoticeDuration`` from google-cloud-compute-v1beta,
+# whose v1 protos lack it, and what such a client reads back.
+BETA = {"instances": ("get", "insert", "bulkInsert"), "zoneOperations": ("get", "wait")}
 ZONES = ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f", "us-east1-b", "us-east1-c",
          "us-east1-d", "us-west1-a", "us-west1-b", "europe-west4-a", "europe-west4-b", "europe-west4-c")
 USER = "respawn-controller@localcloud.iam.gserviceaccount.com"
@@ -107,20 +111,24 @@ class Faults:
     unknown: set[tuple[str, str]] = field(default_factory=set)  # ("image" | "machineType", name)
     advice: advice.Schedule = field(default_factory=advice.Schedule)  # preemption rates, prices: what advice says
     quota_limits: dict[str, dict[str, float]] = field(default_factory=dict)  # region -> metric -> limit (regions.get)
+    refuse_notice: bool = False  # inserts asking for a preemption notice are refused (no Preview)
 
 
 class ComputeServer(Host, OperationsApi, AdviceApi):
     def __init__(self, *, vm_env: dict[str, str] | None = None, workdir: Path | None = None,
                  boot_delay: float = 0.1, shutdown_budget: float = 30.0, run_vms: bool = True,
                  zones: tuple[str, ...] = ZONES, guest_shutdown_limit: float = 300.0,
-                 realism: Realism | None = None, preemption_day: float | None = None) -> None:
+                 realism: Realism | None = None, preemption_day: float | None = None,
+                 notice_scale: float = 1.0) -> None:
         """``shutdown_budget``: the shutdown script's time when Compute stops, deletes or preempts
         a VM (Google: 30 s for Spot and preemptible VMs, 90 s otherwise); ``guest_shutdown_limit``:
         its time when the guest powers itself off, which Google does not limit (a bound, here);
         ``realism``: latency, operation durations and bulkInsert limits (default: none);
         ``preemption_day``: seconds that stand for a day of the local world: a Spot VM is then
         preempted when its zone's estimated uptime (``spot_uptime``, else the model's from its
-        ``preemption_rate``) has passed at that scale; None: they only inform capacity advice."""
+        ``preemption_rate``) has passed at that scale; None: they only inform capacity advice;
+        ``notice_scale``: a preemption notice (``scheduling.preemptionNoticeDuration``) lasts its
+        seconds times this (tests and the demo shorten Google's 120 s)."""
         super().__init__(vm_env, workdir, "localcloud-vms-")
         self.boot_delay = boot_delay
         self.shutdown_budget = shutdown_budget
@@ -144,7 +152,8 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
         self._ops: dict[tuple[str, str], dict[str, Any]] = {}  # (scope url, name) -> op
         self._requests: dict[tuple[str, str], dict[str, Any]] = {}  # (project, requestId) -> op
         self._done = threading.Condition(self._lock)
-        self._routes = discovery.methods({k: v for k, v in SUPPORTED.items()})
+        self._routes = {"v1": discovery.methods(SUPPORTED), "beta": discovery.methods(BETA, "compute.beta")}
+        self.notice_scale = notice_scale
         self.urls = gce.Urls("http://127.0.0.1")
 
     # -- lifecycle ---------------------------------------------------------------
@@ -214,6 +223,19 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
         for vms, op in held:
             self._provision(vms, op)
 
+    def refuse_notice(self, on: bool = True) -> None:
+        """While on, an insert asking for a preemption notice (non-zero) is refused 400 naming
+        ``scheduling.preemptionNoticeDuration``, as in a project the Preview is not open to."""
+        with self._lock:
+            self.faults.refuse_notice = bool(on)
+
+    def scale_notice(self, scale: float) -> None:
+        """Preemption notices last their seconds times ``scale`` from now on (1: as asked)."""
+        if not float(scale) >= 0:
+            raise ValueError(f"a notice scale is a number >= 0: {scale}")
+        with self._lock:
+            self.notice_scale = float(scale)
+
     def unknown(self, kind: str, name: str, on: bool = True) -> None:
         """An image (``kind="image"``, as the request names it or its last path segment) or machine
         type (``kind="machineType"``, bare name) that does not exist: inserts naming it are refused."""
@@ -230,14 +252,36 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
                 self.faults.unreachable.discard(zone)
 
     def preempt(self, name: str, graceful: bool = True) -> None:
-        """Reclaim a Spot VM: preempted=TRUE, STOPPING, shutdown script, then TERMINATED or deleted.
+        """Reclaim a Spot VM: preempted=TRUE, then at the soft-off STOPPING (Compute's record of
+        the preemption: its zone operation and System Event entry), the shutdown script, then
+        TERMINATED or deleted.
 
-        ``graceful=False``: the guest never runs its shutdown script (it was still booting),
-        so no marker is written; only Compute's preemption record tells what happened.
+        A VM inserted with a preemption notice of N seconds (``preemptionNoticeDuration``) reads
+        preempted=TRUE N seconds (times ``notice_scale``) before the soft-off and RUNNING until
+        then; without one, preempted=TRUE and the soft-off come together. ``graceful=False``: the
+        guest never runs its shutdown script (it was still booting), so no marker is written;
+        only Compute's preemption record tells what happened. A VM is reclaimed once: preempting
+        it again before it starts again changes nothing.
         """
         vm = self._find(name)
         with self._lock:
+            if vm.preempted:
+                return
             vm.preempted = True
+            notice = gce.notice_seconds(vm.resource["scheduling"]) * self.notice_scale
+            if notice > 0 and vm.resource["status"] == "RUNNING":
+                if vm.metadata:
+                    vm.metadata.changed()  # instance/preempted: the guest's long poll wakes now
+                self._later(notice, self._soft_off, vm, vm.process, graceful)
+                return
+            self._soft_off(vm, vm.process, graceful)
+
+    def _soft_off(self, vm: Vm, process: VmProcess | None, graceful: bool) -> None:
+        """The preemption's ACPI soft-off (at the end of its notice, if it had one)."""
+        with self._lock:
+            if vm.process is not process or self._vms.get((vm.project, vm.zone, vm.name)) is not vm \
+                    or vm.resource["status"] in ("STOPPING", "TERMINATED", "STOPPED"):
+                return  # stopped or deleted during the notice: nothing left to reclaim
             self._record(vm, "compute.instances.preempted")
             self._set_status(vm, "STOPPING")
         action = vm.resource["scheduling"].get("instanceTerminationAction", "STOP")
@@ -317,12 +361,15 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
     def _app(self) -> Flask:
         app = Flask("compute")
 
-        @app.route("/compute/v1/<path:path>", methods=["GET", "POST", "DELETE", "PATCH", "PUT"])
-        def api(path: str) -> Response:
+        @app.route("/compute/<any(v1, beta):version>/<path:path>", methods=["GET", "POST", "DELETE", "PATCH", "PUT"])
+        def api(version: str, path: str) -> Response:
             try:
-                return _json(self._dispatch(request.method, path))
+                answer = self._dispatch(request.method, path, version)
             except ApiError as e:
                 return _json(e.body(), e.code)
+            # The beta API's links name the beta API; the resource is the same one.
+            return _json(_relinked(answer, self.urls.base, self.urls.base.replace("/v1/", "/beta/"))
+                         if version == "beta" else answer)
 
         self._fault_route(app, {
             "stockout": self.stockout, "quota": self.quota, "fail_next": self.fail_next, "preempt": self.preempt,
@@ -330,18 +377,19 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
             "host_error": self.host_error, "set_status": self.set_status, "slow_operations": self.slow_operations,
             "hold_operations": self.hold_operations, "unknown": self.unknown,
             "preemption_rate": self.preemption_rate, "spot_uptime": self.spot_uptime, "spot_price": self.spot_price,
-            "quota_limit": self.quota_limit, "set_metadata": self.set_metadata},
+            "quota_limit": self.quota_limit, "set_metadata": self.set_metadata, "refuse_notice": self.refuse_notice,
+            "notice_scale": self.scale_notice},
             refused=(TypeError, ValueError, KeyError), inventory=self._inventory)  # KeyError: an instance not there
         return app
 
-    def _dispatch(self, verb: str, path: str) -> dict[str, Any]:
-        for method in self._routes:
+    def _dispatch(self, verb: str, path: str, version: str = "v1") -> dict[str, Any]:
+        for method in self._routes[version]:
             match = method.pattern.match(path)
             if match and method.http_method == verb:
                 break
         else:
             self._delay(None)
-            raise ApiError(404, f"The requested URL /compute/v1/{path} was not found on this server.", "notFound")
+            raise ApiError(404, f"The requested URL /compute/{version}/{path} was not found on this server.", "notFound")
         name = f"{method.resource}.{method.name}"
         self._delay(name)
         self._rate_quota(match.groupdict().get("project", ""), name)
@@ -354,7 +402,7 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
         if method.request_schema:
             if not isinstance(body, dict):
                 raise ApiError(400, "Invalid JSON payload received.", "parseError")
-            problems = discovery.validate(body, method.request_schema)
+            problems = discovery.validate(body, method.request_schema, doc=f"compute.{version}")
             if problems:
                 raise ApiError(400, problems[0], "invalid")
         handler = getattr(self, f"_{method.resource}_{method.name}")
@@ -453,6 +501,7 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
             if replay := self._replay(project, q.get("requestId")):
                 return replay
             gce.check_instance(body, zone)
+            self._notice_open(body, "resource")
             self._exists(body, zone, "resource")
             self._admit(project, zone, [body["name"]], model=_model(body))
             vm = self._create(project, zone, body)
@@ -502,6 +551,7 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
             for zone in zones:
                 try:
                     gce.properties_check({**props, "name": names[0]}, None, "resource.instanceProperties")
+                    self._notice_open(props, "resource.instanceProperties")
                     self._exists(props, zone, "resource.instanceProperties")
                     self._admit(project, zone, names, bulk=True, model=_model(props))
                     chosen = zone
@@ -585,6 +635,11 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
         return op
 
     # -- state machine ---------------------------------------------------------------
+    def _notice_open(self, body: dict[str, Any], field: str) -> None:
+        scheduling = body.get("scheduling") or {}
+        if self.faults.refuse_notice and gce.notice_seconds(scheduling) > 0:
+            raise gce.notice_refused(field, scheduling)
+
     def _exists(self, body: dict[str, Any], zone: str, field: str) -> None:
         """The image and machine type an insert names must exist (unknown ones are injected faults):
         Google answers 404 for a missing image and 400 for a machine type the zone does not have."""
@@ -915,6 +970,15 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
             raise gce.not_found(f"{scope.split('/compute/v1/')[-1]}/operations/{name}")
         return op
 
+
+
+def _relinked(answer: Any, v1: str, beta: str) -> Any:
+    """An answer with every link into the v1 API pointing into the beta one instead."""
+    if isinstance(answer, dict):
+        return {k: _relinked(v, v1, beta) for k, v in answer.items()}
+    if isinstance(answer, list):
+        return [_relinked(v, v1, beta) for v in answer]
+    return answer.replace(v1, beta) if isinstance(answer, str) and answer.startswith(v1) else answer
 
 
 def _switch(lock: threading.RLock, faults: dict[str, str], zone: str, mode: str | None) -> None:

@@ -128,6 +128,7 @@ def properties_check(body: dict[str, Any], zone: str | None, field: str) -> None
         if scheduling.get("instanceTerminationAction") != "DELETE":
             raise invalid(f"{field}.scheduling.instanceTerminationAction", scheduling.get("instanceTerminationAction", ""),
                           "Flex-start instances require instanceTerminationAction DELETE.")
+    check_notice(scheduling, f"{field}.scheduling")
     spot = scheduling.get("provisioningModel") == "SPOT" or scheduling.get("preemptible")
     if spot and scheduling.get("automaticRestart", True):
         raise invalid(f"{field}.scheduling.automaticRestart", "true",
@@ -139,11 +140,59 @@ def properties_check(body: dict[str, Any], zone: str | None, field: str) -> None
     check_metadata((body.get("metadata") or {}).get("items") or [], f"{field}.metadata")
 
 
+# scheduling.preemptionNoticeDuration (Preview since 2026-04-16; in the v1 and beta discovery
+# documents of revision 20261106, absent from google-cloud-compute 1.57's v1 protos): how long
+# before the ACPI soft-off the metadata server's ``instance/preempted`` turns TRUE. Google's
+# rules: Spot VMs only, and only 0 (none, the default) or 120 seconds.
+NOTICE_FIELD = "preemptionNoticeDuration"
+NOTICE_CHOICES = (0, 120)
+
+
+def notice_seconds(scheduling: dict[str, Any]) -> float:
+    """The notice an instance (or a request) asks for, in seconds (0: none)."""
+    duration = scheduling.get(NOTICE_FIELD) or {}
+    return int(duration.get("seconds") or 0) + int(duration.get("nanos") or 0) / 1e9
+
+
+def check_notice(scheduling: dict[str, Any], at: str) -> None:
+    """Google's rules for ``scheduling.preemptionNoticeDuration`` (the schema already made its
+    ``seconds`` an int64 and its ``nanos`` an int32)."""
+    if scheduling.get(NOTICE_FIELD) is None:
+        return
+    seconds, field, told = notice_seconds(scheduling), f"{at}.{NOTICE_FIELD}", _duration(scheduling[NOTICE_FIELD])
+    if seconds not in NOTICE_CHOICES:
+        raise invalid(field, told, "Preemption notice duration must be 0s or 120s.")
+    # A zero notice is no notice: taken whatever the model (Google documents only non-zero ones as Spot-only).
+    if seconds and scheduling.get("provisioningModel") != "SPOT":
+        raise invalid(field, told, "Preemption notice duration is only supported for Spot VMs (provisioningModel SPOT).")
+
+
+def notice_refused(at: str, scheduling: dict[str, Any]) -> ApiError:
+    """A non-zero notice in a project the Preview is not open to (the ``refuse_notice`` fault)."""
+    return invalid(f"{at}.scheduling.{NOTICE_FIELD}", _duration(scheduling[NOTICE_FIELD]),
+                   "Preemption notice duration is not supported for this project.")
+
+
+def _duration(value: dict[str, Any]) -> str:
+    """A Duration as its JSON text (``"120s"``, ``"0.5s"``)."""
+    seconds, nanos = int(value.get("seconds") or 0), int(value.get("nanos") or 0)
+    return f"{seconds}.{nanos:09d}".rstrip("0") + "s" if nanos else f"{seconds}s"
+
+
+def _normal_duration(value: dict[str, Any]) -> dict[str, Any]:
+    """A Duration as the API answers it: ``seconds`` an int64 string, ``nanos`` only when set."""
+    out: dict[str, Any] = {"seconds": str(int(value.get("seconds") or 0))}
+    return {**out, "nanos": int(value["nanos"])} if value.get("nanos") else out
+
+
 def instance_resource(body: dict[str, Any], project: str, zone: str, urls: Urls) -> dict[str, Any]:
     """The instance as ``instances.get`` returns it, right after an accepted insert."""
     name = body["name"]
     scheduling = {"onHostMaintenance": "MIGRATE", "automaticRestart": True, "preemptible": False,
                   "provisioningModel": "STANDARD", **(body.get("scheduling") or {})}
+    for key in ("preemptionNoticeDuration", "maxRunDuration"):
+        if isinstance(scheduling.get(key), dict):
+            scheduling[key] = _normal_duration(scheduling[key])
     disks = []
     for index, disk in enumerate(body.get("disks") or []):
         params = disk.get("initializeParams") or {}

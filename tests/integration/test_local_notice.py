@@ -173,3 +173,168 @@ def _gcloud_env(srv: ComputeServer, tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE": f"{srv.endpoint}/compute/v1/",
             "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE": str(token), "CLOUDSDK_CORE_PROJECT": PROJECT,
             "CLOUDSDK_CONFIG": str(tmp_path / "gcloud"), "CLOUDSDK_CORE_DISABLE_PROMPTS": "1"}
+
+
+# -- scheduling.preemptionNoticeDuration: where Google takes it ----------------------------------
+NOTICE_FIELD = "scheduling.preemptionNoticeDuration"
+
+
+@pytest.mark.parametrize("version", ["v1", "beta"])
+@pytest.mark.parametrize("seconds", [0, 120])
+def test_a_spot_vm_takes_a_notice_of_0_or_120_s_on_v1_and_beta_and_reads_it_back(srv, version, seconds):
+    name = f"n{seconds}-{version}"
+    r = insert(srv, body(name, notice={"seconds": seconds}), version)
+    assert r.status_code == 200, r.text
+    assert r.json()["selfLink"].startswith(f"{srv.endpoint}/compute/{version}/")  # the beta API links into beta
+    for read in ("v1", "beta"):
+        got = requests.get(api(srv, f"/{name}", read), timeout=10).json()
+        assert got["scheduling"]["preemptionNoticeDuration"] == {"seconds": str(seconds)}
+        assert got["selfLink"] == api(srv, f"/{name}", read)
+
+
+@pytest.mark.parametrize("version", ["v1", "beta"])
+@pytest.mark.parametrize("notice, spot, why", [
+    ({"seconds": 60}, True, "must be 0s or 120s"),
+    ({"seconds": 300}, True, "must be 0s or 120s"),
+    ({"seconds": 120, "nanos": 500}, True, "must be 0s or 120s"),
+    ({"seconds": 120}, False, "only supported for Spot VMs"),
+])
+def test_a_notice_google_does_not_take_is_refused_400_naming_the_field(srv, version, notice, spot, why):
+    r = insert(srv, body("refused", notice=notice, spot=spot), version)
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert f"Invalid value for field 'resource.{NOTICE_FIELD}'" in error["message"] and why in error["message"]
+    assert error["errors"][0]["reason"] == "invalid"
+    assert "refused" not in srv.names()
+
+
+def test_a_notice_that_is_not_a_duration_is_refused_by_the_schema(srv):
+    r = insert(srv, body("bad", notice={"minutes": 2}))
+    assert r.status_code == 400 and 'Unknown name "minutes"' in r.json()["error"]["message"]
+
+
+def test_a_gangs_notice_is_checked_on_its_instance_properties_through_beta(srv):
+    gang = {"count": 2, "minCount": 2, "perInstanceProperties": {"g-0": {}, "g-1": {}},
+            "instanceProperties": {k: v for k, v in body("x", notice={"seconds": 60}).items() if k != "name"}}
+    gang["instanceProperties"]["machineType"] = "e2-small"
+    refused = requests.post(api(srv, "/bulkInsert", "beta"), json=gang, timeout=10)
+    assert refused.status_code == 400
+    assert f"'resource.instanceProperties.{NOTICE_FIELD}'" in refused.json()["error"]["message"]
+    gang["instanceProperties"]["scheduling"]["preemptionNoticeDuration"] = {"seconds": "120"}
+    taken = requests.post(api(srv, "/bulkInsert", "beta"), json=gang, timeout=10)
+    assert taken.status_code == 200, taken.text
+    assert operation(srv, taken.json())["status"] == "DONE"
+    assert {srv.instance(n)["scheduling"]["preemptionNoticeDuration"]["seconds"] for n in ("g-0", "g-1")} == {"120"}
+
+
+@pytest.mark.parametrize("how", ["python", "http"])
+def test_a_project_without_the_preview_refuses_a_notice_and_takes_the_same_vm_without_one(srv, how):
+    def refuse(on: bool) -> None:
+        if how == "python":
+            srv.refuse_notice(on)
+        else:
+            requests.post(f"{srv.endpoint}/_local/refuse_notice", json={"on": on}, timeout=10).raise_for_status()
+
+    refuse(True)
+    for version in ("v1", "beta"):
+        r = insert(srv, body(f"pre-{version}", notice={"seconds": 120}), version)
+        assert r.status_code == 400 and f"'resource.{NOTICE_FIELD}'" in r.json()["error"]["message"]
+    assert insert(srv, body("zero", notice={"seconds": 0})).status_code == 200  # no notice asked: nothing to refuse
+    assert insert(srv, body("none")).status_code == 200
+    refuse(False)
+    assert insert(srv, body("pre-v1", notice={"seconds": 120})).status_code == 200
+
+
+# -- the notice, then the soft-off ----------------------------------------------------------------
+def watch(srv: ComputeServer, name: str, host: str, seconds: float) -> list[tuple[float, str, str]]:
+    """(seconds since the call, status, instance/preempted) at each change, for ``seconds``."""
+    seen: list[tuple[float, str, str]] = []
+    began = time.monotonic()
+    while time.monotonic() - began < seconds:
+        state = srv.instance(name)["status"] if name in srv.names() else "GONE"
+        try:
+            preempted = requests.get(f"http://{host}/computeMetadata/v1/instance/preempted", headers=FLAVOR,
+                                     timeout=2).text
+        except requests.ConnectionError:
+            preempted = "-"  # the metadata server goes with the guest
+        if not seen or seen[-1][1:] != (state, preempted):
+            seen.append((time.monotonic() - began, state, preempted))
+        if state in ("TERMINATED", "GONE"):
+            break
+        time.sleep(0.02)
+    return seen
+
+
+def first(seen: list[tuple[float, str, str]], status: str) -> float:
+    return next(t for t, s, _ in seen if s == status)
+
+
+def preempted_records(srv: ComputeServer, name: str) -> list[dict[str, Any]]:
+    return [o for o in srv.operations()
+            if o["operationType"] == "compute.instances.preempted" and o["targetLink"].endswith(f"/{name}")]
+
+
+def test_with_a_notice_preempted_turns_true_while_running_for_the_scaled_notice_then_the_soft_off():
+    with ComputeServer(boot_delay=0.05, shutdown_budget=2.0, notice_scale=0.01) as srv:  # 120 s -> 1.2 s
+        running(srv, body("warned", notice={"seconds": 120}, startup=TELL_HOST,
+                          shutdown="sleep 0.5; touch shutdown-ran"))
+        host = metadata_host(srv, "warned")
+        srv.preempt("warned")
+        seen = watch(srv, "warned", host, 15)
+        assert seen[0][1:] == ("RUNNING", "TRUE")  # told at once, still running
+        assert 1.0 <= first(seen, "STOPPING") <= 2.0
+        assert [s for _, s, _ in seen][-1] == "TERMINATED" and first(seen, "TERMINATED") > first(seen, "STOPPING")
+        assert len(preempted_records(srv, "warned")) == 1  # at the soft-off, not at the notice
+        assert (srv.workdir_of("warned") / "shutdown-ran").exists()
+
+
+def test_the_notice_wakes_a_long_poll_on_instance_preempted_at_once():
+    with ComputeServer(boot_delay=0.05, shutdown_budget=1.0, notice_scale=0.05) as srv:  # 6 s of notice
+        running(srv, body("polled", notice={"seconds": 120}, startup=TELL_HOST))
+        url = f"http://{metadata_host(srv, 'polled')}/computeMetadata/v1/instance/preempted"
+        assert requests.get(url, headers=FLAVOR, timeout=5).text == "FALSE"
+        answers: list[tuple[float, str]] = []
+        began = time.monotonic()
+        poll = threading.Thread(target=lambda: answers.append((time.monotonic(), requests.get(
+            url, headers=FLAVOR, params={"wait_for_change": "true", "timeout_sec": "30"}, timeout=40).text)))
+        poll.start()
+        time.sleep(0.3)
+        srv.preempt("polled")
+        poll.join(timeout=40)
+        assert answers and answers[0][1] == "TRUE"
+        assert answers[0][0] - began < 2.0 and status(srv, "polled") == "RUNNING"  # woken at the notice
+
+
+def test_without_a_notice_preempted_and_stopping_come_together(srv):
+    running(srv, body("abrupt", startup=TELL_HOST))
+    host = metadata_host(srv, "abrupt")
+    srv.preempt("abrupt")
+    assert status(srv, "abrupt") == "STOPPING" and len(preempted_records(srv, "abrupt")) == 1
+    assert requests.get(f"http://{host}/computeMetadata/v1/instance/preempted", headers=FLAVOR, timeout=5).text == "TRUE"
+    until("TERMINATED", lambda: status(srv, "abrupt") == "TERMINATED")
+
+
+def test_a_vm_is_preempted_once_and_one_deleted_during_its_notice_is_not_preempted():
+    with ComputeServer(boot_delay=0.05, shutdown_budget=0.5, notice_scale=0.01, run_vms=False) as srv:
+        for name in ("twice", "deleted"):
+            running(srv, body(name, notice={"seconds": 120}))
+            srv.preempt(name)
+        srv.preempt("twice")  # during its notice: the same reclaim
+        requests.delete(api(srv, "/deleted"), timeout=10).raise_for_status()
+        until("TERMINATED", lambda: status(srv, "twice") == "TERMINATED")
+        srv.preempt("twice")  # a husk: nothing left to reclaim
+        until("gone", lambda: "deleted" not in srv.names())
+        time.sleep(1.5)  # past the notice the deleted VM had
+        assert len(preempted_records(srv, "twice")) == 1 and preempted_records(srv, "deleted") == []
+        assert status(srv, "twice") == "TERMINATED"
+
+
+def test_the_notice_scale_is_a_fault_over_http_too():
+    with ComputeServer(boot_delay=0.05, shutdown_budget=0.5, run_vms=False) as srv:
+        requests.post(f"{srv.endpoint}/_local/notice_scale", json={"scale": 0.005}, timeout=10).raise_for_status()
+        running(srv, body("quick", notice={"seconds": 120}))
+        began = time.monotonic()
+        srv.preempt("quick")
+        until("STOPPING", lambda: status(srv, "quick") != "RUNNING", timeout=5)
+        assert 0.5 <= time.monotonic() - began < 2.0
+        assert requests.post(f"{srv.endpoint}/_local/notice_scale", json={"scale": -1}, timeout=10).status_code == 400
