@@ -287,7 +287,7 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
         action = vm.resource["scheduling"].get("instanceTerminationAction", "STOP")
         outcome = "DELETE" if action == "DELETE" else "TERMINATED"
         threading.Thread(target=self._stop_then, args=(vm, outcome, None, None if graceful else 0),
-                         daemon=True).start()
+                         kwargs={"halt": True}, daemon=True).start()
 
     def maintenance(self, name: str) -> None:
         """Host maintenance on a VM that cannot live-migrate (GPUs, onHostMaintenance=TERMINATE):
@@ -297,11 +297,12 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
             vm.maintenance = "TERMINATE_ON_HOST_MAINTENANCE"
             self._record(vm, "compute.instances.terminateOnHostMaintenance")
             self._set_status(vm, "STOPPING")
-        threading.Thread(target=self._stop_then, args=(vm, "TERMINATED"), daemon=True).start()
+        threading.Thread(target=self._stop_then, args=(vm, "TERMINATED"), kwargs={"halt": True}, daemon=True).start()
 
     def host_error(self, name: str) -> None:
         """The host under the VM fails: ``compute.instances.hostError`` is recorded and the VM is
-        gone at once (no shutdown script runs); with automaticRestart off it stays TERMINATED."""
+        gone at once (no shutdown script runs, no guest halts: TERMINATED at once); with
+        automaticRestart off it stays TERMINATED."""
         vm = self._find(name)
         with self._lock:
             self._record(vm, "compute.instances.hostError")
@@ -313,7 +314,7 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
         ``compute.instances.guestTerminate`` and every process of the VM is killed at once, no
         shutdown script. A guest already on its way down (a preempted one shutting itself
         down) gets the record too."""
-        self._guest_terminated(self._find(name), budget=0)
+        self._guest_terminated(self._find(name), budget=0, halt=False)
 
     def set_metadata(self, name: str, items: dict[str, str]) -> None:
         """Merge ``items`` into a named instance's metadata, as someone else's ``setMetadata``
@@ -601,7 +602,8 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
                 gce.finish(op)
                 return op
             self._set_status(vm, "STOPPING")
-        threading.Thread(target=self._stop_then, args=(vm, "TERMINATED", op), daemon=True).start()
+        threading.Thread(target=self._stop_then, args=(vm, "TERMINATED", op), kwargs={"halt": True},
+                         daemon=True).start()
         return op
 
     def _instances_setMetadata(self, p: dict[str, str], q: Any, body: dict[str, Any]) -> dict[str, Any]:
@@ -760,7 +762,7 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
                 self._record(vm, "stop")
                 self._set_status(vm, "STOPPING")
                 threading.Thread(target=self._stop_then, args=(vm, "DELETE" if action == "DELETE" else "TERMINATED"),
-                                 daemon=True).start()
+                                 kwargs={"halt": True}, daemon=True).start()
                 return
         self.preempt(vm.name)
 
@@ -779,20 +781,32 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
                 return
             self._guest_terminated(vm, budget=self.guest_shutdown_limit)
 
-    def _guest_terminated(self, vm: Vm, budget: float) -> None:
+    def _guest_terminated(self, vm: Vm, budget: float, halt: bool = True) -> None:
+        """``halt``: the guest halts as it powers itself off; a crashed one is off already."""
         with self._lock:
             self._record(vm, "compute.instances.guestTerminate")
             if vm.resource["status"] in ("TERMINATED", "STOPPED", "STOPPING"):
                 return  # already on its way down (preempted, stopped): only the record is new
             self._set_status(vm, "STOPPING")
-        threading.Thread(target=self._stop_then, args=(vm, "TERMINATED", None, budget, False), daemon=True).start()
+        threading.Thread(target=self._stop_then, args=(vm, "TERMINATED", None, budget, False), kwargs={"halt": halt},
+                         daemon=True).start()
 
     def _stop_then(self, vm: Vm, outcome: str, op: dict[str, Any] | None = None, budget: float | None = None,
-                   deadline: bool = True, not_before: float | None = None) -> None:
+                   deadline: bool = True, not_before: float | None = None, halt: bool = False) -> None:
         """Power the VM off (shutdown script within ``budget``, Compute's deadline when ``deadline``),
-        then, no earlier than ``not_before`` (``time.monotonic()``), the outcome: TERMINATED, or gone (DELETE)."""
+        then, no earlier than ``not_before`` (``time.monotonic()``), the outcome: TERMINATED, or gone (DELETE).
+
+        ``halt``: the guest halts first (``Realism.halt``), after its shutdown script (or the soft-off,
+        when none ran): Compute reports the outcome only once the guest is off, and when Compute
+        set a deadline, never past its hard-off (``shutdown_budget`` after the soft-off)."""
+        soft_off = time.monotonic()
         budget = self.shutdown_budget if budget is None else budget
         self._power_off(vm, budget, notice=budget if deadline else None)
+        if halt:
+            off = time.monotonic() + self.realism.halt()
+            if deadline:
+                off = min(off, max(time.monotonic(), soft_off + self.shutdown_budget))
+            not_before = max(off, not_before or off)
         if not_before is not None and self._closed.wait(max(0.0, not_before - time.monotonic())):
             return  # the server stopped meanwhile
         with self._lock:

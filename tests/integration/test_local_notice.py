@@ -22,6 +22,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
 from localcloud.compute import ComputeServer
+from localcloud.realism import Lognormal, Realism
 from tests.wait import until
 
 PROJECT = "notice-proj"
@@ -246,15 +247,15 @@ def test_a_project_without_the_preview_refuses_a_notice_and_takes_the_same_vm_wi
 
 
 # -- the notice, then the soft-off ----------------------------------------------------------------
-def watch(srv: ComputeServer, name: str, host: str, seconds: float) -> list[tuple[float, str, str]]:
-    """(seconds since the call, status, instance/preempted) at each change, for ``seconds``."""
+def watch(srv: ComputeServer, name: str, host: str | None, seconds: float = 15) -> list[tuple[float, str, str]]:
+    """(seconds since the call, status, instance/preempted) at each change, until TERMINATED or gone."""
     seen: list[tuple[float, str, str]] = []
     began = time.monotonic()
     while time.monotonic() - began < seconds:
         state = srv.instance(name)["status"] if name in srv.names() else "GONE"
         try:
             preempted = requests.get(f"http://{host}/computeMetadata/v1/instance/preempted", headers=FLAVOR,
-                                     timeout=2).text
+                                     timeout=2).text if host else "-"
         except requests.ConnectionError:
             preempted = "-"  # the metadata server goes with the guest
         if not seen or seen[-1][1:] != (state, preempted):
@@ -275,7 +276,9 @@ def preempted_records(srv: ComputeServer, name: str) -> list[dict[str, Any]]:
 
 
 def test_with_a_notice_preempted_turns_true_while_running_for_the_scaled_notice_then_the_soft_off():
-    with ComputeServer(boot_delay=0.05, shutdown_budget=2.0, notice_scale=0.01) as srv:  # 120 s -> 1.2 s
+    # 120 s of notice -> 1.2 s; the hard-off 2 s after the soft-off (Google: 30 s), the guest's halt 0.5 s
+    with ComputeServer(boot_delay=0.05, shutdown_budget=2.0, notice_scale=0.01,
+                       realism=Realism(halt_seconds=0.5)) as srv:
         running(srv, body("warned", notice={"seconds": 120}, startup=TELL_HOST,
                           shutdown="sleep 0.5; touch shutdown-ran"))
         host = metadata_host(srv, "warned")
@@ -283,7 +286,9 @@ def test_with_a_notice_preempted_turns_true_while_running_for_the_scaled_notice_
         seen = watch(srv, "warned", host, 15)
         assert seen[0][1:] == ("RUNNING", "TRUE")  # told at once, still running
         assert 1.0 <= first(seen, "STOPPING") <= 2.0
-        assert [s for _, s, _ in seen][-1] == "TERMINATED" and first(seen, "TERMINATED") > first(seen, "STOPPING")
+        assert [s for _, s, _ in seen][-1] == "TERMINATED"
+        # the shutdown script's 0.5 s, then the halt's 0.5 s, within the hard-off's 2 s
+        assert 0.9 <= first(seen, "TERMINATED") - first(seen, "STOPPING") <= 2.0
         assert len(preempted_records(srv, "warned")) == 1  # at the soft-off, not at the notice
         assert (srv.workdir_of("warned") / "shutdown-ran").exists()
 
@@ -338,3 +343,68 @@ def test_the_notice_scale_is_a_fault_over_http_too():
         until("STOPPING", lambda: status(srv, "quick") != "RUNNING", timeout=5)
         assert 0.5 <= time.monotonic() - began < 2.0
         assert requests.post(f"{srv.endpoint}/_local/notice_scale", json={"scale": -1}, timeout=10).status_code == 400
+
+
+# -- the guest's halt, between the soft-off and TERMINATED ----------------------------------------
+def stopping_to_terminated(srv: ComputeServer, name: str) -> float:
+    """Seconds from STOPPING (seen within a poll of it) to TERMINATED."""
+    seen = watch(srv, name, None)
+    return first(seen, "TERMINATED") - first(seen, "STOPPING")
+
+
+@pytest.fixture
+def halting() -> Iterator[ComputeServer]:
+    """Guests that halt for 1 s; Compute's hard-off 3 s after the soft-off."""
+    with ComputeServer(boot_delay=0.05, shutdown_budget=3.0, realism=Realism(halt_seconds=1.0)) as s:
+        yield s
+
+
+def test_the_guest_halts_after_its_shutdown_script_before_compute_says_terminated(halting):
+    running(halting, body("halts", shutdown="sleep 0.5; touch shutdown-ran"))
+    halting.preempt("halts")
+    assert 1.4 <= stopping_to_terminated(halting, "halts") <= 2.2  # the script's 0.5 s, then the halt's 1 s
+    assert (halting.workdir_of("halts") / "shutdown-ran").exists()
+
+
+def test_the_halt_never_passes_the_hard_off(halting):
+    running(halting, body("long", shutdown="sleep 2.5"))
+    halting.preempt("long")
+    assert 2.8 <= stopping_to_terminated(halting, "long") <= 3.6  # 2.5 + 1 would be past the hard-off at 3
+
+
+def test_a_hard_preemption_runs_no_shutdown_script_yet_the_guest_still_halts(halting):
+    running(halting, body("hard", shutdown="touch shutdown-ran"))
+    halting.preempt("hard", graceful=False)
+    assert 0.9 <= stopping_to_terminated(halting, "hard") <= 1.6
+    assert not (halting.workdir_of("hard") / "shutdown-ran").exists()
+
+
+def test_a_host_error_and_a_guest_crash_are_immediate_and_each_its_own_record(halting):
+    entries: list[dict[str, Any]] = []
+    halting.audit_log = entries.extend
+    for name in ("pre", "host", "crash"):
+        running(halting, body(name, startup="sleep 60"))
+    halting.preempt("pre")
+    halting.host_error("host")
+    halting.crash("crash")
+    began = time.monotonic()
+    until("host and crash TERMINATED", lambda: {status(halting, "host"), status(halting, "crash")} == {"TERMINATED"})
+    assert time.monotonic() - began < 0.8 and status(halting, "pre") == "STOPPING"  # the preempted guest halts
+    until("pre TERMINATED", lambda: status(halting, "pre") == "TERMINATED")
+    kinds = {name: [o["operationType"] for o in halting.operations()
+                    if o["targetLink"].endswith(f"/{name}") and o["operationType"] != "insert"]
+             for name in ("pre", "host", "crash")}
+    assert kinds == {"pre": ["compute.instances.preempted"], "host": ["compute.instances.hostError"],
+                     "crash": ["compute.instances.guestTerminate"]}
+    logged = {e["protoPayload"]["resourceName"].rsplit("/", 1)[-1]: e["protoPayload"]["methodName"] for e in entries}
+    assert logged == {"pre": "compute.instances.preempted", "host": "compute.instances.hostError",
+                      "crash": "compute.instances.guestTerminate"}
+
+
+def test_no_halt_by_default_and_a_few_seconds_in_the_google_profile():
+    assert Realism().halt() == 0.0
+    google = Realism.google()
+    assert isinstance(google.halt_seconds, Lognormal)
+    draws = sorted(google.halt() for _ in range(400))
+    assert 1.0 <= draws[200] <= 4.0 and draws[0] > 0  # a few seconds around the 2 s median
+    assert Realism.google().scaled(0.1).halt_seconds == google.halt_seconds.scaled(0.1)
