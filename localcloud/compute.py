@@ -54,7 +54,7 @@ from localcloud.vm import VmProcess
 
 SUPPORTED = {
     "instances": ("aggregatedList", "list", "get", "insert", "delete", "bulkInsert", "stop", "start",
-                  "getSerialPortOutput", "setMetadata"),
+                  "getSerialPortOutput", "setMetadata", "simulateMaintenanceEvent"),
     "regionInstances": ("bulkInsert",),
     "zoneOperations": ("get", "wait", "list", "delete"),
     "regionOperations": ("get", "wait", "list"),
@@ -72,7 +72,10 @@ USER = "respawn-controller@localcloud.iam.gserviceaccount.com"
 QUICK = 0.05  # seconds an operation runs when nothing asks for longer
 BULK = ("instances.bulkInsert", "regionInstances.bulkInsert")
 # The system events Compute writes to the System Event audit log (cloudaudit.googleapis.com/system_event).
-SYSTEM_EVENTS = tuple(audit.LOSSES)
+SYSTEM_EVENTS = tuple(audit.METHODS)
+# Google's advance notice of a live migration on ``instance/maintenance-event`` ("60 seconds",
+# https://cloud.google.com/compute/docs/instances/host-maintenance-overview), times ``notice_scale``.
+MIGRATION_NOTICE_S = 60.0
 log = logging.getLogger(__name__)
 
 
@@ -622,6 +625,45 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
             self._remember(vm.project, q.get("requestId"), op)
         self._later(QUICK, self._finish_op, op)
         return op
+
+    def _instances_simulateMaintenanceEvent(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
+        """What host maintenance does to this VM (Google documents it as the way to test
+        preemption handling): a Spot (or preemptible) VM is preempted, with its notice; one with
+        onHostMaintenance TERMINATE is stopped by a terminating maintenance; any other migrates
+        live and runs on."""
+        with self._lock:
+            if replay := self._replay(p["project"], q.get("requestId")):
+                return replay
+            vm = self._vm(p["project"], p["zone"], p["instance"])
+            if vm.resource["status"] != "RUNNING":
+                raise ApiError(400, f"The resource '{vm.resource['selfLink'].split('/compute/v1/')[-1]}' is not ready",
+                               "resourceNotReady")
+            op = self._zone_op(vm.project, vm.zone, "simulateMaintenanceEvent", vm)
+            self._remember(vm.project, q.get("requestId"), op)
+            if _model(vm.resource) == "SPOT":
+                self.preempt(vm.name)
+            elif vm.resource["scheduling"].get("onHostMaintenance") == "TERMINATE":
+                self.maintenance(vm.name)
+            else:
+                self._migrate(vm)
+        self._later(QUICK, self._finish_op, op)
+        return op
+
+    def _migrate(self, vm: Vm) -> None:
+        """A live migration: announced on ``maintenance-event``, then done while the VM runs on."""
+        vm.maintenance = "MIGRATE_ON_HOST_MAINTENANCE"
+        if vm.metadata:
+            vm.metadata.changed()
+        self._later(MIGRATION_NOTICE_S * self.notice_scale, self._migrated, vm, vm.process)
+
+    def _migrated(self, vm: Vm, process: VmProcess | None) -> None:
+        with self._lock:
+            if vm.process is not process or self._vms.get((vm.project, vm.zone, vm.name)) is not vm:
+                return  # stopped or deleted meanwhile
+            self._record(vm, "compute.instances.migrateOnHostMaintenance")
+            vm.maintenance = "NONE"
+            if vm.metadata:
+                vm.metadata.changed()
 
     def _instances_start(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
         with self._lock:

@@ -408,3 +408,80 @@ def test_no_halt_by_default_and_a_few_seconds_in_the_google_profile():
     draws = sorted(google.halt() for _ in range(400))
     assert 1.0 <= draws[200] <= 4.0 and draws[0] > 0  # a few seconds around the 2 s median
     assert Realism.google().scaled(0.1).halt_seconds == google.halt_seconds.scaled(0.1)
+
+
+# -- instances.simulateMaintenanceEvent ----------------------------------------------------------
+def simulate(srv: ComputeServer, name: str) -> dict[str, Any]:
+    r = requests.post(api(srv, f"/{name}/simulateMaintenanceEvent"), timeout=10)
+    assert r.status_code == 200, r.text
+    assert r.json()["operationType"] == "simulateMaintenanceEvent"
+    return operation(srv, r.json())
+
+
+def records(srv: ComputeServer, name: str) -> list[str]:
+    return [o["operationType"] for o in srv.operations()
+            if o["targetLink"].endswith(f"/{name}") and o["operationType"].startswith("compute.instances.")]
+
+
+def maintenance_event(host: str) -> str:
+    return requests.get(f"http://{host}/computeMetadata/v1/instance/maintenance-event", headers=FLAVOR, timeout=5).text
+
+
+@pytest.fixture
+def scaled() -> Iterator[ComputeServer]:
+    """Notices a hundredth of Google's: 120 s of preemption notice in 1.2 s, 60 s of migration notice in 0.6 s."""
+    with ComputeServer(boot_delay=0.05, shutdown_budget=1.0, notice_scale=0.01) as s:
+        s.audit_log = lambda entries: None
+        yield s
+
+
+def test_simulated_maintenance_preempts_a_spot_vm_with_its_notice(scaled):
+    running(scaled, body("spot", notice={"seconds": 120}, startup=TELL_HOST))
+    host = metadata_host(scaled, "spot")
+    assert simulate(scaled, "spot")["status"] == "DONE"
+    seen = watch(scaled, "spot", host)
+    assert seen[0][1:] == ("RUNNING", "TRUE") and 1.0 <= first(seen, "TERMINATED") <= 3.0
+    assert records(scaled, "spot") == ["compute.instances.preempted"]
+
+
+def test_simulated_maintenance_stops_a_vm_that_cannot_migrate(scaled):
+    running(scaled, body("gpu", spot=False, onHostMaintenance="TERMINATE", startup=TELL_HOST, shutdown="sleep 0.5"))
+    host = metadata_host(scaled, "gpu")
+    simulate(scaled, "gpu")
+    assert maintenance_event(host) == "TERMINATE_ON_HOST_MAINTENANCE"
+    until("TERMINATED", lambda: status(scaled, "gpu") == "TERMINATED")
+    assert records(scaled, "gpu") == ["compute.instances.terminateOnHostMaintenance"]
+
+
+def test_simulated_maintenance_migrates_any_other_vm_live(scaled):
+    entries: list[dict[str, Any]] = []
+    scaled.audit_log = entries.extend
+    running(scaled, body("cpu", spot=False, onHostMaintenance="MIGRATE", startup=TELL_HOST))
+    host = metadata_host(scaled, "cpu")
+    simulate(scaled, "cpu")
+    assert maintenance_event(host) == "MIGRATE_ON_HOST_MAINTENANCE"  # announced...
+    until("the migration done", lambda: maintenance_event(host) == "NONE", timeout=5)  # ...then over
+    assert status(scaled, "cpu") == "RUNNING"
+    assert records(scaled, "cpu") == ["compute.instances.migrateOnHostMaintenance"]
+    assert [e["protoPayload"]["methodName"] for e in entries] == ["compute.instances.migrateOnHostMaintenance"]
+
+
+def test_simulated_maintenance_on_a_vm_that_is_not_running_is_refused(scaled):
+    running(scaled, body("down", spot=False))
+    requests.post(api(scaled, "/down/stop"), timeout=10).raise_for_status()
+    until("TERMINATED", lambda: status(scaled, "down") == "TERMINATED")
+    r = requests.post(api(scaled, "/down/simulateMaintenanceEvent"), timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["errors"][0]["reason"] == "resourceNotReady"
+
+
+def test_gcloud_simulate_maintenance_event_preempts_a_spot_vm(scaled, tmp_path):
+    gcloud = shutil.which("gcloud")
+    if gcloud is None:
+        pytest.skip("gcloud is not on PATH: `gcloud compute instances simulate-maintenance-event` was not run")
+    running(scaled, body("gcs", notice={"seconds": 120}))
+    done = subprocess.run([gcloud, "compute", "instances", "simulate-maintenance-event", "gcs", f"--zone={ZONE}"],
+                          env=_gcloud_env(scaled, tmp_path), capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    until("TERMINATED", lambda: status(scaled, "gcs") == "TERMINATED")
+    assert records(scaled, "gcs") == ["compute.instances.preempted"]
