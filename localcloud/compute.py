@@ -6,23 +6,30 @@ instances move PROVISIONING -> STAGING -> RUNNING, operations PENDING -> RUNNING
 DONE, and errors carry ``errors[].reason`` as Google sends them. Each RUNNING instance
 is a real local process (``localcloud.vm``) with its own metadata server.
 
+``instances.setMetadata`` holds Google's optimistic lock (the metadata fingerprint, 412
+``conditionNotMet``); a Spot VM may carry a preemption notice (``scheduling.preemptionNoticeDuration``,
+a Preview field also served on ``compute/beta/`` routes), which ``preempt`` follows; and
+``instances.simulateMaintenanceEvent`` does to a VM what host maintenance would.
+
 Faults are injected from Python or over HTTP (``POST /_local/<fault>``): stockouts
 and quota per zone (on the operation or synchronously), any HTTP error per method,
 slow or held operations, unreachable zones, images and machine types that do not
 exist, and, on named instances: preemption, host maintenance, host errors, guest
-crashes, and any status string at all (values Google may add later). Capacity advice
+crashes, and any status string at all (values Google may add later); a project that refuses
+the preemption notice (``refuse_notice``), and notices shortened by ``notice_scale``. Capacity advice
 (``advice.capacity``, ``advice.capacityHistory``) is answered from those faults and a
 per-zone preemption rate (``localcloud.advice``).
 
 Each system event (a preemption, a host error, a guest's termination, a terminating host
-maintenance) is a zone operation named ``systemevent-...`` with the method as its
+maintenance, a live migration) is a zone operation named ``systemevent-...`` with the method as its
 ``operationType``, and also the System Event audit entry Google writes for it
 (``localcloud.logging.system_event``), handed to ``audit_log`` (the stack points it at the local
 Cloud Logging server).
 
 How slow and strict it is comes from a ``localcloud.realism.Realism`` (default: not at
 all): latency per call (per method if wanted), how long insert and delete operations
-stay RUNNING, and bulkInsert's rate and in-flight limits. Requests are served on threads
+stay RUNNING, bulkInsert's rate and in-flight limits, and the guest's halt time between its
+shutdown script and TERMINATED. Requests are served on threads
 of their own: a latency or an ``operations.wait`` blocks only its own caller.
 """
 
