@@ -141,6 +141,7 @@ class _Vm:
     request: InstanceRequest | None
     causes: list[StopReason] = field(default_factory=list)  # stop causes Compute recorded, in order
     metadata: dict[str, str] = field(default_factory=dict)  # the instance's, as its VM reads it (``release``)
+    request_id: str = ""  # the insert that created it
 
 
 @dataclass
@@ -257,15 +258,15 @@ class MemoryCompute:
                                                  ": the feature is not enabled for this project")
             if request_id not in self._requests:
                 if self.hold_inserts:  # accepted; capacity is decided when the operation finishes
-                    keys = [self._create(r, InstanceStatus.PROVISIONING) for r in requests]
+                    keys = [self._create(r, InstanceStatus.PROVISIONING, request_id) for r in requests]
                     self._requests[request_id] = _Pending([k for k in keys if k is not None], zone, model)
                 elif model == "flex-start" and self._admit(zone, model) is not None:
                     # Flex-start waits for capacity: created, PENDING until Compute finds some.
                     self._requests[request_id] = None
-                    keys = [self._create(r, InstanceStatus.PENDING) for r in requests]
+                    keys = [self._create(r, InstanceStatus.PENDING, request_id) for r in requests]
                 else:
                     self._requests[request_id] = outcome = self._admit(zone, model)
-                    keys = [self._create(r, self.boot_status) for r in requests] if outcome is None else []
+                    keys = [self._create(r, self.boot_status, request_id) for r in requests] if outcome is None else []
                 # What this request created (an existing name is someone else's: no id for it).
                 self._made[request_id] = [k for k in keys if k is not None]
             # Compute answers a repeated id with the first request's operation, as it stands now.
@@ -323,6 +324,18 @@ class MemoryCompute:
         was recorded while the VM is still on its way down: a preemption's soft-off)."""
         with self._lock:
             return self._find(name)[1].causes
+
+    def metadata_of_instance(self, instance: Instance) -> dict[str, str]:
+        """``metadata_of`` for exactly this instance (names repeat across zones and runs); {} once gone."""
+        with self._lock:
+            vm = self._vms.get((instance.project, instance.zone, instance.name))
+            return dict(vm.metadata) if vm is not None and vm.instance.id == instance.id else {}
+
+    def made_by(self, instance: Instance) -> str:
+        """The request id of the insert that created this instance ("" for one no insert made)."""
+        with self._lock:
+            vm = self._vms.get((instance.project, instance.zone, instance.name))
+            return vm.request_id if vm is not None and vm.instance.id == instance.id else ""
 
     def metadata_of(self, name: str) -> dict[str, str]:
         """The instance's metadata as its VM reads it now: its insert's, and what ``release`` added."""
@@ -399,13 +412,13 @@ class MemoryCompute:
         key = min(keys)
         return key, self._vms[key]
 
-    def _create(self, r: InstanceRequest, status: InstanceStatus) -> tuple[str, str, str] | None:
+    def _create(self, r: InstanceRequest, status: InstanceStatus, request_id: str = "") -> tuple[str, str, str] | None:
         """The instance, unless one of that name exists (an existing name is success)."""
         key = (r.project, r.zone, r.name)
         if key in self._vms:
             return None
         instance = Instance(r.project, r.zone, r.name, status, dict(r.labels), self.clock.now(), str(next(self._ids)))
-        self._vms[key] = _Vm(instance, r, metadata=dict(r.metadata))
+        self._vms[key] = _Vm(instance, r, metadata=dict(r.metadata), request_id=request_id)
         return key
 
     def _finish(self, request_id: str) -> None:

@@ -139,14 +139,22 @@ def past_line(v: JobView, st: JobStatus) -> bool:
 
 def after_standby_error(st: JobStatus, spec: JobSpec, error: Exception, now: datetime, order: Sequence[str],
                         held: Sequence[str]) -> JobStatus:
-    """The status to record when the standby's insert failed: a stockout cools its zone (for the
-    model, as any stockout does) and moves the standby to the next usable zone of ``order`` (the
-    preempting zone last); anything else, or no zone left, withdraws it: the recovery then goes
-    on the usual way, once the VM is down. ``held``: this job's own VMs that hold the quota a
-    refusal names (the current attempt's, still up): never a cooldown, the replacement waits."""
+    """The status to record when the standby's insert failed: an insert under way, or no answer,
+    changes nothing (the same request goes again next pass); a stockout (or a quota not the job's
+    own) cools its zone, as any stockout does, and moves the standby to the next usable zone of
+    ``order`` (the preempting zone last); anything else, or no zone left, withdraws it: the
+    recovery then goes on the usual way, once the VM is down. ``held``: this job's own VMs that
+    hold the quota a refusal names (the current attempt's, still up): never a cooldown, the
+    replacement waits."""
     sb = st.standby
     assert sb is not None
-    if isinstance(error, errors.CapacityError):
+    if isinstance(error, (errors.OperationPending, errors.TransientError)):
+        # Accepted and under way, or no answer: the same request again next pass (its id tells).
+        return st
+    if isinstance(error, errors.QuotaError) and held:
+        return withdrawn(st, f"quota exceeded in {error.zone} ({error.reason}), held by this job's own "
+                         f"{', '.join(held)}: the replacement is launched once it is down", now)
+    if isinstance(error, (errors.CapacityError, errors.QuotaError)):
         cooled = st.but(zone_cooldowns={**t.unexpired(st, now), error.zone: now + spec.policy.zone_cooldown})
         nxt = t.pick_zone(spec, cooled, now, order)
         if nxt is not None:
@@ -155,9 +163,6 @@ def after_standby_error(st: JobStatus, spec: JobSpec, error: Exception, now: dat
             return cooled.but(t.event(now, st, "stockout", text, zone=error.zone), standby=moved, message=text)
         return withdrawn(cooled, f"no capacity for {', '.join(sb.instances)} in any zone ({error.reason} in "
                          f"{error.zone}); the replacement is launched once the VM is down", now)
-    if isinstance(error, errors.QuotaError) and held:
-        return withdrawn(st, f"quota exceeded in {error.zone} ({error.reason}), held by this job's own "
-                         f"{', '.join(held)}: the replacement is launched once it is down", now)
     return withdrawn(st, f"could not create {', '.join(sb.instances)} ({type(error).__name__}: {error}); "
                      "the replacement is launched once the VM is down", now)
 

@@ -90,7 +90,8 @@ def _plan_job(v: JobView, now: datetime, ctx: LaunchContext) -> list[Action]:
     assert v.spec is not None
     # First sight of the job, or a new spec written over a finished run: start a run.
     if st is None or (st.phase.terminal and st.spec_generation != v.spec_generation):
-        attempt = max([st.attempt if st else 0, *(i.attempt for i in v.instances)])
+        # Past every number the run before used, a withdrawn standby's too (a request id names it).
+        attempt = max([st.attempt if st else 0, st.withdrawn if st else 0, *(i.attempt for i in v.instances)])
         # The run before's latest checkpoint, listed where it wrote them, for its summary.
         last = v.checkpoint if st is not None and v.checkpoint_loaded else None
         return [WriteStatus(v.job, t.new_run(st, attempt, v.spec_generation, now, v.spec, last, job=v.job), "new run",
@@ -109,7 +110,10 @@ def _plan_job(v: JobView, now: datetime, ctx: LaunchContext) -> list[Action]:
         # Another pass committed and inserted after our status read (our CAS would fail
         # anyway), or status.json was rolled back by hand: adopt what exists.
         return [WriteStatus(v.job, _adopt(v, st, newest, now), "status behind instances")]
-    return [*_cleanup(v, st), *_running_job(v, v.spec, st, now, ctx)]
+    # A promoted standby's go first (again: a no-op where it landed): a cleanup that fails must
+    # never keep a VM waiting at the starting line.
+    go = _go(v.job, st) if st.held and st.inserted and not handover.past_line(v, st) and not st.phase.terminal else []
+    return [*go, *_cleanup(v, st), *_running_job(v, v.spec, st, now, ctx)]
 
 
 def _running_job(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchContext) -> list[Action]:
@@ -229,9 +233,11 @@ def _watch(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchC
             # come between the commit and the go) until its trainer's first record says it started.
             # Its grace counts from the go (``resumed_at``): one that never starts fails as a hang.
             if _stale_heartbeat(v, spec, st, working, now):
-                why = f"no trainer past the starting line {fmt(now - (st.go_at or now))} after the go"
-                return _fresh(v, _failure(v, spec, st, why, now))
-            return _go(v.job, st)
+                # Silent at its line too (no ready record): its agent is gone or hung, and its
+                # trainer never started, so never failed. A restart, bounded by max_restarts.
+                why = f"no trainer past the starting line {fmt(now - (st.go_at or now))} after the go, nor a word"
+                return _fresh(v, _restart(v, spec, st, "lost", why, now, ctx))
+            return []  # its go was given above (_plan_job)
         detail = f"{', '.join(st.instances)} running in {st.zone}"
         if st.held:
             detail = f"{', '.join(st.instances)} past the starting line in {st.zone}: its trainer started"
@@ -422,8 +428,10 @@ def _stale_heartbeat(v: JobView, spec: JobSpec, st: JobStatus, mine: dict[str, I
     booted = _booted(st, mine)
     if now - booted < spec.policy.startup_grace:
         return False
-    beat = v.heartbeat if v.heartbeat and v.heartbeat.belongs_to(st) else None
-    last = max(beat.updated, booted) if beat else booted + spec.policy.startup_grace
+    # A held VM's ready records are its agent's beats at the starting line: it lives, and waits for a
+    # go that did not reach it yet (the go is given again each pass), never a hang.
+    beats = [r.updated for r in (v.heartbeat, v.ready if st.held else None) if r is not None and r.belongs_to(st)]
+    last = max([*beats, booted]) if beats else booted + spec.policy.startup_grace
     return now - last > timeout
 
 
@@ -899,12 +907,11 @@ def _begin_standby(v: JobView, spec: JobSpec, st: JobStatus, why: str, until: da
 
 
 def _insert_standby(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchContext) -> list[Action]:
-    """Insert the standby (again: the request id makes a repeat harmless); one found already was
-    accepted by an earlier pass whose status write was lost."""
+    """Insert the standby, again if need be: the request id makes a repeat harmless, and Compute
+    answers it with the first try's operation (one accepted by an earlier pass whose status write was
+    lost, or still under way: then not inserted yet, and its VMs' grace not begun)."""
     sb = st.standby
     assert sb is not None
-    if any(i.attempt == sb.attempt for i in v.instances):
-        return [WriteStatus(v.job, handover.standby_inserted(st, now), "standby found")]
     create = CreateInstances(v.job, sb.attempt, standby_requests(v.job, spec, st, ctx),
                              names.request_id(v.job, sb.attempt, sb.placement, _run(st)), spec,
                              f"standby attempt {sb.attempt}", standby=True)

@@ -191,6 +191,9 @@ class Executor:
             if action.standby and chain.status.standby is not None:
                 order = handover.standby_order(view, action.spec, chain.status, now) if view.spec is not None else []
                 after = handover.after_standby_error(chain.status, action.spec, error, now, order, held)
+                if after is chain.status:  # under way, or no answer: the same request next pass
+                    out.error = None if isinstance(error, errors.OperationPending) else out.error
+                    return
                 if after.standby is not None:  # moved to the next zone, to be inserted at once
                     out.error, out.replan = None, True
                 try:

@@ -29,6 +29,13 @@ Three more invariants: no TPU node left without a job (``orphan_tpu``), no step-
 the job's own node (``own_step_down``), no pass slower than its budget because of a notice
 (``slow_pass``, measured with ``time.monotonic``).
 
+Issue 34's trouble: preemption notices (the agent's notice record, token-signed, its event lost,
+duplicated or late) followed a few steps later by the preemption (graceful, hard, or Compute's
+soft-off seen first: STOPPING with its preemption recorded), or by nothing at all; standbys held at
+the starting line, whose trainers start only once the go is in their metadata; ready records. Two
+more invariants: never two trainers of one job past the line at once (``two_trainers``), never a go
+from older than the newest complete checkpoint at that moment (``stale_start``).
+
 Every step is followed by the invariant checks; the end of a run lets the world settle
 without faults and checks that every job ended or runs, and nothing was leaked.
 The controller's actions are deterministic per seed (``random.Random``, a fake clock, passes on
@@ -102,7 +109,7 @@ TPU_TYPES = ("v4-8", "v4-16", "v5litepod-8", "v5litepod-16", "v6e-4")
 TPU_SHARE = 0.3  # of the generated jobs (and of a resubmit that changes the kind)
 # The kinds on the last line, in its order; "budgets" is reported on the line before it.
 KINDS = ("duplicates", "lost", "leaked", "foreign_deletes", "restarted_finished", "stuck", "crashes",
-         "notified_twice", "ledger", "orphan_tpu", "own_step_down", "slow_pass")
+         "notified_twice", "ledger", "orphan_tpu", "own_step_down", "slow_pass", "two_trainers", "stale_start")
 ALL_KINDS = (*KINDS, "budgets")
 # Per-call error rate of a pass, drawn per pass: about a quarter of all passes meet an
 # injected fault (transient error, timeout or crash); a pass that fails at its first
@@ -178,6 +185,9 @@ class Trainer:
     end: str = ""  # why it is done: success | failed | crashed | lost | deleted | <VM status>
     tpu: bool = False  # worker 0 of a TPU node (``workers`` hosts), which no worker powers off
     workers: int = 1
+    # The insert that made its VM: a gang's nodes break together only with the nodes made beside them
+    # (an attempt inserted again in another zone is another gang, whose nodes never met the first's).
+    made_by: str = ""
 
 
 @dataclass
@@ -379,7 +389,8 @@ class Run:
         self.faults_on = True
         self.step_no = 0
         self.n_steps = steps if steps is not None else self.rng.randint(40, 80)
-        self.breaks: dict[tuple[str, int, str], int] = {}  # gangs whose collective will fail, at that step
+        self.breaks: dict[tuple[str, int, str, str], int] = {}  # gangs whose collective will fail, at that step
+        self.noticed: dict[tuple[str, str], tuple[int, str]] = {}  # (name, id) -> (step its fate comes at, the fate)
         self._status_cache: dict[tuple[str, int], JobStatus | None] = {}
         self._depth = 0
         self._last_transient = False
@@ -436,6 +447,7 @@ class Run:
         for self.step_no in range(1, self.n_steps + 1):
             self.webhook_weather()
             self.end_glitches()
+            self.end_notices()
             self.step()
             self.sync()
             self.check()
@@ -554,6 +566,8 @@ class Run:
             }
         if rng.random() < 0.3:
             extra["placement"] = rng.choice(["ordered", "capacity"])
+        if rng.random() < 0.2 and "spot" in extra.get("provisioning", ("spot",)):
+            extra["preemption_notice"] = "0s"  # the soft-off is the notice
         return {
             **extra,
             "zones": zones,
@@ -568,9 +582,10 @@ class Run:
     # -- the steps -----------------------------------------------------------------------------------
     STEPS = (("tick", 12), ("event", 12), ("late", 8), ("advance", 12), ("checkpoint", 7), ("exit", 7),
              ("preempt", 6), ("platform", 2), ("glitch", 3), ("zone", 4), ("inserts", 2), ("user", 3),
-             ("stale_record", 1), ("tpu_api", 2), ("shortage", 2), ("audit", 5))
+             ("stale_record", 1), ("tpu_api", 2), ("shortage", 2), ("audit", 5), ("notice", 5))
     INNER = (("tick", 4), ("event", 6), ("advance", 3), ("checkpoint", 3), ("exit", 4), ("preempt", 4),
-             ("platform", 1), ("glitch", 1), ("zone", 1), ("inserts", 1), ("user", 2), ("tpu_api", 1), ("audit", 2))
+             ("platform", 1), ("glitch", 1), ("zone", 1), ("inserts", 1), ("user", 2), ("tpu_api", 1), ("audit", 2),
+             ("notice", 2))
 
     def step(self, menu: tuple[tuple[str, int], ...] | None = None) -> None:
         menu = menu or self.STEPS
@@ -663,7 +678,9 @@ class Run:
         self.beat()
 
     def step_checkpoint(self) -> None:
-        running = [t for t in self.trainers.values() if t.state == "running" and t.rank == 0]
+        # Only a trainer whose VM is still there writes (one deleted since the last sync is gone).
+        running = [t for t in self.trainers.values() if t.state == "running" and t.rank == 0
+                   and self.instance(t) is not None]
         if running:
             t = self.rng.choice(running)
             self.checkpoint(t.job, complete=self.rng.random() > 0.15)
@@ -682,7 +699,7 @@ class Run:
         groups = self.running_groups()
         if not groups:
             return
-        (job, attempt, _), group = self.rng.choice(sorted(groups.items()))
+        (job, attempt, _, _), group = self.rng.choice(sorted(groups.items()))
         js = self.jobs[job]
         outcome = self.rng.choices(["success", "nonzero", "crash", "hang"], [6, 2, 1, 1])[0]
         if group[0].tpu:
@@ -813,6 +830,71 @@ class Run:
             self.compute.preempt(inst.name)
         if graceful:
             self.event(inst.job or "")
+
+    def step_notice(self) -> None:
+        """A Spot VM's preemption notice: its agent writes the notice record at once (token-signed),
+        and its trainer saves at the next step; the preemption comes a few steps later (its shutdown
+        script's marker, or hard, or Compute's soft-off seen first), or never (``end_notices``)."""
+        self.sync()
+        running = [t for t in self.trainers.values() if t.state == "running" and not t.tpu
+                   and (t.name, t.iid) not in self.noticed]
+        if not running:
+            return
+        t = self.rng.choice(sorted(running, key=lambda t: t.name))
+        inst = self.instance(t)
+        if inst is not None and self.rng.random() < 0.2:
+            # The project at its GPU quota, held by this very VM: a standby beside it is refused for
+            # quota, which must never read as the zone's stockout nor step the job down.
+            self.compute.quota_exhausted.add(inst.zone)
+            self.stats["env.quota_at_notice"] += 1
+            self.say(f"{inst.zone}: quota_exhausted (the project's GPUs are this job's)")
+        self.record(names.notice_key(t.job), t, reason="preempted", notice_s=120)
+        fate = self.rng.choices(["graceful", "hard", "soft_off", "nothing"], [5, 2, 2, 1])[0]
+        self.noticed[(t.name, t.iid)] = (self.step_no + self.rng.randint(1, 5), fate)
+        self.stats[f"vm.notice_{fate}"] += 1
+        self.say(f"{t.name}: preemption notice (then: {fate})")
+        if t.rank == 0 and self.rng.random() < 0.7:
+            self.checkpoint(t.job, complete=self.rng.random() < 0.9)  # the save the notice asks for
+        self.event(t.job)
+
+    def end_notices(self, force: bool = False) -> None:
+        """Each noticed VM's fate, once its step has come: preempted (its marker first, or hard, or its
+        soft-off seen first: STOPPING with Compute's record of the preemption, TERMINATED a few steps
+        later), or nothing (it runs on: the standby must be withdrawn)."""
+        for (name, iid), (due, fate) in sorted(self.noticed.items()):
+            if not force and due > self.step_no:
+                continue
+            del self.noticed[(name, iid)]
+            inst = self.find(name, iid)
+            if inst is None or not inst.status.alive or fate == "nothing":
+                continue
+            t = self.trainers.get((name, iid))
+            js = self.jobs.get(inst.job or "")
+            if js:
+                js.preempted.add(inst.attempt)
+                js.lost.add(inst.attempt)
+                js.causes[inst.attempt].append(f"{name} preempted after its notice ({fate})")
+            if t:
+                t.state, t.end = "done", "lost"
+            self.say(f"{name}: preempted after its notice ({fate})")
+            if fate == "soft_off":
+                self.compute.set_status(name, InstanceStatus.STOPPING)
+                self.compute.causes_of(name).append(StopReason.PREEMPTED)
+                self.audit.write(audit.system_event_entry(inst.project, inst.zone, name, inst.id,
+                                                          "compute.instances.preempted", self.clock.now()))
+                self.glitches.append(Glitch(name, iid, InstanceStatus.STOPPING, "preempted",
+                                            self.step_no + self.rng.randint(1, 4)))
+                if self.rng.random() < 0.5:  # its shutdown script's marker, before the guest is off
+                    self.record(names.marker_key(inst.job or ""), t or self.vm_identity(inst), reason="preempted")
+                    self.event(inst.job or "")
+                continue
+            if fate == "graceful":
+                if t and t.rank == 0 and self.rng.random() < 0.5:
+                    self.checkpoint(t.job, complete=self.rng.random() < 0.8)  # the SIGTERM save
+                self.record(names.marker_key(inst.job or ""), t or self.vm_identity(inst), reason="preempted")
+            self.compute.preempt(name)
+            if fate == "graceful":
+                self.event(inst.job or "")
 
     def step_platform(self) -> None:
         if (picked := self.victim()) is None:
@@ -967,6 +1049,8 @@ class Run:
                 self.compute.terminate(g.name, StopReason.HOST_ERROR)
             elif g.fate == "stopped":
                 self.compute.terminate(g.name, StopReason.STOPPED)
+            elif g.fate == "preempted":  # a soft-off's end: the guest is off
+                self.compute.terminate(g.name, StopReason.PREEMPTED)
             else:
                 self.compute.vanish(g.name)
 
@@ -1193,12 +1277,11 @@ class Run:
 
     def step_stale_record(self) -> None:
         """A late shutdown script, or a record of an attempt that is over, lands now."""
-        newest: dict[str, int] = defaultdict(int)
-        for job, attempt in self.tokens:
-            newest[job] = max(newest[job], attempt)
+        current = {job: st.attempt for job in self.jobs if (st := self.status(job)) is not None}
         live = {(i.job, i.attempt) for i in [*self.managed(), *self.tpu_managed()] if _live(i)}
-        # Only attempts that are over: a newer one was inserted since, and none of its VMs runs.
-        old = sorted(k for k in self.tokens if k[1] < newest[k[0]] and k not in live and k[0] in self.jobs)
+        # Only attempts that are over: the status has moved past them (a standby inserted beside the
+        # current attempt ends nothing), and none of their VMs runs.
+        old = sorted(k for k in self.tokens if k[1] < current.get(k[0], 0) and k not in live and k[0] in self.jobs)
         if not old:
             return
         job, attempt = self.rng.choice(old)
@@ -1227,8 +1310,16 @@ class Run:
                 continue
             if inst.status == InstanceStatus.RUNNING:
                 t = self.vm_identity(inst)
+                meta = self.compute.metadata_of_instance(inst)
+                if meta.get("respawn-hold") == "1" and meta.get("respawn-go") != str(inst.attempt):
+                    # At the starting line: no trainer before the go; rank 0 pokes now and then.
+                    if t.rank == 0 and self.rng.random() < 0.3:
+                        self.stats["vm.ready"] += 1
+                        self.record(names.ready_key(t.job), t)
+                        self.event(t.job, p=0.3)
+                    continue
                 self.trainers[key] = t
-                self.stats["vm.started"] += 1
+                self.stats["vm.started" if meta.get("respawn-hold") != "1" else "vm.started_at_the_go"] += 1
                 if t.rank == 0:
                     self.heartbeat(t)
             elif inst.status == InstanceStatus.STAGING and (not self.faults_on or self.rng.random() < 0.5):
@@ -1261,10 +1352,10 @@ class Run:
         """A gang whose node went down for any reason but success: the others' collectives
         fail (an NCCL timeout), and each exits non-zero a little later, writing its exit
         record, unless it is hung or its VM went first."""
-        groups: dict[tuple[str, int, str], list[Trainer]] = defaultdict(list)
+        groups: dict[tuple[str, int, str, str], list[Trainer]] = defaultdict(list)
         for t in self.trainers.values():
             if t.nodes > 1:
-                groups[(t.job, t.attempt, t.token)].append(t)
+                groups[(t.job, t.attempt, t.token, t.made_by)].append(t)
         for key, group in groups.items():
             running = [t for t in group if t.state == "running"]
             if running and key not in self.breaks and any(t.state == "done" and t.end != "success" for t in group):
@@ -1296,7 +1387,8 @@ class Run:
         rank = 0
         if nodes > 1 and "-n" in inst.name:
             rank = int(inst.name.rsplit("-n", 1)[1])
-        return Trainer(inst.job or "", inst.attempt, rank, nodes, inst.name, inst.id, meta.get("respawn-token", ""))
+        return Trainer(inst.job or "", inst.attempt, rank, nodes, inst.name, inst.id, meta.get("respawn-token", ""),
+                       made_by=self.compute.made_by(inst))
 
     def beat(self) -> None:
         for t in self.trainers.values():
@@ -1314,13 +1406,13 @@ class Run:
         body.update(extra)
         self.store.write(BUCKET, key, json.dumps(body).encode())
 
-    def running_groups(self) -> dict[tuple[str, int, str], list[Trainer]]:
+    def running_groups(self) -> dict[tuple[str, int, str, str], list[Trainer]]:
         """Attempts whose every node runs its trainer, by (job, attempt, token): a job whose folder
         was deleted whole starts again from attempt 1, maybe beside its old attempt 1's nodes."""
-        groups: dict[tuple[str, int, str], list[Trainer]] = defaultdict(list)
+        groups: dict[tuple[str, int, str, str], list[Trainer]] = defaultdict(list)
         for t in self.trainers.values():
             if t.state == "running":
-                groups[(t.job, t.attempt, t.token)].append(t)
+                groups[(t.job, t.attempt, t.token, t.made_by)].append(t)
         return {k: sorted(g, key=lambda t: t.rank) for k, g in groups.items() if len(g) == g[0].nodes}
 
     def managed(self) -> list[Instance]:
@@ -1499,6 +1591,8 @@ class Run:
             self.stats[f"{prefix}quota_hit"] += 1
             if tpu and op == "create":
                 self.note_quota(args[0])
+            elif port == "compute" and op == "insert":
+                self.note_vm_quota(args[0])
             raise
         except errors.OperationPending:
             self.stats[f"{prefix}pending_insert_hit"] += 1
@@ -1515,6 +1609,8 @@ class Run:
             raise
         if port == "compute" and op == "insert":
             self.after_insert(*args, **kwargs)
+        elif port == "compute" and op == "release" and result:
+            self.after_go(*args, **kwargs)
         elif tpu and op == "create":
             self.after_insert([args[0]])
         elif port == "store" and op == "write":
@@ -1551,6 +1647,24 @@ class Run:
         self.attempt_nodes[key] = max(self.attempt_nodes.get(key, 0), len(requests))
         self.tokens.setdefault(key, dict(first.metadata).get("respawn-token", ""))
         self.check_duplicates(f"after inserting {', '.join(r.name for r in requests)}")
+
+    def after_go(self, project: str, zone: str, name: str, items: Any, wait: float | None = None) -> None:
+        """The go, written now: it names the newest complete checkpoint of the job (none while it has
+        none), never an older one nor one cut off."""
+        job = (names.parse_instance_name(name) or ("",))[0]
+        resume = dict(items).get("respawn-resume-from", "")
+        newest = self.newest_checkpoint(job)
+        self.stats["controller.goes"] += 1
+        if resume and not self.complete_checkpoint(resume):
+            self.violate("stale_start", f"{job}: the go of {name} names {resume}, which is not a complete checkpoint")
+        elif resume != (newest or ""):
+            self.violate("stale_start", f"{job}: the go of {name} names {resume or 'no checkpoint'}; "
+                         f"the newest complete one is {newest}")
+
+    def newest_checkpoint(self, job: str) -> str | None:
+        steps = [int(info.name.split("/")[2]) for info in self.store.list(CKPT_BUCKET, f"{job}/run/")
+                 if info.name.endswith("/commit_success.txt")]
+        return f"gs://{CKPT_BUCKET}/{job}/run/{max(steps)}" if steps else None
 
     def before_delete(self, project: str, zone: str, name: str, tpu: bool = False) -> None:
         everything = [s.inst for s in self.tpu_seen()] if tpu else self.compute.all()
@@ -1591,6 +1705,7 @@ class Run:
     # -- invariants --------------------------------------------------------------------------------------
     def check(self) -> None:
         self.check_duplicates()
+        self.check_trainers()
         self.check_budgets()
         self.check_notices()
         self.check_ledgers()
@@ -1650,6 +1765,16 @@ class Run:
                 self.violate("orphan_tpu", f"TPU node {inst.name} in {inst.zone} ({_shown(inst)}) of job {job}, which "
                              f"has neither spec nor status, still not deleted after {self.orphans[key]} clean full "
                              f"passes ({label})")
+
+    def note_vm_quota(self, requests: Any) -> None:
+        """A VM insert refused for quota while the job's own VMs are up in that region (a standby's
+        beside the attempt it replaces, or a replacement beside a husk still going down)."""
+        first = requests[0]
+        made = {r.name for r in requests}
+        region = first.zone.rsplit("-", 1)[0]
+        if any(i.job == first.labels.get(names.JOB_LABEL) and i.name not in made and not i.status.down
+               and i.zone.rsplit("-", 1)[0] == region for i in self.managed()):
+            self.stats["vm.own_quota_hit"] += 1
 
     def note_quota(self, request: TpuRequest) -> None:
         """A TPU create refused on quota: was it the job's own node (a husk being deleted) that held
@@ -1745,11 +1870,30 @@ class Run:
             if problems:
                 self.violate("ledger", f"{job}: {'; '.join(problems)} ({_last(st)})")
 
+    def check_trainers(self) -> None:
+        """Never two trainers of one job past the starting line at once (a standby's VMs may boot
+        beside the current attempt's, but start nothing before the go)."""
+        running: dict[str, set[tuple[int, str]]] = defaultdict(set)
+        for t in self.trainers.values():
+            if t.state == "running" and self.instance(t) is not None:
+                running[t.job].add((t.attempt, t.token))
+        for job, attempts in running.items():
+            if len(attempts) > 1:
+                self.violate("two_trainers", f"{job}: trainers of attempts {sorted(a for a, _ in attempts)} run at once")
+
     def check_duplicates(self, when: str = "") -> None:
         alive: dict[str, dict[int, list[Instance]]] = defaultdict(lambda: defaultdict(list))
+        held: dict[str, set[int]] = defaultdict(set)
         for inst in [*self.managed(), *self.tpu_managed()]:
             if _live(inst) and inst.job:
+                meta = {} if inst.tpu else self.compute.metadata_of_instance(inst)
+                if meta.get("respawn-hold") == "1" and meta.get("respawn-go") != str(inst.attempt):
+                    held[inst.job].add(inst.attempt)  # a standby at the line: booting beside, starting nothing
+                    continue
                 alive[inst.job][inst.attempt].append(inst)
+        for job, attempts in held.items():
+            if len(attempts) > 1:
+                self.violate("duplicates", f"{job}: {len(attempts)} standbys at the line at once: {sorted(attempts)}")
         suffix = f" ({when})" if when else ""
         for job, attempts in alive.items():
             if len(attempts) > 1:
@@ -1805,14 +1949,16 @@ class Run:
         self.tpu.faults._queued.clear()  # failures queued by step_tpu_api and not met yet
         self.release_inserts()
         self.release_tpu()
+        self.end_notices(force=True)
         self.end_glitches(force=True)
+        self.advance(timedelta(minutes=5))  # past every starting line's bound: a notice that came to nothing is seen so
         self.settle()
         for job in self.jobs:
             if problem := self.unsettled(job, require_message=True):
                 self.violate("lost" if self.had_loss(job) else "stuck", f"{job}: after the world settled: {problem}")
         # Every job still running finishes: all nodes exit 0 (rank 0 writes its record first).
         finishing: dict[str, int] = {}
-        for (job, attempt, _), group in sorted(self.running_groups().items()):
+        for (job, attempt, _, _), group in sorted(self.running_groups().items()):
             st = self.status(job)
             if st is None or st.phase.terminal or st.attempt != attempt:
                 continue
@@ -1836,6 +1982,8 @@ class Run:
             for e in st.history if st else ():
                 if e.event in ("step-down", "stockout"):
                     self.stats[f"placement.{e.event}"] += 1
+                elif e.event in ("standby", "standby-withdrawn", "notice-refused") or "giving the go to" in e.detail:
+                    self.stats[f"zero_gap.{e.event if 'giving the go' not in e.detail else 'promoted'}"] += 1
                 elif e.event == "step-up" or "stepping back up" in e.detail:  # its own event, or said in a launch
                     self.stats["placement.step-up"] += 1
                 if st.tpu and e.event in ("maintenance", "maintenance-scheduled", "preempted", "settling", "resumed",
@@ -2106,7 +2254,7 @@ def issue22_line(totals: Totals) -> str:
         "flex_capacity_found": s["vm.flex_capacity_found"],
         "tpu_quota_runs": s["tpu.env_quota_limits"], "quota_limits_met": s["tpu.quota_limit_hit"],
         "slow_delete_runs": s["tpu.env_slow_deletes"], "waits_for_husks": s["tpu.history_husk"],
-        "own_husk_quota_errors": s["tpu.own_quota_hit"],
+        "own_husk_quota_errors": s["tpu.own_quota_hit"] + s["vm.own_quota_hit"],
         "purges_with_node": s["tpu.user_purge_with_node"], "orphans_seen": s["tpu.orphans_seen"],
         "orphans_deleted": s["tpu.orphans_deleted"],
         **{f"webhook_{m}_runs": s[f"notify.webhook_{m}"] for m, _ in WEBHOOK_MODES},
@@ -2116,6 +2264,17 @@ def issue22_line(totals: Totals) -> str:
         "notice_wait_s": round(t["notice_s"], 1), "pass_s": round(t["pass_s"], 1),
     }
     return "chaos issue 22 (faults met; wall-clock figures vary): " + " ".join(f"{k}={v}" for k, v in parts.items())
+
+
+def issue34_line(totals: Totals) -> str:
+    """Preemption notices and what became of them; standbys launched, promoted and withdrawn."""
+    s = totals.stats
+    parts = {
+        **{f"notices_{fate}": s[f"vm.notice_{fate}"] for fate in ("graceful", "hard", "soft_off", "nothing")},
+        "standbys": s["zero_gap.standby"], "promoted": s["zero_gap.promoted"], "withdrawn": s["zero_gap.standby-withdrawn"],
+        "goes": s["controller.goes"], "ready_records": s["vm.ready"], "trainers_started_at_the_go": s["vm.started_at_the_go"],
+    }
+    return "chaos issue 34 (notices, standbys, goes): " + " ".join(f"{k}={v}" for k, v in parts.items())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -2150,6 +2309,7 @@ def main(argv: list[str] | None = None) -> int:
     print("chaos placement (history events): " + " ".join(f"{k.replace('-', '_')}={v}" for k, v in moves.items()))
     print(tpu_line(totals))
     print(issue22_line(totals))
+    print(issue34_line(totals))
     print("chaos outcomes (jobs at the end): " + " ".join(f"{k.replace(' ', '_')}={v}" for k, v in outcomes.items()))
     print(f"chaos notifications: sent={totals.stats['notify.sent']} send_failures={totals.stats['notify.failures_injected']} "
           f"transitions_told={totals.stats['notify.told']} "

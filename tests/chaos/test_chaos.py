@@ -10,7 +10,7 @@ import pytest
 
 from tests.chaos import sim
 
-SEEDS = 100
+SEEDS = 200  # enough for each rare kind of trouble to be met (a TPU orphan, a quota the job's own VM holds)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def test_issue_22_faults_really_reach_the_controller(chaos: tuple[sim.Totals, li
         "TPU quota limits met": s["tpu.quota_limit_hit"],
         "runs with deletes slower than the wait for husks": s["tpu.env_slow_deletes"],
         "waits for the job's own husks": s["tpu.history_husk"],
-        "quota errors the job's own husk caused": s["tpu.own_quota_hit"],
+        "quota errors the job's own husk caused (TPU nodes, or VMs)": s["tpu.own_quota_hit"] + s["vm.own_quota_hit"],
         "job folders deleted whole beside a TPU node": s["tpu.user_purge_with_node"],
         "orphan TPU nodes deleted": s["tpu.orphans_deleted"],
         "runs with a slow webhook": s["notify.webhook_slow"],
@@ -114,6 +114,25 @@ def test_issue_22_faults_really_reach_the_controller(chaos: tuple[sim.Totals, li
     assert all(met.values()), {k: v for k, v in met.items() if not v}
     # A slow or dead webhook cost passes their notify wait, never more (the slow_pass invariant).
     assert 0 < t["max_notice_ms"] <= (sim.NOTIFY_WAIT + sim.NOTICE_SLACK) * 1000, dict(t)
+
+
+def test_issue_34_notices_standbys_and_goes_really_happen(chaos: tuple[sim.Totals, list[str]]) -> None:
+    """Preemption notices followed by each kind of preemption and by none; standbys launched at them,
+    promoted with the go, withdrawn when nothing came; held trainers started only at their go."""
+    s = chaos[0].stats
+    met = {
+        "notices then a graceful preemption": s["vm.notice_graceful"],
+        "notices then a hard preemption": s["vm.notice_hard"],
+        "notices then the soft-off seen first": s["vm.notice_soft_off"],
+        "notices that came to nothing": s["vm.notice_nothing"],
+        "standbys launched": s["zero_gap.standby"],
+        "standbys promoted": s["zero_gap.promoted"],
+        "standbys withdrawn": s["zero_gap.standby-withdrawn"],
+        "goes given": s["controller.goes"],
+        "ready records": s["vm.ready"],
+        "trainers started at their go": s["vm.started_at_the_go"],
+    }
+    assert all(met.values()), {k: v for k, v in met.items() if not v}
 
 
 def test_a_seed_replays_exactly() -> None:
