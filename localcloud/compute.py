@@ -6,23 +6,30 @@ instances move PROVISIONING -> STAGING -> RUNNING, operations PENDING -> RUNNING
 DONE, and errors carry ``errors[].reason`` as Google sends them. Each RUNNING instance
 is a real local process (``localcloud.vm``) with its own metadata server.
 
+``instances.setMetadata`` holds Google's optimistic lock (the metadata fingerprint, 412
+``conditionNotMet``); a Spot VM may carry a preemption notice (``scheduling.preemptionNoticeDuration``,
+a Preview field also served on ``compute/beta/`` routes), which ``preempt`` follows; and
+``instances.simulateMaintenanceEvent`` does to a VM what host maintenance would.
+
 Faults are injected from Python or over HTTP (``POST /_local/<fault>``): stockouts
 and quota per zone (on the operation or synchronously), any HTTP error per method,
 slow or held operations, unreachable zones, images and machine types that do not
 exist, and, on named instances: preemption, host maintenance, host errors, guest
-crashes, and any status string at all (values Google may add later). Capacity advice
+crashes, and any status string at all (values Google may add later); a project that refuses
+the preemption notice (``refuse_notice``), and notices shortened by ``notice_scale``. Capacity advice
 (``advice.capacity``, ``advice.capacityHistory``) is answered from those faults and a
 per-zone preemption rate (``localcloud.advice``).
 
 Each system event (a preemption, a host error, a guest's termination, a terminating host
-maintenance) is a zone operation named ``systemevent-...`` with the method as its
+maintenance, a live migration) is a zone operation named ``systemevent-...`` with the method as its
 ``operationType``, and also the System Event audit entry Google writes for it
 (``localcloud.logging.system_event``), handed to ``audit_log`` (the stack points it at the local
 Cloud Logging server).
 
 How slow and strict it is comes from a ``localcloud.realism.Realism`` (default: not at
 all): latency per call (per method if wanted), how long insert and delete operations
-stay RUNNING, and bulkInsert's rate and in-flight limits. Requests are served on threads
+stay RUNNING, bulkInsert's rate and in-flight limits, and the guest's halt time between its
+shutdown script and TERMINATED. Requests are served on threads
 of their own: a latency or an ``operations.wait`` blocks only its own caller.
 """
 
@@ -54,7 +61,7 @@ from localcloud.vm import VmProcess
 
 SUPPORTED = {
     "instances": ("aggregatedList", "list", "get", "insert", "delete", "bulkInsert", "stop", "start",
-                  "getSerialPortOutput"),
+                  "getSerialPortOutput", "setMetadata", "simulateMaintenanceEvent"),
     "regionInstances": ("bulkInsert",),
     "zoneOperations": ("get", "wait", "list", "delete"),
     "regionOperations": ("get", "wait", "list"),
@@ -62,13 +69,20 @@ SUPPORTED = {
     "regions": ("get",),  # quotas[] (localcloud.quotas)
     "images": ("get", "getFromFamily"),  # every image exists but those the unknown("image") fault names
 }
+# What the beta API (``compute/beta/...``, validated against compute.beta.json) is served for: the
+# inserts that carry ``scheduling.preemptionNoticeDuration`` from google-cloud-compute-v1beta,
+# whose v1 protos lack it, and what such a client reads back.
+BETA = {"instances": ("get", "insert", "bulkInsert"), "zoneOperations": ("get", "wait")}
 ZONES = ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f", "us-east1-b", "us-east1-c",
          "us-east1-d", "us-west1-a", "us-west1-b", "europe-west4-a", "europe-west4-b", "europe-west4-c")
 USER = "respawn-controller@localcloud.iam.gserviceaccount.com"
 QUICK = 0.05  # seconds an operation runs when nothing asks for longer
 BULK = ("instances.bulkInsert", "regionInstances.bulkInsert")
 # The system events Compute writes to the System Event audit log (cloudaudit.googleapis.com/system_event).
-SYSTEM_EVENTS = tuple(audit.LOSSES)
+SYSTEM_EVENTS = tuple(audit.METHODS)
+# Google's advance notice of a live migration on ``instance/maintenance-event`` ("60 seconds",
+# https://cloud.google.com/compute/docs/instances/host-maintenance-overview), times ``notice_scale``.
+MIGRATION_NOTICE_S = 60.0
 log = logging.getLogger(__name__)
 
 
@@ -107,20 +121,24 @@ class Faults:
     unknown: set[tuple[str, str]] = field(default_factory=set)  # ("image" | "machineType", name)
     advice: advice.Schedule = field(default_factory=advice.Schedule)  # preemption rates, prices: what advice says
     quota_limits: dict[str, dict[str, float]] = field(default_factory=dict)  # region -> metric -> limit (regions.get)
+    refuse_notice: bool = False  # inserts asking for a preemption notice are refused (no Preview)
 
 
 class ComputeServer(Host, OperationsApi, AdviceApi):
     def __init__(self, *, vm_env: dict[str, str] | None = None, workdir: Path | None = None,
                  boot_delay: float = 0.1, shutdown_budget: float = 30.0, run_vms: bool = True,
                  zones: tuple[str, ...] = ZONES, guest_shutdown_limit: float = 300.0,
-                 realism: Realism | None = None, preemption_day: float | None = None) -> None:
+                 realism: Realism | None = None, preemption_day: float | None = None,
+                 notice_scale: float = 1.0) -> None:
         """``shutdown_budget``: the shutdown script's time when Compute stops, deletes or preempts
         a VM (Google: 30 s for Spot and preemptible VMs, 90 s otherwise); ``guest_shutdown_limit``:
         its time when the guest powers itself off, which Google does not limit (a bound, here);
         ``realism``: latency, operation durations and bulkInsert limits (default: none);
         ``preemption_day``: seconds that stand for a day of the local world: a Spot VM is then
         preempted when its zone's estimated uptime (``spot_uptime``, else the model's from its
-        ``preemption_rate``) has passed at that scale; None: they only inform capacity advice."""
+        ``preemption_rate``) has passed at that scale; None: they only inform capacity advice;
+        ``notice_scale``: a preemption notice (``scheduling.preemptionNoticeDuration``) lasts its
+        seconds times this (tests and the demo shorten Google's 120 s)."""
         super().__init__(vm_env, workdir, "localcloud-vms-")
         self.boot_delay = boot_delay
         self.shutdown_budget = shutdown_budget
@@ -144,7 +162,8 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
         self._ops: dict[tuple[str, str], dict[str, Any]] = {}  # (scope url, name) -> op
         self._requests: dict[tuple[str, str], dict[str, Any]] = {}  # (project, requestId) -> op
         self._done = threading.Condition(self._lock)
-        self._routes = discovery.methods({k: v for k, v in SUPPORTED.items()})
+        self._routes = {"v1": discovery.methods(SUPPORTED), "beta": discovery.methods(BETA, "compute.beta")}
+        self.notice_scale = notice_scale
         self.urls = gce.Urls("http://127.0.0.1")
 
     # -- lifecycle ---------------------------------------------------------------
@@ -214,6 +233,19 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
         for vms, op in held:
             self._provision(vms, op)
 
+    def refuse_notice(self, on: bool = True) -> None:
+        """While on, an insert asking for a preemption notice (non-zero) is refused 400 naming
+        ``scheduling.preemptionNoticeDuration``, as in a project the Preview is not open to."""
+        with self._lock:
+            self.faults.refuse_notice = bool(on)
+
+    def scale_notice(self, scale: float) -> None:
+        """Preemption notices last their seconds times ``scale`` from now on (1: as asked)."""
+        if not float(scale) >= 0:
+            raise ValueError(f"a notice scale is a number >= 0: {scale}")
+        with self._lock:
+            self.notice_scale = float(scale)
+
     def unknown(self, kind: str, name: str, on: bool = True) -> None:
         """An image (``kind="image"``, as the request names it or its last path segment) or machine
         type (``kind="machineType"``, bare name) that does not exist: inserts naming it are refused."""
@@ -230,20 +262,42 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
                 self.faults.unreachable.discard(zone)
 
     def preempt(self, name: str, graceful: bool = True) -> None:
-        """Reclaim a Spot VM: preempted=TRUE, STOPPING, shutdown script, then TERMINATED or deleted.
+        """Reclaim a Spot VM: preempted=TRUE, then at the soft-off STOPPING (Compute's record of
+        the preemption: its zone operation and System Event entry), the shutdown script, then
+        TERMINATED or deleted.
 
-        ``graceful=False``: the guest never runs its shutdown script (it was still booting),
-        so no marker is written; only Compute's preemption record tells what happened.
+        A VM inserted with a preemption notice of N seconds (``preemptionNoticeDuration``) reads
+        preempted=TRUE N seconds (times ``notice_scale``) before the soft-off and RUNNING until
+        then; without one, preempted=TRUE and the soft-off come together. ``graceful=False``: the
+        guest never runs its shutdown script (it was still booting), so no marker is written;
+        only Compute's preemption record tells what happened. A VM is reclaimed once: preempting
+        it again before it starts again changes nothing.
         """
         vm = self._find(name)
         with self._lock:
+            if vm.preempted:
+                return
             vm.preempted = True
+            notice = gce.notice_seconds(vm.resource["scheduling"]) * self.notice_scale
+            if notice > 0 and vm.resource["status"] == "RUNNING":
+                if vm.metadata:
+                    vm.metadata.changed()  # instance/preempted: the guest's long poll wakes now
+                self._later(notice, self._soft_off, vm, vm.process, graceful)
+                return
+            self._soft_off(vm, vm.process, graceful)
+
+    def _soft_off(self, vm: Vm, process: VmProcess | None, graceful: bool) -> None:
+        """The preemption's ACPI soft-off (at the end of its notice, if it had one)."""
+        with self._lock:
+            if vm.process is not process or self._vms.get((vm.project, vm.zone, vm.name)) is not vm \
+                    or vm.resource["status"] in ("STOPPING", "TERMINATED", "STOPPED"):
+                return  # stopped or deleted during the notice: nothing left to reclaim
             self._record(vm, "compute.instances.preempted")
             self._set_status(vm, "STOPPING")
         action = vm.resource["scheduling"].get("instanceTerminationAction", "STOP")
         outcome = "DELETE" if action == "DELETE" else "TERMINATED"
         threading.Thread(target=self._stop_then, args=(vm, outcome, None, None if graceful else 0),
-                         daemon=True).start()
+                         kwargs={"halt": True}, daemon=True).start()
 
     def maintenance(self, name: str) -> None:
         """Host maintenance on a VM that cannot live-migrate (GPUs, onHostMaintenance=TERMINATE):
@@ -253,11 +307,12 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
             vm.maintenance = "TERMINATE_ON_HOST_MAINTENANCE"
             self._record(vm, "compute.instances.terminateOnHostMaintenance")
             self._set_status(vm, "STOPPING")
-        threading.Thread(target=self._stop_then, args=(vm, "TERMINATED"), daemon=True).start()
+        threading.Thread(target=self._stop_then, args=(vm, "TERMINATED"), kwargs={"halt": True}, daemon=True).start()
 
     def host_error(self, name: str) -> None:
         """The host under the VM fails: ``compute.instances.hostError`` is recorded and the VM is
-        gone at once (no shutdown script runs); with automaticRestart off it stays TERMINATED."""
+        gone at once (no shutdown script runs, no guest halts: TERMINATED at once); with
+        automaticRestart off it stays TERMINATED."""
         vm = self._find(name)
         with self._lock:
             self._record(vm, "compute.instances.hostError")
@@ -269,7 +324,15 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
         ``compute.instances.guestTerminate`` and every process of the VM is killed at once, no
         shutdown script. A guest already on its way down (a preempted one shutting itself
         down) gets the record too."""
-        self._guest_terminated(self._find(name), budget=0)
+        self._guest_terminated(self._find(name), budget=0, halt=False)
+
+    def set_metadata(self, name: str, items: dict[str, str]) -> None:
+        """Merge ``items`` into a named instance's metadata, as someone else's ``setMetadata``
+        would (a new fingerprint; the VM's long polls wake)."""
+        with self._lock:
+            vm = self._find(name)
+            merged = {i["key"]: i.get("value", "") for i in vm.resource["metadata"]["items"]} | dict(items)
+            self._set_items(vm, [{"key": k, "value": v} for k, v in merged.items()])
 
     def set_status(self, name: str, status: str) -> None:
         """Give a named instance any status string at all, e.g. PENDING_STOP or one Google adds later."""
@@ -309,12 +372,15 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
     def _app(self) -> Flask:
         app = Flask("compute")
 
-        @app.route("/compute/v1/<path:path>", methods=["GET", "POST", "DELETE", "PATCH", "PUT"])
-        def api(path: str) -> Response:
+        @app.route("/compute/<any(v1, beta):version>/<path:path>", methods=["GET", "POST", "DELETE", "PATCH", "PUT"])
+        def api(version: str, path: str) -> Response:
             try:
-                return _json(self._dispatch(request.method, path))
+                answer = self._dispatch(request.method, path, version)
             except ApiError as e:
                 return _json(e.body(), e.code)
+            # The beta API's links name the beta API; the resource is the same one.
+            return _json(_relinked(answer, self.urls.base, self.urls.base.replace("/v1/", "/beta/"))
+                         if version == "beta" else answer)
 
         self._fault_route(app, {
             "stockout": self.stockout, "quota": self.quota, "fail_next": self.fail_next, "preempt": self.preempt,
@@ -322,18 +388,19 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
             "host_error": self.host_error, "set_status": self.set_status, "slow_operations": self.slow_operations,
             "hold_operations": self.hold_operations, "unknown": self.unknown,
             "preemption_rate": self.preemption_rate, "spot_uptime": self.spot_uptime, "spot_price": self.spot_price,
-            "quota_limit": self.quota_limit},
+            "quota_limit": self.quota_limit, "set_metadata": self.set_metadata, "refuse_notice": self.refuse_notice,
+            "notice_scale": self.scale_notice},
             refused=(TypeError, ValueError, KeyError), inventory=self._inventory)  # KeyError: an instance not there
         return app
 
-    def _dispatch(self, verb: str, path: str) -> dict[str, Any]:
-        for method in self._routes:
+    def _dispatch(self, verb: str, path: str, version: str = "v1") -> dict[str, Any]:
+        for method in self._routes[version]:
             match = method.pattern.match(path)
             if match and method.http_method == verb:
                 break
         else:
             self._delay(None)
-            raise ApiError(404, f"The requested URL /compute/v1/{path} was not found on this server.", "notFound")
+            raise ApiError(404, f"The requested URL /compute/{version}/{path} was not found on this server.", "notFound")
         name = f"{method.resource}.{method.name}"
         self._delay(name)
         self._rate_quota(match.groupdict().get("project", ""), name)
@@ -346,7 +413,7 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
         if method.request_schema:
             if not isinstance(body, dict):
                 raise ApiError(400, "Invalid JSON payload received.", "parseError")
-            problems = discovery.validate(body, method.request_schema)
+            problems = discovery.validate(body, method.request_schema, doc=f"compute.{version}")
             if problems:
                 raise ApiError(400, problems[0], "invalid")
         handler = getattr(self, f"_{method.resource}_{method.name}")
@@ -445,6 +512,7 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
             if replay := self._replay(project, q.get("requestId")):
                 return replay
             gce.check_instance(body, zone)
+            self._notice_open(body, "resource")
             self._exists(body, zone, "resource")
             self._admit(project, zone, [body["name"]], model=_model(body))
             vm = self._create(project, zone, body)
@@ -494,6 +562,7 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
             for zone in zones:
                 try:
                     gce.properties_check({**props, "name": names[0]}, None, "resource.instanceProperties")
+                    self._notice_open(props, "resource.instanceProperties")
                     self._exists(props, zone, "resource.instanceProperties")
                     self._admit(project, zone, names, bulk=True, model=_model(props))
                     chosen = zone
@@ -543,8 +612,65 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
                 gce.finish(op)
                 return op
             self._set_status(vm, "STOPPING")
-        threading.Thread(target=self._stop_then, args=(vm, "TERMINATED", op), daemon=True).start()
+        threading.Thread(target=self._stop_then, args=(vm, "TERMINATED", op), kwargs={"halt": True},
+                         daemon=True).start()
         return op
+
+    def _instances_setMetadata(self, p: dict[str, str], q: Any, body: dict[str, Any]) -> dict[str, Any]:
+        """The items replace the instance's, on its current fingerprint (Google's optimistic lock:
+        any other, or none, is 412 conditionNotMet); the guest sees them at once."""
+        with self._lock:
+            if replay := self._replay(p["project"], q.get("requestId")):
+                return replay
+            vm = self._vm(p["project"], p["zone"], p["instance"])
+            if body.get("fingerprint") != vm.resource["metadata"]["fingerprint"]:
+                raise gce.metadata_race()
+            items = [{"key": i.get("key", ""), "value": i.get("value", "")} for i in body.get("items") or []]
+            gce.check_metadata(items, "metadataResource")
+            op = self._zone_op(vm.project, vm.zone, "setMetadata", vm)
+            self._set_items(vm, items)
+            self._remember(vm.project, q.get("requestId"), op)
+        self._later(QUICK, self._finish_op, op)
+        return op
+
+    def _instances_simulateMaintenanceEvent(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
+        """What host maintenance does to this VM (Google documents it as the way to test
+        preemption handling): a Spot (or preemptible) VM is preempted, with its notice; one with
+        onHostMaintenance TERMINATE is stopped by a terminating maintenance; any other migrates
+        live and runs on."""
+        with self._lock:
+            if replay := self._replay(p["project"], q.get("requestId")):
+                return replay
+            vm = self._vm(p["project"], p["zone"], p["instance"])
+            if vm.resource["status"] != "RUNNING":
+                raise ApiError(400, f"The resource '{vm.resource['selfLink'].split('/compute/v1/')[-1]}' is not ready",
+                               "resourceNotReady")
+            op = self._zone_op(vm.project, vm.zone, "simulateMaintenanceEvent", vm)
+            self._remember(vm.project, q.get("requestId"), op)
+            if _model(vm.resource) == "SPOT":
+                self.preempt(vm.name)
+            elif vm.resource["scheduling"].get("onHostMaintenance") == "TERMINATE":
+                self.maintenance(vm.name)
+            else:
+                self._migrate(vm)
+        self._later(QUICK, self._finish_op, op)
+        return op
+
+    def _migrate(self, vm: Vm) -> None:
+        """A live migration: announced on ``maintenance-event``, then done while the VM runs on."""
+        vm.maintenance = "MIGRATE_ON_HOST_MAINTENANCE"
+        if vm.metadata:
+            vm.metadata.changed()
+        self._later(MIGRATION_NOTICE_S * self.notice_scale, self._migrated, vm, vm.process)
+
+    def _migrated(self, vm: Vm, process: VmProcess | None) -> None:
+        with self._lock:
+            if vm.process is not process or self._vms.get((vm.project, vm.zone, vm.name)) is not vm:
+                return  # stopped or deleted meanwhile
+            self._record(vm, "compute.instances.migrateOnHostMaintenance")
+            vm.maintenance = "NONE"
+            if vm.metadata:
+                vm.metadata.changed()
 
     def _instances_start(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:
         with self._lock:
@@ -560,6 +686,11 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
         return op
 
     # -- state machine ---------------------------------------------------------------
+    def _notice_open(self, body: dict[str, Any], field: str) -> None:
+        scheduling = body.get("scheduling") or {}
+        if self.faults.refuse_notice and gce.notice_seconds(scheduling) > 0:
+            raise gce.notice_refused(field, scheduling)
+
     def _exists(self, body: dict[str, Any], zone: str, field: str) -> None:
         """The image and machine type an insert names must exist (unknown ones are injected faults):
         Google answers 404 for a missing image and 400 for a machine type the zone does not have."""
@@ -680,7 +811,7 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
                 self._record(vm, "stop")
                 self._set_status(vm, "STOPPING")
                 threading.Thread(target=self._stop_then, args=(vm, "DELETE" if action == "DELETE" else "TERMINATED"),
-                                 daemon=True).start()
+                                 kwargs={"halt": True}, daemon=True).start()
                 return
         self.preempt(vm.name)
 
@@ -699,20 +830,32 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
                 return
             self._guest_terminated(vm, budget=self.guest_shutdown_limit)
 
-    def _guest_terminated(self, vm: Vm, budget: float) -> None:
+    def _guest_terminated(self, vm: Vm, budget: float, halt: bool = True) -> None:
+        """``halt``: the guest halts as it powers itself off; a crashed one is off already."""
         with self._lock:
             self._record(vm, "compute.instances.guestTerminate")
             if vm.resource["status"] in ("TERMINATED", "STOPPED", "STOPPING"):
                 return  # already on its way down (preempted, stopped): only the record is new
             self._set_status(vm, "STOPPING")
-        threading.Thread(target=self._stop_then, args=(vm, "TERMINATED", None, budget, False), daemon=True).start()
+        threading.Thread(target=self._stop_then, args=(vm, "TERMINATED", None, budget, False), kwargs={"halt": halt},
+                         daemon=True).start()
 
     def _stop_then(self, vm: Vm, outcome: str, op: dict[str, Any] | None = None, budget: float | None = None,
-                   deadline: bool = True, not_before: float | None = None) -> None:
+                   deadline: bool = True, not_before: float | None = None, halt: bool = False) -> None:
         """Power the VM off (shutdown script within ``budget``, Compute's deadline when ``deadline``),
-        then, no earlier than ``not_before`` (``time.monotonic()``), the outcome: TERMINATED, or gone (DELETE)."""
+        then, no earlier than ``not_before`` (``time.monotonic()``), the outcome: TERMINATED, or gone (DELETE).
+
+        ``halt``: the guest halts first (``Realism.halt``), after its shutdown script (or the soft-off,
+        when none ran): Compute reports the outcome only once the guest is off, and when Compute
+        set a deadline, never past its hard-off (``shutdown_budget`` after the soft-off)."""
+        soft_off = time.monotonic()
         budget = self.shutdown_budget if budget is None else budget
         self._power_off(vm, budget, notice=budget if deadline else None)
+        if halt:
+            off = time.monotonic() + self.realism.halt()
+            if deadline:
+                off = min(off, max(time.monotonic(), soft_off + self.shutdown_budget))
+            not_before = max(off, not_before or off)
         if not_before is not None and self._closed.wait(max(0.0, not_before - time.monotonic())):
             return  # the server stopped meanwhile
         with self._lock:
@@ -815,6 +958,16 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
         if vm.metadata:
             vm.metadata.changed()
 
+    def _set_items(self, vm: Vm, items: list[dict[str, str]]) -> None:
+        vm.resource["metadata"] = gce.metadata(items)
+        if vm.metadata:
+            vm.metadata.changed()
+
+    def _finish_op(self, op: dict[str, Any]) -> None:
+        with self._lock:
+            gce.finish(op)
+            self._done.notify_all()
+
     def _record(self, vm: Vm, kind: str) -> dict[str, Any]:
         """A system event (preemption, guest termination) as the zone operation Google logs, named
         ``systemevent-...`` as Google names those, and (``SYSTEM_EVENTS``) its System Event audit
@@ -880,6 +1033,15 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
             raise gce.not_found(f"{scope.split('/compute/v1/')[-1]}/operations/{name}")
         return op
 
+
+
+def _relinked(answer: Any, v1: str, beta: str) -> Any:
+    """An answer with every link into the v1 API pointing into the beta one instead."""
+    if isinstance(answer, dict):
+        return {k: _relinked(v, v1, beta) for k, v in answer.items()}
+    if isinstance(answer, list):
+        return [_relinked(v, v1, beta) for v in answer]
+    return answer.replace(v1, beta) if isinstance(answer, str) and answer.startswith(v1) else answer
 
 
 def _switch(lock: threading.RLock, faults: dict[str, str], zone: str, mode: str | None) -> None:

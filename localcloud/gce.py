@@ -7,7 +7,9 @@ module can stay about state and time.
 from __future__ import annotations
 
 import base64
+import hashlib
 import itertools
+import json
 import re
 import secrets
 import time
@@ -21,6 +23,7 @@ from localcloud.filters import FilterError, compile_filter
 _NAME_RE = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
 _LABEL_KEY = re.compile(r"[a-z][-_a-z0-9]{0,62}")
 _LABEL_VALUE = re.compile(r"[-_a-z0-9]{0,63}")
+_METADATA_KEY = re.compile(r"[a-zA-Z0-9-_]{1,128}")
 _ids = itertools.count(int(time.time() * 1000) * 1000)
 try:  # Google stamps resources in Pacific time, e.g. 2024-06-26T11:42:22.006-07:00
     _TZ: Any = ZoneInfo("America/Los_Angeles")
@@ -125,6 +128,7 @@ def properties_check(body: dict[str, Any], zone: str | None, field: str) -> None
         if scheduling.get("instanceTerminationAction") != "DELETE":
             raise invalid(f"{field}.scheduling.instanceTerminationAction", scheduling.get("instanceTerminationAction", ""),
                           "Flex-start instances require instanceTerminationAction DELETE.")
+    check_notice(scheduling, f"{field}.scheduling")
     spot = scheduling.get("provisioningModel") == "SPOT" or scheduling.get("preemptible")
     if spot and scheduling.get("automaticRestart", True):
         raise invalid(f"{field}.scheduling.automaticRestart", "true",
@@ -133,9 +137,52 @@ def properties_check(body: dict[str, Any], zone: str | None, field: str) -> None
         if not _LABEL_KEY.fullmatch(key) or not _LABEL_VALUE.fullmatch(value):
             raise invalid(f"{field}.labels", f"{key}={value}", "Label keys and values must be lowercase letters, "
                           "digits, '-' or '_', at most 63 characters.")
-    items = (body.get("metadata") or {}).get("items") or []
-    if sum(len(i.get("key", "")) + len(i.get("value", "")) for i in items) > 512 * 1024:
-        raise ApiError(400, "Metadata is larger than 512 KB.", "invalid")
+    check_metadata((body.get("metadata") or {}).get("items") or [], f"{field}.metadata")
+
+
+# scheduling.preemptionNoticeDuration (Preview since 2026-04-16; in the v1 and beta discovery
+# documents of revision 20261106, absent from google-cloud-compute 1.57's v1 protos): how long
+# before the ACPI soft-off the metadata server's ``instance/preempted`` turns TRUE. Google's
+# rules: Spot VMs only, and only 0 (none, the default) or 120 seconds.
+NOTICE_FIELD = "preemptionNoticeDuration"
+NOTICE_CHOICES = (0, 120)
+
+
+def notice_seconds(scheduling: dict[str, Any]) -> float:
+    """The notice an instance (or a request) asks for, in seconds (0: none)."""
+    duration = scheduling.get(NOTICE_FIELD) or {}
+    return int(duration.get("seconds") or 0) + int(duration.get("nanos") or 0) / 1e9
+
+
+def check_notice(scheduling: dict[str, Any], at: str) -> None:
+    """Google's rules for ``scheduling.preemptionNoticeDuration`` (the schema already made its
+    ``seconds`` an int64 and its ``nanos`` an int32)."""
+    if scheduling.get(NOTICE_FIELD) is None:
+        return
+    seconds, field, told = notice_seconds(scheduling), f"{at}.{NOTICE_FIELD}", _duration(scheduling[NOTICE_FIELD])
+    if seconds not in NOTICE_CHOICES:
+        raise invalid(field, told, "Preemption notice duration must be 0s or 120s.")
+    # A zero notice is no notice: taken whatever the model (Google documents only non-zero ones as Spot-only).
+    if seconds and scheduling.get("provisioningModel") != "SPOT":
+        raise invalid(field, told, "Preemption notice duration is only supported for Spot VMs (provisioningModel SPOT).")
+
+
+def notice_refused(at: str, scheduling: dict[str, Any]) -> ApiError:
+    """A non-zero notice in a project the Preview is not open to (the ``refuse_notice`` fault)."""
+    return invalid(f"{at}.scheduling.{NOTICE_FIELD}", _duration(scheduling[NOTICE_FIELD]),
+                   "Preemption notice duration is not supported for this project.")
+
+
+def _duration(value: dict[str, Any]) -> str:
+    """A Duration as its JSON text (``"120s"``, ``"0.5s"``)."""
+    seconds, nanos = int(value.get("seconds") or 0), int(value.get("nanos") or 0)
+    return f"{seconds}.{nanos:09d}".rstrip("0") + "s" if nanos else f"{seconds}s"
+
+
+def _normal_duration(value: dict[str, Any]) -> dict[str, Any]:
+    """A Duration as the API answers it: ``seconds`` an int64 string, ``nanos`` only when set."""
+    out: dict[str, Any] = {"seconds": str(int(value.get("seconds") or 0))}
+    return {**out, "nanos": int(value["nanos"])} if value.get("nanos") else out
 
 
 def instance_resource(body: dict[str, Any], project: str, zone: str, urls: Urls) -> dict[str, Any]:
@@ -143,6 +190,9 @@ def instance_resource(body: dict[str, Any], project: str, zone: str, urls: Urls)
     name = body["name"]
     scheduling = {"onHostMaintenance": "MIGRATE", "automaticRestart": True, "preemptible": False,
                   "provisioningModel": "STANDARD", **(body.get("scheduling") or {})}
+    for key in ("preemptionNoticeDuration", "maxRunDuration"):
+        if isinstance(scheduling.get(key), dict):
+            scheduling[key] = _normal_duration(scheduling[key])
     disks = []
     for index, disk in enumerate(body.get("disks") or []):
         params = disk.get("initializeParams") or {}
@@ -174,8 +224,7 @@ def instance_resource(body: dict[str, Any], project: str, zone: str, urls: Urls)
         "canIpForward": bool(body.get("canIpForward", False)),
         "networkInterfaces": nics,
         "disks": disks,
-        "metadata": {"kind": "compute#metadata", "fingerprint": _fingerprint(),
-                     "items": list((body.get("metadata") or {}).get("items", []))},
+        "metadata": metadata(list((body.get("metadata") or {}).get("items", []))),
         "serviceAccounts": list(body.get("serviceAccounts") or []),
         "selfLink": urls.instance(project, zone, name),
         "scheduling": scheduling,
@@ -282,6 +331,35 @@ def concurrent_operations(project: str, region: str, operation_type: str) -> Api
 def unknown_machine_type(field: str, machine_type: str, zone: str) -> ApiError:
     name = machine_type.rsplit("/", 1)[-1]
     return invalid(field, machine_type, f"Machine type with name '{name}' does not exist in zone '{zone}'.")
+
+
+def metadata(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """An instance's ``metadata`` as ``instances.get`` returns it, with its fingerprint."""
+    return {"kind": "compute#metadata", "fingerprint": metadata_fingerprint(items), "items": items}
+
+
+def metadata_fingerprint(items: list[dict[str, Any]]) -> str:
+    """A digest of the items: Google's fingerprints are digests of what they cover (an unlabelled
+    resource's ``labelFingerprint`` is ``42WmSpB8rSM=`` on every resource), so the same items
+    give the same fingerprint, and any change a new one."""
+    canonical = json.dumps([[i.get("key", ""), i.get("value", "")] for i in items]).encode()
+    return base64.b64encode(hashlib.sha256(canonical).digest()[:8]).decode()
+
+
+def check_metadata(items: list[dict[str, Any]], field: str) -> None:
+    """What Compute checks of metadata items on an insert or a ``setMetadata``."""
+    for index, item in enumerate(items):
+        key = item.get("key", "")
+        if not _METADATA_KEY.fullmatch(key):
+            raise invalid(f"{field}.items[{index}].key", key, "Must be a match of regex '[a-zA-Z0-9-_]{1,128}'")
+    if sum(len(i.get("key", "")) + len(i.get("value", "")) for i in items) > 512 * 1024:
+        raise ApiError(400, "Metadata is larger than 512 KB.", "invalid")
+
+
+def metadata_race() -> ApiError:
+    """``setMetadata`` with a fingerprint that is not the instance's current one (or none): Google's
+    optimistic lock refuses it, and the caller reads the instance again."""
+    return ApiError(412, "Supplied fingerprint does not match current metadata fingerprint.", "conditionNotMet")
 
 
 def _fingerprint() -> str:

@@ -146,7 +146,7 @@ class MetadataServer:
                 value = self._wait(path, request.args.get("last_etag"), float(request.args.get("timeout_sec", 60)))
                 if value is None:
                     return _reply("Not Found", 404)
-            return _render(value)
+            return _render(value, path)
 
         @app.errorhandler(404)
         def not_found(_: Exception) -> Response:
@@ -193,7 +193,7 @@ def _etag(value: Any) -> str:
     return hashlib.sha1(json.dumps(document, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _render(value: Any) -> Response:
+def _render(value: Any, path: str) -> Response:
     if isinstance(value, Endpoint):
         status, body, mime = value.render(request.args)
         return _reply(body, status, mime)
@@ -205,7 +205,9 @@ def _render(value: Any) -> Response:
         body = "".join(f"{k}/\n" if isinstance(v, dict) else f"{k}\n" for k, v in value.items())
         mime = "application/text"
     elif alt == "json":
-        body, mime = json.dumps(_as_json(value)), "application/json"
+        # A directory of names (``instance/attributes/``) keeps them as they are at its own root too.
+        verbatim = path.rstrip("/").rsplit("/", 1)[-1] in _VERBATIM
+        body, mime = json.dumps(_as_json(value, verbatim)), "application/json"
     elif isinstance(value, list):
         body, mime = "".join(f"{item}\n" for item in value), "application/text"
     else:

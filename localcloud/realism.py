@@ -91,7 +91,10 @@ class Costs:
     # most until 25 s into the notice), then the marker's upload (token + one GCS write).
     trainer_exit: Lognormal = Lognormal(2.0, 20.0)
     marker_upload: Lognormal = Lognormal(0.25, 1.0)
-    poweroff_after_marker: Lognormal = Lognormal(2.0, 8.0)  # guest halts -> Compute says TERMINATED
+    # The shutdown script's end -> Compute says TERMINATED (the guest's halt; the local cloud's
+    # ``Realism.google().halt_seconds``). An assumption, not a measurement: Google publishes no
+    # figure, and none was taken here (issue 34's canary is to measure STOPPING -> TERMINATED).
+    poweroff_after_marker: Lognormal = Lognormal(2.0, 8.0)
     eventarc_delay: Lognormal = Lognormal(1.0, 4.0)  # object finalized -> the function's request
     # A log entry -> its sink's Pub/Sub message (Log Router): Google says "near real-time" and
     # publishes no figure; real System Event entries are received 0.5-1.1 s after their timestamp.
@@ -137,6 +140,11 @@ class Realism:
     # Pub/Sub push subscription's (Eventarc's, to on_audit).
     sink_delay: Lognormal | None = None
     push_delay: Lognormal | None = None
+    # The guest's halt: from the end of its shutdown script (or the soft-off, when none runs) to
+    # Compute's TERMINATED (systemd stopping the rest, disks unmounted, the ACPI power-off), drawn
+    # per VM; never past the hard-off (the server's shutdown budget after the soft-off: 30 s on
+    # Spot). 0: TERMINATED as soon as the script is over. A host error or a guest crash has none.
+    halt_seconds: Delay = 0.0
 
     # Latencies drawn from a lognormal around their medians (the figures above), its p99 this
     # many times the median (0: fixed); seeded, so that a run's p99 is reproducible.
@@ -160,13 +168,19 @@ class Realism:
                    gcs_write_interval=costs.gcs_write_interval, tpu_latency=costs.compute_call.median,
                    tpu_create_seconds=60.0, p99_factor=costs.gcs_request.p99 / costs.gcs_request.median,
                    sink_delay=costs.sink_delay, push_delay=costs.eventarc_delay,
-                   rate_quota_per_minute=costs.quota_per_minute)
+                   rate_quota_per_minute=costs.quota_per_minute, halt_seconds=costs.poweroff_after_marker)
 
     def draw(self, median: float) -> float:
         """One request's latency around ``median`` (``p99_factor`` 0: exactly the median)."""
         if median <= 0 or self.p99_factor <= 1:
             return median
         return Lognormal(median, median * self.p99_factor).draw(self._rng)
+
+    def halt(self) -> float:
+        """One guest's halt time, in seconds (``halt_seconds``, drawn when it is a Lognormal)."""
+        if isinstance(self.halt_seconds, Lognormal):
+            return self.halt_seconds.draw(self._rng)
+        return self.halt_seconds
 
     def compute_delay(self, method: str) -> float:
         """Seconds a Compute call of ``method`` (e.g. ``"instances.insert"``) takes on top of its
@@ -183,4 +197,6 @@ class Realism:
                        tpu_latency=self.tpu_latency * factor,
                        tpu_create_seconds=None if self.tpu_create_seconds is None else self.tpu_create_seconds * factor,
                        sink_delay=None if self.sink_delay is None else self.sink_delay.scaled(factor),
-                       push_delay=None if self.push_delay is None else self.push_delay.scaled(factor))
+                       push_delay=None if self.push_delay is None else self.push_delay.scaled(factor),
+                       halt_seconds=self.halt_seconds.scaled(factor) if isinstance(self.halt_seconds, Lognormal)
+                       else self.halt_seconds * factor)

@@ -17,13 +17,21 @@ Surprises handled here, each checked against the installed client:
   1.55: zones that did not answer are read from each page's ``unreachables``.
 - ``Instance.status`` is a plain string in the client: values added after this code was
   written read as ``InstanceStatus.UNKNOWN``.
+- ``scheduling.preemptionNoticeDuration`` is not in the v1 protos of google-cloud-compute 1.57:
+  an insert asking for the notice goes through the beta API (``compute_beta``), whose operation
+  the v1 zone operations client waits for by name. A project the Preview is not open to answers
+  400 naming the field: ``NoticeRefused``.
+- ``instances.setMetadata`` replaces every item, on the fingerprint last read (412
+  ``conditionNotMet`` when another write came between): the go reads, merges and retries.
 """
 
 from __future__ import annotations
 
 import re
+import threading
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -65,6 +73,10 @@ _STARTS = ("insert", "bulkInsert", "start", "resume")
 # guest's own shutdown: a preempted or stopped guest powers itself off too.
 _PRECEDENCE = {StopReason.PREEMPTED: 0, StopReason.MAINTENANCE: 0, StopReason.HOST_ERROR: 0,
                StopReason.STOPPED: 1, StopReason.CRASHED: 2}
+# The field a project without the Preview refuses (JSON and proto spellings).
+_NOTICE_FIELD = ("preemptionNoticeDuration", "preemption_notice_duration")
+GO = "respawn-go"  # the go's instance attribute: never written over once there (ComputeGateway.release)
+_METADATA_RACES = 5  # setMetadata refused on a stale fingerprint: read again and retried this often
 
 
 def _text(e: gexc.GoogleAPICallError) -> str:
@@ -100,6 +112,8 @@ def translate(e: Exception, zone: str, *, creating: bool = False) -> errors.Resp
         return errors.CapacityError(zone, next(m for m in _CAPACITY if m in text))
     if any(m in text for m in _QUOTA):
         return errors.QuotaError(zone, _quota_named(text))
+    if isinstance(e, gexc.BadRequest) and any(f in text for f in _NOTICE_FIELD):
+        return errors.NoticeRefused(zone, reasons.message(e))
     if isinstance(e, gexc.Conflict):
         return errors.AlreadyExists(reasons.message(e))
     if isinstance(e, gexc.NotFound) and not creating:
@@ -109,13 +123,18 @@ def translate(e: Exception, zone: str, *, creating: bool = False) -> errors.Resp
 
 class ComputeEngine:
     """``region_instances`` and ``region_ops`` are accepted for the factory's sake and unused:
-    gangs are zonal bulk inserts."""
+    gangs are zonal bulk inserts. ``beta`` builds google-cloud-compute-v1beta's InstancesClient
+    (``compute_beta``), at the first insert that asks for a preemption notice."""
 
     def __init__(self, instances: InstancesClient, region_instances: Any, zone_ops: ZoneOperationsClient,
-                 region_ops: Any = None, operation_timeout: float = 180.0) -> None:
+                 region_ops: Any = None, operation_timeout: float = 180.0,
+                 beta: Callable[[], Any] | None = None) -> None:
         self.instances = instances
         self.zone_ops = zone_ops
         self.operation_timeout = operation_timeout
+        self._beta_factory = beta
+        self._beta: Any = None
+        self._beta_lock = threading.Lock()
 
     def list_managed(self, projects: Sequence[str], job: str | None = None,
                      zones: Sequence[str] | None = None) -> InstanceList:
@@ -168,8 +187,16 @@ class ComputeEngine:
         first = requests_[0]
         if len({(r.project, r.zone) for r in requests_}) != 1:
             raise errors.RequestError("a gang must be inserted in a single zone of one project")
+        # A notice is Spot's alone (Compute refuses it on other models); 0 is none, never sent.
+        notice = first.preemption_notice_s if first.spot else 0
         try:
-            if len(requests_) == 1:
+            if notice > 0:
+                from controller.adapters import compute_beta
+
+                body = instance_body(first) if len(requests_) == 1 else bulk_body(requests_)
+                op = compute_beta.insert(self._beta_instances(), body, first.project, first.zone, request_id,
+                                         notice, RETRY)
+            elif len(requests_) == 1:
                 op = self.instances.insert_unary(request=compute_v1.InsertInstanceRequest(
                     project=first.project, zone=first.zone, request_id=request_id,
                     instance_resource=instance_body(first)), retry=RETRY)
@@ -210,6 +237,40 @@ class ComputeEngine:
             raise translate(e, zone) from e
         _raise_for(op, zone)
 
+    def release(self, project: str, zone: str, name: str, items: Mapping[str, str],
+                wait: float | None = None) -> bool:
+        """The go: ``items`` merged into the instance's metadata by one ``setMetadata`` on the
+        fingerprint just read; never over a go already there (False). A write refused on a stale
+        fingerprint (someone else's came between) is read again and retried."""
+        for _ in range(_METADATA_RACES):
+            try:
+                current = self.instances.get(project=project, zone=zone, instance=name, retry=RETRY)
+            except _LIBRARY as e:
+                raise translate(e, zone) from e
+            there = {i.key: i.value for i in current.metadata.items}
+            if GO in there:
+                return False  # a go once given is never changed
+            merged = compute_v1.Metadata(fingerprint=current.metadata.fingerprint, items=[
+                compute_v1.Items(key=k, value=v) for k, v in {**there, **items}.items()])
+            # One request id per write: a retry after a lost answer is answered with its operation,
+            # not refused on the fingerprint it changed itself.
+            request = compute_v1.SetMetadataInstanceRequest(project=project, zone=zone, instance=name,
+                                                            metadata_resource=merged, request_id=str(uuid.uuid4()))
+            try:
+                op = self.instances.set_metadata_unary(request=request, retry=RETRY)
+            except gexc.PreconditionFailed:
+                continue  # conditionNotMet: the metadata changed since it was read
+            except _LIBRARY as e:
+                raise translate(e, zone) from e
+            wait = self.operation_timeout if wait is None else wait
+            op = self._wait(project, zone, op, wait)
+            if op.status != _DONE:
+                raise errors.OperationPending(f"setMetadata of {name} in {zone} still running after {wait:g}s "
+                                              f"(operation {op.name})")
+            _raise_for(op, zone)
+            return True
+        raise errors.TransientError(f"the metadata of {name} in {zone} changed under each of {_METADATA_RACES} writes")
+
     def stop_reason(self, project: str, zone: str, name: str) -> StopReason:
         """Compute's own record of what stopped this instance, among the stop-causing
         operations since it last started: the platform's cause (preemption, maintenance, host
@@ -226,6 +287,14 @@ class ComputeEngine:
         since = ops[starts[-1] + 1 :] if starts else ops
         causes = [_REASONS[op.operation_type] for op in since if op.operation_type in _REASONS]
         return min(causes, key=_PRECEDENCE.__getitem__, default=StopReason.UNKNOWN)
+
+    def _beta_instances(self) -> Any:
+        with self._beta_lock:
+            if self._beta is None:
+                if self._beta_factory is None:
+                    raise errors.ConfigError("no beta Compute client to ask for a preemption notice with")
+                self._beta = self._beta_factory()
+            return self._beta
 
     # -- operations -----------------------------------------------------------------
     def _wait(self, project: str, zone: str, op: compute_v1.Operation, seconds: float) -> compute_v1.Operation:
@@ -281,6 +350,8 @@ def _raise_for(op: compute_v1.Operation, zone: str) -> None:
         raise errors.QuotaError(zone, next(c for c in codes if "QUOTA" in c or "RATE_LIMIT" in c))
     if any(c in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS") for c in codes):
         raise errors.AlreadyExists(message)
+    if op.http_error_status_code == 400 and any(f in message for f in _NOTICE_FIELD):
+        raise errors.NoticeRefused(zone, message)
     status = op.http_error_status_code
     if status == 429 or status >= 500:
         raise errors.TransientError(message)

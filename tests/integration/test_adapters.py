@@ -23,6 +23,7 @@ from controller.adapters.google import compute_gateway
 from controller.service.config import Settings
 from controller.core.ports import InstanceRequest, InstanceStatus
 from localcloud.compute import ComputeServer
+from localcloud.gce import ApiError
 from localcloud.gcs import LocalGcs, client
 from tests.contract.test_ports import PROJECT, request_for
 from tests.wait import until
@@ -293,6 +294,95 @@ class TestComputeAdapter:
         ops = api(srv, "GET", "zones/us-central1-a/operations",
                   params={"filter": 'operationType = "compute.instances.hostError"'}).json()["items"]
         assert [o["targetLink"].rsplit("/", 1)[-1] for o in ops] == ["he-1"]
+
+
+class TestNoticeAndGo:
+    """The preemption notice's inserts (beta API) and the go (setMetadata): what only the real
+    clients do. The behaviours the fake shares are in tests/contract/test_release_port.py."""
+
+    @staticmethod
+    def routes(srv: ComputeServer) -> list[tuple[str, str]]:
+        """(API version, method) of each call the server answers from now on."""
+        seen: list[tuple[str, str]] = []
+        original = srv._dispatch
+
+        def dispatch(verb: str, path: str, version: str = "v1") -> Any:
+            method = next(m for m in srv._routes[version] if m.pattern.match(path) and m.http_method == verb)
+            seen.append((version, f"{method.resource}.{method.name}"))
+            return original(verb, path, version)
+
+        srv._dispatch = dispatch  # type: ignore[method-assign]
+        return seen
+
+    @pytest.mark.parametrize("nodes", [1, 2])
+    def test_a_notice_goes_through_the_beta_api_and_its_operation_is_waited_for_on_v1(self, srv, nodes):
+        srv.slow_operations(insert=0.5)
+        seen = self.routes(srv)
+        job = f"beta{nodes}"
+        requests_ = [replace(r, preemption_notice_s=120) for r in
+                     ([request_for(job)] if nodes == 1 else gang(job, nodes))]
+        gateway(srv).insert(requests_, names.request_id(job, 1, 0))
+        method = "instances.insert" if nodes == 1 else "instances.bulkInsert"
+        assert ("beta", method) in seen and ("v1", "zoneOperations.wait") in seen and ("v1", method) not in seen
+        assert all(srv.instance(r.name)["status"] != "PROVISIONING" for r in requests_)  # the operation was DONE
+
+    @pytest.mark.parametrize("notice, provisioning", [(0, "spot"), (120, "standard")])
+    def test_no_notice_or_one_on_a_vm_that_is_not_spot_never_goes_through_beta(self, srv, notice, provisioning):
+        seen = self.routes(srv)
+        request = replace(request_for("v1only"), preemption_notice_s=notice, provisioning=provisioning)
+        gateway(srv).insert([request], names.request_id("v1only", 1, 0))
+        assert [v for v, m in seen if m == "instances.insert"] == ["v1"]
+        assert "preemptionNoticeDuration" not in srv.instance("v1only-1")["scheduling"]
+
+    def test_a_notice_inserts_stockout_on_its_operation_is_a_capacity_error(self, srv):
+        srv.stockout("us-central1-a", mode="operation")
+        with pytest.raises(errors.CapacityError) as e:
+            gateway(srv).insert([replace(request_for("so"), preemption_notice_s=120)], names.request_id("so", 1, 0))
+        assert e.value.zone == "us-central1-a"
+
+    def test_the_beta_client_is_built_once_at_the_first_notice(self, srv):
+        gw = gateway(srv)
+        assert gw._beta is None  # nothing asked for a notice yet: not even imported for it
+        gw.insert([replace(request_for("b1"), preemption_notice_s=120)], names.request_id("b1", 1, 0))
+        client = gw._beta
+        gw.insert([replace(request_for("b2"), preemption_notice_s=120)], names.request_id("b2", 1, 0))
+        assert client is not None and gw._beta is client
+        assert type(client).__module__.startswith("google.cloud.compute_v1beta.")
+
+    def test_a_notice_refused_on_the_operation_is_notice_refused_too(self):
+        message = "Invalid value for field 'resource.scheduling.preemptionNoticeDuration': '120s'."
+        op = compute_v1.Operation(status=compute_v1.Operation.Status.DONE, http_error_status_code=400,
+                                  error=compute_v1.Error(errors=[compute_v1.Errors(code="INVALID", message=message)]))
+        with pytest.raises(errors.NoticeRefused) as e:
+            _raise_for(op, "us-central1-a")
+        assert e.value.zone == "us-central1-a" and "preemptionNoticeDuration" in str(e.value)
+
+    def test_a_release_that_keeps_meeting_other_writes_gives_up_as_transient(self, srv):
+        gateway(srv).insert([request_for("busy")], names.request_id("busy", 1, 0))
+        srv.fail_next("instances.setMetadata", 412, times=20, reason="conditionNotMet",
+                      message="Supplied fingerprint does not match current metadata fingerprint.")
+        gets = counting(srv, "_instances_get")
+        with pytest.raises(errors.TransientError):
+            gateway(srv).release(PROJECT, "us-central1-a", "busy-1", {"respawn-go": "1"})
+        assert len(gets) == 5  # read again before each of its five writes
+        assert "respawn-go" not in {i["key"] for i in srv.instance("busy-1")["metadata"]["items"]}
+
+    def test_a_retried_release_whose_first_answer_was_lost_is_still_its_own_write(self, srv):
+        """The write went through but its answer did not come back (a 503 after the fact): the
+        client's retry sends the same request id, and Compute answers with the first operation."""
+        gateway(srv).insert([request_for("lost")], names.request_id("lost", 1, 0))
+        original, answered = srv._instances_setMetadata, []
+
+        def lose_first_answer(*args: Any) -> Any:
+            op = original(*args)
+            answered.append(op["name"])
+            if len(answered) == 1:
+                raise ApiError(503, "Internal error. Please try again or contact Google Support.", "backendError")
+            return op
+
+        srv._instances_setMetadata = lose_first_answer  # type: ignore[method-assign]
+        assert gateway(srv).release(PROJECT, "us-central1-a", "lost-1", {"respawn-go": "1"}) is True
+        assert len(answered) == 2 and answered[0] == answered[1]  # the replay: one write
 
 
 class TestLocalComputeFidelity:
