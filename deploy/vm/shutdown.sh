@@ -68,7 +68,8 @@ fi
 agent_saved=false
 while :; do
   signal_trainer
-  # No trainer.pid means no trainer ran: startup never runs one it could not record.
+  # No trainer.pid means no trainer runs: the launcher records itself before the command, and
+  # starts none once the stopping flag (set above, before this look) is there.
   if ! trainer_running; then agent_saved=true; break; fi
   (($(ms_now) < agent_deadline)) || break
   sleep 0.2

@@ -162,7 +162,19 @@ fi
 # environment as it was before the spec's env, never another spec variable. Then the
 # contract's variables are exported again, so they win over anything the env lines set.
 # The launcher reads nothing but its positional parameters, which no env line can change.
+#
+# Before any of that, the launcher records its own pid (the trainer's: setsid and the shells exec
+# in place) as trainer.pid, and starts nothing once the shutdown script's flag is there. The
+# shutdown script flags first and then looks for trainer.pid, so whatever the timing it finds
+# every trainer that may run, and "no trainer.pid" means "no command will run". (Recorded by the
+# agent after the launch, a starved agent left a window in which a shutdown script found no
+# trainer: no SIGTERM, and a marker saying "saved" for a trainer that had saved nothing.)
 readonly agent_launcher='
+{ printf "%s\n" "$$" > "${17}/trainer.pid.new" && mv -f "${17}/trainer.pid.new" "${17}/trainer.pid"; } || exit 96
+if [ -e "${17}/stopping" ]; then
+  echo "respawn: the VM is stopping: the command does not start" >&2
+  exit 0
+fi
 export RESUME_FROM="$4" RESPAWN_CHECKPOINT_URI="$5" RESPAWN_JOB="$6" RESPAWN_ATTEMPT="$7" \
   RESPAWN_BUCKET="$8" NODE_RANK="$9" NODES="${10}" MASTER_ADDR="${11}" RESUME_STEP="${12}" RESUME_TAG="${13}" \
   RESPAWN_CHECKPOINT_EVERY_S="${14}" RESPAWN_PROGRESS_FILE="${15}" RESPAWN_NOTICE_SECONDS="${16}"
@@ -224,17 +236,9 @@ readonly agent_trainer_started agent_started_field
 setsid "$BASH" -c "$agent_launcher" respawn-trainer "$BASH" "$agent_env_lines" "$agent_command" \
   "$agent_resume_from" "$agent_checkpoint_uri" "$agent_job" "$agent_attempt" "$agent_bucket" \
   "$agent_rank" "$agent_nodes" "$agent_master_addr" "$agent_resume_step" "$agent_resume_tag" "$agent_checkpoint_every" \
-  "$agent_progress_file" "$agent_notice" &
+  "$agent_progress_file" "$agent_notice" "$agent_run_dir" &
 agent_trainer=$!
 readonly agent_trainer
-if ! { printf '%s\n' "$agent_trainer" > "$agent_run_dir/trainer.pid.new" \
-       && mv -f "$agent_run_dir/trainer.pid.new" "$agent_run_dir/trainer.pid"; }; then
-  # A trainer the shutdown script cannot find gets no SIGTERM, hence no save: never run one.
-  kill -KILL -- "-$agent_trainer" 2>/dev/null
-  wait "$agent_trainer" 2>/dev/null
-  rm -f "$agent_run_dir/trainer.started"
-  never_ran 96 "cannot write $agent_run_dir/trainer.pid"
-fi
 
 if [ "$agent_rank" = 0 ]; then
   ( while kill -0 "$agent_trainer" 2>/dev/null; do
@@ -262,6 +266,15 @@ case $? in
   # flag this exit is the command's own: an unreadable instance/preempted changes nothing.
   *) log "could not read instance/preempted; no stop under way here: reporting the exit" ;;
 esac
+
+# A trainer the shutdown script cannot find gets no SIGTERM, hence no save: the launcher runs no
+# command it could not record.
+agent_recorded=""
+{ read -r agent_recorded < "$agent_run_dir/trainer.pid"; } 2> /dev/null
+if [ "$agent_recorded" != "$agent_trainer" ]; then
+  rm -f "$agent_run_dir/trainer.started"
+  never_ran 96 "cannot write $agent_run_dir/trainer.pid"
+fi
 
 # The command's exit is the end of the job: it must stay in the foreground. Whatever it
 # left running in its process group (a daemon, a `tensorboard &`) is stopped before the

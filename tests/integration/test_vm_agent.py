@@ -525,6 +525,30 @@ def test_a_trainer_that_ignores_sigterm_gets_its_marker_at_the_deadline_before_t
     until("the VM to stop", lambda: status(srv, "deaf-2") == "TERMINATED")
 
 
+def test_a_trainer_is_recorded_before_its_command_runs_so_a_preemption_never_misses_it(gcs, tmp_path):
+    """Issue 35, item 20: a trainer that ignores SIGTERM was marked 'saved': the agent recorded the trainer's pid
+    after launching it, and a shutdown script that came before that record took 'no trainer.pid' for 'no
+    trainer': no SIGTERM, no wait, 'saved': true. A starved agent (its rename of trainer.pid slowed here) left
+    that window open for as long as it was starved."""
+    import shutil
+
+    slow = tmp_path / "slow-bin"
+    slow.mkdir()
+    (slow / "mv").write_text(f'#!/bin/bash\ncase "${{!#}}" in *trainer.pid) sleep 3 ;; esac\n'
+                             f'exec {shutil.which("mv")} "$@"\n')
+    (slow / "mv").chmod(0o755)
+    env = vm_env(gcs)
+    env["PATH"] = f"{slow}:{env['PATH']}"
+    with ComputeServer(vm_env=env, boot_delay=0.05, shutdown_budget=NOTICE) as srv:
+        boot(srv, "late-1", "trap 'echo term >> got-sigterm.txt' TERM; echo started > started.txt; "
+                            "while true; do sleep 0.1; done")  # notes SIGTERM, and trains on
+        until("the command to start", lambda: (srv.workdir_of("late-1") / "started.txt").exists(), timeout=20)
+        srv.preempt("late-1")
+        marker = until("the marker", lambda: read(gcs, "preempted-jobs/late"))
+        assert (srv.workdir_of("late-1") / "got-sigterm.txt").exists(), "the running command got no SIGTERM"
+        assert (marker["reason"], marker["saved"]) == ("preempted", False), marker
+
+
 # -- the VM scripts run by hand, against a scripted metadata server -----------------------
 
 POWEROFF_SHIM = '#!/bin/sh\necho poweroff >> "$RESPAWN_TEST_POWEROFF"\n'
