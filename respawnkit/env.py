@@ -7,11 +7,12 @@ The agent (``deploy/vm/startup.sh``) exports, for the trainer's process only:
 ``RESPAWN_CHECKPOINT_EVERY_S`` (respawn's advised interval between saves, empty until
 measured), ``RESPAWN_JOB``, ``RESPAWN_ATTEMPT`` and ``NODE_RANK``/``NODES``.
 
-The kit adds two it reads when they are there:
+The kit adds those it reads when they are there:
 ``RESPAWN_PROGRESS_FILE`` (where to keep the progress file, see ``respawnkit.progress``);
-``RESPAWN_NOTICE_SECONDS`` (the preemption notice, 30 s for Spot; the shutdown script
-reads the same name) and ``RESPAWN_NOTICE_DEADLINE`` (epoch seconds of a hard-off known
-at launch, e.g. a ``maxRunDuration``), see ``respawnkit.notice``.
+``RESPAWN_NOTICE_FILE`` (where the agent writes a preemption notice),
+``RESPAWN_NOTICE_SECONDS`` (the time from the first warning to the hard-off: 30 s for Spot,
+150 s with its 120 s preemption notice) and ``RESPAWN_NOTICE_DEADLINE`` (epoch seconds of a
+hard-off known at launch, e.g. a ``maxRunDuration``), see ``respawnkit.notice``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 The callback never saves by itself (the framework's idiom: ``on_step_end`` sets
 ``control.should_save``): on SIGTERM it asks the Trainer for a save at the step that just
-ended, and for a stop, unless the save would not fit the notice; with respawn's advised
+ended, and for a stop, unless the save would not fit the notice; at a preemption notice (the
+agent's notice file) for a save only, training going on; with respawn's advised
 interval (``RESPAWN_CHECKPOINT_EVERY_S``) or ``every_steps`` it asks for periodic saves.
 Every save the Trainer makes, its own ``save_strategy``'s included, is uploaded from
 ``<output_dir>/checkpoint-<step>/`` to the checkpoint prefix with ``trainer_state.json``

@@ -1,12 +1,13 @@
 """respawnkit.lightning: respawn's contract as a Lightning ``Callback``.
 
 After each optimizer step (``on_train_batch_end``), the callback asks the saver whether to
-save (SIGTERM, respawn's advised interval, ``every_steps``); a save is Lightning's own
-``trainer.save_checkpoint`` into a local folder, uploaded in the background as
+save (a preemption notice, SIGTERM, respawn's advised interval, ``every_steps``); a save is
+Lightning's own ``trainer.save_checkpoint`` into a local folder, uploaded in the background as
 ``step-<step>.ckpt`` (numbered single objects: the finder's "files"), or as ``last.ckpt``
-with ``layout=LIGHTNING_LAST``. On SIGTERM it saves, flushes, and sets ``trainer.should_stop``;
-Lightning's own SIGTERM handling (chained with the kit's) then ends ``fit`` by raising its
-``SIGTERMException``, a ``SystemExit``, after the callback's save::
+with ``layout=LIGHTNING_LAST``. A notice only saves: ``fit`` goes on. On SIGTERM it saves,
+flushes, and sets ``trainer.should_stop``; Lightning's own SIGTERM handling (chained with the
+kit's) then ends ``fit`` by raising its ``SIGTERMException``, a ``SystemExit``, after the
+callback's save::
 
     callback = RespawnCallback()
     trainer = L.Trainer(callbacks=[callback], ...)

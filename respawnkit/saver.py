@@ -11,12 +11,14 @@ A save that finds the queue full drops the *oldest waiting* save (its local copy
 removed, and stderr says so) rather than making the training loop wait: a newer complete
 checkpoint supersedes it, and local disk stays bounded at ``max_pending + 1`` copies.
 
-SIGTERM (see ``respawnkit.notice``) makes the next ``should_save`` true, once, unless the
-save cannot land before the notice's deadline: the last measured write and upload times,
-plus what is left of an upload under way, are compared with the time left, and a save
-that would not fit is skipped with a line on stderr (a half-uploaded save is worth
-nothing; the upload already under way keeps the bandwidth). Then ``on_step_end`` flushes
-until the hard-off and tells the loop to stop. A final flush runs at exit (``atexit``).
+A preemption notice (the agent's notice file, see ``respawnkit.notice``) makes the next
+``should_save`` true, once, and training goes on: a notice is not a stop. SIGTERM makes the
+next ``should_save`` true, once, too. Either is skipped when the save cannot land before the
+notice's deadline: the last measured write and upload times, plus what is left of an upload
+under way, are compared with the time left, and a save that would not fit is skipped with a
+line on stderr (a half-uploaded save is worth nothing; the upload already under way keeps the
+bandwidth). After SIGTERM, ``on_step_end`` flushes until the hard-off and tells the loop to
+stop. A final flush runs at exit (``atexit``), bounded by the hard-off once a notice came.
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ class CheckpointSaver:
         self._uploading: _Job | None = None
         self._closed = False
         self._last_save = time.monotonic()
-        self._notice_answered = False
+        self._notice_answered = False  # SIGTERM's save was decided
+        self._warning_answered = False  # the notice file's save was decided
         # Several ranks (each with its saver): ``agree`` broadcasts global rank zero's value to every rank
         # (a save is collective: all decide alike or some wait forever); ``leader``: whether this is rank
         # zero (None: respawnkit.dist.global_rank() says). None: this process decides alone.
@@ -106,8 +109,8 @@ class CheckpointSaver:
 
     def should_save(self, step: int) -> bool:
         """Call once per finished step (on every rank, with ``agree``): reports progress, and says whether to
-        save now (SIGTERM, the ``every_steps`` count, or ``every_s`` seconds since the last save). With
-        ``agree``, rank zero decides and every rank gets its answer (and resets its timer on a save)."""
+        save now (a preemption notice, SIGTERM, the ``every_steps`` count, or ``every_s`` seconds since the last
+        save). With ``agree``, rank zero decides and every rank gets its answer (and resets its timer on a save)."""
         self.progress.step(step)
         if self.agree is None:
             save = self._wants(step)
@@ -121,11 +124,16 @@ class CheckpointSaver:
         return save
 
     def _wants(self, step: int) -> bool:
+        self.notice.poll()  # a stat: the notice file, when the agent wrote it
         if self.notice.requested:
             if self._notice_answered:
                 return False
             self._notice_answered = True
             return not self._known(step) and self._fits(step)
+        if self.notice.warned and not self._warning_answered:
+            self._warning_answered = True
+            if not self._known(step) and self._fits(step, "the notice"):
+                return True
         if self.every_steps and step % self.every_steps == 0:
             return not self._known(step)
         return bool(self.every_s) and time.monotonic() - self._last_save >= self.every_s and not self._known(step)
@@ -189,7 +197,7 @@ class CheckpointSaver:
         end = None if timeout is None else time.monotonic() + max(0.0, timeout)
         with self._cond:
             while self._pending or self._uploading:
-                if end is None and self.notice.requested:  # a SIGTERM since: bounded by the notice's hard-off
+                if end is None and self.notice.noticed:  # a notice since: bounded by its hard-off
                     end = time.monotonic() + max(0.0, self._until_hard_off() or 0.0)
                     timeout = end - time.monotonic()
                 left = None if end is None else end - time.monotonic()
@@ -235,14 +243,13 @@ class CheckpointSaver:
             return step == self.saved_step or step in queued
 
     def _until_hard_off(self) -> float | None:
-        left = self.notice.left()
-        return None if left is None else left + notice.margin(env.number("RESPAWN_NOTICE_SECONDS")
-                                                              or notice.DEFAULT_NOTICE_S)
+        self.notice.poll()
+        return self.notice.until_hard_off()
 
-    def _fits(self, step: int) -> bool:
+    def _fits(self, step: int, why: str = "SIGTERM") -> bool:
         left = self.notice.left() or 0.0
         if self.save_s is None or self.upload_s is None:
-            say(f"SIGTERM save at step {step}: no save measured yet to tell whether it fits {left:.1f} s: trying")
+            say(f"{why} save at step {step}: no save measured yet to tell whether it fits {left:.1f} s: trying")
             return True
         with self._cond:
             job = self._uploading
@@ -253,7 +260,7 @@ class CheckpointSaver:
             return True
         self.skipped.append(step)
         under_way = f" + {ahead:.1f} s for the upload under way" if ahead else ""
-        say(f"SIGTERM at step {step}: not saving: a save needs about {need:.1f} s (write {self.save_s:.1f} s + "
+        say(f"{why} at step {step}: not saving: a save needs about {need:.1f} s (write {self.save_s:.1f} s + "
             f"upload {self.upload_s:.1f} s{under_way}) and {left:.1f} s are left before the deadline; "
             f"the newest complete save stays step {self.saved_step}")
         return False

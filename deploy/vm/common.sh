@@ -21,7 +21,13 @@ case "$agent_gcs_url" in *://*) ;; *) agent_gcs_url="http://$agent_gcs_url" ;; e
 # The trainer's progress file (RESPAWN_PROGRESS_FILE, respawnkit.progress): this boot's, so in
 # the run directory; the records pass on what it says (progress_fields).
 agent_progress_file="$agent_run_dir/progress.json"
-readonly agent_run_dir agent_state_dir agent_md_url agent_gcs_url agent_progress_file
+# The notice file (RESPAWN_NOTICE_FILE, respawnkit.notice): written whole (a temporary file, then
+# a rename) at a preemption notice, {"at", "hard_off", "reason"}, times in epoch seconds. The flag
+# folder says this boot's notice record was written (once per boot); its "at" file holds when the
+# notice came (epoch milliseconds).
+agent_notice_file="$agent_run_dir/notice.json"
+agent_notice_flag="$agent_run_dir/notice.sent"
+readonly agent_run_dir agent_state_dir agent_md_url agent_gcs_url agent_progress_file agent_notice_file agent_notice_flag
 
 # Deadlines. Every curl call has a per-try limit and every retry loop a total one, so a
 # hung metadata server or GCS never hangs the agent. The shutdown script, which has 30 s
@@ -78,6 +84,34 @@ md() {
   done
 }
 attr() { md "instance/attributes/$1"; }
+
+# md_poll PATH ETAG SECONDS: one long poll of PATH (wait_for_change): it answers once the value's
+# ETag differs from ETAG (at once for an ETag the server never gave, such as 0), or after SECONDS.
+# The value and its ETag in agent_md_value and agent_md_etag (the ETag "" when none came).
+# Status 0: answered; 1: absent (HTTP 404); 2: no answer (one try, bounded by SECONDS + 10: the
+# caller pauses before polling again). The headers come on stdout before the body (curl -D -),
+# so nothing goes through a file.
+md_poll() {
+  local resp rc head sep='?' re='[Ee][Tt][Aa][Gg]:[[:space:]]*([^[:space:]]+)'
+  agent_md_value="" agent_md_etag=""
+  case "$1" in *\?*) sep='&' ;; esac
+  resp="$(curl -s -D - --connect-timeout 2 --max-time $(($3 + 10)) -H "Metadata-Flavor: Google" \
+    -w '%{http_code}' "$agent_md_url/$1${sep}wait_for_change=true&last_etag=$(urlencode "$2")&timeout_sec=$3" \
+    2> /dev/null)"
+  rc=$?
+  [ "$rc" = 0 ] || return 2
+  case "${resp: -3}" in
+    200) ;;
+    404) return 1 ;;
+    *) return 2 ;;
+  esac
+  resp="${resp%???}"
+  [[ "$resp" == *$'\r\n\r\n'* ]] || return 2
+  head="${resp%%$'\r\n\r\n'*}"
+  agent_md_value="${resp#*$'\r\n\r\n'}"
+  [[ "$head" =~ $re ]] && agent_md_etag="${BASH_REMATCH[1]}"
+  return 0
+}
 
 # attr_or NAME DEFAULT: the attribute, DEFAULT when it is absent; fails when unreadable.
 attr_or() {
@@ -258,9 +292,10 @@ load_tpu_identity() {
     || { log "bad worker 0 address '$agent_tpu_master' in worker-network-endpoints"; return 1; }
 }
 
-# notice_seconds: RESPAWN_NOTICE_SECONDS as the agent uses it and tells the trainer: a positive
-# number of seconds (up to 5 digits, up to 3 decimals), else 30 (Spot's notice). 0 is no notice
-# length at all: 30, as respawnkit.notice reads a value that is not positive.
+# notice_seconds: RESPAWN_NOTICE_SECONDS as the agent uses it: the shutdown's time, from the soft-off
+# to the hard-off (the trainer is told it, plus the preemption notice when there is one): a positive
+# number of seconds (up to 5 digits, up to 3 decimals), else 30 (Spot's). 0 is no length at all:
+# 30, as respawnkit.notice reads a value that is not positive.
 notice_seconds() {
   local value="${RESPAWN_NOTICE_SECONDS:-30}"
   if [[ "$value" =~ ^[0-9]{1,5}([.][0-9]{1,3})?$ && "$value" =~ [1-9] ]]; then
@@ -268,6 +303,56 @@ notice_seconds() {
   else
     printf '30'
   fi
+}
+
+# notice_ms: notice_seconds in milliseconds.
+notice_ms() {
+  local value
+  value="$(notice_seconds)"
+  [[ "$value" =~ ^([0-9]{1,5})(\.([0-9]{1,3}))?$ ]] || { echo 30000; return; }
+  value="${BASH_REMATCH[3]}000"
+  echo $((10#${BASH_REMATCH[1]} * 1000 + 10#${value:0:3}))
+}
+
+# epoch_s MS: epoch milliseconds as seconds with three decimals, a JSON number.
+epoch_s() { printf '%d.%03d' $(($1 / 1000)) $(($1 % 1000)); }
+
+# notice_at: when this boot's notice came (epoch ms), as notice_record noted it; fails when none did
+# (or when that cannot be read).
+notice_at() {
+  local at=""
+  { read -r at < "$agent_notice_flag/at"; } 2> /dev/null
+  [[ "$at" =~ ^[1-9][0-9]{0,15}$ ]] || return 1
+  printf '%s' "$at"
+}
+
+# notice_record REASON NOTICE_S AT_MS: this boot's notice record, jobs/<job>/notice, written once
+# per boot by whoever asks first (the startup script's watcher at the notice, or the shutdown script
+# at the soft-off when no notice came before): the flag folder, made atomically, says who. NOTICE_S:
+# the seconds from this notice to the soft-off as this VM knows them ("" when unknown: left out).
+# AT_MS: when the notice came. Status 1 when this boot's notice was recorded (or under way) before;
+# 0 otherwise, written or not.
+notice_record() {
+  local fields="\"reason\": \"$1\""
+  if ! mkdir "$agent_notice_flag" 2> /dev/null; then
+    [ -d "$agent_notice_flag" ] && return 1
+    log "notice flag not writable: recording the notice anyway"
+  fi
+  printf '%s\n' "$3" > "$agent_notice_flag/at" 2> /dev/null
+  [ -n "${2:-}" ] && fields+=", \"notice_s\": $2"
+  if record notice "jobs/$agent_job/notice" "$fields$(progress_fields)"; then
+    log "notice recorded: $1${2:+, soft-off in ${2} s}"
+  else
+    log "could not write the notice record"
+  fi
+  return 0
+}
+
+# notice_file AT_MS HARD_OFF_MS REASON: tell the trainer (RESPAWN_NOTICE_FILE), written whole.
+notice_file() {
+  { printf '{"at": %s, "hard_off": %s, "reason": "%s"}\n' "$(epoch_s "$1")" "$(epoch_s "$2")" "$3" \
+      > "$agent_notice_file.new" && mv -f "$agent_notice_file.new" "$agent_notice_file"; } 2> /dev/null \
+    || { log "could not write the notice file $agent_notice_file"; return 1; }
 }
 
 # progress_fields: the progress file's "step", "save_s", "upload_s" and "saved_step" as

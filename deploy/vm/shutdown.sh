@@ -9,6 +9,10 @@
 # RESPAWN_NOTICE_SECONDS (seconds, default 30: Spot's notice between the soft-off and the
 # hard-off) is the time this script has. The deadline is the notice less a quarter of it,
 # at most 5 s (30 s: the marker at 25 s; 5 s: at 3.75 s), which leaves the upload its time.
+#
+# A preemption or terminating maintenance also tells the trainer the hard-off (the notice file),
+# and, when the startup script's watcher has not written this boot's notice record (no notice
+# came before the soft-off), writes it, in the background: neither delays the SIGTERM.
 set -uo pipefail
 # @@common.sh@@
 
@@ -63,12 +67,20 @@ if load_identity; then
 else
   log "identity unreadable: no marker"
 fi
+if [ -n "$agent_reason" ]; then
+  # The hard-off is known now: the trainer hears it (respawnkit reads the file at each step), the
+  # notice's own time kept when one came before.
+  agent_noticed="$(notice_at)" || agent_noticed="$agent_t0"
+  notice_file "$agent_noticed" "$agent_hard_off" "$agent_reason"
+  ( notice_record "$agent_reason" 0 "$agent_t0" && : > "$agent_notice_flag/done" ) &
+fi
 
 # The trainer saves: wait for its whole process group to exit, or the deadline.
 agent_saved=false
 while :; do
   signal_trainer
-  # No trainer.pid means no trainer ran: startup never runs one it could not record.
+  # No trainer.pid means no trainer runs: the launcher records itself before the command, and
+  # starts none once the stopping flag (set above, before this look) is there.
   if ! trainer_running; then agent_saved=true; break; fi
   (($(ms_now) < agent_deadline)) || break
   sleep 0.2

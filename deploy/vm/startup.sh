@@ -10,6 +10,12 @@
 #   99  the metadata holds no command
 # Any other exit record is the command's own exit code.
 #
+# A held VM (metadata respawn-hold "1": a standby, booted while the attempt before it still saves)
+# prepares, then waits at the starting line until the controller's go (respawn-go, its own
+# attempt number), and only then reads where to resume from. From boot, a watcher long-polls
+# instance/preempted and instance/maintenance-event: at a notice of a loss it writes the notice
+# record, then tells the trainer (the notice file).
+#
 # Each rank has its own exit record: rank 0's is jobs/<job>/exit, the job's; a worker's
 # (rank > 0: a gang node, or a host of a TPU slice) is jobs/<job>/nodes/<rank>/exit. So no
 # rank's exit can overwrite another's, and the controller sees every one.
@@ -48,15 +54,120 @@ never_ran() {
 # terminating maintenance ahead of time (an hour ahead on GPU VMs), and a command that
 # ends in that window ended on its own; its shutdown, when it comes, is seen here as the
 # other two.
+#
+# With a preemption notice (respawn-preemption-notice-s above 0), instance/preempted turns TRUE that
+# long before the soft-off and the VM runs on meanwhile: a command that ends before the soft-off is
+# due (5 s of slack) ended on its own, as in a maintenance's window.
 stopping() {
-  local value
+  local value at
   [ -e "$agent_run_dir/stopping" ] && return 0
   if command -v systemctl > /dev/null; then
     [ "$(timeout 5 systemctl is-system-running 2> /dev/null)" = stopping ] && return 0
   fi
   value="$(md instance/preempted)"
-  case $? in 0) [ "$value" = TRUE ] && return 0 ;; 1) ;; *) return 2 ;; esac
+  case $? in 0) ;; 1) return 1 ;; *) return 2 ;; esac
+  [ "$value" = TRUE ] || return 1
+  [[ "${agent_preemption_notice:-}" =~ ^[1-9] ]] || return 0  # no notice (or unknown): TRUE is the soft-off
+  at="$(notice_at)" || return 0  # when the notice came is not known: as if it were the soft-off
+  (($(ms_now) >= at + agent_preemption_notice * 1000 - 5000)) && return 0
+  log "exit during the notice: the command's own"
   return 1
+}
+
+# watch_notice KEY: from boot, long-poll instance/KEY (preempted, maintenance-event) and, at the
+# first notice of a loss (preempted TRUE, TERMINATE_ON_HOST_MAINTENANCE), write this boot's notice
+# record first, then tell the trainer (the notice file, with the hard-off as this VM reckons it:
+# the notice, then the shutdown's RESPAWN_NOTICE_SECONDS). A MIGRATE_ON_HOST_MAINTENANCE loses
+# nothing: it is watched past. Run in the background, in a process group of its own that the agent
+# ends when it exits; a failed poll is tried again after a pause, and so is an answer that came at
+# once with nothing new (a server that does not wait), so it never spins.
+watch_notice() {
+  local etag=0 t0 reason notice_s at
+  # The lock is the trainer's: a watcher left behind (its agent killed) must not hold it.
+  [ -n "${agent_lock:-}" ] && exec {agent_lock}>&-
+  # Short deadlines: a notice record held up by GCS must not keep the trainer from hearing of it.
+  agent_md_patience=5 agent_gcs_try=5 agent_gcs_patience=10
+  while [ ! -d "$agent_notice_flag" ]; do
+    t0="$(ms_now)"
+    md_poll "instance/$1" "$etag" 60
+    case $? in
+      0) ;;
+      1) sleep 30 > /dev/null 2>&1; continue ;;  # no such key on this machine: look again later
+      *) sleep 2 > /dev/null 2>&1; continue ;;
+    esac
+    case "$1=$agent_md_value" in
+      preempted=TRUE) reason=preempted notice_s="$agent_preemption_notice" ;;
+      # Google gives GPU VMs an hour's warning, others a minute: the soft-off is not known here.
+      maintenance-event=TERMINATE_ON_HOST_MAINTENANCE) reason=maintenance notice_s="" ;;
+      *)
+        if [ "${agent_md_etag:-0}" = "$etag" ] && (($(ms_now) - t0 < 1000)); then sleep 1 > /dev/null 2>&1; fi
+        etag="${agent_md_etag:-0}"
+        continue ;;
+    esac
+    at="$(ms_now)"
+    notice_record "$reason" "$notice_s" "$at" || return 0  # the shutdown script's, at the soft-off
+    notice_file "$at" $((at + ${notice_s:-0} * 1000 + $(notice_ms))) "$reason" \
+      && log "notice file written: the trainer is told"
+    : > "$agent_notice_flag/done"
+    return 0
+  done
+}
+# stop_watchers: at the agent's exit. A notice under way (the command may exit at once on a SIGTERM
+# that came with it) is finished first, its record and file: their deadlines are short (12 s at most).
+agent_watchers=""
+stop_watchers() {
+  local pid i
+  if [ -d "$agent_notice_flag" ]; then
+    for ((i = 0; i < 60; i++)); do [ -e "$agent_notice_flag/done" ] && break; sleep 0.2; done
+  fi
+  for pid in $agent_watchers; do kill -- "-$pid" 2> /dev/null; done
+}
+
+# hold_at_the_line: a held VM waits here until respawn-go is its own attempt (another value is
+# ignored, and said once), learning of changes to its metadata by a long poll on its attributes.
+# Rank 0 writes the ready record at the line and again every respawn-line-poke-s seconds (10), so
+# that each wait wakes the controller. A stop or preemption meanwhile (the shutdown script's flag):
+# no command, no exit record (the shutdown script writes the marker). Sets agent_waited (seconds).
+hold_at_the_line() {
+  local since poke go ignored="" etag=0 next=0 wait t0 began=$SECONDS
+  since="$(now)"
+  poke="$(attr_or respawn-line-poke-s 10)" || poke=10
+  [[ "$poke" =~ ^[1-9][0-9]{0,3}$ ]] || { log "bad respawn-line-poke-s '$poke': 10 s"; poke=10; }
+  log "waiting at the line for attempt $((agent_attempt - 1))'s save (the go)"
+  while :; do
+    if [ -e "$agent_run_dir/stopping" ]; then
+      log "stopping at the line: no command, no exit record"
+      exit 0
+    fi
+    go="$(attr respawn-go)"
+    case $? in
+      0)
+        [ "$go" = "$agent_attempt" ] && break
+        if [ -n "$go" ] && [ "$go" != "$ignored" ]; then
+          log "ignoring respawn-go '$go': this VM is attempt $agent_attempt"
+          ignored="$go"
+        fi
+        ;;
+      1) ;;
+      *) log "respawn-go unreadable: still waiting" ;;
+    esac
+    if [ "$agent_rank" = 0 ] && ((SECONDS >= next)); then
+      ( agent_gcs_try=5 agent_gcs_patience=10
+        record ready "jobs/$agent_job/ready" "\"waiting_since\": \"$since\"" ) || log "could not write the ready record"
+      next=$((SECONDS + poke))
+    fi
+    wait=$poke
+    [ "$agent_rank" = 0 ] && wait=$((next - SECONDS))
+    ((wait < 1)) && wait=1
+    t0="$(ms_now)"
+    if md_poll "instance/attributes/?recursive=true" "$etag" "$wait"; then
+      if [ "${agent_md_etag:-0}" = "$etag" ] && (($(ms_now) - t0 < 1000)); then sleep 1; fi
+      etag="${agent_md_etag:-0}"
+    else
+      sleep 1
+    fi
+  done
+  agent_waited=$((SECONDS - began))
 }
 
 load_identity || give_up "identity unreadable"
@@ -98,6 +209,26 @@ mkdir -p "$agent_state_dir" && printf '%s\n' "$agent_id" > "$agent_state_dir/ins
   && mv -f "$agent_state_dir/instance.new" "$agent_state_dir/instance" \
   || never_ran 96 "cannot write the agent's state under $agent_state_dir"
 
+# The notice Compute was asked for (seconds before the soft-off that instance/preempted turns TRUE;
+# 0: at the soft-off). Unreadable or bad: unknown, reckoned as none (the shortest time to save).
+agent_preemption_notice="$(attr_or respawn-preemption-notice-s 0)" \
+  || { log "respawn-preemption-notice-s unreadable: taken as 0"; agent_preemption_notice=""; }
+if [ -n "$agent_preemption_notice" ] && ! [[ "$agent_preemption_notice" =~ ^(0|[1-9][0-9]{0,4})$ ]]; then
+  log "bad respawn-preemption-notice-s '$agent_preemption_notice': taken as 0"
+  agent_preemption_notice=""
+fi
+readonly agent_preemption_notice
+# The watchers, each in a process group of its own (job control, for their launch only), so that
+# the agent's exit ends them and their long polls whatever the path it takes.
+set -m
+watch_notice preempted &
+agent_watchers="$!"
+watch_notice maintenance-event &
+agent_watchers+=" $!"
+set +m
+readonly agent_watchers
+trap stop_watchers EXIT
+
 agent_code_uri="$(attr_or respawn-code "")" || never_ran 98 "metadata unreadable: respawn-code"
 if [ -n "$agent_code_uri" ]; then
   log "fetching $agent_code_uri"
@@ -106,9 +237,6 @@ if [ -n "$agent_code_uri" ]; then
     || never_ran 97 "code download failed"
 fi
 
-agent_resume_from="$(attr_or respawn-resume-from "")" || never_ran 98 "metadata unreadable: respawn-resume-from"
-agent_resume_step="$(attr_or respawn-resume-step "")" || never_ran 98 "metadata unreadable: respawn-resume-step"
-agent_resume_tag="$(attr_or respawn-resume-tag "")" || never_ran 98 "metadata unreadable: respawn-resume-tag"
 agent_checkpoint_uri="$(attr_or respawn-checkpoint-uri "")" || never_ran 98 "metadata unreadable: respawn-checkpoint-uri"
 # On a TPU, the master is worker 0 (its IP from worker-network-endpoints): respawn-master-addr
 # names the node, which no worker's network knows by that name.
@@ -122,12 +250,24 @@ agent_command="$(attr_or respawn-command "")" || never_ran 98 "metadata unreadab
 agent_interval="$(attr_or respawn-heartbeat-interval 60)" || never_ran 98 "metadata unreadable: respawn-heartbeat-interval"
 [[ "$agent_interval" =~ ^[1-9][0-9]{0,5}$ ]] || { log "bad heartbeat interval '$agent_interval': 60 s"; agent_interval=60; }
 [[ "$agent_command" == *[![:space:]]* ]] || never_ran 99 "no command"
+readonly agent_code_uri agent_checkpoint_uri agent_master_addr agent_env_lines agent_command agent_interval
+
+# The starting line. Where to resume from is read after the go: the controller resolves the newest
+# complete checkpoint once the attempt before this one has saved, and gives it with the go. A value
+# that could not be read is never taken for "not held": that could start a second trainer.
+agent_hold="$(attr_or respawn-hold "")" || never_ran 98 "metadata unreadable: respawn-hold"
+agent_waited=""
+[ "$agent_hold" = 1 ] && hold_at_the_line
+readonly agent_hold agent_waited
+
+agent_resume_from="$(attr_or respawn-resume-from "")" || never_ran 98 "metadata unreadable: respawn-resume-from"
+agent_resume_step="$(attr_or respawn-resume-step "")" || never_ran 98 "metadata unreadable: respawn-resume-step"
+agent_resume_tag="$(attr_or respawn-resume-tag "")" || never_ran 98 "metadata unreadable: respawn-resume-tag"
 # Young/Daly's checkpoint interval for this attempt, advice only: one that is not a number of
 # seconds is dropped, never the run.
 agent_checkpoint_every="$(attr_or respawn-checkpoint-every-s "")" || agent_checkpoint_every=""
 [[ "$agent_checkpoint_every" =~ ^[1-9][0-9]{0,6}$ ]] || agent_checkpoint_every=""
-readonly agent_checkpoint_every
-readonly agent_code_uri agent_resume_from agent_resume_step agent_resume_tag agent_checkpoint_uri agent_master_addr agent_env_lines agent_command agent_interval
+readonly agent_checkpoint_every agent_resume_from agent_resume_step agent_resume_tag
 agent_role=node
 [ "$agent_tpu" = 1 ] && agent_role="node $agent_name, TPU worker"
 # Two lines, each within 80 columns as `respawn logs` prints them (stamp and VM name first) for
@@ -136,6 +276,7 @@ agent_role=node
 agent_from="from scratch"
 [ -n "$agent_resume_from" ] && agent_from="from ${agent_resume_step:+step $agent_resume_step}"
 [ "$agent_from" = "from " ] && agent_from="from a checkpoint"
+[ -n "$agent_waited" ] && log "the go after ${agent_waited} s at the line: $agent_from"
 log "job $agent_job attempt $agent_attempt $agent_role $agent_rank/$agent_nodes, $agent_from${agent_resume_tag:+ (tag $agent_resume_tag)}"
 if [ -n "$agent_resume_from" ]; then
   if [ -n "$agent_checkpoint_uri" ] && [[ "$agent_resume_from" == "${agent_checkpoint_uri%/}/"* ]]; then
@@ -162,10 +303,23 @@ fi
 # environment as it was before the spec's env, never another spec variable. Then the
 # contract's variables are exported again, so they win over anything the env lines set.
 # The launcher reads nothing but its positional parameters, which no env line can change.
+#
+# Before any of that, the launcher records its own pid (the trainer's: setsid and the shells exec
+# in place) as trainer.pid, and starts nothing once the shutdown script's flag is there. The
+# shutdown script flags first and then looks for trainer.pid, so whatever the timing it finds
+# every trainer that may run, and "no trainer.pid" means "no command will run". (Recorded by the
+# agent after the launch, a starved agent left a window in which a shutdown script found no
+# trainer: no SIGTERM, and a marker saying "saved" for a trainer that had saved nothing.)
 readonly agent_launcher='
+{ printf "%s\n" "$$" > "${18}/trainer.pid.new" && mv -f "${18}/trainer.pid.new" "${18}/trainer.pid"; } || exit 96
+if [ -e "${18}/stopping" ]; then
+  echo "respawn: the VM is stopping: the command does not start" >&2
+  exit 0
+fi
 export RESUME_FROM="$4" RESPAWN_CHECKPOINT_URI="$5" RESPAWN_JOB="$6" RESPAWN_ATTEMPT="$7" \
   RESPAWN_BUCKET="$8" NODE_RANK="$9" NODES="${10}" MASTER_ADDR="${11}" RESUME_STEP="${12}" RESUME_TAG="${13}" \
-  RESPAWN_CHECKPOINT_EVERY_S="${14}" RESPAWN_PROGRESS_FILE="${15}" RESPAWN_NOTICE_SECONDS="${16}"
+  RESPAWN_CHECKPOINT_EVERY_S="${14}" RESPAWN_PROGRESS_FILE="${15}" RESPAWN_NOTICE_SECONDS="${16}" \
+  RESPAWN_NOTICE_FILE="${17}"
 if [ -n "$2" ]; then
   declare -A respawn_base=()
   for respawn_n in $(compgen -e); do respawn_base[$respawn_n]="${!respawn_n}"; done
@@ -204,11 +358,19 @@ if [ -n "$2" ]; then
 fi
 export RESUME_FROM="$4" RESPAWN_CHECKPOINT_URI="$5" RESPAWN_JOB="$6" RESPAWN_ATTEMPT="$7" \
   RESPAWN_BUCKET="$8" NODE_RANK="$9" NODES="${10}" MASTER_ADDR="${11}" RESUME_STEP="${12}" RESUME_TAG="${13}" \
-  RESPAWN_CHECKPOINT_EVERY_S="${14}" RESPAWN_PROGRESS_FILE="${15}" RESPAWN_NOTICE_SECONDS="${16}"
+  RESPAWN_CHECKPOINT_EVERY_S="${14}" RESPAWN_PROGRESS_FILE="${15}" RESPAWN_NOTICE_SECONDS="${16}" \
+  RESPAWN_NOTICE_FILE="${17}"
 exec "$1" -c "$3"'
-# The notice the shutdown script assumes (its RESPAWN_NOTICE_SECONDS, 30 s: Spot's), told to the
-# trainer so that a save that cannot finish in it is skipped (respawnkit.notice).
+# How much time the trainer has from the first warning it gets to the hard-off, told to it so that a
+# save that cannot finish in it is skipped (respawnkit.notice): the shutdown's (its
+# RESPAWN_NOTICE_SECONDS, 30 s: Spot's), and before it the preemption notice when there is one
+# (its notice file comes then): 150 s with Google's 120 s notice.
 agent_notice="$(notice_seconds)"
+if [[ "$agent_preemption_notice" =~ ^[1-9] ]]; then
+  agent_notice_total=$((agent_preemption_notice * 1000 + $(notice_ms)))
+  agent_notice="$((agent_notice_total / 1000))"
+  ((agent_notice_total % 1000)) && agent_notice+="$(printf '.%03d' $((agent_notice_total % 1000)))"
+fi
 readonly agent_notice
 # When the trainer starts, by this VM's clock: every record says it, so that the controller's
 # ledger ends the attempt's boot there, not when a pass happened to see the VM RUNNING.
@@ -224,17 +386,9 @@ readonly agent_trainer_started agent_started_field
 setsid "$BASH" -c "$agent_launcher" respawn-trainer "$BASH" "$agent_env_lines" "$agent_command" \
   "$agent_resume_from" "$agent_checkpoint_uri" "$agent_job" "$agent_attempt" "$agent_bucket" \
   "$agent_rank" "$agent_nodes" "$agent_master_addr" "$agent_resume_step" "$agent_resume_tag" "$agent_checkpoint_every" \
-  "$agent_progress_file" "$agent_notice" &
+  "$agent_progress_file" "$agent_notice" "$agent_notice_file" "$agent_run_dir" &
 agent_trainer=$!
 readonly agent_trainer
-if ! { printf '%s\n' "$agent_trainer" > "$agent_run_dir/trainer.pid.new" \
-       && mv -f "$agent_run_dir/trainer.pid.new" "$agent_run_dir/trainer.pid"; }; then
-  # A trainer the shutdown script cannot find gets no SIGTERM, hence no save: never run one.
-  kill -KILL -- "-$agent_trainer" 2>/dev/null
-  wait "$agent_trainer" 2>/dev/null
-  rm -f "$agent_run_dir/trainer.started"
-  never_ran 96 "cannot write $agent_run_dir/trainer.pid"
-fi
 
 if [ "$agent_rank" = 0 ]; then
   ( while kill -0 "$agent_trainer" 2>/dev/null; do
@@ -262,6 +416,15 @@ case $? in
   # flag this exit is the command's own: an unreadable instance/preempted changes nothing.
   *) log "could not read instance/preempted; no stop under way here: reporting the exit" ;;
 esac
+
+# A trainer the shutdown script cannot find gets no SIGTERM, hence no save: the launcher runs no
+# command it could not record.
+agent_recorded=""
+{ read -r agent_recorded < "$agent_run_dir/trainer.pid"; } 2> /dev/null
+if [ "$agent_recorded" != "$agent_trainer" ]; then
+  rm -f "$agent_run_dir/trainer.started"
+  never_ran 96 "cannot write $agent_run_dir/trainer.pid"
+fi
 
 # The command's exit is the end of the job: it must stay in the foreground. Whatever it
 # left running in its process group (a daemon, a `tensorboard &`) is stopped before the

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -56,8 +57,9 @@ def token_of(name: str) -> str:
     return f"secret-of-{name}"
 
 
-def boot(srv: ComputeServer, name: str, command: str, **attributes: str | None) -> None:
-    """Boot a VM named <job>-<attempt>[-n<rank>]; an attribute given as None is left out."""
+def boot(srv: ComputeServer, name: str, command: str, *, notice_s: int = 0, **attributes: str | None) -> None:
+    """Boot a VM named <job>-<attempt>[-n<rank>]; an attribute given as None is left out. ``notice_s``: the
+    Spot preemption notice asked of Compute (``scheduling.preemptionNoticeDuration``), and told to the agent."""
     job, attempt = name.split("-")[0], name.split("-")[1]
     md = {"startup-script": STARTUP, "shutdown-script": SHUTDOWN, "respawn-job": job, "respawn-bucket": BUCKET,
           "respawn-attempt": attempt, "respawn-token": token_of(name), "respawn-command": command,
@@ -67,8 +69,11 @@ def boot(srv: ComputeServer, name: str, command: str, **attributes: str | None) 
     body = {"name": name, "machineType": "zones/us-central1-a/machineTypes/g2-standard-8",
             "disks": [{"boot": True, "initializeParams": {"sourceImage": "projects/debian-cloud/global/images/family/debian-12"}}],
             "networkInterfaces": [{"network": "global/networks/default"}],
-            "scheduling": {"provisioningModel": "SPOT", "automaticRestart": False, "onHostMaintenance": "TERMINATE"},
+            "scheduling": {"provisioningModel": "SPOT", "automaticRestart": False, "onHostMaintenance": "TERMINATE",
+                           **({"preemptionNoticeDuration": {"seconds": str(notice_s)}} if notice_s else {})},
             "metadata": {"items": [{"key": k, "value": v} for k, v in md.items()]}}
+    if notice_s:
+        body["metadata"]["items"].append({"key": "respawn-preemption-notice-s", "value": str(notice_s)})
     r = requests.post(f"{srv.endpoint}/compute/v1/projects/{PROJECT}/zones/us-central1-a/instances", json=body, timeout=10)
     assert r.ok, r.text
 
@@ -372,7 +377,10 @@ def test_without_a_token_from_the_controller_records_have_no_token_field(gcs, sr
 
 class FakeMetadata:
     """A metadata server whose answers a test scripts: per path, a value (str), a list of
-    HTTP statuses to answer first (then the value), or "hang"; unknown paths are 404."""
+    HTTP statuses to answer first (then the value), or "hang"; unknown paths are 404. Answers
+    carry an ETag; ``wait_for_change=true`` with a ``last_etag`` waits (up to ``timeout_sec``) for
+    the value to change, as Google's does; a folder (``instance/attributes/``) with
+    ``recursive=true`` is the JSON of the string values under it."""
 
     def __init__(self, values: dict[str, Any]) -> None:
         self.values = values
@@ -382,7 +390,9 @@ class FakeMetadata:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                path = self.path.partition("?")[0].removeprefix("/computeMetadata/v1/")
+                path, _, query = self.path.partition("?")
+                path = path.removeprefix("/computeMetadata/v1/")
+                args = dict(pair.partition("=")[::2] for pair in query.split("&") if pair)
                 owner.hits[path] = owner.hits.get(path, 0) + 1
                 value = owner.values.get(path)
                 if value == "hang":
@@ -392,15 +402,25 @@ class FakeMetadata:
                     statuses, value = value
                     if owner.hits[path] <= len(statuses):
                         return self.reply(statuses[owner.hits[path] - 1], b"try again")
-                if value is None:
+                body = owner.body(path, args)
+                if body is not None and args.get("wait_for_change") == "true" and args.get("last_etag"):
+                    end = time.monotonic() + min(float(args.get("timeout_sec", 60)), 30)
+                    while etag(body) == args["last_etag"] and time.monotonic() < end and not owner.release.is_set():
+                        time.sleep(0.05)
+                        body = owner.body(path, args)
+                        if body is None:
+                            break
+                if body is None:
                     return self.reply(404, b"Not Found")
-                self.reply(200, value.encode())
+                self.reply(200, body)
 
             do_POST = do_GET  # a stand-in GCS takes uploads too
 
             def reply(self, code: int, body: bytes) -> None:
                 self.send_response(code)
                 self.send_header("Content-Length", str(len(body)))
+                if code == 200:
+                    self.send_header("ETag", etag(body))
                 self.end_headers()
                 self.wfile.write(body)
 
@@ -410,6 +430,18 @@ class FakeMetadata:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
+    def body(self, path: str, args: dict[str, str]) -> bytes | None:
+        value = self.values.get(path)
+        if isinstance(value, tuple):
+            value = value[1]
+        if isinstance(value, str):
+            return value.encode()
+        if path.endswith("/") and args.get("recursive") == "true":
+            under = {k.removeprefix(path): v[1] if isinstance(v, tuple) else v for k, v in list(self.values.items())
+                     if k.startswith(path)}
+            return json.dumps({k: v for k, v in under.items() if isinstance(v, str)}, sort_keys=True).encode()
+        return None
+
     @property
     def host(self) -> str:
         return f"127.0.0.1:{self.server.server_address[1]}"
@@ -418,6 +450,12 @@ class FakeMetadata:
         self.release.set()
         self.server.shutdown()
         self.server.server_close()
+
+
+def etag(body: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha1(body).hexdigest()[:16]
 
 
 COMMON = (REPO_ROOT / "deploy" / "vm" / "common.sh").read_text()
@@ -525,6 +563,30 @@ def test_a_trainer_that_ignores_sigterm_gets_its_marker_at_the_deadline_before_t
     until("the VM to stop", lambda: status(srv, "deaf-2") == "TERMINATED")
 
 
+def test_a_trainer_is_recorded_before_its_command_runs_so_a_preemption_never_misses_it(gcs, tmp_path):
+    """Issue 35, item 20: a trainer that ignores SIGTERM was marked 'saved': the agent recorded the trainer's pid
+    after launching it, and a shutdown script that came before that record took 'no trainer.pid' for 'no
+    trainer': no SIGTERM, no wait, 'saved': true. A starved agent (its rename of trainer.pid slowed here) left
+    that window open for as long as it was starved."""
+    import shutil
+
+    slow = tmp_path / "slow-bin"
+    slow.mkdir()
+    (slow / "mv").write_text(f'#!/bin/bash\ncase "${{!#}}" in *trainer.pid) sleep 3 ;; esac\n'
+                             f'exec {shutil.which("mv")} "$@"\n')
+    (slow / "mv").chmod(0o755)
+    env = vm_env(gcs)
+    env["PATH"] = f"{slow}:{env['PATH']}"
+    with ComputeServer(vm_env=env, boot_delay=0.05, shutdown_budget=NOTICE) as srv:
+        boot(srv, "late-1", "trap 'echo term >> got-sigterm.txt' TERM; echo started > started.txt; "
+                            "while true; do sleep 0.1; done")  # notes SIGTERM, and trains on
+        until("the command to start", lambda: (srv.workdir_of("late-1") / "started.txt").exists(), timeout=20)
+        srv.preempt("late-1")
+        marker = until("the marker", lambda: read(gcs, "preempted-jobs/late"))
+        assert (srv.workdir_of("late-1") / "got-sigterm.txt").exists(), "the running command got no SIGTERM"
+        assert (marker["reason"], marker["saved"]) == ("preempted", False), marker
+
+
 # -- the VM scripts run by hand, against a scripted metadata server -----------------------
 
 POWEROFF_SHIM = '#!/bin/sh\necho poweroff >> "$RESPAWN_TEST_POWEROFF"\n'
@@ -538,9 +600,12 @@ class Guest:
         (root / "bin").mkdir(parents=True, exist_ok=True)
         (root / "bin" / "poweroff").write_text(POWEROFF_SHIM)
         (root / "bin" / "poweroff").chmod(0o755)
+        # Every process of this VM carries the tag, whatever its process group (the agent's watchers have
+        # their own): close() ends them all, as a power-off does.
+        self.tag = f"{root}-{id(self)}"
         self.env = {"PATH": f"{root / 'bin'}:{os.environ['PATH']}", "GCE_METADATA_HOST": md.host,
                     "STORAGE_EMULATOR_HOST": gcs_url, "RESPAWN_RUN_DIR": str(self.run_dir),
-                    "RESPAWN_TEST_POWEROFF": str(root / "poweroffs"), **env}
+                    "RESPAWN_TEST_POWEROFF": str(root / "poweroffs"), "RESPAWN_TEST_VM": self.tag, **env}
         self.processes: list[subprocess.Popen[str]] = []
 
     def start(self, script: str) -> subprocess.Popen[str]:
@@ -564,16 +629,13 @@ class Guest:
         return path.read_text().splitlines() if path.exists() else []
 
     def close(self) -> None:
-        pids = [p.pid for p in self.processes]
-        try:
-            pids.append(int((self.run_dir / "trainer.pid").read_text()))
-        except (OSError, ValueError):
-            pass
-        for pid in pids:
+        needle = f"RESPAWN_TEST_VM={self.tag}".encode()
+        for entry in Path("/proc").iterdir():
             try:
-                os.killpg(pid, 9)
-            except (ProcessLookupError, PermissionError):
-                pass
+                if entry.name.isdigit() and needle in (entry / "environ").read_bytes().split(b"\0"):
+                    os.kill(int(entry.name), 9)
+            except (OSError, ProcessLookupError):
+                continue
         for p in self.processes:
             try:
                 p.wait(timeout=5)
@@ -840,3 +902,197 @@ def test_the_agent_reads_the_notice_as_respawnkit_does_a_zero_is_the_30_s_defaul
     out = subprocess.run(["bash", "-c", f"set -uo pipefail\n{COMMON}\nnotice_seconds"], capture_output=True, text=True,
                          timeout=10, env={"PATH": os.environ["PATH"], "RESPAWN_NOTICE_SECONDS": value})
     assert out.stdout == used, out.stderr
+
+
+# -- the preemption notice: recorded at once, then told to the trainer (issue 34) ----------
+
+# Waits for the notice file, then says whether the notice record was already in the bucket, and trains on.
+HEEDS = ('printf \'%s\\n\' "$RESPAWN_NOTICE_SECONDS" "$RESPAWN_NOTICE_FILE" > told.txt; echo started > started.txt; '
+         'while [ ! -e "$RESPAWN_NOTICE_FILE" ]; do sleep 0.02; done; '
+         'if curl -sf -o /dev/null "$STORAGE_EMULATOR_HOST/storage/v1/b/$RESPAWN_BUCKET/o/jobs%2F$RESPAWN_JOB%2Fnotice"; '
+         'then heard=recorded; else heard=not-recorded; fi; '
+         'cp "$RESPAWN_NOTICE_FILE" seen.json; echo "$heard" > heard.txt; while true; do sleep 0.1; done')
+
+
+def generation(gcs: LocalGcs, name: str) -> int:
+    return client(gcs.url).bucket(BUCKET).get_blob(name).generation
+
+
+def test_a_notice_is_recorded_once_before_the_trainer_hears_of_it_and_training_goes_on(gcs, guest):
+    values = vm_identity("heed-3", HEEDS, **{"respawn-preemption-notice-s": "120"})
+    g = guest(values, gcs.url, RESPAWN_NOTICE_SECONDS="4")
+    booted = g.start(STARTUP)
+    until("the trainer", lambda: (g.run_dir / "started.txt").exists())
+    told_notice, told_file = g.lines("told.txt")
+    assert told_notice == "124"  # from the notice to the hard-off: 120 s of notice, then the shutdown's 4 s
+    assert told_file == str(g.run_dir / "notice.json") and not Path(told_file).exists()
+    noticed = time.time()
+    values["instance/preempted"] = "TRUE"  # Compute's notice: the VM runs on for 120 s
+    record = until("the notice record", lambda: read(gcs, "jobs/heed/notice"))
+    assert (record["reason"], record["notice_s"], record["attempt"], record["instance"], record["node"], record["token"]) \
+        == ("preempted", 120, 3, "heed-3", 0, token_of("heed-3"))
+    assert until("the trainer to hear of it", lambda: g.lines("heard.txt")) == ["recorded"], "told before it was recorded"
+    seen = json.loads((g.run_dir / "seen.json").read_text())
+    assert seen["reason"] == "preempted" and noticed - 1 <= seen["at"] <= time.time()
+    assert seen["hard_off"] - seen["at"] == pytest.approx(124, abs=0.01)
+    time.sleep(1)
+    assert booted.poll() is None and read(gcs, "jobs/heed/exit") is None, "a notice is not a stop"
+    written = generation(gcs, "jobs/heed/notice")
+    values["instance/maintenance-event"] = "TERMINATE_ON_HOST_MAINTENANCE"  # a second word of a loss: no second record
+    time.sleep(1)
+    # The soft-off: the shutdown script SIGTERMs, tells the trainer the hard-off it knows now, writes the marker.
+    out = g.run(SHUTDOWN, timeout=20) + booted.communicate(timeout=20)[0]
+    marker = read(gcs, "preempted-jobs/heed")
+    assert marker is not None and (marker["reason"], marker["saved"]) == ("maintenance", True), out
+    assert generation(gcs, "jobs/heed/notice") == written and out.count("notice recorded") == 1, out
+    rewritten = json.loads((g.run_dir / "notice.json").read_text())
+    assert rewritten["at"] == seen["at"] and rewritten["hard_off"] < seen["hard_off"] - 100, rewritten
+    assert read(gcs, "jobs/heed/exit") is None
+
+
+def test_a_maintenance_that_migrates_writes_nothing_and_one_that_terminates_is_a_notice(gcs, guest):
+    values = vm_identity("move-1", HEEDS)
+    g = guest(values, gcs.url)
+    g.start(STARTUP)
+    until("the trainer", lambda: (g.run_dir / "started.txt").exists())
+    values["instance/maintenance-event"] = "MIGRATE_ON_HOST_MAINTENANCE"  # live migration: no loss
+    until("the watcher to see it", lambda: g.md.hits.get("instance/maintenance-event", 0) >= 3)
+    time.sleep(1)
+    values["instance/maintenance-event"] = "NONE"
+    time.sleep(0.5)
+    assert read(gcs, "jobs/move/notice") is None and not (g.run_dir / "notice.json").exists()
+    values["instance/maintenance-event"] = "TERMINATE_ON_HOST_MAINTENANCE"
+    record = until("the notice record", lambda: read(gcs, "jobs/move/notice"))
+    assert record["reason"] == "maintenance" and "notice_s" not in record  # Google's warning: a minute, or an hour
+    assert until("the trainer to hear of it", lambda: g.lines("heard.txt")) == ["recorded"]
+    assert json.loads((g.run_dir / "seen.json").read_text())["reason"] == "maintenance"
+
+
+def test_a_command_that_ends_during_the_notice_reports_its_exit(gcs, guest):
+    # preempted is TRUE for the notice's 120 s before the soft-off: an exit meanwhile is the command's own
+    values = vm_identity("ends-2", 'while [ ! -e "$RESPAWN_NOTICE_FILE" ]; do sleep 0.02; done; exit 3',
+                         **{"respawn-preemption-notice-s": "120"})
+    g = guest(values, gcs.url)
+    booted = g.start(STARTUP)
+    until("the trainer's heartbeat", lambda: read(gcs, "jobs/ends/heartbeat"))
+    values["instance/preempted"] = "TRUE"
+    out, _ = booted.communicate(timeout=30)
+    record = read(gcs, "jobs/ends/exit")
+    assert record is not None and record["exit_code"] == 3, out
+    assert read(gcs, "jobs/ends/notice")["notice_s"] == 120 and g.poweroffs == 1
+
+
+def test_without_a_notice_the_preempted_vm_records_its_notice_once_beside_the_marker(gcs, srv):
+    boot(srv, "now-2", TRAP)
+    until("the trainer to start", lambda: (srv.workdir_of("now-2") / "started.txt").exists())
+    srv.preempt("now-2")  # preempted TRUE at the soft-off: the watcher and the shutdown script both see it
+    marker = until("the marker", lambda: read(gcs, "preempted-jobs/now"))
+    record = until("the notice record", lambda: read(gcs, "jobs/now/notice"))
+    assert (record["reason"], record["notice_s"], record["attempt"], record["token"]) == ("preempted", 0, 2, token_of("now-2"))
+    assert (marker["reason"], marker["saved"]) == ("preempted", True)
+    until("the VM to stop", lambda: status(srv, "now-2") == "TERMINATED")
+    assert serial(srv, "now-2").count("notice recorded") == 1
+
+
+def test_a_preemption_with_notice_is_recorded_and_told_while_the_vm_still_runs(gcs):
+    # Google's 120 s notice, shortened 60 times: preempted turns TRUE 2 s before the soft-off.
+    with ComputeServer(vm_env=vm_env(gcs), boot_delay=0.05, shutdown_budget=NOTICE, notice_scale=1 / 60) as srv:
+        boot(srv, "soon-4", HEEDS, notice_s=120)
+        until("the trainer to start", lambda: (srv.workdir_of("soon-4") / "started.txt").exists())
+        srv.preempt("soon-4")
+        record = until("the notice record", lambda: read(gcs, "jobs/soon/notice"))
+        assert status(srv, "soon-4") == "RUNNING", "the record came after the soft-off"
+        assert (record["reason"], record["notice_s"]) == ("preempted", 120)
+        assert until("the trainer to hear of it", lambda: (srv.workdir_of("soon-4") / "heard.txt").exists())
+        assert status(srv, "soon-4") == "RUNNING"
+        assert (srv.workdir_of("soon-4") / "heard.txt").read_text().strip() == "recorded"
+        marker = until("the marker", lambda: read(gcs, "preempted-jobs/soon"))
+        assert marker["reason"] == "preempted" and read(gcs, "jobs/soon/exit") is None
+        assert serial(srv, "soon-4").count("notice recorded") == 1
+
+
+# -- the starting line: a held VM prepares, waits for its go, then starts (issue 34) --------
+
+HELD = {"respawn-hold": "1", "respawn-line-poke-s": "1"}
+RUNS = 'env | grep -E "^(RESUME_|RESPAWN_CHECKPOINT_EVERY)" | sort > env.txt; echo started > started.txt; '
+
+
+def code_tarball(gcs: LocalGcs, name: str) -> str:
+    tarball = io.BytesIO()
+    with tarfile.open(fileobj=tarball, mode="w:gz") as tar:
+        data = b"echo from-the-tarball > proof.txt\n"
+        info = tarfile.TarInfo("prepare.sh")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    client(gcs.url).bucket(BUCKET).blob(f"code/{name}.tar.gz").upload_from_string(tarball.getvalue())
+    return f"gs://{BUCKET}/code/{name}.tar.gz"
+
+
+def test_a_held_vm_prepares_writes_ready_and_starts_only_on_its_go_from_the_gos_checkpoint(gcs, srv):
+    boot(srv, "line-2", RUNS + "exit 0", **HELD, **{"respawn-code": code_tarball(gcs, "line"),
+                                                   "respawn-resume-from": "gs://ck/line/step_000010",  # stale by the go
+                                                   "respawn-resume-step": "10"})
+    first = until("the ready record", lambda: read(gcs, "jobs/line/ready"))
+    assert (first["attempt"], first["instance"], first["node"], first["token"]) == (2, "line-2", 0, token_of("line-2"))
+    assert datetime.fromisoformat(first["waiting_since"]) <= datetime.fromisoformat(first["at"])
+    assert (srv.workdir_of("line-2") / "code" / "prepare.sh").exists(), "the code was not fetched before the line"
+    again = until("the ready record again", lambda: (r := read(gcs, "jobs/line/ready")) and r["at"] != first["at"] and r)
+    assert again["waiting_since"] == first["waiting_since"]
+    srv.set_metadata("line-2", {"respawn-go": "1"})  # another attempt's go: not this VM's
+    until("the agent to say so", lambda: "ignoring respawn-go '1'" in serial(srv, "line-2"))
+    time.sleep(1)
+    assert not (srv.workdir_of("line-2") / "code" / "started.txt").exists(), "started on another attempt's go"
+    assert read(gcs, "jobs/line/heartbeat") is None and read(gcs, "jobs/line/exit") is None
+    srv.set_metadata("line-2", {"respawn-go": "2", "respawn-resume-from": "gs://ck/line/step_000020",
+                                "respawn-resume-step": "20", "respawn-resume-tag": "", "respawn-checkpoint-every-s": "600"})
+    record = until("the exit record", lambda: read(gcs, "jobs/line/exit"))
+    assert record["exit_code"] == 0 and started_at(record) > datetime.fromisoformat(again["at"])
+    env = dict(line.split("=", 1) for line in (srv.workdir_of("line-2") / "code" / "env.txt").read_text().splitlines())
+    assert (env["RESUME_FROM"], env["RESUME_STEP"], env["RESPAWN_CHECKPOINT_EVERY_S"]) == \
+        ("gs://ck/line/step_000020", "20", "600")
+    assert "the go after " in serial(srv, "line-2") and serial(srv, "line-2").count("ignoring respawn-go") == 1
+
+
+def test_each_node_of_a_held_gang_waits_and_starts_on_its_own_go(gcs, srv):
+    gang = {**HELD, "respawn-nodes": "2", "respawn-master-addr": "pair-5-n0"}
+    for node in ("pair-5-n0", "pair-5-n1"):
+        boot(srv, node, "echo started > started.txt; sleep 60", **gang)
+    until("rank 0's ready record", lambda: read(gcs, "jobs/pair/ready"))
+    until("both at the line", lambda: all("waiting at the line" in serial(srv, n) for n in ("pair-5-n0", "pair-5-n1")))
+    assert read(gcs, "jobs/pair/ready")["instance"] == "pair-5-n0", "only rank 0 writes the ready record"
+    srv.set_metadata("pair-5-n1", {"respawn-go": "5"})
+    until("node 1 to start", lambda: (srv.workdir_of("pair-5-n1") / "started.txt").exists())
+    time.sleep(1)
+    assert not (srv.workdir_of("pair-5-n0") / "started.txt").exists(), "node 0 started on node 1's go"
+    srv.set_metadata("pair-5-n0", {"respawn-go": "5"})
+    until("node 0 to start", lambda: (srv.workdir_of("pair-5-n0") / "started.txt").exists())
+
+
+def test_a_stop_at_the_line_starts_no_trainer_and_writes_no_exit_record(gcs, srv):
+    boot(srv, "gone-4", "echo ran > ran.txt; exit 0", **HELD)
+    until("the ready record", lambda: read(gcs, "jobs/gone/ready"))
+    srv.preempt("gone-4")  # no notice: preempted, STOPPING and the shutdown script at once
+    marker = until("the marker", lambda: read(gcs, "preempted-jobs/gone"))
+    assert (marker["reason"], marker["saved"], marker["attempt"]) == ("preempted", True, 4)
+    srv.set_metadata("gone-4", {"respawn-go": "4"})  # a go that comes too late changes nothing
+    until("the VM to stop", lambda: status(srv, "gone-4") == "TERMINATED")
+    assert not (srv.workdir_of("gone-4") / "ran.txt").exists() and read(gcs, "jobs/gone/exit") is None
+
+
+def test_the_starting_line_lines_fit_80_columns_as_respawn_logs_prints_them(gcs, srv):
+    from controller.cli.joblogs import STAMP, one_stamp
+
+    boot(srv, "demo-3", "echo started > started.txt; sleep 30", **HELD,
+         **{"respawn-checkpoint-uri": "gs://respawn-local/checkpoints/demo"})
+    until("the ready record", lambda: read(gcs, "jobs/demo/ready"))
+    srv.set_metadata("demo-3", {"respawn-go": "3", "respawn-resume-step": "153",
+                                "respawn-resume-from": "gs://respawn-local/checkpoints/demo/step_000153"})
+    until("the trainer", lambda: (srv.workdir_of("demo-3") / "started.txt").exists())
+    lines = [line for line in serial(srv, "demo-3").splitlines() if line.startswith("respawn: ")]
+    said = [line for line in lines if "at the line" in line]
+    assert len(said) == 2, lines
+    when = datetime.fromisoformat(said[0].split()[1])
+    shown = [f"{when:{STAMP}} demo-3 {one_stamp(line, when)}" for line in said]
+    assert all(len(line) <= 80 for line in shown), shown
+    assert shown[0].endswith("respawn: waiting at the line for attempt 2's save (the go)"), shown
+    assert re.search(r"respawn: the go after \d+ s at the line: from step 153$", shown[1]), shown

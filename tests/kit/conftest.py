@@ -15,7 +15,8 @@ TRAINER = os.path.join(REPO, "tests", "kit", "trainer.py")
 
 @pytest.fixture(autouse=True)
 def _no_agent_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in ("RESUME_FROM", "RESUME_STEP", "RESUME_TAG", "NODE_RANK"):
+    for key in ("RESUME_FROM", "RESUME_STEP", "RESUME_TAG", "NODE_RANK", "RESPAWN_NOTICE_FILE", "RESPAWN_NOTICE_SECONDS",
+                "RESPAWN_NOTICE_DEADLINE"):
         monkeypatch.delenv(key, raising=False)
 
 

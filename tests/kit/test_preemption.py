@@ -68,3 +68,22 @@ def test_sigterm_saves_at_the_next_step_flushes_and_a_resume_loses_no_step(spawn
     lines = out.strip().splitlines()
     assert lines[0] == f"resumed at step {stopped}" and lines[1] == f"step {stopped + 1}"
     assert lines[-1] == f"done at step 40 state {expected_state(40)}"  # as an uninterrupted run ends
+
+
+def test_a_notice_file_saves_at_the_next_step_and_the_run_goes_on_to_its_end(spawn, tmp_path) -> None:
+    bucket, notice = str(tmp_path / "bucket"), tmp_path / "notice.json"
+    trainer = spawn(trainer_env(bucket, STEPS=40, STEP_S=0.05, SAVE_EVERY=0, RESPAWN_NOTICE_FILE=notice))
+    read_until(trainer, lambda line: line == "step 13")
+    now = time.time()
+    notice.with_suffix(".new").write_text(json.dumps({"at": now, "hard_off": now + 150, "reason": "preempted"}))
+    os.replace(notice.with_suffix(".new"), notice)  # as the agent writes it: whole
+    out, err = trainer.communicate(timeout=30)
+    assert trainer.returncode == 0, err
+    assert out.strip().splitlines()[-1] == f"done at step 40 state {expected_state(40)}"  # no stop
+    assert "notice (preempted): saving at the next step boundary and training on" in err
+    saved = sorted(os.listdir(bucket))
+    assert len(saved) == 1, saved  # the notice's one save (SAVE_EVERY=0: no other)
+    found = finder.latest(bucket)
+    assert 13 <= found.step <= 15, found  # the step boundary after the notice (the write lands between steps)
+    with open(os.path.join(finder.local(found, bucket), "state.json")) as f:
+        assert json.load(f) == {"step": found.step, "state": expected_state(found.step)}

@@ -339,3 +339,79 @@ def test_a_zero_notice_is_the_30_s_default_as_the_agent_reads_it(monkeypatch) ->
     notice = Notice()
     notice.trigger(now=1000.0)
     assert notice.deadline == 1000.0 + 30 - 5
+
+
+# -- the notice file: the agent's word that the VM will be lost, before the SIGTERM ----------
+
+def notice_file(path, at: float, hard_off: float, reason: str = "preempted") -> None:
+    """What the agent writes: whole, through a rename."""
+    path.with_suffix(".new").write_text(json.dumps({"at": at, "hard_off": hard_off, "reason": reason}))
+    os.replace(path.with_suffix(".new"), path)
+
+
+def test_a_notice_saves_at_the_next_step_boundary_and_training_goes_on(tmp_path, capfd) -> None:
+    path = tmp_path / "notice.json"
+    notice = Notice(path=str(path))
+    saver = saver_for(RecordingStore(str(tmp_path / "bucket")), sigterm=notice, every_s=None)
+    assert not saver.on_step_end(1, writer({"w": b"1"})) and saver.saved_step is None
+    now = time.time()
+    notice_file(path, now, now + 150)
+    assert not saver.on_step_end(2, writer({"w": b"2"}))  # saved, and no stop: a notice is not a stop
+    assert saver.flush(10) and saver.saved_step == 2 and not saver.stop_requested
+    for step in (3, 4):  # one save per notice: the steps after it train on unsaved
+        assert not saver.on_step_end(step, writer({"w": b"x"}))
+    assert saver.flush(10) and saver.saved_step == 2
+    assert "notice (preempted): saving at the next step boundary and training on" in capfd.readouterr().err
+    notice.trigger()  # then the soft-off: SIGTERM's save, and the stop
+    assert saver.on_step_end(5, writer({"w": b"5"}))
+    assert saver.saved_step == 5 and finder.latest(str(tmp_path / "bucket")).step == 5
+
+
+def test_the_deadline_follows_the_notice_files_hard_off(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("RESPAWN_NOTICE_SECONDS", "150")  # the agent's: 120 s of notice, then 30 s of shutdown
+    path = tmp_path / "notice.json"
+    notice = Notice(path=str(path))
+    assert notice.deadline is None and not notice.poll()
+    notice_file(path, 1000.0, 1150.0)
+    assert notice.poll() and notice.warned and not notice.requested
+    assert notice.deadline == 1150.0 - 5  # the hard-off less the shutdown script's margin
+    notice.trigger(now=1121.0)  # SIGTERM at the soft-off: the file still says when the hard-off comes
+    assert notice.deadline == 1145.0 and notice.until_hard_off(now=1121.0) == 29.0
+    notice_file(path, 1000.0, 1152.5)  # the shutdown script's own reckoning at the soft-off
+    assert not notice.poll()  # no second notice...
+    assert notice.deadline == 1147.5  # ...but its hard-off
+
+
+def test_without_a_notice_file_that_says_more_sigterm_counts_from_its_arrival(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("RESPAWN_NOTICE_SECONDS", "30")
+    path = tmp_path / "notice.json"
+    notice = Notice(path=str(path))
+    notice_file(path, 1000.0, 1030.0, reason="maintenance")  # a maintenance reckoned a 0 s notice; it came later
+    notice.poll()
+    notice.trigger(now=2000.0)
+    assert notice.deadline == 2000.0 + 30 - 5
+    bare = Notice(path=str(tmp_path / "none.json"))
+    bare.trigger(now=2000.0)
+    assert bare.deadline == 2025.0
+
+
+def test_a_notice_save_that_cannot_land_before_the_deadline_is_skipped_and_said(tmp_path, capfd) -> None:
+    path = tmp_path / "notice.json"
+    notice = Notice(path=str(path))
+    saver = saver_for(RecordingStore(str(tmp_path / "bucket")), sigterm=notice, every_s=None)
+    saver.save(1, writer({"w": b"1"}, pause=0.8))
+    assert saver.flush(10)
+    now = time.time()
+    notice_file(path, now, now + 1.0)  # the deadline 0.75 s away: the 0.8 s save cannot land before it
+    assert not saver.on_step_end(2, writer({"w": b"2"}))
+    assert saver.skipped == [2] and saver.saved_step == 1
+    assert "the notice at step 2: not saving: a save needs about 0.8 s" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("body", ["{", '{"at": 5}', '{"at": 10, "hard_off": 5}', '{"at": "NaN", "hard_off": 9}', "[]"])
+def test_a_notice_file_that_makes_no_sense_is_no_notice(tmp_path, capfd, body) -> None:
+    path = tmp_path / "notice.json"
+    path.write_text(body)
+    notice = Notice(path=str(path))
+    assert not notice.poll() and not notice.noticed and notice.deadline is None
+    assert "notice file" in capfd.readouterr().err
