@@ -103,6 +103,7 @@ class MetadataServer:
         self._snapshot = snapshot
         self._changed = threading.Condition()
         self._version = 0  # bumped by every changed(): a waiter that saw it move looks again
+        self._stopped = False
         self._served = Served(self._app(), "metadata", threads=8)
 
     @property
@@ -116,6 +117,9 @@ class MetadataServer:
             self._changed.notify_all()
 
     def stop(self) -> None:
+        # Long polls answer at once once the VM is off (a guest's agent is gone with it): left
+        # blocked, they would hold the server's shutdown for its own 5 s wait at every power-off.
+        self._stopped = True
         self.changed()
         self._served.stop()
 
@@ -179,7 +183,7 @@ class MetadataServer:
                 seen = self._version
             value = self._lookup(path)
             left = deadline - time.monotonic()
-            if _etag(value) != baseline or left <= 0:
+            if _etag(value) != baseline or left <= 0 or self._stopped:
                 return value
             with self._changed:
                 if self._version == seen:

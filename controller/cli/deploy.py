@@ -142,7 +142,8 @@ def trainer_condition(bucket: str) -> str:
     """CEL for the trainer's bucket binding: the VM records of any job, nothing else.
 
     Object resource names are ``projects/_/buckets/BUCKET/objects/OBJECT``. Any name this
-    admits is, under the bucket contract, an exit record, a heartbeat or a marker, or is
+    admits is, under the bucket contract, an exit record, a heartbeat, a notice, a ready record
+    (a standby at its starting line) or a marker, or is
     outside the contract (``jobs/a/b/exit``) and ignored by the controller: never a spec,
     a status, a cancel request or anything the controller executes. Listing the bucket is
     checked against the bucket's own name, which this never admits.
@@ -153,7 +154,8 @@ def trainer_condition(bucket: str) -> str:
     return (
         f'resource.name.startsWith("{objects}{names.MARKERS_PREFIX}") || '
         f'(resource.name.startsWith("{objects}{names.JOBS_PREFIX}") && '
-        f'(resource.name.endsWith("/{names.EXIT}") || resource.name.endsWith("/{names.HEARTBEAT}")))'
+        f'(resource.name.endsWith("/{names.EXIT}") || resource.name.endsWith("/{names.HEARTBEAT}") || '
+        f'resource.name.endsWith("/{names.NOTICE}") || resource.name.endsWith("/{names.READY}")))'
     )
 
 
@@ -500,14 +502,14 @@ def plan(t: Target) -> list[Step]:
              unchanged_says=f"{TRAINER_ROLE_ID} has exactly {', '.join(TRAINER_PERMISSIONS)}",
              # created by another deploy between the look and the create: the next deploy checks it
              done_if=("already exists", "ALREADY_EXISTS")),
-        Step("trainer-bucket", "let the trainer VMs write only jobs/<job>/exit, jobs/<job>/heartbeat and "
+        Step("trainer-bucket", "let the trainer VMs write only jobs/<job>/exit, heartbeat, notice, ready and "
              "preempted-jobs/<job>",
              ("gcloud", "storage", "buckets", "add-iam-policy-binding", bucket,
               f"--member={trainer}", f"--role=projects/{t.project}/roles/{TRAINER_ROLE_ID}",
               "--condition=" + gcloud_dict({
                   "expression": trainer_condition(t.bucket),
                   "title": TRAINER_CONDITION_TITLE,
-                  "description": "respawn VM records only: jobs/<job>/exit, jobs/<job>/heartbeat, "
+                  "description": "respawn VM records only: jobs/<job>/exit, heartbeat, notice, ready, "
                                  "preempted-jobs/<job>"}),
               project),
              retry_if=_IAM_LAG),

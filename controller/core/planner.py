@@ -808,7 +808,7 @@ def _cleanup(v: JobView, st: JobStatus) -> list[Action]:
              for i in v.instances if i.attempt < st.attempt or (_spare(st, i) and not _standing_by(st, i))]
     if not st.inserted:
         return husks
-    stale = [r for r in v.records() if not r.belongs_to(st)]
+    stale = [r for r in v.records() if not r.belongs_to(st) and not r.belongs_to_standby(st)]
     if v.ready is not None and not v.ready.belongs_to_standby(st) and not (v.ready.belongs_to(st) and st.held):
         stale.append(v.ready)  # its VM is past the line, or it was never one of ours to wait
     return [*husks, *(DeleteRecord(v.job, r.key, r.generation, _why_stale(r, st)) for r in stale)]
@@ -888,6 +888,8 @@ def _standby(v: JobView, spec: JobSpec, st: JobStatus, mine: dict[str, Instance]
         return _begin_standby(v, spec, st, why, until, now, ctx)
     if not handover.may_stand_by(spec, st) or sb.spec_generation != v.spec_generation:
         return _stand_down(v, st, f"{', '.join(sb.instances)} no longer fits the job (its spec or budget changed)", now)
+    if why := _standby_lost(v, st):
+        return _stand_down(v, st, why, now, notice=True)
     if why := handover.came_to_nothing(v, st, mine, now):
         return _stand_down(v, st, why, now, notice=True)
     if not sb.inserted:
@@ -918,10 +920,25 @@ def _insert_standby(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx
     return [create, WriteStatus(v.job, handover.standby_inserted(st, now), "standby inserted")]
 
 
+def _standby_lost(v: JobView, st: JobStatus) -> str | None:
+    """Why the standby is of no use any more: its own VMs got a preemption notice, or went down (or
+    vanished) at their line. None otherwise, and while its zone cannot be seen."""
+    sb = st.standby
+    assert sb is not None
+    if v.notice is not None and v.notice.belongs_to_standby(st):
+        return f"{v.notice.instance or sb.instances[0]} got a preemption notice at its starting line"
+    if not sb.inserted or sb.zone in v.unreachable:
+        return None
+    theirs = {i.name: i for i in v.instances if _standing_by(st, i)}
+    gone = [n for n in sb.instances if n not in theirs or theirs[n].status.down]
+    return f"{', '.join(gone)} lost at its starting line" if gone else None
+
+
 def _stand_down(v: JobView, st: JobStatus, why: str, now: datetime, notice: bool = False) -> list[Action]:
-    """Give the standby up, and its VMs; ``notice``: the notice that launched it is spent too."""
+    """Give the standby up, and its VMs; ``notice``: the notice that launched it (or one its own VMs
+    wrote) is spent too."""
     spent: list[Action] = []
-    if notice and v.notice is not None and v.notice.belongs_to(st):
+    if notice and v.notice is not None and (v.notice.belongs_to(st) or v.notice.belongs_to_standby(st)):
         spent = [DeleteRecord(v.job, v.notice.key, v.notice.generation, "came to nothing")]
     return [WriteStatus(v.job, handover.withdrawn(st, why, now), "standby withdrawn"), *_delete_standby(v, st, why),
             *spent]
@@ -939,8 +956,9 @@ def _promote(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, 
     assert sb is not None
     fits = (spec.tpu is None and sb.provisioning in spec.provisioning and sb.zone in spec.zones
             and sb.zone not in v.denied_zones and sb.spec_generation == v.spec_generation)
-    if not fits:
-        gone = handover.withdrawn(st, f"{', '.join(sb.instances)} no longer fits the job's spec: launching afresh", now)
+    unfit = None if fits else f"{', '.join(sb.instances)} no longer fits the job's spec"
+    if unfit := unfit or _standby_lost(v, st):
+        gone = handover.withdrawn(st, f"{unfit}: launching afresh", now)
         return [WriteStatus(v.job, gone, why, replan=True), *_delete_standby(v, st, why)]
     fresh = st.but(zone_rejections={}, **({"refused_models": {}} if st.spec_generation != v.spec_generation else {}))
     begun = t.begin_attempt(fresh, spec, sb.project, sb.zone, sb.instances, v.checkpoint, now, why, v.spec_generation,

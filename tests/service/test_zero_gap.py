@@ -6,6 +6,7 @@ harness: its notice record, its marker, the standby's ready record, the trainer'
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -284,3 +285,30 @@ def test_a_standby_stocked_out_moves_to_the_next_zone(h: Harness):
     st = h.status("a")
     assert st.standby is not None and st.standby.inserted and st.standby.zone not in (first,)
     assert first in st.zone_cooldowns
+
+
+def test_a_standby_preempted_at_its_line_is_withdrawn_and_the_recovery_goes_on_without_it(h: Harness):
+    running(h)
+    h.notice("a")
+    h.tick("a")
+    h.compute.preempt("a-2")  # the standby's own zone reclaims it while it waits
+    h.tick("a")
+    st = h.status("a")
+    assert st.standby is None and st.withdrawn == 2 and "a-2 lost at its starting line" in st.message
+    h.marker("a")
+    h.compute.preempt("a-1")
+    h.tick("a")
+    assert h.status("a").attempt == 3 and h.live("a") == ["a-3"]
+
+
+def test_a_notice_the_standby_itself_gets_withdraws_it_and_is_never_taken_for_stale_first(h: Harness):
+    running(h)
+    h.notice("a")
+    h.tick("a")
+    sb = h.status("a").standby
+    h.store.put(BUCKET, names.notice_key("a"), json.dumps(
+        {"instance": "a-2", "attempt": 2, "node": 0, "reason": "preempted", "token": sb.token}))
+    h.tick("a")
+    st = h.status("a")
+    assert st.standby is None and "a-2 got a preemption notice at its starting line" in st.message
+    assert "a-2" not in h.live("a") and not h.store.exists(BUCKET, names.notice_key("a"))

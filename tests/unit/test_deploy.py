@@ -24,7 +24,8 @@ MACHINES = "a2-highgpu-1g,g2-standard-8"
 EXPECTED_CEL = (
     'resource.name.startsWith("projects/_/buckets/prod-bucket/objects/preempted-jobs/") || '
     '(resource.name.startsWith("projects/_/buckets/prod-bucket/objects/jobs/") && '
-    '(resource.name.endsWith("/exit") || resource.name.endsWith("/heartbeat")))'
+    '(resource.name.endsWith("/exit") || resource.name.endsWith("/heartbeat") || '
+    'resource.name.endsWith("/notice") || resource.name.endsWith("/ready")))'
 )
 
 
@@ -199,6 +200,8 @@ def test_the_controller_gets_the_whole_bucket_and_may_attach_only_the_trainer_ac
 @pytest.mark.parametrize("name, admitted", [
     ("jobs/train/exit", True),
     ("jobs/train/heartbeat", True),
+    ("jobs/train/notice", True),  # the agent's preemption notice (issue 34)
+    ("jobs/train/ready", True),  # a standby at its starting line
     ("preempted-jobs/train", True),
     ("jobs/train/spec.yaml", False),
     ("jobs/train/status.json", False),
@@ -219,11 +222,11 @@ def test_the_condition_refuses_the_bucket_itself_and_other_buckets():
     assert not allowed(EXPECTED_CEL, f"projects/_/buckets/{BUCKET}/managedFolders/jobs/")
 
 
-@given(st.text(st.sampled_from("jobs/preempted-exitheartbspc.yamlstu_1"), max_size=40))
+@given(st.text(st.sampled_from("jobs/preempted-exitheartbspc.yamlstu_1nocd"), max_size=40))
 def test_every_object_a_trainer_may_write_is_a_vm_record_or_ignored(name):
     if allowed(deploy.trainer_condition(BUCKET), f"projects/_/buckets/{BUCKET}/objects/{name}"):
         ref = names.parse_object_name(name)
-        assert ref is None or ref.kind in {"exit", "heartbeat", "marker"}
+        assert ref is None or ref.kind in {"exit", "heartbeat", "marker", "notice", "ready"}
 
 
 @pytest.mark.parametrize("bucket", ['b"||true||"', "UPPER", "a", "with space"])
