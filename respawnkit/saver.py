@@ -2,9 +2,10 @@
 
 The training loop pays only for the local write; one background thread uploads each save
 to the checkpoint prefix (``RESPAWN_CHECKPOINT_URI``) file by file, the layout's
-completion marker last, so respawn's finder never resumes from a save whose upload was
-cut off. Saves upload one at a time, in step order; a step already saved, waiting or
-uploading is not saved again.
+completion marker last, with an object ``<save>-unfinished`` beside the save from before
+its first file to after its last (``respawnkit.layouts.UNFINISHED``), so respawn's finder
+never resumes from a save whose upload was cut off, whatever files it holds. Saves upload
+one at a time, in step order; a step already saved, waiting or uploading is not saved again.
 
 Back-pressure: at most ``max_pending`` saves (default 1) wait behind the one uploading.
 A save that finds the queue full drops the *oldest waiting* save (its local copy is
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from respawnkit import dist, env, notice
-from respawnkit.layouts import STEP_DIR, Layout, finder_marker
+from respawnkit.layouts import STEP_DIR, Layout, finder_marker, unfinished
 from respawnkit.log import say
 from respawnkit.progress import Progress
 from respawnkit.stores import Store, open_store
@@ -303,11 +304,15 @@ class CheckpointSaver:
             else:
                 os.makedirs(os.path.dirname(os.path.join(job.staging, marker)), exist_ok=True)
                 open(os.path.join(job.staging, marker), "wb").close()
-            # the marker last: before it, the save is not complete; any other file the finder takes as a marker
-            # just before it
+            # hidden from the finder from before the first file to after the last; the files it takes as markers
+            # last even so, the layout's own the very last (a custom rule reads that one alone)
+            flag = os.path.join(job.staging, ".respawnkit-unfinished")
+            open(flag, "wb").close()
+            self.store.put(flag, unfinished(job.name))
             files = [f for f in files if not finder_marker(f)] + [f for f in files if finder_marker(f)]
             for name in [*files, marker]:
                 self.store.put(os.path.join(job.staging, *name.split("/")), f"{job.name}/{name}")
+            self.store.delete(unfinished(job.name))
         self.upload_s = time.monotonic() - job.upload_started
         self.saved_step = job.step if self.saved_step is None else max(self.saved_step, job.step)
         self.progress.update(upload_s=round(self.upload_s, 3), saved_step=self.saved_step)
