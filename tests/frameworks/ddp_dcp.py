@@ -29,8 +29,9 @@ def main() -> int:
     rank = dist.get_rank()
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    layers = [torch.nn.Linear(8, 16), torch.nn.Tanh(), *[torch.nn.Linear(16, 16) for _ in range(4)], torch.nn.Linear(16, 1)]
-    model = DistributedDataParallel(torch.nn.Sequential(*layers))
+    hidden = [torch.nn.Linear(16, 16) for _ in range(4)]  # enough tensors that DCP gives each rank some to write
+    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), *hidden,
+                                                        torch.nn.Linear(16, 1)))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     ckpt = Checkpointer(model, optimizer, every_s=None, every_steps=int(os.environ.get("SAVE_EVERY", "5")),
                         use_async=os.environ.get("ASYNC", "1") == "1")
