@@ -247,6 +247,8 @@ class _JsonApiStore:
             shutil.copyfileobj(answer, out, 1 << 20)
 
     def delete(self, name: str) -> None:
+        # GCS takes about one change a second to one object name: removing an object created a moment ago (a tiny
+        # save's "-unfinished") may be a 429, retried like any transient refusal
         quoted = urllib.parse.quote(self.prefix + name, safe="")
 
         def send() -> None:
