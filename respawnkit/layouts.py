@@ -1,8 +1,9 @@
 """How a save is named under the checkpoint prefix, and which object proves it complete.
 
 Each layout is one that respawn's finder (``controller/core/checkpoints.py``) already
-recognises; the saver uploads every other file of a save first and the marker last, so a
-save the finder sees a marker for is whole.
+recognises; the saver uploads every other file of a save first and the marker last, with
+``<save>-unfinished`` beside the save from before its first file to after its last, so a
+save the finder takes as complete is whole.
 """
 
 from __future__ import annotations
@@ -19,6 +20,19 @@ FINDER_MARKERS = (".metadata", "trainer_state.json", "_SUCCESS", "COMPLETE", "DO
 def finder_marker(name: str) -> bool:
     """Whether respawn's finder would take ``name`` (relative to the save's folder) as a completion marker."""
     return "/" not in name and (name in FINDER_MARKERS or name.startswith("commit_success"))
+
+
+# No order of a save's files alone can keep every prefix of its upload from looking complete: a save may hold
+# two files the finder takes as proofs (a DCP ``.metadata`` and the layout's ``_SUCCESS``), or a shape that is one
+# (Accelerate's model and ``random_states_0.pkl``, with no marker at all). So an object named
+# ``<save>-unfinished`` goes up before the save's first file and is removed after its last: respawn's finder takes
+# no save with one beside it as complete, in any format (NeMo's convention). A save cut off leaves it there.
+UNFINISHED = "-unfinished"
+
+
+def unfinished(name: str) -> str:
+    """The object beside save ``name`` while it uploads."""
+    return name + UNFINISHED
 
 
 @dataclass(frozen=True)

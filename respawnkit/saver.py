@@ -2,9 +2,16 @@
 
 The training loop pays only for the local write; one background thread uploads each save
 to the checkpoint prefix (``RESPAWN_CHECKPOINT_URI``) file by file, the layout's
-completion marker last, so respawn's finder never resumes from a save whose upload was
-cut off. Saves upload one at a time, in step order; a step already saved, waiting or
-uploading is not saved again.
+completion marker last, with an object ``<save>-unfinished`` beside the save from before
+its first file to after its last (``respawnkit.layouts.UNFINISHED``), so respawn's finder
+never resumes from a save whose upload was cut off, whatever files it holds. Saves upload
+one at a time, in step order; a step already saved, waiting or uploading is not saved again.
+
+Several ranks, each writing part of one save (a DCP save: each rank its shards, the
+coordinator ``.metadata``), pass ``gather``: every rank uploads its own part, and global rank
+zero uploads the files that make the save complete only once every rank's part has landed.
+The ranks learn that where they already agree on saving (``should_save``), and in
+``finish()`` (and ``on_step_end``'s stop), which every rank must call.
 
 Back-pressure: at most ``max_pending`` saves (default 1) wait behind the one uploading.
 A save that finds the queue full drops the *oldest waiting* save (its local copy is
@@ -36,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from respawnkit import dist, env, notice
-from respawnkit.layouts import STEP_DIR, Layout, finder_marker
+from respawnkit.layouts import STEP_DIR, Layout, finder_marker, unfinished
 from respawnkit.log import say
 from respawnkit.progress import Progress
 from respawnkit.stores import Store, open_store
@@ -58,6 +65,8 @@ class _Job:
     save_s: float | None = None
     upload_started: float | None = None
     future: Any = None  # an async write's future (what ``ready`` waits on)
+    last: list[str] | None = None  # with ``gather``, on rank zero: what completes the save once every part landed
+    part_s: float = 0.0  # the time its own part took to upload
 
 
 class CheckpointSaver:
@@ -65,7 +74,7 @@ class CheckpointSaver:
                  every_steps: int | None = None, max_pending: int = 1, handle_sigterm: bool = True,
                  staging_dir: str | None = None, progress: Progress | None = None, store: Store | None = None,
                  sigterm: notice.Notice | None = None, agree: Callable[[Any], Any] | None = None,
-                 leader: bool | None = None) -> None:
+                 leader: bool | None = None, gather: Callable[[Any], list[Any]] | None = None) -> None:
         uri = uri or env.checkpoint_uri()
         if store is None and not uri:
             raise ValueError("no checkpoint prefix: pass uri= or run under respawn (RESPAWN_CHECKPOINT_URI)")
@@ -96,6 +105,15 @@ class CheckpointSaver:
         self.agree = agree
         self.leader = leader
         self._agreed_stop = False
+        # ``gather``: every rank's value, on every rank (torch.distributed.all_gather_object): each rank uploads its
+        # part of every save, rank zero its completion files only once every part landed
+        if gather is not None and (agree is None or layout.single):
+            raise ValueError("gather= (each rank uploads its part of a save) needs agree= and a folder layout")
+        self.gather = gather
+        self._parked: dict[int, _Job] = {}  # rank zero: saves whose part landed, waiting for the other ranks'
+        self._completing: deque[_Job] = deque()  # rank zero: saves every part of which landed
+        self._landed: set[int] = set()  # steps whose part from this rank landed
+        self._lost: set[int] = set()  # steps whose part from this rank never will: failed, or dropped
         self._worker = threading.Thread(target=self._run, name="respawnkit-upload", daemon=True)
         self._worker.start()
         ref = weakref.ref(self)
@@ -115,10 +133,15 @@ class CheckpointSaver:
         if self.agree is None:
             save = self._wants(step)
         else:
-            leader = self.leader if self.leader is not None else dist.global_rank() == 0
-            mine = (self._wants(step), self.notice.requested) if leader else (False, False)
-            save, stop = self.agree(mine)
+            leads = self._leads()
+            mine = (self._wants(step), self.notice.requested) if leads else (False, False)
+            if self.gather is not None:  # and the oldest save rank zero waits on the others for, if any
+                with self._cond:
+                    mine += (min(self._parked, default=None) if leads else None,)
+            save, stop, *waiting = self.agree(mine)
             save, self._agreed_stop = bool(save), bool(stop)
+            if waiting and waiting[0] is not None:
+                self._agree_parts(waiting[0])
         if save:
             self._last_save = time.monotonic()
         return save
@@ -144,7 +167,7 @@ class CheckpointSaver:
             self.save(step, source)
         if not self.stop_requested:
             return False
-        self.flush(timeout=self._until_hard_off())
+        self._flush_everywhere(self._until_hard_off())
         self.progress.update()  # the step it stops at, for the agent's exit record (step updates are throttled)
         return True
 
@@ -177,6 +200,7 @@ class CheckpointSaver:
             while len(self._pending) >= self.max_pending:
                 dropped = self._pending.popleft()
                 _discard(dropped)
+                self._lost.add(dropped.step)
                 say(f"dropping the waiting upload of step {dropped.step}: step {step} supersedes it")
             self._pending.append(job)
             self._cond.notify_all()
@@ -193,16 +217,18 @@ class CheckpointSaver:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued save is uploaded (or failed); False when ``timeout`` seconds were not enough, or
-        when an upload failed since the last flush (stderr names its step)."""
+        when an upload failed since the last flush (stderr names its step). With ``gather``, a save whose part
+        landed here and which waits for the other ranks' is not waited for: ``finish()`` completes it."""
         end = None if timeout is None else time.monotonic() + max(0.0, timeout)
         with self._cond:
-            while self._pending or self._uploading:
+            while self._pending or self._uploading or self._completing:
                 if end is None and self.notice.noticed:  # a notice since: bounded by its hard-off
                     end = time.monotonic() + max(0.0, self._until_hard_off() or 0.0)
                     timeout = end - time.monotonic()
                 left = None if end is None else end - time.monotonic()
                 if left is not None and left <= 0:
-                    steps = [j.step for j in ([self._uploading] if self._uploading else []) + list(self._pending)]
+                    steps = [j.step for j in ([self._uploading] if self._uploading else []) + list(self._completing)
+                             + list(self._pending)]
                     say(f"flush: step(s) {steps} still uploading after {timeout:.1f} s; the last complete save "
                         f"is step {self.saved_step}")
                     return False
@@ -216,10 +242,53 @@ class CheckpointSaver:
 
     def finish(self) -> bool:
         """The flush before a process ends: until the hard-off after a notice, else until every upload is done;
-        the progress file gets the last step."""
-        done = self.flush(self._until_hard_off())
+        the progress file gets the last step. With ``gather``, on every rank: the saves every part of which
+        landed are completed."""
+        done = self._flush_everywhere(self._until_hard_off())
         self.progress.update()
         return done
+
+    def _flush_everywhere(self, timeout: float | None) -> bool:
+        """``flush``; with ``gather``, a collective: every rank's own part, then the ranks' word on which parts
+        landed, then rank zero's completion of each save every part of which did."""
+        if self.gather is None:
+            return self.flush(timeout)
+        end = None if timeout is None else time.monotonic() + timeout
+        done = self.flush(timeout)
+        self._agree_parts(None)
+        done = self.flush(None if end is None else end - time.monotonic()) and done
+        with self._cond:
+            waiting = sorted(self._parked)
+        if waiting:
+            say(f"step(s) {waiting}: a part from another rank did not land: not complete, the newest complete save "
+                f"is step {self.saved_step}")
+        return done and not waiting
+
+    def _leads(self) -> bool:
+        return self.leader if self.leader is not None else dist.global_rank() == 0
+
+    def _agree_parts(self, oldest: int | None) -> None:
+        """Every rank says which of its parts (of saves from step ``oldest`` on) landed, and which never will; rank
+        zero completes each waiting save every part of which landed, and gives up one a part of which is lost."""
+        with self._cond:
+            if oldest is not None:  # rank zero waits for nothing older: forget it
+                self._landed = {s for s in self._landed if s >= oldest}
+                self._lost = {s for s in self._lost if s >= oldest}
+            mine = (sorted(self._landed), sorted(self._lost))
+        reports = self.gather(mine)
+        if not self._leads():
+            return
+        landed = set.intersection(*(set(r[0]) for r in reports))
+        lost = set().union(*(set(r[1]) for r in reports))
+        with self._cond:
+            for step in sorted(self._parked):
+                if step in landed:
+                    self._completing.append(self._parked.pop(step))
+                elif step in lost:
+                    _discard(self._parked.pop(step))
+                    say(f"step {step}: another rank's part of the save failed or was dropped: it is not completed; "
+                        f"the newest complete save stays step {self.saved_step}")
+            self._cond.notify_all()
 
     def close(self, timeout: float | None = None) -> bool:
         done = self.flush(timeout)
@@ -239,7 +308,8 @@ class CheckpointSaver:
 
     def _known(self, step: int) -> bool:
         with self._cond:
-            queued = [j.step for j in self._pending] + ([self._uploading.step] if self._uploading else [])
+            queued = [j.step for j in (*self._pending, *self._completing)] + list(self._parked) + \
+                ([self._uploading.step] if self._uploading else [])
             return step == self.saved_step or step in queued
 
     def _until_hard_off(self) -> float | None:
@@ -268,24 +338,36 @@ class CheckpointSaver:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._pending and not self._closed:
+                while not self._pending and not self._completing and not self._closed:
                     self._cond.wait()
-                if not self._pending:
+                completing = bool(self._completing)
+                if not completing and not self._pending:
                     return
-                job = self._uploading = self._pending.popleft()
+                job = self._uploading = self._completing.popleft() if completing else self._pending.popleft()
+            parked = False
             try:
-                self._upload(job)
+                if completing:
+                    self._complete(job)
+                else:
+                    parked = self._upload(job)
             except Exception as e:  # one failed upload leaves the previous save; the next one may land
                 self.errors.append(f"step {job.step}: {e}")
+                with self._cond:
+                    self._lost.add(job.step)
                 say(f"the upload of step {job.step} failed ({type(e).__name__}: {e}); the newest complete save "
                     f"stays step {self.saved_step}")
             finally:
-                shutil.rmtree(job.staging, ignore_errors=True)
                 with self._cond:
+                    if parked:  # kept, its completion files with it, until every rank's part landed
+                        self._parked[job.step] = job
                     self._uploading = None
                     self._cond.notify_all()
+                if not parked:
+                    shutil.rmtree(job.staging, ignore_errors=True)
 
-    def _upload(self, job: _Job) -> None:
+    def _upload(self, job: _Job) -> bool:
+        """Upload ``job``'s save (with ``gather``: this rank's part of it); True when its completion waits for the
+        other ranks' parts."""
         job.upload_started = time.monotonic()
         if job.ready is not None:
             job.ready()  # the background write's remainder: part of upload_s, never of save_s
@@ -294,20 +376,62 @@ class CheckpointSaver:
             if len(files) != 1:
                 raise ValueError(f"layout {self.layout.pattern!r} is one object, but the save holds {len(files)} files")
             self.store.put(os.path.join(job.staging, files[0]), job.name)
+            self._saved(job)
+            return False
+        marker = str(self.layout.marker)
+        if self.gather is not None and not self._leads():
+            self._upload_part(job, files, marker)
+            return False
+        if marker in files:
+            files.remove(marker)
+        elif self.layout.marker_from_writer:
+            raise ValueError(f"the save has no {marker}: it is not complete")
         else:
-            marker = str(self.layout.marker)
-            if marker in files:
-                files.remove(marker)
-            elif self.layout.marker_from_writer:
-                raise ValueError(f"the save has no {marker}: it is not complete")
-            else:
-                os.makedirs(os.path.dirname(os.path.join(job.staging, marker)), exist_ok=True)
-                open(os.path.join(job.staging, marker), "wb").close()
-            # the marker last: before it, the save is not complete; any other file the finder takes as a marker
-            # just before it
-            files = [f for f in files if not finder_marker(f)] + [f for f in files if finder_marker(f)]
-            for name in [*files, marker]:
-                self.store.put(os.path.join(job.staging, *name.split("/")), f"{job.name}/{name}")
+            os.makedirs(os.path.dirname(os.path.join(job.staging, marker)), exist_ok=True)
+            open(os.path.join(job.staging, marker), "wb").close()
+        # hidden from the finder from before the first file to after the last; the files it takes as markers last
+        # even so, the layout's own the very last (a custom rule reads that one alone)
+        flag = os.path.join(job.staging, ".respawnkit-unfinished")
+        open(flag, "wb").close()
+        self.store.put(flag, unfinished(job.name))
+        job.last = [f for f in files if finder_marker(f)] + [marker]
+        for name in [f for f in files if not finder_marker(f)]:
+            self.store.put(os.path.join(job.staging, *name.split("/")), f"{job.name}/{name}")
+            if self.gather is not None:  # kept while the others' parts land: only what completes it
+                os.remove(os.path.join(job.staging, *name.split("/")))
+        if self.gather is None:
+            self._complete(job)
+            return False
+        job.part_s = time.monotonic() - job.upload_started
+        with self._cond:
+            self._landed.add(job.step)
+        return True
+
+    def _upload_part(self, job: _Job, files: list[str], marker: str) -> None:
+        """Another rank's part of a save: its files, none of which may complete the save (rank zero's do, once
+        every part landed)."""
+        completing = [f for f in files if f == marker or finder_marker(f) or f.split("/")[0] == "random_states_0.pkl"]
+        if completing:
+            raise ValueError(f"this rank's part of the save holds {completing}, which respawn's finder may take as "
+                             f"the save complete: only global rank zero's part may hold them")
+        for name in files:
+            self.store.put(os.path.join(job.staging, *name.split("/")), f"{job.name}/{name}")
+        with self._cond:
+            self._landed.add(job.step)
+        say(f"step {job.step}: this rank's part uploaded to {job.name} ({time.monotonic() - job.upload_started:.2f} s)")
+
+    def _complete(self, job: _Job) -> None:
+        """The files that make ``job``'s save complete, its layout's marker last; then it is shown to the finder."""
+        started = time.monotonic()
+        for name in job.last or []:
+            self.store.put(os.path.join(job.staging, *name.split("/")), f"{job.name}/{name}")
+        self.store.delete(unfinished(job.name))
+        if self.gather is not None:  # its upload time: its part's, and this
+            job.upload_started = started - job.part_s
+        self._saved(job)
+
+    def _saved(self, job: _Job) -> None:
+        assert job.upload_started is not None
         self.upload_s = time.monotonic() - job.upload_started
         self.saved_step = job.step if self.saved_step is None else max(self.saved_step, job.step)
         self.progress.update(upload_s=round(self.upload_s, 3), saved_step=self.saved_step)
@@ -315,9 +439,14 @@ class CheckpointSaver:
 
     def _at_exit(self) -> None:
         with self._cond:
-            idle = not self._pending and not self._uploading
+            idle = not self._pending and not self._uploading and not self._completing
         if not idle:
             self.flush(self._until_hard_off())  # no notice: until done, unless a SIGTERM comes meanwhile
+        with self._cond:
+            waiting = sorted(self._parked)
+        if waiting:  # no collective at exit: the other ranks may be gone
+            say(f"step(s) {waiting}: not completed, the other ranks' parts not known to have landed (call finish() "
+                f"on every rank before the end)")
         self.progress.update()  # the last step reached (step updates are throttled)
 
 

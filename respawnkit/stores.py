@@ -2,8 +2,9 @@
 
 Every ``put`` lands whole or not at all, as a Cloud Storage object does: the local store
 writes a hidden temporary file beside the target and renames it (``os.replace``), so a
-process killed mid-copy leaves no torn file under the checkpoint's name. That is what lets
-a layout's completion marker, uploaded last, mean "everything before me is there".
+process killed mid-copy leaves no torn file under the checkpoint's name. That, and
+``delete`` (of the ``<save>-unfinished`` object beside a save while it uploads), is what
+lets the saver show respawn's finder a save only once everything in it is there.
 
 gs:// uses the first of these that imports: ``google-cloud-storage`` (honours
 ``STORAGE_EMULATOR_HOST``), ``gcsfs`` through ``fsspec``, and else the Cloud Storage JSON
@@ -39,6 +40,7 @@ class Store(Protocol):
     def put(self, local: str, name: str) -> None: ...
     def names(self, under: str = "") -> list[str]: ...
     def get(self, name: str, local: str) -> None: ...
+    def delete(self, name: str) -> None: ...  # nothing there is no error
 
 
 def open_store(uri: str) -> Store:
@@ -80,6 +82,9 @@ class LocalStore:
 
     def get(self, name: str, local: str) -> None:
         shutil.copyfile(os.path.join(self.root, *name.split("/")), local)
+
+    def delete(self, name: str) -> None:
+        _remove(os.path.join(self.root, *name.split("/")))
 
 
 def _remove(path: str) -> None:
@@ -129,6 +134,14 @@ class _ClientStore:
     def get(self, name: str, local: str) -> None:
         self.bucket.blob(self.prefix + name).download_to_filename(local, timeout=TIMEOUT_S)
 
+    def delete(self, name: str) -> None:
+        from google.api_core.exceptions import NotFound
+
+        try:
+            self.bucket.blob(self.prefix + name).delete(timeout=TIMEOUT_S)  # its default retry covers 429 and 5xx
+        except NotFound:
+            pass
+
 
 class _FsspecStore:
     def __init__(self, uri: str) -> None:
@@ -150,6 +163,12 @@ class _FsspecStore:
 
     def get(self, name: str, local: str) -> None:
         self.fs.get_file(f"{self.root}/{name}", local)
+
+    def delete(self, name: str) -> None:
+        try:
+            self.fs.rm_file(f"{self.root}/{name}")
+        except FileNotFoundError:
+            pass
 
 
 def _transient(error: BaseException) -> bool:
@@ -226,3 +245,19 @@ class _JsonApiStore:
                                          headers=self._token())
         with urllib.request.urlopen(request, timeout=TIMEOUT_S) as answer, open(local, "wb") as out:
             shutil.copyfileobj(answer, out, 1 << 20)
+
+    def delete(self, name: str) -> None:
+        # GCS takes about one change a second to one object name: removing an object created a moment ago (a tiny
+        # save's "-unfinished") may be a 429, retried like any transient refusal
+        quoted = urllib.parse.quote(self.prefix + name, safe="")
+
+        def send() -> None:
+            request = urllib.request.Request(f"{self.base}/storage/v1/b/{self.bucket}/o/{quoted}", method="DELETE",
+                                             headers=self._token())
+            try:
+                urllib.request.urlopen(request, timeout=TIMEOUT_S).close()
+            except urllib.error.HTTPError as e:
+                if e.code != 404:  # gone already: a retried delete whose first answer was lost
+                    raise
+
+        _retrying(send, self.retry_for, self.backoff)

@@ -25,7 +25,9 @@ rule comes from the library's own save code:
   of the previous complete save".
 
 Temporary objects (``*.tmp``, ``*.partial``, ``tmpXXXX``, hidden names; a gcsfuse mount
-uploads a killed writer's temp file when it is closed) are never checkpoints.
+uploads a killed writer's temp file when it is closed) are never checkpoints. A directory with
+a ``<directory>-unfinished`` object beside it (NeMo's, and respawnkit's while it uploads) is
+never complete, whatever it holds.
 """
 
 from __future__ import annotations
@@ -373,10 +375,15 @@ Locate = Callable[[str], "tuple[str, int, str] | None"]  # object name -> (save 
 
 
 def _saves(objects: dict[str, BlobInfo], locate: Locate) -> list[_Save]:
+    """The numbered save directories ``locate`` finds, oldest first; none with a ``<directory>-unfinished``
+    object beside it: that says the save is still being written, in every format (NeMo writes it; respawnkit
+    writes it before a save's first object and removes it after its last)."""
     found: dict[str, tuple[int, set[str], list[int]]] = {}
     for name, blob in objects.items():
         if where := locate(name):
             directory, number, rest = where
+            if f"{directory}-unfinished" in objects:
+                continue
             _, entries, generations = found.setdefault(directory, (number, set(), []))
             entries.add(rest.split("/", 1)[0])
             generations.append(blob.generation)

@@ -17,6 +17,7 @@ import threading
 import pytest
 
 from tests.frameworks.harness import HERE, environment
+from tests.kit import finder
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -109,3 +110,59 @@ def test_lightning_ddp_sigterm_to_the_process_group_saves_one_step_on_both_ranks
     assert "SIGTERM: saving at the next step boundary" in err
     uploaded = sorted(os.listdir(os.path.join(str(tmp_path), "bucket")))
     assert uploaded == [f"step-{s:09d}.ckpt" for s in saves(out, 0)]
+
+
+def dcp_ranks(tmp: str, **extra: object) -> tuple[dict[int, str], list[str]]:
+    """tests/frameworks/ddp_dcp.py on two ranks: rank zero's losses by step, and each rank's stderr."""
+    env = environment(tmp, MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(), WORLD_SIZE=2, **extra)
+    ranks = [subprocess.Popen([sys.executable, os.path.join(HERE, "ddp_dcp.py")], env={**env, "RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=180) for p in ranks]
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in ranks] == [0, 0], [err[-3000:] for _, err in outs]
+    losses = {int(m.group(1)): m.group(2) for m in re.finditer(r"^step (\d+) loss (\S+)$", outs[0][0], re.MULTILINE)}
+    return losses, [err for _, err in outs]
+
+
+def shards_named_by_metadata(save: str) -> set[str]:
+    import pickle
+
+    with open(os.path.join(save, ".metadata"), "rb") as f:
+        return {info.relative_path for info in pickle.load(f).storage_data.values()}
+
+
+def test_a_dcp_save_of_two_ranks_is_taken_as_complete_only_with_every_ranks_shards(tmp_path) -> None:
+    # Each rank writes its shards into a folder of its own. Rank one's were never uploaded (its saver found no
+    # .metadata and refused its part), so rank zero's shards and .metadata made a save the finder took as complete,
+    # which DCP cannot load; with async_save, its collectives on the default group met the ranks' agreement there
+    # and the ranks hung. Now every shard lands before the .metadata, and two ranks resume from it.
+    whole, _ = dcp_ranks(str(tmp_path / "whole"), STEPS=12)
+    assert sorted(whole) == list(range(1, 13))
+    bucket = os.path.join(str(tmp_path / "whole"), "bucket")
+    found = finder.latest(bucket)
+    assert found is not None and (found.format, found.step) == ("dcp", 10), found
+    save = finder.local(found, bucket)
+    named = shards_named_by_metadata(save)
+    assert {"__0_0.distcp", "__1_0.distcp"} <= named  # both ranks hold shards: the case that needs both parts
+    assert named <= set(os.listdir(save))
+    resumed, _ = dcp_ranks(str(tmp_path / "resumed"), STEPS=12, RESUME_FROM=save, RESUME_STEP=10,
+                           RESPAWN_CHECKPOINT_URI=str(tmp_path / "resumed" / "bucket"))
+    assert resumed == {s: whole[s] for s in (11, 12)}  # bit for bit: the state both ranks saved
+
+
+def test_a_two_rank_save_missing_a_ranks_shards_is_never_completed(tmp_path) -> None:
+    # rank one's shard of step 10 is refused for good: rank zero never uploads that save's .metadata, says why, and
+    # the finder keeps step 5, whole
+    losses, errs = dcp_ranks(str(tmp_path), STEPS=12, ASYNC=0, FAIL_ON="step-000000010/__1_0.distcp")
+    assert sorted(losses) == list(range(1, 13))
+    bucket = os.path.join(str(tmp_path), "bucket")
+    found = finder.latest(bucket)
+    assert found is not None and found.step == 5, found
+    assert shards_named_by_metadata(finder.local(found, bucket)) <= set(os.listdir(finder.local(found, bucket)))
+    assert not os.path.exists(os.path.join(bucket, "step-000000010", ".metadata"))
+    assert "step 10: another rank's part of the save failed or was dropped: it is not completed" in errs[0]
+    assert "the upload of step 10 failed (OSError: refused" in errs[1], errs[1][-2000:]

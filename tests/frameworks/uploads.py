@@ -7,7 +7,8 @@ the environment asks for it, and does nothing otherwise:
   single-file layout) takes that many seconds more to upload, so every measured upload is at least that long;
 - ``HANG_ON``: the upload of that object (a name under the prefix, e.g. ``checkpoint-10/trainer_state.json``)
   writes half of its bytes into the store's temporary file beside the target, as a copy cut off mid-way
-  leaves it, writes that name to ``$WORK/hung`` and never ends: the test SIGKILLs the process there.
+  leaves it, writes that name to ``$WORK/hung`` and never ends: the test SIGKILLs the process there;
+- ``FAIL_ON``: the upload of that object fails (OSError), as one refused for good would.
 """
 
 from __future__ import annotations
@@ -26,16 +27,21 @@ def hung_file(work: str) -> str:
 
 
 def last_of_its_save(name: str) -> bool:
+    if name.endswith(layouts.UNFINISHED):  # the object beside a save while it uploads, its first
+        return False
     return "/" not in name or name.rsplit("/", 1)[1] in MARKERS
 
 
 def install() -> None:
     slow, hang_on = float(os.environ.get("SLOW_UPLOAD_S", "0")), os.environ.get("HANG_ON")
-    if not slow and not hang_on:
+    fail_on = os.environ.get("FAIL_ON")
+    if not slow and not hang_on and not fail_on:
         return
     put = LocalStore.put
 
     def put_slowly(self: LocalStore, local: str, name: str) -> None:
+        if name == fail_on:
+            raise OSError(f"refused: {name} (FAIL_ON)")
         if slow and last_of_its_save(name):
             time.sleep(slow)
         if name == hang_on:

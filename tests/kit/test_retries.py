@@ -19,7 +19,9 @@ from respawnkit.stores import _JsonApiStore
 class Server:
     def __init__(self) -> None:
         self.posts: list[str] = []
+        self.deletes: list[str] = []
         self.refuse: set[int] = set()  # which POSTs (1-based) answer 503
+        self.refuse_deletes = 0  # how many DELETEs answer 503 first
         self.lock = threading.Lock()
         server = self
 
@@ -36,6 +38,14 @@ class Server:
                 self.send_header("Content-Length", "2")
                 self.end_headers()
                 self.wfile.write(b"{}")
+
+            def do_DELETE(self) -> None:
+                with server.lock:
+                    server.deletes.append(self.path.rsplit("/o/", 1)[1])
+                    code = 503 if len(server.deletes) <= server.refuse_deletes else 204
+                self.send_response(code)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
 
         self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.http.serve_forever, daemon=True).start()
@@ -62,14 +72,17 @@ def save_two_files(store: _JsonApiStore) -> CheckpointSaver:
 
 
 def test_one_transient_503_is_retried_and_the_save_lands(server: Server) -> None:
-    server.refuse = {2}  # the save's second object, once
+    server.refuse = {3}  # the save's second object, once
+    server.refuse_deletes = 1  # and the removal of its "-unfinished" object, once
     store = _JsonApiStore("gs://bucket/ckpt")
     store.backoff = 0.05
     saver = save_two_files(store)
     assert saver.flush(10)
     assert saver.saved_step == 100 and not saver.errors
-    assert server.posts == ["ckpt%2Fstep-000000100%2Fa.bin", "ckpt%2Fstep-000000100%2Fb.bin",
-                            "ckpt%2Fstep-000000100%2Fb.bin", "ckpt%2Fstep-000000100%2F_SUCCESS"]
+    assert server.posts == ["ckpt%2Fstep-000000100-unfinished", "ckpt%2Fstep-000000100%2Fa.bin",
+                            "ckpt%2Fstep-000000100%2Fb.bin", "ckpt%2Fstep-000000100%2Fb.bin",
+                            "ckpt%2Fstep-000000100%2F_SUCCESS"]
+    assert server.deletes == ["ckpt%2Fstep-000000100-unfinished"] * 2
 
 
 def test_an_upload_that_keeps_failing_makes_flush_false_and_names_the_step(server: Server, capfd) -> None:

@@ -18,7 +18,8 @@ from tests.kit import finder
 
 
 class RecordingStore(LocalStore):
-    """A local bucket that records each upload and can hold uploads back until released."""
+    """A local bucket that records each upload (and each removal, as ``delete NAME``) and can hold uploads back
+    until released."""
 
     def __init__(self, root: str, hold: bool = False) -> None:
         super().__init__(root)
@@ -33,6 +34,10 @@ class RecordingStore(LocalStore):
         assert self.release.wait(10)
         super().put(local, name)
         self.order.append(name)
+
+    def delete(self, name: str) -> None:
+        super().delete(name)
+        self.order.append(f"delete {name}")
 
 
 def writer(files: dict[str, bytes], pause: float = 0.0):
@@ -56,8 +61,10 @@ def test_marker_is_uploaded_last_and_the_finder_picks_the_newest_save(tmp_path) 
     for step in (10, 20):
         assert saver.save(step, writer({"model.bin": b"m" * 100, "optim/state.bin": b"o", "zz.json": b"{}"}))
     assert saver.flush(10)
-    assert store.order == [f"step-0000000{s}/{n}" for s in (10, 20)
-                           for n in ("model.bin", "optim/state.bin", "zz.json", "_SUCCESS")]
+    assert store.order == [name for s in (10, 20) for name in (
+        f"step-0000000{s}-unfinished", *(f"step-0000000{s}/{n}" for n in ("model.bin", "optim/state.bin", "zz.json",
+                                                                           "_SUCCESS")),
+        f"delete step-0000000{s}-unfinished")]
     found = finder.latest(str(tmp_path / "bucket"))
     assert (found.uri, found.format, found.step) == ("gs://kit-bucket/step-000000020", "files", 20)
     assert saver.saved_step == 20
@@ -75,7 +82,7 @@ def test_a_save_from_a_folder_the_framework_rotates_away_still_uploads(tmp_path)
         leaf.unlink()
     store.release.set()
     assert saver.flush(10)
-    assert store.order[-1] == "checkpoint-5/trainer_state.json"
+    assert store.order[-2:] == ["checkpoint-5/trainer_state.json", "delete checkpoint-5-unfinished"]
     found = finder.latest(str(tmp_path / "bucket"))
     assert (found.format, found.step) == ("huggingface", 5)
 
@@ -110,7 +117,7 @@ def test_a_full_queue_drops_the_oldest_waiting_save_and_never_uploads_a_step_twi
     assert saver.save(3, writer(files))  # the queue is full: step 2 is dropped
     store.release.set()
     assert saver.flush(10)
-    assert sorted({name.split("/")[0] for name in store.order}) == ["step-000000001", "step-000000003"]
+    assert sorted({name.split("/")[0] for name in store.order if "/" in name}) == ["step-000000001", "step-000000003"]
     assert not saver.save(3, writer(files))  # uploaded already
     assert "dropping the waiting upload of step 2: step 3 supersedes it" in capfd.readouterr().err
     assert finder.latest(str(tmp_path / "bucket")).step == 3
@@ -201,7 +208,8 @@ def test_an_async_write_is_uploaded_once_it_completes(tmp_path) -> None:
     with ThreadPoolExecutor(1) as pool:
         saver.save(4, lambda folder: pool.submit(writer({"late.bin": b"x"}, pause=0.3), folder))
         assert saver.flush(10)
-    assert store.order == ["step-000000004/late.bin", "step-000000004/_SUCCESS"]
+    assert store.order == ["step-000000004-unfinished", "step-000000004/late.bin", "step-000000004/_SUCCESS",
+                           "delete step-000000004-unfinished"]
     # the write in the background blocked no training: it is in the upload's time, not the save's
     assert saver.save_s < 0.3 <= saver.upload_s
 
@@ -220,8 +228,9 @@ def test_a_folder_the_framework_wrote_counts_its_save_from_when_it_began_not_the
 
 
 def test_a_file_the_finder_takes_as_a_marker_is_uploaded_after_the_rest_and_before_the_layouts_own(tmp_path) -> None:
-    # a DCP save (.metadata) in the default STEP_DIR layout, its upload hung after the first object: with .metadata
-    # sorted first, respawn's finder called the save complete; now it picks nothing until the very end
+    # a DCP save (.metadata) in the default STEP_DIR layout: with .metadata sorted first, respawn's finder called the
+    # save complete after its first object; then it did once .metadata landed, before trainer_state.json and
+    # _SUCCESS; now it picks nothing until the save's "-unfinished" object is removed, after the very last file
     root = str(tmp_path / "bucket")
     seen = []
 
@@ -231,6 +240,11 @@ def test_a_file_the_finder_takes_as_a_marker_is_uploaded_after_the_rest_and_befo
             found = finder.latest(root)
             seen.append((name, found.uri if found else None))
 
+        def delete(self, name: str) -> None:
+            super().delete(name)
+            found = finder.latest(root)
+            seen.append((f"delete {name}", found.uri if found else None))
+
     store = Watching(root)
     saver = saver_for(store)
     files = {".metadata": b"m", "__0_0.distcp": b"d" * 100, "a.bin": b"a", "trainer_state.json": b"{}",
@@ -238,11 +252,10 @@ def test_a_file_the_finder_takes_as_a_marker_is_uploaded_after_the_rest_and_befo
     assert saver.save(7, writer(files))
     assert saver.flush(10)
     names = [n for n, _ in seen]
-    assert names == [f"step-000000007/{n}" for n in ("__0_0.distcp", "a.bin", "sub/.metadata", ".metadata",
-                                                      "trainer_state.json", "_SUCCESS")]
-    # whichever marker the finder reads, the save is whole when it is first picked: after every other object
-    first_picked = next(i for i, (_, found) in enumerate(seen) if found)
-    assert first_picked >= 3
+    assert names == ["step-000000007-unfinished", *(f"step-000000007/{n}" for n in (
+        "__0_0.distcp", "a.bin", "sub/.metadata", ".metadata", "trainer_state.json", "_SUCCESS")),
+        "delete step-000000007-unfinished"]
+    assert [found for _, found in seen] == [None] * (len(seen) - 1) + [f"gs://{finder.BUCKET}/step-000000007"]
 
 
 def test_an_async_saves_time_is_what_blocked_the_caller_never_the_queue_or_the_upload_ahead(tmp_path) -> None:

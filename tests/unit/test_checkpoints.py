@@ -382,3 +382,27 @@ def test_deeply_nested_trainer_state_is_survived():
     listing = [BlobInfo("ck", "runs/a/checkpoint-7/trainer_state.json", 1, T, 200_000)]
     found = latest(URI, listing, lambda rel, limit: b"[" * 200_000)
     assert found and found.step == 7
+
+
+@pytest.mark.parametrize("save, fmt, rule", [
+    ([f"checkpoint_3/{f}" for f in FULL], "accelerate", None),
+    ([f"checkpoints/checkpoint_3/{f}" for f in FULL], "accelerate", None),
+    (["step-3/model.bin", "step-3/_SUCCESS"], "files", None),
+    (["step-3/__0_0.distcp", "step-3/.metadata"], "dcp", None),
+    (["step-3/w.bin", "step-3/DONE"], "custom", CustomRule("step-{step}/", marker="DONE")),
+    (["exp/3/state/w.bin", "exp/3/state/meta/DONE"], "custom", CustomRule("exp/{step}/state/", marker="meta/DONE")),
+    (["step-3/w.bin"], "custom", CustomRule("step-{step}/", same_files=True)),
+])
+def test_a_save_with_an_unfinished_object_beside_it_is_never_complete_in_any_format(save, fmt, rule):
+    # respawnkit writes "<save>-unfinished" before a save's first object and removes it after its last: whatever
+    # the save holds meanwhile, and whichever rule reads it, it must not count (Accelerate's and the custom rules
+    # counted it, only the numbered markers honoured NeMo's "-unfinished")
+    directory = save[0].rsplit("/", 1)[0]
+    older = [n.replace("3", "2", 1) for n in save]  # a whole save before it, of the same shape
+    listing = [BlobInfo("ck", f"runs/a/{n}", i + 1, T) for i, n in enumerate([*older, *save])]
+    whole = latest(URI, listing, lambda *_: None, fmt, rule)
+    assert whole and whole.uri == f"{URI}/{directory}"
+    hidden = [*listing, BlobInfo("ck", f"runs/a/{directory}-unfinished", 99, T)]
+    for f in ("auto", fmt):
+        found = latest(URI, hidden, lambda *_: None, f, rule)
+        assert found is None or found.uri == f"{URI}/{directory.replace('3', '2', 1)}", (f, found)
