@@ -15,6 +15,7 @@ import logging
 import threading
 from typing import Any, Self
 
+from waitress import wasyncore
 from waitress.server import create_server
 
 # "Task queue depth is N": requests waiting for a thread, which a test may make on purpose.
@@ -52,25 +53,39 @@ class Served:
         # Done in the loop's own thread, woken by its trigger: closed from here, the loop slept
         # on in poll() over the closed sockets for up to its timeout (1 s) a server, which a
         # local cloud's Ctrl-C paid several times over.
-        closed = threading.Event()
+        # First no new connection, and the requests under way answered (a task thread that wrote
+        # its answer after the loop's trigger was closed was waitress's "OSError: Bad file
+        # descriptor" traceback, at a VM's power-off); then the rest.
+        self._in_loop(lambda: wasyncore.dispatcher.close(self._server))  # the listening socket alone
+        self._server.task_dispatcher.shutdown(timeout=2)
 
         def close() -> None:
             self._server.close()  # the listening socket and the loop's trigger
             while self._map:
                 for channel in list(self._map.values()):
                     channel.handle_close()
-            closed.set()
+
+        if not self._in_loop(close):  # no loop to run it: from here, as before
+            close()
+        self._thread.join(timeout=5)
+
+    def _in_loop(self, call: Any) -> bool:
+        """Run ``call`` in the loop's own thread, woken by its trigger; False where it did not run."""
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                call()
+            finally:
+                done.set()
 
         if self._thread.is_alive():
             try:
-                self._server.trigger.pull_trigger(close)
+                self._server.trigger.pull_trigger(run)
             except OSError:  # the trigger is gone already: the loop is ending
-                pass
-            closed.wait(timeout=2)
-        if not closed.is_set():  # no loop to run it: from here, as before
-            close()
-        self._server.task_dispatcher.shutdown()
-        self._thread.join(timeout=5)
+                return False
+            return done.wait(timeout=2)
+        return False
 
 
 class Server:

@@ -53,6 +53,10 @@ class Options:
     tick_interval: float = 60.0
     boot_delay: float = 0.3
     shutdown_budget: float = 30.0
+    # A Spot VM's preemption notice (scheduling.preemptionNoticeDuration, 120 s on Google) lasts this
+    # share of itself; None: as much as the shutdown budget is of Spot's 30 s (one time scale for the
+    # local world: a 3 s shutdown comes with a 12 s notice).
+    notice_scale: float | None = None
     vm_scripts: Path | None = None  # default: the project's deploy/vm
     log_dir: Path | None = None
     policy_env: dict[str, str] | None = None
@@ -112,8 +116,9 @@ class LocalCloud:
             self.storage = client(self.gcs.url, o.project)
             vm_path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
             vm_env = {"STORAGE_EMULATOR_HOST": self.gcs.url, "PATH": vm_path}
+            scale = o.shutdown_budget / 30.0 if o.notice_scale is None else o.notice_scale
             self.compute = ComputeServer(vm_env=vm_env, boot_delay=o.boot_delay, shutdown_budget=o.shutdown_budget,
-                                         realism=o.realism).start()
+                                         realism=o.realism, notice_scale=scale).start()
             self.tpu = TpuServer(vm_env=vm_env, boot_delay=o.boot_delay, shutdown_budget=o.shutdown_budget,
                                  realism=o.realism).start()
             push_delay, sink_delay = o.push_delay or o.realism.push_delay, o.sink_delay or o.realism.sink_delay

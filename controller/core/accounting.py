@@ -90,6 +90,8 @@ def _one(ledger: Ledger, e: Event, status: JobStatus, spec: JobSpec | None) -> L
         return with_current(ledger, open_.model_copy(update={"queued": e.at}))
     if name == "provisioned" and (open_ := ledger.open) is not None and open_.queued and open_.capacity is None:
         return with_current(ledger, open_.model_copy(update={"capacity": max(e.at, open_.queued)}))
+    if name == "standby-withdrawn":
+        return _withdrawn(ledger, e)
     if name in ("stockout", "quota"):
         totals = ledger.totals
         if name == "stockout" and e.zone:
@@ -126,8 +128,10 @@ def _launched(ledger: Ledger, e: Event, status: JobStatus, spec: JobSpec | None)
     if ledger.open is not None:  # adopted past it (another pass's attempt): this one ended unseen
         ledger = close(ledger, e.at, "replaced")
     checkpoint = status.resume_from
+    # A standby given the go was launched at the notice, and billed since Compute accepted it (``since``).
+    since = e.since if e.since is not None and e.since <= e.at else None
     span = _priced(Span(attempt=status.attempt, zone=status.zone, model=status.provisioning, tpu=status.attempt_tpu,
-                        start=e.at, inserted=e.at if e.event == "adopted" else None,
+                        start=since or e.at, inserted=e.at if e.event == "adopted" else since,
                         resumed_step=checkpoint.step if checkpoint else None,
                         resumed_saved_at=checkpoint.saved_at if checkpoint else None), status, spec)
     updates: dict[str, object] = {"spans": (*ledger.spans, span)[-SPANS_KEPT:]}
@@ -166,6 +170,22 @@ def _lost(ledger: Ledger, e: Event, cause: str) -> Ledger:
                                        "totals": totals.model_copy(update={"losses": by_zone,
                                                                            "platform_losses": platform})})
     return with_mark(ledger, Mark(at=lost_at or e.at, kind=cause, zone=open_.zone))
+
+
+def _withdrawn(ledger: Ledger, e: Event) -> Ledger:
+    """A standby given up before its go: its VMs were billed from Compute's acceptance (``since``)
+    to now, for no training at all: paid, all of it boot, priced as the attempt it stood beside."""
+    open_ = ledger.open
+    if open_ is None or e.since is None or e.since > e.at:
+        return ledger
+    paid = (e.at - e.since).total_seconds()
+    totals = ledger.totals
+    return ledger.model_copy(update={"totals": totals.model_copy(update={
+        "paid_acc_s": totals.paid_acc_s + paid * open_.accelerators,
+        "boot_acc_s": totals.boot_acc_s + paid * open_.accelerators,
+        "cost": totals.cost + paid / 3600 * open_.per_hour,
+        "on_demand_cost": totals.on_demand_cost + paid / 3600 * open_.on_demand_per_hour,
+    })})
 
 
 def _priced(span: Span, status: JobStatus, spec: JobSpec | None) -> Span:

@@ -94,7 +94,9 @@ def withdrawn(st: JobStatus, why: str, now: datetime) -> JobStatus:
     """The standby given up: its number is never used again (its VMs may still be going down)."""
     sb = st.standby
     assert sb is not None
-    return st.but(t.event(now, st, "standby-withdrawn", why, instance=sb.instances[0], zone=sb.zone),
+    # ``since``: when Compute accepted its VMs (None: never): billed from then to now, for nothing.
+    return st.but(t.event(now, st, "standby-withdrawn", why, instance=sb.instances[0], zone=sb.zone,
+                          since=sb.inserted_at),
                   standby=None, withdrawn=max(st.withdrawn, sb.attempt), message=why)
 
 
@@ -127,8 +129,13 @@ def promoted(st: JobStatus, begun: JobStatus, now: datetime) -> JobStatus:
     current attempt, its VMs held at the line and given the go now, from ``begun.resume_from``."""
     sb = st.standby
     assert sb is not None
-    return begun.but(held=True, go_at=now, inserted=sb.inserted, inserted_at=sb.inserted_at, placement=sb.placement,
-                     resumed_at=now)
+    history = begun.history
+    if history and history[-1].event == "launch" and sb.inserted_at is not None:
+        # Its launch happened at the notice: billed since Compute accepted its VMs (the ledger's
+        # span starts paying there, the time at the line counted as its boot).
+        history = (*history[:-1], history[-1].model_copy(update={"since": sb.inserted_at}))
+    return begun.model_copy(update={"history": history}).but(
+        held=True, go_at=now, inserted=sb.inserted, inserted_at=sb.inserted_at, placement=sb.placement, resumed_at=now)
 
 
 def past_line(v: JobView, st: JobStatus) -> bool:

@@ -312,3 +312,35 @@ def test_a_notice_the_standby_itself_gets_withdraws_it_and_is_never_taken_for_st
     st = h.status("a")
     assert st.standby is None and "a-2 got a preemption notice at its starting line" in st.message
     assert "a-2" not in h.live("a") and not h.store.exists(BUCKET, names.notice_key("a"))
+
+
+def test_the_ledger_bills_a_standby_from_its_acceptance_and_its_time_at_the_line_as_boot(h: Harness):
+    running(h)
+    h.notice("a")
+    h.tick("a")
+    accepted = h.status("a").standby.inserted_at
+    h.advance(seconds=100)
+    h.compute.preempt("a-1")
+    h.tick("a")
+    h.advance(seconds=20)
+    h.heartbeat("a", trainer_started=h.clock.now())
+    h.tick("a")
+    book = h.status("a").ledger
+    new = book.spans[-1]
+    assert new.attempt == 2 and new.inserted == accepted and new.start == accepted
+    loss = book.losses[-1]
+    assert loss.running_at is not None and loss.recovery_s is not None and loss.recovery_s <= 21
+    assert new.trainer_started is not None  # its boot: from acceptance (at the notice) to the go's trainer start
+
+
+def test_a_withdrawn_standby_is_paid_for_and_counted_as_boot(h: Harness):
+    running(h)
+    before = h.status("a").ledger.totals.paid_acc_s
+    h.notice("a")
+    h.tick("a")
+    h.advance(seconds=156)
+    h.tick("a")
+    totals = h.status("a").ledger.totals
+    assert h.status("a").standby is None
+    assert totals.paid_acc_s - before == pytest.approx(156) and totals.boot_acc_s == pytest.approx(156)
+    assert totals.cost > 0
