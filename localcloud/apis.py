@@ -11,8 +11,7 @@ method 404. Errors are one-platform JSON (``{"error": {"code", "message", "statu
 What they answer comes from ``Deployment``: what ``respawn deploy`` would have made of the local
 cloud. The project (its number as ``localcloud.compute.project_number`` gives it) is ACTIVE and
 every API enabled; its IAM policy, the trainer account's and the three accounts themselves are
-deploy's (the controller's ``roles/logging.viewer`` for the tick's read of the System Event audit
-log among them); the functions are the local functions-framework processes (ACTIVE while their
+deploy's; the functions are the local functions-framework processes (ACTIVE while their
 process lives, FAILED once it has exited), ``respawn-tick`` HTTP at its local URL,
 ``respawn-on-object`` on the bucket's finalized events and, where the local cloud serves it,
 ``respawn-on-audit`` on the ``respawn-audit`` topic's messages (Pub/Sub trigger); the Scheduler job ``respawn-tick`` is
@@ -289,7 +288,6 @@ class ResourceManagerServer(DiscoveryServer):
             {"role": "roles/logging.logWriter", "members": [f"serviceAccount:{self.d.trainer}"]},
             {"role": "roles/compute.instanceAdmin.v1", "members": [f"serviceAccount:{self.d.controller}"]},
             {"role": "roles/tpu.admin", "members": [f"serviceAccount:{self.d.controller}"]},
-            {"role": "roles/logging.viewer", "members": [f"serviceAccount:{self.d.controller}"]},
             {"role": "roles/logging.logWriter", "members": [f"serviceAccount:{self.d.controller}"]},
             {"role": "roles/eventarc.eventReceiver", "members": [f"serviceAccount:{self.d.controller}"]},
             {"role": "roles/pubsub.publisher", "members": [f"serviceAccount:{agent}gs-project-accounts.iam.gserviceaccount.com"]},

@@ -11,7 +11,6 @@ import yaml
 
 from controller.core import names
 from controller.adapters.memory import MemoryAdvisor, MemoryAuditLog, MemoryCompute, MemoryStore, MemoryTpu
-from controller.service.auditfeed import AuditFeed
 from controller.core.clock import FakeClock
 from controller.service.engine import Engine, Summary
 from controller.service.executor import Executor
@@ -51,10 +50,9 @@ class Harness:
         self.store = MemoryStore(self.clock)
         self.compute = MemoryCompute(self.clock)
         # Compute's System Event audit log: every preemption, crash, host error and maintenance of
-        # the fake Compute lands there; a pass over every job reads it only when ``read_audit`` is set.
+        # the fake Compute lands there (an on_audit message each wakes a pass; tests/service/test_audit.py).
         self.audit = MemoryAuditLog()
         self.compute.audit = self.audit
-        self.read_audit = False
         self.tpu = MemoryTpu(self.clock)
         self.advisor: MemoryAdvisor | None = None  # capacity advice: none unless a test sets one (zones keep the spec's order)
         self.notifier: Notifier | None = None  # notifications: none unless a test sets one
@@ -63,10 +61,10 @@ class Harness:
 
     def engine(self, store: Any = None, compute: Any = None, tpu: Any = None) -> Engine:
         store, compute, tpu = store or self.store, compute or self.compute, tpu or self.tpu
-        observer = Observer(store, compute, BUCKET, self.policy, workers=self.workers, advisor=self.advisor, tpu=tpu)
-        feed = AuditFeed(self.audit, store, BUCKET, self.policy.watched_projects, self.clock) if self.read_audit else None
+        observer = Observer(store, compute, BUCKET, self.policy, workers=self.workers, advisor=self.advisor, tpu=tpu,
+                            replayable=True)  # in order, on the test's thread: a test replays exactly
         return Engine(observer, Executor(store, compute, BUCKET, tpu, self.notifier), self.ctx, self.clock,
-                      workers=self.workers, audit=feed)
+                      workers=self.workers)
 
     def tick(self, job: str | None = None) -> Summary:
         return self.engine().reconcile(job)

@@ -848,34 +848,17 @@ def tpu_workers(accelerator_type: str) -> int:
 
 
 class MemoryAuditLog:
-    """A fake Cloud Logging holding System Event entries, answering ``entries.list`` as the port asks
-    it (oldest first, from a timestamp on, ``limit`` at most); ``fail_next`` refuses the next reads."""
+    """Compute's System Event audit log, as the fake Compute writes it: every entry in order. What
+    reaches the controller of it is a Pub/Sub message per entry (``functions.on_audit``), which
+    only wakes a pass."""
 
     def __init__(self) -> None:
         self.entries: list[dict[str, object]] = []
-        self.reads = 0
-        self.fail_next: list[Exception] = []
         self._lock = threading.Lock()
 
     def write(self, entry: dict[str, object]) -> None:
         with self._lock:
             self.entries.append(entry)
-
-    def system_events(self, projects: Sequence[str], since: datetime, limit: int) -> list[Mapping[str, object]]:
-        with self._lock:
-            self.reads += 1
-            if self.fail_next:
-                raise self.fail_next.pop(0)
-            logs = {audit.log_name(p) for p in projects}
-
-            def when(entry: Mapping[str, object]) -> datetime:
-                return datetime.fromisoformat(str(entry["timestamp"]).replace("Z", "+00:00"))
-
-            found = [e for e in self.entries if e.get("logName") in logs and when(e) >= since
-                     and isinstance(e.get("protoPayload"), dict)
-                     and e["protoPayload"].get("methodName") in audit.METHODS]  # type: ignore[union-attr]
-            order = sorted(range(len(found)), key=lambda i: (when(found[i]), i))  # by timestamp, then as written
-            return [json.loads(json.dumps(found[i])) for i in order[:limit]]
 
 
 class MemoryPublisher:

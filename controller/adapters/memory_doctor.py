@@ -97,7 +97,6 @@ class MemoryProject:
         writer = "serviceAccount:service-123456789012@gcp-sa-logging.iam.gserviceaccount.com"
         me.project_bindings = [
             {"role": "roles/logging.logWriter", "members": [f"serviceAccount:{trainer}"]},
-            {"role": "roles/logging.viewer", "members": [f"serviceAccount:{controller}"]},
             {"role": "roles/owner", "members": ["user:you@example.com"]},
             {"role": "roles/compute.instanceAdmin.v1", "members": [f"serviceAccount:{controller}"]},
             {"role": "roles/tpu.admin", "members": [f"serviceAccount:{controller}"]},

@@ -537,9 +537,6 @@ def plan(t: Target) -> list[Step]:
         at = "" if where == t.project else f"@{where}"
         steps.append(grant(f"controller-compute{at}", f"let the controller create, list and delete VMs in {where} "
                            "(roles/compute.instanceAdmin.v1)", where, controller, "roles/compute.instanceAdmin.v1"))
-        # The tick's one entries.list a pass reads every watched project's System Event entries.
-        steps.append(grant(f"controller-audit-read{at}", f"let the controller read Compute's System Event audit "
-                           f"entries in {where} (roles/logging.viewer)", where, controller, "roles/logging.viewer"))
         if tpu:
             steps.append(grant(f"controller-tpu{at}", f"let the controller create, list and delete TPU nodes in {where} "
                                "(roles/tpu.admin)", where, controller, "roles/tpu.admin"))

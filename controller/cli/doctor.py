@@ -51,9 +51,8 @@ PUBLIC = ("allUsers", "allAuthenticatedUsers")
 ACT_AS = ("roles/iam.serviceAccountUser", "roles/iam.serviceAccountAdmin", "roles/editor", "roles/owner")
 # Roles that let a principal publish to a topic (on the topic or its project).
 PUBLISH = ("roles/pubsub.publisher", "roles/pubsub.editor", "roles/pubsub.admin", "roles/editor", "roles/owner")
-# Roles with logging.logEntries.list on a project's System Event audit log (not a private log).
-LOG_READERS = ("roles/logging.viewer", "roles/logging.privateLogViewer", "roles/logging.admin", "roles/viewer",
-               "roles/editor", "roles/owner")
+
+
 class Apis(Protocol):
     """What the checks read. Each method raises ``errors.NotFound`` for a resource that does not
     exist (or that Google will not say exists: a project answers 403 either way), anything else
@@ -381,20 +380,6 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
         raise Failed(f"the sink's writer identity {writer} may not publish to {deploy.AUDIT_TOPIC}: the sink's "
                      "exports fail", shlex.join(deploy.audit_publisher_argv(p, writer)))
 
-    def audit_reader() -> str:
-        controller = f"serviceAccount:{t.controller_sa}"
-        held = [x for x in _bindings(apis.project_policy(p)) if controller in x.members and not x.condition]
-        if any(x.role in LOG_READERS for x in held):
-            return f"the controller holds {next(x.role for x in held if x.role in LOG_READERS)} on {p}"
-        custom = [x.role for x in held if x.role.startswith(("projects/", "organizations/"))]
-        if custom:
-            return (f"the controller holds {', '.join(custom)}: whether it has logging.logEntries.list is not "
-                    "checked", True)
-        raise Failed(f"the controller ({t.controller_sa}) may not read {p}'s System Event audit entries "
-                     "(the tick's entries.list)",
-                     f"gcloud projects add-iam-policy-binding {p} --member={controller} --role=roles/logging.viewer "
-                     "--condition=None")
-
     def log_metrics() -> str:
         """The log-based metrics of the fleet's figures (deploy/metrics), each there with respawn's filter
         and extractors (the controller runs without them; Cloud Monitoring then has no fleet figures)."""
@@ -457,26 +442,22 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
 
     # -- who may do what: the permissions of the roles each identity holds (controller.cli.grants) --
     def controller_in(project: str) -> Callable[[], str]:
-        """The controller's Compute (and TPU) permissions in ``project``; in a watched project other
-        than the deploy project, also its read of the System Event audit entries there."""
+        """The controller's Compute (and TPU) permissions in ``project``."""
         def check() -> str:
             wanted = {"roles/compute.instanceAdmin.v1": grants.COMPUTE,
-                      **({"roles/tpu.admin": grants.TPU} if t.tpu else {}),
-                      **({"roles/logging.viewer": grants.READ_LOGS} if project != p else {})}
+                      **({"roles/tpu.admin": grants.TPU} if t.tpu else {})}
             every = [perm for perms in wanted.values() for perm in perms]
             found = grants.held(roles, controller_member, every, apis.project_policy(project))
             short = [role for role, perms in wanted.items() if found.missing(perms)]
             if short:
                 at = "" if project == p else f"@{project}"
-                steps = [f"controller-{'compute' if 'compute' in role else 'tpu' if 'tpu' in role else 'audit-read'}{at}"
-                         for role in short]
+                steps = [f"controller-{'compute' if 'compute' in role else 'tpu'}{at}" for role in short]
                 raise Failed(_lacks(f"the controller ({t.controller_sa})", found.missing(every), f"project {project}",
                                     found.unread) + ": it cannot create, list or delete what its jobs need there",
                              "\n".join([*(f"gcloud projects add-iam-policy-binding {project} --member={controller_member} "
                                            f"--role={role} --condition=None" for role in short),
                                          f"# or: {t.deploy_from(steps[0])}"]))
             return (f"may create, list and delete VMs{' and TPU nodes' if t.tpu else ''} in {project}"
-                    + (", and read its System Event audit entries" if project != p else "")
                     + f" ({', '.join(found.roles(every))})")
         return check
 
@@ -623,7 +604,6 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
         (f"audit topic {deploy.AUDIT_TOPIC}", audit_topic),
         (f"audit sink {deploy.AUDIT_SINK}", audit_sink),
         ("audit sink may publish", audit_publisher),
-        ("controller reads audit logs", audit_reader),
         ("log-based metrics", log_metrics),
         (f"scheduler job {deploy.TICK}", scheduler),
         ("controller last ran", last_pass),

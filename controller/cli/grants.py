@@ -26,7 +26,6 @@ COMPUTE = ("compute.instances.create", "compute.instances.delete", "compute.inst
            "compute.disks.create", "compute.subnetworks.use", "compute.subnetworks.useExternalIp")
 TPU = ("tpu.nodes.create", "tpu.nodes.delete", "tpu.nodes.get", "tpu.nodes.list", "tpu.queuedResources.create",
        "tpu.queuedResources.delete", "tpu.queuedResources.get", "tpu.queuedResources.list", "tpu.operations.get")
-READ_LOGS = ("logging.logEntries.list",)
 INVOKE = ("run.routes.invoke",)  # a gen2 function is called through its Cloud Run service
 RECEIVE = ("eventarc.events.receiveEvent",)
 PUBLISH = ("pubsub.topics.publish",)

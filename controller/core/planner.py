@@ -629,14 +629,18 @@ def _insert(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: Launch
     may have been accepted with its status write lost (or still running), and a new
     zone would then mean the same attempt in two zones.
     """
+    # Not the other kind's capacity record when the spec moved between VMs and a TPU since (it is
+    # dropped at the switch).
+    same_kind = st.attempt_tpu == (spec.tpu is not None)
+    if same_kind and not any(i.attempt == st.attempt for i in v.instances) and (up := _step_up(v, spec, st, now)):
+        # Nothing of this attempt exists: it goes up a model whose capacity is back at every try,
+        # not only at a try that lands while its zones cool (a one-minute cooldown and a tick a
+        # minute apart never met).
+        return [up]
     if st.not_before and now < st.not_before and not _quota_freed(v, st):
-        # Cooling or backing off past fallback.wait: step down (not when the spec has moved to the
-        # other kind since: that capacity record is the other kind's, and is dropped at the switch).
-        same_kind = st.attempt_tpu == (spec.tpu is not None)
+        # Cooling or backing off past fallback.wait: step down.
         if same_kind and (down := t.waited_too_long(st, spec, now)) is not None:
             return [WriteStatus(v.job, down, "stepped down", replan=True)]
-        if same_kind and not any(i.attempt == st.attempt for i in v.instances) and (up := _step_up(v, spec, st, now)):
-            return [up]  # nothing of this attempt exists: it may go up a model whose capacity is back
         return []
     if _blind(v, spec, st):
         return _blind_note(v, spec, st, now)  # an earlier try of this attempt may live, unseen, where no list reached
@@ -966,8 +970,10 @@ def _promote(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, 
                             verb="giving the go to")
     nxt = handover.promoted(st, begun, now)
     head: list[Action] = [WriteStatus(v.job, nxt, why)]
-    if not nxt.inserted:  # its insert is retried, carrying the go itself (launch._metadata)
-        return [*head, *_insert(v, spec, nxt, now, ctx), *_delete_current(v, st, why)]
+    if not nxt.inserted:
+        # Its insert is sent again, carrying the go itself (launch._metadata); Compute may answer it
+        # with the standby's own first insert (the same request id), whose VMs lack the go: given too.
+        return [*head, *_insert(v, spec, nxt, now, ctx), *_go(v.job, nxt), *_delete_current(v, st, why)]
     return [*head, *_go(v.job, nxt), *_consume(v, nxt), *_delete_current(v, st, why)]
 
 

@@ -326,15 +326,6 @@ class ComputeGateway(Protocol):
         ...
 
 
-class AuditLog(Protocol):
-    """Cloud Logging, reduced to the one query the tick asks of it (controller.service.auditfeed)."""
-
-    def system_events(self, projects: Sequence[str], since: datetime, limit: int) -> list[Mapping[str, object]]:
-        """Compute's System Event audit entries (LogEntry JSON) of ``projects`` whose timestamp is
-        ``since`` or later, oldest first, at most ``limit``: one ``entries.list`` query, paged."""
-        ...
-
-
 # -- Cloud TPU ----------------------------------------------------------------------
 
 

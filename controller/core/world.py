@@ -239,3 +239,11 @@ class World:
     unreachable: tuple[str, ...] = ()
     unseen_projects: Mapping[str, str] = field(default_factory=dict)  # project -> why
     failed: Mapping[str, str] = field(default_factory=dict)  # job -> why it could not be observed
+    transient: frozenset[str] | set[str] = frozenset()  # those of ``failed`` a retry may see (TransientError)
+
+    def joined(self, other: World) -> World:
+        """This world and another part of the same pass (``Observer.parts``): jobs, blind zones,
+        projects and failures of both."""
+        return World({**self.jobs, **other.jobs}, tuple(dict.fromkeys((*self.unreachable, *other.unreachable))),
+                     {**self.unseen_projects, **other.unseen_projects}, {**self.failed, **other.failed},
+                     frozenset({*self.transient, *other.transient}))

@@ -7,14 +7,12 @@ install their own engine (over the fakes) with ``override``.
 from __future__ import annotations
 
 import threading
-from datetime import datetime
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Generic, TypeVar
 
 from controller.core import errors
 from controller.service import logs
-from controller.service.auditfeed import AuditFeed
 from controller.core.clock import SystemClock
 from controller.service.config import Settings
 from controller.service.engine import Engine
@@ -22,7 +20,7 @@ from controller.service.executor import Executor
 from controller.core.launch import LaunchContext
 from controller.service.notifier import Notifier
 from controller.service.observe import Observer
-from controller.core.ports import AuditLog, BlobStore, ComputeGateway, Publisher, TpuGateway, TpuList, TpuRequest, Webhook
+from controller.core.ports import BlobStore, ComputeGateway, Publisher, TpuGateway, TpuList, TpuRequest, Webhook
 
 _lock = threading.RLock()
 COMMON_MARK = "# @@common.sh@@"
@@ -82,11 +80,8 @@ def build(config: Settings) -> Engine:
     observer = Observer(store, compute, config.bucket, policy, workers=config.concurrency,
                         advisor=capacity_advisor(config), tpu=tpu)
     notifier = Notifier(policy, LazyPublisher(config), LazyWebhook(), wait=config.notify_wait)
-    clock = SystemClock()
-    feed = AuditFeed(LazyAuditLog(config), store, config.bucket, policy.watched_projects, clock) \
-        if config.audit_log else None
-    return Engine(observer, Executor(store, compute, config.bucket, tpu, notifier), ctx, clock,
-                  workers=config.concurrency, operation_wait=config.operation_wait, audit=feed)
+    return Engine(observer, Executor(store, compute, config.bucket, tpu, notifier), ctx, SystemClock(),
+                  workers=config.concurrency, operation_wait=config.operation_wait)
 
 
 T = TypeVar("T")
@@ -147,22 +142,6 @@ class LazyPublisher:
 
     def publish(self, topic: str, data: bytes, attributes: Mapping[str, str]) -> str:
         return self._built().publish(topic, data, attributes)
-
-
-class LazyAuditLog:
-    """Cloud Logging's reader, built on the first tick that reads the audit log."""
-
-    def __init__(self, config: Settings) -> None:
-        def build() -> AuditLog:
-            from controller.adapters.auditlog import CloudAuditLog
-            from controller.adapters.google import logging_client
-
-            return CloudAuditLog(logging_client(config))
-
-        self._built = _Once[AuditLog]("Cloud Logging", build)
-
-    def system_events(self, projects: Sequence[str], since: datetime, limit: int) -> list[Mapping[str, object]]:
-        return self._built().system_events(projects, since, limit)
 
 
 class LazyWebhook:

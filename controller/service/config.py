@@ -53,9 +53,6 @@ class Settings(BaseSettings):
     notify_wait: float = Field(default=10.0, ge=0, le=300)
     pubsub_endpoint: str | None = None  # the local cloud's Pub/Sub server, e.g. http://127.0.0.1:8125
     logging_endpoint: str | None = None  # the local cloud's Cloud Logging server (`respawn logs` reads it)
-    # Each tick reads Compute's System Event audit log since its watermark (controller.service.auditfeed);
-    # off: Compute's zone operations alone tell why a VM went down.
-    audit_log: bool = True
     # What `respawn doctor` reads besides those (the local cloud's stand-ins of these APIs, each a
     # root URL such as http://127.0.0.1:8126; unset: Google's).
     serviceusage_endpoint: str | None = None

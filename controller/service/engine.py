@@ -8,20 +8,19 @@ always ends. Nothing here waits: anything slower is left to the next event or ti
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from controller.core import errors, fleet
-from controller.core.audit import AuditEvent
 from controller.service import fanout
-from controller.service.auditfeed import AuditFeed
 from controller.core.actions import Action, CreateInstances, WriteStatus
 from controller.core.clock import Clock
 from controller.service.executor import Executor, Outcome
 from controller.service.notifier import Notifier, Sends
 from controller.core.launch import LaunchContext
-from controller.service.observe import UNEXPECTED, Observer
+from controller.service.observe import Observer
 from controller.core.planner import plan_job
 from controller.core.state import JobStatus
 from controller.core.world import JobView, World
@@ -42,8 +41,6 @@ class Summary:
     # those whose send was under way (they may still arrive; never sent again).
     notices_carried: list[str] = field(default_factory=list)
     notices_in_flight: list[str] = field(default_factory=list)
-    audit_events: int = 0  # System Event entries handed to the pass as evidence
-    audit_error: str | None = None  # why the tick could not read them (the pass went on without)
     # What the pass's commits added to ledgers, and each job's status as it last committed it; a
     # pass over every job adds the fleet up from them (controller.core.fleet), for the tick's log.
     changes: list[fleet.Change] = field(default_factory=list)
@@ -77,17 +74,13 @@ class Summary:
             "jobs_seen": len(self.jobs),
             **({"notices_unsent": {"carried": self.notices_carried, "in_flight": self.notices_in_flight}}
                if self.notices_carried or self.notices_in_flight else {}),
-            **({"audit_events": self.audit_events} if self.audit_events else {}),
-            **({"audit_error": self.audit_error} if self.audit_error else {}),
         }
 
 
 class Engine:
     def __init__(self, observer: Observer, executor: Executor, ctx: LaunchContext, clock: Clock,
-                 workers: int = 1, operation_wait: float | None = None, audit: AuditFeed | None = None) -> None:
+                 workers: int = 1, operation_wait: float | None = None) -> None:
         self.observer = observer
-        # The tick's read of Compute's System Event audit log (None: Compute's records alone).
-        self.audit = audit
         self.executor = executor
         self.ctx = ctx
         self.clock = clock
@@ -99,13 +92,25 @@ class Engine:
         # waited for, so no thread sits out a 20-second operation while others queue behind
         # it: the next pass reads each one's outcome by the same request id.
         self.operation_wait = operation_wait
+        self._wide_pass_at = float("-inf")  # when a hint asked for a pass over every job (wide_pass_due)
+        self._wide_lock = threading.Lock()
 
-    def reconcile(self, job: str | None = None, dry_run: bool = False, evidence: tuple[AuditEvent, ...] = ()) -> Summary:
+    def wide_pass_due(self, gap: float) -> bool:
+        """Whether a hint may have a pass over every job now: none began in this instance within
+        ``gap`` seconds (a burst of hints is one pass; the tick is the safety net)."""
+        with self._wide_lock:
+            now = time.monotonic()
+            if now - self._wide_pass_at < gap:
+                return False
+            self._wide_pass_at = now
+            return True
+
+    def reconcile(self, job: str | None = None, dry_run: bool = False) -> Summary:
         """Reconcile every job (``job`` None) or one; ``dry_run`` plans without acting.
 
-        ``evidence``: System Event audit entries (an ``on_audit`` message), each telling why a VM it
-        names went down where the pass finds it down. A pass over every job also reads the entries
-        since its watermark (``audit``), and moves the watermark once the pass has ended.
+        The VM jobs are reconciled first, the TPU jobs (and names with neither spec nor status:
+        strays, orphans) once the TPU listing answered or its bound passed
+        (``Observer.parts``): a TPU API that does not answer never holds a VM job's recovery.
 
         Notices are never on the path of a recovery: each job's chain hands its notices to the
         pass's sends (``Notifier.begin``), which go out side by side while the pass goes on; the
@@ -115,25 +120,20 @@ class Engine:
         notifier: Notifier | None = getattr(self.executor, "notifier", None)
         sends = notifier.begin(self.workers) if notifier is not None and not dry_run else None
         summary = Summary()
-        batch = self.audit.read() if self.audit is not None and job is None and not dry_run else None
-        if batch is not None:
-            evidence = (*evidence, *batch.events)
-            summary.audit_events, summary.audit_error = len(batch.events), batch.error
         try:
-            world = self.observer.world(job, evidence)
+            first, rest = self.observer.parts(job)
+            wait_until = None if self.operation_wait is None else time.monotonic() + self.operation_wait
+            self._act(first, summary, dry_run, wait_until, sends)
+            later = rest()
+            self._act(later, summary, dry_run, wait_until, sends)
+            world = first.joined(later)
             summary.unreachable = [*world.unreachable, *(f"project {p}" for p in world.unseen_projects)]
             for project, why in world.unseen_projects.items():
                 summary.errors[f"project {project}"] = f"instance list failed: {why}"
-            wait_until = None if self.operation_wait is None else time.monotonic() + self.operation_wait
-            for part in fanout.each(world.jobs.values(), lambda v: self._isolated(v, dry_run, wait_until, sends),
-                                    self.workers):
-                summary.merge(part)
             for name, why in world.failed.items():
                 summary.errors[name] = f"observe: {why}"
-                if not why.startswith(UNEXPECTED):
+                if name in world.transient:  # a 403, a bug: no retry of the whole function fixes it
                     summary.transient.append(name)
-            if batch is not None and self.audit is not None:  # only once the pass that used them has ended: see auditfeed
-                self.audit.commit(batch)
             if job is None and not dry_run:
                 summary.figures = self._figures(world, summary)
         finally:
@@ -141,6 +141,12 @@ class Engine:
                 unsent = sends.finish()
                 summary.notices_carried, summary.notices_in_flight = unsent.carried, unsent.in_flight
         return summary
+
+    def _act(self, world: World, summary: Summary, dry_run: bool, wait_until: float | None,
+             sends: Sends | None) -> None:
+        for part in fanout.each(world.jobs.values(), lambda v: self._isolated(v, dry_run, wait_until, sends),
+                                self.workers):
+            summary.merge(part)
 
     def _figures(self, world: World, summary: Summary) -> fleet.Figures | None:
         """Every job's status as the pass left it (its commit, else what it read) added up; a job
@@ -185,7 +191,8 @@ class Engine:
             self._reconcile_job(view, summary, dry_run, wait_until, sends)
         except errors.RespawnError as e:  # e.g. its bucket objects did not answer
             summary.errors[view.job] = f"{type(e).__name__}: {e}"
-            summary.transient.append(view.job)
+            if isinstance(e, errors.TransientError):  # a 403 or a 400 would fail the same way again
+                summary.transient.append(view.job)
         except Exception as e:  # noqa: BLE001 - a bug or a surprise: this job only, never the pass
             summary.errors[view.job] = f"unexpected {type(e).__name__}: {e}"
             log.exception("reconciling a job failed", extra={"json_fields": {"job": view.job}})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import timedelta
 from typing import Any
 
 from controller.service import bootstrap, lastpass
@@ -78,14 +79,22 @@ def on_object(data: dict[str, Any]) -> dict[str, Any] | None:
 
 def on_audit(data: dict[str, Any]) -> dict[str, Any] | None:
     """Reconcile the job whose VM a System Event audit entry names (a Pub/Sub message from the
-    Logging sink), with the entry as evidence of why it went down; ignore everything else.
+    Logging sink); ignore everything else.
 
-    A hint, as the bucket's events are: the pass judges the job as it finds it, once, and returns
-    (the function never waits in its instance for a VM to go down). A VM being preempted gets its
-    standby at once (controller.core.handover); the go follows on the events its save and its
-    standby make (the marker, the ready record) or the next tick. An entry for an attempt already
-    replaced, a duplicate, a late one, finds nothing to do; a lost one costs the tick's time (the
-    tick reads the same entries again). A TPU worker's entry counts from worker 0 only."""
+    The entry only wakes a pass: why the VM went is read from Compute's own records, never taken
+    from the entry (a trainer that may write logs can write under the audit log's name too, and a
+    forged "preempted" would excuse its own crash from the failure budget). The pass judges the job
+    as it finds it, once, and returns: the function never waits in its instance for a VM to go
+    down. A VM being preempted gets its standby at once (controller.core.handover); the go follows
+    on the events its save and its standby make (the marker, the ready record) or the next tick.
+    An entry for an attempt already replaced, a duplicate, a late one, finds nothing to do; a lost
+    one costs the tick's time.
+
+    Pub/Sub redelivers a message whose function raised, for days: it raises only for a trouble a
+    retry may see through (a TransientError of that job's), and never for an entry older than
+    ``AUDIT_MAX_AGE`` (the ticks have judged its VM since). A TPU VM's worker names no node: its
+    worker 0's entry is a pass over every job, at most one per ``TPU_PASS_GAP`` in a function
+    instance (a slice's or a project's burst of entries is one pass; the tick is the safety net)."""
     try:
         event = audit.parse_entry(audit.decode_message(data))
     except audit.AuditError as e:
@@ -107,17 +116,30 @@ def on_audit(data: dict[str, Any]) -> dict[str, Any] | None:
         if event.project not in engine.observer.policy.watched_projects:
             log.info("audit entry from a project the controller does not watch", extra={"json_fields": where})
             return None
-        # A TPU VM's worker names no node: every job is looked at (a pass over every job; these
-        # are rare), their TPU nodes' own state saying what happened.
-        summary = engine.reconcile(job, evidence=(event,)) if job else engine.reconcile(evidence=(event,))
+        if job is None and not engine.wide_pass_due(TPU_PASS_GAP):
+            log.info("audit entry of a TPU worker: a pass over every job ran moments ago", extra={"json_fields": where})
+            return None
+        old = engine.clock.now() - event.at > AUDIT_MAX_AGE
+        summary = engine.reconcile(job)
     except errors.ConfigError as e:
         log.error("controller misconfigured: %s", e, extra={"json_fields": where})
         return None
-    if summary.transient and job:
+    except errors.RespawnError as e:  # the pass could not begin (the bucket's listing failed)
+        if isinstance(e, errors.TransientError) and job and not old:
+            raise
+        log.warning("audit event: the pass failed, left to the tick: %s", e, extra={"json_fields": where})
+        return None
+    if summary.transient and job and not old:
         raise errors.TransientError(f"transient errors for {job}: {summary.errors}")
-    if summary.transient:
-        # A pass over every job: some job's trouble (a bucket object that did not answer) is the
-        # tick's, a minute away; a retry would be another pass over every job, again and again.
-        log.warning("audit event: transient errors left to the tick", extra={"json_fields": {**where, "errors": summary.errors}})
+    if summary.transient or summary.errors:
+        # Left to the tick: a permanent error (a 403) would fail every redelivery the same way,
+        # and a pass over every job retried for one job's trouble would be every job's cost.
+        log.warning("audit event: errors left to the tick", extra={"json_fields": {**where, "errors": summary.errors}})
     log.info("audit event handled", extra={"json_fields": {**where, "job": job, **summary.as_dict()}})
     return summary.as_dict()
+
+
+# An audit message older than this is never retried (the ticks have judged its VM since).
+AUDIT_MAX_AGE = timedelta(minutes=30)
+# At most one pass over every job per this long for TPU workers' entries, in one function instance.
+TPU_PASS_GAP = 30.0

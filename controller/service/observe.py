@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from cachetools import LRUCache
 
-from controller.core import audit, checkpoints, errors, names, placement
+from controller.core import checkpoints, errors, names, placement
 from controller.service import fanout
 from controller.service.advice import AdviceCache
 from controller.service.tpuzones import TpuZones
@@ -82,8 +82,11 @@ class Parsed:
 class Observer:
     def __init__(self, store: BlobStore, compute: ComputeGateway, bucket: str, policy: ControllerPolicy,
                  workers: int = 1, advisor: CapacityAdvisor | None = None, tpu: TpuGateway | None = None,
-                 tpu_timeout: float = TPU_LIST_TIMEOUT) -> None:
+                 tpu_timeout: float = TPU_LIST_TIMEOUT, replayable: bool = False) -> None:
         self.store = store
+        # Every read on the pass's own thread, in order, the TPU listing unbounded: what a seeded
+        # simulation needs to replay exactly (tests/chaos); a deployed pass bounds it on a thread.
+        self.replayable = replayable
         self.tpu_timeout = tpu_timeout  # seconds the TPU listing may take before TPU jobs are blind this pass
         self.compute = compute
         self.tpu = tpu
@@ -94,19 +97,22 @@ class Observer:
         self.advice = AdviceCache(advisor)  # kept between passes, like ``parsed``
         self.tpu_zones = TpuZones(store, bucket)
 
-    def world(self, job: str | None = None, evidence: tuple[audit.AuditEvent, ...] = ()) -> World:
-        """Everything the planner needs, for every job or for one.
+    def world(self, job: str | None = None) -> World:
+        """Everything the planner needs, for every job or for one (``parts``, joined)."""
+        first, rest = self.parts(job)
+        return first.joined(rest())
+
+    def parts(self, job: str | None = None) -> tuple[World, Callable[[], World]]:
+        """The world in two parts: the VM jobs' at once, and a call for the rest, which waits for
+        the TPU listing (within its bound): the TPU jobs' views, and those of names with neither
+        spec nor status (strays, orphans of either kind). A TPU API that does not answer never
+        holds a VM job's recovery, however many workers a pass has.
 
         A pass over every job runs jobs side by side, each job's reads one after another; a
         pass for one job (an event: its latency is the point) runs that job's reads side by side.
-        ``evidence``: System Event audit entries, each job's used for its own VMs (``_with_evidence``).
         """
-        told: dict[str, list[audit.AuditEvent]] = defaultdict(list)
-        for event in evidence:
-            if event.job is not None:
-                told[event.job].append(event)
         listing = self._listing(job)
-        failed: dict[str, str] = {}  # each job's own key: safe to fill from several threads
+        failed = _Failed()  # each job's own key: safe to fill from several threads
         strays = _strays(listing)
         # A name with neither spec nor status has nothing to read: only its oldest VM records, to
         # be cleaned up, and its instances (orphans), which the instance list finds below.
@@ -118,43 +124,61 @@ class Observer:
         for name, records in strays.items():
             views[name] = replace(views.get(name) or JobView(job=name, cancelled="cancel" in listing[name]), **records)
         # Only now, after every status was read, the instances: see the module docstring.
-        # The TPU nodes are listed beside the instances, each list with its own bound: a TPU API
-        # that does not answer blinds the TPU jobs alone, and never holds a VM job's recovery.
-        # (workers=1: inline and in order, as fanout runs it, so that a simulation replays.)
-        tpu_list = _Background(lambda: self._tpu_nodes(job, views), inline=self.workers <= 1)
+        # The TPU nodes are listed beside the instances, each list with its own bound; inline only
+        # where a simulation must replay (``replayable``), never unbounded in a deployed pass.
+        tpu_list = _Background(lambda: self._tpu_nodes(job, views), inline=self.replayable)
         # The orphan search in the zones respawn/tpu-zones.json records is a listing of its own,
         # within the same bound: however many zones the record names (anyone who can write the
         # bucket can write it), it never makes the TPU jobs blind; past the bound its nodes are
         # looked for again next pass.
-        orphan_list = _Background(lambda: self._recorded_tpu_nodes(job, views), inline=self.workers <= 1)
+        orphan_list = _Background(lambda: self._recorded_tpu_nodes(job, views), inline=self.replayable)
         found = self._instances(job, views)
-        tpus = tpu_list.result(self.tpu_timeout, lambda: self._tpu_unanswered(job, views))
-        listed = {(n.project, n.zone, n.name) for n in tpus.nodes}
-        orphans = orphan_list.result(self.tpu_timeout, list)
-        tpus = replace(tpus, nodes=[*tpus.nodes, *(n for n in orphans if (n.project, n.zone, n.name) not in listed)])
         unreachable = tuple(found.unreachable)
         unseen = tuple(sorted(found.failed_projects))
-        by_job: dict[str, list[Instance]] = defaultdict(list)
-        for instance in [*found.instances, *(node.as_instance() for node in tpus.nodes)]:
-            if instance.job and instance.job not in failed:
-                by_job[instance.job].append(instance)
-        for name, instances in by_job.items():
-            views[name] = replace(views.get(name) or JobView(job=name), instances=tuple(instances))
-        # A TPU list that failed blinds the TPU jobs alone: a project without the TPU API, or
-        # a zone without TPUs, says nothing about VMs.
-        tpu_unreachable = tuple(dict.fromkeys((*unreachable, *tpus.unreachable)))
-        tpu_unseen = tuple(sorted({*unseen, *tpus.failed_projects}))
         why = dict(found.failed_projects)
-        tpu_why = {**{p: f"TPU nodes: {w}" for p, w in tpus.failed_projects.items()}, **why}
-        views = {n: replace(v, unreachable=tpu_unreachable, unseen_projects=tpu_unseen, unseen_why=tpu_why,
-                            denied_zones=tpus.denied)
-                 if _on_tpu(v) else replace(v, unreachable=unreachable, unseen_projects=unseen, unseen_why=why)
-                 for n, v in views.items()}
-        order = sorted(views)
-        found_views = fanout.each(order, lambda n: self._guarded(failed, n, self._with_evidence, views[n], side,
-                                                                 tuple(told.get(n, ()))), self.workers)
-        complete = dict(zip(order, found_views, strict=True))
-        return World({n: v for n, v in complete.items() if v}, tpu_unreachable, tpu_why, failed)
+        vms: dict[str, list[Instance]] = defaultdict(list)
+        for instance in found.instances:
+            if instance.job and instance.job not in failed:
+                vms[instance.job].append(instance)
+        # The VM jobs running a valid spec that have launched in this run. The rest wait for the TPU
+        # listing: a run that has launched nothing yet (an earlier run of its name may have left a
+        # TPU node to be found), and a name whose spec is gone or invalid (only leftovers to delete,
+        # of either kind).
+        now = {n for n, v in views.items() if v.spec is not None and not _on_tpu(v) and not _new_run(v)}
+        first = {n: replace(views[n], instances=tuple(vms.get(n, ())), unreachable=unreachable, unseen_projects=unseen,
+                            unseen_why=why) for n in sorted(now)}
+        first_views = fanout.each(list(first), lambda n: self._guarded(failed, n, self._with_evidence, first[n], side),
+                                  self.workers)
+
+        def rest() -> World:
+            tpus = tpu_list.result(self.tpu_timeout, lambda: self._tpu_unanswered(job, views))
+            listed = {(n.project, n.zone, n.name) for n in tpus.nodes}
+            orphans = orphan_list.result(self.tpu_timeout, list)
+            tpus = replace(tpus, nodes=[*tpus.nodes, *(n for n in orphans if (n.project, n.zone, n.name) not in listed)])
+            by_job: dict[str, list[Instance]] = defaultdict(list)
+            for instance in [*found.instances, *(node.as_instance() for node in tpus.nodes)]:
+                if instance.job and instance.job not in failed and instance.job not in now:
+                    by_job[instance.job].append(instance)
+            later = {n: v for n, v in views.items() if n not in now}
+            for name, instances in by_job.items():
+                later[name] = replace(later.get(name) or JobView(job=name), instances=tuple(instances))
+            # A TPU list that failed blinds the TPU jobs alone: a project without the TPU API, or
+            # a zone without TPUs, says nothing about VMs.
+            tpu_unreachable = tuple(dict.fromkeys((*unreachable, *tpus.unreachable)))
+            tpu_unseen = tuple(sorted({*unseen, *tpus.failed_projects}))
+            tpu_why = {**{p: f"TPU nodes: {w}" for p, w in tpus.failed_projects.items()}, **why}
+            later = {n: replace(v, unreachable=tpu_unreachable, unseen_projects=tpu_unseen, unseen_why=tpu_why,
+                                denied_zones=tpus.denied)
+                     if _on_tpu(v) else replace(v, unreachable=unreachable, unseen_projects=unseen, unseen_why=why)
+                     for n, v in later.items()}
+            order_ = sorted(later)
+            found_views = fanout.each(order_, lambda n: self._guarded(failed, n, self._with_evidence, later[n], side),
+                                      self.workers)
+            done = dict(zip(order_, found_views, strict=True))
+            return World({n: v for n, v in done.items() if v}, tpu_unreachable, tpu_why, failed, failed.transient)
+
+        done = dict(zip(first, first_views, strict=True))
+        return World({n: v for n, v in done.items() if v}, unreachable, why, failed, failed.transient), rest
 
     def _instances(self, job: str | None, views: dict[str, JobView]) -> InstanceList:
         # A job name from an event's object name goes into a Compute filter: only a valid
@@ -288,12 +312,14 @@ class Observer:
         return self.compute.list_managed(projects, view.job, zones=zones)
 
     @staticmethod
-    def _guarded(failed: dict[str, str], job: str, step: Callable[..., JobView], *args: Any) -> JobView | None:
+    def _guarded(failed: _Failed, job: str, step: Callable[..., JobView], *args: Any) -> JobView | None:
         """One job's observation step; its trouble, whatever it is, is recorded and never stops the pass."""
         try:
             return step(*args)
         except errors.RespawnError as e:
             failed[job] = f"{type(e).__name__}: {e}"
+            if isinstance(e, errors.TransientError):
+                failed.transient.add(job)
             log.warning("could not observe job", extra={"json_fields": {"job": job, "error": str(e)}})
         except Exception as e:  # noqa: BLE001 - a bug or a library surprise: this job only
             failed[job] = f"{UNEXPECTED} {type(e).__name__}: {e}"
@@ -508,13 +534,13 @@ class Observer:
             return Record.oversized(self.store.stat(self.bucket, name))
         return Record.parse(blob.info, blob.data)
 
-    def _with_evidence(self, view: JobView, side: int = 1, events: tuple[audit.AuditEvent, ...] = ()) -> JobView:
+    def _with_evidence(self, view: JobView, side: int = 1) -> JobView:
         """For each node of the current attempt that is stopped or gone: fresh records and Compute's why.
 
-        Compute's why is asked only for a node no System Event entry (``events``) already explains:
-        an entry of the platform's own (preempted, host error, terminating maintenance) about this
-        very VM is Compute's record of it, and a thousand VMs preempted at once then cost the
-        tick one Logging query, not a thousand zone-operation lists (``_logged``).
+        Compute's why comes from Compute's own records of the VM (its zone operations), never from
+        a System Event audit entry: a trainer that may write logs can write an entry under that
+        log's name too, and a forged "preempted" would excuse its own crash from the failure
+        budget. An entry only wakes a pass (``functions.on_audit``).
 
         Not for a zone the instance list could not see: there "not seen" means nothing.
         With ``side`` > 1 (a pass for this job alone) these reads go side by side, with the
@@ -542,41 +568,15 @@ class Observer:
         # (1,000 list requests in a 1,000-VM preemption, past the quota's 1,500 a minute).
         told = view.marker is not None and view.marker.belongs_to(st) and view.deciding_exit(st) is None
         judged = judged or told
-        logged = {} if judged else _logged(events, st, seen, lost)
         reads: dict[Any, Callable[[], Any]] = {} if judged else {
-            n: (lambda n=n: self._stop_reason(view, seen.get(n), n)) for n in lost if n not in logged}
+            n: (lambda n=n: self._stop_reason(view, seen.get(n), n)) for n in lost}
         reads["records"] = lambda: self.with_fresh_records(view)
         off = all(n not in seen or seen[n].status.down for n in lost)
         if side > 1 and off and view.spec and view.spec.checkpoint and not view.checkpoint_loaded:
             reads["checkpoint"] = lambda: self._checkpoint_fields(view)
         got = dict(zip(reads, fanout.each(reads.values(), lambda read: read(), side), strict=True))
-        return replace(got["records"], stop_reasons={**{n: got[n] for n in lost if n in got}, **logged},
+        return replace(got["records"], stop_reasons={n: got[n] for n in lost if n in got},
                        **got.get("checkpoint", {}))
-
-
-# The causes a System Event entry is taken for without asking Compute: the platform's own, which
-# beat any other record of the VM (a person's stop, the guest's power-off) as Compute's do
-# (controller.adapters.compute). An entry saying the guest shut itself down is not enough alone:
-# a person may have stopped the VM too, and that is no failure of the trainer's.
-_PLATFORM_REASONS = (StopReason.PREEMPTED, StopReason.HOST_ERROR, StopReason.MAINTENANCE)
-
-
-def _logged(events: tuple[audit.AuditEvent, ...], st: JobStatus, seen: dict[str, Instance],
-            lost: list[str]) -> dict[str, StopReason]:
-    """The lost nodes a System Event entry explains: about that VM (its project, zone, name and,
-    where both are known, its id: a name is reused by each run of a job), no older than the
-    attempt, and of the platform's own causes."""
-    out: dict[str, StopReason] = {}
-    for e in events:
-        if e.reason not in _PLATFORM_REASONS or e.instance not in lost or (e.project, e.zone) != (st.project, st.zone):
-            continue
-        known = seen[e.instance].id if e.instance in seen and seen[e.instance].id else st.instance_ids.get(e.instance)
-        if e.instance_id and known and e.instance_id != known:
-            continue  # another VM of the same name (an earlier run's)
-        if st.attempt_started_at is not None and e.at < st.attempt_started_at:
-            continue
-        out[e.instance] = e.reason  # type: ignore[assignment]
-    return out
 
 
 def _ours(objects: dict[str, BlobInfo]) -> bool:
@@ -608,6 +608,15 @@ def _strays(listing: dict[str, dict[str, BlobInfo]]) -> dict[str, dict[str, Any]
         else:
             out[job][kind] = Record.unread(info, "stray")
     return dict(out)
+
+
+class _Failed(dict[str, str]):
+    """Jobs that could not be observed (job -> why), and which of them only for now (a retry may
+    see them): the rest (a 403, a bug) a retry of the whole function would not fix."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.transient: set[str] = set()
 
 
 class _Background:

@@ -64,7 +64,6 @@ from controller.core import audit, errors, names, notify
 from controller.service import observe as observe_module
 from controller.adapters.memory import (MemoryAdvisor, MemoryAuditLog, MemoryCompute, MemoryPublisher, MemoryStore,
                                        MemoryTpu, MemoryWebhook)
-from controller.service.auditfeed import AuditFeed
 from controller.core.clock import FakeClock
 from controller.service.engine import Engine, Summary
 from controller.service.executor import Executor
@@ -76,6 +75,7 @@ from controller.core.ports import (QUEUED_AS_NODE, Instance, InstanceStatus, Nod
                               StopReason, TpuNode, TpuRequest)
 from controller.core.spec import SpecError
 from controller.core.state import JobStatus, Phase
+from controller.core.world import World
 
 BUCKET = "respawn-chaos"
 PROJECT = "chaos-proj"
@@ -280,11 +280,11 @@ class StaleObserver:
         self._inner = inner
         self._world = world
 
-    def world(self, job: str | None = None, evidence: tuple[audit.AuditEvent, ...] = ()) -> Any:
+    def parts(self, job: str | None = None) -> Any:
         if self._world is not None:
             world, self._world = self._world, None
-            return world
-        return self._inner.world(job, evidence)
+            return world, lambda: World({})
+        return self._inner.parts(job)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -350,10 +350,10 @@ class Run:
         self.start = self.clock.now()
         self.store = MemoryStore(self.clock)
         self.compute = MemoryCompute(self.clock)
-        # Compute's System Event audit log: every system event of the fake Compute lands there, and
-        # reaches the controller twice over: as an on_audit message (lost, duplicated, late or
-        # reordered: ``audit_messages``), and through the ticks' own Logging query (which fails now
-        # and then). Neither may change an outcome, only its speed.
+        # Compute's System Event audit log: every system event of the fake Compute lands there (and
+        # entries a trainer forges), and reaches the controller as an on_audit message (lost,
+        # duplicated, late or reordered: ``audit_messages``) that only wakes a pass: no entry may
+        # change an outcome, only its speed.
         self.audit = MemoryAuditLog()
         self.compute.audit = self.audit
         self.audit_handed = 0  # entries of the log already turned into messages
@@ -615,9 +615,8 @@ class Run:
         entry = self.audit_queue.pop(at)
         event = audit.parse_entry(entry)
         self.stats["audit.delivered"] += 1
-        if event.job is not None:
-            self.run_pass(event.job, label=f"audit {event.method.rsplit('.', 1)[-1]} {event.instance}",
-                          evidence=(event,))
+        if event.job is not None:  # it only wakes a pass: the cause is Compute's own record
+            self.run_pass(event.job, label=f"audit {event.method.rsplit('.', 1)[-1]} {event.instance}")
 
     def step_tick(self) -> None:
         self.run_pass(None)
@@ -738,7 +737,15 @@ class Run:
             js.causes[attempt].append(f"{t.name} guest crash")
             self.say(f"{t.name}: guest crashes (no exit record)")
             t.state, t.end = "done", "crashed"
+            inst = self.instance(t)
             self.compute.terminate(t.name, StopReason.CRASHED)
+            if inst is not None and self.rng.random() < 0.3:
+                # Its trainer wrote a System Event entry of its own first (it may write logs): "preempted",
+                # to pass its crash off as the platform's. It wakes a pass; it must never be counted.
+                self.stats["fault.forged_audit_entry"] += 1
+                self.say(f"{t.name}: its trainer forges a 'preempted' System Event entry")
+                self.audit.write(audit.system_event_entry(inst.project, inst.zone, inst.name, inst.id,
+                                                          "compute.instances.preempted", self.clock.now()))
         else:
             js.failed.add(attempt)
             js.causes[attempt].append("hang")
@@ -1394,6 +1401,11 @@ class Run:
         for t in self.trainers.values():
             if t.state == "running" and t.rank == 0:
                 self.heartbeat(t)
+        for inst in self.managed():  # a held VM's agent re-writes its ready record while it waits
+            meta = self.compute.metadata_of_instance(inst)
+            if inst.status == InstanceStatus.RUNNING and meta.get("respawn-hold") == "1" \
+                    and meta.get("respawn-go") != str(inst.attempt) and (who := self.vm_identity(inst)).rank == 0:
+                self.record(names.ready_key(inst.job or ""), who)
 
     def heartbeat(self, t: Trainer) -> None:
         self.record(names.heartbeat_key(t.job), t)
@@ -1464,7 +1476,7 @@ class Run:
         self.advisor.failure = errors.TransientError("advice: 503") if self.frng.random() < 0.2 else None
         tpu = FaultyPort(self.tpu, self, "tpu")
         observer = Observer(store, compute, BUCKET, self.policy, workers=WORKERS,  # type: ignore[arg-type]
-                            advisor=self.advisor, tpu=tpu)  # type: ignore[arg-type]
+                            advisor=self.advisor, tpu=tpu, replayable=True)  # type: ignore[arg-type]
         if self.faults_on and self.frng.random() < 0.03:
             times = 1  # a send that failed after the adapter's own retries
             self.publisher.fail_next(errors.TransientError("pubsub: 503"), times=times)
@@ -1474,12 +1486,7 @@ class Run:
                                                      errors.RequestError("webhook: 404 no_service")]))
             self.stats["notify.webhook_failures_injected"] += 1
         executor = ExecutorSpy(Executor(store, compute, BUCKET, tpu, self.notifier), self)  # type: ignore[arg-type]
-        if self.faults_on and self.frng.random() < 0.1:  # Logging refuses the tick's query (quota, IAM)
-            self.audit.fail_next.append(self.frng.choice([errors.TransientError("logging: 429"),
-                                                          errors.ConfigError("logging: 403")]))
-            self.stats["fault.audit_query_refused"] += 1
-        feed = AuditFeed(self.audit, store, BUCKET, self.policy.watched_projects, self.clock)  # type: ignore[arg-type]
-        return Engine(observer, executor, self.ctx, self.clock, workers=WORKERS, audit=feed)  # type: ignore[arg-type]
+        return Engine(observer, executor, self.ctx, self.clock, workers=WORKERS)  # type: ignore[arg-type]
 
     def new_pass_faults(self) -> PassFaults | None:
         if not self.faults_on:
@@ -1489,16 +1496,15 @@ class Run:
         crash = f.random() < 0.12
         return PassFaults(rate, timeout, f.randint(1, 4) if crash else None, f.random() < 0.5)
 
-    def run_pass(self, job: str | None, label: str | None = None,
-                 evidence: tuple[audit.AuditEvent, ...] = ()) -> Summary | None:
+    def run_pass(self, job: str | None, label: str | None = None) -> Summary | None:
         label = label or ("tick" if job is None else f"event {job}")
         engine = self.engine()
         faults = self.new_pass_faults()
-        summary = self.guarded(label, faults, lambda: engine.reconcile(job, evidence=evidence))
+        summary = self.guarded(label, faults, lambda: engine.reconcile(job))
         if summary is None and self.faults_on and self._last_transient and self.frng.random() < 0.5:
             self.stats["fault.platform_retry"] += 1  # the platform retries a function that raised
             summary = self.guarded(label + " (retry)", self.new_pass_faults(),
-                                   lambda: self.engine().reconcile(job, evidence=evidence))
+                                   lambda: self.engine().reconcile(job))
         self.report(label, summary)
         if job is None and summary is not None:
             self.check_orphans(label, clean=self._last_clean)

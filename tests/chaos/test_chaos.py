@@ -40,7 +40,7 @@ def test_faults_really_reach_the_controller(chaos: tuple[sim.Totals, list[str]])
         "audit messages lost": s["fault.audit_lost"],
         "audit messages duplicated": s["fault.audit_duplicated"],
         "audit messages reordered": s["fault.audit_reordered"],
-        "tick audit queries refused": s["fault.audit_query_refused"],
+        "audit entries a trainer forged": s["fault.forged_audit_entry"],
         "stockouts met": s["fault.stockout_hit"],
         "quota errors met": s["fault.quota_hit"],
         "listings with a zone unreachable": s["fault.unreachable_listing"],

@@ -19,8 +19,9 @@ from functions_framework import create_app
 
 from controller.core import audit, errors, names
 from controller.core.audit import system_event_entry
+from controller.core.ports import StopReason
 from controller.core.state import Phase
-from controller.service import auditfeed, bootstrap, functions
+from controller.service import bootstrap, functions
 from controller.service.config import Settings
 from tests.harness import BUCKET, PROJECT, Harness, spec_doc
 
@@ -129,7 +130,9 @@ def test_on_audit_absorbs_garbage_messages_without_a_retry_or_any_request(wired,
 # -- on_audit ---------------------------------------------------------------------------------
 
 
-def test_a_hard_preemption_is_recovered_from_its_audit_entry_alone_without_asking_compute_why(wired):
+def test_a_hard_preemption_is_recovered_from_its_audit_entry_and_computes_own_record_of_why(wired):
+    """The entry wakes the pass; why the VM went is read from Compute's own records (its zone
+    operations), never from the entry, which a trainer allowed to write logs could forge."""
     running(wired)
     wired.compute.preempt("a-1")  # no shutdown script ran: no marker
     [entry] = entries(wired)
@@ -137,7 +140,19 @@ def test_a_hard_preemption_is_recovered_from_its_audit_entry_alone_without_askin
     st = wired.status("a")
     assert st.attempt == 2 and wired.live("a") == ["a-2"]
     assert any(e.event == "preempted" for e in st.history) and st.failures == 0
-    assert asked_why(wired) == []  # the entry said it: no zone-operation list
+    assert asked_why(wired) == ["a-1"]
+
+
+def test_a_preempted_entry_a_trainer_forged_for_its_own_crash_is_counted_as_the_failure_it_is(wired):
+    """Issue 35, item 15: trainers hold logging.logWriter, and Cloud Logging may take an entry written
+    under the System Event log's name: a forged "preempted" must not excuse a crash."""
+    running(wired)
+    vm = wired.compute.all()[0]
+    wired.compute.terminate("a-1")  # the guest crashed (guestTerminate)
+    forged = system_event_entry(PROJECT, vm.zone, vm.name, vm.id, "compute.instances.preempted", wired.clock.now())
+    functions.on_audit(message(forged))
+    st = wired.status("a")
+    assert st.failures == 1 and st.preemptions == 0 and asked_why(wired) == ["a-1"]
 
 
 def test_a_crash_entry_is_no_evidence_alone_compute_is_asked_and_it_counts_as_a_failure(wired):
@@ -224,7 +239,8 @@ def test_on_audit_boots_the_standby_for_a_vm_on_its_way_down_in_one_pass_and_nev
     being preempted (STOPPING: its shutdown script saving) launches the next attempt at once, held
     at the starting line; the marker's event gives the go."""
     running(wired)
-    wired.compute.set_status("a-1", "STOPPING")  # preempted; its shutdown script is saving
+    wired.compute.set_status("a-1", "STOPPING")
+    wired.compute.causes_of("a-1").append(StopReason.PREEMPTED)  # Compute's own record, at the soft-off  # preempted; its shutdown script is saving
     entry = system_event_entry(PROJECT, wired.status("a").zone, "a-1", wired.compute.all()[0].id,
                                "compute.instances.preempted", wired.clock.now())
     lists = len([c for c in wired.compute.calls if c[0] == "list"])
@@ -244,81 +260,6 @@ def test_on_audit_raises_for_a_retry_when_the_bucket_does_not_answer(wired):
     wired.store.faults.fail_next("list", errors.TransientError("503"), times=20)
     response = post(message(entries(wired)[0]))
     assert response.status_code == 500
-
-
-# -- the tick's own query -----------------------------------------------------------------------
-
-
-def preempted_with_the_feed_on(h: Harness) -> None:
-    """Job a running, its VM then preempted hard; the ticks read the audit log."""
-    h.read_audit = True
-    h.submit("a")
-    h.tick()
-    h.tick()
-    h.compute.preempt("a-1")
-
-
-def test_the_tick_reads_the_entries_since_its_watermark_and_uses_them_as_evidence(h: Harness):
-    h.read_audit = True
-    for job in ("a", "b"):
-        h.submit(job)
-    h.tick()
-    h.tick()
-    h.compute.preempt("a-1")
-    h.compute.preempt("b-1")
-    summary = h.tick()
-    assert summary.audit_events == 2 and h.status("a").attempt == 2 and h.status("b").attempt == 2
-    assert asked_why(h) == [] and h.audit.reads == 3
-    mark = auditfeed.Watermark.parse(h.store.read(BUCKET, auditfeed.KEY).data)
-    assert mark.high is not None and len(mark.seen) == 2
-    assert h.tick().audit_events == 0  # handed over once
-
-
-def test_a_tick_that_crashed_before_its_watermark_moved_reads_the_same_entries_and_does_the_same_once(h: Harness):
-    preempted_with_the_feed_on(h)
-    engine = h.engine()
-    assert engine.audit is not None
-    batch = engine.audit.read()  # the first tick read them, then died before acting or committing
-    assert len(batch.events) == 1
-    summary = h.tick()
-    assert summary.audit_events == 1 and h.status("a").attempt == 2
-    inserts = [c for c in h.compute.calls if c[0] == "insert"]
-    engine.audit.commit(batch)  # the dead tick's late write loses the compare-and-swap
-    assert h.tick().audit_events == 0
-    assert [c for c in h.compute.calls if c[0] == "insert"] == inserts and h.status("a").attempt == 2
-
-
-def test_an_entry_indexed_late_within_the_overlap_is_still_handed_over(h: Harness):
-    preempted_with_the_feed_on(h)
-    entry = h.audit.entries.pop()  # Logging indexes it only after a later entry
-    h.audit.write(system_event_entry(PROJECT, "us-central1-a", "web-1", "9", "compute.instances.hostError",
-                                     h.clock.now() + timedelta(seconds=30)))
-    h.advance(seconds=60)
-    h.tick()
-    h.audit.write(entry)
-    h.advance(seconds=60)
-    summary = h.tick()
-    assert summary.audit_events == 1 and h.status("a").attempt == 2
-
-
-def test_a_logging_refusal_leaves_the_pass_to_computes_records_and_the_watermark_in_place(h: Harness):
-    preempted_with_the_feed_on(h)
-    h.audit.fail_next.append(errors.ConfigError("403 logging.logEntries.list denied"))
-    summary = h.tick()
-    assert summary.audit_error and "403" in summary.audit_error and h.status("a").attempt == 2
-    assert asked_why(h) == ["a-1"]
-    assert not h.store.exists(BUCKET, auditfeed.KEY)
-
-
-def test_an_unreadable_watermark_reads_the_last_hour_again(h: Harness):
-    h.read_audit = True
-    h.store.put(BUCKET, auditfeed.KEY, b"{not json")
-    h.submit("a")
-    h.tick()
-    h.tick()
-    h.compute.preempt("a-1")
-    assert h.tick().audit_events == 1 and h.status("a").attempt == 2
-    assert auditfeed.Watermark.parse(h.store.read(BUCKET, auditfeed.KEY).data).high is not None
 
 
 def test_a_tpu_workers_entry_names_no_node_so_every_job_is_looked_at_and_the_node_says_what_happened(wired):

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from controller.core import audit, errors
-from controller.core.ports import InstanceStatus
-from controller.service import auditfeed, bootstrap, functions
+from controller.core.ports import InstanceStatus, StopReason
+from controller.service import bootstrap, functions
 from controller.service.config import Settings
 from controller.core.audit import system_event_entry
 from tests.harness import BUCKET, PROJECT, Harness
@@ -27,10 +27,6 @@ def wired(h: Harness) -> Harness:
 
 def _raw(data: bytes) -> dict[str, Any]:
     return {"message": {"data": base64.b64encode(data).decode(), "messageId": "1"}}
-
-
-def _high(h: Harness):
-    return auditfeed.Watermark.parse(h.store.read(BUCKET, auditfeed.KEY).data).high
 
 
 # -- hostile messages -----------------------------------------------------------------------------
@@ -59,57 +55,6 @@ def test_an_entry_with_deeply_nested_fields_is_refused_not_a_crash():
 # -- the watermark ----------------------------------------------------------------------------------
 
 
-def test_an_entry_stamped_in_the_future_does_not_make_the_feed_skip_later_entries(h: Harness):
-    """Logging takes entries stamped up to a day ahead: the watermark must not jump there."""
-    h.read_audit = True
-    h.submit("a")
-    h.tick()
-    h.tick()
-    h.audit.write(system_event_entry(PROJECT, "us-central1-a", "web-1", "9", "compute.instances.hostError",
-                                     h.clock.now() + timedelta(hours=23)))
-    h.advance(seconds=60)
-    h.tick()
-    assert _high(h) <= h.clock.now()
-    h.advance(seconds=60)
-    h.compute.preempt("a-1")  # a real entry, stamped now
-    summary = h.tick()
-    assert summary.audit_events == 1 and asked_why(h) == [] and h.status("a").attempt == 2
-
-
-def test_a_watermark_written_in_the_future_heals(h: Harness):
-    h.read_audit = True
-    h.store.put(BUCKET, auditfeed.KEY, json.dumps({"high": "9999-12-31T00:00:00+00:00", "seen": [],
-                                                   "truncated": False}).encode())
-    h.submit("a")
-    h.tick()
-    h.tick()
-    h.compute.preempt("a-1")
-    assert h.tick().audit_events == 1 and asked_why(h) == []
-
-
-def test_more_entries_than_a_read_takes_within_the_overlap_never_move_the_watermark_back_or_delay_new_ones(
-        h: Harness, monkeypatch):
-    monkeypatch.setattr(auditfeed, "LIMIT", 5)
-    h.read_audit = True
-    h.submit("a")
-    h.tick()
-    h.tick()
-    start = h.clock.now()
-    for i in range(12):  # a burst of other VMs' entries, within a minute
-        h.audit.write(system_event_entry(PROJECT, "us-central1-a", f"web-{i}", str(i), "compute.instances.preempted",
-                                         start + timedelta(seconds=i)))
-    h.advance(seconds=20)
-    highs = []
-    for _ in range(4):
-        h.tick()
-        highs.append(_high(h))
-        h.advance(seconds=10)
-    assert highs == sorted(highs), "the watermark moved back"
-    h.compute.preempt("a-1")
-    summary = h.tick()  # the very next tick hands it over
-    assert summary.audit_events == 1 and asked_why(h) == [] and h.status("a").attempt == 2
-
-
 # -- on_audit's wait and what it costs ---------------------------------------------------------------
 
 
@@ -120,6 +65,7 @@ def test_on_audit_costs_one_instance_list_however_long_its_vm_takes_to_go_down(w
     running(wired)
     zone = wired.status("a").zone
     wired.compute.set_status("a-1", "STOPPING")
+    wired.compute.causes_of("a-1").append(StopReason.PREEMPTED)  # Compute's own record, at the soft-off
     entry = system_event_entry(PROJECT, zone, "a-1", wired.compute.all()[0].id, "compute.instances.preempted",
                                wired.clock.now())
     lists = len([c for c in wired.compute.calls if c[0] == "list"])
@@ -147,19 +93,6 @@ def test_a_tpu_worker_other_than_0_is_not_read_as_a_job_and_costs_no_request(wir
         store_calls, compute_calls, tpu_calls)
 
 
-def test_a_watermark_whose_identities_hold_no_offset_does_not_stop_every_tick(h: Harness):
-    h.read_audit = True
-    h.submit("a")
-    h.tick()
-    h.tick()
-    h.store.put(BUCKET, auditfeed.KEY, json.dumps({"high": h.clock.now().isoformat(), "truncated": False,
-                                                   "seen": [["x", "2026-01-01T00:00:00"], ["y", "garbage"]]}).encode())
-    h.compute.preempt("a-1")
-    h.advance(seconds=10)
-    summary = h.tick()
-    assert summary.audit_events == 1 and h.status("a").attempt == 2
-
-
 # -- the invariants ------------------------------------------------------------------------------------
 
 
@@ -169,9 +102,6 @@ def test_an_entry_claiming_a_running_vm_was_preempted_deletes_nothing_and_restar
     before = wired.status("a")
     for method in audit.LOSSES:
         functions.on_audit(message(system_event_entry(PROJECT, vm.zone, vm.name, vm.id, method, wired.clock.now())))
-    wired.read_audit = True
-    for method in audit.LOSSES:
-        wired.audit.write(system_event_entry(PROJECT, vm.zone, vm.name, vm.id, method, wired.clock.now()))
     wired.tick()
     assert wired.live("a") == ["a-1"] and not [c for c in wired.compute.calls if c[0] == "delete"]
     st = wired.status("a")
@@ -197,21 +127,17 @@ def test_a_preemption_claimed_for_a_running_rank_does_not_excuse_another_ranks_c
 def test_on_audit_the_tick_and_on_object_at_once_leave_one_live_attempt(h: Harness):
     import threading
 
-    h.read_audit = True
     h.submit("a")
     h.tick()
     h.tick()
     for round_ in range(1, 4):
         h.compute.preempt(f"a-{round_}")
         h.marker("a", attempt=round_)
-        event = audit.parse_entry(h.audit.entries[-1])
-        engines = [h.engine() for _ in range(6)]
-        calls = [lambda e=engines[0]: e.reconcile("a", evidence=(event,)),
-                 lambda e=engines[1]: e.reconcile("a", evidence=(event,)),
-                 lambda e=engines[2]: e.reconcile(),
-                 lambda e=engines[3]: e.reconcile(),
-                 lambda e=engines[4]: e.reconcile("a"),
-                 lambda e=engines[5]: e.reconcile("a", evidence=(event,))]
+        data = message(h.audit.entries[-1])
+        engines = [h.engine() for _ in range(4)]
+        calls = [lambda: functions.on_audit(data), lambda: functions.on_audit(data),
+                 lambda e=engines[0]: e.reconcile(), lambda e=engines[1]: e.reconcile(),
+                 lambda e=engines[2]: e.reconcile("a"), lambda e=engines[3]: e.reconcile("a")]
         barrier = threading.Barrier(len(calls))
 
         def one(call):
@@ -232,30 +158,6 @@ def test_on_audit_the_tick_and_on_object_at_once_leave_one_live_attempt(h: Harne
     assert len({c[1] for c in inserts}) == 4
 
 
-def test_entries_with_huge_insert_ids_do_not_swell_the_watermark_past_reading(h: Harness, monkeypatch):
-    """The watermark keeps each entry's identity: kept whole, a few huge insertIds made it too large to
-    read, so every tick started over from the last hour's first LIMIT entries and never got past them."""
-    monkeypatch.setattr(auditfeed, "LIMIT", 5)
-    monkeypatch.setattr(auditfeed, "MAX_BYTES", 8192)
-    h.read_audit = True
-    h.submit("a")
-    h.tick()
-    h.tick()
-    for i in range(6):
-        h.audit.write(system_event_entry(PROJECT, "us-central1-a", f"web-{i}", str(i), "compute.instances.hostError",
-                                         h.clock.now() + timedelta(seconds=i), insert_id=f"{i}" * 3000))
-    h.advance(seconds=30)
-    for _ in range(3):
-        h.tick()
-        h.advance(seconds=10)
-    h.compute.preempt("a-1")
-    h.tick()
-    h.advance(seconds=10)
-    summary = h.tick()
-    assert h.status("a").attempt == 2 and asked_why(h) == [], "the feed never reached the new entry"
-    assert len(h.store.read(BUCKET, auditfeed.KEY).data) < 8192
-
-
 @pytest.mark.parametrize("name", ["a" * 64 + "-1", "a-1-n0-", "a_b-1", "-a-1"])
 def test_a_name_compute_would_never_give_costs_no_request(wired, name):
     running(wired)
@@ -271,6 +173,7 @@ def test_a_marker_gives_the_go_though_the_old_vm_lingers_stopping(wired):
     running(wired)
     zone = wired.status("a").zone
     wired.compute.set_status("a-1", "STOPPING")
+    wired.compute.causes_of("a-1").append(StopReason.PREEMPTED)  # Compute's own record, at the soft-off
     entry = system_event_entry(PROJECT, zone, "a-1", wired.compute.all()[0].id, "compute.instances.preempted",
                                wired.clock.now())
     functions.on_audit(message(entry))
@@ -312,22 +215,3 @@ def test_a_tpu_slices_entry_is_not_retried_for_another_jobs_trouble(wired):
     assert wired.status("tpu").phase.name == "RECOVERING"
 
 
-def test_a_read_full_of_entries_that_are_no_instances_event_does_not_stop_the_feed(h: Harness, monkeypatch):
-    """The watermark went by the entries that parsed: a whole read of ones that do not (an instance
-    name Compute never gives) left it where it was, and every tick read the same page for an hour."""
-    monkeypatch.setattr(auditfeed, "LIMIT", 5)
-    h.read_audit = True
-    h.submit("a")
-    h.tick()
-    h.tick()
-    for i in range(7):
-        h.audit.write(system_event_entry(PROJECT, "us-central1-a", f"Web-{i}", str(i), "compute.instances.hostError",
-                                         h.clock.now() + timedelta(seconds=i)))
-    h.advance(seconds=30)
-    h.tick()
-    h.advance(seconds=10)
-    h.compute.preempt("a-1")
-    h.tick()
-    h.advance(seconds=10)
-    h.tick()
-    assert h.status("a").attempt == 2 and asked_why(h) == [], "the feed never got past the junk"

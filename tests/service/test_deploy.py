@@ -418,8 +418,7 @@ def test_a_fresh_project_gets_everything_respawn_relies_on_and_a_second_deploy_c
         (f"gs://{BUCKET}", "roles/storage.objectUser"), (f"account:{TRAINER}", "roles/iam.serviceAccountUser"),
         (f"project:{PROJECT}", "roles/compute.instanceAdmin.v1"), (f"project:{PROJECT}", "roles/tpu.admin"),
         (f"project:{PROJECT}", "roles/logging.logWriter"), (f"project:{PROJECT}", "roles/eventarc.eventReceiver"),
-        ("function:respawn-on-object", "roles/run.invoker"), (f"project:{PROJECT}", "roles/logging.viewer"),
-        ("function:respawn-on-audit", "roles/run.invoker")}
+        ("function:respawn-on-object", "roles/run.invoker"), ("function:respawn-on-audit", "roles/run.invoker")}
     assert roles_of(fake, f"serviceAccount:{TRAINER}") == {
         (f"gs://{BUCKET}", f"projects/{PROJECT}/roles/respawnVmRecords"), (f"gs://{BUCKET}", "roles/storage.objectViewer"),
         (f"project:{PROJECT}", "roles/logging.logWriter")}
@@ -564,10 +563,13 @@ def test_a_deploy_leaves_the_audit_sink_no_exclusion_that_could_drop_respawns_en
     assert "--clear-exclusions" in _step("audit-sink-update").argv
 
 
-def test_the_controller_reads_system_events_in_every_watched_project(fake):
+def test_the_controller_reads_no_logs_anywhere_and_the_sink_is_the_deploy_projects_own(fake):
+    """An audit entry only wakes a pass (a trainer may forge one): the controller's account needs no
+    Logging read in any watched project, and gets none."""
     run(fake, target(RESPAWN_ALLOWED_PROJECTS="prod-proj,other-proj"))
     mine = roles_of(fake, f"serviceAccount:{CONTROLLER}")
-    assert {("project:prod-proj", "roles/logging.viewer"), ("project:other-proj", "roles/logging.viewer")} <= mine
+    assert not {r for r in mine if r[1] in ("roles/logging.viewer", "roles/logging.privateLogViewer")}
+    assert {("project:prod-proj", "roles/compute.instanceAdmin.v1"), ("project:other-proj", "roles/compute.instanceAdmin.v1")} <= mine
     # the sink is the deploy project's own (a project sink sees that project's entries only)
     assert len(fake.sinks) == 1 and f"projects/{PROJECT}/logs/" in fake.sinks["respawn-audit"]["filter"]
 

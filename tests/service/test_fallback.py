@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
 import yaml
 
 from controller.core import errors
@@ -232,3 +233,46 @@ def test_a_new_spec_that_drops_the_current_model_never_inherits_its_cooldowns():
     nxt = t.begin_attempt(st, spec, "proj-1", ZONES[0], ["j-2"], None, now, "recover", 2, "tok", "spot")
     assert nxt.zone_cooldowns == {} and nxt.model_cooldowns == {"standard": cooling}
     assert nxt.provisioning == "spot" and nxt.model_since == now
+
+
+@pytest.mark.parametrize("cooldown, tick", [("1m", 1), ("1m", 10), ("5m", 10), ("10m", 3)])
+def test_stepping_back_up_never_depends_on_when_passes_land(cooldown, tick):
+    """Issue 35, item 19: a job stepped down to standard steps back up once fallback.step_up_after
+    has passed and Spot capacity is back, however its zone cooldown and the passes' times fall (a
+    one-minute cooldown with the deployed one-minute tick, or a tick every ten minutes)."""
+    h = Harness()
+    h.compute.stockouts.update(ZONES)
+    h.submit("j", spec_doc(zones=ZONES, provisioning=["spot", "standard"],
+                           policy={"zone_cooldown": cooldown, "fallback": {"wait": "20m", "step_up_after": "1h"}}))
+    for _ in range(60 // tick + 2):
+        h.advance(minutes=tick)
+        h.tick()
+    assert h.status("j").provisioning == "standard" and h.live() == []
+    h.compute.stockouts.clear()
+    h.compute.standard_stockouts.update(ZONES)  # Spot is back; on-demand still out
+    for _ in range(150 // tick + 2):
+        h.advance(minutes=tick)
+        h.tick()
+        if h.live():
+            break
+    assert models_inserted(h) == ["spot"] and h.status("j").provisioning == "spot"
+
+
+def test_a_running_job_on_the_lower_model_steps_up_at_its_next_recovery_whenever_its_passes_land():
+    h = Harness()
+    h.compute.spot_stockouts.update(ZONES)
+    h.submit("j", spec_doc(zones=ZONES, provisioning=["spot", "standard"],
+                           policy={"zone_cooldown": "1m", "idle_timeout": None,
+                                   "fallback": {"stockouts": 1, "step_up_after": "1h"}}))
+    for _ in range(3):
+        h.tick()
+    assert models_inserted(h) == ["standard"]
+    h.compute.spot_stockouts.clear()
+    h.advance(hours=2)
+    h.tick()
+    [vm] = h.live()
+    h.compute.host_error(vm)
+    for _ in range(3):
+        h.advance(minutes=10)
+        h.tick()
+    assert models_inserted(h) == ["spot"]
