@@ -104,7 +104,8 @@ def measure(jobs: int = 10, rounds: int = 5, seed: int = 1, scale: float = 1.0, 
         assert cloud.compute is not None and cloud.watcher is not None
         cloud.watcher.stop()
         cloud.watcher = Eventarc(cloud.storage, options.bucket, cloud.function_url("on_object"),
-                                 COSTS.eventarc_delay.scaled(scale), seed, prefixes=("jobs/", "preempted-jobs/")).start()
+                                 COSTS.eventarc_delay.scaled(scale), seed,
+                                 prefixes=("jobs/", "preempted-jobs/")).start()
         zones = sorted(cloud.compute.zones)[:2]
         bucket = cloud.storage.bucket(options.bucket)
         jobs_ = [f"notice{i}" for i in range(jobs)]
@@ -134,20 +135,20 @@ def measure(jobs: int = 10, rounds: int = 5, seed: int = 1, scale: float = 1.0, 
                 f"max {max(delays):.2f}s; standbys begun by {via}")
     delays.sort()
     cold_rng = random.Random(seed + 1)
-    cold = sorted(d + (COSTS.cold_start.scaled(scale).draw(cold_rng) if cold_rng.random() < COSTS.cold_fraction else 0.0)
-                  for d in delays)
+    cold_start = COSTS.cold_start.scaled(scale)
+    cold = sorted(d + (cold_start.draw(cold_rng) if cold_rng.random() < COSTS.cold_fraction else 0.0) for d in delays)
     return {"notice_to_insert_p50_s": round(percentile(delays, 50), 2),
             "notice_to_insert_p99_s": round(percentile(delays, 99), 2),
             "notice_to_insert_max_s": round(delays[-1], 2), "notice_to_insert_events": len(delays),
             "notice_to_insert_via": dict(sorted(via.items())), "notice_to_insert_cold_share": 0.0,
             "notice_to_insert_cold_modelled_p99_s": round(percentile(cold, 99), 2),
             "notice_to_insert_note": (
-                f"python -m bench.notice --jobs {jobs} --rounds {rounds}: the local cloud at Realism.google(), the real "
-                "VM agent, on_object warm (cold share 0), Eventarc's delay drawn per event from COSTS.eventarc_delay "
-                f"(median 1 s, p99 4 s), the 120 s notice lasting {notice_s:g} s here; from instance/preempted TRUE to "
-                "the standby's insert received. notice_to_insert_cold_modelled_p99_s: the same latencies with a cold "
-                f"start (COSTS.cold_start, median 3 s) drawn onto {COSTS.cold_fraction:.0%} of them, the bench's "
-                "assumption for isolated events.")}
+                f"python -m bench.notice --jobs {jobs} --rounds {rounds}: the local cloud at Realism.google(), the "
+                "real VM agent, on_object warm (cold share 0), Eventarc's delay drawn per event from "
+                f"COSTS.eventarc_delay (median 1 s, p99 4 s), the 120 s notice lasting {notice_s:g} s here; from "
+                "instance/preempted TRUE to the standby's insert received. notice_to_insert_cold_modelled_p99_s: "
+                "the same latencies with a cold start (COSTS.cold_start, median 3 s) drawn onto "
+                f"{COSTS.cold_fraction:.0%} of them, the bench's assumption for isolated events.")}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -225,7 +225,8 @@ class Recovery:
         # from three minutes before it (nothing happens to the job before).
         preempted = self.m.every_s * (1 + self.draws.stream("run").random())
         phase = self.draws.stream("tick").uniform(0, self.m.costs.tick_s)
-        self.at(phase + self.m.costs.tick_s * max(0, math.ceil((preempted - 180 - phase) / self.m.costs.tick_s)), "tick")
+        tick = self.m.costs.tick_s
+        self.at(phase + tick * max(0, math.ceil((preempted - 180 - phase) / tick)), "tick")
         self.at(self.m.every_s, "periodic")
         if self.notice_s:
             self.at(preempted, "notice")
@@ -481,14 +482,16 @@ def figures(found: dict[str, list[Outcome]], model: Model, seed: int) -> dict[st
             "replacement_insert_after_preemption_p50_s": round(percentile(
                 [o.insert_after_preemption_s for o in outcomes], 50), 2),
             "sigterm_save": dict(sorted(Counter(o.sigterm_save for o in outcomes).items())),
-            "marker_saved": sum(1 for o in outcomes if o.marker_saved), "unfinished": sum(1 for d in down if math.isinf(d)),
+            "marker_saved": sum(1 for o in outcomes if o.marker_saved),
+            "unfinished": sum(1 for d in down if math.isinf(d)),
             "passes": sum(o.passes for o in outcomes)}
     out["downtime_targets"] = {
         "notice0_p50_max_s": model.boot_p50 + 10, "notice0_met": out["downtime_notice0_p50_s"] <= model.boot_p50 + 10,
         "notice120_p50_max_s": model.save_s + 10, "notice120_met": out["downtime_notice120_p50_s"] <= model.save_s + 10}
     out["downtime_detail"] = detail
     out["downtime_model"] = {
-        "preemptions": len(found[DESIGNS[0]]), "seed": seed, "step_s": model.step_s, "periodic_save_every_s": model.every_s,
+        "preemptions": len(found[DESIGNS[0]]), "seed": seed, "step_s": model.step_s,
+        "periodic_save_every_s": model.every_s,
         "shutdown_s": model.shutdown_s, "line_poke_s": model.line_poke_s, "tick_s": model.costs.tick_s,
         "boot_drawn_p50_s": round(percentile([o.boot_s for o in found[DESIGNS[0]]], 50), 2),
         "command": "python -m bench.zerogap"}
@@ -497,8 +500,8 @@ def figures(found: dict[str, list[Outcome]], model: Model, seed: int) -> dict[st
         "engines) over the in-memory fakes on a fake clock; each preemption's draws (boot uniform 60-120 s, the tick's "
         "phase, the preemption's place between periodic saves, Eventarc's and the Log Router's delays, a cold instance "
         "for the first event of each function at COSTS.cold_fraction, the records' uploads, the guest's halt) the same "
-        "in the three designs. Downtime: from the end of the old VM's step that the resumed checkpoint holds to the end "
-        "of the new VM's first step. serial: no notice record, no standby, Compute's word only with TERMINATED; "
+        "in the three designs. Downtime: from the end of the old VM's step that the resumed checkpoint holds to the "
+        "end of the new VM's first step. serial: no notice record, no standby, Compute's word only with TERMINATED; "
         "notice0: the notice record at the soft-off; notice120: at the 120 s notice. Not modelled: the controller's "
         "own HTTP latency (notice_to_insert_* measures that path on the local cloud), the trainer's start (imports, "
         "reading the checkpoint: the same in every design), stockouts and quota, notices that come to nothing. The "
