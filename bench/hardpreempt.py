@@ -168,7 +168,18 @@ def measure(jobs: int = 10, rounds: int = 5, seed: int = 1, scale: float = 1.0,
     key = f"hard_{cause}"
     return {f"{key}_p50_s": round(percentile(delays, 50), 2), f"{key}_p99_s": round(percentile(delays, 99), 2),
             f"{key}_max_s": round(delays[-1], 2), f"{key}_events": len(delays), f"{key}_via": dict(sorted(via.items())),
-            f"{key}_tick_interval_s": options.tick_interval}
+            f"{key}_tick_interval_s": options.tick_interval, f"{key}_note": note(cause, jobs, rounds)}
+
+
+def note(cause: str, jobs: int, rounds: int) -> str:
+    how = ("compute.preempt(graceful=False): the soft-off with no notice and no shutdown script, STOPPING while the "
+           "guest halts (COSTS.poweroff_after_marker), then TERMINATED; via: the replacement booted beside the VM "
+           "still STOPPING (standby) or once it was down (loss)" if cause == "preempted" else
+           "compute.host_error: compute.instances.hostError, the VM TERMINATED at once, no script, no halt")
+    return (f"python -m bench.hardpreempt --jobs {jobs} --rounds {rounds}: the local cloud at Realism.google(), jobs "
+            f"asking for no preemption notice, {how}; from the loss to the replacement's insert received, through "
+            "Compute's System Event entry, the Log Router's and Eventarc's delays drawn per entry from COSTS, on_audit "
+            "warm, the Scheduler every 60 s")
 
 
 def percentile(values: list[float], p: float) -> float:
