@@ -143,7 +143,7 @@ class Outcome:
     resumed_step: int
     last_step: int
     boot_s: float  # the replacement's boot
-    insert_after_preemption_s: float  # Compute received the replacement's insert, from the notice
+    insert_after_preemption_s: float  # Compute received the replacement's insert, from the notice (or the soft-off)
     sigterm_save: str  # "landed", "skipped" or "cut off" (past the hard-off)
     marker_saved: bool | None
     passes: int
