@@ -197,6 +197,7 @@ class Recovery:
         self.events: list[tuple[float, int, str, Any]] = []
         self.seq, self.now, self.passes = 0, 0.0, 0
         self.boots: dict[str, float] = {}  # each inserted instance's drawn boot
+        self.identity: dict[str, tuple[int, str]] = {}  # each VM's attempt and token, as its agent read them
         self.waiting: set[str] = set()  # held VMs at the starting line
         self.old: Trainer | None = None
         self.new: Trainer | None = None
@@ -314,10 +315,14 @@ class Recovery:
         return self.compute.metadata_of(name)
 
     def record(self, key: str, vm: str, **extra: Any) -> None:
-        """A record as the VM agent writes it: its attempt's token, copied from its metadata."""
-        md = self.metadata(vm)
-        body = {"instance": vm, "attempt": int(md["respawn-attempt"]), "node": 0, "token": md["respawn-token"],
-                "at": self.clock.now().isoformat(), **extra}
+        """A record as the VM agent writes it: its attempt's token, copied from its metadata at boot (a
+        record written in the background may land after a delete of its VM was accepted)."""
+        if vm not in self.identity:
+            md = self.metadata(vm)
+            self.identity[vm] = (int(md["respawn-attempt"]), md["respawn-token"])
+        attempt, token = self.identity[vm]
+        body = {"instance": vm, "attempt": attempt, "node": 0, "token": token, "at": self.clock.now().isoformat(),
+                **extra}
         self.store.write(BUCKET, key, json.dumps(body).encode())
 
     def booted(self, name: str) -> None:
