@@ -9,33 +9,45 @@ same story slowly on a CPU with a tiny model). It needs the frameworks ``make te
    processes running respawn's VM agent, GCS), the same command submitted as the job ``gpu-e2e`` from the
    example's own ``spec.yaml``, its code the repository packed as ``respawn submit --workdir .`` packs it
    (the spec's ``pip install`` dropped: the VMs are processes of this machine, with its frameworks).
-   Attempt 1 is **preempted with notice** (30 s, Spot's: SIGTERM, the kit's save, the marker), attempt 2
-   **hard** (no notice, no shutdown script) half-way between two periodic saves; attempt 3 finishes.
+   Attempt 1 is **preempted with Google's 120 s notice** (the spec's ``preemption_notice: 120s``; it lasts
+   ``--notice-s`` here, 120 s on a GPU): ``instance/preempted`` turns TRUE, the agent writes its notice record
+   and the notice file, the controller boots attempt 2 beside it (a standby, held at the starting line), the
+   kit saves at the next step boundary and trains on; at the soft-off SIGTERM, the kit's final save, the
+   marker, and the go: attempt 2 starts from that save. Attempt 2 is preempted **hard** (no notice, as when
+   Google gives none: ``scale_notice(0)``; no shutdown script) half-way between two periodic saves; attempt 3
+   finishes.
 
 Checks (exit 1 if any fails): the job SUCCEEDED after 2 preemptions; every step any attempt trained has the
 uninterrupted run's loss, bit for bit, and every step was trained; the final weights are the uninterrupted
-run's; the notice preemption lost 0 steps, and its SIGTERM save (SIGTERM to ``trainer_state.json``
-uploaded) landed within the notice less the shutdown script's margin. Printed: steps lost per preemption,
-the SIGTERM save's duration against the notice (and the kit's write/upload split), each recovery's time
-from the preemption to the replacement's first step.
+run's; attempt 2 was booted at the notice, by the notice record, before the soft-off; the kit saved at the
+notice; the notice preemption lost 0 steps, and its SIGTERM save (SIGTERM to ``trainer_state.json``
+uploaded) landed within Spot's 30 s less the shutdown script's margin. Printed: steps lost per preemption,
+the SIGTERM save's duration (and the kit's write/upload split), each recovery's **downtime** (from the
+time the loss log gives the step the next attempt resumed from to the next attempt's first step) and its
+time from the preemption (the notice) to that first step.
 
 The SIGTERM save's duration runs from the SIGTERM to its ``trainer_state.json`` in the bucket: the
 Trainer's own write, the kit's snapshot and the upload. The kit's "write" figure for a Hugging Face save is
 only its snapshot (hard links) of the folder the Trainer already wrote.
 
-**Not yet run on CUDA**: no GPU was available in the session that wrote it. A CUDA run must be
+**Not yet run on CUDA**, the notice's version nor the one before it: no GPU was available in the sessions
+that wrote them. A CUDA run must be
 deterministic to pass (``--deterministic``: the Trainer's ``full_determinism``, eager attention,
-``CUBLAS_WORKSPACE_CONFIG``; bf16 autocast where supported). With ``--device cpu`` (2 shared cores, a
-2-layer 64-wide GPT-2, 60 steps, a save every 10) it passed every check in about 36 s: the notice
-preemption lost 0 steps, its SIGTERM save took 0.16 s of the 30 s notice, the replacement's first step
-came 4.5 s after it; the hard preemption lost 5 steps (25 reached, 20 resumed), its replacement's first
-step came 5.6 s after it.
+``CUBLAS_WORKSPACE_CONFIG``; bf16 autocast where supported). The run must outlast the notice: the
+trainer has to be training at the soft-off, ``--notice-s`` after the notice; the uninterrupted run's step
+time tells whether ``--steps`` are enough (else it stops and says how many). With ``--device cpu`` (2 shared
+cores, a 2-layer 64-wide GPT-2, 150 steps, a save every 10, the notice lasting 6 s) it passed every check in
+about 100 s: attempt 2 was inserted 0.3 s after the notice, the kit saved step 15 at the notice and trained
+on to step 58, whose SIGTERM save took 0.38 s; the go came 3.3 s after it and attempt 2's first step 8.8 s
+after the go (the trainer's start: imports, the checkpoint's download): 0 steps lost, a downtime of 12.5 s;
+the hard preemption lost 5 steps (65 reached, 60 resumed), a downtime of 15.7 s.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import subprocess
@@ -55,15 +67,18 @@ from controller.service.config import REPO_ROOT
 from localcloud.stack import LocalCloud, Options
 
 JOB = "gpu-e2e"
-NOTICE_S = 30.0  # Spot's
+NOTICE_S = 120.0  # Google's preemption notice (scheduling.preemptionNoticeDuration), asked for by the spec
+SHUTDOWN_S = 30.0  # Spot's: the soft-off to the hard-off
 SCRIPT = "examples/hf-finetune/train.py"
 # The model and the run: big enough on a GPU for saves and uploads to take real time; tiny on a CPU.
 SHAPES = {
     # ~26M parameters: a save (weights, AdamW's moments, RNG) of about 300 MB, a few seconds to upload here
-    "cuda": {"layers": 8, "width": 512, "block_size": 256, "batch_size": 16, "steps": 400, "save_every": 50,
-             "pause": 0.05},
-    "cpu": {"layers": 2, "width": 64, "block_size": 64, "batch_size": 8, "steps": 60, "save_every": 10,
-            "pause": 0.1},
+    # Long enough to be training 120 s after the notice at step 300 (about 0.08 s a step on a GPU, a guess).
+    "cuda": {"layers": 8, "width": 512, "block_size": 256, "batch_size": 16, "steps": 2400, "save_every": 200,
+             "pause": 0.05, "notice_s": NOTICE_S},
+    # The notice lasts 6 s here (Options.notice_scale): the same story, in a CPU's seconds.
+    "cpu": {"layers": 2, "width": 64, "block_size": 64, "batch_size": 8, "steps": 150, "save_every": 10,
+            "pause": 0.1, "notice_s": 6.0},
 }
 _SAVED = re.compile(r"step (\d+) saved as (\S+) \(write ([\d.]+) s, upload ([\d.]+) s\)")
 
@@ -72,6 +87,8 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.gpu_e2e", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--steps", type=int, help="training steps (default: the device's shape)")
+    p.add_argument("--notice-s", type=float, help="how long Google's 120 s notice lasts here (default: the device's "
+                   "shape: 120 on a GPU)")
     p.add_argument("--work", type=Path, help="the loss logs and outputs go here (default: a new temporary folder)")
     return p.parse_args(argv)
 
@@ -99,7 +116,7 @@ def env_of(device: str) -> dict[str, str]:
             **({"CUBLAS_WORKSPACE_CONFIG": ":4096:8"} if device == "cuda" else {})}  # deterministic cuBLAS
 
 
-def uninterrupted(device: str, shape: dict[str, Any], work: Path) -> tuple[dict[int, float], str, float]:
+def uninterrupted(device: str, shape: dict[str, Any], work: Path) -> tuple[dict[int, float], str, float, float]:
     folder = work / "uninterrupted"
     folder.mkdir(parents=True)
     log = folder / "losses.jsonl"
@@ -113,7 +130,23 @@ def uninterrupted(device: str, shape: dict[str, Any], work: Path) -> tuple[dict[
     rows = records(log)
     losses = {r["step"]: r["loss"] for r in rows if "loss" in r}
     final = next(r["final"] for r in rows if "final" in r)
-    return losses, final, time.monotonic() - started
+    return losses, final, time.monotonic() - started, step_time(rows)
+
+
+def step_time(rows: list[dict[str, Any]]) -> float:
+    """Seconds per step once training runs, as the loss log times them (its later half: no start-up in it)."""
+    timed = [r for r in rows if "loss" in r]
+    half = timed[len(timed) // 2:]
+    if len(half) < 2:
+        return math.inf
+    return (half[-1]["time"] - half[0]["time"]) / (half[-1]["step"] - half[0]["step"])
+
+
+def long_enough(shape: dict[str, Any], at_step: int, step_s: float) -> int | None:
+    """The --steps the notice needs (None: enough): training must go on past the soft-off, the notice after
+    ``at_step``, with room to spare (the trainer is slower under the local cloud than alone)."""
+    need = at_step + math.ceil((shape["notice_s"] * 1.5 + 5) / step_s)
+    return None if shape["steps"] >= need else need
 
 
 class Story:
@@ -146,6 +179,7 @@ class Story:
         spec = yaml.safe_load((REPO_ROOT / "examples/hf-finetune/spec.yaml").read_text())
         command = " ".join(["python", SCRIPT, *train_args(device, shape, self.loss_log, "output")])
         spec.update(name=JOB, zones=["us-central1-a", "us-central1-b"], code=packed.uri(self.bucket.name),
+                    preemption_notice="120s",
                     command=command, env={**spec.get("env", {}), **env_of(device)}, heartbeat_interval="2s",
                     checkpoint={**spec["checkpoint"], "uri": f"gs://{self.bucket.name}/checkpoints/{JOB}"},
                     policy={**spec.get("policy", {}), "startup_grace": "5m", "idle_timeout": "5m"})
@@ -156,6 +190,11 @@ class Story:
         path = self.cloud.compute.workdir_of(f"{JOB}-{attempt}") / "serial-port-1.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
+    def standby(self) -> Any:
+        """The history event that booted attempt 2 beside attempt 1 (None if none did)."""
+        st = self.status()
+        return next((e for e in (st.history if st else ()) if e.event == "standby" and e.attempt == 1), None)
+
     def marker_time(self, step: int) -> float | None:
         """When the save of ``step`` was whole in the bucket: its trainer_state.json's creation."""
         blob = self.bucket.get_blob(f"checkpoints/{JOB}/checkpoint-{step}/trainer_state.json")
@@ -165,19 +204,25 @@ class Story:
 def preempt(story: Story, attempt: int, hard: bool, at_step: int, timeout: float,
             saved: int | None = None) -> dict[str, Any]:
     """Wait until ``attempt`` has trained ``at_step`` (and the save of step ``saved`` is whole in the bucket),
-    preempt its VM, wait for the next attempt's first step."""
+    preempt its VM (with the notice the spec asks for, or ``hard``: none, and no shutdown script), wait for
+    the next attempt's first step."""
     compute = story.cloud.compute
     assert compute is not None
     if saved is not None:
         story.until(f"the save of step {saved} uploaded", lambda: story.marker_time(saved), timeout)
     story.until(f"attempt {attempt} to reach step {at_step}",
                 lambda: (s := story.steps(attempt)) and s[-1]["step"] >= at_step, timeout)
+    if hard:
+        compute.scale_notice(0.0)  # Google's notice is best effort: this preemption comes with none
     at = time.time()
     compute.preempt(f"{JOB}-{attempt}", graceful=not hard)
     first = story.until(f"attempt {attempt + 1}'s first step", lambda: (s := story.steps(attempt + 1)) and s[0], timeout)
-    reached = story.steps(attempt)[-1]["step"]
-    return {"attempt": attempt, "hard": hard, "at": at, "reached": reached, "resumed": first["step"] - 1,
-            "lost": reached - (first["step"] - 1), "recovery_s": first["time"] - at}
+    trained = story.steps(attempt)
+    reached, resumed = trained[-1]["step"], first["step"] - 1
+    held = [r["time"] for r in trained if r["step"] == resumed]
+    return {"attempt": attempt, "hard": hard, "at": at, "reached": reached, "resumed": resumed,
+            "lost": reached - resumed, "recovery_s": first["time"] - at,
+            "downtime_s": first["time"] - held[-1] if held else math.nan, "first": first["time"]}
 
 
 def check(ok: bool, what: str, failures: list[str]) -> None:
@@ -191,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     shape = dict(SHAPES[o.device])
     if o.steps:
         shape["steps"] = o.steps
+    if o.notice_s is not None:
+        shape["notice_s"] = o.notice_s
     every = shape["save_every"]
     if shape["steps"] < 4 * every:
         raise SystemExit(f"--steps must be at least {4 * every}: three attempts, a save between each")
@@ -198,18 +245,24 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     print(f"gpu_e2e on {o.device}: {shape}; work in {work}")
-    reference, reference_weights, took = uninterrupted(o.device, shape, work)
-    print(f"uninterrupted: {len(reference)} steps in {took:.1f} s, final loss {reference[shape['steps']]!r}, "
-          f"weights {reference_weights}")
+    reference, reference_weights, took, step_s = uninterrupted(o.device, shape, work)
+    print(f"uninterrupted: {len(reference)} steps in {took:.1f} s ({step_s:.3f} s a step), final loss "
+          f"{reference[shape['steps']]!r}, weights {reference_weights}")
+    notice_at = every + every // 2
+    if (need := long_enough(shape, notice_at, step_s)) is not None:
+        raise SystemExit(f"--steps {shape['steps']} ends before the notice's soft-off ({shape['notice_s']:g} s after "
+                         f"step {notice_at}, at {step_s:.3f} s a step): give --steps {need} at least")
 
     loss_log = work / "respawned" / "losses.jsonl"
     loss_log.parent.mkdir(parents=True)
     failures: list[str] = []
-    with LocalCloud(Options(tick_interval=5.0, boot_delay=0.3, shutdown_budget=NOTICE_S)) as cloud:
+    with LocalCloud(Options(tick_interval=5.0, boot_delay=0.3, shutdown_budget=SHUTDOWN_S,
+                            notice_scale=shape["notice_s"] / NOTICE_S)) as cloud:
         story = Story(cloud, loss_log)
         story.submit(o.device, shape)
-        timeout = 600.0
-        notice = preempt(story, 1, hard=False, at_step=every + every // 2, timeout=timeout)
+        timeout = 600.0 + shape["notice_s"]
+        notice = preempt(story, 1, hard=False, at_step=notice_at, timeout=timeout)
+        standby = story.standby()
         resumed = notice["resumed"]
         # Half-way between two periodic saves, after at least one of this attempt's own was uploaded.
         periodic = (resumed // every + 1) * every
@@ -224,20 +277,33 @@ def main(argv: list[str] | None = None) -> int:
         if "loss" in r:
             trained.setdefault(r["step"], []).append(r["loss"])
     weights = next((r["final"] for r in rows if "final" in r), None)
-    margin = min(NOTICE_S / 4, 5.0)
-    save_s = None if sigterm_saved is None else sigterm_saved - notice["at"]
+    margin = min(SHUTDOWN_S / 4, 5.0)
+    soft_off = notice["at"] + shape["notice_s"]
+    save_s = None if sigterm_saved is None else sigterm_saved - soft_off
+    # The kit's save at the notice: a step saved after the notice, before the SIGTERM's, off the periodic beat.
+    at_notice = sorted(s for s in split if s % every and s < notice["reached"])
 
     print(f"\nrespawned run: {final.phase}, {final.attempt} attempts, {final.preemptions} preemptions")
     for p in (notice, hard):
-        kind = "hard (no notice)" if p["hard"] else f"with {NOTICE_S:g} s notice"
+        kind = "hard (no notice)" if p["hard"] else f"with the {NOTICE_S:g} s notice ({shape['notice_s']:g} s here)"
         print(f"  preemption of attempt {p['attempt']} {kind}: reached step {p['reached']}, attempt "
-              f"{p['attempt'] + 1} resumed at step {p['resumed']}: {p['lost']} steps lost; its first step "
-              f"{p['recovery_s']:.1f} s after the preemption")
+              f"{p['attempt'] + 1} resumed at step {p['resumed']}: {p['lost']} steps lost; downtime "
+              f"{p['downtime_s']:.1f} s (step {p['resumed']} -> attempt {p['attempt'] + 1}'s first step), its first "
+              f"step {p['recovery_s']:.1f} s after the {'preemption' if p['hard'] else 'notice'}")
+    if standby is not None:
+        print(f"  attempt 2 booted beside attempt 1 {standby.at.timestamp() - notice['at']:.1f} s after the notice: "
+              f"{standby.detail}")
+    go = next((e.at.timestamp() for e in final.history if e.attempt == 2 and "giving the go" in e.detail), None)
+    if go is not None and sigterm_saved is not None:
+        # The downtime's parts: the save, its marker's way to the go, the trainer's start to its first step.
+        print(f"  after the SIGTERM: the save {sigterm_saved - soft_off:.2f} s, then the go {go - sigterm_saved:.2f} s "
+              f"later, attempt 2's first step {notice['first'] - go:.2f} s after the go")
+    print(f"  the kit's save at the notice: step(s) {at_notice or 'none'}")
     if save_s is not None:
         write, upload = split.get(notice["reached"], (None, None))
         kit = f" (the kit: write {write:.2f} s, upload {upload:.2f} s)" if write is not None else ""
         print(f"  SIGTERM save of step {notice['reached']}: {save_s:.2f} s from SIGTERM to trainer_state.json "
-              f"uploaded{kit}, against a {NOTICE_S:g} s notice ({NOTICE_S - margin:g} s before the marker)")
+              f"uploaded{kit}, against Spot's {SHUTDOWN_S:g} s ({SHUTDOWN_S - margin:g} s before the marker)")
     print(f"  wall time {time.monotonic() - started:.0f} s\n")
 
     check(final.phase == Phase.SUCCEEDED and final.preemptions == 2, "the job succeeded after 2 preemptions", failures)
@@ -247,8 +313,12 @@ def main(argv: list[str] | None = None) -> int:
           failures)
     check(weights == reference_weights, f"final weights {weights} == the uninterrupted run's {reference_weights}",
           failures)
+    check(standby is not None and standby.detail.startswith("preemption notice")
+          and standby.at.timestamp() < soft_off, "attempt 2 booted at the notice (its record), before the soft-off",
+          failures)
+    check(bool(at_notice), "the kit saved at the notice and trained on", failures)
     check(notice["lost"] == 0, "0 steps lost to the preemption with notice", failures)
-    check(save_s is not None and save_s <= NOTICE_S - margin,
+    check(save_s is not None and save_s <= SHUTDOWN_S - margin,
           "the SIGTERM save landed before the shutdown script's marker deadline", failures)
     check(hard["resumed"] > notice["resumed"], "the hard preemption resumed from a periodic save of attempt 2",
           failures)
