@@ -302,6 +302,10 @@ def status(
     current attempt's token): for one JOB always, with its latest save's times; for every job, of
     the first 50 RUNNING jobs only (--json: ``live``, and ``live_unread`` for the rest).
 
+    A job recovering from a preemption notice with zero gap has one more line under its row: its
+    next attempt booting beside it (a standby), at the starting line, or started from its save
+    (--json: ``overlap``; for one JOB, also what the standby's go waits for: ``standby_waits``).
+
     A job whose checkpoints cannot be listed keeps its row, with the reason (``checkpoint_error``
     in --json); the command still exits 0. A JOB that does not exist exits 2.
     """
@@ -321,6 +325,8 @@ def status(
             out.print(view.goodput_line(rows[0]))
             if live := view.live_line(rows[0]):
                 out.print(live)
+            if rows[0]["standby_waits"]:
+                out.print(view.Note("", "", rows[0]["standby_waits"]))
         for row in rows if every_run else ():
             if row["runs"]:
                 out.print()
@@ -364,6 +370,7 @@ def status(
 
 def _status_rows(job: str | None, every_run: bool = False) -> list[dict[str, object]]:
     from controller.core import names
+    from controller.render import handover_view
 
     config = _config()
     jobs = _jobs()
@@ -386,10 +393,39 @@ def _status_rows(job: str | None, every_run: bool = False) -> list[dict[str, obj
             checkpoint, problem = None, str(e) or type(e).__name__
         except Exception as e:  # noqa: BLE001 - a bug or a hostile tree: this row only, never the command
             checkpoint, problem = None, f"unexpected {type(e).__name__}: {e}"
+        live = lives.get(row.job)
         rows.append({**row.as_dict(now, ids, checkpoint, problem), **_goodput(row.status, now),
-                     **_run(row.status, every_run), "live": lives.get(row.job),
-                     "live_unread": row.job in unread})
+                     **_run(row.status, every_run), "live": live, "live_unread": row.job in unread,
+                     "overlap": _overlap(jobs, row.job, row.status, live),
+                     "standby_waits": handover_view.waiting(row.job, row.status) if row.status else None})
     return rows
+
+
+def _overlap(jobs: Jobs, job: str, status: JobStatus | None, live: dict[str, Any] | None) -> str | None:
+    """The job's zero-gap recovery in one sentence (controller.render.handover_view), where it has
+    one; a job with a standby costs one more small read, its ready record (when it reached its line)."""
+    from controller.render import handover_view
+
+    if status is None:
+        return None
+    step = live.get("step") if isinstance(live, dict) else None
+    return handover_view.line(job, status, _at_line(jobs, job, status), step if isinstance(step, int) else None)
+
+
+def _at_line(jobs: Jobs, job: str, status: JobStatus) -> Any:
+    """What the standby's ready record says (``handover_view.AtLine``), or None: no standby yet
+    accepted, no record, or not its own."""
+    from controller.core import names
+    from controller.core.world import MAX_RECORD_BYTES
+    from controller.render import handover_view
+
+    if status.standby is None or not status.standby.inserted:
+        return None
+    try:
+        blob = jobs.store.read(jobs.bucket, names.ready_key(job), limit=MAX_RECORD_BYTES)
+    except errors.RespawnError:  # none yet, too large, unreadable: the line says "booting"
+        return None
+    return handover_view.at_line(blob.info, blob.data, status)
 
 
 def _run(status: JobStatus | None, every_run: bool) -> dict[str, object]:
