@@ -621,7 +621,8 @@ def logs(
                                                                        "seconds (for tests)")] = None,
 ) -> None:
     """The output of every attempt of the job, from Cloud Logging by instance id, in order, each under a
-    header naming the attempt, its instances, zone and how it ended."""
+    header naming the attempt, its instances, zone and how it ended; an attempt booted beside the one
+    before at its preemption notice (a standby) says so under its header: when, its go, its step."""
     config = _config()
     jobs = _jobs()
     status = jobs.status(job)

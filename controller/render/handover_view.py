@@ -222,18 +222,19 @@ def waiting(job: str, status: JobStatus) -> str | None:
 
 
 def attempt_note(job: str, status: JobStatus, attempt: int) -> str | None:
-    """What ``respawn logs`` says under an attempt's header of how it stood beside another: the
-    standby now booting, a standby given the go, a withdrawn one. None for any other attempt."""
+    """What ``respawn logs`` says under an attempt's header of how it stood beside another, its
+    times UTC as the log lines' own stamps are: the standby now booting, a standby given the go, a
+    withdrawn one. None for any other attempt."""
     sb = status.standby
     if sb is not None and attempt == sb.attempt:
-        since = f" from {_clock(sb.inserted_at)}" if sb.inserted_at else ""
-        return f"booted{since} beside {who(job, status.attempt, len(status.instances))} at its notice; waits at the starting line"
+        since = f"from {sb.inserted_at:%H:%M:%S} " if sb.inserted_at else ""
+        return f"booted {since}at {who(job, status.attempt, len(status.instances))}'s notice; waits at the starting line"
     for hand in handovers(job, status):
         if hand.attempt == attempt:
-            booted = f" from {_clock(hand.booted)}" if hand.booted else ""
+            since = f"from {hand.booted:%H:%M:%S} " if hand.booted else ""
             start = f"step {hand.step:,}" if hand.step is not None else "its checkpoint" if hand.resumed else "scratch"
-            return f"booted{booted} beside {hand.old} at its notice; the go at {_clock(hand.go)}, from {start}"
+            return f"booted {since}at {hand.old}'s notice; the go at {hand.go:%H:%M:%S}, from {start}"
     for gone in withdrawn(status):
         if gone.attempt == attempt:
-            return f"a standby withdrawn at {_clock(gone.at)}, before its go: no trainer ran"
+            return f"withdrawn at {gone.at:%H:%M:%S}, before its go: no trainer ran"
     return None
