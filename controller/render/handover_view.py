@@ -129,7 +129,10 @@ class Handover:
     def _old_saved_it(self) -> bool:
         """The save was made while the attempt before ran (it, not an earlier one, wrote it)."""
         span = self.old_span
-        return span is not None and self.saved_at is not None and span.start <= self.saved_at <= (span.end or self.go)
+        if span is None or self.saved_at is None:
+            return False
+        start, end = span.start, span.end or self.go
+        return _tz(start) is not None and _tz(end) is not None and start <= self.saved_at <= end
 
 
 def _after(gap: timedelta, what: str) -> str:
@@ -147,7 +150,7 @@ def _clock(when: datetime) -> str:
 
 def current(job: str, status: JobStatus) -> Handover | None:
     """The current attempt as a handover, where it was a standby given the go (``JobStatus.go_at``)."""
-    if status.go_at is None:
+    if _tz(status.go_at) is None:
         return None
     spans = [s for s in status.ledger.spans if s.attempt <= status.attempt]
     span = spans[-1] if spans and spans[-1].attempt == status.attempt else None
@@ -155,10 +158,10 @@ def current(job: str, status: JobStatus) -> Handover | None:
     ref = status.resume_from
     return Handover(new=who(job, status.attempt, len(status.instances) or 1),
                     old=who(job, old.attempt, old.nodes) if old else f"attempt {status.attempt - 1}",
-                    attempt=status.attempt, booted=status.inserted_at, go=status.go_at,
+                    attempt=status.attempt, booted=_tz(status.inserted_at), go=status.go_at,
                     step=ref.step if ref else None, resumed=ref is not None,
-                    saved_at=(ref.saved_at if ref else None) or (span.resumed_saved_at if span else None),
-                    started=span.trainer_started if span else None, old_span=old)
+                    saved_at=_tz((ref.saved_at if ref else None) or (span.resumed_saved_at if span else None)),
+                    started=_tz(span.trainer_started if span else None), old_span=old)
 
 
 def handovers(job: str, status: JobStatus) -> list[Handover]:
@@ -169,7 +172,8 @@ def handovers(job: str, status: JobStatus) -> list[Handover]:
     ordered = sorted(spans)
     found: dict[int, Handover] = {}
     for e in status.history:
-        if e.event != "launch" or e.since is None or GIVEN_THE_GO not in e.detail or e.attempt not in spans:
+        if e.event != "launch" or _tz(e.since) is None or _tz(e.at) is None or GIVEN_THE_GO not in e.detail \
+                or e.attempt not in spans:
             continue
         span = spans[e.attempt]
         before = [a for a in ordered if a < e.attempt]
@@ -178,7 +182,8 @@ def handovers(job: str, status: JobStatus) -> list[Handover]:
                                     old=who(job, old.attempt, old.nodes) if old else f"attempt {e.attempt - 1}",
                                     attempt=e.attempt, booted=e.since, go=e.at, step=span.resumed_step,
                                     resumed=span.resumed_step is not None or span.resumed_saved_at is not None,
-                                    saved_at=span.resumed_saved_at, started=span.trainer_started, old_span=old)
+                                    saved_at=_tz(span.resumed_saved_at), started=_tz(span.trainer_started),
+                                    old_span=old)
     if (now := current(job, status)) is not None:
         found[now.attempt] = found.get(now.attempt) or now
     return [found[a] for a in sorted(found)]
@@ -200,7 +205,13 @@ def withdrawn(status: JobStatus) -> list[Withdrawn]:
     """The run's withdrawn standbys that Compute had accepted, oldest first, as far as its history
     keeps them (one never accepted was never paid for)."""
     return [Withdrawn(_attempt_of(e), e.zone, e.since, e.at, e.detail) for e in status.history
-            if e.event == "standby-withdrawn" and e.since is not None and e.since <= e.at]
+            if e.event == "standby-withdrawn" and _tz(e.since) and _tz(e.at) and e.since <= e.at]  # type: ignore[operator]
+
+
+def _tz(when: datetime | None) -> datetime | None:
+    """``when`` where it has a time zone; None for a time a hand edit left without one (a status is
+    anyone's who may write the bucket: never compared with the controller's own times)."""
+    return when if when is not None and when.utcoffset() is not None else None
 
 
 def _attempt_of(e: Event) -> int | None:
@@ -227,7 +238,7 @@ def attempt_note(job: str, status: JobStatus, attempt: int) -> str | None:
     withdrawn one. None for any other attempt."""
     sb = status.standby
     if sb is not None and attempt == sb.attempt:
-        since = f"from {sb.inserted_at:%H:%M:%S} " if sb.inserted_at else ""
+        since = f"from {sb.inserted_at:%H:%M:%S} " if _tz(sb.inserted_at) else ""
         return f"booted {since}at {who(job, status.attempt, len(status.instances))}'s notice; waits at the starting line"
     for hand in handovers(job, status):
         if hand.attempt == attempt:
