@@ -77,18 +77,34 @@ def who(job: str, attempt: int, nodes: int) -> str:
     return f"{job}-{attempt}" if nodes <= 1 else f"{job}-{attempt} ({nodes} nodes)"
 
 
+CREATING, BOOTING, AT_LINE, GIVEN_GO, STARTED = "creating", "booting", "at the line", "given the go", "started"
+
+
+def stage(status: JobStatus, ready: AtLine | None = None) -> str | None:
+    """Where the job's zero-gap recovery stands: its standby ``CREATING`` (committed, not accepted
+    yet), ``BOOTING``, ``AT_LINE`` (its ready record came); its current attempt, a standby once,
+    ``GIVEN_GO`` or ``STARTED`` (its trainer's start on record). None: no standby, and the current
+    attempt was none (or the run is over)."""
+    sb = status.standby
+    if sb is not None:
+        return (AT_LINE if ready is not None else BOOTING) if sb.inserted else CREATING
+    if status.phase.terminal or (hand := current("", status)) is None:
+        return None
+    return GIVEN_GO if hand.started is None else STARTED
+
+
 def line(job: str, status: JobStatus, ready: AtLine | None = None, step: int | None = None) -> str | None:
-    """The job's overlap, in one sentence (module docstring); None when it has none: no standby,
-    and its current attempt was not one, or the run is over."""
+    """The job's overlap, in one sentence (module docstring); None when it has none (``stage``)."""
+    where = stage(status, ready)
     sb = status.standby
     if sb is not None:
         new, old = who(job, sb.attempt, len(sb.instances)), who(job, status.attempt, len(status.instances))
-        if ready is not None and sb.inserted:
+        if where == AT_LINE and ready is not None:
             return f"{new} at the starting line {'since' if ready.since else 'by'} {_clock(ready.at)}, waiting for {old}'s save"
         trainer = f" (its trainer at step {step:,})" if step is not None and step >= 0 else ""
-        return f"{new} {'booting' if sb.inserted else 'being created'} in {sb.zone} while {old} saves{trainer}"
+        return f"{new} {'booting' if where == BOOTING else 'being created'} in {sb.zone} while {old} saves{trainer}"
     hand = current(job, status)
-    return hand.sentence() if hand is not None and not status.phase.terminal else None
+    return hand.sentence() if where is not None and hand is not None else None
 
 
 @dataclass(frozen=True)
@@ -138,10 +154,12 @@ class Handover:
 def _after(gap: timedelta, what: str) -> str:
     """', 4.2s after demo-2's save'; nothing where the gap is negative (a VM's clock behind GCS's)."""
     seconds = gap.total_seconds()
-    if seconds < 0:
-        return f" ({what})"
-    said = f"{seconds:.1f}s" if seconds < 10 else format_duration(timedelta(seconds=round(seconds)))
-    return f", {said} after {what}"
+    return f" ({what})" if seconds < 0 else f", {said(seconds)} after {what}"
+
+
+def said(seconds: float) -> str:
+    """A gap as the lines say it: '4.2s' under 10 s, else '1m05s'."""
+    return f"{seconds:.1f}s" if seconds < 10 else format_duration(timedelta(seconds=round(seconds)))
 
 
 def _clock(when: datetime) -> str:
