@@ -871,7 +871,9 @@ def local_up(
     project: Annotated[str, typer.Option(envvar="RESPAWN_PROJECT", help="the local project's id")] = "respawn-local",
     tick: Annotated[float, typer.Option(envvar="RESPAWN_LOCAL_TICK", help="seconds between scheduler ticks")] = 60.0,
     preemption_notice: Annotated[float, typer.Option(envvar="RESPAWN_LOCAL_NOTICE",
-                                                     help="shutdown-script budget in seconds (Spot: 30)")] = 30.0,
+                                                     help="shutdown-script budget in seconds (Spot: 30); a Spot "
+                                                          "VM's preemption notice (120 s on Google) is shortened "
+                                                          "alike")] = 30.0,
     folder: LocalDir = DEFAULT_LOCAL_DIR,
 ) -> None:
     """Start the whole local cloud and keep it up until Ctrl-C; another terminal sources the file it names."""
