@@ -2,8 +2,9 @@
 preemption notice condemned, waiting at its starting line, then started from the old one's save.
 
 One sentence a job, written here once for every view (``respawn status`` and its JSON, ``respawn
-logs``' headers, ``respawn report``, the dashboard, the demo), each within 80 columns for a job
-name of up to about 20 characters:
+logs``' headers, ``respawn report``, the dashboard, the demo); the longest below is 76 characters
+(within 80 columns under the status table's 4-space indent), and a longer job name or zone wraps
+between words:
 
 - ``demo-3 booting in us-central1-b while demo-2 saves (its trainer at step 153)``: the standby
   was inserted at the notice; the step is the old trainer's, from its heartbeat, where read;
@@ -222,8 +223,8 @@ class Withdrawn:
 def withdrawn(status: JobStatus) -> list[Withdrawn]:
     """The run's withdrawn standbys that Compute had accepted, oldest first, as far as its history
     keeps them (one never accepted was never paid for)."""
-    return [Withdrawn(_attempt_of(e), e.zone, e.since, e.at, e.detail) for e in status.history
-            if e.event == "standby-withdrawn" and _tz(e.since) and _tz(e.at) and e.since <= e.at]  # type: ignore[operator]
+    return [Withdrawn(_attempt_of(e), e.zone, since, at, e.detail) for e in status.history
+            if e.event == "standby-withdrawn" and (since := _tz(e.since)) and (at := _tz(e.at)) and since <= at]
 
 
 def _tz(when: datetime | None) -> datetime | None:
