@@ -1,11 +1,15 @@
-"""docs/report.png: ``respawn report``'s timeline of a realistic day, made over the in-memory fakes.
+"""docs/report.png: ``respawn report``'s timeline of a realistic hour, made over the in-memory fakes.
 
-A Spot L4 fine-tune over three zones, for about a day: preempted in us-central1-a (with the
-VM's notice) and resumed there; preempted again while us-central1-a is stocked out, so it
-moves to us-central1-b; taken by host maintenance there while both zones are stocked out,
-so it moves to us-central1-c; preempted hard (no notice) there; then it finishes back in
-us-central1-a. It saves every 40 minutes (90 s a save), its VMs take 4 minutes to boot,
-and the controller ticks every minute.
+A Spot L4 fine-tune over three zones, for a little over an hour. Twice a preemption
+comes with Spot's 120 s notice, and the next VM boots beside the old one at once (zero-gap
+recovery): the first time in us-central1-b, the second time, with the other two zones stocked out,
+in the preempting zone itself, where it takes the lower half of the lane while both are there.
+Each old VM saves at the notice and again at the soft-off; the new one, booted meanwhile, waits at
+its starting line until that save is in, then starts from it. Then a notice comes to nothing (no
+preemption follows): its standby is withdrawn, paid for and all boot. Then a hard preemption (no
+notice): the next VM is created only once the old one is gone, and boots on the clock. It saves
+every 10 minutes (25 s a save), its VMs take 100 s to boot, and the controller ticks every minute
+(and acts at once on a VM's records: its notice, its marker, its standby's ready record).
 
     .venv/bin/python docs/make_report_png.py [OUT.png]
 """
@@ -19,16 +23,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from controller.core import names  # noqa: E402
-from controller.render import report
+from controller.core.ports import InstanceStatus  # noqa: E402
+from controller.render import report  # noqa: E402
 from tests.harness import Harness, spec_doc  # noqa: E402
 
 JOB = "llm-finetune"
 ZONES = ["us-central1-a", "us-central1-b", "us-central1-c"]
-SAVE_EVERY, SAVE_S, STEPS_PER_MINUTE, BOOT_MINUTES = timedelta(minutes=40), 90, 5, 4
+SAVE_EVERY, SAVE_S, STEPS_PER_MINUTE = timedelta(minutes=10), 25, 10
+BOOT, NOTICE = timedelta(seconds=100), timedelta(seconds=120)
 
 
-class Day:
+class Hour:
     """The run: a clock, the controller ticking each minute, and a trainer saving on its own schedule."""
 
     def __init__(self) -> None:
@@ -41,8 +46,11 @@ class Day:
             phase = self.h.status(JOB).phase
             if phase == "RUNNING":
                 self.train()
-            # A VM accepted takes BOOT_MINUTES to be RUNNING (the controller sees it at its next look).
-            self.h.advance(minutes=BOOT_MINUTES if phase == "PROVISIONING" else 1)
+            if phase == "PROVISIONING":  # a VM created after a loss: its boot, then its trainer starts
+                self.h.advance(seconds=BOOT.total_seconds())
+                self.h.heartbeat(JOB, trainer_started=self.h.clock.now())
+            else:
+                self.h.advance(minutes=1)
             self.h.tick()
 
     def train(self) -> None:
@@ -50,40 +58,66 @@ class Day:
         self.h.heartbeat(JOB)
         self.since_save += timedelta(minutes=1)
         if self.since_save >= SAVE_EVERY:
-            self.h.store.put("ckpts", f"run/{self.step}/state.bin", b"w" * 8)
-            self.h.advance(seconds=SAVE_S)  # its writing time: the checkpoint cost C
-            self.h.store.put("ckpts", f"run/{self.step}/commit_success.txt", b"")
-            self.saved, self.since_save = self.step, timedelta()
+            self.save()
+
+    def save(self) -> None:
+        self.h.store.put("ckpts", f"run/{self.step}/state.bin", b"w" * 8)
+        self.h.advance(seconds=SAVE_S)  # its writing time: the checkpoint cost C
+        self.h.store.put("ckpts", f"run/{self.step}/commit_success.txt", b"")
+        self.saved, self.since_save = self.step, timedelta()
+
+    def notice(self, preempted: bool = True) -> None:
+        """Spot's 120 s notice: the agent's notice record boots the standby at once; the trainer saves
+        and trains on; the standby reaches its line after its boot. At the soft-off (``preempted``)
+        the trainer saves once more, the shutdown script writes the marker, and the standby gets the
+        go and starts from that save. Otherwise the notice comes to nothing, and the standby is
+        withdrawn once the line's bound has passed."""
+        h = self.h
+        h.notice(JOB)
+        h.tick(JOB)
+        old = h.status(JOB).instances[0]
+        self.save()  # at the notice (respawnkit's), 25 s
+        h.advance(seconds=(BOOT.total_seconds() - SAVE_S))
+        h.ready(JOB, waiting_since=h.clock.now())
+        h.tick(JOB)
+        h.advance(seconds=(NOTICE - BOOT).total_seconds())
+        self.step += STEPS_PER_MINUTE * 2
+        if not preempted:
+            h.heartbeat(JOB)
+            h.advance(seconds=40)  # past the bound: notice, Spot's 30 s shutdown, 5 s of slack
+            h.tick(JOB)
+            return
+        h.compute.set_status(old, InstanceStatus.STOPPING)  # the soft-off: SIGTERM, the last save, the marker
+        h.tick(JOB)
+        self.save()
+        h.marker(JOB)
+        h.tick(JOB)  # the go, from that save
+        h.advance(seconds=1)
+        h.heartbeat(JOB, trainer_started=h.clock.now())
+        h.tick(JOB)
 
     def lost(self) -> None:
-        """The VM is gone: the next attempt resumes from the last save."""
+        """The VM is gone without a save: the next attempt resumes from the last one."""
         self.step, self.since_save = self.saved, timedelta()
 
 
 def scenario() -> tuple[Harness, str]:
-    day = Day()
+    day = Hour()
     h = day.h
     h.submit(JOB, spec_doc(zones=ZONES, policy={"backoff": {"initial": "30s", "max": "5m"}, "max_restarts": 20}))
     h.tick()
-    day.minutes(4 * 60 + 17)
-    h.marker(JOB)  # preempted with notice, in us-central1-a
-    day.lost()
-    day.minutes(3 * 60 + 7)
-    h.compute.stockouts.add("us-central1-a")
-    h.marker(JOB)  # preempted again; us-central1-a has no L4 left
-    day.lost()
-    day.minutes(2 * 60 + 6)
-    h.compute.stockouts.discard("us-central1-a")
-    day.minutes(3 * 60 + 31)
-    h.compute.stockouts.update(("us-central1-a", "us-central1-b"))
-    h.compute.maintenance(names.instance_name(JOB, h.status(JOB).attempt))  # us-central1-b's host
-    day.lost()
-    day.minutes(8)
+    day.minutes(16)
+    day.notice()  # us-central1-a's VM warned: the next boots in us-central1-b beside it
+    day.minutes(13)
+    h.compute.stockouts.update(("us-central1-a", "us-central1-c"))
+    day.notice()  # us-central1-b's VM warned, the other zones stocked out: the next boots beside it there
     h.compute.stockouts.clear()
-    day.minutes(5 * 60 + 12)
-    h.compute.preempt(names.instance_name(JOB, h.status(JOB).attempt))  # hard: no notice
+    day.minutes(9)
+    day.notice(preempted=False)  # a notice that comes to nothing: its standby withdrawn
+    day.minutes(11)
+    h.compute.preempt(h.status(JOB).instances[0])  # hard: no notice, no marker
     day.lost()
-    day.minutes(8 + 4 * 60 + 40)
+    day.minutes(14)
     h.exit(JOB, 0)
     day.minutes(1)
     return h, JOB

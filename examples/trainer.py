@@ -17,8 +17,11 @@ Checkpoints go to ``$RESPAWN_CHECKPOINT_URI/step_<N>/weights.npy``, then ``_SUCC
 written last: respawn only resumes from a step directory that has it. It saves every
 ``CHECKPOINT_EVERY`` steps, and also once ``RESPAWN_CHECKPOINT_EVERY_S`` seconds have passed
 since its last save (respawn's advice: Young/Daly's interval from the measured save time and
-the job's time between losses; unset until respawn has measured both). On SIGTERM (a
-preemption's notice) the trainer checkpoints at the next step boundary and exits.
+the job's time between losses; unset until respawn has measured both). At a preemption notice
+(the agent writes ``RESPAWN_NOTICE_FILE``, up to 120 s before the soft-off) it checkpoints at the
+next step boundary and trains on, as respawnkit does: the next attempt is booting meanwhile and
+starts from the newest complete save. On SIGTERM (the soft-off) it checkpoints at the next step
+boundary and exits.
 
 On a multi-host slice (a Cloud TPU node: the VM agent runs the command on every worker,
 with ``NODE_RANK`` and ``NODES``) rank 0 saves, as multi-host trainers do, rather than
@@ -113,6 +116,8 @@ def main() -> int:
           f" (rank {rank} of {ranks})", flush=True)
     step, loss = start, float("nan")
     last_save = time.monotonic()
+    notice = os.environ.get("RESPAWN_NOTICE_FILE") or ""
+    noticed = False
     if advised != float("inf"):
         print(f"trainer: respawn advises a checkpoint every {advised:.0f} s", flush=True)
     while step < steps:
@@ -121,10 +126,13 @@ def main() -> int:
         time.sleep(pause)
         print(f"trainer: step {step} loss {loss:.5f}", flush=True)
         due = step % every == 0 or time.monotonic() - last_save >= advised
-        if saves and (due or stop["now"]):
+        # A notice is not a stop: one save at once (a stat per step finds the file), then train on.
+        warned = not noticed and bool(notice) and os.path.exists(notice)
+        noticed = noticed or warned
+        if saves and (due or stop["now"] or warned):
             store.save(step, w)
             last_save = time.monotonic()
-            print(f"trainer: checkpoint at step {step}", flush=True)
+            print(f"trainer: {'preemption notice: ' if warned else ''}checkpoint at step {step}", flush=True)
         if stop["now"]:
             done = "checkpointed at step" if saves else "rank 0 saves; stopped at step"
             print(f"trainer: SIGTERM, {done} {step}, exiting", flush=True)

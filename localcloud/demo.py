@@ -5,11 +5,16 @@ takes its machines away, and the job must still finish with exactly the weights 
 uninterrupted run computes.
 
 - **GPU** (``respawn demo``): a Spot VM over two zones, preempted three times: hard, in
-  its first seconds, before any checkpoint (no notice reaches the guest, so only
-  Compute's preemption record explains the loss: its System Event audit entry reaches
-  ``on_audit`` through the Logging sink and Pub/Sub within seconds, and the story says
-  which pass inserted the replacement, and when); then while a stockout blocks the first
-  zone (the job moves to the second); then once more.
+  its first seconds, before any checkpoint, with no notice (only Compute's preemption
+  record explains the loss: its System Event audit entry reaches ``on_audit`` through the
+  Logging sink and Pub/Sub within seconds, and the story says which pass inserted the
+  replacement, and when); then with its preemption notice (Spot's 120 s, as short here as
+  the shutdown) while a stockout blocks the other zone: the next attempt boots beside it
+  at the notice, meets the stockout, moves to the preempting zone, waits at its starting
+  line while the old VM saves, and starts from that save (zero-gap recovery); then once
+  more with notice, into the other zone. The story says each standby's overlap as it
+  goes (``controller.render.handover_view``), and the summary counts the recoveries that
+  booted at a notice.
 - **TPU** (``respawn demo --tpu``): a Spot Cloud TPU slice (v4-16: two hosts, both
   training, rank 0 saving). The slice is preempted (every worker's shutdown script
   SIGTERMs its trainer, rank 0 checkpoints, then the marker), resumes on a new node from
@@ -43,6 +48,8 @@ from rich.table import Table
 from rich.text import Text
 
 from controller.core import names
+from controller.core.ports import BlobInfo
+from controller.render import handover_view
 from controller.service.config import REPO_ROOT
 from controller.core.state import JobStatus, Phase
 from localcloud.stack import LocalCloud, Options
@@ -53,6 +60,8 @@ MESSAGE_LIMIT = 240  # characters of the controller's message a status line show
 _STEP = re.compile(r"trainer: step (\d+) ")
 _START = re.compile(r"trainer: attempt \d+ starting at step (\d+)")
 _FINAL = re.compile(r"trainer: final step (\d+) loss (\S+) weights (\w+)")
+# The stages of a standby the story says (handover_view.stage), in order.
+SAID = (handover_view.BOOTING, handover_view.AT_LINE, handover_view.STARTED)
 
 
 @dataclass
@@ -70,16 +79,22 @@ class Result:
     seconds: float = 0.0
     story: list[str] = field(default_factory=list)
     reports: list[Path] = field(default_factory=list)  # ``respawn report``'s page and picture of the job
-    # What the story must show: at least this many preemptions and maintenance restarts.
+    # Recoveries with zero gap: attempts booted at the notice of the one before, and how long after the
+    # save each resumed from its trainer started (seconds; None: not known).
+    zero_gap: int = 0
+    zero_gap_s: list[float | None] = field(default_factory=list)
+    # What the story must show: at least this many preemptions, maintenance restarts, stockouts met
+    # and recoveries with zero gap.
     want_preemptions: int = 3
     want_maintenance: int = 0
     want_stockouts: int = 0
+    want_zero_gap: int = 0
 
     @property
     def ok(self) -> bool:
         return (self.phase == Phase.SUCCEEDED and self.preemptions >= self.want_preemptions
                 and self.maintenance >= self.want_maintenance and self.stockouts >= self.want_stockouts
-                and self.failures == 0
+                and self.zero_gap >= self.want_zero_gap and self.failures == 0
                 and self.final_hash == self.reference_hash)
 
 
@@ -89,15 +104,19 @@ class Demo:
     ``_story`` (what happens to it)."""
 
     job = JOB
-    want_preemptions, want_maintenance, want_stockouts = 3, 0, 0
+    want_preemptions, want_maintenance, want_stockouts, want_zero_gap = 3, 0, 0, 0
     finish_timeout = 150.0
 
     def __init__(self, console: Console, notice: float = 3.0, output: Path | None = None) -> None:
         self.console = console
         self.output = output  # where the report goes (default: a new temporary folder, kept)
-        self.cloud = LocalCloud(Options(tick_interval=5.0, boot_delay=0.3, shutdown_budget=notice))
+        # Spot's 30 s shutdown shortened to ``notice`` seconds, and its 120 s preemption notice to as many.
+        self.notice = notice
+        self.cloud = LocalCloud(Options(tick_interval=5.0, boot_delay=0.3, shutdown_budget=notice,
+                                        notice_scale=notice / 120))
         self.started = time.monotonic()
         self._last: tuple[Any, ...] = ()
+        self._overlaps = Overlaps(self.job)
 
     def say(self, text: str | Text) -> None:
         """One line of the story (``text``: the story's own Rich markup, or a ``Text``), after the time."""
@@ -105,7 +124,7 @@ class Demo:
 
     def run(self) -> Result:
         result = Result(want_preemptions=self.want_preemptions, want_maintenance=self.want_maintenance,
-                        want_stockouts=self.want_stockouts)
+                        want_stockouts=self.want_stockouts, want_zero_gap=self.want_zero_gap)
         with self.cloud:
             self.say(self._endpoints())
             result.reference_hash = self._reference()
@@ -181,6 +200,8 @@ class Demo:
         result.preemptions, result.failures = final.preemptions, final.failures
         result.maintenance = sum(1 for e in final.history if e.event == "maintenance")
         result.stockouts = sum(final.ledger.totals.stockouts.values())  # what the report counts
+        hands = handover_view.handovers(self.job, final)
+        result.zero_gap, result.zero_gap_s = len(hands), [h.downtime_s() for h in hands]
         for attempt in range(1, final.attempt):
             reached, resumed = self._step(attempt), self._start(attempt + 1)
             result.steps_lost += max(0, reached - resumed)
@@ -206,6 +227,24 @@ class Demo:
         if key != self._last:
             self._last = key
             self.say(status_line(st))
+        self._overlap(st)
+
+    def _overlap(self, st: JobStatus) -> None:
+        sb = st.standby
+        ready = self._ready(st) if sb is not None and sb.inserted else None
+        if line := self._overlaps.said(st, ready, self._step(st.attempt) if sb is not None else None):
+            self.say(Text(line))
+
+    def _ready(self, st: JobStatus) -> handover_view.AtLine | None:
+        """What the standby's ready record says (it reached its starting line), if it wrote one."""
+        blob = self.cloud.storage.bucket(self.cloud.options.bucket).get_blob(names.ready_key(self.job))
+        if blob is None:
+            return None
+        info = BlobInfo(blob.bucket.name, blob.name, blob.generation or 0, blob.updated or datetime.now(UTC))
+        try:
+            return handover_view.at_line(info, blob.download_as_bytes(), st)
+        except Exception:  # noqa: BLE001 - deleted between the two reads: the next look says it
+            return None
 
     def _log(self, attempt: int) -> str:
         path = self._log_path(attempt)
@@ -233,14 +272,17 @@ class Demo:
 
 
 class GpuDemo(Demo):
-    """A Spot VM with an L4, preempted three times (hard; under a stockout; once more)."""
+    """A Spot VM with an L4, preempted three times (hard, with no notice; with its notice under a
+    stockout; with its notice once more)."""
 
-    want_stockouts = 1  # the stockout is met: attempt 3's create in us-central1-a is refused
+    want_stockouts = 1  # the stockout is met: the standby's create in the other zone is refused
+    want_zero_gap = 2  # the two preemptions with notice: each next attempt booted at the notice
+    ZONES = ["us-central1-a", "us-central1-b"]
 
     def _spec(self) -> tuple[dict[str, Any], str]:
-        return ({"zones": ["us-central1-a", "us-central1-b"], "machine_type": "g2-standard-8",  # its L4 is built in
+        return ({"zones": self.ZONES, "machine_type": "g2-standard-8",  # its L4 is built in
                  "provisioning": "spot"},
-                "Spot g2-standard-8 + L4 over us-central1-a, us-central1-b")
+                f"Spot g2-standard-8 + L4 over {', '.join(self.ZONES)}")
 
     def _log_path(self, attempt: int) -> Path:
         assert self.cloud.compute is not None
@@ -250,28 +292,32 @@ class GpuDemo(Demo):
         compute, job = self.cloud.compute, self.job
         assert compute is not None
         self._until("attempt 1 to start training", lambda: self._started(1), 30)
-        self.say(f"[red]preempting {job}-1 hard[/red] at step {self._step(1)}: no checkpoint yet, and the guest "
-                 "never runs its shutdown script (no marker)")
+        self.say(f"[red]preempting {job}-1 hard[/red] at step {self._step(1)}, with no notice: no checkpoint yet, "
+                 "and the guest never runs its shutdown script (no marker)")
         lost = time.time()
+        scale = compute.notice_scale
+        compute.scale_notice(0)  # this preemption's notice never comes: the soft-off at once
         compute.preempt(f"{job}-1", graceful=False)
+        compute.scale_notice(scale)
         self._until(f"{job}-2 to be inserted", lambda: f"{job}-2" in compute.names(), 60)
         created = datetime.fromisoformat(compute.instance(f"{job}-2")["creationTimestamp"]).timestamp()
         self.say(self._replaced(f"{job}-1", f"{job}-2", lost, created))
 
         self._until("attempt 2 to pass two checkpoints", lambda: self._started(2) and self._step(2) >= 2 * EVERY + 5, 60)
-        # Unforeseen: capacity advice still scores the zone obtainable (a forecast, as Google's
-        # is), so the next create goes there and meets the stockout, which the report then counts.
-        compute.stockout("us-central1-a", foreseen=False)
-        self.say(f"[yellow]stockout in us-central1-a[/yellow] (capacity advice does not foresee it); "
-                 f"[red]preempting {job}-2[/red] at step {self._step(2)} "
-                 "(30 s notice, shortened here: SIGTERM, checkpoint, marker)")
+        here = compute.instance(f"{job}-2")["zone"].rsplit("/", 1)[-1]
+        other = next(z for z in self.ZONES if z != here)
+        # Unforeseen: capacity advice still scores the zone obtainable (a forecast, as Google's is), so
+        # the standby's create goes there first (the preempting zone last) and meets the stockout.
+        compute.stockout(other, foreseen=False)
+        self.say(f"[yellow]stockout in {other}[/yellow] (capacity advice does not foresee it); [red]preempting "
+                 f"{job}-2[/red] at step {self._step(2)} with its notice (Spot's 120 s, {self.notice:g} s here): "
+                 f"{job}-3 boots beside it while it saves")
         compute.preempt(f"{job}-2")
 
-        self._until("attempt 3 to train in us-central1-b", lambda: self._started(3) and self._step(3) >= self._start(3) + 60, 60)
-        compute.stockout("us-central1-a", on=False)
-        self.say(f"stockout over; [red]preempting {job}-3[/red] at step {self._step(3)}")
+        self._until(f"attempt 3 to train in {here}", lambda: self._started(3) and self._step(3) >= self._start(3) + 60, 60)
+        compute.stockout(other, on=False)
+        self.say(f"stockout over; [red]preempting {job}-3[/red] at step {self._step(3)} with its notice")
         compute.preempt(f"{job}-3")
-
 
     def _replaced(self, gone: str, new: str, lost: float, inserted: float) -> str:
         """How ``new`` came to replace ``gone`` (``lost``, ``inserted``: wall-clock times, the second
@@ -382,6 +428,25 @@ class TpuDemo(Demo):
             if node_id.startswith(f"{self.job}-") and self._nodes.get(node_id) != now:
                 self._nodes[node_id] = now
                 self.say(f"  node {node_id}: {now[0]}" + (f", {now[1]}" if now[1] else ""))
+
+
+class Overlaps:
+    """What the story says of a job's standbys as it sees them go on: each stage once (booting
+    beside the attempt its notice condemned, at its starting line, then started from that attempt's
+    save), never one it has passed (a stage passed between two looks is not said)."""
+
+    def __init__(self, job: str) -> None:
+        self.job = job
+        self.furthest: dict[int, int] = {}  # a standby's attempt -> the furthest stage said, by SAID's index
+
+    def said(self, st: JobStatus, ready: handover_view.AtLine | None, step: int | None) -> str | None:
+        """The line to say now (``handover_view.line``), or None: nothing new."""
+        stage = handover_view.stage(st, ready)
+        attempt = st.standby.attempt if st.standby is not None else st.attempt
+        if stage not in SAID or SAID.index(stage) <= self.furthest.get(attempt, -1):
+            return None
+        self.furthest[attempt] = SAID.index(stage)
+        return handover_view.line(self.job, st, ready, step)
 
 
 def status_line(st: JobStatus, limit: int = MESSAGE_LIMIT) -> Text:

@@ -125,17 +125,21 @@ class Harness:
                 "notice_s": 120, "token": self._token(job, attempt, token)}
         self.store.put(BUCKET, names.notice_key(job), json.dumps(body))
 
-    def ready(self, job: str, token: str | None = None) -> None:
-        """A standby's rank 0 at the starting line (its ready record, with the standby's own secret)."""
+    def ready(self, job: str, token: str | None = None, waiting_since: datetime | None = None) -> None:
+        """A standby's rank 0 at the starting line (its ready record, with the standby's own secret),
+        since ``waiting_since`` where given (RFC 3339, as the agent writes it)."""
         sb = self.status(job).standby
         assert sb is not None, "no standby"
         body = {"instance": sb.instances[0], "attempt": sb.attempt, "node": 0,
-                "token": sb.token if token is None else token}
+                "token": sb.token if token is None else token,
+                **({"waiting_since": waiting_since.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"} if waiting_since else {})}
         self.store.put(BUCKET, names.ready_key(job), json.dumps(body))
 
-    def heartbeat(self, job: str, token: str | None = None, trainer_started: datetime | None = None) -> None:
+    def heartbeat(self, job: str, token: str | None = None, trainer_started: datetime | None = None,
+                  step: int | None = None) -> None:
         attempt = self.status(job).attempt
-        body = {"attempt": attempt, "token": self._token(job, attempt, token), **_started(trainer_started)}
+        body = {"attempt": attempt, "token": self._token(job, attempt, token), **_started(trainer_started),
+                **({"step": step} if step is not None else {})}
         self.store.put(BUCKET, names.heartbeat_key(job), json.dumps(body))
 
     def _token(self, job: str, attempt: int, token: str | None) -> str:

@@ -1,6 +1,8 @@
 """What ``respawn logs JOB`` prints: the output of every attempt of the job's run, read from Cloud
 Logging by instance id, in order, each under a header naming the attempt, its instances, zone and
-how it ended; with ``follow``, what is written after, until stopped.
+how it ended (a standby booted at a preemption notice: a line under it says when, and its go or its
+withdrawal: ``controller.render.handover_view.attempt_note``); with ``follow``, what is written
+after, until stopped.
 
 Where the output is, on Google: the serial console's log (``serial_port_1_output``, when the
 project or VM sets ``serial-port-logging-enable``, which respawn sets on every VM and TPU node it
@@ -41,6 +43,7 @@ from controller.core import errors, names
 from controller.core.ledger import ENDS, LOSS_CAUSES
 from controller.core.ports import Instance
 from controller.core.state import JobStatus
+from controller.render import handover_view
 from controller.render.text import printable as _printable
 
 SERIAL = "serialconsole.googleapis.com%2Fserial_port_1_output"
@@ -98,12 +101,15 @@ class Attempt:
     outcome: str | None = None  # how it ended (preempted, succeeded...), or the job's phase while it lasts
     # A Cloud TPU node (its workers log as tpu_worker, by the node's name); None: not known, read as either.
     tpu: bool | None = None
+    # How it stood beside another attempt (zero-gap recovery: a standby booted at a preemption
+    # notice, given the go or withdrawn): a line of its own under the header.
+    note: str | None = None
 
     def header(self) -> str:
         names_ = ", ".join(self.instances) or "no instance"
         where = f" in {self.zone}" if self.zone else ""
         end = f" ({self.outcome})" if self.outcome else ""
-        return f"── attempt {self.number}: {names_}{where}{end} ──"
+        return f"── attempt {self.number}: {names_}{where}{end} ──" + (f"\n   {self.note}" if self.note else "")
 
 
 def attempts(job: str, status: JobStatus | None, live: Iterable[Instance] = ()) -> list[Attempt]:
@@ -118,17 +124,21 @@ def attempts(job: str, status: JobStatus | None, live: Iterable[Instance] = ()) 
             by_attempt.setdefault(parsed[1], {})[name] = id_
     spans = {s.attempt: s for s in status.ledger.spans} if status else {}
     numbers = sorted({*by_attempt, *spans})
+    standby = status.standby if status else None
+    gone = {w.attempt for w in handover_view.withdrawn(status)} if status else set()
     out = []
     for n in numbers:
         span = spans.get(n)
         zone = (span.zone if span else None) or _zone_in_history(status, n) or next(
-            (i.zone for i in live if i.attempt == n), None)
+            (i.zone for i in live if i.attempt == n), None) or (standby.zone if standby and n == standby.attempt else None)
         outcome = span.cause if span and span.cause else _outcome_in_history(status, n)
         if outcome is None and status is not None and n == status.attempt:
             outcome = status.phase.lower()
+        if outcome is None and (standby and n == standby.attempt or n in gone):
+            outcome = "standby" if standby and n == standby.attempt else "withdrawn standby"
         found = by_attempt.get(n, {})
         out.append(Attempt(n, dict(sorted(found.items(), key=lambda kv: _rank(kv[0]))), zone, outcome,
-                           _tpu(status, live, n)))
+                           _tpu(status, live, n), handover_view.attempt_note(job, status, n) if status else None))
     return out
 
 

@@ -302,6 +302,10 @@ def status(
     current attempt's token): for one JOB always, with its latest save's times; for every job, of
     the first 50 RUNNING jobs only (--json: ``live``, and ``live_unread`` for the rest).
 
+    A job recovering from a preemption notice with zero gap has one more line under its row: its
+    next attempt booting beside it (a standby), at the starting line, or started from its save
+    (--json: ``overlap``; for one JOB, also what the standby's go waits for: ``standby_waits``).
+
     A job whose checkpoints cannot be listed keeps its row, with the reason (``checkpoint_error``
     in --json); the command still exits 0. A JOB that does not exist exits 2.
     """
@@ -321,6 +325,8 @@ def status(
             out.print(view.goodput_line(rows[0]))
             if live := view.live_line(rows[0]):
                 out.print(live)
+            if rows[0]["standby_waits"]:
+                out.print(view.Note("", "", rows[0]["standby_waits"]))
         for row in rows if every_run else ():
             if row["runs"]:
                 out.print()
@@ -364,6 +370,7 @@ def status(
 
 def _status_rows(job: str | None, every_run: bool = False) -> list[dict[str, object]]:
     from controller.core import names
+    from controller.render import handover_view
 
     config = _config()
     jobs = _jobs()
@@ -386,10 +393,39 @@ def _status_rows(job: str | None, every_run: bool = False) -> list[dict[str, obj
             checkpoint, problem = None, str(e) or type(e).__name__
         except Exception as e:  # noqa: BLE001 - a bug or a hostile tree: this row only, never the command
             checkpoint, problem = None, f"unexpected {type(e).__name__}: {e}"
+        live = lives.get(row.job)
         rows.append({**row.as_dict(now, ids, checkpoint, problem), **_goodput(row.status, now),
-                     **_run(row.status, every_run), "live": lives.get(row.job),
-                     "live_unread": row.job in unread})
+                     **_run(row.status, every_run), "live": live, "live_unread": row.job in unread,
+                     "overlap": _overlap(jobs, row.job, row.status, live),
+                     "standby_waits": handover_view.waiting(row.job, row.status) if row.status else None})
     return rows
+
+
+def _overlap(jobs: Jobs, job: str, status: JobStatus | None, live: dict[str, Any] | None) -> str | None:
+    """The job's zero-gap recovery in one sentence (controller.render.handover_view), where it has
+    one; a job with a standby costs one more small read, its ready record (when it reached its line)."""
+    from controller.render import handover_view
+
+    if status is None:
+        return None
+    step = live.get("step") if isinstance(live, dict) else None
+    return handover_view.line(job, status, _at_line(jobs, job, status), step if isinstance(step, int) else None)
+
+
+def _at_line(jobs: Jobs, job: str, status: JobStatus) -> Any:
+    """What the standby's ready record says (``handover_view.AtLine``), or None: no standby yet
+    accepted, no record, or not its own."""
+    from controller.core import names
+    from controller.core.world import MAX_RECORD_BYTES
+    from controller.render import handover_view
+
+    if status.standby is None or not status.standby.inserted:
+        return None
+    try:
+        blob = jobs.store.read(jobs.bucket, names.ready_key(job), limit=MAX_RECORD_BYTES)
+    except errors.RespawnError:  # none yet, too large, unreadable: the line says "booting"
+        return None
+    return handover_view.at_line(blob.info, blob.data, status)
 
 
 def _run(status: JobStatus | None, every_run: bool) -> dict[str, object]:
@@ -585,7 +621,8 @@ def logs(
                                                                        "seconds (for tests)")] = None,
 ) -> None:
     """The output of every attempt of the job, from Cloud Logging by instance id, in order, each under a
-    header naming the attempt, its instances, zone and how it ended."""
+    header naming the attempt, its instances, zone and how it ended; an attempt booted beside the one
+    before at its preemption notice (a standby) says so under its header: when, its go, its step."""
     config = _config()
     jobs = _jobs()
     status = jobs.status(job)
@@ -834,7 +871,9 @@ def local_up(
     project: Annotated[str, typer.Option(envvar="RESPAWN_PROJECT", help="the local project's id")] = "respawn-local",
     tick: Annotated[float, typer.Option(envvar="RESPAWN_LOCAL_TICK", help="seconds between scheduler ticks")] = 60.0,
     preemption_notice: Annotated[float, typer.Option(envvar="RESPAWN_LOCAL_NOTICE",
-                                                     help="shutdown-script budget in seconds (Spot: 30)")] = 30.0,
+                                                     help="shutdown-script budget in seconds (Spot: 30); a Spot "
+                                                          "VM's preemption notice (120 s on Google) is shortened "
+                                                          "alike")] = 30.0,
     folder: LocalDir = DEFAULT_LOCAL_DIR,
 ) -> None:
     """Start the whole local cloud and keep it up until Ctrl-C; another terminal sources the file it names."""
@@ -977,15 +1016,17 @@ def _interruptible() -> Iterator[None]:
 @app.command()
 def demo(
     notice: Annotated[float, typer.Option(envvar="RESPAWN_DEMO_NOTICE",
-                                          help="preemption notice in seconds (Spot gives 30; shortened for the demo)")] = 3.0,
+                                          help="seconds of a Spot VM's shutdown and of its preemption notice "
+                                               "(Google gives 30 and 120; both shortened for the demo)")] = 3.0,
     tpu: Annotated[bool, typer.Option("--tpu", help="the Cloud TPU story: a Spot v4-16 slice (2 hosts) "
                                                     "preempted, then terminated by host maintenance")] = False,
     output: Annotated[Path | None, typer.Option("--output", file_okay=False,
                                                 help="folder for the job's report (HTML and PNG; "
                                                      "default: a new temporary folder)")] = None,
 ) -> None:
-    """Run the whole story locally: a Spot job preempted three times (--tpu: a TPU slice preempted,
-    then taken by host maintenance) still ends exactly right."""
+    """Run the whole story locally: a Spot job preempted three times, twice with notice, its next
+    attempt booting beside the old one at each notice (--tpu: a TPU slice preempted, then taken by
+    host maintenance) still ends exactly right."""
     from localcloud import demo as story
 
     deadline.stop()  # its story takes minutes; its own waits are bounded
@@ -1003,7 +1044,7 @@ def demo(
         ("attempts", str(result.attempts)),
         ("preemptions", str(result.preemptions)),
         ("stockouts met", str(result.stockouts)),  # creates refused for want of capacity, as the report counts them
-        *([("maintenance restarts", str(result.maintenance))] if tpu else []),
+        *([("maintenance restarts", str(result.maintenance))] if tpu else [("zero-gap recoveries", _zero_gap(result))]),
         ("failures", str(result.failures)),
         ("steps lost to preemption", str(result.steps_lost)),
         ("final loss", result.final_loss or "?"),
@@ -1022,6 +1063,15 @@ def demo(
         err.print("[red]the story did not come out right[/red]")
         raise typer.Exit(1)
     out.print("[bold green]✓ same weights as an uninterrupted run[/bold green]")
+
+
+def _zero_gap(result: Any) -> str:
+    """'2: trainer started 0.9s, 0.6s after the save': the recoveries that booted at a notice, and
+    how long after the save each resumed from its trainer started."""
+    from controller.render.handover_view import said
+
+    gaps = ", ".join("—" if s is None else said(s) for s in result.zero_gap_s)
+    return f"{result.zero_gap}" + (f": trainer started {gaps} after the save" if gaps else "")
 
 
 def _declared_name(raw: bytes) -> str | None:

@@ -5,7 +5,8 @@ Every open page polls, but no poll reaches the bucket itself: pages read the las
 that ask while one is under way wait for it and share it). It lists ``jobs/`` once, then
 reads only what changed since the last refresh, by the listing's generations: a job's
 status when a pass wrote it, its heartbeat when its VM beat (RUNNING jobs only, the first
-``MAX_LIVE_READS``). A job's latest checkpoint (its spec, then a listing of its checkpoint
+``MAX_LIVE_READS``), its ready record when rewritten (only a job with a standby booted at a
+preemption notice: when it reached its starting line). A job's latest checkpoint (its spec, then a listing of its checkpoint
 prefix; the status already read is passed in) is looked up again when its spec or status
 changes, or, for a RUNNING job whose heartbeat changed since, at most every
 ``CHECKPOINT_EVERY`` seconds; never for a finished job while nothing changes; at most
@@ -31,6 +32,8 @@ from controller.core.checkpoints import Found
 from controller.core.ports import BlobInfo
 from controller.core.spec import MAX_SPEC_BYTES
 from controller.core.state import JobStatus, Phase
+from controller.core.world import MAX_RECORD_BYTES
+from controller.render.handover_view import AtLine, at_line
 from controller.service.jobs import MAX_LIVE_READS, JobRow, Jobs
 
 CHECKPOINT_EVERY = 60.0  # seconds between two listings of one RUNNING job's checkpoints, nothing else changing
@@ -49,6 +52,7 @@ class JobView:
     checkpoint: Found | None = None
     checkpoint_error: str | None = None
     problem: str | None = None  # why its status could not be read this time (the row shows the last one read)
+    ready: AtLine | None = None  # its standby at the starting line, as its ready record says
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,8 @@ class _Kept:
     beat_at: float = float("-inf")  # when its heartbeat last changed (this clock)
     problem: str | None = None
     spec: tuple[int, bytes] | None = None  # (generation, text), read for the job page
+    ready: AtLine | None = None
+    ready_key: tuple[int, int] = (0, 0)  # (status, ready record) generations it was read at
 
 
 class Fleet:
@@ -145,6 +151,13 @@ class Fleet:
             beats = [job for job in running if self._beat_changed(job, listed[job])]
             for job, live in zip(beats, pool.map(lambda j: self._live(j, self._kept[j].status), beats)):
                 self._kept[job].live = live
+            # A standby's ready record, only for a job that has one accepted, only when it was rewritten.
+            standing = [job for job in listed if _standby(self._kept[job].status) and "ready" in listed[job]]
+            lines = [job for job in standing
+                     if (gens[job][1], listed[job]["ready"].generation) != self._kept[job].ready_key]
+            for job, ready in zip(lines, pool.map(lambda j: self._ready(j, self._kept[j].status), lines)):
+                kept = self._kept[job]
+                kept.ready, kept.ready_key = ready, (gens[job][1], listed[job]["ready"].generation)
             due = self._checkpoints_due(gens)
             for job, found in zip(due, pool.map(lambda j: self._checkpoint(j, self._kept[j].status), due)):
                 kept = self._kept[job]
@@ -155,7 +168,9 @@ class Fleet:
             row = JobRow(job, kept.status, "spec" in objects, "cancel" in objects)
             live = kept.live if job in running and "heartbeat" in objects else None
             checkpoint, problem = kept.checkpoint if gens[job][0] else (None, None)
-            views[job] = JobView(row, kept.status_generation, gens[job][0], live, checkpoint, problem, kept.problem)
+            ready = kept.ready if job in standing else None
+            views[job] = JobView(row, kept.status_generation, gens[job][0], live, checkpoint, problem, kept.problem,
+                                 ready)
         return Snapshot(views, self.wall())
 
     def _status(self, job: str) -> tuple[JobStatus | None, str | None]:
@@ -180,6 +195,16 @@ class Fleet:
         try:
             return self.jobs.live(job, status)
         except Exception:  # noqa: BLE001 - a trainer's odd beat never costs the page
+            return None
+
+    def _ready(self, job: str, status: JobStatus | None) -> AtLine | None:
+        """What the job's ready record says of its standby (``handover_view.at_line``), or None."""
+        if status is None:
+            return None
+        try:
+            blob = self.jobs.store.read(self.jobs.bucket, names.ready_key(job), limit=MAX_RECORD_BYTES)
+            return at_line(blob.info, blob.data, status)
+        except Exception:  # noqa: BLE001 - gone, too large, a trainer's odd record: the row says "booting"
             return None
 
     def _checkpoints_due(self, gens: dict[str, tuple[int, int]]) -> list[str]:
@@ -211,3 +236,7 @@ class Fleet:
 
 def _running(status: JobStatus | None) -> bool:
     return status is not None and status.phase == Phase.RUNNING
+
+
+def _standby(status: JobStatus | None) -> bool:
+    return status is not None and status.standby is not None and status.standby.inserted

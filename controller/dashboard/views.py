@@ -18,7 +18,7 @@ from controller.core import ledger
 from controller.core.durations import format_duration
 from controller.core.state import JobStatus, Phase
 from controller.dashboard.snapshot import JobView, Snapshot
-from controller.render import report, spec_text
+from controller.render import handover_view, report, spec_text
 from controller.render.amounts import dollars
 from controller.render.status_view import counted_down, live_step
 from controller.render.text import printable
@@ -41,11 +41,23 @@ def fleet_row(view: JobView, now: datetime) -> dict[str, Any]:
     row["goodput"] = total.model_dump(mode="json") if total else None
     row["live"] = view.live
     row["problem"] = view.problem
+    row["overlap"] = overlap(view)
     row["cells"] = {key: printable(text) for key, text in _cells(row, total, now).items()}
     row["sort"] = {"attempt": row["attempt"], "age": row["age_seconds"] or 0,
                    "goodput": total.goodput if total and total.goodput is not None else -1.0,
                    "cost": total.cost if total else 0.0}
     return row
+
+
+def overlap(view: JobView) -> str | None:
+    """While a job's next attempt boots beside it (a standby, at a preemption notice) or waits for its
+    trainer after the go: that, in one line (``handover_view.line``), in place of its last event.
+    Once its trainer started, the job page's summary says how soon (``report.zero_gap``)."""
+    status = view.row.status
+    if status is None or (status.standby is None and not status.held):
+        return None
+    step = view.live.get("step") if isinstance(view.live, dict) else None
+    return handover_view.line(view.row.job, status, view.ready, step if isinstance(step, int) else None)
 
 
 def _cells(row: dict[str, Any], total: ledger.Summary | None, now: datetime) -> dict[str, str]:
@@ -61,7 +73,8 @@ def _cells(row: dict[str, Any], total: ledger.Summary | None, now: datetime) -> 
         "age": format_duration(timedelta(seconds=age)) if isinstance(age, int) else "—",
         "goodput": "—" if total is None or total.goodput is None else f"{total.goodput:.1%}",
         "cost": _cost(total),
-        "event": f"{row['problem']} (showing the last one read)" if row.get("problem") else counted_down(row, now),
+        "event": f"{row['problem']} (showing the last one read)" if row.get("problem") else
+                 row.get("overlap") or counted_down(row, now),
     }
 
 
@@ -159,7 +172,7 @@ def job(view: JobView, snapshot: Snapshot, now: datetime, spec: tuple[int, bytes
             "history": [{"at": stamp(e.at), "event": e.event, "attempt": e.attempt, "detail": e.detail,
                          "text": printable(f"{stamp(e.at)}  #{e.attempt} {e.event}" + (f": {e.detail}" if e.detail else ""))}
                         for e in status.history],
-            "facts": [[printable(what), printable(figure)] for what, figure in report.facts(status, now, view.live)],
+            "facts": [[printable(what), printable(figure)] for what, figure in report.facts(status, now, view.live, view.row.job)],
             "attempts": [[printable(c) for c in row] for row in report.attempt_rows(status, now)],
             "losses": [[printable(c) for c in row] for row in report.loss_rows(status)]}
 

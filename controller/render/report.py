@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import io
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -97,9 +98,10 @@ def _percent(share: float | None) -> str:
     return "—" if share is None else f"{share:.1%}"
 
 
-def facts(status: JobStatus, now: datetime, live: dict[str, Any] | None = None) -> list[tuple[str, str]]:
+def facts(status: JobStatus, now: datetime, live: dict[str, Any] | None = None, job: str = "") -> list[tuple[str, str]]:
     """The summary, as (what, figure) lines; with ``live`` (``controller.service.jobs.Jobs.live``: the
-    running attempt's heartbeat), the step its trainer is at now and its latest save's times."""
+    running attempt's heartbeat), the step its trainer is at now and its latest save's times. A run
+    that recovered with zero gap, or has a standby now, has a line for it (``job`` names its VMs)."""
     book, total = status.ledger, ledger.summary(status.ledger, now)
     unit, k = _unit(total.accelerator_hours)
     return [
@@ -118,11 +120,37 @@ def facts(status: JobStatus, now: datetime, live: dict[str, Any] | None = None) 
         ("losses", f"{total.losses} ({book.totals.platform_losses} of the platform's); mean time between them "
                    f"{human(total.time_between_losses_s)}"),
         ("recoveries", _recoveries(book, total)),
+        *((("zero-gap", gap),) if (gap := zero_gap(job, status, live)) else ()),
         ("steps", _steps(total, _now_at(live, now))),
         ("checkpoint", f"advised every {human(status.checkpoint_every_s)} (Young/Daly); {_save(total)}"),
         ("save time from", _save_source(total)),
         *((("latest save", latest),) if (latest := _latest_save(live, now)) else ()),
     ]
+
+
+def zero_gap(job: str, status: JobStatus, live: dict[str, Any] | None = None) -> str | None:
+    """The run's recoveries that booted the next VM at a preemption notice, how long after the save
+    each resumed from its trainer started, the standbys withdrawn (paid for, all boot), and the
+    overlap now, if any; None for a run with none of these (``controller.render.handover_view``)."""
+    from controller.render import handover_view
+
+    parts = []
+    if hands := handover_view.handovers(job, status):
+        gaps = [seconds(h.downtime_s()) if h.downtime_s() is not None else "—" for h in hands]
+        one = len(hands) == 1
+        parts.append(f"{len(hands)} {'attempt' if one else 'attempts'} booted at the notice of the one before, "
+                     f"{'its trainer' if one else 'their trainers'} started {', '.join(gaps)} after the save "
+                     f"{'it' if one else 'each'} resumed from")
+    if gone := handover_view.withdrawn(status):
+        paid = sum((w.at - w.since).total_seconds() for w in gone)
+        parts.append(f"{len(gone)} standby withdrawn before its go ({human(paid)} of boot paid, no training)"
+                     if len(gone) == 1 else f"{len(gone)} standbys withdrawn before their go ({human(paid)} of boot "
+                     "paid, no training)")
+    step = live.get("step") if isinstance(live, dict) else None
+    if (status.standby is not None or status.held) and (now := handover_view.line(
+            job or "?", status, None, step if isinstance(step, int) else None)):
+        parts.append(f"now: {now}")  # booting beside it, or given the go: its trainer not started yet
+    return "; ".join(parts) or None
 
 
 def _now_at(live: dict[str, Any] | None, now: datetime) -> str | None:
@@ -272,7 +300,7 @@ def _kept_note(status: JobStatus) -> str | None:
 def render_text(job: str, status: JobStatus, now: datetime, live: dict[str, Any] | None = None) -> Group:
     """What ``respawn report`` prints. Every name and message is plain text, escaped."""
     head = Table(show_header=False, title=Text(f"respawn report: {printable(job)}"), title_justify="left")
-    for what, figure in facts(status, now, live):
+    for what, figure in facts(status, now, live, job):
         head.add_row(what, Text(printable(figure), overflow="fold"))  # a long word folds, never cut with "…"
     parts: list[Any] = [head, Grid("attempts", ATTEMPT_LAYOUTS, attempt_rows(status, now), _kept_note(status))]
     if losses := loss_rows(status):
@@ -421,11 +449,13 @@ def _drawn(job: str, status: JobStatus, now: datetime) -> bytes:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    lanes = _lanes(status.ledger)
-    fig = Figure(figsize=(12, 2.9 + 0.6 * len(lanes)), dpi=100, layout="constrained")
+    sides = side_bars(status, now)
+    lanes = _lanes(status.ledger, [(bar.start, bar.zone) for bar in sides])
+    room = 0.3 if sides or status.go_at or any(e.since and e.event == "launch" for e in status.history) else 0.0
+    fig = Figure(figsize=(12, 2.9 + room + 0.6 * len(lanes)), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
-    ax, key = fig.subplots(2, 1, height_ratios=(1.4 + 0.6 * len(lanes), 1.0))
-    bars = _bars(ax, status.ledger, lanes, now)
+    ax, key = fig.subplots(2, 1, height_ratios=(1.4 + 0.6 * len(lanes), 1.0 + room))
+    bars = _bars(ax, job, status, lanes, now, sides)
     steps = _checkpoints(ax, status.ledger)
     # The marks over everything, the checkpoint line's axes included.
     marks = _marks(steps[0].axes if steps else ax, ax, status.ledger, lanes)
@@ -434,18 +464,19 @@ def _drawn(job: str, status: JobStatus, now: datetime) -> bytes:
     if status.ledger.open is not None:
         events.append(ax.axvline(now, color="#999999", linestyle=":", linewidth=1, label="now"))
     _axes(ax, lanes, _title(job, status, now))
-    _legends(key, bars, events)
+    _legends(key, bars, events, 4 if room else 3)
     out = io.BytesIO()
     fig.savefig(out, format="png")
     return out.getvalue()
 
 
-def _legends(key: Axes, bars: list[Any], events: list[Any]) -> None:
-    """Under the timeline, side by side and top-aligned: the attempts' colours, then the events."""
+def _legends(key: Axes, bars: list[Any], events: list[Any], rows: int = 3) -> None:
+    """Under the timeline, side by side and top-aligned: the attempts' colours, then the events, in
+    columns of ``rows`` (4 where zero-gap recovery's entries make them wider)."""
     key.axis("off")
     for handles, title, where in ((bars, "attempts, by how they ended", "upper left"), (events, "events", "upper right")):
         if handles:
-            key.add_artist(key.legend(handles=handles, title=title, loc=where, ncol=(len(handles) + 2) // 3,
+            key.add_artist(key.legend(handles=handles, title=title, loc=where, ncol=-(-len(handles) // rows),
                                       frameon=False, alignment="left", borderaxespad=0))
 
 
@@ -457,9 +488,9 @@ class Lanes(dict[str, int]):
         return len(self) - 1
 
 
-def _lanes(book: ledger.Ledger) -> Lanes:
-    events = sorted([(s.start, s.zone or "?") for s in book.spans] + [(m.at, m.zone or "?") for m in book.marks],
-                    key=lambda e: e[0])
+def _lanes(book: ledger.Ledger, more: Sequence[tuple[datetime, str | None]] = ()) -> Lanes:
+    events = sorted([(s.start, s.zone or "?") for s in book.spans] + [(m.at, m.zone or "?") for m in book.marks]
+                    + [(at, zone or "?") for at, zone in more], key=lambda e: e[0])
     zones = list(dict.fromkeys(zone for _, zone in events)) or ["?"]
     if len(zones) > MAX_LANES:
         zones = [*zones[:MAX_LANES - 1], "other zones"]
@@ -477,36 +508,142 @@ def _title(job: str, status: JobStatus, now: datetime) -> str:
     return text.replace("$", r"\$")  # not mathtext
 
 
-def _bars(ax: Axes, book: ledger.Ledger, lanes: Lanes, now: datetime) -> list[Any]:
-    """Each attempt: booting (start to its trainer's start, else RUNNING) light and hatched, then
-    training solid, to its end or now; one whose boot is unknown light and cross-hatched whole."""
+BOOT_HATCH, UNKNOWN_HATCH, LINE_HATCH = "////", "xx", "...."
+WITHDRAWN_COLOUR, GO_COLOUR = "#7f7f7f", "#111111"
+
+
+@dataclass(frozen=True)
+class SideBar:
+    """A standby's VMs that are no attempt of the ledger (yet): the one booting now (``withdrawn``
+    False, to ``now``), or one withdrawn before its go, paid from Compute's acceptance for nothing."""
+
+    zone: str | None
+    start: datetime
+    end: datetime
+    withdrawn: bool
+
+
+def side_bars(status: JobStatus, now: datetime) -> list[SideBar]:
+    """The standby booting now and the withdrawn ones the history keeps, where their times can be
+    drawn (a hand-edited status's are left out, never the picture)."""
+    from controller.render import handover_view
+
+    bars = [SideBar(w.zone, w.since, w.at, True) for w in handover_view.withdrawn(status)]
+    sb = status.standby
+    if sb is not None and sb.inserted_at is not None and sb.inserted_at.utcoffset() is not None and sb.inserted_at <= now:
+        bars.append(SideBar(sb.zone, sb.inserted_at, now, False))
+    return [b for b in bars if all(t.utcoffset() is not None and DRAWN_FROM <= t < DRAWN_UNTIL for t in (b.start, b.end))]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One rectangle of the timeline: part of an attempt (or a standby) on its zone's lane, solid
+    (training) or hatched (``hatch``: booting; at the starting line; boot unknown), in the lower half
+    of its lane (``half``) where an attempt that began before it is still there."""
+
+    lane: int
+    start: datetime
+    end: datetime
+    colour: str
+    hatch: str | None
+    half: bool = False
+    attempt: int | None = None
+
+
+def pieces(job: str, status: JobStatus, lanes: Lanes, now: datetime,
+           sides: list[SideBar] | None = None) -> list[Piece]:
+    """The rectangles of the timeline, each attempt's in order, then the standbys': an attempt's
+    boot (to its trainer's start, else RUNNING) hatched, a standby's time from its acceptance at the
+    notice to its go hatched apart (it booted, then waited at its starting line), its training
+    solid, to its end or ``now``. Where a bar overlaps an attempt that began before it on the same
+    lane (a standby booted beside its attempt in the preempting zone), that part takes the lane's
+    lower half, so that both show."""
+    from controller.render import handover_view
+
+    goes = {h.attempt: h.go for h in handover_view.handovers(job, status)}
+    drawn: list[tuple[int, datetime, datetime]] = []  # (lane, start, end) of each attempt before
+    out: list[Piece] = []
+    for span in status.ledger.spans:
+        colour, y, end = OUTCOMES[outcome(span.cause)][1], lanes[span.zone or "?"], span.end or now
+        up = end if span.boot_unknown else max(span.start, min(ledger.boot_end(span, end) or end, end))
+        go = goes.get(span.attempt)
+        parts: list[tuple[datetime, datetime, str | None]] = []
+        if span.boot_unknown:
+            parts.append((span.start, up, UNKNOWN_HATCH))
+        elif go is not None and span.start < go < up:
+            parts += [(span.start, go, LINE_HATCH), (go, up, BOOT_HATCH)]
+        else:
+            parts.append((span.start, up, LINE_HATCH if go is not None else BOOT_HATCH))
+        parts.append((up, end, None))
+        covers = [(a, b) for lane, a, b in drawn if lane == y and a < span.start]
+        out += [p for a, b, hatch in parts if b > a for p in _split(y, a, b, colour, hatch, covers, span.attempt)]
+        drawn.append((y, span.start, end))
+    for bar in sides or []:
+        y = lanes[bar.zone or "?"]
+        colour, hatch = (WITHDRAWN_COLOUR, BOOT_HATCH) if bar.withdrawn else (OUTCOMES["running"][1], LINE_HATCH)
+        covers = [(a, b) for lane, a, b in drawn if lane == y and a < bar.start]
+        out += _split(y, bar.start, bar.end, colour, hatch, covers, None) if bar.end > bar.start else []
+    return out
+
+
+def _split(lane: int, start: datetime, end: datetime, colour: str, hatch: str | None,
+           covers: list[tuple[datetime, datetime]], attempt: int | None) -> list[Piece]:
+    """``start``..``end`` cut where ``covers`` (earlier bars of its lane) begin and end: the parts
+    under one of them in the lane's lower half."""
+    cuts = sorted({start, end, *(t for a, b in covers for t in (a, b) if start < t < end)})
+    return [Piece(lane, a, b, colour, hatch, any(x <= a and b <= y for x, y in covers), attempt)
+            for a, b in zip(cuts, cuts[1:])]
+
+
+def _bars(ax: Axes, job: str, status: JobStatus, lanes: Lanes, now: datetime, sides: list[SideBar]) -> list[Any]:
+    """Each attempt, and each standby beside one, as ``pieces`` says; its number where legible (at
+    the start of its solid part, white, else of its bar); each standby's go as a dark stroke."""
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    used: dict[str, None] = {}
-    unknown = False
+    from controller.render import handover_view
+
+    book = status.ledger
+    drawn = pieces(job, status, lanes, now, sides)
+    for p in drawn:
+        style = {"color": p.colour} if p.hatch is None else \
+            {"color": _light(p.colour), "edgecolor": p.colour, "hatch": p.hatch}
+        ax.barh(p.lane + (BAR / 4 if p.half else 0), p.end - p.start, left=p.start, height=BAR / 2 if p.half else BAR,
+                linewidth=0, zorder=3 if p.half else 2, **style)
     for span in book.spans:
-        kind = outcome(span.cause)
-        used[kind] = None
-        colour, y, end = OUTCOMES[kind][1], lanes[span.zone or "?"], span.end or now
-        up = end if span.boot_unknown else max(span.start, min(ledger.boot_end(span, end) or end, end))
-        if up > span.start:
-            unknown = unknown or span.boot_unknown
-            ax.barh(y, up - span.start, left=span.start, height=BAR, color=_light(colour), edgecolor=colour,
-                    hatch="xx" if span.boot_unknown else "////", linewidth=0, zorder=2)
-        ran = end > up
-        if ran:
-            ax.barh(y, end - up, left=up, height=BAR, color=colour, linewidth=0, zorder=2)
-        ax.vlines(span.start, y - BAR / 2, y + BAR / 2, color="white", linewidth=1.5, zorder=3)  # apart from the last
-        # Its number, where it is legible: at the start of its solid part (white), else of its boot.
-        ax.annotate(f"#{span.attempt}", xy=(up if ran else span.start, y), xytext=(3, 0), textcoords="offset points",
-                    va="center", fontsize=8, fontweight="bold", color="white" if ran else "#222222", zorder=3)
-    handles = [Patch(color=OUTCOMES[k][1], label=OUTCOMES[k][0]) for k in OUTCOMES if k in used]
+        own = [p for p in drawn if p.attempt == span.attempt]
+        if not own:
+            continue
+        first = own[0]
+        top, bottom = (first.lane, first.lane + BAR / 2) if first.half else (first.lane - BAR / 2, first.lane + BAR / 2)
+        ax.vlines(span.start, top, bottom, color="white", linewidth=1.5, zorder=4)  # apart from the last
+        solid = next((p for p in own if p.hatch is None), None)
+        at = solid or first
+        ax.annotate(f"#{span.attempt}", xy=(at.start, at.lane + (BAR / 4 if at.half else 0)), xytext=(3, 0),
+                    textcoords="offset points", va="center", fontsize=8, fontweight="bold",
+                    color="white" if solid else "#222222", zorder=5)
+    went = False
+    for hand in handover_view.handovers(job, status):
+        lane = next((p for p in drawn if p.attempt == hand.attempt and p.start <= hand.go <= p.end), None)
+        if lane is not None:
+            top = lane.lane if lane.half else lane.lane - BAR / 2
+            ax.vlines(hand.go, top, lane.lane + BAR / 2, color=GO_COLOUR, linewidth=1.5, zorder=4)
+            went = True
+    used = dict.fromkeys(outcome(s.cause) for s in book.spans)
+    handles: list[Any] = [Patch(color=OUTCOMES[k][1], label=OUTCOMES[k][0]) for k in OUTCOMES if k in used]
+    hatches = {p.hatch for p in drawn if p.hatch is not None and p.colour != WITHDRAWN_COLOUR}
     if book.spans:
-        handles.append(Patch(facecolor="#dddddd", edgecolor="#777777", hatch="////", linewidth=0,
-                             label="booting (until the trainer started)"))
-    if unknown:
-        handles.append(Patch(facecolor="#dddddd", edgecolor="#777777", hatch="xx", linewidth=0,
-                             label="boot unknown (ended between passes)"))
+        hatches.add(BOOT_HATCH)
+    for hatch, label in ((BOOT_HATCH, "booting (until the trainer started)"),
+                         (LINE_HATCH, "booted at a notice, held until the go"),
+                         (UNKNOWN_HATCH, "boot unknown (ended between passes)")):
+        if hatch in hatches:
+            handles.append(Patch(facecolor="#dddddd", edgecolor="#777777", hatch=hatch, linewidth=0, label=label))
+    if any(p.colour == WITHDRAWN_COLOUR for p in drawn):
+        handles.append(Patch(facecolor=_light(WITHDRAWN_COLOUR), edgecolor=WITHDRAWN_COLOUR, hatch=BOOT_HATCH,
+                             linewidth=0, label="standby withdrawn: paid, all boot"))
+    if went:
+        handles.append(Line2D([], [], color=GO_COLOUR, linewidth=1.5, label="the go (the old save is in)"))
     return handles
 
 
@@ -599,7 +736,7 @@ def page(job: str, status: JobStatus, now: datetime, picture: bytes, live: dict[
         f"<h1>respawn report: {name}</h1>",
         f'<img alt="{alt}" src="data:image/png;base64,{image}">',
         '<h2>summary</h2><table class="facts">',
-        *(f"<tr><th>{_h(what)}</th><td>{_h(figure)}</td></tr>" for what, figure in facts(status, now, live)),
+        *(f"<tr><th>{_h(what)}</th><td>{_h(figure)}</td></tr>" for what, figure in facts(status, now, live, job)),
         "</table>", "<h2>attempts</h2>", _html_table(ATTEMPT_COLUMNS, attempt_rows(status, now), _kept_note(status)),
         *(["<h2>losses</h2>", _html_table(LOSS_COLUMNS, losses)] if (losses := loss_rows(status)) else []),
         *(["<h2>losses by zone</h2>", _html_table(ZONE_COLUMNS, zones)] if zones else []),

@@ -34,7 +34,9 @@ the terminal, which wraps it (``--watch``'s Live crops it at the edge instead).
 
 Each job's last event goes on its own indented line(s) under its row, wrapped between
 words; the narrow view keeps two lines at most and ends a longer one with ``…`` after
-a whole word. Everything from a user or the cloud is printed as plain text with control
+a whole word. A job recovering with zero gap has one more line above it, its ``overlap``
+(``controller.render.handover_view``: "demo-3 booting in us-central1-b while demo-2 saves"),
+wrapped the same way. Everything from a user or the cloud is printed as plain text with control
 characters escaped (``controller.render.text.printable``).
 """
 
@@ -259,13 +261,15 @@ class StatusView:
         rows = _stamped(self.rows, now)
         keys = layout(rows, width, self.wide)
         lines = columns([COLUMNS[k][0] for k in keys], [[COLUMNS[k][1](r) for k in keys] for r in rows])
-        said = [printable(counted_down(r, now)) for r in self.rows]
+        # Under each row: its overlap (a standby booting beside it, started from its save), then its last event.
+        said = [[text for text in (printable(r.get("overlap") or ""), printable(counted_down(r, now))) if text]
+                for r in self.rows]
         room = width - cell_len(EVENT_INDENT)
-        events = [wrap(s, room, None if self.wide else EVENT_LINES) for s in said]
+        events = [_under(texts, room, None if self.wide else EVENT_LINES) for texts in said]
         if self.fit_height:
             spare = options.size.height - len(lines) - sum(len(console.render_lines(n, options)) for n in self.notes)
             if sum(map(len, events)) > spare:
-                events = [wrap(s, room, 1) for s in said]
+                events = [_under(texts, room, 1) for texts in said]
             if sum(map(len, events)) > spare:
                 events = [[] for _ in said]
         yield lines[0]
@@ -274,6 +278,11 @@ class StatusView:
             for part in event:
                 yield Text(EVENT_INDENT + part, no_wrap=True, overflow="ignore")
         yield from self.notes
+
+
+def _under(texts: Sequence[str], width: int, max_lines: int | None) -> list[str]:
+    """Each of ``texts`` wrapped in at most ``max_lines`` lines of ``width``, one after the other."""
+    return [part for text in texts for part in wrap(text, width, max_lines)]
 
 
 class Note:

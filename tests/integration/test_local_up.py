@@ -32,7 +32,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     reading), and the exports of the file it named."""
     shell = {k: v for k, v in os.environ.items() if not k.startswith(("RESPAWN_", "CLOUDSDK_", "STORAGE_EMULATOR"))}
     folder = tmp_path_factory.mktemp("respawn-local")
-    with Terminal([sys.executable, "-m", "controller.cli", "local", "up", "--tick", "2", "--preemption-notice", "5",
+    with Terminal([sys.executable, "-m", "controller.cli", "local", "up", "--tick", "2", "--preemption-notice", "3",
                    "--dir", str(folder)], {**shell, "COLUMNS": "200"}, tmp_path_factory.mktemp("terminal-1")) as up:
         [source] = [line.split(maxsplit=1)[1].strip() for line in up.lines if line.startswith("source ")]
         exports = [line for line in Path(source).read_text().splitlines() if line.startswith("export ")]
@@ -115,7 +115,8 @@ def test_respawn_heals_a_job_preempted_from_another_terminal(up, tmp_path):
     spec.write_text("zones: [us-central1-a, us-central1-b]\n"
                     "machine_type: g2-standard-8\n"
                     f"command: python {REPO_ROOT}/examples/trainer.py\n"
-                    'env: {TRAIN_STEPS: "300", CHECKPOINT_EVERY: "30", STEP_SECONDS: "0.03"}\n'
+                    # Longer than the preemption's 12 s notice (the old VM trains on through it).
+                    'env: {TRAIN_STEPS: "900", CHECKPOINT_EVERY: "30", STEP_SECONDS: "0.03"}\n'
                     "checkpoint: {uri: gs://respawn-local/checkpoints/mine}\n"
                     "placement: ordered\n")
 

@@ -1094,3 +1094,78 @@ def test_metrics_parse_with_prometheus_clients_parser_and_say_the_fleets_figures
     assert {f.type for f in families.values()} == {"gauge"}
     assert ("respawn_job_goodput_ratio", (("job", EVIL_JOB),)) in samples
     assert "respawn_goodput_ratio" in families and "respawn_accelerator_hours_week" in families
+
+
+# -- zero-gap recovery: the standby beside the attempt it replaces (issue 34) -------------------------
+
+def _noticed(h: Harness) -> None:
+    """``train`` RUNNING in us-central1-a, its trainer at step 153; its VM's preemption notice boots
+    train-2 beside it in us-central1-b."""
+    h.submit("train", spec_doc(zones=["us-central1-a", "us-central1-b", "us-central1-c"]))
+    h.tick()
+    h.tick()
+    h.heartbeat("train", step=153)
+    h.notice("train")
+    h.tick("train")
+    assert h.status("train").standby is not None
+
+
+def test_a_standby_booting_beside_its_job_is_its_rows_event_then_its_line_since_its_ready_record(h):
+    _noticed(h)
+    clock = Ticks()
+    client, _, _ = _dashboard(h, clock=clock)
+    (row,) = client.get("/api/jobs", base_url=BASE).get_json()["jobs"]
+    assert row["cells"]["event"] == "train-2 booting in us-central1-b while train-1 saves (its trainer at step 153)"
+    since = h.clock.now()
+    h.ready("train", waiting_since=since)
+    clock.t += 5
+    (row,) = client.get("/api/jobs", base_url=BASE).get_json()["jobs"]
+    assert row["cells"]["event"] == f"train-2 at the starting line since {since:%H:%M:%S} UTC, waiting for train-1's save"
+    page = client.get("/", base_url=BASE).get_data(as_text=True)
+    assert f">{html.escape(row['cells']['event'])}</td>" in page
+
+
+def test_a_jobs_ready_record_is_read_only_while_it_has_a_standby_and_only_when_rewritten(h):
+    _noticed(h)
+    h.ready("train", waiting_since=h.clock.now())
+    clock = Ticks()
+    client, _, _ = _dashboard(h, clock=clock)
+    client.get("/api/jobs", base_url=BASE)
+    h.store.calls.clear()
+    clock.t += 5
+    client.get("/api/jobs", base_url=BASE)
+    assert ("read", names.ready_key("train")) not in _reads(h)  # the same record: not read again
+    h.ready("train", waiting_since=h.clock.now())  # its next poke
+    h.store.calls.clear()
+    clock.t += 5
+    client.get("/api/jobs", base_url=BASE)
+    assert _reads(h).count(("read", names.ready_key("train"))) == 1
+    h.submit("plain")
+    h.tick("plain")
+    h.store.put(BUCKET, names.ready_key("plain"), "{}")  # a job without a standby: its record is never read
+    h.store.calls.clear()
+    clock.t += 5
+    client.get("/api/jobs", base_url=BASE)
+    assert ("read", names.ready_key("plain")) not in _reads(h)
+
+
+def test_the_job_page_summary_says_the_overlap_and_once_started_how_soon_after_the_save(h):
+    from controller.core.ports import InstanceStatus
+
+    _noticed(h)
+    clock = Ticks()
+    client, _, _ = _dashboard(h, clock=clock)
+    facts = dict(client.get("/api/jobs/train", base_url=BASE).get_json()["facts"])
+    assert facts["zero-gap"] == "now: train-2 booting in us-central1-b while train-1 saves (its trainer at step 153)"
+    h.checkpoint(160)
+    h.compute.set_status("train-1", InstanceStatus.STOPPING)
+    h.marker("train")
+    h.tick("train")
+    h.advance(seconds=2)
+    h.heartbeat("train", trainer_started=h.clock.now())
+    h.tick("train")
+    clock.t += 5
+    data = client.get("/api/jobs/train", base_url=BASE).get_json()
+    assert dict(data["facts"])["zero-gap"] == ("1 attempt booted at the notice of the one before, its trainer started "
+                                               "2s after the save it resumed from")
+    assert data["cells"]["event"].startswith("running: train-2 past the starting line")

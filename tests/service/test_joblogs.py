@@ -304,3 +304,61 @@ def test_logs_serial_never_asks_compute_in_a_project_a_forged_status_names_and_s
     h.store.put(BUCKET, names.status_key("j"), json.dumps(forged))
     result = CliRunner().invoke(main.app, ["logs", "j", "--serial"])
     assert result.exit_code == 0 and asked == [PROJECT], result.output
+
+
+# -- zero-gap recovery: each attempt's header says how it stood beside another (issue 34) ------------
+
+def _zero_gap() -> Harness:
+    """demo-1 in us-central1-a gets a preemption notice: demo-2 boots beside it in us-central1-b."""
+    h = Harness()
+    h.submit("demo", spec_doc(zones=["us-central1-a", "us-central1-b", "us-central1-c"]))
+    h.tick()
+    h.tick()
+    h.notice("demo")
+    h.tick("demo")
+    return h
+
+
+def _headers(h: Harness) -> list[str]:
+    from tests.harness import PROJECT
+
+    live = h.compute.list_managed([PROJECT], "demo").instances
+    return [line for a in joblogs.attempts("demo", h.status("demo"), live) for line in a.header().splitlines()]
+
+
+def test_a_standbys_logs_are_headed_as_the_standby_booted_at_the_old_attempts_notice():
+    h = _zero_gap()
+    accepted = h.status("demo").standby.inserted_at
+    assert _headers(h) == ["── attempt 1: demo-1 in us-central1-a (running) ──",
+                           "── attempt 2: demo-2 in us-central1-b (standby) ──",
+                           f"   booted from {accepted:%H:%M:%S} at demo-1's notice; waits at the starting line"]
+
+
+def test_a_standby_given_the_go_is_headed_with_when_and_from_which_step_within_80_columns():
+    from controller.core.ports import InstanceStatus
+
+    h = _zero_gap()
+    h.advance(seconds=40)
+    h.checkpoint(1200)
+    h.compute.set_status("demo-1", InstanceStatus.STOPPING)
+    h.marker("demo")
+    h.tick("demo")
+    st = h.status("demo")
+    headers = _headers(h)
+    assert headers[1:] == ["── attempt 2: demo-2 in us-central1-b (provisioning) ──",
+                           f"   booted from {st.inserted_at:%H:%M:%S} at demo-1's notice; the go at {st.go_at:%H:%M:%S}, "
+                           "from step 1,200"]
+    assert all(len(line) <= 80 for line in headers), headers
+
+
+def test_a_withdrawn_standby_still_listed_is_headed_as_one_that_never_ran_a_trainer():
+    from tests.harness import PROJECT
+
+    h = _zero_gap()
+    h.advance(seconds=120 + 36)  # demo-1 still RUNNING past the line's bound: the notice came to nothing
+    live = h.compute.list_managed([PROJECT], "demo").instances  # as listed before its delete landed
+    h.tick("demo")
+    runs = joblogs.attempts("demo", h.status("demo"), live)
+    assert h.status("demo").withdrawn == 2
+    assert runs[1].header().splitlines() == ["── attempt 2: demo-2 in us-central1-b (withdrawn standby) ──",
+                                             f"   withdrawn at {h.clock.now():%H:%M:%S}, before its go: no trainer ran"]

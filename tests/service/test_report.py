@@ -437,3 +437,147 @@ def test_any_ledger_a_hand_edit_can_write_gives_a_picture_never_an_exception(spa
     picture = report.timeline("hand", JobStatus(phase=Phase.RUNNING, ledger=book), now)
     assert picture.png.startswith(b"\x89PNG")
     assert picture.note is None or (picture.note.startswith("timeline not drawn: ") and "\n" not in picture.note)
+
+
+# -- zero-gap recovery: the standby beside the attempt it replaces (issue 34) -------------------------
+
+def zero_gap_run() -> Harness:
+    """Attempt 1 in A: at 55 min its VM's preemption notice boots attempt 2 in B beside it; its save
+    (step 200) is in 110 s later and attempt 2 gets the go, its trainer starting 3 s after. At 1h35m
+    attempt 2's notice, with A stocked out, boots attempt 3 in B too (the preempting zone, last); the
+    go 100 s later. At 2h05m a notice comes to nothing (attempt 4 withdrawn, 160 s of boot paid), and
+    at 2h35m another boots attempt 5 in A, 40 s before the picture is drawn."""
+    from controller.core.ports import InstanceStatus
+
+    h = Harness()
+    h.submit("llm", spec_doc(zones=[A, B]))
+    h.tick()
+    h.advance(minutes=3)
+    h.tick()
+
+    def beat_until(minutes: float) -> None:
+        while h.clock.now() < T0 + timedelta(minutes=minutes):
+            h.advance(minutes=1)
+            h.heartbeat("llm", trainer_started=h.clock.now() if h.status("llm").attempt == 1 else None)
+            h.tick("llm")
+
+    def noticed_then_saved(step: int, save_after_s: float) -> None:
+        h.notice("llm")
+        h.tick("llm")
+        h.advance(seconds=save_after_s)
+        h.checkpoint(step)
+        h.compute.set_status(h.status("llm").instances[0], InstanceStatus.STOPPING)
+        h.marker("llm")
+        h.tick("llm")
+        h.advance(seconds=3)
+        h.heartbeat("llm", trainer_started=h.clock.now())
+        h.tick("llm")
+
+    beat_until(55)
+    noticed_then_saved(200, 110)
+    beat_until(95)
+    h.compute.stockouts.add(A)
+    noticed_then_saved(300, 100)
+    h.compute.stockouts.clear()
+    beat_until(125)
+    h.notice("llm")
+    h.tick("llm")
+    h.advance(seconds=160)
+    h.tick("llm")  # still RUNNING past the line's bound: withdrawn
+    beat_until(155)
+    h.notice("llm")
+    h.tick("llm")
+    h.advance(seconds=40)
+    return h
+
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)  # the harness's clock at its start
+
+
+@pytest.fixture(scope="module")
+def gapless() -> Harness:
+    return zero_gap_run()
+
+
+def test_the_summary_says_which_attempts_booted_at_a_notice_and_how_soon_their_trainers_started(gapless):
+    st = gapless.status("llm")
+    assert [s.attempt for s in st.ledger.spans] == [1, 2, 3] and st.standby is not None and st.standby.attempt == 5
+    said = dict(report.facts(st, gapless.clock.now(), job="llm"))["zero-gap"]
+    assert table_row(text_of(report.render_text("llm", st, gapless.clock.now())), "zero-gap")[1] in said
+    assert said == ("2 attempts booted at the notice of the one before, their trainers started 3s, 3s after "
+                           "the save each resumed from; 1 standby withdrawn before its go (2m40s of boot paid, no "
+                           "training); now: llm-5 booting in us-central1-a while llm-3 saves"), said
+
+
+def test_a_run_that_never_had_a_standby_has_no_zero_gap_line(day):
+    assert all(what != "zero-gap" for what, _ in report.facts(day.status("llm"), day.clock.now(), job="llm"))
+
+
+def test_the_timeline_draws_the_standbys_boot_and_time_at_the_line_under_the_old_attempts_save(gapless):
+    st, now = gapless.status("llm"), gapless.clock.now()
+    lanes = report._lanes(st.ledger, [(b.start, b.zone) for b in report.side_bars(st, now)])
+    drawn = report.pieces("llm", st, lanes, now, report.side_bars(st, now))
+    one, two = st.ledger.spans[0], st.ledger.spans[1]
+    at_line = [p for p in drawn if p.attempt == 2 and p.hatch == report.LINE_HATCH]
+    (held,) = at_line
+    go = next(e.at for e in st.history if e.event == "launch" and e.attempt == 2)
+    # From Compute's acceptance at attempt 1's notice to the go, on B's lane, while attempt 1 still runs in A.
+    assert (held.start, held.end, held.lane) == (two.start, go, lanes[B]) and held.start < one.end
+    assert any(p.attempt == 1 and p.hatch is None and p.start <= held.start and one.end <= p.end for p in drawn)
+    assert not held.half  # alone on its lane
+
+
+def test_a_standby_in_the_preempting_zones_lane_takes_its_lower_half_while_both_are_there(gapless):
+    st, now = gapless.status("llm"), gapless.clock.now()
+    lanes = report._lanes(st.ledger)
+    drawn = [p for p in report.pieces("llm", st, lanes, now) if p.attempt == 3]
+    two = st.ledger.spans[1]
+    assert {p.lane for p in drawn} == {lanes[B]}
+    assert [p.half for p in drawn if p.end <= two.end] == [True] and all(not p.half for p in drawn if p.start >= two.end)
+    assert all(not p.half for p in report.pieces("llm", st, lanes, now) if p.attempt == 2)  # the old one keeps its lane
+
+
+def test_a_withdrawn_standby_is_drawn_as_paid_boot_and_the_standby_booting_now_up_to_now(gapless, tmp_path):
+    st, now = gapless.status("llm"), gapless.clock.now()
+    sides = report.side_bars(st, now)
+    assert [(b.zone, b.end - b.start, b.withdrawn) for b in sides] == [
+        (A, timedelta(seconds=160), True), (A, timedelta(seconds=40), False)]
+    assert sides[1].end == now
+    png = image.imread(report.draw("llm", st, now, tmp_path / "gapless.png"))
+    assert len(colour_pixels(png, report._light(report.WITHDRAWN_COLOUR))) > 600  # its bar, not only its legend swatch
+    assert len(colour_pixels(png, report.GO_COLOUR)) > 0
+
+
+def test_a_standby_whose_times_a_hand_edit_broke_is_left_out_of_the_picture_not_the_picture(gapless, tmp_path):
+    st, now = gapless.status("llm"), gapless.clock.now()
+    naive = st.standby.model_copy(update={"inserted_at": datetime(2026, 1, 1)})  # no time zone
+    broken = st.model_copy(update={"standby": naive})
+    assert [b.withdrawn for b in report.side_bars(broken, now)] == [True]  # the standby is left out
+    assert report.timeline("llm", broken, now).note is None
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events=hs.lists(hs.fixed_dictionaries({"at": _TIMES, "since": _TIMES, "attempt": hs.integers(1, 3),
+                                              "event": hs.sampled_from(["launch", "standby-withdrawn"]),
+                                              "zone": hs.sampled_from([A, B, None]),
+                                              "instance": hs.sampled_from(["hand-2", "hand-3-n1", "x", None]),
+                                              "detail": hs.sampled_from(["giving the go to hand-2", "?"])}),
+                       max_size=3),
+       spans=hs.lists(hs.fixed_dictionaries({"attempt": hs.integers(1, 3), "zone": hs.sampled_from([A, B]),
+                                             "start": _TIMES},
+                                            optional={"end": _TIMES, "trainer_started": _TIMES,
+                                                      "resumed_saved_at": _TIMES}), max_size=3),
+       standby=hs.one_of(hs.none(), _TIMES), go=hs.one_of(hs.none(), _TIMES), now=_TIMES)
+def test_any_standby_a_hand_edit_can_write_gives_a_picture_and_a_summary_never_an_exception(
+        events, spans, standby, go, now):
+    from controller.core.state import Standby
+
+    sb = None if standby is None else Standby(attempt=3, project="p", zone=A, instances=("hand-3",), token="t",
+                                              provisioning="spot", since=standby, until=standby, cause="?",
+                                              inserted=True, inserted_at=standby)
+    st = JobStatus.model_validate({"phase": "RUNNING", "attempt": 2, "instances": ["hand-2"], "history": events,
+                                   "ledger": {"spans": spans}}).model_copy(update={"standby": sb, "go_at": go})
+    picture = report.timeline("hand", st, now)
+    assert picture.png.startswith(b"\x89PNG")
+    assert picture.note is None or (picture.note.startswith("timeline not drawn: ") and "\n" not in picture.note)
+    report.facts(st, now, job="hand")

@@ -10,6 +10,7 @@ word when the narrow view cut it.
 from __future__ import annotations
 
 import io
+import json
 import re
 from datetime import UTC, datetime, timedelta
 
@@ -399,3 +400,127 @@ def test_a_jobs_row_counts_its_terminating_maintenance():
     h.tick()
     row = JobRow("a", h.status("a"), True, False).as_dict(h.clock.now(), {})
     assert (row["maintenance"], row["preemptions"]) == (1, 0)
+
+
+# -- zero-gap recovery: the next attempt booting beside the one being preempted (issue 34) ----------
+
+THREE_ZONES = ["us-central1-a", "us-central1-b", "us-central1-c"]
+
+
+def noticed(h: Harness, step: int = 153) -> None:
+    """``demo`` running in us-central1-a, its trainer at ``step`` (its heartbeat), then its VM's
+    preemption notice: the standby demo-2 is inserted beside it, in us-central1-b."""
+    from tests.harness import spec_doc
+
+    h.submit("demo", spec_doc(zones=THREE_ZONES))
+    h.tick()
+    h.tick()
+    h.checkpoint(140)
+    h.heartbeat("demo", trainer_started=h.clock.now(), step=step)
+    h.tick("demo")
+    h.notice("demo")
+    h.tick("demo")
+    assert h.status("demo").standby is not None and h.status("demo").standby.inserted
+
+
+def given_the_go(h: Harness, saved: int = 160, after_save_s: float = 4.2) -> None:
+    """The old VM's save lands, its shutdown script writes the marker: the go. Its trainer starts
+    ``after_save_s`` after the save was complete."""
+    from controller.core.ports import InstanceStatus
+
+    h.advance(seconds=30)
+    h.checkpoint(saved)
+    h.compute.set_status("demo-1", InstanceStatus.STOPPING)
+    h.marker("demo")
+    h.tick("demo")
+    assert h.status("demo").held
+    h.advance(seconds=after_save_s)
+    h.heartbeat("demo", trainer_started=h.clock.now())
+    h.tick("demo")
+
+
+def status_lines(h: Harness, monkeypatch, *args: str, columns: int = 80) -> list[str]:
+    monkeypatch.setenv("COLUMNS", str(columns))
+    result = runner.invoke(app, ["status", *args])
+    assert result.exit_code == 0, result.output
+    assert all(len(line) <= columns for line in result.output.splitlines()), result.output
+    return result.output.splitlines()
+
+
+def test_a_standby_booting_beside_its_job_is_its_own_line_above_the_last_event(mem, monkeypatch):
+    noticed(mem)
+    lines = status_lines(mem, monkeypatch)
+    under = [line.removeprefix(view.EVENT_INDENT) for line in lines[2:4]]
+    assert under[0] == "demo-2 booting in us-central1-b while demo-1 saves (its trainer at step 153)"
+    assert under[1].startswith("standby-inserted: Compute accepted demo-2 in us-central1-b")
+
+
+def test_a_standby_at_its_line_says_since_when_its_ready_record_says(mem, monkeypatch):
+    noticed(mem)
+    mem.advance(seconds=7)
+    mem.ready("demo", waiting_since=mem.clock.now())
+    mem.advance(seconds=20)  # rewritten every 10 s: its own time is not when it got there
+    mem.ready("demo", waiting_since=mem.clock.now() - timedelta(seconds=20))
+    since = f"{mem.clock.now() - timedelta(seconds=20):%H:%M:%S}"
+    assert f"    demo-2 at the starting line since {since} UTC, waiting for demo-1's save" in status_lines(mem, monkeypatch)
+
+
+def test_a_ready_record_that_is_not_the_standbys_own_changes_nothing(mem, monkeypatch):
+    noticed(mem)
+    mem.ready("demo", token="forged", waiting_since=mem.clock.now())
+    assert "    demo-2 booting in us-central1-b while demo-1 saves (its trainer at step 153)" in \
+        status_lines(mem, monkeypatch)
+
+
+def test_one_jobs_status_says_what_its_standbys_go_waits_for_and_when_it_is_withdrawn(mem, monkeypatch):
+    noticed(mem)
+    until = mem.status("demo").standby.until
+    text = " ".join(" ".join(status_lines(mem, monkeypatch, "demo")).split())
+    assert (f"demo-2 gets the go once demo-1's save is in: its marker, or its VMs down, or {until:%H:%M:%S} UTC "
+            "if demo-1 is on its way down by then; still RUNNING then, demo-1 was not preempted and demo-2 is "
+            "withdrawn") in text
+
+
+def test_given_the_go_the_row_says_from_which_step_until_its_trainer_starts(mem, monkeypatch):
+    from controller.core.ports import InstanceStatus
+
+    noticed(mem)
+    mem.checkpoint(160)
+    mem.compute.set_status("demo-1", InstanceStatus.STOPPING)
+    mem.marker("demo")
+    mem.tick("demo")
+    go = mem.status("demo").go_at
+    assert f"    demo-2 given the go at {go:%H:%M:%S} UTC, to start from step 160" in status_lines(mem, monkeypatch)
+
+
+def test_once_started_the_row_says_the_step_and_how_long_after_the_old_attempts_save(mem, monkeypatch):
+    noticed(mem)
+    given_the_go(mem, saved=160, after_save_s=4.2)
+    lines = status_lines(mem, monkeypatch)
+    assert "    demo-2 started from step 160, 4.2s after demo-1's save" in lines
+    assert any(line.startswith("    running: demo-2 past the starting line") for line in lines)
+
+
+def test_the_json_rows_carry_the_overlap_and_a_job_without_one_has_none(mem):
+    noticed(mem)
+    mem.submit("plain")
+    mem.tick()
+    rows = {r["job"]: r for r in json.loads(runner.invoke(app, ["status", "--json"]).stdout)}
+    assert rows["demo"]["overlap"] == "demo-2 booting in us-central1-b while demo-1 saves (its trainer at step 153)"
+    assert rows["demo"]["standby_waits"].startswith("demo-2 gets the go once demo-1's save is in")
+    assert rows["plain"]["overlap"] is None and rows["plain"]["standby_waits"] is None
+
+
+@pytest.mark.parametrize("width", [60, 80])
+def test_a_long_overlap_wraps_between_words_and_watch_squeezes_it_like_the_events(width):
+    overlap = "a-long-job-name-7 booting in northamerica-northeast1-b while a-long-job-name-6 saves"
+    row = {**TYPICAL[2], "overlap": overlap}
+    console = Console(width=width, height=40, record=True, color_system=None, file=io.StringIO())
+    console.print(view.StatusView([row]))
+    under = [l.removeprefix(view.EVENT_INDENT) for l in console.export_text().splitlines()[2:]]
+    assert " ".join(under).startswith(overlap) and all(len(l) <= width - len(view.EVENT_INDENT) for l in under)
+    for height, under_rows in ((6, 3), (4, 0)):  # one line each for the overlap and the event, then none
+        short = Console(width=width, height=height, record=True, color_system=None, file=io.StringIO())
+        short.print(view.watched([row, TYPICAL[0]]))
+        drawn = short.export_text().splitlines()
+        assert len([l for l in drawn if l.startswith(view.EVENT_INDENT)]) == under_rows, drawn

@@ -82,12 +82,12 @@ def test_the_controllers_message_is_never_read_as_markup():
 
 
 def test_the_storys_own_markup_still_styles_and_wraps_between_words():
-    text = ("[red]preempting demo-1 hard[/red] at step 12: no checkpoint yet, and the guest never runs its "
-            "shutdown script (no marker)")
+    text = ("[red]preempting demo-1 hard[/red] at step 12, with no notice: no checkpoint yet, and the guest never "
+            "runs its shutdown script (no marker)")
     lines = printed(event_line(3.2, text))
     assert lines[0].startswith("   3.2s preempting demo-1 hard at step 12")
-    assert " ".join(" ".join(lines).split()) == ("3.2s preempting demo-1 hard at step 12: no checkpoint yet, and the "
-                                                "guest never runs its shutdown script (no marker)")
+    assert " ".join(" ".join(lines).split()) == ("3.2s preempting demo-1 hard at step 12, with no notice: no checkpoint "
+                                                "yet, and the guest never runs its shutdown script (no marker)")
 
 
 def test_the_demos_line_for_a_launch_in_a_zone_just_stocked_out_does_not_claim_its_advice():
@@ -110,3 +110,43 @@ def test_the_demos_line_for_a_launch_in_a_zone_just_stocked_out_does_not_claim_i
     words = " ".join(" ".join(printed(event_line(9.9, status_line(launched)))).split())
     assert "creating demo-3 in us-central1-a" in words and "obtainability 0.90" not in words, words
     assert "stocked out 20s ago: capacity advice set aside" in words, words
+
+
+# -- zero-gap recovery: the story says each standby's stages, once each (issue 34) ------------------
+
+def test_the_story_says_each_stage_of_a_standby_once_and_never_one_it_has_passed():
+    from controller.core import names
+    from controller.core.ports import InstanceStatus
+    from controller.render import handover_view
+    from localcloud.demo import Overlaps
+    from tests.harness import BUCKET, Harness, spec_doc
+
+    h = Harness()
+    h.submit("demo", spec_doc(zones=["us-central1-a", "us-central1-b"]))
+    h.tick()
+    h.tick()
+    story = Overlaps("demo")
+    assert story.said(h.status("demo"), None, 40) is None  # no standby: nothing to say
+    h.notice("demo")
+    h.tick("demo")
+    st = h.status("demo")
+    assert story.said(st, None, 96) == "demo-2 booting in us-central1-b while demo-1 saves (its trainer at step 96)"
+    assert story.said(st, None, 99) is None  # said once
+    h.ready("demo", waiting_since=h.clock.now())
+    blob = h.store.read(BUCKET, names.ready_key("demo"))
+    ready = handover_view.at_line(blob.info, blob.data, st)
+    assert story.said(st, ready, 99) == f"demo-2 at the starting line since {h.clock.now():%H:%M:%S} UTC, waiting for demo-1's save"
+    assert story.said(st, None, 99) is None  # booting again? never: it was at its line
+    h.checkpoint(159)
+    h.compute.set_status("demo-1", InstanceStatus.STOPPING)
+    h.marker("demo")
+    h.tick("demo")
+    assert story.said(h.status("demo"), None, None) is None  # given the go: the status line says it
+    h.advance(seconds=1)
+    h.heartbeat("demo", trainer_started=h.clock.now())
+    h.tick("demo")
+    said = story.said(h.status("demo"), None, None)
+    assert said == "demo-2 started from step 159, 1.0s after demo-1's save"
+    lines = printed(event_line(21.7, said))
+    assert len(lines) == 1 and len(lines[0]) <= 80  # each stage's line fits 80 columns in the demo
+    assert story.said(h.status("demo"), None, None) is None
