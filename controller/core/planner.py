@@ -585,7 +585,7 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
     if model != t.model_of(spec, st):
         fresh = t.switch_model(fresh, spec, model, now)
         why = f"{why}; {fresh.message}"
-    nodes = names.node_names(v.job, st.attempt + 1, spec.nodes)
+    nodes = names.node_names(v.job, t.next_attempt(st), spec.nodes)
     nxt = t.begin_attempt(fresh, spec, _project(spec, ctx), zone, nodes, v.checkpoint, now, why,
                           v.spec_generation, ctx.new_token(), model, v.advice_for(model))
     # What is left of the previous attempt is down, or stuck on its way down: its deletes
