@@ -126,12 +126,14 @@ class Harness:
         self.store.put(BUCKET, names.notice_key(job), json.dumps(body))
 
     def ready(self, job: str, token: str | None = None, waiting_since: datetime | None = None) -> None:
-        """A standby's rank 0 at the starting line (its ready record, with the standby's own secret),
-        since ``waiting_since`` where given (RFC 3339, as the agent writes it)."""
-        sb = self.status(job).standby
-        assert sb is not None, "no standby"
-        body = {"instance": sb.instances[0], "attempt": sb.attempt, "node": 0,
-                "token": sb.token if token is None else token,
+        """A held VM's rank 0 at the starting line (its ready record): the standby's, with its own
+        secret, or, once it was given the go, the current attempt's; since ``waiting_since`` where
+        given (RFC 3339, as the agent writes it)."""
+        st = self.status(job)
+        sb = st.standby
+        instance, attempt, secret = (sb.instances[0], sb.attempt, sb.token) if sb else \
+            (st.instances[0], st.attempt, st.attempt_token)
+        body = {"instance": instance, "attempt": attempt, "node": 0, "token": secret if token is None else token,
                 **({"waiting_since": waiting_since.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"} if waiting_since else {})}
         self.store.put(BUCKET, names.ready_key(job), json.dumps(body))
 

@@ -228,27 +228,25 @@ def _watch(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchC
                       settling_since=None, resumed_at=now)
         return [WriteStatus(v.job, back, "resumed")]
     if st.phase == Phase.PROVISIONING:
-        if st.held and not handover.past_line(v, st):
-            # A promoted standby: its go is given again (nothing, once a VM has it: a crash may have
-            # come between the commit and the go) until its trainer's first record says it started.
-            # Its grace counts from the go (``resumed_at``): one that never starts fails as a hang.
-            if _stale_heartbeat(v, spec, st, working, now):
-                # Silent at its line too (no ready record): its agent is gone or hung, and its
-                # trainer never started, so never failed. A restart, bounded by max_restarts.
-                why = f"no trainer past the starting line {fmt(now - (st.go_at or now))} after the go, nor a word"
-                return _fresh(v, _restart(v, spec, st, "lost", why, now, ctx))
-            return []  # its go was given above (_plan_job)
+        waiting = st.held and not handover.past_line(v, st)
         detail = f"{', '.join(st.instances)} running in {st.zone}"
-        if st.held:
-            detail = f"{', '.join(st.instances)} past the starting line in {st.zone}: its trainer started"
+        if waiting:  # a promoted standby: its go is given at every pass until its trainer says it started
+            detail = f"{detail}, given the go at its starting line"
         # (The instances' ids ride on this write as on every other: _seen_ids.)
         # The heartbeat grace starts no earlier than this: a VM can wait long before it runs
         # (a Flex-start VM sits in PENDING until Compute finds capacity, hours at times), and
         # its trainer cannot beat before it runs.
         running = st.but(t.event(now, st, "running", detail, trainer_started=_trainer_started(v, st),
                                  **_progress(v, st)),
-                         phase=Phase.RUNNING, message=detail, resumed_at=now, held=False)
+                         phase=Phase.RUNNING, message=detail, resumed_at=now, held=waiting)
         return [WriteStatus(v.job, running, "instances running")]
+    if st.held and handover.past_line(v, st):
+        # Its trainer's first record: the go was received. Said once; the ledger's boot ends there.
+        started = _trainer_started(v, st)
+        text = "past the starting line: its trainer started" + (
+            f" at {started:%H:%M:%S} UTC (its VM's clock)" if started else "")
+        return [WriteStatus(v.job, st.but(t.event(now, st, "training", text, trainer_started=started), held=False,
+                                          message=text), "past the starting line", replan=True)]
     if (started := _unsaid_start(v, st)) is not None:
         # Seen RUNNING before its trainer's first record: the start, said once, ends the
         # ledger's boot while the attempt runs, not only when it ends.
@@ -259,6 +257,11 @@ def _watch(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchC
         # The TPU service itself says the runtime does not answer: a hang, as a stale heartbeat is.
         return _fresh(v, _failure(v, spec, st, f"{', '.join(hung)} (hung)", now))
     if _stale_heartbeat(v, spec, st, working, now):
+        if st.held:
+            # Silent at its line too (no ready record): its agent is gone or hung, and its trainer
+            # never started, so never failed. A restart, bounded by max_restarts.
+            why = f"no trainer past the starting line {fmt(now - (st.go_at or now))} after the go, nor a word"
+            return _fresh(v, _restart(v, spec, st, "lost", why, now, ctx))
         return _fresh(v, _failure(v, spec, st, f"no heartbeat for {fmt(spec.policy.idle_timeout)} (idle or hung)", now))
     oldest = min(i.created_at for i in working.values())
     if spec.policy.max_instance_age and now - oldest >= spec.policy.max_instance_age:

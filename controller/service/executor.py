@@ -97,6 +97,13 @@ class Executor:
                     break
                 continue
             except errors.RespawnError as e:
+                if isinstance(action, ReleaseLine) and not isinstance(e, _Spared):
+                    # The go is given again at every pass until it took: it never holds the rest
+                    # of the chain (the watch of the very attempt waiting for it above all).
+                    chain.outcome.error = f"{_describe(action)}: {type(e).__name__}: {e}"
+                    chain.outcome.transient |= isinstance(e, errors.TransientError)
+                    _log(action, f"failed: {e}", level=logging.WARNING)
+                    continue
                 if isinstance(action, DeleteInstance) and action.husk:
                     # Said once the chain is done (one status write at most), never holding the rest.
                     chain.husk_errors.append(f"cannot delete {action.name}: {e}; retrying every pass")

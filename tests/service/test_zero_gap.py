@@ -109,7 +109,29 @@ def test_a_notice_after_which_no_preemption_comes_leaves_one_vm_not_two(h: Harne
     assert h.live("a") == ["a-1"]
     h.compute.preempt("a-1")  # a real preemption later: the next attempt never reuses number 2
     h.tick()
-    assert h.status("a").attempt == 3 and h.live("a") == ["a-3"]
+    st = h.status("a")
+    assert st.attempt == 3 and h.live("a") == ["a-3"]
+    assert [e.instance for e in st.history if e.event == "launch"][-1] == "a-3"  # never the withdrawn a-2's name
+
+
+def test_a_held_attempt_at_its_line_is_not_hung_while_its_ready_records_come_and_a_silent_one_is_a_restart(h: Harness):
+    running(h, policy={"startup_grace": "2m", "idle_timeout": "10m"})
+    h.notice("a")
+    h.tick("a")
+    h.compute.preempt("a-1")
+    h.compute.faults.fail_next("release", errors.TransientError("503"), times=100)  # the go never lands
+    h.tick("a")
+    for _ in range(4):  # 20 minutes at its line, its agent still writing ready records
+        h.advance(minutes=5)
+        h.ready("a", token=h.status("a").attempt_token)
+        h.tick("a")
+    st = h.status("a")
+    assert st.attempt == 2 and st.held and st.failures == 0 and st.restarts == 1
+    h.advance(minutes=20)  # silent: its agent is gone
+    h.tick("a")
+    st = h.status("a")
+    assert st.failures == 0 and st.restarts == 2
+    assert any(e.event == "lost" and "no trainer past the starting line" in e.detail for e in st.history)
 
 
 @pytest.mark.parametrize("how", ["forged", "stale", "maintenance"])
@@ -235,12 +257,14 @@ def test_a_crash_between_the_commit_and_the_go_is_given_the_go_by_the_next_pass_
     h.tick("a")
     assert h.metadata("a-2")["respawn-go"] == "2"
     h.tick("a")  # given again (a no-op) until its trainer says it started
-    assert gos(h).count("a-2") >= 2 and h.status("a").phase == Phase.PROVISIONING
+    assert gos(h).count("a-2") >= 2 and h.status("a").held
     h.heartbeat("a", trainer_started=h.clock.now())
     h.tick("a")
     calls = gos(h)
     h.tick("a")
-    assert h.status("a").phase == Phase.RUNNING and not h.status("a").held and gos(h) == calls
+    st = h.status("a")
+    assert st.phase == Phase.RUNNING and not st.held and gos(h) == calls
+    assert [e.event for e in st.history][-1] == "training" and st.history[-1].trainer_started is not None
 
 
 def test_a_go_once_given_is_never_changed_even_if_a_newer_checkpoint_lands(h: Harness):
