@@ -440,6 +440,21 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
                          "each job's last error under its row")
         return record.describe(at)
 
+    def preemption_notice() -> str | tuple[str, bool]:
+        """Whether Compute gave Spot VMs the 120 s notice they ask for (``preemption_notice``): a
+        project not enrolled in the Preview refuses the field, and its jobs run without it."""
+        try:
+            record = apis.last_pass(b)
+        except errors.NotFound as e:
+            raise Failed(f"{gs} does not exist", "create it first (see the bucket check)") from e
+        if record is None or not record.notice_refused:
+            return "no project refused a Spot VM's 120 s preemption notice"
+        each = "; ".join(f"{project}: {why}" for project, why in record.notice_refused.items())
+        return (f"Compute refused the 120 s preemption notice ({each}): those jobs run with Spot's 30 s shutdown only. "
+                "To get it, ask Google to enable the Spot preemption notice Preview "
+                "(scheduling.preemptionNoticeDuration) for the project; to stop asking, set "
+                "preemption_notice: 0s in the specs", True)
+
     # -- who may do what: the permissions of the roles each identity holds (controller.cli.grants) --
     def controller_in(project: str) -> Callable[[], str]:
         """The controller's Compute (and TPU) permissions in ``project``."""
@@ -607,6 +622,7 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
         ("log-based metrics", log_metrics),
         (f"scheduler job {deploy.TICK}", scheduler),
         ("controller last ran", last_pass),
+        ("preemption notice", preemption_notice),
         *((f"controller's grants in {where}", controller_in(where)) for where in dict.fromkeys((p, *t.watched))),
         ("scheduler may invoke tick", scheduler_invokes),
         ("triggers may invoke on_object and on_audit", triggers_invoke),

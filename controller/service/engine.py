@@ -46,6 +46,9 @@ class Summary:
     changes: list[fleet.Change] = field(default_factory=list)
     committed: dict[str, JobStatus] = field(default_factory=dict)
     figures: fleet.Figures | None = None
+    # A pass over every job: the projects whose Compute refused a Spot VM's preemption notice (a
+    # Preview field), as the statuses of jobs still running say (``respawn doctor`` reads it).
+    notice_refused: dict[str, str] = field(default_factory=dict)
 
     def merge(self, other: Summary) -> None:
         for job, done in other.jobs.items():
@@ -74,6 +77,7 @@ class Summary:
             "jobs_seen": len(self.jobs),
             **({"notices_unsent": {"carried": self.notices_carried, "in_flight": self.notices_in_flight}}
                if self.notices_carried or self.notices_in_flight else {}),
+            **({"notice_refused": self.notice_refused} if self.notice_refused else {}),
         }
 
 
@@ -136,6 +140,9 @@ class Engine:
                     summary.transient.append(name)
             if job is None and not dry_run:
                 summary.figures = self._figures(world, summary)
+                for st in (summary.committed.get(n) or v.status for n, v in world.jobs.items()):
+                    if st is not None and st.notice_refused and st.project and not st.phase.terminal:
+                        summary.notice_refused[st.project] = st.notice_refused
         finally:
             if sends is not None:
                 unsent = sends.finish()

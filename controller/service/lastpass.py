@@ -15,7 +15,7 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,10 +39,14 @@ class LastPass:
     jobs: int
     actions: int
     errors: int
+    # Projects that refused a Spot VM's preemption notice (a Preview field), and Compute's words:
+    # their jobs run with Spot's 30 s shutdown only (``respawn doctor`` says how to get it).
+    notice_refused: dict[str, str] = field(default_factory=dict)
 
     def as_json(self) -> bytes:
         return json.dumps({"last_pass": self.at.isoformat(), "duration_s": round(self.duration_s, 3),
-                           "jobs": self.jobs, "actions": self.actions, "errors": self.errors}).encode()
+                           "jobs": self.jobs, "actions": self.actions, "errors": self.errors,
+                           **({"notice_refused": self.notice_refused} if self.notice_refused else {})}).encode()
 
     def age(self, now: datetime) -> float:
         return max(0.0, (now - self.at).total_seconds())
@@ -69,7 +73,7 @@ def of_summary(summary: dict[str, Any], at: datetime, duration_s: float) -> Last
     actions = summary.get("actions") or {}
     return LastPass(at=at, duration_s=duration_s, jobs=int(summary.get("jobs_seen") or 0),
                     actions=sum(len(done) for done in actions.values()),
-                    errors=len(summary.get("errors") or {}))
+                    errors=len(summary.get("errors") or {}), notice_refused=dict(summary.get("notice_refused") or {}))
 
 
 def write(store: BlobStore, bucket: str, record: LastPass) -> bool:
@@ -102,8 +106,11 @@ def parse(data: bytes) -> LastPass:
     try:
         raw = json.loads(data)
         at = datetime.fromisoformat(raw["last_pass"])
+        refused = raw.get("notice_refused") or {}
+        refused = {str(p)[:100]: str(why)[:300] for p, why in list(refused.items())[:20]} if isinstance(refused, dict) else {}
         return LastPass(at=at if at.tzinfo else at.replace(tzinfo=UTC), duration_s=float(raw["duration_s"]),
-                        jobs=int(raw["jobs"]), actions=int(raw["actions"]), errors=int(raw["errors"]))
+                        jobs=int(raw["jobs"]), actions=int(raw["actions"]), errors=int(raw["errors"]),
+                        notice_refused=refused)
     except (ValueError, TypeError, KeyError, AttributeError, RecursionError, OverflowError) as e:
         raise ValueError(f"{KEY} is not a controller record: {e}") from e
 

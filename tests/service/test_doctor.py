@@ -166,8 +166,10 @@ def test_each_check_fails_alone_on_its_own_breakage_and_names_its_fix(name):
 
 
 def test_the_breaks_cover_every_deployment_check_but_the_bucket_s_and_the_topic_s_own():
-    # (who may read the bucket is said, never failed: its readers are the user's to grant)
-    assert set(BREAKS) | {"bucket", f"audit topic {deploy.AUDIT_TOPIC}", "who may read the bucket"} == set(DEPLOYMENT)
+    # (who may read the bucket, and a refused preemption notice, are said, never failed: the
+    # bucket's readers are the user's to grant; the notice's Preview Google's to enable)
+    assert set(BREAKS) | {"bucket", f"audit topic {deploy.AUDIT_TOPIC}", "who may read the bucket",
+                          "preemption notice"} == set(DEPLOYMENT)
 
 
 def test_a_metric_changed_by_hand_fails_naming_it_and_every_metric_passes_when_deployed():
@@ -231,6 +233,18 @@ def test_a_writer_that_may_publish_through_the_project_passes_with_a_note():
     assert found.ok and found.note and "every topic" in found.detail
 
 
+def test_a_project_that_refused_the_preemption_notice_is_said_with_how_to_get_it_or_stop_asking():
+    """Issue 34: a project or API that refuses preemptionNoticeDuration never fails a job (it runs on
+    without the notice, said once in its status); doctor says which project and what to do."""
+    p = healthy()
+    assert run(p)["preemption notice"].ok and not run(p)["preemption notice"].note
+    p.record = dataclasses.replace(p.record, notice_refused={PROJECT: "Invalid value for field "
+                                                               "'resource.scheduling.preemptionNoticeDuration'"})
+    found = run(p)["preemption notice"]
+    assert found.ok and found.note and PROJECT in found.detail and "preemption_notice: 0s" in found.detail
+    assert lastpass.parse(p.record.as_json()).notice_refused == p.record.notice_refused
+
+
 def test_a_missing_bucket_fails_every_check_that_needs_it_and_names_how_to_create_it():
     p = healthy()
     p.bucket_exists = False
@@ -238,7 +252,7 @@ def test_a_missing_bucket_fails_every_check_that_needs_it_and_names_how_to_creat
     assert not found["bucket"].ok and f"gcloud storage buckets create gs://{BUCKET}" in found["bucket"].fix
     assert {n for n, r in found.items() if not r.ok} == {
         "bucket", "uniform bucket-level access", "bucket writable", "trainer cannot read the bucket", "bucket IAM",
-        "controller last ran", "who may read the bucket"}
+        "controller last ran", "who may read the bucket", "preemption notice"}
     assert all(found[n].ok for n in ("project", "APIs", f"function {deploy.TICK}", "project IAM"))
 
 

@@ -14,7 +14,7 @@ import pytest
 from controller.core import errors, names
 from controller.core.ports import InstanceStatus, StopReason
 from controller.core.state import Phase
-from tests.harness import BUCKET, Harness, spec_doc
+from tests.harness import BUCKET, PROJECT, Harness, spec_doc
 
 THREE_ZONES = ["us-central1-a", "us-central1-b", "us-central1-c"]
 
@@ -218,6 +218,8 @@ def test_a_project_that_refuses_the_notice_field_runs_without_it_said_once(h: Ha
     h.tick()
     assert h.compute.request_of("a-2").preemption_notice_s == 0  # never asked again in this run
     assert [e.event for e in h.status("a").history].count("notice-refused") == 1
+    # The tick's summary (what respawn/controller.json keeps for respawn doctor) names the project.
+    assert "preemptionNoticeDuration" in h.tick().as_dict()["notice_refused"][PROJECT]
 
 
 def test_spot_vms_ask_for_the_120_s_notice_by_default_and_0s_asks_for_none(h: Harness):
