@@ -55,7 +55,7 @@ from typing import Any
 import yaml
 
 from controller.adapters.memory import MemoryCompute, MemoryStore
-from controller.core import audit, names
+from controller.core import names
 from controller.core.clock import FakeClock
 from controller.core.launch import LINE_POKE_S, LaunchContext
 from controller.core.policy import ControllerPolicy
@@ -284,13 +284,9 @@ class Recovery:
 
     def function(self, name: str) -> None:
         self.passes += 1
-        evidence: tuple[audit.AuditEvent, ...] = ()
-        if name == "on_audit" and not self.gone(self.old_vm):
-            vm = next(i for i in self.compute.all() if i.name == self.old_vm)
-            recorded = self.clock.now() - timedelta(seconds=self.now - (self.soft_off_at or self.now))
-            evidence = (audit.parse_entry(audit.system_event_entry(
-                PROJECT, vm.zone, vm.name, vm.id, "compute.instances.preempted", recorded)),)
-        self.engines[name].reconcile(JOB, evidence=evidence)
+        # on_audit's entry only wakes a pass: the cause is Compute's own record of the VM, which the
+        # fake Compute holds from the soft-off on (``soft_off``).
+        self.engines[name].reconcile(JOB)
         self.after_pass()
 
     def after_pass(self) -> None:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, PlainSerializer
+from pydantic import AfterValidator, BeforeValidator, PlainSerializer
 
 MAX_DAYS = 3650
 MAX_SECONDS = MAX_DAYS * 86400
@@ -76,6 +76,16 @@ Duration = Annotated[
     BeforeValidator(parse_duration),
     PlainSerializer(format_duration, return_type=str),
 ]
+
+
+def _utc(value: datetime) -> datetime:
+    """A time without a zone (a status written by hand, or by an older tool) read as UTC: respawn
+    writes every time in UTC, and a naive one would fail every comparison with the rest."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+
+
+# A moment in a status or a ledger: always aware (naive read as UTC).
+Instant = Annotated[datetime, AfterValidator(_utc)]
 
 
 def measured(seconds: float) -> bool:

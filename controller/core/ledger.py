@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 from controller.core import prices
+from controller.core.durations import Instant
 
 if TYPE_CHECKING:
     from controller.core.spec import JobSpec
@@ -74,26 +75,26 @@ class Span(_Model):
     per_hour: float = 0.0  # dollars per hour of the whole attempt on its model
     on_demand_per_hour: float = 0.0
     price_source: str = ""
-    start: datetime  # committed (the insert issued)
-    inserted: datetime | None = None  # Compute accepted it: billing from here, unless it waits for capacity
-    queued: datetime | None = None  # seen waiting for capacity (Flex-start PENDING, a queued TPU): unbilled
-    capacity: datetime | None = None  # a queued attempt got its capacity: billing from here
+    start: Instant  # committed (the insert issued)
+    inserted: Instant | None = None  # Compute accepted it: billing from here, unless it waits for capacity
+    queued: Instant | None = None  # seen waiting for capacity (Flex-start PENDING, a queued TPU): unbilled
+    capacity: Instant | None = None  # a queued attempt got its capacity: billing from here
     capacity_estimated: bool = False  # not seen between capacity and RUNNING: RUNNING less a boot
-    running: datetime | None = None
+    running: Instant | None = None
     # Not seen RUNNING by any pass (it ran and ended between two), yet it ran (a marker, an exit
     # record): RUNNING from its acceptance plus the run's mean boot. (Ledgers written before
     # trainer_started existed; an attempt is now boot_unknown instead.)
     running_estimated: bool = False
     # When its trainer started, by its VM's clock (the agent's records): the end of its boot,
     # whenever a pass saw it RUNNING; clamped to the attempt where the clocks disagree.
-    trainer_started: datetime | None = None
+    trainer_started: Instant | None = None
     # It ran and ended between two passes, and no record said when its trainer started: how its
     # paid time splits into boot and training is unknown, and said so, never guessed.
     boot_unknown: bool = False
-    end: datetime | None = None
+    end: Instant | None = None
     cause: str | None = None  # why it ended: a loss cause, or succeeded / failed / cancelled
     resumed_step: int | None = None  # the checkpoint step it started from
-    resumed_saved_at: datetime | None = None
+    resumed_saved_at: Instant | None = None
     step: int | None = None  # the furthest step its trainer reported (respawnkit's progress, its records)
 
 
@@ -104,10 +105,10 @@ class Loss(_Model):
     cause: str
     zone: str | None = None
     accelerators: float = 0.0
-    lost_at: datetime | None = None  # when the VM said so (its marker), where it did
-    seen_at: datetime  # when the controller acted on it
-    issued_at: datetime | None = None  # the replacement's insert issued
-    running_at: datetime | None = None  # the replacement RUNNING
+    lost_at: Instant | None = None  # when the VM said so (its marker), where it did
+    seen_at: Instant  # when the controller acted on it
+    issued_at: Instant | None = None  # the replacement's insert issued
+    running_at: Instant | None = None  # the replacement RUNNING
     redone_s: float | None = None  # training time lost: from the save resumed from to the loss
     resumed_step: int | None = None
     step: int | None = None  # the step the lost attempt had reached, as its trainer reported it
@@ -127,7 +128,7 @@ class Loss(_Model):
 
 
 class Mark(_Model):
-    at: datetime
+    at: Instant
     kind: str  # stockout, quota, preempted, maintenance, ...
     zone: str | None = None
 
@@ -166,7 +167,7 @@ class Ledger(_Model):
     # the upload, which runs in the background while training goes on.
     save_s: float | None = None
     upload_s: float | None = None
-    checkpoints: tuple[tuple[datetime, int], ...] = ()  # (saved at, step) of each save resumed from
+    checkpoints: tuple[tuple[Instant, int], ...] = ()  # (saved at, step) of each save resumed from
     # The status's event_count through which its events are accounted here. A ledger read
     # without it (written before it existed) is taken as up to date (JobStatus reads it so).
     folded: int = 0

@@ -232,6 +232,8 @@ def _watch(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchC
         detail = f"{', '.join(st.instances)} running in {st.zone}"
         if waiting:  # a promoted standby: its go is given at every pass until its trainer says it started
             detail = f"{detail}, given the go at its starting line"
+        elif st.held:
+            detail = f"{', '.join(st.instances)} past the starting line in {st.zone}: its trainer started"
         # (The instances' ids ride on this write as on every other: _seen_ids.)
         # The heartbeat grace starts no earlier than this: a VM can wait long before it runs
         # (a Flex-start VM sits in PENDING until Compute finds capacity, hours at times), and

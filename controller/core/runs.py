@@ -23,6 +23,8 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict
 
+from controller.core.durations import Instant
+
 RUNS_KEPT = 20  # past runs remembered in a status, the newest
 RUNS_DIR = "runs"  # <checkpoint.uri>/runs/<job>/<run id>/: a fresh run's own checkpoints
 
@@ -64,8 +66,8 @@ class RunSummary(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     run: str
-    started: datetime | None = None
-    ended: datetime | None = None
+    started: Instant | None = None
+    ended: Instant | None = None
     phase: str  # how it ended: SUCCEEDED, FAILED, CANCELLED (or where it stood, for the current run)
     message: str = ""  # why, in words (its last message)
     attempts: int = 0

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_serializer, model_validator
 
 from controller.core.checkpoints import Found
-from controller.core.durations import measured
+from controller.core.durations import Instant, measured
 from controller.core.ledger import Ledger
 from controller.core.runs import RunSummary, checkpoint_root, run_id
 from controller.core.spec import Checkpoint, Notify
@@ -43,14 +43,14 @@ class Event(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    at: datetime
+    at: Instant
     event: str
     attempt: int = 0
     detail: str = ""
     instance: str | None = None
     zone: str | None = None
-    since: datetime | None = None  # when it happened, where that is known and earlier (a VM's marker)
-    trainer_started: datetime | None = None  # the attempt's trainer started, by its VM's clock (its records)
+    since: Instant | None = None  # when it happened, where that is known and earlier (a VM's marker)
+    trainer_started: Instant | None = None  # the attempt's trainer started, by its VM's clock (its records)
     # The attempt's progress as its trainer reported it (its records, through the VM agent): the
     # furthest step it finished, and its newest save's write (blocking) and upload times.
     step: int | None = None
@@ -65,7 +65,7 @@ class CheckpointRef(BaseModel):
     step: int | None = None
     version: int = 0  # generation of the object that proves it complete; moves on every save
     tag: str | None = None  # the name the framework loads it by: DeepSpeed's tag, Megatron's iteration
-    saved_at: datetime | None = None  # when the save was complete (its last object)
+    saved_at: Instant | None = None  # when the save was complete (its last object)
     write_s: float | None = None  # how long its writing took: the checkpoint cost C
 
     @classmethod
@@ -154,13 +154,13 @@ class Standby(BaseModel):
     instances: tuple[str, ...]
     token: str  # the attempt's secret, as ``JobStatus.attempt_token`` once promoted
     provisioning: str  # its model: the current attempt's
-    since: datetime  # when the controller saw the notice (or Compute's preemption)
-    until: datetime  # the starting line's bound: the notice, plus the 30 s shutdown and 5 s of slack
+    since: Instant  # when the controller saw the notice (or Compute's preemption)
+    until: Instant  # the starting line's bound: the notice, plus the 30 s shutdown and 5 s of slack
     cause: str  # what launched it, in words ("preemption notice from demo-2", ...)
     spec_generation: int | None = None  # the spec its VMs were made from: another one withdraws it
     placement: int = 0  # capacity errors of its inserts: part of its request id
     inserted: bool = False
-    inserted_at: datetime | None = None
+    inserted_at: Instant | None = None
 
 
 class JobStatus(BaseModel):
@@ -183,21 +183,21 @@ class JobStatus(BaseModel):
     attempt_tpu: bool = False  # the current attempt was committed as a TPU node (not VMs)
     upcoming_maintenance: str | None = None  # a TPU node's announced maintenance, while it is
     inserted: bool = False  # the current attempt's insert was acknowledged by Compute
-    inserted_at: datetime | None = None  # when it was: startup grace counts from here
+    inserted_at: Instant | None = None  # when it was: startup grace counts from here
     settling: bool = False  # a node is in a state we wait out (REPAIRING, UNKNOWN...)
-    settling_since: datetime | None = None
-    recovering_since: datetime | None = None  # when the current attempt was given up
-    resumed_at: datetime | None = None  # when every node was RUNNING again after settling
+    settling_since: Instant | None = None
+    recovering_since: Instant | None = None  # when the current attempt was given up
+    resumed_at: Instant | None = None  # when every node was RUNNING again after settling
     # A secret only this attempt's VMs receive (instance metadata); a VM record without
     # it is not this attempt's and is ignored. None for attempts begun before tokens.
     attempt_token: str | None = None
     placement: int = 0  # capacity failures within this attempt; part of the request id
     provisioning: str | None = None  # the current attempt's model (spot, standard, flex-start)
-    model_since: datetime | None = None  # when the job stepped down to it (step back up after policy.fallback)
+    model_since: Instant | None = None  # when the job stepped down to it (step back up after policy.fallback)
     capacity_misses: int = 0  # capacity errors in a row on the current model
-    capacity_since: datetime | None = None  # the first of them
+    capacity_since: Instant | None = None  # the first of them
     zone_advice: dict[str, ZoneScore] = Field(default_factory=dict)  # what placement knew at the last launch
-    advice_at: datetime | None = None
+    advice_at: Instant | None = None
     resume_from: CheckpointRef | None = None
     # Zero-gap recovery (Standby): the next attempt booting beside this one, if any; whether this
     # attempt's VMs were made to wait at the starting line (a promoted standby), and when the go was
@@ -205,7 +205,7 @@ class JobStatus(BaseModel):
     # took, never used again (its VMs, if a delete failed, are husks, never this run's attempt).
     standby: Standby | None = None
     held: bool = False
-    go_at: datetime | None = None
+    go_at: Instant | None = None
     withdrawn: int = 0
     # The preemption notice this attempt asked Compute for (seconds: 0 or 120), and why the project
     # refused it, if it did (a Preview field): then this run asks for none again.
@@ -215,15 +215,15 @@ class JobStatus(BaseModel):
     # the insert is tried again as soon as none of them is up, never a zone's or region's cooldown.
     quota_held_by: tuple[str, ...] = ()
 
-    created_at: datetime | None = None
-    started_at: datetime | None = None  # first attempt launched: the max_runtime clock
-    attempt_started_at: datetime | None = None
-    not_before: datetime | None = None  # backoff or zone cooldowns
-    zone_cooldowns: dict[str, datetime] = Field(default_factory=dict)  # the current model's
+    created_at: Instant | None = None
+    started_at: Instant | None = None  # first attempt launched: the max_runtime clock
+    attempt_started_at: Instant | None = None
+    not_before: Instant | None = None  # backoff or zone cooldowns
+    zone_cooldowns: dict[str, Instant] = Field(default_factory=dict)  # the current model's
     zone_rejections: dict[str, str] = Field(default_factory=dict)  # zone -> Compute's 400/404 there
     # The other models' cooldowns, kept while the job is on another (model -> zone -> until):
     # a model it may go back to is tried again only where it is not cooling.
-    model_cooldowns: dict[str, dict[str, datetime]] = Field(default_factory=dict)
+    model_cooldowns: dict[str, dict[str, Instant]] = Field(default_factory=dict)
     # Models Google refused in every zone in this run (a 400 or 404: "SPOT is not supported for
     # this machine type"), model -> its refusals: never tried again in this run.
     refused_models: dict[str, str] = Field(default_factory=dict)

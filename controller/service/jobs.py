@@ -162,8 +162,10 @@ class Jobs:
         for info in self.store.list(self.bucket, prefix):
             if ref := names.parse_object_name(info.name):
                 kinds.setdefault(ref.job, set()).add(ref.kind)
+        # A job is a name with a spec or a status, as the controller judges (observe._ours): a name
+        # holding only what a trainer can write (a heartbeat, an exit record, a notice) is no job.
         return [JobRow(name, self.status(name) if "status" in k else None, "spec" in k, "cancel" in k)
-                for name, k in sorted(kinds.items())]
+                for name, k in sorted(kinds.items()) if "spec" in k or "status" in k]
 
     def live(self, job: str, status: JobStatus | None) -> dict[str, Any] | None:
         """How far the current attempt's trainer is, as its heartbeat says (the VM agent folds the

@@ -362,3 +362,30 @@ def test_run_echoes_its_spec_with_env_values_hidden_and_submits_them_whole(mem):
     assert "HF_TOKEN: <hidden>" in result.output and "LR: <hidden>" in result.output
     written = yaml.safe_load(mem.store.read(BUCKET, names.spec_key("envy")).data)
     assert written["env"] == {"HF_TOKEN": "hf_s3cretvalue", "LR": "3e-4"}
+
+
+def test_a_name_holding_only_what_a_trainer_writes_is_no_job_in_respawn_status(mem):
+    """Issue 35, item 3 (the CLI's side of it): a heartbeat, an exit record or a notice under a name
+    with neither spec nor status is no SUBMITTED job; the controller ignores it the same way."""
+    mem.submit("real")
+    for kind in ("heartbeat", "exit", "notice", "ready"):
+        mem.store.put(BUCKET, f"jobs/ghost-{kind}/{kind}", json.dumps({"attempt": 1, "token": "x"}))
+    result = runner.invoke(app, ["status", "--json"])
+    assert result.exit_code == 0, result.output
+    assert [row["job"] for row in json.loads(result.output)] == ["real"]
+
+
+def test_a_hand_edited_status_with_a_time_without_a_zone_is_read_as_utc_never_a_failure(mem):
+    """A status whose times carry no zone (written by hand, or by another tool) made every view of the
+    fleet fail (TypeError: naive and aware datetimes compared); respawn writes UTC, and reads such a
+    time as UTC."""
+    mem.submit("naive")
+    st = JobStatus(created_at=datetime(2026, 1, 1, tzinfo=UTC), phase=Phase.RUNNING)
+    raw = json.loads(st.to_json())
+    raw["created_at"] = "2026-01-01T00:00:00"
+    raw["history"] = [{"at": "2026-01-01T00:00:05", "event": "running", "detail": "by hand"}]
+    mem.store.put(BUCKET, names.status_key("naive"), json.dumps(raw))
+    for argv in (["status"], ["status", "--json"], ["status", "naive"], ["report", "naive"]):
+        result = runner.invoke(app, argv)
+        assert result.exit_code == 0, (argv, result.output)
+    assert JobStatus.from_json(mem.store.read(BUCKET, names.status_key("naive")).data).created_at.tzinfo is not None
