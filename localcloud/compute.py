@@ -269,15 +269,25 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
         A VM inserted with a preemption notice of N seconds (``preemptionNoticeDuration``) reads
         preempted=TRUE N seconds (times ``notice_scale``) before the soft-off and RUNNING until
         then; without one, preempted=TRUE and the soft-off come together. ``graceful=False``: the
-        guest never runs its shutdown script (it was still booting), so no marker is written;
-        only Compute's preemption record tells what happened. A VM is reclaimed once: preempting
-        it again before it starts again changes nothing.
+        guest never sees it coming (it was still booting, or hung): its processes end before
+        instance/preempted turns TRUE, no notice, no shutdown script, so no notice record and no
+        marker; only Compute's preemption record tells what happened, at the soft-off, which comes
+        at once. A VM is reclaimed once: preempting it again before it starts again changes nothing.
         """
         vm = self._find(name)
         with self._lock:
             if vm.preempted:
                 return
+            process = vm.process
+        if not graceful and process is not None:
+            process.kill()  # before the guest could read instance/preempted
+        with self._lock:
+            if vm.preempted:
+                return
             vm.preempted = True
+            if not graceful:
+                self._soft_off(vm, vm.process, graceful)
+                return
             notice = gce.notice_seconds(vm.resource["scheduling"]) * self.notice_scale
             if notice > 0 and vm.resource["status"] == "RUNNING":
                 if vm.metadata:

@@ -49,7 +49,8 @@ while true; do sleep 0.1; done
 
 @pytest.fixture(scope="module")
 def cloud() -> Iterator[LocalCloud]:
-    with LocalCloud(Options(tick_interval=2.0, boot_delay=0.1, shutdown_budget=NOTICE)) as c:
+    # Spot's shutdown alone (no 120 s notice before it): what these tests time is the SIGTERM save.
+    with LocalCloud(Options(tick_interval=2.0, boot_delay=0.1, shutdown_budget=NOTICE, notice_scale=0.0)) as c:
         assert c.compute is not None
         # What the local cloud tells the shutdown script: the notice it imposes.
         c.compute.vm_env["RESPAWN_NOTICE_SECONDS"] = str(NOTICE)

@@ -185,3 +185,25 @@ def test_a_workers_exit_record_is_an_event_that_reconciles_its_job_within_second
     bootstrap.override(h.engine(), Settings(bucket=BUCKET, project="respawn-proj"))
     functions.on_object({"bucket": BUCKET, "name": names.node_exit_key("dist", 1), "generation": "1"})
     assert h.status("dist").failures == 1 and "code 6 on dist-1-n1" in h.status("dist").message
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("action", ["stop", "delete"])  # the preempted node TERMINATED, or gone
+@pytest.mark.parametrize("aborts", ["rank 0", "worker", "both"])
+def test_ranks_aborting_when_a_peer_is_preempted_never_spend_the_failure_budget(h, action, aborts):
+    """Issue 35, item 18: a gang whose node was preempted hard (no marker) was charged a failure when
+    the surviving ranks aborted on their broken collective (exit 134). A preemption, whatever it
+    makes the other ranks do, is a restart, never a failure."""
+    started(h, nodes=3, policy={"termination_action": action, "max_failures": 0})
+    h.compute.preempt("dist-1-n1")  # hard: no shutdown script, no marker
+    if aborts in ("rank 0", "both"):
+        h.exit("dist", 134)
+    if aborts in ("worker", "both"):
+        h.worker_exit("dist", 2, 134)
+    h.tick()
+    h.tick()
+    st = h.status("dist")
+    assert st.failures == 0 and st.preemptions == 1 and st.phase != Phase.FAILED, st.message
+    assert st.attempt == 2
