@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
@@ -10,10 +11,15 @@ from typing import Protocol
 class Clock(Protocol):
     def now(self) -> datetime: ...
 
+    def sleep(self, seconds: float) -> None: ...
+
 
 class SystemClock:
     def now(self) -> datetime:
         return datetime.now(UTC)
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
 
 
 class FakeClock:
@@ -26,6 +32,10 @@ class FakeClock:
     def now(self) -> datetime:
         with self._lock:
             return self._now
+
+    def sleep(self, seconds: float) -> None:
+        """Time passes at once (a test's sleep)."""
+        self.advance(timedelta(seconds=seconds))
 
     def advance(self, delta: timedelta) -> datetime:
         with self._lock:

@@ -14,6 +14,7 @@ from typing import Any
 
 from controller.service import bootstrap, lastpass
 from controller.core import audit, errors, fleet, names
+from controller.core.state import Phase
 
 log = logging.getLogger(__name__)
 # Objects whose arrival can change a decision. The controller's own status writes and
@@ -87,6 +88,9 @@ def on_audit(data: dict[str, Any]) -> dict[str, Any] | None:
     as it finds it, once, and returns: the function never waits in its instance for a VM to go
     down. A VM being preempted gets its standby at once (controller.core.handover); the go follows
     on the events its save and its standby make (the marker, the ready record) or the next tick.
+    The one wait left is a crash's: a failure restarts after the spec's backoff, and one whose
+    restart is due within ``AUDIT_DUE_WAIT`` is waited out and made by this call (nothing else
+    fires when a backoff ends; the tick would make it up to a minute later).
     An entry for an attempt already replaced, a duplicate, a late one, finds nothing to do; a lost
     one costs the tick's time.
 
@@ -121,6 +125,9 @@ def on_audit(data: dict[str, Any]) -> dict[str, Any] | None:
             return None
         old = engine.clock.now() - event.at > AUDIT_MAX_AGE
         summary = engine.reconcile(job)
+        if job and not summary.transient and (left := _restart_due(summary, job, engine.clock.now())) is not None:
+            engine.clock.sleep(left)
+            summary = engine.reconcile(job)
     except errors.ConfigError as e:
         log.error("controller misconfigured: %s", e, extra={"json_fields": where})
         return None
@@ -139,6 +146,19 @@ def on_audit(data: dict[str, Any]) -> dict[str, Any] | None:
     return summary.as_dict()
 
 
+def _restart_due(summary: Any, job: str, now: Any) -> float | None:
+    """Seconds until the job's restart after a failure's backoff, when it is due within
+    ``AUDIT_DUE_WAIT`` (the pass just committed it RECOVERING, backing off); None otherwise."""
+    st = summary.committed.get(job)
+    if st is None or st.phase != Phase.RECOVERING or st.not_before is None:
+        return None
+    left = (st.not_before - now).total_seconds()
+    return left + AUDIT_DUE_SLACK if 0 < left <= AUDIT_DUE_WAIT else None
+
+
+# A crash's restart due within this long is waited out by on_audit's call (a longer backoff is the tick's).
+AUDIT_DUE_WAIT = 45.0
+AUDIT_DUE_SLACK = 0.5  # past the due time, so that the pass after the sleep finds it due
 # An audit message older than this is never retried (the ticks have judged its VM since).
 AUDIT_MAX_AGE = timedelta(minutes=30)
 # At most one pass over every job per this long for TPU workers' entries, in one function instance.
