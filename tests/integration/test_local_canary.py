@@ -157,3 +157,12 @@ def test_a_machine_type_the_controller_s_policy_refuses_is_said_before_anything_
     done = canary(up, tmp_path, "--vms", "1", RESPAWN_ALLOWED_MACHINE_TYPES="g2-standard-8")
     assert done.returncode == 2 and "the canary's job is refused" in done.stderr and "e2-small" in done.stderr
     assert nothing_left(up), left_behind(up)
+
+
+def test_local_up_refuses_a_realism_file_of_another_shape_naming_what(tmp_path):
+    bad = tmp_path / "figures.json"
+    bad.write_text(json.dumps({"costs": {"boot_s": {"median": 40, "p99": 90}}}))
+    done = subprocess.run([sys.executable, "-m", "controller.cli", "local", "up", "--realism", str(bad), "--dir",
+                           str(tmp_path / "local")], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2 and "--realism" in done.stderr and "costs.boot_s is not a figure" in done.stderr
+    assert not (tmp_path / "local" / "local.env").exists()
