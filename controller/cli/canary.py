@@ -219,6 +219,7 @@ class Canary:
             if now > bound:
                 for w in watching:
                     w.seen.notes.append(f"not all seen within {limit:g} s (--wait)")
+                    w.seen.cut_short = True
                 return
             slow = now >= next_slow
             next_slow = now + SLOW_S if slow else next_slow
@@ -333,7 +334,7 @@ class Canary:
                 p.marker = event.since  # the marker's GCS time, as the pass that acted on it read it
         if st.phase.terminal and not w.done(time.monotonic()):
             p.notes.append(f"{p.job} ended {st.phase} before all was seen: {st.message}")
-            w.over = True
+            w.over = p.cut_short = True
 
     def _tell(self, w: _Watch, said: set[tuple[str, str]]) -> None:
         p = w.seen

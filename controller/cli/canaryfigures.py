@@ -57,6 +57,13 @@ class Preemption:
     audit_at: datetime | None = None  # the System Event entry's timestamp, as on_audit logged it
     audit_handled: datetime | None = None  # on_audit's "audit event handled" entry's timestamp
     notes: list[str] = field(default_factory=list)  # what could not be seen, and why
+    cut_short: bool = False  # the watch ended (its bound, or the job's end) before all was seen
+
+    @property
+    def timed(self) -> bool:
+        """Preempted, recorded and stood in for, and watched to the end: timed as the canary means to
+        (a figure may still be missing, said in ``notes``: a VM deleted before TERMINATED was seen)."""
+        return not self.cut_short and self.recorded is not None and self.standby is not None
 
     @property
     def vms(self) -> tuple[Vm, ...]:
@@ -180,7 +187,7 @@ def _row(p: Preemption) -> dict[str, Any]:
         spans[f.key] = values if len(values) > 1 else values[0]
     return {"job": p.job, "instance": p.first.name, "zone": p.first.zone,
             "standby": p.standby.name if p.standby else None, "standby_zone": p.standby.zone if p.standby else None,
-            "notice_s": p.notice_s, "spans": spans, "notes": list(p.notes)}
+            "notice_s": p.notice_s, "timed": p.timed, "spans": spans, "notes": list(p.notes)}
 
 
 def table_rows(preemptions: Sequence[Preemption]) -> list[tuple[str, str, str, str, str]]:

@@ -872,7 +872,10 @@ def canary(
         raise typer.Exit(INTERRUPTED)
     if failure is not None:
         _fail(f"canary: {_message(failure)}", FAILED if isinstance(failure, canaries.CanaryError) else _code(failure))
-    if left:
+    if untimed := [p.first.name for p in seen if not p.timed]:
+        err.print(_line("✗", "red", f"not timed to the end: {', '.join(untimed)} (see the notes above)"),
+                  soft_wrap=True)
+    if left or untimed:
         raise typer.Exit(FAILED)
     out.print(_line("✓", "green", f"{counted(len(seen), 'VM')} preempted and timed; nothing left behind"))
 

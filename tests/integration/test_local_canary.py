@@ -73,7 +73,7 @@ def test_canary_times_each_preemption_and_leaves_nothing_behind(up, tmp_path):
     assert max(len(line) for line in done.stdout.splitlines()) <= 80, done.stdout  # COLUMNS=80
     doc = json.loads((tmp_path / "figures.json").read_text())
     figures, rows = doc["figures"], doc["preemptions"]
-    assert doc["notice_s"] == 120 and len(rows) == 2 and all(row["standby"] for row in rows)
+    assert doc["notice_s"] == 120 and len(rows) == 2 and all(row["standby"] and row["timed"] for row in rows)
 
     def each(key: str, at_least: int | None = None) -> list[float]:
         """The figure's samples: every one measured, or (``at_least``) that many, each one missing

@@ -130,3 +130,15 @@ def test_the_table_fits_80_columns():
     assert all(len(f.label) <= 34 for f in FIGURES)
     [unmeasured] = [r for r in figures.table_rows([Preemption("j", Vm("j-1", "z"))]) if r[0] == "insert → RUNNING"]
     assert unmeasured == ("insert → RUNNING", "0", "—", "—", "—")
+
+
+def test_a_preemption_is_timed_only_when_recorded_stood_in_for_and_watched_to_the_end():
+    assert preemption().timed
+    halted = preemption()
+    halted.terminated = halted.terminated_seen = None  # deleted before TERMINATED: a figure missing, said
+    assert halted.timed
+    for change in ({"recorded": None}, {"standby": None}, {"cut_short": True}):
+        p = preemption()
+        for key, value in change.items():
+            setattr(p, key, value)
+        assert not p.timed, change
