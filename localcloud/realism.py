@@ -5,7 +5,9 @@ milliseconds, no rate limits, so tests stay fast. ``Realism.google()`` is what b
 run under: Google-like latency per request, operations that take as long as Google's
 usually do, and Compute's and GCS's rate limits. ``localcloud.stack.Options(realism=...)``
 hands one profile to every server; ``LocalGcs(realism=...)`` and
-``ComputeServer(realism=...)`` and ``TpuServer(realism=...)`` take it directly.
+``ComputeServer(realism=...)`` and ``TpuServer(realism=...)`` take it directly. ``Realism.from_canary(path)`` is ``google()`` with the
+figures a user measured on their own project (``respawn canary``'s file, ``costs_from``) in place
+of ours.
 
 Latency is a sleep in the thread that serves the request, never a lock: concurrent
 requests overlap, as they do on Google.
@@ -13,9 +15,11 @@ requests overlap, as they do on Google.
 
 from __future__ import annotations
 
+import json
 import math
 import random
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 
 # z of the 99th percentile of a normal distribution: a lognormal's p99 is median * exp(2.326 sigma).
 _Z99 = 2.3263
@@ -109,6 +113,39 @@ class Costs:
 COSTS = Costs()
 
 
+def costs_from(path: Path | str, base: Costs = COSTS) -> Costs:
+    """``base`` with the figures a file of measurements gives in place of its own: the file's
+    ``"costs"`` object names ``Costs`` fields, a ``Lognormal`` one as ``{"median": s, "p99": s}``,
+    a number one as a number (what ``respawn canary`` writes: ``insert_running``,
+    ``poweroff_after_marker``, each fitted to what it measured). Fields it does not name keep
+    ``base``'s; a name that is no field, or a value of the wrong shape, is a ValueError naming it."""
+    doc = json.loads(Path(path).read_text())
+    given = doc.get("costs") if isinstance(doc, dict) else None
+    if not isinstance(given, dict):
+        raise ValueError(f"{path}: no \"costs\" object (a file `respawn canary` wrote has one)")
+    known = {f.name: getattr(base, f.name) for f in fields(Costs)}
+    changes: dict[str, object] = {}
+    for name, value in given.items():
+        if name not in known:
+            raise ValueError(f"{path}: costs.{name} is not a figure of localcloud.realism.Costs")
+        changes[name] = _cost(f"{path}: costs.{name}", known[name], value)
+    return replace(base, **changes)
+
+
+def _cost(where: str, default: object, value: object) -> object:
+    def number(x: object) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+    if isinstance(default, Lognormal):
+        if not (isinstance(value, dict) and number(value.get("median")) and number(value.get("p99"))
+                and value["p99"] >= value["median"]):
+            raise ValueError(f"{where}: expected {{\"median\": seconds, \"p99\": seconds}}, p99 >= median >= 0")
+        return Lognormal(float(value["median"]), float(value["p99"]))
+    if not number(value) or isinstance(default, int) and value != int(value):
+        raise ValueError(f"{where}: expected a number >= 0" + (" (whole)" if isinstance(default, int) else ""))
+    return type(default)(value)
+
+
 def quota_group(method: str) -> str:
     """The Compute rate-quota group a method's requests count against (named as Google names
     the metrics: https://cloud.google.com/compute/api-quota), for ``method`` as the discovery
@@ -169,6 +206,12 @@ class Realism:
                    tpu_create_seconds=60.0, p99_factor=costs.gcs_request.p99 / costs.gcs_request.median,
                    sink_delay=costs.sink_delay, push_delay=costs.eventarc_delay,
                    rate_quota_per_minute=costs.quota_per_minute, halt_seconds=costs.poweroff_after_marker)
+
+    @classmethod
+    def from_canary(cls, path: Path | str) -> Realism:
+        """``google()`` with a user's own measurements (``costs_from``: the file ``respawn canary``
+        wrote) in place of our assumptions: insert to RUNNING, and a guest's halt after its marker."""
+        return cls.google(costs_from(path))
 
     def draw(self, median: float) -> float:
         """One request's latency around ``median`` (``p99_factor`` 0: exactly the median)."""

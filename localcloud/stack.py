@@ -42,6 +42,7 @@ from localcloud.logging import LoggingServer
 from localcloud.vmlogs import VmLogs
 from localcloud.pubsub import PubsubServer
 from localcloud.realism import Delay, Realism
+from localcloud.runlogs import FunctionLogs
 from localcloud.tpu import TpuServer
 from localcloud.webhook import WebhookSink
 
@@ -91,6 +92,7 @@ class LocalCloud:
         self.webhook: WebhookSink | None = None
         self.logging: LoggingServer | None = None
         self.vm_logs: VmLogs | None = None  # each VM's and TPU worker's serial output, line by line, into Cloud Logging
+        self.function_logs: FunctionLogs | None = None  # the functions' log lines (log_dir's), as Cloud Run's
         self._functions: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
         self.ticker: Ticker | None = None
         self.watcher: Watcher | None = None
@@ -127,6 +129,8 @@ class LocalCloud:
                                          **({} if sink_delay is None else {"sink_delay": sink_delay})).start()
             self.compute.audit_log = self.tpu.audit_log = self.logging.write
             self.vm_logs = VmLogs(self.logging, self.compute, tpu=self.tpu).start()
+            if o.log_dir is not None:  # without it the functions' output goes nowhere to be read
+                self.function_logs = FunctionLogs(self.logging, o.log_dir, o.project, o.region).start()
             self.webhook = WebhookSink().start()
             self.deployment = Deployment(o.project, o.region, o.bucket, functions=self._function_states,
                                          ticker=self._ticker_state)
@@ -274,6 +278,8 @@ class LocalCloud:
         self._functions.clear()
         if self.vm_logs:  # its last sweep reads the VMs' folders, which go with the Compute server
             self.vm_logs.stop()
+        if self.function_logs:
+            self.function_logs.stop()
         for server in (self.webhook, self.pubsub, self.logging, *self.apis.values()):
             if server:
                 server.stop()

@@ -836,6 +836,104 @@ def doctor(
 
 
 @app.command()
+def canary(
+    zone: Annotated[list[str], typer.Option("--zone", "-z", envvar="RESPAWN_CANARY_ZONES",
+                                            help="a zone for the canary's VMs, in order (repeat it, or separate "
+                                                 "with commas): each VM's standby goes to the next one")],
+    vms: Annotated[int, typer.Option("--vms", min=1, max=10, help="VMs to preempt, each a job of its own "
+                                                                  "(its standby is a second VM)")] = 3,
+    machine_type: Annotated[str, typer.Option("--machine-type", "-m", help="the VMs' machine type: a cheap "
+                                                                             "one")] = "e2-small",
+    output: Annotated[Path | None, typer.Option("--output", "-o", dir_okay=False,
+                                                help="the figures' file (default: respawn-canary-<UTC time>.json "
+                                                     "here)")] = None,
+    wait: Annotated[float, typer.Option("--wait", envvar="RESPAWN_CANARY_WAIT", min=10, metavar="SECONDS",
+                                        help="seconds each stage may take: the VMs' boot; then their "
+                                             "notice, standby and power-off (plus the 120 s notice)")] = 600.0,
+) -> None:
+    """Measure on your own project what Google documents no figure for, through the deployed
+    controller: a few cheap Spot VMs (canary jobs: e2-small, `sleep`, the 120 s notice) are preempted
+    with Compute's simulateMaintenanceEvent, and each is timed from the notice to instance/preempted,
+    its notice record and its upload, the standby's insert; STOPPING to TERMINATED; insert to RUNNING
+    to its agent's start; and the System Event entry to on_audit (the Logging sink, Pub/Sub, the
+    function's pass). Prints a table, and writes the figures to a file the local cloud's realism
+    model reads (`respawn local up --realism FILE`).
+
+    It cleans up after itself whatever happens (an error, Ctrl-C): it cancels and removes its jobs
+    and deletes any VM of theirs left. Exit 0 when every VM was preempted and timed and nothing was
+    left behind; 1 otherwise, saying what is left; 130 on Ctrl-C."""
+    from controller.adapters.google import logging_client
+    from controller.cli import canary as canaries
+    from controller.cli import canaryfigures as figures
+
+    deadline.stop()  # minutes of VMs booting and being preempted: each stage bounds itself (--wait)
+    config = _config()
+    zones = tuple(z.strip() for value in zone for z in value.split(",") if z.strip())
+    plan = canaries.Plan(config.project, zones, machine_type, vms, wait)
+    store, compute = bootstrap.adapters()
+    jobs = Jobs(store, config.bucket, config.policy())
+    for job in plan.jobs:  # the controller's policy (zones, machine types) before anything is made
+        try:
+            jobs.check(plan.spec(job), job)
+        except SpecError as e:
+            _fail("the canary's job is refused: " + "; ".join(e.problems))
+    began, start = datetime.now(UTC), time.monotonic()
+    path = output or Path(f"respawn-canary-{began:%Y%m%d-%H%M%S}.json")
+
+    def say(line: str) -> None:
+        out.print(plain(f"{time.monotonic() - start:5.0f} s  {line}"))  # wrapped at the terminal's width
+
+    run = canaries.Canary(plan, jobs, compute, lambda: logging_client(config), say)
+    seen: list[figures.Preemption] = []
+    failure: errors.RespawnError | None = None
+    interrupted = False
+    with _interruptible():
+        try:
+            seen = run.run()
+        except KeyboardInterrupt:
+            interrupted = True
+        except errors.RespawnError as e:
+            failure = e
+        finally:
+            left = run.clean()  # a bug's exception too: its VMs never outlive the command
+    if seen:
+        path.write_text(json.dumps(figures.document(seen, project=plan.project, zones=zones,
+                                                    machine_type=machine_type, taken_at=began), indent=2) + "\n")
+        _canary_table(seen)
+        out.print(plain(f"figures: {path} (respawn local up --realism {path}: the local cloud with them)"))
+    for line in left:
+        err.print(_line("✗", "red", f"left behind: {line}"), soft_wrap=True)
+    if interrupted:
+        err.print("interrupted: " + ("nothing left behind" if not left else "see above"), soft_wrap=True,
+                  highlight=False)
+        raise typer.Exit(INTERRUPTED)
+    if failure is not None:
+        _fail(f"canary: {_message(failure)}", FAILED if isinstance(failure, canaries.CanaryError) else _code(failure))
+    if untimed := [p.first.name for p in seen if not p.timed]:
+        err.print(_line("✗", "red", f"not timed to the end: {', '.join(untimed)} (see the notes above)"),
+                  soft_wrap=True)
+    if left or untimed:
+        raise typer.Exit(FAILED)
+    out.print(_line("✓", "green", f"{counted(len(seen), 'VM')} preempted and timed; nothing left behind"))
+
+
+def _canary_table(seen: list[Any]) -> None:
+    """The figures at 80 columns, then what could not be seen, per job."""
+    from controller.cli import canaryfigures as figures
+
+    table = Table("figure", "n", "median", "p99", "max", title=f"respawn canary: {counted(len(seen), 'preemption')}")
+    for row in figures.table_rows(seen):
+        table.add_row(*row)
+    out.print(table, width=80)
+    out.print(plain("p99: of a lognormal fitted to the samples (few: an extrapolation). Times from Compute, "
+                    "GCS, Cloud Logging and the VMs' agents; TERMINATED is seen only until the controller "
+                    "deletes the VM (polled every 0.25 s)"), width=80)
+    for p in seen:
+        for note in p.notes:
+            out.print(plain(f"{p.job}: {note}"), width=80)
+
+
+@app.command()
 def reconcile(
     job: Annotated[str | None, typer.Argument(help="one job (default: every job)")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the planned actions, change nothing")] = False,
@@ -874,19 +972,29 @@ def local_up(
                                                      help="shutdown-script budget in seconds (Spot: 30); a Spot "
                                                           "VM's preemption notice (120 s on Google) is shortened "
                                                           "alike")] = 30.0,
+    realism: Annotated[Path | None, typer.Option("--realism", exists=True, dir_okay=False,
+                                                 envvar="RESPAWN_LOCAL_REALISM",
+                                                 help="a file `respawn canary` wrote: every server as slow as "
+                                                      "Google (Realism.google()), with its measured figures in "
+                                                      "place of respawn's assumptions")] = None,
     folder: LocalDir = DEFAULT_LOCAL_DIR,
 ) -> None:
     """Start the whole local cloud and keep it up until Ctrl-C; another terminal sources the file it names."""
     import signal
     import threading
 
+    from localcloud.realism import Realism
     from localcloud.session import Actions, remove_env, write_env
     from localcloud.stack import LocalCloud, Options
 
     deadline.stop()  # it runs until Ctrl-C
 
+    try:
+        measured = Realism() if realism is None else Realism.from_canary(realism)
+    except (OSError, ValueError) as e:
+        _fail(f"--realism: {e}")
     cloud = LocalCloud(Options(bucket=bucket, project=project, tick_interval=tick, shutdown_budget=preemption_notice,
-                               log_dir=_made(folder)))
+                               log_dir=_made(folder), realism=measured))
     stop = threading.Event()
     # explicit: a background job inherits SIGINT ignored; SIGHUP: its terminal closed (the VMs,
     # each in a session of its own, would outlive a process killed by it, and local.env with them)
