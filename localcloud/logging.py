@@ -327,8 +327,10 @@ class LoggingServer(LogMetrics, Server):
         with self._lock:
             for entry in entries:
                 order = next(self._order)
-                entry = {**entry, "receiveTimestamp": received}
-                entry.setdefault("timestamp", received)
+                # Google keeps a Timestamp, and answers it in UTC ("Z") whatever offset it was written
+                # with: google-cloud-logging's reader cannot parse "+00:00".
+                entry = {**entry, "receiveTimestamp": received,
+                         "timestamp": rfc3339(_nanos(entry["timestamp"])) if "timestamp" in entry else received}
                 entry.setdefault("insertId", f"{order:016x}")
                 insort(self._entries, _Stored((_nanos(entry["timestamp"]), order), entry))
                 stored.append(entry)

@@ -834,8 +834,10 @@ def _why_stale(record: Record, st: JobStatus) -> str:
 
 
 def _consume(v: JobView, st: JobStatus) -> list[Action]:
-    """Delete the records this decision acted on; they come last in the chain."""
-    return [DeleteRecord(v.job, r.key, r.generation, f"acted on by attempt {st.attempt}") for r in v.records()]
+    """Delete the records this decision acted on; they come last in the chain. Never one of ``st``'s
+    own VMs (a notice its agent wrote before a pass asked Compute again for its insert is news)."""
+    return [DeleteRecord(v.job, r.key, r.generation, f"acted on by attempt {st.attempt}")
+            for r in v.records() if not r.belongs_to(st)]
 
 
 def _leftovers(v: JobView, orphan: bool = False) -> list[Action]:

@@ -135,6 +135,19 @@ def test_the_real_client_lists_entries_with_respawns_own_query(server, client):
         list(client.list_entries(filter_='textPayload=~"line.*"'))
 
 
+def test_a_timestamp_written_with_an_offset_is_answered_in_utc_as_google_does(server, client):
+    """Google keeps a protobuf Timestamp and answers it as RFC 3339 UTC ("Z"), whatever offset it was
+    written with; google-cloud-logging's reader fails on "+00:00" (found by respawn canary)."""
+    server.write([entry("104", "offset", timestamp="2026-11-28T10:00:00.250+02:00"),
+                  entry("104", "utc offset", timestamp="2026-11-28T08:00:01+00:00")])
+    answer = post(server, "list", {"resourceNames": [f"projects/{PROJECT}"], "filter": 'resource.labels.instance_id="104"'})
+    assert [e["timestamp"] for e in answer.json()["entries"]] == ["2026-11-28T08:00:00.250000000Z",
+                                                                  "2026-11-28T08:00:01.000000000Z"]
+    found = list(client.list_entries(filter_='resource.labels.instance_id="104"'))
+    assert [e.timestamp for e in found] == [datetime(2026, 11, 28, 8, 0, 0, 250000, UTC),
+                                            datetime(2026, 11, 28, 8, 0, 1, tzinfo=UTC)]
+
+
 def test_the_filter_subset_is_evaluated_as_the_logging_docs_say(server):
     t0 = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=1)  # after every other test's entries
     stamp = lambda s: (t0 + timedelta(seconds=s)).strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: E731

@@ -370,3 +370,18 @@ def test_a_withdrawn_standby_is_paid_for_and_counted_as_boot(h: Harness):
     assert h.status("a").standby is None
     assert totals.paid_acc_s - before == pytest.approx(156) and totals.boot_acc_s == pytest.approx(156)
     assert totals.cost > 0
+
+
+def test_a_notice_written_before_the_status_says_inserted_is_not_consumed_by_the_insert(h: Harness):
+    """Found by respawn canary: a pass that asks Compute again for an attempt whose 'inserted' write
+    was lost deleted every record, the new VM's own notice among them (no standby; the recovery
+    waited for the marker). Only the records of earlier attempts are consumed."""
+    running(h)
+    st = h.status("a")
+    h.store.put(BUCKET, names.status_key("a"), st.but(inserted=False, inserted_at=None).to_json())
+    h.notice("a")  # a-1's agent: instance/preempted turned TRUE
+    h.tick("a")  # Compute is asked again for a-1 (same request id), and the notice is acted on
+    assert h.store.exists(BUCKET, names.notice_key("a"))
+    h.tick("a")
+    st = h.status("a")
+    assert st.standby is not None and st.standby.attempt == 2 and h.live("a") == ["a-1", "a-2"]
