@@ -665,9 +665,15 @@ def _nanos(text: str) -> int:
 
 
 def rfc3339(nanos: int) -> str:
-    """RFC 3339 UTC with nanoseconds, as Cloud Logging writes timestamps."""
+    """RFC 3339 UTC, as Cloud Logging answers a protobuf Timestamp in JSON: "Z", and 0, 3, 6 or 9
+    fractional digits, as few as hold it exactly (proto3's JSON mapping)."""
     seconds, fraction = divmod(nanos, 1_000_000_000)
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{fraction:09d}Z"
+    text = datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    if fraction == 0:
+        return text + "Z"
+    digits = f"{fraction:09d}"
+    kept = 3 if digits.endswith("000000") else 6 if digits.endswith("000") else 9
+    return f"{text}.{digits[:kept]}Z"
 
 
 def _no_nulls(value: Any) -> Any:

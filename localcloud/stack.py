@@ -11,7 +11,7 @@ done here through the servers' own REST APIs: a Pub/Sub topic ``respawn-audit``;
 identity); ``roles/pubsub.publisher`` on the topic for the sink's writer identity; and the push
 subscription Eventarc makes for a Pub/Sub-triggered gen2 function, to ``on_audit`` in CloudEvents
 mode. Compute and Cloud TPU write their System Event audit entries into Cloud Logging whether or
-not it is on (the tick reads them with ``entries.list``); off, no sink routes them to ``on_audit``.
+not it is on; off, no sink routes them to ``on_audit``.
 The log-based metrics of the fleet's figures (``deploy/metrics``) are made in its Logging too.
 """
 

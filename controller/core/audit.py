@@ -12,9 +12,9 @@ no filter can keep respawn's instances alone: others are told apart here, by nam
 
 Eventarc's audit-log triggers cover Admin Activity and Data Access logs, and its method catalog
 lists none of these system methods: they reach respawn through a Logging sink on ``sink_filter``
-to a Pub/Sub topic (``on_audit``), and through the tick's own ``entries.list`` on ``list_filter``
-(controller.service.auditfeed). Both are hints: a pass judges the job as it finds it, with the
-entry only as evidence of why a VM it finds down went down.
+to a Pub/Sub topic (``on_audit``). An entry only wakes a pass of its VM's job: trainers may write
+logs, and Cloud Logging may take an entry written under this log's name, so why a VM went is read
+from Compute's own zone operations, never from an entry.
 
 Pure: no I/O.
 """
@@ -27,7 +27,7 @@ import hashlib
 import json
 import re
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -52,7 +52,7 @@ METHODS = (*LOSSES, *RESTARTS)
 _TPU_WORKER = re.compile(r"t1v-n-[0-9a-f]+-w-(0|[1-9][0-9]*)")
 _RESOURCE = re.compile(r"projects/(?P<project>[^/]{1,100})/zones/(?P<zone>[^/]{1,100})/instances/(?P<name>[^/]+)")
 _INSTANCE_NAME = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")  # Compute's own rule (RFC 1035, 63 at most)
-MAX_INSERT_ID = 128  # past it (no entry of Compute's), an insertId is kept as its digest: the watermark keeps thousands
+MAX_INSERT_ID = 128  # past it (no entry of Compute's), an insertId is logged as its digest
 MAX_ENTRY_BYTES = 256 * 1024  # Logging's own limit on an entry
 
 
@@ -158,11 +158,6 @@ def sink_filter(project: str) -> str:
     return _filter((project,))
 
 
-def list_filter(projects: Iterable[str], since: datetime) -> str:
-    """The tick's ``entries.list`` filter: the sink's, over every project, from ``since`` on."""
-    return f'{_filter(tuple(projects))} AND timestamp>="{_rfc3339(since)}"'
-
-
 def _filter(projects: tuple[str, ...]) -> str:
     logs = " OR ".join(f'"{log_name(p)}"' for p in projects)
     methods = " OR ".join(f'"{m}"' for m in METHODS)
@@ -202,14 +197,6 @@ def parse_entry(entry: Any) -> AuditEvent:
                       else None)
 
 
-def entry_time(entry: Any) -> datetime | None:
-    """An entry's timestamp where it has one that reads, whatever else it holds (or lacks)."""
-    try:
-        return _timestamp(entry.get("timestamp")) if isinstance(entry, Mapping) else None
-    except AuditError:
-        return None
-
-
 def decode_message(data: Any) -> Any:
     """The LogEntry a Pub/Sub ``messagePublished`` CloudEvent carries (``message.data``: base64 JSON)."""
     message = data.get("message") if isinstance(data, Mapping) else None
@@ -240,6 +227,3 @@ def _timestamp(value: Any) -> datetime:
         raise AuditError(f"timestamp {value[:40]!r} has no offset")
     return at
 
-
-def _rfc3339(at: datetime) -> str:
-    return at.isoformat(timespec="microseconds").replace("+00:00", "Z")

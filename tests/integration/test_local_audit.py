@@ -79,7 +79,7 @@ def test_without_the_audit_path_nothing_recovers_them_within_that_time():
         cloud.compute.preempt("hard-1", graceful=False)
         cloud.compute.crash("crashed-1")
         until("both TERMINATED", lambda: all(i["status"] == "TERMINATED" for i in cloud.compute.instances()))
-        # Compute still wrote its entries (the tick reads them), but no sink sends them anywhere.
+        # Compute still wrote its entries, but no sink sends them anywhere.
         assert len(cloud.logging.entries(audit.SYSTEM_EVENT_LOG_ID)) == 2
         time.sleep(QUIET)  # more than twice what the audit path takes (the tests below): nothing else is meant to act in it
         assert not inserted(cloud, "hard-2") and not inserted(cloud, "crashed-2")

@@ -1,5 +1,5 @@
-"""The audit path attacked: hostile messages and entries, a poisoned or saturated watermark, and
-what on_audit costs while a VM goes down (review of issue 25)."""
+"""The audit path attacked: hostile messages and entries, and what on_audit costs while a VM goes
+down (review of issue 25)."""
 
 from __future__ import annotations
 
@@ -50,9 +50,6 @@ def test_an_entry_with_deeply_nested_fields_is_refused_not_a_crash():
     for field in ("methodName", "resourceName"):
         with pytest.raises(audit.AuditError):
             audit.parse_entry({**entry, "protoPayload": {**entry["protoPayload"], field: deep}})
-
-
-# -- the watermark ----------------------------------------------------------------------------------
 
 
 # -- on_audit's wait and what it costs ---------------------------------------------------------------
