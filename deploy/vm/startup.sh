@@ -39,8 +39,15 @@ exit_object() {
 # trainer: power off, and the controller sees a VM that stopped without a word.
 give_up() { log "$*: giving up, powering off"; poweroff; exit 0; }
 
-# never_ran CODE WHY: the command could not be started. The exit record says why.
+# never_ran CODE WHY: the command could not be started. The exit record says why; not a held VM's
+# before its go: jobs/<job>/exit is the current attempt's too (a standby's would overwrite its exit 0
+# landing at the same moment), and the controller takes a standby gone down at its line as lost.
 never_ran() {
+  if [ "${agent_hold:-}" = 1 ] && [ -z "${agent_past_line:-}" ]; then
+    log "the command did not run: $2; at the starting line: no exit record, powering off"
+    poweroff
+    exit 0
+  fi
   log "the command did not run: $2; powering off"
   record exit "$(exit_object)" "\"exit_code\": $1, \"reason\": \"$(json_escape "$2")\"" \
     || log "could not write the exit record"
@@ -171,6 +178,11 @@ hold_at_the_line() {
 }
 
 load_identity || give_up "identity unreadable"
+# Whether this VM waits at the starting line (a standby), read first: a standby writes no exit
+# record before its go (never_ran). A value that could not be read is never taken for "not held":
+# that could start a second trainer.
+agent_hold="$(attr_or respawn-hold "")" || never_ran 98 "metadata unreadable: respawn-hold"
+agent_past_line=""
 mkdir -p "$agent_run_dir" && cd "$agent_run_dir" || never_ran 96 "no run directory $agent_run_dir"
 
 # One agent, hence one trainer, per VM: the lock is held for as long as the agent or
@@ -253,12 +265,11 @@ agent_interval="$(attr_or respawn-heartbeat-interval 60)" || never_ran 98 "metad
 readonly agent_code_uri agent_checkpoint_uri agent_master_addr agent_env_lines agent_command agent_interval
 
 # The starting line. Where to resume from is read after the go: the controller resolves the newest
-# complete checkpoint once the attempt before this one has saved, and gives it with the go. A value
-# that could not be read is never taken for "not held": that could start a second trainer.
-agent_hold="$(attr_or respawn-hold "")" || never_ran 98 "metadata unreadable: respawn-hold"
+# complete checkpoint once the attempt before this one has saved, and gives it with the go.
 agent_waited=""
 [ "$agent_hold" = 1 ] && hold_at_the_line
-readonly agent_hold agent_waited
+agent_past_line=1
+readonly agent_hold agent_waited agent_past_line
 
 agent_resume_from="$(attr_or respawn-resume-from "")" || never_ran 98 "metadata unreadable: respawn-resume-from"
 agent_resume_step="$(attr_or respawn-resume-step "")" || never_ran 98 "metadata unreadable: respawn-resume-step"

@@ -1079,6 +1079,20 @@ def test_a_stop_at_the_line_starts_no_trainer_and_writes_no_exit_record(gcs, srv
     assert not (srv.workdir_of("gone-4") / "ran.txt").exists() and read(gcs, "jobs/gone/exit") is None
 
 
+def test_a_standby_whose_code_cannot_be_fetched_writes_no_exit_record_over_the_current_attempts(gcs, guest):
+    """Found attacking issue 34: a held VM whose preparation failed wrote jobs/<job>/exit, the current
+    attempt's key too: an exit 0 of the attempt it stands by for, landing then, was overwritten. It
+    powers off without a record (the controller takes a standby down at its line as lost)."""
+    client(gcs.url).bucket(BUCKET).blob("jobs/held/exit").upload_from_string('{"exit_code": 0, "attempt": 1}')
+    values = vm_identity("held-2", "echo ran > ran.txt; exit 0")
+    values.update({f"instance/attributes/{k}": v for k, v in HELD.items()})
+    values["instance/attributes/respawn-code"] = f"gs://{BUCKET}/no/such/code.tar.gz"
+    g = guest(values, gcs.url)
+    out = g.run(patient(STARTUP, 2), timeout=60)
+    assert read(gcs, "jobs/held/exit") == {"exit_code": 0, "attempt": 1}, out
+    assert "code download failed; at the starting line: no exit record" in out and g.poweroffs == 1
+
+
 def test_the_starting_line_lines_fit_80_columns_as_respawn_logs_prints_them(gcs, srv):
     from controller.cli.joblogs import STAMP, one_stamp
 
