@@ -54,7 +54,13 @@ def preemption_ahead(v: JobView, st: JobStatus, mine: dict[str, Instance], now: 
     notice = v.notice
     if notice is not None and notice.belongs_to(st) and notice.detail == "preempted":
         until = notice.updated + timedelta(seconds=st.notice_s) + SHUTDOWN + SLACK
-        return f"preemption notice from {notice.instance or 'a VM'}", until
+        why = f"preemption notice from {notice.instance or 'a VM'}"
+        if now >= until and any(i.status.settling for i in mine.values()):
+            # Seen only past its bound, a VM on its way down: the notice may have come to nothing
+            # and this be a later preemption (a VM gets one notice per boot), whose soft-off may be
+            # now. Its guest is waited for as if it began now, never taken for off already.
+            return why, now + SHUTDOWN + SLACK
+        return why, until
     going = [n for n, i in mine.items() if i.status.settling and v.stop_reasons.get(n) == StopReason.PREEMPTED]
     if going:
         # Compute records the preemption at the soft-off: the guest is off within 30 s of it.

@@ -894,8 +894,13 @@ def _standby(v: JobView, spec: JobSpec, st: JobStatus, mine: dict[str, Instance]
             return []
         why, until = ahead
         if now >= until and all(i.status == InstanceStatus.RUNNING for i in mine.values()):
-            # Seen only past its bound (a late pass) with every VM still RUNNING: it came to nothing.
-            return _note(v, st, "notice", f"{why}: no preemption came by {until:%H:%M:%S} UTC", now)
+            # Seen only past its bound (a late pass) with every VM still RUNNING: it came to nothing,
+            # and is spent as a withdrawn standby's is. Kept, it would stand for a later preemption
+            # of the same VM (which gets no second notice) with its bound long past: a go at once,
+            # while that VM still saves.
+            spent = [DeleteRecord(v.job, v.notice.key, v.notice.generation, "came to nothing")] \
+                if v.notice is not None and v.notice.belongs_to(st) else []
+            return [*_note(v, st, "notice", f"{why}: no preemption came by {until:%H:%M:%S} UTC", now), *spent]
         return _begin_standby(v, spec, st, why, until, now, ctx)
     if not handover.may_stand_by(spec, st) or sb.spec_generation != v.spec_generation:
         return _stand_down(v, st, f"{', '.join(sb.instances)} no longer fits the job (its spec or budget changed)", now)
