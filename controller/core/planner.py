@@ -241,14 +241,14 @@ def _watch(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchC
         running = st.but(t.event(now, st, "running", detail, trainer_started=_trainer_started(v, st),
                                  **_progress(v, st)),
                          phase=Phase.RUNNING, message=detail, resumed_at=now, held=waiting)
-        return [WriteStatus(v.job, running, "instances running")]
+        return [*(_gang_go(v, st) if st.held and not waiting else []), WriteStatus(v.job, running, "instances running")]
     if st.held and handover.past_line(v, st):
         # Its trainer's first record: the go was received. Said once; the ledger's boot ends there.
         started = _trainer_started(v, st)
         text = "past the starting line: its trainer started" + (
             f" at {started:%H:%M:%S} UTC (its VM's clock)" if started else "")
-        return [WriteStatus(v.job, st.but(t.event(now, st, "training", text, trainer_started=started), held=False,
-                                          message=text), "past the starting line", replan=True)]
+        return [*_gang_go(v, st), WriteStatus(v.job, st.but(t.event(now, st, "training", text, trainer_started=started),
+                                                 held=False, message=text), "past the starting line", replan=True)]
     if (started := _unsaid_start(v, st)) is not None:
         # Seen RUNNING before its trainer's first record: the start, said once, ends the
         # ledger's boot while the attempt runs, not only when it ends.
@@ -993,6 +993,14 @@ def _go(job: str, st: JobStatus) -> list[Action]:
     if st.go_at is None or not st.project or not st.zone:
         return []
     return [ReleaseLine(job, st.attempt, st.project, st.zone, st.instances, go_items(st), f"the go for attempt {st.attempt}")]
+
+
+def _gang_go(v: JobView, st: JobStatus) -> list[Action]:
+    """The go again, before a held gang's line is left behind (``held`` cleared): its rank 0 past the
+    line says nothing of the other nodes' go (a setMetadata that failed for one, a pass that died
+    between two), and a node without it would wait there for ever, rank 0 with it. What follows
+    waits for it (``ReleaseLine.gate``). One VM past its line had its go."""
+    return [replace(go, gate=True) for go in _go(v.job, st)] if len(st.instances) > 1 else []
 
 
 def _quota_freed(v: JobView, st: JobStatus) -> bool:

@@ -4,11 +4,12 @@ test here failed before the fix its commit names."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
-from controller.core import names
+from controller.core import errors, names
 from controller.core.ports import InstanceStatus, StopReason
-from tests.harness import BUCKET, Harness
-from tests.service.test_zero_gap import gos, running
+from tests.harness import BUCKET, Harness, spec_doc
+from tests.service.test_zero_gap import THREE_ZONES, gos, running
 
 
 def test_a_notice_seen_only_past_its_bound_is_spent_and_never_cuts_a_later_preemptions_line_short(h: Harness):
@@ -42,3 +43,31 @@ def test_a_notice_no_pass_saw_before_a_later_preemption_waits_for_that_vm_as_if_
     h.advance(seconds=36)
     h.tick("a")
     assert gos(h) == ["a-2"]  # its guest is off by now, whatever Compute still says
+
+
+def test_a_gang_node_whose_go_failed_still_gets_it_after_rank_0_started(h: Harness):
+    h.submit("g", spec_doc(zones=THREE_ZONES, nodes=3))
+    h.tick()
+    h.tick()
+    h.notice("g")
+    h.tick("g")
+    release = h.compute.release
+
+    def flaky(project: str, zone: str, name: str, items: Any, wait: float | None = None) -> bool:
+        if name == "g-2-n1":  # one node's setMetadata answers 503 (or the pass dies right there)
+            raise errors.TransientError("503 backendError")
+        return release(project, zone, name, items, wait)
+
+    h.compute.release = flaky  # type: ignore[method-assign]
+    for r in range(3):
+        h.compute.preempt(f"g-1-n{r}")
+    h.tick("g")
+    assert h.metadata("g-2-n0")["respawn-go"] == "2" and "respawn-go" not in h.metadata("g-2-n1")
+    h.heartbeat("g", trainer_started=h.clock.now())  # rank 0 got its go and started its trainer
+    h.tick("g")  # n1's setMetadata fails again: the gang is not past its line yet
+    assert h.status("g").held
+    h.compute.release = release  # type: ignore[method-assign]
+    h.tick("g")
+    h.tick("g")
+    assert all(h.metadata(f"g-2-n{r}").get("respawn-go") == "2" for r in range(3))
+    assert not h.status("g").held
