@@ -7,8 +7,12 @@ from datetime import timedelta
 from typing import Any
 
 from controller.core import errors, names
+from controller.core.audit import system_event_entry
 from controller.core.ports import InstanceStatus, StopReason
-from tests.harness import BUCKET, Harness, spec_doc
+from controller.service import bootstrap, functions
+from controller.service.config import Settings
+from tests.harness import BUCKET, PROJECT, Harness, spec_doc
+from tests.service.test_audit import message
 from tests.service.test_zero_gap import THREE_ZONES, gos, running
 
 
@@ -71,3 +75,17 @@ def test_a_gang_node_whose_go_failed_still_gets_it_after_rank_0_started(h: Harne
     h.tick("g")
     assert all(h.metadata(f"g-2-n{r}").get("respawn-go") == "2" for r in range(3))
     assert not h.status("g").held
+
+
+def test_an_audit_entry_dated_in_the_future_is_never_retried_past_the_age_of_a_true_one(h: Harness):
+    """A trainer may write under the System Event log's name (issue 35, item 15), with any timestamp
+    Logging takes (up to a day ahead): dated a day ahead, its entry was retried for a day and a half
+    while its job's pass met a transient error, not for AUDIT_MAX_AGE."""
+    bootstrap.override(h.engine(), Settings(bucket=BUCKET, project=PROJECT))
+    h.submit("a")
+    h.tick()
+    h.tick()
+    forged = system_event_entry(PROJECT, h.status("a").zone, "a-1", "", "compute.instances.preempted",
+                                h.clock.now() + timedelta(hours=23))
+    h.store.faults.fail_next("list", errors.TransientError("503"), times=20)
+    assert functions.on_audit(message(forged)) is None  # absorbed: left to the tick
