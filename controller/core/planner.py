@@ -915,12 +915,17 @@ def _standby(v: JobView, spec: JobSpec, st: JobStatus, mine: dict[str, Instance]
 
 def _begin_standby(v: JobView, spec: JobSpec, st: JobStatus, why: str, until: datetime, now: datetime,
                    ctx: LaunchContext) -> list[Action]:
-    zone = t.pick_zone(spec, st, now, handover.standby_order(v, spec, st, now))
-    if zone is None:
+    # On the model a launch would choose now (issue 35, item 19): a job stepped down goes back up at
+    # a standby as at a launch after the VM is down; on its own model, the preempting zone last.
+    current = t.model_of(spec, st)
+    choice = t.choose(spec, st, now, lambda m: handover.standby_order(v, spec, st, now) if m == current
+                      else v.zone_order(m, now))
+    if choice is None:
         return _note(v, st, "standby", f"{why}: every zone is cooling, so no replacement boots beside it; "
                      "it is launched once the VM is down", now)
+    model, zone = choice
     nxt = handover.standby_for(v, spec, st, _project(spec, ctx), zone, ctx.new_token(), why, until, now,
-                               v.spec_generation)
+                               v.spec_generation, model)
     return [WriteStatus(v.job, nxt, "standby"), *_insert_standby(v, spec, nxt, now, ctx)]
 
 

@@ -89,3 +89,48 @@ def test_an_audit_entry_dated_in_the_future_is_never_retried_past_the_age_of_a_t
                                 h.clock.now() + timedelta(hours=23))
     h.store.faults.fail_next("list", errors.TransientError("503"), times=20)
     assert functions.on_audit(message(forged)) is None  # absorbed: left to the tick
+
+
+def test_a_standby_steps_back_up_as_the_serial_launch_would(h: Harness):
+    """Issue 35, item 19, on the zero-gap path: a job stepped down to Spot whose first model's
+    capacity is back past fallback.step_up_after went back up only on a launch after the VM was
+    down; a preemption with a notice (a standby) kept it on Spot for ever."""
+    h.compute.standard_stockouts.update(THREE_ZONES)
+    h.submit("a", spec_doc(zones=THREE_ZONES, provisioning=["standard", "spot"],
+                           policy={"zone_cooldown": "1m", "fallback": {"stockouts": 1, "step_up_after": "1h"}}))
+    for _ in range(3):
+        h.tick()
+    assert h.status("a").provisioning == "spot" and h.live("a") == ["a-1"]
+    h.compute.standard_stockouts.clear()
+    h.advance(hours=2)
+    h.heartbeat("a")
+    h.tick()
+    h.notice("a")
+    h.tick("a")
+    st = h.status("a")
+    assert st.standby is not None and st.standby.provisioning == "standard"
+    assert h.compute.request_of(st.standby.instances[0]).provisioning == "standard"
+    h.compute.preempt("a-1")
+    h.tick("a")
+    st = h.status("a")
+    assert st.attempt == 2 and st.provisioning == "standard" and gos(h) == ["a-2"]
+
+
+def test_a_standby_stepping_up_into_a_stockout_goes_on_the_current_model_and_parks_that_zone(h: Harness):
+    h.compute.standard_stockouts.update(THREE_ZONES)
+    h.submit("a", spec_doc(zones=THREE_ZONES, provisioning=["standard", "spot"],
+                           policy={"zone_cooldown": "10m", "fallback": {"stockouts": 1, "step_up_after": "1h"}}))
+    for _ in range(3):
+        h.tick()
+    h.advance(hours=2)
+    h.heartbeat("a")
+    h.tick()
+    h.compute.standard_stockouts.clear()
+    h.compute.standard_stockouts.add("us-central1-a")  # the model above is back, not in its first zone
+    h.notice("a")
+    h.tick("a")
+    st = h.status("a")
+    assert st.standby is not None and st.standby.inserted and st.standby.provisioning == "spot"
+    assert h.compute.request_of(st.standby.instances[0]).provisioning == "spot"
+    assert st.standby.zone != st.zone  # the preempting zone still last
+    assert "us-central1-a" in st.model_cooldowns["standard"] and st.zone_cooldowns == {}
