@@ -110,6 +110,7 @@ def test_a_standby_steps_back_up_as_the_serial_launch_would(h: Harness):
     st = h.status("a")
     assert st.standby is not None and st.standby.provisioning == "standard"
     assert h.compute.request_of(st.standby.instances[0]).provisioning == "standard"
+    assert h.metadata("a-2")["respawn-preemption-notice-s"] == "0"  # no notice on a standard VM
     h.compute.preempt("a-1")
     h.tick("a")
     st = h.status("a")
