@@ -78,6 +78,9 @@ class ReleaseLine:
     names: tuple[str, ...]
     items: Mapping[str, str]
     reason: str
+    # The actions after it wait for it: its failure ends the chain (the next pass tries again). Else a
+    # go that failed is given again next pass and holds nothing.
+    gate: bool = False
 
 
 @dataclass(frozen=True)

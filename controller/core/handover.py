@@ -54,7 +54,13 @@ def preemption_ahead(v: JobView, st: JobStatus, mine: dict[str, Instance], now: 
     notice = v.notice
     if notice is not None and notice.belongs_to(st) and notice.detail == "preempted":
         until = notice.updated + timedelta(seconds=st.notice_s) + SHUTDOWN + SLACK
-        return f"preemption notice from {notice.instance or 'a VM'}", until
+        why = f"preemption notice from {notice.instance or 'a VM'}"
+        if now >= until and any(i.status.settling for i in mine.values()):
+            # Seen only past its bound, a VM on its way down: the notice may have come to nothing
+            # and this be a later preemption (a VM gets one notice per boot), whose soft-off may be
+            # now. Its guest is waited for as if it began now, never taken for off already.
+            return why, now + SHUTDOWN + SLACK
+        return why, until
     going = [n for n, i in mine.items() if i.status.settling and v.stop_reasons.get(n) == StopReason.PREEMPTED]
     if going:
         # Compute records the preemption at the soft-off: the guest is off within 30 s of it.
@@ -63,14 +69,18 @@ def preemption_ahead(v: JobView, st: JobStatus, mine: dict[str, Instance], now: 
 
 
 def standby_for(v: JobView, spec: JobSpec, st: JobStatus, project: str, zone: str, token: str, why: str,
-                until: datetime, now: datetime, spec_generation: int | None) -> JobStatus:
-    """The status that commits a standby in ``zone`` (not inserted yet)."""
+                until: datetime, now: datetime, spec_generation: int | None, model: str | None = None) -> JobStatus:
+    """The status that commits a standby in ``zone`` (not inserted yet), on ``model`` (the current
+    attempt's when None; one above it when the job steps back up)."""
     attempt = t.next_attempt(st)
     nodes = tuple(names.node_names(v.job, attempt, spec.nodes))
+    current = t.model_of(spec, st)
+    model = model or current
     sb = Standby(attempt=attempt, project=project, zone=zone, instances=nodes, token=token,
-                 provisioning=t.model_of(spec, st), since=now, until=until, cause=why,
+                 provisioning=model, since=now, until=until, cause=why,
                  spec_generation=spec_generation)
-    text = (f"{why}: creating {', '.join(nodes)} in {zone} beside {', '.join(st.instances)}, to wait at the "
+    up = f" ({model}: stepping back up from {current})" if model != current else ""
+    text = (f"{why}: creating {', '.join(nodes)} in {zone}{up} beside {', '.join(st.instances)}, to wait at the "
             "starting line until its save is in")
     return st.but(t.event(now, st, "standby", text, instance=nodes[0], zone=zone), standby=sb, message=text)
 
@@ -161,6 +171,20 @@ def after_standby_error(st: JobStatus, spec: JobSpec, error: Exception, now: dat
     if isinstance(error, errors.QuotaError) and held:
         return withdrawn(st, f"quota exceeded in {error.zone} ({error.reason}), held by this job's own "
                          f"{', '.join(held)}: the replacement is launched once it is down", now)
+    current = t.model_of(spec, st)
+    if isinstance(error, (errors.CapacityError, errors.QuotaError)) and sb.provisioning != current:
+        # A standby stepping back up found no room on the model above: that model's zone cools (kept
+        # aside, as a step down keeps the model left behind), and the standby goes on the current one.
+        off = st.model_cooldowns.get(sb.provisioning, {})
+        parked = {**st.model_cooldowns, sb.provisioning: {**off, error.zone: now + spec.policy.zone_cooldown}}
+        back = st.but(model_cooldowns=parked)
+        nxt = t.pick_zone(spec, back, now, order)
+        if nxt is not None:
+            text = f"no {sb.provisioning} capacity for {', '.join(sb.instances)} in {error.zone} ({error.reason}); trying {current} in {nxt}"
+            moved = sb.model_copy(update={"zone": nxt, "provisioning": current, "placement": sb.placement + 1})
+            return back.but(t.event(now, st, "stockout", text, zone=error.zone), standby=moved, message=text)
+        return withdrawn(back, f"no capacity for {', '.join(sb.instances)} in any zone ({error.reason} in "
+                         f"{error.zone}); the replacement is launched once the VM is down", now)
     if isinstance(error, (errors.CapacityError, errors.QuotaError)):
         cooled = st.but(zone_cooldowns={**t.unexpired(st, now), error.zone: now + spec.policy.zone_cooldown})
         nxt = t.pick_zone(spec, cooled, now, order)

@@ -44,7 +44,9 @@ def standby_requests(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchCont
     assert sb is not None and spec.tpu is None
     slot = status.model_copy(update={"attempt": sb.attempt, "zone": sb.zone, "attempt_token": sb.token,
                                      "provisioning": sb.provisioning, "resume_from": None, "checkpoint_every_s": None,
-                                     "held": True, "go_at": None, "notice_s": status.notice_s})
+                                     "held": True, "go_at": None,
+                                     # its own model's notice (it may step back up: then none), as its promotion records
+                                     "notice_s": 0 if status.notice_refused else spec.notice_for(sb.provisioning)})
     return requests_for(job, spec, slot, ctx)  # type: ignore[return-value]
 
 

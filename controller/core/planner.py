@@ -241,14 +241,14 @@ def _watch(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchC
         running = st.but(t.event(now, st, "running", detail, trainer_started=_trainer_started(v, st),
                                  **_progress(v, st)),
                          phase=Phase.RUNNING, message=detail, resumed_at=now, held=waiting)
-        return [WriteStatus(v.job, running, "instances running")]
+        return [*(_gang_go(v, st) if st.held and not waiting else []), WriteStatus(v.job, running, "instances running")]
     if st.held and handover.past_line(v, st):
         # Its trainer's first record: the go was received. Said once; the ledger's boot ends there.
         started = _trainer_started(v, st)
         text = "past the starting line: its trainer started" + (
             f" at {started:%H:%M:%S} UTC (its VM's clock)" if started else "")
-        return [WriteStatus(v.job, st.but(t.event(now, st, "training", text, trainer_started=started), held=False,
-                                          message=text), "past the starting line", replan=True)]
+        return [*_gang_go(v, st), WriteStatus(v.job, st.but(t.event(now, st, "training", text, trainer_started=started),
+                                                 held=False, message=text), "past the starting line", replan=True)]
     if (started := _unsaid_start(v, st)) is not None:
         # Seen RUNNING before its trainer's first record: the start, said once, ends the
         # ledger's boot while the attempt runs, not only when it ends.
@@ -894,8 +894,13 @@ def _standby(v: JobView, spec: JobSpec, st: JobStatus, mine: dict[str, Instance]
             return []
         why, until = ahead
         if now >= until and all(i.status == InstanceStatus.RUNNING for i in mine.values()):
-            # Seen only past its bound (a late pass) with every VM still RUNNING: it came to nothing.
-            return _note(v, st, "notice", f"{why}: no preemption came by {until:%H:%M:%S} UTC", now)
+            # Seen only past its bound (a late pass) with every VM still RUNNING: it came to nothing,
+            # and is spent as a withdrawn standby's is. Kept, it would stand for a later preemption
+            # of the same VM (which gets no second notice) with its bound long past: a go at once,
+            # while that VM still saves.
+            spent = [DeleteRecord(v.job, v.notice.key, v.notice.generation, "came to nothing")] \
+                if v.notice is not None and v.notice.belongs_to(st) else []
+            return [*_note(v, st, "notice", f"{why}: no preemption came by {until:%H:%M:%S} UTC", now), *spent]
         return _begin_standby(v, spec, st, why, until, now, ctx)
     if not handover.may_stand_by(spec, st) or sb.spec_generation != v.spec_generation:
         return _stand_down(v, st, f"{', '.join(sb.instances)} no longer fits the job (its spec or budget changed)", now)
@@ -910,12 +915,17 @@ def _standby(v: JobView, spec: JobSpec, st: JobStatus, mine: dict[str, Instance]
 
 def _begin_standby(v: JobView, spec: JobSpec, st: JobStatus, why: str, until: datetime, now: datetime,
                    ctx: LaunchContext) -> list[Action]:
-    zone = t.pick_zone(spec, st, now, handover.standby_order(v, spec, st, now))
-    if zone is None:
+    # On the model a launch would choose now (issue 35, item 19): a job stepped down goes back up at
+    # a standby as at a launch after the VM is down; on its own model, the preempting zone last.
+    current = t.model_of(spec, st)
+    choice = t.choose(spec, st, now, lambda m: handover.standby_order(v, spec, st, now) if m == current
+                      else v.zone_order(m, now))
+    if choice is None:
         return _note(v, st, "standby", f"{why}: every zone is cooling, so no replacement boots beside it; "
                      "it is launched once the VM is down", now)
+    model, zone = choice
     nxt = handover.standby_for(v, spec, st, _project(spec, ctx), zone, ctx.new_token(), why, until, now,
-                               v.spec_generation)
+                               v.spec_generation, model)
     return [WriteStatus(v.job, nxt, "standby"), *_insert_standby(v, spec, nxt, now, ctx)]
 
 
@@ -988,6 +998,14 @@ def _go(job: str, st: JobStatus) -> list[Action]:
     if st.go_at is None or not st.project or not st.zone:
         return []
     return [ReleaseLine(job, st.attempt, st.project, st.zone, st.instances, go_items(st), f"the go for attempt {st.attempt}")]
+
+
+def _gang_go(v: JobView, st: JobStatus) -> list[Action]:
+    """The go again, before a held gang's line is left behind (``held`` cleared): its rank 0 past the
+    line says nothing of the other nodes' go (a setMetadata that failed for one, a pass that died
+    between two), and a node without it would wait there for ever, rank 0 with it. What follows
+    waits for it (``ReleaseLine.gate``). One VM past its line had its go."""
+    return [replace(go, gate=True) for go in _go(v.job, st)] if len(st.instances) > 1 else []
 
 
 def _quota_freed(v: JobView, st: JobStatus) -> bool:

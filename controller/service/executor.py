@@ -97,6 +97,11 @@ class Executor:
                     break
                 continue
             except errors.RespawnError as e:
+                if isinstance(action, ReleaseLine) and action.gate and not isinstance(e, _Spared):
+                    chain.outcome.error = f"{_describe(action)}: {type(e).__name__}: {e}"
+                    chain.outcome.transient |= isinstance(e, errors.TransientError)
+                    _log(action, f"failed: {e}; what follows waits for the next pass", level=logging.WARNING)
+                    break
                 if isinstance(action, ReleaseLine) and not isinstance(e, _Spared):
                     # The go is given again at every pass until it took: it never holds the rest
                     # of the chain (the watch of the very attempt waiting for it above all).

@@ -123,7 +123,11 @@ def on_audit(data: dict[str, Any]) -> dict[str, Any] | None:
         if job is None and not engine.wide_pass_due(TPU_PASS_GAP):
             log.info("audit entry of a TPU worker: a pass over every job ran moments ago", extra={"json_fields": where})
             return None
-        old = engine.clock.now() - event.at > AUDIT_MAX_AGE
+        # Dated ahead of this clock by more than its skew, an entry is none of Compute's (a trainer may
+        # write under the log's name, and LogEntry.timestamp may be up to 24 hours ahead, its reference
+        # says): never retried.
+        age = engine.clock.now() - event.at
+        old = age > AUDIT_MAX_AGE or age < -AUDIT_SKEW
         summary = engine.reconcile(job)
         if job and not summary.transient and (left := _restart_due(summary, job, engine.clock.now())) is not None:
             engine.clock.sleep(left)
@@ -161,5 +165,6 @@ AUDIT_DUE_WAIT = 45.0
 AUDIT_DUE_SLACK = 0.5  # past the due time, so that the pass after the sleep finds it due
 # An audit message older than this is never retried (the ticks have judged its VM since).
 AUDIT_MAX_AGE = timedelta(minutes=30)
+AUDIT_SKEW = timedelta(minutes=5)  # how far ahead of the controller's clock Compute's own timestamps may be
 # At most one pass over every job per this long for TPU workers' entries, in one function instance.
 TPU_PASS_GAP = 30.0
