@@ -942,8 +942,8 @@ def _insert_standby(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx
 
 
 def _standby_lost(v: JobView, st: JobStatus) -> str | None:
-    """Why the standby is of no use any more: its own VMs got a preemption notice, or went down (or
-    vanished) at their line. None otherwise, and while its zone cannot be seen."""
+    """Why the standby is of no use any more: its own VMs got a preemption notice, or are going or gone
+    down (or vanished) at their line. None otherwise, and while its zone cannot be seen."""
     sb = st.standby
     assert sb is not None
     if v.notice is not None and v.notice.belongs_to_standby(st):
@@ -951,7 +951,9 @@ def _standby_lost(v: JobView, st: JobStatus) -> str | None:
     if not sb.inserted or sb.zone in v.unreachable:
         return None
     theirs = {i.name: i for i in v.instances if _standing_by(st, i)}
-    gone = [n for n in sb.instances if n not in theirs or theirs[n].status.down]
+    # Not alive is lost: one STOPPING (Compute preempting it at its line) would take the go and
+    # leave the line without starting, a restart for nothing.
+    gone = [n for n in sb.instances if n not in theirs or not theirs[n].status.alive]
     return f"{', '.join(gone)} lost at its starting line" if gone else None
 
 

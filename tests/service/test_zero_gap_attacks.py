@@ -135,3 +135,20 @@ def test_a_standby_stepping_up_into_a_stockout_goes_on_the_current_model_and_par
     assert h.compute.request_of(st.standby.instances[0]).provisioning == "spot"
     assert st.standby.zone != st.zone  # the preempting zone still last
     assert "us-central1-a" in st.model_cooldowns["standard"] and st.zone_cooldowns == {}
+
+
+def test_a_standby_stopping_at_its_line_when_the_save_is_in_is_withdrawn_not_given_the_go(h: Harness):
+    """A standby Compute is preempting (STOPPING) was promoted and given the go; its agent leaves the
+    line without starting: a restart for nothing. It is lost, as one already down is."""
+    running(h)
+    h.notice("a")
+    h.tick("a")
+    h.compute.set_status("a-2", InstanceStatus.STOPPING)
+    h.compute.causes_of("a-2").append(StopReason.PREEMPTED)
+    h.marker("a")  # the old attempt's save is in
+    h.compute.preempt("a-1")
+    h.tick("a")
+    st = h.status("a")
+    assert "a-2" not in gos(h) and st.withdrawn == 2
+    assert any("a-2 lost at its starting line" in e.detail for e in st.history)
+    assert st.attempt == 3 and h.live("a") == ["a-3"]  # the serial launch, in the same pass
