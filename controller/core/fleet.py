@@ -109,42 +109,57 @@ class Figures:
 def figures(statuses: Iterable[JobStatus], now: datetime, made: Sequence[Change] = (), unread: int = 0) -> Figures:
     """Every job's status (the one this pass committed, else the one it read; a job with a spec and
     no status yet as ``JobStatus()``) added up at ``now``; ``made``: the changes this pass committed."""
-    phases = Counter({p.value: 0 for p in Phase})
-    running = paid = useful = known = cost = on_demand = recovery_s = 0.0
-    recoveries = 0
-    losses: dict[str, Counter[str]] = defaultdict(Counter)
-    stockouts: Counter[str] = Counter()
-    sources: dict[str, None] = {}
+    tally = Tally(now)
     for st in statuses:
-        phases[st.phase.value] += 1
+        tally.add(st)
+    return tally.figures(made, unread)
+
+
+class Tally:
+    """``figures`` a status at a time: a pass adds each job as it is done with it, holding none."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+        self.phases = Counter({p.value: 0 for p in Phase})
+        self.running = self.paid = self.useful = self.known = self.cost = self.on_demand = self.recovery_s = 0.0
+        self.recoveries = 0
+        self.losses: dict[str, Counter[str]] = defaultdict(Counter)
+        self.stockouts: Counter[str] = Counter()
+        self.sources: dict[str, None] = {}
+
+    def add(self, st: JobStatus) -> None:
+        self.phases[st.phase.value] += 1
         book = st.ledger
-        total = ledgers.summary(book, now)
+        total = ledgers.summary(book, self.now)
         if st.phase == Phase.RUNNING and (span := book.open) is not None:
-            running += span.accelerators
-        paid += total.accelerator_hours
-        useful += total.useful_hours
-        known += total.accelerator_hours - total.unknown_hours
-        cost, on_demand = cost + total.cost, on_demand + total.on_demand_cost
-        recoveries += book.totals.recoveries
-        recovery_s += book.totals.recovery_s
+            self.running += span.accelerators
+        self.paid += total.accelerator_hours
+        self.useful += total.useful_hours
+        self.known += total.accelerator_hours - total.unknown_hours
+        self.cost, self.on_demand = self.cost + total.cost, self.on_demand + total.on_demand_cost
+        self.recoveries += book.totals.recoveries
+        self.recovery_s += book.totals.recovery_s
         for zone, causes in book.totals.losses.items():
-            losses[zone or NO_ZONE].update(causes)
-        stockouts.update({zone or NO_ZONE: n for zone, n in book.totals.stockouts.items()})
-        sources.update(dict.fromkeys(total.price_sources))
-    pass_losses: dict[str, Counter[str]] = defaultdict(Counter)
-    for c in made:
-        if c.kind == LOSS:
-            pass_losses[c.zone][c.cause] += 1
-    latencies = [c.latency_s for c in made if c.kind == RECOVERY and c.latency_s is not None]
-    return Figures(
-        jobs=dict(phases), accelerators_running=running, accelerator_hours=paid, useful_hours=useful,
-        goodput=useful / known if known > 1e-9 else None, cost=cost, on_demand_cost=on_demand,
-        losses={z: dict(c) for z, c in sorted(losses.items())}, stockouts=dict(sorted(stockouts.items())),
-        recoveries=recoveries, recovery_mean_s=recovery_s / recoveries if recoveries else None, unread=unread,
-        pass_losses={z: dict(c) for z, c in sorted(pass_losses.items())},
-        pass_stockouts=dict(sorted(Counter(c.zone for c in made if c.kind == STOCKOUT).items())),
-        pass_recoveries=sum(1 for c in made if c.kind == RECOVERY),
-        pass_recovery_s=tuple(round(s, 3) for s in latencies[:LATENCIES_KEPT]), price_sources=tuple(sources))
+            self.losses[zone or NO_ZONE].update(causes)
+        self.stockouts.update({zone or NO_ZONE: n for zone, n in book.totals.stockouts.items()})
+        self.sources.update(dict.fromkeys(total.price_sources))
+
+    def figures(self, made: Sequence[Change] = (), unread: int = 0) -> Figures:
+        pass_losses: dict[str, Counter[str]] = defaultdict(Counter)
+        for c in made:
+            if c.kind == LOSS:
+                pass_losses[c.zone][c.cause] += 1
+        latencies = [c.latency_s for c in made if c.kind == RECOVERY and c.latency_s is not None]
+        return Figures(
+            jobs=dict(self.phases), accelerators_running=self.running, accelerator_hours=self.paid,
+            useful_hours=self.useful, goodput=self.useful / self.known if self.known > 1e-9 else None,
+            cost=self.cost, on_demand_cost=self.on_demand,
+            losses={z: dict(c) for z, c in sorted(self.losses.items())}, stockouts=dict(sorted(self.stockouts.items())),
+            recoveries=self.recoveries, recovery_mean_s=self.recovery_s / self.recoveries if self.recoveries else None,
+            unread=unread, pass_losses={z: dict(c) for z, c in sorted(pass_losses.items())},
+            pass_stockouts=dict(sorted(Counter(c.zone for c in made if c.kind == STOCKOUT).items())),
+            pass_recoveries=sum(1 for c in made if c.kind == RECOVERY),
+            pass_recovery_s=tuple(round(s, 3) for s in latencies[:LATENCIES_KEPT]), price_sources=tuple(self.sources))
 
 
 # -- the entries (jsonPayload fields) -------------------------------------------------------------

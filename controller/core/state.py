@@ -12,7 +12,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_serializer, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_serializer, model_validator
 
 from controller.core.checkpoints import Found
 from controller.core.durations import Instant, measured
@@ -21,6 +21,14 @@ from controller.core.runs import RunSummary, checkpoint_root, run_id
 from controller.core.spec import Checkpoint, Notify
 
 HISTORY_LIMIT = 100
+# A status stays small however long a job runs: its history, past runs, ledger and ids are kept to
+# their newest (HISTORY_LIMIT, runs.RUNS_KEPT, ledger.*_KEPT, IDS_KEPT), and its words are cut at
+# TEXT_LIMIT characters, names at NAME_LIMIT (a Compute error, a trainer's reason: text from outside). A status at every
+# bound at once is under STATUS_BOUND bytes (tests/unit/test_status_bound.py).
+TEXT_LIMIT = 500
+NAME_LIMIT = 80
+ERRORS_KEPT = 50  # a spec's problems, as its status lists them
+STATUS_BOUND = 256 * 1024
 IDS_KEPT = 50  # instance ids remembered (name -> id), the newest
 
 
@@ -38,17 +46,26 @@ class Phase(StrEnum):
         return self in (Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED)
 
 
+def _cut(text: str | None, limit: int = TEXT_LIMIT) -> str | None:
+    return text if text is None or len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _name(text: str | None) -> str | None:
+    """An event's kind, an instance's or a zone's name: a few dozen characters (63 at most for a name)."""
+    return _cut(text, NAME_LIMIT)
+
+
 class Event(BaseModel):
     """One line of a job's history: what was decided or done, and why, in words."""
 
     model_config = ConfigDict(frozen=True)
 
     at: Instant
-    event: str
+    event: Annotated[str, AfterValidator(_name)]
     attempt: int = 0
-    detail: str = ""
-    instance: str | None = None
-    zone: str | None = None
+    detail: Annotated[str, AfterValidator(_cut)] = ""
+    instance: Annotated[str | None, AfterValidator(_name)] = None
+    zone: Annotated[str | None, AfterValidator(_name)] = None
     since: Instant | None = None  # when it happened, where that is known and earlier (a VM's marker)
     trainer_started: Instant | None = None  # the attempt's trainer started, by its VM's clock (its records)
     # The attempt's progress as its trainer reported it (its records, through the VM agent): the
@@ -264,6 +281,15 @@ class JobStatus(BaseModel):
             count = data.get("event_count")
             return {**data, "ledger": {**data["ledger"], "folded": count if isinstance(count, int) else 0}}
         return data
+
+    @field_serializer("message")
+    def _message_cut(self, message: str) -> str:
+        """``but(message=...)`` copies without validating: the bound is kept where it is written."""
+        return _cut(message) or ""
+
+    @field_serializer("errors")
+    def _errors_cut(self, found: tuple[str, ...]) -> list[str]:
+        return [_cut(e) or "" for e in found[:ERRORS_KEPT]]
 
     @field_serializer("notify")
     def _notify_as_written(self, notify: Notify | None) -> dict[str, Any] | None:

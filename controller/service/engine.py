@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from controller.core import errors, fleet
@@ -124,25 +124,29 @@ class Engine:
         notifier: Notifier | None = getattr(self.executor, "notifier", None)
         sends = notifier.begin(self.workers) if notifier is not None and not dry_run else None
         summary = Summary()
+        tally = fleet.Tally(self.clock.now()) if job is None and not dry_run else None
+        seen = World({})  # the pass's blind zones and projects and the jobs it could not read
         try:
-            first, rest = self.observer.parts(job)
+            chunks, rest = self.observer.parts(job)
             wait_until = None if self.operation_wait is None else time.monotonic() + self.operation_wait
-            self._act(first, summary, dry_run, wait_until, sends)
+            # Each chunk is acted on as soon as it was read, before the next is: a chunk's inserts
+            # start while the rest of the fleet is still being read, and a pass holds one chunk's
+            # views at a time (what it committed, and the figures' running sums, it keeps).
+            for world in chunks:
+                self._act(world, summary, dry_run, wait_until, sends)
+                seen = self._done_with(world, seen, summary, tally)
             later = rest()
             self._act(later, summary, dry_run, wait_until, sends)
-            world = first.joined(later)
-            summary.unreachable = [*world.unreachable, *(f"project {p}" for p in world.unseen_projects)]
-            for project, why in world.unseen_projects.items():
+            seen = self._done_with(later, seen, summary, tally)
+            summary.unreachable = [*seen.unreachable, *(f"project {p}" for p in seen.unseen_projects)]
+            for project, why in seen.unseen_projects.items():
                 summary.errors[f"project {project}"] = f"instance list failed: {why}"
-            for name, why in world.failed.items():
+            for name, why in seen.failed.items():
                 summary.errors[name] = f"observe: {why}"
-                if name in world.transient:  # a 403, a bug: no retry of the whole function fixes it
+                if name in seen.transient:  # a 403, a bug: no retry of the whole function fixes it
                     summary.transient.append(name)
-            if job is None and not dry_run:
-                summary.figures = self._figures(world, summary)
-                for st in (summary.committed.get(n) or v.status for n, v in world.jobs.items()):
-                    if st is not None and st.notice_refused and st.project and not st.phase.terminal:
-                        summary.notice_refused[st.project] = st.notice_refused
+            if tally is not None:
+                summary.figures = self._figures(tally, summary, len(seen.failed))
         finally:
             if sends is not None:
                 unsent = sends.finish()
@@ -155,13 +159,28 @@ class Engine:
                                 self.workers):
             summary.merge(part)
 
-    def _figures(self, world: World, summary: Summary) -> fleet.Figures | None:
-        """Every job's status as the pass left it (its commit, else what it read) added up; a job
-        whose spec has no status yet counts as PENDING. Never the pass's failure: None."""
-        statuses = [summary.committed.get(name) or view.status or JobStatus()
-                    for name, view in world.jobs.items() if view.has_spec or view.status is not None]
+    def _done_with(self, world: World, seen: World, summary: Summary, tally: fleet.Tally | None) -> World:
+        """``world``'s part of the pass once acted on: its jobs added to the
+        figures (each as the pass last committed it, else as read; a job whose spec has no status
+        yet as PENDING) and to the projects whose Compute refused a preemption notice; what it saw
+        kept, its views let go."""
+        if tally is not None:
+            for name, view in world.jobs.items():
+                if not (view.has_spec or view.status is not None):
+                    continue
+                st = summary.committed.get(name) or view.status or JobStatus()
+                try:
+                    tally.add(st)
+                except Exception:  # noqa: BLE001 - figures for people: never a pass's failure
+                    log.exception("could not add a job to the fleet's figures", extra={"json_fields": {"job": name}})
+                if st.notice_refused and st.project and not st.phase.terminal:
+                    summary.notice_refused[st.project] = st.notice_refused
+        return seen.joined(replace(world, jobs={}))
+
+    def _figures(self, tally: fleet.Tally, summary: Summary, unread: int) -> fleet.Figures | None:
+        """The fleet added up (``_done_with``). Never the pass's failure: None."""
         try:
-            return fleet.figures(statuses, self.clock.now(), summary.changes, unread=len(world.failed))
+            return tally.figures(summary.changes, unread=unread)
         except Exception:  # noqa: BLE001 - figures for people: never a pass's failure
             log.exception("could not add up the fleet's figures")
             return None

@@ -11,13 +11,17 @@ miss them, where the earlier listing could.
 
 from __future__ import annotations
 
+import enum
 import heapq
 import logging
+import sys
 import threading
 import time
+import zlib
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
+from datetime import datetime
 from typing import Any, TypeVar
 
 from cachetools import LRUCache
@@ -40,7 +44,7 @@ UNEXPECTED = "unexpected"  # prefix of a failure no retry is known to fix
 TPU_LIST_TIMEOUT = 20.0
 # status.json is the controller's own, bounded by its history limit: a few hundred KiB.
 MAX_STATUS_BYTES = 4 * 1024 * 1024
-PARSED_CACHE_BYTES = 64 * 1024 * 1024  # by the objects' listed sizes
+PARSED_CACHE_BYTES = 128 * 1024 * 1024  # by what the entries hold in memory (``footprint``)
 _ONE_JOB = 8  # a single job's reads sent side by side (its few objects; a gang's nodes)
 # VM records of names with neither spec nor status handed to the planner per pass, oldest
 # first (it deletes those past planner.STRAY_GRACE): a million strays cost a million lines
@@ -49,6 +53,9 @@ MAX_STRAYS = 500
 # Worker exit records of a job that no rank of its current attempt can have written, handed
 # over per pass (to be cleaned up, never read).
 MAX_UNREAD_NODE_EXITS = 100
+# Jobs read, planned and acted on together in a pass over every job: its memory holds one chunk's
+# statuses (a parsed status at its history limit is about 160 KiB), not the fleet's.
+CHUNK = 256
 _RECORD_KINDS = ("marker", "exit", "heartbeat", "notice", "ready")
 T = TypeVar("T")
 
@@ -58,7 +65,9 @@ class Parsed:
 
     A generation names one content forever, so a job whose objects did not change since
     the last pass costs no read and no parse: a finished job costs nothing but its lines
-    in the listing. Kept per observer, which a function instance keeps between passes.
+    in the listing. Kept per observer, which a function instance keeps between passes, and
+    bounded by what its entries really hold in memory (``footprint``), not by the objects'
+    sizes in the bucket: a parsed spec is about 20 times its YAML.
     """
 
     def __init__(self, max_bytes: int = PARSED_CACHE_BYTES) -> None:
@@ -74,16 +83,47 @@ class Parsed:
             return hit[1]
         value, generation = make()
         if generation == info.generation:
+            size = footprint(value) + footprint(key)
             with self._lock:
-                self._cache[key] = (max(info.size, 512), value)
+                if size <= self._cache.maxsize:
+                    self._cache[key] = (size, value)
         return value
+
+    @property
+    def held(self) -> int:
+        """Bytes the cache holds now, as it counts them."""
+        return int(self._cache.currsize)
+
+
+def footprint(value: object) -> int:
+    """Bytes ``value`` holds in memory: ``sys.getsizeof`` of it and of everything it refers to
+    (containers, objects' ``__dict__``), each object counted once."""
+    seen: set[int] = set()
+    total = 0
+    stack = [value]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, (type, enum.Enum)):  # shared by every value: not this one's
+            continue
+        seen.add(id(obj))
+        total += sys.getsizeof(obj)
+        if isinstance(obj, (str, bytes, int, float, datetime)) or obj is None:
+            continue
+        if isinstance(obj, dict):
+            stack += [*obj.keys(), *obj.values()]
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            stack += obj
+        elif hasattr(obj, "__dict__"):
+            stack.append(vars(obj))
+    return total
 
 
 class Observer:
     def __init__(self, store: BlobStore, compute: ComputeGateway, bucket: str, policy: ControllerPolicy,
                  workers: int = 1, advisor: CapacityAdvisor | None = None, tpu: TpuGateway | None = None,
-                 tpu_timeout: float = TPU_LIST_TIMEOUT, replayable: bool = False) -> None:
+                 tpu_timeout: float = TPU_LIST_TIMEOUT, replayable: bool = False, chunk: int = CHUNK) -> None:
         self.store = store
+        self.chunk = chunk  # jobs of a pass over every job read, planned and acted on together
         # Every read on the pass's own thread, in order, the TPU listing unbounded: what a seeded
         # simulation needs to replay exactly (tests/chaos); a deployed pass bounds it on a thread.
         self.replayable = replayable
@@ -99,86 +139,150 @@ class Observer:
 
     def world(self, job: str | None = None) -> World:
         """Everything the planner needs, for every job or for one (``parts``, joined)."""
-        first, rest = self.parts(job)
-        return first.joined(rest())
+        chunks, rest = self.parts(job)
+        world = World({})
+        for chunk in chunks:
+            world = world.joined(chunk)
+        return world.joined(rest())
 
-    def parts(self, job: str | None = None) -> tuple[World, Callable[[], World]]:
-        """The world in two parts: the VM jobs' at once, and a call for the rest, which waits for
-        the TPU listing (within its bound): the TPU jobs' views, and those of names with neither
-        spec nor status (strays, orphans of either kind). A TPU API that does not answer never
-        holds a VM job's recovery, however many workers a pass has.
+    def parts(self, job: str | None = None) -> tuple[Iterator[World], Callable[[], World]]:
+        """The world in parts: the VM jobs' chunk by chunk (``chunk`` jobs each), each ready to be
+        acted on before the next is read, and a call for the rest, made once every chunk was taken,
+        which waits for the TPU listing (within its bound): the TPU jobs' views, those of names
+        with neither spec nor status (strays, orphans of either kind), runs that have launched
+        nothing yet, and jobs whose status records a project the policy no longer watches. A TPU API
+        that does not answer never holds a VM job's recovery, however many workers a pass has.
+
+        A pass over every job holds one chunk's statuses at a time, never the fleet's: its memory
+        is bounded by the chunk and by what changed (the listing and the instance list are a few
+        hundred bytes a job). Its instance list is asked for right after the bucket listing, beside
+        the first chunk's reads, so each status must be the generation listed before it (see the
+        module docstring): one that moved since is the job of a pass that committed meanwhile, and
+        that job is observed again alone, in its own order, with the rest.
 
         A pass over every job runs jobs side by side, each job's reads one after another; a
         pass for one job (an event: its latency is the point) runs that job's reads side by side.
         """
         listing = self._listing(job)
         failed = _Failed()  # each job's own key: safe to fill from several threads
-        strays = _strays(listing)
         # A name with neither spec nor status has nothing to read: only its oldest VM records, to
         # be cleaned up, and its instances (orphans), which the instance list finds below.
+        strays = _strays(listing)
         order = sorted(n for n, objects in listing.items() if _ours(objects)) if job is None else [job]
         side = 1 if job is None else min(self.workers, _ONE_JOB)  # workers=1: inline, in order
-        observed = fanout.each(order, lambda n: self._guarded(failed, n, self._bucket_view, n, listing.get(n, {}), side),
-                               self.workers)
-        views = {name: view for name, view in zip(order, observed, strict=True) if view}
-        for name, records in strays.items():
-            views[name] = replace(views.get(name) or JobView(job=name, cancelled="cancel" in listing[name]), **records)
-        # Only now, after every status was read, the instances: see the module docstring.
-        # The TPU nodes are listed beside the instances, each list with its own bound; inline only
-        # where a simulation must replay (``replayable``), never unbounded in a deployed pass.
-        tpu_list = _Background(lambda: self._tpu_nodes(job, views), inline=self.replayable)
-        # The orphan search in the zones respawn/tpu-zones.json records is a listing of its own,
-        # within the same bound: however many zones the record names (anyone who can write the
-        # bucket can write it), it never makes the TPU jobs blind; past the bound its nodes are
-        # looked for again next pass.
-        orphan_list = _Background(lambda: self._recorded_tpu_nodes(job, views), inline=self.replayable)
-        found = self._instances(job, views)
-        unreachable = tuple(found.unreachable)
-        unseen = tuple(sorted(found.failed_projects))
-        why = dict(found.failed_projects)
-        vms: dict[str, list[Instance]] = defaultdict(list)
-        for instance in found.instances:
-            if instance.job and instance.job not in failed:
-                vms[instance.job].append(instance)
-        # The VM jobs running a valid spec that have launched in this run. The rest wait for the TPU
-        # listing: a run that has launched nothing yet (an earlier run of its name may have left a
-        # TPU node to be found), and a name whose spec is gone or invalid (only leftovers to delete,
-        # of either kind).
-        now = {n for n, v in views.items() if v.spec is not None and not _on_tpu(v) and not _new_run(v)}
-        first = {n: replace(views[n], instances=tuple(vms.get(n, ())), unreachable=unreachable, unseen_projects=unseen,
-                            unseen_why=why) for n in sorted(now)}
-        first_views = fanout.each(list(first), lambda n: self._guarded(failed, n, self._with_evidence, first[n], side),
-                                  self.workers)
+        # One job's instances come from zonal lists of the zones its view names: after its reads.
+        found = None if job is not None else _Background(lambda: self._instances(None, {}), inline=self.replayable)
+        later: dict[str, JobView] = {}  # acted on in ``rest``
+        acted: set[str] = set()  # names handed out in chunks
+        moved: list[str] = []  # statuses replaced since the listing: observed again alone
+        state: dict[str, Any] = {"found": None, "done": False}
+
+        def instances(views: dict[str, JobView]) -> InstanceList:
+            if state["found"] is None:
+                state["found"] = found.wait() if found is not None else self._instances(job, views)
+            return state["found"]
+
+        def chunks() -> Iterator[World]:
+            for start in range(0, len(order), self.chunk):
+                names_ = order[start:start + self.chunk]
+                observed = fanout.each(names_, lambda n: self._guarded(
+                    failed, n, self._bucket_view, n, listing.get(n, {}), side), self.workers)
+                views: dict[str, JobView] = {}
+                for name, view in zip(names_, observed, strict=True):
+                    if view is None:
+                        continue
+                    listed = listing.get(name, {}).get("status")
+                    if job is None and listed is not None and view.status_generation != listed.generation:
+                        moved.append(name)
+                    else:
+                        views[name] = view
+                for name in views.keys() & strays.keys():
+                    views[name] = replace(views[name], **strays[name])
+                seen = instances(views)
+                unreachable, unseen, why = tuple(seen.unreachable), tuple(sorted(seen.failed_projects)), \
+                    dict(seen.failed_projects)
+                now = {n for n, v in views.items() if v.spec is not None and not _on_tpu(v) and not _new_run(v)
+                       and (job is not None or _watched(v, self.policy))}
+                later.update({n: v for n, v in views.items() if n not in now})
+                if not now:
+                    continue
+                mine: dict[str, list[Instance]] = defaultdict(list)
+                for instance in seen.instances:
+                    if instance.job in now:
+                        mine[instance.job].append(instance)
+                first = {n: replace(views[n], instances=tuple(mine.get(n, ())), unreachable=unreachable,
+                                    unseen_projects=unseen, unseen_why=why) for n in sorted(now)}
+                acted.update(first)
+                with_evidence = fanout.each(list(first), lambda n: self._guarded(
+                    failed, n, self._with_evidence, first[n], side), self.workers)
+                done = dict(zip(first, with_evidence, strict=True))
+                yield World({n: v for n, v in done.items() if v}, unreachable, why, failed, failed.transient)
+            state["done"] = True
 
         def rest() -> World:
-            tpus = tpu_list.result(self.tpu_timeout, lambda: self._tpu_unanswered(job, views))
+            if not state["done"]:
+                raise RuntimeError("Observer.parts: rest() before every chunk was taken")
+            for name, records in strays.items():
+                if name not in acted and name not in later:
+                    later[name] = JobView(job=name, cancelled="cancel" in listing[name], **records)
+            seen = instances(later)
+            unreachable, unseen, why = tuple(seen.unreachable), tuple(sorted(seen.failed_projects)), \
+                dict(seen.failed_projects)
+            # Only now, after every status was read, the TPU nodes, and the VMs in projects only a
+            # status records; each list with its own bound, inline only where a simulation must
+            # replay (``replayable``), never unbounded in a deployed pass.
+            tpu_list = _Background(lambda: self._tpu_nodes(job, later), inline=self.replayable)
+            # The orphan search in the zones respawn/tpu-zones.json records is a listing of its own,
+            # within the same bound: however many zones the record names (anyone who can write the
+            # bucket can write it), it never makes the TPU jobs blind; past the bound its nodes are
+            # looked for again next pass.
+            orphan_list = _Background(lambda: self._recorded_tpu_nodes(job, later), inline=self.replayable)
+            recorded = self._recorded_instances(later) if job is None else InstanceList([])
+            unseen = tuple(sorted({*unseen, *recorded.failed_projects}))
+            why = {**why, **recorded.failed_projects}
+            tpus = tpu_list.result(self.tpu_timeout, lambda: self._tpu_unanswered(job, later))
             listed = {(n.project, n.zone, n.name) for n in tpus.nodes}
             orphans = orphan_list.result(self.tpu_timeout, list)
             tpus = replace(tpus, nodes=[*tpus.nodes, *(n for n in orphans if (n.project, n.zone, n.name) not in listed)])
             by_job: dict[str, list[Instance]] = defaultdict(list)
-            for instance in [*found.instances, *(node.as_instance() for node in tpus.nodes)]:
-                if instance.job and instance.job not in failed and instance.job not in now:
+            for instance in [*seen.instances, *recorded.instances, *(node.as_instance() for node in tpus.nodes)]:
+                if instance.job and instance.job not in failed and instance.job not in acted \
+                        and instance.job not in moved:
                     by_job[instance.job].append(instance)
-            later = {n: v for n, v in views.items() if n not in now}
-            for name, instances in by_job.items():
-                later[name] = replace(later.get(name) or JobView(job=name), instances=tuple(instances))
+            views = dict(later)
+            for name, its in by_job.items():
+                views[name] = replace(views.get(name) or JobView(job=name), instances=tuple(its))
             # A TPU list that failed blinds the TPU jobs alone: a project without the TPU API, or
             # a zone without TPUs, says nothing about VMs.
             tpu_unreachable = tuple(dict.fromkeys((*unreachable, *tpus.unreachable)))
             tpu_unseen = tuple(sorted({*unseen, *tpus.failed_projects}))
             tpu_why = {**{p: f"TPU nodes: {w}" for p, w in tpus.failed_projects.items()}, **why}
-            later = {n: replace(v, unreachable=tpu_unreachable, unseen_projects=tpu_unseen, unseen_why=tpu_why,
+            views = {n: replace(v, unreachable=tpu_unreachable, unseen_projects=tpu_unseen, unseen_why=tpu_why,
                                 denied_zones=tpus.denied)
                      if _on_tpu(v) else replace(v, unreachable=unreachable, unseen_projects=unseen, unseen_why=why)
-                     for n, v in later.items()}
-            order_ = sorted(later)
-            found_views = fanout.each(order_, lambda n: self._guarded(failed, n, self._with_evidence, later[n], side),
+                     for n, v in views.items()}
+            order_ = sorted(views)
+            found_views = fanout.each(order_, lambda n: self._guarded(failed, n, self._with_evidence, views[n], side),
                                       self.workers)
             done = dict(zip(order_, found_views, strict=True))
-            return World({n: v for n, v in done.items() if v}, tpu_unreachable, tpu_why, failed, failed.transient)
+            world = World({n: v for n, v in done.items() if v}, tpu_unreachable, tpu_why, failed, failed.transient)
+            for name in moved:  # committed by another pass since the listing: looked at again, alone
+                world = world.joined(self.world(name))
+            return world
 
-        done = dict(zip(first, first_views, strict=True))
-        return World({n: v for n, v in done.items() if v}, unreachable, why, failed, failed.transient), rest
+        return chunks(), rest
+
+    def _recorded_instances(self, views: dict[str, JobView]) -> InstanceList:
+        """The VMs of jobs whose status records a project the policy no longer watches, from those
+        projects: a project dropped from the policy may still hold such a job's VMs, which must be
+        found to be deleted. Only those jobs' VMs are kept: nothing else there is ever judged."""
+        recorded = {v.job: v.status.project for v in views.values() if not _watched(v, self.policy)}
+        if not recorded:
+            return InstanceList([])
+        found = self.compute.list_managed(tuple(sorted(set(recorded.values()))), None)
+        for project, why in found.failed_projects.items():
+            log.warning("could not list instances", extra={"json_fields": {"project": project, "error": why}})
+        return replace(found, instances=[i for i in found.instances if recorded.get(i.job or "") == i.project])
 
     def _instances(self, job: str | None, views: dict[str, JobView]) -> InstanceList:
         # A job name from an event's object name goes into a Compute filter: only a valid
@@ -484,14 +588,14 @@ class Observer:
             return None, 0
 
         def read() -> tuple[tuple[bytes | None, int], int]:
-            found = self._read_status(info)
-            return found, found[1]  # kept only when read at the listed generation
+            raw, generation = self._read_status(info)
+            return (None if raw is None else zlib.compress(raw, 1), generation), generation
 
-        # The status is kept as its bytes and parsed on each pass: parsed, one takes about five
-        # times the bytes the cache counts for it (20 KiB for a 4 KiB status), so the cache's
-        # bound said little of its memory; a parse costs about 25 us.
-        raw, generation = self.parsed.get(info, read)
-        return (None if raw is None else JobStatus.from_json(raw)), generation
+        # The status is kept as its bytes, compressed, and parsed on each pass: parsed, a status at
+        # its history limit takes about 160 KiB, and 10,000 of them would not fit a function; its
+        # 36 KiB of JSON compress to about 2 KiB, and decompressing costs a tenth of the parse.
+        packed, generation = self.parsed.get(info, read)
+        return (None if packed is None else JobStatus.from_json(zlib.decompress(packed))), generation
 
     def _read_status(self, info: BlobInfo) -> tuple[bytes | None, int]:
         """The status's bytes, once they parse (None: unreadable), and the generation read."""
@@ -639,7 +743,16 @@ class _Background:
             finally:
                 self._done.set()
 
-        threading.Thread(target=run, name="respawn-tpu-list", daemon=True).start()
+        threading.Thread(target=run, name="respawn-list", daemon=True).start()
+
+    def wait(self) -> T:
+        """What the call returned (or raised), however long it takes."""
+        if self._call is not None:
+            return self._call()
+        self._done.wait()
+        if "error" in self._box:
+            raise self._box["error"]
+        return self._box["value"]
 
     def result(self, timeout: float, otherwise: Callable[[], T]) -> T:
         if self._call is not None:
@@ -650,6 +763,13 @@ class _Background:
         if "error" in self._box:
             raise self._box["error"]
         return self._box["value"]
+
+
+def _watched(view: JobView, policy: ControllerPolicy) -> bool:
+    """Whether the job's VMs are all in projects the policy watches (the aggregated list sees them):
+    a job with a spec whose status records another project is listed there on its own."""
+    st = view.status
+    return not (view.has_spec and st is not None and st.project and st.project not in policy.watched_projects)
 
 
 def _new_run(view: JobView | None) -> bool:

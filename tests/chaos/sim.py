@@ -69,7 +69,7 @@ from controller.service.engine import Engine, Summary
 from controller.service.executor import Executor
 from controller.core.launch import LaunchContext
 from controller.service.notifier import Notifier, Sends
-from controller.service.observe import Observer
+from controller.service.observe import CHUNK, Observer
 from controller.core.policy import ControllerPolicy
 from controller.core.ports import (QUEUED_AS_NODE, Instance, InstanceStatus, NodeHealth, NodeState, QueuedState,
                               StopReason, TpuNode, TpuRequest)
@@ -283,7 +283,7 @@ class StaleObserver:
     def parts(self, job: str | None = None) -> Any:
         if self._world is not None:
             world, self._world = self._world, None
-            return world, lambda: World({})
+            return iter([world]), lambda: World({})
         return self._inner.parts(job)
 
     def __getattr__(self, name: str) -> Any:
@@ -1476,7 +1476,10 @@ class Run:
         self.advisor.failure = errors.TransientError("advice: 503") if self.frng.random() < 0.2 else None
         tpu = FaultyPort(self.tpu, self, "tpu")
         observer = Observer(store, compute, BUCKET, self.policy, workers=WORKERS,  # type: ignore[arg-type]
-                            advisor=self.advisor, tpu=tpu, replayable=True)  # type: ignore[arg-type]
+                            advisor=self.advisor, tpu=tpu, replayable=True,  # type: ignore[arg-type]
+                            # Passes over every job in chunks of every size: a chunk acted on before
+                            # the next is read, and a job a concurrent pass committed meanwhile.
+                            chunk=self.frng.choice((1, 2, 5, CHUNK)))
         if self.faults_on and self.frng.random() < 0.03:
             times = 1  # a send that failed after the adapter's own retries
             self.publisher.fail_next(errors.TransientError("pubsub: 503"), times=times)

@@ -8,6 +8,7 @@ from typing import Any
 
 from controller.core import errors, names
 from controller.core.state import Phase
+from controller.service.observe import Parsed
 from tests.harness import BUCKET, Harness, spec_doc
 
 
@@ -205,7 +206,8 @@ def test_a_record_read_again_unchanged_costs_one_metadata_request():
 def test_what_the_observer_keeps_between_passes_costs_about_what_it_counts():
     """The cache of what was read is bounded by the bytes it counts (``PARSED_CACHE_BYTES``);
     what it really holds must stay near that count, or a 10,000-job tick's function outgrows
-    its 512 MiB (a parsed status took five times its size: 20 KiB for 4 KiB)."""
+    its 512 MiB (a parsed status took five times its size: 20 KiB for 4 KiB; a parsed spec, 20
+    times its YAML)."""
     import gc
     import tracemalloc
 
@@ -224,8 +226,39 @@ def test_what_the_observer_keeps_between_passes_costs_about_what_it_counts():
     finally:
         tracemalloc.stop()
     counted = engine.observer.parsed._cache.currsize
-    assert counted > 150 * 1024, counted  # the statuses are in it
-    assert held <= 3 * counted, f"the cache holds {held:,} bytes but counts {counted:,}"
+    assert counted > 150 * 2048, counted  # the specs and statuses are in it
+    assert counted / 1.5 <= held <= 1.5 * counted, f"the cache holds {held:,} bytes but counts {counted:,}"
+
+
+def test_statuses_at_their_history_limit_are_read_once_by_an_instance_however_many_passes_it_makes():
+    """A status at its steady size (HISTORY_LIMIT events, RUNS_KEPT run summaries) is about 36 KiB:
+    10,000 of them overran a cache bounded at 64 MiB, and every tick read them all again. Kept
+    compressed (about 2 KiB each), a steady fleet's statuses cost one read per instance."""
+    from controller.core.runs import RUNS_KEPT, RunSummary
+    from controller.core.state import HISTORY_LIMIT, Event
+
+    h = Harness()
+    jobs = [f"job-{i:03d}" for i in range(60)]
+    for job in jobs:
+        h.submit(job)
+    h.engine().reconcile()
+    h.engine().reconcile()
+    now = h.clock.now()
+    for job in jobs:  # each status as a long-lived job's is: its history and past runs full
+        st = h.status(job)
+        events = tuple(Event(at=now, event="running", attempt=st.attempt, detail="x" * 200, zone="us-central1-a")
+                       for _ in range(HISTORY_LIMIT))
+        runs = tuple(RunSummary(run=f"2026010{i % 9 + 1}-000000", phase="SUCCEEDED") for i in range(RUNS_KEPT))
+        data = st.model_copy(update={"history": events, "runs": runs}).to_json()
+        h.store.write(BUCKET, names.status_key(job), data, if_generation_match=h.store.stat(
+            BUCKET, names.status_key(job)).generation)
+    engine = h.engine()
+    engine.observer.parsed = Parsed(max_bytes=len(jobs) * 16 * 1024)  # 16 KiB a job: 10,000 in 160 MiB
+    engine.reconcile()
+    del h.store.calls[:]
+    engine.reconcile()
+    assert not [name for op, name in h.store.calls if name.endswith("status.json")], "a status read again"
+    assert all(h.status(job).phase == Phase.RUNNING and len(h.status(job).history) == HISTORY_LIMIT for job in jobs)
 
 
 def test_a_job_backing_off_costs_no_compute_request_for_why_its_vm_stopped():
