@@ -245,9 +245,9 @@ class Engine:
 
     def _reconcile_job(self, view: JobView, summary: Summary, dry_run: bool, wait_until: float | None = None,
                        sends: Sends | None = None, acting: Acting | None = None) -> None:
-        tell: dict[str, Any] = {"tell": sends.add} if sends is not None else {}
+        given: dict[str, Any] = {"tell": sends.add} if sends is not None else {}
         if acting is not None:
-            tell["acting"] = acting
+            given["acting"] = acting
         for _ in range(MAX_ROUNDS):
             if acting is not None and not acting():  # no plan (nor the reads it would load) once the pass may not act
                 summary.jobs.setdefault(view.job, [])
@@ -257,7 +257,7 @@ class Engine:
             if dry_run:
                 summary.jobs[view.job] = [f"would {type(a).__name__}: {a.reason}" for a in actions]
                 return
-            outcome = self.executor.apply(view, actions, self.clock.now(), wait_until, **tell)
+            outcome = self.executor.apply(view, actions, self.clock.now(), wait_until, **given)
             summary.add(outcome)
             if not outcome.replan or outcome.stopped:
                 return
