@@ -194,6 +194,39 @@ def test_a_pass_that_outlives_its_lease_mid_way_applies_no_action_after_it():
     assert not engine.reconcile().skipped and h.live() == ["a-1", "b-1", "c-1"]
 
 
+class Capturing(Leases):
+    """Leases that keep the last lease taken, so that a test can renew it when it wants."""
+
+    held: Held | None = None
+
+    def take(self) -> Held | Busy:
+        taken = super().take()
+        self.held = taken if isinstance(taken, Held) else None
+        return taken
+
+
+def test_a_pass_whose_lease_is_taken_mid_way_applies_no_action_after_its_renewal_finds_out():
+    h = Harness()
+    for job in ("a", "b", "c"):
+        h.submit(job)
+    taken = Capturing(h.store, BUCKET, h.clock, monotonic=h.clock.monotonic, holder="mine")
+
+    class Taken(Later):
+        def insert(self, requests: Any, request_id: str, wait: float | None = None) -> Any:
+            done = self._h.compute.insert(requests, request_id, wait)
+            if requests[0].name == "a-1":  # another writer's lease lands; this pass's next renewal sees it
+                self._h.store.put(BUCKET, lease.KEY, json.dumps({"holder": "thief", "ttl_s": TTL}))
+                assert taken.held is not None and not taken.held.renew()
+            return done
+
+    engine = h.engine(compute=Taken(h, "a-1", 0))
+    engine.lease = taken
+    summary = engine.reconcile()
+    assert inserts(h) == ["a-1"] and {"b", "c"} <= set(summary.not_acted)
+    assert summary.stopped == "another pass took the lease (thief)"
+    assert json.loads(h.store.read(BUCKET, lease.KEY).data)["holder"] == "thief"  # not released: not ours
+
+
 def test_a_pass_that_stops_acting_at_an_error_leaves_it_unrecorded_for_the_next_pass():
     h = Harness()
     h.submit("a")
