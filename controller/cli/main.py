@@ -947,11 +947,17 @@ def reconcile(
     if as_json:
         print(json.dumps(summary.as_dict(), indent=2))
         return
+    if summary.skipped:  # a pass over every job is under way: this one did nothing
+        out.print(plain(summary.skipped))
+        return
     table = Table("job", "planned" if dry_run else "done", "error")
     for name, done in summary.jobs.items():
         table.add_row(plain(name), Text("\n").join(plain(d) for d in done) if done else plain("—"),
                       plain(summary.errors.get(name, ""), "red"))
     out.print(table)
+    if summary.stopped:
+        out.print(plain(f"this pass stopped acting: {summary.stopped}; {len(summary.not_acted)} jobs not acted on",
+                        "yellow"))
 
 
 DEFAULT_LOCAL_DIR = Path.home() / ".respawn" / "local"

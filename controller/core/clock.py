@@ -33,6 +33,11 @@ class FakeClock:
         with self._lock:
             return self._now
 
+    def monotonic(self) -> float:
+        """Seconds on this clock: what a test gives for ``time.monotonic`` (a lease's deadlines)."""
+        with self._lock:
+            return self._now.timestamp()
+
     def sleep(self, seconds: float) -> None:
         """Time passes at once (a test's sleep)."""
         self.advance(timedelta(seconds=seconds))

@@ -18,6 +18,7 @@ from controller.service.config import Settings
 from controller.service.engine import Engine
 from controller.service.executor import Executor
 from controller.core.launch import LaunchContext
+from controller.service.lease import Leases
 from controller.service.notifier import Notifier
 from controller.service.observe import Observer
 from controller.core.ports import BlobStore, ComputeGateway, Publisher, TpuGateway, TpuList, TpuRequest, Webhook
@@ -80,8 +81,10 @@ def build(config: Settings) -> Engine:
     observer = Observer(store, compute, config.bucket, policy, workers=config.concurrency,
                         advisor=capacity_advisor(config), tpu=tpu)
     notifier = Notifier(policy, LazyPublisher(config), LazyWebhook(), wait=config.notify_wait)
-    return Engine(observer, Executor(store, compute, config.bucket, tpu, notifier), ctx, SystemClock(),
-                  workers=config.concurrency, operation_wait=config.operation_wait)
+    clock = SystemClock()
+    return Engine(observer, Executor(store, compute, config.bucket, tpu, notifier), ctx, clock,
+                  workers=config.concurrency, operation_wait=config.operation_wait,
+                  lease=Leases(store, config.bucket, clock, config.lease_terms()))
 
 
 T = TypeVar("T")

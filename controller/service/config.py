@@ -11,9 +11,10 @@ from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 
 from controller.core.policy import ControllerPolicy
+from controller.service.lease import MAX_TTL, Terms
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # controller/service/config.py -> the repository
 CsvList = Annotated[tuple[str, ...], NoDecode]
@@ -69,6 +70,13 @@ class Settings(BaseSettings):
     # Engine.operation_wait); one still running then is read on the next pass (the same
     # request id), so a slow operation never holds a pass. Deletes are never waited for.
     operation_wait: float = Field(default=2.0, ge=0, le=600)
+    # One pass over every job at a time (controller.service.lease), in seconds. The defaults suit a
+    # one-minute Scheduler and the functions' 540 s timeout: a crashed holder's lease lapses within
+    # 35 s, so the next tick takes it; the holder writes it every 10 s (GCS: one write a second).
+    lease_ttl: float = Field(default=Terms.ttl, gt=0, le=MAX_TTL)
+    lease_renew: float = Field(default=Terms.renew, ge=1)
+    lease_margin: float = Field(default=Terms.margin, ge=0)
+    lease_max_hold: float = Field(default=Terms.max_hold, gt=0)
 
     @field_validator(
         "allowed_projects", "allowed_zones", "allowed_machine_types", "allowed_service_accounts", "allowed_tpu_types",
@@ -87,6 +95,14 @@ class Settings(BaseSettings):
         if globbed := [p for p in value if any(c in p for c in "*?[")]:
             raise ValueError(f"project ids, not patterns: {', '.join(globbed)}")
         return value
+
+    @model_validator(mode="after")
+    def _lease_renewed_in_time(self) -> Settings:
+        self.lease_terms()  # raises ValueError (a ValidationError here) unless renew < ttl - margin
+        return self
+
+    def lease_terms(self) -> Terms:
+        return Terms(ttl=self.lease_ttl, renew=self.lease_renew, margin=self.lease_margin, max_hold=self.lease_max_hold)
 
     @field_validator("trainer_service_account", "notify_topic", "notify_webhook", mode="before")
     @classmethod

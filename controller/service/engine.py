@@ -15,9 +15,10 @@ from typing import Any
 
 from controller.core import errors, fleet
 from controller.service import fanout
+from controller.service.lease import Busy, Leases
 from controller.core.actions import Action, CreateInstances, WriteStatus
 from controller.core.clock import Clock
-from controller.service.executor import Executor, Outcome
+from controller.service.executor import Acting, Executor, Outcome
 from controller.service.notifier import Notifier, Sends
 from controller.core.launch import LaunchContext
 from controller.service.observe import Observer
@@ -49,12 +50,18 @@ class Summary:
     # A pass over every job: the projects whose Compute refused a Spot VM's preemption notice (a
     # Preview field), as the statuses of jobs still running say (``respawn doctor`` reads it).
     notice_refused: dict[str, str] = field(default_factory=dict)
+    # A pass over every job that found the lease another pass's did nothing: why (controller.service.lease).
+    skipped: str | None = None
+    # One that lost or outlived its lease stopped acting: why, and the jobs it then left alone.
+    stopped: str | None = None
+    not_acted: list[str] = field(default_factory=list)
 
     def merge(self, other: Summary) -> None:
         for job, done in other.jobs.items():
             self.jobs.setdefault(job, []).extend(done)
         self.errors.update(other.errors)
         self.transient.extend(other.transient)
+        self.not_acted.extend(other.not_acted)
         self.changes.extend(other.changes)
         self.committed.update(other.committed)
 
@@ -67,6 +74,8 @@ class Summary:
         self.changes.extend(outcome.changes)
         if outcome.status is not None:
             self.committed[outcome.job] = outcome.status
+        if outcome.stopped:
+            self.not_acted.append(outcome.job)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -78,12 +87,14 @@ class Summary:
             **({"notices_unsent": {"carried": self.notices_carried, "in_flight": self.notices_in_flight}}
                if self.notices_carried or self.notices_in_flight else {}),
             **({"notice_refused": self.notice_refused} if self.notice_refused else {}),
+            **({"skipped": self.skipped} if self.skipped else {}),
+            **({"stopped": self.stopped, "jobs_not_acted": len(self.not_acted)} if self.stopped else {}),
         }
 
 
 class Engine:
     def __init__(self, observer: Observer, executor: Executor, ctx: LaunchContext, clock: Clock,
-                 workers: int = 1, operation_wait: float | None = None) -> None:
+                 workers: int = 1, operation_wait: float | None = None, lease: Leases | None = None) -> None:
         self.observer = observer
         self.executor = executor
         self.ctx = ctx
@@ -96,6 +107,7 @@ class Engine:
         # waited for, so no thread sits out a 20-second operation while others queue behind
         # it: the next pass reads each one's outcome by the same request id.
         self.operation_wait = operation_wait
+        self.lease = lease  # one pass over every job at a time (None: passes are not kept apart)
         self._wide_pass_at = float("-inf")  # when a hint asked for a pass over every job (wide_pass_due)
         self._wide_lock = threading.Lock()
 
@@ -112,15 +124,42 @@ class Engine:
     def reconcile(self, job: str | None = None, dry_run: bool = False) -> Summary:
         """Reconcile every job (``job`` None) or one; ``dry_run`` plans without acting.
 
-        The VM jobs are reconciled first, the TPU jobs (and names with neither spec nor status:
-        strays, orphans) once the TPU listing answered or its bound passed
-        (``Observer.parts``): a TPU API that does not answer never holds a VM job's recovery.
+        A pass over every job first takes the lease (controller.service.lease): one that finds it
+        another pass's does nothing and says until when; one that loses or outlives it stops
+        acting and says so. A pass for one job (an event) takes none and runs beside a pass over
+        every job, as two passes over one job always could: every decision is a compare-and-swap
+        of the job's status on the generation the pass read, and every insert, delete, go and
+        record consumed after it is re-checked against that generation right before it is sent
+        (controller.service.executor), so the pass that loses the swap decides nothing
+        (tests/service/test_invariants.py races ticks and events over the same jobs).
+
+        The VM jobs are reconciled first, a chunk at a time, each acted on before the next is
+        read (``Observer.parts``); the TPU jobs (and names with neither spec nor status: strays,
+        orphans) once the TPU listing answered or its bound passed: a TPU API that does not answer
+        never holds a VM job's recovery.
 
         Notices are never on the path of a recovery: each job's chain hands its notices to the
         pass's sends (``Notifier.begin``), which go out side by side while the pass goes on; the
         pass waits for them only at its very end, after every job's chain, for at most the
         notifier's ``wait``. What did not fit is carried to the next pass, by id in the summary
         and the log (controller.service.notifier)."""
+        if job is not None or dry_run or self.lease is None:
+            return self._pass(job, dry_run, None)
+        taken = self.lease.take()
+        if isinstance(taken, Busy):
+            log.info("%s: this pass does nothing", taken.describe(),
+                     extra={"json_fields": {"lease_holder": taken.holder, "lease_until": taken.until.isoformat()}})
+            return Summary(skipped=taken.describe())
+        with taken:  # renewed while the pass runs, released at its end
+            summary = self._pass(None, False, taken.acting)
+            why = taken.why_not()
+        if summary.not_acted or why is not None:
+            summary.stopped = why or "its lease was lost"
+            log.warning("this pass stopped acting: %s; %d jobs not acted on", summary.stopped,
+                        len(summary.not_acted), extra={"json_fields": {"jobs_not_acted": summary.not_acted[:100]}})
+        return summary
+
+    def _pass(self, job: str | None, dry_run: bool, acting: Acting | None) -> Summary:
         notifier: Notifier | None = getattr(self.executor, "notifier", None)
         sends = notifier.begin(self.workers) if notifier is not None and not dry_run else None
         summary = Summary()
@@ -133,10 +172,12 @@ class Engine:
             # start while the rest of the fleet is still being read, and a pass holds one chunk's
             # views at a time (what it committed, and the figures' running sums, it keeps).
             for world in chunks:
-                self._act(world, summary, dry_run, wait_until, sends)
+                if acting is not None and not acting():
+                    return summary  # its lease is lost: the rest of the fleet is not even read
+                self._act(world, summary, dry_run, wait_until, sends, acting)
                 seen = self._done_with(world, seen, summary, tally)
             later = rest()
-            self._act(later, summary, dry_run, wait_until, sends)
+            self._act(later, summary, dry_run, wait_until, sends, acting)
             seen = self._done_with(later, seen, summary, tally)
             summary.unreachable = [*seen.unreachable, *(f"project {p}" for p in seen.unseen_projects)]
             for project, why in seen.unseen_projects.items():
@@ -154,8 +195,8 @@ class Engine:
         return summary
 
     def _act(self, world: World, summary: Summary, dry_run: bool, wait_until: float | None,
-             sends: Sends | None) -> None:
-        for part in fanout.each(world.jobs.values(), lambda v: self._isolated(v, dry_run, wait_until, sends),
+             sends: Sends | None, acting: Acting | None = None) -> None:
+        for part in fanout.each(world.jobs.values(), lambda v: self._isolated(v, dry_run, wait_until, sends, acting),
                                 self.workers):
             summary.merge(part)
 
@@ -210,11 +251,11 @@ class Engine:
         return loaded, plan_job(loaded, now, self.ctx)
 
     def _isolated(self, view: JobView, dry_run: bool, wait_until: float | None = None,
-                  sends: Sends | None = None) -> Summary:
+                  sends: Sends | None = None, acting: Acting | None = None) -> Summary:
         """One job's rounds, with whatever goes wrong kept to that job's own summary."""
         summary = Summary()
         try:
-            self._reconcile_job(view, summary, dry_run, wait_until, sends)
+            self._reconcile_job(view, summary, dry_run, wait_until, sends, acting)
         except errors.RespawnError as e:  # e.g. its bucket objects did not answer
             summary.errors[view.job] = f"{type(e).__name__}: {e}"
             if isinstance(e, errors.TransientError):  # a 403 or a 400 would fail the same way again
@@ -225,15 +266,21 @@ class Engine:
         return summary
 
     def _reconcile_job(self, view: JobView, summary: Summary, dry_run: bool, wait_until: float | None = None,
-                       sends: Sends | None = None) -> None:
-        tell = {"tell": sends.add} if sends is not None else {}
+                       sends: Sends | None = None, acting: Acting | None = None) -> None:
+        given: dict[str, Any] = {"tell": sends.add} if sends is not None else {}
+        if acting is not None:
+            given["acting"] = acting
         for _ in range(MAX_ROUNDS):
+            if acting is not None and not acting():  # no plan (nor the reads it would load) once the pass may not act
+                summary.jobs.setdefault(view.job, [])
+                summary.not_acted.append(view.job)
+                return
             view, actions = self.plan(view)
             if dry_run:
                 summary.jobs[view.job] = [f"would {type(a).__name__}: {a.reason}" for a in actions]
                 return
-            outcome = self.executor.apply(view, actions, self.clock.now(), wait_until, **tell)
+            outcome = self.executor.apply(view, actions, self.clock.now(), wait_until, **given)
             summary.add(outcome)
-            if not outcome.replan:
+            if not outcome.replan or outcome.stopped:
                 return
             view = self.observer.world(view.job).jobs.get(view.job, view)

@@ -26,6 +26,7 @@ from controller.core.world import JobView
 
 log = logging.getLogger(__name__)
 Tell = Callable[[Notify | None, Sequence[notify.Notice]], object]  # hands a chain's notices to its pass
+Acting = Callable[[], bool]  # whether the pass may still act: it holds its lease (controller.service.lease)
 
 
 @dataclass
@@ -37,6 +38,7 @@ class Outcome:
     error: str | None = None
     transient: bool = False
     conflict: bool = False  # another pass committed first; it owns this step
+    stopped: bool = False  # the pass lost or outlived its lease before an action: nothing more applied
     replan: bool = False
     # What its commits added to the job's ledger (each loss, recovery and stockout, counted once: by
     # the commit that made it), and the status it last committed (None: it committed none).
@@ -60,12 +62,16 @@ class Executor:
         return self.tpu
 
     def apply(self, view: JobView, actions: list[Action], now: datetime, wait_until: float | None = None,
-              tell: Tell | None = None) -> Outcome:
+              tell: Tell | None = None, acting: Acting | None = None) -> Outcome:
         """``wait_until``: the ``time.monotonic()`` past which an insert no longer waits for its
         operation (None: the gateway's own limit). ``tell``: where the chain's notices go, the
         pass's ``Sends.add`` (sent side by side, waited for at the pass's end); without it, a
-        chain applied outside a pass sends them itself, within the notifier's ``wait``."""
-        chain = _Chain(view.job, view.status, view.status_generation, view.spec, tell=self.notifier is not None)
+        chain applied outside a pass sends them itself, within the notifier's ``wait``.
+        ``acting``: asked before every action and every write of an error, the one place all of
+        them pass: once it says no (a pass over every job lost or outlived its lease), nothing
+        more is applied and the outcome says ``stopped``."""
+        chain = _Chain(view.job, view.status, view.status_generation, view.spec, tell=self.notifier is not None,
+                       acting=acting)
         try:
             self._run(chain, view, actions, now, wait_until)
         finally:
@@ -82,6 +88,9 @@ class Executor:
         for action in actions:
             if pending and not isinstance(action, DeleteInstance):
                 continue  # nothing is "inserted", and no record consumed, before Compute says so
+            if not chain.may_act():
+                _log(action, "not applied: this pass no longer holds its lease", level=logging.WARNING)
+                break
             try:
                 self._apply(chain, action, now, wait_until)
             except errors.PreconditionFailed:
@@ -120,7 +129,8 @@ class Executor:
                 break
             chain.outcome.done.append(_describe(action))
             _log(action, "done")
-        if chain.husk_errors and not chain.wrote and chain.status is not None and not chain.outcome.conflict:
+        if chain.husk_errors and not chain.wrote and chain.status is not None and not chain.outcome.conflict \
+                and chain.may_act():
             text = "; ".join(chain.husk_errors)
             if chain.status.message != text:
                 try:
@@ -187,7 +197,7 @@ class Executor:
             _log(action, f"under way: {error}")  # accepted: its outcome is read next pass
         else:
             _log(action, f"failed: {error}", level=logging.WARNING)
-        if isinstance(action, WriteStatus) or chain.status is None:
+        if isinstance(action, WriteStatus) or chain.status is None or not chain.may_act():
             return
         if isinstance(action, CreateInstances):
             held = _held(view, action, error)
@@ -284,6 +294,7 @@ class _Chain:
     generation: int
     spec: JobSpec | None = None
     tell: bool = False  # whether its commits' notices are wanted (a notifier is configured)
+    acting: Acting | None = None  # whether its pass may still act (None: always)
     outcome: Outcome = field(init=False)
     wrote: bool = field(default=False, init=False)  # this chain has written the status
     notices: list[notify.Notice] = field(default_factory=list, init=False)  # what its commits decided, to tell
@@ -292,6 +303,12 @@ class _Chain:
 
     def __post_init__(self) -> None:
         self.outcome = Outcome(self.job)
+
+    def may_act(self) -> bool:
+        if self.acting is None or self.acting():
+            return True
+        self.outcome.stopped = True
+        return False
 
     def write(self, store: BlobStore, bucket: str, status: JobStatus) -> None:
         # Every commit accounts the events it adds, and tells of them, once: the pass that wins

@@ -25,7 +25,8 @@ _EVENT_KINDS = {"spec", "cancel", "exit", "marker", "notice", "ready"}
 
 
 def tick() -> tuple[dict[str, Any], int]:
-    """Reconcile every job; the JSON summary is the HTTP response."""
+    """Reconcile every job; the JSON summary is the HTTP response (one that finds another pass
+    over every job holding the lease does nothing, and says until when)."""
     try:
         engine = bootstrap.engine()
         at, started = engine.clock.now(), time.monotonic()
@@ -34,6 +35,10 @@ def tick() -> tuple[dict[str, Any], int]:
         log.error("controller misconfigured: %s", e)
         return {"error": str(e)}, 500
     result = summary.as_dict()
+    if summary.skipped:
+        # Another pass over every job holds the lease: this tick did nothing, which is no failure
+        # (200: Cloud Scheduler must not count it as one); that pass writes respawn/controller.json.
+        return result, 200
     if summary.figures is not None:
         log_figures(summary.figures, engine.executor.bucket)
     # respawn/controller.json: when the controller last ran (respawn doctor, respawn status); never fails the tick

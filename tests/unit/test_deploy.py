@@ -176,6 +176,7 @@ def test_the_trainer_binding_is_conditional_to_exactly_the_vm_records():
     ("preempted-jobs/train", False),
     ("jobs/train/status.json", False),
     ("respawn/tpu-zones.json", False),
+    ("respawn/lease/tick", False),
     ("xcode/a.tar.gz", False),
 ])
 def test_the_code_condition_admits_the_code_tarballs_and_nothing_else(name, admitted):
@@ -209,6 +210,7 @@ def test_the_controller_gets_the_whole_bucket_and_may_attach_only_the_trainer_ac
     ("jobs/train/exit.tmp", False),
     ("jobs/train/myexit", False),
     ("respawn/vm/startup.sh", False),
+    ("respawn/lease/tick", False),  # the lease of the pass over every job: never a trainer's to hold
     ("ckpt/train/step-100/model.pt", False),
     ("exit", False),
 ])
