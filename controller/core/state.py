@@ -12,7 +12,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_serializer, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, field_serializer, model_validator
 
 from controller.core.checkpoints import Found
 from controller.core.durations import Instant, measured
@@ -61,11 +61,12 @@ class Event(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     at: Instant
-    event: Annotated[str, AfterValidator(_name)]
+    # Cut where they are written (a serializer: parsing, every pass, stays pydantic-core's alone).
+    event: Annotated[str, PlainSerializer(_name)]
     attempt: int = 0
-    detail: Annotated[str, AfterValidator(_cut)] = ""
-    instance: Annotated[str | None, AfterValidator(_name)] = None
-    zone: Annotated[str | None, AfterValidator(_name)] = None
+    detail: Annotated[str, PlainSerializer(_cut)] = ""
+    instance: Annotated[str | None, PlainSerializer(_name)] = None
+    zone: Annotated[str | None, PlainSerializer(_name)] = None
     since: Instant | None = None  # when it happened, where that is known and earlier (a VM's marker)
     trainer_started: Instant | None = None  # the attempt's trainer started, by its VM's clock (its records)
     # The attempt's progress as its trainer reported it (its records, through the VM agent): the

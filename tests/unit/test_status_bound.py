@@ -8,8 +8,8 @@ from datetime import datetime, timedelta, timezone
 
 from controller.core import ledger as ledgers
 from controller.core.runs import RUNS_KEPT, RunSummary
-from controller.core.state import (ERRORS_KEPT, HISTORY_LIMIT, IDS_KEPT, STATUS_BOUND, TEXT_LIMIT, Event, JobStatus,
-                                   Phase)
+from controller.core.state import (ERRORS_KEPT, HISTORY_LIMIT, IDS_KEPT, NAME_LIMIT, STATUS_BOUND, TEXT_LIMIT, Event,
+                                   JobStatus, Phase)
 
 NOW = datetime(2026, 11, 1, tzinfo=timezone.utc)
 LONG = "x" * 5000  # words from outside: a Compute error, a trainer's reason
@@ -56,9 +56,9 @@ def test_a_status_at_every_bound_at_once_stays_under_its_bound():
 
 def test_words_from_outside_are_cut_where_they_are_written():
     st = _full()
-    event = st.history[-1]
-    assert len(event.detail) == TEXT_LIMIT and event.detail.endswith("…")
-    # A copy is not validated (``but`` copies): its message is cut when it is written.
+    # Cut when written (parsing stays fast): a copy, which ``but`` makes, is cut all the same.
     written = JobStatus.from_json(st.but(message=LONG).to_json())
+    event = written.history[-1]
+    assert len(event.detail) == TEXT_LIMIT and event.detail.endswith("…") and len(event.zone or "") == NAME_LIMIT
     assert len(written.message) == TEXT_LIMIT and len(written.errors) == ERRORS_KEPT
     assert all(len(e) == TEXT_LIMIT for e in written.errors)
