@@ -118,3 +118,12 @@ def test_a_changed_copy_whose_object_was_replaced_too_runs_nothing(gcs, srv):
     until("the VM to stop", lambda: status(srv, "both-2") == "TERMINATED", timeout=20)
     assert not ran_evil(srv, "both-2") and read(gcs, "preempted-jobs/both") is None
     assert "no verified shutdown script: running nothing" in serial(srv, "both-2")
+
+
+def test_the_controller_puts_its_own_script_back_over_a_replaced_object_and_vms_boot_again(gcs, srv):
+    replace(gcs, "startup", EVIL)
+    shelve(gcs, BUCKET)  # a new controller process, before its first insert
+    assert client(gcs.url).bucket(BUCKET).blob(SCRIPTS.startup.key).download_as_bytes() == SCRIPTS.startup.text
+    boot(srv, "again-1", "echo ran > ran.txt; exit 0")
+    assert until("the exit record", lambda: read(gcs, "jobs/again/exit"))["exit_code"] == 0
+    assert not ran_evil(srv, "again-1")
