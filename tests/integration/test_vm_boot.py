@@ -17,12 +17,18 @@ BUCKET = "agent-bucket"  # test_vm_agent's boot() names it in every VM's metadat
 EVIL = '#!/bin/bash\ntouch "$RESPAWN_RUN_DIR/evil-ran"\n'
 
 
-@pytest.fixture
-def gcs() -> Iterator[LocalGcs]:
-    """A bucket of each test's own: these tests replace and delete the scripts in it."""
+@pytest.fixture(scope="module")
+def local_gcs() -> Iterator[LocalGcs]:
     with LocalGcs(buckets=(BUCKET,)) as g:
-        shelve(g, BUCKET)
         yield g
+
+
+@pytest.fixture
+def gcs(local_gcs: LocalGcs) -> LocalGcs:
+    """The scripts as the controller leaves them, whatever the test before replaced or deleted: a
+    controller process puts them back before its first insert (each test's jobs are its own)."""
+    shelve(local_gcs, BUCKET)
+    return local_gcs
 
 
 @pytest.fixture
