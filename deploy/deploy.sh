@@ -3,8 +3,9 @@
 # (created if absent, refused if its settings would break respawn), the controller's,
 # scheduler's and trainer VMs' service accounts and every role deploy/IAM.md marks (deploy),
 # the Logging sink of Compute's System Event audit entries and its Pub/Sub topic, the three
-# functions (tick, on_object, on_audit), the Cloud Scheduler job, the VM scripts. Every step is safe to run again;
-# a failed one says how to resume (--from STEP).
+# functions (tick, on_object, on_audit) and the Cloud Scheduler job (the controller writes the VM
+# scripts into the bucket itself). Every step is safe to run again; a failed one says how to resume
+# (--from STEP).
 #   deploy/deploy.sh --project P --region R --bucket B [--trainer-account EMAIL] [--dry-run] [--from STEP]
 # A thin wrapper over `respawn deploy`; needs gcloud and application-default credentials.
 # --dry-run prints every command and API request (secrets redacted) and runs none of them.

@@ -88,6 +88,10 @@ class Deployment:
                            "description": "respawn VM records only: jobs/<job>/exit, jobs/<job>/heartbeat, "
                                           "preempted-jobs/<job>",
                            "expression": deploy.trainer_condition(self.bucket)}},
+            {"role": "roles/storage.objectViewer", "members": [f"serviceAccount:{self.trainer}"],
+             "condition": {"title": deploy.TRAINER_SCRIPTS_CONDITION_TITLE,
+                           "description": "the VM scripts the controller writes, read-only",
+                           "expression": deploy.trainer_scripts_condition(self.bucket)}},
         ]
 
 

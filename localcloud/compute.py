@@ -9,7 +9,8 @@ is a real local process (``localcloud.vm``) with its own metadata server.
 ``instances.setMetadata`` holds Google's optimistic lock (the metadata fingerprint, 412
 ``conditionNotMet``); a Spot VM may carry a preemption notice (``scheduling.preemptionNoticeDuration``,
 a Preview field also served on ``compute/beta/`` routes), which ``preempt`` follows; and
-``instances.simulateMaintenanceEvent`` does to a VM what host maintenance would.
+``instances.simulateMaintenanceEvent`` does to a VM what host maintenance would. Every answer is
+a partial response when the request asks for one (``fields``, ``X-Goog-FieldMask``: ``localcloud.fields``).
 
 Faults are injected from Python or over HTTP (``POST /_local/<fault>``): stockouts
 and quota per zone (on the operation or synchronously), any HTTP error per method,
@@ -47,7 +48,7 @@ from collections.abc import Callable
 
 from flask import Flask, Response, request
 
-from localcloud import advice, discovery, gce, quotas
+from localcloud import advice, discovery, fields, gce, quotas
 from localcloud.advice import AdviceApi
 from localcloud.gce import ApiError
 from localcloud.host import Host, json_response
@@ -419,6 +420,7 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
         with self._lock:
             if self.faults.failures.get(name):
                 raise ApiError(*self.faults.failures[name].pop(0))
+        selection = self._selection(method.response_schema, version)
         body = request.get_json(silent=True) if method.request_schema else None
         if method.request_schema:
             if not isinstance(body, dict):
@@ -427,7 +429,21 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
             if problems:
                 raise ApiError(400, problems[0], "invalid")
         handler = getattr(self, f"_{method.resource}_{method.name}")
-        return handler(match.groupdict(), request.args, body)
+        return fields.select(handler(match.groupdict(), request.args, body), selection)
+
+    @staticmethod
+    def _selection(schema: str | None, version: str) -> fields.Tree | None:
+        """The partial response the request asks for (``fields``, ``X-Goog-FieldMask``), refused as
+        Google refuses one naming a field its answer does not have, before the method runs."""
+        text = fields.requested(request.args, request.headers)
+        if not text or not schema:
+            return None
+        try:
+            tree = fields.parse(text)
+            fields.check(tree, schema, doc=f"compute.{version}")
+        except fields.FieldsError as e:
+            raise ApiError(400, str(e), "invalidParameter") from None
+        return tree
 
     # -- regions ---------------------------------------------------------------------
     def _regions_get(self, p: dict[str, str], q: Any, body: Any) -> dict[str, Any]:

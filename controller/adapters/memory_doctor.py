@@ -93,6 +93,9 @@ class MemoryProject:
             {"role": f"projects/{project}/roles/{deploy.TRAINER_ROLE_ID}", "members": [f"serviceAccount:{trainer}"],
              "condition": {"title": deploy.TRAINER_CONDITION_TITLE, "expression": deploy.trainer_condition(bucket)}},
             {"role": "roles/storage.legacyBucketOwner", "members": [f"projectOwner:{project}"]},
+            {"role": "roles/storage.objectViewer", "members": [f"serviceAccount:{trainer}"],
+             "condition": {"title": deploy.TRAINER_SCRIPTS_CONDITION_TITLE,
+                           "expression": deploy.trainer_scripts_condition(bucket)}},
         ]
         writer = "serviceAccount:service-123456789012@gcp-sa-logging.iam.gserviceaccount.com"
         me.project_bindings = [

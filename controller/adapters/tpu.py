@@ -72,6 +72,12 @@ _ZONE_LISTS = 8  # zones listed side by side (a spec names a few)
 _LIST_TIMEOUT = 30.0  # seconds for one page of a listing
 _CALL_TIMEOUT = 30.0  # seconds for one create / get / delete request: the client sets none (default_timeout=None)
 _MAX_PAGES = 1000  # pages of one collection: a nextPageToken that never ends blinds the zone, not the pass
+# What _zone_nodes reads of a listed node (tpu.v2.json's names: tests/contract/test_fields.py), so a
+# listing carries no node's metadata (its startup and shutdown scripts). Queued resources are read
+# whole: their tier is an empty message (``"spot": {}``) whose presence is what is read, and an empty
+# message is what a partial response may well leave out; they are few (queued TPU jobs alone).
+NODE_FIELDS = ("nodes(name,labels,queuedResource,schedulingConfig,state,health,createTime,acceleratorType,id,"
+               "networkEndpoints,upcomingMaintenance),nextPageToken")
 # Matched lowercased, in the message and the details of an error.
 _CAPACITY = ("no more capacity", "insufficient reserved capacity", "insufficient capacity", "stockout",
              "resource_pool_exhausted")
@@ -180,7 +186,7 @@ class CloudTpu:
             project, zone = where
             parent = f"projects/{project}/locations/{zone}"
             try:
-                nodes = self._pages(f"{parent}/nodes", "nodes")
+                nodes = self._pages(f"{parent}/nodes", "nodes", NODE_FIELDS)
                 queued = self._pages(f"{parent}/queuedResources", "queuedResources")
                 return _zone_nodes(project, zone, nodes, queued, job), None, None, None
             except (*_LIBRARY, ValueError, TypeError, AttributeError, KeyError) as e:
@@ -208,13 +214,15 @@ class CloudTpu:
                        dict(refusal for _, _, refusal, _ in results if refusal),
                        dict(denial for _, _, _, denial in results if denial))
 
-    def _pages(self, path: str, key: str) -> list[dict[str, Any]]:
-        """Every item of a v2 collection, as the JSON Google sent (see the module's docstring)."""
+    def _pages(self, path: str, key: str, fields: str | None = None) -> list[dict[str, Any]]:
+        """Every item of a v2 collection, as the JSON Google sent (see the module's docstring);
+        ``fields``: only those (Google's partial response, the standard ``fields`` parameter)."""
         items: list[dict[str, Any]] = []
         token = ""
         seen: set[str] = set()
         for _ in range(_MAX_PAGES):
-            page = RETRY(self._get)(path, {"pageToken": token} if token else {})
+            params = {**({"pageToken": token} if token else {}), **({"fields": fields} if fields else {})}
+            page = RETRY(self._get)(path, params)
             if not isinstance(page, dict):
                 raise ValueError(f"a page of {path} is {type(page).__name__}, not an object")
             items += _field(page, key, list, [])

@@ -4,8 +4,9 @@ The APIs, the control bucket (created if absent, refused if its settings would b
 the three service accounts, every role deploy/IAM.md marks **(deploy)**, the Logging sink of
 Compute's System Event audit entries and its Pub/Sub topic, the log-based metrics of the fleet's
 figures (``deploy/metrics``), the secret settings in Secret Manager, the three functions (``tick``,
-``on_object``, ``on_audit``), the Scheduler job and the VM scripts. Each step says what it does and is
-safe to run again: it creates only what is absent (or treats "already exists" as done), brings what it
+``on_object``, ``on_audit``) and the Scheduler job; the controller writes the VM scripts itself
+(controller.service.vmscripts). Each step says what it does and is safe to run again: it creates
+only what is absent (or treats "already exists" as done), brings what it
 finds otherwise back to respawn's (the custom role's permissions, the sink's filter and exclusions),
 adds bindings IAM keeps once, and deploys a function only when its source or flags changed
 (controller.cli.revision), so a second deploy changes nothing. A failed step names itself; ``--from``
@@ -35,6 +36,7 @@ from typing import Any
 from controller.cli import revision
 from controller.cli.pack import CODE_PREFIX  # where respawn submit packs a local folder
 from controller.core import audit, names
+from controller.service import vmscripts
 from controller.service.config import REPO_ROOT, Settings
 
 TICK, ON_OBJECT, ON_AUDIT = "respawn-tick", "respawn-on-object", "respawn-on-audit"
@@ -172,6 +174,19 @@ def trainer_code_condition(bucket: str) -> str:
     return f'resource.name.startsWith("projects/_/buckets/{bucket}/objects/{CODE_PREFIX}")'
 
 
+TRAINER_SCRIPTS_CONDITION_TITLE = "respawn-trainer-vm-scripts-read-only"
+
+
+def trainer_scripts_condition(bucket: str) -> str:
+    """CEL for the trainer's third binding on the control bucket (``roles/storage.objectViewer``): the
+    VM agent's scripts, which every VM's bootstrap fetches by the name its metadata gives
+    (``respawn/vm/<sha256>/startup.sh``, written by the controller: controller.service.vmscripts),
+    read-only. No listing (checked against the bucket's own name), no write, no secret in them."""
+    if not _BUCKET_RE.fullmatch(bucket):
+        raise ValueError(f"{bucket!r} is not a Cloud Storage bucket name")
+    return f'resource.name.startsWith("projects/_/buckets/{bucket}/objects/{vmscripts.PREFIX}")'
+
+
 @dataclass(frozen=True)
 class Target:
     project: str
@@ -253,7 +268,6 @@ class Step:
     title: str
     argv: tuple[str, ...] = ()
     request: dict[str, Any] | None = None
-    uploads: tuple[tuple[Path, str], ...] = ()
     # a failure whose message contains one of these means "already done"
     done_if: tuple[str, ...] = ()
     # a failure whose message contains one of these is retried (IAM is eventually consistent)
@@ -290,8 +304,6 @@ class Step:
                          + ("  # its standard input: the value, never shown" if self.stdin else ""))
         elif self.request is not None:
             lines.append(json.dumps(self.request, indent=2))
-        else:
-            lines += [f"upload {path} -> gs://{dest}" for path, dest in self.uploads]
         text = "\n".join(lines)
         return text if reveal else redact(text, self.secrets)
 
@@ -431,7 +443,6 @@ def plan(t: Target) -> list[Step]:
               f"--update-labels={revision.LABEL}={DIGEST}")
     controller, scheduler, trainer = (f"serviceAccount:{a}" for a in (t.controller_sa, t.scheduler_sa, t.trainer))
     job = f"projects/{t.project}/locations/{t.region}/jobs/respawn-tick"
-    scripts = REPO_ROOT / "deploy" / "vm"
     url = Lookup(URL_PLACEHOLDER, ("gcloud", "functions", "describe", TICK, "--gen2", f"--region={t.region}", project,
                                    "--format=value(serviceConfig.uri)"))
 
@@ -521,6 +532,17 @@ def plan(t: Target) -> list[Step]:
                   "expression": trainer_code_condition(t.bucket),
                   "title": TRAINER_CODE_CONDITION_TITLE,
                   "description": "code tarballs packed by respawn submit, read-only"}),
+              project),
+             retry_if=_IAM_LAG),
+        # Without it no VM boots: its bootstrap runs nothing it could not fetch and check.
+        Step("trainer-scripts", f"let the trainer VMs read (never list, never write) the VM scripts the controller "
+             f"writes into {vmscripts.PREFIX}",
+             ("gcloud", "storage", "buckets", "add-iam-policy-binding", bucket,
+              f"--member={trainer}", "--role=roles/storage.objectViewer",
+              "--condition=" + gcloud_dict({
+                  "expression": trainer_scripts_condition(t.bucket),
+                  "title": TRAINER_SCRIPTS_CONDITION_TITLE,
+                  "description": "the VM scripts the controller writes, read-only"}),
               project),
              retry_if=_IAM_LAG),
         # The guest agent writes the startup script's lines to GCEMetadataScripts with the VM's
@@ -622,8 +644,6 @@ def plan(t: Target) -> list[Step]:
             },
         }, lookups=(url,)),
         *(metric_step(t.project, path) for path in metric_files()),
-        Step("scripts", "upload the VM scripts, for reference (the controller embeds its own copy)",
-             uploads=tuple((p, f"{t.bucket}/respawn/vm/{p.name}") for p in sorted(scripts.glob("*.sh")))),
     ]
     redacted = secrets_of(env)
     return [dataclasses.replace(step, secrets=redacted) for step in steps]
@@ -734,7 +754,7 @@ def _redacted(error: subprocess.CalledProcessError, secrets: tuple[str, ...]) ->
 
 
 def _carry_out(step: Step, t: Target, run: Runner, sleep: Callable[[float], None],
-               schedule: Callable[[dict[str, Any]], None], upload: Callable[..., None]) -> str | None:
+               schedule: Callable[[dict[str, Any]], None]) -> str | None:
     """Do the step; what to say besides its title (something found as respawn needs it), if anything."""
     values = {}
     for lookup in step.lookups:
@@ -772,14 +792,12 @@ def _carry_out(step: Step, t: Target, run: Runner, sleep: Callable[[float], None
         _run_step(dataclasses.replace(step, argv=argv), run, sleep)
     elif step.request is not None:
         schedule(json.loads(filled(json.dumps(step.request))))
-    else:
-        upload(step.uploads, t.project)
     return None
 
 
 def execute(steps: list[Step], t: Target, run: Runner | None = None, say: Callable[[str], None] = print,
             sleep: Callable[[float], None] | None = None, start: int = 1,
-            schedule: Callable[[dict[str, Any]], None] | None = None, upload: Callable[..., None] | None = None) -> None:
+            schedule: Callable[[dict[str, Any]], None] | None = None) -> None:
     """Carry the plan out from step ``start`` (1: all of it); each step is safe to run again.
 
     A step that fails or refuses raises StepFailed, naming it (its number and name: what
@@ -789,8 +807,7 @@ def execute(steps: list[Step], t: Target, run: Runner | None = None, say: Callab
             continue
         say(f"{number}. {step.name}: {step.title}")
         try:
-            note = _carry_out(step, t, run or run_command, sleep or time.sleep, schedule or _upsert_scheduler_job,
-                              upload or _upload)
+            note = _carry_out(step, t, run or run_command, sleep or time.sleep, schedule or _upsert_scheduler_job)
         except Refusal as refusal:
             raise StepFailed(number, step, str(refusal), refused=True) from None
         except subprocess.CalledProcessError as error:
@@ -814,12 +831,3 @@ def _upsert_scheduler_job(request: dict[str, Any]) -> None:
         client.create_job(parent=request["parent"], job=job)
     except exceptions.AlreadyExists:
         client.update_job(job=job)
-
-
-def _upload(uploads: tuple[tuple[Path, str], ...], project: str) -> None:
-    from google.cloud import storage
-
-    client = storage.Client(project=project)
-    for path, dest in uploads:
-        bucket, _, name = dest.partition("/")
-        client.bucket(bucket).blob(name).upload_from_filename(str(path))

@@ -33,7 +33,7 @@ from controller.cli import deploy, grants
 from controller.core import audit, errors, quotas
 from controller.core.quotas import QuotaUse
 from controller.core.spec import JobSpec, built_in_gpus
-from controller.service import lastpass
+from controller.service import lastpass, vmscripts
 
 FINALIZED = "google.cloud.storage.object.v1.finalized"
 # The APIs respawn (its deploy, its functions, its VMs) calls. tpu only where TPU jobs may run.
@@ -246,10 +246,15 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
         if not any(x.role == _trainer_role(p) and trainer in x.members and _trainer_condition(x, b) for x in bindings):
             problems.append(f"the trainer ({t.trainer_sa}) lacks {_trainer_role(p)} conditioned to its records")
             fixes.append(t.deploy_command)
+        # Every VM's bootstrap fetches the agent from there: without the read, no VM runs anything.
+        if not any(trainer in x.members and _scripts_read(x, b) for x in bindings):
+            problems.append(f"the trainer ({t.trainer_sa}) may not read the VM scripts ({vmscripts.PREFIX}): "
+                            "no VM can start its agent")
+            fixes.append(t.deploy_from("trainer-scripts"))
         if problems:
             raise Failed("; ".join(problems), "\n".join(fixes))
         return (f"the controller may read, write and list its objects ({', '.join(found.roles(grants.OBJECTS))}); "
-                f"trainer {deploy.TRAINER_ROLE_ID} on its records only")
+                f"trainer {deploy.TRAINER_ROLE_ID} on its records only, and a read of {vmscripts.PREFIX}")
 
     def trainer_reads() -> str:
         trainer = f"serviceAccount:{t.trainer_sa}"
@@ -261,7 +266,7 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
                 fixes += [f"gcloud storage buckets remove-iam-policy-binding {gs} --member={m} --role={x.role}"
                           for m in public]
             if trainer in x.members and not (x.role == _trainer_role(p) and _trainer_condition(x, b)) \
-                    and not _code_read(x, b):
+                    and not _code_read(x, b) and not _scripts_read(x, b):
                 problems.append(f"the trainer holds {x.role} on {gs}" + (" (conditioned otherwise)" if x.condition else ""))
                 fixes.append(f"gcloud storage buckets remove-iam-policy-binding {gs} --member={trainer} --role={x.role}"
                              + (" --all" if x.condition else ""))
@@ -271,7 +276,7 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
                 fixes.append(f"gcloud projects remove-iam-policy-binding {p} --member={trainer} --role={x.role}")
         if problems:
             raise Failed("; ".join(problems) + ": trainer VMs could read other jobs' records", "\n".join(fixes))
-        return f"{t.trainer_sa} may write its records only (no read, no list)"
+        return f"{t.trainer_sa} may write its records only (no list; reads only code/ and {vmscripts.PREFIX})"
 
     def project_iam() -> str:
         trainer = f"serviceAccount:{t.trainer_sa}"
@@ -810,6 +815,13 @@ def _code_read(binding: _Binding, bucket: str) -> bool:
     conditioned to ``code/`` alone, which holds no record and no secret."""
     return binding.role == "roles/storage.objectViewer" and bool(binding.condition) and \
         binding.condition.get("expression") == f'resource.name.startsWith("projects/_/buckets/{bucket}/objects/code/")'
+
+
+def _scripts_read(binding: _Binding, bucket: str) -> bool:
+    """The trainer's read of the VM scripts (deploy/IAM.md): objectViewer conditioned to ``respawn/vm/``
+    alone, which holds the agent's scripts and no record, no secret."""
+    return binding.role == "roles/storage.objectViewer" and bool(binding.condition) and \
+        binding.condition.get("expression") == deploy.trainer_scripts_condition(bucket)
 
 
 def _may_act_as(apis: Apis, t: Target, account: str) -> bool:

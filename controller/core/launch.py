@@ -20,10 +20,13 @@ class LaunchContext:
 
     bucket: str
     default_project: str
+    # What VMs carry as their startup-script and shutdown-script: the bootstraps, which fetch the
+    # agent's scripts named (gs:// URI and SHA-256) in ``script_items`` (controller.service.vmscripts).
     startup_script: str
     shutdown_script: str
     # A fresh secret per attempt (see JobStatus.attempt_token); tests pass their own.
     new_token: Callable[[], str] = lambda: secrets.token_urlsafe(24)
+    script_items: tuple[tuple[str, str], ...] = ()
 
 
 def boot_image(spec: JobSpec) -> str:
@@ -151,6 +154,7 @@ def _metadata(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, ma
         "respawn-hold": "1" if status.held else "",
         "respawn-line-poke-s": str(LINE_POKE_S),
         **(go_items(status) if status.held and status.go_at else {}),
+        **dict(ctx.script_items),
         "startup-script": ctx.startup_script,
         "shutdown-script": ctx.shutdown_script,
         # The serial console into Cloud Logging (serial_port_1_output), where `respawn logs` reads it:

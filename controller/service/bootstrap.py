@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 from controller.core import errors
-from controller.service import logs
+from controller.service import logs, vmscripts
 from controller.core.clock import SystemClock
 from controller.service.config import Settings
 from controller.service.engine import Engine
@@ -24,7 +24,6 @@ from controller.service.observe import Observer
 from controller.core.ports import BlobStore, ComputeGateway, Publisher, TpuGateway, TpuList, TpuRequest, Webhook
 
 _lock = threading.RLock()
-COMMON_MARK = "# @@common.sh@@"
 _engine: Engine | None = None
 _settings: Settings | None = None
 _adapters: tuple[BlobStore, ComputeGateway] | None = None
@@ -73,7 +72,8 @@ def override(engine: Engine | None, config: Settings | None = None,
 def build(config: Settings) -> Engine:
     logs.setup(cloud=config.cloud_logging)
     store, compute = adapters()
-    ctx = launch_context(config)
+    scripts = vmscripts.load(config.vm_scripts)
+    ctx = launch_context(config, scripts)
     from controller.adapters.google import capacity_advisor  # built, not called: asked only at a launch
 
     tpu = LazyTpu(config)
@@ -82,8 +82,8 @@ def build(config: Settings) -> Engine:
                         advisor=capacity_advisor(config), tpu=tpu)
     notifier = Notifier(policy, LazyPublisher(config), LazyWebhook(), wait=config.notify_wait)
     clock = SystemClock()
-    return Engine(observer, Executor(store, compute, config.bucket, tpu, notifier), ctx, clock,
-                  workers=config.concurrency, operation_wait=config.operation_wait,
+    executor = Executor(store, compute, config.bucket, tpu, notifier, shelf=vmscripts.Shelf(store, config.bucket, scripts))
+    return Engine(observer, executor, ctx, clock, workers=config.concurrency, operation_wait=config.operation_wait,
                   lease=Leases(store, config.bucket, clock, config.lease_terms()))
 
 
@@ -162,16 +162,14 @@ class LazyWebhook:
         self._built().post(url, body)
 
 
-def launch_context(config: Settings) -> LaunchContext:
-    """The VM scripts ship with the controller's own source, never from the bucket."""
-    return LaunchContext(config.bucket, config.project, *vm_scripts(config.vm_scripts))
+def launch_context(config: Settings, scripts: vmscripts.VmScripts | None = None) -> LaunchContext:
+    """The VM scripts ship with the controller's own source, never from the bucket: VMs carry the
+    bootstraps, and where the agent's scripts lie with their digests (controller.service.vmscripts)."""
+    scripts = scripts or vmscripts.load(config.vm_scripts)
+    return LaunchContext(config.bucket, config.project, scripts.startup_boot, scripts.shutdown_boot,
+                         script_items=tuple(scripts.items(config.bucket).items()))
 
 
 def vm_scripts(folder: Path) -> tuple[str, str]:
-    """startup.sh and shutdown.sh, each with common.sh inlined: a VM needs only bash and curl."""
-    try:
-        common = (folder / "common.sh").read_text() if (folder / "common.sh").exists() else ""
-        startup, shutdown = ((folder / n).read_text() for n in ("startup.sh", "shutdown.sh"))
-    except OSError as e:
-        raise errors.ConfigError(f"VM scripts not found under {folder}: {e}") from e
-    return startup.replace(COMMON_MARK, common), shutdown.replace(COMMON_MARK, common)
+    """The agent's startup.sh and shutdown.sh, each with common.sh inlined (what the bucket holds)."""
+    return vmscripts.agent(folder)

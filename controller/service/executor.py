@@ -19,6 +19,7 @@ from controller.core import accounting, errors, fleet, handover, ledger, names, 
 from controller.core.actions import Action, CreateInstances, DeleteInstance, DeleteRecord, ReleaseLine, WriteStatus
 from controller.service.notifier import Notifier
 from controller.service.tpuzones import TpuZones
+from controller.service.vmscripts import Shelf
 from controller.core.ports import BlobStore, ComputeGateway, TpuGateway, TpuRequest
 from controller.core.spec import JobSpec, Notify
 from controller.core.state import JobStatus
@@ -48,8 +49,11 @@ class Outcome:
 
 class Executor:
     def __init__(self, store: BlobStore, compute: ComputeGateway, bucket: str, tpu: TpuGateway | None = None,
-                 notifier: Notifier | None = None) -> None:
+                 notifier: Notifier | None = None, shelf: Shelf | None = None) -> None:
+        """``shelf``: the VM scripts every insert points to, put in the bucket before the first
+        insert of the process (None: the caller's VMs carry whole scripts, as the fakes' do)."""
         self.store = store
+        self.shelf = shelf
         self.compute = compute
         self.bucket = bucket
         self.tpu = tpu
@@ -148,6 +152,8 @@ class Executor:
                 # A late pass must not bring back an attempt another pass has moved past.
                 self._unchanged(chain)
                 wait = None if wait_until is None else max(0.0, wait_until - time.monotonic())
+                if self.shelf is not None:
+                    self.shelf.ensure()  # a VM whose scripts are not there would boot into nothing
                 first = action.requests[0]
                 if isinstance(first, TpuRequest):  # one node, however many hosts it spans
                     # Never a node where a later pass would not look for it (tpuzones).

@@ -23,7 +23,7 @@ import requests
 
 from controller.core import checkpoints
 from controller.adapters.gcs import GcsStore
-from controller.service.bootstrap import vm_scripts
+from controller.service import vmscripts
 from controller.service.config import REPO_ROOT
 from localcloud.compute import ComputeServer
 from localcloud.gcs import LocalGcs, client
@@ -31,14 +31,26 @@ from tests.wait import until
 
 BUCKET = "agent-bucket"
 PROJECT = "agent-proj"
-STARTUP, SHUTDOWN = vm_scripts(REPO_ROOT / "deploy" / "vm")
+SCRIPTS = vmscripts.load(REPO_ROOT / "deploy" / "vm")
+STARTUP, SHUTDOWN = SCRIPTS.startup.text.decode(), SCRIPTS.shutdown.text.decode()  # the agent itself
 NOTICE = 4.0  # seconds between the soft-off and the hard-off (30 on Spot)
 
 
 @pytest.fixture(scope="module")
 def gcs() -> Iterator[LocalGcs]:
     with LocalGcs(buckets=(BUCKET,)) as g:
+        shelve(g, BUCKET)
         yield g
+
+
+def shelve(gcs: LocalGcs, bucket: str) -> None:
+    """The agent's scripts in the bucket, as the controller puts them before its first insert."""
+    vmscripts.Shelf(GcsStore(client(gcs.url)), bucket, SCRIPTS).ensure()
+
+
+def booting(bucket: str) -> dict[str, str]:
+    """What a VM carries as the controller launches it: the bootstraps, and where the agent lies."""
+    return {"startup-script": SCRIPTS.startup_boot, "shutdown-script": SCRIPTS.shutdown_boot, **SCRIPTS.items(bucket)}
 
 
 @pytest.fixture
@@ -61,7 +73,7 @@ def boot(srv: ComputeServer, name: str, command: str, *, notice_s: int = 0, **at
     """Boot a VM named <job>-<attempt>[-n<rank>]; an attribute given as None is left out. ``notice_s``: the
     Spot preemption notice asked of Compute (``scheduling.preemptionNoticeDuration``), and told to the agent."""
     job, attempt = name.split("-")[0], name.split("-")[1]
-    md = {"startup-script": STARTUP, "shutdown-script": SHUTDOWN, "respawn-job": job, "respawn-bucket": BUCKET,
+    md = {**booting(BUCKET), "respawn-job": job, "respawn-bucket": BUCKET,
           "respawn-attempt": attempt, "respawn-token": token_of(name), "respawn-command": command,
           "respawn-nodes": "1", "respawn-heartbeat-interval": "1", "respawn-master-addr": f"{job}-{attempt}",
           **attributes}

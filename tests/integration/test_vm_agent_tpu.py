@@ -20,18 +20,16 @@ from typing import Any
 import pytest
 import requests
 
-from controller.service.bootstrap import vm_scripts
 from controller.service.config import REPO_ROOT
 from localcloud.gcs import LocalGcs, client
 from localcloud.tpu import TpuServer
 from localcloud.vm import POWEROFF_REQUEST
-from tests.integration.test_vm_agent import FakeMetadata
+from tests.integration.test_vm_agent import FakeMetadata, booting, shelve
 from tests.wait import until
 
 BUCKET = "tpu-agent-bucket"
 PROJECT = "tpu-agent-proj"
 ZONE = "us-central2-b"
-STARTUP, SHUTDOWN = vm_scripts(REPO_ROOT / "deploy" / "vm")
 COMMON = (REPO_ROOT / "deploy" / "vm" / "common.sh").read_text()
 NOTICE = 4.0  # seconds between the soft-off and the hard-off (30 on Spot)
 # The trainer runs in its worker's run directory; it waits there for the test's word.
@@ -41,6 +39,7 @@ WAIT_FOR_GO = "while [ ! -e go ]; do sleep 0.1; done; "
 @pytest.fixture(scope="module")
 def gcs() -> Iterator[LocalGcs]:
     with LocalGcs(buckets=(BUCKET,)) as g:
+        shelve(g, BUCKET)
         yield g
 
 
@@ -60,7 +59,7 @@ def boot(srv: TpuServer, name: str, command: str, accelerator: str = "v4-16", **
     """Create the Spot node ``<job>-<attempt>`` with the metadata the controller gives a TPU
     node (an attribute given as None is left out); its workers' IPs, worker 0 first, once READY."""
     job, attempt = name.split("-")[0], name.split("-")[1]
-    md = {"startup-script": STARTUP, "shutdown-script": SHUTDOWN, "respawn-job": job, "respawn-bucket": BUCKET,
+    md = {**booting(BUCKET), "respawn-job": job, "respawn-bucket": BUCKET,
           "respawn-attempt": attempt, "respawn-token": token_of(name), "respawn-command": command,
           "respawn-heartbeat-interval": "1", "respawn-node": name,
           # Set for TPU nodes too, describing the slice as one VM: the agent ignores both there.

@@ -2,7 +2,7 @@
 
 A fake gcloud (FakeProject) keeps a project's state the way Google does: APIs, buckets and their
 settings, service accounts, the custom role, IAM bindings (a set: one binding added twice is one
-binding), the Cloud Storage service agent, functions, the Scheduler job, uploaded objects. It
+binding), the Cloud Storage service agent, functions, the Scheduler job. It
 refuses what Google refuses in the order deploy runs things (a function before its APIs, a binding
 to an account that does not exist, a Cloud Storage trigger outside its bucket's location), and
 logs every change it makes: a second deploy must log none.
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import http.server
 import json
 import os
@@ -76,7 +75,6 @@ class FakeProject:
         self.sinks: dict[str, dict[str, Any]] = {}  # name -> destination, filter, disabled, writerIdentity
         self.jobs: dict[str, Any] = {}
         self.metrics: dict[str, dict[str, Any]] = {}  # name -> LogMetric, as its config file set it
-        self.objects: dict[str, str] = {}
         self.changes: list[str] = []
         self.commands: list[tuple[str, ...]] = []
         self.fail_once: dict[str, str] = {}  # step words (e.g. "storage service-agent") -> error, raised once
@@ -358,13 +356,6 @@ class FakeProject:
             self.jobs[job["name"]] = job
             self._change(f"scheduler job {job['name']}")
 
-    def upload(self, uploads: tuple[tuple[Path, str], ...], project: str) -> None:
-        for path, dest in uploads:
-            digest = hashlib.sha256(path.read_bytes()).hexdigest()
-            if self.objects.get(dest) != digest:
-                self.objects[dest] = digest
-                self._change(f"upload {dest}")
-
 
 def target(**env: str) -> deploy.Target:
     return deploy.Target(PROJECT, REGION, BUCKET, CONTROLLER, SCHEDULER, env=env)
@@ -374,7 +365,7 @@ def run(fake: FakeProject, t: deploy.Target | None = None, start: int = 1) -> li
     t = t or target()
     said: list[str] = []
     deploy.execute(deploy.plan(t), t, run=fake, say=said.append, sleep=lambda _: None, start=start,
-                   schedule=fake.schedule, upload=fake.upload)
+                   schedule=fake.schedule)
     return said
 
 
@@ -387,7 +378,6 @@ def fake(monkeypatch) -> FakeProject:
     project = FakeProject()
     monkeypatch.setattr(deploy, "run_command", project)
     monkeypatch.setattr(deploy, "_upsert_scheduler_job", project.schedule)
-    monkeypatch.setattr(deploy, "_upload", project.upload)
     monkeypatch.setattr(deploy.time, "sleep", lambda _: None)
     return project
 
@@ -421,7 +411,7 @@ def test_a_fresh_project_gets_everything_respawn_relies_on_and_a_second_deploy_c
         ("function:respawn-on-object", "roles/run.invoker"), ("function:respawn-on-audit", "roles/run.invoker")}
     assert roles_of(fake, f"serviceAccount:{TRAINER}") == {
         (f"gs://{BUCKET}", f"projects/{PROJECT}/roles/respawnVmRecords"), (f"gs://{BUCKET}", "roles/storage.objectViewer"),
-        (f"project:{PROJECT}", "roles/logging.logWriter")}
+        (f"project:{PROJECT}", "roles/logging.logWriter")}  # objectViewer twice: code/ and respawn/vm/, conditioned
     assert roles_of(fake, f"serviceAccount:{SCHEDULER}") == {("function:respawn-tick", "roles/run.invoker")}
     assert roles_of(fake, f"serviceAccount:{AGENT}") == {(f"project:{PROJECT}", "roles/pubsub.publisher")}
     assert roles_of(fake, WRITER) == {("respawn-audit", "roles/pubsub.publisher")}  # that topic only
@@ -429,7 +419,6 @@ def test_a_fresh_project_gets_everything_respawn_relies_on_and_a_second_deploy_c
         "destination": f"pubsub.googleapis.com/projects/{PROJECT}/topics/respawn-audit",
         "filter": audit.sink_filter(PROJECT), "disabled": False, "writerIdentity": WRITER, "exclusions": []}}
     assert set(fake.functions) == {"respawn-tick", "respawn-on-object", "respawn-on-audit"} and len(fake.jobs) == 1
-    assert {dest for dest in fake.objects} >= {f"{BUCKET}/respawn/vm/startup.sh"}
     # each step said what it does, numbered and named
     assert said[0].startswith("1. apis: enable the APIs") and len(said) == len(deploy.plan(target()))
 
@@ -448,7 +437,7 @@ def test_deploying_again_after_a_half_done_deploy_finishes_it(fake):
         partial = FakeProject()
         t = target()
         deploy.execute(steps[:done], t, run=partial, say=lambda _: None, sleep=lambda _: None,
-                       schedule=partial.schedule, upload=partial.upload)
+                       schedule=partial.schedule)
         run(partial)
         assert partial.state() == whole.state(), done
 

@@ -454,6 +454,23 @@ def test_the_trainer_s_read_of_code_tarballs_only_is_not_a_read_of_the_records()
     assert not run(p)["trainer cannot read the bucket"].ok
 
 
+def test_the_trainer_s_read_of_the_vm_scripts_only_is_not_a_read_of_the_records():
+    p = healthy()
+    assert run(p)["trainer cannot read the bucket"].ok  # deploy's read of respawn/vm/
+    scripts = next(x for x in p.bucket_bindings if x.get("condition", {}).get("title") == deploy.TRAINER_SCRIPTS_CONDITION_TITLE)
+    scripts["condition"]["expression"] = f'resource.name.startsWith("projects/_/buckets/{BUCKET}/objects/respawn/")'
+    assert not run(p)["trainer cannot read the bucket"].ok
+
+
+def test_a_trainer_that_may_not_read_the_vm_scripts_fails_bucket_iam_with_the_step_that_grants_it():
+    p = healthy()
+    p.bucket_bindings = [x for x in p.bucket_bindings
+                         if x.get("condition", {}).get("title") != deploy.TRAINER_SCRIPTS_CONDITION_TITLE]
+    found = run(p)["bucket IAM"]
+    assert not found.ok and "may not read the VM scripts (respawn/vm/): no VM can start its agent" in found.detail
+    assert f"{DEPLOY_FROM} trainer-scripts" in found.fix
+
+
 # -- who may do what: judged by what each role grants (issue 35, item 10) --------------------------------
 def test_a_controller_without_its_compute_role_fails_and_a_custom_role_is_judged_by_its_permissions():
     # Doctor was all ✓ with no Compute role at all: the controller could create no VM.

@@ -153,7 +153,7 @@ def test_a_trainer_account_outside_the_project_is_used_not_created():
 def test_the_trainer_binding_is_conditional_to_exactly_the_vm_records():
     steps = deploy.plan(target())
     bindings = [s for s in steps if s.argv[:4] == ("gcloud", "storage", "buckets", "add-iam-policy-binding")]
-    (trainer, code) = [s for s in bindings if f"--member=serviceAccount:{TRAINER}" in s.argv]
+    (trainer, code, scripts) = [s for s in bindings if f"--member=serviceAccount:{TRAINER}" in s.argv]
     assert trainer.argv[4] == f"gs://{BUCKET}"
     assert flag(trainer.argv, "role") == f"projects/{PROJECT}/roles/{deploy.TRAINER_ROLE_ID}"
     condition = parse_dict_flag(flag(trainer.argv, "condition"))
@@ -168,6 +168,12 @@ def test_the_trainer_binding_is_conditional_to_exactly_the_vm_records():
     code_condition = parse_dict_flag(flag(code.argv, "condition"))
     assert code_condition["expression"] == deploy.trainer_code_condition(BUCKET)
     assert steps.index(ubla) < steps.index(code)
+    # and a third, read-only, to the VM scripts every VM's bootstrap fetches
+    assert flag(scripts.argv, "role") == "roles/storage.objectViewer"
+    scripts_condition = parse_dict_flag(flag(scripts.argv, "condition"))
+    assert scripts_condition["expression"] == deploy.trainer_scripts_condition(BUCKET)
+    assert scripts_condition["title"] == deploy.TRAINER_SCRIPTS_CONDITION_TITLE
+    assert steps.index(ubla) < steps.index(scripts)
 
 
 @pytest.mark.parametrize("name, admitted", [
@@ -184,6 +190,24 @@ def test_the_code_condition_admits_the_code_tarballs_and_nothing_else(name, admi
     assert allowed(cel, f"projects/_/buckets/{BUCKET}/objects/{name}") is admitted
     assert not allowed(cel, f"projects/_/buckets/{BUCKET}")  # no listing
     assert not allowed(deploy.trainer_condition(BUCKET), f"projects/_/buckets/{BUCKET}/objects/code/x.tar.gz")
+
+
+@pytest.mark.parametrize("name, admitted", [
+    ("respawn/vm/" + "a" * 64 + "/startup.sh", True),
+    ("respawn/vm/" + "a" * 64 + "/shutdown.sh", True),
+    ("respawn/tpu-zones.json", False),
+    ("respawn/controller.json", False),
+    ("jobs/train/exit", False),
+    ("jobs/train/status.json", False),
+    ("code/" + "a" * 64 + ".tar.gz", False),
+    ("xrespawn/vm/a/startup.sh", False),
+])
+def test_the_scripts_condition_admits_the_vm_scripts_and_nothing_else(name, admitted):
+    cel = deploy.trainer_scripts_condition(BUCKET)
+    assert allowed(cel, f"projects/_/buckets/{BUCKET}/objects/{name}") is admitted
+    assert not allowed(cel, f"projects/_/buckets/{BUCKET}")  # no listing
+    if admitted:  # and no write: the records' binding never admits them
+        assert not allowed(deploy.trainer_condition(BUCKET), f"projects/_/buckets/{BUCKET}/objects/{name}")
 
 
 def test_the_controller_gets_the_whole_bucket_and_may_attach_only_the_trainer_account():
