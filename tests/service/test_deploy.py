@@ -840,6 +840,7 @@ def _every_gcloud_command(steps: list[deploy.Step]) -> list[tuple[str, ...]]:
 
 
 @pytest.mark.skipif(shutil.which("gcloud") is None, reason="gcloud is not installed: its parser cannot be asked")
+@pytest.mark.timeout(360)  # some 65 gcloud processes, each about a second of CPU: on a loaded 2-CPU machine, 140 s
 def test_every_gcloud_command_deploy_builds_parses_with_gclouds_own_parser(google_that_answers_400):
     """Each command runs through gcloud: its argument parser and its flag checks pass when gcloud goes
     on to send the request, which the server on 127.0.0.1 answers 400. A flag gcloud does not know
