@@ -118,7 +118,9 @@ class MemoryStore:
 
     # -- test helpers -------------------------------------------------------------
     def put(self, bucket: str, name: str, data: bytes | str, metadata: Mapping[str, str] | None = None) -> BlobInfo:
-        return self.write(bucket, name, data.encode() if isinstance(data, str) else data, metadata=metadata)
+        data = data.encode() if isinstance(data, str) else data
+        # Metadata only where given: a test's subclass may override ``write`` without it.
+        return self.write(bucket, name, data) if metadata is None else self.write(bucket, name, data, metadata=metadata)
 
     def exists(self, bucket: str, name: str) -> bool:
         with self._lock:
