@@ -7,6 +7,10 @@ spec-less; orphan deletes therefore re-check the spec just before acting (execut
 For a VM seen stopped or gone, its job's marker and exit record are re-read *after*
 the instance list, because a VM writes them before it powers off: a fresh read cannot
 miss them, where the earlier listing could.
+
+A heartbeat is judged from the listing alone where its VM agent wrote its record in the
+object's custom metadata (``Record.listed``): a trainer beats every minute, and reading each
+beat was most of a steady tick's requests.
 """
 
 from __future__ import annotations
