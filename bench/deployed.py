@@ -121,6 +121,7 @@ class _Object:
     content_type: str
     created: str
     metageneration: int = 1
+    metadata: dict[str, str] | None = None  # custom metadata, listed with the object (a heartbeat's record)
     md5: str = field(init=False)
     crc32c: str = field(init=False)
 
@@ -220,17 +221,20 @@ class GcsStandIn:
     def _bulk(self, sent: dict[str, Any]) -> dict[str, Any]:
         """The bench's own side door, never counted and never the function's: ``{"bucket": b,
         "read": [names]}`` answers ``{name: text}`` (the missing left out); ``{"bucket": b,
-        "write": {name: text}}`` writes each as a new generation (the fleet's records, in one request)."""
+        "write": {name: text}}`` writes each as a new generation (the fleet's records, in one request),
+        ``{name: {"data": text, "metadata": {...}}}`` with custom metadata (as a VM agent writes a heartbeat)."""
         bucket = sent["bucket"]
         with self._lock:
             objects = self._bucket(bucket)
             if "read" in sent:
                 return {n: objects[n].data.decode() for n in sent["read"] if n in objects}
-            for name, text in sent.get("write", {}).items():
+            for name, written in sent.get("write", {}).items():
+                text, metadata = (written["data"], written.get("metadata")) if isinstance(written, dict) else (written, None)
                 self._generation = max(self._generation + 1, time.time_ns() // 1000)
                 if name not in objects:
                     bisect.insort(self._names[bucket], name)
-                objects[name] = _Object(name, text.encode(), self._generation, "application/octet-stream", _now())
+                objects[name] = _Object(name, text.encode(), self._generation, "application/octet-stream", _now(),
+                                        metadata=_custom(metadata))
             return {"written": len(sent.get("write", {}))}
 
     def _route(self, kind: str, path: str, args: dict[str, str], environ: dict[str, Any]) -> Any:
@@ -296,7 +300,8 @@ class GcsStandIn:
                 "metageneration": str(obj.metageneration), "contentType": obj.content_type,
                 "storageClass": "STANDARD", "size": str(len(obj.data)), "md5Hash": obj.md5, "crc32c": obj.crc32c,
                 "etag": base64.b64encode(f"{obj.generation}/{obj.metageneration}".encode()).decode(),
-                "timeCreated": obj.created, "updated": obj.created, "timeStorageClassUpdated": obj.created}
+                "timeCreated": obj.created, "updated": obj.created, "timeStorageClassUpdated": obj.created,
+                **({"metadata": obj.metadata} if obj.metadata else {})}
 
     def _list(self, bucket: str, args: dict[str, str], environ: dict[str, Any]) -> dict[str, Any]:
         objects, names = self._bucket(bucket), self._names[bucket]
@@ -370,7 +375,7 @@ class GcsStandIn:
             self._judged(bucket, name, args, creating=True)
             self._rate(bucket, name)
             self._generation = max(self._generation + 1, time.time_ns() // 1000)
-            obj = _Object(name, data, self._generation, content_type, _now())
+            obj = _Object(name, data, self._generation, content_type, _now(), metadata=_custom(metadata.get("metadata")))
             if "crc32c" in metadata and metadata["crc32c"] != obj.crc32c:
                 raise _error(400, "Provided CRC32C does not match calculated CRC32C.", "invalid")
             if "md5Hash" in metadata and metadata["md5Hash"] != obj.md5:
@@ -398,6 +403,15 @@ class GcsStandIn:
                                   "operations (create, update, and delete). Please reduce your request rate. "
                                   "See https://cloud.google.com/storage/docs/gcs429.", "rateLimitExceeded")
         self._last_write[(bucket, name)] = now
+
+
+def _custom(metadata: Any) -> dict[str, str] | None:
+    """An object resource's custom metadata as GCS keeps it: string keys and values, or none."""
+    if not isinstance(metadata, dict) or not metadata:
+        return None
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+        raise _error(400, "custom metadata: string keys and values only", "invalid")
+    return dict(metadata)
 
 
 def _gcs_kind(method: str, path: str, args: dict[str, str]) -> str:
@@ -566,7 +580,7 @@ class _Server:
         answer.raise_for_status()
         return answer.json()
 
-    def write(self, bucket: str, objects: dict[str, str]) -> None:
+    def write(self, bucket: str, objects: dict[str, Any]) -> None:
         self.session.post(f"{self.url}/_bench/objects", json={"bucket": bucket, "write": objects},
                           timeout=300).raise_for_status()
 
@@ -740,13 +754,19 @@ class Fleet:
         return {j: JobStatus.from_json(found[names.status_key(j)].encode()) for j in self.jobs
                 if names.status_key(j) in found}
 
-    def records(self, key: Any, extra: Any, which: Any = lambda job, st: True) -> int:
-        """A record at ``key(job)`` for each job's current attempt, with its token, as its VM agent writes it."""
+    def records(self, key: Any, extra: Any, which: Any = lambda job, st: True, listed: bool = False) -> int:
+        """A record at ``key(job)`` for each job's current attempt, with its token, as its VM agent writes
+        it; ``listed``: its fields also in the object's custom metadata, as the agent writes a heartbeat."""
         from controller.core import names
+        from controller.core.world import listing_metadata
 
-        written = {key(j): json.dumps({"instance": names.instance_name(j, st.attempt), "attempt": st.attempt,
-                                       "node": 0, "token": st.attempt_token or "", **extra(j)})
-                   for j, st in self.statuses().items() if which(j, st)}
+        written: dict[str, Any] = {}
+        for j, st in self.statuses().items():
+            if which(j, st):
+                body = {"instance": names.instance_name(j, st.attempt), "attempt": st.attempt, "node": 0,
+                        "token": st.attempt_token or "", **extra(j)}
+                written[key(j)] = {"data": json.dumps(body), "metadata": listing_metadata(body)} if listed else \
+                    json.dumps(body)
         self.gcs.write(BUCKET, written)
         return len(written)
 
@@ -760,7 +780,7 @@ class Fleet:
     def heartbeats(self) -> int:
         from controller.core import names
 
-        return self.records(names.heartbeat_key, lambda j: {}, lambda j, st: not st.phase.terminal)
+        return self.records(names.heartbeat_key, lambda j: {}, lambda j, st: not st.phase.terminal, listed=True)
 
 
 # -- the scenario --------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Local GCS: fake-gcs-server from PyPI, behind a proxy that makes it answer as Google does.
 
-fake-gcs-server stores and serves the objects, but on its own it is kinder than GCS: it
-enforces ``ifGenerationMatch`` on multipart uploads only (not on ``uploadType=media`` or
-resumable uploads, reads, metadata updates or deletes) and ``ifGenerationNotMatch``,
+fake-gcs-server stores and serves the objects (and the custom metadata of a multipart upload,
+listed with the object as Google lists it: tests/contract/test_ports.py), but on its own it is
+kinder than GCS: it enforces ``ifGenerationMatch`` on multipart uploads only (not on
+``uploadType=media`` or resumable uploads, reads, metadata updates or deletes) and ``ifGenerationNotMatch``,
 ``ifMetagenerationMatch`` and ``ifMetagenerationNotMatch`` nowhere; a metadata update
 never bumps ``metageneration``; and the links it hands out (``mediaLink``, ``selfLink``,
 a resumable upload's ``Location``) point past any proxy, at itself. The proxy in front:

@@ -19,6 +19,7 @@ from controller.service.notifier import Notifier
 from controller.service.observe import Observer
 from controller.core.policy import ControllerPolicy
 from controller.core.state import JobStatus
+from controller.core.world import listing_metadata
 
 BUCKET = "respawn-test"
 PROJECT = "respawn-proj"
@@ -138,11 +139,14 @@ class Harness:
         self.store.put(BUCKET, names.ready_key(job), json.dumps(body))
 
     def heartbeat(self, job: str, token: str | None = None, trainer_started: datetime | None = None,
-                  step: int | None = None) -> None:
+                  step: int | None = None, listed: bool = True) -> None:
+        """The heartbeat as the VM agent writes it: its fields also in the object's custom metadata,
+        the token's proof in place of the token (``listed=False``: an older agent's, body only)."""
         attempt = self.status(job).attempt
         body = {"attempt": attempt, "token": self._token(job, attempt, token), **_started(trainer_started),
                 **({"step": step} if step is not None else {})}
-        self.store.put(BUCKET, names.heartbeat_key(job), json.dumps(body))
+        self.store.put(BUCKET, names.heartbeat_key(job), json.dumps(body),
+                       metadata=listing_metadata(body) if listed else None)
 
     def _token(self, job: str, attempt: int, token: str | None) -> str:
         if token is not None:

@@ -7,7 +7,7 @@ the retry: on 412 the object is read back, and our own bytes there mean success.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from google.api_core import exceptions as gexc
@@ -87,9 +87,12 @@ class GcsStore:
         with translated(f"gs://{bucket}/{prefix}*"):
             return [_info(b) for b in self.client.list_blobs(bucket, prefix=prefix, page_size=self.page_size)]
 
-    def write(self, bucket: str, name: str, data: bytes, *, if_generation_match: int | None = None) -> BlobInfo:
+    def write(self, bucket: str, name: str, data: bytes, *, if_generation_match: int | None = None,
+              metadata: Mapping[str, str] | None = None) -> BlobInfo:
         where = f"gs://{bucket}/{name}"
         blob = self.client.bucket(bucket).blob(name)
+        if metadata is not None:
+            blob.metadata = dict(metadata)  # sent with the bytes: one multipart upload
         try:
             with translated(where):
                 blob.upload_from_string(data, if_generation_match=if_generation_match)
@@ -116,4 +119,9 @@ class GcsStore:
 
 
 def _info(blob: storage.Blob) -> BlobInfo:
-    return BlobInfo(blob.bucket.name, blob.name, int(blob.generation), blob.updated, int(blob.size or 0))
+    # The custom metadata from the resource as listed (objects.list's default projection, noAcl,
+    # returns it; no ``fields`` is asked for): ``Blob.metadata`` deep-copies it for each object, and
+    # a listing holds tens of thousands.
+    metadata = blob._properties.get("metadata")  # noqa: SLF001
+    return BlobInfo(blob.bucket.name, blob.name, int(blob.generation), blob.updated, int(blob.size or 0),
+                    dict(metadata) if isinstance(metadata, dict) and metadata else None)

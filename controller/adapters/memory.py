@@ -94,11 +94,13 @@ class MemoryStore:
                 found.append(self._objects[(bucket, name)].info)
             return found
 
-    def write(self, bucket: str, name: str, data: bytes, *, if_generation_match: int | None = None) -> BlobInfo:
+    def write(self, bucket: str, name: str, data: bytes, *, if_generation_match: int | None = None,
+              metadata: Mapping[str, str] | None = None) -> BlobInfo:
         with self._lock:
             self._call("write", name)
             self._precondition(bucket, name, if_generation_match)
-            info = BlobInfo(bucket, name, next(self._generations), self.clock.now(), len(data))
+            info = BlobInfo(bucket, name, next(self._generations), self.clock.now(), len(data),
+                            dict(metadata) if metadata else None)
             if (bucket, name) not in self._objects:
                 bisect.insort(self._sorted[bucket], name)
             self._objects[(bucket, name)] = Blob(info, bytes(data))
@@ -115,8 +117,10 @@ class MemoryStore:
             del names_[bisect.bisect_left(names_, name)]
 
     # -- test helpers -------------------------------------------------------------
-    def put(self, bucket: str, name: str, data: bytes | str) -> BlobInfo:
-        return self.write(bucket, name, data.encode() if isinstance(data, str) else data)
+    def put(self, bucket: str, name: str, data: bytes | str, metadata: Mapping[str, str] | None = None) -> BlobInfo:
+        data = data.encode() if isinstance(data, str) else data
+        # Metadata only where given: a test's subclass may override ``write`` without it.
+        return self.write(bucket, name, data) if metadata is None else self.write(bucket, name, data, metadata=metadata)
 
     def exists(self, bucket: str, name: str) -> bool:
         with self._lock:

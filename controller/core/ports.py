@@ -26,6 +26,9 @@ class BlobInfo:
     generation: int
     updated: datetime
     size: int = 0
+    # The object's custom metadata as the listing gave it (None: none). Whoever wrote the object
+    # wrote it: a VM agent's heartbeat carries its record there (``world.Record.listed``).
+    metadata: Mapping[str, str] | None = field(default=None, hash=False)
 
 
 @dataclass(frozen=True)
@@ -58,8 +61,12 @@ class BlobStore(Protocol):
     def list(self, bucket: str, prefix: str) -> list[BlobInfo]: ...
 
     def write(
-        self, bucket: str, name: str, data: bytes, *, if_generation_match: int | None = None
-    ) -> BlobInfo: ...
+        self, bucket: str, name: str, data: bytes, *, if_generation_match: int | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> BlobInfo:
+        """``metadata``: the object's custom metadata (the controller writes none; a VM agent's
+        heartbeat carries some, and a test writes it as the agent does)."""
+        ...
 
     def delete(self, bucket: str, name: str, *, if_generation_match: int | None = None) -> None: ...
 

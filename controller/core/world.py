@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
+from typing import TypeGuard
 
 from controller.core import placement
 from controller.core.ports import BlobInfo, Instance, StopReason, ZoneAdvice
@@ -40,6 +44,8 @@ class Record:
     exit_code: int | None = None
     node: int | None = None
     token: str | None = None
+    # A heartbeat judged on its listing (``listed``) carries no token, only its proof: see PROOF_KEY.
+    proof: str | None = None
     detail: str = ""  # a marker's reason (preempted, maintenance, rebooted); an exit record's why
     saved: bool | None = None  # a marker: the trainer exited (its SIGTERM save done) before the deadline
     # When the agent launched the trainer, by the VM's clock (RFC 3339, UTC); None from an older
@@ -77,12 +83,47 @@ class Record:
             return base
         if not isinstance(body, dict):
             return base
+        token = body.get("token")
+        return cls._judged(info, body, token=token if _is_token(token) else None) or base
+
+    @classmethod
+    def listed(cls, info: BlobInfo) -> Record | None:
+        """A heartbeat judged on its listing alone, from the custom metadata its VM agent wrote with
+        it (``listing_metadata``: each field of the body as its JSON text, and the token's proof in
+        place of the token), or None where that cannot say (an older agent wrote none, no proof,
+        no whole attempt, a value that is no JSON, more than GCS allows): its body is read then.
+
+        Every value is checked as ``parse`` checks the body's (a trainer wrote it), so that a
+        heartbeat judged here is the one its body would give, but for the token: ``proof``.
+        Only heartbeats are judged so: an exit record, marker or notice decides on its token."""
+        meta = info.metadata
+        if not meta or info.size > MAX_RECORD_BYTES:
+            return None
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()) \
+                or sum(len(k) + len(v) for k, v in meta.items()) > MAX_METADATA_BYTES:
+            return None
+        proof = meta.get(PROOF_KEY)
+        if proof is None or not _PROOF.fullmatch(proof):
+            return None
+        body: dict[str, object] = {}
+        for key in _FIELDS:
+            if key in meta:
+                try:
+                    body[key] = json.loads(meta[key])
+                except (ValueError, RecursionError):
+                    return None
+        return cls._judged(info, body, proof=proof)
+
+    @classmethod
+    def _judged(cls, info: BlobInfo, body: Mapping[str, object], *, token: str | None = None,
+                proof: str | None = None) -> Record | None:
+        """The record a body's fields make, each checked; None without a whole attempt."""
         attempt = _whole(body.get("attempt"), 0, _MAX_ATTEMPT)
         if attempt is None:
-            return base
+            return None
         instance = body.get("instance")
-        token = body.get("token")
         reason = body.get("reason")
+        saved = body.get("saved")
         return cls(
             key=info.name,
             generation=info.generation,
@@ -91,9 +132,10 @@ class Record:
             instance=instance[:63] if isinstance(instance, str) and instance else None,
             exit_code=_whole(body.get("exit_code"), -(2**31), 2**31 - 1),
             node=_whole(body.get("node"), 0, 10**6),
-            token=token if isinstance(token, str) and 0 < len(token) <= 256 else None,
+            token=token,
+            proof=proof,
             detail=reason[:200] if isinstance(reason, str) else "",
-            saved=body.get("saved") if isinstance(body.get("saved"), bool) else None,
+            saved=saved if isinstance(saved, bool) else None,
             trainer_started=_instant(body.get("trainer_started")),
             step=_whole(body.get("step"), 0, MAX_STEP),
             save_s=_seconds(body.get("save_s")),
@@ -109,12 +151,55 @@ class Record:
         """
         if self.attempt is None or self.attempt != status.attempt:
             return False
-        return status.attempt_token is None or self.token == status.attempt_token
+        return status.attempt_token is None or self._proves(status.attempt_token)
 
     def belongs_to_standby(self, status: JobStatus) -> bool:
         """Written by the standby's VMs (``JobStatus.standby``): its number and its own secret."""
         sb = status.standby
-        return sb is not None and self.attempt == sb.attempt and self.token == sb.token
+        return sb is not None and self.attempt == sb.attempt and self._proves(sb.token)
+
+    def _proves(self, secret: str) -> bool:
+        """Carries ``secret``: the token itself (read from its body), or its proof (its listing)."""
+        if self.proof is None:
+            return self.token == secret
+        return _is_token(secret) and hmac.compare_digest(self.proof, token_proof(secret))
+
+
+# A heartbeat's custom metadata (``Record.listed``). The proof of the token is its SHA-256, in hex.
+# That is enough because of who sees it: only a principal that may list the bucket sees the
+# listing, which is the controller and the bucket's readers, who can read every body, the token in
+# it, anyway; trainers can neither list nor read the bucket (README, Security). The token is 192
+# random bits: its hash cannot be turned back into it, and only a heartbeat is ever judged by the
+# hash (an exit record, a marker, a notice need the token itself), so what the hash lets one forge
+# is a heartbeat, and only to whoever could read the token.
+PROOF_KEY = "token_sha256"
+MAX_METADATA_BYTES = 8 * 1024  # GCS's own bound on an object's custom metadata (keys and values)
+_PROOF = re.compile(r"[0-9a-f]{64}")
+# The body's fields a record is made of (``Record._judged``): all but the token, which the listing
+# never carries.
+_FIELDS = ("attempt", "instance", "exit_code", "node", "reason", "saved", "trainer_started", "step", "save_s",
+           "upload_s", "saved_step")
+
+
+def token_proof(token: str) -> str:
+    """The proof of an attempt's token that a heartbeat's listing carries: its SHA-256, in hex."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def listing_metadata(body: Mapping[str, object]) -> dict[str, str]:
+    """The custom metadata a VM agent writes with a heartbeat of this body (deploy/vm/common.sh's
+    ``record`` does the same in bash): each field a record is made of, as its JSON text, and the
+    token's proof where the body carries a token (no proof: the listing cannot say, the body is read)."""
+    out = {key: json.dumps(body[key]) for key in _FIELDS if key in body}
+    token = body.get("token")
+    if _is_token(token):
+        out[PROOF_KEY] = token_proof(token)
+    return out
+
+
+def _is_token(value: object) -> TypeGuard[str]:
+    """A token as a record may carry one: a string of 1 to 256 characters."""
+    return isinstance(value, str) and 0 < len(value) <= 256
 
 
 def _instant(value: object) -> datetime | None:

@@ -160,18 +160,30 @@ auth_header() {
   printf 'Authorization: Bearer %s' "${BASH_REMATCH[1]}"
 }
 
-# gcs_put BUCKET OBJECT BODY: a simple upload, retried on errors. The body goes on curl's
-# command line (records are a few hundred bytes), never through a file: a full disk can
-# neither fail the upload nor, worse, turn a record into an empty one. An empty body is
-# refused: every record is a JSON object.
+# gcs_put BUCKET OBJECT BODY [METADATA]: an upload in one request, retried on errors. The body
+# goes on curl's command line (records are a few hundred bytes), never through a file: a full
+# disk can neither fail the upload nor, worse, turn a record into an empty one. An empty body is
+# refused: every record is a JSON object. METADATA: the object's custom metadata as the members
+# of a JSON object ('"k": "v", ...'), sent with the body in a multipart upload (the GCS JSON API's
+# uploadType=multipart: a part with the object's resource, then one with its bytes); without
+# it, a media upload.
 gcs_put() {
-  local auth
+  local auth data="$3" type="application/json" query boundary
   if [ -z "${3:-}" ]; then log "refusing to upload an empty body to $2"; return 1; fi
   auth="$(auth_header)" || return 1
+  query="uploadType=media&name=$(urlencode "$2")"
+  boundary="respawn-part-$(ms_now)-$RANDOM$RANDOM"
+  # A boundary must occur in neither part: where it would (never, but for a chance), no metadata.
+  if [ -n "${4:-}" ] && [[ "$3$4" != *"$boundary"* ]]; then
+    query="uploadType=multipart"
+    type="multipart/related; boundary=$boundary"
+    data="--$boundary"$'\r\n'"Content-Type: application/json; charset=UTF-8"$'\r\n\r\n'
+    data+="{\"name\": \"$(json_escape "$2")\", \"contentType\": \"application/json\", \"metadata\": {$4}}"$'\r\n'
+    data+="--$boundary"$'\r\n'"Content-Type: application/json"$'\r\n\r\n'"$3"$'\r\n'"--$boundary--"$'\r\n'
+  fi
   curl -sf --connect-timeout 10 --max-time "$agent_gcs_try" --retry 5 --retry-all-errors \
     --retry-max-time "$agent_gcs_patience" -o /dev/null -X POST ${auth:+-H "$auth"} \
-    -H "Content-Type: application/json" --data-raw "$3" \
-    "$agent_gcs_url/upload/storage/v1/b/$1/o?uploadType=media&name=$(urlencode "$2")"
+    -H "Content-Type: $type" --data-raw "$data" "$agent_gcs_url/upload/storage/v1/b/$1/o?$query"
 }
 
 # gcs_get gs://BUCKET/OBJECT FILE: a download that may be large, so no fixed total
@@ -373,11 +385,38 @@ progress_fields() {
 }
 
 # record KIND OBJECT [EXTRA_JSON]: {"instance", "attempt", "node", "at", "token", ...}
-# into the bucket. KIND only names it for the reader.
+# into the bucket. KIND only names it for the reader, but for a heartbeat, whose fields also
+# go in the object's custom metadata (listing_metadata): the controller judges it from the
+# bucket's listing, with no request for it.
 record() {
-  local token="" body
+  local token="" body meta=""
   [ -n "$agent_token" ] && token=", \"token\": \"$(json_escape "$agent_token")\""
   printf -v body '{"instance": "%s", "attempt": %s, "node": %s, "at": "%s"%s%s}' \
     "$(json_escape "$agent_name")" "$agent_attempt" "$agent_rank" "$(now)" "$token" "${3:+, $3}"
-  gcs_put "$agent_bucket" "$2" "$body"
+  [ "$1" = heartbeat ] && meta="$(listing_metadata "${3:-}")"
+  gcs_put "$agent_bucket" "$2" "$body" "$meta"
+}
+
+# listing_metadata EXTRA_JSON: a heartbeat's fields as custom metadata members, each the JSON text
+# of its value in the body ('"attempt": "3", "instance": "\"job-3\"", "step": "120"'), and in place
+# of the token its proof, "token_sha256": the token's SHA-256 in hex, which only a holder of the
+# token can make and which does not show it (controller.core.world.listing_metadata says why
+# that is enough). Nothing, and the controller reads the body as before, without a token, without
+# sha256sum, or for an EXTRA_JSON not made of '"key": number' and '"key": "text"' members as
+# the heartbeat's are (the progress fields, the trainer's start).
+listing_metadata() {
+  local rest="$1" out proof
+  local re='^[[:space:]]*,?[[:space:]]*"([a-z_]+)":[[:space:]]*("[^"\\]*"|-?[0-9][-+.eE0-9]*)(.*)$'
+  [ -n "$agent_token" ] || return 0
+  proof="$(printf '%s' "$agent_token" | sha256sum 2> /dev/null)"
+  proof="${proof%% *}"
+  [[ "$proof" =~ ^[0-9a-f]{64}$ ]] || return 0
+  out="\"attempt\": \"$agent_attempt\", \"node\": \"$agent_rank\""
+  out+=", \"instance\": \"$(json_escape "\"$(json_escape "$agent_name")\"")\""
+  while [[ "$rest" =~ $re ]]; do
+    out+=", \"${BASH_REMATCH[1]}\": \"$(json_escape "${BASH_REMATCH[2]}")\""
+    rest="${BASH_REMATCH[3]}"
+  done
+  [[ "$rest" =~ ^[[:space:]]*$ ]] || return 0
+  printf '%s, "token_sha256": "%s"' "$out" "$proof"
 }

@@ -75,7 +75,7 @@ from controller.core.ports import (QUEUED_AS_NODE, Instance, InstanceStatus, Nod
                               StopReason, TpuNode, TpuRequest)
 from controller.core.spec import SpecError
 from controller.core.state import JobStatus, Phase
-from controller.core.world import World
+from controller.core.world import World, listing_metadata
 
 BUCKET = "respawn-chaos"
 PROJECT = "chaos-proj"
@@ -384,7 +384,9 @@ class Run:
         self.foreign_tpu: list[str] = []
         self.attempt_nodes: dict[tuple[str, int], int] = {}
         self.tokens: dict[tuple[str, int], str] = {}
-        self.acting_job: str | None = None
+        # Which job the executor is acting for, per thread: a pass fanned out over threads (WORKERS)
+        # acts for several jobs at once, and one shared value made a delete look like another job's.
+        self._acting = threading.local()
         self.pass_faults: PassFaults | None = None
         self.faults_on = True
         self.step_no = 0
@@ -1408,15 +1410,17 @@ class Run:
                 self.record(names.ready_key(inst.job or ""), who)
 
     def heartbeat(self, t: Trainer) -> None:
-        self.record(names.heartbeat_key(t.job), t)
+        self.record(names.heartbeat_key(t.job), t, listed=True)
 
-    def record(self, key: str, t: Trainer, **extra: Any) -> None:
+    def record(self, key: str, t: Trainer, listed: bool = False, **extra: Any) -> None:
+        """``listed``: the record's fields also in the object's custom metadata, as the VM agent
+        writes a heartbeat (judged from the listing)."""
         body: dict[str, Any] = {"instance": t.name, "attempt": t.attempt, "node": t.rank,
                                 "at": self.clock.now().isoformat()}
         if t.token:
             body["token"] = t.token
         body.update(extra)
-        self.store.write(BUCKET, key, json.dumps(body).encode())
+        self.store.write(BUCKET, key, json.dumps(body).encode(), metadata=listing_metadata(body) if listed else None)
 
     def running_groups(self) -> dict[tuple[str, int, str, str], list[Trainer]]:
         """Attempts whose every node runs its trainer, by (job, attempt, token): a job whose folder
@@ -1674,6 +1678,14 @@ class Run:
         steps = [int(info.name.split("/")[2]) for info in self.store.list(CKPT_BUCKET, f"{job}/run/")
                  if info.name.endswith("/commit_success.txt")]
         return f"gs://{CKPT_BUCKET}/{job}/run/{max(steps)}" if steps else None
+
+    @property
+    def acting_job(self) -> str | None:
+        return getattr(self._acting, "job", None)
+
+    @acting_job.setter
+    def acting_job(self, job: str | None) -> None:
+        self._acting.job = job
 
     def before_delete(self, project: str, zone: str, name: str, tpu: bool = False) -> None:
         everything = [s.inst for s in self.tpu_seen()] if tpu else self.compute.all()

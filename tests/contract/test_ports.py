@@ -201,6 +201,18 @@ class TestBlobStore:
         assert [b.name for b in listed] == [f"{prefix}{i:02d}" for i in range(12)]
 
 
+    def test_custom_metadata_written_with_an_object_comes_back_in_its_listing(self, backend):
+        """What a VM agent's heartbeat carries for the controller to judge it without a read."""
+        prefix = unique("meta/") + "/"
+        meta = {"attempt": "3", "instance": '"job-3"', "token_sha256": "ab" * 32}
+        written = backend.store.write(BUCKET, f"{prefix}with", b'{"attempt": 3}', metadata=meta)
+        backend.store.write(BUCKET, f"{prefix}without", b"{}")
+        listed = {i.name: i for i in backend.store.list(BUCKET, prefix)}
+        assert dict(listed[f"{prefix}with"].metadata or {}) == meta == dict(written.metadata or {})
+        assert listed[f"{prefix}with"].generation == written.generation
+        assert not listed[f"{prefix}without"].metadata
+
+
 class TestComputeGateway:
     def test_one_jobs_instances_from_zonal_lists(self, backend):
         job, other = unique("z"), unique("o")

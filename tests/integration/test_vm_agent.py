@@ -150,6 +150,34 @@ def test_heartbeat_while_running(gcs, srv):
     assert started_at(first) <= datetime.fromisoformat(first["at"])
 
 
+def test_a_heartbeat_carries_its_record_in_its_listing_as_the_controller_judges_it(gcs, srv):
+    """The agent writes each heartbeat's fields as the object's custom metadata, the token's proof
+    in place of the token: listed, it makes the record its body makes, and belongs to its attempt."""
+    from dataclasses import replace
+
+    from controller.core.state import JobStatus
+    from controller.core.world import PROOF_KEY, Record, token_proof
+
+    boot(srv, "meta-3", 'printf \'{"step": 42, "save_s": 0.25, "saved_step": 40}\' > "$RESPAWN_PROGRESS_FILE"; sleep 30')
+    store = GcsStore(client(gcs.url))
+
+    def beat_with_step() -> Any:
+        infos = [i for i in store.list(BUCKET, "jobs/meta/") if i.name == "jobs/meta/heartbeat"]
+        return infos and (infos[0].metadata or {}).get("step") and infos[0]
+
+    info = until("a listed heartbeat with the step", beat_with_step)
+    assert info.metadata[PROOF_KEY] == token_proof(token_of("meta-3"))
+    assert token_of("meta-3") not in "".join(info.metadata.values()), "the secret itself is never listed"
+    listed = Record.listed(info)
+    from_body = Record.parse(info, store.read_listed(info))
+    assert listed is not None and listed == replace(from_body, token=None, proof=listed.proof)
+    assert (listed.attempt, listed.node, listed.instance, listed.step, listed.save_s, listed.saved_step) == \
+        (3, 0, "meta-3", 42, 0.25, 40)
+    assert listed.trainer_started == started_at(json.loads(store.read_listed(info)))
+    assert listed.belongs_to(JobStatus(attempt=3, attempt_token=token_of("meta-3")))
+    assert not listed.belongs_to(JobStatus(attempt=3, attempt_token=token_of("meta-4")))
+
+
 def test_the_resume_lines_fit_80_columns_as_respawn_logs_prints_them(gcs, srv):
     """Issue 26: 'job X attempt N ...; RESUME_FROM=...' was about 135 columns under `respawn logs`."""
     from controller.cli.joblogs import STAMP, one_stamp
@@ -383,6 +411,13 @@ def test_without_a_token_from_the_controller_records_have_no_token_field(gcs, sr
     boot(srv, name, "exit 0", **{"respawn-token": token})
     record = until("the exit record", lambda: read(gcs, f"jobs/{name.split('-')[0]}/exit"))
     assert record["attempt"] == 1 and "token" not in record
+
+
+def test_without_a_token_a_heartbeat_carries_no_metadata_and_is_read_as_before(gcs, srv):
+    boot(srv, "bare-1", "sleep 30", **{"respawn-token": None})
+    until("a heartbeat", lambda: read(gcs, "jobs/bare/heartbeat"))
+    (info,) = [i for i in GcsStore(client(gcs.url)).list(BUCKET, "jobs/bare/") if i.name.endswith("/heartbeat")]
+    assert not info.metadata
 
 
 # -- common.sh against a metadata server that misbehaves ----------------------------------

@@ -33,6 +33,9 @@ def test_the_deployed_function_is_measured_at_a_tiny_size():
     assert sum(v for k, v in counted["gcs"].items() if k.startswith("list ")) >= 1
     assert sum(v for k, v in counted["compute"].items() if k.startswith("instances.aggregatedList ")) >= 1
     assert not any(k.startswith("unimplemented") for k in counted["gcs"])
+    # Every running trainer beat again before the steady tick, as the VM agent writes a beat: each is
+    # judged from the listing, and nothing else changed, so nothing is downloaded.
+    assert out["fleet_heartbeats"] > 0 and not any(k.startswith("media ") for k in counted["gcs"]), counted["gcs"]
     assert out["deployed_tick_summary"]["jobs_seen"] == 20 and not out["deployed_tick_summary"]["errors"]
     # Cold starts: fresh processes, each its own pid, none of them the measured instance or this test.
     runs = out["cold_start_runs"]["unlimited"] + out["cold_start_runs"]["third_vcpu"]
@@ -81,6 +84,16 @@ def test_the_gcs_standin_lists_by_prefix_a_page_at_a_time(standin):
     assert [i.name for i in store.list("b", "jobs/")] == [f"jobs/{c}/x" for c in "abcde"]
     assert app.counts["list 200"] == 3  # 2 + 2 + 1: a request per page
     assert store.list("b", "nothing/") == []
+
+
+def test_the_gcs_standin_lists_the_custom_metadata_an_upload_or_its_side_door_wrote(standin):
+    app, store = standin
+    store.write("b", "jobs/a/heartbeat", b"{}", metadata={"attempt": "1", "token_sha256": "ab" * 32})
+    app._bulk({"bucket": "b", "write": {"jobs/b/heartbeat": {"data": "{}", "metadata": {"attempt": "2"}},
+                                        "jobs/c/heartbeat": "{}"}})
+    listed = {i.name: i.metadata for i in store.list("b", "jobs/")}
+    assert listed == {"jobs/a/heartbeat": {"attempt": "1", "token_sha256": "ab" * 32},
+                      "jobs/b/heartbeat": {"attempt": "2"}, "jobs/c/heartbeat": None}
 
 
 def test_the_gcs_standin_refuses_a_second_write_within_the_interval(standin):

@@ -27,7 +27,7 @@ def test_a_pass_reads_no_object_whose_generation_did_not_change():
     engine.reconcile()
     assert h.status("done").phase == Phase.SUCCEEDED and h.status("live").phase == Phase.RUNNING
     engine.reconcile()  # reads the status the last pass wrote: the one read of it
-    h.heartbeat("live")
+    h.heartbeat("live", listed=False)  # an older agent's: its body says whose it is
     h.store.calls.clear()
     engine.reconcile()
     assert _reads(h, "done") == [], "a finished job whose objects did not change was read again"
@@ -37,6 +37,30 @@ def test_a_pass_reads_no_object_whose_generation_did_not_change():
     h.store.calls.clear()
     engine.reconcile()
     assert names.spec_key("done") in _reads(h, "done")
+
+
+def test_an_unchanged_jobs_heartbeat_costs_no_request():
+    """A fleet whose trainers all beat again since the last pass: each heartbeat is judged on the
+    listing (its metadata), so the pass sends the listings and nothing else, however many beat."""
+    h = Harness()
+    engine = h.engine()
+    jobs = [f"job-{i:02d}" for i in range(30)]
+    for job in jobs:
+        h.submit(job)
+    engine.reconcile()
+    for job in jobs:
+        h.heartbeat(job, trainer_started=h.clock.now(), step=10)
+    engine.reconcile()  # RUNNING, and the training event written
+    engine.reconcile()  # the statuses those passes wrote, read once
+    assert {h.status(j).phase for j in jobs} == {Phase.RUNNING}
+    h.advance(minutes=1)
+    for job in jobs:
+        h.heartbeat(job, step=20)  # every trainer beat again: a new generation each
+    h.store.calls.clear()
+    summary = engine.reconcile()
+    sent = [(op, name) for op, name in h.store.calls if name.startswith("jobs/")]
+    assert sent == [("list", "jobs/")], f"a heartbeat cost a request: {sent[:5]}"
+    assert not any(summary.jobs.values()) and {h.status(j).phase for j in jobs} == {Phase.RUNNING}
 
 
 def test_a_status_changed_by_another_pass_is_read_again():
