@@ -1,9 +1,12 @@
 """Observe: one listing of the bucket, one label-filtered instance list, then reads.
 
-Order matters. The bucket is listed *before* the instances, so an instance seen is
-never older than the status it is judged against: "status says inserted, instance
-missing" really means missing. The price is that a job created in between looks
-spec-less; orphan deletes therefore re-check the spec just before acting (executor).
+Order matters. The bucket is listed *before* the instances, and each status is read at the
+generation that listing named, so an instance seen is never older than the status it is
+judged against: "status says inserted, instance missing" really means missing. (A pass over
+every job reads its statuses after asking for the instance list, a chunk at a time: a status
+replaced since the listing is not read as it is now, its job is observed again alone.) The
+price is that a job created in between looks spec-less; orphan deletes therefore re-check the
+spec just before acting (executor).
 For a VM seen stopped or gone, its job's marker and exit record are re-read *after*
 the instance list, because a VM writes them before it powers off: a fresh read cannot
 miss them, where the earlier listing could.
