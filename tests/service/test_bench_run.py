@@ -108,3 +108,17 @@ def test_the_work_tree_is_dirty_for_code_not_for_the_bench_s_own_outputs(tmp_pat
     assert sorted(run.dirty_paths()) == ["code.py", "new.py"]
     head = run.provenance()
     assert head["dirty"] is True and sorted(head["dirty_paths"]) == ["code.py", "new.py"]
+
+
+def test_every_registered_scenario_is_a_function_of_the_run_with_a_name_of_its_own():
+    import importlib
+    import inspect
+
+    names = [s.name for s in bench.SCENARIOS]
+    assert len(names) == len(set(names))
+    for scenario in bench.SCENARIOS:
+        measure = scenario.measure
+        if isinstance(measure, str):
+            module, _, function = measure.partition(":")
+            measure = getattr(importlib.import_module(module), function)
+        assert list(inspect.signature(measure).parameters) == ["run"], scenario.name
