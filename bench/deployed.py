@@ -14,7 +14,9 @@ drawn around those medians, from ``--seed``); ``deployed_latency_s`` records it.
 
 A 512 MiB Cloud Function gets a third of a vCPU, so the function's processes run inside a cgroup
 holding them to a third of one CPU (cgroup v1 ``cpu.cfs_quota_us`` = period / 3, or cgroup v2
-``cpu.max``). Where no cgroup can be made, a figure at a third of a vCPU is computed as wall + 2 x
+``cpu.max``), weighted so that other work on a shared machine does not take it from them; the
+servers, which stand for Google's, run in a weighted cgroup of their own (``CpuGroup``). Where no
+cgroup can be made, a figure at a third of a vCPU is computed as wall + 2 x
 CPU-seconds (the CPU-bound share stretched three times); ``deployed_third_vcpu_method`` says
 which. CPU-seconds are the function processes' own (user + system of the master and its worker,
 from ``/proc/<pid>/stat``). The figures (``bench/results.json`` keys; issue 40's targets beside
@@ -557,9 +559,10 @@ def _serve(kind: str) -> None:
 
 
 class _Server:
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, group: CpuGroup | None = None) -> None:
         self.process = subprocess.Popen([sys.executable, "-m", "bench.deployed", "--serve", kind], cwd=ROOT,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                        preexec_fn=group.enter() if group else None)
         line = self.process.stdout.readline() if self.process.stdout else ""
         if not line.strip():
             raise RuntimeError(f"the {kind} server did not start")
@@ -708,29 +711,46 @@ def _free_port() -> int:
 
 
 # -- a third of a vCPU -----------------------------------------------------------------------------
-class ThirdOfCpu:
-    """A cgroup whose processes get a third of one CPU (CFS quota = period / 3), or None."""
+class CpuGroup:
+    """A cpu cgroup for some of the bench's processes, or ``path`` None where none can be made.
 
-    def __init__(self) -> None:
+    ``third`` holds them to a third of one CPU (CFS quota = period / 3): a 512 MiB Cloud Function's
+    share. Every group is weighted ten times a process's default (cgroup v1 ``cpu.shares`` 10240, v2
+    ``cpu.weight`` 1000), so that on a machine shared with other work they still get it: the function
+    its third (never less because others are busy), the servers, which stand for Google's (never on
+    the function's CPUs), what they need."""
+
+    def __init__(self, role: str, third: bool) -> None:
         self.path: Path | None = None
-        self.why = ""
-        name = f"respawn-bench-{os.getpid()}"
+        self.why, self.kind = "", ""
+        name = f"respawn-bench-{os.getpid()}-{role}"
         v2 = Path("/sys/fs/cgroup/cgroup.controllers")
         try:
             if v2.exists() and "cpu" in v2.read_text().split():
                 path = Path("/sys/fs/cgroup") / name
                 path.mkdir()
-                (path / "cpu.max").write_text("33333 100000")
-                self.path, self.kind = path, "cgroup v2 cpu.max = 33333 100000"
+                settings = {**({"cpu.max": "33333 100000"} if third else {}), "cpu.weight": "1000"}
+                version = "cgroup v2"
             else:
                 path = Path("/sys/fs/cgroup/cpu") / name
                 path.mkdir()
-                (path / "cpu.cfs_period_us").write_text("100000")
-                (path / "cpu.cfs_quota_us").write_text("33333")
-                self.path, self.kind = path, "cgroup v1 cpu.cfs_quota_us = 33333 / cpu.cfs_period_us = 100000"
+                settings = {**({"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "33333"} if third else {}),
+                            "cpu.shares": "10240"}
+                version = "cgroup v1"
+            self.path = path
+            for key, value in settings.items():
+                (path / key).write_text(value)
+            self.kind = f"{version} " + ", ".join(f"{k} = {v}" for k, v in settings.items())
         except OSError as e:
             self.why = f"no cgroup could be made here ({e})"
-            self.path = None
+            self.close()
+
+    def enter(self) -> Any:
+        """For ``preexec_fn``: the child joins the group before it execs (all it forks stays in it)."""
+        if self.path is None:
+            return None
+        procs = self.path / "cgroup.procs"
+        return lambda: procs.write_text(str(os.getpid()))
 
     def close(self) -> None:
         if self.path is not None:
@@ -741,6 +761,13 @@ class ThirdOfCpu:
                 except OSError:
                     time.sleep(0.1)
             self.path = None
+
+
+class ThirdOfCpu(CpuGroup):
+    """The function's group: a third of one CPU."""
+
+    def __init__(self) -> None:
+        super().__init__("function", third=True)
 
 
 # -- the fleet -------------------------------------------------------------------------------------------
@@ -997,6 +1024,7 @@ def ticks(b: _Bench, jobs: int) -> tuple[dict[str, Any], list[tuple[str, str, st
     try:
         worker = function.worker
         b.counts()
+        load_before = os.getloadavg()[0]
         started, cpu0 = time.perf_counter(), function.cpu()
         first_summary = function.tick()
         first_s, first_cpu = time.perf_counter() - started, function.cpu() - cpu0
@@ -1009,6 +1037,7 @@ def ticks(b: _Bench, jobs: int) -> tuple[dict[str, Any], list[tuple[str, str, st
         summary = function.tick()
         steady_s, steady_cpu = time.perf_counter() - started, function.cpu() - cpu0
         steady_gcs, steady_compute = b.counts()
+        load_after = os.getloadavg()[0]
         hwm, master_hwm = _status_kib(worker, "VmHWM"), _status_kib(function.process.pid, "VmHWM")
         pss = _pss_kib(worker) + _pss_kib(function.process.pid)
         rss_now = _status_kib(worker, "VmRSS")
@@ -1034,6 +1063,9 @@ def ticks(b: _Bench, jobs: int) -> tuple[dict[str, Any], list[tuple[str, str, st
         **figures,
         "deployed_third_vcpu_method": b.method,
         f"tick_{label}_wall_s": {"steady": round(steady_s, 3), "first": round(first_s, 3)},
+        # Other work on the CPUs: in the cgroup the function gets at most a third of one, and less when
+        # the machine is busier than its CPUs; its CPU-seconds do not move with it.
+        "tick_load_avg_1m": [round(load_before, 2), round(load_after, 2)],
         "function_worker_rss_mib": round(worker_peak / 1024, 1),
         "function_rss_first_tick_mib": round(first_hwm / 1024, 1),
         "function_rss_steady_tick_mib": round(hwm / 1024, 1) if steady_from_here else None,
@@ -1115,7 +1147,8 @@ def measure(scale: float = 1.0, jobs: int = 10000, quick: bool = False, *, cold:
     from localcloud.realism import Realism
 
     realism = Realism.google().scaled(scale)
-    gcs, compute = _Server("gcs"), _Server("compute")
+    servers = CpuGroup("servers", third=False)
+    gcs, compute = _Server("gcs", servers), _Server("compute", servers)
     b = _Bench(gcs, compute, ThirdOfCpu(), Fleet(gcs, jobs), scale, seed)
     b.env = {**_env(gcs.url, compute.url, BUCKET, PROJECT), "RESPAWN_CONCURRENCY": "32"}
     out: dict[str, Any] = {
@@ -1124,7 +1157,8 @@ def measure(scale: float = 1.0, jobs: int = 10000, quick: bool = False, *, cold:
                                "p99_over_median": getattr(realism, "p99_factor", 0.0) or None,
                                "compute_rate_quota_per_minute": getattr(realism, "rate_quota_per_minute", None),
                                "gcs_write_interval": realism.gcs_write_interval},
-        "deployed_latency_seed": seed}
+        "deployed_latency_seed": seed,
+        "deployed_servers_cgroup": servers.kind or servers.why}
     rows: list[tuple[str, str, str]] = []
     try:
         out.update(build(b, steady_size))
@@ -1143,6 +1177,7 @@ def measure(scale: float = 1.0, jobs: int = 10000, quick: bool = False, *, cold:
         b.third.close()
         gcs.close()
         compute.close()
+        servers.close()
     out["rows"] = rows
     return out
 
