@@ -94,11 +94,14 @@ def beside(figures: dict[str, Any], limits: dict[str, float]) -> dict[str, Any]:
 
 
 def targets(found: dict[str, Any]) -> dict[str, list[str]]:
-    """Every ``<key>_target`` of a run, sorted into met and missed."""
+    """Every ``<key>_target`` of a run, sorted into met and missed; one beside no figure is an error."""
     out: dict[str, list[str]] = {"met": [], "missed": []}
     for key, value in found.items():
         if key.endswith("_target") and isinstance(value, dict) and "met" in value:
-            out["met" if value["met"] else "missed"].append(key.removesuffix("_target"))
+            figure = key.removesuffix("_target")
+            if figure not in found:
+                raise ValueError(f"{key}: a target beside no figure (no key {figure!r})")
+            out["met" if value["met"] else "missed"].append(figure)
     return out
 
 

@@ -122,3 +122,8 @@ def test_every_registered_scenario_is_a_function_of_the_run_with_a_name_of_its_o
             module, _, function = measure.partition(":")
             measure = getattr(importlib.import_module(module), function)
         assert list(inspect.signature(measure).parameters) == ["run"], scenario.name
+
+
+def test_a_target_beside_no_figure_is_refused():
+    with pytest.raises(ValueError, match="cold_start_target: a target beside no figure"):
+        run.targets({"cold_start_s": 4.0, "cold_start_target": run.target(4.0, at_most=3)})
