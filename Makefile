@@ -54,14 +54,11 @@ chaos: $(STAMP)
 fuzz: $(STAMP)
 	$(BIN)/python -m tests.fuzz --specs 10000
 
-# Figures, not tests: the scenarios of bench/__main__.py, written to bench/results.json; then, added
-# to it, hard losses per cause and notices on the local cloud, and zero-gap recovery's downtime
-# (a model over the real engine: seconds).
+# Figures, not tests: every scenario of bench/__main__.py (SCENARIOS) in one run, written once to
+# bench/results.json with the commit, a dirty flag, the start time, the seeds, the machine and each
+# scenario's wall time. One scenario again: python -m bench --only NAME, into bench/runs/.
 bench: $(STAMP)
-	$(BIN)/python -m bench --local 1430 --deployed 10000
-	$(BIN)/python -m bench.hardpreempt --jobs 10 --rounds 5
-	$(BIN)/python -m bench.notice --jobs 10 --rounds 5
-	$(BIN)/python -m bench.zerogap --preemptions 200
+	$(BIN)/python -m bench
 
 # Figures, not tests: a week of a Spot fleet under respawn and the baselines, on the same traces
 # (sim/): the headline with advice as Google gives it, the oracle section, the ceiling and the

@@ -1,39 +1,41 @@
-"""The function as deployed: cold start, peak RSS and HTTP requests per job of ``main.tick``.
+"""The function as deployed: the tick at a third of a vCPU, its RSS and HTTP requests per job, and a cold start.
 
-    python -m bench.deployed                  # 10,000 jobs at Google's latencies (8 to 10 minutes, 2 CPUs)
-    python -m bench.deployed --cold-only      # the cold starts alone (half a minute)
-    python -m bench.deployed --jobs 20 --quick --scale 0.01   # a smoke run (what the test runs)
+    python -m bench.deployed                  # 10,000 jobs at Google's latencies: bench/runs/deployed-<UTC>.json
+    python -m bench.deployed --cold-only      # the fleet, then the cold starts alone
+    python -m bench.deployed --jobs 20 --quick --scale 0.01   # a smoke run, nothing written
 
-What runs: ``main.py``'s ``tick`` served by functions-framework (its gunicorn master and the
-worker it forks, as Cloud Functions 2nd gen runs it), with the real google-cloud-storage and
+What runs: ``main.py``'s functions served by functions-framework (its gunicorn master and the
+worker it forks, as Cloud Functions 2nd gen runs them), with the real google-cloud-storage and
 google-cloud-compute clients, against a GCS and a Compute server each in a process of its own,
 so the servers' memory and CPU are not the function's. The latencies are the bench's profile,
 ``localcloud.realism.Realism.google()`` times ``scale``, whatever it holds when this runs (GCS
 30 ms a request, Compute 100 ms a call, the aggregated instance list's own figure per page;
-drawn around those medians where the profile draws them); ``deployed_latency_s`` records it.
+drawn around those medians, from ``--seed``); ``deployed_latency_s`` records it.
 
-Three figures (``bench/results.json`` keys):
+A 512 MiB Cloud Function gets a third of a vCPU, so the function's processes run inside a cgroup
+holding them to a third of one CPU (cgroup v1 ``cpu.cfs_quota_us`` = period / 3, or cgroup v2
+``cpu.max``), weighted so that other work on a shared machine does not take it from them; the
+servers, which stand for Google's, run in a weighted cgroup of their own (``CpuGroup``). Where no
+cgroup can be made, a figure at a third of a vCPU is computed as wall + 2 x
+CPU-seconds (the CPU-bound share stretched three times); ``deployed_third_vcpu_method`` says
+which. CPU-seconds are the function processes' own (user + system of the master and its worker,
+from ``/proc/<pid>/stat``). The figures (``bench/results.json`` keys; issue 40's targets beside
+those for 10,000 jobs, as ``<key>_target``, met or missed):
 
-- ``cold_start_third_vcpu_s``: a fresh ``python -m functions_framework --target tick`` process,
-  from its spawn to the answer of its first tick (interpreter start, functions-framework's
-  import, ``main``'s import, the server's start, the worker's fork, the tick with its clients'
-  construction, the bucket listing and the aggregated instance list), over an empty bucket and
-  project. Measured three times without a limit and three times inside a cgroup holding the
-  process to a third of a CPU (cgroup v1 ``cpu.cfs_quota_us`` = period / 3, or cgroup v2
-  ``cpu.max``): 512 MiB Cloud Functions get a third of a vCPU. Where no cgroup can be made, the
-  figure is computed as wall + 2 x CPU-seconds (the CPU-bound share stretched three times);
-  ``cold_start_third_vcpu_method`` says which. CPU-seconds are the function processes' own
-  (user + system of the master and its worker, from ``/proc/<pid>/stat``), beside the wall time.
-- ``function_rss_10k_mib``: ``VmHWM`` (peak resident set) of the worker process that ran the
-  ticks, from ``/proc/<pid>/status``: a fresh function instance's first tick over the fleet
-  (its cache filled) and then a steady tick. The master's own ``VmHWM`` and the pair's
-  proportional set size (PSS, shared pages counted once) are reported beside it.
-- ``tick_10k_http_requests_per_job``: every HTTP request the function process sent to GCS and
-  Compute during the steady tick (list pages, metadata gets, media reads, uploads, deletes,
-  instance lists and gets, operation reads, inserts, and each retry and refused request: a
-  429 is a request too), counted by the servers as they arrive, divided by the jobs. Only the
-  function talks to the servers while it is counted; the breakdown is in
-  ``tick_10k_http_requests``.
+- ``tick_10k_third_vcpu_s`` / ``tick_10k_cpu_s``: the steady tick, a minute after the instance's
+  first (its cache filled, every running trainer's heartbeat written again);
+  ``tick_10k_first_third_vcpu_s`` / ``tick_10k_first_cpu_s``: that first tick of a fresh instance.
+- ``function_rss_10k_mib``: the container's: the peak resident set (``VmHWM``) of the worker that
+  ran both ticks plus the master's (``RSS_NOTE``).
+- ``tick_10k_http_requests_per_job``: every HTTP request the function sent to GCS and Compute
+  during the steady tick (list pages, metadata gets, media reads, uploads, deletes, instance
+  lists and gets, operation reads, inserts, and each retry and refused request: a 429 is a
+  request too), counted by the servers as they arrive, divided by the jobs.
+- ``status_history_events`` / ``status_run_summaries``: what the fleet's statuses held when the
+  ticks read them, counted from the bucket.
+- ``cold_start_third_vcpu_s``: a fresh ``on_object`` process (the event function, where a cold
+  start sits on a recovery's path), from its spawn to its answer to one job's event, the fleet in
+  the bucket; three runs without a limit and three in the cgroup, the medians.
 
 The GCS server. fake-gcs-server (``localcloud.gcs``), the local cloud's GCS, reads every object of
 a bucket to list a prefix; at 10,000 jobs (about 28,000 objects, 28 pages a listing) one tick's
@@ -59,19 +61,20 @@ list of one job's instances is answered from the instances carrying its label ra
 evaluating its filter on every instance (``_indexed_compute``: the same answer, found as Google
 finds it), which made building 10,000 jobs quadratic.
 
-The fleet: specs are written, then a function process of its own (not the one measured) launches
-them at no latency with three ticks, as bench/local.py builds its fleet: every job launched, then
-20 % exit 0 and 10 % exit 1 (backing off), the rest RUNNING with a heartbeat. The records a
-trainer would write (exit records, heartbeats) go through the stand-in's side door
-(``/_bench/objects``: one request for the fleet, never counted, never the function's). Then the
-latencies are turned on and a fresh function instance runs its first tick (filling its cache)
-and, after a round of heartbeats, the steady tick that is counted.
+The fleet, built at no latency: each job's status as it stands after twenty runs of it (bench/steady.py:
+made by the real controller, a full history and twenty past runs), then its spec; a function
+process of its own (not the one measured) begins each job's next run and launches it with three
+ticks, as bench/local.py builds its fleet: every job launched, then 20 % exit 0 and 10 % exit 1
+(backing off), the rest RUNNING with a heartbeat. What a trainer writes (exit records,
+heartbeats) and the past go through the stand-in's side door (``/_bench/objects``: never counted,
+never the function's). Then the latencies are turned on and a fresh function instance runs its
+first tick and, after a round of heartbeats, the steady tick that is counted.
 
-Not modelled: the platform's container start and image pull (only the process's own start is
-measured), the metadata server's token fetches (anonymous credentials here; on Google one per
-token lifetime, not per request), TLS, network distance beyond the fixed latencies, and Cloud
-Run's memory accounting beyond the function processes (its in-memory filesystem, the
-container's other processes).
+Not measured (``PLATFORM_NOTE``, written by each run): the platform's container start and image
+pull, the metadata server's token fetches (anonymous credentials here; on Google one per token
+lifetime, not per request), TLS, network distance beyond the fixed latencies, and Cloud Run's
+memory accounting beyond the function processes (its in-memory filesystem). The tick reads no
+audit feed (``AUDIT_NOTE``).
 """
 
 from __future__ import annotations
@@ -82,7 +85,6 @@ import bisect
 import hashlib
 import json
 import os
-import platform
 import re
 import signal
 import socket
@@ -91,19 +93,22 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from email.parser import BytesParser
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import parse_qs, quote, unquote
 
 import google_crc32c
 import requests
 
+from bench import steady
+from bench.run import alone, beside, provenance, target
+
 ROOT = Path(__file__).resolve().parent.parent
 BUCKET, CHECKPOINTS, PROJECT = "bench-deployed", "bench-deployed-ckpt", "bench-deployed"
-COLD = "bench-cold"  # the cold start's bucket and project: empty
 TRAINER = f"respawn-trainer@{PROJECT}.iam.gserviceaccount.com"
 SPEC = json.dumps({"zones": ["us-central1-a", "us-central1-b"], "machine_type": "g2-standard-8",
                    "command": "python train.py", "checkpoint": {"uri": f"gs://{CHECKPOINTS}/run"},
@@ -163,12 +168,9 @@ class GcsStandIn:
         self._generation = 0
 
     def configure(self, sent: dict[str, Any]) -> None:
-        """``{"scale": x}``: ``Realism.google().scaled(x)``'s GCS latency (drawn as the profile draws
-        it) and per-object write interval; ``{"scale": null}``: none of either."""
-        from localcloud.realism import Realism
-
-        scale = sent.get("scale")
-        realism = Realism() if scale is None else Realism.google().scaled(float(scale))
+        """``{"scale": x, "seed": s}``: ``Realism.google().scaled(x)``'s GCS latency (drawn as the profile
+        draws it, from seed ``s``) and per-object write interval; ``{"scale": null}``: none of either."""
+        realism = _realism(sent)
         with self._lock:
             self.latency, self.write_interval = realism.gcs_latency, realism.gcs_write_interval
             self._draw = getattr(realism, "draw", lambda median: median)
@@ -532,22 +534,31 @@ def _indexed_compute() -> Any:
     return Indexed
 
 
+def _realism(sent: dict[str, Any]) -> Any:
+    """A server's profile from the bench's ``/_bench/config``: Google's at ``scale`` (its draws seeded), or none."""
+    from dataclasses import replace
+
+    from localcloud.realism import Realism
+
+    if sent.get("scale") is None:
+        return Realism()
+    return replace(Realism.google().scaled(float(sent["scale"])), seed=int(sent.get("seed") or 0))
+
+
 def _serve(kind: str) -> None:
     """This process serves GCS or Compute until its stdin closes (its parent's end); prints the port."""
     from localcloud.http import Served
 
     if kind == "gcs":
-        app: Any = GcsStandIn((BUCKET, CHECKPOINTS, COLD))
+        app: Any = GcsStandIn((BUCKET, CHECKPOINTS))
         served = Served(app, "gcs-standin", threads=64)
     else:
         from localcloud import compute as local_compute
-        from localcloud.realism import Realism
 
         server = _indexed_compute()(run_vms=False, shutdown_budget=0.5)
 
         def configure(sent: dict[str, Any]) -> None:
-            scale = sent.get("scale")
-            realism = Realism() if scale is None else Realism.google().scaled(float(scale))
+            realism = _realism(sent)
             server.realism = realism
             server.faults.insert_seconds = local_compute.QUICK if realism.insert_seconds is None else realism.insert_seconds
             server.faults.delete_seconds = local_compute.QUICK if realism.delete_seconds is None else realism.delete_seconds
@@ -562,9 +573,10 @@ def _serve(kind: str) -> None:
 
 
 class _Server:
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, group: CpuGroup | None = None) -> None:
         self.process = subprocess.Popen([sys.executable, "-m", "bench.deployed", "--serve", kind], cwd=ROOT,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                        preexec_fn=group.enter() if group else None)
         line = self.process.stdout.readline() if self.process.stdout else ""
         if not line.strip():
             raise RuntimeError(f"the {kind} server did not start")
@@ -583,6 +595,13 @@ class _Server:
     def write(self, bucket: str, objects: dict[str, Any]) -> None:
         self.session.post(f"{self.url}/_bench/objects", json={"bucket": bucket, "write": objects},
                           timeout=300).raise_for_status()
+
+    def stat(self, bucket: str, name: str) -> dict[str, Any]:
+        """An object's metadata, through the JSON API (counted: read before a count is reset)."""
+        answer = self.session.get(f"{self.url}/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}",
+                                  timeout=30)
+        answer.raise_for_status()
+        return answer.json()
 
     def counts(self, reset: bool = False) -> Counter[str]:
         answer = (self.session.post if reset else self.session.get)(f"{self.url}/_bench/counts", timeout=30)
@@ -628,10 +647,11 @@ def _children(pid: int) -> list[int]:
 
 
 class Function:
-    """``main.tick`` served by functions-framework in a fresh process (its gunicorn master), as
-    Cloud Functions starts an instance; ``worker`` is the process gunicorn forks to serve it."""
+    """``main.<target>`` (``tick``, or ``on_object``: a CloudEvent function) served by functions-framework
+    in a fresh process (its gunicorn master), as Cloud Functions starts an instance; ``worker`` is the
+    process gunicorn forks to serve it."""
 
-    def __init__(self, env: dict[str, str], cgroup: Path | None = None) -> None:
+    def __init__(self, env: dict[str, str], cgroup: Path | None = None, target: str = "tick") -> None:
         self.port = _free_port()
         tasks = cgroup / "cgroup.procs" if cgroup else None
 
@@ -641,8 +661,9 @@ class Function:
 
         self.spawned = time.perf_counter()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "functions_framework", "--target", "tick", "--source", str(ROOT / "main.py"),
-             "--host", "127.0.0.1", "--port", str(self.port)],
+            [sys.executable, "-m", "functions_framework", "--target", target, "--source", str(ROOT / "main.py"),
+             "--host", "127.0.0.1", "--port", str(self.port),
+             *(["--signature-type", "cloudevent"] if target != "tick" else [])],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
             preexec_fn=enter_cgroup if tasks else None, start_new_session=True)
         self.listening = self._wait_listening() - self.spawned
@@ -675,6 +696,12 @@ class Function:
             raise RuntimeError(f"tick answered {answer.status_code}: {answer.text[:500]}")
         return answer.json()
 
+    def event(self, headers: dict[str, str], body: bytes) -> None:
+        """One CloudEvent, as Eventarc pushes it (binary mode); its answer's status is all it returns."""
+        answer = self.session.post(f"http://127.0.0.1:{self.port}/", data=body, headers=headers, timeout=600)
+        if answer.status_code != 200:
+            raise RuntimeError(f"the event answered {answer.status_code}: {answer.text[:500]}")
+
     def cpu(self) -> float:
         """CPU-seconds of the master and its worker so far."""
         return sum(_proc_cpu(pid) for pid in (self.process.pid, *_children(self.process.pid)))
@@ -698,29 +725,46 @@ def _free_port() -> int:
 
 
 # -- a third of a vCPU -----------------------------------------------------------------------------
-class ThirdOfCpu:
-    """A cgroup whose processes get a third of one CPU (CFS quota = period / 3), or None."""
+class CpuGroup:
+    """A cpu cgroup for some of the bench's processes, or ``path`` None where none can be made.
 
-    def __init__(self) -> None:
+    ``third`` holds them to a third of one CPU (CFS quota = period / 3): a 512 MiB Cloud Function's
+    share. Every group is weighted ten times a process's default (cgroup v1 ``cpu.shares`` 10240, v2
+    ``cpu.weight`` 1000), so that on a machine shared with other work they still get it: the function
+    its third (never less because others are busy), the servers, which stand for Google's (never on
+    the function's CPUs), what they need."""
+
+    def __init__(self, role: str, third: bool) -> None:
         self.path: Path | None = None
-        self.why = ""
-        name = f"respawn-bench-{os.getpid()}"
+        self.why, self.kind = "", ""
+        name = f"respawn-bench-{os.getpid()}-{role}"
         v2 = Path("/sys/fs/cgroup/cgroup.controllers")
         try:
             if v2.exists() and "cpu" in v2.read_text().split():
                 path = Path("/sys/fs/cgroup") / name
                 path.mkdir()
-                (path / "cpu.max").write_text("33333 100000")
-                self.path, self.kind = path, "cgroup v2 cpu.max = 33333 100000"
+                settings = {**({"cpu.max": "33333 100000"} if third else {}), "cpu.weight": "1000"}
+                version = "cgroup v2"
             else:
                 path = Path("/sys/fs/cgroup/cpu") / name
                 path.mkdir()
-                (path / "cpu.cfs_period_us").write_text("100000")
-                (path / "cpu.cfs_quota_us").write_text("33333")
-                self.path, self.kind = path, "cgroup v1 cpu.cfs_quota_us = 33333 / cpu.cfs_period_us = 100000"
+                settings = {**({"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "33333"} if third else {}),
+                            "cpu.shares": "10240"}
+                version = "cgroup v1"
+            self.path = path
+            for key, value in settings.items():
+                (path / key).write_text(value)
+            self.kind = f"{version} " + ", ".join(f"{k} = {v}" for k, v in settings.items())
         except OSError as e:
             self.why = f"no cgroup could be made here ({e})"
-            self.path = None
+            self.close()
+
+    def enter(self) -> Any:
+        """For ``preexec_fn``: the child joins the group before it execs (all it forks stays in it)."""
+        if self.path is None:
+            return None
+        procs = self.path / "cgroup.procs"
+        return lambda: procs.write_text(str(os.getpid()))
 
     def close(self) -> None:
         if self.path is not None:
@@ -733,57 +777,125 @@ class ThirdOfCpu:
             self.path = None
 
 
+class ThirdOfCpu(CpuGroup):
+    """The function's group: a third of one CPU."""
+
+    def __init__(self) -> None:
+        super().__init__("function", third=True)
+
+
 # -- the fleet -------------------------------------------------------------------------------------------
+CHUNK = 250  # statuses a side-door request carries (about 55 KB each at their steady size)
+
+
+class Head(NamedTuple):
+    """What the bench reads of a status to write a trainer's records: never the function's parse."""
+
+    phase: str
+    attempt: int
+    token: str
+
+
 class Fleet:
-    """``jobs`` in the stand-in's bucket, written and read through its side door (one request for
-    them all: the fleet's trainers are not what is measured); the function launches them."""
+    """``jobs`` in the stand-in's bucket, written and read through its side door (a request per
+    ``CHUNK`` jobs: the fleet's trainers and its past are not what is measured); the function
+    launches them."""
 
     def __init__(self, gcs: _Server, jobs: int) -> None:
         self.gcs, self.jobs = gcs, [f"job-{i:05d}" for i in range(jobs)]
+
+    def chunks(self) -> list[list[str]]:
+        return [self.jobs[i:i + CHUNK] for i in range(0, len(self.jobs), CHUNK)]
+
+    def pasts(self, seed: int) -> int:
+        """Each job's status at its steady size (bench/steady.py: twenty runs over, a full history),
+        before its spec is written: the function's launch begins its next run. Returns one's bytes."""
+        from controller.core import names
+
+        template = steady.past(BUCKET, PROJECT, SPEC, datetime.now(timezone.utc) - timedelta(hours=1), seed=seed)
+        for chunk in self.chunks():
+            self.gcs.write(BUCKET, {names.status_key(j): steady.for_job(template, j).decode() for j in chunk})
+        return len(template)
 
     def specs(self) -> None:
         from controller.core import names
 
         self.gcs.write(BUCKET, {names.spec_key(j): SPEC for j in self.jobs})
 
-    def statuses(self) -> dict[str, Any]:
+    def raw_statuses(self) -> Iterator[tuple[str, str]]:
         from controller.core import names
-        from controller.core.state import JobStatus
 
-        found = self.gcs.read(BUCKET, [names.status_key(j) for j in self.jobs])
-        return {j: JobStatus.from_json(found[names.status_key(j)].encode()) for j in self.jobs
-                if names.status_key(j) in found}
+        for chunk in self.chunks():
+            found = self.gcs.read(BUCKET, [names.status_key(j) for j in chunk])
+            yield from ((j, found[names.status_key(j)]) for j in chunk if names.status_key(j) in found)
 
-    def records(self, key: Any, extra: Any, which: Any = lambda job, st: True, listed: bool = False) -> int:
+    def heads(self) -> dict[str, Head]:
+        heads = {}
+        for job, text in self.raw_statuses():
+            st = json.loads(text)
+            heads[job] = Head(st.get("phase", ""), int(st.get("attempt") or 0), st.get("attempt_token") or "")
+        return heads
+
+    def sizes(self) -> dict[str, Any]:
+        """What the fleet's statuses hold, as stored (bench/steady.py: ``Sizes``)."""
+        sizes = steady.Sizes()
+        for _, text in self.raw_statuses():
+            sizes.add(text)
+        return sizes.figures()
+
+    def records(self, key: Any, extra: Any, which: Any = lambda job, head: True, listed: bool = False) -> int:
         """A record at ``key(job)`` for each job's current attempt, with its token, as its VM agent writes
         it; ``listed``: its fields also in the object's custom metadata, as the agent writes a heartbeat."""
         from controller.core import names
         from controller.core.world import listing_metadata
 
-        written: dict[str, Any] = {}
-        for j, st in self.statuses().items():
-            if which(j, st):
-                body = {"instance": names.instance_name(j, st.attempt), "attempt": st.attempt, "node": 0,
-                        "token": st.attempt_token or "", **extra(j)}
-                written[key(j)] = {"data": json.dumps(body), "metadata": listing_metadata(body)} if listed else \
+        written = 0
+        heads = self.heads()
+        for chunk in self.chunks():
+            batch: dict[str, Any] = {}
+            for j in chunk:
+                if (h := heads.get(j)) is None or not which(j, h):
+                    continue
+                body = {"instance": names.instance_name(j, h.attempt), "attempt": h.attempt, "node": 0,
+                        "token": h.token, **extra(j)}
+                batch[key(j)] = {"data": json.dumps(body), "metadata": listing_metadata(body)} if listed else \
                     json.dumps(body)
-        self.gcs.write(BUCKET, written)
-        return len(written)
+            self.gcs.write(BUCKET, batch)
+            written += len(batch)
+        return written
 
     def finish_some(self) -> int:
         """20 % of the jobs exit 0, 10 % exit 1 (they back off): the bench's steady mix."""
         from controller.core import names
 
         mix = {j: i % 10 for i, j in enumerate(self.jobs) if i % 10 in (0, 1, 2)}
-        return self.records(names.exit_key, lambda j: {"exit_code": 0 if mix[j] < 2 else 1}, lambda j, st: j in mix)
+        return self.records(names.exit_key, lambda j: {"exit_code": 0 if mix[j] < 2 else 1}, lambda j, h: j in mix)
 
     def heartbeats(self) -> int:
         from controller.core import names
 
-        return self.records(names.heartbeat_key, lambda j: {}, lambda j, st: not st.phase.terminal, listed=True)
+        return self.records(names.heartbeat_key, lambda j: {},
+                            lambda j, h: h.phase not in ("SUCCEEDED", "FAILED", "CANCELLED"), listed=True)
 
 
 # -- the scenario --------------------------------------------------------------------------------------
+# Written by every run beside its figures: what it measured, and what it did not.
+AUDIT_NOTE = (
+    "The tick reads no audit feed: Compute's System Event entries go to on_audit, where an entry only wakes its "
+    "job's pass (controller/service/functions.on_audit; the tick's Logging read and its watermark were removed in "
+    "68b179e). There is no audit read for the measured tick to turn on; on_audit is not run here.")
+PLATFORM_NOTE = (
+    "Not measured: the platform's own part of a cold start (Cloud Run placing the instance, starting its sandbox "
+    "and container from the image) comes before the process's spawn, where these figures begin; Google publishes "
+    "no figure for it. Nor the metadata server's token fetches (anonymous credentials here), TLS, or memory the "
+    "container holds outside the function's two processes (its in-memory filesystem).")
+RSS_NOTE = (
+    "function_rss_*_mib: the container's two processes (functions-framework's gunicorn master and the worker that "
+    "ran the ticks), each at its peak (VmHWM, /proc/<pid>/status): the worker's over the first and the steady "
+    "tick, plus the master's. Pages the worker still shares with the master since the fork count in both: an "
+    "upper bound by at most the master's own (function_master_rss_mib).")
+
+
 def _env(gcs: str, compute: str, bucket: str, project: str) -> dict[str, str]:
     return {**os.environ, "STORAGE_EMULATOR_HOST": gcs, "RESPAWN_COMPUTE_ENDPOINT": compute,
             "RESPAWN_BUCKET": bucket, "RESPAWN_PROJECT": project,
@@ -791,19 +903,36 @@ def _env(gcs: str, compute: str, bucket: str, project: str) -> dict[str, str]:
             "RESPAWN_LOG_FORMAT": "text", "PYTHONUNBUFFERED": "1"}
 
 
-def cold_starts(env: dict[str, str], runs: int, cgroup: Path | None) -> list[dict[str, float]]:
-    """``runs`` fresh function processes, one after another: each from its spawn to its first tick's answer."""
+def cold_starts(env: dict[str, str], events: list[tuple[dict[str, str], bytes]],
+                cgroup: Path | None) -> list[dict[str, float]]:
+    """A fresh ``on_object`` process for each event, one after another: each from its spawn to
+    its answer to that event (one job's pass)."""
     out = []
-    for _ in range(runs):
-        function = Function(env, cgroup)
+    for headers, body in events:
+        function = Function(env, cgroup, target="on_object")
         try:
-            function.tick()
+            function.event(headers, body)
             wall = time.perf_counter() - function.spawned
             out.append({"wall_s": wall, "cpu_s": function.cpu(), "listening_s": function.listening,
                         "pid": function.process.pid})
         finally:
             function.close()
     return out
+
+
+def _spec_event(gcs: _Server, job: str) -> tuple[dict[str, str], bytes]:
+    """The CloudEvent Eventarc posts when ``job``'s spec is finalized (as its generation stands)."""
+    from types import SimpleNamespace
+
+    from controller.core import names
+    from localcloud.events import finalized
+
+    meta = gcs.stat(BUCKET, names.spec_key(job))
+    created = datetime.fromisoformat(meta["timeCreated"].replace("Z", "+00:00"))
+    blob = SimpleNamespace(name=meta["name"], generation=int(meta["generation"]),
+                           metageneration=int(meta["metageneration"]), size=int(meta["size"]),
+                           content_type=meta["contentType"], time_created=created, updated=created)
+    return finalized(BUCKET, blob)
 
 
 def _median(values: list[float]) -> float:
@@ -815,176 +944,268 @@ def _requests(counts: Counter[str]) -> int:
     return sum(counts.values())
 
 
+def _label(jobs: int) -> str:
+    return {10000: "10k", 1000: "1k", 100: "100"}.get(jobs, str(jobs))
+
+
+@dataclass
+class _Bench:
+    """The servers, the cgroup and the fleet one measurement shares."""
+
+    gcs: _Server
+    compute: _Server
+    third: ThirdOfCpu
+    fleet: Fleet
+    scale: float
+    seed: int
+    env: dict[str, str] = field(default_factory=dict)
+
+    def google(self) -> None:
+        self.gcs.config(scale=self.scale, seed=self.seed)
+        self.compute.config(scale=self.scale, seed=self.seed)
+
+    def off(self) -> None:
+        self.gcs.config(scale=None)
+        self.compute.config(scale=None)
+
+    def counts(self) -> tuple[Counter[str], Counter[str]]:
+        """What each server was sent since the last call (and from now on, nothing)."""
+        return self.gcs.counts(reset=True), self.compute.counts(reset=True)
+
+    def third_of(self, wall: float, cpu: float) -> float:
+        """Seconds at a third of a vCPU: measured (the function ran in the cgroup), or computed."""
+        return wall if self.third.path else wall + 2 * cpu
+
+    @property
+    def method(self) -> str:
+        return f"measured: {self.third.kind}" if self.third.path else \
+            f"computed: wall + 2 x CPU-seconds ({self.third.why})"
+
+
+def build(b: _Bench, steady_size: bool) -> dict[str, Any]:
+    """The fleet, at no latency, launched by a function process of its own (as bench/local.py builds
+    it): each job's past (``steady_size``), its spec; the launch, RUNNING, 30 % exits; heartbeats."""
+    b.off()
+    phases: dict[str, float] = {}
+    build_requests: dict[str, dict[str, int]] = {}
+    started = mark = time.perf_counter()
+
+    def phase(name: str) -> None:
+        nonlocal mark
+        phases[name] = round(time.perf_counter() - mark, 1)
+        mark = time.perf_counter()
+        if name.endswith("_tick"):  # what the builder's tick sent
+            build_requests[name] = dict(sum(b.counts(), Counter()))
+
+    past_bytes = b.fleet.pasts(b.seed) if steady_size else 0
+    phase("pasts")
+    b.fleet.specs()
+    phase("specs")
+    b.counts()
+    builder = Function(b.env)
+    try:
+        phase("builder_start")
+        for name in ("launch_tick", "running_tick"):
+            builder.tick()
+            phase(name)
+        finished = b.fleet.finish_some()
+        phase("exit_records")
+        builder.tick()
+        phase("exits_tick")
+    finally:
+        builder.close()
+    phase("builder_stop")
+    beating = b.fleet.heartbeats()
+    phase("heartbeats")
+    sizes = b.fleet.sizes()
+    return {"build_s": round(time.perf_counter() - started, 1), "build_phases_s": phases,
+            "build_http_requests": build_requests,
+            "fleet_phases": dict(Counter(h.phase for h in b.fleet.heads().values())),
+            "fleet_exit_records": finished, "fleet_heartbeats": beating,
+            # What the statuses held when the ticks read them, counted from the bucket, not assumed.
+            "status_history_events": sizes["history_events"].get("median", 0),
+            "status_run_summaries": sizes["run_summaries"].get("median", 0),
+            "status_sizes": sizes, "status_past_bytes": past_bytes,
+            "status_note": (
+                f"Each job's status was written first as it stands after {steady.RUNS} runs of it made by the real "
+                "controller over the in-memory fakes (bench/steady.py: launches, heartbeats with steps and saves, "
+                "numbered checkpoints, 1 to 3 preemptions a run, each run's exit 0); the fleet's function then began "
+                "its next run over it. status_history_events / status_run_summaries: the median over the fleet's "
+                "status.json objects as stored after the build (status_sizes: min, median, max, and bytes). The "
+                "current run's ledger holds its own attempts only (a run's ledger starts empty)."
+                if steady_size else "Statuses as the build leaves them (no past runs written first).")}
+
+
+def ticks(b: _Bench, jobs: int) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
+    """A fresh tick instance at Google's latencies, held to a third of a vCPU where a cgroup can be
+    made: its first tick over the fleet (its cache filled), a round of heartbeats, a steady tick."""
+    b.google()
+    label = _label(jobs)
+    function = Function(b.env, b.third.path)
+    try:
+        worker = function.worker
+        b.counts()
+        load_before = os.getloadavg()[0]
+        started, cpu0 = time.perf_counter(), function.cpu()
+        first_summary = function.tick()
+        first_s, first_cpu = time.perf_counter() - started, function.cpu() - cpu0
+        first_gcs, first_compute = b.counts()
+        first_hwm = _status_kib(worker, "VmHWM")
+        b.fleet.heartbeats()  # a minute later every running trainer has beaten again
+        b.counts()
+        steady_from_here = _reset_peak(worker)
+        started, cpu0 = time.perf_counter(), function.cpu()
+        summary = function.tick()
+        steady_s, steady_cpu = time.perf_counter() - started, function.cpu() - cpu0
+        steady_gcs, steady_compute = b.counts()
+        load_after = os.getloadavg()[0]
+        hwm, master_hwm = _status_kib(worker, "VmHWM"), _status_kib(function.process.pid, "VmHWM")
+        pss = _pss_kib(worker) + _pss_kib(function.process.pid)
+        rss_now = _status_kib(worker, "VmRSS")
+        pid, master = worker, function.process.pid
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    finally:
+        function.close()
+    total = _requests(steady_gcs) + _requests(steady_compute)
+    worker_peak = max(first_hwm, hwm) if steady_from_here else hwm
+    container = round((worker_peak + master_hwm) / 1024, 1)
+    steady_third, first_third = b.third_of(steady_s, steady_cpu), b.third_of(first_s, first_cpu)
+    figures: dict[str, Any] = {
+        f"tick_{label}_third_vcpu_s": round(steady_third, 3), f"tick_{label}_cpu_s": round(steady_cpu, 3),
+        f"tick_{label}_first_third_vcpu_s": round(first_third, 3), f"tick_{label}_first_cpu_s": round(first_cpu, 3),
+        f"function_rss_{label}_mib": container,
+        f"tick_{label}_http_requests_per_job": round(total / jobs, 3)}
+    if label == "10k":  # issue 40's targets, at the fleet size they are set for
+        figures = beside(figures, {f"tick_{label}_third_vcpu_s": 30, f"tick_{label}_cpu_s": 8,
+                                   f"tick_{label}_first_third_vcpu_s": 60, f"function_rss_{label}_mib": 384,
+                                   f"tick_{label}_http_requests_per_job": 1.1})
+    out = {
+        **figures,
+        "deployed_third_vcpu_method": b.method,
+        f"tick_{label}_wall_s": {"steady": round(steady_s, 3), "first": round(first_s, 3)},
+        # Other work on the CPUs: in the cgroup the function gets at most a third of one, and less when
+        # the machine is busier than its CPUs; its CPU-seconds do not move with it.
+        "tick_load_avg_1m": [round(load_before, 2), round(load_after, 2)],
+        "function_worker_rss_mib": round(worker_peak / 1024, 1),
+        "function_rss_first_tick_mib": round(first_hwm / 1024, 1),
+        "function_rss_steady_tick_mib": round(hwm / 1024, 1) if steady_from_here else None,
+        "function_rss_after_mib": round(rss_now / 1024, 1),
+        "function_master_rss_mib": round(master_hwm / 1024, 1),
+        "function_pss_after_mib": round(pss / 1024, 1),
+        "function_pid": pid, "function_master_pid": master, "function_parent_pid": parent,
+        "function_cmdline": cmdline, "function_rss_source": f"/proc/{pid}/status VmHWM + /proc/{master}/status VmHWM",
+        "function_rss_note": RSS_NOTE,
+        f"tick_{label}_http_requests": {"total": total, "gcs": dict(steady_gcs), "compute": dict(steady_compute)},
+        f"tick_{label}_first_http_requests": {
+            "total": _requests(first_gcs) + _requests(first_compute), "gcs": dict(first_gcs),
+            "compute": dict(first_compute)},
+        "tick_audit_feed": AUDIT_NOTE,
+        "deployed_tick_summary": summary, "deployed_first_tick_summary": first_summary, "deployed_jobs": jobs}
+    lists = sum(v for k, v in steady_gcs.items() if k.startswith("list "))
+    agg = sum(v for k, v in steady_compute.items() if k.startswith("instances.aggregatedList "))
+    where = "at a third of a vCPU" if b.third.path else "at a third of a vCPU (computed)"
+    rows = [
+        (f"steady tick, {jobs:,} jobs, {where}", f"{steady_third:.2f} s",
+         f"{steady_cpu:.1f} CPU-s, {steady_s:.1f} s wall; {b.method}"),
+        (f"  the instance's first tick {where}", f"{first_third:.2f} s", f"{first_cpu:.1f} CPU-s, {first_s:.1f} s wall"),
+        (f"function peak RSS, {jobs:,}-job ticks", f"{container:.0f} MiB",
+         f"the worker's VmHWM (pid {pid}) {worker_peak / 1024:.0f} MiB + the master's {master_hwm / 1024:.0f} MiB; "
+         f"PSS of both after {pss / 1024:.0f} MiB"),
+        (f"HTTP requests per job, steady tick of {jobs:,}", f"{total / jobs:.3f}",
+         f"{total:,} requests counted by the servers ({_requests(steady_gcs):,} GCS incl. {lists} list pages, "
+         f"{_requests(steady_compute):,} Compute incl. {agg} aggregated-list pages)")]
+    return out, rows
+
+
+def colds(b: _Bench, runs: int) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
+    """Fresh ``on_object`` instances at Google's latencies, the fleet in the bucket: ``runs`` without
+    a limit, ``runs`` at a third of a vCPU, each for the spec event of a RUNNING job of its own (a
+    pass that reads that job and finds nothing to do)."""
+    running = [j for j, h in b.fleet.heads().items() if h.phase == "RUNNING"][:2 * runs]
+    if len(running) < 2 * runs:
+        raise RuntimeError(f"the fleet has {len(running)} RUNNING jobs: {2 * runs} cold starts need one each")
+    b.google()
+    events = [_spec_event(b.gcs, job) for job in running]
+    b.counts()
+    load = os.getloadavg()[0]
+    free = cold_starts(b.env, events[:runs], None)
+    cold_gcs, cold_compute = b.counts()
+    held = cold_starts(b.env, events[runs:], b.third.path) if b.third.path else []
+    wall, cpu = _median([r["wall_s"] for r in free]), _median([r["cpu_s"] for r in free])
+    third_s = _median([r["wall_s"] for r in held]) if held else wall + 2 * cpu
+    out = {"cold_start_third_vcpu_s": round(third_s, 3), "cold_start_third_vcpu_s_target": target(third_s, at_most=3),
+           "cold_start_third_vcpu_method": b.method,
+           "cold_start_wall_s": round(wall, 3), "cold_start_cpu_s": round(cpu, 3),
+           "cold_start_listening_s": round(_median([r["listening_s"] for r in free]), 3),
+           "cold_start_third_vcpu_computed_s": round(wall + 2 * cpu, 3),
+           "cold_start_runs": {"unlimited": [{k: round(v, 3) for k, v in r.items()} for r in free],
+                               "third_vcpu": [{k: round(v, 3) for k, v in r.items()} for r in held]},
+           "cold_start_fresh_processes": len(free) + len(held),
+           "cold_start_http_requests": dict(cold_gcs + cold_compute),
+           "cold_start_load_avg_1m": [round(load, 2), round(os.getloadavg()[0], 2)],
+           "cold_start_note": (
+               f"A fresh on_object process (functions-framework, --signature-type cloudevent), from its spawn to its "
+               f"answer to one job's spec event, the fleet of {len(b.fleet.jobs):,} jobs in the bucket: the interpreter, "
+               "the imports, the server and its worker, the clients, that job's pass (its objects, its zones' "
+               "instance lists). The tick's own first pass over the fleet is tick_*_first_third_vcpu_s. "
+               + PLATFORM_NOTE)}
+    if held:
+        out["cold_start_third_vcpu_cpu_s"] = round(_median([r["cpu_s"] for r in held]), 3)
+    rows = [("cold start: on_object, first event answered (fleet in the bucket)", f"{wall:.2f} s",
+             f"{cpu:.2f} CPU-s; fresh functions-framework process, spawn -> its answer; listening after "
+             f"{out['cold_start_listening_s']:.2f} s"),
+            ("  at a third of a vCPU", f"{third_s:.2f} s", b.method)]
+    return out, rows
+
+
 def measure(scale: float = 1.0, jobs: int = 10000, quick: bool = False, *, cold: bool = True,
-            with_fleet: bool = True) -> dict[str, Any]:
-    """The three figures (and what they rest on) over a fleet of ``jobs``; ``scale`` multiplies
-    every latency (0.01: a smoke run); ``quick``: one cold start of each kind instead of three.
-    ``cold`` / ``with_fleet``: run the cold starts / the fleet's ticks (both by default).
-    Returns the ``bench/results.json`` keys and ``rows``: (scenario, figure, how) for a table."""
+            with_ticks: bool = True, steady_size: bool = True, seed: int = 1) -> dict[str, Any]:
+    """The function's figures over a fleet of ``jobs`` (built first, at ``steady_size`` by default);
+    ``scale`` multiplies every latency (0.01: a smoke run); ``quick``: one cold start of each kind
+    instead of three. ``cold`` / ``with_ticks``: run the cold starts / the measured ticks (both by
+    default). Returns the ``bench/results.json`` keys and ``rows``: (scenario, figure, how) for a table."""
     from localcloud.realism import Realism
 
     realism = Realism.google().scaled(scale)
-    runs = 1 if quick else 3
-    gcs, compute = _Server("gcs"), _Server("compute")
-    third = ThirdOfCpu()
+    servers = CpuGroup("servers", third=False)
+    gcs, compute = _Server("gcs", servers), _Server("compute", servers)
+    b = _Bench(gcs, compute, ThirdOfCpu(), Fleet(gcs, jobs), scale, seed)
+    b.env = {**_env(gcs.url, compute.url, BUCKET, PROJECT), "RESPAWN_CONCURRENCY": "32"}
     out: dict[str, Any] = {
-        "deployed_scale": scale,
         "deployed_latency_s": {"gcs_request": realism.gcs_latency, "compute_call": realism.compute_latency,
                                **{f"compute {k}": v for k, v in realism.compute_method_latency.items()},
                                "p99_over_median": getattr(realism, "p99_factor", 0.0) or None,
                                "compute_rate_quota_per_minute": getattr(realism, "rate_quota_per_minute", None),
                                "gcs_write_interval": realism.gcs_write_interval},
-        "deployed_machine": f"{platform.machine()}, {platform.python_implementation()} {platform.python_version()}, "
-                            f"{len(os.sched_getaffinity(0))} CPUs"}
+        "deployed_latency_seed": seed,
+        "deployed_servers_cgroup": servers.kind or servers.why}
     rows: list[tuple[str, str, str]] = []
     try:
-        def google() -> None:
-            gcs.config(scale=scale)
-            compute.config(scale=scale)
-
-        def off() -> None:
-            gcs.config(scale=None)
-            compute.config(scale=None)
-
-        compute_endpoint = compute.url
-        # 1. Cold starts: an empty bucket and project, Google's latencies.
+        out.update(build(b, steady_size))
+        rows.append((f"the fleet: {jobs:,} jobs built", f"{out['build_s']:.0f} s",
+                     f"statuses hold {out['status_history_events']} history events, "
+                     f"{out['status_run_summaries']} past runs (median; {out['fleet_phases']})"))
+        if with_ticks:
+            found, more = ticks(b, jobs)
+            out.update(found)
+            rows += more
         if cold:
-            google()
-            cold_env = _env(gcs.url, compute_endpoint, COLD, COLD)
-            gcs.counts(reset=True), compute.counts(reset=True)
-            load = os.getloadavg()[0]
-            free = cold_starts(cold_env, runs, None)
-            cold_requests = gcs.counts(reset=True) + compute.counts(reset=True)
-            held = cold_starts(cold_env, runs, third.path) if third.path else []
-            wall, cpu = _median([r["wall_s"] for r in free]), _median([r["cpu_s"] for r in free])
-            if held:
-                third_s, method = _median([r["wall_s"] for r in held]), f"measured: {third.kind}"
-            else:
-                third_s, method = wall + 2 * cpu, f"computed: wall + 2 x CPU-seconds ({third.why})"
-            out.update({"cold_start_wall_s": round(wall, 3), "cold_start_cpu_s": round(cpu, 3),
-                        "cold_start_listening_s": round(_median([r["listening_s"] for r in free]), 3),
-                        "cold_start_third_vcpu_s": round(third_s, 3), "cold_start_third_vcpu_method": method,
-                        "cold_start_third_vcpu_computed_s": round(wall + 2 * cpu, 3),
-                        "cold_start_runs": {"unlimited": [{k: round(v, 3) for k, v in r.items()} for r in free],
-                                            "third_vcpu": [{k: round(v, 3) for k, v in r.items()} for r in held]},
-                        "cold_start_fresh_processes": len(free) + len(held),
-                        "cold_start_http_requests": dict(cold_requests),
-                        "cold_start_load_avg_1m": [round(load, 2), round(os.getloadavg()[0], 2)]})
-            if held:
-                out["cold_start_third_vcpu_cpu_s"] = round(_median([r["cpu_s"] for r in held]), 3)
-            rows += [("cold start, first tick included (empty bucket)", f"{wall:.2f} s",
-                      f"{cpu:.2f} CPU-s; fresh functions-framework process, spawn -> first tick's answer; "
-                      f"listening after {out['cold_start_listening_s']:.2f} s"),
-                     ("  at a third of a vCPU", f"{third_s:.2f} s", method)]
-
-        # 2. The fleet, built at no latency by a function process of its own (as bench/local.py builds it).
-        if with_fleet and jobs:
-            off()
-            env = {**_env(gcs.url, compute_endpoint, BUCKET, PROJECT), "RESPAWN_CONCURRENCY": "32"}
-            built = Fleet(gcs, jobs)
-            phases: dict[str, float] = {}
-            started = mark = time.perf_counter()
-
-            build_requests: dict[str, dict[str, int]] = {}
-
-            def phase(name: str) -> None:
-                nonlocal mark
-                phases[name] = round(time.perf_counter() - mark, 1)
-                mark = time.perf_counter()
-                if name.endswith("_tick"):  # what the builder's tick sent
-                    build_requests[name] = dict(gcs.counts(reset=True) + compute.counts(reset=True))
-
-            built.specs()
-            phase("specs")
-            builder = Function(env)
-            try:
-                phase("builder_start")
-                builder.tick()
-                phase("launch_tick")
-                builder.tick()
-                phase("running_tick")
-                finished = built.finish_some()
-                phase("exit_records")
-                builder.tick()
-                phase("exits_tick")
-            finally:
-                builder.close()
-            phase("builder_stop")
-            beating = built.heartbeats()
-            phase("heartbeats")
-            out["build_s"] = round(time.perf_counter() - started, 1)
-            out["build_phases_s"] = phases
-            out["build_http_requests"] = build_requests
-            states = Counter(st.phase.value for st in built.statuses().values())
-            out["fleet_phases"] = dict(states)
-            out["fleet_exit_records"], out["fleet_heartbeats"] = finished, beating
-
-            # 3. A fresh instance at Google's latencies: its first tick (cache filled), then a steady tick.
-            google()
-            function = Function(env)
-            try:
-                worker = function.worker
-                gcs.counts(reset=True), compute.counts(reset=True)
-                started, cpu0 = time.perf_counter(), function.cpu()
-                first_summary = function.tick()
-                first_s, first_cpu = time.perf_counter() - started, function.cpu() - cpu0
-                first_gcs, first_compute = gcs.counts(reset=True), compute.counts(reset=True)
-                first_hwm = _status_kib(worker, "VmHWM")
-                built.heartbeats()  # a minute later every running trainer has beaten again
-                gcs.counts(reset=True), compute.counts(reset=True)
-                steady_from_here = _reset_peak(worker)
-                started, cpu0 = time.perf_counter(), function.cpu()
-                summary = function.tick()
-                steady_s, steady_cpu = time.perf_counter() - started, function.cpu() - cpu0
-                steady_gcs, steady_compute = gcs.counts(reset=True), compute.counts(reset=True)
-                hwm, master_hwm = _status_kib(worker, "VmHWM"), _status_kib(function.process.pid, "VmHWM")
-                pss = _pss_kib(worker) + _pss_kib(function.process.pid)
-                rss_now = _status_kib(worker, "VmRSS")
-                pid, master = worker, function.process.pid
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-                parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            finally:
-                function.close()
-            total = _requests(steady_gcs) + _requests(steady_compute)
-            peak = max(first_hwm, hwm) if steady_from_here else hwm
-            label = {10000: "10k", 1000: "1k", 100: "100"}.get(jobs, str(jobs))
-            out.update({
-                f"function_rss_{label}_mib": round(peak / 1024, 1),
-                "function_rss_first_tick_mib": round(first_hwm / 1024, 1),
-                "function_rss_steady_tick_mib": round(hwm / 1024, 1) if steady_from_here else None,
-                "function_rss_after_mib": round(rss_now / 1024, 1),
-                "function_master_rss_mib": round(master_hwm / 1024, 1),
-                "function_pss_after_mib": round(pss / 1024, 1),
-                "function_pid": pid, "function_master_pid": master, "function_parent_pid": parent,
-                "function_cmdline": cmdline, "function_rss_source": f"/proc/{pid}/status VmHWM",
-                f"tick_{label}_http_requests_per_job": round(total / jobs, 3),
-                f"tick_{label}_http_requests": {"total": total, "gcs": dict(steady_gcs), "compute": dict(steady_compute)},
-                f"deployed_tick_{label}_s": round(steady_s, 3), f"deployed_tick_{label}_cpu_s": round(steady_cpu, 3),
-                f"deployed_tick_{label}_first_s": round(first_s, 3),
-                f"deployed_tick_{label}_first_cpu_s": round(first_cpu, 3),
-                f"deployed_tick_{label}_first_http_requests": {
-                    "total": _requests(first_gcs) + _requests(first_compute),
-                    "gcs": dict(first_gcs), "compute": dict(first_compute)},
-                "deployed_tick_summary": summary, "deployed_first_tick_summary": first_summary,
-                "deployed_jobs": jobs})
-            lists = sum(v for k, v in steady_gcs.items() if k.startswith("list "))
-            agg = sum(v for k, v in steady_compute.items() if k.startswith("instances.aggregatedList "))
-            rows += [
-                (f"function peak RSS, {jobs:,}-job ticks", f"{peak / 1024:.0f} MiB",
-                 f"VmHWM of the gunicorn worker (pid {pid}), first + steady tick; master {master_hwm / 1024:.0f} MiB, "
-                 f"PSS of both after {pss / 1024:.0f} MiB"),
-                (f"HTTP requests per job, steady tick of {jobs:,}", f"{total / jobs:.3f}",
-                 f"{total:,} requests counted by the servers ({_requests(steady_gcs):,} GCS incl. {lists} list pages, "
-                 f"{_requests(steady_compute):,} Compute incl. {agg} aggregated-list pages)"),
-                (f"  the tick itself (deployed, {jobs:,} jobs)", f"{steady_s:.2f} s",
-                 f"{steady_cpu:.1f} CPU-s; the instance's first tick {first_s:.2f} s, {first_cpu:.1f} CPU-s"),
-            ]
+            found, more = colds(b, 1 if quick else 3)
+            out.update(found)
+            rows += more
     finally:
-        third.close()
+        b.third.close()
         gcs.close()
         compute.close()
+        servers.close()
     out["rows"] = rows
     return out
+
+
+def scenario(run: Any) -> dict[str, Any]:
+    """``make bench``'s deployed scenario (bench/__main__.py): ``run.deployed`` jobs, every part."""
+    return measure(run.scale, run.deployed, run.quick, seed=run.seed)
 
 
 def _reset_peak(pid: int) -> bool:
@@ -1000,26 +1221,32 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.deployed", description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=10000)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every latency (0.01: a smoke run)")
-    parser.add_argument("--quick", action="store_true", help="one cold start of each kind")
-    parser.add_argument("--cold-only", action="store_true", help="the cold starts alone (no fleet)")
-    parser.add_argument("--fleet-only", action="store_true", help="the fleet's ticks alone (no cold starts)")
-    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--seed", type=int, default=1, help="the servers' latency draws")
+    parser.add_argument("--quick", action="store_true", help="one cold start of each kind; nothing written")
+    parser.add_argument("--cold-only", action="store_true", help="the fleet, then the cold starts (no measured ticks)")
+    parser.add_argument("--ticks-only", action="store_true", help="the fleet, then the measured ticks (no cold starts)")
+    parser.add_argument("--fresh-statuses", action="store_true",
+                        help="statuses as the build leaves them, not at their steady size")
+    parser.add_argument("--out", type=Path, help="write the run here (default: bench/runs/deployed-<UTC>.json)")
     parser.add_argument("--serve", choices=("gcs", "compute"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
         _serve(args.serve)
         return 0
-    result = measure(args.scale, args.jobs, args.quick, cold=not args.fleet_only, with_fleet=not args.cold_only)
+    head = provenance(seeds={"deployed": args.seed}, scale=args.scale)
+    started = time.perf_counter()
+    result = measure(args.scale, args.jobs, args.quick, cold=not args.ticks_only, with_ticks=not args.cold_only,
+                     steady_size=not args.fresh_statuses, seed=args.seed)
     rows = result.pop("rows")
     width = max(len(r[0]) for r in rows)
-    print(f"respawn, the function as deployed: {result['deployed_machine']}; latency x {args.scale}: "
+    print(f"respawn, the function as deployed: {head['machine']}; latency x {args.scale}: "
           f"{result['deployed_latency_s']}")
-    for scenario, figure, note in rows:
-        print(f"  {scenario:<{width}}  {figure:<10} {note}")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
-    else:
+    for scenario_, figure, note in rows:
+        print(f"  {scenario_:<{width}}  {figure:<10} {note}")
+    if args.quick:
         print(json.dumps(result, indent=1))
+    else:
+        print(f"written: {alone('deployed', result, head, time.perf_counter() - started, args.out)}")
     return 0
 
 

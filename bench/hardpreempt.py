@@ -1,8 +1,8 @@
 """Hard preemptions on the local cloud: from the loss to the replacement's insert received, per cause.
 
-``python -m bench.hardpreempt [--jobs 10] [--rounds 5]`` (``make bench`` runs it too, and writes
-``hard_preempted_p50_s`` / ``hard_preempted_p99_s`` and ``hard_host_error_p50_s`` /
-``hard_host_error_p99_s`` into ``bench/results.json``).
+``make bench`` runs it (scenario ``hardpreempt``: ``hard_preempted_p50_s`` / ``hard_preempted_p99_s``
+and ``hard_host_error_p50_s`` / ``hard_host_error_p99_s`` in ``bench/results.json``);
+``python -m bench.hardpreempt [--jobs 10] [--rounds 5]`` runs it alone, into ``bench/runs/``.
 
 The whole local cloud (``localcloud.stack.LocalCloud``) at Google's latencies
 (``Realism.google()``: the figures of ``localcloud.realism.COSTS``, the bench's fakes' too), its
@@ -45,13 +45,11 @@ from typing import Any
 
 import yaml
 
+from bench.run import alone, provenance
 from controller.core import names
 from controller.core.state import JobStatus, Phase
 from localcloud.realism import Realism
 from localcloud.stack import LocalCloud, Options
-
-RESULTS = Path(__file__).parent / "results.json"
-
 
 CAUSES = ("preempted", "host_error")
 
@@ -189,26 +187,31 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
+def scenario(run: Any) -> dict[str, Any]:
+    """``make bench``'s: 10 jobs, 5 rounds, each cause (2 jobs, 1 round in a smoke run)."""
+    jobs, rounds = (2, 1) if run.quick else (10, 5)
+    found: dict[str, Any] = {}
+    for cause in CAUSES:
+        found.update(measure(jobs, rounds, run.seed, scale=run.scale, cause=cause))
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.hardpreempt", description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--causes", nargs="+", choices=CAUSES, default=list(CAUSES))
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, help="write the run here (default: bench/runs/hardpreempt-<UTC>.json)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
+    head, started = provenance(seeds={"hardpreempt": args.seed}), time.perf_counter()
     found: dict[str, Any] = {}
     for cause in args.causes:
         found.update(measure(args.jobs, args.rounds, args.seed, cause=cause))
     print(json.dumps(found, indent=1))
     if not args.no_write:
-        results = json.loads(args.out.read_text()) if args.out.exists() else {}
-        # The figure before the causes were told apart (and before the guest's halt was modelled):
-        # hard_preempted_* replaces it.
-        results = {k: v for k, v in results.items() if not k.startswith("hard_preemption_")}
-        results.update(found)
-        args.out.write_text(json.dumps(results, indent=1) + "\n")
+        print(f"written: {alone('hardpreempt', found, head, time.perf_counter() - started, args.out)}")
     return 0
 
 

@@ -1,7 +1,7 @@
 """A preemption notice on the local cloud: from ``instance/preempted`` turning TRUE to the standby's insert.
 
-``python -m bench.notice [--jobs 10] [--rounds 5]`` (``make bench`` runs it, and writes
-``notice_to_insert_p50_s`` / ``notice_to_insert_p99_s`` into ``bench/results.json``).
+``make bench`` runs it (scenario ``notice``: ``notice_to_insert_p50_s`` / ``notice_to_insert_p99_s`` in
+``bench/results.json``); ``python -m bench.notice [--jobs 10] [--rounds 5]`` runs it alone, into ``bench/runs/``.
 
 The whole local cloud (``localcloud.stack.LocalCloud``) at Google's latencies (``Realism.google()``,
 the figures of ``localcloud.realism.COSTS``), its functions served by functions-framework as
@@ -38,14 +38,12 @@ from typing import Any
 import yaml
 
 from bench.hardpreempt import insert_received, percentile, status, wait
+from bench.run import alone, provenance
 from controller.core import names
 from controller.core.state import Phase
 from localcloud.events import Watcher
 from localcloud.realism import COSTS, Lognormal, Realism
 from localcloud.stack import LocalCloud, Options
-
-RESULTS = Path(__file__).parent / "results.json"
-
 
 class Eventarc(Watcher):
     """The local stand-in's deliveries, each after a delay drawn from ``delay`` and side by side (the
@@ -151,21 +149,26 @@ def measure(jobs: int = 10, rounds: int = 5, seed: int = 1, scale: float = 1.0, 
                 f"{COSTS.cold_fraction:.0%} of them, the bench's assumption for isolated events.")}
 
 
+def scenario(run: Any) -> dict[str, Any]:
+    """``make bench``'s: 10 jobs, 5 rounds, the notice lasting 20 s (2 jobs, 1 round, 5 s in a smoke run)."""
+    jobs, rounds, notice_s = (2, 1, 5.0) if run.quick else (10, 5, 20.0)
+    return measure(jobs, rounds, run.seed, scale=run.scale, notice_s=notice_s)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.notice", description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--notice-s", type=float, default=20.0, help="how long the 120 s notice lasts here")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, help="write the run here (default: bench/runs/notice-<UTC>.json)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
+    head, started = provenance(seeds={"notice": args.seed}), time.perf_counter()
     found = measure(args.jobs, args.rounds, args.seed, notice_s=args.notice_s)
     print(json.dumps(found, indent=1))
     if not args.no_write:
-        results = json.loads(args.out.read_text()) if args.out.exists() else {}
-        results.update(found)
-        args.out.write_text(json.dumps(results, indent=1) + "\n")
+        print(f"written: {alone('notice', found, head, time.perf_counter() - started, args.out)}")
     return 0
 
 

@@ -1,7 +1,7 @@
 """Zero-gap recovery's downtime (issue 34), modelled: the real engine over the fakes on a fake clock.
 
-``python -m bench.zerogap [--preemptions 200] [--seed 1]`` (``make bench`` runs it, and writes its
-keys into ``bench/results.json``).
+``make bench`` runs it (scenario ``zerogap``: its keys in ``bench/results.json``);
+``python -m bench.zerogap [--preemptions 200] [--seed 1]`` runs it alone, into ``bench/runs/``.
 
 A preemption costs a job the time from its trainer's last step that the resumed checkpoint holds to
 the replacement's first step. Three designs, each preemption drawn once and played in all three:
@@ -46,6 +46,7 @@ import logging
 import math
 import random
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -54,6 +55,7 @@ from typing import Any
 
 import yaml
 
+from bench.run import alone, beside, provenance
 from controller.adapters.memory import MemoryCompute, MemoryStore
 from controller.core import names
 from controller.core.clock import FakeClock
@@ -66,7 +68,6 @@ from controller.service.executor import Executor
 from controller.service.observe import Observer
 from localcloud.realism import COSTS, Costs
 
-RESULTS = Path(__file__).parent / "results.json"
 DESIGNS = ("serial", "notice0", "notice120")
 BUCKET, PROJECT, CKPT = "zerogap", "zerogap-proj", "zerogap-ckpt"
 TRAINER = f"respawn-trainer@{PROJECT}.iam.gserviceaccount.com"
@@ -486,9 +487,9 @@ def figures(found: dict[str, list[Outcome]], model: Model, seed: int) -> dict[st
             "marker_saved": sum(1 for o in outcomes if o.marker_saved),
             "unfinished": sum(1 for d in down if math.isinf(d)),
             "passes": sum(o.passes for o in outcomes)}
-    out["downtime_targets"] = {
-        "notice0_p50_max_s": model.boot_p50 + 10, "notice0_met": out["downtime_notice0_p50_s"] <= model.boot_p50 + 10,
-        "notice120_p50_max_s": model.save_s + 10, "notice120_met": out["downtime_notice120_p50_s"] <= model.save_s + 10}
+    # Issue 34's targets: without a notice the save hides under the boot (boot + 10 s); with the 120 s
+    # notice the boot hides under it and the save is what is left (save + 10 s).
+    out = beside(out, {"downtime_notice0_p50_s": model.boot_p50 + 10, "downtime_notice120_p50_s": model.save_s + 10})
     out["downtime_detail"] = detail
     out["downtime_model"] = {
         "preemptions": len(found[DESIGNS[0]]), "seed": seed, "step_s": model.step_s,
@@ -511,21 +512,26 @@ def figures(found: dict[str, list[Outcome]], model: Model, seed: int) -> dict[st
     return out
 
 
+def scenario(run: Any) -> dict[str, Any]:
+    """``make bench``'s: 200 preemptions (4 in a smoke run), the model's own clock."""
+    model = Model()
+    return figures(measure(4 if run.quick else 200, run.seed, model), model, run.seed)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.zerogap", description=__doc__.split("\n\n")[0])
     parser.add_argument("--preemptions", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--save-s", type=float, default=Model.save_s, help="the save's duration (write and upload)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, help="write the run here (default: bench/runs/zerogap-<UTC>.json)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
+    head, started = provenance(seeds={"zerogap": args.seed}), time.perf_counter()
     model = Model(save_s=args.save_s)
     found = figures(measure(args.preemptions, args.seed, model), model, args.seed)
     print(json.dumps(found, indent=1))
     if not args.no_write:
-        results = json.loads(args.out.read_text()) if args.out.exists() else {}
-        results.update(found)
-        args.out.write_text(json.dumps(results, indent=1) + "\n")
+        print(f"written: {alone('zerogap', found, head, time.perf_counter() - started, args.out)}")
     return 0
 
 

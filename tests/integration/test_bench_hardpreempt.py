@@ -4,6 +4,8 @@ timed from a hard loss to the replacement's insert received."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from bench import hardpreempt
@@ -21,11 +23,17 @@ def test_the_probe_times_hard_losses_of_each_cause_to_the_replacements_insert(ca
     assert found[f"{key}_max_s"] < 30
 
 
-def test_a_run_replaces_the_figure_from_before_the_causes_were_told_apart(tmp_path, monkeypatch):
-    out = tmp_path / "results.json"
-    out.write_text('{"hard_preemption_p99_s": 4.96, "hard_preemption_note": "old", "tick_1k_s": 1.0}')
+def test_a_run_alone_goes_to_a_file_of_its_own_never_into_results(tmp_path, monkeypatch):
+    from bench import run
+
+    results, runs = tmp_path / "results.json", tmp_path / "runs"
+    results.write_text('{"tick_1k_s": 1.0}\n')
+    monkeypatch.setattr(run, "RESULTS", results)
+    monkeypatch.setattr(run, "RUNS", runs)
     monkeypatch.setattr(hardpreempt, "measure", lambda *a, cause, **k: {f"hard_{cause}_p99_s": 1.0})
-    assert hardpreempt.main(["--out", str(out)]) == 0
-    assert out.read_text().count("hard_preemption") == 0
-    assert '"hard_preempted_p99_s": 1.0' in out.read_text() and '"hard_host_error_p99_s": 1.0' in out.read_text()
-    assert '"tick_1k_s": 1.0' in out.read_text()
+    assert hardpreempt.main([]) == 0
+    assert results.read_text() == '{"tick_1k_s": 1.0}\n'
+    (alone,) = runs.glob("hardpreempt-*.json")
+    written = json.loads(alone.read_text())
+    assert written["hard_preempted_p99_s"] == 1.0 and written["hard_host_error_p99_s"] == 1.0
+    assert written["commit"] and written["seeds"] == {"hardpreempt": 1} and "started_at" in written

@@ -73,14 +73,16 @@ def test_with_the_120s_notice_the_standby_waits_at_the_line_and_the_boot_is_hidd
         assert o.steps_lost == 0 and o.sigterm_save == "landed"
 
 
-def test_the_keys_are_written_beside_the_others(tmp_path):
-    out = tmp_path / "results.json"
-    out.write_text(json.dumps({"tick_1k_s": 1.0}))
+def test_a_run_alone_writes_its_keys_to_a_file_of_its_own_with_its_provenance(tmp_path):
+    out = tmp_path / "zerogap-run.json"
     assert zerogap.main(["--preemptions", "2", "--out", str(out)]) == 0
     written = json.loads(out.read_text())
-    assert written["tick_1k_s"] == 1.0
     for key in ("boot_model_p50_s", "save_model_s", "downtime_serial_p50_s", "downtime_notice0_p50_s",
                 "downtime_notice0_p99_s", "downtime_notice120_p50_s", "downtime_notice120_p99_s",
                 "steps_lost_notice120_p50", "steps_lost_notice0_p50", "downtime_note"):
         assert key in written, key
     assert written["boot_model_p50_s"] == 90.0 and written["downtime_model"]["preemptions"] == 2
+    assert written["commit"] and written["seeds"] == {"zerogap": 1} and "zerogap" in written["scenarios"]
+    assert written["downtime_notice120_p50_s_target"] == {
+        "at_most": MODEL.save_s + 10, "met": written["downtime_notice120_p50_s"] <= MODEL.save_s + 10}
+    assert "downtime_notice0_p50_s" in written["targets"]["met"] + written["targets"]["missed"]
