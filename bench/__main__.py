@@ -600,6 +600,8 @@ SCENARIOS: list[Scenario] = [
     Scenario("hardpreempt", "bench.hardpreempt:scenario", "hard losses per cause on the local cloud"),
     Scenario("notice", "bench.notice:scenario", "a preemption notice to the standby's insert on the local cloud"),
     Scenario("zerogap", "bench.zerogap:scenario", "zero-gap recovery's downtime, modelled"),
+    Scenario("overlap", "bench.overlap:scenario", "ticks that outlive their period: passes over every job that overlap"),
+    Scenario("listing", "bench.listing:scenario", "one 500-VM aggregatedList page: bytes and parse CPU, scripts inlined or not"),
 ]
 
 

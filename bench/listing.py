@@ -82,19 +82,33 @@ def measure(content: bytes, repeat: int) -> dict[str, float]:
             "vms_read": read}
 
 
+def pages(vms: int) -> dict[str, dict[str, Any]]:
+    """The page as it was (the agent inlined), with the bootstrap, and with the adapter's field mask."""
+    scripts = vmscripts.load(REPO_ROOT / "deploy" / "vm")
+    agent = vmscripts.agent(REPO_ROOT / "deploy" / "vm")
+    inlined = LaunchContext(BUCKET, PROJECT, *agent)  # before: the agent itself in every VM's metadata
+    now = launch_context(Settings(bucket=BUCKET, project=PROJECT), scripts)
+    whole = page(vms, now)
+    return {"inlined": page(vms, inlined), "bootstrap": whole,
+            "fields": fields.select(whole, fields.parse(AGGREGATED_FIELDS))}
+
+
+def scenario(run: Any) -> dict[str, Any]:
+    """``make bench``'s keys: ``listing_500_<page>_mib`` and ``_parse_cpu_s`` (8 VMs in a smoke run)."""
+    vms = 8 if run.quick else 500
+    out: dict[str, Any] = {"listing_vms": vms}
+    for name, body in pages(vms).items():
+        f = measure(json.dumps(body).encode(), 5)
+        out[f"listing_{name}_mib"], out[f"listing_{name}_parse_cpu_s"] = round(f["MiB"], 3), round(f["parse_cpu_s"], 4)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     args = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     args.add_argument("--vms", type=int, default=500)
     args.add_argument("--repeat", type=int, default=5, help="parses timed (the fastest is kept)")
     a = args.parse_args(argv)
-    scripts = vmscripts.load(REPO_ROOT / "deploy" / "vm")
-    agent = vmscripts.agent(REPO_ROOT / "deploy" / "vm")
-    inlined = LaunchContext(BUCKET, PROJECT, *agent)  # before: the agent itself in every VM's metadata
-    now = launch_context(Settings(bucket=BUCKET, project=PROJECT), scripts)
-    whole = page(a.vms, now)
-    pages = {"inlined": page(a.vms, inlined), "bootstrap": whole,
-             "fields": fields.select(whole, fields.parse(AGGREGATED_FIELDS))}
-    figures = {name: measure(json.dumps(body).encode(), a.repeat) for name, body in pages.items()}
+    figures = {name: measure(json.dumps(body).encode(), a.repeat) for name, body in pages(a.vms).items()}
     print(f"one aggregatedList page of {a.vms} VMs (parse: the fastest of {a.repeat}, this machine)")
     print(f"{'page':<10} {'bytes':>12} {'MiB':>8} {'parse CPU s':>12} {'parse peak MiB':>15}")
     for name, f in figures.items():

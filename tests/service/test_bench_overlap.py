@@ -9,7 +9,7 @@ from bench import overlap
 
 
 def test_ticks_that_outlive_their_period_never_overlap_with_the_lease_and_do_without_it():
-    found = overlap.scenario(jobs=30, count=5, scale=0.2, seed=3)
+    found = overlap.measure(jobs=30, count=5, scale=0.2, seed=3)
     assert found["overlapping_passes"] == 0
     assert found["overlap_passes_run"] + found["overlap_ticks_skipped"] == found["overlap_ticks"] == 5
     assert found["overlap_ticks_skipped"] >= 1 and found["overlap_passes_run"] >= 1
