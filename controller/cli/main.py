@@ -28,7 +28,7 @@ from rich.text import Text
 from typer.core import TyperGroup
 
 from controller.service import bootstrap
-from controller.core import errors, ledger
+from controller.core import errors, ledger, names
 from controller.cli import deadline, joblogs
 from controller.render.amounts import counted
 from controller.render.text import Trimmed, plain, printable
@@ -984,6 +984,9 @@ def local_up(
                                                       "Google (Realism.google()), with its measured figures in "
                                                       "place of respawn's assumptions")] = None,
     folder: LocalDir = DEFAULT_LOCAL_DIR,
+    shards: Annotated[int, typer.Option(envvar="RESPAWN_SHARDS",
+                                        help="K > 1: the tick publishes each of K shards its part of the "
+                                             "listing and on_shard reconciles it (a power of two)")] = 1,
 ) -> None:
     """Start the whole local cloud and keep it up until Ctrl-C; another terminal sources the file it names."""
     import signal
@@ -999,8 +1002,10 @@ def local_up(
         measured = Realism() if realism is None else Realism.from_canary(realism)
     except (OSError, ValueError) as e:
         _fail(f"--realism: {e}")
+    if problem := names.shards_problem(shards):
+        _fail(f"--shards: {problem}")
     cloud = LocalCloud(Options(bucket=bucket, project=project, tick_interval=tick, shutdown_budget=preemption_notice,
-                               log_dir=_made(folder), realism=measured))
+                               log_dir=_made(folder), realism=measured, shards=shards))
     stop = threading.Event()
     # explicit: a background job inherits SIGINT ignored; SIGHUP: its terminal closed (the VMs,
     # each in a session of its own, would outlive a process killed by it, and local.env with them)
