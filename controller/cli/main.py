@@ -732,6 +732,10 @@ def deploy(
                                              "1Gi 10,000 (make bench)")] = "512Mi",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print every command and API request, run nothing")] = False,
     start: Annotated[str | None, typer.Option("--from", help="resume at this step (its number or name)")] = None,
+    shards: Annotated[str, typer.Option(envvar="RESPAWN_DEPLOY_SHARDS",
+                                        help="K > 1 (a power of two): the tick publishes each of K shards its part of "
+                                             "the listing on Pub/Sub and on_shard reconciles it; 'auto': one shard per "
+                                             "10,000 specs in the bucket")] = "1",
 ) -> None:
     """Set up everything respawn relies on: APIs, the control bucket, the service accounts and their roles,
     the audit sink and its topic, the three functions, the Cloud Scheduler job and the VM scripts. Safe to
@@ -749,7 +753,7 @@ def deploy(
         controller_sa=service_account or deployment.account_email("respawn-controller", project),
         scheduler_sa=scheduler_account or deployment.account_email("respawn-scheduler", project),
         trainer_sa=trainer_account or deployment.account_email(deployment.TRAINER_ACCOUNT_ID, project),
-        schedule=schedule, env=policy_env, memory=memory)
+        schedule=schedule, env=policy_env, memory=memory, shards=_shards(shards, bucket))
     try:
         steps = deployment.plan(target)
         first = deployment.start_at(steps, start) if start else 1
@@ -780,6 +784,32 @@ def deploy(
                         "every step is safe to repeat."), soft_wrap=True)
         raise typer.Exit(REFUSED if failed.refused else FAILED) from None
     out.print(_line("✓", "green", "deployed"))
+
+
+def _shards(given: str, bucket: str) -> int:
+    """``--shards``: a power of two, or ``auto`` (the specs in the bucket counted: one listing of jobs/;
+    a bucket not there yet has none)."""
+    from controller.cli import deploy as deployment
+
+    if given.strip().lower() == "auto":
+        try:
+            store, _ = bootstrap.adapters()
+            specs = sum(1 for info in store.list(bucket, names.JOBS_PREFIX)
+                        if (ref := names.parse_object_name(info.name)) and ref.kind == "spec")
+        except errors.NotFound:
+            specs = 0
+        except errors.RespawnError as e:
+            _fail(f"--shards auto: could not count the specs in gs://{bucket}: {e}")
+        k = deployment.shards_for(specs)
+        out.print(plain(f"--shards auto: {specs} specs, {k} shard{'s' if k > 1 else ''}", "dim"))
+        return k
+    try:
+        k = int(given)
+    except ValueError:
+        _fail(f"--shards: a power of two or 'auto', not {given!r}")
+    if problem := names.shards_problem(k):
+        _fail(f"--shards: {problem}")
+    return k
 
 
 def _check_target(project: str, region: str, bucket: str) -> None:
