@@ -292,3 +292,18 @@ def test_a_tick_with_shards_publishes_and_each_on_shard_reconciles_its_jobs(h):
         assert post_shard_message(b"garbage").status_code == 200  # absorbed: no retry could help
     finally:
         bootstrap.override(None)
+
+
+def test_with_one_shard_the_tick_reconciles_itself_and_publishes_nothing(h):
+    for i in range(3):
+        h.submit(f"job-{i}")
+    publisher = MemoryPublisher([TOPIC])
+    bootstrap.override(leased(h), Settings(bucket=BUCKET, project=PROJECT), publisher=publisher)
+    try:
+        response = create_app("tick", MAIN).test_client().post("/")
+        assert response.status_code == 200 and "published" not in response.get_json()
+        assert publisher.published == [] and publisher.calls == []
+        assert h.live() == ["job-0-1", "job-1-1", "job-2-1"]
+        assert not [i for i in h.store.list(BUCKET, "respawn/") if i.name.startswith(("respawn/shards/", "respawn/lease/shard"))]
+    finally:
+        bootstrap.override(None)
