@@ -7,9 +7,10 @@ their wire format here; no I/O.
 
 The message is JSON, zlib-compressed: the listing as object names, generations, updated times (in
 microseconds) and sizes, every field ``BlobInfo`` carries. A listing is a name plus a few numbers
-per object, and its names repeat the job's: compressed, about 20 bytes an object (measured by
-tests/unit/test_shards.py), so a shard of 10,000 jobs (50,000 objects) is about 1 MB, a tenth of
-Pub/Sub's 10 MB message limit (Google's quotas page; the discovery document states none). A
+per object, and its names repeat the job's: compressed, about 24 bytes an object (the generations
+and times are the incompressible part; tests/unit/test_shards.py), so a shard of 10,000 jobs
+(40,000 objects) is about 1 MB, a tenth of Pub/Sub's 10 MB message limit (Google's quotas page, as
+controller.adapters.pubsub.MAX_MESSAGE_BYTES; pubsub.v1's discovery document states none). A
 listing over ``INLINE_BYTES`` compressed goes through an object the shard reads instead
 (controller.service.shards).
 """
