@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, timezone
 
 from controller.core import names
@@ -78,9 +78,15 @@ def split(infos: Iterable[BlobInfo], shards: int) -> list[list[BlobInfo]]:
     return out
 
 
+# Whatever else a listing's BlobInfo carries (a custom metadata map, say) travels too, after the four
+# fields every object has: a shard must judge an object as a listing of its own would.
+_EXTRA = tuple(f.name for f in fields(BlobInfo) if f.name not in ("bucket", "name", "generation", "updated", "size"))
+
+
 def pack(infos: Iterable[BlobInfo]) -> bytes:
     """A listing, compressed."""
-    rows = [[i.name, i.generation, _micros(i.updated), i.size] for i in infos]
+    rows = [[i.name, i.generation, _micros(i.updated), i.size, *(_plain(getattr(i, f)) for f in _EXTRA)]
+            for i in infos]
     return zlib.compress(json.dumps(rows, separators=(",", ":")).encode(), 6)
 
 
@@ -90,9 +96,23 @@ def unpack(data: bytes, bucket: str) -> tuple[BlobInfo, ...]:
         raw = zlib.decompressobj().decompress(data, MAX_LISTING_BYTES)
         rows = json.loads(raw)
         return tuple(BlobInfo(bucket, str(name), int(generation), _EPOCH + timedelta(microseconds=int(updated)),
-                              int(size)) for name, generation, updated, size in rows)
+                              int(size), **dict(zip(_EXTRA, map(_checked, extra), strict=True)))
+                     for name, generation, updated, size, *extra in rows)
     except (zlib.error, ValueError, TypeError, OverflowError) as e:
         raise ShardError(f"not a shard listing: {type(e).__name__}: {e}") from e
+
+
+def _plain(value: object) -> object:
+    return dict(value) if isinstance(value, Mapping) else value
+
+
+def _checked(value: object) -> object:
+    """An extra field as a listing could have given it: None, a number, a string, or a map of strings."""
+    if value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        return value
+    raise ValueError(f"not a listing's value: {type(value).__name__}")
 
 
 def envelope(shard: Shard, bucket: str, at: datetime, listing: bytes | None = None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from datetime import datetime, timedelta, timezone
 
@@ -59,3 +60,12 @@ def test_a_message_names_its_shard_its_time_and_where_its_listing_is():
     assert (inline.shard, inline.at, inline.listing_object) == (Shard(1, 2, sweep=True), AT, None)
     held = read_message(envelope(Shard(0, 2), "b", AT, listing_object=("respawn/shards/0-of-2", 7)))
     assert (held.listing, held.listing_object) == (None, ("respawn/shards/0-of-2", 7))
+
+
+def test_every_field_a_listing_gives_travels_in_the_message():
+    # A field BlobInfo gains (a custom metadata map) is carried as it was listed.
+    extra = {f.name: {"respawn-record": "x"} for f in dataclasses.fields(BlobInfo)
+             if f.name not in ("bucket", "name", "generation", "updated", "size")}
+    infos = [dataclasses.replace(i, **extra) for i in listing(3)]
+    assert unpack(pack(infos), "b") == tuple(infos)
+    assert [dataclasses.asdict(i) for i in unpack(pack(infos), "b")] == [dataclasses.asdict(i) for i in infos]
