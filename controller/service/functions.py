@@ -34,7 +34,12 @@ def tick() -> tuple[dict[str, Any], int]:
         at, started = engine.clock.now(), time.monotonic()
         config = bootstrap.settings()
         if config.shards > 1:
-            return _fan_out(engine, config), 200
+            result = _fan_out(engine, config)
+            # respawn/controller.json: the controller ran (respawn doctor, respawn status); the actions
+            # and the refused notices are the shards' passes', not in it.
+            lastpass.write(engine.executor.store, engine.executor.bucket,
+                           lastpass.LastPass(at, time.monotonic() - started, result["jobs"], 0, 0))
+            return result, 200
         summary = engine.reconcile()
     except errors.ConfigError as e:
         log.error("controller misconfigured: %s", e)

@@ -23,7 +23,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from controller.core import errors
+from controller.core import errors, names
 from controller.core.ports import BlobInfo, BlobStore, Publisher
 from controller.core.shards import INLINE_BYTES, Message, Shard, ShardError, envelope, pack, read_message, split, unpack
 from controller.service.engine import Engine, Summary
@@ -58,7 +58,9 @@ def publish(engine: Engine, publisher: Publisher, topic: str, shards: int, now: 
     sweep = now.minute % SWEEP_MINUTES == 0 if sweep is None else sweep
     failed: dict[int, str] = {}
     sizes: list[int] = []
-    for index, infos in enumerate(split(listing, shards)):
+    parts = split(listing, shards)
+    jobs = len({ref.job for infos in parts for i in infos if (ref := names.parse_object_name(i.name))})
+    for index, infos in enumerate(parts):
         shard = Shard(index, shards, sweep=sweep)
         packed = pack(infos)
         sizes.append(len(packed))
@@ -74,7 +76,7 @@ def publish(engine: Engine, publisher: Publisher, topic: str, shards: int, now: 
         except errors.RespawnError as e:
             failed[index] = f"{type(e).__name__}: {e}"
             log.error("could not publish a shard's message", extra={"json_fields": {"shard": index, "error": str(e)}})
-    result = {"shards": shards, "objects": len(listing), "published": shards - len(failed),
+    result = {"shards": shards, "jobs": jobs, "objects": len(listing), "published": shards - len(failed),
               "largest_message_bytes": max(sizes, default=0), "sweep": sweep}
     if failed:
         raise errors.TransientError(f"shard messages not published: {failed}")

@@ -23,7 +23,7 @@ from controller.core import names
 from controller.core.ports import BlobInfo
 from controller.core.shards import Shard, envelope, pack, read_message, unpack
 from controller.core.state import Phase
-from controller.service import bootstrap, observe, shards
+from controller.service import bootstrap, lastpass, observe, shards
 from controller.service.config import Settings
 from controller.service.engine import Engine, Summary
 from controller.service.lease import Leases
@@ -286,6 +286,7 @@ def test_a_tick_with_shards_publishes_and_each_on_shard_reconciles_its_jobs(h):
         response = create_app("tick", MAIN).test_client().post("/")
         assert response.status_code == 200 and response.get_json()["published"] == 4
         assert h.live() == [] and [a["shard"] for _, _, a in publisher.published] == ["0", "1", "2", "3"]
+        assert lastpass.read(h.store, BUCKET).jobs == len(jobs)  # the controller ran (respawn doctor)
         for _, data, _ in publisher.published:
             assert post_shard_message(data).status_code == 200
         assert h.live() == sorted(f"{j}-1" for j in jobs)
