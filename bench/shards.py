@@ -36,6 +36,7 @@ import resource
 import sys
 import time
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -115,8 +116,9 @@ def _shard_pass(fleet: Fleet, index: int, cgroup: Path | None, scale: float, see
     g = Google(timer=RealTimer(scale), seed=seed, quotas=False)
     engine = fleet.engine(g)
     first = engine.reconcile(shard=Shard(index, fleet.k, tuple(fleet.listings()[index])))
-    fleet.clock.advance(__import__("datetime").timedelta(minutes=1))
-    fleet.heartbeats()
+    fleet.clock.advance(timedelta(minutes=1))
+    fleet.jobs = [j for j in fleet.jobs if names.shard_of(j, fleet.k) == index]  # this process's copy: its shard's
+    fleet.heartbeats()  # a minute later every trainer of the shard has beaten again
     listing = tuple(fleet.listings()[index])
     before = Counter(g.requests)
     started, cpu = time.perf_counter(), _cpu()
