@@ -177,6 +177,9 @@ def on_audit(data: dict[str, Any]) -> dict[str, Any] | None:
         if job is None and not engine.wide_pass_due(TPU_PASS_GAP):
             log.info("audit entry of a TPU worker: a pass over every job ran moments ago", extra={"json_fields": where})
             return None
+        if job is None and (config := bootstrap.settings()).shards > 1:
+            # With shards no instance passes over every job: the entry fans out as a tick does.
+            return _fan_out(engine, config)
         # Dated ahead of this clock by more than its skew, an entry is none of Compute's (a trainer may
         # write under the log's name, and LogEntry.timestamp may be up to 24 hours ahead, its reference
         # says): never retried.

@@ -23,7 +23,7 @@ from controller.core import names
 from controller.core.ports import BlobInfo
 from controller.core.shards import Shard, envelope, pack, read_message, unpack
 from controller.core.state import Phase
-from controller.service import bootstrap, lastpass, observe, shards
+from controller.service import bootstrap, functions, lastpass, observe, shards
 from controller.service.config import Settings
 from controller.service.engine import Engine, Summary
 from controller.service.lease import Leases
@@ -306,5 +306,22 @@ def test_with_one_shard_the_tick_reconciles_itself_and_publishes_nothing(h):
         assert publisher.published == [] and publisher.calls == []
         assert h.live() == ["job-0-1", "job-1-1", "job-2-1"]
         assert not [i for i in h.store.list(BUCKET, "respawn/") if i.name.startswith(("respawn/shards/", "respawn/lease/shard"))]
+    finally:
+        bootstrap.override(None)
+
+
+def test_with_shards_a_tpu_worker_s_audit_entry_fans_out_as_a_tick_and_passes_over_no_job_itself(h):
+    from controller.core.audit import system_event_entry
+    from tests.service.test_audit import message
+
+    h.submit("job-0")
+    publisher = MemoryPublisher([TOPIC])
+    bootstrap.override(leased(h), Settings(bucket=BUCKET, project=PROJECT, shards=4), publisher=publisher)
+    try:
+        worker = system_event_entry(PROJECT, "us-central2-b", "t1v-n-5f3a9c1e-w-0", "77",
+                                    "compute.instances.preempted", h.clock.now())
+        answer = functions.on_audit(message(worker))
+        assert answer is not None and answer["published"] == 4 and len(publisher.published) == 4
+        assert h.live() == []
     finally:
         bootstrap.override(None)
