@@ -67,6 +67,10 @@ TRAINER = f"respawn-trainer@{PROJECT}.iam.gserviceaccount.com"
 SPEC = yaml.safe_dump({"zones": ["us-central1-a", "us-central1-b"], "machine_type": "g2-standard-8",
                        "command": "python train.py", "policy": {"backoff": {"initial": "30m", "max": "1h"}}})
 WORKERS = Settings.model_fields["concurrency"].default  # as deployed
+try:  # a controller that judges heartbeats from the listing (issue 40, part 2) gives the agent's metadata
+    from controller.core.world import listing_metadata as _listed
+except ImportError:  # one that reads each heartbeat's body: the agent's record is the body alone
+    _listed = None  # type: ignore[assignment]
 OPERATION_WAIT = Settings.model_fields["operation_wait"].default
 
 
@@ -99,6 +103,19 @@ class Fleet(Records):
         listings = self.listings()
         for index in built:
             engine.reconcile(shard=Shard(index, self.k, tuple(listings[index])))
+
+    def heartbeats(self) -> None:
+        """Every running job's trainer beats, as its agent writes a heartbeat: with its record in the
+        object's custom metadata where the controller judges a heartbeat from the listing (issue 40,
+        part 2: ``world.listing_metadata``), so an unchanged job costs the pass no read."""
+        for job in self.jobs:
+            st = self.status(job)
+            if st.phase.terminal:
+                continue
+            body = {"instance": names.instance_name(job, st.attempt), "attempt": st.attempt, "node": 0,
+                    "token": st.attempt_token or ""}
+            extra = {"metadata": _listed(body)} if _listed is not None else {}
+            self.store.write(BUCKET, names.heartbeat_key(job), json.dumps(body).encode(), **extra)
 
     def listings(self) -> list[list[Any]]:
         """The tick's part: the bucket listed once, split by shard."""
