@@ -137,7 +137,7 @@ class LocalCloud:
                 self.function_logs = FunctionLogs(self.logging, o.log_dir, o.project, o.region).start()
             self.webhook = WebhookSink().start()
             self.deployment = Deployment(o.project, o.region, o.bucket, functions=self._function_states,
-                                         ticker=self._ticker_state)
+                                         ticker=self._ticker_state, shards=o.shards)
             self.apis = {server.name: server(self.deployment).start() for server in SERVERS}
             self._deploy_bucket_iam()
             if o.notify:
@@ -229,6 +229,9 @@ class LocalCloud:
         assert self.pubsub is not None
         pubsub = self.pubsub.endpoint
         requests.put(f"{pubsub}/v1/{self.shard_topic}", json={}, timeout=10).raise_for_status()
+        controller = f"serviceAccount:{self.deployment.controller}"  # the tick publishes as the controller
+        requests.post(f"{pubsub}/v1/{self.shard_topic}:setIamPolicy", json={"policy": {"bindings": [
+            {"role": PUBLISHER, "members": [controller]}]}}, timeout=10).raise_for_status()
         endpoint = f"{self.function_url('on_shard')}?__GCP_CloudEventsMode=CUSTOM_PUBSUB_{quote(self.shard_topic, safe='')}"
         subscription = f"projects/{self.options.project}/subscriptions/eventarc-{self.options.region}-on-shard"
         requests.put(f"{pubsub}/v1/{subscription}", json={

@@ -56,3 +56,12 @@ def test_a_tick_publishes_each_shard_its_listing_and_the_shards_reconcile_their_
     until("each shard's pass logged", lambda: log.read_text().count("shard pass done") >= K, timeout=30)
     assert sorted(i.labels.get(names.SHARD_LABEL) == names.shard_label(i.job or "")
                   for i in gateway.list_managed([cloud.options.project]).instances if i.job in jobs) == [True] * 4
+
+
+def test_doctor_checks_the_fan_out_the_local_cloud_made_as_deploy_makes_it(cloud):
+    from tests.integration.test_local_doctor import doctor, line
+
+    done = doctor(cloud)
+    said = line(done.stdout, f"{K} shards")
+    assert said.startswith(f"✓ {K} shards"), done.stdout
+    assert "respawn-on-shard ACTIVE" in said
