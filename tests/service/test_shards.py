@@ -19,7 +19,7 @@ from cloudevents.http import CloudEvent
 from functions_framework import create_app
 
 from controller.adapters.memory import MemoryPublisher
-from controller.core import names
+from controller.core import launch, names
 from controller.core.ports import BlobInfo
 from controller.core.shards import Shard, envelope, pack, read_message, unpack
 from controller.core.state import Phase
@@ -176,12 +176,13 @@ def test_a_change_of_k_never_duplicates_an_attempt_nor_deletes_a_live_vm(h, monk
     jobs = [f"job-{i}" for i in range(16)]
     for job in jobs:
         h.submit(job)
+    # Half the VMs made before sharding: launched without the shard label, as an older controller did.
+    labels = launch._labels
+    monkeypatch.setattr(launch, "_labels", lambda job, spec, status: {
+        k: v for k, v in labels(job, spec, status).items() if k != names.SHARD_LABEL or job in jobs[8:]})
     leased(h).reconcile()  # K = 1, as before sharding
-    # VMs made before sharding carry no shard label: as if this code's label had not been there.
-    for job in jobs[:8]:
-        vm = h.compute._vms[h.compute._find(f"{job}-1")[0]]
-        labels = {k: v for k, v in vm.instance.labels.items() if k != names.SHARD_LABEL}
-        vm.instance = type(vm.instance)(**{**vm.instance.__dict__, "labels": labels})
+    monkeypatch.setattr(launch, "_labels", labels)
+    assert sum(names.SHARD_LABEL in i.labels for i in h.compute.live()) == 8
     before = h.live()
     for k in (4, 2, 8, 1, 16):
         h.advance(minutes=1)
