@@ -98,8 +98,8 @@ class Fleet(Records):
 
     def settle(self, built: list[int]) -> None:
         """One pass over each built shard, in memory, no cost: its launches and exits judged."""
-        engine = Engine(Observer(self.store, self.compute, BUCKET, self.policy), Executor(self.store, self.compute, BUCKET),
-                        self.ctx, self.clock)
+        engine = Engine(Observer(self.store, self.compute, BUCKET, self.policy),
+                        Executor(self.store, self.compute, BUCKET), self.ctx, self.clock)
         listings = self.listings()
         for index in built:
             engine.reconcile(shard=Shard(index, self.k, tuple(listings[index])))
