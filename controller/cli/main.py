@@ -753,7 +753,7 @@ def deploy(
         controller_sa=service_account or deployment.account_email("respawn-controller", project),
         scheduler_sa=scheduler_account or deployment.account_email("respawn-scheduler", project),
         trainer_sa=trainer_account or deployment.account_email(deployment.TRAINER_ACCOUNT_ID, project),
-        schedule=schedule, env=policy_env, memory=memory, shards=_shards(shards, bucket))
+        schedule=schedule, env=policy_env, memory=memory, shards=_shards(shards, project, bucket))
     try:
         steps = deployment.plan(target)
         first = deployment.start_at(steps, start) if start else 1
@@ -786,14 +786,16 @@ def deploy(
     out.print(_line("✓", "green", "deployed"))
 
 
-def _shards(given: str, bucket: str) -> int:
+def _shards(given: str, project: str, bucket: str) -> int:
     """``--shards``: a power of two, or ``auto`` (the specs in the bucket counted: one listing of jobs/;
     a bucket not there yet has none)."""
     from controller.cli import deploy as deployment
 
     if given.strip().lower() == "auto":
         try:
-            store, _ = bootstrap.adapters()
+            from controller.adapters.google import gcs_store  # the deploy's own project and bucket
+
+            store = gcs_store(Settings(project=project, bucket=bucket))
             specs = sum(1 for info in store.list(bucket, names.JOBS_PREFIX)
                         if (ref := names.parse_object_name(info.name)) and ref.kind == "spec")
         except errors.NotFound:
