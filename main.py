@@ -24,3 +24,10 @@ def on_audit(event: CloudEvent) -> None:
     """google.cloud.pubsub.topic.v1.messagePublished on the audit topic (a Logging sink of Compute's
     System Event audit log): reconcile the job whose VM the entry names."""
     functions.on_audit(event.get_data() or {})
+
+
+@functions_framework.cloud_event
+def on_shard(event: CloudEvent) -> None:
+    """google.cloud.pubsub.topic.v1.messagePublished on the shards' topic (RESPAWN_SHARDS > 1):
+    reconcile the shard of the fleet the tick's message names, from the listing it carries."""
+    functions.on_shard(event.get_data() or {})

@@ -255,8 +255,8 @@ class CostlyCompute:
         return getattr(self.target, name)
 
     def list_managed(self, projects: Sequence[str], job: str | None = None,
-                     zones: Sequence[str] | None = None) -> InstanceList:
-        found = self.target.list_managed(projects, job, zones)
+                     zones: Sequence[str] | None = None, shard: tuple[int, int] | None = None) -> InstanceList:
+        found = self.target.list_managed(projects, job, zones, shard)
         if zones is None:  # one aggregatedList per project, paged by 500 instances
             pages = max(len(projects), math.ceil(len(found.instances) / self.g.costs.compute_page))
             for _ in range(pages):

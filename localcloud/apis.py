@@ -60,6 +60,7 @@ class Deployment:
     # the Scheduler stand-in: (running, last attempt time or None, last attempt's HTTP status or None)
     ticker: Callable[[], tuple[bool, datetime | None, int | None]] = lambda: (False, None, None)
     schedule: str = "* * * * *"
+    shards: int = 1  # RESPAWN_SHARDS the functions run with (K > 1: on_shard too)
     created: str = field(default_factory=lambda: datetime.now(UTC).isoformat().replace("+00:00", "Z"))
 
     @property
@@ -359,7 +360,8 @@ class FunctionsServer(DiscoveryServer):
     # A gen2 function's Cloud Run service holds its invoker bindings (`gcloud functions
     # add-invoker-policy-binding`): deploy's, the scheduler's on tick and the controller's on the others.
     ALSO = {"run.v2": {"projects.locations.services": ("getIamPolicy",)}}
-    TARGETS = {deploy.TICK: "tick", deploy.ON_OBJECT: "on_object", deploy.ON_AUDIT: "on_audit"}
+    TARGETS = {deploy.TICK: "tick", deploy.ON_OBJECT: "on_object", deploy.ON_AUDIT: "on_audit",
+               deploy.ON_SHARD: "on_shard"}
 
     def _services_getIamPolicy(self, p: dict[str, str], body: Any) -> dict[str, Any]:
         self._location(p)
@@ -390,7 +392,9 @@ class FunctionsServer(DiscoveryServer):
             "updateTime": self.d.created, "url": url,
             "buildConfig": {"runtime": "python311", "entryPoint": target},
             "serviceConfig": {"uri": url, "serviceAccountEmail": self.d.controller, "timeoutSeconds": 540,
-                              "availableMemory": "512Mi", "service": f"{base}/services/{name}"},
+                              "availableMemory": "512Mi", "service": f"{base}/services/{name}",
+                              **({"environmentVariables": {"RESPAWN_SHARDS": str(self.d.shards)}}
+                                 if self.d.shards > 1 else {})},
         }
         if not alive:
             resource["stateMessages"] = [{"severity": "ERROR", "type": "LocalProcess",
@@ -400,10 +404,11 @@ class FunctionsServer(DiscoveryServer):
                 "eventType": FINALIZED, "retryPolicy": "RETRY_POLICY_RETRY", "triggerRegion": self.d.region,
                 "eventFilters": [{"attribute": "bucket", "value": self.d.bucket}],
                 "serviceAccountEmail": self.d.controller}
-        elif target == "on_audit":  # what `gcloud functions deploy --trigger-topic` makes
-            topic = f"projects/{self.d.project}/topics/{deploy.AUDIT_TOPIC}"
+        elif target in ("on_audit", "on_shard"):  # what `gcloud functions deploy --trigger-topic` makes
+            topic = f"projects/{self.d.project}/topics/{deploy.AUDIT_TOPIC if target == 'on_audit' else deploy.SHARD_TOPIC}"
+            retry = "RETRY_POLICY_RETRY" if target == "on_audit" else "RETRY_POLICY_DO_NOT_RETRY"  # on_shard: no --retry
             resource["eventTrigger"] = {
-                "eventType": deploy.PUBLISHED, "pubsubTopic": topic, "retryPolicy": "RETRY_POLICY_RETRY",
+                "eventType": deploy.PUBLISHED, "pubsubTopic": topic, "retryPolicy": retry,
                 "triggerRegion": self.d.region, "serviceAccountEmail": self.d.controller,
                 "trigger": f"projects/{self.d.project}/locations/{self.d.region}/triggers/{name}"}
         return resource

@@ -3,7 +3,8 @@
 Supports what the google-cloud-compute client and gcloud send: ``field = value``,
 ``!=``, ``:`` (has), ``>``/``<``, the legacy regex forms ``field eq 'regex'`` /
 ``ne``, ``AND``/``OR``/``NOT``, juxtaposition as AND, and parentheses. Field paths are
-dotted (``labels.respawn-managed``); ``*`` in an ``=`` value is a wildcard.
+dotted (``labels.respawn-managed``); ``*`` in an ``=`` value is a wildcard. The two kinds (``eq``/``ne``
+and the rest) mixed in one filter are refused, as compute.v1's reference says Compute refuses them.
 """
 
 from __future__ import annotations
@@ -26,6 +27,12 @@ def compile_filter(text: str | None) -> Predicate:
     if not text or not text.strip():
         return lambda _: True
     tokens = _tokenize(text)
+    ops = {value for kind, value in tokens if kind == "op"}
+    if ops & {"eq", "ne"} and ops - {"eq", "ne"}:
+        # compute.v1's filter reference: expressions with regular expressions and AIP-160 ones
+        # "cannot be mixed in one request".
+        raise FilterError("Invalid list filter expression: regular expressions (eq, ne) and "
+                          "comparisons (=, !=, :, >, <) cannot be mixed in one filter")
     pred, rest = _or(tokens)
     if rest:
         raise FilterError(f"Invalid list filter expression: unexpected {rest[0][1]!r}")

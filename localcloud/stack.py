@@ -74,9 +74,13 @@ class Options:
     # localcloud.pubsub.PUSH_DELAY); a Lognormal is drawn for each entry or message.
     sink_delay: Delay | None = None  # Log Router's
     push_delay: Delay | None = None  # Pub/Sub push's
+    # K > 1: the fan-out (controller.service.shards), as `respawn deploy --shards K` makes it: the tick
+    # publishes each shard's listing on SHARD_TOPIC, whose push subscription (Eventarc's) runs on_shard.
+    shards: int = 1
 
 
 NOTIFY_TOPIC = "respawn-events"
+SHARD_TOPIC = "respawn-shards"
 PUBLISHER = "roles/pubsub.publisher"
 
 
@@ -133,15 +137,18 @@ class LocalCloud:
                 self.function_logs = FunctionLogs(self.logging, o.log_dir, o.project, o.region).start()
             self.webhook = WebhookSink().start()
             self.deployment = Deployment(o.project, o.region, o.bucket, functions=self._function_states,
-                                         ticker=self._ticker_state)
+                                         ticker=self._ticker_state, shards=o.shards)
             self.apis = {server.name: server(self.deployment).start() for server in SERVERS}
             self._deploy_bucket_iam()
             if o.notify:
                 requests.put(f"{self.pubsub.endpoint}/v1/{self.notify_topic}", json={}, timeout=10).raise_for_status()
-            for target in ("tick", "on_object", *(("on_audit",) if o.audit else ())):
+            for target in ("tick", "on_object", *(("on_audit",) if o.audit else ()),
+                           *(("on_shard",) if o.shards > 1 else ())):
                 self._functions[target] = self._serve(target)
             if o.audit:
                 self._deploy_audit()
+            if o.shards > 1:
+                self._deploy_shards()
             self._deploy_metrics()
             self.watcher = Watcher(self.storage, o.bucket, self.function_url("on_object"),
                                    prefixes=("jobs/", "preempted-jobs/")).start()
@@ -212,6 +219,26 @@ class LocalCloud:
             "ackDeadlineSeconds": int(AUDIT_TIMEOUT.rstrip("s")),
             "retryPolicy": {"minimumBackoff": "10s", "maximumBackoff": "600s"}}, timeout=10).raise_for_status()
 
+    @property
+    def shard_topic(self) -> str:
+        return f"projects/{self.options.project}/topics/{SHARD_TOPIC}"
+
+    def _deploy_shards(self) -> None:
+        """The shards' topic and on_shard's Pub/Sub trigger (the push subscription Eventarc makes),
+        as `respawn deploy --shards K` makes them on Google."""
+        assert self.pubsub is not None
+        pubsub = self.pubsub.endpoint
+        requests.put(f"{pubsub}/v1/{self.shard_topic}", json={}, timeout=10).raise_for_status()
+        controller = f"serviceAccount:{self.deployment.controller}"  # the tick publishes as the controller
+        requests.post(f"{pubsub}/v1/{self.shard_topic}:setIamPolicy", json={"policy": {"bindings": [
+            {"role": PUBLISHER, "members": [controller]}]}}, timeout=10).raise_for_status()
+        endpoint = f"{self.function_url('on_shard')}?__GCP_CloudEventsMode=CUSTOM_PUBSUB_{quote(self.shard_topic, safe='')}"
+        subscription = f"projects/{self.options.project}/subscriptions/eventarc-{self.options.region}-on-shard"
+        requests.put(f"{pubsub}/v1/{subscription}", json={
+            "topic": self.shard_topic, "pushConfig": {"pushEndpoint": endpoint},
+            "ackDeadlineSeconds": int(AUDIT_TIMEOUT.rstrip("s")),
+            "retryPolicy": {"minimumBackoff": "10s", "maximumBackoff": "600s"}}, timeout=10).raise_for_status()
+
     def env(self) -> dict[str, str]:
         """What a user exports to point clients (the CLI, gsutil-free scripts, gcloud) here."""
         assert self.compute is not None and self.tpu is not None
@@ -247,6 +274,8 @@ class LocalCloud:
                for key, gcloud in (("serviceusage", "SERVICEUSAGE"), ("resourcemanager", "CLOUDRESOURCEMANAGER"),
                                    ("iam", "IAM"), ("functions", "CLOUDFUNCTIONS"), ("scheduler", "CLOUDSCHEDULER"))
                if key in self.apis},
+            **({"RESPAWN_SHARDS": str(self.options.shards), "RESPAWN_SHARD_TOPIC": SHARD_TOPIC}
+               if self.options.shards > 1 else {}),
             **(self.options.policy_env or {}),
         }
 

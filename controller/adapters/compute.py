@@ -42,6 +42,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -62,6 +63,17 @@ from controller.service import fanout
 from controller.core.ports import PROVISIONING_MODELS, Instance, InstanceList, InstanceRequest, InstanceStatus, StopReason
 
 MANAGED_FILTER = 'labels.respawn-managed = "true"'
+
+
+def shard_filter(index: int, shards: int) -> str | None:
+    """The filter of one shard's VMs (None: K = 1, every managed VM): a regular expression on the
+    shard label (names.shard_label), one field alone. compute.v1's ``filter`` reference: the two
+    kinds of expression (AIP-160's ``=``, the regular expressions' ``eq``) "cannot be mixed in one
+    request", and "you cannot combine constraints on multiple fields using regular expressions";
+    so the managed label is not in it, and the caller keeps only managed VMs."""
+    if shards == 1:
+        return None
+    return f"labels.{names.SHARD_LABEL} eq '{names.shard_suffix(index, shards)}'"
 # Every field ``_instance`` reads of a listed instance, and of a page what the listing reads (the
 # scope's warning, the zones that did not answer, the next page): checked against compute.v1.json's
 # names by tests/contract/test_fields.py.
@@ -155,10 +167,17 @@ class ComputeEngine:
         self._beta_lock = threading.Lock()
 
     def list_managed(self, projects: Sequence[str], job: str | None = None,
-                     zones: Sequence[str] | None = None) -> InstanceList:
+                     zones: Sequence[str] | None = None, shard: tuple[int, int] | None = None) -> InstanceList:
         if job is not None and (problem := names.job_name_problem(job)):
             raise errors.RequestError(problem)  # never put into a filter expression
         expr = MANAGED_FILTER if job is None else f'({MANAGED_FILTER}) AND (labels.respawn-job = "{job}")'
+        if shard is not None and job is None and (by_shard := shard_filter(*shard)) is not None:
+            found = self._listed(projects, zones, by_shard)
+            # The shard filter names the shard label alone: the managed label is checked here.
+            return replace(found, instances=[i for i in found.instances if i.managed])
+        return self._listed(projects, zones, expr)
+
+    def _listed(self, projects: Sequence[str], zones: Sequence[str] | None, expr: str) -> InstanceList:
         if zones is not None:
             return self._list_zones(projects, zones, expr)
         found: list[Instance] = []

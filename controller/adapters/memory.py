@@ -12,6 +12,7 @@ import bisect
 import itertools
 import json
 import math
+import re
 import threading
 import uuid
 from collections import defaultdict
@@ -235,9 +236,11 @@ class MemoryCompute:
         self.audit: MemoryAuditLog | None = None
 
     def list_managed(self, projects: Sequence[str], job: str | None = None,
-                     zones: Sequence[str] | None = None) -> InstanceList:
+                     zones: Sequence[str] | None = None, shard: tuple[int, int] | None = None) -> InstanceList:
         with self._lock:
-            self._call("list", (job or "*") + (f" in {','.join(zones)}" if zones is not None else ""))
+            by_shard = shard is not None and job is None and shard[1] > 1
+            self._call("list", (job or "*") + (f" in {','.join(zones)}" if zones is not None else "")
+                       + (f" shard {shard[0]}/{shard[1]}" if by_shard else ""))
             if job is not None and (problem := names.job_name_problem(job)):
                 raise errors.RequestError(problem)
             failed = {p: "RequestError: permission denied" for p in projects if p in self.failing_projects}
@@ -246,6 +249,7 @@ class MemoryCompute:
                 self._vms[key].instance for key in keys
                 if key[0] in projects and key[0] not in failed and key[1] not in self.unreachable
                 and self._vms[key].instance.managed and (zones is None or key[1] in zones)
+                and (not by_shard or _selects(self._vms[key].instance, *shard))
             ]
             unreachable = sorted(self.unreachable if zones is None else self.unreachable & set(zones))
             return InstanceList(found, unreachable, failed)
@@ -954,3 +958,9 @@ class MemoryWebhook:
     def bodies(self, url: str | None = None) -> list[dict[str, object]]:
         with self._lock:
             return [body for u, body in self.posted if url is None or u == url]
+
+
+def _selects(instance: Instance, index: int, shards: int) -> bool:
+    """Whether a shard's list (the real adapter's regular expression on the shard label) finds it."""
+    label = instance.labels.get(names.SHARD_LABEL)
+    return label is not None and re.fullmatch(names.shard_suffix(index, shards), label) is not None

@@ -149,6 +149,23 @@ class MemoryProject:
         me.record = lastpass.LastPass(now, 0.7, 2, 1, 0)
         return me
 
+    def shard(self, k: int) -> MemoryProject:
+        """What ``respawn deploy --shards K`` adds: RESPAWN_SHARDS on the functions, the shards' topic
+        with the controller's publisher grant, on_shard triggered by it and invocable by its trigger."""
+        base = f"projects/{self.project_id}/locations/{self.region}"
+        controller = f"serviceAccount:{self.controller_sa}"
+        for found in self.functions.values():
+            found.setdefault("serviceConfig", {}).setdefault("environmentVariables", {})["RESPAWN_SHARDS"] = str(k)
+        self.topics[deploy.SHARD_TOPIC] = [{"role": "roles/pubsub.publisher", "members": [controller]}]
+        self.functions[deploy.ON_SHARD] = {
+            "name": f"{base}/functions/{deploy.ON_SHARD}", "state": "ACTIVE",
+            "serviceConfig": {"serviceAccountEmail": self.controller_sa, "service": f"{base}/services/{deploy.ON_SHARD}",
+                              "environmentVariables": {"RESPAWN_SHARDS": str(k)}},
+            "eventTrigger": {"eventType": deploy.PUBLISHED, "serviceAccountEmail": self.controller_sa,
+                             "pubsubTopic": f"projects/{self.project_id}/topics/{deploy.SHARD_TOPIC}"}}
+        self.run_services[f"{base}/services/{deploy.ON_SHARD}"] = [{"role": "roles/run.invoker", "members": [controller]}]
+        return self
+
     def quota(self, region: str, metric: str, limit: float, usage: float = 0) -> None:
         self.quota_table.setdefault(region, {})[metric] = QuotaUse(float(limit), float(usage))
 

@@ -39,7 +39,14 @@ from controller.core import audit, names
 from controller.service import vmscripts
 from controller.service.config import REPO_ROOT, Settings
 
-TICK, ON_OBJECT, ON_AUDIT = "respawn-tick", "respawn-on-object", "respawn-on-audit"
+TICK, ON_OBJECT, ON_AUDIT, ON_SHARD = "respawn-tick", "respawn-on-object", "respawn-on-audit", "respawn-on-shard"
+# K > 1 (controller.service.shards): the tick publishes each shard's listing here; on_shard is triggered by it.
+SHARD_TOPIC = Settings.model_fields["shard_topic"].default
+# A shard's pass is as long as the tick's was: the functions' longest.
+SHARD_TIMEOUT = "540s"
+# `--shards auto`: one shard per this many specs (bench: a 10,000-job pass fits a third of a vCPU's
+# minute only with the lean tick of issue 40), rounded up to a power of two.
+SPECS_PER_SHARD = 10_000
 # Compute's System Event audit log -> a Logging sink -> this topic -> on_audit (controller.core.audit).
 AUDIT_TOPIC = AUDIT_SINK = "respawn-audit"
 PUBLISHED = "google.cloud.pubsub.topic.v1.messagePublished"  # what a --trigger-topic function receives
@@ -201,6 +208,7 @@ class Target:
     # Each function's memory, as gcloud's --memory takes it. 512Mi holds a fleet of a few thousand
     # jobs; a 10,000-job tick peaked at 623 MiB (make bench, bench/deployed.py): give it 1Gi.
     memory: str = "512Mi"
+    shards: int = 1  # K > 1: the fan-out (the shards' topic, on_shard, the tick's publisher grant)
 
     @property
     def trainer(self) -> str:
@@ -213,7 +221,10 @@ class Target:
         policy already lists the accounts a spec may use, that account is the only one.
         """
         env = {"RESPAWN_BUCKET": self.bucket, "RESPAWN_PROJECT": self.project, **self.env,
-               "RESPAWN_TRAINER_SERVICE_ACCOUNT": self.trainer}
+               "RESPAWN_TRAINER_SERVICE_ACCOUNT": self.trainer,
+               # Only K > 1: --set-env-vars replaces every variable, so a deploy back to one shard
+               # drops it, and a deployment that never shards is deployed as before.
+               **({"RESPAWN_SHARDS": str(self.shards)} if self.shards > 1 else {})}
         if not env.get("RESPAWN_ALLOWED_SERVICE_ACCOUNTS"):
             env["RESPAWN_ALLOWED_SERVICE_ACCOUNTS"] = self.trainer
         return dict(sorted(env.items()))
@@ -240,6 +251,13 @@ BUCKET_LOCATION = "<location of the control bucket>"
 _ABSENT = ("not found: 404", "NotFoundError")
 # A binding to an account (or service agent) created moments ago: IAM may not see it yet.
 _IAM_LAG = ("does not exist", "NOT_FOUND")
+
+
+def shards_for(specs: int) -> int:
+    """``--shards auto``: one shard per SPECS_PER_SHARD specs, rounded up to a power of two (what
+    the shard label selects: names.shard_label), at most names.MAX_SHARDS."""
+    wanted = max(1, -(-specs // SPECS_PER_SHARD))
+    return min(names.MAX_SHARDS, 1 << (wanted - 1).bit_length())
 
 
 def tpu_allowed(env: Mapping[str, str]) -> bool:
@@ -617,6 +635,7 @@ def plan(t: Target) -> list[Step]:
                  ("gcloud", "functions", "deploy", ON_AUDIT, *common, "--entry-point=on_audit",
                   f"--trigger-topic={AUDIT_TOPIC}", f"--trigger-service-account={t.controller_sa}", "--retry",
                   f"--timeout={AUDIT_TIMEOUT}")),
+        *(shard_steps(t, common, function) if t.shards > 1 else ()),
         Step("tick-invoker", "let the scheduler's service account invoke tick",
              ("gcloud", "functions", "add-invoker-policy-binding", TICK, "--gen2", f"--region={t.region}",
               project, f"--member={scheduler}"),
@@ -647,6 +666,28 @@ def plan(t: Target) -> list[Step]:
     ]
     redacted = secrets_of(env)
     return [dataclasses.replace(step, secrets=redacted) for step in steps]
+
+
+def shard_steps(t: Target, common: tuple[str, ...], function: Callable[..., Step]) -> list[Step]:
+    """K > 1: the shards' topic, the controller's publish on it (the tick publishes as the controller),
+    on_shard with its Pub/Sub trigger, and its invoker. Not retried (no --retry): on_shard raises for
+    nothing a redelivery would fix, and a late message is dropped for the next tick's."""
+    project, controller = f"--project={t.project}", f"serviceAccount:{t.controller_sa}"
+    return [
+        Step("shard-topic", f"create the Pub/Sub topic {SHARD_TOPIC} the tick publishes each shard's listing to "
+             "(already there is fine)", ("gcloud", "pubsub", "topics", "create", SHARD_TOPIC, project),
+             done_if=("already exists", "ALREADY_EXISTS")),
+        Step("shard-publisher", f"let the controller (the tick) publish to {SHARD_TOPIC} (on that topic only)",
+             ("gcloud", "pubsub", "topics", "add-iam-policy-binding", SHARD_TOPIC, f"--member={controller}",
+              "--role=roles/pubsub.publisher", project), retry_if=_IAM_LAG),
+        function("on-shard", f"deploy the on_shard function ({t.shards} shards: Pub/Sub messages of {SHARD_TOPIC})",
+                 ("gcloud", "functions", "deploy", ON_SHARD, *common, "--entry-point=on_shard",
+                  f"--trigger-topic={SHARD_TOPIC}", f"--trigger-service-account={t.controller_sa}",
+                  f"--timeout={SHARD_TIMEOUT}")),
+        Step("on-shard-invoker", "let on_shard's trigger (the controller's account) invoke on_shard",
+             ("gcloud", "functions", "add-invoker-policy-binding", ON_SHARD, "--gen2", f"--region={t.region}",
+              project, f"--member={controller}"), retry_if=_IAM_LAG),
+    ]
 
 
 def _redeploy(env: Mapping[str, str], account: str, found: str, argv: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:

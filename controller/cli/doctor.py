@@ -102,6 +102,7 @@ class Target:
     tpu: bool = False  # TPU types allowed: the tpu API is needed too
     scheduler_sa: str = ""  # when the Scheduler job names none (default: respawn-scheduler@PROJECT)
     watched: tuple[str, ...] = ()  # the other projects the controller runs jobs in (RESPAWN_ALLOWED_PROJECTS)
+    shards: int = 1  # RESPAWN_SHARDS: K > 1, the fan-out is checked (its topic, the tick's grant, on_shard)
 
     @property
     def deploy_command(self) -> str:
@@ -385,6 +386,43 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
         raise Failed(f"the sink's writer identity {writer} may not publish to {deploy.AUDIT_TOPIC}: the sink's "
                      "exports fail", shlex.join(deploy.audit_publisher_argv(p, writer)))
 
+    def fan_out() -> str:
+        """K > 1: the tick runs with K, the shards' topic exists, the controller may publish to it, and
+        on_shard is ACTIVE, triggered by that topic, invocable by its trigger's account."""
+        k, topic = t.shards, f"projects/{p}/topics/{deploy.SHARD_TOPIC}"
+        fix = f"{t.deploy_command} --shards {k}"
+        try:
+            tick_env = (apis.function(p, r, deploy.TICK).get("serviceConfig") or {}).get("environmentVariables") or {}
+        except errors.NotFound as e:
+            raise Failed(f"{deploy.TICK} is not deployed", fix) from e
+        if tick_env.get("RESPAWN_SHARDS", "1") != str(k):
+            raise Failed(f"{deploy.TICK} runs with RESPAWN_SHARDS={tick_env.get('RESPAWN_SHARDS', '1')}, not {k}", fix)
+        try:
+            policy = apis.topic_policy(p, deploy.SHARD_TOPIC)
+        except errors.NotFound as e:
+            raise Failed(f"{topic} does not exist: the tick has nowhere to publish, on_shard no trigger",
+                         t.deploy_from("shard-topic")) from e
+        member = f"serviceAccount:{t.controller_sa}"
+        held = grants.held(roles, member, grants.PUBLISH, policy, apis.project_policy(p))
+        if held.missing(grants.PUBLISH):
+            raise Failed(_lacks(t.controller_sa, grants.PUBLISH, topic, held.unread) + ": the tick's publishes fail",
+                         t.deploy_from("shard-publisher"))
+        try:
+            found = apis.function(p, r, deploy.ON_SHARD)
+        except errors.NotFound as e:
+            raise Failed(f"{deploy.ON_SHARD} is not deployed: no shard is reconciled", t.deploy_from("on-shard")) from e
+        trigger = found.get("eventTrigger") or {}
+        if found.get("state") != "ACTIVE" or trigger.get("eventType") != deploy.PUBLISHED \
+                or trigger.get("pubsubTopic") != topic:
+            raise Failed(f"{deploy.ON_SHARD} is {found.get('state', '?')}, triggered by {trigger.get('eventType') or 'HTTP'} "
+                         f"on {trigger.get('pubsubTopic') or 'no topic'}, not {deploy.PUBLISHED} on {topic}",
+                         t.deploy_from("on-shard"))
+        said, invoke_fix = may_invoke(deploy.ON_SHARD, trigger_account(deploy.ON_SHARD))
+        if said:
+            raise Failed(said, invoke_fix)
+        return f"{k} shards: the tick publishes to {topic} ({', '.join(held.roles(grants.PUBLISH))}), " \
+               f"{deploy.ON_SHARD} ACTIVE on it"
+
     def log_metrics() -> str:
         """The log-based metrics of the fleet's figures (deploy/metrics), each there with respawn's filter
         and extractors (the controller runs without them; Cloud Monitoring then has no fleet figures)."""
@@ -624,6 +662,7 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
         (f"audit topic {deploy.AUDIT_TOPIC}", audit_topic),
         (f"audit sink {deploy.AUDIT_SINK}", audit_sink),
         ("audit sink may publish", audit_publisher),
+        *(((f"{t.shards} shards", fan_out),) if t.shards > 1 else ()),
         ("log-based metrics", log_metrics),
         (f"scheduler job {deploy.TICK}", scheduler),
         ("controller last ran", last_pass),
@@ -862,7 +901,7 @@ def diagnose(apis: Apis, config: Any, region: str, controller_sa: str, timeout: 
     t = Target(project, config.bucket, region, controller_sa, trainer,
                tpu=bool(config.allowed_tpu_types) or (parsed is not None and parsed.tpu is not None),
                scheduler_sa=deploy.account_email(deploy.SCHEDULER_ACCOUNT_ID, project),
-               watched=tuple(x for x in config.allowed_projects if x != project))
+               watched=tuple(x for x in config.allowed_projects if x != project), shards=config.shards)
     todo = checks(apis, t)
     if parsed is not None:
         todo += spec_checks(apis, t, parsed, config.policy().service_account_of(parsed))

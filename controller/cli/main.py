@@ -28,7 +28,7 @@ from rich.text import Text
 from typer.core import TyperGroup
 
 from controller.service import bootstrap
-from controller.core import errors, ledger
+from controller.core import errors, ledger, names
 from controller.cli import deadline, joblogs
 from controller.render.amounts import counted
 from controller.render.text import Trimmed, plain, printable
@@ -732,6 +732,10 @@ def deploy(
                                              "1Gi 10,000 (make bench)")] = "512Mi",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print every command and API request, run nothing")] = False,
     start: Annotated[str | None, typer.Option("--from", help="resume at this step (its number or name)")] = None,
+    shards: Annotated[str, typer.Option(envvar="RESPAWN_DEPLOY_SHARDS",
+                                        help="K > 1 (a power of two): the tick publishes each of K shards its part of "
+                                             "the listing on Pub/Sub and on_shard reconciles it; 'auto': one shard per "
+                                             "10,000 specs in the bucket")] = "1",
 ) -> None:
     """Set up everything respawn relies on: APIs, the control bucket, the service accounts and their roles,
     the audit sink and its topic, the three functions, the Cloud Scheduler job and the VM scripts. Safe to
@@ -749,7 +753,7 @@ def deploy(
         controller_sa=service_account or deployment.account_email("respawn-controller", project),
         scheduler_sa=scheduler_account or deployment.account_email("respawn-scheduler", project),
         trainer_sa=trainer_account or deployment.account_email(deployment.TRAINER_ACCOUNT_ID, project),
-        schedule=schedule, env=policy_env, memory=memory)
+        schedule=schedule, env=policy_env, memory=memory, shards=_shards(shards, project, bucket))
     try:
         steps = deployment.plan(target)
         first = deployment.start_at(steps, start) if start else 1
@@ -780,6 +784,34 @@ def deploy(
                         "every step is safe to repeat."), soft_wrap=True)
         raise typer.Exit(REFUSED if failed.refused else FAILED) from None
     out.print(_line("✓", "green", "deployed"))
+
+
+def _shards(given: str, project: str, bucket: str) -> int:
+    """``--shards``: a power of two, or ``auto`` (the specs in the bucket counted: one listing of jobs/;
+    a bucket not there yet has none)."""
+    from controller.cli import deploy as deployment
+
+    if given.strip().lower() == "auto":
+        try:
+            from controller.adapters.google import gcs_store  # the deploy's own project and bucket
+
+            store = gcs_store(Settings(project=project, bucket=bucket))
+            specs = sum(1 for info in store.list(bucket, names.JOBS_PREFIX)
+                        if (ref := names.parse_object_name(info.name)) and ref.kind == "spec")
+        except errors.NotFound:
+            specs = 0
+        except errors.RespawnError as e:
+            _fail(f"--shards auto: could not count the specs in gs://{bucket}: {e}")
+        k = deployment.shards_for(specs)
+        out.print(plain(f"--shards auto: {specs} specs, {k} shard{'s' if k > 1 else ''}", "dim"))
+        return k
+    try:
+        k = int(given)
+    except ValueError:
+        _fail(f"--shards: a power of two or 'auto', not {given!r}")
+    if problem := names.shards_problem(k):
+        _fail(f"--shards: {problem}")
+    return k
 
 
 def _check_target(project: str, region: str, bucket: str) -> None:
@@ -984,6 +1016,9 @@ def local_up(
                                                       "Google (Realism.google()), with its measured figures in "
                                                       "place of respawn's assumptions")] = None,
     folder: LocalDir = DEFAULT_LOCAL_DIR,
+    shards: Annotated[int, typer.Option(envvar="RESPAWN_SHARDS",
+                                        help="K > 1: the tick publishes each of K shards its part of the "
+                                             "listing and on_shard reconciles it (a power of two)")] = 1,
 ) -> None:
     """Start the whole local cloud and keep it up until Ctrl-C; another terminal sources the file it names."""
     import signal
@@ -999,8 +1034,10 @@ def local_up(
         measured = Realism() if realism is None else Realism.from_canary(realism)
     except (OSError, ValueError) as e:
         _fail(f"--realism: {e}")
+    if problem := names.shards_problem(shards):
+        _fail(f"--shards: {problem}")
     cloud = LocalCloud(Options(bucket=bucket, project=project, tick_interval=tick, shutdown_budget=preemption_notice,
-                               log_dir=_made(folder), realism=measured))
+                               log_dir=_made(folder), realism=measured, shards=shards))
     stop = threading.Event()
     # explicit: a background job inherits SIGINT ignored; SIGHUP: its terminal closed (the VMs,
     # each in a session of its own, would outlive a process killed by it, and local.env with them)

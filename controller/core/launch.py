@@ -124,6 +124,7 @@ def _labels(job: str, spec: JobSpec, status: JobStatus) -> dict[str, str]:
         names.MANAGED_LABEL: "true",
         names.JOB_LABEL: job,
         names.ATTEMPT_LABEL: str(status.attempt),
+        names.SHARD_LABEL: names.shard_label(job),
     }
 
 

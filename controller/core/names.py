@@ -6,6 +6,7 @@ compute the same identity for the same thing.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import uuid
 from dataclasses import dataclass
@@ -27,6 +28,13 @@ NODES = "nodes"  # jobs/<job>/nodes/<rank>/exit: a gang worker's (or TPU host's)
 MANAGED_LABEL = "respawn-managed"
 JOB_LABEL = "respawn-job"
 ATTEMPT_LABEL = "respawn-attempt"
+# The job's residue mod MAX_SHARDS in binary (SHARD_BITS digits): every VM carries it whatever the
+# number of shards, so a shard of any K finds its jobs' VMs by the last log2(K) digits (Compute's
+# regular-expression filter, ``shard_filter``), and a change of K relabels nothing. One label, not
+# one per K: a VM has at most 64 labels and a spec may name 60.
+SHARD_LABEL = "respawn-shard"
+SHARD_BITS = 8
+MAX_SHARDS = 1 << SHARD_BITS
 
 # Compute Engine names are RFC 1035 labels of at most 63 characters. A job name leaves
 # room for "-<attempt up to 6 digits>-n<rank up to 4 digits>".
@@ -160,3 +168,36 @@ def request_id(job: str, attempt: int, placement: int, run: str = "") -> str:
     status.json is deleted): Compute would answer run 2's attempt 1 with run 1's.
     """
     return str(uuid.uuid5(_REQUEST_NS, f"{job}/{attempt}/{placement}" + (f"/{run}" if run else "")))
+
+
+def _digest(job: str) -> int:
+    # sha256, never Python's hash(): salted per process, it would move jobs between shards on
+    # every cold start.
+    return int.from_bytes(hashlib.sha256(job.encode()).digest()[:8], "big")
+
+
+def shard_of(job: str, shards: int) -> int:
+    """The shard that reconciles ``job`` among ``shards`` (a power of two up to MAX_SHARDS)."""
+    if shards_problem(shards):
+        raise ValueError(shards_problem(shards))
+    return _digest(job) % shards
+
+
+def shard_label(job: str) -> str:
+    """The ``respawn-shard`` label's value: the job's residue mod MAX_SHARDS, in binary. Its last
+    log2(K) digits are ``shard_of(job, K)`` for every K (K divides MAX_SHARDS)."""
+    return format(_digest(job) % MAX_SHARDS, f"0{SHARD_BITS}b")
+
+
+def shards_problem(shards: int) -> str | None:
+    """Why ``shards`` cannot be a number of shards, or None. A power of two, so that one label
+    serves every K (``shard_label``); at most MAX_SHARDS (2.5 million jobs at 10,000 a shard)."""
+    if not isinstance(shards, int) or shards < 1 or shards > MAX_SHARDS or shards & (shards - 1):
+        return f"the number of shards must be a power of two from 1 to {MAX_SHARDS}, not {shards!r}"
+    return None
+
+
+def shard_suffix(index: int, shards: int) -> str:
+    """The regular expression a shard's VMs' ``respawn-shard`` label ends with (RE2, whole value)."""
+    bits = shards.bit_length() - 1
+    return ".*" + (format(index, f"0{bits}b") if bits else "")

@@ -296,9 +296,11 @@ class ComputeGateway(Protocol):
     """
 
     def list_managed(self, projects: Sequence[str], job: str | None = None,
-                     zones: Sequence[str] | None = None) -> InstanceList:
+                     zones: Sequence[str] | None = None, shard: tuple[int, int] | None = None) -> InstanceList:
         """Instances carrying the controller's label, for every job or one; with ``zones``
-        (one job's), only those zones are listed (zonal lists, much faster than an aggregated one)."""
+        (one job's), only those zones are listed (zonal lists, much faster than an aggregated one).
+        ``shard`` (index, K), for every job: only the VMs whose shard label (names.shard_label)
+        selects that shard; a VM without the label is not listed."""
         ...
 
     def insert(self, requests: Sequence[InstanceRequest], request_id: str,

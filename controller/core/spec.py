@@ -370,6 +370,7 @@ class JobSpec(Strict):
     boot_disk: BootDisk = Field(default_factory=_default_boot)
     service_account: ServiceAccount = ServiceAccount()
     network: Network = Network()
+    # Google allows 64 labels on a VM: the controller's own four (managed, job, attempt, shard) leave 60.
     labels: dict[LabelKey, LabelValue] = Field(default={}, max_length=60)
     command: Annotated[str | tuple[str, ...], BeforeValidator(_command_shape)]
     # A gs:// .tar.gz unpacked into the command's working directory. The CLI also takes a local

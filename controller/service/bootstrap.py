@@ -27,6 +27,7 @@ _lock = threading.RLock()
 _engine: Engine | None = None
 _settings: Settings | None = None
 _adapters: tuple[BlobStore, ComputeGateway] | None = None
+_publisher: Publisher | None = None
 
 
 def settings() -> Settings:
@@ -60,12 +61,22 @@ def adapters() -> tuple[BlobStore, ComputeGateway]:
         return _adapters
 
 
-def override(engine: Engine | None, config: Settings | None = None,
-             store: BlobStore | None = None, compute: ComputeGateway | None = None) -> None:
-    """Install (or, with None, forget) what the process uses; for tests and the local cloud."""
-    global _engine, _settings, _adapters
+def publisher() -> Publisher:
+    """The Pub/Sub publisher the tick publishes shard messages with (built on its first publish)."""
+    global _publisher
     with _lock:
-        _engine, _settings = engine, config
+        if _publisher is None:
+            _publisher = LazyPublisher(settings())
+        return _publisher
+
+
+def override(engine: Engine | None, config: Settings | None = None,
+             store: BlobStore | None = None, compute: ComputeGateway | None = None,
+             publisher: Publisher | None = None) -> None:
+    """Install (or, with None, forget) what the process uses; for tests and the local cloud."""
+    global _engine, _settings, _adapters, _publisher
+    with _lock:
+        _engine, _settings, _publisher = engine, config, publisher
         _adapters = (store, compute) if store is not None and compute is not None else None
 
 

@@ -13,6 +13,7 @@ from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic import field_validator, model_validator
 
+from controller.core import names
 from controller.core.policy import ControllerPolicy
 from controller.service.lease import MAX_TTL, Terms
 
@@ -77,6 +78,11 @@ class Settings(BaseSettings):
     lease_renew: float = Field(default=Terms.renew, ge=1)
     lease_margin: float = Field(default=Terms.margin, ge=0)
     lease_max_hold: float = Field(default=Terms.max_hold, gt=0)
+    # Fan-out (controller.service.shards): with K > 1 the tick lists the bucket and publishes each
+    # shard's part on this topic (in the controller's project); ``on_shard`` reconciles it. 1: the
+    # tick reconciles every job itself, as before.
+    shards: int = 1
+    shard_topic: str = "respawn-shards"
 
     @field_validator(
         "allowed_projects", "allowed_zones", "allowed_machine_types", "allowed_service_accounts", "allowed_tpu_types",
@@ -100,6 +106,13 @@ class Settings(BaseSettings):
     def _lease_renewed_in_time(self) -> Settings:
         self.lease_terms()  # raises ValueError (a ValidationError here) unless renew < ttl - margin
         return self
+
+    @field_validator("shards")
+    @classmethod
+    def _shards(cls, value: int) -> int:
+        if problem := names.shards_problem(value):
+            raise ValueError(problem)
+        return value
 
     def lease_terms(self) -> Terms:
         return Terms(ttl=self.lease_ttl, renew=self.lease_renew, margin=self.lease_margin, max_hold=self.lease_max_hold)

@@ -22,6 +22,7 @@ from controller.service.executor import Acting, Executor, Outcome
 from controller.service.notifier import Notifier, Sends
 from controller.core.launch import LaunchContext
 from controller.service.observe import Observer
+from controller.core.shards import Shard
 from controller.core.planner import plan_job
 from controller.core.state import JobStatus
 from controller.core.world import JobView, World
@@ -121,7 +122,7 @@ class Engine:
             self._wide_pass_at = now
             return True
 
-    def reconcile(self, job: str | None = None, dry_run: bool = False) -> Summary:
+    def reconcile(self, job: str | None = None, dry_run: bool = False, shard: Shard | None = None) -> Summary:
         """Reconcile every job (``job`` None) or one; ``dry_run`` plans without acting.
 
         A pass over every job first takes the lease (controller.service.lease): one that finds it
@@ -142,16 +143,22 @@ class Engine:
         pass's sends (``Notifier.begin``), which go out side by side while the pass goes on; the
         pass waits for them only at its very end, after every job's chain, for at most the
         notifier's ``wait``. What did not fit is carried to the next pass, by id in the summary
-        and the log (controller.service.notifier)."""
+        and the log (controller.service.notifier).
+
+        ``shard`` (controller.core.shards): a pass over that shard's jobs alone, under that shard's
+        own lease (shards run side by side; two deliveries of one shard's message make one pass)."""
+        if shard is not None and job is not None:
+            raise ValueError("a shard's pass is a pass over every job of the shard")
         if job is not None or dry_run or self.lease is None:
-            return self._pass(job, dry_run, None)
-        taken = self.lease.take()
+            return self._pass(job, dry_run, None, shard)
+        lease = self.lease if shard is None else self.lease.keyed(shard.lease_key)
+        taken = lease.take()
         if isinstance(taken, Busy):
             log.info("%s: this pass does nothing", taken.describe(),
                      extra={"json_fields": {"lease_holder": taken.holder, "lease_until": taken.until.isoformat()}})
             return Summary(skipped=taken.describe())
         with taken:  # renewed while the pass runs, released at its end
-            summary = self._pass(None, False, taken.acting)
+            summary = self._pass(None, False, taken.acting, shard)
             why = taken.why_not()
         if summary.not_acted or why is not None:
             summary.stopped = why or "its lease was lost"
@@ -159,14 +166,14 @@ class Engine:
                         len(summary.not_acted), extra={"json_fields": {"jobs_not_acted": summary.not_acted[:100]}})
         return summary
 
-    def _pass(self, job: str | None, dry_run: bool, acting: Acting | None) -> Summary:
+    def _pass(self, job: str | None, dry_run: bool, acting: Acting | None, shard: Shard | None = None) -> Summary:
         notifier: Notifier | None = getattr(self.executor, "notifier", None)
         sends = notifier.begin(self.workers) if notifier is not None and not dry_run else None
         summary = Summary()
         tally = fleet.Tally(self.clock.now()) if job is None and not dry_run else None
         seen = World({})  # the pass's blind zones and projects and the jobs it could not read
         try:
-            chunks, rest = self.observer.parts(job)
+            chunks, rest = self.observer.parts(job) if shard is None else self.observer.parts(job, shard)
             wait_until = None if self.operation_wait is None else time.monotonic() + self.operation_wait
             # Each chunk is acted on as soon as it was read, before the next is: a chunk's inserts
             # start while the rest of the fleet is still being read, and a pass holds one chunk's

@@ -7,12 +7,14 @@ bucket contract) is logged and absorbed, since a retry could not fix it.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 import time
 from datetime import timedelta
 from typing import Any
 
-from controller.service import bootstrap, lastpass
+from controller.service import bootstrap, lastpass, shards
 from controller.core import audit, errors, fleet, names
 from controller.core.state import Phase
 
@@ -30,6 +32,14 @@ def tick() -> tuple[dict[str, Any], int]:
     try:
         engine = bootstrap.engine()
         at, started = engine.clock.now(), time.monotonic()
+        config = bootstrap.settings()
+        if config.shards > 1:
+            result = _fan_out(engine, config)
+            # respawn/controller.json: the controller ran (respawn doctor, respawn status); the actions
+            # and the refused notices are the shards' passes', not in it.
+            lastpass.write(engine.executor.store, engine.executor.bucket,
+                           lastpass.LastPass(at, time.monotonic() - started, result["jobs"], 0, 0))
+            return result, 200
         summary = engine.reconcile()
     except errors.ConfigError as e:
         log.error("controller misconfigured: %s", e)
@@ -47,6 +57,45 @@ def tick() -> tuple[dict[str, Any], int]:
     if summary.transient:
         raise errors.TransientError(f"transient errors for {summary.transient}: {summary.errors}")
     return result, 200
+
+
+def _fan_out(engine: Any, config: Any) -> dict[str, Any]:
+    """K > 1: the tick lists the bucket and publishes each shard its part (controller.service.shards);
+    the shards' passes reconcile, each under its own lease. A publish that failed raises (retry me)."""
+    topic = shards.topic_path(config.project, config.shard_topic)
+    result = shards.publish(engine, bootstrap.publisher(), topic, config.shards, engine.clock.now())
+    log.info("published %d shard messages", result["published"], extra={"json_fields": result})
+    return result
+
+
+def on_shard(data: dict[str, Any]) -> dict[str, Any] | None:
+    """Reconcile one shard of the fleet (a message the tick published on the shards' topic).
+
+    Raises only when the pass could not begin for a trouble a retry may see through (the listing
+    object's read); a job's transient error is the next tick's (a redelivered message would carry
+    this tick's listing, and the next tick's message comes within a minute)."""
+    message = data.get("message") if isinstance(data.get("message"), dict) else {}
+    try:
+        raw = base64.b64decode(str(message.get("data", "")), validate=True)
+    except (binascii.Error, ValueError) as e:
+        log.warning("shard message ignored: its data is not base64: %s", e)
+        return None
+    try:
+        engine = bootstrap.engine()
+        config = bootstrap.settings()
+        summary = shards.handle(engine, raw, config.bucket, config.shards)
+    except errors.ConfigError as e:
+        log.error("controller misconfigured: %s", e)
+        return None
+    if summary is None:
+        return None
+    result = summary.as_dict()
+    if summary.figures is not None:
+        log_figures(summary.figures, engine.executor.bucket)
+    if summary.transient or summary.errors:
+        log.warning("shard pass: errors left to the next tick", extra={"json_fields": {"errors": summary.errors}})
+    log.info("shard pass done", extra={"json_fields": {k: v for k, v in result.items() if k != "actions"}})
+    return result
 
 
 def log_figures(figures: fleet.Figures, bucket: str) -> None:
@@ -128,6 +177,9 @@ def on_audit(data: dict[str, Any]) -> dict[str, Any] | None:
         if job is None and not engine.wide_pass_due(TPU_PASS_GAP):
             log.info("audit entry of a TPU worker: a pass over every job ran moments ago", extra={"json_fields": where})
             return None
+        if job is None and (config := bootstrap.settings()).shards > 1:
+            # With shards no instance passes over every job: the entry fans out as a tick does.
+            return _fan_out(engine, config)
         # Dated ahead of this clock by more than its skew, an entry is none of Compute's (a trainer may
         # write under the log's name, and LogEntry.timestamp may be up to 24 hours ahead, its reference
         # says): never retried.

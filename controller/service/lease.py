@@ -95,6 +95,10 @@ class Leases:
         self.monotonic = monotonic  # the holder's deadlines; a FakeClock's in tests
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}"  # who, for people reading a Busy
 
+    def keyed(self, key: str) -> Leases:
+        """The same terms and holder for another lease object (a shard's)."""
+        return Leases(self.store, self.bucket, self.clock, self.terms, key, self.monotonic, self.holder)
+
     def take(self) -> Held | Busy:
         """The lease for a new pass, or who holds it. Raises only what the store raised on a read."""
         pass_id = uuid.uuid4().hex

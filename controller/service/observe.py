@@ -38,6 +38,7 @@ from controller.service import fanout
 from controller.service.advice import AdviceCache
 from controller.service.tpuzones import TpuZones
 from controller.core.policy import ControllerPolicy
+from controller.core.shards import Shard
 from controller.core.ports import (Blob, BlobInfo, BlobStore, CapacityAdvisor, ComputeGateway, Instance, InstanceList,
                               StopReason, TpuGateway, TpuList, TpuNode)
 from controller.core.spec import MAX_SPEC_BYTES, Checkpoint, JobSpec, SpecError, parse_spec
@@ -63,6 +64,9 @@ MAX_UNREAD_NODE_EXITS = 100
 # Jobs read, planned and acted on together in a pass over every job: its memory holds one chunk's
 # statuses (a parsed status at its history limit is about 160 KiB), not the fleet's.
 CHUNK = 256
+# A shard's jobs in a chunk whose running VMs its list does not show, each looked for in its own
+# zones; more than this, and one list of every managed VM serves the pass (``_unlabelled``).
+ALONE_MAX = 16
 _RECORD_KINDS = ("marker", "exit", "heartbeat", "notice", "ready")
 T = TypeVar("T")
 
@@ -144,15 +148,15 @@ class Observer:
         self.advice = AdviceCache(advisor)  # kept between passes, like ``parsed``
         self.tpu_zones = TpuZones(store, bucket)
 
-    def world(self, job: str | None = None) -> World:
+    def world(self, job: str | None = None, shard: Shard | None = None) -> World:
         """Everything the planner needs, for every job or for one (``parts``, joined)."""
-        chunks, rest = self.parts(job)
+        chunks, rest = self.parts(job, shard)
         world = World({})
         for chunk in chunks:
             world = world.joined(chunk)
         return world.joined(rest())
 
-    def parts(self, job: str | None = None) -> tuple[Iterator[World], Callable[[], World]]:
+    def parts(self, job: str | None = None, shard: Shard | None = None) -> tuple[Iterator[World], Callable[[], World]]:
         """The world in parts: the VM jobs' chunk by chunk (``chunk`` jobs each), each ready to be
         acted on before the next is read, and a call for the rest, made once every chunk was taken,
         which waits for the TPU listing (within its bound): the TPU jobs' views, those of names
@@ -169,8 +173,18 @@ class Observer:
 
         A pass over every job runs jobs side by side, each job's reads one after another; a
         pass for one job (an event: its latency is the point) runs that job's reads side by side.
+
+        ``shard`` (a pass over every job): only that shard's jobs (controller.core.shards), from the
+        listing the tick handed it when there is one, and only the VMs labelled for that shard. The
+        order above holds, the more so: the handed listing was made before this pass began, each
+        status read at its listed generation, one replaced since observed again alone. A job that
+        is not the shard's is left out whatever the listing holds (a stale or hostile message), and
+        so are VMs and TPU nodes of other shards' jobs (a TPU zone's listing holds every job's). A
+        job whose running attempt's VMs the shard's list does not show (made before sharding: no
+        label) is looked for in its own zones, or, for more than ``ALONE_MAX`` such jobs in a chunk,
+        in one list of every managed VM, before a VM is ever judged lost.
         """
-        listing = self._listing(job)
+        listing = self._listing(job, shard)
         failed = _Failed()  # each job's own key: safe to fill from several threads
         # A name with neither spec nor status has nothing to read: only its oldest VM records, to
         # be cleaned up, and its instances (orphans), which the instance list finds below.
@@ -178,7 +192,8 @@ class Observer:
         order = sorted(n for n, objects in listing.items() if _ours(objects)) if job is None else [job]
         side = 1 if job is None else min(self.workers, _ONE_JOB)  # workers=1: inline, in order
         # One job's instances come from zonal lists of the zones its view names: after its reads.
-        found = None if job is not None else _Background(lambda: self._instances(None, {}), inline=self.replayable)
+        found = None if job is not None else _Background(lambda: self._instances(None, {}, shard),
+                                                         inline=self.replayable)
         later: dict[str, JobView] = {}  # acted on in ``rest``
         acted: set[str] = set()  # names handed out in chunks
         moved: list[str] = []  # statuses replaced since the listing: observed again alone
@@ -219,6 +234,8 @@ class Observer:
                         mine[instance.job].append(instance)
                 first = {n: replace(views[n], instances=tuple(mine.get(n, ())), unreachable=unreachable,
                                     unseen_projects=unseen, unseen_why=why) for n in sorted(now)}
+                if shard is not None and not shard.sweep:
+                    first = self._unlabelled(first, failed, state)
                 acted.update(first)
                 with_evidence = fanout.each(list(first), lambda n: self._guarded(
                     failed, n, self._with_evidence, first[n], side), self.workers)
@@ -254,7 +271,7 @@ class Observer:
             by_job: dict[str, list[Instance]] = defaultdict(list)
             for instance in [*seen.instances, *recorded.instances, *(node.as_instance() for node in tpus.nodes)]:
                 if instance.job and instance.job not in failed and instance.job not in acted \
-                        and instance.job not in moved:
+                        and instance.job not in moved and (shard is None or shard.owns(instance.job)):
                     by_job[instance.job].append(instance)
             views = dict(later)
             for name, its in by_job.items():
@@ -291,7 +308,40 @@ class Observer:
             log.warning("could not list instances", extra={"json_fields": {"project": project, "error": why}})
         return replace(found, instances=[i for i in found.instances if recorded.get(i.job or "") == i.project])
 
-    def _instances(self, job: str | None, views: dict[str, JobView]) -> InstanceList:
+    def _unlabelled(self, views: dict[str, JobView], failed: _Failed, state: dict[str, Any]) -> dict[str, JobView]:
+        """A shard's views, each job whose running attempt's VMs its list does not show given the
+        VMs of its own zones (the shard's list finds only labelled VMs; one made before sharding
+        has no label): never judged lost for want of a label. More than ``ALONE_MAX`` such jobs
+        in a chunk (the first pass after sharding was switched on) are looked for in one list of
+        every managed VM, made once a pass, rather than in a zonal list each."""
+        missing = [n for n, v in views.items() if _expects_vms(v)]
+        if not missing:
+            return views
+        out = dict(views)
+        if len(missing) > ALONE_MAX or state.get("every") is not None:
+            if state.get("every") is None:
+                every = self.compute.list_managed(self.policy.watched_projects, None)
+                state["every"] = every
+            every = state["every"]
+            for n in missing:
+                its = tuple(i for i in every.instances if i.job == n)
+                out[n] = replace(views[n], instances=its,
+                                 unreachable=tuple(dict.fromkeys((*views[n].unreachable, *every.unreachable))))
+            return out
+        alone = fanout.each(missing, lambda n: self._guarded(failed, n, self._alone, views[n]), self.workers)
+        for n, view in zip(missing, alone, strict=True):
+            if view is None:
+                del out[n]
+            else:
+                out[n] = view
+        return out
+
+    def _alone(self, view: JobView) -> JobView:
+        found = self._instances(view.job, {view.job: view})
+        return replace(view, instances=tuple(i for i in found.instances if i.job == view.job),
+                       unreachable=tuple(dict.fromkeys((*view.unreachable, *found.unreachable))))
+
+    def _instances(self, job: str | None, views: dict[str, JobView], shard: Shard | None = None) -> InstanceList:
         # A job name from an event's object name goes into a Compute filter: only a valid
         # one does. No instance can carry an invalid one, since respawn never creates it.
         if job is not None and names.job_name_problem(job):
@@ -305,6 +355,11 @@ class Observer:
                     and v.status.project not in self.policy.watched_projects}
         projects = tuple(dict.fromkeys((*self.policy.watched_projects, *sorted(set(recorded.values())))))
         found = self._job_instances(views[job]) if job is not None and job in views else None
+        if found is None and shard is not None:
+            # A shard's VMs by their label; a sweep's, every managed VM (those made before sharding
+            # carry no label), each kept by the shard its job's name hashes to.
+            found = self.compute.list_managed(projects, None, shard=None if shard.sweep else (shard.index, shard.count))
+            found = replace(found, instances=[i for i in found.instances if shard.owns(i.job)])
         if found is None:
             found = self.compute.list_managed(projects, job)
         for project, why in found.failed_projects.items():
@@ -513,15 +568,23 @@ class Observer:
                 return None  # consumed since it was read
         return self._read_record(key)
 
-    def _listing(self, job: str | None) -> dict[str, dict[str, BlobInfo]]:
+    def list_bucket(self, job: str | None = None) -> list[BlobInfo]:
+        """The objects of every job (or one) as the bucket lists them: jobs/ and preempted-jobs/."""
         jobs_prefix = names.JOBS_PREFIX + (f"{job}/" if job else "")
         markers_prefix = names.marker_key(job) if job else names.MARKERS_PREFIX
-        out: dict[str, dict[str, BlobInfo]] = defaultdict(dict)
         listed = fanout.each((jobs_prefix, markers_prefix), lambda prefix: self.store.list(self.bucket, prefix),
                              min(2, self.workers))
-        for info in [*listed[0], *listed[1]]:
+        return [*listed[0], *listed[1]]
+
+    def _listing(self, job: str | None, shard: Shard | None = None) -> dict[str, dict[str, BlobInfo]]:
+        if job is None and shard is not None and shard.listing is not None:
+            infos: list[BlobInfo] = [i for i in shard.listing if i.bucket == self.bucket]
+        else:
+            infos = self.list_bucket(job)
+        out: dict[str, dict[str, BlobInfo]] = defaultdict(dict)
+        for info in infos:
             ref = names.parse_object_name(info.name)
-            if ref and (job is None or ref.job == job):
+            if ref and (job is None or ref.job == job) and (job is not None or shard is None or shard.owns(ref.job)):
                 out[ref.job][ref.kind if ref.node is None else f"{ref.kind}/{ref.node}"] = info
         return out
 
@@ -696,6 +759,16 @@ class Observer:
         got = dict(zip(reads, fanout.each(reads.values(), lambda read: read(), side), strict=True))
         return replace(got["records"], stop_reasons={n: got[n] for n in lost if n in got},
                        **got.get("checkpoint", {}))
+
+
+def _expects_vms(view: JobView) -> bool:
+    """A job whose current attempt's VMs should be up (provisioning or running) and are not all in
+    the instances its view holds."""
+    st = view.status
+    if st is None or st.phase not in (Phase.PROVISIONING, Phase.RUNNING) or not st.instances:
+        return False
+    seen = {i.name for i in view.instances}
+    return any(n not in seen for n in st.instances)
 
 
 def _ours(objects: dict[str, BlobInfo]) -> bool:

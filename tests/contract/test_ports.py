@@ -6,6 +6,8 @@ fails for one backend and not the other.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -305,6 +307,26 @@ class TestComputeGateway:
         finally:
             backend.stockout("us-central1-f", False)
         until("nothing left of the gang", lambda: mine(backend, job) == {})
+
+    def test_a_shard_lists_the_managed_vms_its_label_selects_and_no_others(self, backend):
+        jobs = [unique("s") for _ in range(8)]
+        for job in jobs:
+            r = request_for(job)
+            r = replace(r, labels={**r.labels, names.SHARD_LABEL: names.shard_label(job)})
+            backend.compute.insert([r], names.request_id(job, 1, 0))
+        unlabelled, foreign = unique("u"), unique("f")
+        backend.compute.insert([request_for(unlabelled)], names.request_id(unlabelled, 1, 0))  # from before sharding
+        backend.foreign(f"{foreign}-1", {names.JOB_LABEL: foreign, names.SHARD_LABEL: names.shard_label(foreign)})
+        seen: list[str] = []
+        for shard in range(4):
+            found = backend.compute.list_managed([PROJECT], shard=(shard, 4)).instances
+            ours = [i.job for i in found if i.job in jobs]
+            assert all(names.shard_of(job, 4) == shard for job in ours)
+            assert all(i.managed for i in found) and not {unlabelled, foreign} & {i.job for i in found}
+            seen += ours
+        assert sorted(seen) == sorted(jobs)
+        one = {i.job for i in backend.compute.list_managed([PROJECT], shard=(0, 1)).instances}
+        assert {*jobs, unlabelled} <= one  # K = 1: the plain managed list
 
     def test_unlabelled_instances_are_never_listed(self, backend):
         job = unique("j")

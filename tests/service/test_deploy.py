@@ -955,3 +955,20 @@ def test_gcloud_runs_the_sink_update_against_the_local_logging_and_no_exclusion_
         sink = next(s for s in server.sinks(PROJECT) if s["name"] == "respawn-audit")
         assert not sink.get("exclusions") and not sink.get("disabled")
         assert sink["filter"] == audit.sink_filter(PROJECT)
+
+
+def test_shards_auto_counts_the_specs_in_the_bucket_and_plans_the_fan_out_for_them(cli, monkeypatch):
+    from controller.adapters import google
+    from controller.adapters.memory import MemoryStore
+    from controller.core import names
+
+    store = MemoryStore()
+    for i in range(5):
+        store.put(BUCKET, names.spec_key(f"job-{i}"), "{}")
+    store.put(BUCKET, names.status_key("job-0"), "{}")
+    monkeypatch.setattr(google, "gcs_store", lambda config: store)
+    monkeypatch.setattr(deploy, "SPECS_PER_SHARD", 2)  # 5 specs: 3 shards' worth, rounded up to 4
+    result = cli("--shards", "auto", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "--shards auto: 5 specs, 4 shards" in result.output
+    assert "gcloud functions deploy respawn-on-shard" in result.output and "RESPAWN_SHARDS=4" in result.output

@@ -582,3 +582,39 @@ def test_everyone_who_may_read_the_bucket_beyond_the_controller_is_named_with_th
     assert "besides the controller, 2 may read every spec (its env) and every record" in found.detail
     assert "group:ml-team@example.com (roles/storage.objectViewer)" in found.detail
     assert "user:you@example.com (roles/owner)" in found.detail and "projectViewer" not in found.detail
+
+
+# -- the fan-out (respawn deploy --shards K) --------------------------------------------------------
+def run_sharded(p: MemoryProject, k: int = 4) -> dict[str, doctor.Result]:
+    t = dataclasses.replace(target(), shards=k)
+    return {r.name: r for r in doctor.run(doctor.checks(p, t, now=lambda: NOW), 5.0)}
+
+
+def test_with_shards_doctor_passes_on_what_deploy_leaves_and_says_so():
+    results = run_sharded(healthy().shard(4))
+    assert all(r.ok for r in results.values()), [r for r in results.values() if not r.ok]
+    assert "respawn-on-shard ACTIVE" in results["4 shards"].detail
+
+
+def test_without_shards_doctor_checks_no_fan_out():
+    assert not [name for name in run(healthy()) if "shards" in name]
+
+
+@pytest.mark.parametrize("break_it, says, fix", [
+    (lambda p: p.topics.pop(deploy.SHARD_TOPIC), "does not exist", f"{DEPLOY_FROM} shard-topic"),
+    (lambda p: p.topics.__setitem__(deploy.SHARD_TOPIC, []), "lacks pubsub.topics.publish",
+     f"{DEPLOY_FROM} shard-publisher"),
+    (lambda p: p.functions[deploy.ON_SHARD]["eventTrigger"].__setitem__("pubsubTopic", "projects/x/topics/y"),
+     "not google.cloud.pubsub.topic.v1.messagePublished on", f"{DEPLOY_FROM} on-shard"),
+    (lambda p: p.functions.pop(deploy.ON_SHARD), "not deployed", f"{DEPLOY_FROM} on-shard"),
+    (lambda p: p.functions[deploy.TICK]["serviceConfig"]["environmentVariables"].pop("RESPAWN_SHARDS"),
+     "RESPAWN_SHARDS=1, not 4", "--shards 4"),
+    (lambda p: p.run_services[f"{SERVICES}/{deploy.ON_SHARD}"].clear(), "lacks run.routes.invoke",
+     "add-invoker-policy-binding respawn-on-shard"),
+])
+def test_a_broken_fan_out_fails_the_shards_check_alone_with_its_fix(break_it, says, fix):
+    p = healthy().shard(4)
+    break_it(p)
+    results = run_sharded(p)
+    assert [name for name, r in results.items() if not r.ok] == ["4 shards"]
+    assert says in results["4 shards"].detail and fix in results["4 shards"].fix

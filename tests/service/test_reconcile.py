@@ -30,7 +30,8 @@ class TestNewJob:
         assert h.live() == ["llm-1"]
         request = h.compute.request_of("llm-1")
         assert request.zone == "us-central1-a" and request.project == PROJECT and request.spot
-        assert dict(request.labels) == {"respawn-managed": "true", "respawn-job": "llm", "respawn-attempt": "1"}
+        assert dict(request.labels) == {"respawn-managed": "true", "respawn-job": "llm", "respawn-attempt": "1",
+                                       "respawn-shard": names.shard_label("llm")}
         md = request.metadata
         assert (md["respawn-job"], md["respawn-bucket"], md["respawn-attempt"]) == ("llm", BUCKET, "1")
         assert md["respawn-resume-from"] == ""

@@ -235,6 +235,8 @@ def test_the_controller_gets_the_whole_bucket_and_may_attach_only_the_trainer_ac
     ("jobs/train/myexit", False),
     ("respawn/vm/startup.sh", False),
     ("respawn/lease/tick", False),  # the lease of the pass over every job: never a trainer's to hold
+    ("respawn/lease/shard-1-of-4", False),  # nor a shard's
+    ("respawn/shards/1-of-4", False),  # a shard's listing, handed through an object
     ("ckpt/train/step-100/model.pt", False),
     ("exit", False),
 ])
@@ -343,3 +345,31 @@ def test_the_deploy_label_is_the_source_s_content_and_the_flags_not_where_the_so
     (two / "controller" / "x.py").write_text("x = 2\n")
     assert revision.source_digest(one) != revision.source_digest(two)
     assert revision.label("d", (*argv,)) != revision.label("d", (*argv[:-1], "--memory=1Gi"))
+
+
+def test_with_shards_deploy_makes_the_topic_its_publisher_grant_and_on_shard_and_sets_k_on_every_function():
+    steps = deploy.plan(target(shards=8))
+    topic = named(steps, "shard-topic")
+    assert topic.argv[:5] == ("gcloud", "pubsub", "topics", "create", "respawn-shards")
+    grant = named(steps, "shard-publisher")
+    assert grant.argv[4] == "respawn-shards" and flag(grant.argv, "member") == f"serviceAccount:{CONTROLLER}"
+    assert flag(grant.argv, "role") == "roles/pubsub.publisher"
+    on_shard = named(steps, "on-shard")
+    assert flag(on_shard.argv, "entry-point") == "on_shard" and flag(on_shard.argv, "trigger-topic") == "respawn-shards"
+    assert flag(on_shard.argv, "trigger-service-account") == CONTROLLER and "--retry" not in on_shard.argv
+    assert steps.index(topic) < steps.index(grant) < steps.index(on_shard) < steps.index(named(steps, "on-shard-invoker"))
+    for function in functions(steps):
+        assert parse_dict_flag(flag(function.argv, "set-env-vars"))["RESPAWN_SHARDS"] == "8"
+
+
+def test_without_shards_deploy_is_as_before():
+    steps = deploy.plan(target())
+    assert not [s for s in steps if "shard" in s.name]
+    for function in functions(steps):
+        assert "RESPAWN_SHARDS" not in parse_dict_flag(flag(function.argv, "set-env-vars"))
+
+
+@pytest.mark.parametrize("specs, k", [(0, 1), (10_000, 1), (10_001, 2), (25_000, 4), (100_000, 16),
+                                      (10**9, names.MAX_SHARDS)])
+def test_shards_auto_is_one_shard_per_ten_thousand_specs_rounded_up_to_a_power_of_two(specs, k):
+    assert deploy.shards_for(specs) == k

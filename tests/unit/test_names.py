@@ -76,3 +76,30 @@ def test_request_id_is_a_deterministic_uuid():
     assert a == names.request_id("llm", 3, 0)
     assert uuid.UUID(a).version == 5
     assert len({a, names.request_id("llm", 4, 0), names.request_id("llm", 3, 1), names.request_id("llm2", 3, 0)}) == 4
+
+
+def test_a_job_s_shard_is_the_same_in_every_process_and_spreads_jobs_evenly():
+    # sha256 of the name: a fixed value here would differ under Python's salted hash()
+    assert names.shard_of("llm", 256) == int.from_bytes(__import__("hashlib").sha256(b"llm").digest()[:8], "big") % 256
+    counts = [0] * 8
+    for i in range(8000):
+        counts[names.shard_of(f"job-{i}", 8)] += 1
+    assert min(counts) > 900 and max(counts) < 1100
+
+
+@given(st.from_regex(r"[a-z][-a-z0-9]{0,20}[a-z0-9]", fullmatch=True), st.integers(0, 8))
+def test_the_shard_label_selects_the_job_s_shard_for_every_number_of_shards(job, bits):
+    import re
+
+    k = 1 << bits
+    label = names.shard_label(job)
+    assert len(label) == names.SHARD_BITS and set(label) <= {"0", "1"}
+    matches = [s for s in range(k) if re.fullmatch(names.shard_suffix(s, k), label)]
+    assert matches == [names.shard_of(job, k)]
+
+
+@pytest.mark.parametrize("k", [0, 3, 12, 512, -2])
+def test_a_number_of_shards_that_is_no_power_of_two_up_to_the_label_s_range_is_refused(k):
+    assert names.shards_problem(k)
+    with pytest.raises(ValueError):
+        names.shard_of("llm", k)
