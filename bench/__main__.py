@@ -601,6 +601,7 @@ SCENARIOS: list[Scenario] = [
     Scenario("notice", "bench.notice:scenario", "a preemption notice to the standby's insert on the local cloud"),
     Scenario("zerogap", "bench.zerogap:scenario", "zero-gap recovery's downtime, modelled"),
     Scenario("overlap", "bench.overlap:scenario", "ticks that outlive their period: passes over every job that overlap"),
+    Scenario("shards", "bench.shards:scenario", "100,000 jobs over K shards: the slowest shard's pass at a third of a vCPU"),
     Scenario("listing", "bench.listing:scenario", "one 500-VM aggregatedList page: bytes and parse CPU, scripts inlined or not"),
 ]
 

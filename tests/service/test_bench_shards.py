@@ -9,7 +9,7 @@ from bench import shards
 
 
 def test_every_shard_s_pass_sees_its_own_jobs_and_the_slowest_is_reported():
-    found = shards.scenario(jobs=120, k=4, measure="all", scale=0.05, seed=2)
+    found = shards.measure(jobs=120, k=4, which="all", scale=0.05, seed=2)
     assert found["shards_100k_k"] == 4 and found["shards_measured"] == [0, 1, 2, 3]
     assert sum(found["shards_jobs_per_shard"]) == found["shards_jobs"] == 120
     assert found["shards_pass_errors"] == 0
