@@ -286,10 +286,17 @@ class LocalCloud:
     def function_url(self, target: str) -> str:
         return f"http://127.0.0.1:{self._functions[target][1]}/"
 
-    def tick(self) -> dict:
-        """One Scheduler run, now (what ``gcloud scheduler jobs run`` does)."""
-        response = requests.post(self.function_url("tick"), json={}, timeout=600)
-        return {"status": response.status_code, **(response.json() if response.content else {})}
+    def tick(self, patience: float = 60.0) -> dict:
+        """One Scheduler run, now (what ``gcloud scheduler jobs run`` does), that made a pass: a run
+        answered "another pass holds the lease" (the local ticker's, or a hint's pass over every
+        job) is made again once that pass may be done, for up to ``patience`` seconds."""
+        deadline = time.monotonic() + patience
+        while True:
+            response = requests.post(self.function_url("tick"), json={}, timeout=600)
+            found = {"status": response.status_code, **(response.json() if response.content else {})}
+            if not found.get("skipped") or time.monotonic() > deadline:
+                return found
+            time.sleep(0.5)
 
     def stop(self) -> None:
         for loop in (self.ticker, self.watcher):
