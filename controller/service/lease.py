@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -141,7 +142,11 @@ class Leases:
         (a holder deployed with other terms is judged by its own), or ours for a body we cannot read."""
         ttl = self.terms.ttl
         try:
-            ttl = min(max(float(json.loads(lease.data)["ttl_s"]), 0.0), MAX_TTL)
+            written = float(json.loads(lease.data)["ttl_s"])
+            # NaN (JSON's NaN, or "nan") passes min and max through, and timedelta refuses it: every
+            # take would raise for as long as such an object lay there. Not a number: ours.
+            if not math.isnan(written):
+                ttl = min(max(written, 0.0), MAX_TTL)
         except (ValueError, TypeError, KeyError, RecursionError):
             pass
         return lease.info.updated + timedelta(seconds=ttl)

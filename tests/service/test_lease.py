@@ -436,3 +436,17 @@ def test_respawn_reconcile_says_when_another_pass_holds_the_lease(monkeypatch):
     assert "another pass holds the lease until " in result.output and "(tick-instance)" in result.output
     assert h.live() == []
     assert CliRunner().invoke(app, ["reconcile", "a"]).exit_code == 0 and h.live() == ["a-1"]  # one job: no lease
+
+
+@pytest.mark.parametrize("ttl", ["NaN", '"nan"'])
+def test_a_forged_lease_whose_ttl_is_no_number_lapses_by_our_ttl_and_never_stalls_the_controller(ttl):
+    # json.loads reads NaN (and float() reads "nan"): min/max pass a NaN through, and timedelta(NaN)
+    # raised ValueError from every take, so one such object failed every tick for as long as it lay there.
+    h = Harness()
+    h.submit("a")
+    h.store.put(BUCKET, lease.KEY, '{"holder": "forged", "ttl_s": %s}' % ttl)
+    engine = leased(h)
+    h.advance(seconds=TTL + MARGIN - 0.001)
+    assert engine.reconcile().skipped
+    h.advance(seconds=0.001)
+    assert not engine.reconcile().skipped and h.live() == ["a-1"]
