@@ -125,9 +125,15 @@ class Shelf:
             return
         except errors.PreconditionFailed:
             pass  # there already: an earlier process's (or this very write's first try, see GcsStore.write)
-        found = self.store.read(self.bucket, script.key)
-        if hashlib.sha256(found.data).hexdigest() == script.sha256:
-            return
+        # Read no more than the script's own size: a bucket writer's object under its name may be as
+        # large as GCS allows, and read whole it would fill the function on its first insert.
+        try:
+            found = self.store.read(self.bucket, script.key, limit=len(script.text))
+            if hashlib.sha256(found.data).hexdigest() == script.sha256:
+                return
+            generation = found.info.generation
+        except errors.TooLarge:
+            generation = self.store.stat(self.bucket, script.key).generation
         log.warning("%s holds other bytes than its name says (replaced by a bucket writer?): VMs refuse it; "
                     "writing the controller's script back", where)
-        self.store.write(self.bucket, script.key, script.text, if_generation_match=found.info.generation)
+        self.store.write(self.bucket, script.key, script.text, if_generation_match=generation)

@@ -114,3 +114,30 @@ def test_no_insert_when_the_scripts_cannot_be_put():
     assert h.compute.live() == [], "a VM whose scripts are not in the bucket would boot into nothing"
     engine.reconcile()
     assert len(h.compute.live()) == 1
+
+
+class CountingReads:
+    """The bucket, counting the bytes its reads hand back (what a process downloads into memory)."""
+
+    def __init__(self, store) -> None:
+        self.store, self.read_bytes = store, 0
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    def read(self, bucket, name, **kwargs):
+        blob = self.store.read(bucket, name, **kwargs)
+        self.read_bytes += len(blob.data)
+        return blob
+
+
+def test_a_huge_object_in_a_scripts_place_is_written_back_without_being_downloaded():
+    # A bucket writer's object under the script's name, as large as it likes (GCS takes 5 TiB): read
+    # whole, it would fill a 512 MiB function on its first insert, every process, every tick.
+    h = Harness()
+    key = SCRIPTS.startup.key
+    h.store.put(BUCKET, key, b"#" * (32 * 1024 * 1024))
+    store = CountingReads(h.store)
+    vmscripts.Shelf(store, BUCKET, SCRIPTS).ensure()
+    assert h.store.read(BUCKET, key).data == SCRIPTS.startup.text
+    assert store.read_bytes <= len(SCRIPTS.startup.text) + len(SCRIPTS.shutdown.text)
