@@ -274,7 +274,12 @@ class Observer:
             done = dict(zip(order_, found_views, strict=True))
             world = World({n: v for n, v in done.items() if v}, tpu_unreachable, tpu_why, failed, failed.transient)
             for name in moved:  # committed by another pass since the listing: looked at again, alone
-                world = world.joined(self.world(name))
+                try:
+                    world = world.joined(self.world(name))
+                except Exception as e:  # noqa: BLE001 - its own listing failed: this job's trouble, never the pass's
+                    self._guarded(failed, name, _raise, e)
+                    world = world.joined(World({}, failed={name: failed[name]},
+                                               transient=frozenset({name} & failed.transient)))
             return world
 
         return chunks(), rest
@@ -727,6 +732,11 @@ def _strays(listing: dict[str, dict[str, BlobInfo]]) -> dict[str, dict[str, Any]
         else:
             out[job][kind] = Record.unread(info, "stray")
     return dict(out)
+
+
+def _raise(error: BaseException) -> JobView:
+    """``error`` raised again, for ``Observer._guarded`` to record as it records any job's."""
+    raise error
 
 
 class _Failed(dict[str, str]):

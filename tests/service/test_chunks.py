@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from controller.core import errors
 from controller.core.state import Phase
 from controller.service.engine import Engine
 from controller.service.executor import Executor
@@ -110,3 +111,39 @@ def test_the_fleets_figures_add_up_every_chunk():
     summary = _engine(h, 2).reconcile()
     assert summary.figures is not None
     assert summary.figures.jobs["RUNNING"] == 5 and sum(summary.figures.jobs.values()) == 6
+
+
+class _FailingJobListing:
+    """The bucket, whose listing of one job's folder fails (a 503) once ``armed``."""
+
+    def __init__(self, inner: Any, job: str) -> None:
+        self._inner, self._prefix, self.armed = inner, f"jobs/{job}/", False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def list(self, bucket: str, prefix: str) -> Any:
+        if self.armed and prefix == self._prefix:
+            raise errors.TransientError(f"gs://{bucket}/{prefix}*: 503")
+        return self._inner.list(bucket, prefix)
+
+
+def test_a_replaced_status_that_cannot_be_observed_again_fails_its_job_alone_never_the_rest_of_the_pass():
+    """b's status is replaced by another pass after the instance list, so b is observed again alone
+    at the end of the pass; that listing of b's folder fails. The failure is b's: the jobs the pass
+    hands to ``rest`` (here a new run) are still acted on, and the pass ends with b's error."""
+    h = Harness()
+    _running(h, ["a", "b"])
+    h.marker("b")
+    h.compute.preempt("b-1")
+    h.submit("new")  # a run that launched nothing yet: judged with the rest, after every chunk
+    store = _FailingJobListing(h.store, "b")
+
+    def recover_b() -> None:
+        h.tick("b")  # another function instance's event pass
+        store.armed = True
+
+    summary = _engine(h, 1, store=store, compute=_Spy(h.compute, [], after={"list_managed": recover_b})).reconcile()
+    assert h.live("new") == ["new-1"]
+    assert "b" in summary.errors and "TransientError" in summary.errors["b"] and "b" in summary.transient
+    assert summary.figures is not None
