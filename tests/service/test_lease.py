@@ -450,3 +450,36 @@ def test_a_forged_lease_whose_ttl_is_no_number_lapses_by_our_ttl_and_never_stall
     assert engine.reconcile().skipped
     h.advance(seconds=0.001)
     assert not engine.reconcile().skipped and h.live() == ["a-1"]
+
+
+class Ahead:
+    """A machine's wall clock ahead of GCS's by ``seconds`` (a laptop running ``respawn reconcile``);
+    its monotonic clock runs as everyone's."""
+
+    def __init__(self, h: Harness, seconds: float) -> None:
+        self._h, self._ahead = h, timedelta(seconds=seconds)
+
+    def now(self) -> datetime:
+        return self._h.clock.now() + self._ahead
+
+    def monotonic(self) -> float:
+        return self._h.clock.monotonic()
+
+
+def test_a_pass_whose_clock_runs_ahead_never_takes_a_lease_its_holder_still_acts_under():
+    # The lapse is judged by GCS's updated time against the taker's own wall clock: a taker ten
+    # minutes ahead took a lease renewed a second ago and acted beside its holder, which went on
+    # acting until its next renewal found out (10 s), or its deadline if renewals failed (25 s).
+    h = Harness()
+    h.submit("a")
+    holder = leases(h, holder="tick").take()
+    assert isinstance(holder, Held)
+    h.advance(seconds=1)
+    engine = h.engine()
+    engine.lease = Leases(h.store, BUCKET, Ahead(h, 600), monotonic=h.clock.monotonic, holder="laptop")
+    summary = engine.reconcile()
+    assert holder.acting()
+    assert summary.skipped and "(tick)" in summary.skipped and h.live() == []
+    # once the holder is gone for good, by GCS's clock, the same laptop takes it over
+    h.advance(seconds=TTL + MARGIN)
+    assert not engine.reconcile().skipped and h.live() == ["a-1"]
