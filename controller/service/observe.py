@@ -208,8 +208,12 @@ class Observer:
                 seen = instances(views)
                 unreachable, unseen, why = tuple(seen.unreachable), tuple(sorted(seen.failed_projects)), \
                     dict(seen.failed_projects)
-                now = {n for n, v in views.items() if v.spec is not None and not _on_tpu(v) and not _new_run(v)
-                       and (job is not None or _watched(v, self.policy))}
+                # A job whose spec is gone or invalid but whose status is there is judged here too
+                # (it ends, or deletes what its run left, from the instance list alone): a fleet of
+                # finished jobs whose specs were deleted, or of specs a policy change made invalid,
+                # would otherwise be held whole in the rest, every status parsed at once.
+                now = {n for n, v in views.items() if (v.spec is not None or v.status is not None) and not _on_tpu(v)
+                       and not _new_run(v) and (job is not None or _watched(v, self.policy))}
                 later.update({n: v for n, v in views.items() if n not in now})
                 if not now:
                     continue

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.core import errors
+from controller.core import errors, names
 from controller.core.state import Phase
 from controller.service.engine import Engine
 from controller.service.executor import Executor
@@ -173,3 +173,23 @@ def test_a_pass_over_every_job_keeps_no_committed_status_past_its_chunk():
     assert sorted(h.live()) == [f"{job}-2" for job in jobs]
     assert max(held) <= 2 and summary.committed == {}
     assert summary.figures is not None and sum(summary.figures.jobs.values()) == 7
+
+
+def test_jobs_whose_spec_was_deleted_are_read_and_acted_on_a_chunk_at_a_time():
+    """A job whose spec is gone keeps its status (a record of how it ended): a fleet of them, or of
+    specs a policy change made invalid, was all held in one part of the pass, the rest, every status
+    parsed at once. They are judged with the instance list like any VM job, a chunk at a time, and
+    a VM one of them left is still deleted."""
+    h = Harness()
+    jobs = [f"j{n}" for n in range(6)]
+    _running(h, jobs)
+    for job in jobs:
+        h.store.delete(BUCKET, names.spec_key(job))
+    observer = Observer(h.store, h.compute, BUCKET, h.policy, tpu=h.tpu, replayable=True, chunk=2)
+    chunks, rest = observer.parts()
+    assert [len(world.jobs) for world in chunks] == [2, 2, 2]
+    assert rest().jobs == {}
+    summary = _engine(h, 2).reconcile()
+    assert not summary.errors and h.live() == []
+    assert all(h.status(job).phase == Phase.CANCELLED for job in jobs)
+    assert summary.figures is not None and sum(summary.figures.jobs.values()) == 6
