@@ -251,7 +251,14 @@ class Held:
 
     def _renewing(self) -> None:
         while not self._done.wait(self.terms.renew):
-            if not self.renew() and (self._lost or self.leases.monotonic() >= self._taken + self.terms.max_hold):
+            try:
+                renewed = self.renew()
+            except Exception:  # noqa: BLE001 - what no adapter translated (an auth refresh's TransportError)
+                # Ending the thread here ended every later renewal: the pass stopped acting within
+                # the ttl though the next write would have landed. The deadline stands meanwhile.
+                log.exception("could not renew the lease")
+                renewed = False
+            if not renewed and (self._lost or self.leases.monotonic() >= self._taken + self.terms.max_hold):
                 return
 
     def __enter__(self) -> Held:

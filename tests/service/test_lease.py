@@ -483,3 +483,40 @@ def test_a_pass_whose_clock_runs_ahead_never_takes_a_lease_its_holder_still_acts
     # once the holder is gone for good, by GCS's clock, the same laptop takes it over
     h.advance(seconds=TTL + MARGIN)
     assert not engine.reconcile().skipped and h.live() == ["a-1"]
+
+
+class Surprise:
+    """The bucket, whose next write of the lease raises what no adapter translated (google.auth's
+    TransportError when the metadata server's token refresh fails) once ``armed``."""
+
+    def __init__(self, store: Any) -> None:
+        self._store, self.armed = store, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def write(self, bucket: str, name: str, data: bytes, **kwargs: Any) -> Any:
+        if self.armed and name == lease.KEY:
+            self.armed = False
+            raise RuntimeError("token refresh failed: metadata server unreachable")
+        return self._store.write(bucket, name, data, **kwargs)
+
+
+def test_a_renewal_that_raises_a_surprise_leaves_the_renewing_thread_renewing():
+    # The thread caught only the project's errors: anything else ended it, silently, and the pass
+    # stopped acting 25 s later though the next renewal would have landed.
+    h = Harness()
+    store = Surprise(h.store)
+    held = leases(h, store, terms=Terms(ttl=30, renew=0.02, margin=5)).take()
+    assert isinstance(held, Held)
+    store.armed = True
+    with held:
+        wait_for("a renewal after the surprise", lambda: not store.armed and
+                 json.loads(h.store.read(BUCKET, lease.KEY).data)["renewal"] >= 1)
+        h.advance(seconds=TTL - MARGIN - 1)
+        renewal = json.loads(h.store.read(BUCKET, lease.KEY).data)["renewal"]
+        # two more: the second surely began after the clock moved
+        wait_for("renewals by the new time", lambda: json.loads(h.store.read(BUCKET, lease.KEY).data)["renewal"]
+                 >= renewal + 2)
+        h.advance(seconds=TTL - MARGIN - 1)
+        assert held.acting()
