@@ -123,7 +123,11 @@ class Leases:
             # Lapsed by this machine's clock, which may run ahead of GCS's by more than the margin (a
             # laptop running respawn reconcile): judged again by GCS's own clock, the updated time it
             # gives a write of ours, before it is taken from a holder that may still be acting.
-            if self.gcs_now() < due:
+            try:
+                if self.gcs_now() < due:
+                    return self.busy(current)
+            except errors.TransientError as e:  # two takers at once (GCS's one write a second): the next tick
+                log.warning("could not read GCS's time to judge a lapsed lease: %s", e)
                 return self.busy(current)
             expected = current.info.generation  # lapsed: its holder crashed or stalled; taken over
             log.warning("taking over a lapsed lease of %s", self.busy(current).holder,

@@ -520,3 +520,29 @@ def test_a_renewal_that_raises_a_surprise_leaves_the_renewing_thread_renewing():
                  >= renewal + 2)
         h.advance(seconds=TTL - MARGIN - 1)
         assert held.acting()
+
+
+class ClockRefused:
+    """The bucket, answering the write that reads GCS's time with a 429 (another taker wrote it
+    within the second)."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def write(self, bucket: str, name: str, data: bytes, **kwargs: Any) -> Any:
+        if name == f"{lease.KEY}.clock":
+            raise errors.TransientError(f"gs://{bucket}/{name}: 429")
+        return self._store.write(bucket, name, data, **kwargs)
+
+
+def test_a_lapsed_lease_whose_takers_cannot_read_gcs_time_is_left_for_the_next_tick():
+    h = Harness()
+    h.submit("a")
+    assert isinstance(leases(h, holder="crashed").take(), Held)
+    h.advance(seconds=TTL + MARGIN)
+    summary = leased(h, ClockRefused(h.store)).reconcile()
+    assert summary.skipped and "(crashed)" in summary.skipped and h.live() == []
+    assert not leased(h).reconcile().skipped and h.live() == ["a-1"]
