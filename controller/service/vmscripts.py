@@ -122,8 +122,14 @@ class Shelf:
         with self._lock:
             if self._fresh():
                 return
-            for script in self.scripts.scripts:
-                self._check(script)
+            try:
+                for script in self.scripts.scripts:
+                    self._check(script)
+            except errors.RespawnError as e:
+                if self._checked is None:
+                    raise  # never put by this process: no insert may point at them yet
+                # Put once already, and most likely there still: a look that failed holds no insert.
+                log.warning("could not look at the VM scripts again: %s: %s", type(e).__name__, e)
             self._checked = time.monotonic()
 
     def _fresh(self) -> bool:

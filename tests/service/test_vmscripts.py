@@ -166,3 +166,27 @@ def test_a_script_replaced_after_the_process_put_it_is_written_back_within_a_rec
     now[0] += 60
     shelf.ensure()
     assert [op for op, _ in h.store.calls] == ["stat", "stat"], "scripts still ours: a stat each, no read"
+
+
+class FailingStats:
+    """The bucket, whose stats fail (a 503)."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    def stat(self, bucket, name):
+        raise errors.TransientError(f"gs://{bucket}/{name}: 503")
+
+
+def test_a_second_look_at_the_scripts_that_fails_holds_no_insert(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    h = Harness()
+    shelf = vmscripts.Shelf(FailingStats(h.store), BUCKET, SCRIPTS)
+    shelf.ensure()  # put: creates, no stat
+    now[0] += 60
+    shelf.ensure()  # the second look fails: said, and the insert goes on
+    assert all(h.store.read(BUCKET, s.key).data == s.text for s in SCRIPTS.scripts)
