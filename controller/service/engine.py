@@ -44,7 +44,8 @@ class Summary:
     notices_carried: list[str] = field(default_factory=list)
     notices_in_flight: list[str] = field(default_factory=list)
     # What the pass's commits added to ledgers, and each job's status as it last committed it; a
-    # pass over every job adds the fleet up from them (controller.core.fleet), for the tick's log.
+    # pass over every job adds the fleet up from them (controller.core.fleet), for the tick's log,
+    # and lets each status go once its chunk is added (``Engine._done_with``): a pass for one job keeps it.
     changes: list[fleet.Change] = field(default_factory=list)
     committed: dict[str, JobStatus] = field(default_factory=dict)
     figures: fleet.Figures | None = None
@@ -211,12 +212,14 @@ class Engine:
         """``world``'s part of the pass once acted on: its jobs added to the
         figures (each as the pass last committed it, else as read; a job whose spec has no status
         yet as PENDING) and to the projects whose Compute refused a preemption notice; what it saw
-        kept, its views let go."""
+        kept, its views and its commits let go."""
         if tally is not None:
             for name, view in world.jobs.items():
                 if not (view.has_spec or view.status is not None):
                     continue
-                st = summary.committed.get(name) or view.status or JobStatus()
+                # Taken out once added: a pass over every job holds its chunk's commits, not the
+                # fleet's (a mass recovery commits every job, a status at its history limit ~160 KiB).
+                st = summary.committed.pop(name, None) or view.status or JobStatus()
                 try:
                     tally.add(st)
                 except Exception:  # noqa: BLE001 - figures for people: never a pass's failure

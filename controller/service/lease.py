@@ -19,7 +19,9 @@ can take it, hold it or release it). A pass over every job takes it before it ob
 - **lapsed**: by GCS's clock, never the holder's: the object's ``updated`` time plus the holder's
   own ttl, and then ``margin`` more. Two function instances' clocks may disagree; each judges
   GCS's timestamp against its own clock, so only one skew (this instance against GCS) counts, and
-  the margin covers it.
+  the margin covers it. One that finds it lapsed by its own clock asks GCS's before it takes it
+  over (``gcs_now``: the updated time of a write of ``respawn/lease/tick.clock``): a clock ahead by
+  more than the margin (a laptop running ``respawn reconcile``) took a lease its holder still acted under.
 - **held**: renewed every ``renew`` seconds on a thread of its own, so a pass slow to observe (a
   first tick over 10,000 jobs reads for a minute before it acts) keeps it. The holder acts only
   while ``monotonic() < sent + ttl - margin``, ``sent`` being when it sent its last write that
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -118,7 +121,17 @@ class Leases:
                 return Held(self, pass_id, current.info.generation, sent)
             # GCS's updated against this instance's clock, never the holder's "at": two instances'
             # clocks may disagree, and only this one's skew against GCS is then left for the margin.
-            if self.clock.now() < self.lapses(current) + timedelta(seconds=self.terms.margin):
+            due = self.lapses(current) + timedelta(seconds=self.terms.margin)
+            if self.clock.now() < due:
+                return self.busy(current)
+            # Lapsed by this machine's clock, which may run ahead of GCS's by more than the margin (a
+            # laptop running respawn reconcile): judged again by GCS's own clock, the updated time it
+            # gives a write of ours, before it is taken from a holder that may still be acting.
+            try:
+                if self.gcs_now() < due:
+                    return self.busy(current)
+            except errors.TransientError as e:  # two takers at once (GCS's one write a second): the next tick
+                log.warning("could not read GCS's time to judge a lapsed lease: %s", e)
                 return self.busy(current)
             expected = current.info.generation  # lapsed: its holder crashed or stalled; taken over
             log.warning("taking over a lapsed lease of %s", self.busy(current).holder,
@@ -126,6 +139,11 @@ class Leases:
         if current is None:
             raise errors.TransientError(f"gs://{self.bucket}/{self.key}: created and gone {TAKES} times in a row")
         return self.busy(current)
+
+    def gcs_now(self) -> datetime:
+        """GCS's time now: the updated time of a write of ours (``<key>.clock``, a few bytes;
+        written only when a lease looks lapsed, so seldom). A write that fails raises."""
+        return self.store.write(self.bucket, f"{self.key}.clock", self.holder.encode()[:200]).updated
 
     def body(self, pass_id: str, renewal: int) -> bytes:
         """Unique to the pass and its renewal, so that reading it back says whose write landed."""
@@ -145,7 +163,11 @@ class Leases:
         (a holder deployed with other terms is judged by its own), or ours for a body we cannot read."""
         ttl = self.terms.ttl
         try:
-            ttl = min(max(float(json.loads(lease.data)["ttl_s"]), 0.0), MAX_TTL)
+            written = float(json.loads(lease.data)["ttl_s"])
+            # NaN (JSON's NaN, or "nan") passes min and max through, and timedelta refuses it: every
+            # take would raise for as long as such an object lay there. Not a number: ours.
+            if not math.isnan(written):
+                ttl = min(max(written, 0.0), MAX_TTL)
         except (ValueError, TypeError, KeyError, RecursionError):
             pass
         return lease.info.updated + timedelta(seconds=ttl)
@@ -237,7 +259,14 @@ class Held:
 
     def _renewing(self) -> None:
         while not self._done.wait(self.terms.renew):
-            if not self.renew() and (self._lost or self.leases.monotonic() >= self._taken + self.terms.max_hold):
+            try:
+                renewed = self.renew()
+            except Exception:  # noqa: BLE001 - what no adapter translated (an auth refresh's TransportError)
+                # Ending the thread here ended every later renewal: the pass stopped acting within
+                # the ttl though the next write would have landed. The deadline stands meanwhile.
+                log.exception("could not renew the lease")
+                renewed = False
+            if not renewed and (self._lost or self.leases.monotonic() >= self._taken + self.terms.max_hold):
                 return
 
     def __enter__(self) -> Held:

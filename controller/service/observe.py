@@ -223,8 +223,12 @@ class Observer:
                 seen = instances(views)
                 unreachable, unseen, why = tuple(seen.unreachable), tuple(sorted(seen.failed_projects)), \
                     dict(seen.failed_projects)
-                now = {n for n, v in views.items() if v.spec is not None and not _on_tpu(v) and not _new_run(v)
-                       and (job is not None or _watched(v, self.policy))}
+                # A job whose spec is gone or invalid but whose status is there is judged here too
+                # (it ends, or deletes what its run left, from the instance list alone): a fleet of
+                # finished jobs whose specs were deleted, or of specs a policy change made invalid,
+                # would otherwise be held whole in the rest, every status parsed at once.
+                now = {n for n, v in views.items() if (v.spec is not None or v.status is not None) and not _on_tpu(v)
+                       and not _new_run(v) and (job is not None or _watched(v, self.policy))}
                 later.update({n: v for n, v in views.items() if n not in now})
                 if not now:
                     continue
@@ -291,7 +295,12 @@ class Observer:
             done = dict(zip(order_, found_views, strict=True))
             world = World({n: v for n, v in done.items() if v}, tpu_unreachable, tpu_why, failed, failed.transient)
             for name in moved:  # committed by another pass since the listing: looked at again, alone
-                world = world.joined(self.world(name))
+                try:
+                    world = world.joined(self.world(name))
+                except Exception as e:  # noqa: BLE001 - its own listing failed: this job's trouble, never the pass's
+                    self._guarded(failed, name, _raise, e)
+                    world = world.joined(World({}, failed={name: failed[name]},
+                                               transient=frozenset({name} & failed.transient)))
             return world
 
         return chunks(), rest
@@ -800,6 +809,11 @@ def _strays(listing: dict[str, dict[str, BlobInfo]]) -> dict[str, dict[str, Any]
         else:
             out[job][kind] = Record.unread(info, "stray")
     return dict(out)
+
+
+def _raise(error: BaseException) -> JobView:
+    """``error`` raised again, for ``Observer._guarded`` to record as it records any job's."""
+    raise error
 
 
 class _Failed(dict[str, str]):

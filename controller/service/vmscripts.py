@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,39 +96,73 @@ def _code(script: str) -> str:
 
 
 class Shelf:
-    """Puts the scripts in the bucket, once per process: ``ensure`` before every insert costs
-    requests only until it has succeeded once (one create each when absent; a 412 is read back).
+    """Puts the scripts in the bucket: ``ensure`` before every insert costs requests only once it
+    has succeeded (one create each when absent; a 412 is read back), and then a stat of each script
+    once every ``recheck`` seconds at most.
 
     A script found under its name with other bytes (a bucket writer replaced it) is written back:
-    VMs would refuse it anyway (its digest), and this keeps them booting. Not looked at again in
-    this process once put: a replacement after that fails the VMs that fetch it, never runs."""
+    VMs would refuse it anyway (its digest), and this keeps them booting. Looked at again every
+    ``recheck`` seconds by its generation (a stat each, no read while it is the one put): a warm
+    function instance lives for hours, and a replacement it never looked at again failed every VM
+    it launched meanwhile, each job within its max_failures, for a reason only the VMs' serial
+    consoles said."""
 
-    def __init__(self, store: BlobStore, bucket: str, scripts: VmScripts) -> None:
+    RECHECK = 60.0
+
+    def __init__(self, store: BlobStore, bucket: str, scripts: VmScripts, recheck: float = RECHECK) -> None:
         self.store, self.bucket, self.scripts = store, bucket, scripts
+        self.recheck = recheck
         self._lock = threading.Lock()
-        self._done = False
+        self._checked: float | None = None  # time.monotonic() when every script was last found ours
+        self._generations: dict[str, int] = {}  # each script's generation when last found ours
 
     def ensure(self) -> None:
-        if self._done:
+        if self._fresh():
             return
         with self._lock:
-            if self._done:
+            if self._fresh():
                 return
-            for script in self.scripts.scripts:
-                self._put(script)
-            self._done = True
+            try:
+                for script in self.scripts.scripts:
+                    self._check(script)
+            except errors.RespawnError as e:
+                if self._checked is None:
+                    raise  # never put by this process: no insert may point at them yet
+                # Put once already, and most likely there still: a look that failed holds no insert.
+                log.warning("could not look at the VM scripts again: %s: %s", type(e).__name__, e)
+            self._checked = time.monotonic()
 
-    def _put(self, script: Script) -> None:
+    def _fresh(self) -> bool:
+        return self._checked is not None and time.monotonic() - self._checked < self.recheck
+
+    def _check(self, script: Script) -> None:
+        known = self._generations.get(script.key)
+        if known is not None:
+            try:
+                if self.store.stat(self.bucket, script.key).generation == known:
+                    return
+            except errors.NotFound:
+                pass  # deleted since: put again below
+        self._generations[script.key] = self._put(script)
+
+    def _put(self, script: Script) -> int:
+        """The script in place; the generation it is there at."""
         where = f"gs://{self.bucket}/{script.key}"
         try:
-            self.store.write(self.bucket, script.key, script.text, if_generation_match=0)
+            info = self.store.write(self.bucket, script.key, script.text, if_generation_match=0)
             log.info("VM %s script in place at %s", script.role, where)
-            return
+            return info.generation
         except errors.PreconditionFailed:
             pass  # there already: an earlier process's (or this very write's first try, see GcsStore.write)
-        found = self.store.read(self.bucket, script.key)
-        if hashlib.sha256(found.data).hexdigest() == script.sha256:
-            return
+        # Read no more than the script's own size: a bucket writer's object under its name may be as
+        # large as GCS allows, and read whole it would fill the function on its first insert.
+        try:
+            found = self.store.read(self.bucket, script.key, limit=len(script.text))
+            if hashlib.sha256(found.data).hexdigest() == script.sha256:
+                return found.info.generation
+            generation = found.info.generation
+        except errors.TooLarge:
+            generation = self.store.stat(self.bucket, script.key).generation
         log.warning("%s holds other bytes than its name says (replaced by a bucket writer?): VMs refuse it; "
                     "writing the controller's script back", where)
-        self.store.write(self.bucket, script.key, script.text, if_generation_match=found.info.generation)
+        return self.store.write(self.bucket, script.key, script.text, if_generation_match=generation).generation

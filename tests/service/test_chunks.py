@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from controller.core import errors, names
 from controller.core.state import Phase
 from controller.service.engine import Engine
 from controller.service.executor import Executor
@@ -110,3 +111,85 @@ def test_the_fleets_figures_add_up_every_chunk():
     summary = _engine(h, 2).reconcile()
     assert summary.figures is not None
     assert summary.figures.jobs["RUNNING"] == 5 and sum(summary.figures.jobs.values()) == 6
+
+
+class _FailingJobListing:
+    """The bucket, whose listing of one job's folder fails (a 503) once ``armed``."""
+
+    def __init__(self, inner: Any, job: str) -> None:
+        self._inner, self._prefix, self.armed = inner, f"jobs/{job}/", False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def list(self, bucket: str, prefix: str) -> Any:
+        if self.armed and prefix == self._prefix:
+            raise errors.TransientError(f"gs://{bucket}/{prefix}*: 503")
+        return self._inner.list(bucket, prefix)
+
+
+def test_a_replaced_status_that_cannot_be_observed_again_fails_its_job_alone_never_the_rest_of_the_pass():
+    """b's status is replaced by another pass after the instance list, so b is observed again alone
+    at the end of the pass; that listing of b's folder fails. The failure is b's: the jobs the pass
+    hands to ``rest`` (here a new run) are still acted on, and the pass ends with b's error."""
+    h = Harness()
+    _running(h, ["a", "b"])
+    h.marker("b")
+    h.compute.preempt("b-1")
+    h.submit("new")  # a run that launched nothing yet: judged with the rest, after every chunk
+    store = _FailingJobListing(h.store, "b")
+
+    def recover_b() -> None:
+        h.tick("b")  # another function instance's event pass
+        store.armed = True
+
+    summary = _engine(h, 1, store=store, compute=_Spy(h.compute, [], after={"list_managed": recover_b})).reconcile()
+    assert h.live("new") == ["new-1"]
+    assert "b" in summary.errors and "TransientError" in summary.errors["b"] and "b" in summary.transient
+    assert summary.figures is not None
+
+
+def test_a_pass_over_every_job_keeps_no_committed_status_past_its_chunk():
+    """Every job of the fleet commits (a mass recovery: each VM preempted); the pass keeps each
+    committed status only until its chunk is added to the figures, so its memory is the chunk's, not
+    the fleet's (a status at its history limit parses to about 160 KiB: 10,000 recoveries held 1.6 GiB)."""
+    h = Harness()
+    jobs = [f"j{n}" for n in range(7)]
+    _running(h, jobs)
+    for job in jobs:
+        h.marker(job)
+        h.compute.preempt(f"{job}-1")
+    held: list[int] = []
+    engine = _engine(h, 2)
+    done_with = engine._done_with
+
+    def watched(world, seen, summary, tally):
+        out = done_with(world, seen, summary, tally)
+        held.append(len(summary.committed))
+        return out
+
+    engine._done_with = watched
+    summary = engine.reconcile()
+    assert sorted(h.live()) == [f"{job}-2" for job in jobs]
+    assert max(held) <= 2 and summary.committed == {}
+    assert summary.figures is not None and sum(summary.figures.jobs.values()) == 7
+
+
+def test_jobs_whose_spec_was_deleted_are_read_and_acted_on_a_chunk_at_a_time():
+    """A job whose spec is gone keeps its status (a record of how it ended): a fleet of them, or of
+    specs a policy change made invalid, was all held in one part of the pass, the rest, every status
+    parsed at once. They are judged with the instance list like any VM job, a chunk at a time, and
+    a VM one of them left is still deleted."""
+    h = Harness()
+    jobs = [f"j{n}" for n in range(6)]
+    _running(h, jobs)
+    for job in jobs:
+        h.store.delete(BUCKET, names.spec_key(job))
+    observer = Observer(h.store, h.compute, BUCKET, h.policy, tpu=h.tpu, replayable=True, chunk=2)
+    chunks, rest = observer.parts()
+    assert [len(world.jobs) for world in chunks] == [2, 2, 2]
+    assert rest().jobs == {}
+    summary = _engine(h, 2).reconcile()
+    assert not summary.errors and h.live() == []
+    assert all(h.status(job).phase == Phase.CANCELLED for job in jobs)
+    assert summary.figures is not None and sum(summary.figures.jobs.values()) == 6

@@ -436,3 +436,113 @@ def test_respawn_reconcile_says_when_another_pass_holds_the_lease(monkeypatch):
     assert "another pass holds the lease until " in result.output and "(tick-instance)" in result.output
     assert h.live() == []
     assert CliRunner().invoke(app, ["reconcile", "a"]).exit_code == 0 and h.live() == ["a-1"]  # one job: no lease
+
+
+@pytest.mark.parametrize("ttl", ["NaN", '"nan"'])
+def test_a_forged_lease_whose_ttl_is_no_number_lapses_by_our_ttl_and_never_stalls_the_controller(ttl):
+    # json.loads reads NaN (and float() reads "nan"): min/max pass a NaN through, and timedelta(NaN)
+    # raised ValueError from every take, so one such object failed every tick for as long as it lay there.
+    h = Harness()
+    h.submit("a")
+    h.store.put(BUCKET, lease.KEY, '{"holder": "forged", "ttl_s": %s}' % ttl)
+    engine = leased(h)
+    h.advance(seconds=TTL + MARGIN - 0.001)
+    assert engine.reconcile().skipped
+    h.advance(seconds=0.001)
+    assert not engine.reconcile().skipped and h.live() == ["a-1"]
+
+
+class Ahead:
+    """A machine's wall clock ahead of GCS's by ``seconds`` (a laptop running ``respawn reconcile``);
+    its monotonic clock runs as everyone's."""
+
+    def __init__(self, h: Harness, seconds: float) -> None:
+        self._h, self._ahead = h, timedelta(seconds=seconds)
+
+    def now(self) -> datetime:
+        return self._h.clock.now() + self._ahead
+
+    def monotonic(self) -> float:
+        return self._h.clock.monotonic()
+
+
+def test_a_pass_whose_clock_runs_ahead_never_takes_a_lease_its_holder_still_acts_under():
+    # The lapse is judged by GCS's updated time against the taker's own wall clock: a taker ten
+    # minutes ahead took a lease renewed a second ago and acted beside its holder, which went on
+    # acting until its next renewal found out (10 s), or its deadline if renewals failed (25 s).
+    h = Harness()
+    h.submit("a")
+    holder = leases(h, holder="tick").take()
+    assert isinstance(holder, Held)
+    h.advance(seconds=1)
+    engine = h.engine()
+    engine.lease = Leases(h.store, BUCKET, Ahead(h, 600), monotonic=h.clock.monotonic, holder="laptop")
+    summary = engine.reconcile()
+    assert holder.acting()
+    assert summary.skipped and "(tick)" in summary.skipped and h.live() == []
+    # once the holder is gone for good, by GCS's clock, the same laptop takes it over
+    h.advance(seconds=TTL + MARGIN)
+    assert not engine.reconcile().skipped and h.live() == ["a-1"]
+
+
+class Surprise:
+    """The bucket, whose next write of the lease raises what no adapter translated (google.auth's
+    TransportError when the metadata server's token refresh fails) once ``armed``."""
+
+    def __init__(self, store: Any) -> None:
+        self._store, self.armed = store, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def write(self, bucket: str, name: str, data: bytes, **kwargs: Any) -> Any:
+        if self.armed and name == lease.KEY:
+            self.armed = False
+            raise RuntimeError("token refresh failed: metadata server unreachable")
+        return self._store.write(bucket, name, data, **kwargs)
+
+
+def test_a_renewal_that_raises_a_surprise_leaves_the_renewing_thread_renewing():
+    # The thread caught only the project's errors: anything else ended it, silently, and the pass
+    # stopped acting 25 s later though the next renewal would have landed.
+    h = Harness()
+    store = Surprise(h.store)
+    held = leases(h, store, terms=Terms(ttl=30, renew=0.02, margin=5)).take()
+    assert isinstance(held, Held)
+    store.armed = True
+    with held:
+        wait_for("a renewal after the surprise", lambda: not store.armed and
+                 json.loads(h.store.read(BUCKET, lease.KEY).data)["renewal"] >= 1)
+        h.advance(seconds=TTL - MARGIN - 1)
+        renewal = json.loads(h.store.read(BUCKET, lease.KEY).data)["renewal"]
+        # two more: the second surely began after the clock moved
+        wait_for("renewals by the new time", lambda: json.loads(h.store.read(BUCKET, lease.KEY).data)["renewal"]
+                 >= renewal + 2)
+        h.advance(seconds=TTL - MARGIN - 1)
+        assert held.acting()
+
+
+class ClockRefused:
+    """The bucket, answering the write that reads GCS's time with a 429 (another taker wrote it
+    within the second)."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def write(self, bucket: str, name: str, data: bytes, **kwargs: Any) -> Any:
+        if name == f"{lease.KEY}.clock":
+            raise errors.TransientError(f"gs://{bucket}/{name}: 429")
+        return self._store.write(bucket, name, data, **kwargs)
+
+
+def test_a_lapsed_lease_whose_takers_cannot_read_gcs_time_is_left_for_the_next_tick():
+    h = Harness()
+    h.submit("a")
+    assert isinstance(leases(h, holder="crashed").take(), Held)
+    h.advance(seconds=TTL + MARGIN)
+    summary = leased(h, ClockRefused(h.store)).reconcile()
+    assert summary.skipped and "(crashed)" in summary.skipped and h.live() == []
+    assert not leased(h).reconcile().skipped and h.live() == ["a-1"]

