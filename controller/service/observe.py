@@ -100,11 +100,6 @@ class Parsed:
                     self._cache[key] = (size, value)
         return value
 
-    @property
-    def held(self) -> int:
-        """Bytes the cache holds now, as it counts them."""
-        return int(self._cache.currsize)
-
 
 def footprint(value: object) -> int:
     """Bytes ``value`` holds in memory: ``sys.getsizeof`` of it and of everything it refers to
