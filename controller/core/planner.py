@@ -472,9 +472,12 @@ def _unsaid_start(v: JobView, st: JobStatus) -> datetime | None:
     span = st.ledger.open
     if span is None or span.attempt != st.attempt or span.trainer_started is not None:
         return None
+    # A record first: a trainer that reports no start (no agent records) costs no read of the history.
+    if (started := _trainer_started(v, st)) is None:
+        return None
     if any(e.attempt == st.attempt and e.trainer_started is not None for e in st.history):
         return None
-    return _trainer_started(v, st)
+    return started
 
 
 def _progress(v: JobView, st: JobStatus) -> dict[str, int | float]:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import datetime, timezone
 from typing import Any
 
 from controller.core import errors, names
 from controller.core.state import Phase
-from controller.service.observe import Parsed
+from controller.core.ports import BlobInfo
+from controller.service.observe import Parsed, footprint
 from tests.harness import BUCKET, Harness, spec_doc
 
 
@@ -249,7 +251,7 @@ def test_what_the_observer_keeps_between_passes_costs_about_what_it_counts():
                    if any(f.filename.endswith("service/observe.py") for f in t.traceback))
     finally:
         tracemalloc.stop()
-    counted = engine.observer.parsed._cache.currsize
+    counted = engine.observer.parsed.size
     assert counted > 150 * 2048, counted  # the specs and statuses are in it
     assert counted / 1.5 <= held <= 1.5 * counted, f"the cache holds {held:,} bytes but counts {counted:,}"
 
@@ -318,3 +320,85 @@ def test_a_vm_whose_marker_says_why_it_went_costs_no_compute_request_for_why():
     engine.reconcile("job")
     assert h.status("job").attempt == 2 and h.status("job").preemptions == 1
     assert [c for c in h.compute.calls if c[0] == "stop_reason"] == []
+
+
+def test_a_fleet_larger_than_the_cache_keeps_a_fixed_part_of_it_cached_pass_after_pass():
+    """A least recently used cache a little smaller than the fleet missed every read of a pass over
+    every job (each entry was evicted just before the pass came back to it): 10,000 steady-size jobs
+    in 128 MiB read every spec and status each tick. The part that fits stays cached; only the rest
+    is read again."""
+    h = Harness()
+    jobs = [f"job-{i:03d}" for i in range(40)]
+    for job in jobs:
+        h.submit(job)
+    h.engine().reconcile()
+    h.engine().reconcile()
+    engine = h.engine()
+    engine.reconcile()
+    whole = engine.observer.parsed.size
+    engine.observer.parsed = Parsed(max_bytes=whole * 3 // 4)  # three quarters of what the fleet needs
+    engine.reconcile()
+    reads = []
+    for _ in range(3):
+        del h.store.calls[:]
+        engine.reconcile()
+        reads.append(len({name for op, name in h.store.calls if op == "read"}))
+    assert reads[0] == reads[1] == reads[2], reads
+    assert 0 < reads[0] <= len(jobs), f"{reads[0]} objects read again a pass: the cached part churned"
+
+
+def test_an_objects_replaced_generation_makes_room_for_the_new_one_a_pass_later():
+    """Room is made from what no pass has used since the one before: the generation a commit
+    replaced, once a pass went by without it. The new one is then kept, and read no more."""
+    def info(name: str, generation: int) -> BlobInfo:
+        return BlobInfo(bucket="b", name=name, generation=generation, size=1,
+                        updated=datetime(2026, 1, 1, tzinfo=timezone.utc))
+
+    one = footprint("x" * 100) + footprint(("b", "jobs/a/status.json", 1))
+    parsed = Parsed(max_bytes=2 * one)  # room for two
+    made: list[str] = []
+
+    def read(name: str, generation: int) -> Any:
+        def make() -> tuple[str, int]:
+            made.append(f"{name}@{generation}")
+            return "x" * 100, generation
+        return parsed.get(info(name, generation), make)
+
+    def a_pass(generation: int) -> None:
+        parsed.begin()
+        read("jobs/a/status.json", generation)
+        read("jobs/b/status.json", 1)
+
+    a_pass(1)
+    a_pass(2)  # a commit replaced a@1: no room for a@2 yet (a@1 was used by the pass before)
+    a_pass(2)  # a@1 went a pass unused: it makes room
+    a_pass(2)
+    assert made == ["jobs/a/status.json@1", "jobs/b/status.json@1", "jobs/a/status.json@2",
+                    "jobs/a/status.json@2"], made
+
+
+def test_a_pass_over_steady_jobs_parses_none_of_their_histories(monkeypatch):
+    """A status at its history limit parsed whole took about 1 ms, four fifths of it the history
+    and the past runs, which a pass that changes nothing never reads: each pass parses the heads."""
+    from controller.core import state
+
+    h = Harness()
+    jobs = [f"job-{i:02d}" for i in range(12)]
+    for job in jobs:
+        h.submit(job)
+    h.engine().reconcile()
+    h.engine().reconcile()
+    engine = h.engine()
+    engine.reconcile()
+    parsed: list[str] = []
+    original = state._Past.model_validate_json
+    monkeypatch.setattr(state._Past, "model_validate_json",
+                        lambda data, *a, **k: parsed.append("past") or original(data, *a, **k))
+    del h.store.calls[:]
+    for _ in range(2):
+        h.advance(minutes=1)
+        engine.reconcile()
+    assert not [(op, name) for op, name in h.store.calls if op != "list" and name.startswith("jobs/")], \
+        "an unchanged job cost a request"
+    assert parsed == [], f"{len(parsed)} histories parsed by passes that changed nothing"
+    assert all(h.status(job).phase == Phase.RUNNING for job in jobs)
