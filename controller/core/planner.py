@@ -132,7 +132,9 @@ def _running_job(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: L
             # is slow or failing): the exit 0 wins, the next attempt never starts.
             return _end(v, st, Phase.SUCCEEDED, f"command exited 0 on {exited.instance or st.instances[0]}", now,
                         since=exited.updated)
-        return _launch(v, spec, st, "start" if st.phase == Phase.PENDING else "recover", now, ctx)
+        # Read between attempts from the listing alone (a pass over a job backing off costs no
+        # request): an exit 0 that landed since the listing is read before the launch commits.
+        return _fresh(v, _launch(v, spec, st, "start" if st.phase == Phase.PENDING else "recover", now, ctx))
     if exited is not None:
         return _exited(v, spec, st, exited, now, ctx)
     if v.marker and v.marker.belongs_to(st):
@@ -399,8 +401,8 @@ def _lost_how(instance: Instance | None, reason: StopReason) -> str:
 
 
 def _fresh(v: JobView, actions: list[Action]) -> list[Action]:
-    """Restarting a VM that looked alive: ask for its exit record to be read again first,
-    so an ``exit 0`` that landed since the listing is never lost to a restart."""
+    """Restarting a VM that looked alive, or launching the next attempt: ask for its exit record to
+    be read again first, so an ``exit 0`` that landed since the listing is never lost to a restart."""
     if v.records_fresh or not actions or not isinstance(actions[0], WriteStatus):
         return actions
     return [replace(actions[0], needs=frozenset({"records"})), *actions[1:]]

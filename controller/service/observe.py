@@ -792,7 +792,7 @@ class Observer:
         # Between attempts (backing off, or waiting for a zone) the loss was judged already:
         # Compute's why changes no plan, and each ask is a list request against the project's
         # per-minute quota (1,000 a tick for 1,000 jobs backing off: two thirds of the default).
-        judged = st.phase in (Phase.PENDING, Phase.RECOVERING)
+        between = judged = st.phase in (Phase.PENDING, Phase.RECOVERING)
         # A VM's own marker says why it went (the planner reads it before Compute's why), and no
         # exit record of this attempt asks whose fault a loss was: no request for it either
         # (1,000 list requests in a 1,000-VM preemption, past the quota's 1,500 a minute).
@@ -800,12 +800,16 @@ class Observer:
         judged = judged or told
         reads: dict[Any, Callable[[], Any]] = {} if judged else {
             n: (lambda n=n: self._stop_reason(view, seen.get(n), n)) for n in lost}
-        reads["records"] = lambda: self.with_fresh_records(view)
+        # Between attempts no record is read again here either (two requests a pass for each job
+        # backing off: 2,000 a tick for 1,000): the loss was judged on records read after the VM
+        # was seen down, and a plan that commits a launch asks for them first (planner ``_fresh``).
+        if not between:
+            reads["records"] = lambda: self.with_fresh_records(view)
         off = all(n not in seen or seen[n].status.down for n in lost)
         if side > 1 and off and view.spec and view.spec.checkpoint and not view.checkpoint_loaded:
             reads["checkpoint"] = lambda: self._checkpoint_fields(view)
         got = dict(zip(reads, fanout.each(reads.values(), lambda read: read(), side), strict=True))
-        return replace(got["records"], stop_reasons={n: got[n] for n in lost if n in got},
+        return replace(got.get("records", view), stop_reasons={n: got[n] for n in lost if n in got},
                        **got.get("checkpoint", {}))
 
 

@@ -549,6 +549,25 @@ def test_exit_zero_while_a_recycle_cannot_delete_the_vm_wins(h):
     assert h.status("llm").phase == Phase.SUCCEEDED and "llm-2" not in h.live()
 
 
+def test_exit_zero_landing_after_the_listing_of_a_pass_that_would_launch_the_next_attempt_wins(h):
+    """Between attempts a pass reads no record again (a job backing off costs no request), so the
+    launch that commits asks for them first: an exit 0 the old VM wrote on its way down, after the
+    listing, still ends the job, and no next attempt starts."""
+    started(h, policy={"max_instance_age": "1h"})
+    h.advance(hours=2)
+    h.compute.faults.fail_next("delete", errors.TransientError("503"), times=3)
+    h.tick()
+    assert h.status("llm").phase == Phase.RECOVERING
+    h.compute.terminate("llm-1", StopReason.CRASHED)  # the agent powers off...
+    h.advance(minutes=1)  # past its backoff
+    engine = h.engine()
+    view = engine.observer.world().jobs["llm"]  # listed before its exit record lands
+    assert view.exit is None and not view.records_fresh
+    h.exit("llm", 0)  # ...having written it
+    engine._reconcile_job(view, Summary(), dry_run=False)
+    assert h.status("llm").phase == Phase.SUCCEEDED and "llm-2" not in h.live()
+
+
 def test_a_vm_stuck_on_its_way_down_holds_the_next_attempt_only_for_a_while(h):
     started(h)
     h.compute.set_status("llm-1", InstanceStatus.STOPPING)

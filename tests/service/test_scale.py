@@ -306,6 +306,29 @@ def test_a_job_backing_off_costs_no_compute_request_for_why_its_vm_stopped():
     assert [c for c in h.compute.calls if c[0] == "stop_reason"] == []
 
 
+def test_a_job_backing_off_costs_no_request_at_all_until_its_next_attempt():
+    """Its marker and exit record were read again each pass (two requests a pass: 2,000 a tick for
+    1,000 jobs backing off); the loss was judged already, and the launch reads them before it commits."""
+    h = Harness()
+    h.submit("job", spec_doc(policy={"backoff": {"initial": "30m", "max": "1h"}}))
+    engine = h.engine()
+    engine.reconcile()
+    engine.reconcile()
+    h.exit("job", 1)
+    engine.reconcile()
+    h.advance(minutes=1)
+    engine.reconcile()
+    assert h.status("job").phase == Phase.RECOVERING and h.status("job").not_before
+    for _ in range(3):
+        del h.store.calls[:]
+        h.advance(minutes=1)
+        engine.reconcile()
+        assert [(op, name) for op, name in h.store.calls if op != "list" and name.startswith("jobs/")] == []
+    h.advance(hours=1)
+    engine.reconcile()
+    assert h.status("job").attempt == 2 and h.status("job").phase != Phase.RECOVERING
+
+
 def test_a_vm_whose_marker_says_why_it_went_costs_no_compute_request_for_why():
     """The marker names the cause (the planner reads it first): asking Compute's operations too
     would cost a list request per preempted VM (1,000 in a 1,000-VM preemption)."""
