@@ -205,8 +205,8 @@ class Target:
     source: Path = REPO_ROOT
     env: dict[str, str] = field(default_factory=dict)
     trainer_sa: str = ""  # default: respawn-trainer@PROJECT.iam.gserviceaccount.com
-    # Each function's memory, as gcloud's --memory takes it. 512Mi holds a fleet of a few thousand
-    # jobs; a 10,000-job tick peaked at 623 MiB (make bench, bench/deployed.py): give it 1Gi.
+    # Each function's memory, as gcloud's --memory takes it. A 10,000-job tick over statuses at their
+    # steady size peaked at 361 MiB for the container (bench/runs/deployed-20261129T054224Z.json).
     memory: str = "512Mi"
     shards: int = 1  # K > 1: the fan-out (the shards' topic, on_shard, the tick's publisher grant)
 

@@ -132,9 +132,11 @@ def _running_job(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: L
             # is slow or failing): the exit 0 wins, the next attempt never starts.
             return _end(v, st, Phase.SUCCEEDED, f"command exited 0 on {exited.instance or st.instances[0]}", now,
                         since=exited.updated)
+        if st.phase == Phase.PENDING:
+            return _launch(v, spec, st, "start", now, ctx)
         # Read between attempts from the listing alone (a pass over a job backing off costs no
         # request): an exit 0 that landed since the listing is read before the launch commits.
-        return _fresh(v, _launch(v, spec, st, "start" if st.phase == Phase.PENDING else "recover", now, ctx))
+        return _fresh(v, _launch(v, spec, st, "recover", now, ctx))
     if exited is not None:
         return _exited(v, spec, st, exited, now, ctx)
     if v.marker and v.marker.belongs_to(st):
