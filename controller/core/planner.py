@@ -123,7 +123,8 @@ def _running_job(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: L
     exited = v.deciding_exit(st)
     finished = exited is not None and exited.exit_code == 0
     if policy.max_runtime and born and now - born >= policy.max_runtime and not finished:
-        return _end(v, st, Phase.FAILED, f"deadline: max_runtime {fmt(policy.max_runtime)} reached", now)
+        # The records read again first: an exit 0 that landed since the listing is a success.
+        return _fresh(v, _end(v, st, Phase.FAILED, f"deadline: max_runtime {fmt(policy.max_runtime)} reached", now))
     # Between attempts the current attempt's records were already acted on (counted
     # in this very status); they are consumed once the next insert is acknowledged.
     if st.phase in (Phase.PENDING, Phase.RECOVERING):
@@ -403,8 +404,9 @@ def _lost_how(instance: Instance | None, reason: StopReason) -> str:
 
 
 def _fresh(v: JobView, actions: list[Action]) -> list[Action]:
-    """Restarting a VM that looked alive, or launching the next attempt: ask for its exit record to
-    be read again first, so an ``exit 0`` that landed since the listing is never lost to a restart."""
+    """Restarting a VM that looked alive, launching the next attempt, failing at the deadline: ask
+    for its exit record to be read again first, so an ``exit 0`` that landed since the listing is
+    never lost to a restart or a deadline."""
     if v.records_fresh or not actions or not isinstance(actions[0], WriteStatus):
         return actions
     return [replace(actions[0], needs=frozenset({"records"})), *actions[1:]]

@@ -248,6 +248,10 @@ class Later(Sequence[T]):
     def __repr__(self) -> str:
         return repr(self.items) if self._items is not None else f"Later({self._length} items, unread)"
 
+    def __reduce__(self) -> tuple[type, tuple[tuple[T, ...]]]:
+        """Pickled and deep-copied as the tuple (its lock would not be)."""
+        return tuple, (self.items,)
+
 
 class _Past(BaseModel):
     """A status's history and past runs, parsed apart from its head (``JobStatus.split``)."""

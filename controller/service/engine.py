@@ -182,7 +182,7 @@ class Engine:
             for world in chunks:
                 if acting is not None and not acting():
                     return summary  # its lease is lost: the rest of the fleet is not even read
-                self._act(world, summary, dry_run, wait_until, sends, acting)
+                self._act(world, summary, dry_run, wait_until, sends, acting, shared=job is None)
                 seen = self._done_with(world, seen, summary, tally)
             later = rest()
             self._act(later, summary, dry_run, wait_until, sends, acting)
@@ -203,9 +203,10 @@ class Engine:
         return summary
 
     def _act(self, world: World, summary: Summary, dry_run: bool, wait_until: float | None,
-             sends: Sends | None, acting: Acting | None = None) -> None:
+             sends: Sends | None, acting: Acting | None = None, shared: bool = False) -> None:
+        """``shared``: a chunk of a pass over every job, fanned out on the process's kept threads."""
         for part in fanout.each(world.jobs.values(), lambda v: self._isolated(v, dry_run, wait_until, sends, acting),
-                                self.workers):
+                                self.workers, shared=shared):
             summary.merge(part)
 
     def _done_with(self, world: World, seen: World, summary: Summary, tally: fleet.Tally | None) -> World:

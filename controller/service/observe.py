@@ -95,7 +95,11 @@ class Parsed:
         self._lock = threading.Lock()
 
     def begin(self) -> None:
-        """A pass begins (``Observer.parts``): what the one before did not use may make room from now on."""
+        """A pass over every job begins: what the one before did not use may make room from now on.
+        (A pass for one job, an event's or a replan's inside a pass, is no such pass: counted, two
+        replans in a pass made the entries it had not reached yet evictable, and it thrashed again.
+        A process that never makes a pass over every job, an event function's, evicts the least
+        recently used entry.)"""
         with self._lock:
             self._pass += 1
 
@@ -121,7 +125,7 @@ class Parsed:
             # pass or the one before (still being read by a pass over every job), so was the rest.
             while self.size + size > self.max_bytes:
                 oldest, (held, _, used) = next(iter(self._entries.items()))
-                if used >= self._pass - 1:
+                if self._pass and used >= self._pass - 1:
                     return
                 del self._entries[oldest]
                 self.size -= held
@@ -177,16 +181,15 @@ class Observer:
         self.advice = AdviceCache(advisor)  # kept between passes, like ``parsed``
         self.tpu_zones = TpuZones(store, bucket)
 
-    def world(self, job: str | None = None, shard: Shard | None = None, *, again: bool = False) -> World:
+    def world(self, job: str | None = None, shard: Shard | None = None) -> World:
         """Everything the planner needs, for every job or for one (``parts``, joined)."""
-        chunks, rest = self.parts(job, shard, again=again)
+        chunks, rest = self.parts(job, shard)
         world = World({})
         for chunk in chunks:
             world = world.joined(chunk)
         return world.joined(rest())
 
-    def parts(self, job: str | None = None, shard: Shard | None = None, *,
-              again: bool = False) -> tuple[Iterator[World], Callable[[], World]]:
+    def parts(self, job: str | None = None, shard: Shard | None = None) -> tuple[Iterator[World], Callable[[], World]]:
         """The world in parts: the VM jobs' chunk by chunk (``chunk`` jobs each), each ready to be
         acted on before the next is read, and a call for the rest, made once every chunk was taken,
         which waits for the TPU listing (within its bound): the TPU jobs' views, those of names
@@ -214,7 +217,7 @@ class Observer:
         label) is looked for in its own zones, or, for more than ``ALONE_MAX`` such jobs in a chunk,
         in one list of every managed VM, before a VM is ever judged lost.
         """
-        if not again:  # ``again``: a job of this pass observed once more, alone (``moved``)
+        if job is None:
             self.parsed.begin()
         listing = self._listing(job, shard)
         failed = _Failed()  # each job's own key: safe to fill from several threads
@@ -240,7 +243,7 @@ class Observer:
             for start in range(0, len(order), self.chunk):
                 names_ = order[start:start + self.chunk]
                 observed = fanout.each(names_, lambda n: self._guarded(
-                    failed, n, self._bucket_view, n, listing.get(n, {}), side), self.workers)
+                    failed, n, self._bucket_view, n, listing.get(n, {}), side), self.workers, shared=job is None)
                 views: dict[str, JobView] = {}
                 for name, view in zip(names_, observed, strict=True):
                     if view is None:
@@ -274,7 +277,7 @@ class Observer:
                     first = self._unlabelled(first, failed, state)
                 acted.update(first)
                 with_evidence = fanout.each(list(first), lambda n: self._guarded(
-                    failed, n, self._with_evidence, first[n], side), self.workers)
+                    failed, n, self._with_evidence, first[n], side), self.workers, shared=job is None)
                 done = dict(zip(first, with_evidence, strict=True))
                 yield World({n: v for n, v in done.items() if v}, unreachable, why, failed, failed.transient)
             state["done"] = True
@@ -328,7 +331,7 @@ class Observer:
             world = World({n: v for n, v in done.items() if v}, tpu_unreachable, tpu_why, failed, failed.transient)
             for name in moved:  # committed by another pass since the listing: looked at again, alone
                 try:
-                    world = world.joined(self.world(name, again=True))
+                    world = world.joined(self.world(name))
                 except Exception as e:  # noqa: BLE001 - its own listing failed: this job's trouble, never the pass's
                     self._guarded(failed, name, _raise, e)
                     world = world.joined(World({}, failed={name: failed[name]},

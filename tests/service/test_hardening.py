@@ -568,6 +568,34 @@ def test_exit_zero_landing_after_the_listing_of_a_pass_that_would_launch_the_nex
     assert h.status("llm").phase == Phase.SUCCEEDED and "llm-2" not in h.live()
 
 
+def test_exit_zero_landing_after_the_listing_beats_the_deadline_between_attempts(h):
+    """Between attempts no record is read again after the instance list, and the deadline is judged
+    first: an exit 0 written by the VM on its way down, landing after the listing (a late chunk of a
+    long pass), must still be a success, never "max_runtime reached" (found by a hostile review)."""
+    h.submit("llm", spec_doc(policy={"max_instance_age": "1h", "max_runtime": "2h30m"}))
+    h.tick()
+    h.tick()
+    h.advance(hours=2)
+    h.compute.faults.fail_next("delete", errors.TransientError("503"), times=3)
+    h.tick()
+    assert h.status("llm").phase == Phase.RECOVERING
+    h.compute.terminate("llm-1", StopReason.CRASHED)  # the agent powers off, having written exit 0...
+    h.advance(minutes=31)  # past max_runtime
+    engine = h.engine()
+    listed = engine.observer._instances
+    landed: list[int] = []
+
+    def instances(*a: Any, **k: Any) -> Any:
+        if not landed:  # ...which lands after the listing and the record reads, before the evidence
+            h.exit("llm", 0)
+            landed.append(1)
+        return listed(*a, **k)
+
+    engine.observer._instances = instances  # type: ignore[method-assign]
+    engine.reconcile()
+    assert landed and h.status("llm").phase == Phase.SUCCEEDED, h.status("llm").message
+
+
 def test_a_vm_stuck_on_its_way_down_holds_the_next_attempt_only_for_a_while(h):
     started(h)
     h.compute.set_status("llm-1", InstanceStatus.STOPPING)

@@ -425,3 +425,33 @@ def test_a_pass_over_steady_jobs_parses_none_of_their_histories(monkeypatch):
         "an unchanged job cost a request"
     assert parsed == [], f"{len(parsed)} histories parsed by passes that changed nothing"
     assert all(h.status(job).phase == Phase.RUNNING for job in jobs)
+
+
+def test_replans_inside_a_pass_leave_the_cached_part_of_the_fleet_cached():
+    """A job re-observed alone after a commit that asks for a replan (its trainer reported its
+    start, say) counted as a pass: two in a pass made every entry that pass had not reached yet
+    evictable, and a fleet larger than the cache was read whole again (found by a hostile review)."""
+    h = Harness()
+    jobs = [f"job-{i:03d}" for i in range(40)]
+    for job in jobs:
+        h.submit(job)
+    h.engine().reconcile()
+    h.engine().reconcile()
+    engine = h.engine()
+    engine.reconcile()
+    engine.observer.parsed = Parsed(max_bytes=engine.observer.parsed.size * 3 // 4)
+    engine.reconcile()
+
+    def unchanged_reads(starting: list[str]) -> int:
+        for job in starting:  # each commits "trainer started" with a replan: re-observed alone
+            h.heartbeat(job, trainer_started=h.clock.now())
+        del h.store.calls[:]
+        h.advance(minutes=1)
+        engine.reconcile()
+        return len({name for op, name in h.store.calls if op == "read" and name.startswith("jobs/")
+                    and name.split("/")[1] not in starting})
+
+    steady = unchanged_reads([])
+    replanned = [unchanged_reads(jobs[2 * i:2 * i + 2]) for i in range(4)]
+    # Counted as passes, the replans made one pass read 73 (of 80 objects) where a steady one reads 20.
+    assert 0 < steady and max(replanned) <= steady * 3 // 2, (steady, replanned)

@@ -5,6 +5,8 @@ same after any commit."""
 
 from __future__ import annotations
 
+import copy
+import pickle
 from datetime import datetime, timedelta, timezone
 
 from hypothesis import given, settings
@@ -48,6 +50,7 @@ def test_a_status_taken_apart_and_joined_is_the_status_it_was_after_any_commit(s
     assert joined.model_copy(update={"message": "m"}).to_json() == whole.model_copy(update={"message": "m"}).to_json()
     assert list(reversed(joined.history)) == list(reversed(whole.history))
     assert joined.history[-2:] == whole.history[-2:] and joined.runs + () == whole.runs
+    assert copy.deepcopy(joined) == whole and pickle.loads(pickle.dumps(joined)) == whole
 
 
 def test_what_a_pass_does_not_use_of_a_status_is_never_parsed():
