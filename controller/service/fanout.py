@@ -52,7 +52,7 @@ def _pool(workers: int) -> ThreadPoolExecutor:
         pool = _pools.get(key)
         if pool is None:
             pool = _pools[key] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="respawn",
-                                                        initializer=_mark)
+                                                    initializer=_mark)
         return pool
 
 

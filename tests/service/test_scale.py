@@ -345,22 +345,32 @@ def test_a_vm_whose_marker_says_why_it_went_costs_no_compute_request_for_why():
     assert [c for c in h.compute.calls if c[0] == "stop_reason"] == []
 
 
-def test_a_fleet_larger_than_the_cache_keeps_a_fixed_part_of_it_cached_pass_after_pass():
-    """A least recently used cache a little smaller than the fleet missed every read of a pass over
-    every job (each entry was evicted just before the pass came back to it): 10,000 steady-size jobs
-    in 128 MiB read every spec and status each tick. The part that fits stays cached; only the rest
-    is read again."""
-    h = Harness()
-    jobs = [f"job-{i:03d}" for i in range(40)]
+def _running(h: Harness, count: int, width: int = 3) -> tuple[list[str], Any]:
+    """``count`` jobs launched and RUNNING, and an engine that has made one pass over them (its cache filled)."""
+    jobs = [f"job-{i:0{width}d}" for i in range(count)]
     for job in jobs:
         h.submit(job)
     h.engine().reconcile()
     h.engine().reconcile()
     engine = h.engine()
     engine.reconcile()
-    whole = engine.observer.parsed.size
-    engine.observer.parsed = Parsed(max_bytes=whole * 3 // 4)  # three quarters of what the fleet needs
+    return jobs, engine
+
+
+def _three_quarters(engine: Any) -> None:
+    """The engine's cache cut to three quarters of what its fleet needs, and a pass made with it."""
+    engine.observer.parsed = Parsed(max_bytes=engine.observer.parsed.size * 3 // 4)
     engine.reconcile()
+
+
+def test_a_fleet_larger_than_the_cache_keeps_a_fixed_part_of_it_cached_pass_after_pass():
+    """A least recently used cache a little smaller than the fleet missed every read of a pass over
+    every job (each entry was evicted just before the pass came back to it): 10,000 steady-size jobs
+    in 128 MiB read every spec and status each tick. The part that fits stays cached; only the rest
+    is read again."""
+    h = Harness()
+    jobs, engine = _running(h, 40)
+    _three_quarters(engine)
     reads = []
     for _ in range(3):
         del h.store.calls[:]
@@ -406,13 +416,7 @@ def test_a_pass_over_steady_jobs_parses_none_of_their_histories(monkeypatch):
     from controller.core import state
 
     h = Harness()
-    jobs = [f"job-{i:02d}" for i in range(12)]
-    for job in jobs:
-        h.submit(job)
-    h.engine().reconcile()
-    h.engine().reconcile()
-    engine = h.engine()
-    engine.reconcile()
+    jobs, engine = _running(h, 12, width=2)
     parsed: list[str] = []
     original = state._Past.model_validate_json
     monkeypatch.setattr(state._Past, "model_validate_json",
@@ -432,15 +436,8 @@ def test_replans_inside_a_pass_leave_the_cached_part_of_the_fleet_cached():
     start, say) counted as a pass: two in a pass made every entry that pass had not reached yet
     evictable, and a fleet larger than the cache was read whole again (found by a hostile review)."""
     h = Harness()
-    jobs = [f"job-{i:03d}" for i in range(40)]
-    for job in jobs:
-        h.submit(job)
-    h.engine().reconcile()
-    h.engine().reconcile()
-    engine = h.engine()
-    engine.reconcile()
-    engine.observer.parsed = Parsed(max_bytes=engine.observer.parsed.size * 3 // 4)
-    engine.reconcile()
+    jobs, engine = _running(h, 40)
+    _three_quarters(engine)
 
     def unchanged_reads(starting: list[str]) -> int:
         for job in starting:  # each commits "trainer started" with a replan: re-observed alone
