@@ -79,6 +79,9 @@ class Watcher(Loop):
         self.url = url
         self.prefixes = prefixes
         self.delivered = 0
+        # Whole sweeps made: an object written before a sweep began has had its event (every
+        # retry made) once this count is past that sweep. Tests wait on it for a quiet bucket.
+        self.sweeps = 0
         self._seen: dict[str, int] = {}
 
     def once(self) -> None:
@@ -87,6 +90,7 @@ class Watcher(Loop):
                 if self._seen.get(blob.name) != blob.generation:
                     self._seen[blob.name] = blob.generation
                     self._deliver(blob)
+        self.sweeps += 1
 
     def _deliver(self, blob: Any) -> None:
         headers, body = finalized(self.bucket, blob)

@@ -54,7 +54,11 @@ def running(cloud: LocalCloud, name: str) -> bool:
 
 def started(cloud: LocalCloud, *jobs: str) -> None:
     """Each job submitted (on_object creates its VM), its first VM RUNNING, then one Scheduler run
-    (``gcloud scheduler jobs run``) that records them RUNNING: the last tick before the losses."""
+    (``gcloud scheduler jobs run``) that records them RUNNING: the last tick before the losses.
+
+    It returns with no pass in flight: the Scheduler's own run at its start is over, and every
+    object event of the set-up has been delivered, retries and all (a spec's event redelivered
+    after the losses is a pass that rightly replaces the VM: a CI run under load met one)."""
     for job in jobs:
         submit(cloud, job)
     for job in jobs:
@@ -62,6 +66,11 @@ def started(cloud: LocalCloud, *jobs: str) -> None:
     assert cloud.tick()["status"] == 200
     for job in jobs:
         until(f"{job} RUNNING", lambda job=job: (s := status(cloud, job)) is not None and s.phase == Phase.RUNNING)
+    if cloud.ticker:
+        until("the Scheduler's first run over", lambda: cloud.ticker.runs >= 1, timeout=60)
+    assert cloud.watcher is not None
+    sweeps = cloud.watcher.sweeps
+    until("a whole sweep of events since", lambda: cloud.watcher.sweeps >= sweeps + 2, timeout=60)
 
 
 def inserted(cloud: LocalCloud, name: str) -> bool:

@@ -58,6 +58,10 @@ def test_logs_prints_every_attempt_in_order_under_its_header(cloud, cli):
     assert final.phase == Phase.SUCCEEDED and final.attempt == 2
     until("the last line in Cloud Logging", lambda: logged(cloud, "trainer: done at step 8"))
     until("every VM of the job deleted", lambda: not [i for i in cloud.compute.instances() if i["name"].startswith(job)])
+    # Every line the VMs wrote is in Cloud Logging before the reads below: the full read and the
+    # --limit one are compared, and under load a sweep could still be feeding the last lines.
+    assert cloud.vm_logs is not None
+    cloud.vm_logs.sweep(final=True)
 
     result = cli("logs", job)
     assert result.exit_code == 0, result.output
