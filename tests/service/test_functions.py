@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from functions_framework import create_app
 from controller.service import bootstrap
 from controller.core import names
 from controller.service.config import Settings
-from controller.core.errors import TransientError
+from controller.core.errors import ConfigError, TransientError
 from controller.core.state import Phase
 from tests.harness import BUCKET, Harness
 
@@ -109,3 +110,42 @@ def test_misconfigured_controller_is_reported_not_crashed():
     response = client.post("/")
     assert response.status_code == 500 and "RESPAWN_BUCKET" in response.get_json()["error"]
     assert post_event(names.spec_key("a")).status_code == 200
+
+
+@pytest.fixture
+def collector():
+    """The process's collector as it was, put back after the test (the engine sets it)."""
+    thresholds, enabled = gc.get_threshold(), gc.isenabled()
+    bootstrap.override(None)
+    yield
+    bootstrap.override(None)
+    gc.unfreeze()
+    gc.set_threshold(*thresholds)
+    (gc.enable if enabled else gc.disable)()
+
+
+def test_the_engine_is_built_with_the_collector_paused_then_freezes_and_tunes_it(collector, monkeypatch):
+    seen = []
+
+    def build(config):
+        seen.append(gc.isenabled())
+        return "engine"
+
+    monkeypatch.setattr(bootstrap, "build", build)
+    monkeypatch.setattr(bootstrap, "settings", lambda: Settings(bucket=BUCKET, project="respawn-proj"))
+    gc.enable()
+    assert bootstrap.engine() == "engine" and bootstrap.engine() == "engine"
+    assert seen == [False]  # paused while built, built once
+    assert gc.isenabled() and gc.get_threshold() == bootstrap.COLLECTOR_THRESHOLDS and gc.get_freeze_count() > 0
+
+
+def test_an_engine_that_cannot_be_built_leaves_the_collector_running_as_it_was(collector, monkeypatch):
+    def build(config):
+        raise ConfigError("no bucket")
+
+    monkeypatch.setattr(bootstrap, "build", build)
+    monkeypatch.setattr(bootstrap, "settings", lambda: Settings(bucket=BUCKET, project="respawn-proj"))
+    gc.enable()
+    with pytest.raises(ConfigError):
+        bootstrap.engine()
+    assert gc.isenabled()
