@@ -206,7 +206,7 @@ class Target:
     env: dict[str, str] = field(default_factory=dict)
     trainer_sa: str = ""  # default: respawn-trainer@PROJECT.iam.gserviceaccount.com
     # Each function's memory, as gcloud's --memory takes it. A 10,000-job tick over statuses at their
-    # steady size peaked at 361 MiB for the container (bench/runs/deployed-20261129T054224Z.json).
+    # steady size peaked at 367 MiB for the container (bench/runs/deployed-20261129T075538Z.json).
     memory: str = "512Mi"
     shards: int = 1  # K > 1: the fan-out (the shards' topic, on_shard, the tick's publisher grant)
 
