@@ -44,7 +44,7 @@ def settings() -> Settings:
 # hundreds of thousands that live for hours; at CPython's thresholds the collector ran every 700
 # allocations and, often, over the whole cache: 0.32 of the 1.04 CPU-s of a steady 2,000-job tick
 # (bench.deployed's fleet, the tick in one process, gc.callbacks timing each collection); at
-# these, 0.03 of 0.78. Reference counting still frees nearly everything at once: only cycles wait
+# these, 0.04 of 0.81 to 0.85. Reference counting still frees nearly everything at once: only cycles wait
 # for a collection, and a young one still comes every 50,000 allocations.
 COLLECTOR_THRESHOLDS = (50_000, 20, 100)
 
@@ -59,12 +59,12 @@ def engine() -> Engine:
     global _engine
     with _lock:
         if _engine is None:
-            paused = gc.isenabled()
+            was_enabled = gc.isenabled()
             gc.disable()
             try:
                 _engine = build(settings())
             finally:
-                if paused:
+                if was_enabled:
                     gc.enable()
             gc.freeze()
             gc.set_threshold(*COLLECTOR_THRESHOLDS)
