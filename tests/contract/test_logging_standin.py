@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -138,13 +138,17 @@ def test_the_real_client_lists_entries_with_respawns_own_query(server, client):
 def test_a_timestamp_written_with_an_offset_is_answered_in_utc_as_google_does(server, client):
     """Google keeps a protobuf Timestamp and answers it as RFC 3339 UTC ("Z"), whatever offset it was
     written with; google-cloud-logging's reader fails on "+00:00" (found by respawn canary)."""
-    server.write([entry("104", "offset", timestamp="2026-11-28T10:00:00.250+02:00"),
-                  entry("104", "utc offset", timestamp="2026-11-28T08:00:01+00:00")])
+    # Within the last day: google-cloud-logging's list_entries adds "timestamp >= 24 hours ago" to a
+    # filter that names no timestamp (a fixed date here made this test fail a day after it was written).
+    at = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
+    plus2 = timezone(timedelta(hours=2))
+    server.write([entry("104", "offset", timestamp=(at + timedelta(milliseconds=250)).astimezone(plus2).isoformat()),
+                  entry("104", "utc offset", timestamp=(at + timedelta(seconds=1)).isoformat())])
     answer = post(server, "list", {"resourceNames": [f"projects/{PROJECT}"], "filter": 'resource.labels.instance_id="104"'})
-    assert [e["timestamp"] for e in answer.json()["entries"]] == ["2026-11-28T08:00:00.250Z", "2026-11-28T08:00:01Z"]
+    assert [e["timestamp"] for e in answer.json()["entries"]] == [f"{at:%Y-%m-%dT%H:%M:%S}.250Z",
+                                                                  f"{at + timedelta(seconds=1):%Y-%m-%dT%H:%M:%S}Z"]
     found = list(client.list_entries(filter_='resource.labels.instance_id="104"'))
-    assert [e.timestamp for e in found] == [datetime(2026, 11, 28, 8, 0, 0, 250000, UTC),
-                                            datetime(2026, 11, 28, 8, 0, 1, tzinfo=UTC)]
+    assert [e.timestamp for e in found] == [at + timedelta(milliseconds=250), at + timedelta(seconds=1)]
 
 
 def test_the_filter_subset_is_evaluated_as_the_logging_docs_say(server):
