@@ -60,27 +60,61 @@ def _running(h: Harness, job: str = "train") -> None:
     h.tick()
 
 
-def test_the_fleet_page_answers_within_a_fraction_of_a_second_while_polling_3000_jobs(serve, page):
+def test_the_fleet_page_stays_answerable_and_leaves_unchanged_rows_untouched_while_polling_10000_jobs(serve, page):
+    """Behaviour, not a figure: a poll writes only the cells whose values changed (a running job's age and
+    cost; no row added, moved or rebuilt), and the page keeps answering through the polls. The bound is a sanity bound far above
+    the page as it is and far below the page as it was: a poll that found each row by a scan and rewrote
+    every cell blocked the main thread 13 s at 10,000 jobs."""
     h = Harness()
     _running(h)
     fleet = Fleet(Jobs(h.store, BUCKET, h.policy), INTERVAL)
     one = fleet.snapshot()
     view = one.jobs["train"]
     many = Snapshot({f"job-{i:05d}": dataclasses.replace(view, row=dataclasses.replace(view.row, job=f"job-{i:05d}"))
-                     for i in range(3000)}, one.at)
+                     for i in range(10_000)}, one.at)
     fleet.snapshot = lambda: many
+    # Counts the answers handed to the page's poll: the poll applies one in the microtasks that follow,
+    # so any later task (a page.evaluate) runs after it was applied.
+    page.add_init_script("""(() => {
+        window.delivered = 0;
+        const fetched = window.fetch;
+        window.fetch = async (...args) => {
+            const answer = await fetched(...args);
+            const json = answer.json.bind(answer);
+            answer.json = async () => { const data = await json(); window.delivered += 1; return data; };
+            return answer;
+        };
+    })()""")
     page.goto(serve(fleet, "/"))
-    assert page.locator("#jobs tbody tr").count() == 3000
-    worst, started = 0.0, time.monotonic()
-    while time.monotonic() - started < 6 * INTERVAL:  # six polls of 3,000 rows
+    assert page.locator("#jobs tbody tr").count() == 10_000
+    page.wait_for_function("() => window.delivered >= 1")
+    # Every write inside the table, by the cell it touched ("rows" for rows added, removed or moved).
+    page.evaluate("""() => {
+        window.written = {};
+        const body = document.querySelector('#jobs tbody');
+        new MutationObserver((records) => {
+            for (const r of records) {
+                const node = r.target.nodeType === Node.ELEMENT_NODE ? r.target : r.target.parentElement;
+                const cell = r.target === body ? 'rows' : (node.closest('td') || node).className || node.nodeName;
+                window.written[cell] = (window.written[cell] || 0) + 1;
+            }
+        }).observe(body, {subtree: true, childList: true, attributes: true, characterData: true});
+    }""")
+    seen, worst = page.evaluate("window.delivered"), 0.0
+    while True:  # three more polls of 10,000 unchanged rows
         asked = time.monotonic()
-        page.evaluate("1")
+        delivered = page.evaluate("window.delivered")
         worst = max(worst, time.monotonic() - asked)
+        if delivered >= seen + 3:
+            break
         time.sleep(0.05)
-    assert worst < 0.5, f"the page's main thread was blocked {worst:.2f} s"  # it was 1.2 s (13 s at 10,000 jobs)
+    # A running job's age and cost advance with the clock; nothing else in its row changed.
+    written = page.evaluate("window.written")
+    assert set(written) <= {"age", "cost"}, f"polls rewrote what had not changed: {written}"
+    assert worst < 3.0, f"the page's main thread was blocked {worst:.2f} s"
     page.click("th[data-sort=job]")
     page.click("th[data-sort=job]")  # descending
-    assert page.locator("#jobs tbody tr").first.get_attribute("data-job") == "job-02999"
+    assert page.locator("#jobs tbody tr").first.get_attribute("data-job") == "job-09999"
 
 
 def test_resubmit_sends_the_spec_generation_shown_when_clicked_not_one_a_poll_brought_since(serve, page):
