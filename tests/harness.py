@@ -45,8 +45,11 @@ def spec_doc(**overrides: Any) -> dict[str, Any]:
 
 
 class Harness:
-    def __init__(self, policy: ControllerPolicy | None = None, workers: int = 1) -> None:
+    def __init__(self, policy: ControllerPolicy | None = None, workers: int = 1, snapshot: bool = True) -> None:
         self.workers = workers  # jobs observed and reconciled side by side in one pass
+        # Each tick's engine is a fresh instance: with ``snapshot``, it reads the snapshot the last
+        # pass over every job kept (controller.service.snapshot) before its own first pass.
+        self.snapshot = snapshot
         self.clock = FakeClock()
         self.store = MemoryStore(self.clock)
         self.compute = MemoryCompute(self.clock)
@@ -63,8 +66,9 @@ class Harness:
     def engine(self, store: Any = None, compute: Any = None, tpu: Any = None) -> Engine:
         store, compute, tpu = store or self.store, compute or self.compute, tpu or self.tpu
         observer = Observer(store, compute, BUCKET, self.policy, workers=self.workers, advisor=self.advisor, tpu=tpu,
-                            replayable=True)  # in order, on the test's thread: a test replays exactly
-        return Engine(observer, Executor(store, compute, BUCKET, tpu, self.notifier), self.ctx, self.clock,
+                            replayable=True, snapshot=self.snapshot)  # in order, on the test's thread: a test replays exactly
+        return Engine(observer, Executor(store, compute, BUCKET, tpu, self.notifier, written=observer.remember),
+                      self.ctx, self.clock,
                       workers=self.workers)
 
     def tick(self, job: str | None = None) -> Summary:

@@ -418,6 +418,15 @@ class JobStatus(BaseModel):
         return json.dumps(whole).encode(), json.dumps(past).encode(), (len(past["history"]), len(past["runs"]))
 
     @classmethod
+    def check_split(cls, head: bytes, past: bytes, lengths: tuple[int, int]) -> bool:
+        """Whether ``head`` and ``past`` are a status as ``split`` gives it, with those lengths: each
+        half validates (ValueError when one does not) and the lengths are the past's. (A history in
+        the head is never read: ``joined`` puts the past's in its place.)"""
+        cls.model_validate_json(head)
+        parsed = _Past.model_validate_json(past)
+        return (len(parsed.history), len(parsed.runs)) == tuple(lengths)
+
+    @classmethod
     def joined(cls, head: bytes, past: Callable[[], bytes], lengths: tuple[int, int]) -> JobStatus:
         """The status ``split`` took apart, its head parsed now and its history and past runs
         (``past()``'s bytes) when first used (``Later``)."""

@@ -114,10 +114,11 @@ def build(config: Settings) -> Engine:
     tpu = LazyTpu(config)
     policy = config.policy()
     observer = Observer(store, compute, config.bucket, policy, workers=config.concurrency,
-                        advisor=capacity_advisor(config), tpu=tpu)
+                        advisor=capacity_advisor(config), tpu=tpu, snapshot=True)
     notifier = Notifier(policy, LazyPublisher(config), LazyWebhook(), wait=config.notify_wait)
     clock = SystemClock()
-    executor = Executor(store, compute, config.bucket, tpu, notifier, shelf=vmscripts.Shelf(store, config.bucket, scripts))
+    executor = Executor(store, compute, config.bucket, tpu, notifier, shelf=vmscripts.Shelf(store, config.bucket, scripts),
+                        written=observer.remember)
     return Engine(observer, executor, ctx, clock, workers=config.concurrency, operation_wait=config.operation_wait,
                   lease=Leases(store, config.bucket, clock, config.lease_terms()))
 

@@ -151,7 +151,10 @@ class Engine:
         if shard is not None and job is not None:
             raise ValueError("a shard's pass is a pass over every job of the shard")
         if job is not None or dry_run or self.lease is None:
-            return self._pass(job, dry_run, None, shard)
+            summary = self._pass(job, dry_run, None, shard)
+            if job is None and not dry_run:
+                self._keep_snapshot()
+            return summary
         lease = self.lease if shard is None else self.lease.keyed(shard.lease_key)
         taken = lease.take()
         if isinstance(taken, Busy):
@@ -161,11 +164,22 @@ class Engine:
         with taken:  # renewed while the pass runs, released at its end
             summary = self._pass(None, False, taken.acting, shard)
             why = taken.why_not()
+            if not summary.not_acted and why is None:
+                self._keep_snapshot()
         if summary.not_acted or why is not None:
             summary.stopped = why or "its lease was lost"
             log.warning("this pass stopped acting: %s; %d jobs not acted on", summary.stopped,
                         len(summary.not_acted), extra={"json_fields": {"jobs_not_acted": summary.not_acted[:100]}})
         return summary
+
+    def _keep_snapshot(self) -> None:
+        """What the pass over every job read, kept for a fresh instance (controller.service.snapshot);
+        never the pass's failure."""
+        try:
+            if written := self.observer.keep_snapshot():
+                log.info("snapshot: %d parts written", written, extra={"json_fields": {"snapshot_parts": written}})
+        except Exception:  # noqa: BLE001 - a cache for the next instance: never this pass's failure
+            log.exception("the snapshot could not be kept")
 
     def _pass(self, job: str | None, dry_run: bool, acting: Acting | None, shard: Shard | None = None) -> Summary:
         notifier: Notifier | None = getattr(self.executor, "notifier", None)

@@ -20,7 +20,7 @@ from controller.core.actions import Action, CreateInstances, DeleteInstance, Del
 from controller.service.notifier import Notifier
 from controller.service.tpuzones import TpuZones
 from controller.service.vmscripts import Shelf
-from controller.core.ports import BlobStore, ComputeGateway, TpuGateway, TpuRequest
+from controller.core.ports import BlobInfo, BlobStore, ComputeGateway, TpuGateway, TpuRequest
 from controller.core.spec import JobSpec, Notify
 from controller.core.state import JobStatus
 from controller.core.world import JobView
@@ -49,10 +49,15 @@ class Outcome:
 
 class Executor:
     def __init__(self, store: BlobStore, compute: ComputeGateway, bucket: str, tpu: TpuGateway | None = None,
-                 notifier: Notifier | None = None, shelf: Shelf | None = None) -> None:
+                 notifier: Notifier | None = None, shelf: Shelf | None = None,
+                 written: Callable[[BlobInfo, bytes, int], None] | None = None) -> None:
         """``shelf``: the VM scripts every insert points to, put in the bucket before the first
-        insert of the process (None: the caller's VMs carry whole scripts, as the fakes' do)."""
+        insert of the process (None: the caller's VMs carry whole scripts, as the fakes' do).
+        ``written``: told of each status this executor wrote, its bytes, the generation they are and
+        the one they replaced (``Observer.remember``: the next pass need not read back what this one
+        wrote)."""
         self.store = store
+        self.written = written
         self.shelf = shelf
         self.compute = compute
         self.bucket = bucket
@@ -75,7 +80,7 @@ class Executor:
         them pass: once it says no (a pass over every job lost or outlived its lease), nothing
         more is applied and the outcome says ``stopped``."""
         chain = _Chain(view.job, view.status, view.status_generation, view.spec, tell=self.notifier is not None,
-                       acting=acting)
+                       acting=acting, written=self.written)
         try:
             self._run(chain, view, actions, now, wait_until)
         finally:
@@ -301,6 +306,7 @@ class _Chain:
     spec: JobSpec | None = None
     tell: bool = False  # whether its commits' notices are wanted (a notifier is configured)
     acting: Acting | None = None  # whether its pass may still act (None: always)
+    written: Callable[[BlobInfo, bytes, int], None] | None = None  # told of each status it wrote (Executor's)
     outcome: Outcome = field(init=False)
     wrote: bool = field(default=False, init=False)  # this chain has written the status
     notices: list[notify.Notice] = field(default_factory=list, init=False)  # what its commits decided, to tell
@@ -320,8 +326,14 @@ class _Chain:
         # Every commit accounts the events it adds, and tells of them, once: the pass that wins
         # the swap does; one that loses it decided nothing (PreconditionFailed), and sends nothing.
         status = accounting.settle(status.with_ids(self.ids), self.spec)
-        info = store.write(bucket, names.status_key(self.job), status.to_json(), if_generation_match=self.generation)
+        data, replaced = status.to_json(), self.generation
+        info = store.write(bucket, names.status_key(self.job), data, if_generation_match=replaced)
         before, self.status, self.generation, self.wrote = self.status, status, info.generation, True
+        if self.written is not None:
+            try:
+                self.written(info, data, replaced)
+            except Exception:  # noqa: BLE001 - a cache: the next pass reads the status instead
+                log.exception("a written status could not be kept", extra={"json_fields": {"job": self.job}})
         self.outcome.status = status
         made = fleet.changes(self.job, before, status)
         self.outcome.changes += made

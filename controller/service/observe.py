@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 from controller.core import checkpoints, errors, names, placement
 from controller.service import fanout
 from controller.service.advice import AdviceCache
+from controller.service.snapshot import Snapshot
 from controller.service.tpuzones import TpuZones
 from controller.core.policy import ControllerPolicy
 from controller.core.shards import Shard
@@ -117,6 +118,25 @@ class Parsed:
             self._keep(key, value, footprint(value) + footprint(key))
         return value
 
+    def put(self, info: BlobInfo, value: Any) -> None:
+        """What was made of the object at ``info.generation``, known without a read (a write's own)."""
+        key = (info.bucket, info.name, info.generation)
+        self._keep(key, value, footprint(value) + footprint(key))
+
+    def drop(self, info: BlobInfo) -> None:
+        """Let go of what is held for the object at ``info.generation``, if anything."""
+        with self._lock:
+            held = self._entries.pop((info.bucket, info.name, info.generation), None)
+            if held is not None:
+                self.size -= held[0]
+
+    def peek(self, info: BlobInfo) -> Any:
+        """What is held for the object at the listed generation (None: nothing), as it is: no use
+        counted (``controller.service.snapshot`` writes it out)."""
+        with self._lock:
+            hit = self._entries.get((info.bucket, info.name, info.generation))
+        return hit[1] if hit is not None else None
+
     def _keep(self, key: tuple[str, str, int], value: Any, size: int) -> None:
         with self._lock:
             if key in self._entries or size > self.max_bytes:
@@ -165,7 +185,8 @@ def footprint(value: object) -> int:
 class Observer:
     def __init__(self, store: BlobStore, compute: ComputeGateway, bucket: str, policy: ControllerPolicy,
                  workers: int = 1, advisor: CapacityAdvisor | None = None, tpu: TpuGateway | None = None,
-                 tpu_timeout: float = TPU_LIST_TIMEOUT, replayable: bool = False, chunk: int = CHUNK) -> None:
+                 tpu_timeout: float = TPU_LIST_TIMEOUT, replayable: bool = False, chunk: int = CHUNK,
+                 snapshot: bool = False) -> None:
         self.store = store
         self.chunk = chunk  # jobs of a pass over every job read, planned and acted on together
         # Every read on the pass's own thread, in order, the TPU listing unbounded: what a seeded
@@ -178,6 +199,12 @@ class Observer:
         self.policy = policy
         self.workers = workers  # jobs observed side by side (fanout.each)
         self.parsed = Parsed()
+        # What passes over every job made of specs and statuses, kept in the bucket for a fresh
+        # instance's first pass (controller.service.snapshot); None: not kept (the in-memory
+        # fakes' tests, which count objects and requests).
+        self.snapshot = Snapshot(store, bucket) if snapshot else None
+        self._listed: tuple[dict[str, dict[str, BlobInfo]], Shard | None] | None = None  # the last such pass's
+        self._written: dict[str, BlobInfo] = {}  # statuses written since that pass listed (``remember``)
         self.advice = AdviceCache(advisor)  # kept between passes, like ``parsed``
         self.tpu_zones = TpuZones(store, bucket)
 
@@ -219,7 +246,11 @@ class Observer:
         """
         if job is None:
             self.parsed.begin()
+            if self.snapshot is not None:
+                self.snapshot.load(shard, self.workers)
         listing = self._listing(job, shard)
+        if job is None:
+            self._listed, self._written = (listing, shard), {}
         failed = _Failed()  # each job's own key: safe to fill from several threads
         # A name with neither spec nor status has nothing to read: only its oldest VM records, to
         # be cleaned up, and its instances (orphans), which the instance list finds below.
@@ -612,6 +643,34 @@ class Observer:
                 return None  # consumed since it was read
         return self._read_record(key)
 
+    def remember(self, info: BlobInfo, data: bytes, replaced: int) -> None:
+        """A status this process wrote (``data``, now generation ``info.generation``, in place of
+        ``replaced``), kept as a read of it would have been: the next pass does not read back what
+        this one decided. The generation it replaced is let go: a listing made before the write
+        names it, and its job must be read again as it is now (``parts``: observed again alone),
+        never judged on what it was."""
+        self.parsed.drop(replace(info, generation=replaced))
+        head, past, lengths = JobStatus.split(data)
+        self.parsed.put(info, ((zlib.compress(head, 1), zlib.compress(past, 1), lengths), info.generation))
+        self._written[info.name] = info
+
+    def keep_snapshot(self) -> int:
+        """After a pass over every job that acted to its end: the parts of the snapshot that changed
+        enough, written from the cache (controller.service.snapshot), with the statuses the pass
+        wrote at their new generations. Returns the parts written."""
+        if self.snapshot is None or self._listed is None:
+            return 0
+        (listing, shard), self._listed = self._listed, None
+        written, self._written = self._written, {}
+        newest = dict(listing)
+        for name, info in written.items():
+            ref = names.parse_object_name(name)
+            if ref is not None and ref.job in newest:
+                listed = newest[ref.job].get("status")
+                if listed is None or listed.generation < info.generation:
+                    newest[ref.job] = {**newest[ref.job], "status": info}
+        return self.snapshot.save(newest, self.parsed.peek, shard)
+
     def list_bucket(self, job: str | None = None) -> list[BlobInfo]:
         """The objects of every job (or one) as the bucket lists them: jobs/ and preempted-jobs/."""
         jobs_prefix = names.JOBS_PREFIX + (f"{job}/" if job else "")
@@ -651,7 +710,7 @@ class Observer:
                        marker=got.get("marker"), exit=got.get("exit"), heartbeat=got.get("heartbeat"),
                        notice=got.get("notice"), ready=got.get("ready"))
         if "spec" in objects:
-            spec, problems = got["spec"]
+            spec, problems, _ = got["spec"]
             view = replace(view, spec=spec, problems=problems, spec_generation=objects["spec"].generation)
         workers = {int(kind[5:]): info for kind, info in objects.items() if kind.startswith("exit/")}
         if ours and workers:  # after the status: which ranks its attempt has bounds what is read
@@ -672,24 +731,25 @@ class Observer:
         why = f"rank {{}} is not one of attempt {status.attempt}'s" if status else "rank {} of no attempt (no status)"
         return (*read, *(Record.unread(listed[rank], why.format(rank), rank) for rank in others))
 
-    def _judge_spec(self, job: str, info: BlobInfo) -> tuple[tuple[JobSpec | None, tuple[str, ...]], int]:
-        """(the policy-resolved spec or None, its problems), and the generation read."""
+    def _judge_spec(self, job: str, info: BlobInfo) -> tuple[tuple[JobSpec | None, tuple[str, ...], bytes | None], int]:
+        """(the policy-resolved spec or None, its problems, the bytes judged), and the generation read."""
         too_large = (f"spec.yaml: larger than the {MAX_SPEC_BYTES // 1024} KiB limit; shrink it",)
         if info.size > MAX_SPEC_BYTES:  # the listing says so: not even a request for it
-            return (None, too_large), info.generation
+            return (None, too_large, None), info.generation
+        kept = self.snapshot.spec(info) if self.snapshot is not None else None
         try:
-            blob = self._read_listed(info, MAX_SPEC_BYTES)
+            blob = Blob(info, kept) if kept is not None else self._read_listed(info, MAX_SPEC_BYTES)
         except errors.TooLarge:  # grew since the listing
-            return (None, too_large), 0
+            return (None, too_large, None), 0
         try:
             spec = parse_spec(blob.data, job)
         except SpecError as e:
-            return (None, tuple(e.problems)), blob.info.generation
+            return (None, tuple(e.problems), blob.data), blob.info.generation
         if problems := tuple(self.policy.violations(spec)):
-            return (None, problems), blob.info.generation
+            return (None, problems, blob.data), blob.info.generation
         # From here on the spec says exactly where and as whom VMs run: the project and
         # service account filled in from the policy, never from status.json.
-        return (self.policy.resolve(spec), ()), blob.info.generation
+        return (self.policy.resolve(spec), (), blob.data), blob.info.generation
 
     def _read_listed(self, info: BlobInfo, limit: int) -> Blob:
         """The listed generation in one request, or, replaced since, what is there now."""
@@ -703,6 +763,8 @@ class Observer:
             return None, 0
 
         def read() -> tuple[tuple[tuple[bytes, bytes, tuple[int, int]] | None, int], int]:
+            if self.snapshot is not None and (kept := self.snapshot.status(info)) is not None:
+                return (kept, info.generation), info.generation
             raw, generation = self._read_status(info)
             if raw is None:
                 return (None, generation), generation

@@ -1,0 +1,256 @@
+"""``respawn/snapshot/<part>.json``: what passes over every job made of the specs and statuses they
+read, so that a fresh function instance reads a few objects where it would read two per job.
+
+A function instance keeps what it made of each object between passes (observe.Parsed, keyed by
+the object's generation), so its steady tick reads only what changed. A fresh instance has
+nothing: its first pass over 10,000 jobs read 20,000 objects, and split and validated 10,000
+statuses, about 80 CPU-seconds, four minutes at a third of a vCPU. So a pass over every job also
+writes what its cache holds, in ``PARTS`` objects by the job's residue (``names.shard_of``; shard
+i of K owns the parts p with p mod K = i, so each shard writes only its own and reads only its own),
+and a fresh instance reads its parts once, before its first pass.
+
+A snapshot is a cache, never a source of truth. Each entry names the object and the generation it
+was made from, and is used only for an object the pass's own listing names at that generation: a
+generation names one content forever, so an entry either is exactly what a read would give or is
+never used. A status entry is its head and its history and past runs as ``JobStatus.split`` gives
+them, compressed; it is decompressed within the status's own bound and validated, both halves, before
+the cache takes it (``status``): what no read of the object would have given is refused and the
+object is read. A spec entry is the spec's bytes as stored, judged as a read's would be (its
+policy is this instance's, whatever the writer's was). A part that does not parse, is too large,
+or holds an entry for another part's job or another kind of object is skipped, entry by entry.
+
+Who can write it: the controller (and whoever administers the bucket, who can write any status
+too); trainer VMs cannot (their IAM condition names their own records only: deploy/IAM.md). A
+part is rewritten when more than ``STALE`` of what it holds no longer matches the listing (or it
+is missing): in a steady fleet a part is rewritten every few tens of minutes, never every tick.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import threading
+import zlib
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from controller.core import errors, names
+from controller.core.ports import BlobInfo, BlobStore
+from controller.core.shards import Shard
+from controller.core.spec import MAX_SPEC_BYTES
+from controller.core.state import JobStatus
+from controller.service import fanout
+
+log = logging.getLogger(__name__)
+
+PREFIX = "respawn/snapshot/"
+PARTS = names.MAX_SHARDS
+VERSION = 1
+STALE = 1 / 8  # a part is rewritten once more than this share of its entries no longer matches
+MAX_PART_BYTES = 256 * 1024 * 1024  # a part is a few hundred KB at 10,000 jobs; bounded whoever wrote it
+MAX_STATUS_BYTES = 4 * 1024 * 1024  # as observe.MAX_STATUS_BYTES: a status's own bound
+
+Packed = tuple[bytes, bytes, tuple[int, int]]  # a status as observe.Parsed keeps it: head, past (zlib), lengths
+
+
+def part_of(job: str) -> int:
+    return names.shard_of(job, PARTS)
+
+
+def part_key(part: int) -> str:
+    return f"{PREFIX}{part:03d}.json"
+
+
+def parts_of(shard: Shard | None) -> range | list[int]:
+    """The parts a pass over every job (of ``shard``) reads and writes."""
+    if shard is None:
+        return range(PARTS)
+    return [p for p in range(PARTS) if p % shard.count == shard.index]
+
+
+class Snapshot:
+    """The snapshot as this instance knows it: what each of its parts holds in the bucket (loaded or
+    written here), and the entries loaded and not yet taken by a pass."""
+
+    def __init__(self, store: BlobStore, bucket: str) -> None:
+        self.store = store
+        self.bucket = bucket
+        self._held: dict[int, dict[str, int]] = {}  # part -> {object name: generation} as it is stored
+        self._waiting: dict[tuple[str, int], Any] = {}  # (name, generation) -> bytes (a spec) or Packed
+        self._loaded: set[int] = set()
+        self._lock = threading.Lock()
+        self.taken = 0  # entries a pass used instead of a read (for the tick's log and the tests)
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def load(self, shard: Shard | None, workers: int = 1) -> None:
+        """Read the parts of ``shard`` (or every part) this instance has not read yet: one listing
+        of the prefix and a read of each part there. Never fails a pass: a part that cannot be read
+        is as if it were missing (its jobs' objects are read)."""
+        wanted = [p for p in parts_of(shard) if p not in self._loaded]
+        if not wanted:
+            return
+        self._loaded.update(wanted)
+        try:
+            listed = {info.name: info for info in self.store.list(self.bucket, PREFIX)}
+        except errors.RespawnError as e:
+            log.warning("the snapshot's parts could not be listed: %s; this pass reads every object", e)
+            return
+        there = [listed[part_key(p)] for p in wanted if part_key(p) in listed]
+        for part, got in zip(there, fanout.each(there, self._read_part, workers), strict=True):
+            number = int(part.name[len(PREFIX):-len(".json")])
+            held: dict[str, int] = {}
+            with self._lock:
+                for key, value in got:
+                    held[key[0]] = key[1]
+                    self._waiting[key] = value
+                self._held[number] = held
+
+    def _read_part(self, info: BlobInfo) -> list[tuple[tuple[str, int], Any]]:
+        if info.size > MAX_PART_BYTES:
+            log.warning("snapshot part %s is larger than %d bytes: not read", info.name, MAX_PART_BYTES)
+            return []
+        try:
+            data = self.store.read_listed(info)
+        except errors.RespawnError as e:  # replaced since the listing, or not answering: as if missing
+            log.warning("snapshot part %s could not be read: %s", info.name, e)
+            return []
+        return entries(data, int(info.name[len(PREFIX):-len(".json")]))
+
+    def spec(self, info: BlobInfo) -> bytes | None:
+        """The spec's bytes at the listed generation, when a part held them (taken: once)."""
+        with self._lock:
+            found = self._waiting.pop((info.name, info.generation), None)
+        if isinstance(found, bytes):
+            self.taken += 1
+            return found
+        return None
+
+    def status(self, info: BlobInfo) -> Packed | None:
+        """The status at the listed generation as ``Parsed`` keeps it, when a part held it and both
+        its halves decompress within the status's bound and validate (taken: once)."""
+        with self._lock:
+            found = self._waiting.pop((info.name, info.generation), None)
+        if not isinstance(found, tuple):
+            return None
+        head, past, lengths = found
+        try:
+            if not JobStatus.check_split(_inflate(head), _inflate(past), lengths):
+                return None
+        except (ValueError, zlib.error, RecursionError):
+            log.warning("snapshot entry for %s refused: it does not validate; the object is read", info.name)
+            return None
+        self.taken += 1
+        return found
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def save(self, listing: Mapping[str, Mapping[str, BlobInfo]], cached: Callable[[BlobInfo], Any],
+             shard: Shard | None = None) -> int:
+        """After a pass over every job (of ``shard``): rewrite each of its parts whose stored entries
+        differ from the pass's listing by more than ``STALE`` (or that is missing), from what the
+        cache holds at the listed generations (``cached``: observe.Parsed's value, None when not
+        held). Entries not taken by then are let go. Returns the parts
+        written; a write that fails is left to the next pass (never the pass's failure)."""
+        mine = set(parts_of(shard))
+        by_part: dict[int, dict[str, BlobInfo]] = defaultdict(dict)
+        for job, objects in listing.items():
+            for kind in ("spec", "status"):
+                if (info := objects.get(kind)) is not None:
+                    by_part[part_of(job)][info.name] = info
+        with self._lock:
+            self._waiting = {k: v for k, v in self._waiting.items() if _part_of_name(k[0]) not in mine}
+        written = 0
+        for part in sorted(mine):
+            listed = by_part.get(part, {})
+            values = {name: value for name, info in sorted(listed.items())
+                      if _storable(value := cached(info))}
+            kept = {name: listed[name].generation for name in values}
+            held = self._held.get(part)
+            if held is None and not kept:
+                continue
+            if held is not None:
+                # What the pass could write that the part lacks, and what the part holds that the
+                # listing no longer names at that generation (a cache smaller than the fleet leaves
+                # some out: never counted, or the part would be rewritten every pass).
+                stale = {name for name, generation in kept.items() if held.get(name) != generation} | \
+                    {name for name, generation in held.items() if name not in listed or listed[name].generation != generation}
+                if len(stale) <= STALE * max(len(kept), len(held)):
+                    continue
+            rows = [_row(name, kept[name], value) for name, value in values.items()]
+            body = json.dumps({"v": VERSION, "part": part, "entries": rows}, separators=(",", ":")).encode()
+            try:
+                self.store.write(self.bucket, part_key(part), body)
+            except errors.RespawnError as e:
+                log.warning("snapshot part %d not written: %s; the next pass tries again", part, e)
+                continue
+            self._held[part] = kept
+            written += 1
+        return written
+
+
+def entries(data: bytes, part: int) -> list[tuple[tuple[str, int], Any]]:
+    """A part's entries that are this part's and well formed; anything else in it is skipped."""
+    try:
+        body = json.loads(data)
+    except (ValueError, RecursionError):
+        return []
+    rows = body.get("entries") if isinstance(body, dict) and body.get("v") == VERSION else None
+    if not isinstance(rows, list):
+        return []
+    found = []
+    for row in rows:
+        try:
+            kind, name, generation, *rest = row
+            ref = names.parse_object_name(name) if isinstance(name, str) else None
+            if ref is None or ref.node is not None or ref.kind != kind or part_of(ref.job) != part \
+                    or not isinstance(generation, int) or generation <= 0:
+                continue
+            if kind == "spec" and len(rest) == 1 and isinstance(rest[0], str):
+                raw = rest[0].encode()
+                if len(raw) <= MAX_SPEC_BYTES:
+                    found.append(((name, generation), raw))
+            elif kind == "status" and len(rest) == 4 and all(isinstance(x, str) for x in rest[:2]) \
+                    and all(isinstance(x, int) and x >= 0 for x in rest[2:]):
+                head, past = (base64.b64decode(x, validate=True) for x in rest[:2])
+                found.append(((name, generation), (head, past, (rest[2], rest[3]))))
+        except (ValueError, TypeError, binascii.Error):
+            continue
+    return found
+
+
+def _storable(value: Any) -> bool:
+    """What a part can hold of the cache's (observe.Parsed) values: a spec's (spec, problems, its
+    bytes, UTF-8) or a status's (Packed, generation)."""
+    if isinstance(value, tuple) and len(value) == 3 and isinstance(value[2], bytes):
+        try:
+            value[2].decode()
+        except UnicodeDecodeError:  # refused anyway (not YAML), and read again: never kept
+            return False
+        return True
+    return isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], tuple) and len(value[0]) == 3
+
+
+def _row(name: str, generation: int, value: Any) -> list[Any]:
+    if len(value) == 3:
+        return ["spec", name, generation, value[2].decode()]
+    head, past, (history, runs) = value[0]
+    return ["status", name, generation, base64.b64encode(head).decode(), base64.b64encode(past).decode(), history, runs]
+
+
+def _part_of_name(name: str) -> int | None:
+    ref = names.parse_object_name(name)
+    return part_of(ref.job) if ref is not None else None
+
+
+def _inflate(data: bytes) -> bytes:
+    """Decompressed within a status's bound (a small entry cannot unpack to gigabytes)."""
+    inflater = zlib.decompressobj()
+    out = inflater.decompress(data, MAX_STATUS_BYTES)
+    if inflater.unconsumed_tail or not inflater.eof:
+        raise ValueError("larger than a status may be, or truncated")
+    return out
+
