@@ -36,6 +36,7 @@ of their own: a latency or an ``operations.wait`` blocks only its own caller.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import threading
@@ -389,6 +390,12 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
                 answer = self._dispatch(request.method, path, version)
             except ApiError as e:
                 return _json(e.body(), e.code)
+            if isinstance(answer, dict) and answer.get("kind") == "compute#operation":
+                # An operation is the server's own, finished on another thread (DONE, an error
+                # added): copied as it stands now, under the lock its changes are made under, so an
+                # answer is never serialized half-way through one (a 500 Google never sends).
+                with self._lock:
+                    answer = copy.deepcopy(answer)
             # The beta API's links name the beta API; the resource is the same one.
             return _json(_relinked(answer, self.urls.base, self.urls.base.replace("/v1/", "/beta/"))
                          if version == "beta" else answer)

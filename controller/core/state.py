@@ -417,12 +417,12 @@ class JobStatus(BaseModel):
         past = {key: whole.pop(key, []) for key in PAST}
         return json.dumps(whole).encode(), json.dumps(past).encode(), (len(past["history"]), len(past["runs"]))
 
-    @classmethod
-    def check_split(cls, head: bytes, past: bytes, lengths: tuple[int, int]) -> bool:
-        """Whether ``head`` and ``past`` are a status as ``split`` gives it, with those lengths: each
-        half validates (ValueError when one does not) and the lengths are the past's. (A history in
-        the head is never read: ``joined`` puts the past's in its place.)"""
-        cls.model_validate_json(head)
+    @staticmethod
+    def check_past(past: bytes, lengths: tuple[int, int]) -> bool:
+        """Whether ``past`` is a status's history and past runs as ``split`` gives them, with those
+        lengths (ValueError when it does not validate). ``joined`` validates the head itself; the
+        past it parses only when first used, deep in a pass: a past from elsewhere than a read of
+        the status (controller.service.snapshot) is checked before it is kept."""
         parsed = _Past.model_validate_json(past)
         return (len(parsed.history), len(parsed.runs)) == tuple(lengths)
 

@@ -669,7 +669,7 @@ class Observer:
                 listed = newest[ref.job].get("status")
                 if listed is None or listed.generation < info.generation:
                     newest[ref.job] = {**newest[ref.job], "status": info}
-        return self.snapshot.save(newest, self.parsed.peek, shard)
+        return self.snapshot.save(newest, self.parsed.peek, shard, self.workers)
 
     def list_bucket(self, job: str | None = None) -> list[BlobInfo]:
         """The objects of every job (or one) as the bucket lists them: jobs/ and preempted-jobs/."""
@@ -779,7 +779,19 @@ class Observer:
         if packed is None:
             return None, generation
         head, past, lengths = packed
-        return JobStatus.joined(zlib.decompress(head), lambda: zlib.decompress(past), lengths), generation
+        try:
+            return JobStatus.joined(zlib.decompress(head), lambda: zlib.decompress(past), lengths), generation
+        except ValueError:
+            # Only a snapshot's entry can fail here (a read's was validated whole before it was
+            # kept, and ``remember``'s is the controller's own): let go of it, and read the object.
+            log.warning("a snapshot's status head does not validate; the object is read",
+                        extra={"json_fields": {"object": info.name}})
+            self.parsed.drop(info)
+            packed, generation = self.parsed.get(info, read)  # the snapshot's entry was taken: a read
+            if packed is None:
+                return None, generation
+            head, past, lengths = packed
+            return JobStatus.joined(zlib.decompress(head), lambda: zlib.decompress(past), lengths), generation
 
     def _read_status(self, info: BlobInfo) -> tuple[bytes | None, int]:
         """The status's bytes, once they parse (None: unreadable), and the generation read."""
@@ -811,23 +823,31 @@ class Observer:
         if info.size > MAX_RECORD_BYTES:  # the listing says so: not even a request for it
             return Record.oversized(info)
 
-        def read() -> tuple[Record | None, int]:
-            record = self._read_record(info.name, info)
-            return record, record.generation if record else 0
+        def read() -> tuple[tuple[Record | None, bytes | None], int]:
+            kept = self.snapshot.record(info) if self.snapshot is not None else None
+            if kept is not None:  # the bytes a read would give: judged as a read's
+                return (Record.parse(info, kept), kept), info.generation
+            record, data = self._read_record_bytes(info.name, info)
+            return (record, data), record.generation if record else 0
 
-        return self.parsed.get(info, read)
+        # Kept with its bytes, which the snapshot holds (a record parsed is judged again from them).
+        return self.parsed.get(info, read)[0]
 
     def _read_record(self, name: str, listed: BlobInfo | None = None) -> Record | None:
         """The record at ``name``; ``listed``: the generation a listing named, read in one request
         while it is still there."""
+        return self._read_record_bytes(name, listed)[0]
+
+    def _read_record_bytes(self, name: str, listed: BlobInfo | None = None) -> tuple[Record | None, bytes | None]:
+        """``_read_record``'s record and the bytes it was judged from (None: none read)."""
         try:
             blob = self._read_listed(listed, MAX_RECORD_BYTES) if listed else \
                 self.store.read(self.bucket, name, limit=MAX_RECORD_BYTES)
         except errors.NotFound:
-            return None  # consumed between the listing and the read, or never written
+            return None, None  # consumed between the listing and the read, or never written
         except errors.TooLarge:
-            return Record.oversized(self.store.stat(self.bucket, name))
-        return Record.parse(blob.info, blob.data)
+            return Record.oversized(self.store.stat(self.bucket, name)), None
+        return Record.parse(blob.info, blob.data), blob.data
 
     def _with_evidence(self, view: JobView, side: int = 1) -> JobView:
         """For each node of the current attempt that is stopped or gone: fresh records and Compute's why.

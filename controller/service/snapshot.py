@@ -1,5 +1,6 @@
-"""``respawn/snapshot/<part>.json``: what passes over every job made of the specs and statuses they
-read, so that a fresh function instance reads a few objects where it would read two per job.
+"""``respawn/snapshot/<part>.json``: what passes over every job made of the objects they read (specs,
+statuses, VM records), so that a fresh function instance reads a few objects where it read two or
+three per job.
 
 A function instance keeps what it made of each object between passes (observe.Parsed, keyed by
 the object's generation), so its steady tick reads only what changed. A fresh instance has
@@ -13,11 +14,13 @@ A snapshot is a cache, never a source of truth. Each entry names the object and 
 was made from, and is used only for an object the pass's own listing names at that generation: a
 generation names one content forever, so an entry either is exactly what a read would give or is
 never used. A status entry is its head and its history and past runs as ``JobStatus.split`` gives
-them, compressed; it is decompressed within the status's own bound and validated, both halves, before
-the cache takes it (``status``): what no read of the object would have given is refused and the
-object is read. A spec entry is the spec's bytes as stored, judged as a read's would be (its
-policy is this instance's, whatever the writer's was). A part that does not parse, is too large,
-or holds an entry for another part's job or another kind of object is skipped, entry by entry.
+them, compressed: both are decompressed within the status's own bound and the past validated
+before the cache takes them, and the head is validated where every pass parses it (one that does
+not is let go and the object read: ``Observer._status``). A spec entry is the spec's bytes as
+stored, judged as a read's would be (by this instance's policy, whatever the writer's was); a
+record entry is a VM record's bytes, judged by ``Record.parse`` as a read's. A part that does not
+parse, is too large, or holds an entry for another part's job or another kind of object is skipped,
+entry by entry.
 
 Who can write it: the controller (and whoever administers the bucket, who can write any status
 too); trainer VMs cannot (their IAM condition names their own records only: deploy/IAM.md). A
@@ -42,6 +45,7 @@ from controller.core.ports import BlobInfo, BlobStore
 from controller.core.shards import Shard
 from controller.core.spec import MAX_SPEC_BYTES
 from controller.core.state import JobStatus
+from controller.core.world import MAX_RECORD_BYTES
 from controller.service import fanout
 
 log = logging.getLogger(__name__)
@@ -54,6 +58,17 @@ MAX_PART_BYTES = 256 * 1024 * 1024  # a part is a few hundred KB at 10,000 jobs;
 MAX_STATUS_BYTES = 4 * 1024 * 1024  # as observe.MAX_STATUS_BYTES: a status's own bound
 
 Packed = tuple[bytes, bytes, tuple[int, int]]  # a status as observe.Parsed keeps it: head, past (zlib), lengths
+# What VMs write that a part holds (names.parse_object_name's kinds). Not the heartbeat: a trainer
+# writes it again every minute, so a part holding it would be stale, and rewritten, every pass.
+RECORDS = ("marker", "exit", "notice", "ready")
+
+
+class _SpecBytes(bytes):
+    """A spec's bytes, as a part held them."""
+
+
+class _RecordBytes(bytes):
+    """A VM record's bytes, as a part held them."""
 
 
 def part_of(job: str) -> int:
@@ -79,7 +94,7 @@ class Snapshot:
         self.store = store
         self.bucket = bucket
         self._held: dict[int, dict[str, int]] = {}  # part -> {object name: generation} as it is stored
-        self._waiting: dict[tuple[str, int], Any] = {}  # (name, generation) -> bytes (a spec) or Packed
+        self._waiting: dict[tuple[str, int], Any] = {}  # (name, generation) -> _SpecBytes, Packed or _RecordBytes
         self._loaded: set[int] = set()
         self._lock = threading.Lock()
         self.taken = 0  # entries a pass used instead of a read (for the tick's log and the tests)
@@ -94,6 +109,12 @@ class Snapshot:
         if not wanted:
             return
         self._loaded.update(wanted)
+        try:
+            self._load(wanted, workers)
+        except Exception:  # noqa: BLE001 - a cache: a pass without it reads the objects, never fails
+            log.exception("the snapshot could not be read; this pass reads every object")
+
+    def _load(self, wanted: list[int], workers: int) -> None:
         try:
             listed = {info.name: info for info in self.store.list(self.bucket, PREFIX)}
         except errors.RespawnError as e:
@@ -110,35 +131,41 @@ class Snapshot:
                 self._held[number] = held
 
     def _read_part(self, info: BlobInfo) -> list[tuple[tuple[str, int], Any]]:
+        """The part's entries; none when it cannot be read or is too large (``fanout.each``'s work:
+        never raises)."""
         if info.size > MAX_PART_BYTES:
             log.warning("snapshot part %s is larger than %d bytes: not read", info.name, MAX_PART_BYTES)
             return []
         try:
             data = self.store.read_listed(info)
-        except errors.RespawnError as e:  # replaced since the listing, or not answering: as if missing
+            return entries(data, int(info.name[len(PREFIX):-len(".json")]))
+        except Exception as e:  # noqa: BLE001 - replaced since the listing, not answering, a surprise: as if missing
             log.warning("snapshot part %s could not be read: %s", info.name, e)
             return []
-        return entries(data, int(info.name[len(PREFIX):-len(".json")]))
 
     def spec(self, info: BlobInfo) -> bytes | None:
         """The spec's bytes at the listed generation, when a part held them (taken: once)."""
         with self._lock:
-            found = self._waiting.pop((info.name, info.generation), None)
-        if isinstance(found, bytes):
-            self.taken += 1
-            return found
-        return None
+            found = self._waiting.get((info.name, info.generation))
+            if not isinstance(found, _SpecBytes):
+                return None
+            del self._waiting[(info.name, info.generation)]
+        self.taken += 1
+        return bytes(found)
 
     def status(self, info: BlobInfo) -> Packed | None:
-        """The status at the listed generation as ``Parsed`` keeps it, when a part held it and both
-        its halves decompress within the status's bound and validate (taken: once)."""
+        """The status at the listed generation as ``Parsed`` keeps it, when a part held it, both its
+        halves decompress within the status's bound, and its past validates (taken: once). Its head
+        is validated where every pass parses it (``Observer._status``: one that does not is let go
+        and the object read)."""
         with self._lock:
             found = self._waiting.pop((info.name, info.generation), None)
-        if not isinstance(found, tuple):
+        if not (isinstance(found, tuple) and isinstance(found[0], bytes)):
             return None
         head, past, lengths = found
         try:
-            if not JobStatus.check_split(_inflate(head), _inflate(past), lengths):
+            _inflate(head)
+            if not JobStatus.check_past(_inflate(past), lengths):
                 return None
         except (ValueError, zlib.error, RecursionError):
             log.warning("snapshot entry for %s refused: it does not validate; the object is read", info.name)
@@ -146,10 +173,21 @@ class Snapshot:
         self.taken += 1
         return found
 
+    def record(self, info: BlobInfo) -> bytes | None:
+        """A VM record's bytes at the listed generation, when a part held them (taken: once): judged
+        as a read's (``Record.parse``), as anything a VM wrote."""
+        with self._lock:
+            found = self._waiting.get((info.name, info.generation))
+            if not isinstance(found, _RecordBytes):
+                return None
+            del self._waiting[(info.name, info.generation)]
+        self.taken += 1
+        return bytes(found)
+
     # -- writing ---------------------------------------------------------------------------------
 
     def save(self, listing: Mapping[str, Mapping[str, BlobInfo]], cached: Callable[[BlobInfo], Any],
-             shard: Shard | None = None) -> int:
+             shard: Shard | None = None, workers: int = 1) -> int:
         """After a pass over every job (of ``shard``): rewrite each of its parts whose stored entries
         differ from the pass's listing by more than ``STALE`` (or that is missing), from what the
         cache holds at the listed generations (``cached``: observe.Parsed's value, None when not
@@ -158,12 +196,12 @@ class Snapshot:
         mine = set(parts_of(shard))
         by_part: dict[int, dict[str, BlobInfo]] = defaultdict(dict)
         for job, objects in listing.items():
-            for kind in ("spec", "status"):
-                if (info := objects.get(kind)) is not None:
+            for kind, info in objects.items():
+                if kind.split("/")[0] in ("spec", "status", *RECORDS):  # a worker's exit too ("exit/<rank>")
                     by_part[part_of(job)][info.name] = info
         with self._lock:
             self._waiting = {k: v for k, v in self._waiting.items() if _part_of_name(k[0]) not in mine}
-        written = 0
+        due: list[tuple[int, dict[str, int], list[list[Any]]]] = []
         for part in sorted(mine):
             listed = by_part.get(part, {})
             values = {name: value for name, info in sorted(listed.items())
@@ -173,23 +211,30 @@ class Snapshot:
             if held is None and not kept:
                 continue
             if held is not None:
-                # What the pass could write that the part lacks, and what the part holds that the
-                # listing no longer names at that generation (a cache smaller than the fleet leaves
-                # some out: never counted, or the part would be rewritten every pass).
-                stale = {name for name, generation in kept.items() if held.get(name) != generation} | \
-                    {name for name, generation in held.items() if name not in listed or listed[name].generation != generation}
-                if len(stale) <= STALE * max(len(kept), len(held)):
+                # What the pass could write that the part lacks or holds at another generation. Not
+                # what the part holds that the cache lacks (a cache smaller than the fleet leaves some
+                # out), nor objects gone since (records a pass consumed after reading them, a job
+                # deleted): never used, and let go at the part's next rewrite; counted, a part would
+                # be rewritten every pass.
+                stale = [name for name, generation in kept.items() if held.get(name) != generation]
+                if len(stale) <= STALE * len(kept):
                     continue
-            rows = [_row(name, kept[name], value) for name, value in values.items()]
+            due.append((part, kept, [_row(name, kept[name], value) for name, value in values.items()]))
+        done = fanout.each(due, self._write_part, workers)
+        for (part, kept, _), ok in zip(due, done, strict=True):
+            if ok:
+                self._held[part] = kept
+        return sum(done)
+
+    def _write_part(self, due: tuple[int, dict[str, int], list[list[Any]]]) -> bool:
+        part, _, rows = due
+        try:
             body = json.dumps({"v": VERSION, "part": part, "entries": rows}, separators=(",", ":")).encode()
-            try:
-                self.store.write(self.bucket, part_key(part), body)
-            except errors.RespawnError as e:
-                log.warning("snapshot part %d not written: %s; the next pass tries again", part, e)
-                continue
-            self._held[part] = kept
-            written += 1
-        return written
+            self.store.write(self.bucket, part_key(part), body)
+            return True
+        except Exception as e:  # noqa: BLE001 - a cache (fanout.each's work: never raises): the next pass tries again
+            log.warning("snapshot part %d not written: %s; the next pass tries again", part, e)
+            return False
 
 
 def entries(data: bytes, part: int) -> list[tuple[tuple[str, int], Any]]:
@@ -206,13 +251,14 @@ def entries(data: bytes, part: int) -> list[tuple[tuple[str, int], Any]]:
         try:
             kind, name, generation, *rest = row
             ref = names.parse_object_name(name) if isinstance(name, str) else None
-            if ref is None or ref.node is not None or ref.kind != kind or part_of(ref.job) != part \
-                    or not isinstance(generation, int) or generation <= 0:
+            if ref is None or part_of(ref.job) != part or not isinstance(generation, int) or generation <= 0 \
+                    or (ref.node is not None and kind != "record") \
+                    or ref.kind != kind and not (kind == "record" and ref.kind in RECORDS):
                 continue
-            if kind == "spec" and len(rest) == 1 and isinstance(rest[0], str):
+            if kind in ("spec", "record") and len(rest) == 1 and isinstance(rest[0], str):
                 raw = rest[0].encode()
-                if len(raw) <= MAX_SPEC_BYTES:
-                    found.append(((name, generation), raw))
+                if len(raw) <= (MAX_SPEC_BYTES if kind == "spec" else MAX_RECORD_BYTES):
+                    found.append(((name, generation), _SpecBytes(raw) if kind == "spec" else _RecordBytes(raw)))
             elif kind == "status" and len(rest) == 4 and all(isinstance(x, str) for x in rest[:2]) \
                     and all(isinstance(x, int) and x >= 0 for x in rest[2:]):
                 head, past = (base64.b64decode(x, validate=True) for x in rest[:2])
@@ -224,21 +270,30 @@ def entries(data: bytes, part: int) -> list[tuple[tuple[str, int], Any]]:
 
 def _storable(value: Any) -> bool:
     """What a part can hold of the cache's (observe.Parsed) values: a spec's (spec, problems, its
-    bytes, UTF-8) or a status's (Packed, generation)."""
-    if isinstance(value, tuple) and len(value) == 3 and isinstance(value[2], bytes):
-        try:
-            value[2].decode()
-        except UnicodeDecodeError:  # refused anyway (not YAML), and read again: never kept
-            return False
+    bytes), a status's (Packed, generation), or a VM record's (Record, its bytes), bytes in UTF-8
+    (what is not is refused anyway, and read again: never kept)."""
+    if not isinstance(value, tuple):
+        return False
+    if len(value) == 2 and isinstance(value[0], tuple):  # a status
         return True
-    return isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], tuple) and len(value[0]) == 3
+    text = value[2] if len(value) == 3 else value[1] if len(value) == 2 and value[0] is not None else None
+    if not isinstance(text, bytes):
+        return False
+    try:
+        text.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _row(name: str, generation: int, value: Any) -> list[Any]:
     if len(value) == 3:
         return ["spec", name, generation, value[2].decode()]
-    head, past, (history, runs) = value[0]
-    return ["status", name, generation, base64.b64encode(head).decode(), base64.b64encode(past).decode(), history, runs]
+    if isinstance(value[0], tuple):
+        head, past, (history, runs) = value[0]
+        return ["status", name, generation, base64.b64encode(head).decode(), base64.b64encode(past).decode(),
+                history, runs]
+    return ["record", name, generation, value[1].decode()]
 
 
 def _part_of_name(name: str) -> int | None:

@@ -212,3 +212,45 @@ def test_an_instance_never_reads_back_a_status_it_wrote_and_a_listing_older_than
     listed = h.store.stat(BUCKET, names.status_key("llm"))
     older = [k for k in engine.observer.parsed._entries if k[1] == listed.name]
     assert [k[2] for k in older] == [listed.generation]
+
+
+def test_a_part_over_its_bound_is_not_read_and_a_part_that_cannot_be_written_is_written_by_the_next_pass(monkeypatch):
+    from controller.core import errors
+
+    h = Harness()
+    _fleet(h, ["llm"])
+    monkeypatch.setattr(snapshot, "MAX_PART_BYTES", 10)
+    since = len(h.store.calls)
+    h.tick()
+    assert [n for op, n in h.store.calls[since:] if op == "read" and n.startswith(PREFIX)] == []  # not even read
+    assert sorted(_reads(h, since)) == sorted([names.spec_key("llm"), names.status_key("llm")])
+    monkeypatch.setattr(snapshot, "MAX_PART_BYTES", 256 * 1024 * 1024)
+    for info in h.store.list(BUCKET, PREFIX):
+        h.store.delete(BUCKET, info.name)
+    real = h.store.write
+
+    def refusing(bucket, name, data, **kw):
+        if name.startswith(PREFIX):
+            raise errors.TransientError("503")
+        return real(bucket, name, data, **kw)
+
+    monkeypatch.setattr(h.store, "write", refusing)
+    engine = h.engine()
+    assert not engine.reconcile().errors
+    assert h.store.list(BUCKET, PREFIX) == []
+    monkeypatch.setattr(h.store, "write", real)
+    engine.reconcile()  # the same instance: the part it could not write is still due
+    assert [i.name for i in h.store.list(BUCKET, PREFIX)] == [part_key(part_of("llm"))]
+
+
+def test_a_vm_record_is_taken_from_the_part_and_judged_as_a_read_of_it_would_be():
+    h = Harness()
+    _fleet(h, ["llm", "forged"])
+    h.exit("llm", 1)  # a failure: the job backs off, its exit record kept until its next attempt
+    h.exit("forged", 0, token="not-the-attempt-s")  # a record without the attempt's secret
+    h.tick()
+    assert h.status("llm").phase == Phase.RECOVERING and h.status("forged").phase == Phase.RUNNING
+    since = len(h.store.calls)
+    h.tick()
+    assert [n for op, n in h.store.calls[since:] if op == "read" and n.startswith(names.JOBS_PREFIX)] == []
+    assert h.status("llm").phase == Phase.RECOVERING and h.status("forged").phase == Phase.RUNNING
