@@ -417,25 +417,29 @@ class JobStatus(BaseModel):
         past = {key: whole.pop(key, []) for key in PAST}
         return json.dumps(whole).encode(), json.dumps(past).encode(), (len(past["history"]), len(past["runs"]))
 
-    @staticmethod
-    def check_past(past: bytes, lengths: tuple[int, int]) -> bool:
-        """Whether ``past`` is a status's history and past runs as ``split`` gives them, with those
-        lengths (ValueError when it does not validate). ``joined`` validates the head itself; the
-        past it parses only when first used, deep in a pass: a past from elsewhere than a read of
-        the status (controller.service.snapshot) is checked before it is kept."""
-        parsed = _Past.model_validate_json(past)
-        return (len(parsed.history), len(parsed.runs)) == tuple(lengths)
-
     @classmethod
-    def joined(cls, head: bytes, past: Callable[[], bytes], lengths: tuple[int, int]) -> JobStatus:
+    def joined(cls, head: bytes, past: Callable[[], bytes], lengths: tuple[int, int],
+               otherwise: Callable[[], bytes] | None = None) -> JobStatus:
         """The status ``split`` took apart, its head parsed now and its history and past runs
-        (``past()``'s bytes) when first used (``Later``)."""
+        (``past()``'s bytes) when first used (``Later``). ``otherwise``: for a past that came from
+        elsewhere than a read of the status (controller.service.snapshot), the past as a read of
+        the status gives it, used when ``past()`` raises ValueError, does not validate, or holds
+        other lengths than ``lengths`` say (without it, those raise)."""
         status = cls.model_validate_json(head)
         cell: list[_Past] = []
 
         def parsed() -> _Past:
             if not cell:
-                cell.append(_Past.model_validate_json(past()))
+                try:
+                    found = _Past.model_validate_json(past())
+                    if (len(found.history), len(found.runs)) != tuple(lengths):
+                        raise ValueError(f"a past of {len(found.history)} events and {len(found.runs)} runs, "
+                                         f"not {lengths[0]} and {lengths[1]}")
+                except ValueError:
+                    if otherwise is None:
+                        raise
+                    found = _Past.model_validate_json(otherwise())
+                cell.append(found)
             return cell[0]
 
         return status.model_copy(update={"history": Later(lambda: parsed().history, lengths[0]),

@@ -32,7 +32,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from controller.core import checkpoints, errors, names, placement
-from controller.service import fanout
+from controller.service import fanout, snapshot
 from controller.service.advice import AdviceCache
 from controller.service.snapshot import Snapshot
 from controller.service.tpuzones import TpuZones
@@ -199,9 +199,8 @@ class Observer:
         self.policy = policy
         self.workers = workers  # jobs observed side by side (fanout.each)
         self.parsed = Parsed()
-        # What passes over every job made of specs and statuses, kept in the bucket for a fresh
-        # instance's first pass (controller.service.snapshot); None: not kept (the in-memory
-        # fakes' tests, which count objects and requests).
+        # What passes over every job made of specs, statuses and VM records, kept in the bucket for
+        # a fresh instance's first pass (controller.service.snapshot); None: not kept.
         self.snapshot = Snapshot(store, bucket) if snapshot else None
         self._listed: tuple[dict[str, dict[str, BlobInfo]], Shard | None] | None = None  # the last such pass's
         self._written: dict[str, BlobInfo] = {}  # statuses written since that pass listed (``remember``)
@@ -775,23 +774,37 @@ class Observer:
         # only if the pass uses them (``JobStatus.joined``): parsed whole, a status at its history
         # limit takes about 220 KiB and 1 ms, and 10,000 of them would not fit a function; its 55 KB
         # of JSON compress to about 7 KiB.
-        packed, generation = self.parsed.get(info, read)
-        if packed is None:
-            return None, generation
-        head, past, lengths = packed
-        try:
-            return JobStatus.joined(zlib.decompress(head), lambda: zlib.decompress(past), lengths), generation
-        except ValueError:
-            # Only a snapshot's entry can fail here (a read's was validated whole before it was
-            # kept, and ``remember``'s is the controller's own): let go of it, and read the object.
-            log.warning("a snapshot's status head does not validate; the object is read",
-                        extra={"json_fields": {"object": info.name}})
-            self.parsed.drop(info)
-            packed, generation = self.parsed.get(info, read)  # the snapshot's entry was taken: a read
+        for tries_left in (1, 0):
+            packed, generation = self.parsed.get(info, read)
             if packed is None:
                 return None, generation
             head, past, lengths = packed
-            return JobStatus.joined(zlib.decompress(head), lambda: zlib.decompress(past), lengths), generation
+            try:
+                if isinstance(packed, snapshot.Unchecked):  # a snapshot's: its past checked when first used
+                    return JobStatus.joined(zlib.decompress(head), lambda: snapshot.inflate(past), lengths,
+                                            otherwise=lambda: self._past_as_read(info)), generation
+                return JobStatus.joined(zlib.decompress(head), lambda: zlib.decompress(past), lengths), generation
+            except ValueError:
+                # Only a snapshot's entry can fail here (a read's was validated whole before it was
+                # kept, and ``remember``'s is the controller's own): let go of it and read the object
+                # (the snapshot gives an entry once, so the next ``read`` is a read).
+                if not tries_left:
+                    raise
+                log.warning("a snapshot's status head does not validate; the object is read",
+                            extra={"json_fields": {"object": info.name}})
+                self.parsed.drop(info)
+        raise AssertionError("unreachable")
+
+    def _past_as_read(self, info: BlobInfo) -> bytes:
+        """The history and past runs of the status at the listed generation, read, for a snapshot's
+        entry whose past did not validate; the entry is let go whatever the read gives. A status
+        replaced since, or unreadable, is this pass's trouble for the job (TransientError): the
+        next pass reads it as it is then."""
+        self.parsed.drop(info)
+        raw, generation = self._read_status(info)
+        if raw is None or generation != info.generation:
+            raise errors.TransientError(f"{info.name}: changed or unreadable since the listing")
+        return JobStatus.split(raw)[1]
 
     def _read_status(self, info: BlobInfo) -> tuple[bytes | None, int]:
         """The status's bytes, once they parse (None: unreadable), and the generation read."""

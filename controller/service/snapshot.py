@@ -71,6 +71,10 @@ class _RecordBytes(bytes):
     """A VM record's bytes, as a part held them."""
 
 
+class Unchecked(tuple):  # type: ignore[type-arg]
+    """A status's Packed as a part held it: its past not validated yet (``Observer._status``)."""
+
+
 def part_of(job: str) -> int:
     return names.shard_of(job, PARTS)
 
@@ -154,21 +158,20 @@ class Snapshot:
         return bytes(found)
 
     def status(self, info: BlobInfo) -> Packed | None:
-        """The status at the listed generation as ``Parsed`` keeps it, when a part held it, both its
-        halves decompress within the status's bound, and its past validates (taken: once). Its head
-        is validated where every pass parses it (``Observer._status``: one that does not is let go
-        and the object read)."""
+        """The status at the listed generation as ``Parsed`` keeps it (an ``Unchecked``), when a part
+        held it and its head decompresses within the status's bound (taken: once). Its head is
+        validated where every pass parses it (``Observer._status``: one that does not is let go and
+        the object read); its past, decompressed within the same bound, when a pass first uses it,
+        and read from the object where it does not validate (``JobStatus.joined``'s ``otherwise``)."""
         with self._lock:
-            found = self._waiting.pop((info.name, info.generation), None)
-        if not (isinstance(found, tuple) and isinstance(found[0], bytes)):
-            return None
-        head, past, lengths = found
-        try:
-            _inflate(head)
-            if not JobStatus.check_past(_inflate(past), lengths):
+            found = self._waiting.get((info.name, info.generation))
+            if not isinstance(found, Unchecked):
                 return None
-        except (ValueError, zlib.error, RecursionError):
-            log.warning("snapshot entry for %s refused: it does not validate; the object is read", info.name)
+            del self._waiting[(info.name, info.generation)]
+        try:
+            inflate(found[0])
+        except (ValueError, zlib.error):
+            log.warning("snapshot entry for %s refused: its head is larger than a status; the object is read", info.name)
             return None
         self.taken += 1
         return found
@@ -262,7 +265,7 @@ def entries(data: bytes, part: int) -> list[tuple[tuple[str, int], Any]]:
             elif kind == "status" and len(rest) == 4 and all(isinstance(x, str) for x in rest[:2]) \
                     and all(isinstance(x, int) and x >= 0 for x in rest[2:]):
                 head, past = (base64.b64decode(x, validate=True) for x in rest[:2])
-                found.append(((name, generation), (head, past, (rest[2], rest[3]))))
+                found.append(((name, generation), Unchecked((head, past, (rest[2], rest[3])))))
         except (ValueError, TypeError, binascii.Error):
             continue
     return found
@@ -301,7 +304,7 @@ def _part_of_name(name: str) -> int | None:
     return part_of(ref.job) if ref is not None else None
 
 
-def _inflate(data: bytes) -> bytes:
+def inflate(data: bytes) -> bytes:
     """Decompressed within a status's bound (a small entry cannot unpack to gigabytes)."""
     inflater = zlib.decompressobj()
     out = inflater.decompress(data, MAX_STATUS_BYTES)
