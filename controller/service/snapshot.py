@@ -170,7 +170,7 @@ class Snapshot:
             del self._waiting[(info.name, info.generation)]
         try:
             inflate(found[0])
-        except (ValueError, zlib.error):
+        except ValueError:
             log.warning("snapshot entry for %s refused: its head is larger than a status; the object is read", info.name)
             return None
         self.taken += 1
@@ -305,9 +305,15 @@ def _part_of_name(name: str) -> int | None:
 
 
 def inflate(data: bytes) -> bytes:
-    """Decompressed within a status's bound (a small entry cannot unpack to gigabytes)."""
+    """Decompressed within a status's bound (a small entry cannot unpack to gigabytes). Anything
+    that is not such a stream is a ValueError, as ``JobStatus.joined``'s ``otherwise`` expects: a
+    zlib.error escaping it failed the job's pass for good, since the entry stayed cached and was
+    written back to the part."""
     inflater = zlib.decompressobj()
-    out = inflater.decompress(data, MAX_STATUS_BYTES)
+    try:
+        out = inflater.decompress(data, MAX_STATUS_BYTES)
+    except zlib.error as e:
+        raise ValueError(f"not a zlib stream: {e}") from e
     if inflater.unconsumed_tail or not inflater.eof:
         raise ValueError("larger than a status may be, or truncated")
     return out

@@ -90,7 +90,8 @@ def _status_row(h: Harness, job: str, head: bytes, past: bytes, lengths: tuple[i
             *lengths]
 
 
-@pytest.mark.parametrize("what", ["invalid head", "invalid past", "wrong lengths", "bomb", "truncated", "not base64",
+@pytest.mark.parametrize("what", ["invalid head", "invalid past", "past not zlib", "wrong lengths", "bomb", "truncated",
+                                  "not base64",
                                   "another part's job", "a record's name", "spec as a status", "not json", "old version"])
 def test_a_part_that_is_not_what_a_pass_wrote_is_refused_entry_by_entry_and_the_objects_are_read(what):
     h = Harness()
@@ -103,6 +104,7 @@ def test_a_part_that_is_not_what_a_pass_wrote_is_refused_entry_by_entry_and_the_
     rows: list = {
         "invalid head": [_status_row(h, "llm", zlib.compress(b'{"phase": 7}'), zlib.compress(past), lengths)],
         "invalid past": [_status_row(h, "llm", zlib.compress(head), zlib.compress(b'{"history": 3}'), lengths)],
+        "past not zlib": [_status_row(h, "llm", zlib.compress(head), b"not zlib", lengths)],
         "wrong lengths": [_status_row(h, "llm", zlib.compress(head), zlib.compress(past), (lengths[0] + 1, 0))],
         "bomb": [_status_row(h, "llm", zlib.compress(b" " * (snapshot.MAX_STATUS_BYTES + 1)), zlib.compress(past),
                              lengths)],
@@ -121,7 +123,7 @@ def test_a_part_that_is_not_what_a_pass_wrote_is_refused_entry_by_entry_and_the_
             _status_row(h, "llm", zlib.compress(head), zlib.compress(past), lengths)]}))
     else:
         _hostile_part(h, "llm", rows)
-    past_only = what in ("invalid past", "wrong lengths")
+    past_only = what in ("invalid past", "past not zlib", "wrong lengths")
     if past_only:  # a past is parsed when a pass first uses it: a loss, whose commit appends to the history
         h.compute.preempt(names.instance_name("llm", 1))
     since = len(h.store.calls)
