@@ -14,8 +14,9 @@ import zlib
 import pytest
 
 from controller.core import names
+from controller.core.shards import Shard, envelope, pack
 from controller.core.state import Phase
-from controller.service import snapshot
+from controller.service import shards, snapshot
 from controller.service.snapshot import PREFIX, part_key, part_of
 from tests.harness import BUCKET, Harness
 from tests.service.test_shards import fan_tick, jobs_of, leased
@@ -263,3 +264,25 @@ def test_a_vm_record_is_taken_from_the_part_and_judged_as_a_read_of_it_would_be(
     h.tick()
     assert [n for op, n in h.store.calls[since:] if op == "read" and n.startswith(names.JOBS_PREFIX)] == []
     assert h.status("llm").phase == Phase.RECOVERING and h.status("forged").phase == Phase.RUNNING
+
+
+def test_a_snapshot_entry_for_a_status_older_than_this_instance_s_own_write_is_never_judged():
+    # A shard's message carries the listing its tick made; an event's pass on the same instance may
+    # commit the job meanwhile. The generation it replaced is then the job of a pass that must
+    # observe it again alone, as a read would find (test_shards' listing older than the write),
+    # even when the part read after the write holds that generation.
+    outcomes = []
+    for with_snapshot in (True, False):
+        h = Harness(snapshot=with_snapshot)
+        job = jobs_of(0, 2, 1)[0]
+        _fleet(h, [job])
+        h.tick()  # the part holds the job's status as it is now
+        engine = leased(h)  # a fresh instance, its snapshot not read yet
+        older = envelope(Shard(0, 2), BUCKET, h.clock.now(), listing=pack(engine.observer.list_bucket()))
+        h.compute.preempt(names.instance_name(job, 1))
+        engine.reconcile(job)  # an event's pass commits the loss and the next attempt
+        assert h.status(job).attempt == 2 and h.status(job).phase == Phase.PROVISIONING
+        summary = shards.handle(engine, older, BUCKET, 2)
+        outcomes.append((summary.jobs.get(job), h.status(job).phase, h.live()))
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][1] == Phase.RUNNING  # observed again alone: attempt 2's VM seen running
