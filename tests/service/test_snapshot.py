@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import tracemalloc
 import zlib
 
 import pytest
@@ -286,3 +287,27 @@ def test_a_snapshot_entry_for_a_status_older_than_this_instance_s_own_write_is_n
         outcomes.append((summary.jobs.get(job), h.status(job).phase, h.live()))
     assert outcomes[0] == outcomes[1]
     assert outcomes[0][1] == Phase.RUNNING  # observed again alone: attempt 2's VM seen running
+
+
+@pytest.mark.parametrize("rows", ["tiny", "large"])
+def test_what_a_fresh_instance_holds_of_its_parts_is_bounded_whatever_they_hold(monkeypatch, rows):
+    # A part of tiny entries makes several times its size in memory once parsed, one of large ones
+    # holds its text and what base64 gives of it at once; 256 parts, each up to MAX_PART_BYTES, are
+    # read side by side: what a load holds is bounded as a whole.
+    h = Harness()
+    monkeypatch.setattr(snapshot, "MAX_LOAD_BYTES", 4 << 20)
+    large = base64.b64encode(bytes(range(256)) * 1_200).decode()  # 400 KB of text
+    for part in range(16):
+        job = jobs_of(part, snapshot.PARTS, 1)[0]
+        entries = [["record", names.marker_key(job), generation, "x"] for generation in range(1, 2_001)] \
+            if rows == "tiny" else [["status", names.status_key(job), 1, large, large, 0, 0]]
+        h.store.put(BUCKET, part_key(part), json.dumps({"v": 1, "part": part, "entries": entries}))
+    loading = snapshot.Snapshot(h.store, BUCKET)
+    tracemalloc.start()
+    try:
+        loading.load(None, workers=4)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20
+    assert 0 < len({name for name, _ in loading._waiting}) < 16  # the parts that fit were taken, the rest left out
