@@ -204,6 +204,9 @@ class Observer:
         self.snapshot = Snapshot(store, bucket) if snapshot else None
         self._listed: tuple[dict[str, dict[str, BlobInfo]], Shard | None] | None = None  # the last such pass's
         self._written: dict[str, BlobInfo] = {}  # statuses written since that pass listed (``remember``)
+        # Each status's newest generation this process wrote (``remember``): a listing that names an
+        # older one was made before the write, and that job is read, never judged on what it was.
+        self._wrote: dict[str, int] = {}
         self.advice = AdviceCache(advisor)  # kept between passes, like ``parsed``
         self.tpu_zones = TpuZones(store, bucket)
 
@@ -652,6 +655,7 @@ class Observer:
         head, past, lengths = JobStatus.split(data)
         self.parsed.put(info, ((zlib.compress(head, 1), zlib.compress(past, 1), lengths), info.generation))
         self._written[info.name] = info
+        self._wrote[info.name] = max(self._wrote.get(info.name, 0), info.generation)
 
     def keep_snapshot(self) -> int:
         """After a pass over every job that acted to its end: the parts of the snapshot that changed
@@ -764,6 +768,9 @@ class Observer:
         def read() -> tuple[tuple[tuple[bytes, bytes, tuple[int, int]] | None, int], int]:
             if self.snapshot is not None and (kept := self.snapshot.status(info)) is not None:
                 return (kept, info.generation), info.generation
+            return read_object()
+
+        def read_object() -> tuple[tuple[tuple[bytes, bytes, tuple[int, int]] | None, int], int]:
             raw, generation = self._read_status(info)
             if raw is None:
                 return (None, generation), generation
@@ -774,8 +781,12 @@ class Observer:
         # only if the pass uses them (``JobStatus.joined``): parsed whole, a status at its history
         # limit takes about 220 KiB and 1 ms, and 10,000 of them would not fit a function; its 55 KB
         # of JSON compress to about 7 KiB.
+        # A generation older than one this process wrote was listed before the write: what a read
+        # gives now (another generation: ``parts`` observes the job again alone), never the cache's
+        # or the snapshot's entry for it (a part read after the write still holds it).
+        older = info.generation < self._wrote.get(info.name, 0)
         for tries_left in (1, 0):
-            packed, generation = self.parsed.get(info, read)
+            packed, generation = read_object()[0] if older else self.parsed.get(info, read)
             if packed is None:
                 return None, generation
             head, past, lengths = packed

@@ -55,6 +55,14 @@ PARTS = names.MAX_SHARDS
 VERSION = 1
 STALE = 1 / 8  # a part is rewritten once more than this share of its entries no longer matches
 MAX_PART_BYTES = 256 * 1024 * 1024  # a part is a few hundred KB at 10,000 jobs; bounded whoever wrote it
+# What a load may hold at once, as ``cost`` and ``held`` bound it: the parts read side by side while
+# they are parsed (a part of tiny entries makes several times its size: 16 parts of 90 KB peaked at
+# 10.8 MB), and their entries until a pass takes them; a fresh instance reads up to 256 parts, each
+# up to MAX_PART_BYTES. A job whose status is at its history limit holds about 6 KB (60 MB at 10,000
+# jobs). A part past what is left is skipped, as if missing (its jobs' objects are read).
+MAX_LOAD_BYTES = 128 * 1024 * 1024
+VALUE_BYTES = 128  # at most what json.loads makes of one JSON value (a str, a list, a dict's pair) in memory
+ENTRY_BYTES = 320  # what an entry held costs beside its bytes: its key, name, generation, the dict's slot
 MAX_STATUS_BYTES = 4 * 1024 * 1024  # as observe.MAX_STATUS_BYTES: a status's own bound
 
 Packed = tuple[bytes, bytes, tuple[int, int]]  # a status as observe.Parsed keeps it: head, past (zlib), lengths
@@ -100,6 +108,7 @@ class Snapshot:
         self._held: dict[int, dict[str, int]] = {}  # part -> {object name: generation} as it is stored
         self._waiting: dict[tuple[str, int], Any] = {}  # (name, generation) -> _SpecBytes, Packed or _RecordBytes
         self._loaded: set[int] = set()
+        self._left = 0  # of MAX_LOAD_BYTES, for the parts a load still reads (``_read_part``)
         self._lock = threading.Lock()
         self.taken = 0  # entries a pass used instead of a read (for the tick's log and the tests)
 
@@ -125,6 +134,7 @@ class Snapshot:
             log.warning("the snapshot's parts could not be listed: %s; this pass reads every object", e)
             return
         there = [listed[part_key(p)] for p in wanted if part_key(p) in listed]
+        self._left = MAX_LOAD_BYTES
         for part, got in zip(there, fanout.each(there, self._read_part, workers), strict=True):
             number = int(part.name[len(PREFIX):-len(".json")])
             held: dict[str, int] = {}
@@ -140,12 +150,32 @@ class Snapshot:
         if info.size > MAX_PART_BYTES:
             log.warning("snapshot part %s is larger than %d bytes: not read", info.name, MAX_PART_BYTES)
             return []
+        if not self._take(info.size):  # its bytes, before they are read
+            log.warning("snapshot part %s not read: the load holds all it may", info.name)
+            return []
         try:
             data = self.store.read_listed(info)
-            return entries(data, int(info.name[len(PREFIX):-len(".json")]))
+            parsing = cost(data)
+            if not self._take(parsing - info.size):  # what parsing it makes, before it is parsed
+                self._take(-info.size)  # its bytes are let go here
+                log.warning("snapshot part %s not parsed: the load holds all it may", info.name)
+                return []
+            found = entries(data, int(info.name[len(PREFIX):-len(".json")]))
+            self._take(held(found) - parsing)  # only its entries stay
+            return found
         except Exception as e:  # noqa: BLE001 - replaced since the listing, not answering, a surprise: as if missing
             log.warning("snapshot part %s could not be read: %s", info.name, e)
             return []
+
+    def _take(self, size: int) -> bool:
+        """Whether ``size`` bytes of the load's bound are left, taken when they are (a negative size gives
+        them back). What a part's entries hold stays until a pass takes them or ``save`` lets them go:
+        not given back."""
+        with self._lock:
+            if size > self._left:
+                return False
+            self._left -= size
+            return True
 
     def spec(self, info: BlobInfo) -> bytes | None:
         """The spec's bytes at the listed generation, when a part held them (taken: once)."""
@@ -170,7 +200,7 @@ class Snapshot:
             del self._waiting[(info.name, info.generation)]
         try:
             inflate(found[0])
-        except (ValueError, zlib.error):
+        except ValueError:
             log.warning("snapshot entry for %s refused: its head is larger than a status; the object is read", info.name)
             return None
         self.taken += 1
@@ -271,6 +301,19 @@ def entries(data: bytes, part: int) -> list[tuple[tuple[str, int], Any]]:
     return found
 
 
+def cost(data: bytes) -> int:
+    """At most what parsing a part holds in memory at once: its bytes, their text, the strings parsed
+    from it and what base64 gives of them, and ``VALUE_BYTES`` for each JSON value, every one but the
+    first of a list or dict following a comma (a comma inside a string only counts one more)."""
+    return 4 * len(data) + VALUE_BYTES * (data.count(b",") + data.count(b"[") + data.count(b"{") + 1)
+
+
+def held(found: list[tuple[tuple[str, int], Any]]) -> int:
+    """What a part's entries hold in memory (``entries``'s), about."""
+    return sum(ENTRY_BYTES + len(key[0]) + (len(value) if isinstance(value, bytes) else len(value[0]) + len(value[1]))
+               for key, value in found)
+
+
 def _storable(value: Any) -> bool:
     """What a part can hold of the cache's (observe.Parsed) values: a spec's (spec, problems, its
     bytes), a status's (Packed, generation), or a VM record's (Record, its bytes), bytes in UTF-8
@@ -305,9 +348,15 @@ def _part_of_name(name: str) -> int | None:
 
 
 def inflate(data: bytes) -> bytes:
-    """Decompressed within a status's bound (a small entry cannot unpack to gigabytes)."""
+    """Decompressed within a status's bound (a small entry cannot unpack to gigabytes). Anything
+    that is not such a stream is a ValueError, as ``JobStatus.joined``'s ``otherwise`` expects: a
+    zlib.error escaping it failed the job's pass for good, since the entry stayed cached and was
+    written back to the part."""
     inflater = zlib.decompressobj()
-    out = inflater.decompress(data, MAX_STATUS_BYTES)
+    try:
+        out = inflater.decompress(data, MAX_STATUS_BYTES)
+    except zlib.error as e:
+        raise ValueError(f"not a zlib stream: {e}") from e
     if inflater.unconsumed_tail or not inflater.eof:
         raise ValueError("larger than a status may be, or truncated")
     return out
