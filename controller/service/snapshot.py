@@ -350,8 +350,7 @@ def _part_of_name(name: str) -> int | None:
 def inflate(data: bytes) -> bytes:
     """Decompressed within a status's bound (a small entry cannot unpack to gigabytes). Anything
     that is not such a stream is a ValueError, as ``JobStatus.joined``'s ``otherwise`` expects: a
-    zlib.error escaping it failed the job's pass for good, since the entry stayed cached and was
-    written back to the part."""
+    zlib.error escaping it failed the job's passes for good: the entry stayed cached, and in its part."""
     inflater = zlib.decompressobj()
     try:
         out = inflater.decompress(data, MAX_STATUS_BYTES)
