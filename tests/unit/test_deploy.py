@@ -197,6 +197,7 @@ def test_the_code_condition_admits_the_code_tarballs_and_nothing_else(name, admi
     ("respawn/vm/" + "a" * 64 + "/shutdown.sh", True),
     ("respawn/tpu-zones.json", False),
     ("respawn/controller.json", False),
+    ("respawn/snapshot/000.json", False),  # statuses, attempt tokens in them: never a trainer's to read
     ("jobs/train/exit", False),
     ("jobs/train/status.json", False),
     ("code/" + "a" * 64 + ".tar.gz", False),
@@ -238,6 +239,7 @@ def test_the_controller_gets_the_whole_bucket_and_may_attach_only_the_trainer_ac
     ("respawn/lease/shard-1-of-4", False),  # nor a shard's
     ("respawn/shards/1-of-4", False),  # a shard's listing, handed through an object
     ("respawn/lease/tick.clock", False),  # what a taker writes to read GCS's time: never a trainer's either
+    ("respawn/snapshot/000.json", False),  # what a fresh controller instance starts from: nor a trainer's to write
     ("ckpt/train/step-100/model.pt", False),
     ("exit", False),
 ])
