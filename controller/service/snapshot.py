@@ -137,12 +137,12 @@ class Snapshot:
         self._left = MAX_LOAD_BYTES
         for part, got in zip(there, fanout.each(there, self._read_part, workers), strict=True):
             number = int(part.name[len(PREFIX):-len(".json")])
-            held: dict[str, int] = {}
+            stored: dict[str, int] = {}
             with self._lock:
                 for key, value in got:
-                    held[key[0]] = key[1]
+                    stored[key[0]] = key[1]
                     self._waiting[key] = value
-                self._held[number] = held
+                self._held[number] = stored
 
     def _read_part(self, info: BlobInfo) -> list[tuple[tuple[str, int], Any]]:
         """The part's entries; none when it cannot be read or is too large (``fanout.each``'s work:
