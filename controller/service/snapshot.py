@@ -38,7 +38,7 @@ import threading
 import zlib
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from controller.core import errors, names
 from controller.core.ports import BlobInfo, BlobStore
@@ -49,6 +49,7 @@ from controller.core.world import MAX_RECORD_BYTES
 from controller.service import fanout
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PREFIX = "respawn/snapshot/"
 PARTS = names.MAX_SHARDS
@@ -110,7 +111,6 @@ class Snapshot:
         self._loaded: set[int] = set()
         self._left = 0  # of MAX_LOAD_BYTES, for the parts a load still reads (``_read_part``)
         self._lock = threading.Lock()
-        self.taken = 0  # entries a pass used instead of a read (for the tick's log and the tests)
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -179,13 +179,8 @@ class Snapshot:
 
     def spec(self, info: BlobInfo) -> bytes | None:
         """The spec's bytes at the listed generation, when a part held them (taken: once)."""
-        with self._lock:
-            found = self._waiting.get((info.name, info.generation))
-            if not isinstance(found, _SpecBytes):
-                return None
-            del self._waiting[(info.name, info.generation)]
-        self.taken += 1
-        return bytes(found)
+        found = self._take_entry(info, _SpecBytes)
+        return bytes(found) if found is not None else None
 
     def status(self, info: BlobInfo) -> Packed | None:
         """The status at the listed generation as ``Parsed`` keeps it (an ``Unchecked``), when a part
@@ -193,29 +188,31 @@ class Snapshot:
         validated where every pass parses it (``Observer._status``: one that does not is let go and
         the object read); its past, decompressed within the same bound, when a pass first uses it,
         and read from the object where it does not validate (``JobStatus.joined``'s ``otherwise``)."""
-        with self._lock:
-            found = self._waiting.get((info.name, info.generation))
-            if not isinstance(found, Unchecked):
-                return None
-            del self._waiting[(info.name, info.generation)]
+        found = self._take_entry(info, Unchecked)
+        if found is None:
+            return None
         try:
             inflate(found[0])
         except ValueError:
             log.warning("snapshot entry for %s refused: its head is larger than a status; the object is read", info.name)
             return None
-        self.taken += 1
         return found
 
     def record(self, info: BlobInfo) -> bytes | None:
         """A VM record's bytes at the listed generation, when a part held them (taken: once): judged
         as a read's (``Record.parse``), as anything a VM wrote."""
+        found = self._take_entry(info, _RecordBytes)
+        return bytes(found) if found is not None else None
+
+    def _take_entry(self, info: BlobInfo, kind: type[T]) -> T | None:
+        """The entry for the object at the listed generation when it is of ``kind``, taken (once);
+        an entry of another kind stays where it is."""
         with self._lock:
             found = self._waiting.get((info.name, info.generation))
-            if not isinstance(found, _RecordBytes):
+            if not isinstance(found, kind):
                 return None
             del self._waiting[(info.name, info.generation)]
-        self.taken += 1
-        return bytes(found)
+        return found
 
     # -- writing ---------------------------------------------------------------------------------
 
