@@ -4,7 +4,10 @@ import functions_framework
 from cloudevents.http import CloudEvent
 from flask import Request
 
-from controller.service import functions
+from controller.service import collector
+
+collector.tune()  # before the controller's modules load: see controller/service/collector.py
+from controller.service import functions  # noqa: E402
 
 
 @functions_framework.http

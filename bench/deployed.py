@@ -35,7 +35,9 @@ those for 10,000 jobs, as ``<key>_target``, met or missed):
   ticks read them, counted from the bucket.
 - ``cold_start_third_vcpu_s``: a fresh ``on_object`` process (the event function, where a cold
   start sits on a recovery's path), from its spawn to its answer to one job's event, the fleet in
-  the bucket; three runs without a limit and three in the cgroup, the medians.
+  the bucket; three runs without a limit and three in the cgroup, the medians. Each runs from a
+  copy of what ``respawn deploy`` uploads and compiles respawn's modules from source, as an
+  instance on Google does (``workspace``).
 
 The GCS server. fake-gcs-server (``localcloud.gcs``), the local cloud's GCS, reads every object of
 a bucket to list a prefix; at 10,000 jobs (about 28,000 objects, 28 pages a listing) one tick's
@@ -82,14 +84,17 @@ from __future__ import annotations
 import argparse
 import base64
 import bisect
+import contextlib
 import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -651,7 +656,8 @@ class Function:
     in a fresh process (its gunicorn master), as Cloud Functions starts an instance; ``worker`` is the
     process gunicorn forks to serve it."""
 
-    def __init__(self, env: dict[str, str], cgroup: Path | None = None, target: str = "tick") -> None:
+    def __init__(self, env: dict[str, str], cgroup: Path | None = None, target: str = "tick",
+                 source: Path = ROOT) -> None:
         self.port = _free_port()
         tasks = cgroup / "cgroup.procs" if cgroup else None
 
@@ -661,10 +667,10 @@ class Function:
 
         self.spawned = time.perf_counter()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "functions_framework", "--target", target, "--source", str(ROOT / "main.py"),
+            [sys.executable, "-m", "functions_framework", "--target", target, "--source", str(source / "main.py"),
              "--host", "127.0.0.1", "--port", str(self.port),
              *(["--signature-type", "cloudevent"] if target != "tick" else [])],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+            cwd=source, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
             preexec_fn=enter_cgroup if tasks else None, start_new_session=True)
         self.listening = self._wait_listening() - self.spawned
         self.session = requests.Session()
@@ -907,18 +913,43 @@ def _env(gcs: str, compute: str, bucket: str, project: str) -> dict[str, str]:
 def cold_starts(env: dict[str, str], events: list[tuple[dict[str, str], bytes]],
                 cgroup: Path | None) -> list[dict[str, float]]:
     """A fresh ``on_object`` process for each event, one after another: each from its spawn to
-    its answer to that event (one job's pass)."""
+    its answer to that event (one job's pass), run from what ``respawn deploy`` uploads, its
+    modules compiled from source as on Google (``workspace``)."""
     out = []
-    for headers, body in events:
-        function = Function(env, cgroup, target="on_object")
-        try:
-            function.event(headers, body)
-            wall = time.perf_counter() - function.spawned
-            out.append({"wall_s": wall, "cpu_s": function.cpu(), "listening_s": function.listening,
-                        "pid": function.process.pid})
-        finally:
-            function.close()
+    with workspace() as source:
+        for headers, body in events:
+            function = Function({**env, "PYTHONDONTWRITEBYTECODE": "1"}, cgroup, target="on_object", source=source)
+            try:
+                function.event(headers, body)
+                wall = time.perf_counter() - function.spawned
+                out.append({"wall_s": wall, "cpu_s": function.cpu(), "listening_s": function.listening,
+                            "pid": function.process.pid})
+            finally:
+                function.close()
     return out
+
+
+@contextlib.contextmanager
+def workspace() -> Iterator[Path]:
+    """A copy of what ``respawn deploy`` uploads (controller.cli.revision.uploaded: no ``__pycache__``),
+    the function's source as a cold start on Google finds it, in a temporary folder.
+
+    Google's build does compile the source (its functions-framework buildpack runs ``python3 -m
+    compileall -f -q .`` in it), but those ``.pyc`` files are stale in the instance: the lifecycle
+    writes every layer of the image with each file's mtime set to 1980-01-01
+    (buildpacks/lifecycle, archive.NormalizedModTime, layers/writer.go), while a timestamp ``.pyc``
+    records the source's mtime at the build. So each fresh instance compiles respawn's modules
+    again; the dependencies' do not (their buildpack writes ``unchecked-hash`` ``.pyc`` files,
+    GoogleCloudPlatform/buildpacks pkg/python). Run from here with ``PYTHONDONTWRITEBYTECODE``,
+    every cold start compiles them, whatever this checkout's own ``__pycache__`` holds."""
+    from controller.cli import revision
+
+    with tempfile.TemporaryDirectory(prefix="respawn-workspace-") as folder:
+        for relative, path in revision.uploaded(ROOT):
+            target = Path(folder) / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target, follow_symlinks=False)
+        yield Path(folder)
 
 
 def _spec_event(gcs: _Server, job: str) -> tuple[dict[str, str], bytes]:

@@ -53,30 +53,36 @@ def rules(source: Path) -> pathspec.GitIgnoreSpec:
     return pathspec.GitIgnoreSpec.from_lines(valid)
 
 
-def source_digest(source: Path) -> str:
-    """sha256 of what gcloud would upload from ``source``."""
+def uploaded(source: Path) -> list[tuple[str, Path]]:
+    """What gcloud would upload from ``source``: each file's (or symlink's) path relative to it, and
+    its path here, in walking order."""
     spec = rules(source)
-    entries: list[tuple[str, bytes]] = []
+    found: list[tuple[str, Path]] = []
     for folder, dirs, names in os.walk(source):
         here = PurePosixPath(Path(folder).relative_to(source).as_posix())
         links = [d for d in dirs if (Path(folder) / d).is_symlink()]  # a link to a folder: the link itself
         dirs[:] = [d for d in dirs if d not in links and not spec.match_file(f"{(here / d).as_posix()}/")]
         for name in [*names, *links]:
             relative = (here / name).as_posix()
-            if spec.match_file(relative):
-                continue
-            path = Path(folder) / name
-            mode = path.lstat().st_mode
-            if stat.S_ISLNK(mode):
-                entries.append((relative, b"link:" + os.readlink(path).encode()))
-            elif stat.S_ISREG(mode):
-                kind = b"x:" if mode & stat.S_IXUSR else b"f:"
-                entries.append((relative, kind + hashlib.sha256(path.read_bytes()).digest()))
+            if not spec.match_file(relative):
+                found.append((relative, Path(folder) / name))
+    return found
+
+
+def source_digest(source: Path) -> str:
+    """sha256 of what gcloud would upload from ``source``."""
+    entries: list[tuple[str, bytes]] = []
+    for relative, path in uploaded(source):
+        mode = path.lstat().st_mode
+        if stat.S_ISLNK(mode):
+            entries.append((relative, b"link:" + os.readlink(path).encode()))
+        elif stat.S_ISREG(mode):
+            kind = b"x:" if mode & stat.S_IXUSR else b"f:"
+            entries.append((relative, kind + hashlib.sha256(path.read_bytes()).digest()))
     digest = hashlib.sha256()
     for relative, body in sorted(entries):
         digest.update(relative.encode() + b"\0" + body + b"\0")
     return digest.hexdigest()
-
 
 def label(source_sha: str, argv: Sequence[str]) -> str:
     """The ``respawn-deploy`` label's value: the source's digest and the deploy's flags (``argv``,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 from controller.core import errors
-from controller.service import logs, vmscripts
+from controller.service import collector, logs, vmscripts
 from controller.core.clock import SystemClock
 from controller.service.config import Settings
 from controller.service.engine import Engine
@@ -39,23 +39,13 @@ def settings() -> Settings:
         return _settings
 
 
-# The cyclic garbage collector's thresholds in a function's process (CPython's: 700, 10, 10).
-# A pass allocates millions of short-lived objects (pages, views, actions) beside a cache of
-# hundreds of thousands that live for hours; at CPython's thresholds the collector ran every 700
-# allocations and, often, over the whole cache: 0.32 of the 1.04 CPU-s of a steady 2,000-job tick
-# (bench.deployed's fleet, the tick in one process, gc.callbacks timing each collection); at
-# these, 0.04 of 0.81 to 0.85. Reference counting still frees nearly everything at once: only cycles wait
-# for a collection, and a young one still comes every 50,000 allocations.
-COLLECTOR_THRESHOLDS = (50_000, 20, 100)
-
-
 def engine() -> Engine:
     """The process's engine, built on first use from the environment.
 
     Built with the cyclic collector paused (the Compute client's import defines thousands of
     classes: collections then were a tenth of a cold start's CPU), then everything built so far
     (modules, classes, clients: never garbage) frozen out of every later collection, and the
-    collector set to ``COLLECTOR_THRESHOLDS``: this is a function's process, built once."""
+    collector tuned (controller.service.collector): this is a function's process, built once."""
     global _engine
     with _lock:
         if _engine is None:
@@ -67,7 +57,7 @@ def engine() -> Engine:
                 if was_enabled:
                     gc.enable()
             gc.freeze()
-            gc.set_threshold(*COLLECTOR_THRESHOLDS)
+            collector.tune()
         return _engine
 
 

@@ -59,6 +59,24 @@ def test_the_deployed_function_is_measured_at_a_tiny_size():
     assert {row[0].strip().split(":")[0].split(",")[0] for row in out["rows"]} >= {"cold start", "function peak RSS"}
 
 
+def test_a_cold_start_runs_from_what_deploy_uploads_and_compiles_respawn_from_source():
+    """As on Google (the image's mtimes normalized, its timestamp .pyc files stale): the upload's
+    files only, no __pycache__, and a fresh process that writes none."""
+    import subprocess
+    import sys
+
+    with deployed.workspace() as source:
+        files = {p.relative_to(source).as_posix() for p in source.rglob("*") if p.is_file()}
+        assert {"main.py", "requirements.txt", "controller/service/functions.py"} <= files
+        assert not any(f.startswith(("tests/", "bench/", "localcloud/", ".git/")) or "__pycache__" in f for f in files)
+        probe = "import main, controller; print(controller.__file__)"
+        done = subprocess.run([sys.executable, "-c", probe], cwd=source, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip() == str(source / "controller" / "__init__.py")
+        assert not list(source.rglob("__pycache__"))
+
+
 def test_the_fleet_statuses_are_measured_at_their_steady_size_from_the_bucket():
     """Each job's status holds a full history and twenty past runs when the ticks read it, made by
     the real controller, and the figure is what the bucket held, not what was meant."""

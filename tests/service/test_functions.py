@@ -136,7 +136,7 @@ def test_the_engine_is_built_with_the_collector_paused_then_freezes_and_tunes_it
     gc.enable()
     assert bootstrap.engine() == "engine" and bootstrap.engine() == "engine"
     assert seen == [False]  # paused while built, built once
-    assert gc.isenabled() and gc.get_threshold() == bootstrap.COLLECTOR_THRESHOLDS and gc.get_freeze_count() > 0
+    assert gc.isenabled() and gc.get_threshold() == bootstrap.collector.THRESHOLDS and gc.get_freeze_count() > 0
 
 
 def test_an_engine_that_cannot_be_built_leaves_the_collector_running_as_it_was(collector, monkeypatch):
@@ -149,3 +149,26 @@ def test_an_engine_that_cannot_be_built_leaves_the_collector_running_as_it_was(c
     with pytest.raises(ConfigError):
         bootstrap.engine()
     assert gc.isenabled()
+
+
+def test_main_tunes_the_collector_before_the_controller_loads():
+    """The controller's modules define hundreds of classes; a cold start imports them at the tuned
+    thresholds, not CPython's (controller/service/collector.py)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import gc, sys\n"
+        "seen = []\n"
+        "class Spy:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'controller.service.bootstrap':\n"
+        "            seen.append(gc.get_threshold())\n"
+        "sys.meta_path.insert(0, Spy())\n"
+        "import main\n"
+        "from controller.service import collector\n"
+        "assert seen == [collector.THRESHOLDS], seen\n"
+        "assert gc.get_threshold() == collector.THRESHOLDS\n")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
