@@ -410,6 +410,74 @@ def _summary(ledger: Ledger, now: datetime) -> Summary:
     )
 
 
+class Lifetime(_Model):
+    """M, the mean time between the platform's losses, as the run knows it when an attempt is
+    launched (``lifetime``): the estimate, its 80 % credible interval, and what it rests on."""
+
+    mean_s: float
+    low_s: float
+    high_s: float
+    losses: int  # the run's own losses of the platform's
+    running_s: float  # the run's own RUNNING time they came in
+    prior_s: float | None = None  # the advice's estimatedUptime it started from, worth PRIOR_LOSSES
+    set_aside: bool = False  # the advice was set aside: the run's losses came far sooner than it said
+
+
+# The advice's estimatedUptime counts as this many losses of the run's own (a conjugate prior:
+# module ``lifetime``). With none (M the run's mean at its first loss), one loss set the interval
+# alone: in the simulator's model (sim.model.zone_goodput, Weibull k = 0.8, medians 0.5-8 h) the
+# mean goodput given up against the best fixed interval was 3.5-8.2 points after one loss and
+# 0.8-3.4 after two; worth two losses, 0.35-0.84 and 0.30-0.88 (tests/unit/test_interval_prior.py).
+PRIOR_LOSSES = 2
+# ... unless the run's own losses are that unlikely under it (a lower-tail probability of the
+# prior's predictive, from the third loss on: one or two early losses are common under Spot's
+# decreasing hazard, and setting the advice aside on them gave up more than it saved): advice
+# off by 30x or 1,000x is set aside at the third loss, where two losses' weight would hold the
+# interval near its 6 h ceiling for hundreds of losses.
+PRIOR_CONFLICT = 1e-3
+CONFLICT_FROM = 3
+_Z80 = 1.2815515655446004  # the standard normal's 90th percentile: an 80 % interval's ends
+
+
+def lifetime(ledger: Ledger, uptime_s: float | None, running_s: float = 0.0) -> Lifetime | None:
+    """M, from the run's own losses and the zone's advice; None with neither.
+
+    The losses are taken as a Poisson process of unknown rate with a Gamma prior worth
+    ``PRIOR_LOSSES`` losses in ``PRIOR_LOSSES`` × the advice's uptime (Spot VMs' ``estimatedUptime``
+    in the zone, Google's best-effort estimate for the majority of them); after ``n`` losses in
+    ``T`` seconds RUNNING, the rate's posterior is Gamma(n + w, T + w·U) and
+    M = (T + w·U) / (n + w): the advice alone before the first loss, the run's own mean as
+    losses accrue. Under the prior, T / (T + w·U) is Beta(n, w): from the third loss on, a run
+    whose losses came so soon that this falls below ``PRIOR_CONFLICT`` sets the advice aside
+    (``set_aside``). Without advice, or with it set aside, the run's own mean (n ≥ 1). The interval is the posterior's 10th to 90th percentile
+    of 1/rate (Wilson-Hilferty's approximation of Gamma quantiles). capacityHistory's
+    ``preemptionRate`` is no time at all (of the Spot VMs that stopped, the share preempted) and
+    never enters M."""
+    prior = uptime_s if uptime_s is not None and math.isfinite(uptime_s) and uptime_s > 0 else None
+    ran = ledger.totals.running_s + running_s
+    losses = ledger.totals.platform_losses
+    conflict = prior is not None and losses >= CONFLICT_FROM and ran >= 0 and \
+        _beta_cdf(ran / (ran + PRIOR_LOSSES * prior), losses, PRIOR_LOSSES) < PRIOR_CONFLICT
+    weight = PRIOR_LOSSES if prior is not None and not conflict else 0
+    shape, rate = losses + weight, ran + weight * (prior or 0.0)
+    if shape <= 0 or not math.isfinite(rate) or rate <= 0:
+        return None
+    return Lifetime(mean_s=rate / shape, low_s=rate / _gamma_quantile(shape, _Z80),
+                    high_s=rate / _gamma_quantile(shape, -_Z80), losses=losses, running_s=ran,
+                    prior_s=prior if weight else None, set_aside=conflict)
+
+
+def _beta_cdf(x: float, a: int, b: int) -> float:
+    """The regularized incomplete beta I_x(a, b), for whole a and b: P(at least a of a+b-1 trials succeed)."""
+    m = a + b - 1
+    return sum(math.comb(m, j) * x ** j * (1 - x) ** (m - j) for j in range(a, m + 1))
+
+
+def _gamma_quantile(shape: float, z: float) -> float:
+    """The Gamma(shape, 1) quantile at the standard normal's ``z`` (Wilson-Hilferty)."""
+    return max(1e-9, shape * (1 - 1 / (9 * shape) + z / (3 * math.sqrt(shape))) ** 3)
+
+
 def checkpoint_every(ledger: Ledger, write_s: float | None, uptime_s: float | None,
                      running_s: float = 0.0) -> float | None:
     """Young/Daly's checkpoint interval, τ ≈ √(2·C·M), in seconds; None without a C or an M.
@@ -417,23 +485,12 @@ def checkpoint_every(ledger: Ledger, write_s: float | None, uptime_s: float | No
     C: the latest save's write as its trainer reported it (``Ledger.save_s``), else its writing
     time from GCS (``write_s``, else the ledger's): a lower bound
     (``controller.core.checkpoints.write_time``). M: the mean time between the platform's
-    losses: the run's own RUNNING time per loss once it has lost an attempt; before that, the
-    Spot VMs' estimated uptime in the zone (capacity advice's ``estimatedUptime``, Google's
-    best-effort estimate for the majority of Spot VMs). capacityHistory's ``preemptionRate`` is
-    no time at all (of the Spot VMs that stopped, the share preempted) and never seeds M."""
+    losses (``lifetime``: the zone's advice, weighed against the run's own losses)."""
     cost = ledger.save_s if ledger.save_s is not None else write_s if write_s is not None else ledger.checkpoint_cost_s
     if cost is None:
         return None
     cost = max(cost, 1.0)  # a save whose objects all landed within a second: as cheap as saves get
-    seed = uptime_s if uptime_s is not None and math.isfinite(uptime_s) and uptime_s > 0 else None
-    ran = ledger.totals.running_s + running_s
-    losses = ledger.totals.platform_losses
-    if losses:
-        mean = ran / losses  # the run's own evidence, once it has any: advice can be far off
-    elif seed is not None:
-        mean = seed
-    else:
+    known = lifetime(ledger, uptime_s, running_s)
+    if known is None:
         return None
-    if not math.isfinite(mean) or mean <= 0:
-        return None
-    return min(MAX_INTERVAL_S, max(MIN_INTERVAL_S, math.sqrt(2 * cost * mean)))
+    return min(MAX_INTERVAL_S, max(MIN_INTERVAL_S, math.sqrt(2 * cost * known.mean_s)))

@@ -19,7 +19,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PlainSerial
 
 from controller.core.checkpoints import Found
 from controller.core.durations import Instant, measured
-from controller.core.ledger import Ledger
+from controller.core.ledger import Ledger, Lifetime
 from controller.core.runs import RunSummary, checkpoint_root, run_id
 from controller.core.spec import Checkpoint, Notify
 
@@ -337,6 +337,8 @@ class JobStatus(BaseModel):
     # Young/Daly's checkpoint interval for the current attempt (ledger.checkpoint_every), given to
     # its trainer as RESPAWN_CHECKPOINT_EVERY_S; None while the run has no measure of C or M.
     checkpoint_every_s: Annotated[float | None, BeforeValidator(_a_duration_or_none)] = None
+    # The M that interval rests on (ledger.lifetime): the estimate, how sure, and from what.
+    lifetime: Lifetime | None = None
     ledger: Ledger = Ledger()  # goodput: attempts, losses, totals (controller.core.ledger)
     # The spec's own topic at the last launch, told of the end if the spec goes; never its webhook
     # (recorded_notify: the URL is a secret, and any bucket reader reads this object).

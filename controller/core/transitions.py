@@ -166,8 +166,8 @@ def begin_attempt(
     seed = (scores.get(zone) or status.zone_advice.get(zone)) if model == "spot" else None
     seed = seed if seed is not None and seed.shape == shape else None  # never another machine's uptime
     # The run's losses so far, this commit's own (the loss that brought this launch) included.
-    every = ledger.checkpoint_every(accounting.catch_up(status, spec), checkpoint.write_s if checkpoint else None,
-                                    seed.uptime_s if seed else None)
+    book, uptime = accounting.catch_up(status, spec), seed.uptime_s if seed else None
+    every = ledger.checkpoint_every(book, checkpoint.write_s if checkpoint else None, uptime)
     return status.but(
         Event(at=now, event="launch", attempt=attempt, detail=detail, instance=names[0], zone=zone),
         phase=Phase.PROVISIONING,
@@ -194,6 +194,7 @@ def begin_attempt(
         advice_at=now if advice else status.advice_at,
         resume_from=checkpoint,
         checkpoint_every_s=every,
+        lifetime=ledger.lifetime(book, uptime) if every is not None else None,
         standby=None,
         held=False,
         go_at=None,

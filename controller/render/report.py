@@ -123,6 +123,7 @@ def facts(status: JobStatus, now: datetime, live: dict[str, Any] | None = None, 
         *((("zero-gap", gap),) if (gap := zero_gap(job, status, live)) else ()),
         ("steps", _steps(total, _now_at(live, now))),
         ("checkpoint", f"advised every {human(status.checkpoint_every_s)} (Young/Daly); {_save(total)}"),
+        *((("between losses", basis),) if (basis := lifetime(status.lifetime)) else ()),
         ("save time from", _save_source(total)),
         *((("latest save", latest),) if (latest := _latest_save(live, now)) else ()),
     ]
@@ -186,6 +187,29 @@ def _steps_recorded(total: ledger.Summary) -> str:
         each = ", ".join("—" if n is None else str(n) for n in total.steps_lost_each)
         text += f" (per loss: {each})" if len(total.steps_lost_each) > 1 or not known else ""
     return text
+
+
+def lifetime(known: ledger.Lifetime | None) -> str | None:
+    """M as the interval used it, how sure, and from what: "~1.7h (80 %: 0.9h-4.5h), from 1 loss
+    in 1h and the zone's advised uptime of 2h, worth 2"."""
+    if known is None:
+        return None
+    own = f"{known.losses} loss{'es' if known.losses != 1 else ''} in {human(known.running_s)}" if known.losses \
+        else "no loss yet"
+    if known.prior_s is not None:
+        rests = f"{own} and the zone's advised uptime of {human(known.prior_s)}, worth {ledger.PRIOR_LOSSES}"
+    elif known.set_aside:
+        rests = f"{own} alone: the zone's advised uptime was set aside, these losses came far sooner"
+    else:
+        rests = f"{own} alone (no advice)"
+    return f"~{_rough(known.mean_s)} (80 %: {_rough(known.low_s)}-{_rough(known.high_s)}), from {rests}"
+
+
+def _rough(seconds: float) -> str:
+    """An estimate's figure: days or hours to a tenth, else whole minutes."""
+    if seconds >= 86400:
+        return f"{seconds / 86400:.1f}d"
+    return f"{seconds / 3600:.1f}h" if seconds >= 3600 else f"{max(1, round(seconds / 60))}m"
 
 
 def _save(total: ledger.Summary) -> str:
@@ -253,6 +277,7 @@ def zone_rows(status: JobStatus) -> list[tuple[str, str, str]]:
 
 def as_json(job: str, status: JobStatus, now: datetime, live: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"job": job, "run": status.run, "phase": str(status.phase), "checkpoint_every_s": status.checkpoint_every_s,
+            "lifetime": status.lifetime.model_dump(mode="json") if status.lifetime else None,
             "checkpoint_cost": _cost_json(status.ledger), "live": live,
             "summary": ledger.summary(status.ledger, now).model_dump(mode="json"),
             "ledger": status.ledger.model_dump(mode="json")}

@@ -162,6 +162,35 @@ def test_the_interval_counts_the_loss_that_brought_the_relaunch_in_the_same_comm
     assert math.isclose(st.checkpoint_every_s, math.sqrt(2 * 120 * (52 * 60 + 2)), rel_tol=0.01)
 
 
+def test_after_one_loss_the_interval_weighs_the_zone_s_advice_as_two_losses_and_says_so():
+    """Issue 36: the run's one loss (52 min RUNNING) beside the zone's advised uptime (8 h, worth
+    two losses): M = (52 min + 16 h) / 3, not the 52 minutes alone; the status keeps the estimate
+    and the report says it."""
+    from controller.adapters.memory import MemoryAdvisor
+    from controller.render import report
+
+    h = Harness()
+    h.advisor = MemoryAdvisor(h.compute)
+    for zone in ("us-central1-a", "us-central1-b"):
+        h.advisor.spot_uptime(zone, 8 * 3600.0)
+    running(h, placement="capacity")
+    h.advance(minutes=30)
+    save(h, 100, write_s=120)
+    h.advance(minutes=20)
+    h.compute.preempt(names.instance_name("llm", 1))
+    h.tick()
+    st = h.status("llm")
+    assert st.attempt == 2 and st.ledger.totals.platform_losses == 1
+    known = st.lifetime
+    assert (known.losses, known.prior_s, known.set_aside) == (1, 8 * 3600.0, False)
+    assert math.isclose(known.mean_s, (known.running_s + 2 * 8 * 3600.0) / 3)
+    assert math.isclose(known.running_s, 52 * 60, rel_tol=0.01) and known.low_s < known.mean_s < known.high_s
+    assert math.isclose(st.checkpoint_every_s, math.sqrt(2 * 120 * known.mean_s))
+    line = report.lifetime(known)
+    assert line.startswith(f"~{known.mean_s / 3600:.1f}h (80 %: ") and "1 loss in 52m" in line
+    assert "advised uptime of 8h, worth 2" in line
+
+
 def test_a_preemption_that_spends_the_restart_budget_is_still_a_loss():
     h = Harness()
     running(h, policy={"max_restarts": 1})

@@ -97,6 +97,8 @@ def test_the_summary_gives_the_ledgers_figures(day):
     assert st.checkpoint_every_s is not None
     assert table_row(text, "checkpoint")[1] == \
         f"advised every {report.human(st.checkpoint_every_s)} (Young/Daly); a save takes at least 2m"
+    assert table_row(text, "between losses")[1] == report.lifetime(st.lifetime) == \
+        f"~52m (80 %: {st.lifetime.low_s / 60:.0f}m-{st.lifetime.high_s / 3600:.1f}h), from 1 loss in 52m alone (no advice)"
     # The attempts, and each zone's losses by cause and stockouts.
     assert table_row(text, "1")[1:] == [A, "spot", "scratch", "2026-01-01 00:00:00", "55m", "preempted"]
     assert table_row(text, "2")[1:] == [B, "spot", "step 100", "2026-01-01 00:55:10", "52m", "succeeded"]
@@ -191,6 +193,7 @@ def test_report_json_is_the_ledger_and_its_summary(cli):
     assert doc["summary"] == json.loads(ledger.summary(st.ledger, cli.clock.now()).model_dump_json())
     assert [s["cause"] for s in doc["ledger"]["spans"]] == ["preempted", "succeeded"]
     assert doc["checkpoint_every_s"] == st.checkpoint_every_s
+    assert doc["lifetime"] == st.lifetime.model_dump(mode="json") and doc["lifetime"]["losses"] == 1
 
 
 def test_report_of_an_unknown_job_or_one_without_a_status_exits_2(cli):

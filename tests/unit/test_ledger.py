@@ -87,8 +87,8 @@ def test_summary_counts_the_running_attempt_up_to_now():
 @pytest.mark.parametrize(("write_s", "uptime", "ran", "losses", "expected"), [
     (120, None, 3600, 1, math.sqrt(2 * 120 * 3600)),  # the run's own M
     (120, 7200, 0, 0, math.sqrt(2 * 120 * 7200)),  # seeded by the advice's uptime
-    (120, 7200, 3600, 2, math.sqrt(2 * 120 * 3600 / 2)),  # once the run lost attempts, its own M wins
-    (120, 30 * 86400, 3600, 2, math.sqrt(2 * 120 * 3600 / 2)),  # advice far off does not linger
+    (120, 7200, 3600, 2, math.sqrt(2 * 120 * (3600 + 2 * 7200) / 4)),  # the advice worth two losses beside the run's
+    (120, 30 * 86400, 5400, 3, math.sqrt(2 * 120 * 1800)),  # advice far off is set aside (tests/unit/test_interval_prior.py)
     (None, 7200, 0, 0, None),  # no C measured: no advice
     (120, None, 3600, 0, None),  # no M: no advice
     (1, None, 60, 1, ledger.MIN_INTERVAL_S),  # bounded

@@ -142,10 +142,11 @@ def test_the_reported_save_is_the_checkpoint_cost_and_gcs_times_only_a_fallback(
     st = said(st, 40, "training", save_s=0.4, upload_s=5.8)
     assert ledger.save_cost(st.ledger) == (0.4, "reported by the trainer") and st.ledger.upload_s == 5.8
     # The interval advice weighs the reported save (at least 1 s), not GCS's 9 s: √(2·C·M), M the
-    # run's own 26 min RUNNING per loss.
-    assert ledger.checkpoint_every(st.ledger, 9.0, 3600.0) == pytest.approx(max(60.0, math.sqrt(2 * 1.0 * 1560)))
+    # run's own 26 min RUNNING for its one loss beside the advice's hour worth two.
+    m = (1560 + 2 * 3600.0) / 3
+    assert ledger.checkpoint_every(st.ledger, 9.0, 3600.0) == pytest.approx(max(60.0, math.sqrt(2 * 1.0 * m)))
     slow = st.ledger.model_copy(update={"save_s": 50.0})
-    assert ledger.checkpoint_every(slow, 9.0, 3600.0) == pytest.approx(math.sqrt(2 * 50.0 * 1560))
+    assert ledger.checkpoint_every(slow, 9.0, 3600.0) == pytest.approx(math.sqrt(2 * 50.0 * m))
 
 
 def test_the_advice_at_a_relaunch_uses_the_save_the_lost_attempt_reported():
