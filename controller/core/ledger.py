@@ -424,10 +424,10 @@ class Lifetime(_Model):
 
 
 # The advice's estimatedUptime counts as this many losses of the run's own (a conjugate prior:
-# module ``lifetime``). With none (M the run's mean at its first loss), one loss set the interval
-# alone: in the simulator's model (sim.model.zone_goodput, Weibull k = 0.8, medians 0.5-8 h) the
-# mean goodput given up against the best fixed interval was 3.5-8.2 points after one loss and
-# 0.8-3.4 after two; worth two losses, 0.35-0.84 and 0.30-0.88 (tests/unit/test_interval_prior.py).
+# ``lifetime``). With none (M the run's mean from its first loss), one loss set the interval
+# alone: in the simulator's model (Weibull k = 0.8, medians 0.5-8 h) the mean goodput given up
+# against the best fixed interval was 1.9-9.5 points after one loss and 0.9-2.9 after two; with
+# the advice worth two losses, 0.4-0.9 and 0.3-0.7 (python -m sim.interval).
 PRIOR_LOSSES = 2
 # ... unless the run's own losses are that unlikely under it (a lower-tail probability of the
 # prior's predictive, from the third loss on: one or two early losses are common under Spot's

@@ -1,68 +1,19 @@
 """The checkpoint interval after a run's first few losses (controller.core.ledger.lifetime), judged
-in the simulator's own model of a Spot zone (sim.model.zone_goodput: Weibull lifetimes of shape
-0.8, its boots, notice and a 120 s save): the goodput a job gives up against the best fixed
-interval for that zone, on average over the lifetimes its losses could have had.
-
-Advice is as sim/advice.py gives it: the zone's median lifetime times a lognormal factor
-(sigma 0.3), never the mean (1.79x the median at this shape)."""
+in the simulator's own model of a Spot zone (sim/interval.py): the goodput a job gives up
+against the best fixed interval for that zone, on average over the lifetimes its losses could
+have had. Figures: ``python -m sim.interval``."""
 
 from __future__ import annotations
-
-import math
-import random
-import statistics
 
 import pytest
 
 from controller.core import ledger
-from sim.model import Params, Zone, best_interval, zone_goodput
+from sim.interval import given_up, zone
 
-P = Params()
-DRAWS = 80
 # The distance the advised interval may stay from the best fixed one, in goodput points, after
 # 1, 2 and 5 losses. The rule before the prior (M = the run's own mean from the first loss) gave
-# up 3.5-8.2 points after one loss at these medians.
+# up 1.9-9.5 points after one loss at these medians (python -m sim.interval).
 WITHIN_POINTS = 1.0
-
-
-def zone(median_h: float) -> Zone:
-    median = median_h * 3600
-    scale = median / math.log(2) ** (1 / P.weibull_k)
-    return Zone("z", median, scale, scale * math.gamma(1 + 1 / P.weibull_k), 0.0, 0.0, ())
-
-
-class Goodput:
-    """G(τ) of one zone, by 10 s steps of τ (the model is smooth at that scale)."""
-
-    def __init__(self, z: Zone) -> None:
-        self.z, self.cache = z, {}
-        self.best_tau, self.best = best_interval(z, P)
-
-    def __call__(self, tau: float) -> float:
-        key = round(tau, -1)
-        if key not in self.cache:
-            self.cache[key] = zone_goodput(self.z, key, P)
-        return self.cache[key]
-
-
-def given_up(z: Zone, losses: int, advice_factor: float = 1.0, seed: int = 1) -> tuple[float, float]:
-    """Mean goodput points given up against the best fixed interval after ``losses`` losses: the
-    advised interval's, and the run's own mean's (the rule before the prior)."""
-    rng = random.Random(f"{seed}-{z.lifetime_median_s}-{losses}-{advice_factor}")
-    g = Goodput(z)
-    advised, own = [], []
-    for _ in range(DRAWS):
-        uptime = advice_factor * z.lifetime_median_s * math.exp(rng.gauss(0.0, 0.3))
-        # The run's RUNNING time: each VM's lifetime less its boot (a VM lost booting ran none).
-        ran = sum(max(0.0, z.lifetime(1.0 - rng.random(), P.weibull_k) - rng.uniform(*P.boot_s))
-                  for _ in range(losses))
-        book = ledger.Ledger(totals=ledger.Totals(running_s=ran, platform_losses=losses))
-        tau = ledger.checkpoint_every(book, P.checkpoint_cost_s, uptime)
-        assert tau is not None or ran == 0
-        advised.append(g.best - g(tau if tau is not None else ledger.MIN_INTERVAL_S))
-        raw = min(ledger.MAX_INTERVAL_S, max(ledger.MIN_INTERVAL_S, math.sqrt(2 * P.checkpoint_cost_s * ran / losses)))
-        own.append(g.best - g(raw))
-    return 100 * statistics.mean(advised), 100 * statistics.mean(own)
 
 
 @pytest.mark.parametrize("median_h", [0.5, 3.0, 8.0])
