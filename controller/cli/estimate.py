@@ -1,11 +1,14 @@
 """The pre-launch estimate ``respawn submit`` and ``respawn run`` show before anything is uploaded.
 
-One row per zone of the spec and model of its provisioning list (the order the controller
-tries them in): what the whole job costs per hour there (nodes x accelerators: for Spot,
-Compute's capacity-history list price where advice gave one, else respawn's price table, and
-``policy.prices`` over both, each row saying which), how obtainable capacity is now
-(``advice.capacity``), and how much of the region's GPU quota is left against what the job
-needs (``regions.get``). ``gather`` asks Google through the ports, every source on its own:
+One row per zone of the spec and model of its provisioning list, in the order the controller
+tries them (each model in turn; under ``placement: capacity``, its zones ranked as
+``controller.core.placement`` ranks them from the same advice): what the whole job costs per
+hour there (nodes x accelerators: for Spot, Compute's capacity-history list price where advice
+gave one, else respawn's price table, and ``policy.prices`` over both, each row saying which),
+how obtainable capacity is now (``advice.capacity``), how much of the region's GPU quota is
+left against what the job needs (``regions.get``), and the expected goodput placement weighed
+the zone by (``placement.Worth``: at the zone's estimated Spot uptime, before the run has
+measured its own save and boot). ``gather`` asks Google through the ports, every source on its own:
 one that fails (an API turned off, no permission, no answer in time) leaves its cells "—"
 with a note saying why, and never stops a submit. ``rows`` and ``render`` are pure.
 """
@@ -23,7 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from controller.core import prices, quotas
-from controller.core.placement import region_of, shapes
+from controller.core.placement import region_of, shapes, worths, zone_order
 from controller.core.ports import CapacityAdvisor, QuotaReader, ZoneAdvice
 from controller.core.quotas import QuotaLeft, QuotaUse
 from controller.core.spec import JobSpec
@@ -57,6 +60,7 @@ class Row:
     obtainability: float | None
     quota: QuotaLeft | None
     quota_note: str  # what the quota cell says when ``quota`` is None
+    goodput: float | None = None  # expected goodput placement weighed (capacity placement with advice only)
 
 
 def sources(build_advisor: Callable[[], CapacityAdvisor], build_quotas: Callable[[], QuotaReader]) -> Sources:
@@ -150,14 +154,17 @@ def gather(spec: JobSpec, project: str, found: Sources, wait: float = ESTIMATE_W
 
 
 def rows(spec: JobSpec, gathered: Gathered) -> list[Row]:
-    """The table's rows: every zone, each model in the order the controller tries them."""
+    """The table's rows: each model in turn, its zones in the order the controller tries them."""
     gpus = spec.gpus_per_node
     override = dict(spec.policy.prices) if spec.policy.prices else None
     out = []
-    for zone in spec.zones:
-        region = region_of(zone)
-        for model in spec.provisioning:
-            advice = gathered.advice.get(model, {}).get(zone)
+    for model in spec.provisioning:
+        advised = gathered.advice.get(model) or {}
+        ranked = advised if spec.placement_for(model) == "capacity" else {}
+        weighed = worths(spec, model, ranked) if ranked else {}
+        for zone in zone_order(spec, model, ranked):
+            region = region_of(zone)
+            advice = advised.get(zone)
             rate = prices.rate(model=model, nodes=1 if spec.tpu else spec.nodes, gpus=gpus,
                                machine_type=spec.machine_type, tpu_type=spec.tpu.type if spec.tpu else None,
                                override=override, spot_price=advice.spot_price_h if advice and model == "spot" else None)
@@ -168,7 +175,8 @@ def rows(spec: JobSpec, gathered: Gathered) -> list[Row]:
                 if quota is None:
                     note = f"{NONE} (no quota listed for {gpus[0]})"
             out.append(Row(zone, model, rate.per_hour if known else None, _source(rate.source, model),
-                           advice.obtainability if advice else None, quota, note))
+                           advice.obtainability if advice else None, quota, note,
+                           weighed[zone].goodput if zone in weighed else None))
     return out
 
 
@@ -182,17 +190,21 @@ def render(spec: JobSpec, job: str, table_rows: list[Row], notes: list[str]) -> 
     needs = f" (needs {spec.total_gpus})" if gpus and spec.tpu is None else ""
     table = Table(title=Text(f"estimate for {job}: {what}"), title_justify="left")
     for header, justify in (("zone", "left"), ("model", "left"), ("$/hour (job)", "right"), ("price from", "left"),
-                            ("obtainable now", "right"), (f"GPU quota left{needs}", "left")):
+                            ("obtainable now", "right"), (f"GPU quota left{needs}", "left"),
+                            ("est. goodput", "right")):
         table.add_column(header, justify=justify)  # type: ignore[arg-type]
     for row in table_rows:
         table.add_row(Text(row.zone), Text(row.model), Text(NONE if row.per_hour is None else f"${row.per_hour:,.2f}"),
                       Text(row.price_from, style="dim"),
                       Text(NONE if row.obtainability is None else f"{row.obtainability:.2f}",
                            style="red" if row.obtainability == 0 else ""),
-                      _quota_cell(row))
+                      _quota_cell(row), Text(NONE if row.goodput is None else f"{row.goodput:.0%}"))
     metrics = dict.fromkeys(f"{row.model} {row.quota.metric}" for row in table_rows if row.quota is not None)
     lines = [Text(f"quota: {', '.join(metrics)} (Compute regions.get: limit − usage)", style="dim")] if metrics else []
     lines += [Text(f"{NONE} {note}", style="dim") for note in dict.fromkeys(notes)]
+    if any(row.goodput is None for row in table_rows):
+        lines.append(Text(f"{NONE} est. goodput: weighed only under placement: capacity, from capacity advice "
+                          "(otherwise the spec's order)", style="dim"))
     return Group(table, *lines)
 
 

@@ -197,6 +197,13 @@ def save_cost(ledger: Ledger) -> tuple[float | None, str | None]:
     return None, None
 
 
+def run_costs(ledger: Ledger) -> tuple[float | None, float | None]:
+    """The run's own save cost C and mean boot, where it has measured them: what placement weighs
+    a zone's uptime with (``controller.core.placement.worths``)."""
+    totals = ledger.totals
+    return save_cost(ledger)[0], totals.boot_s / totals.boots if totals.boots else None
+
+
 def steps_lost(loss: Loss, from_step: int | None) -> int | None:
     """Steps the loss cost: the step it had reached less ``from_step``, the step its replacement
     resumes from (0 from scratch), never negative; None where either is unknown."""

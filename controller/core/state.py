@@ -120,6 +120,11 @@ class ZoneScore(BaseModel):
     # What the advice was asked about (``prices.shape``): its price is that shape's alone. None in a
     # status written before it was recorded: then no attempt is priced by it.
     shape: str | None = None
+    # What placement made of it (controller.core.placement.Worth): the zone's expected goodput,
+    # useful hours per dollar where priced, and the figure the zones were ranked by.
+    goodput: float | None = None
+    per_dollar: float | None = None
+    value: float | None = None
 
 
 def _a_duration_or_none(value: Any) -> Any:

@@ -153,15 +153,22 @@ def begin_attempt(
     attempt = attempt or next_attempt(status)
     resume = f"resuming from {checkpoint.uri}" if checkpoint else "starting from scratch (no complete checkpoint)"
     # A zone seen stocked out since the advice may have been asked is never described by it.
-    lately = placement.stocked_out(status.history, now - placement.ADVICE_MAX_AGE).get(zone)
-    where = f"{zone} ({model}; {placement.describe(advice.get(zone), lately, now)})" if advice else f"{zone} ({model})"
+    recent = placement.stocked_out(status.history, now - placement.ADVICE_MAX_AGE)
+    lately = recent.get(zone)
+    # What placement weighed (world.JobView.zone_order): the same advice, stockouts and run costs.
+    worth = placement.worths(spec, model, {z: a for z, a in (advice or {}).items() if z not in recent},
+                             *ledger.run_costs(status.ledger))
+    where = f"{zone} ({model}; {placement.describe(advice.get(zone), lately, now, worth.get(zone))})" \
+        if advice else f"{zone} ({model})"
     detail = f"{why}; {verb} {', '.join(names)} in {where}, {resume}"
     # Against the model the status was on (a new spec may have dropped it): its cooldowns and
     # its time on that model are its own, never the new one's.
     switched = model != (status.provisioning or model_of(spec, status))
     shape = ledger.shape_of(spec)  # what the advice was asked about: its price and uptime are that shape's
     scores = {z: ZoneScore(obtainability=a.obtainability, uptime_s=a.uptime_s, preemption_rate=a.preemption_rate,
-                           spot_price_h=a.spot_price_h, shape=shape)
+                           spot_price_h=a.spot_price_h, shape=shape,
+                           **({"goodput": w.goodput, "per_dollar": w.per_dollar, "value": w.value}
+                              if (w := worth.get(z)) else {}))
               for z, a in (advice or {}).items() if z in spec.zones}
     seed = (scores.get(zone) or status.zone_advice.get(zone)) if model == "spot" else None
     seed = seed if seed is not None and seed.shape == shape else None  # never another machine's uptime

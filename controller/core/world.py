@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import TypeGuard
 
-from controller.core import placement
+from controller.core import ledger, placement
 from controller.core.ports import BlobInfo, Instance, StopReason, ZoneAdvice
 from controller.core.spec import JobSpec
 from controller.core.state import CheckpointRef, JobStatus
@@ -314,7 +314,8 @@ class JobView:
         assert self.spec is not None
         recent = placement.stocked_out(self.status.history, now - placement.ADVICE_MAX_AGE) \
             if now is not None and self.status is not None else {}
-        order = placement.zone_order(self.spec, model, self.advice_for(model), recent)
+        costs = ledger.run_costs(self.status.ledger) if self.status is not None else (None, None)
+        order = placement.zone_order(self.spec, model, self.advice_for(model), recent, *costs)
         return tuple(z for z in order if z not in self.denied_zones)
 
 

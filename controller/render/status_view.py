@@ -412,18 +412,29 @@ def _ago(stamp: Any) -> str:
     return f", {format_duration(timedelta(seconds=age))} ago" if age else ", just now"
 
 
-ADVICE_LAYOUTS = (("zone", "obtainability", "uptime", "rate"), ("zone", "obtainability", "rate"), ("zone", "rate"))
+ADVICE_LAYOUTS = (("zone", "obtainability", "uptime", "rate", "worth"), ("zone", "obtainability", "uptime", "worth"),
+                  ("zone", "obtainability", "worth"), ("zone", "worth"))
+
+
+def _worth(score: Mapping[str, Any]) -> str:
+    """A zone's figure as placement used it: "84%, 3.81 h/$"; "—" in a status from before it was kept."""
+    goodput, per_dollar = score.get("goodput"), score.get("per_dollar")
+    if not isinstance(goodput, float | int) or isinstance(goodput, bool):
+        return "—"
+    return f"{goodput:.0%}" + (f", {per_dollar:.2f} h/$" if isinstance(per_dollar, float | int) else "")
 
 
 class AdviceTable:
     """Each zone as capacity advice scored it when the job last launched: where Spot VMs are
     likely to be had, how long the majority of them are expected to run (Google's estimate),
     and, of the Spot VMs that stopped there on the latest day, the share that were preempted
-    (``preemptionRate``: how they ended, not how often). Columns give way as the job table's
-    do (the uptime first, then the obtainability)."""
+    (``preemptionRate``: how they ended, not how often); and what placement made of it (its
+    figure, ``controller.core.placement.Worth``: the expected goodput there, and the useful hours a
+    dollar buys where priced; the zones went in the order of that figure). Columns give way as
+    the job table's do (the rate first, then the uptime, then the obtainability)."""
 
     HEADERS = {"zone": "ZONE", "obtainability": "OBTAINABILITY", "uptime": "SPOT UPTIME",
-               "rate": "PREEMPTED OF STOPPED"}
+               "rate": "PREEMPTED OF STOPPED", "worth": "EXPECTED GOODPUT"}
 
     def __init__(self, row: Row) -> None:
         self.row = row
@@ -439,7 +450,8 @@ class AdviceTable:
             cells.append({"zone": plain(zone + (" ←" if zone == self.row["zone"] else "")),
                           "obtainability": plain(odds, "yellow" if zone in stocked_out else ""),
                           "uptime": plain("—" if uptime is None else f"{uptime / 86400:.1f} d"),
-                          "rate": plain("—" if rate is None else f"{rate:.1%}")})
+                          "rate": plain("—" if rate is None else f"{rate:.1%}"),
+                          "worth": plain(_worth(a) if zone not in stocked_out else "—")})
         for keys in ADVICE_LAYOUTS:
             lines = columns([self.HEADERS[k] for k in keys], [[c[k] for k in keys] for c in cells])
             if max(line.cell_len for line in lines) <= options.max_width:

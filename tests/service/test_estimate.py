@@ -118,13 +118,35 @@ def test_obtainability_and_the_gpu_quota_left_against_what_the_job_needs(world, 
     assert "quota: spot PREEMPTIBLE_NVIDIA_L4_GPUS, standard NVIDIA_L4_GPUS" in result.output
 
 
+def test_rows_come_in_the_order_placement_tries_them_with_the_goodput_it_weighed(world, tmp_path):
+    """Issue 36: what the estimate shows is what placement uses: b's three times longer Spot
+    uptime puts it first, and its expected goodput is the figure it was ranked by."""
+    from controller.core import placement
+
+    world.advisor.spot_uptime("us-central1-a", 3600.0)
+    world.advisor.spot_uptime("us-central1-b", 3 * 3600.0)
+    path = write_spec(tmp_path, provisioning=["spot", "standard"])  # capacity placement: Spot's default
+    output = runner.invoke(app, ["submit", path, "--dry-run"]).output
+    order = [(z, m) for line in output.splitlines()
+             for z in ZONES for m in ("spot", "standard")
+             if [c.strip() for c in re.split(r"[│┃]", line) if c.strip()][:2] == [z, m]]
+    assert order == [("us-central1-b", "spot"), ("us-central1-a", "spot"),
+                     ("us-central1-a", "standard"), ("us-central1-b", "standard")]
+    spec = parse_spec(yaml.safe_dump(spec_doc(zones=ZONES, provisioning=["spot", "standard"])), "j")
+    advice = {z: world.advisor.advise(s)[z] for s in placement.shapes(spec, "spot", PROJECT) for z in s.zones}
+    weighed = placement.worths(spec, "spot", advice)
+    assert row(output, "us-central1-b", "spot")[-1] == f"{weighed['us-central1-b'].goodput:.0%}"
+    assert row(output, "us-central1-a", "standard")[-1] == "—"  # standard: placement kept the spec's order
+    assert "est. goodput: weighed only under placement: capacity" in output
+
+
 def test_a_source_that_fails_shows_a_dash_says_why_and_never_blocks_the_submit(world, tmp_path):
     world.advisor.failure = errors.RequestError("403 Compute Engine API has not been used in project")
     world.broken["quotas"] = "no credentials"
     result = runner.invoke(app, ["submit", write_spec(tmp_path)])
     assert result.exit_code == 0, result.output
     cells = row(result.output, "us-central1-a", "spot")
-    assert cells[2:] == ["$0.22", "respawn's table", "—", "—"]
+    assert cells[2:] == ["$0.22", "respawn's table", "—", "—", "—"]
     assert "capacity advice failed: 403 Compute Engine API has not been used" in result.output
     assert "regions.get unavailable (no credentials)" in result.output
     assert world.spec("j") is not None and "submitted j" in result.output
@@ -135,7 +157,7 @@ def test_a_tpu_job_has_no_compute_advice_or_quota_and_says_so(world, tmp_path):
     result = runner.invoke(app, ["submit", path, "--dry-run"])
     assert result.exit_code == 0, result.output
     assert "1 TPU node v5litepod-8 (8 chips)" in result.output
-    assert row(result.output, "us-central1-a", "spot")[2:] == ["$3.84", "respawn's table", "—", "—"]
+    assert row(result.output, "us-central1-a", "spot")[2:] == ["$3.84", "respawn's table", "—", "—", "—"]
     assert "capacity advice does not cover Cloud TPU" in result.output and "regions.get" in result.output
     assert world.advisor.calls == [] and world.quotas.calls == []
 

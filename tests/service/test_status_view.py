@@ -215,9 +215,10 @@ def test_wrap_breaks_between_words_and_cuts_after_a_whole_word():
 def test_one_jobs_details_read_at_80_columns():
     row = {**TYPICAL[2], "goodput": {"goodput": 0.873, "useful_hours": 12.4, "accelerator_hours": 14.2},
            "checkpoint_every_s": 1500.0, "advice_at": "2026-01-01T00:00:00+00:00",
-           "zone_advice": {"us-central1-a": {"obtainability": 0.9, "uptime_s": 4 * 86400, "preemption_rate": 0.25},
+           "zone_advice": {"us-central1-a": {"obtainability": 0.9, "uptime_s": 4 * 86400, "preemption_rate": 0.25,
+                                             "goodput": 0.9612, "per_dollar": 4.3701, "value": 4.37},
                            "us-central1-b": {"obtainability": 0.5, "uptime_s": None, "preemption_rate": 0.01}}}
-    for width in (60, 80):
+    for width in (60, 80, 100):
         console = Console(width=width, record=True, color_system=None, file=io.StringIO())
         console.print(view.goodput_line(row))
         console.print(view.AdviceTable(row))
@@ -227,7 +228,10 @@ def test_one_jobs_details_read_at_80_columns():
         assert ("goodput 87.3% (12.40 of 14.20 accelerator-hours useful); checkpoint every 25m advised "
                 "(respawn report llm-finetune)") in flat
         advice = {l.split()[0]: l for l in text.splitlines() if l.startswith("us-central1-")}
-        assert "25.0%" in advice["us-central1-a"] and "us-central1-b ←" in advice["us-central1-b"]
+        # What placement weighed stays at every width; Google's preemption share gives way first.
+        assert "96%, 4.37 h/$" in advice["us-central1-a"] and "us-central1-b ←" in advice["us-central1-b"]
+        assert advice["us-central1-b"].rstrip().endswith("—")  # a status from before the figure was kept
+        assert ("25.0%" in advice["us-central1-a"]) is (width == 100)
 
 
 # -- the command, over the in-memory store ---------------------------------------------------------

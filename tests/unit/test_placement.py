@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from hypothesis import given, strategies
 
 from controller.core import errors, placement, transitions as t
 from controller.core.ports import ZoneAdvice
@@ -19,8 +20,8 @@ def spec(extra: str = ""):
     return parse_spec(f"zones: [{A}, {B}, {C}]\nmachine_type: g2-standard-8\ncommand: x\n{extra}", "j")
 
 
-def z(obtainability=None, uptime=None, rate=None) -> ZoneAdvice:
-    return ZoneAdvice(obtainability, uptime, rate)
+def z(obtainability=None, uptime=None, rate=None, price=None) -> ZoneAdvice:
+    return ZoneAdvice(obtainability, uptime, rate, price)
 
 
 @pytest.mark.parametrize("advice, order", [
@@ -29,7 +30,14 @@ def z(obtainability=None, uptime=None, rate=None) -> ZoneAdvice:
     ({A: z(0.2), B: z(0.9), C: z(0.5)}, (B, C, A)),  # obtainability first
     ({A: z(0.9, 86400), B: z(0.9, 7 * 86400), C: z(0.9, 86400)}, (B, A, C)),  # then uptime, then spec order
     ({A: z(0.9, 86400, 0.3), B: z(0.9, 86400, 0.1), C: z(0.9, 86400)}, (B, A, C)),  # then rate; unknown rate last
-    ({A: z(0.1, 30 * 86400), B: z(0.9, 3600)}, (B, A, C)),  # obtainable beats long-lived; unscored zones last
+    # One figure, not an order of scores: a 30-day life outweighs nine refused inserts in ten ...
+    ({A: z(0.1, 30 * 86400), B: z(0.9, 3600)}, (A, B, C)),
+    # ... half the obtainability with three times the uptime goes first (issue 36) ...
+    ({A: z(0.8, 3600), B: z(0.4, 3 * 3600)}, (B, A, C)),
+    # ... but nineteen refusals in twenty outweigh twice the uptime; unscored zones last
+    ({A: z(0.05, 2 * 3600), B: z(0.9, 3600)}, (B, A, C)),
+    # the same life at half the Spot price (capacityHistory's priceHistory) buys twice the training
+    ({A: z(0.9, 86400, price=0.8), B: z(0.9, 86400, price=0.4)}, (B, A, C)),
     ({C: z(0.0)}, (C, A, B)),  # scored, even at 0, before the unscored
 ])
 def test_capacity_placement_ranks_zones(advice, order):
@@ -187,3 +195,39 @@ def test_a_launch_in_a_zone_just_seen_stocked_out_does_not_quote_its_advice():
     other = t.begin_attempt(st, spec(), "p", B, ["j-2"], None, NOW, "preempted", 1, "tok", "spot", advice)
     assert "obtainability 0.90" in other.history[-1].detail  # B's advice still stands
     assert placement.describe(z(0.9), NOW - timedelta(seconds=5), NOW) == "stocked out 5s ago: capacity advice set aside"
+
+
+odds = strategies.floats(0.01, 1.0)
+uptimes = strategies.floats(600.0, 60 * 86400.0)
+spot_prices = strategies.floats(0.05, 20.0)
+
+
+@given(odds, odds, uptimes, uptimes, spot_prices)
+def test_the_figure_is_monotone_in_each_score(p1, p2, u1, u2, price):
+    """More obtainable, longer-lived or cheaper never ranks a zone lower, the other scores equal."""
+    def first(a, b):
+        return placement.zone_order(spec(), "spot", {A: a, B: b})[0]
+
+    if p1 != p2:
+        better = A if p1 > p2 else B
+        assert first(z(p1, u1, price=price), z(p2, u1, price=price)) == better
+    if abs(u1 - u2) > 1:
+        better = A if u1 > u2 else B
+        assert first(z(p1, u1, price=price), z(p1, u2, price=price)) == better
+    assert first(z(p1, u1, price=price), z(p1, u1, price=price * 1.5)) == A
+    assert first(z(p1, u1, price=price * 1.5), z(p1, u1, price=price)) == B
+
+
+def test_what_placement_weighed_is_what_the_launch_records():
+    """The launch's history line and the status's zone scores carry the figure zones were ranked by."""
+    s = spec()
+    advice = {A: z(0.8, 3600), B: z(0.4, 3 * 3600)}
+    st = JobStatus(attempt=0)
+    worth = placement.worths(s, "spot", advice)
+    assert placement.zone_order(s, "spot", advice) == (B, A, C)
+    assert worth[B].value > worth[A].value and worth[B].goodput > worth[A].goodput
+    launched = t.begin_attempt(st, s, "p", B, ("j-1",), None, NOW, "submitted", 1, "tok", "spot", advice)
+    assert f"expected goodput ~{worth[B].goodput:.0%}" in launched.history[-1].detail
+    scores = launched.zone_advice
+    assert (scores[B].goodput, scores[B].value) == (worth[B].goodput, worth[B].value)
+    assert scores[A].value == worth[A].value and C not in scores
