@@ -46,12 +46,19 @@ HELP = {
     "notice_s": "preemption notice: soft-off to hard-off (seconds)",
     "notice_miss": "probability that a VM misses the notice (no marker; only a tick sees the loss)",
     "marker_margin_s": "a save must land this long before the hard-off to count (seconds)",
-    "event_delay_s": "object finalized -> the event function runs (seconds)",
+    "event_delay_p50_s": "respawn's event delay, median: the marker written -> the event function's pass (seconds; "
+                         "the bench's event_from_notice_p50_s)",
+    "event_delay_p99_s": "respawn's event delay, 99th percentile (lognormal through both; the bench's "
+                         "event_from_notice_p99_s)",
     "tick_s": "respawn's tick (seconds)",
     "poll_s": "the managed-jobs baseline's poll (seconds)",
     "poll_wait_s": "the managed-jobs baseline's wait before relaunching (seconds; SkyPilot: none, its 60 s gap follows a failed launch)",
     "retry_s": "a baseline's retry when no zone it tried had capacity (seconds)",
     "mig_check_s": "how often the MIG-like baseline notices a stopped VM (seconds)",
+    "skypilot_poll_s": "SkyPilot's check of a running job (its JOB_STATUS_CHECK_GAP_SECONDS)",
+    "skypilot_fetch_timeout_s": "SkyPilot's cap on fetching a job's status from its cluster (_JOB_STATUS_FETCH_TIMEOUT_SECONDS)",
+    "skypilot_retry_s": "SkyPilot's first gap after a launch found no capacity (RETRY_INIT_GAP_SECONDS; x1.6 to 300 s)",
+    "skypilot_launch_s": "SkyPilot's launch path beyond the VM's boot: SSH, runtime, Ray, job submission (the sim's choice)",
     "fixed_interval_s": "the fixed checkpoint interval of respawn-fixed-30m (seconds)",
     "keep_checkpoints": "complete saves a trainer keeps",
     "price_gpu_h": "Spot price, US$ per GPU-hour",
@@ -90,8 +97,10 @@ def parse(argv: list[str] | None) -> tuple[Params, argparse.Namespace]:
     ap.add_argument("--no-oracle", action="store_true", help="skip the oracle section ('if advice were perfect')")
     ap.add_argument("--sweep", action="store_true",
                     help="also sweep the lifetime and stockout parameters (sim.__main__.SWEEP_POINTS)")
-    ap.add_argument("--sweep-days", type=float, default=3.0, help="simulated days per sweep run")
-    ap.add_argument("--sweep-seeds", type=int, default=4, help="seeds per sweep point")
+    ap.add_argument("--sweep-days", type=float, default=7.0, help="simulated days per run at a lifetime point")
+    ap.add_argument("--sweep-seeds", type=int, default=20, help="seeds per lifetime point")
+    ap.add_argument("--sweep-other-days", type=float, default=3.0, help="simulated days per run at a stockout point")
+    ap.add_argument("--sweep-other-seeds", type=int, default=4, help="seeds per stockout point")
     ap.add_argument("--out", default=str(HERE / "results.json"), help="results file ('' for none)")
     ap.add_argument("--plot", default=str(HERE / "results.png"), help="plot file ('' for none)")
     ap.add_argument("--no-skip", action="store_true", help="run every tick (no skipping of ticks that cannot act)")
@@ -107,19 +116,36 @@ def parse(argv: list[str] | None) -> tuple[Params, argparse.Namespace]:
     return Params(**values), args
 
 
-HEADLINE = ("respawn", "respawn-tick-only", "respawn-fixed-30m", "poll-15s", "mig-same-zone")
-ORACLE = ("respawn", "poll-15s", "mig-same-zone")  # "if advice were perfect": respawn and the baselines
-# The sweep: one parameter group at a time around the defaults, respawn against the baselines.
-SWEEP_POLICIES = ("respawn", "poll-15s", "mig-same-zone")
-SWEEP_POINTS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("lifetime median 0.25-0.5 h", {"lifetime_median_h": (0.25, 0.5)}),
-    ("lifetime median 0.5-1.1 h (default)", {}),
-    ("lifetime median 1.1-3 h", {"lifetime_median_h": (1.1, 3.0)}),
-    ("lifetime median 3-8 h", {"lifetime_median_h": (3.0, 8.0)}),
-    ("stockout gaps x0.5 (median 0.2-0.375 h, p90 1-2 h)", {"stockout_median_h": (0.2, 0.375), "stockout_p90_h": (1.0, 2.0)}),
-    ("stockout gaps x2 (median 0.8-1.5 h, p90 4-8 h)", {"stockout_median_h": (0.8, 1.5), "stockout_p90_h": (4.0, 8.0)}),
-    ("available periods 2 h (frequent stockouts)", {"available_mean_h": 2.0}),
-    ("available periods 24 h (rare stockouts)", {"available_mean_h": 24.0}),
+# Every policy the headline runs, on the same traces; three tables read them:
+BASELINES = ("skypilot", "mig-regional", "poll-15s", "mig-same-zone")
+# ... respawn as shipped against the peers as their authors built them (each trainer on the
+# interval its controller gives it, or, for peers that give none, Young/Daly from the zones'
+# published uptime: the best a user could compute);
+AS_BUILT = ("respawn", *BASELINES)
+# ... the controllers alone: every trainer on that same Young/Daly interval;
+CONTROLLERS = ("respawn-young-daly", "respawn-tick-only", *BASELINES)
+# ... and the interval policies alone, under respawn's controller.
+INTERVALS = ("respawn", "respawn-young-daly", "respawn-fixed-30m", "respawn-optimal")
+HEADLINE = tuple(dict.fromkeys((*AS_BUILT, *CONTROLLERS, *INTERVALS)))
+ORACLE = ("respawn", "skypilot", "mig-regional", "poll-15s")  # "if advice were perfect": respawn and the baselines
+# The sweep: one parameter group at a time around the defaults, respawn as shipped against the
+# peers as built.
+SWEEP_POLICIES = ("respawn", "skypilot", "mig-regional", "poll-15s")
+# The lifetime points run --sweep-seeds x --sweep-days (the numbers that decide: 20 x 7 by
+# default); the stockout points, fewer (--sweep-other-seeds x --sweep-other-days), to keep make
+# sim under an hour on 2 CPUs: their spread is the wider.
+LIFETIME, OTHER = "lifetime", "other"
+SWEEP_POINTS: tuple[tuple[str, dict[str, Any], str], ...] = (
+    ("lifetime median 0.25-0.5 h", {"lifetime_median_h": (0.25, 0.5)}, LIFETIME),
+    ("lifetime median 0.5-1.1 h (default)", {}, LIFETIME),
+    ("lifetime median 1.1-3 h", {"lifetime_median_h": (1.1, 3.0)}, LIFETIME),
+    ("lifetime median 3-8 h", {"lifetime_median_h": (3.0, 8.0)}, LIFETIME),
+    ("stockout gaps x0.5 (median 0.2-0.375 h, p90 1-2 h)",
+     {"stockout_median_h": (0.2, 0.375), "stockout_p90_h": (1.0, 2.0)}, OTHER),
+    ("stockout gaps x2 (median 0.8-1.5 h, p90 4-8 h)", {"stockout_median_h": (0.8, 1.5), "stockout_p90_h": (4.0, 8.0)},
+     OTHER),
+    ("available periods 2 h (frequent stockouts)", {"available_mean_h": 2.0}, OTHER),
+    ("available periods 24 h (rare stockouts)", {"available_mean_h": 24.0}, OTHER),
 )
 # Per metric: the key in a run, its unit in a margin, its scale, and whether higher is better.
 METRICS = (("goodput", "goodput_pp", 100.0, True), ("time_to_train_h", "time_to_train_h", 1.0, False),
@@ -152,7 +178,8 @@ def _pool(jobs: dict[Any, tuple[Any, ...]], workers: int) -> dict[Any, dict[str,
 
 
 def simulate(p: Params, workers: int = 1, skip_ticks: bool = True, verify_skips: bool = False,
-             oracle: bool = True, sweep: bool = False, sweep_days: float = 3.0, sweep_seeds: int = 4) -> dict[str, Any]:
+             oracle: bool = True, sweep: bool = False, sweep_days: float = 7.0, sweep_seeds: int = 20,
+             sweep_other_days: float = 3.0, sweep_other_seeds: int = 4) -> dict[str, Any]:
     """The headline (advice ``p.advice``), the oracle section, the ceiling and its checks, and
     optionally the sweep: the results.json document."""
     chosen = [n for n in (p.policies or HEADLINE) if n not in REFERENCE_POLICIES]
@@ -171,10 +198,12 @@ def simulate(p: Params, workers: int = 1, skip_ticks: bool = True, verify_skips:
             jobs[("reference", s, n)] = (traces[(p.advice, s)], n, skip_ticks, verify_skips)
     sweep_jobs: dict[Any, tuple[Any, ...]] = {}
     sweep_traces: dict[Any, Any] = {}
+    sizes = {LIFETIME: (sweep_days, sweep_seeds), OTHER: (sweep_other_days, sweep_other_seeds)}
     if sweep:
-        for i, (_, change) in enumerate(SWEEP_POINTS):
-            q = replace(p, days=sweep_days, seeds=sweep_seeds, **change)
-            for s in range(p.seed, p.seed + sweep_seeds):
+        for i, (_, change, kind) in enumerate(SWEEP_POINTS):
+            days, n_seeds = sizes[kind]
+            q = replace(p, days=days, seeds=n_seeds, **change)
+            for s in range(p.seed, p.seed + n_seeds):
                 sweep_traces[(i, s)] = make_trace(replace(q, seed=s))
                 for n in SWEEP_POLICIES:
                     sweep_jobs[("sweep", i, s, n)] = (sweep_traces[(i, s)], n, skip_ticks, verify_skips)
@@ -186,9 +215,16 @@ def simulate(p: Params, workers: int = 1, skip_ticks: bool = True, verify_skips:
 
     doc: dict[str, Any] = {"advice": p.advice, "advice_note": _advice_note(p.advice, p)}
     doc["parameters"] = {**p.as_dict(), "policies": chosen, "seeds_run": seeds}
-    head = section({n: {s: raw[("headline", s, n)] for s in seeds} for n in chosen}, bound)
+    runs = {n: {s: raw[("headline", s, n)] for s in seeds} for n in chosen}
+    head = section(runs, bound, against=AS_BUILT)
     doc["policies"], doc["margins"] = head["policies"], head["margins"]
     doc["goodput"] = {n: r["goodput"] for n, r in head["policies"].items()}
+    for key, names_, what in (
+            ("controllers", CONTROLLERS, "the controllers alone: every trainer on the same interval, Young/Daly from "
+                                         "the zones' published uptime (what the peers' users have)"),
+            ("intervals", INTERVALS, "the interval policies alone, under respawn's controller")):
+        if (table_ := comparison(runs, head["policies"], names_, what)) is not None:
+            doc[key] = table_
     if "oracle" in sections:
         names_ = sections["oracle"][1]
         orc = section({n: {s: raw[("oracle", s, n)] for s in seeds} for n in names_}, bound)
@@ -208,7 +244,7 @@ def simulate(p: Params, workers: int = 1, skip_ticks: bool = True, verify_skips:
                                                                   ("oracle", "oracle", sections.get("oracle", ("", []))[1]),
                                                                   ("reference", "reference", REFERENCE_POLICIES))})
     if sweep:
-        doc["sweep"] = sweep_section(p, raw, sweep_traces, sweep_days, sweep_seeds)
+        doc["sweep"] = sweep_section(p, raw, sweep_traces, sizes)
     doc["zones"] = {str(s): {n: {"lifetime_median_h": z.lifetime_median_s / 3600, "lifetime_mean_h": z.mean_s / 3600,
                                  "stockout_median_h": z.stockout_median_s / 3600,
                                  "stockout_p90_h": z.stockout_p90_s / 3600,
@@ -240,8 +276,10 @@ def _advice_note(advice: str, p: Params) -> str:
                                       sigma=p.advice_uptime_sigma, refresh=p.advice_uptime_refresh_h)
 
 
-def section(raw: dict[str, dict[int, dict[str, Any]]], bound: dict[int, float]) -> dict[str, Any]:
-    """Policies pooled over seeds, each against the ceiling, and respawn's margins over the others."""
+def section(raw: dict[str, dict[int, dict[str, Any]]], bound: dict[int, float], lead: str = "respawn",
+            against: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Policies pooled over seeds, each against the ceiling, and ``lead``'s margins over the
+    others (``against``: only those)."""
     out: dict[str, Any] = {"policies": {}, "margins": {}}
     for n, by_seed in raw.items():
         r = pooled(list(by_seed.values()))
@@ -249,11 +287,23 @@ def section(raw: dict[str, dict[int, dict[str, Any]]], bound: dict[int, float]) 
         r["vs_ceiling_pp"] = statistics.fmean(gaps)
         r["vs_ceiling_pp_sd_over_seeds"] = statistics.stdev(gaps) if len(gaps) > 1 else 0.0
         out["policies"][n] = r
-    if "respawn" in raw:
+    if lead in raw:
         for n in raw:
-            if n != "respawn":
-                out["margins"][n] = margins(raw["respawn"], raw[n])
+            if n != lead and (against is None or n in against):
+                out["margins"][n] = margins(raw[lead], raw[n])
     return out
+
+
+def comparison(runs: dict[str, dict[int, dict[str, Any]]], pooled_: dict[str, Any], names_: tuple[str, ...],
+               what: str) -> dict[str, Any] | None:
+    """One table read from the headline's runs: ``names_`` (the first leads), its margins over the
+    rest; None where the headline did not run them all."""
+    if not all(n in runs for n in names_):
+        return None
+    lead = names_[0]
+    return {"what": what, "lead": lead, "policies": list(names_),
+            "margins": {n: margins(runs[lead], runs[n]) for n in names_[1:]},
+            "goodput": {n: pooled_[n]["goodput"] for n in names_}}
 
 
 # Two-sided 95 % critical values of Student's t by degrees of freedom (seeds - 1): with 4 or
@@ -331,10 +381,11 @@ def ceiling_section(p: Params, tops: dict[int, dict[str, Any]], pooled_: dict[st
     }
 
 
-def sweep_section(p: Params, raw: dict[Any, dict[str, Any]], traces: dict[Any, Any], days: float,
-                  n_seeds: int) -> dict[str, Any]:
+def sweep_section(p: Params, raw: dict[Any, dict[str, Any]], traces: dict[Any, Any],
+                  sizes: dict[str, tuple[float, int]]) -> dict[str, Any]:
     points = []
-    for i, (label, change) in enumerate(SWEEP_POINTS):
+    for i, (label, change, kind) in enumerate(SWEEP_POINTS):
+        days, n_seeds = sizes[kind]
         seeds = list(range(p.seed, p.seed + n_seeds))
         runs = {n: {s: raw[("sweep", i, s, n)] for s in seeds} for n in SWEEP_POLICIES}
         bounds = {s: ceiling(traces[(i, s)])["goodput"] for s in seeds}
@@ -342,21 +393,30 @@ def sweep_section(p: Params, raw: dict[Any, dict[str, Any]], traces: dict[Any, A
         top = statistics.fmean(bounds.values())
         points.append({
             "label": label,
+            "kind": kind,
+            "days": days,
+            "seeds": n_seeds,
             "parameters": {k: list(v) if isinstance(v, tuple) else v for k, v in change.items()},
             "ceiling": top,
             "exceeded_by": [n for n, r in sec["policies"].items() if r["goodput"] > top],
-            "policies": {n: {k: r[k] for k in ("goodput", "goodput_sd_over_seeds", "time_to_train_h", "usd_per_job",
-                                                "training_share", "jobs_unfinished", "vs_ceiling_pp")}
+            "policies": {n: {k: r[k] for k in ("goodput", "goodput_sd_over_seeds", "time_to_train_h",
+                                                "time_to_train_h_sd_over_seeds", "usd_per_job",
+                                                "usd_per_job_sd_over_seeds", "training_share", "jobs_unfinished",
+                                                "vs_ceiling_pp")}
                          for n, r in sec["policies"].items()},
             "margins": sec["margins"],
         })
+    (days, n_seeds), (other_days, other_seeds) = sizes[LIFETIME], sizes[OTHER]
     return {
         "advice": p.advice,
         "days": days,
         "seeds": n_seeds,
+        "other_days": other_days,
+        "other_seeds": other_seeds,
         "policies": list(SWEEP_POLICIES),
-        "note": f"one parameter group at a time around the defaults, {days:g} days x {n_seeds} seeds "
-                f"(fewer than the headline's, to keep make sim short: wider spread); advice {p.advice}",
+        "note": f"one parameter group at a time around the defaults; the lifetime points {days:g} days x {n_seeds} "
+                f"seeds, the stockout points {other_days:g} days x {other_seeds} seeds (wider spread); advice "
+                f"{p.advice}",
         "points": points,
     }
 
@@ -429,14 +489,14 @@ def table(title: str, policies: dict[str, Any]) -> Any:
     return t
 
 
-def margin_lines(label: str, m: dict[str, Any]) -> list[str]:
+def margin_lines(label: str, m: dict[str, Any], lead: str = "respawn") -> list[str]:
     out = []
     for name, metrics in m.items():
         parts = []
         for unit, v in metrics.items():
             parts.append(f"{unit} {v['mean']:+.2f} (sd {v['sd']:.2f}, better in {v['better_in_seeds']}/{v['seeds']}: "
                          f"{v['verdict']})")
-        out.append(f"{label} respawn vs {name}: " + "; ".join(parts))
+        out.append(f"{label} {lead} vs {name}: " + "; ".join(parts))
     return out
 
 
@@ -496,18 +556,24 @@ def main(argv: list[str] | None = None) -> int:
     p, args = parse(argv)
     console = Console(width=170)
     doc = simulate(p, workers=args.workers, skip_ticks=not args.no_skip, verify_skips=args.verify_skips,
-                   oracle=not args.no_oracle, sweep=args.sweep, sweep_days=args.sweep_days, sweep_seeds=args.sweep_seeds)
+                   oracle=not args.no_oracle, sweep=args.sweep, sweep_days=args.sweep_days, sweep_seeds=args.sweep_seeds,
+                   sweep_other_days=args.sweep_other_days, sweep_other_seeds=args.sweep_other_seeds)
     n_seeds = len(doc["parameters"]["seeds_run"])
     size = f"{p.days:g} simulated days x {n_seeds} seeds, {p.jobs} jobs, {p.zones} zones"
     console.print(table(f"HEADLINE, advice {doc['advice']}: {size} (means per week; * some job did not finish "
                         f"{p.train_h:g} h of training in time: the horizon counted)", doc["policies"]))
     console.print(doc["advice_note"])
-    for line in margin_lines("[headline]", doc["margins"]):
-        console.print(line)
+    for line in margin_lines("[as shipped, as built]", doc["margins"]):
+        console.print(line, markup=False)
+    for key in ("controllers", "intervals"):
+        if key in doc:
+            console.print(f"[{key}] {doc[key]['what']}", markup=False)
+            for line in margin_lines(f"[{key}]", doc[key]["margins"], doc[key]["lead"]):
+                console.print(line, markup=False)
     if "oracle" in doc:
         console.print(table(f"ORACLE, {doc['oracle']['label']}: {size}", doc["oracle"]["policies"]))
         for line in margin_lines("[oracle]", doc["oracle"]["margins"]):
-            console.print(line)
+            console.print(line, markup=False)
         for n, m in doc["oracle"]["gain_from_perfect_advice"].items():
             g = m["goodput_pp"]
             what = "placement and first interval" if POLICIES[n][0] == "engine" else "its interval alone"
@@ -525,12 +591,13 @@ def main(argv: list[str] | None = None) -> int:
         t.add_column("ceiling", justify="right")
         t.add_column("respawn goodput", justify="right")
         for n in sw["policies"][1:]:
-            t.add_column(f"vs {n}: goodput pp", justify="right")
             t.add_column(f"vs {n}: time to train h", justify="right")
+            t.add_column(f"vs {n}: $/job", justify="right")
         for pt in sw["points"]:
-            cells = [pt["label"], f"{pt['ceiling']:.4f}", f"{pt['policies']['respawn']['goodput']:.4f}"]
+            cells = [f"{pt['label']} ({pt['days']:g} d x {pt['seeds']})", f"{pt['ceiling']:.4f}",
+                     f"{pt['policies']['respawn']['goodput']:.4f}"]
             for n in sw["policies"][1:]:
-                for unit in ("goodput_pp", "time_to_train_h"):
+                for unit in ("time_to_train_h", "usd_per_job"):
                     v = pt["margins"][n][unit]
                     cells.append(f"{v['mean']:+.2f} ±{v['sd']:.2f} [{v['better_in_seeds']}/{v['seeds']}]")
             t.add_row(*cells)

@@ -24,7 +24,7 @@ before the hard-off (``notice_s`` later) less ``marker_margin_s``, and everythin
 last complete save is lost. From the notice the instance is STOPPING, no longer RUNNING,
 but still billed until the hard-off (Google bills a VM until it is STOPPED or TERMINATED). A VM that did not miss the notice and whose agent is up writes the preemption marker
 once the trainer exited (at once, or after that last save); the event function, where the
-policy has one, runs ``event_delay_s`` later. At the hard-off a VM still there becomes
+policy has one, runs an event delay later (drawn per event: ``Fleet.event_delay``). At the hard-off a VM still there becomes
 TERMINATED (Compute records the preemption).
 """
 
@@ -34,6 +34,7 @@ import dataclasses
 import heapq
 import json
 import logging
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -60,14 +61,19 @@ TRAINER = f"trainer@{PROJECT}.iam.gserviceaccount.com"
 MACHINE = "a2-highgpu-1g"  # one A100 built in
 START = datetime(2026, 1, 5, tzinfo=UTC)
 INTERVAL_KEY = "respawn-checkpoint-every-s"
+Z99 = 2.3263478740408408  # the standard normal's 99th percentile
 
 # name -> (controller, checkpoint interval source, events on)
 POLICIES: dict[str, tuple[str, str, bool]] = {
     "respawn": ("engine", "advice", True),
-    "respawn-tick-only": ("engine", "advice", False),
+    "respawn-tick-only": ("engine", "sim", False),
+    "respawn-young-daly": ("engine", "sim", True),
     "respawn-fixed-30m": ("engine", "fixed", True),
+    "respawn-optimal": ("engine", "optimal", True),
     "poll-15s": ("poll", "sim", False),
     "mig-same-zone": ("mig", "sim", False),
+    "mig-regional": ("migregional", "sim", False),
+    "skypilot": ("skypilot", "sim", False),
     "ideal": ("ideal", "optimal", False),
     "best-zone-wait": ("bestzone", "optimal", False),
 }
@@ -76,10 +82,20 @@ POLICIES: dict[str, tuple[str, str, bool]] = {
 REFERENCE_POLICIES = ("ideal", "best-zone-wait")
 DESCRIPTIONS = {
     "respawn": "events + 1-min tick, capacity placement; trainer follows the controller's interval",
-    "respawn-tick-only": "1-min tick only (no events); interval as respawn",
+    "respawn-tick-only": "1-min tick only (no events); trainer on the baselines' Young/Daly interval",
+    "respawn-young-daly": "respawn's controller; trainer on the baselines' Young/Daly interval (from the zones' "
+                          "published uptime)",
     "respawn-fixed-30m": "events + tick; trainer saves every 30 min",
-    "poll-15s": "managed-jobs loop: polls every 15 s and relaunches at once (same zone first, then the others; a minute later when all are out)",
-    "mig-same-zone": "MIG-like: recreates the VM in its one zone, no failover",
+    "respawn-optimal": "respawn's controller; trainer on each zone's best fixed interval (an oracle: true lifetimes)",
+    "poll-15s": "an idealised poller, a floor no poller reaches: reads Compute every 15 s, sees STOPPING at the "
+                "notice, relaunches at once with one insert (same zone first, then the others; a minute later when "
+                "all are out)",
+    "mig-same-zone": "zonal MIG: recreates the VM in its one zone, no failover",
+    "skypilot": "SkyPilot's managed jobs as its code has them: a 15 s check that trusts a RUNNING job, the loss "
+                "seen when its status fetch times out (30 s), terminate first, then a whole launch (zones in "
+                "catalog order, the lost one not excluded), 60-300 s backoff when all are out",
+    "mig-regional": "regional MIG (shape ANY): recreates the VM in its zone, else in another zone of the region with "
+                    "capacity",
     "ideal": "the ceiling's policy, simulated on the same draws: at the notice, a new VM in the best available zone; "
              "per-zone optimal interval",
     "best-zone-wait": "oracle: only the zone with the longest true mean lifetime, waits out its stockouts; "
@@ -203,6 +219,7 @@ class Fleet:
         self.optimal = {n: best_interval(z, self.p)[0] for n, z in trace.zones.items()} \
             if self.interval_mode == "optimal" else {}
         self.tokens = random.Random(f"tokens-{self.p.seed}")
+        self.delays = random.Random(f"event-delays-{self.p.seed}")
         self.errors: list[str] = []
         self.dirty = True
         self.engine: Engine | None = None
@@ -223,7 +240,8 @@ class Fleet:
         if self.kind == "engine":
             self._start_engine()
         else:
-            self.baseline = {"poll": PollLoop, "mig": MigLike, "ideal": Ideal, "bestzone": BestZoneWait}[self.kind](self)
+            self.baseline = {"poll": PollLoop, "mig": MigLike, "migregional": MigRegional, "skypilot": SkyPilot,
+                             "ideal": Ideal, "bestzone": BestZoneWait}[self.kind](self)
             self.baseline.start()
         while self._heap and self._heap[0][0] <= p.horizon_s:
             t, _, fn, args = heapq.heappop(self._heap)
@@ -263,11 +281,18 @@ class Fleet:
             }
             self.store.write(BUCKET, names.spec_key(job), json.dumps(doc).encode())
             if self.events:
-                self.at(self.p.event_delay_s, self._event, job)
+                self.at(self.event_delay(), self._event, job)
         t = 0.0
         while t <= self.p.horizon_s:
             self.at(t, self._tick)
             t += self.p.tick_s
+
+    def event_delay(self) -> float:
+        """One event's delay: lognormal through the bench's measured p50 and p99 (``Params``), drawn
+        from the trace's own stream (the same delays, in order, under every policy with events)."""
+        p50, p99 = self.p.event_delay_p50_s, self.p.event_delay_p99_s
+        sigma = math.log(p99 / p50) / Z99 if p99 > p50 > 0 else 0.0
+        return p50 * math.exp(sigma * self.delays.gauss(0.0, 1.0)) if p50 > 0 else 0.0
 
     def _tick(self) -> None:
         assert self.engine is not None
@@ -348,8 +373,9 @@ class Fleet:
         created = (inst.created_at - START).total_seconds()
         interval, source = self._interval(meta, inst.zone)
         step = meta.get("respawn-resume-step", "")
+        extra = self.baseline.launch_s if self.baseline is not None else 0.0  # its launch path beyond the boot
         vm = Vm(job, inst.name, inst.id, inst.zone, js.vms, created, zone.lifetime(draw.u, self.p.weibull_k),
-                draw.boot_s, draw.misses_notice, int(step) if step else 0, interval, source,
+                draw.boot_s + extra, draw.misses_notice, int(step) if step else 0, interval, source,
                 meta.get("respawn-token", ""), int(meta.get("respawn-attempt") or 0))
         js.vms += 1
         self.n.vms += 1
@@ -480,7 +506,7 @@ class Fleet:
         self.store.write(BUCKET, names.marker_key(vm.job), json.dumps(body).encode())
         self.dirty = True
         if self.events and self.kind == "engine":
-            self.at(self.now + self.p.event_delay_s, self._event, vm.job)
+            self.at(self.now + self.event_delay(), self._event, vm.job)
 
     def _hard_off(self, vm: Vm) -> None:
         if vm.ended is not None:
@@ -604,6 +630,7 @@ class Baseline:
     earliest a status poll could tell."""
 
     check_s = 60.0
+    launch_s = 0.0  # the trainer starts this long after the VM's boot (a launch path of its own)
 
     def __init__(self, fleet: Fleet) -> None:
         self.f = fleet
@@ -656,7 +683,11 @@ class Baseline:
             f.sync()
             return
         self.busy.add(job)
-        f.at(f.now + f.p.retry_s, self.launch, job)
+        self.retry(job)
+
+    def retry(self, job: str) -> None:
+        """Every zone tried was out of capacity: launch again later."""
+        self.f.at(self.f.now + self.f.p.retry_s, self.launch, job)
 
     def request(self, job: str, name: str, zone: str) -> InstanceRequest:
         f = self.f
@@ -702,6 +733,74 @@ class MigLike(Baseline):
 
     def zones_to_try(self, job: str) -> list[str]:
         return [self.f.trace.jobs[job].zones[0]]
+
+
+class MigRegional(MigLike):
+    """A regional managed instance group of one Spot VM, target distribution shape ANY (Google's
+    recommendation for batch work: "the group picks zones for creating VM instances ... within
+    present resource constraints"), over the zones of the job's first zone's region: a stopped
+    VM is noticed within ``mig_check_s`` (Google publishes no repair delay; the sim's choice) and
+    recreated in its zone, or where that zone is out of capacity, in another of the region's zones
+    that has it (in the spec's order: the group knows no lifetimes); every zone out, it tries again
+    ``retry_s`` later. The sim's reading of the shape: Google documents no repair order."""
+
+    def zones_to_try(self, job: str) -> list[str]:
+        region = self.zone[job].rsplit("-", 1)[0]
+        here = self.zone[job]
+        return [here, *(z for z in self.f.trace.jobs[job].zones if z != here and z.rsplit("-", 1)[0] == region)]
+
+
+class SkyPilot(Baseline):
+    """SkyPilot's managed-jobs controller (sky/jobs/controller.py ``_monitor_one_task``,
+    sky/jobs/recovery_strategy.py ``EagerFailoverStrategyExecutor``, the default
+    EAGER_NEXT_REGION), as its code has it:
+
+    - every ``skypilot_poll_s`` it fetches the job's status from the cluster; a single-node job
+      that reports itself running is healthy, and the cloud is not asked. Through the preemption
+      notice the guest still answers (the sim's reading: the notice is ACPI shutdown, its job
+      running until the hard-off); SkyPilot does nothing at the notice. From the hard-off the VM
+      is gone (SkyPilot launches GCP Spot VMs with instanceTerminationAction DELETE: its address no
+      longer answers), so the fetch fails at its ``skypilot_fetch_timeout_s`` cap, the cloud is
+      asked (not UP: preempted), and recovery starts at once;
+    - recovery terminates the cluster first (the VM is already gone), then runs a whole launch:
+      the cheapest region (one here), its zones one at a time in the catalog's order, the zone
+      just lost not excluded (the exclusion's check is dead code upstream: skypilot issue
+      #10021); the trainer starts ``skypilot_launch_s`` after the VM's boot (SSH, runtime and Ray
+      start, the job's submission and its 5 s start poll);
+    - every zone out: the job waits ``skypilot_retry_s``, x1.6 per further failure up to 300 s,
+      each with +-40 % jitter compounding (common_utils.Backoff), and launches again;
+    - the relaunched job runs its command from the start: the trainer resumes from its newest
+      complete save (SkyPilot has no checkpoint logic: the user's script finds it)."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        super().__init__(fleet)
+        self.check_s = fleet.p.skypilot_poll_s
+        self.launch_s = fleet.p.skypilot_launch_s
+        self.backoff: dict[str, float] = {}
+        self.jitter = random.Random(f"skypilot-{fleet.p.seed}")
+
+    def check(self) -> None:
+        for job, name in self.live.items():
+            if name is None or job in self.busy:
+                continue
+            inst = next((i for i in self.f.compute.all() if i.name == name), None)
+            if inst is None or inst.status in (InstanceStatus.TERMINATED, InstanceStatus.STOPPED):
+                self.busy.add(job)  # the fetch times out; then the cloud says it is not UP
+                self.f.at(self.f.now + self.f.p.skypilot_fetch_timeout_s, self.launch, job)
+
+    def zones_to_try(self, job: str) -> list[str]:
+        return sorted(self.f.trace.jobs[job].zones)
+
+    def launch(self, job: str) -> None:
+        super().launch(job)
+        if self.live.get(job) is not None:
+            self.backoff.pop(job, None)  # launched: the next outage starts from the first gap
+
+    def retry(self, job: str) -> None:
+        gap = min(300.0, self.backoff.get(job, self.f.p.skypilot_retry_s / 1.6) * 1.6)
+        gap *= 1 + self.jitter.uniform(-0.4, 0.4)  # added to the stored value: the jitter compounds
+        self.backoff[job] = gap
+        self.f.at(self.f.now + gap, self.launch, job)
 
 
 class Ideal(Baseline):
