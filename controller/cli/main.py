@@ -443,9 +443,11 @@ def _no_job(job: str, bucket: str) -> Refused:
 
 def _goodput(status: JobStatus | None, now: datetime) -> dict[str, object]:
     """What a status row adds from the job's ledger: its summary (controller.core.ledger.summary) up to
-    ``now``, and the checkpoint interval advised to the current attempt."""
+    ``now``, the checkpoint interval advised to the current attempt, and the time between losses
+    it rests on (``lifetime``: the estimate, its 80 % interval, what it came from)."""
     return {"goodput": ledger.summary(status.ledger, now).model_dump(mode="json") if status else None,
-            "checkpoint_every_s": status.checkpoint_every_s if status else None}
+            "checkpoint_every_s": status.checkpoint_every_s if status else None,
+            "lifetime": status.lifetime.model_dump(mode="json") if status and status.lifetime else None}
 
 
 @app.command()

@@ -32,7 +32,7 @@ from rich.text import Text
 
 from controller.core import checkpoints, ledger
 from controller.render.amounts import dollars
-from controller.render.status_view import live_line
+from controller.render.status_view import live_line, rough
 from controller.render.text import html_text, printable
 from controller.core.durations import format_duration, measured
 
@@ -202,14 +202,8 @@ def lifetime(known: ledger.Lifetime | None) -> str | None:
         rests = f"{own} alone: the zone's advised uptime was set aside, these losses came far sooner"
     else:
         rests = f"{own} alone (no advice)"
-    return f"~{_rough(known.mean_s)} (80 %: {_rough(known.low_s)}-{_rough(known.high_s)}), from {rests}"
+    return f"~{rough(known.mean_s)} (80 %: {rough(known.low_s)}-{rough(known.high_s)}), from {rests}"
 
-
-def _rough(seconds: float) -> str:
-    """An estimate's figure: days or hours to a tenth, else whole minutes."""
-    if seconds >= 86400:
-        return f"{seconds / 86400:.1f}d"
-    return f"{seconds / 3600:.1f}h" if seconds >= 3600 else f"{max(1, round(seconds / 60))}m"
 
 
 def _save(total: ledger.Summary) -> str:

@@ -338,7 +338,18 @@ def goodput_line(row: Row) -> Note:
     every = row["checkpoint_every_s"]
     advice = f"checkpoint every {format_duration(timedelta(seconds=round(every)))} advised" \
         if isinstance(every, float | int) else "no checkpoint interval advised yet"
+    known = row.get("lifetime")
+    if isinstance(every, float | int) and isinstance(known, Mapping) and \
+            all(isinstance(known.get(k), float | int) and known[k] > 0 for k in ("mean_s", "low_s", "high_s")):
+        advice += f" (time between losses ~{rough(known['mean_s'])}, 80 %: {rough(known['low_s'])}-{rough(known['high_s'])})"
     return Note("", "", f"{text}; {advice} (respawn report {row['job']})")
+
+
+def rough(seconds: float) -> str:
+    """An estimate's figure: days or hours to a tenth, else whole minutes."""
+    if seconds >= 86400:
+        return f"{seconds / 86400:.1f}d"
+    return f"{seconds / 3600:.1f}h" if seconds >= 3600 else f"{max(1, round(seconds / 60))}m"
 
 
 def live_line(row: Row, now: datetime | None = None) -> Note | None:

@@ -234,6 +234,17 @@ def test_one_jobs_details_read_at_80_columns():
         assert ("25.0%" in advice["us-central1-a"]) is (width == 100)
 
 
+def test_the_advised_interval_says_how_sure_its_time_between_losses_is():
+    """Issue 36: the advice says how sure the estimate it rests on is (ledger.lifetime)."""
+    row = {**TYPICAL[2], "goodput": None, "checkpoint_every_s": 1500.0,
+           "lifetime": {"mean_s": 6000.0, "low_s": 3390.0, "high_s": 16320.0, "losses": 1}}
+    text = view.goodput_line(row).text
+    assert "checkpoint every 25m advised (time between losses ~1.7h, 80 %: 56m-4.5h)" in text
+    for odd in (None, {}, {"mean_s": "x", "low_s": 1.0, "high_s": 2.0}, {"mean_s": 1.0, "low_s": -1.0, "high_s": 2.0}):
+        assert "time between losses" not in view.goodput_line({**row, "lifetime": odd}).text  # third-party bytes
+    assert "time between losses" not in view.goodput_line({**row, "checkpoint_every_s": None}).text
+
+
 # -- the command, over the in-memory store ---------------------------------------------------------
 
 @pytest.fixture
