@@ -456,10 +456,10 @@ def lifetime(ledger: Ledger, uptime_s: float | None, running_s: float = 0.0) -> 
     M = (T + w·U) / (n + w): the advice alone before the first loss, the run's own mean as
     losses accrue. Under the prior, T / (T + w·U) is Beta(n, w): from the third loss on, a run
     whose losses came so soon that this falls below ``PRIOR_CONFLICT`` sets the advice aside
-    (``set_aside``). Without advice, or with it set aside, the run's own mean (n ≥ 1). The interval is the posterior's 10th to 90th percentile
-    of 1/rate (Wilson-Hilferty's approximation of Gamma quantiles). capacityHistory's
-    ``preemptionRate`` is no time at all (of the Spot VMs that stopped, the share preempted) and
-    never enters M."""
+    (``set_aside``). Without advice, or with it set aside, the run's own mean (n ≥ 1). The
+    interval is the posterior's 10th to 90th percentile of 1/rate (Wilson-Hilferty's
+    approximation of Gamma quantiles). capacityHistory's ``preemptionRate`` is no time at all (of
+    the Spot VMs that stopped, the share preempted) and never enters M."""
     prior = uptime_s if uptime_s is not None and math.isfinite(uptime_s) and uptime_s > 0 else None
     ran = ledger.totals.running_s + running_s
     losses = ledger.totals.platform_losses

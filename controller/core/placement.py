@@ -27,21 +27,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from dataclasses import dataclass
-
 from controller.core import prices
+from controller.core.ledger import DEFAULT_BOOT_S, MAX_INTERVAL_S, MIN_INTERVAL_S
 from controller.core.ports import PROVISIONING_MODELS, Shape, ZoneAdvice
 from controller.core.spec import JobSpec
 
 
 ADVICE_MAX_AGE = timedelta(minutes=5)  # how long advice is kept before it is asked again
 RETRY_S = 60.0  # what a refused insert costs before the next try: about one pass
-DEFAULT_SAVE_S, DEFAULT_BOOT_S = 60.0, 120.0  # before the run has measured its own
+DEFAULT_SAVE_S = 60.0  # a save, before the run has measured one (its boot: ledger.DEFAULT_BOOT_S)
 HORIZON_S = 86400.0  # how long capacity is kept where nothing preempts it (standard, flex-start)
-MIN_INTERVAL_S, MAX_INTERVAL_S = 60.0, 6 * 3600.0  # as the interval advice bounds it (ledger)
 
 
 @dataclass(frozen=True)
