@@ -191,6 +191,29 @@ def test_after_one_loss_the_interval_weighs_the_zone_s_advice_as_two_losses_and_
     assert "advised uptime of 8h, worth 2" in line
 
 
+def test_a_time_between_losses_too_long_to_write_never_makes_the_status_unreadable():
+    """A hand edit gave the run 1e308 s RUNNING: the interval's upper end overflows, and JSON has no
+    infinity (the status writes it as null). The next pass still reads the run it wrote, never
+    starting a new one over it."""
+    import json
+
+    h = Harness()
+    running(h)
+    doc = json.loads(h.store.read(BUCKET, names.status_key("llm")).data)
+    doc["ledger"]["totals"]["running_s"] = 1e308
+    h.store.put(BUCKET, names.status_key("llm"), json.dumps(doc).encode())
+    h.advance(minutes=30)
+    save(h, 100, write_s=120)
+    h.compute.preempt(names.instance_name("llm", 1))
+    h.tick()
+    run = h.status("llm").run_id
+    h.advance(minutes=2)
+    h.tick()
+    st = h.status("llm")
+    assert (st.run_id, st.attempt) == (run, 2) and st.ledger.totals.platform_losses == 1
+    assert st.lifetime is None and st.checkpoint_every_s == ledger.MAX_INTERVAL_S
+
+
 def test_a_preemption_that_spends_the_restart_budget_is_still_a_loss():
     h = Harness()
     running(h, policy={"max_restarts": 1})
