@@ -8,8 +8,9 @@ discounted by the time capacity is expected to take there (a refused insert cost
 pass, ``RETRY_S``; at obtainability p, (1 - p) / p of them are expected) against how long it
 is then kept. So a zone half as obtainable but with three times the uptime goes first when its
 expected goodput is the higher, where a lexicographic order (obtainability, then uptime) let a
-0.1 difference in a noisy score override a 2x difference in lifetime. Ties go to the lower share
-of the Spot VMs that stopped there on the latest day which were preempted (``preemptionRate``,
+0.1 difference in a noisy score override a 2x difference in lifetime. Ties (the figure is 0
+wherever the run's own boot and save outlast the uptime) go to the more obtainable, then the
+longer uptime, then the lower share of the Spot VMs that stopped there on the latest day which were preempted (``preemptionRate``,
 a fraction 0..1: it says how Spot VMs ended, not how soon; a rate outside 0..1 or not finite
 ranks as unknown), then the spec's order. Zones the advice did not score keep the spec's order
 after the scored ones. Without advice (not asked, or the call failed) the order is the spec's:
@@ -133,9 +134,13 @@ def zone_order(spec: JobSpec, model: str, advice: Mapping[str, ZoneAdvice] | Non
 
     def rank(zone: str) -> tuple[float, ...]:
         if zone not in worth:
-            return (1, 0, 0, position[zone])
-        share = fraction(usable[zone].preemption_rate)
-        return (0, -worth[zone].value, math.inf if share is None else share, position[zone])
+            return (1, 0, 0, 0, 0, position[zone])
+        a = usable[zone]
+        share = fraction(a.preemption_rate)
+        # Where the figure ties (at 0: no zone expected to make progress with the run's own boot
+        # and save), the scores behind it still rank, obtainability then uptime.
+        return (0, -worth[zone].value, -(fraction(a.obtainability) or 0.0),
+                -(a.uptime_s if _positive(a.uptime_s) else 0.0), math.inf if share is None else share, position[zone])
 
     return tuple(sorted(spec.zones, key=rank))
 

@@ -218,6 +218,17 @@ def test_the_figure_is_monotone_in_each_score(p1, p2, u1, u2, price):
     assert first(z(p1, u1, price=price * 1.5), z(p1, u1, price=price)) == B
 
 
+def test_a_zone_better_in_every_score_goes_first_even_where_no_zone_is_expected_to_make_progress():
+    """A run whose own boot (30 min) and save (10 min) outlast every zone's uptime expects no goodput
+    anywhere: the figure is 0 in both zones, and the scores behind it still decide, never the spec's
+    order alone (B is 18 times as obtainable, its VMs live longer)."""
+    advice = {A: z(0.05, 1800), B: z(0.9, 2700)}
+    worth = placement.worths(spec(), "spot", advice, 600.0, 1800.0)
+    assert worth[A].value == worth[B].value == 0.0
+    assert placement.zone_order(spec(), "spot", advice, (), 600.0, 1800.0) == (B, A, C)
+    assert placement.zone_order(spec(), "spot", {A: z(0.5, 1800), B: z(0.5, 2700)}, (), 600.0, 1800.0) == (B, A, C)
+
+
 def test_what_placement_weighed_is_what_the_launch_records():
     """The launch's history line and the status's zone scores carry the figure zones were ranked by."""
     s = spec()
