@@ -48,8 +48,10 @@ HORIZON_S = 86400.0  # how long capacity is kept where nothing preempts it (stan
 class Worth:
     """What a first try in one zone is worth (module docstring)."""
 
-    goodput: float  # expected goodput at the zone's uptime, 0..1 (1.0 where nothing preempts)
-    per_dollar: float | None  # useful hours per dollar of the attempt's hourly price; None: no price known
+    # Expected goodput at the zone's uptime, 0..1 (1.0 where nothing preempts); None for Spot where
+    # no zone's advice gave an uptime (every zone weighed alike, nothing to say of it).
+    goodput: float | None
+    per_dollar: float | None  # useful hours per dollar of the attempt's hourly price; None: no price or no goodput known
     value: float  # the figure zones are ranked by (higher first)
 
 
@@ -88,7 +90,8 @@ def worths(spec: JobSpec, model: str, advice: Mapping[str, ZoneAdvice], save_s: 
         odds = min(1.0, max(0.0, odds))
         kept = min(uptime, HORIZON_S) if uptime is not None else HORIZON_S
         value = 0.0 if odds == 0 else (per_dollar if priced else goodput) * kept / (kept + RETRY_S * (1 - odds) / odds)
-        out[zone] = Worth(goodput=goodput, per_dollar=per_dollar, value=value)
+        unknown = spot and uptime is None
+        out[zone] = Worth(goodput=None if unknown else goodput, per_dollar=None if unknown else per_dollar, value=value)
     return out
 
 
@@ -162,7 +165,7 @@ def describe(advice: ZoneAdvice | None, stockout: datetime | None = None, now: d
         parts.append(f"uptime ~{_days(advice.uptime_s)}")
     if (share := fraction(advice.preemption_rate)) is not None:
         parts.append(f"{share:.0%} of stopped Spot VMs preempted")
-    if worth is not None:
+    if worth is not None and worth.goodput is not None:
         parts.append(f"expected goodput ~{worth.goodput:.0%}"
                      + (f", {worth.per_dollar:.2f} useful hours per $" if worth.per_dollar is not None else ""))
     return ", ".join(parts) or "no scores"

@@ -229,6 +229,22 @@ def test_a_zone_better_in_every_score_goes_first_even_where_no_zone_is_expected_
     assert placement.zone_order(spec(), "spot", {A: z(0.5, 1800), B: z(0.5, 2700)}, (), 600.0, 1800.0) == (B, A, C)
 
 
+def test_a_spot_zone_no_advice_gave_an_uptime_is_never_said_to_expect_all_its_goodput():
+    """Google's estimatedUptime is best effort: where no zone has one, the zones rank by obtainability
+    and price alone (the goodput is weighed as equal), and nothing says a Spot VM is expected to
+    keep 100 % of its time."""
+    advice = {A: z(0.5), B: z(0.9)}
+    worth = placement.worths(spec(), "spot", advice)
+    assert placement.zone_order(spec(), "spot", advice) == (B, A, C)
+    assert worth[B].goodput is None and worth[B].per_dollar is None and worth[B].value > worth[A].value
+    launched = t.begin_attempt(JobStatus(attempt=0), spec(), "p", B, ("j-1",), None, NOW, "submitted", 1, "tok",
+                               "spot", advice)
+    assert "expected goodput" not in launched.history[-1].detail and "obtainability 0.90" in launched.history[-1].detail
+    assert launched.zone_advice[B].goodput is None and launched.zone_advice[B].value == worth[B].value
+    # Standard VMs are not preempted: all of their time is theirs to keep.
+    assert placement.worths(spec("placement: capacity"), "standard", advice)[B].goodput == 1.0
+
+
 def test_what_placement_weighed_is_what_the_launch_records():
     """The launch's history line and the status's zone scores carry the figure zones were ranked by."""
     s = spec()
