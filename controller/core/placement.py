@@ -167,7 +167,7 @@ def describe(advice: ZoneAdvice | None, stockout: datetime | None = None, now: d
         parts.append(f"{share:.0%} of stopped Spot VMs preempted")
     if worth is not None and worth.goodput is not None:
         parts.append(f"expected goodput ~{worth.goodput:.0%}"
-                     + (f", {worth.per_dollar:.2f} useful hours per $" if worth.per_dollar is not None else ""))
+                     + (f", {worth.per_dollar:.3g} useful hours per $" if worth.per_dollar is not None else ""))
     return ", ".join(parts) or "no scores"
 
 

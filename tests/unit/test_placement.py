@@ -245,6 +245,17 @@ def test_a_spot_zone_no_advice_gave_an_uptime_is_never_said_to_expect_all_its_go
     assert placement.worths(spec("placement: capacity"), "standard", advice)[B].goodput == 1.0
 
 
+def test_what_a_dollar_buys_in_an_expensive_job_is_never_shown_as_nothing():
+    """Eight A3 VMs cost some $200 an hour: a dollar buys thousandths of a useful hour, which two
+    decimals showed as "0.00" in every zone; the line keeps three figures, as placement weighed them."""
+    big = parse_spec(f"zones: [{A}, {B}]\nmachine_type: a3-highgpu-8g\nnodes: 8\ncommand: x\n", "j")
+    advice = {A: z(0.9, 4 * 3600), B: z(0.5, 8 * 3600)}
+    worth = placement.worths(big, "spot", advice)
+    assert 0.001 < worth[A].per_dollar < 0.01
+    line = placement.describe(advice[A], worth=worth[A])
+    assert f"{worth[A].per_dollar:.3g} useful hours per $" in line and "0.00 useful" not in line
+
+
 def test_what_placement_weighed_is_what_the_launch_records():
     """The launch's history line and the status's zone scores carry the figure zones were ranked by."""
     s = spec()
