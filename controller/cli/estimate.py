@@ -204,7 +204,8 @@ def render(spec: JobSpec, job: str, table_rows: list[Row], notes: list[str]) -> 
     lines += [Text(f"{NONE} {note}", style="dim") for note in dict.fromkeys(notes)]
     if any(row.goodput is None for row in table_rows):
         lines.append(Text(f"{NONE} est. goodput: weighed only under placement: capacity, from capacity advice "
-                          "(otherwise the spec's order)", style="dim"))
+                          "(otherwise the spec's order); for Spot, only where the advice gave an estimated uptime",
+                          style="dim"))
     return Group(table, *lines)
 
 

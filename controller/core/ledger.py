@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 from controller.core import prices
-from controller.core.durations import Instant
+from controller.core.durations import Instant, measured
 
 if TYPE_CHECKING:
     from controller.core.spec import JobSpec
@@ -201,7 +201,10 @@ def run_costs(ledger: Ledger) -> tuple[float | None, float | None]:
     """The run's own save cost C and mean boot, where it has measured them: what placement weighs
     a zone's uptime with (``controller.core.placement.worths``)."""
     totals = ledger.totals
-    return save_cost(ledger)[0], totals.boot_s / totals.boots if totals.boots else None
+    save, boot = save_cost(ledger)[0], totals.boot_s / totals.boots if totals.boots > 0 else None
+    # Only what a clock could have measured: a hand edit's NaN or negative boot is no cost at all.
+    return (save if save is not None and measured(save) else None,
+            boot if boot is not None and measured(boot) else None)
 
 
 def steps_lost(loss: Loss, from_step: int | None) -> int | None:

@@ -8,8 +8,9 @@ discounted by the time capacity is expected to take there (a refused insert cost
 pass, ``RETRY_S``; at obtainability p, (1 - p) / p of them are expected) against how long it
 is then kept. So a zone half as obtainable but with three times the uptime goes first when its
 expected goodput is the higher, where a lexicographic order (obtainability, then uptime) let a
-0.1 difference in a noisy score override a 2x difference in lifetime. Ties go to the lower share
-of the Spot VMs that stopped there on the latest day which were preempted (``preemptionRate``,
+0.1 difference in a noisy score override a 2x difference in lifetime. Ties (the figure is 0
+wherever the run's own boot and save outlast the uptime) go to the more obtainable, then the
+longer uptime, then the lower share of the Spot VMs that stopped there on the latest day which were preempted (``preemptionRate``,
 a fraction 0..1: it says how Spot VMs ended, not how soon; a rate outside 0..1 or not finite
 ranks as unknown), then the spec's order. Zones the advice did not score keep the spec's order
 after the scored ones. Without advice (not asked, or the call failed) the order is the spec's:
@@ -47,8 +48,10 @@ HORIZON_S = 86400.0  # how long capacity is kept where nothing preempts it (stan
 class Worth:
     """What a first try in one zone is worth (module docstring)."""
 
-    goodput: float  # expected goodput at the zone's uptime, 0..1 (1.0 where nothing preempts)
-    per_dollar: float | None  # useful hours per dollar of the attempt's hourly price; None: no price known
+    # Expected goodput at the zone's uptime, 0..1 (1.0 where nothing preempts); None for Spot where
+    # no zone's advice gave an uptime (every zone weighed alike, nothing to say of it).
+    goodput: float | None
+    per_dollar: float | None  # useful hours per dollar of the attempt's hourly price; None: no price or no goodput known
     value: float  # the figure zones are ranked by (higher first)
 
 
@@ -87,7 +90,8 @@ def worths(spec: JobSpec, model: str, advice: Mapping[str, ZoneAdvice], save_s: 
         odds = min(1.0, max(0.0, odds))
         kept = min(uptime, HORIZON_S) if uptime is not None else HORIZON_S
         value = 0.0 if odds == 0 else (per_dollar if priced else goodput) * kept / (kept + RETRY_S * (1 - odds) / odds)
-        out[zone] = Worth(goodput=goodput, per_dollar=per_dollar, value=value)
+        unknown = spot and uptime is None
+        out[zone] = Worth(goodput=None if unknown else goodput, per_dollar=None if unknown else per_dollar, value=value)
     return out
 
 
@@ -133,9 +137,13 @@ def zone_order(spec: JobSpec, model: str, advice: Mapping[str, ZoneAdvice] | Non
 
     def rank(zone: str) -> tuple[float, ...]:
         if zone not in worth:
-            return (1, 0, 0, position[zone])
-        share = fraction(usable[zone].preemption_rate)
-        return (0, -worth[zone].value, math.inf if share is None else share, position[zone])
+            return (1, 0, 0, 0, 0, position[zone])
+        a = usable[zone]
+        share = fraction(a.preemption_rate)
+        # Where the figure ties (at 0: no zone expected to make progress with the run's own boot
+        # and save), the scores behind it still rank, obtainability then uptime.
+        return (0, -worth[zone].value, -(fraction(a.obtainability) or 0.0),
+                -(a.uptime_s if _positive(a.uptime_s) else 0.0), math.inf if share is None else share, position[zone])
 
     return tuple(sorted(spec.zones, key=rank))
 
@@ -157,9 +165,9 @@ def describe(advice: ZoneAdvice | None, stockout: datetime | None = None, now: d
         parts.append(f"uptime ~{_days(advice.uptime_s)}")
     if (share := fraction(advice.preemption_rate)) is not None:
         parts.append(f"{share:.0%} of stopped Spot VMs preempted")
-    if worth is not None:
+    if worth is not None and worth.goodput is not None:
         parts.append(f"expected goodput ~{worth.goodput:.0%}"
-                     + (f", {worth.per_dollar:.2f} useful hours per $" if worth.per_dollar is not None else ""))
+                     + (f", {worth.per_dollar:.3g} useful hours per $" if worth.per_dollar is not None else ""))
     return ", ".join(parts) or "no scores"
 
 

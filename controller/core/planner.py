@@ -686,7 +686,7 @@ def _insert(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: Launch
         if zone != st.zone or st.not_before or st.instances != wanted or switched:
             # The status names exactly what is inserted, where, and as which kind (a spec
             # replaced since the attempt began may have changed all three).
-            moved = t.move_zone(st, zone, now) if zone != st.zone or st.not_before else st
+            moved = t.retargeted(t.move_zone(st, zone, now), spec) if zone != st.zone or st.not_before else st
             st = moved.but(instances=wanted)
             head = [WriteStatus(v.job, st, "zone chosen")]
     create = CreateInstances(v.job, st.attempt, requests_for(v.job, spec, st, ctx),

@@ -134,6 +134,18 @@ def _a_duration_or_none(value: Any) -> Any:
     return value
 
 
+def _a_lifetime_or_none(value: Any) -> Any:
+    """A time between losses whose estimate and bounds are positive numbers, or None: a hand-written
+    NaN, or an infinity the controller wrote itself (a ledger edited to 1e308 s RUNNING), which
+    JSON holds as null and a status that kept it would no longer read."""
+    figures = value if isinstance(value, Mapping) else value.__dict__ if isinstance(value, Lifetime) else None
+    if figures is None:
+        return value
+    sane = all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+               for x in (figures.get(k) for k in ("mean_s", "low_s", "high_s")))
+    return value if sane else None
+
+
 def _ids_only(value: Any) -> Any:
     """Compute's instance ids are decimal numbers; anything else (a hand-written status) is dropped,
     never quoted into a log query."""
@@ -343,7 +355,7 @@ class JobStatus(BaseModel):
     # its trainer as RESPAWN_CHECKPOINT_EVERY_S; None while the run has no measure of C or M.
     checkpoint_every_s: Annotated[float | None, BeforeValidator(_a_duration_or_none)] = None
     # The M that interval rests on (ledger.lifetime): the estimate, how sure, and from what.
-    lifetime: Lifetime | None = None
+    lifetime: Annotated[Lifetime | None, BeforeValidator(_a_lifetime_or_none)] = None
     ledger: Ledger = Ledger()  # goodput: attempts, losses, totals (controller.core.ledger)
     # The spec's own topic at the last launch, told of the end if the spec goes; never its webhook
     # (recorded_notify: the URL is a secret, and any bucket reader reads this object).

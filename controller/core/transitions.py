@@ -170,11 +170,8 @@ def begin_attempt(
                            **({"goodput": w.goodput, "per_dollar": w.per_dollar, "value": w.value}
                               if (w := worth.get(z)) else {}))
               for z, a in (advice or {}).items() if z in spec.zones}
-    seed = (scores.get(zone) or status.zone_advice.get(zone)) if model == "spot" else None
-    seed = seed if seed is not None and seed.shape == shape else None  # never another machine's uptime
-    # The run's losses so far, this commit's own (the loss that brought this launch) included.
-    book, uptime = accounting.catch_up(status, spec), seed.uptime_s if seed else None
-    every = ledger.checkpoint_every(book, checkpoint.write_s if checkpoint else None, uptime)
+    every, known = _interval(status, spec, (scores.get(zone) or status.zone_advice.get(zone)) if model == "spot" else None,
+                             checkpoint)
     return status.but(
         Event(at=now, event="launch", attempt=attempt, detail=detail, instance=names[0], zone=zone),
         phase=Phase.PROVISIONING,
@@ -201,7 +198,7 @@ def begin_attempt(
         advice_at=now if advice else status.advice_at,
         resume_from=checkpoint,
         checkpoint_every_s=every,
-        lifetime=ledger.lifetime(book, uptime) if every is not None else None,
+        lifetime=known,
         standby=None,
         held=False,
         go_at=None,
@@ -237,6 +234,26 @@ def inserted(status: JobStatus, now: datetime) -> JobStatus:
         capacity_since=None,
         message=detail,
     )
+
+
+def _interval(status: JobStatus, spec: JobSpec, seed: ZoneScore | None,
+              checkpoint: CheckpointRef | None) -> tuple[float | None, ledger.Lifetime | None]:
+    """Young/Daly's interval for an attempt, and the time between losses it rests on: the run's
+    losses so far (this commit's own, the loss that brought a launch, included) and ``seed``, the
+    advice of the zone it goes to."""
+    seed = seed if seed is not None and seed.shape == ledger.shape_of(spec) else None  # never another machine's uptime
+    book, uptime = accounting.catch_up(status, spec), seed.uptime_s if seed else None
+    every = ledger.checkpoint_every(book, checkpoint.write_s if checkpoint else None, uptime)
+    return every, ledger.lifetime(book, uptime) if every is not None else None
+
+
+def retargeted(status: JobStatus, spec: JobSpec) -> JobStatus:
+    """The current attempt, moved before it was created (a failover, a step down), with its
+    interval again for the zone and model it now goes to: never the uptime of a zone it did not get."""
+    model = status.provisioning or model_of(spec, status)
+    seed = status.zone_advice.get(status.zone) if status.zone and model == "spot" else None
+    every, known = _interval(status, spec, seed, status.resume_from)
+    return status.but(checkpoint_every_s=every, lifetime=known)
 
 
 def move_zone(status: JobStatus, zone: str, now: datetime) -> JobStatus:
@@ -353,8 +370,10 @@ def after_create_error(status: JobStatus, spec: JobSpec, error: Exception, now: 
         nxt = pick_zone(spec, cooled, now, order)
         then = f"trying {nxt} next" if nxt else "no zone left; waiting for the first cooldown to end"
         detail = f"{what}; {then}"
-        changes: dict[str, object] = {"zone": nxt} if nxt else {"not_before": next_free(spec, cooled)}
-        return cooled.but(event(now, status, name, detail, zone=error.zone), message=detail, **changes)
+        if nxt is None:
+            return cooled.but(event(now, status, name, detail, zone=error.zone), message=detail,
+                              not_before=next_free(spec, cooled))
+        return retargeted(cooled.but(event(now, status, name, detail, zone=error.zone), message=detail, zone=nxt), spec)
     if isinstance(error, errors.OperationPending):
         detail = f"Google accepted the create in {zone}, but it was still running; its outcome is read next pass"
         return status.but(event(now, status, "insert-pending", detail, zone=zone), message=detail)
@@ -381,8 +400,9 @@ def after_create_error(status: JobStatus, spec: JobSpec, error: Exception, now: 
         detail = f"Google rejected the request in {zone}: {error}; {then}"
         changes: dict[str, object] = {"zone": nxt, "placement": status.placement + 1} if nxt else {
             "not_before": next_free(spec, status)}
-        return status.but(event(now, status, "rejected", detail, zone=zone), zone_rejections=rejected,
-                          message=detail, **changes)
+        after = status.but(event(now, status, "rejected", detail, zone=zone), zone_rejections=rejected,
+                           message=detail, **changes)
+        return retargeted(after, spec) if nxt else after
     # The retry keeps the request id: if the failed call was in fact accepted, Compute
     # answers the same id with that operation instead of creating anything again (a new
     # id could bring back a node deleted meanwhile, beside the rest of its gang).

@@ -432,7 +432,7 @@ def _worth(score: Mapping[str, Any]) -> str:
     goodput, per_dollar = score.get("goodput"), score.get("per_dollar")
     if not isinstance(goodput, float | int) or isinstance(goodput, bool):
         return "—"
-    return f"{goodput:.0%}" + (f", {per_dollar:.2f} h/$" if isinstance(per_dollar, float | int) else "")
+    return f"{goodput:.0%}" + (f", {per_dollar:.3g} h/$" if isinstance(per_dollar, float | int) else "")
 
 
 class AdviceTable:

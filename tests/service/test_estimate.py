@@ -140,6 +140,13 @@ def test_rows_come_in_the_order_placement_tries_them_with_the_goodput_it_weighed
     assert "est. goodput: weighed only under placement: capacity" in output
 
 
+def test_a_spot_zone_without_an_estimated_uptime_shows_no_goodput_and_says_why(world, tmp_path):
+    world.advisor.spot_estimates = False  # obtainability only: Google's uptime is best effort
+    output = runner.invoke(app, ["submit", write_spec(tmp_path), "--dry-run"]).output
+    assert row(output, "us-central1-a", "spot")[-1] == "—" and "100%" not in output
+    assert "for Spot, only where the advice gave an estimated uptime" in output
+
+
 def test_a_source_that_fails_shows_a_dash_says_why_and_never_blocks_the_submit(world, tmp_path):
     world.advisor.failure = errors.RequestError("403 Compute Engine API has not been used in project")
     world.broken["quotas"] = "no credentials"

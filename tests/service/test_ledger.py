@@ -191,6 +191,80 @@ def test_after_one_loss_the_interval_weighs_the_zone_s_advice_as_two_losses_and_
     assert "advised uptime of 8h, worth 2" in line
 
 
+def test_an_attempt_that_fails_over_to_another_zone_rests_its_interval_on_that_zone_s_uptime():
+    """Placement chose a (8 h advised) for attempt 2, a refused the create, and b (1 h) took it:
+    the interval its VM is given, and the time between losses the status shows, rest on b's
+    advice, never on the zone it did not get."""
+    from controller.adapters.memory import MemoryAdvisor
+    from controller.core import errors
+
+    h = Harness()
+    h.advisor = MemoryAdvisor(h.compute)
+    a, b = "us-central1-a", "us-central1-b"
+    h.advisor.spot_uptime(a, 8 * 3600.0)
+    h.advisor.spot_uptime(b, 3600.0)
+    running(h, placement="capacity")
+    h.advance(minutes=30)
+    save(h, 100, write_s=120)
+    h.advance(minutes=20)
+    h.compute.preempt(names.instance_name("llm", 1))
+    h.compute.faults.fail_next("insert", errors.CapacityError(a, "ZONE_RESOURCE_POOL_EXHAUSTED"))
+    h.tick()
+    st = h.status("llm")
+    assert st.attempt == 2 and st.zone == b and h.compute.request_of(names.instance_name("llm", 2)).zone == b
+    assert st.lifetime.prior_s == 3600.0
+    assert math.isclose(st.lifetime.mean_s, (st.lifetime.running_s + 2 * 3600.0) / 3)
+    assert math.isclose(st.checkpoint_every_s, math.sqrt(2 * 120 * st.lifetime.mean_s))
+    every = h.metadata(names.instance_name("llm", 2))["respawn-checkpoint-every-s"]
+    assert every == str(round(st.checkpoint_every_s))
+
+
+def test_an_attempt_stepped_down_to_standard_never_rests_its_interval_on_a_spot_uptime():
+    """Both zones out of Spot: attempt 2 steps down to standard VMs, which no Spot uptime speaks
+    for (begin_attempt gives a standard launch none): M is the run's own loss alone."""
+    from controller.adapters.memory import MemoryAdvisor
+
+    h = Harness()
+    h.advisor = MemoryAdvisor(h.compute)
+    zones = ("us-central1-a", "us-central1-b")
+    for zone in zones:
+        h.advisor.spot_uptime(zone, 8 * 3600.0)
+    running(h, placement="capacity", provisioning=["spot", "standard"])
+    h.advance(minutes=30)
+    save(h, 100, write_s=120)
+    h.advance(minutes=20)
+    h.compute.spot_stockouts.update(zones)
+    h.compute.preempt(names.instance_name("llm", 1))
+    h.tick()
+    st = h.status("llm")
+    assert (st.attempt, st.provisioning, st.inserted) == (2, "standard", True)
+    assert st.lifetime.prior_s is None and st.lifetime.mean_s == st.lifetime.running_s
+    assert math.isclose(st.checkpoint_every_s, math.sqrt(2 * 120 * st.lifetime.mean_s))
+
+
+def test_a_time_between_losses_too_long_to_write_never_makes_the_status_unreadable():
+    """A hand edit gave the run 1e308 s RUNNING: the interval's upper end overflows, and JSON has no
+    infinity (the status writes it as null). The next pass still reads the run it wrote, never
+    starting a new one over it."""
+    import json
+
+    h = Harness()
+    running(h)
+    doc = json.loads(h.store.read(BUCKET, names.status_key("llm")).data)
+    doc["ledger"]["totals"]["running_s"] = 1e308
+    h.store.put(BUCKET, names.status_key("llm"), json.dumps(doc).encode())
+    h.advance(minutes=30)
+    save(h, 100, write_s=120)
+    h.compute.preempt(names.instance_name("llm", 1))
+    h.tick()
+    run = h.status("llm").run_id
+    h.advance(minutes=2)
+    h.tick()
+    st = h.status("llm")
+    assert (st.run_id, st.attempt) == (run, 2) and st.ledger.totals.platform_losses == 1
+    assert st.lifetime is None and st.checkpoint_every_s == ledger.MAX_INTERVAL_S
+
+
 def test_a_preemption_that_spends_the_restart_budget_is_still_a_loss():
     h = Harness()
     running(h, policy={"max_restarts": 1})

@@ -395,6 +395,19 @@ def test_a_status_whose_ledger_cannot_be_drawn_gives_a_picture_of_one_line_sayin
     assert "\n" not in picture.note and len(picture.note) < 200
 
 
+_LIFETIME = {"mean_s": 6000.0, "low_s": 3390.0, "high_s": 16320.0, "losses": 1, "running_s": 3000.0}
+
+
+@pytest.mark.parametrize("figure", [math.nan, math.inf, -6000.0, 0.0, None])
+def test_a_time_between_losses_a_hand_edit_broke_is_left_out_of_the_report_never_an_exception(figure):
+    st = _hand_edited(lambda doc: doc.update(checkpoint_every_s=1500.0, lifetime={**_LIFETIME, "mean_s": figure}))
+    assert st.lifetime is None  # nothing a run could have estimated (null: an infinity the controller wrote)
+    text = text_of(report.render_text("llm", st, datetime(2026, 1, 1, 3, tzinfo=UTC)))
+    assert "between losses" not in text and "advised every 25m" in text
+    whole = _hand_edited(lambda doc: doc.update(checkpoint_every_s=1500.0, lifetime=_LIFETIME))
+    assert report.lifetime(whole.lifetime).startswith("~1.7h (80 %: 56m-4.5h)")
+
+
 def test_the_page_of_a_status_that_cannot_be_drawn_has_the_line_in_place_of_the_timeline(tmp_path):
     st = _hand_edited(_mark("9999-12-31T00:00:00Z"))
     now = datetime(2026, 1, 1, 3, tzinfo=UTC)

@@ -234,6 +234,14 @@ def test_one_jobs_details_read_at_80_columns():
         assert ("25.0%" in advice["us-central1-a"]) is (width == 100)
 
 
+def test_what_a_dollar_buys_keeps_three_figures_in_the_zone_table():
+    row = {**TYPICAL[2], "advice_at": "2026-01-01T00:00:00+00:00",
+           "zone_advice": {"us-central1-a": {"obtainability": 0.9, "goodput": 0.9027, "per_dollar": 0.00403}}}
+    console = Console(width=100, record=True, color_system=None, file=io.StringIO())
+    console.print(view.AdviceTable(row))
+    assert "90%, 0.00403 h/$" in console.export_text()
+
+
 def test_the_advised_interval_says_how_sure_its_time_between_losses_is():
     """Issue 36: the advice says how sure the estimate it rests on is (ledger.lifetime)."""
     row = {**TYPICAL[2], "goodput": None, "checkpoint_every_s": 1500.0,

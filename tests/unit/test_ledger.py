@@ -270,6 +270,23 @@ def _launch_with(advice):
                                      advice)
 
 
+def test_a_save_or_boot_no_clock_could_have_measured_never_weighs_a_zone():
+    """A hand edit's NaN save or negative boot: placement weighs the defaults, never an expected
+    goodput of 0 % or 6,000 % that ranks the shorter-lived zone first."""
+    from controller.core import placement
+    from controller.core.ports import ZoneAdvice
+    from controller.core.spec import parse_spec
+
+    book = JobStatus.model_validate_json('{"ledger": {"save_s": NaN, "totals": {"boots": 1, "boot_s": -1e6}}}').ledger
+    assert ledger.run_costs(book) == (None, None)
+    assert ledger.run_costs(ledger.Ledger(save_s=30.0, totals=ledger.Totals(boots=2, boot_s=300.0))) == (30.0, 150.0)
+    a, b = "us-central1-a", "us-central1-b"
+    spec = parse_spec(f"zones: [{a}, {b}]\nmachine_type: g2-standard-8\ncommand: x\n", "j")
+    worth = placement.worths(spec, "spot", {a: ZoneAdvice(0.9, 4 * 3600.0), b: ZoneAdvice(0.9, 8 * 3600.0)},
+                             *ledger.run_costs(book))
+    assert 0 < worth[a].goodput < worth[b].goodput < 1
+
+
 def test_a_preemption_rate_is_a_share_of_stopped_vms_and_never_seeds_the_time_between_losses():
     """capacityHistory's preemptionRate is (Spot VMs preempted) / (Spot VMs that stopped): 1.0 in a zone
     where every Spot VM that stopped was preempted, however long they ran. It is no daily rate: with

@@ -218,6 +218,44 @@ def test_the_figure_is_monotone_in_each_score(p1, p2, u1, u2, price):
     assert first(z(p1, u1, price=price * 1.5), z(p1, u1, price=price)) == B
 
 
+def test_a_zone_better_in_every_score_goes_first_even_where_no_zone_is_expected_to_make_progress():
+    """A run whose own boot (30 min) and save (10 min) outlast every zone's uptime expects no goodput
+    anywhere: the figure is 0 in both zones, and the scores behind it still decide, never the spec's
+    order alone (B is 18 times as obtainable, its VMs live longer)."""
+    advice = {A: z(0.05, 1800), B: z(0.9, 2700)}
+    worth = placement.worths(spec(), "spot", advice, 600.0, 1800.0)
+    assert worth[A].value == worth[B].value == 0.0
+    assert placement.zone_order(spec(), "spot", advice, (), 600.0, 1800.0) == (B, A, C)
+    assert placement.zone_order(spec(), "spot", {A: z(0.5, 1800), B: z(0.5, 2700)}, (), 600.0, 1800.0) == (B, A, C)
+
+
+def test_a_spot_zone_no_advice_gave_an_uptime_is_never_said_to_expect_all_its_goodput():
+    """Google's estimatedUptime is best effort: where no zone has one, the zones rank by obtainability
+    and price alone (the goodput is weighed as equal), and nothing says a Spot VM is expected to
+    keep 100 % of its time."""
+    advice = {A: z(0.5), B: z(0.9)}
+    worth = placement.worths(spec(), "spot", advice)
+    assert placement.zone_order(spec(), "spot", advice) == (B, A, C)
+    assert worth[B].goodput is None and worth[B].per_dollar is None and worth[B].value > worth[A].value
+    launched = t.begin_attempt(JobStatus(attempt=0), spec(), "p", B, ("j-1",), None, NOW, "submitted", 1, "tok",
+                               "spot", advice)
+    assert "expected goodput" not in launched.history[-1].detail and "obtainability 0.90" in launched.history[-1].detail
+    assert launched.zone_advice[B].goodput is None and launched.zone_advice[B].value == worth[B].value
+    # Standard VMs are not preempted: all of their time is theirs to keep.
+    assert placement.worths(spec("placement: capacity"), "standard", advice)[B].goodput == 1.0
+
+
+def test_what_a_dollar_buys_in_an_expensive_job_is_never_shown_as_nothing():
+    """Eight A3 VMs cost some $200 an hour: a dollar buys thousandths of a useful hour, which two
+    decimals showed as "0.00" in every zone; the line keeps three figures, as placement weighed them."""
+    big = parse_spec(f"zones: [{A}, {B}]\nmachine_type: a3-highgpu-8g\nnodes: 8\ncommand: x\n", "j")
+    advice = {A: z(0.9, 4 * 3600), B: z(0.5, 8 * 3600)}
+    worth = placement.worths(big, "spot", advice)
+    assert 0.001 < worth[A].per_dollar < 0.01
+    line = placement.describe(advice[A], worth=worth[A])
+    assert f"{worth[A].per_dollar:.3g} useful hours per $" in line and "0.00 useful" not in line
+
+
 def test_what_placement_weighed_is_what_the_launch_records():
     """The launch's history line and the status's zone scores carry the figure zones were ranked by."""
     s = spec()
