@@ -62,7 +62,7 @@ bench: $(STAMP)
 
 # Figures, not tests: a week of a Spot fleet under respawn and the baselines, on the same traces
 # (sim/): the headline with advice as Google gives it, the oracle section, the ceiling and the
-# sweep, written to sim/results.json and sim/results.png. About five minutes on 2 cores.
+# sweep, written to sim/results.json and sim/results.png. About 40 minutes on 2 cores.
 sim: $(STAMP)
 	$(BIN)/python -m sim --sweep
 
