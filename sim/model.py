@@ -90,7 +90,7 @@ class Params:
     retry_s: float = 60.0  # a baseline's retry after every zone it tried was out of capacity
     mig_check_s: float = 60.0  # how often the MIG-like baseline notices a stopped VM
     # SkyPilot's managed-jobs controller as its code has it (sky/jobs/controller.py,
-    # recovery_strategy.py; /work notes in sim/fleet.py SkyPilot): a check every 15 s
+    # recovery_strategy.py; see sim/fleet.py SkyPilot): a check every 15 s
     # (JOB_STATUS_CHECK_GAP_SECONDS), the job's status fetched from the cluster with a 30 s cap
     # (_JOB_STATUS_FETCH_TIMEOUT_SECONDS), relaunch gaps from 60 s (RETRY_INIT_GAP_SECONDS) x1.6 up
     # to 300 s, +-40 % jitter. ``skypilot_launch_s``: its launch path beyond the VM's boot (SSH
