@@ -27,9 +27,7 @@ LOSSES = (1, 2, 5)
 
 
 def zone(median_h: float, p: Params = P) -> Zone:
-    median = median_h * 3600
-    scale = median / math.log(2) ** (1 / p.weibull_k)
-    return Zone("z", median, scale, scale * math.gamma(1 + 1 / p.weibull_k), 0.0, 0.0, ())
+    return Zone.weibull("z", median_h * 3600, p.weibull_k)
 
 
 class Goodput:

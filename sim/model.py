@@ -139,6 +139,13 @@ class Zone:
     stockout_p90_s: float
     stockouts: tuple[tuple[float, float], ...]  # [start, end) seconds from the start
 
+    @classmethod
+    def weibull(cls, name: str, median_s: float, k: float, stockout_median_s: float = 0.0,
+                stockout_p90_s: float = 0.0, stockouts: tuple[tuple[float, float], ...] = ()) -> Zone:
+        """A zone whose Spot lifetimes are Weibull of shape ``k`` with median ``median_s``."""
+        scale = median_s / math.log(2) ** (1 / k)
+        return cls(name, median_s, scale, scale * math.gamma(1 + 1 / k), stockout_median_s, stockout_p90_s, stockouts)
+
     def lifetime(self, u: float, k: float) -> float:
         """The Weibull lifetime whose survival is ``u`` (inverse transform)."""
         return self.scale_s * (-math.log(u)) ** (1.0 / k)
@@ -194,7 +201,6 @@ def make_trace(p: Params) -> Trace:
     zones: dict[str, Zone] = {}
     for name in ZONE_NAMES[: p.zones]:
         median = rng.uniform(*p.lifetime_median_h) * 3600
-        scale = median / math.log(2) ** (1 / k)
         g_med = rng.uniform(*p.stockout_median_h) * 3600
         g_p90 = rng.uniform(*p.stockout_p90_h) * 3600
         mu, sigma = math.log(g_med), math.log(g_p90 / g_med) / Z90
@@ -210,7 +216,7 @@ def make_trace(p: Params) -> Trace:
             else:
                 t += rng.expovariate(1 / avail_mean)
             out = not out
-        zones[name] = Zone(name, median, scale, scale * math.gamma(1 + 1 / k), g_med, g_p90, tuple(gaps))
+        zones[name] = Zone.weibull(name, median, k, g_med, g_p90, tuple(gaps))
     names_ = list(zones)
     jobs = {}
     for i in range(p.jobs):
