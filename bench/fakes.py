@@ -32,8 +32,8 @@ that would otherwise sleep for minutes.
 
 Not modelled: OAuth token fetches (one per function instance per hour), TCP/TLS set-up,
 server-side 5xx, deletes' operations (a delete returns once accepted, as the adapter
-does; the VM is gone at once here), and the instance's PROVISIONING/STAGING states (an
-inserted VM lists RUNNING at once).
+does; the VM is gone at once here), and STAGING (an inserted VM lists PROVISIONING until
+its insert operation is done, then RUNNING).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from controller.core import errors
@@ -250,13 +251,14 @@ class CostlyCompute:
         self.target, self.g = target, google
         self.operation_timeout = operation_timeout  # the adapter's own wait when the pass gives none
         self._lock = threading.Lock()
+        self._operation_of: dict[str, str] = {}  # instance name -> the request id that inserted it
 
     def __getattr__(self, name: str) -> Any:  # test helpers (preempt, calls...): free
         return getattr(self.target, name)
 
     def list_managed(self, projects: Sequence[str], job: str | None = None,
                      zones: Sequence[str] | None = None, shard: tuple[int, int] | None = None) -> InstanceList:
-        found = self.target.list_managed(projects, job, zones, shard)
+        found = self._booting(self.target.list_managed(projects, job, zones, shard))
         if zones is None:  # one aggregatedList per project, paged by 500 instances
             pages = max(len(projects), math.ceil(len(found.instances) / self.g.costs.compute_page))
             for _ in range(pages):
@@ -276,6 +278,18 @@ class CostlyCompute:
         self.g.timer.sleep(slowest)
         return found
 
+    def _booting(self, found: InstanceList) -> InstanceList:
+        """A VM whose insert operation is not done yet lists PROVISIONING, as Compute's do."""
+        now = self.g.timer.now()
+        with self._lock:
+            booting = {name for name, request_id in self._operation_of.items()
+                       if self.g.operations.get(request_id, now) > now}
+        if not booting:
+            return found
+        return replace(found, instances=[
+            replace(i, status=InstanceStatus.PROVISIONING) if i.name in booting and i.status == InstanceStatus.RUNNING
+            else i for i in found.instances])
+
     def insert(self, requests: Sequence[InstanceRequest], request_id: str, wait: float | None = None) -> Any:
         kind = "compute.instances.insert" if len(requests) == 1 else "compute.instances.bulkInsert"
         self.g.compute(kind, MUTATION)
@@ -284,6 +298,7 @@ class CostlyCompute:
         with self._lock:
             for r in requests:
                 self.g.received.setdefault(r.name, received)
+                self._operation_of.setdefault(r.name, request_id)
             if request_id not in self.g.operations:
                 self.g.operations[request_id] = received + self.g.draw(self.g.costs.insert_running) * self.g.timer.scale
             done_at = self.g.operations[request_id]

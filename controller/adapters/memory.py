@@ -205,8 +205,8 @@ class MemoryCompute:
 
     ``hold_inserts = True`` models inserts whose operation is still running at the adapter's
     deadline: the instances appear PROVISIONING and ``insert`` raises ``OperationPending``.
-    The outcome is decided when the operation finishes (``release_inserts()``, or the same
-    request sent again once no longer held), with the zone's stockout/quota as they are then:
+    The outcome is decided when the operation finishes (``release_inserts()``, or
+    ``hold_inserts`` set back off), with the zone's stockout/quota as they are then:
     a late stockout removes the instances, and the same request id then answers CapacityError.
     """
 
@@ -220,7 +220,7 @@ class MemoryCompute:
         self.quota_exhausted: set[str] = set()
         self.unreachable: set[str] = set()
         self.boot_status = InstanceStatus.RUNNING
-        self.hold_inserts = False
+        self._hold_inserts = False
         # A project not enrolled in the preemption notice's Preview: an insert asking for one is
         # refused at once (400 naming the field), as Compute does, and nothing is created.
         self.refuse_notice = False
@@ -357,13 +357,25 @@ class MemoryCompute:
             assert vm.request is not None
             return vm.request
 
-    def release_inserts(self) -> None:
-        """Every held insert operation finishes now (``hold_inserts`` off): capacity decided now."""
+    @property
+    def hold_inserts(self) -> bool:
+        return self._hold_inserts
+
+    @hold_inserts.setter
+    def hold_inserts(self, hold: bool) -> None:
+        """Off: every held insert operation finishes now, as Compute's run on by themselves
+        (nobody need ask again): capacity decided now."""
         with self._lock:
-            self.hold_inserts = False
+            self._hold_inserts = hold
+            if hold:
+                return
             for request_id, outcome in list(self._requests.items()):
                 if isinstance(outcome, _Pending):
                     self._finish(request_id)
+
+    def release_inserts(self) -> None:
+        """Every held insert operation finishes now (``hold_inserts`` off): capacity decided now."""
+        self.hold_inserts = False
 
     def preempt(self, name: str) -> None:
         """Compute reclaims a Spot VM: TERMINATED (or gone, for termination action DELETE)."""

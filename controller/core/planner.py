@@ -636,6 +636,9 @@ def _await_husks(v: JobView, st: JobStatus, husks: list[Instance], why: str, now
     return [*deletes, *_note(v, st, "husk", text, now)]
 
 
+_UNDER_WAY = frozenset({InstanceStatus.PROVISIONING, InstanceStatus.STAGING})
+
+
 def _insert(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchContext) -> list[Action]:
     """(Re)issue the current attempt's insert; the request id makes a repeat harmless.
 
@@ -667,6 +670,16 @@ def _insert(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: Launch
         # the status committed (a status write lost, a node gone, a spec replaced since):
         # adopt what exists, never insert anew; a missing node is then a lost one.
         return [WriteStatus(v.job, _adopt(v, st, st.attempt, now), "attempt found")]
+    if found and all(i.status == InstanceStatus.RUNNING for i in found):
+        # Every node RUNNING: Compute's insert operation is done, and it succeeded. Asking again
+        # would tell only that, at the price of a mutation against the project's rate quota
+        # (after a mass preemption, a thousand of them in one minute: bench mass_recovery).
+        return [WriteStatus(v.job, t.inserted(st, now), "inserted"), *_consume(v, st)]
+    if found and all(i.status in _UNDER_WAY for i in found):
+        # Accepted and under way: the operation ends with the VMs RUNNING, or they are gone
+        # and the same request id, asked again, tells why. (Not PENDING: a Flex-start VM's
+        # insert is done while it waits for capacity, and only its answer says so.)
+        return _note(v, st, "insert-pending", t.insert_pending_text(st.zone), now)
     switched = not found and st.attempt_tpu != tpu
     if switched:
         # The spec moved between VMs and a TPU after this attempt was committed, and nothing of
@@ -876,7 +889,10 @@ def _strays(v: JobView, now: datetime) -> list[Action]:
 
 
 def _delete(job: str, i: Instance, why: str, orphan: bool = False) -> DeleteInstance:
-    return DeleteInstance(job, i.project, i.zone, i.name, why, only_if_spec_absent=orphan, tpu=i.tpu)
+    # A VM that no longer runs (or is on its way down) may wait for a tick's budget; a TPU node
+    # never does: it holds its zone's TPU quota until its delete is done.
+    return DeleteInstance(job, i.project, i.zone, i.name, why, only_if_spec_absent=orphan, tpu=i.tpu,
+                          deferrable=not i.tpu and not i.status.alive)
 
 
 # -- zero-gap recovery: the standby and the starting line (controller.core.handover) ------------

@@ -224,6 +224,10 @@ def next_attempt(status: JobStatus) -> int:
     return max(status.attempt, status.withdrawn) + 1
 
 
+def insert_pending_text(zone: str | None) -> str:
+    return f"Google accepted the create in {zone}, but it was still running; its outcome is read next pass"
+
+
 def inserted(status: JobStatus, now: datetime) -> JobStatus:
     detail = f"Compute accepted {', '.join(status.instances)} in {status.zone}"
     return status.but(
@@ -375,7 +379,7 @@ def after_create_error(status: JobStatus, spec: JobSpec, error: Exception, now: 
                               not_before=next_free(spec, cooled))
         return retargeted(cooled.but(event(now, status, name, detail, zone=error.zone), message=detail, zone=nxt), spec)
     if isinstance(error, errors.OperationPending):
-        detail = f"Google accepted the create in {zone}, but it was still running; its outcome is read next pass"
+        detail = insert_pending_text(zone)
         return status.but(event(now, status, "insert-pending", detail, zone=zone), message=detail)
     if isinstance(error, (errors.RequestError, errors.NotFound)):
         # 400 (bad field) or 404 (unknown zone, image, machine type): no retry in this zone

@@ -18,7 +18,7 @@ from controller.service import fanout
 from controller.service.lease import Busy, Leases
 from controller.core.actions import Action, CreateInstances, WriteStatus
 from controller.core.clock import Clock
-from controller.service.executor import Acting, Executor, Outcome
+from controller.service.executor import Acting, Executor, HuskBudget, Outcome
 from controller.service.notifier import Notifier, Sends
 from controller.core.launch import LaunchContext
 from controller.service.observe import Observer
@@ -29,6 +29,11 @@ from controller.core.world import JobView, World
 
 log = logging.getLogger(__name__)
 MAX_ROUNDS = 5
+# Deletes of husks that no longer run (TERMINATED: their disks bill, no machine) per pass over
+# every job, shared by the K shards: a sixth of Compute's default 1,500 mutations a minute, so
+# that a mass preemption's inserts (up to one per job, in the same minute) keep the rest. A
+# pass for one job (an event) sends none: its inserts come first, and the tick is a minute away.
+HUSK_DELETES_PER_TICK = 250
 
 
 @dataclass
@@ -186,6 +191,7 @@ class Engine:
         sends = notifier.begin(self.workers) if notifier is not None and not dry_run else None
         summary = Summary()
         tally = fleet.Tally(self.clock.now()) if job is None and not dry_run else None
+        husks = HuskBudget(0 if job is not None else max(1, HUSK_DELETES_PER_TICK // (shard.count if shard else 1)))
         seen = World({})  # the pass's blind zones and projects and the jobs it could not read
         try:
             chunks, rest = self.observer.parts(job) if shard is None else self.observer.parts(job, shard)
@@ -196,10 +202,10 @@ class Engine:
             for world in chunks:
                 if acting is not None and not acting():
                     return summary  # its lease is lost: the rest of the fleet is not even read
-                self._act(world, summary, dry_run, wait_until, sends, acting, shared=job is None)
+                self._act(world, summary, dry_run, wait_until, sends, acting, husks, shared=job is None)
                 seen = self._done_with(world, seen, summary, tally)
             later = rest()
-            self._act(later, summary, dry_run, wait_until, sends, acting)
+            self._act(later, summary, dry_run, wait_until, sends, acting, husks)
             seen = self._done_with(later, seen, summary, tally)
             summary.unreachable = [*seen.unreachable, *(f"project {p}" for p in seen.unseen_projects)]
             for project, why in seen.unseen_projects.items():
@@ -217,9 +223,11 @@ class Engine:
         return summary
 
     def _act(self, world: World, summary: Summary, dry_run: bool, wait_until: float | None,
-             sends: Sends | None, acting: Acting | None = None, shared: bool = False) -> None:
+             sends: Sends | None, acting: Acting | None = None, husks: HuskBudget | None = None,
+             shared: bool = False) -> None:
         """``shared``: a chunk of a pass over every job, fanned out on the process's kept threads."""
-        for part in fanout.each(world.jobs.values(), lambda v: self._isolated(v, dry_run, wait_until, sends, acting),
+        for part in fanout.each(world.jobs.values(),
+                                lambda v: self._isolated(v, dry_run, wait_until, sends, acting, husks),
                                 self.workers, shared=shared):
             summary.merge(part)
 
@@ -276,11 +284,11 @@ class Engine:
         return loaded, plan_job(loaded, now, self.ctx)
 
     def _isolated(self, view: JobView, dry_run: bool, wait_until: float | None = None,
-                  sends: Sends | None = None, acting: Acting | None = None) -> Summary:
+                  sends: Sends | None = None, acting: Acting | None = None, husks: HuskBudget | None = None) -> Summary:
         """One job's rounds, with whatever goes wrong kept to that job's own summary."""
         summary = Summary()
         try:
-            self._reconcile_job(view, summary, dry_run, wait_until, sends, acting)
+            self._reconcile_job(view, summary, dry_run, wait_until, sends, acting, husks)
         except errors.RespawnError as e:  # e.g. its bucket objects did not answer
             summary.errors[view.job] = f"{type(e).__name__}: {e}"
             if isinstance(e, errors.TransientError):  # a 403 or a 400 would fail the same way again
@@ -291,8 +299,11 @@ class Engine:
         return summary
 
     def _reconcile_job(self, view: JobView, summary: Summary, dry_run: bool, wait_until: float | None = None,
-                       sends: Sends | None = None, acting: Acting | None = None) -> None:
+                       sends: Sends | None = None, acting: Acting | None = None,
+                       husks: HuskBudget | None = None) -> None:
         given: dict[str, Any] = {"tell": sends.add} if sends is not None else {}
+        if husks is not None:
+            given["husks"] = husks
         if acting is not None:
             given["acting"] = acting
         for _ in range(MAX_ROUNDS):

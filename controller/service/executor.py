@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,24 @@ from controller.core.world import JobView
 log = logging.getLogger(__name__)
 Tell = Callable[[Notify | None, Sequence[notify.Notice]], object]  # hands a chain's notices to its pass
 Acting = Callable[[], bool]  # whether the pass may still act: it holds its lease (controller.service.lease)
+
+
+class HuskBudget:
+    """How many deletes of husks that no longer run (``DeleteInstance.deferrable``) one pass may
+    send. Compute's mutations share one rate quota per project (1,500 a minute by default): a
+    mass preemption's inserts need it first, and a TERMINATED husk bills no machine, only its
+    disk, until a later pass deletes it. Shared by a pass's threads."""
+
+    def __init__(self, limit: int) -> None:
+        self.left = limit
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self._lock:
+            if self.left <= 0:
+                return False
+            self.left -= 1
+            return True
 
 
 @dataclass
@@ -71,18 +90,19 @@ class Executor:
         return self.tpu
 
     def apply(self, view: JobView, actions: list[Action], now: datetime, wait_until: float | None = None,
-              tell: Tell | None = None, acting: Acting | None = None) -> Outcome:
+              tell: Tell | None = None, acting: Acting | None = None, husks: HuskBudget | None = None) -> Outcome:
         """``wait_until``: the ``time.monotonic()`` past which an insert no longer waits for its
         operation (None: the gateway's own limit). ``tell``: where the chain's notices go, the
         pass's ``Sends.add`` (sent side by side, waited for at the pass's end); without it, a
         chain applied outside a pass sends them itself, within the notifier's ``wait``.
         ``acting``: asked before every action and every write of an error, the one place all of
         them pass: once it says no (a pass over every job lost or outlived its lease), nothing
-        more is applied and the outcome says ``stopped``."""
+        more is applied and the outcome says ``stopped``. ``husks``: the pass's budget for the
+        deletes of husks that no longer run (None: no limit); one past it waits for a later pass."""
         chain = _Chain(view.job, view.status, view.status_generation, view.spec, tell=self.notifier is not None,
                        acting=acting, written=self.written)
         try:
-            self._run(chain, view, actions, now, wait_until)
+            self._run(chain, view, actions, now, wait_until, husks)
         finally:
             if self.notifier is not None and chain.notices:
                 # After the chain: a notification never holds the insert its commit decided (and
@@ -92,11 +112,14 @@ class Executor:
         return chain.outcome
 
     def _run(self, chain: _Chain, view: JobView, actions: list[Action], now: datetime,
-             wait_until: float | None) -> None:
+             wait_until: float | None, husks: HuskBudget | None = None) -> None:
         pending = False
         for action in actions:
             if pending and not isinstance(action, DeleteInstance):
                 continue  # nothing is "inserted", and no record consumed, before Compute says so
+            if isinstance(action, DeleteInstance) and action.deferrable and husks is not None and not husks.take():
+                _log(action, "left for a later pass: this pass's husk deletes are spent", level=logging.DEBUG)
+                continue
             if not chain.may_act():
                 _log(action, "not applied: this pass no longer holds its lease", level=logging.WARNING)
                 break

@@ -533,25 +533,31 @@ class Observer:
     def _job_instances(self, view: JobView) -> InstanceList | None:
         """One job's instances from zonal lists of the only zones they can be in, or None.
 
-        A VM of this job exists only where respawn created it: a zone of its spec, in its
-        spec's project, or the zone and project its status records (the spec may have
-        changed since). Listing those zones costs a zonal list each, side by side, where
-        an aggregated list takes seconds: this is the event path's speed. A job without a
-        valid spec gets the aggregated list (its VMs may be anywhere it once ran).
+        A VM of this job exists only where its status said it would go before it was
+        inserted: every insert follows a committed status write naming its zone (the
+        attempt's, ``zone``; a standby's, ``standby.zone``), and a pass whose view is stale
+        cannot insert (the executor re-checks the generation first). So the zones the status
+        and its history name, in the projects it and the spec name, hold every VM it can
+        have; the spec's other zones cannot. Listing those zones costs a zonal list each,
+        side by side, where an aggregated list takes seconds: this is the event path's
+        speed, and after a mass preemption each list counts against Compute's list quota
+        (1,500 a minute), so a two-zone spec costs one, not two. A job without a valid
+        spec, or whose run has launched nothing yet, gets the aggregated list (its VMs may
+        be anywhere it once ran). What an event pass cannot see (an older run's VM in a
+        zone its history no longer names) the tick's aggregated list finds.
         """
         spec, st = view.spec, view.status
         if spec is None or spec.project is None:
             return None
-        if st is None or st.attempt_started_at is None:
+        if st is None or st.attempt_started_at is None or not st.zone:
             # A run that has launched nothing yet: an earlier run of the same name, its folder
             # deleted whole (status and all), may still have a VM in a zone this spec does not
             # name. Its first launch looks everywhere, as a tick does (the aggregated list).
             return None
-        # The status's zone and every zone its history names: a VM of an earlier run (its delete
-        # failed) may still be there when a new spec lists other zones.
-        known = [st.zone, *(e.zone for e in st.history)] if st else []
-        zones = tuple(dict.fromkeys([*spec.zones, *(z for z in known if z)]))
-        projects = (spec.project, *([st.project] if st and st.project and st.project != spec.project else []))
+        known = [st.zone, *([st.standby.zone] if st.standby else []), *(e.zone for e in st.history)]
+        zones = tuple(dict.fromkeys(z for z in known if z))
+        recorded = [st.project, *([st.standby.project] if st.standby else [])]
+        projects = tuple(dict.fromkeys([spec.project, *(p for p in recorded if p)]))
         return self.compute.list_managed(projects, view.job, zones=zones)
 
     @staticmethod

@@ -85,9 +85,13 @@ def test_a_crash_after_the_insert_before_its_status_write_still_records_the_id()
     h.engine(compute=CrashAfterInsert()).reconcile()
     st = h.status("c")
     assert not st.inserted and st.instance_ids == {}
-    h.tick()  # the same request id again: Compute answers with the first operation, which names the VM
+    h.tick()  # listed PROVISIONING: under way, its outcome not asked for again
+    assert not h.status("c").inserted
+    h.compute.set_status("c-1", InstanceStatus.RUNNING)
+    h.tick()  # RUNNING: the insert is done; the listing names the VM's id
     st = h.status("c")
     assert st.inserted and st.instance_ids == ids_of(h) and len(h.compute.all()) == 1
+    assert [c for c in h.compute.calls if c[0] == "insert"] == [("insert", "c-1")]
 
 
 def test_concurrent_passes_record_the_one_id_once():

@@ -103,9 +103,18 @@ def test_the_event_path_lists_only_the_zones_a_job_can_be_in():
     h.marker("j")
     h.compute.calls.clear()
     h.tick("j")  # what an event does
+    # The zone its status named before each insert, not every zone of its spec: one zonal list.
     lists = [what for op, what in h.compute.calls if op == "list"]
-    assert lists and all(w == "j in us-central1-a,us-central1-b" for w in lists), lists
+    assert lists and all(w == "j in us-central1-a" for w in lists), lists
     assert h.status("j").attempt == 2 and h.live("j") == ["j-2"]
+    # Once it has been in b too (a stockout moved it), both.
+    h.compute.stockouts.add("us-central1-a")
+    h.marker("j")
+    h.tick("j")
+    assert h.status("j").zone == "us-central1-b" and h.live("j") == ["j-3"]
+    h.compute.calls.clear()
+    h.tick("j")
+    assert {what for op, what in h.compute.calls if op == "list"} == {"j in us-central1-b,us-central1-a"}
     # a VM of the job outside those zones is the tick's to find (an aggregated list)
     h.compute.calls.clear()
     h.tick()
@@ -452,3 +461,42 @@ def test_replans_inside_a_pass_leave_the_cached_part_of_the_fleet_cached():
     replanned = [unchanged_reads(jobs[2 * i:2 * i + 2]) for i in range(4)]
     # Counted as passes, the replans made one pass read 73 (of 80 objects) where a steady one reads 20.
     assert 0 < steady and max(replanned) <= steady * 3 // 2, (steady, replanned)
+
+
+def test_husks_that_no_longer_run_wait_for_a_ticks_budget_never_an_events(monkeypatch):
+    """After a mass preemption the project's mutation quota goes to the inserts: an event's pass
+    deletes no TERMINATED husk, and a pass over every job deletes at most its budget of them."""
+    from controller.service import engine as engine_module
+
+    h = Harness()
+    jobs = [f"j{i}" for i in range(5)]
+    for job in jobs:
+        h.submit(job)
+    h.tick()
+    h.tick()
+    for job in jobs:
+        h.compute.preempt(f"{job}-1")
+        h.marker(job)
+        h.tick(job)  # the event: the next attempt inserted, its husk left alone
+        assert h.status(job).attempt == 2 and h.live(job) == [f"{job}-2"]
+    assert not [c for c in h.compute.calls if c[0] == "delete"]
+    husks = lambda: sorted(i.name for i in h.compute.all() if i.attempt == 1)  # noqa: E731
+    assert husks() == [f"{job}-1" for job in jobs]
+    monkeypatch.setattr(engine_module, "HUSK_DELETES_PER_TICK", 2)
+    h.tick()
+    assert len(husks()) == 3
+    h.tick()
+    h.tick()
+    assert husks() == [] and all(h.live(job) == [f"{job}-2"] for job in jobs)
+
+
+def test_a_husk_still_running_is_deleted_at_once_even_by_an_event():
+    """A husk that still runs bills a machine: never deferred (a stale attempt's VM found running)."""
+    h = Harness()
+    h.submit("j")
+    h.tick()
+    h.tick()
+    h.marker("j")  # the VM says it was preempted, yet Compute still lists it RUNNING
+    h.tick("j")
+    assert h.status("j").attempt == 2
+    assert ("delete", "j-1") in h.compute.calls and "j-1" not in [i.name for i in h.compute.all()]
