@@ -36,8 +36,8 @@ those for 10,000 jobs, as ``<key>_target``, met or missed):
 - ``cold_start_third_vcpu_s``: a fresh ``on_object`` process (the event function, where a cold
   start sits on a recovery's path), from its spawn to its answer to one job's event, the fleet in
   the bucket; three runs without a limit and three in the cgroup, the medians. Each runs from a
-  copy of what ``respawn deploy`` uploads and compiles respawn's modules from source, as an
-  instance on Google does (``workspace``).
+  copy of what ``respawn deploy`` uploads, compiled and stamped as Google's build leaves it
+  (``workspace``).
 
 The GCS server. fake-gcs-server (``localcloud.gcs``), the local cloud's GCS, reads every object of
 a bucket to list a prefix; at 10,000 jobs (about 28,000 objects, 28 pages a listing) one tick's
@@ -913,8 +913,8 @@ def _env(gcs: str, compute: str, bucket: str, project: str) -> dict[str, str]:
 def cold_starts(env: dict[str, str], events: list[tuple[dict[str, str], bytes]],
                 cgroup: Path | None) -> list[dict[str, float]]:
     """A fresh ``on_object`` process for each event, one after another: each from its spawn to
-    its answer to that event (one job's pass), run from what ``respawn deploy`` uploads, its
-    modules compiled from source as on Google (``workspace``)."""
+    its answer to that event (one job's pass), run from what ``respawn deploy`` uploads as
+    Google's build leaves it (``workspace``)."""
     out = []
     with workspace() as source:
         for headers, body in events:
@@ -931,24 +931,32 @@ def cold_starts(env: dict[str, str], events: list[tuple[dict[str, str], bytes]],
 
 @contextlib.contextmanager
 def workspace() -> Iterator[Path]:
-    """A copy of what ``respawn deploy`` uploads (controller.cli.revision.uploaded: no ``__pycache__``),
-    the function's source as a cold start on Google finds it, in a temporary folder.
+    """What a fresh instance on Google finds, in a temporary folder: a copy of what ``respawn
+    deploy`` uploads (controller.cli.revision.uploaded: no ``__pycache__``), built as Google's
+    build does it, then stamped as the image's layers are.
 
-    Google's build does compile the source (its functions-framework buildpack runs ``python3 -m
-    compileall -f -q .`` in it), but those ``.pyc`` files are stale in the instance: the lifecycle
-    writes every layer of the image with each file's mtime set to 1980-01-01
-    (buildpacks/lifecycle, archive.NormalizedModTime, layers/writer.go), while a timestamp ``.pyc``
-    records the source's mtime at the build. So each fresh instance compiles respawn's modules
-    again; the dependencies' do not (their buildpack writes ``unchecked-hash`` ``.pyc`` files,
-    GoogleCloudPlatform/buildpacks pkg/python). Run from here with ``PYTHONDONTWRITEBYTECODE``,
-    every cold start compiles them, whatever this checkout's own ``__pycache__`` holds."""
-    from controller.cli import revision
+    The functions-framework buildpack runs ``python3 -m compileall -f -q .`` in the source
+    (GoogleCloudPlatform/buildpacks cmd/python/functions_framework/lib/lib.go) with the build's
+    environment, which holds deploy's ``--set-build-env-vars`` (``deploy.BUILD_ENV``); then the
+    lifecycle writes every layer with each file's mtime set to 1980-01-01 00:00:01 UTC
+    (buildpacks/lifecycle, archive.NormalizedModTime). A timestamp ``.pyc`` is then stale and
+    the instance compiles respawn's modules again; deploy's SOURCE_DATE_EPOCH makes them
+    checked-hash ``.pyc`` files, valid whatever the mtimes (PEP 552). The dependencies' own are
+    written ``unchecked-hash`` by the Python buildpack (pkg/python/python.go) and stay valid.
+    Run from here with ``PYTHONDONTWRITEBYTECODE``, as an instance's writes would be lost with it."""
+    from controller.cli import deploy, revision
 
     with tempfile.TemporaryDirectory(prefix="respawn-workspace-") as folder:
         for relative, path in revision.uploaded(ROOT):
             target = Path(folder) / relative
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, target, follow_symlinks=False)
+        env = {k: v for k, v in os.environ.items() if k != "SOURCE_DATE_EPOCH"}
+        subprocess.run([sys.executable, "-m", "compileall", "-f", "-q", "."], cwd=folder, check=True,
+                       env={**env, **deploy.BUILD_ENV}, stdout=subprocess.DEVNULL)
+        stamp = datetime(1980, 1, 1, 0, 0, 1, tzinfo=timezone.utc).timestamp()
+        for path in [*Path(folder).rglob("*"), Path(folder)]:
+            os.utime(path, (stamp, stamp), follow_symlinks=False)
         yield Path(folder)
 
 

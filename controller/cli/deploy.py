@@ -239,6 +239,16 @@ CONTROLLER_ACCOUNT_ID, SCHEDULER_ACCOUNT_ID = "respawn-controller", "respawn-sch
 # Values only the project knows, looked up (by the gcloud command their Lookup names) when their step runs.
 PROJECT_NUMBER = "<project number>"
 DIGEST = "<digest of the source and these flags>"  # controller.cli.revision.label
+# The build's environment. Google's functions-framework buildpack compiles the source
+# (``python3 -m compileall -f -q .``, GoogleCloudPlatform/buildpacks
+# cmd/python/functions_framework/lib/lib.go), then the image's layers are written with every
+# mtime set to 1980-01-01 (buildpacks/lifecycle, archive.NormalizedModTime): a timestamp
+# ``.pyc`` is then stale, and every fresh instance compiles respawn's modules again, on the
+# recovery's path (about 0.1 CPU-s). With SOURCE_DATE_EPOCH set, py_compile writes
+# checked-hash ``.pyc`` files instead (PEP 552), valid whatever the mtimes; the buildpack runs
+# compileall with the build's environment, where ``--set-build-env-vars`` puts it, as it
+# does GOOGLE_RUNTIME_VERSION. bench/deployed.py builds its cold starts' source the same way.
+BUILD_ENV = {"SOURCE_DATE_EPOCH": "315532800"}
 SECRET_API = "secretmanager.googleapis.com"  # only where a secret setting is deployed
 # What `gcloud functions describe` and `gcloud iam roles describe` say of what is not there.
 _NO_FUNCTION = ("NOT_FOUND", "was not found", "does not exist", "status=[404]")
@@ -457,8 +467,8 @@ def plan(t: Target) -> list[Step]:
         "--format=value(name.basename())")) for key in hidden)
     common = ("--gen2", "--runtime=python311", f"--region={t.region}", project,
               f"--source={t.source}", f"--service-account={t.controller_sa}",
-              "--set-env-vars=" + gcloud_dict(plain), secret_flag, f"--memory={memory(t.memory)}",
-              f"--update-labels={revision.LABEL}={DIGEST}")
+              "--set-env-vars=" + gcloud_dict(plain), "--set-build-env-vars=" + gcloud_dict(BUILD_ENV), secret_flag,
+              f"--memory={memory(t.memory)}", f"--update-labels={revision.LABEL}={DIGEST}")
     controller, scheduler, trainer = (f"serviceAccount:{a}" for a in (t.controller_sa, t.scheduler_sa, t.trainer))
     job = f"projects/{t.project}/locations/{t.region}/jobs/respawn-tick"
     url = Lookup(URL_PLACEHOLDER, ("gcloud", "functions", "describe", TICK, "--gen2", f"--region={t.region}", project,

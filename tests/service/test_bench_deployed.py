@@ -8,6 +8,7 @@ Behaviour only: the RSS is the function process's, the requests were counted at 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -59,22 +60,33 @@ def test_the_deployed_function_is_measured_at_a_tiny_size():
     assert {row[0].strip().split(":")[0].split(",")[0] for row in out["rows"]} >= {"cold start", "function peak RSS"}
 
 
-def test_a_cold_start_runs_from_what_deploy_uploads_and_compiles_respawn_from_source():
-    """As on Google (the image's mtimes normalized, its timestamp .pyc files stale): the upload's
-    files only, no __pycache__, and a fresh process that writes none."""
+def test_a_cold_start_runs_from_what_deploy_uploads_as_googles_build_leaves_it():
+    """The upload's files only, compiled as the buildpack does with deploy's build environment,
+    every mtime 1980-01-01 as in the image: each ``.pyc`` a checked-hash one that matches its
+    source (a timestamp one would be stale there, and compiled again by every instance)."""
+    import importlib.util
     import subprocess
     import sys
 
     with deployed.workspace() as source:
         files = {p.relative_to(source).as_posix() for p in source.rglob("*") if p.is_file()}
         assert {"main.py", "requirements.txt", "controller/service/functions.py"} <= files
-        assert not any(f.startswith(("tests/", "bench/", "localcloud/", ".git/")) or "__pycache__" in f for f in files)
+        assert not any(f.startswith(("tests/", "bench/", "localcloud/", ".git/")) for f in files)
+        assert {(source / f).stat().st_mtime for f in files} == {315532801.0}
+        sources = [source / f for f in files if f.endswith(".py")]
+        for py in sources:
+            pyc = Path(importlib.util.cache_from_source(str(py)))
+            header = pyc.read_bytes()[:16]
+            flags = int.from_bytes(header[4:8], "little")
+            assert flags == 0b11, f"{pyc}: not a checked-hash .pyc (flags {flags})"
+            assert header[8:16] == importlib.util.source_hash(py.read_bytes()), f"{pyc} does not match {py}"
+        before = {p: p.stat().st_mtime for p in source.rglob("*.pyc")}
         probe = "import main, controller; print(controller.__file__)"
         done = subprocess.run([sys.executable, "-c", probe], cwd=source, capture_output=True, text=True, timeout=120,
                               env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.strip() == str(source / "controller" / "__init__.py")
-        assert not list(source.rglob("__pycache__"))
+        assert {p: p.stat().st_mtime for p in source.rglob("*.pyc")} == before
 
 
 def test_the_fleet_statuses_are_measured_at_their_steady_size_from_the_bucket():

@@ -105,6 +105,14 @@ def test_gcloud_dict_refuses_keys_gcloud_cannot_carry(bad_key):
         deploy.gcloud_dict({bad_key: "v"})
 
 
+def test_every_function_is_built_with_a_source_date_so_its_pyc_files_survive_the_image():
+    """Checked-hash .pyc files (PEP 552): the image's 1980 mtimes leave them valid, so no fresh
+    instance compiles respawn again (bench/deployed.py ``workspace`` builds the same way)."""
+    fns = functions(deploy.plan(target()))
+    assert fns and all(parse_dict_flag(flag(fn.argv, "set-build-env-vars")) == {"SOURCE_DATE_EPOCH": "315532800"}
+                       for fn in fns)
+
+
 def test_functions_run_with_the_trainer_account_and_allow_only_it_by_default():
     env = parse_dict_flag(flag(functions(deploy.plan(target()))[0].argv, "set-env-vars"))
     assert env["RESPAWN_TRAINER_SERVICE_ACCOUNT"] == TRAINER
