@@ -63,10 +63,10 @@ class DeleteInstance:
     # What is left of an older attempt: a delete that fails is said, and never holds the rest
     # of the chain (the next attempt's insert above all); it is tried again every pass.
     husk: bool = False
-    # A VM that no longer runs (TERMINATED, or on its way there): it bills no machine, only its
-    # disk, so its delete may wait for a pass over every job with room in its budget
-    # (``Executor.apply``'s ``husks``), rather than spend the project's mutation quota beside the
-    # inserts of a mass recovery. Never a TPU node (it holds TPU quota until deleted).
+    # A stopped VM (TERMINATED): it bills no machine, only its disk, so its delete may wait for a
+    # pass over every job with room in its budget (``Executor.apply``'s ``husks``), rather than
+    # spend the project's mutation quota beside the inserts of a mass recovery. Never a TPU node
+    # (it holds TPU quota until deleted).
     deferrable: bool = False
 
 

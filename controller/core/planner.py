@@ -642,9 +642,10 @@ _UNDER_WAY = frozenset({InstanceStatus.PROVISIONING, InstanceStatus.STAGING})
 def _insert(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchContext) -> list[Action]:
     """(Re)issue the current attempt's insert; the request id makes a repeat harmless.
 
-    Before any insert, the attempt's VMs are looked for everywhere: an earlier insert
-    may have been accepted with its status write lost (or still running), and a new
-    zone would then mean the same attempt in two zones.
+    Before any insert, the attempt's VMs are looked for wherever they can be (every zone its
+    status named before an insert): an earlier insert may have been accepted with its status
+    write lost (or still running), and a new zone would then mean the same attempt in two
+    zones. Found RUNNING, the insert is done; found PROVISIONING or STAGING, under way.
     """
     # Not the other kind's capacity record when the spec moved between VMs and a TPU since (it is
     # dropped at the switch).
@@ -833,7 +834,8 @@ def _delete_current(v: JobView, st: JobStatus, why: str) -> list[Action]:
 
 
 def _cleanup(v: JobView, st: JobStatus) -> list[Action]:
-    """Husks of older attempts go at once; their records only after the new insert is acknowledged."""
+    """Husks of older attempts go at once (a stopped one within a tick's budget: ``_delete``); their
+    records only after the new insert is acknowledged."""
     # A husk's delete that fails never holds what follows (DeleteInstance.husk).
     husks = [replace(_delete(v.job, i, f"left over from attempt {i.attempt}"), husk=True)
              for i in v.instances if i.attempt < st.attempt or (_spare(st, i) and not _standing_by(st, i))]
@@ -889,10 +891,14 @@ def _strays(v: JobView, now: datetime) -> list[Action]:
 
 
 def _delete(job: str, i: Instance, why: str, orphan: bool = False) -> DeleteInstance:
-    # A VM that no longer runs (or is on its way down) may wait for a tick's budget; a TPU node
-    # never does: it holds its zone's TPU quota until its delete is done.
+    # A VM that is stopped (TERMINATED: no machine billed, only its disk) may wait for a tick's
+    # budget; one in any other state (on its way down, SUSPENDED with its memory billed, a state
+    # Google adds later) never does, nor a TPU node: it holds its zone's TPU quota until deleted.
     return DeleteInstance(job, i.project, i.zone, i.name, why, only_if_spec_absent=orphan, tpu=i.tpu,
-                          deferrable=not i.tpu and not i.status.alive)
+                          deferrable=not i.tpu and i.status in _STOPPED)
+
+
+_STOPPED = frozenset({InstanceStatus.TERMINATED, InstanceStatus.STOPPED})
 
 
 # -- zero-gap recovery: the standby and the starting line (controller.core.handover) ------------

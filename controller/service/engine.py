@@ -29,11 +29,12 @@ from controller.core.world import JobView, World
 
 log = logging.getLogger(__name__)
 MAX_ROUNDS = 5
-# Deletes of husks that no longer run (TERMINATED: their disks bill, no machine) per pass over
-# every job, shared by the K shards: a sixth of Compute's default 1,500 mutations a minute, so
-# that a mass preemption's inserts (up to one per job, in the same minute) keep the rest. A
-# pass for one job (an event) sends none: its inserts come first, and the tick is a minute away.
-HUSK_DELETES_PER_TICK = 250
+# Deletes of stopped VMs (TERMINATED: their disks bill, no machine) a minute, by the passes over
+# every job of one function instance, shared by the K shards: a sixth of Compute's default
+# 1,500 mutations a minute, so that a mass preemption's inserts (up to one per job, in the same
+# minute) keep the rest. A pass for one job (an event) sends none: its inserts come first, and
+# the tick is a minute away.
+HUSK_DELETES_PER_MINUTE = 250
 
 
 @dataclass
@@ -117,6 +118,7 @@ class Engine:
         self.lease = lease  # one pass over every job at a time (None: passes are not kept apart)
         self._wide_pass_at = float("-inf")  # when a hint asked for a pass over every job (wide_pass_due)
         self._wide_lock = threading.Lock()
+        self._husk_budget: HuskBudget | None = None  # shared by this instance's passes over every job
 
     def wide_pass_due(self, gap: float) -> bool:
         """Whether a hint may have a pass over every job now: none began in this instance within
@@ -177,6 +179,17 @@ class Engine:
                         len(summary.not_acted), extra={"json_fields": {"jobs_not_acted": summary.not_acted[:100]}})
         return summary
 
+    def _husks(self, job: str | None, shard: Shard | None) -> HuskBudget:
+        """The budget a pass's deletes of stopped VMs draw on: none for a pass for one job; for a
+        pass over every job (or a shard's), this instance's, per minute, kept across its passes."""
+        if job is not None:
+            return HuskBudget(0)
+        limit = max(1, HUSK_DELETES_PER_MINUTE // (shard.count if shard else 1))
+        with self._wide_lock:
+            if self._husk_budget is None or self._husk_budget.limit != limit:
+                self._husk_budget = HuskBudget(limit, clock=lambda: self.clock.now().timestamp())
+            return self._husk_budget
+
     def _keep_snapshot(self) -> None:
         """What the pass over every job read, kept for a fresh instance (controller.service.snapshot);
         never the pass's failure."""
@@ -191,7 +204,7 @@ class Engine:
         sends = notifier.begin(self.workers) if notifier is not None and not dry_run else None
         summary = Summary()
         tally = fleet.Tally(self.clock.now()) if job is None and not dry_run else None
-        husks = HuskBudget(0 if job is not None else max(1, HUSK_DELETES_PER_TICK // (shard.count if shard else 1)))
+        husks = self._husks(job, shard)
         seen = World({})  # the pass's blind zones and projects and the jobs it could not read
         try:
             chunks, rest = self.observer.parts(job) if shard is None else self.observer.parts(job, shard)

@@ -32,21 +32,32 @@ Acting = Callable[[], bool]  # whether the pass may still act: it holds its leas
 
 
 class HuskBudget:
-    """How many deletes of husks that no longer run (``DeleteInstance.deferrable``) one pass may
-    send. Compute's mutations share one rate quota per project (1,500 a minute by default): a
-    mass preemption's inserts need it first, and a TERMINATED husk bills no machine, only its
-    disk, until a later pass deletes it. Shared by a pass's threads."""
+    """How many deletes of stopped VMs (``DeleteInstance.deferrable``) may be sent a minute.
+    Compute's mutations share one rate quota per project (1,500 a minute by default): a mass
+    preemption's inserts need it first, and a TERMINATED VM bills no machine, only its disk,
+    until a later pass deletes it. A delete that fails gives its share back (``refund``), so
+    one that fails every pass never starves the others. Shared by passes and their threads;
+    ``limit`` 0: none at all (an event's pass)."""
 
-    def __init__(self, limit: int) -> None:
-        self.left = limit
+    def __init__(self, limit: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit, self._clock = limit, clock
+        self._minute: int | None = None
+        self._left = limit
         self._lock = threading.Lock()
 
     def take(self) -> bool:
         with self._lock:
-            if self.left <= 0:
+            minute = int(self._clock() // 60)
+            if minute != self._minute:
+                self._minute, self._left = minute, self.limit
+            if self._left <= 0:
                 return False
-            self.left -= 1
+            self._left -= 1
             return True
+
+    def refund(self) -> None:
+        with self._lock:
+            self._left = min(self.limit, self._left + 1)
 
 
 @dataclass
@@ -117,14 +128,16 @@ class Executor:
         for action in actions:
             if pending and not isinstance(action, DeleteInstance):
                 continue  # nothing is "inserted", and no record consumed, before Compute says so
-            if isinstance(action, DeleteInstance) and action.deferrable and husks is not None and not husks.take():
-                _log(action, "left for a later pass: this pass's husk deletes are spent", level=logging.DEBUG)
+            budgeted = husks if isinstance(action, DeleteInstance) and action.deferrable else None
+            if budgeted is not None and not budgeted.take():
+                _log(action, "left for a later pass: this minute's deletes of stopped VMs are spent",
+                     level=logging.DEBUG)
                 continue
             if not chain.may_act():
                 _log(action, "not applied: this pass no longer holds its lease", level=logging.WARNING)
                 break
             try:
-                self._apply(chain, action, now, wait_until)
+                self._apply(chain, action, now, wait_until, budgeted)
             except errors.PreconditionFailed:
                 chain.outcome.conflict = True
                 _log(action, "skipped: another pass changed the job first")
@@ -171,7 +184,17 @@ class Executor:
                 except errors.RespawnError as e:  # the next pass will see the same trouble again
                     log.warning("could not record error", extra={"json_fields": {"job": chain.job, "error": str(e)}})
 
-    def _apply(self, chain: _Chain, action: Action, now: datetime, wait_until: float | None) -> None:
+    def _apply(self, chain: _Chain, action: Action, now: datetime, wait_until: float | None,
+               budget: HuskBudget | None = None) -> None:
+        """``budget``: the one whose share this action took, given back if it fails."""
+        try:
+            self._send(chain, action, now, wait_until)
+        except errors.RespawnError:
+            if budget is not None:
+                budget.refund()
+            raise
+
+    def _send(self, chain: _Chain, action: Action, now: datetime, wait_until: float | None) -> None:
         match action:
             case WriteStatus(status=status, replan=replan):
                 chain.write(self.store, self.bucket, status)

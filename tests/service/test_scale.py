@@ -9,7 +9,7 @@ from typing import Any
 
 from controller.core import errors, names
 from controller.core.state import Phase
-from controller.core.ports import BlobInfo
+from controller.core.ports import BlobInfo, InstanceStatus
 from controller.service.observe import Parsed, footprint
 from tests.harness import BUCKET, Harness, spec_doc
 
@@ -463,13 +463,7 @@ def test_replans_inside_a_pass_leave_the_cached_part_of_the_fleet_cached():
     assert 0 < steady and max(replanned) <= steady * 3 // 2, (steady, replanned)
 
 
-def test_husks_that_no_longer_run_wait_for_a_ticks_budget_never_an_events(monkeypatch):
-    """After a mass preemption the project's mutation quota goes to the inserts: an event's pass
-    deletes no TERMINATED husk, and a pass over every job deletes at most its budget of them."""
-    from controller.service import engine as engine_module
-
-    h = Harness()
-    jobs = [f"j{i}" for i in range(5)]
+def _recovered_with_husks(h: Harness, jobs: list[str]) -> None:
     for job in jobs:
         h.submit(job)
     h.tick()
@@ -477,21 +471,63 @@ def test_husks_that_no_longer_run_wait_for_a_ticks_budget_never_an_events(monkey
     for job in jobs:
         h.compute.preempt(f"{job}-1")
         h.marker(job)
-        h.tick(job)  # the event: the next attempt inserted, its husk left alone
+        h.tick(job)  # the event: the next attempt inserted, its stopped husk left alone
         assert h.status(job).attempt == 2 and h.live(job) == [f"{job}-2"]
+
+
+def _husks(h: Harness) -> list[str]:
+    return sorted(i.name for i in h.compute.all() if i.attempt == 1)
+
+
+def test_stopped_husks_wait_for_a_ticks_budget_a_minute_never_an_events(monkeypatch):
+    """After a mass preemption the project's mutation quota goes to the inserts: an event's pass
+    deletes no TERMINATED husk, and the passes over every job of one instance delete at most
+    their budget of them a minute."""
+    from controller.service import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "HUSK_DELETES_PER_MINUTE", 2)
+    h = Harness()
+    jobs = [f"j{i}" for i in range(5)]
+    _recovered_with_husks(h, jobs)
     assert not [c for c in h.compute.calls if c[0] == "delete"]
-    husks = lambda: sorted(i.name for i in h.compute.all() if i.attempt == 1)  # noqa: E731
-    assert husks() == [f"{job}-1" for job in jobs]
-    monkeypatch.setattr(engine_module, "HUSK_DELETES_PER_TICK", 2)
-    h.tick()
-    assert len(husks()) == 3
-    h.tick()
-    h.tick()
-    assert husks() == [] and all(h.live(job) == [f"{job}-2"] for job in jobs)
+    assert _husks(h) == [f"{job}-1" for job in jobs]
+    tick = h.engine()  # one function instance: its budget spans its passes
+    tick.reconcile()
+    assert len(_husks(h)) == 3
+    tick.reconcile()  # the same minute: none more
+    assert len(_husks(h)) == 3
+    h.advance(seconds=60)
+    tick.reconcile()
+    h.advance(seconds=60)
+    tick.reconcile()
+    assert _husks(h) == [] and all(h.live(job) == [f"{job}-2"] for job in jobs)
 
 
-def test_a_husk_still_running_is_deleted_at_once_even_by_an_event():
-    """A husk that still runs bills a machine: never deferred (a stale attempt's VM found running)."""
+def test_a_husk_whose_delete_fails_gives_its_share_back(monkeypatch):
+    """One stopped VM that cannot be deleted (deletion protection, a 403) is tried every pass
+    and never starves the others of the budget."""
+    from controller.service import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "HUSK_DELETES_PER_MINUTE", 1)
+    h = Harness()
+    _recovered_with_husks(h, ["a", "b"])
+    real = h.compute.delete
+
+    def delete(project: str, zone: str, name: str) -> None:
+        if name == "a-1":
+            raise errors.RequestError("Invalid resource usage: 'Resource cannot be deleted if it is protected'")
+        real(project, zone, name)
+
+    monkeypatch.setattr(h.compute, "delete", delete)
+    tick = h.engine()
+    tick.reconcile()
+    assert _husks(h) == ["a-1"]  # a-1 was tried, failed, gave its share back; b-1 went
+    assert [c for c in h.compute.calls if c == ("delete", "b-1")]
+
+
+def test_a_husk_not_stopped_is_deleted_at_once_even_by_an_event():
+    """Only a TERMINATED VM waits: one still running (a stale attempt's VM found RUNNING), or
+    on its way down, bills a machine."""
     h = Harness()
     h.submit("j")
     h.tick()
@@ -500,3 +536,10 @@ def test_a_husk_still_running_is_deleted_at_once_even_by_an_event():
     h.tick("j")
     assert h.status("j").attempt == 2
     assert ("delete", "j-1") in h.compute.calls and "j-1" not in [i.name for i in h.compute.all()]
+    h.submit("k")
+    h.tick()
+    h.tick()
+    h.marker("k")
+    h.compute.set_status("k-1", InstanceStatus.STOPPING)
+    h.tick("k")
+    assert ("delete", "k-1") in h.compute.calls
