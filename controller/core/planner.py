@@ -895,10 +895,7 @@ def _delete(job: str, i: Instance, why: str, orphan: bool = False) -> DeleteInst
     # budget; one in any other state (on its way down, SUSPENDED with its memory billed, a state
     # Google adds later) never does, nor a TPU node: it holds its zone's TPU quota until deleted.
     return DeleteInstance(job, i.project, i.zone, i.name, why, only_if_spec_absent=orphan, tpu=i.tpu,
-                          deferrable=not i.tpu and i.status in _STOPPED)
-
-
-_STOPPED = frozenset({InstanceStatus.TERMINATED, InstanceStatus.STOPPED})
+                          deferrable=not i.tpu and i.status.stopped)
 
 
 # -- zero-gap recovery: the standby and the starting line (controller.core.handover) ------------

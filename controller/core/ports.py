@@ -116,6 +116,11 @@ class InstanceStatus(_Lenient):
         return self in _DOWN
 
     @property
+    def stopped(self) -> bool:
+        """Down and billing no machine, only its disk (not SUSPENDED: its memory is kept, and billed)."""
+        return self.down and self != InstanceStatus.SUSPENDED
+
+    @property
     def settling(self) -> bool:
         """On its way somewhere (down, repaired, or a state we do not know): wait and look again."""
         return not self.alive and not self.down
