@@ -1,7 +1,8 @@
 """One page of the tick's ``instances.aggregatedList`` (500 VMs, Compute's page), as the controller
-receives it: its bytes, and the CPU to parse it as the controller does (the compute_v1 REST
-transport's ``json_format.Parse`` into ``InstanceAggregatedList``, then the adapter's ``_instance``
-per VM), with the memory the parse allocates at its peak (tracemalloc). Three pages:
+receives it: its bytes, and the CPU to parse it as the controller does (the adapter's ``Listing``
+reads the JSON as it comes, then ``_instance`` per VM; before, the compute_v1 REST transport's
+``json_format.Parse`` into proto-plus messages came first), with the memory the parse allocates at
+its peak (tracemalloc). Three pages:
 
 - ``inlined``: each VM's metadata holding the whole agent (startup.sh, shutdown.sh, common.sh
   inlined in both), as the controller launched VMs before issue 40; the whole response.
@@ -33,8 +34,7 @@ from controller.core.state import JobStatus, Phase
 from controller.service import vmscripts
 from controller.service.bootstrap import launch_context
 from controller.service.config import REPO_ROOT, Settings
-from google.cloud.compute_v1.types import compute as compute_v1
-from google.protobuf import json_format
+from controller.adapters.compute import v1
 from localcloud import fields, gce
 
 PROJECT, BUCKET = "bench-proj", "bench-bucket"
@@ -52,7 +52,7 @@ def page(vms: int, ctx: LaunchContext) -> dict[str, Any]:
         spec = parse_spec(yaml.safe_dump(SPEC), job)
         status = JobStatus(phase=Phase.RUNNING, attempt=1 + n % 3, zone=zone, attempt_token=f"token-{n:05d}")
         (request,) = requests_for(job, spec, status, ctx)
-        body = json.loads(compute_v1.Instance.to_json(instance_body(request)))
+        body = json.loads(v1().Instance.to_json(instance_body(request)))
         resource = {**gce.instance_resource(body, PROJECT, zone, urls), "status": "RUNNING"}
         items.setdefault(f"zones/{zone}", {"instances": []})["instances"].append(resource)
     return {"kind": "compute#instanceAggregatedList", "id": f"projects/{PROJECT}/aggregated/instances",
@@ -60,11 +60,10 @@ def page(vms: int, ctx: LaunchContext) -> dict[str, Any]:
 
 
 def parse(content: bytes) -> int:
-    """What the controller does with one page: the transport's parse, then the adapter's read."""
-    resp = compute_v1.InstanceAggregatedList()
-    json_format.Parse(content, compute_v1.InstanceAggregatedList.pb(resp), ignore_unknown_fields=True)
-    return sum(len([_instance(PROJECT, scope.removeprefix("zones/"), i) for i in scoped.instances])
-               for scope, scoped in resp.items.items())
+    """What the controller does with one page (``compute.ComputeEngine._listed``): the JSON, then the adapter's read."""
+    resp = json.loads(content)
+    return sum(len([_instance(PROJECT, scope.removeprefix("zones/"), i) for i in scoped.get("instances", ())])
+               for scope, scoped in resp.get("items", {}).items())
 
 
 def measure(content: bytes, repeat: int) -> dict[str, float]:

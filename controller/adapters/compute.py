@@ -26,13 +26,17 @@ Surprises handled here, each checked against the installed client:
 - Partial responses. Listings ask only for the fields ``_instance`` reads (``LIST_FIELDS``,
   ``AGGREGATED_FIELDS``): without that every listed VM carried its whole metadata, the VM scripts
   once inlined there (a 500-VM page was 35 MiB and 1.2 CPU-s to parse: ``python -m bench.listing``).
-  The ``fields`` query parameter cannot be sent through this client: the REST transport builds its query from the
-  request message alone (``rest_helpers.flatten_query_params`` of the transcoded request; the
-  request types have no ``fields``), and google-api-core has no response field mask. It does send
-  every ``metadata`` pair as an HTTP header (``headers = dict(metadata)`` in each ``_get_response``),
-  and the pager passes a call's metadata to each page's call: so the selection goes as
+  The client's request types have no ``fields``; ``get`` (the go's read) sends the selection as
   ``X-Goog-FieldMask``, the header form of the same system parameter (Google's "System parameters"
-  page), in ``fields`` syntax. A server that ignored it would answer everything: nothing is lost.
+  page): the REST transport sends every ``metadata`` pair as an HTTP header.
+- Listings do not go through the client at all (``Listing``). google-cloud-compute's message types are
+  one module of ~2,200 proto-plus classes, built at import: 0.33 CPU-s, a third of a cold start's,
+  three times that at the third of a vCPU a function gets (``python -X importtime``). A pass that
+  changes nothing (most events, most ticks) only lists; so ``instances.list`` and
+  ``instances.aggregatedList`` are GETs on google-auth's AuthorizedSession (what the REST transport
+  sends them on), their JSON read as it comes, errors raised by google-api-core's
+  ``from_http_response`` exactly as the transport raises them, and the client and its types are
+  imported at a pass's first change (``v1``, ``ComputeEngine.instances``).
 """
 
 from __future__ import annotations
@@ -41,28 +45,57 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import requests
 from google.api_core import exceptions as gexc
 from google.api_core import retry as retries
 
-from controller.adapters.lean import lean
-
-lean("google.cloud.compute_v1")  # the two clients below, without the other ~100 (see lean.py)
-from google.cloud.compute_v1.services.instances import InstancesClient  # noqa: E402
-from google.cloud.compute_v1.services.zone_operations import ZoneOperationsClient  # noqa: E402
-from google.cloud.compute_v1.types import compute as compute_v1  # noqa: E402 - the message types, as usual
-
 from controller.adapters import reasons
-from controller.core import audit, errors, names  # noqa: E402
+from controller.adapters.lean import lean
+from controller.core import audit, errors, names
 from controller.service import fanout
 from controller.core.ports import PROVISIONING_MODELS, Instance, InstanceList, InstanceRequest, InstanceStatus, StopReason
 
+if TYPE_CHECKING:
+    from google.cloud.compute_v1.services.instances import InstancesClient
+    from google.cloud.compute_v1.services.zone_operations import ZoneOperationsClient
+    from google.cloud.compute_v1.types import compute as compute_v1
+
+
+def v1() -> ModuleType:
+    """google-cloud-compute's message types (``compute_v1``), imported at the first call that
+    needs one: a change, not a listing (see the module's docstring)."""
+    lean("google.cloud.compute_v1")  # its submodules without the package's ~100 clients (see lean.py)
+    from google.cloud.compute_v1.types import compute
+
+    return compute
+
+
+def instances_client(**kwargs: Any) -> InstancesClient:
+    """google-cloud-compute's InstancesClient, built with ``kwargs`` (imported here, see ``v1``)."""
+    lean("google.cloud.compute_v1")
+    from google.cloud.compute_v1.services.instances import InstancesClient
+
+    return InstancesClient(**kwargs)
+
+
+def clients(**kwargs: Any) -> tuple[InstancesClient, ZoneOperationsClient]:
+    """The two v1 clients a change needs, built with ``kwargs``."""
+    lean("google.cloud.compute_v1")
+    from google.cloud.compute_v1.services.zone_operations import ZoneOperationsClient
+
+    return instances_client(**kwargs), ZoneOperationsClient(**kwargs)
+
 MANAGED_FILTER = 'labels.respawn-managed = "true"'
+# The API version google-cloud-compute's clients send (``to_api_version_header`` in each method of
+# services/instances/client.py), sent by the listings too: tests/unit/test_lean.py keeps them equal.
+API_VERSION = "2026-09-01"
 
 
 def shard_filter(index: int, shards: int) -> str | None:
@@ -90,7 +123,6 @@ _RATE = ("rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED")
 _LIBRARY = (gexc.GoogleAPIError, requests.exceptions.RequestException)
 _TRANSIENT = (gexc.TooManyRequests, gexc.InternalServerError, gexc.BadGateway, gexc.ServiceUnavailable,
               gexc.GatewayTimeout, gexc.DeadlineExceeded)
-_DONE = compute_v1.Operation.Status.DONE
 # Compute's own records of why an instance stopped (zone operation types).
 _REASONS = {
     **audit.LOSSES,  # the system events, as their audit entries name them
@@ -151,20 +183,87 @@ def translate(e: Exception, zone: str, *, creating: bool = False) -> errors.Resp
     return errors.RequestError(reasons.message(e))
 
 
-class ComputeEngine:
-    """``region_instances`` and ``region_ops`` are accepted for the factory's sake and unused:
-    gangs are zonal bulk inserts. ``beta`` builds google-cloud-compute-v1beta's InstancesClient
-    (``compute_beta``), at the first insert that asks for a preemption notice."""
+class Listing:
+    """``instances.list`` and ``instances.aggregatedList`` without google-cloud-compute (see the
+    module's docstring): GETs on ``session`` (an AuthorizedSession, or the local cloud's anonymous
+    one) at ``host``, each page read as the JSON it is, each with the partial response's
+    ``fields``; a refusal raised as the client raises it (``from_http_response``), retried by
+    ``RETRY`` as the client's calls are. ``page_size``: ``maxResults`` (None: Compute's 500).
 
-    def __init__(self, instances: InstancesClient, region_instances: Any, zone_ops: ZoneOperationsClient,
-                 region_ops: Any = None, operation_timeout: float = 180.0,
-                 beta: Callable[[], Any] | None = None) -> None:
-        self.instances = instances
-        self.zone_ops = zone_ops
+    As the client sends them: the API version its clients pin (``API_VERSION``) and its list
+    methods' 600 s timeout (``default_timeout`` in transports/base.py). Not as the client: the host
+    is the one given (google.py: ``compute.googleapis.com`` or the local cloud's), never an mTLS
+    endpoint or another universe's (the client derives those from the environment)."""
+
+    def __init__(self, session: requests.Session, host: str, timeout: float = 600.0,
+                 page_size: int | None = None) -> None:
+        self.session = session
+        self.host = host.rstrip("/") if "://" in host else f"https://{host.rstrip('/')}"
+        self.timeout = timeout
+        self.page_size = page_size
+
+    def zone(self, project: str, zone: str, expr: str) -> Iterator[dict[str, Any]]:
+        """Each instance of ``project`` in ``zone`` that ``expr`` keeps, as Compute's JSON."""
+        for page in self._pages(f"projects/{quote(project, safe='')}/zones/{quote(zone, safe='')}/instances",
+                                {"filter": expr, "fields": LIST_FIELDS}):
+            yield from page.get("items", ())
+
+    def aggregated(self, project: str, expr: str) -> Iterator[dict[str, Any]]:
+        """Each page of ``project``'s aggregated list: ``items`` by scope (``zones/<zone>``), ``unreachables``."""
+        yield from self._pages(f"projects/{quote(project, safe='')}/aggregated/instances",
+                               {"filter": expr, "fields": AGGREGATED_FIELDS})
+
+    def _pages(self, path: str, params: dict[str, str]) -> Iterator[dict[str, Any]]:
+        if self.page_size is not None:
+            params = {**params, "maxResults": str(self.page_size)}
+        token = ""
+        while True:
+            page: dict[str, Any] = RETRY(self._get)(path, {**params, **({"pageToken": token} if token else {})})
+            yield page
+            if not (token := page.get("nextPageToken") or ""):
+                return
+
+    def _get(self, path: str, params: dict[str, str]) -> dict[str, Any]:
+        response = self.session.get(f"{self.host}/compute/v1/{path}", params=params, timeout=self.timeout,
+                                    headers={"x-goog-api-version": API_VERSION})
+        if response.status_code >= 400:
+            raise gexc.from_http_response(response)  # what the client's REST transport raises
+        return response.json()  # type: ignore[no-any-return]
+
+
+class ComputeEngine:
+    """The port: listings on ``listing``; changes on the v1 clients ``clients()`` builds at the
+    first change (``instances``, ``zone_ops``). ``beta`` builds google-cloud-compute-v1beta's
+    InstancesClient (``compute_beta``), at the first insert that asks for a preemption notice."""
+
+    def __init__(self, listing: Listing, clients: Callable[[], tuple[InstancesClient, ZoneOperationsClient]],
+                 operation_timeout: float = 180.0, beta: Callable[[], Any] | None = None) -> None:
+        self.listing = listing
         self.operation_timeout = operation_timeout
+        self._clients_factory = clients
+        self._clients: tuple[InstancesClient, ZoneOperationsClient] | None = None
         self._beta_factory = beta
         self._beta: Any = None
+        self._lock = threading.Lock()
         self._beta_lock = threading.Lock()
+
+    @property
+    def instances(self) -> InstancesClient:
+        return self._built()[0]
+
+    @instances.setter
+    def instances(self, client: InstancesClient) -> None:
+        self._clients = (client, self._built()[1])
+
+    @property
+    def zone_ops(self) -> ZoneOperationsClient:
+        return self._built()[1]
+
+    def _built(self) -> tuple[InstancesClient, ZoneOperationsClient]:
+        with self._lock:
+            if self._clients is None:
+                self._clients = self._clients_factory()
+            return self._clients
 
     def list_managed(self, projects: Sequence[str], job: str | None = None,
                      zones: Sequence[str] | None = None, shard: tuple[int, int] | None = None) -> InstanceList:
@@ -184,17 +283,15 @@ class ComputeEngine:
         unreachable: list[str] = []
         failed: dict[str, str] = {}
         for project in projects:
-            request = compute_v1.AggregatedListInstancesRequest(project=project, filter=expr)
             try:
                 listed: list[Instance] = []
-                pager = self.instances.aggregated_list(request=request, retry=RETRY,
-                                                       metadata=[(_MASK, AGGREGATED_FIELDS)])
-                for page in pager.pages:
-                    unreachable += [u.removeprefix("zones/") for u in page.unreachables]
-                    for scope, scoped in page.items.items():
-                        if scoped.warning and scoped.warning.code == "NO_RESULTS_ON_PAGE":
-                            continue
-                        listed += [_instance(project, scope.removeprefix("zones/"), i) for i in scoped.instances]
+                for page in self.listing.aggregated(project, expr):
+                    unreachable += [u.removeprefix("zones/") for u in page.get("unreachables", ())]
+                    for scope, scoped in page.get("items", {}).items():
+                        zone = scope.removeprefix("zones/")
+                        if (scoped.get("warning") or {}).get("code") == "UNREACHABLE":
+                            unreachable.append(zone)  # "A given scope cannot be reached": not seen, not empty
+                        listed += [_instance(project, zone, i) for i in scoped.get("instances", ())]
                 found += listed
             except _LIBRARY as e:  # one project's trouble (a typo, no IAM) blinds only its jobs
                 failed[project] = str(translate(e, "*"))
@@ -205,10 +302,8 @@ class ComputeEngine:
         def one(where: tuple[str, str]) -> tuple[list[Instance], str | None, tuple[str, str] | None]:
             """(instances, the zone if it could not be seen, (project, why) if the project refused)."""
             project, zone = where
-            request = compute_v1.ListInstancesRequest(project=project, zone=zone, filter=expr)
             try:
-                listed = self.instances.list(request=request, retry=RETRY, metadata=[(_MASK, LIST_FIELDS)])
-                return [_instance(project, zone, i) for i in listed], None, None
+                return [_instance(project, zone, i) for i in self.listing.zone(project, zone, expr)], None, None
             except gexc.NotFound:  # no such zone: nothing of ours can be there
                 return [], None, None
             except _LIBRARY as e:
@@ -223,6 +318,7 @@ class ComputeEngine:
                             dict(refusal for _, _, refusal in results if refusal))
 
     def insert(self, requests_: Sequence[InstanceRequest], request_id: str, wait: float | None = None) -> dict[str, str]:
+        compute_v1 = v1()
         first = requests_[0]
         if len({(r.project, r.zone) for r in requests_}) != 1:
             raise errors.RequestError("a gang must be inserted in a single zone of one project")
@@ -252,7 +348,7 @@ class ComputeEngine:
         target = str(op.target_id) if len(requests_) == 1 and op.target_id else ""
         wait = self.operation_timeout if wait is None else wait
         op = self._wait(first.project, first.zone, op, wait)
-        if op.status != _DONE:
+        if not _done(op):
             raise errors.OperationPending(
                 f"{op.operation_type or 'insert'} of {', '.join(r.name for r in requests_)} in {first.zone} still "
                 f"running after {wait:g}s (operation {op.name}); its outcome is read on the next try")
@@ -281,6 +377,7 @@ class ComputeEngine:
         """The go: ``items`` merged into the instance's metadata by one ``setMetadata`` on the
         fingerprint just read; never over a go already there (False). A write refused on a stale
         fingerprint (someone else's came between) is read again and retried."""
+        compute_v1 = v1()
         for _ in range(_METADATA_RACES):
             try:
                 current = self.instances.get(project=project, zone=zone, instance=name, retry=RETRY,
@@ -304,7 +401,7 @@ class ComputeEngine:
                 raise translate(e, zone) from e
             wait = self.operation_timeout if wait is None else wait
             op = self._wait(project, zone, op, wait)
-            if op.status != _DONE:
+            if not _done(op):
                 raise errors.OperationPending(f"setMetadata of {name} in {zone} still running after {wait:g}s "
                                               f"(operation {op.name})")
             _raise_for(op, zone)
@@ -316,7 +413,7 @@ class ComputeEngine:
         operations since it last started: the platform's cause (preemption, maintenance, host
         error) beats a person's stop or delete, which beats the guest's own shutdown (a
         preempted guest powers itself off too; a preempted husk we then delete was preempted)."""
-        request = compute_v1.ListZoneOperationsRequest(project=project, zone=zone,
+        request = v1().ListZoneOperationsRequest(project=project, zone=zone,
                                                        filter=f'targetLink eq ".*/instances/{name}"')
         try:
             ops = list(self.zone_ops.list(request=request, retry=RETRY))
@@ -340,7 +437,7 @@ class ComputeEngine:
     def _wait(self, project: str, zone: str, op: compute_v1.Operation, seconds: float) -> compute_v1.Operation:
         """The operation once DONE, or as it stands after ``seconds`` (not DONE)."""
         deadline = time.monotonic() + seconds
-        while op.status != _DONE and (left := deadline - time.monotonic()) > 0:
+        while not _done(op) and (left := deadline - time.monotonic()) > 0:
             try:
                 # zoneOperations.wait answers when the operation is done or after about two
                 # minutes; the client-side timeout cuts it short at our own deadline.
@@ -351,6 +448,10 @@ class ComputeEngine:
             except _LIBRARY as e:
                 raise translate(e, zone) from e
         return op
+
+
+def _done(op: compute_v1.Operation) -> bool:
+    return bool(op.status == v1().Operation.Status.DONE)
 
 
 def _inserted(op: compute_v1.Operation) -> datetime:
@@ -373,7 +474,7 @@ def _quota_named(text: str) -> str:
 
 def _raise_for(op: compute_v1.Operation, zone: str) -> None:
     """A DONE operation that failed, as one of the project's errors; nothing if it succeeded."""
-    if op.status != _DONE or not op.error.errors:
+    if not _done(op) or not op.error.errors:
         return
     codes = [e.code for e in op.error.errors]
     message = "; ".join(f"{e.code}: {e.message}" for e in op.error.errors)
@@ -398,12 +499,15 @@ def _raise_for(op: compute_v1.Operation, zone: str) -> None:
     raise errors.RequestError(message)
 
 
-def _instance(project: str, zone: str, i: compute_v1.Instance) -> Instance:
-    return Instance(project=project, zone=zone, name=i.name, status=InstanceStatus.of(i.status), labels=dict(i.labels),
-                    created_at=datetime.fromisoformat(i.creation_timestamp), id=str(i.id))
+def _instance(project: str, zone: str, i: Mapping[str, Any]) -> Instance:
+    """A listed instance, from Compute's JSON (its id a uint64, which JSON carries as a string)."""
+    return Instance(project=project, zone=zone, name=i["name"], status=InstanceStatus.of(i.get("status", "")),
+                    labels=dict(i.get("labels") or {}), created_at=datetime.fromisoformat(i["creationTimestamp"]),
+                    id=str(i.get("id", "0")))
 
 
 def _scheduling(r: InstanceRequest) -> compute_v1.Scheduling:
+    compute_v1 = v1()
     # GPUs cannot live-migrate; and respawn, not Compute, decides when to bring a VM back.
     scheduling = compute_v1.Scheduling(on_host_maintenance="TERMINATE", automatic_restart=False,
                                        provisioning_model=PROVISIONING_MODELS[r.provisioning])
@@ -418,6 +522,7 @@ def _scheduling(r: InstanceRequest) -> compute_v1.Scheduling:
 
 def _common(r: InstanceRequest, zone_prefix: str) -> dict[str, Any]:
     """Fields shared by an Instance and bulk InstanceProperties (which take bare type names)."""
+    compute_v1 = v1()
     accelerators = []
     if r.accelerator_type:
         accelerators = [compute_v1.AcceleratorConfig(accelerator_type=f"{zone_prefix}acceleratorTypes/{r.accelerator_type}"
@@ -444,6 +549,7 @@ def _common(r: InstanceRequest, zone_prefix: str) -> dict[str, Any]:
 
 
 def instance_body(r: InstanceRequest) -> compute_v1.Instance:
+    compute_v1 = v1()
     return compute_v1.Instance(name=r.name, **_common(r, f"zones/{r.zone}/"))
 
 
@@ -453,6 +559,7 @@ def bulk_body(rs: Sequence[InstanceRequest]) -> compute_v1.BulkInsertInstanceRes
     bulkInsert gives every instance the same properties (which take bare type names), so
     nodes differ only by name; the VM reads its rank from its name's ``-n<rank>``.
     """
+    compute_v1 = v1()
     return compute_v1.BulkInsertInstanceResource(
         count=len(rs),
         min_count=len(rs),

@@ -20,6 +20,7 @@ from __future__ import annotations
 from controller.adapters.lean import lean
 
 lean("google.cloud.compute_v1beta")
+lean("google.cloud.compute_v1")
 from google.cloud.compute_v1beta.services.instances import InstancesClient  # noqa: E402
 from google.cloud.compute_v1beta.types import compute as compute_v1beta  # noqa: E402
 from google.cloud.compute_v1.types import compute as compute_v1  # noqa: E402

@@ -13,11 +13,14 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
 from controller.adapters import failfast
-from controller.adapters.compute import ComputeEngine, InstancesClient, ZoneOperationsClient
+from controller.adapters import compute
+from controller.adapters.compute import ComputeEngine, Listing
 from controller.adapters.gcs import GcsStore
 from controller.service.config import Settings
 
 if TYPE_CHECKING:
+    from google.cloud.compute_v1.services.instances import InstancesClient
+
     from controller.adapters.advice import ComputeAdvice
     from controller.adapters.quotas import ComputeQuotas
     from controller.adapters.tpu import CloudTpu
@@ -64,7 +67,7 @@ def _client_args(config: Settings) -> dict[str, Any]:
 
 
 def instances_client(config: Settings) -> InstancesClient:
-    client = InstancesClient(**_client_args(config))
+    client = compute.instances_client(**_client_args(config))
     _fail_fast(client._transport._session)
     return client
 
@@ -100,21 +103,41 @@ def quota_reader(config: Settings) -> ComputeQuotas:
 
 
 def compute_gateway(config: Settings) -> ComputeEngine:
+    """Listings on an AuthorizedSession of the credentials the clients get too (one lookup of
+    them), the v1 clients built at the first change (``compute.ComputeEngine``)."""
+    from google.auth.transport.requests import AuthorizedSession
+
     kwargs = _client_args(config)
-    instances, operations = InstancesClient(**kwargs), ZoneOperationsClient(**kwargs)
-    for client in (instances, operations):
-        _tune(client._transport._session, config.concurrency)
-    return ComputeEngine(instances, None, operations, operation_timeout=config.operation_wait,
-                         beta=lambda: beta_instances_client(config))
+    if "credentials" not in kwargs:  # as the clients' transport finds them (google.auth.default)
+        import google.auth
+
+        kwargs["credentials"], _ = google.auth.default(default_scopes=_COMPUTE_SCOPES)
+    session = AuthorizedSession(kwargs["credentials"])
+    _tune(session, config.concurrency)
+
+    def clients() -> tuple[Any, Any]:
+        built = compute.clients(**kwargs)
+        for client in built:
+            _tune(client._transport._session, config.concurrency)
+        return built
+
+    return ComputeEngine(Listing(session, config.compute_endpoint or _COMPUTE_HOST), clients,
+                         operation_timeout=config.operation_wait, beta=lambda: beta_instances_client(config, kwargs))
 
 
-def beta_instances_client(config: Settings) -> Any:
+# What google-cloud-compute's transports use: DEFAULT_HOST and AUTH_SCOPES (transports/base.py).
+_COMPUTE_HOST = "compute.googleapis.com"
+_COMPUTE_SCOPES = ("https://www.googleapis.com/auth/compute", "https://www.googleapis.com/auth/cloud-platform")
+
+
+def beta_instances_client(config: Settings, kwargs: dict[str, Any] | None = None) -> Any:
     """google-cloud-compute-v1beta's InstancesClient, beside the v1 ones (same endpoint,
-    credentials and transport): the inserts that ask for a preemption notice. Imported here, at
-    the first such insert, not at the top: a pass that asks for none never pays for it."""
+    credentials and transport: ``kwargs``, the v1 clients' own): the inserts that ask for a
+    preemption notice. Imported here, at the first such insert, not at the top: a pass that asks
+    for none never pays for it."""
     from controller.adapters.compute_beta import InstancesClient as BetaInstancesClient
 
-    client = BetaInstancesClient(**_client_args(config))
+    client = BetaInstancesClient(**(kwargs or _client_args(config)))
     _tune(client._transport._session, config.concurrency)
     return client
 

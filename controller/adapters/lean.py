@@ -20,10 +20,17 @@ import types
 from typing import Any
 
 
+_registering = threading.Lock()  # passes' threads call lean (compute.v1) side by side
+
+
 def lean(name: str) -> None:
     """Register package ``name`` without running its ``__init__`` (no-op once imported)."""
-    if name in sys.modules:
-        return
+    with _registering:
+        if name not in sys.modules:
+            _register(name)
+
+
+def _register(name: str) -> None:
     spec = importlib.util.find_spec(name)
     if spec is None or spec.loader is None or spec.submodule_search_locations is None:
         raise ImportError(f"{name} is not a package")

@@ -381,8 +381,9 @@ class Canary:
 
     def _operations(self) -> None:
         """Compute's own times, from each VM's zone operations: its insert, and the preemption."""
-        from controller.adapters.compute import compute_v1
+        from controller.adapters.compute import v1
 
+        compute_v1 = v1()
         for w in self.watches.values():
             for vm in w.seen.vms:
                 request = compute_v1.ListZoneOperationsRequest(project=self.plan.project, zone=vm.zone,

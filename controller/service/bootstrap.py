@@ -22,7 +22,8 @@ from controller.core.launch import LaunchContext
 from controller.service.lease import Leases
 from controller.service.notifier import Notifier
 from controller.service.observe import Observer
-from controller.core.ports import BlobStore, ComputeGateway, Publisher, TpuGateway, TpuList, TpuRequest, Webhook
+from controller.core.ports import (BlobStore, CapacityAdvisor, ComputeGateway, Publisher, Shape, TpuGateway, TpuList,
+                                   TpuRequest, Webhook, ZoneAdvice)
 
 _lock = threading.RLock()
 _engine: Engine | None = None
@@ -99,12 +100,10 @@ def build(config: Settings) -> Engine:
     store, compute = adapters()
     scripts = vmscripts.load(config.vm_scripts)
     ctx = launch_context(config, scripts)
-    from controller.adapters.google import capacity_advisor  # built, not called: asked only at a launch
-
     tpu = LazyTpu(config)
     policy = config.policy()
     observer = Observer(store, compute, config.bucket, policy, workers=config.concurrency,
-                        advisor=capacity_advisor(config), tpu=tpu, snapshot=True)
+                        advisor=LazyAdvisor(config), tpu=tpu, snapshot=True)
     notifier = Notifier(policy, LazyPublisher(config), LazyWebhook(), wait=config.notify_wait)
     clock = SystemClock()
     executor = Executor(store, compute, config.bucket, tpu, notifier, shelf=vmscripts.Shelf(store, config.bucket, scripts),
@@ -135,6 +134,23 @@ class _Once(Generic[T]):
                 except Exception as e:  # noqa: BLE001 - no credentials, a broken install
                     raise errors.ConfigError(f"cannot build the {self._what} client: {type(e).__name__}: {e}") from e
             return self._built
+
+
+class LazyAdvisor:
+    """Compute's capacity advice, its client built at the first launch that asks for it: the
+    client imports google-cloud-compute's message types, which a pass that launches nothing
+    never needs (controller.adapters.compute)."""
+
+    def __init__(self, config: Settings) -> None:
+        def build() -> CapacityAdvisor:
+            from controller.adapters.google import capacity_advisor
+
+            return capacity_advisor(config)
+
+        self._built = _Once[CapacityAdvisor]("Compute capacity advice", build)
+
+    def advise(self, shape: Shape) -> dict[str, ZoneAdvice]:
+        return self._built().advise(shape)
 
 
 class LazyTpu:

@@ -286,15 +286,19 @@ class Engine:
             loaded = self.observer.with_checkpoint(loaded)
         if any("records" in a.needs for a in decisions) and not view.records_fresh:
             loaded = self.observer.with_fresh_records(loaded)
+        if loaded is not view:
+            actions = plan_job(loaded, now, self.ctx)
+        # Advice only for a plan that still launches once its evidence is in (a checkpoint that
+        # cannot be listed holds the launch): asking costs a request, and Compute's client.
         create = next((a for a in actions if isinstance(a, CreateInstances)), None)
-        if create and view.spec and not view.advice_loaded:
+        if create and loaded.spec and not loaded.advice_loaded:
             # Where the attempt goes: capacity placement ranks its zones by Compute's advice.
             first = create.requests[0]
-            if view.spec.placement_for(first.provisioning) == "capacity":
-                loaded = self.observer.with_advice(loaded, first.provisioning, first.project)
-        if loaded is view:
-            return view, actions
-        return loaded, plan_job(loaded, now, self.ctx)
+            if loaded.spec.placement_for(first.provisioning) == "capacity":
+                advised = self.observer.with_advice(loaded, first.provisioning, first.project)
+                if advised is not loaded:
+                    return advised, plan_job(advised, now, self.ctx)
+        return loaded, actions
 
     def _isolated(self, view: JobView, dry_run: bool, wait_until: float | None = None,
                   sends: Sends | None = None, acting: Acting | None = None, husks: HuskBudget | None = None) -> Summary:

@@ -146,7 +146,7 @@ def test_the_listing_the_adapter_receives_holds_no_scripts_and_it_still_reads_ev
                        names.request_id(job, 1, 0))
     until("both RUNNING", lambda: all(srv.instance(f"{job}-1")["status"] == "RUNNING" for job in ("one", "two")))
     received: list[bytes] = []
-    gateway.instances.transport._session.hooks["response"].append(lambda r, *a, **k: received.append(r.content))
+    gateway.listing.session.hooks["response"].append(lambda r, *a, **k: received.append(r.content))
 
     lean = gateway.list_managed([PROJECT])
     zoned = gateway.list_managed([PROJECT], zones=[ZONE])

@@ -285,6 +285,38 @@ class TestComputeAdapter:
             assert api(srv, "GET", "zones/us-central1-a/instances/st-1").json()["status"] == sent
             assert [i.status for i in gw.list_managed([PROJECT], "st").instances] == [read]
 
+    def test_listings_read_every_page_of_both_kinds_without_the_clients(self, srv):
+        """Listings go as GETs of their own (``compute.Listing``), page after page: every managed VM
+        of the zone and of the project, a scope with no VMs on a page skipped, and no client built."""
+        gw = gateway(srv)
+        managed = {names.MANAGED_LABEL: "true", names.JOB_LABEL: "pg"}
+        for i in range(5):
+            zone = "us-central1-a" if i % 2 else "us-central1-b"
+            labels = managed if i != 4 else {"k": "v"}  # pg-4 is no one's
+            sent = api(srv, "POST", f"zones/{zone}/instances",
+                       json=body(f"pg-{i}", labels=labels, machineType=f"zones/{zone}/machineTypes/e2-small"))
+            assert sent.ok, sent.text
+        gw.listing.page_size = 1
+        pages, zone_pages = counting(srv, "_instances_aggregatedList"), counting(srv, "_instances_list")
+        assert sorted(i.name for i in gw.list_managed([PROJECT]).instances) == ["pg-0", "pg-1", "pg-2", "pg-3"]
+        assert len(pages) >= 4
+        zoned = gw.list_managed([PROJECT], zones=["us-central1-a", "us-central1-b"])
+        assert sorted((i.zone, i.name) for i in zoned.instances) == [
+            ("us-central1-a", "pg-1"), ("us-central1-a", "pg-3"), ("us-central1-b", "pg-0"), ("us-central1-b", "pg-2")]
+        assert len(zone_pages) >= 4  # two VMs a zone, one a page
+        assert gw._clients is None  # listing built none of google-cloud-compute's clients
+
+    def test_a_listing_refused_blinds_its_project_alone_and_a_transient_one_is_retried(self, srv):
+        gw = gateway(srv)
+        gw.insert([request_for("seen")], names.request_id("seen", 1, 0))
+        srv.fail_next("instances.aggregatedList", 503)  # retried by RETRY, as the client's calls are
+        assert [i.name for i in gw.list_managed([PROJECT]).instances] == ["seen-1"]
+        srv.fail_next("instances.aggregatedList", 403, reason="forbidden",
+                      message="Required 'compute.instances.list' permission for 'projects/theirs'")
+        refused = gw.list_managed(["theirs", PROJECT])  # a refusal is not retried: the first project's
+        assert [i.name for i in refused.instances] == ["seen-1"] and list(refused.failed_projects) == ["theirs"]
+        assert "compute.instances.list" in refused.failed_projects["theirs"]
+
     def test_host_error_over_http_is_recorded(self, srv):
         gw = gateway(srv)
         gw.insert([request_for("he")], names.request_id("he", 1, 0))
@@ -520,13 +552,13 @@ def test_the_clients_read_the_environment_once_and_still_honour_a_proxy(monkeypa
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")  # anonymous: no Google credentials needed
     config = Settings(bucket="b", project=PROJECT, compute_endpoint="http://127.0.0.1:9")
-    sessions = lambda: [gcs_store(config).client._http,  # noqa: E731
+    sessions = lambda: [gcs_store(config).client._http, compute_gateway(config).listing.session,  # noqa: E731
                         *(c._transport._session for c in (compute_gateway(config).instances, compute_gateway(config).zone_ops))]
-    assert [s.trust_env for s in sessions()] == [False, False, False]
+    assert [s.trust_env for s in sessions()] == [False] * 4
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/corp-ca.pem")
-    assert [(s.trust_env, s.verify) for s in sessions()] == [(False, "/etc/corp-ca.pem")] * 3  # taken once
+    assert [(s.trust_env, s.verify) for s in sessions()] == [(False, "/etc/corp-ca.pem")] * 4  # taken once
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
-    assert [s.trust_env for s in sessions()] == [True, True, True]
+    assert [s.trust_env for s in sessions()] == [True] * 4
     monkeypatch.delenv("HTTPS_PROXY")
     (tmp_path / ".netrc").write_text("machine storage.googleapis.com login x password y\n")
     assert all(s.trust_env for s in sessions())

@@ -281,3 +281,25 @@ def test_a_flex_start_vm_that_waited_long_in_pending_gets_its_startup_grace_once
     h.advance(minutes=60)  # no heartbeat at all, long after the grace: hung
     h.tick()
     assert h.status("llm").failures == 1
+
+
+def test_a_launch_its_checkpoint_holds_asks_for_no_advice(h, monkeypatch):
+    """The evidence comes first: a checkpoint prefix that cannot be listed holds the launch, and a
+    pass that launches nothing asks Compute for nothing (advice costs a request and its client)."""
+    h.advisor.rates.update({"us-central1-a": 0.9})
+    h.submit("llm", spec_doc(zones=ZONES, checkpoint={"uri": "gs://denied/run"}))
+    listing = h.store.list
+
+    def list_(bucket: str, prefix: str, **kwargs):
+        if bucket == "denied":
+            raise errors.RequestError("gs://denied/run/*: 403 caller does not have storage.objects.list access")
+        return listing(bucket, prefix, **kwargs)
+
+    monkeypatch.setattr(h.store, "list", list_)
+    h.tick()
+    assert h.compute.live() == [] and h.advisor.calls == []
+    assert "cannot list checkpoint.uri gs://denied/run" in h.status("llm").message
+    monkeypatch.setattr(h.store, "list", listing)
+    h.tick()
+    launch = next(e for e in h.status("llm").history if e.event == "launch")
+    assert [c.machine_type for c in h.advisor.calls] == ["g2-standard-8"] and "obtainability" in launch.detail
