@@ -13,7 +13,8 @@ from datetime import datetime, timedelta
 
 from controller.core import handover, names, transitions as t
 from controller.core.durations import format_duration as fmt
-from controller.core.actions import Action, CreateInstances, DeleteInstance, DeleteRecord, ReleaseLine, WriteStatus
+from controller.core.actions import (Action, ClaimSlot, CreateInstances, DeleteInstance, DeleteRecord, ReleaseLine,
+                                     ReleaseSlot, WriteStatus)
 from controller.core.launch import LaunchContext, go_items, requests_for, standby_requests
 from controller.core.ports import Instance, InstanceStatus, StopReason
 from controller.core.spec import JobSpec
@@ -40,7 +41,24 @@ def plan_job(view: JobView, now: datetime, ctx: LaunchContext) -> list[Action]:
     """The next step for one job. Instances without the controller's label are dropped
     first, so no rule below can ever touch one."""
     mine = tuple(i for i in view.instances if i.managed and i.job == view.job)
-    return _seen_ids(_plan_job(replace(view, instances=mine), now, ctx), mine)
+    v = replace(view, instances=mine)
+    return [*_seen_ids(_plan_job(v, now, ctx), mine), *_slot_releases(v)]
+
+
+def _slot_releases(v: JobView) -> list[Action]:
+    """A sweep's trial gives its slot back once it is over and none of its VMs is left (seen so:
+    every zone and project answered); a trial not over keeps one slot, the lowest, and gives
+    back any other it got (two passes that claimed two at once). Last in the chain: a release
+    never comes before what the pass decided for the trial."""
+    if v.slots is None or not (held := v.slots.held_by(v.job)):
+        return []
+    st = v.status
+    over = not v.has_spec or v.cancelled or (st is not None and st.phase.terminal)
+    if over and (v.instances or v.unreachable or v.unseen_projects):
+        return []  # its VMs (or ones it may have, unseen) still hold quota
+    give = held if over else held[1:]
+    why = "the trial is over and its VMs are gone" if over else "the trial holds another slot"
+    return [ReleaseSlot(v.job, v.slots.sweep, k, generation, why) for k, generation in give]
 
 
 def _seen_ids(actions: list[Action], instances: tuple[Instance, ...]) -> list[Action]:
@@ -127,13 +145,13 @@ def _running_job(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: L
         return _fresh(v, _end(v, st, Phase.FAILED, f"deadline: max_runtime {fmt(policy.max_runtime)} reached", now))
     # Between attempts the current attempt's records were already acted on (counted
     # in this very status); they are consumed once the next insert is acknowledged.
-    if st.phase in (Phase.PENDING, Phase.RECOVERING):
+    if st.phase in (Phase.PENDING, Phase.QUEUED, Phase.RECOVERING):
         if st.phase == Phase.RECOVERING and exited is not None and finished and not _failed_first(st, exited):
             # The trainer finished while its VM was being replaced (a recycle whose delete
             # is slow or failing): the exit 0 wins, the next attempt never starts.
             return _end(v, st, Phase.SUCCEEDED, f"command exited 0 on {exited.instance or st.instances[0]}", now,
                         since=exited.updated)
-        if st.phase == Phase.PENDING:
+        if st.phase in (Phase.PENDING, Phase.QUEUED):
             return _launch(v, spec, st, "start", now, ctx)
         # Read between attempts from the listing alone (a pass over a job backing off costs no
         # request): an exit 0 that landed since the listing is read before the launch commits.
@@ -591,6 +609,9 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
     # are all candidates, preferred in the spec's order, each with its own cooldowns. A model
     # refused everywhere was refused for the spec of its time: a spec replaced since (another
     # machine type, another list) is tried afresh, never left with no model to wait on.
+    claim, queued = _admission(v, spec, st, why, now)
+    if queued is not None:
+        return [*queued, *_delete_current(v, st, why)]
     fresh = st.but(zone_rejections={}, **({"refused_models": {}} if st.spec_generation != v.spec_generation else {}))
     choice = t.choose(spec, fresh, now, lambda m: v.zone_order(m, now))
     if choice is None:
@@ -604,7 +625,35 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
                           v.spec_generation, ctx.new_token(), model, v.advice_for(model))
     # What is left of the previous attempt is down, or stuck on its way down: its deletes
     # come after the insert, so that one that keeps failing never holds the next attempt.
-    return [WriteStatus(v.job, nxt, why), *_insert(v, spec, nxt, now, ctx), *_delete_current(v, st, why)]
+    return [*claim, WriteStatus(v.job, nxt, why), *_insert(v, spec, nxt, now, ctx), *_delete_current(v, st, why)]
+
+
+def _admission(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime,
+               ) -> tuple[list[Action], list[Action] | None]:
+    """A sweep's trial launches only holding a slot of its sweep, so that at most ``max_parallel``
+    trials hold VMs: (the claim to make first, if any; None, or what to do instead: wait QUEUED).
+    A trial waiting here never tried a zone: no stockout, no cooldown, no step down."""
+    if spec.sweep is None:
+        return [], None
+    slots = v.slots
+    if slots is not None and slots.held_by(v.job):
+        return [], None
+    if slots is None or slots.limit is None:
+        problem = slots.problem if slots is not None else "not read"
+        text = (f"queued: the record of sweep {spec.sweep.name} cannot be read ({problem}); submit the sweep again "
+                "with respawn sweep submit")
+        return [], _queued(v, st, text, now)
+    if free := slots.free():
+        return [ClaimSlot(v.job, slots.sweep, free[0], why)], None
+    text = (f"queued: all {slots.limit} of sweep {slots.sweep}'s slots are held (max_parallel {slots.limit}); "
+            "it starts when one of its trials is over")
+    return [], _queued(v, st, text, now)
+
+
+def _queued(v: JobView, st: JobStatus, text: str, now: datetime) -> list[Action]:
+    if st.phase == Phase.QUEUED and st.message == text:
+        return []  # said once, not a write on every pass
+    return [WriteStatus(v.job, st.but(t.event(now, st, "queued", text), phase=Phase.QUEUED, message=text), "queued")]
 
 
 def _done_going_down(v: JobView, st: JobStatus, i: Instance, now: datetime) -> bool:

@@ -37,6 +37,7 @@ IDS_KEPT = 50  # instance ids remembered (name -> id), the newest
 
 class Phase(StrEnum):
     PENDING = "PENDING"
+    QUEUED = "QUEUED"  # a sweep's trial waiting for one of its sweep's slots (max_parallel)
     PROVISIONING = "PROVISIONING"
     RUNNING = "RUNNING"
     RECOVERING = "RECOVERING"

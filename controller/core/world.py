@@ -234,6 +234,29 @@ def _whole(value: object, low: int, high: int) -> int | None:
     return number if low <= number <= high else None
 
 
+SLOT_HOLDER = "job"  # a slot object's custom metadata: the trial holding it, read from the listing
+
+
+@dataclass(frozen=True)
+class Slots:
+    """A sweep's admission as the pass listed it (``sweeps/<sweep>/``): at most ``limit`` trials hold
+    a slot (``slots/<k>``, k < limit); ``holders``: k -> (the trial holding it, the object's
+    generation). ``limit`` None: the sweep's record could not be read (``problem`` says why), and
+    no trial is admitted."""
+
+    sweep: str
+    limit: int | None
+    holders: Mapping[int, tuple[str, int]] = field(default_factory=dict)
+    problem: str | None = None
+
+    def held_by(self, job: str) -> list[tuple[int, int]]:
+        """(k, generation) of each slot ``job`` holds, lowest k first."""
+        return sorted((k, generation) for k, (holder, generation) in self.holders.items() if holder == job)
+
+    def free(self) -> list[int]:
+        return [k for k in range(self.limit or 0) if k not in self.holders]
+
+
 @dataclass(frozen=True)
 class JobView:
     job: str
@@ -269,6 +292,7 @@ class JobView:
     advice_model: str | None = None  # the provisioning model it was asked for
     advice_loaded: bool = False
     advice_error: str | None = None  # why there is none: the zones then keep the spec's order
+    slots: Slots | None = None  # a sweep's trial: its sweep's slots (read every pass the trial is seen)
 
     @property
     def has_spec(self) -> bool:

@@ -42,7 +42,8 @@ from controller.core.ports import (Blob, BlobInfo, BlobStore, CapacityAdvisor, C
                               StopReason, TpuGateway, TpuList, TpuNode)
 from controller.core.spec import MAX_SPEC_BYTES, Checkpoint, JobSpec, SpecError, parse_spec
 from controller.core.state import CheckpointRef, JobStatus, Phase
-from controller.core.world import MAX_RECORD_BYTES, JobView, Record, World
+from controller.core.sweep import SweepRecord
+from controller.core.world import MAX_RECORD_BYTES, SLOT_HOLDER, JobView, Record, Slots, World
 
 log = logging.getLogger(__name__)
 UNEXPECTED = "unexpected"  # prefix of a failure no retry is known to fix
@@ -51,6 +52,7 @@ UNEXPECTED = "unexpected"  # prefix of a failure no retry is known to fix
 TPU_LIST_TIMEOUT = 20.0
 # status.json is the controller's own, bounded by its history limit: a few hundred KiB.
 MAX_STATUS_BYTES = 4 * 1024 * 1024
+SWEEP_RECORD_LIMIT = 4 * 1024 * 1024  # sweeps/<sweep>/sweep.json: 1,000 trials and their parameters
 PARSED_CACHE_BYTES = 128 * 1024 * 1024  # by what the entries hold in memory (``footprint``)
 _ONE_JOB = 8  # a single job's reads sent side by side (its few objects; a gang's nodes)
 # VM records of names with neither spec nor status handed to the planner per pass, oldest
@@ -209,6 +211,8 @@ class Observer:
         self._wrote: dict[str, int] = {}
         self.advice = AdviceCache(advisor)  # kept between passes, like ``parsed``
         self.tpu_zones = TpuZones(store, bucket)
+        self._sweeps: dict[str, Slots] = {}  # this pass's, by sweep (``_with_slots``)
+        self._sweeps_lock = threading.Lock()
 
     def world(self, job: str | None = None, shard: Shard | None = None) -> World:
         """Everything the planner needs, for every job or for one (``parts``, joined)."""
@@ -246,6 +250,8 @@ class Observer:
         label) is looked for in its own zones, or, for more than ``ALONE_MAX`` such jobs in a chunk,
         in one list of every managed VM, before a VM is ever judged lost.
         """
+        with self._sweeps_lock:
+            self._sweeps = {}  # slots are read anew by every pass
         if job is None:
             self.parsed.begin()
             if self.snapshot is not None:
@@ -310,7 +316,7 @@ class Observer:
                     first = self._unlabelled(first, failed, state)
                 acted.update(first)
                 with_evidence = fanout.each(list(first), lambda n: self._guarded(
-                    failed, n, self._with_evidence, first[n], side), self.workers, shared=job is None)
+                    failed, n, self._evidence, first[n], side), self.workers, shared=job is None)
                 done = dict(zip(first, with_evidence, strict=True))
                 yield World({n: v for n, v in done.items() if v}, unreachable, why, failed, failed.transient)
             state["done"] = True
@@ -358,7 +364,7 @@ class Observer:
                      if _on_tpu(v) else replace(v, unreachable=unreachable, unseen_projects=unseen, unseen_why=why)
                      for n, v in views.items()}
             order_ = sorted(views)
-            found_views = fanout.each(order_, lambda n: self._guarded(failed, n, self._with_evidence, views[n], side),
+            found_views = fanout.each(order_, lambda n: self._guarded(failed, n, self._evidence, views[n], side),
                                       self.workers)
             done = dict(zip(order_, found_views, strict=True))
             world = World({n: v for n, v in done.items() if v}, tpu_unreachable, tpu_why, failed, failed.transient)
@@ -879,6 +885,48 @@ class Observer:
             return Record.oversized(self.store.stat(self.bucket, name)), None
         return Record.parse(blob.info, blob.data), blob.data
 
+    def _evidence(self, view: JobView, side: int = 1) -> JobView:
+        """``_with_evidence``, and a sweep's trial's slots (``_with_slots``)."""
+        return self._with_slots(self._with_evidence(view, side))
+
+    def _with_slots(self, view: JobView) -> JobView:
+        """A sweep's trial with its sweep's slots, listed once a pass for all of its trials
+        (``sweeps/<sweep>/``: the record and at most ``max_parallel`` slots, each holder read from
+        the listing). Every pass that sees a trial reads them: a trial waits QUEUED with no other
+        change to wake it, and one that is over gives its slot back."""
+        if view.spec is None or view.spec.sweep is None:
+            return view
+        sweep = view.spec.sweep.name
+        with self._sweeps_lock:
+            found = self._sweeps.get(sweep)
+        if found is None:
+            found = self._read_slots(sweep)
+            with self._sweeps_lock:
+                found = self._sweeps.setdefault(sweep, found)
+        return replace(view, slots=found)
+
+    def _read_slots(self, sweep: str) -> Slots:
+        try:
+            listed = self.store.list(self.bucket, f"{names.SWEEPS_PREFIX}{sweep}/")
+        except errors.RespawnError as e:
+            return Slots(sweep, None, problem=_short(e))
+        prefix = names.slots_prefix(sweep)
+        holders = {int(k): ((info.metadata or {}).get(SLOT_HOLDER, ""), info.generation) for info in listed
+                   if (k := info.name.removeprefix(prefix)) != info.name and k.isdigit()}
+        record = next((info for info in listed if info.name == names.sweep_key(sweep)), None)
+        if record is None:
+            return Slots(sweep, None, holders, problem=f"no gs://{self.bucket}/{names.sweep_key(sweep)}")
+        try:
+            limit = self.parsed.get(record, lambda: self._sweep_limit(record))
+        except (errors.RespawnError, ValueError) as e:
+            return Slots(sweep, None, holders, problem=f"gs://{self.bucket}/{record.name}: {_short(e)}")
+        return Slots(sweep, limit, holders)
+
+    def _sweep_limit(self, info: BlobInfo) -> tuple[int, int]:
+        """The sweep's ``max_parallel``, and the generation it was read at (``Parsed.get``)."""
+        blob = self._read_listed(info, SWEEP_RECORD_LIMIT)
+        return SweepRecord.model_validate_json(blob.data).max_parallel, blob.info.generation
+
     def _with_evidence(self, view: JobView, side: int = 1) -> JobView:
         """For each node of the current attempt that is stopped or gone: fresh records and Compute's why.
 
@@ -907,7 +955,7 @@ class Observer:
         # Between attempts (backing off, or waiting for a zone) the loss was judged already:
         # Compute's why changes no plan, and each ask is a list request against the project's
         # per-minute quota (1,000 a tick for 1,000 jobs backing off: two thirds of the default).
-        between = judged = st.phase in (Phase.PENDING, Phase.RECOVERING)
+        between = judged = st.phase in (Phase.PENDING, Phase.QUEUED, Phase.RECOVERING)
         # A VM's own marker says why it went (the planner reads it before Compute's why), and no
         # exit record of this attempt asks whose fault a loss was: no request for it either
         # (1,000 list requests in a 1,000-VM preemption, past the quota's 1,500 a minute).
