@@ -1,0 +1,94 @@
+"""Sweeps through the whole engine over the fakes: at most ``max_parallel`` trials hold VMs, under
+preemptions, failures, cancels and passes that race or die between steps; the rest wait QUEUED and
+start as others finish; a queued trial never counts as a stockout."""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+
+import pytest
+
+from controller.core import errors, names, sweep
+from controller.core.state import Phase
+from tests.harness import BUCKET, Harness, spec_doc
+
+
+def submit_sweep(h: Harness, trials: int, max_parallel: int, name: str = "lr") -> list[str]:
+    """What ``respawn sweep submit`` writes: the sweep's record first, then each trial's spec."""
+    sw = sweep.SweepFile(name=name, base=spec_doc(), parameters={"lr": tuple(range(trials))}, max_parallel=max_parallel)
+    h.store.write(BUCKET, names.sweep_key(name), sweep.record(sw).model_dump_json().encode())
+    jobs = []
+    for t in sweep.trials(sw):
+        h.submit(t.job, sweep.trial_spec(sw.base, sw, t))
+        jobs.append(t.job)
+    return jobs
+
+
+def holding(h: Harness, jobs: list[str]) -> set[str]:
+    """The trials with a VM not yet gone (booting, running, on its way down, or stopped)."""
+    return {i.job for i in h.compute.all() if i.job in jobs}
+
+
+def test_at_most_max_parallel_trials_hold_vms_and_the_rest_start_as_others_finish():
+    h = Harness()
+    jobs = submit_sweep(h, trials=5, max_parallel=2)
+    h.tick()
+    assert len(holding(h, jobs)) == 2
+    queued = [j for j in jobs if h.status(j).phase == Phase.QUEUED]
+    assert len(queued) == 3 and all("all 2 of sweep lr's slots are held" in h.status(j).message for j in queued)
+    first = sorted(holding(h, jobs))[0]
+    h.exit(first, 0)
+    h.tick()  # the trial ends and its VM is deleted
+    h.tick()  # its VM gone, its slot comes back
+    assert h.status(first).phase == Phase.SUCCEEDED and len(holding(h, jobs)) == 1
+    h.tick()  # a queued trial claims the slot and launches
+    assert h.status(first).phase == Phase.SUCCEEDED and len(holding(h, jobs)) == 2
+    assert len([j for j in jobs if h.status(j).phase == Phase.QUEUED]) == 2
+
+
+def test_a_queued_trial_never_counts_as_a_stockout_or_steps_down():
+    h = Harness()
+    jobs = submit_sweep(h, trials=3, max_parallel=1)
+    for _ in range(3):
+        h.tick()
+    waiting = [h.status(j) for j in jobs if h.status(j).phase == Phase.QUEUED]
+    assert len(waiting) == 2
+    for st in waiting:
+        assert not st.zone_rejections and not st.refused_models and st.attempt == 0
+        assert not [e for e in st.history if e.event in ("stockout", "stepped down", "zones cooling")]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_limit_holds_under_preemptions_failures_cancels_and_racing_passes(seed):
+    rng = random.Random(seed)
+    h = Harness()
+    limit = rng.randint(1, 3)
+    jobs = submit_sweep(h, trials=rng.randint(limit + 1, 7), max_parallel=limit)
+    for _ in range(40):
+        live = sorted(holding(h, jobs))
+        roll = rng.random()
+        if live and roll < 0.2:
+            h.marker(rng.choice(live))  # preempted
+        elif live and roll < 0.3:
+            h.exit(rng.choice(live), rng.choice([0, 1]))
+        elif roll < 0.35:
+            h.cancel(rng.choice(jobs))
+        if rng.random() < 0.15:  # a pass dies at a write: between the claim and the status, or after
+            h.store.faults.fail_next("write", errors.TransientError("503 from GCS"), times=rng.randint(1, 2))
+        if rng.random() < 0.3:
+            h.race(rng.choice(jobs), passes=3)  # passes for one trial side by side
+        else:
+            h.tick()
+        h.store.faults._queued.pop("write", None)  # a fault the passes did not meet is not the harness's
+        assert len(holding(h, jobs)) <= limit, (seed, holding(h, jobs))
+        assert len(h.store.list(BUCKET, names.slots_prefix("lr"))) <= limit
+    for _ in range(20):  # calm: every trial running ends; those backing off or queued start and end in turn
+        for job in sorted(holding(h, jobs)):
+            if h.status(job).phase == Phase.RUNNING:
+                h.exit(job, 0)
+        h.clock.advance(timedelta(minutes=6))  # past any backoff (spec_doc's: at most 5 minutes)
+        h.tick()
+        assert len(holding(h, jobs)) <= limit
+    assert all(h.status(j).phase.terminal for j in jobs), {j: h.status(j).phase for j in jobs}
+    assert not h.store.list(BUCKET, names.slots_prefix("lr")) and not holding(h, jobs)  # every slot given back
