@@ -998,6 +998,156 @@ DEFAULT_LOCAL_DIR = Path.home() / ".respawn" / "local"
 LocalDir = Annotated[Path, typer.Option("--dir", envvar="RESPAWN_LOCAL_DIR",
                                         help="where the local cloud's exports (local.env) and function logs go")]
 
+sweep_app = typer.Typer(help="Sweeps: many trials of one job spec, at most max_parallel holding VMs at once "
+                                 "(respawn sweep submit FILE).", no_args_is_help=True)
+app.add_typer(sweep_app, name="sweep")
+
+
+@sweep_app.command("submit")
+def sweep_submit(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="the sweep file, YAML or JSON")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="submit without asking")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="check the sweep and list its trials; upload nothing")] = False,
+) -> None:
+    """Expand a sweep file into its trials (a grid: every combination; random: COUNT draws, the same
+    for the same SEED), check each trial's spec as submit does, list them, ask, then write the
+    sweep's record (sweeps/NAME/sweep.json) and each trial's spec (jobs/NAME-N/spec.yaml). The
+    controller starts at most max_parallel trials at once and the others as those finish.
+
+    The base spec is the file's ``base:``, inline or a path relative to the sweep file. Each trial
+    runs it with its parameters in its environment (RESPAWN_PARAM_<NAME>, and each name as given)
+    and its checkpoints under CHECKPOINT_URI/NAME-N. Submitting the same file again changes nothing."""
+    from controller.cli import submitting
+    from controller.core import sweep
+    from controller.service import sweeps
+
+    raw = _read(file)
+    try:
+        sw = sweep.parse_sweep(raw, file.name)
+        base = _sweep_base(sw, file)
+        jobs = _jobs()
+        base_raw, packed, note = submitting.with_code(yaml_dump(base), file.resolve().parent, None, jobs.bucket)
+        prepared = sweeps.specs(sw, load_document(base_raw), jobs)
+    except SpecError as e:
+        for line in e.problems:
+            err.print(_line("✗", "red", line), soft_wrap=True)
+        raise typer.Exit(REFUSED) from e
+    if note:
+        err.print(Text(f"! {note}", style="yellow"), soft_wrap=True)
+    table = Table(title=f"sweep {sw.name}: {counted(len(prepared), 'trial')}, at most {sw.max_parallel} at once"
+                        + (f", best by {sw.metric.key} ({sw.metric.goal})" if sw.metric else ""), title_justify="left")
+    table.add_column("trial")
+    for key in sw.parameters:
+        table.add_column(key, overflow="fold")
+    for trial, _ in prepared:
+        table.add_row(trial.job, *(sweep.env_value(trial.params[k]) for k in sw.parameters))
+    out.print(table)
+    if dry_run:
+        out.print(Text("dry run: nothing uploaded", style="dim"))
+        return
+    if submitting.interactive() and not yes and not deadline.paused(
+            typer.confirm, f"Submit {counted(len(prepared), 'trial')} of {sw.name}?", default=True):
+        _fail(f"sweep {sw.name} not submitted", FAILED)
+    if packed is not None:
+        from controller.cli import pack
+
+        deadline.widened(len(packed.data) / deadline.UPLOAD_BYTES_S, pack.upload, jobs.store, jobs.bucket, packed)
+    done = sweeps.submit(jobs, sw, prepared)
+    again = f"; {counted(len(done.unchanged), 'trial')} already there unchanged" if done.unchanged else ""
+    out.print(_line("✓", "green", f"submitted sweep {sw.name}: {counted(len(done.written), 'trial')} written to "
+                                  f"gs://{jobs.bucket}/jobs/{again}; respawn sweep status {sw.name} follows it"),
+              soft_wrap=True)
+
+
+def _sweep_base(sw: Any, file: Path) -> dict[str, Any]:
+    """The base spec as a mapping: the file's inline one, or the file it names (beside the sweep file)."""
+    if isinstance(sw.base, dict):
+        return dict(sw.base)
+    path = Path(sw.base).expanduser()
+    path = path if path.is_absolute() else file.resolve().parent / path
+    if not path.is_file():
+        raise SpecError([f"{file.name}: base: {sw.base} is not a file; give the job spec's path (relative to "
+                         f"{file.name}'s folder) or the spec itself inline"])
+    data = load_document(path.read_bytes())
+    if not isinstance(data, dict):
+        raise SpecError([f"{file.name}: base: {sw.base} holds no mapping of spec fields"])
+    return data
+
+
+def yaml_dump(doc: dict[str, Any]) -> bytes:
+    import yaml
+
+    return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True).encode()
+
+
+@sweep_app.command("status")
+def sweep_status(
+    name: Annotated[str, typer.Argument(help="the sweep")],
+    as_json: Annotated[bool, typer.Option("--json", help="a list of trials: trial, params, phase, metric, result")] = False,
+) -> None:
+    """Every trial of a sweep with its parameters, phase, losses, cost and metric, best first by the
+    sweep's metric (the trials without a result last, in their order)."""
+    from controller.service import sweeps
+
+    jobs = _jobs()
+    rows = sweeps.rows(jobs, name, datetime.now(UTC))
+    if as_json:
+        print(json.dumps(rows, indent=1, default=str))
+        return
+    record = sweeps.read_record(jobs, name)
+    metric = record.metric.key if record.metric else None
+    table = Table(title=f"sweep {name}: {counted(len(rows), 'trial')}, at most {record.max_parallel} at once",
+                  title_justify="left")
+    for column in ("trial", "params", "phase", "losses", "cost", *([metric] if metric else [])):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        params = " ".join(f"{k}={v}" for k, v in row["params"].items())
+        shown = ("no result" if row["result"] is None else "not a number") if row["metric"] is None else f"{row['metric']:g}"
+        table.add_row(row["trial"], params, row["phase"], str(row["losses"]), f"${row['cost_usd']:.2f}",
+                      *([shown] if metric else []))
+    out.print(table)
+    spent = sum(r["cost_usd"] for r in rows)
+    on_demand = sum(r["on_demand_usd"] for r in rows)
+    if on_demand:
+        out.print(plain(f"spent ${spent:.2f}; on demand it would have been ${on_demand:.2f} "
+                        f"(${on_demand - spent:.2f} saved)"), soft_wrap=True)
+
+
+@sweep_app.command("cancel")
+def sweep_cancel(name: Annotated[str, typer.Argument(help="the sweep")]) -> None:
+    """Cancel every trial of a sweep that is not over (queued ones never start)."""
+    from controller.service import sweeps
+
+    jobs = _jobs()
+    for trial in sweeps.read_record(jobs, name).trials:
+        try:
+            said = jobs.cancel(trial.job)
+        except Refused:
+            continue  # never submitted
+        out.print(_line("✓", "green", said or f"cancel requested for {trial.job}"), soft_wrap=True)
+
+
+@sweep_app.command("rm")
+def sweep_remove(name: Annotated[str, typer.Argument(help="the sweep, every trial of it over")]) -> None:
+    """Forget a sweep whose trials are all over: each trial as respawn rm does, then the sweep's
+    record and slots. Refused while a trial is not over (respawn sweep cancel NAME first)."""
+    from controller.service import jobruns, sweeps
+
+    jobs = _jobs()
+    record = sweeps.read_record(jobs, name)
+    running = [t.job for t in record.trials if (st := jobs.status(t.job)) is not None and not st.phase.terminal]
+    if running:
+        _fail(f"sweep {name}: {', '.join(running[:5])}{' ...' if len(running) > 5 else ''} not over; "
+              f"respawn sweep cancel {name} first")
+    for trial in record.trials:
+        jobruns.remove(jobs, trial.job)
+    for info in jobs.store.list(jobs.bucket, f"{names.SWEEPS_PREFIX}{name}/"):
+        with contextlib.suppress(errors.NotFound):
+            jobs.store.delete(jobs.bucket, info.name)
+    out.print(_line("✓", "green", f"removed sweep {name} and its {counted(len(record.trials), 'trial')} "
+                                  "(their checkpoints are kept)"), soft_wrap=True)
+
+
 local = typer.Typer(help="The local cloud: GCS, Compute Engine, the functions, Scheduler and Eventarc; "
                          "and faults injected into it from another terminal.", no_args_is_help=True)
 app.add_typer(local, name="local")

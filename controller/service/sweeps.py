@@ -1,0 +1,128 @@
+"""What the CLI does with a sweep (controller.core.sweep): submit it, read its trials back best
+first, cancel or remove all of them. The controller itself reads only the sweep's record and its
+slots (controller.service.observe ``_with_slots``)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import yaml
+
+from controller.core import errors, ledger, names
+from controller.core.spec import SpecError
+from controller.core.sweep import SweepFile, SweepRecord, Trial, record, trial_spec, trials
+from controller.service.jobs import Jobs, Refused
+
+MAX_RECORD_BYTES = 4 * 1024 * 1024
+MAX_RESULT_BYTES = 64 * 1024  # jobs/<trial>/result.json, the JSON a trial wrote to RESPAWN_RESULT_FILE
+
+
+@dataclass
+class Submitted:
+    """What a submit wrote: each trial's spec generation, and the trials already there unchanged."""
+
+    written: dict[str, int] = field(default_factory=dict)
+    unchanged: list[str] = field(default_factory=list)
+
+
+def specs(sw: SweepFile, base: dict[str, Any], jobs: Jobs) -> list[tuple[Trial, bytes]]:
+    """Each trial and the spec it is submitted with, checked as ``respawn submit`` checks one
+    (schema and the controller's policy): SpecError names the trial and the field."""
+    out = []
+    for trial in trials(sw):
+        raw = yaml.safe_dump(trial_spec(base, sw, trial), sort_keys=False, allow_unicode=True).encode()
+        try:
+            jobs.check(raw, trial.job)
+        except SpecError as e:
+            raise SpecError([f"trial {trial.job}: {p}" for p in e.problems]) from e
+        out.append((trial, raw))
+    return out
+
+
+def submit(jobs: Jobs, sw: SweepFile, prepared: list[tuple[Trial, bytes]]) -> Submitted:
+    """The sweep's record first (every trial's admission reads it), then each trial's spec. Submitting
+    the same sweep again changes nothing that is there; a different sweep under a name in use is refused."""
+    key = names.sweep_key(sw.name)
+    mine = record(sw)
+    try:
+        there = SweepRecord.model_validate_json(jobs.store.read(jobs.bucket, key, limit=MAX_RECORD_BYTES).data)
+    except errors.NotFound:
+        there = None
+    except ValueError:
+        raise Refused(f"gs://{jobs.bucket}/{key} is not a sweep's record; remove it (gsutil rm) or name the sweep "
+                      "otherwise") from None
+    if there is not None and there != mine:
+        raise Refused(f"sweep {sw.name!r} exists with other trials or limits; remove it first (respawn sweep rm "
+                      f"{sw.name}) or give this one another name")
+    if there is None:
+        jobs.store.write(jobs.bucket, key, mine.model_dump_json(indent=1).encode(), if_generation_match=0)
+    done = Submitted()
+    for trial, raw in prepared:
+        try:
+            current = jobs.store.read(jobs.bucket, names.spec_key(trial.job)).data
+        except errors.NotFound:
+            current = None
+        if current == raw:
+            done.unchanged.append(trial.job)
+            continue
+        done.written[trial.job] = jobs.submit(raw, trial.job)
+    return done
+
+
+def read_record(jobs: Jobs, name: str) -> SweepRecord:
+    try:
+        return SweepRecord.model_validate_json(jobs.store.read(jobs.bucket, names.sweep_key(name),
+                                                               limit=MAX_RECORD_BYTES).data)
+    except errors.NotFound:
+        raise Refused(f"no sweep named {name!r} in gs://{jobs.bucket} (respawn sweep submit FILE makes one)") from None
+    except ValueError as e:
+        raise Refused(f"gs://{jobs.bucket}/{names.sweep_key(name)} cannot be read as a sweep's record: "
+                      f"{str(e).splitlines()[0]}") from None
+
+
+def rows(jobs: Jobs, name: str, now: datetime) -> list[dict[str, Any]]:
+    """Every trial: its parameters, phase, losses (preemptions and the platform's other losses: the
+    ledger's), cost and what it would have cost on demand, metric (a number or None) and the JSON
+    it wrote (``result``, None while there is none), best first by the sweep's metric, then the
+    trials without one, in their order."""
+    rec = read_record(jobs, name)
+    out = []
+    for trial in rec.trials:
+        status = jobs.status(trial.job)
+        result = _result(jobs, trial.job)
+        metric = _metric(result, rec.metric.key) if rec.metric else None
+        total = ledger.summary(status.ledger, now) if status is not None else None
+        out.append({"trial": trial.job, "number": trial.number, "params": dict(trial.params),
+                    "phase": str(status.phase) if status else "NOT SUBMITTED",
+                    "losses": total.losses if total else 0,
+                    "cost_usd": round(total.cost, 6) if total else 0.0,
+                    "on_demand_usd": round(total.on_demand_cost, 6) if total else 0.0,
+                    "metric": metric, "result": result})
+    if rec.metric is not None:
+        sign = 1 if rec.metric.goal == "minimize" else -1
+        out.sort(key=lambda r: (r["metric"] is None, sign * (r["metric"] or 0.0), r["number"]))
+    return out
+
+
+def _result(jobs: Jobs, job: str) -> Any:
+    try:
+        data = jobs.store.read(jobs.bucket, names.result_key(job), limit=MAX_RESULT_BYTES).data
+        return json.loads(data)
+    except (errors.NotFound, errors.TooLarge, ValueError, RecursionError):
+        return None
+
+
+def _metric(result: Any, key: str) -> float | None:
+    """``result[key]`` as a number (a dotted key reads into nested objects); None when it is not one."""
+    value = result
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)

@@ -1,0 +1,85 @@
+"""``respawn sweep``: submit a sweep file, follow it best first, cancel and remove it whole."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from controller.cli.main import app
+from controller.core import names
+from controller.core.state import Phase
+from tests.harness import BUCKET, Harness, spec_doc, under_cli
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def mem(monkeypatch) -> Harness:
+    return under_cli(monkeypatch, 400)
+
+
+def sweep_file(tmp_path, **fields) -> str:
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec_doc()))
+    doc = {"name": "lr", "base": "job.yaml", "parameters": {"lr": [0.1, 0.01, 0.001]}, "max_parallel": 2,
+           "metric": {"key": "eval.loss", "goal": "minimize"}, **fields}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return str(path)
+
+
+def test_a_sweep_is_submitted_as_its_record_and_one_spec_a_trial_and_again_changes_nothing(mem, tmp_path):
+    path = sweep_file(tmp_path)
+    done = runner.invoke(app, ["sweep", "submit", path, "--yes"])
+    assert done.exit_code == 0, done.output
+    assert "submitted sweep lr: 3 trials" in done.output
+    assert all(mem.store.exists(BUCKET, names.spec_key(f"lr-{n}")) for n in (1, 2, 3))
+    assert mem.store.exists(BUCKET, names.sweep_key("lr"))
+    again = runner.invoke(app, ["sweep", "submit", path, "--yes"])
+    assert again.exit_code == 0 and "0 trials written" in again.output and "3 trials already there" in again.output
+    other = runner.invoke(app, ["sweep", "submit", sweep_file(tmp_path, max_parallel=3), "--yes"])
+    assert other.exit_code != 0 and "exists with other trials or limits" in other.output
+
+
+def test_a_dry_run_lists_the_trials_and_uploads_nothing(mem, tmp_path):
+    done = runner.invoke(app, ["sweep", "submit", sweep_file(tmp_path), "--dry-run"])
+    assert done.exit_code == 0 and "lr-3" in done.output and "0.001" in done.output and "dry run" in done.output
+    assert not mem.store.exists(BUCKET, names.sweep_key("lr"))
+
+
+def test_a_bad_sweep_or_base_is_refused_naming_the_trial_and_the_field(mem, tmp_path):
+    bad = runner.invoke(app, ["sweep", "submit", sweep_file(tmp_path, max_parallel=0), "--yes"])
+    assert bad.exit_code == 2 and "max_parallel" in bad.output
+    path = sweep_file(tmp_path)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec_doc(nodes="two")))
+    base = runner.invoke(app, ["sweep", "submit", path, "--yes"])
+    assert base.exit_code == 2 and "trial lr-1: nodes" in base.output
+
+
+def test_sweep_status_orders_by_the_metric_and_shows_a_trial_without_a_result_as_such(mem, tmp_path):
+    assert runner.invoke(app, ["sweep", "submit", sweep_file(tmp_path), "--yes"]).exit_code == 0
+    mem.tick()
+    mem.store.put(BUCKET, names.result_key("lr-1"), json.dumps({"eval": {"loss": 0.9}}))
+    mem.store.put(BUCKET, names.result_key("lr-2"), json.dumps({"eval": {"loss": 0.3}}))
+    rows = json.loads(runner.invoke(app, ["sweep", "status", "lr", "--json"]).stdout)
+    assert [r["trial"] for r in rows] == ["lr-2", "lr-1", "lr-3"]
+    assert [r["metric"] for r in rows] == [0.3, 0.9, None] and rows[2]["result"] is None
+    assert rows[0]["params"] == {"lr": 0.01} and rows[2]["phase"] == Phase.QUEUED
+    shown = runner.invoke(app, ["sweep", "status", "lr"]).output
+    assert shown.index("lr-2") < shown.index("lr-1") < shown.index("lr-3") and "no result" in shown
+
+
+def test_a_sweep_is_cancelled_and_removed_whole(mem, tmp_path):
+    assert runner.invoke(app, ["sweep", "submit", sweep_file(tmp_path), "--yes"]).exit_code == 0
+    mem.tick()
+    refused = runner.invoke(app, ["sweep", "rm", "lr"])
+    assert refused.exit_code != 0 and "respawn sweep cancel lr first" in refused.output
+    assert runner.invoke(app, ["sweep", "cancel", "lr"]).exit_code == 0
+    for _ in range(3):
+        mem.tick()
+    assert all(mem.status(f"lr-{n}").phase == Phase.CANCELLED for n in (1, 2, 3))
+    removed = runner.invoke(app, ["sweep", "rm", "lr"])
+    assert removed.exit_code == 0, removed.output
+    assert not mem.store.list(BUCKET, "sweeps/lr/") and not mem.store.list(BUCKET, "jobs/lr-")
