@@ -287,6 +287,9 @@ class JobStatus(BaseModel):
     message: str = ""
     errors: tuple[str, ...] = ()
     spec_generation: int | None = None
+    # The sweep whose slot the run's trial holds (its spec's, when the run began): a trial whose spec
+    # is deleted still gives its slot back (controller.service.observe ``_with_slots``).
+    sweep: str | None = Field(default=None, max_length=64)
 
     attempt: int = 0
     project: str | None = None

@@ -894,9 +894,10 @@ class Observer:
         (``sweeps/<sweep>/``: the record and at most ``max_parallel`` slots, each holder read from
         the listing). Every pass that sees a trial reads them: a trial waits QUEUED with no other
         change to wake it, and one that is over gives its slot back."""
-        if view.spec is None or view.spec.sweep is None:
+        sweep = view.spec.sweep.name if view.spec is not None and view.spec.sweep is not None else \
+            view.status.sweep if view.status is not None else None
+        if sweep is None:
             return view
-        sweep = view.spec.sweep.name
         with self._sweeps_lock:
             found = self._sweeps.get(sweep)
         if found is None:

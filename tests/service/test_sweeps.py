@@ -92,3 +92,14 @@ def test_the_limit_holds_under_preemptions_failures_cancels_and_racing_passes(se
         assert len(holding(h, jobs)) <= limit
     assert all(h.status(j).phase.terminal for j in jobs), {j: h.status(j).phase for j in jobs}
     assert not h.store.list(BUCKET, names.slots_prefix("lr")) and not holding(h, jobs)  # every slot given back
+
+
+def test_a_trial_whose_spec_is_deleted_still_gives_its_slot_back():
+    h = Harness()
+    jobs = submit_sweep(h, trials=2, max_parallel=1)
+    h.tick()
+    (first,) = holding(h, jobs)
+    h.store.delete(BUCKET, names.spec_key(first))  # by hand: the trial is cancelled, its VM deleted
+    for _ in range(3):
+        h.tick()
+    assert h.status(first).phase == Phase.CANCELLED and holding(h, jobs) == {j for j in jobs if j != first}
