@@ -72,11 +72,6 @@ def slot_key(sweep: str, k: int) -> str:
     return f"{slots_prefix(sweep)}{k}"
 
 
-def result_key(job: str) -> str:
-    """The JSON a sweep's trial wrote to RESPAWN_RESULT_FILE, uploaded by its VM agent with its exit record."""
-    return f"{JOBS_PREFIX}{job}/result.json"
-
-
 def spec_key(job: str) -> str:
     return f"{JOBS_PREFIX}{job}/{SPEC}"
 

@@ -7,9 +7,11 @@ unique among concurrent passes; the effects follow it and are idempotent.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from controller.core import handover, names, transitions as t
 from controller.core.durations import format_duration as fmt
@@ -185,7 +187,7 @@ def _exited(v: JobView, spec: JobSpec, st: JobStatus, exited: Record, now: datet
     the platform took a node away is that loss, not the trainer's failure."""
     if exited.exit_code == 0:
         return _end(v, st, Phase.SUCCEEDED, f"command exited 0 on {exited.instance or st.instances[0]}", now,
-                    since=exited.updated)
+                    since=exited.updated, result=_result(exited))
     code = "unreadable" if exited.exit_code is None else str(exited.exit_code)
     where = exited.instance or "a VM"
     if exited.node and len(st.instances) == 1:  # a TPU slice: one node, a record per host
@@ -208,6 +210,16 @@ def _exited(v: JobView, spec: JobSpec, st: JobStatus, exited: Record, now: datet
     # A record that says the command never ran is no evidence that the trainer ran (the ledger
     # reads an event's ``since`` as such): the attempt was all boot, not of an unknown split.
     return _failure(v, spec, st, detail, now, since=None if exited.detail else exited.updated)
+
+
+def _result(exited: Record) -> Any:
+    """The JSON the trainer reported with its exit (RESPAWN_RESULT_FILE), as a value a status keeps."""
+    if exited.result is None:
+        return None
+    try:
+        return json.loads(exited.result)
+    except (ValueError, RecursionError) as e:
+        return {"unreadable": f"not JSON: {str(e)[:200]}"}
 
 
 def _platform_cause(v: JobView, st: JobStatus) -> str | None:

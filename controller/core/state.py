@@ -290,6 +290,9 @@ class JobStatus(BaseModel):
     # The sweep whose slot the run's trial holds (its spec's, when the run began): a trial whose spec
     # is deleted still gives its slot back (controller.service.observe ``_with_slots``).
     sweep: str | None = Field(default=None, max_length=64)
+    # What the trainer of the attempt that ended the run wrote to RESPAWN_RESULT_FILE, as JSON (or,
+    # where it was no JSON, {"unreadable": why}); None: it wrote nothing (``sweep status`` says so).
+    result: Any = None
 
     attempt: int = 0
     project: str | None = None

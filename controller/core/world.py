@@ -21,6 +21,7 @@ from controller.core.state import CheckpointRef, JobStatus
 # A VM record is a few hundred bytes; anything much larger is not one (and must not
 # cost a function its memory or its 540 s).
 MAX_RECORD_BYTES = 64 * 1024
+RESULT_MAX_BYTES = 16 * 1024  # RESPAWN_RESULT_FILE: what the VM agent puts in the exit record (deploy/vm/startup.sh)
 _MAX_ATTEMPT = 10**9
 MAX_STEP = 10**18 - 1  # a step as the agent passes it on: at most 18 digits
 MAX_REPORTED_S = 7 * 86400.0  # a save or an upload reported longer than a week is not one
@@ -59,6 +60,9 @@ class Record:
     save_s: float | None = None
     upload_s: float | None = None
     saved_step: int | None = None
+    # An exit record's: the text the trainer wrote to RESPAWN_RESULT_FILE (a sweep's trial reports
+    # its result so), at most RESULT_MAX_BYTES; judged only once the record's token is.
+    result: str | None = None
 
     @classmethod
     def oversized(cls, info: BlobInfo) -> Record:
@@ -137,6 +141,7 @@ class Record:
             detail=reason[:200] if isinstance(reason, str) else "",
             saved=saved if isinstance(saved, bool) else None,
             trainer_started=_instant(body.get("trainer_started")),
+            result=result if isinstance(result := body.get("result"), str) and len(result) <= RESULT_MAX_BYTES else None,
             step=_whole(body.get("step"), 0, MAX_STEP),
             save_s=_seconds(body.get("save_s")),
             upload_s=_seconds(body.get("upload_s")),

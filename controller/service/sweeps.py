@@ -4,7 +4,6 @@ slots (controller.service.observe ``_with_slots``)."""
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -18,7 +17,6 @@ from controller.core.sweep import SweepFile, SweepRecord, Trial, record, trial_s
 from controller.service.jobs import Jobs, Refused
 
 MAX_RECORD_BYTES = 4 * 1024 * 1024
-MAX_RESULT_BYTES = 64 * 1024  # jobs/<trial>/result.json, the JSON a trial wrote to RESPAWN_RESULT_FILE
 
 
 @dataclass
@@ -87,13 +85,13 @@ def read_record(jobs: Jobs, name: str) -> SweepRecord:
 def rows(jobs: Jobs, name: str, now: datetime) -> list[dict[str, Any]]:
     """Every trial: its parameters, phase, losses (preemptions and the platform's other losses: the
     ledger's), cost and what it would have cost on demand, metric (a number or None) and the JSON
-    it wrote (``result``, None while there is none), best first by the sweep's metric, then the
+    its trainer wrote to RESPAWN_RESULT_FILE when it exited 0 (``result``, None while there is none), best first by the sweep's metric, then the
     trials without one, in their order."""
     rec = read_record(jobs, name)
     out = []
     for trial in rec.trials:
         status = jobs.status(trial.job)
-        result = _result(jobs, trial.job)
+        result = status.result if status is not None else None
         metric = _metric(result, rec.metric.key) if rec.metric else None
         total = ledger.summary(status.ledger, now) if status is not None else None
         out.append({"trial": trial.job, "number": trial.number, "params": dict(trial.params),
@@ -106,14 +104,6 @@ def rows(jobs: Jobs, name: str, now: datetime) -> list[dict[str, Any]]:
         sign = 1 if rec.metric.goal == "minimize" else -1
         out.sort(key=lambda r: (r["metric"] is None, sign * (r["metric"] or 0.0), r["number"]))
     return out
-
-
-def _result(jobs: Jobs, job: str) -> Any:
-    try:
-        data = jobs.store.read(jobs.bucket, names.result_key(job), limit=MAX_RESULT_BYTES).data
-        return json.loads(data)
-    except (errors.NotFound, errors.TooLarge, ValueError, RecursionError):
-        return None
 
 
 def _metric(result: Any, key: str) -> float | None:

@@ -61,12 +61,14 @@ def test_a_bad_sweep_or_base_is_refused_naming_the_trial_and_the_field(mem, tmp_
 def test_sweep_status_orders_by_the_metric_and_shows_a_trial_without_a_result_as_such(mem, tmp_path):
     assert runner.invoke(app, ["sweep", "submit", sweep_file(tmp_path), "--yes"]).exit_code == 0
     mem.tick()
-    mem.store.put(BUCKET, names.result_key("lr-1"), json.dumps({"eval": {"loss": 0.9}}))
-    mem.store.put(BUCKET, names.result_key("lr-2"), json.dumps({"eval": {"loss": 0.3}}))
+    mem.exit("lr-1", 0, result=json.dumps({"eval": {"loss": 0.9}}))  # as the agent puts RESPAWN_RESULT_FILE
+    mem.exit("lr-2", 0, result=json.dumps({"eval": {"loss": 0.3}}))
+    mem.tick()
     rows = json.loads(runner.invoke(app, ["sweep", "status", "lr", "--json"]).stdout)
     assert [r["trial"] for r in rows] == ["lr-2", "lr-1", "lr-3"]
     assert [r["metric"] for r in rows] == [0.3, 0.9, None] and rows[2]["result"] is None
-    assert rows[0]["params"] == {"lr": 0.01} and rows[2]["phase"] == Phase.QUEUED
+    assert rows[0]["params"] == {"lr": 0.01} and rows[0]["phase"] == Phase.SUCCEEDED
+    assert rows[0]["result"] == {"eval": {"loss": 0.3}}
     shown = runner.invoke(app, ["sweep", "status", "lr"]).output
     assert shown.index("lr-2") < shown.index("lr-1") < shown.index("lr-3") and "no result" in shown
 

@@ -87,3 +87,22 @@ def test_a_job_outside_any_sweep_never_reads_or_claims_a_slot():
     v = replace(trial(), spec=parse_spec(yaml.safe_dump(spec_doc()), "job"), slots=Slots("lr", 1, {0: ("other", 10)}))
     actions = plan_job(v, NOW, CTX)
     assert kinds(actions) == ["WriteStatus", "CreateInstances", "WriteStatus"] and actions[0].status.phase == Phase.PROVISIONING
+
+
+def test_the_result_a_trainer_reports_with_its_exit_is_kept_bounded_and_said_when_it_is_no_json():
+    import json
+
+    from controller.core.ports import BlobInfo
+    from controller.core.world import RESULT_MAX_BYTES, Record
+
+    def exit_record(result: str) -> Record:
+        body = {"exit_code": 0, "attempt": 1, "instance": "job-1", "token": "t" * 32, "result": result}
+        return Record.parse(BlobInfo("bkt", "jobs/job/exit", 9, NOW), json.dumps(body).encode())
+
+    assert exit_record('{"loss": 0.25}').result == '{"loss": 0.25}'
+    assert exit_record("x" * (RESULT_MAX_BYTES + 1)).result is None  # past the agent's bound: none
+    st = running(attempt_token="t" * 32)
+    ended = plan_job(replace(trial(**st.__dict__), exit=exit_record('{"loss": 0.25}'), instances=()), NOW, CTX)[0]
+    assert ended.status.phase == Phase.SUCCEEDED and ended.status.result == {"loss": 0.25}
+    bad = plan_job(replace(trial(**st.__dict__), exit=exit_record("loss=0.25"), instances=()), NOW, CTX)[0]
+    assert bad.status.result["unreadable"].startswith("not JSON")
