@@ -212,6 +212,7 @@ class Observer:
         self.advice = AdviceCache(advisor)  # kept between passes, like ``parsed``
         self.tpu_zones = TpuZones(store, bucket)
         self._sweeps: dict[str, Slots] = {}  # this pass's, by sweep (``_with_slots``)
+        self._holders: dict[str, str] = {}  # a pass over every job: each slot's trial -> its sweep
         self._sweeps_lock = threading.Lock()
 
     def world(self, job: str | None = None, shard: Shard | None = None) -> World:
@@ -251,8 +252,9 @@ class Observer:
         in one list of every managed VM, before a VM is ever judged lost.
         """
         with self._sweeps_lock:
-            self._sweeps = {}  # slots are read anew by every pass
+            self._sweeps, self._holders = {}, {}  # slots are read anew by every pass
         if job is None:
+            self._all_slots()
             self.parsed.begin()
             if self.snapshot is not None:
                 self.snapshot.load(shard, self.workers)
@@ -327,6 +329,12 @@ class Observer:
             for name, records in strays.items():
                 if name not in acted and name not in later:
                     later[name] = JobView(job=name, cancelled="cancel" in listing[name], **records)
+            with self._sweeps_lock:
+                holders = list(self._holders) if job is None else []
+            for name in holders:  # a trial whose folder is gone whole: its slot, judged with its VMs
+                if name not in acted and name not in later and name not in moved and name not in failed \
+                        and (shard is None or shard.owns(name)):
+                    later[name] = JobView(job=name)
             seen = instances(later)
             unreachable, unseen, why = tuple(seen.unreachable), tuple(sorted(seen.failed_projects)), \
                 dict(seen.failed_projects)
@@ -895,7 +903,7 @@ class Observer:
         the listing). Every pass that sees a trial reads them: a trial waits QUEUED with no other
         change to wake it, and one that is over gives its slot back."""
         sweep = view.spec.sweep.name if view.spec is not None and view.spec.sweep is not None else \
-            view.status.sweep if view.status is not None else None
+            view.status.sweep if view.status is not None and view.status.sweep else self._holders.get(view.job)
         if sweep is None:
             return view
         with self._sweeps_lock:
@@ -911,6 +919,28 @@ class Observer:
             listed = self.store.list(self.bucket, f"{names.SWEEPS_PREFIX}{sweep}/")
         except errors.RespawnError as e:
             return Slots(sweep, None, problem=_short(e))
+        return self._slots_of(sweep, listed)
+
+    def _all_slots(self) -> None:
+        """A pass over every job: every sweep's slots from one listing of ``sweeps/``, and who holds
+        each (``_holders``), so that a trial whose folder is gone whole (deleted by hand: no spec,
+        no status) still gives its slot back once its VMs are gone (``parts``' rest)."""
+        try:
+            listed = self.store.list(self.bucket, names.SWEEPS_PREFIX)
+        except errors.RespawnError as e:
+            log.warning("cannot list the sweeps", extra={"json_fields": {"error": str(e)}})
+            return  # each trial's pass lists its own sweep instead
+        by_sweep: dict[str, list[BlobInfo]] = defaultdict(list)
+        for info in listed:
+            sweep, _, rest = info.name.removeprefix(names.SWEEPS_PREFIX).partition("/")
+            if sweep and rest:
+                by_sweep[sweep].append(info)
+        found = {sweep: self._slots_of(sweep, infos) for sweep, infos in by_sweep.items()}
+        with self._sweeps_lock:
+            self._sweeps = found
+            self._holders = {job: sweep for sweep, slots in found.items() for job, _ in slots.holders.values() if job}
+
+    def _slots_of(self, sweep: str, listed: list[BlobInfo]) -> Slots:
         prefix = names.slots_prefix(sweep)
         holders = {int(k): ((info.metadata or {}).get(SLOT_HOLDER, ""), info.generation) for info in listed
                    if (k := info.name.removeprefix(prefix)) != info.name and k.isdigit()}

@@ -103,3 +103,15 @@ def test_a_trial_whose_spec_is_deleted_still_gives_its_slot_back():
     for _ in range(3):
         h.tick()
     assert h.status(first).phase == Phase.CANCELLED and holding(h, jobs) == {j for j in jobs if j != first}
+
+
+def test_a_trial_whose_folder_is_deleted_whole_still_gives_its_slot_back_once_its_vm_is_gone():
+    h = Harness()
+    jobs = submit_sweep(h, trials=2, max_parallel=1)
+    h.tick()
+    (first,) = holding(h, jobs)
+    for info in h.store.list(BUCKET, f"jobs/{first}/"):  # spec, status and records: no trace of the trial left
+        h.store.delete(BUCKET, info.name)
+    for _ in range(4):
+        h.tick()  # its VM is an orphan, deleted; then its slot, held by no job, goes
+    assert holding(h, jobs) == {j for j in jobs if j != first}
