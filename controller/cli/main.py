@@ -452,16 +452,25 @@ def _goodput(status: JobStatus | None, now: datetime) -> dict[str, object]:
 
 @app.command()
 def report(
-    job: Annotated[str, typer.Argument(help="the job to report on")],
+    job: Annotated[str | None, typer.Argument(help="the job to report on")] = None,
+    sweep: Annotated[str | None, typer.Option("--sweep", help="a sweep instead: its trials summed")] = None,
     png: Annotated[Path | None, typer.Option("--png", dir_okay=False, help="write its timeline to this PNG file")] = None,
     html: Annotated[Path | None, typer.Option("--html", dir_okay=False, help="write a self-contained HTML page: "
                                                                          "the timeline and the summary")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="the ledger and its summary, machine-readable")] = False,
 ) -> None:
     """A job's goodput: accelerator-hours paid, lost to boots and redone work, and useful; its cost
-    against on demand; its losses and recoveries by zone; the advised checkpoint interval."""
+    against on demand; its losses and recoveries by zone; the advised checkpoint interval.
+    --sweep NAME: a sweep's trials summed (by phase; accelerator-hours, goodput, losses, cost, and
+    what Spot saved against on demand); each trial is a job of its own here."""
     from controller.render import report as reporting
 
+    if (job is None) == (sweep is None):
+        _fail("name a job, or a sweep with --sweep NAME")
+    if sweep is not None:
+        _sweep_report(sweep, as_json)
+        return
+    assert job is not None
     status = _job_status(job)
     live = _jobs().live(job, status)  # while it runs: its trainer's step now, from its heartbeat
     now = datetime.now(UTC)
@@ -479,6 +488,26 @@ def report(
             (err if as_json else out).print(_line("✓", "green", f"wrote {path}"), soft_wrap=True)
     if picture is not None and picture.note:  # its status holds what cannot be drawn: the files say this line
         err.print(_line("!", "yellow", picture.note), soft_wrap=True)
+
+
+def _sweep_report(name: str, as_json: bool) -> None:
+    from controller.render.amounts import dollars
+    from controller.service import sweeps
+
+    jobs = _jobs()
+    total = sweeps.summed(sweeps.read_record(jobs, name), jobs.status, datetime.now(UTC))
+    if as_json:
+        print(json.dumps(total, indent=2))
+        return
+    cost, on_demand, saved = dollars(total["cost_usd"], total["on_demand_usd"], total["saved_usd"])
+    goodput = "unknown yet" if total["goodput"] is None else f"{total['goodput']:.0%}"
+    table = Table(title=f"sweep {name}", title_justify="left", show_header=False)
+    for what, figure in (("trials", ", ".join(f"{p} {n}" for p, n in sorted(total["phases"].items()))),
+                         ("accelerator-hours", f"{total['accelerator_hours']:.2f} paid, {total['useful_hours']:.2f} useful"),
+                         ("goodput", goodput), ("losses", str(total["losses"])),
+                         ("cost", f"{cost} against {on_demand} on demand: {saved} saved")):
+        table.add_row(what, figure)
+    out.print(table)
 
 
 @app.command()
@@ -1090,11 +1119,11 @@ def sweep_status(
     from controller.service import sweeps
 
     jobs = _jobs()
-    rows = sweeps.rows(jobs, name, datetime.now(UTC))
+    record = sweeps.read_record(jobs, name)
+    rows = sweeps.rows(record, jobs.status, datetime.now(UTC))
     if as_json:
         print(json.dumps(rows, indent=1, default=str))
         return
-    record = sweeps.read_record(jobs, name)
     metric = record.metric.key if record.metric else None
     table = Table(title=f"sweep {name}: {counted(len(rows), 'trial')}, at most {record.max_parallel} at once",
                   title_justify="left")
@@ -1106,11 +1135,10 @@ def sweep_status(
         table.add_row(row["trial"], params, row["phase"], str(row["losses"]), f"${row['cost_usd']:.2f}",
                       *([shown] if metric else []))
     out.print(table)
-    spent = sum(r["cost_usd"] for r in rows)
-    on_demand = sum(r["on_demand_usd"] for r in rows)
-    if on_demand:
-        out.print(plain(f"spent ${spent:.2f}; on demand it would have been ${on_demand:.2f} "
-                        f"(${on_demand - spent:.2f} saved)"), soft_wrap=True)
+    summed = sweeps.totals(rows)
+    if summed["on_demand_usd"]:
+        out.print(plain(f"spent ${summed['cost_usd']:.2f}; on demand it would have been ${summed['on_demand_usd']:.2f} "
+                        f"(${summed['saved_usd']:.2f} saved)"), soft_wrap=True)
 
 
 @sweep_app.command("cancel")

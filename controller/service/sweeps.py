@@ -5,6 +5,7 @@ slots (controller.service.observe ``_with_slots``)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -13,6 +14,7 @@ import yaml
 
 from controller.core import errors, ledger, names
 from controller.core.spec import SpecError
+from controller.core.state import JobStatus
 from controller.core.sweep import SweepFile, SweepRecord, Trial, record, trial_spec, trials
 from controller.service.jobs import Jobs, Refused
 
@@ -82,17 +84,17 @@ def read_record(jobs: Jobs, name: str) -> SweepRecord:
                       f"{str(e).splitlines()[0]}") from None
 
 
-def rows(jobs: Jobs, name: str, now: datetime) -> list[dict[str, Any]]:
-    """Every trial: its parameters, phase, losses (preemptions and the platform's other losses: the
-    ledger's), cost and what it would have cost on demand, metric (a number or None) and the JSON
-    its trainer wrote to RESPAWN_RESULT_FILE when it exited 0 (``result``, None while there is none), best first by the sweep's metric, then the
-    trials without one, in their order."""
-    rec = read_record(jobs, name)
+def rows(record_: SweepRecord, status_of: Callable[[str], JobStatus | None], now: datetime) -> list[dict[str, Any]]:
+    """Every trial of the sweep: its parameters, phase, losses (preemptions and the platform's other
+    losses: the ledger's), cost and what it would have cost on demand, metric (a number or None) and
+    the JSON its trainer wrote to RESPAWN_RESULT_FILE when it exited 0 (``result``, None while there
+    is none); best first by the sweep's metric, then the trials without one, in their order.
+    ``status_of``: a trial's status (the CLI reads it; the dashboard has it already)."""
     out = []
-    for trial in rec.trials:
-        status = jobs.status(trial.job)
+    for trial in record_.trials:
+        status = status_of(trial.job)
         result = status.result if status is not None else None
-        metric = _metric(result, rec.metric.key) if rec.metric else None
+        metric = _metric(result, record_.metric.key) if record_.metric else None
         total = ledger.summary(status.ledger, now) if status is not None else None
         out.append({"trial": trial.job, "number": trial.number, "params": dict(trial.params),
                     "phase": str(status.phase) if status else "NOT SUBMITTED",
@@ -100,10 +102,43 @@ def rows(jobs: Jobs, name: str, now: datetime) -> list[dict[str, Any]]:
                     "cost_usd": round(total.cost, 6) if total else 0.0,
                     "on_demand_usd": round(total.on_demand_cost, 6) if total else 0.0,
                     "metric": metric, "result": result})
-    if rec.metric is not None:
-        sign = 1 if rec.metric.goal == "minimize" else -1
+    if record_.metric is not None:
+        sign = 1 if record_.metric.goal == "minimize" else -1
         out.sort(key=lambda r: (r["metric"] is None, sign * (r["metric"] or 0.0), r["number"]))
     return out
+
+
+def summed(record_: SweepRecord, status_of: Callable[[str], JobStatus | None], now: datetime) -> dict[str, Any]:
+    """The sweep as ``respawn report --sweep`` sums it: its trials by phase, and over all of them the
+    accelerator-hours paid and useful (goodput), the losses, what it cost, and what Spot saved
+    against on demand (each trial's ledger, ``ledger.summary``)."""
+    phases: dict[str, int] = {}
+    paid = useful = known = cost = on_demand = 0.0
+    losses = 0
+    for trial in record_.trials:
+        status = status_of(trial.job)
+        phase = str(status.phase) if status else "NOT SUBMITTED"
+        phases[phase] = phases.get(phase, 0) + 1
+        if status is None:
+            continue
+        total = ledger.summary(status.ledger, now)
+        paid += total.accelerator_hours
+        useful += total.useful_hours
+        known += total.accelerator_hours - total.unknown_hours
+        cost += total.cost
+        on_demand += total.on_demand_cost
+        losses += total.losses
+    return {"sweep": record_.name, "trials": len(record_.trials), "phases": phases,
+            "accelerator_hours": round(paid, 6), "useful_hours": round(useful, 6),
+            "goodput": useful / known if known > 0 else None, "losses": losses,
+            "cost_usd": round(cost, 6), "on_demand_usd": round(on_demand, 6), "saved_usd": round(on_demand - cost, 6)}
+
+
+def totals(rows_: list[dict[str, Any]]) -> dict[str, float]:
+    """What the sweep spent, what on demand would have cost, and what Spot saved."""
+    spent = sum(r["cost_usd"] for r in rows_)
+    on_demand = sum(r["on_demand_usd"] for r in rows_)
+    return {"cost_usd": round(spent, 6), "on_demand_usd": round(on_demand, 6), "saved_usd": round(on_demand - spent, 6)}
 
 
 def _metric(result: Any, key: str) -> float | None:

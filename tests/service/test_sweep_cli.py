@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 import yaml
@@ -85,3 +86,19 @@ def test_a_sweep_is_cancelled_and_removed_whole(mem, tmp_path):
     removed = runner.invoke(app, ["sweep", "rm", "lr"])
     assert removed.exit_code == 0, removed.output
     assert not mem.store.list(BUCKET, "sweeps/lr/") and not mem.store.list(BUCKET, "jobs/lr-")
+
+
+def test_the_report_of_a_sweep_sums_its_trials_cost_and_what_spot_saved(mem, tmp_path):
+    assert runner.invoke(app, ["sweep", "submit", sweep_file(tmp_path), "--yes"]).exit_code == 0
+    mem.tick()
+    mem.clock.advance(timedelta(hours=1))
+    mem.exit("lr-1", 0, result='{"eval": {"loss": 0.5}}')
+    mem.tick()
+    total = json.loads(runner.invoke(app, ["report", "--sweep", "lr", "--json"]).stdout)
+    assert total["trials"] == 3 and total["phases"] == {"SUCCEEDED": 1, "RUNNING": 1, "QUEUED": 1}
+    assert total["cost_usd"] > 0 and total["on_demand_usd"] > total["cost_usd"]
+    assert total["saved_usd"] == pytest.approx(total["on_demand_usd"] - total["cost_usd"])
+    shown = runner.invoke(app, ["report", "--sweep", "lr"]).output
+    assert "sweep lr" in shown and "saved" in shown and "QUEUED 1" in shown
+    neither = runner.invoke(app, ["report"])
+    assert neither.exit_code != 0 and "name a job, or a sweep with --sweep NAME" in neither.output

@@ -115,3 +115,21 @@ def test_a_trial_whose_folder_is_deleted_whole_still_gives_its_slot_back_once_it
     for _ in range(4):
         h.tick()  # its VM is an orphan, deleted; then its slot, held by no job, goes
     assert holding(h, jobs) == {j for j in jobs if j != first}
+
+
+def test_a_preempted_trial_resumes_from_its_own_checkpoints_never_another_trials():
+    h = Harness()
+    jobs = submit_sweep(h, trials=2, max_parallel=2)
+    h.tick()
+    # spec_doc's checkpoint.uri is gs://ckpts/run: each trial's is gs://ckpts/run/<trial>; the other trial's
+    # saves are further along, and must never be taken for this one's.
+    h.store.put("ckpts", "run/lr-2/90/state.bin", b"w")
+    h.store.put("ckpts", "run/lr-2/90/commit_success.txt", b"")
+    h.store.put("ckpts", "run/lr-1/40/state.bin", b"w")
+    h.store.put("ckpts", "run/lr-1/40/commit_success.txt", b"")
+    h.marker("lr-1")
+    h.tick()
+    h.tick()
+    st = h.status("lr-1")
+    assert st.attempt == 2 and st.resume_from is not None and st.resume_from.uri == "gs://ckpts/run/lr-1/40", st.resume_from
+    assert jobs == ["lr-1", "lr-2"]
