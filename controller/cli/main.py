@@ -1050,26 +1050,33 @@ def sweep_submit(
     from controller.core import sweep
     from controller.service import sweeps
 
+    from controller.cli import pack
+
     raw = _read(file)
     try:
         sw = sweep.parse_sweep(raw, file.name)
-        base = _sweep_base(sw, file)
+        base, folder = _sweep_base(sw, file)
         jobs = _jobs()
-        base_raw, packed, note = submitting.with_code(yaml_dump(base), file.resolve().parent, None, jobs.bucket)
-        prepared = sweeps.specs(sw, load_document(base_raw), jobs)
+        base_raw, packed, note = submitting.with_code(yaml_dump(base), folder, None, jobs.bucket)
+        base = load_document(base_raw)
+        prepared = sweeps.specs(sw, base, jobs)
     except SpecError as e:
         for line in e.problems:
             err.print(_line("✗", "red", line), soft_wrap=True)
         raise typer.Exit(REFUSED) from e
+    except pack.PackError as e:
+        _fail(f"base: code: {e}")
     if note:
         err.print(Text(f"! {note}", style="yellow"), soft_wrap=True)
-    table = Table(title=f"sweep {sw.name}: {counted(len(prepared), 'trial')}, at most {sw.max_parallel} at once"
-                        + (f", best by {sw.metric.key} ({sw.metric.goal})" if sw.metric else ""), title_justify="left")
+    # Every name and value is the file's text, never Rich markup.
+    table = Table(title=Text(f"sweep {sw.name}: {counted(len(prepared), 'trial')}, at most {sw.max_parallel} at once"
+                             + (f", best by {sw.metric.key} ({sw.metric.goal})" if sw.metric else "")),
+                  title_justify="left")
     table.add_column("trial")
     for key in sw.parameters:
-        table.add_column(key, overflow="fold")
+        table.add_column(Text(key), overflow="fold")
     for trial, _ in prepared:
-        table.add_row(trial.job, *(sweep.env_value(trial.params[k]) for k in sw.parameters))
+        table.add_row(trial.job, *(Text(sweep.env_value(trial.params[k])) for k in sw.parameters))
     out.print(table)
     if dry_run:
         out.print(Text("dry run: nothing uploaded", style="dim"))
@@ -1078,29 +1085,29 @@ def sweep_submit(
             typer.confirm, f"Submit {counted(len(prepared), 'trial')} of {sw.name}?", default=True):
         _fail(f"sweep {sw.name} not submitted", FAILED)
     if packed is not None:
-        from controller.cli import pack
-
         deadline.widened(len(packed.data) / deadline.UPLOAD_BYTES_S, pack.upload, jobs.store, jobs.bucket, packed)
-    done = sweeps.submit(jobs, sw, prepared)
+    done = sweeps.submit(jobs, sw, base, prepared)
     again = f"; {counted(len(done.unchanged), 'trial')} already there unchanged" if done.unchanged else ""
     out.print(_line("✓", "green", f"submitted sweep {sw.name}: {counted(len(done.written), 'trial')} written to "
                                   f"gs://{jobs.bucket}/jobs/{again}; respawn sweep status {sw.name} follows it"),
               soft_wrap=True)
 
 
-def _sweep_base(sw: Any, file: Path) -> dict[str, Any]:
-    """The base spec as a mapping: the file's inline one, or the file it names (beside the sweep file)."""
+def _sweep_base(sw: Any, file: Path) -> tuple[dict[str, Any], Path]:
+    """The base spec as a mapping, and the folder its ``code:`` is read from: the sweep file's for an
+    inline base, the base file's for one it names (a path relative to the sweep file's folder)."""
     if isinstance(sw.base, dict):
-        return dict(sw.base)
-    path = Path(sw.base).expanduser()
-    path = path if path.is_absolute() else file.resolve().parent / path
-    if not path.is_file():
-        raise SpecError([f"{file.name}: base: {sw.base} is not a file; give the job spec's path (relative to "
-                         f"{file.name}'s folder) or the spec itself inline"])
-    data = load_document(path.read_bytes())
+        return dict(sw.base), file.resolve().parent
+    try:
+        path = Path(sw.base).expanduser()
+        path = path if path.is_absolute() else file.resolve().parent / path
+        data = load_document(path.read_bytes())
+    except (OSError, RuntimeError) as e:
+        raise SpecError([f"{file.name}: base: cannot read {sw.base} ({getattr(e, 'strerror', None) or e}); give the "
+                         f"job spec's path, relative to {file.name}'s folder, or the spec itself inline"]) from e
     if not isinstance(data, dict):
         raise SpecError([f"{file.name}: base: {sw.base} holds no mapping of spec fields"])
-    return data
+    return data, path.parent
 
 
 def yaml_dump(doc: dict[str, Any]) -> bytes:
@@ -1125,14 +1132,14 @@ def sweep_status(
         print(json.dumps(rows, indent=1, default=str))
         return
     metric = record.metric.key if record.metric else None
-    table = Table(title=f"sweep {name}: {counted(len(rows), 'trial')}, at most {record.max_parallel} at once",
+    table = Table(title=Text(f"sweep {name}: {counted(len(rows), 'trial')}, at most {record.max_parallel} at once"),
                   title_justify="left")
     for column in ("trial", "params", "phase", "losses", "cost", *([metric] if metric else [])):
-        table.add_column(column, overflow="fold")
+        table.add_column(Text(column), overflow="fold")
     for row in rows:
         params = " ".join(f"{k}={v}" for k, v in row["params"].items())
         shown = ("no result" if row["result"] is None else "not a number") if row["metric"] is None else f"{row['metric']:g}"
-        table.add_row(row["trial"], params, row["phase"], str(row["losses"]), f"${row['cost_usd']:.2f}",
+        table.add_row(row["trial"], Text(params), row["phase"], str(row["losses"]), f"${row['cost_usd']:.2f}",
                       *([shown] if metric else []))
     out.print(table)
     summed = sweeps.totals(rows)
@@ -1169,9 +1176,11 @@ def sweep_remove(name: Annotated[str, typer.Argument(help="the sweep, every tria
               f"respawn sweep cancel {name} first")
     for trial in record.trials:
         jobruns.remove(jobs, trial.job)
-    for info in jobs.store.list(jobs.bucket, f"{names.SWEEPS_PREFIX}{name}/"):
-        with contextlib.suppress(errors.NotFound):
-            jobs.store.delete(jobs.bucket, info.name)
+    # The record goes; the slots stay with the controller, which gives each back once its trial's
+    # VMs are gone (a trial is over before its last VM is: deleting them here would admit a new
+    # sweep of the same name beside them).
+    with contextlib.suppress(errors.NotFound):
+        jobs.store.delete(jobs.bucket, names.sweep_key(name))
     out.print(_line("✓", "green", f"removed sweep {name} and its {counted(len(record.trials), 'trial')} "
                                   "(their checkpoints are kept)"), soft_wrap=True)
 

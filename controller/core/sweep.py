@@ -13,7 +13,9 @@ controller reads that record, never the sweep file.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import math
 import random
 import re
@@ -27,8 +29,10 @@ from controller.core.spec import MAX_PROBLEMS, SpecError, load_document
 
 MAX_TRIALS = 1000  # trials a sweep may make: each is a job with its own objects and VMs
 MAX_PARALLEL = 256
+SWEEP_LIMIT_KEY = "max_parallel"  # sweep.json's custom metadata: the controller reads it from the listing
+MAX_RECORD_BYTES = 4 * 1024 * 1024  # what the controller and the CLI read of a sweep's record
 PARAMETER = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"  # also an environment variable's name, as given
-Scalar = str | int | float | bool
+Scalar = str | int | Annotated[float, Field(allow_inf_nan=False)] | bool
 
 
 class _Strict(BaseModel):
@@ -127,13 +131,15 @@ class Trial(BaseModel):
 
 class SweepRecord(BaseModel):
     """``sweeps/<name>/sweep.json``: what the controller and ``respawn sweep status`` read of a
-    sweep (written by the CLI before any trial's spec, so every trial finds it)."""
+    sweep (written by the CLI before any trial's spec, so every trial finds it). ``base_sha256``:
+    the base spec's, so that the same name with another base is another sweep, refused."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
     name: str
     max_parallel: int = Field(ge=1, le=MAX_PARALLEL)
     metric: Metric | None = None
     trials: tuple[Trial, ...] = ()
+    base_sha256: str = ""
 
 
 def trials(sweep: SweepFile) -> list[Trial]:
@@ -172,8 +178,10 @@ def trial_spec(base: Mapping[str, Any], sweep: SweepFile, trial: Trial) -> dict[
     return doc
 
 
-def record(sweep: SweepFile) -> SweepRecord:
-    return SweepRecord(name=sweep.name, max_parallel=sweep.max_parallel, metric=sweep.metric, trials=tuple(trials(sweep)))
+def record(sweep: SweepFile, base: Mapping[str, Any] | None = None) -> SweepRecord:
+    digest = hashlib.sha256(json.dumps(base, sort_keys=True, default=str).encode()).hexdigest() if base else ""
+    return SweepRecord(name=sweep.name, max_parallel=sweep.max_parallel, metric=sweep.metric,
+                       trials=tuple(trials(sweep)), base_sha256=digest)
 
 
 def parse_sweep(raw: bytes | str, source: str = "sweep.yaml") -> SweepFile:

@@ -82,7 +82,9 @@ class Record:
         if len(data) > MAX_RECORD_BYTES:
             return replace(base, detail=f"unreadable: {len(data)} bytes")
         try:
-            body = json.loads(data)
+            # Bytes that are no UTF-8 (a trainer's result, copied as it wrote it) are replaced, never a
+            # record lost: the exit code beside them is the job's.
+            body = json.loads(data.decode("utf-8", "replace"))
         except (ValueError, RecursionError):
             return base
         if not isinstance(body, dict):
@@ -298,6 +300,7 @@ class JobView:
     advice_loaded: bool = False
     advice_error: str | None = None  # why there is none: the zones then keep the spec's order
     slots: Slots | None = None  # a sweep's trial: its sweep's slots (read every pass the trial is seen)
+    other_slots: tuple[Slots, ...] = ()  # sweeps the job still holds a slot in but is no trial of now
 
     @property
     def has_spec(self) -> bool:

@@ -247,6 +247,8 @@ class Executor:
                 body = json.dumps({"job": action.job, "claimed_at": now.isoformat()}).encode()
                 try:
                     self.store.write(self.bucket, key, body, if_generation_match=0, metadata={SLOT_HOLDER: action.job})
+                except errors.TransientError as e:  # a slot many trials claim at once: GCS's one write a second
+                    raise _Spared(f"slot {action.k} of sweep {action.sweep}: {e}; claimed again next pass") from e
                 except errors.PreconditionFailed as e:  # there already: this trial's (another pass's claim), or not
                     try:
                         holder = (self.store.stat(self.bucket, key).metadata or {}).get(SLOT_HOLDER)
@@ -256,6 +258,8 @@ class Executor:
                     if holder != action.job:
                         raise _Spared(f"slot {action.k} of sweep {action.sweep} was taken by {holder} first") from e
             case ReleaseSlot():
+                # A pass that saw the trial over must not give back a slot a newer run of it took since.
+                self._unchanged(chain)
                 try:
                     self.store.delete(self.bucket, names.slot_key(action.sweep, action.k),
                                       if_generation_match=action.generation)

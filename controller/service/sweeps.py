@@ -15,10 +15,10 @@ import yaml
 from controller.core import errors, ledger, names
 from controller.core.spec import SpecError
 from controller.core.state import JobStatus
-from controller.core.sweep import SweepFile, SweepRecord, Trial, record, trial_spec, trials
+from controller.core.sweep import (MAX_RECORD_BYTES, SWEEP_LIMIT_KEY, SweepFile, SweepRecord, Trial, record,
+                                  trial_spec, trials)
 from controller.service.jobs import Jobs, Refused
 
-MAX_RECORD_BYTES = 4 * 1024 * 1024
 
 
 @dataclass
@@ -43,11 +43,17 @@ def specs(sw: SweepFile, base: dict[str, Any], jobs: Jobs) -> list[tuple[Trial, 
     return out
 
 
-def submit(jobs: Jobs, sw: SweepFile, prepared: list[tuple[Trial, bytes]]) -> Submitted:
-    """The sweep's record first (every trial's admission reads it), then each trial's spec. Submitting
-    the same sweep again changes nothing that is there; a different sweep under a name in use is refused."""
+def submit(jobs: Jobs, sw: SweepFile, base: dict[str, Any], prepared: list[tuple[Trial, bytes]]) -> Submitted:
+    """The sweep's record first (every trial's admission reads it; its ``max_parallel`` also in its
+    metadata, which the controller reads from the listing), then each trial's spec. Submitting the
+    same sweep again changes nothing that is there; another sweep (trials, limits or base) under a
+    name in use is refused before anything is written."""
     key = names.sweep_key(sw.name)
-    mine = record(sw)
+    mine = record(sw, base)
+    body = mine.model_dump_json(indent=1).encode()
+    if len(body) > MAX_RECORD_BYTES:
+        raise Refused(f"sweep {sw.name!r}: its record would be {len(body) / 2**20:.1f} MiB, over "
+                      f"{MAX_RECORD_BYTES // 2**20} MiB; fewer trials or shorter parameter values")
     try:
         there = SweepRecord.model_validate_json(jobs.store.read(jobs.bucket, key, limit=MAX_RECORD_BYTES).data)
     except errors.NotFound:
@@ -56,10 +62,11 @@ def submit(jobs: Jobs, sw: SweepFile, prepared: list[tuple[Trial, bytes]]) -> Su
         raise Refused(f"gs://{jobs.bucket}/{key} is not a sweep's record; remove it (gsutil rm) or name the sweep "
                       "otherwise") from None
     if there is not None and there != mine:
-        raise Refused(f"sweep {sw.name!r} exists with other trials or limits; remove it first (respawn sweep rm "
-                      f"{sw.name}) or give this one another name")
+        raise Refused(f"sweep {sw.name!r} exists with other trials, limits or base spec; remove it first "
+                      f"(respawn sweep rm {sw.name}) or give this one another name")
     if there is None:
-        jobs.store.write(jobs.bucket, key, mine.model_dump_json(indent=1).encode(), if_generation_match=0)
+        jobs.store.write(jobs.bucket, key, body, if_generation_match=0,
+                         metadata={SWEEP_LIMIT_KEY: str(sw.max_parallel)})
     done = Submitted()
     for trial, raw in prepared:
         try:

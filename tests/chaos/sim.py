@@ -1260,6 +1260,8 @@ class Run:
                 doc["zones"] = self.rng.sample(TPU_ZONES if tpu else ZONES, self.rng.randint(1, 3))
             elif change == "kind":  # from VMs to a TPU slice, or back (a node left behind must still go)
                 doc = self.spec_doc(job, tpu=not tpu)
+                if "sweep" in js.doc:
+                    doc["sweep"] = js.doc["sweep"]  # still the sweep's trial: check_sweep counts it
                 self.stats[f"tpu.user_{'to_vm' if tpu else 'to_tpu'}"] += 1
             js.doc = doc
             self.say(f"user: {job}'s new spec: {change} ({_kind(doc)} in {', '.join(doc['zones'])})")
@@ -1754,11 +1756,19 @@ class Run:
         trials = {j for j, sim_ in self.jobs.items() if "sweep" in sim_.doc}
         holding = {i.job for i in self.managed() if i.job in trials} | \
             {t.inst.job for t in self.tpu_seen() if t.inst.managed and t.inst.job in trials}
-        slots = self.store.list(BUCKET, names.slots_prefix(SWEEP))
-        if len(holding) > self.sweep_limit or len(slots) > self.sweep_limit:
-            self.violate("sweep_limit", f"{len(holding)} trials hold VMs ({', '.join(sorted(holding))}) and "
-                                        f"{len(slots)} slots are taken; max_parallel {self.sweep_limit}")
+        if len(holding) > self.sweep_limit:
+            self.violate("sweep_limit", f"{len(holding)} trials hold VMs ({', '.join(sorted(holding))}); "
+                                        f"max_parallel {self.sweep_limit}")
         self.stats["sweep.most_holding"] = max(self.stats["sweep.most_holding"], len(holding))
+
+    def check_slot_leaks(self) -> None:
+        """Once the world settled and every trial ended: no slot is still held (each given back once
+        its trial was over and its VMs gone, a trial whose folder was deleted whole included)."""
+        if not self.sweep_limit:
+            return
+        held = {(b.metadata or {}).get(SLOT_HOLDER) for b in self.store.list(BUCKET, names.slots_prefix(SWEEP))}
+        if held:
+            self.violate("sweep_limit", f"slots still held after every trial ended: {', '.join(sorted(map(str, held)))}")
 
     def check_notices(self) -> None:
         """A transition is told at most once to each destination, however many passes raced,
@@ -2024,6 +2034,9 @@ class Run:
                 where = f"{st.phase} attempt {st.attempt}: {st.message}" if st else "no status"
                 self.violate("stuck", f"{job}: every node exited 0 but the status never said SUCCEEDED ({where})")
         self.count_notices()
+        if all((st := self.status(j)) is None or st.phase.terminal for j in self.jobs):
+            self.settle()  # a slot is given back on the pass after its trial's last VM is gone
+            self.check_slot_leaks()
         for job in self.jobs:
             st = self.status(job)
             self.stats[f"outcome.{st.phase if st else 'no status'}"] += 1

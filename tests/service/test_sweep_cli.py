@@ -102,3 +102,44 @@ def test_the_report_of_a_sweep_sums_its_trials_cost_and_what_spot_saved(mem, tmp
     assert "sweep lr" in shown and "saved" in shown and "QUEUED 1" in shown
     neither = runner.invoke(app, ["report"])
     assert neither.exit_code != 0 and "name a job, or a sweep with --sweep NAME" in neither.output
+
+
+
+def test_a_sweep_whose_goal_is_maximize_lists_the_highest_first(mem, tmp_path):
+    path = sweep_file(tmp_path, metric={"key": "accuracy", "goal": "maximize"}, max_parallel=3)
+    assert runner.invoke(app, ["sweep", "submit", path, "--yes"]).exit_code == 0
+    mem.tick()
+    for n, accuracy in ((1, 0.7), (2, 0.9), (3, 0.8)):
+        mem.exit(f"lr-{n}", 0, result=json.dumps({"accuracy": accuracy}))
+    mem.tick()
+    rows = json.loads(runner.invoke(app, ["sweep", "status", "lr", "--json"]).stdout)
+    assert [r["trial"] for r in rows] == ["lr-2", "lr-3", "lr-1"]
+
+
+def test_a_resubmit_with_another_base_is_refused_before_anything_is_written(mem, tmp_path):
+    path = sweep_file(tmp_path)
+    assert runner.invoke(app, ["sweep", "submit", path, "--yes"]).exit_code == 0
+    before = mem.store.read(BUCKET, names.spec_key("lr-1")).info.generation
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec_doc(command="python other.py")))
+    again = runner.invoke(app, ["sweep", "submit", path, "--yes"])
+    assert again.exit_code != 0 and "other trials, limits or base spec" in again.output
+    assert mem.store.read(BUCKET, names.spec_key("lr-1")).info.generation == before
+
+
+def test_a_base_named_by_path_packs_its_code_from_its_own_folder(mem, tmp_path, monkeypatch):
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "train.py").write_text("print('the base folder')\n")
+    (tmp_path / "specs" / "job.yaml").write_text(yaml.safe_dump(spec_doc(code="train.py")))
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump({"name": "lr", "base": "specs/job.yaml",
+                                                         "parameters": {"lr": [1, 2]}}))
+    done = runner.invoke(app, ["sweep", "submit", str(tmp_path / "sweep.yaml"), "--yes"])
+    assert done.exit_code == 0, done.output
+    code = yaml.safe_load(mem.store.read(BUCKET, names.spec_key("lr-1")).data)["code"]
+    assert code.startswith(f"gs://{BUCKET}/code/")
+
+
+def test_hostile_parameter_values_are_text_in_the_tables(mem, tmp_path):
+    done = runner.invoke(app, ["sweep", "submit", sweep_file(tmp_path, parameters={"lr": ["[/]", "[bold]x"]}),
+                               "--dry-run"])
+    assert done.exit_code == 0, done.output
+    assert "[/]" in done.output and "[bold]x" in done.output

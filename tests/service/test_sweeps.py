@@ -4,6 +4,7 @@ start as others finish; a queued trial never counts as a stockout."""
 
 from __future__ import annotations
 
+import json
 import random
 from datetime import timedelta
 
@@ -14,9 +15,10 @@ from controller.core.state import Phase
 from tests.harness import BUCKET, Harness, spec_doc
 
 
-def submit_sweep(h: Harness, trials: int, max_parallel: int, name: str = "lr") -> list[str]:
+def submit_sweep(h: Harness, trials: int, max_parallel: int, name: str = "lr", **base: object) -> list[str]:
     """What ``respawn sweep submit`` writes: the sweep's record first, then each trial's spec."""
-    sw = sweep.SweepFile(name=name, base=spec_doc(), parameters={"lr": tuple(range(trials))}, max_parallel=max_parallel)
+    sw = sweep.SweepFile(name=name, base=spec_doc(**base), parameters={"lr": tuple(range(trials))},
+                         max_parallel=max_parallel)
     h.store.write(BUCKET, names.sweep_key(name), sweep.record(sw).model_dump_json().encode())
     jobs = []
     for t in sweep.trials(sw):
@@ -48,14 +50,20 @@ def test_at_most_max_parallel_trials_hold_vms_and_the_rest_start_as_others_finis
 
 
 def test_a_queued_trial_never_counts_as_a_stockout_or_steps_down():
+    """Spot is out everywhere: the running trial meets stockouts and steps down to standard; the
+    queued ones, which tried no zone, keep Spot, with no stockout, cooldown or step down."""
     h = Harness()
-    jobs = submit_sweep(h, trials=3, max_parallel=1)
-    for _ in range(3):
+    jobs = submit_sweep(h, trials=3, max_parallel=1, provisioning=["spot", "standard"])
+    h.compute.spot_stockouts.update({"us-central1-a", "us-central1-b"})
+    for _ in range(4):
         h.tick()
-    waiting = [h.status(j) for j in jobs if h.status(j).phase == Phase.QUEUED]
-    assert len(waiting) == 2
+        h.clock.advance(timedelta(minutes=1))
+    (running,) = holding(h, jobs)
+    assert h.status(running).provisioning == "standard"  # it did meet the stockouts
+    waiting = [h.status(j) for j in jobs if j != running]
     for st in waiting:
-        assert not st.zone_rejections and not st.refused_models and st.attempt == 0
+        assert st.phase == Phase.QUEUED and st.provisioning == "spot" and st.attempt == 0
+        assert not st.zone_rejections and not st.zone_cooldowns and not st.refused_models
         assert not [e for e in st.history if e.event in ("stockout", "stepped down", "zones cooling")]
 
 
@@ -82,7 +90,6 @@ def test_the_limit_holds_under_preemptions_failures_cancels_and_racing_passes(se
             h.tick()
         h.store.faults._queued.pop("write", None)  # a fault the passes did not meet is not the harness's
         assert len(holding(h, jobs)) <= limit, (seed, holding(h, jobs))
-        assert len(h.store.list(BUCKET, names.slots_prefix("lr"))) <= limit
     for _ in range(20):  # calm: every trial running ends; those backing off or queued start and end in turn
         for job in sorted(holding(h, jobs)):
             if h.status(job).phase == Phase.RUNNING:
@@ -133,3 +140,41 @@ def test_a_preempted_trial_resumes_from_its_own_checkpoints_never_another_trials
     st = h.status("lr-1")
     assert st.attempt == 2 and st.resume_from is not None and st.resume_from.uri == "gs://ckpts/run/lr-1/40", st.resume_from
     assert jobs == ["lr-1", "lr-2"]
+
+
+
+def test_a_pass_that_dies_between_its_claim_and_its_status_write_leaves_the_limit_and_the_slot_right(monkeypatch):
+    h = Harness()
+    jobs = submit_sweep(h, trials=3, max_parallel=1)
+    write = h.store.write
+    died: list[str] = []
+
+    def dies_once(bucket, name, data, **kw):
+        claimed = h.store.list(BUCKET, names.slots_prefix("lr"))
+        if not died and claimed and name.endswith("/status.json") and json.loads(data).get("phase") == "PROVISIONING":
+            died.append(name)
+            raise errors.TransientError("the function instance went away")
+        return write(bucket, name, data, **kw)
+
+    monkeypatch.setattr(h.store, "write", dies_once)
+    h.tick()
+    assert died and not h.compute.all()  # claimed, never launched
+    h.tick()
+    h.tick()
+    assert len(holding(h, jobs)) == 1 and len(h.store.list(BUCKET, names.slots_prefix("lr"))) == 1
+    (holder,) = holding(h, jobs)
+    assert (h.store.list(BUCKET, names.slots_prefix("lr"))[0].metadata or {}).get("job") == holder
+
+
+def test_a_trial_deleted_whole_gives_its_slot_back_even_in_a_tick_that_replans_another_job():
+    """The tick's sweeps are its own: a pass for one job inside it (a new run's replan) reads its own."""
+    h = Harness()
+    jobs = submit_sweep(h, trials=2, max_parallel=1)
+    h.tick()
+    (first,) = holding(h, jobs)
+    for info in h.store.list(BUCKET, f"jobs/{first}/"):
+        h.store.delete(BUCKET, info.name)
+    h.submit("other")  # its new run replans inside the next tick
+    for _ in range(4):
+        h.tick()
+    assert holding(h, jobs) == {j for j in jobs if j != first}

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+import pytest
 import yaml
 
 from controller.core.actions import ClaimSlot, ReleaseSlot
@@ -42,8 +43,28 @@ def test_a_trial_with_a_free_slot_claims_it_then_launches():
     assert actions[0] == ClaimSlot("job", "lr", 1, "start") and actions[1].status.phase == Phase.PROVISIONING
 
 
-def test_a_trial_holding_a_slot_launches_without_claiming_again():
-    assert kinds(plan_job(with_slots(trial(), 2, job=1), NOW, CTX)) == ["WriteStatus", "CreateInstances", "WriteStatus"]
+def test_a_trial_holding_a_slot_claims_it_again_before_it_launches():
+    """Held in a listing that may be older than a release: the claim (create-if-absent, then whose it
+    is) says whether it is held now."""
+    actions = plan_job(with_slots(trial(), 2, job=1), NOW, CTX)
+    assert kinds(actions) == ["ClaimSlot", "WriteStatus", "CreateInstances", "WriteStatus"]
+    assert actions[0].k == 1
+
+
+def test_trials_queued_together_claim_different_free_slots():
+    claimed = {plan_job(with_slots(trial(), 4), NOW, CTX)[0].k}
+    other = replace(trial(), spec=parse_spec(yaml.safe_dump(spec_doc(sweep={"name": "lr", "trial": 2, "params": {}})),
+                                             "job"))
+    claimed.add(plan_job(with_slots(other, 4), NOW, CTX)[0].k)
+    assert len(claimed) == 2
+
+
+def test_a_trial_between_attempts_whose_slots_cannot_be_read_keeps_its_phase_and_says_why():
+    recovering = replace(trial(**running(phase=Phase.RECOVERING).__dict__), instances=(),
+                         slots=Slots("lr", None, {}, problem="503 from GCS"))
+    writes = [a for a in plan_job(recovering, NOW, CTX) if hasattr(a, "status")]
+    assert writes and all(w.status.phase == Phase.RECOVERING for w in writes)
+    assert "503 from GCS" in writes[0].status.message
 
 
 def test_a_trial_whose_sweep_is_full_waits_queued_said_once_and_never_tries_a_zone():
@@ -106,3 +127,32 @@ def test_the_result_a_trainer_reports_with_its_exit_is_kept_bounded_and_said_whe
     assert ended.status.phase == Phase.SUCCEEDED and ended.status.result == {"loss": 0.25}
     bad = plan_job(replace(trial(**st.__dict__), exit=exit_record("loss=0.25"), instances=()), NOW, CTX)[0]
     assert bad.status.result["unreadable"].startswith("not JSON")
+
+
+
+@pytest.mark.parametrize("text, why", [
+    ('{"x": "\\ud800"}', "surrogate"),
+    ("[" * 40 + "]" * 40, "nested deeper than 32"),
+    ('{"loss": NaN}', "Out of range float"),
+])
+def test_a_result_no_status_could_keep_is_said_unreadable_and_the_trial_still_succeeds(text, why):
+    import json
+
+    from controller.core.ports import BlobInfo
+    from controller.core.world import Record
+
+    body = {"exit_code": 0, "attempt": 1, "instance": "job-1", "token": "t" * 32, "result": text}
+    record = Record.parse(BlobInfo("bkt", "jobs/job/exit", 9, NOW), json.dumps(body).encode())
+    st = running(attempt_token="t" * 32)
+    ended = plan_job(replace(trial(**st.__dict__), exit=record, instances=()), NOW, CTX)[0]
+    assert ended.status.phase == Phase.SUCCEEDED and why in ended.status.result["unreadable"]
+    assert JobStatus.from_json(ended.status.to_json()).result == ended.status.result  # written and read back
+
+
+def test_an_exit_record_whose_result_is_no_utf8_keeps_its_exit_code():
+    from controller.core.ports import BlobInfo
+    from controller.core.world import Record
+
+    data = b'{"exit_code": 0, "attempt": 1, "instance": "job-1", "token": "' + b"t" * 32 + b'", "result": "caf\xe9 \xff"}'
+    record = Record.parse(BlobInfo("bkt", "jobs/job/exit", 9, NOW), data)
+    assert record.exit_code == 0 and record.attempt == 1 and record.result is not None and "\ufffd" in record.result

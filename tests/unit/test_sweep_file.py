@@ -61,8 +61,23 @@ def test_each_trial_is_an_ordinary_job_with_its_parameters_its_own_checkpoints_a
     ({"max_parallel": 0}, "max_parallel"),
     ({"maxparallel": 2}, "maxparallel"),
     ({"name": "Bad_Name"}, "name"),
+    ({"parameters": {"lr": [0.1, float("inf")]}}, "parameters.lr"),  # a record could not hold it
+    ({"parameters": {"lr": {"choices": [float("nan")]}}, "count": 2}, "parameters.lr"),
 ])
 def test_a_bad_sweep_file_is_refused_naming_the_field_and_the_fix(fields, named):
     with pytest.raises(SpecError) as e:
         parsed(**fields)
     assert named in str(e.value), str(e.value)
+
+
+
+@pytest.mark.parametrize("params, named", [
+    ({"IFS": "x"}, "reserved"),  # each parameter is an environment variable, checked as env's are
+    ({"BASH_ENV": "/tmp/x"}, "reserved"),
+    ({"lr": "1", "LR": "2"}, "both RESPAWN_PARAM_LR"),
+    ({"lr": "a\x00b"}, "NUL"),
+])
+def test_a_trials_parameters_are_checked_as_environment_variables(params, named):
+    with pytest.raises(SpecError) as e:
+        parse_spec(yaml.safe_dump(spec_doc(sweep={"name": "lr", "trial": 1, "params": params})), "lr-1")
+    assert named in str(e.value) and "sweep.params" in str(e.value)
