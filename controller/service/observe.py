@@ -252,12 +252,11 @@ class Observer:
         """
         if job is None:
             self.parsed.begin()
+            if self.snapshot is not None:
+                self.snapshot.load(shard, self.workers)
         # This pass's sweeps: a pass over every job reads all their slots from one listing; a pass for
         # one job, its sweep's when it is a trial. Never another pass's (a replan inside a tick is a pass).
         sweeps = self._all_sweeps() if job is None else _Sweeps(self._read_slots)
-        if job is None:
-            if self.snapshot is not None:
-                self.snapshot.load(shard, self.workers)
         listing = self._listing(job, shard)
         if job is None:
             self._listed, self._written = (listing, shard), {}
