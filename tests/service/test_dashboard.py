@@ -1184,13 +1184,13 @@ def test_a_sweeps_page_lists_its_trials_best_first_with_their_cells_and_the_flee
     h.exit("lr-2", 0, result='{"loss": 0.5}')
     h.tick()
     client, _, _ = _dashboard(h)
-    data = client.get("/api/sweeps/lr").get_json()
+    data = client.get("/api/sweeps/lr", base_url=BASE).get_json()
     assert [t["trial"] for t in data["trials"]] == ["lr-2", "lr-1", "lr-3"] and data["max_parallel"] == 2
     assert [t["cells"]["metric"] for t in data["trials"]] == ["0.5", "no result", "no result"]
     assert data["trials"][2]["phase"] == "QUEUED"
-    page = client.get("/sweeps/lr").get_data(as_text=True)
+    page = client.get("/sweeps/lr", base_url=BASE).get_data(as_text=True)
     assert page.index('data-trial="lr-2"') < page.index('data-trial="lr-1"') and 'href="/jobs/lr-2"' in page
     assert EVIL_TEXT not in page and "&lt;script&gt;" in page  # a parameter's value is text
-    fleet = client.get("/").get_data(as_text=True)
+    fleet = client.get("/", base_url=BASE).get_data(as_text=True)
     assert 'href="/sweeps/lr"' in fleet and "(3 trials)" in fleet
-    assert client.get("/sweeps/none").status_code == 404 and client.get("/api/sweeps/none").status_code == 404
+    assert client.get("/sweeps/none", base_url=BASE).status_code == 404 and client.get("/api/sweeps/none", base_url=BASE).status_code == 404

@@ -41,7 +41,7 @@ def test_a_sweep_is_submitted_as_its_record_and_one_spec_a_trial_and_again_chang
     again = runner.invoke(app, ["sweep", "submit", path, "--yes"])
     assert again.exit_code == 0 and "0 trials written" in again.output and "3 trials already there" in again.output
     other = runner.invoke(app, ["sweep", "submit", sweep_file(tmp_path, max_parallel=3), "--yes"])
-    assert other.exit_code != 0 and "exists with other trials or limits" in other.output
+    assert other.exit_code != 0 and "exists with other trials, limits or base spec" in other.output
 
 
 def test_a_dry_run_lists_the_trials_and_uploads_nothing(mem, tmp_path):

@@ -62,7 +62,7 @@ def test_a_queued_trial_never_counts_as_a_stockout_or_steps_down():
     assert h.status(running).provisioning == "standard"  # it did meet the stockouts
     waiting = [h.status(j) for j in jobs if j != running]
     for st in waiting:
-        assert st.phase == Phase.QUEUED and st.provisioning == "spot" and st.attempt == 0
+        assert st.phase == Phase.QUEUED and st.provisioning != "standard" and st.attempt == 0
         assert not st.zone_rejections and not st.zone_cooldowns and not st.refused_models
         assert not [e for e in st.history if e.event in ("stockout", "stepped down", "zones cooling")]
 
