@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import signal
 import sys
@@ -41,7 +42,8 @@ import time
 
 import numpy as np
 
-DIM, BATCH, LR = 32, 64, 0.05
+DIM, BATCH = 32, 64
+LR = float(os.environ.get("LR") or "0.05")  # a sweep's parameter (examples/sweep.yaml), 0.05 unless given
 
 
 def matvec(a: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -138,6 +140,9 @@ def main() -> int:
             print(f"trainer: SIGTERM, {done} {step}, exiting", flush=True)
             return 143
     print(f"trainer: final step {step} loss {loss:.6f} weights {digest(w)}", flush=True)
+    if result := os.environ.get("RESPAWN_RESULT_FILE"):  # what a sweep orders its trials by
+        with open(result, "w") as f:
+            json.dump({"loss": loss, "step": step, "lr": LR, "weights": digest(w)}, f)
     return 0
 
 

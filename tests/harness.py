@@ -102,10 +102,12 @@ class Harness:
     # Each record carries the attempt's secret, as the VM agent copies it from the
     # instance's metadata; ``token=""`` writes one without it (a forger).
     def exit(self, job: str, code: int, attempt: int | None = None, token: str | None = None,
-             node: int = 0, trainer_started: datetime | None = None) -> None:
+             node: int = 0, trainer_started: datetime | None = None, result: str | None = None) -> None:
+        """``result``: what the trainer wrote to RESPAWN_RESULT_FILE, as the agent puts it in the record."""
         attempt = self.status(job).attempt if attempt is None else attempt
         body = {"exit_code": code, "instance": names.instance_name(job, attempt), "attempt": attempt,
-                "node": node, "token": self._token(job, attempt, token), **_started(trainer_started)}
+                "node": node, "token": self._token(job, attempt, token), **_started(trainer_started),
+                **({"result": result} if result is not None else {})}
         self.store.put(BUCKET, names.exit_key(job), json.dumps(body))
 
     def worker_exit(self, job: str, rank: int, code: int, attempt: int | None = None, token: str | None = None,

@@ -452,16 +452,25 @@ def _goodput(status: JobStatus | None, now: datetime) -> dict[str, object]:
 
 @app.command()
 def report(
-    job: Annotated[str, typer.Argument(help="the job to report on")],
+    job: Annotated[str | None, typer.Argument(help="the job to report on")] = None,
+    sweep: Annotated[str | None, typer.Option("--sweep", help="a sweep instead: its trials summed")] = None,
     png: Annotated[Path | None, typer.Option("--png", dir_okay=False, help="write its timeline to this PNG file")] = None,
     html: Annotated[Path | None, typer.Option("--html", dir_okay=False, help="write a self-contained HTML page: "
                                                                          "the timeline and the summary")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="the ledger and its summary, machine-readable")] = False,
 ) -> None:
     """A job's goodput: accelerator-hours paid, lost to boots and redone work, and useful; its cost
-    against on demand; its losses and recoveries by zone; the advised checkpoint interval."""
+    against on demand; its losses and recoveries by zone; the advised checkpoint interval.
+    --sweep NAME: a sweep's trials summed (by phase; accelerator-hours, goodput, losses, cost, and
+    what Spot saved against on demand); each trial is a job of its own here."""
     from controller.render import report as reporting
 
+    if (job is None) == (sweep is None):
+        _fail("name a job, or a sweep with --sweep NAME")
+    if sweep is not None:
+        _sweep_report(sweep, as_json)
+        return
+    assert job is not None
     status = _job_status(job)
     live = _jobs().live(job, status)  # while it runs: its trainer's step now, from its heartbeat
     now = datetime.now(UTC)
@@ -479,6 +488,26 @@ def report(
             (err if as_json else out).print(_line("✓", "green", f"wrote {path}"), soft_wrap=True)
     if picture is not None and picture.note:  # its status holds what cannot be drawn: the files say this line
         err.print(_line("!", "yellow", picture.note), soft_wrap=True)
+
+
+def _sweep_report(name: str, as_json: bool) -> None:
+    from controller.render.amounts import dollars
+    from controller.service import sweeps
+
+    jobs = _jobs()
+    total = sweeps.summed(sweeps.read_record(jobs, name), jobs.status, datetime.now(UTC))
+    if as_json:
+        print(json.dumps(total, indent=2))
+        return
+    cost, on_demand, saved = dollars(total["cost_usd"], total["on_demand_usd"], total["saved_usd"])
+    goodput = "unknown yet" if total["goodput"] is None else f"{total['goodput']:.0%}"
+    table = Table(title=f"sweep {name}", title_justify="left", show_header=False)
+    for what, figure in (("trials", ", ".join(f"{p} {n}" for p, n in sorted(total["phases"].items()))),
+                         ("accelerator-hours", f"{total['accelerator_hours']:.2f} paid, {total['useful_hours']:.2f} useful"),
+                         ("goodput", goodput), ("losses", str(total["losses"])),
+                         ("cost", f"{cost} against {on_demand} on demand: {saved} saved")):
+        table.add_row(what, figure)
+    out.print(table)
 
 
 @app.command()
@@ -997,6 +1026,164 @@ def reconcile(
 DEFAULT_LOCAL_DIR = Path.home() / ".respawn" / "local"
 LocalDir = Annotated[Path, typer.Option("--dir", envvar="RESPAWN_LOCAL_DIR",
                                         help="where the local cloud's exports (local.env) and function logs go")]
+
+sweep_app = typer.Typer(help="Sweeps: many trials of one job spec, at most max_parallel holding VMs at once "
+                                 "(respawn sweep submit FILE).", no_args_is_help=True)
+app.add_typer(sweep_app, name="sweep")
+
+
+@sweep_app.command("submit")
+def sweep_submit(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="the sweep file, YAML or JSON")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="submit without asking")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="check the sweep and list its trials; upload nothing")] = False,
+) -> None:
+    """Expand a sweep file into its trials (a grid: every combination; random: COUNT draws, the same
+    for the same SEED), check each trial's spec as submit does, list them, ask, then write the
+    sweep's record (sweeps/NAME/sweep.json) and each trial's spec (jobs/NAME-N/spec.yaml). The
+    controller starts at most max_parallel trials at once and the others as those finish.
+
+    The base spec is the file's ``base:``, inline or a path relative to the sweep file. Each trial
+    runs it with its parameters in its environment (RESPAWN_PARAM_<NAME>, and each name as given)
+    and its checkpoints under CHECKPOINT_URI/NAME-N. Submitting the same file again changes nothing."""
+    from controller.cli import submitting
+    from controller.core import sweep
+    from controller.service import sweeps
+
+    from controller.cli import pack
+
+    raw = _read(file)
+    try:
+        sw = sweep.parse_sweep(raw, file.name)
+        base, folder = _sweep_base(sw, file)
+        jobs = _jobs()
+        base_raw, packed, note = submitting.with_code(yaml_dump(base), folder, None, jobs.bucket)
+        base = load_document(base_raw)
+        prepared = sweeps.specs(sw, base, jobs)
+    except SpecError as e:
+        for line in e.problems:
+            err.print(_line("✗", "red", line), soft_wrap=True)
+        raise typer.Exit(REFUSED) from e
+    except pack.PackError as e:
+        _fail(f"base: code: {e}")
+    if note:
+        err.print(Text(f"! {note}", style="yellow"), soft_wrap=True)
+    # Every name and value is the file's text, never Rich markup.
+    table = Table(title=Text(f"sweep {sw.name}: {counted(len(prepared), 'trial')}, at most {sw.max_parallel} at once"
+                             + (f", best by {sw.metric.key} ({sw.metric.goal})" if sw.metric else "")),
+                  title_justify="left")
+    table.add_column("trial")
+    for key in sw.parameters:
+        table.add_column(Text(key), overflow="fold")
+    for trial, _ in prepared:
+        table.add_row(trial.job, *(Text(sweep.env_value(trial.params[k])) for k in sw.parameters))
+    out.print(table)
+    if dry_run:
+        out.print(Text("dry run: nothing uploaded", style="dim"))
+        return
+    if submitting.interactive() and not yes and not deadline.paused(
+            typer.confirm, f"Submit {counted(len(prepared), 'trial')} of {sw.name}?", default=True):
+        _fail(f"sweep {sw.name} not submitted", FAILED)
+    if packed is not None:
+        deadline.widened(len(packed.data) / deadline.UPLOAD_BYTES_S, pack.upload, jobs.store, jobs.bucket, packed)
+    done = sweeps.submit(jobs, sw, base, prepared)
+    again = f"; {counted(len(done.unchanged), 'trial')} already there unchanged" if done.unchanged else ""
+    out.print(_line("✓", "green", f"submitted sweep {sw.name}: {counted(len(done.written), 'trial')} written to "
+                                  f"gs://{jobs.bucket}/jobs/{again}; respawn sweep status {sw.name} follows it"),
+              soft_wrap=True)
+
+
+def _sweep_base(sw: Any, file: Path) -> tuple[dict[str, Any], Path]:
+    """The base spec as a mapping, and the folder its ``code:`` is read from: the sweep file's for an
+    inline base, the base file's for one it names (a path relative to the sweep file's folder)."""
+    if isinstance(sw.base, dict):
+        return dict(sw.base), file.resolve().parent
+    try:
+        path = Path(sw.base).expanduser()
+        path = path if path.is_absolute() else file.resolve().parent / path
+        data = load_document(path.read_bytes())
+    except (OSError, RuntimeError) as e:
+        raise SpecError([f"{file.name}: base: cannot read {sw.base} ({getattr(e, 'strerror', None) or e}); give the "
+                         f"job spec's path, relative to {file.name}'s folder, or the spec itself inline"]) from e
+    if not isinstance(data, dict):
+        raise SpecError([f"{file.name}: base: {sw.base} holds no mapping of spec fields"])
+    return data, path.parent
+
+
+def yaml_dump(doc: dict[str, Any]) -> bytes:
+    import yaml
+
+    return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True).encode()
+
+
+@sweep_app.command("status")
+def sweep_status(
+    name: Annotated[str, typer.Argument(help="the sweep")],
+    as_json: Annotated[bool, typer.Option("--json", help="a list of trials: trial, params, phase, metric, result")] = False,
+) -> None:
+    """Every trial of a sweep with its parameters, phase, losses, cost and metric, best first by the
+    sweep's metric (the trials without a result last, in their order)."""
+    from controller.service import sweeps
+
+    jobs = _jobs()
+    record = sweeps.read_record(jobs, name)
+    rows = sweeps.rows(record, jobs.status, datetime.now(UTC))
+    if as_json:
+        print(json.dumps(rows, indent=1, default=str))
+        return
+    metric = record.metric.key if record.metric else None
+    table = Table(title=Text(f"sweep {name}: {counted(len(rows), 'trial')}, at most {record.max_parallel} at once"),
+                  title_justify="left")
+    for column in ("trial", "params", "phase", "losses", "cost", *([metric] if metric else [])):
+        table.add_column(Text(column), overflow="fold")
+    for row in rows:
+        params = " ".join(f"{k}={v}" for k, v in row["params"].items())
+        shown = ("no result" if row["result"] is None else "not a number") if row["metric"] is None else f"{row['metric']:g}"
+        table.add_row(row["trial"], Text(params), row["phase"], str(row["losses"]), f"${row['cost_usd']:.2f}",
+                      *([shown] if metric else []))
+    out.print(table)
+    summed = sweeps.totals(rows)
+    if summed["on_demand_usd"]:
+        out.print(plain(f"spent ${summed['cost_usd']:.2f}; on demand it would have been ${summed['on_demand_usd']:.2f} "
+                        f"(${summed['saved_usd']:.2f} saved)"), soft_wrap=True)
+
+
+@sweep_app.command("cancel")
+def sweep_cancel(name: Annotated[str, typer.Argument(help="the sweep")]) -> None:
+    """Cancel every trial of a sweep that is not over (queued ones never start)."""
+    from controller.service import sweeps
+
+    jobs = _jobs()
+    for trial in sweeps.read_record(jobs, name).trials:
+        try:
+            said = jobs.cancel(trial.job)
+        except Refused:
+            continue  # never submitted
+        out.print(_line("✓", "green", said or f"cancel requested for {trial.job}"), soft_wrap=True)
+
+
+@sweep_app.command("rm")
+def sweep_remove(name: Annotated[str, typer.Argument(help="the sweep, every trial of it over")]) -> None:
+    """Forget a sweep whose trials are all over: each trial as respawn rm does, then the sweep's
+    record and slots. Refused while a trial is not over (respawn sweep cancel NAME first)."""
+    from controller.service import jobruns, sweeps
+
+    jobs = _jobs()
+    record = sweeps.read_record(jobs, name)
+    running = [t.job for t in record.trials if (st := jobs.status(t.job)) is not None and not st.phase.terminal]
+    if running:
+        _fail(f"sweep {name}: {', '.join(running[:5])}{' ...' if len(running) > 5 else ''} not over; "
+              f"respawn sweep cancel {name} first")
+    for trial in record.trials:
+        jobruns.remove(jobs, trial.job)
+    # The record goes; the slots stay with the controller, which gives each back once its trial's
+    # VMs are gone (a trial is over before its last VM is: deleting them here would admit a new
+    # sweep of the same name beside them).
+    with contextlib.suppress(errors.NotFound):
+        jobs.store.delete(jobs.bucket, names.sweep_key(name))
+    out.print(_line("✓", "green", f"removed sweep {name} and its {counted(len(record.trials), 'trial')} "
+                                  "(their checkpoints are kept)"), soft_wrap=True)
+
 
 local = typer.Typer(help="The local cloud: GCS, Compute Engine, the functions, Scheduler and Eventarc; "
                          "and faults injected into it from another terminal.", no_args_is_help=True)

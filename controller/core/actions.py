@@ -98,4 +98,28 @@ class DeleteRecord:
     reason: str
 
 
-Action = WriteStatus | CreateInstances | DeleteInstance | DeleteRecord | ReleaseLine
+@dataclass(frozen=True)
+class ClaimSlot:
+    """Take slot ``k`` of ``sweep`` for the trial ``job``: ``sweeps/<sweep>/slots/<k>`` created if
+    absent, naming the trial. Held by this trial already (another pass's claim): done. Taken by
+    another trial: the chain stops before its launch (the next pass reads the slots again)."""
+
+    job: str
+    sweep: str
+    k: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ReleaseSlot:
+    """Give slot ``k`` of ``sweep`` back: deleted at the generation the pass listed (a slot taken
+    again since is another trial's, never deleted)."""
+
+    job: str
+    sweep: str
+    k: int
+    generation: int
+    reason: str
+
+
+Action = WriteStatus | CreateInstances | DeleteInstance | DeleteRecord | ReleaseLine | ClaimSlot | ReleaseSlot

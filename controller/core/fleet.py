@@ -19,7 +19,7 @@ label. So each figure a metric is labelled by (phase, zone, cause) is an entry o
 the label as a plain field, and every other figure is a plain number in the tick's entry
 (``deploy/metrics/*.yaml`` reads them; ``tests/service/test_fleet_metrics.py`` holds the two to
 each other). Sizes are bounded by phases, zones and causes, never by jobs: a tick over 10,000
-jobs writes one fleet entry of a few KiB and seven phase entries; a commit writes one entry per
+jobs writes one fleet entry of a few KiB and eight phase entries; a commit writes one entry per
 loss, recovery or stockout it made.
 
 Pure: statuses in, plain values out; the clock is the caller's.

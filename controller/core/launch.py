@@ -142,7 +142,7 @@ def _metadata(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, ma
         "respawn-command": spec.command_line,
         "respawn-code": spec.code or "",
         # Lines the startup script evaluates; keys are validated identifiers, values quoted.
-        "respawn-env": render_env(spec.env),
+        "respawn-env": render_env({**spec.env, **(spec.sweep.env if spec.sweep else {})}),
         "respawn-nodes": str(spec.nodes),
         "respawn-master-addr": master,
         "respawn-heartbeat-interval": str(int(spec.heartbeat_interval.total_seconds())),

@@ -16,6 +16,9 @@ JobName = NewType("JobName", str)
 
 JOBS_PREFIX = "jobs/"
 MARKERS_PREFIX = "preempted-jobs/"
+# sweeps/<sweep>/sweep.json (the CLI's record of a sweep) and sweeps/<sweep>/slots/<k> (a trial's
+# admission, created if absent by the controller alone: controller.core.sweep).
+SWEEPS_PREFIX = "sweeps/"
 SPEC = "spec.yaml"
 CANCEL = "cancel"
 STATUS = "status.json"
@@ -55,6 +58,18 @@ def job_name_problem(name: str) -> str | None:
     if len(name) > MAX_JOB_NAME:
         return f"{name!r} is {len(name)} characters long; job names are at most {MAX_JOB_NAME}"
     return None
+
+
+def sweep_key(sweep: str) -> str:
+    return f"{SWEEPS_PREFIX}{sweep}/sweep.json"
+
+
+def slots_prefix(sweep: str) -> str:
+    return f"{SWEEPS_PREFIX}{sweep}/slots/"
+
+
+def slot_key(sweep: str, k: int) -> str:
+    return f"{slots_prefix(sweep)}{k}"
 
 
 def spec_key(job: str) -> str:

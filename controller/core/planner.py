@@ -7,13 +7,16 @@ unique among concurrent passes; the effects follow it and are idempotent.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from controller.core import handover, names, transitions as t
 from controller.core.durations import format_duration as fmt
-from controller.core.actions import Action, CreateInstances, DeleteInstance, DeleteRecord, ReleaseLine, WriteStatus
+from controller.core.actions import (Action, ClaimSlot, CreateInstances, DeleteInstance, DeleteRecord, ReleaseLine,
+                                     ReleaseSlot, WriteStatus)
 from controller.core.launch import LaunchContext, go_items, requests_for, standby_requests
 from controller.core.ports import Instance, InstanceStatus, StopReason
 from controller.core.spec import JobSpec
@@ -40,7 +43,31 @@ def plan_job(view: JobView, now: datetime, ctx: LaunchContext) -> list[Action]:
     """The next step for one job. Instances without the controller's label are dropped
     first, so no rule below can ever touch one."""
     mine = tuple(i for i in view.instances if i.managed and i.job == view.job)
-    return _seen_ids(_plan_job(replace(view, instances=mine), now, ctx), mine)
+    v = replace(view, instances=mine)
+    return [*_seen_ids(_plan_job(v, now, ctx), mine), *_slot_releases(v)]
+
+
+def _slot_releases(v: JobView) -> list[Action]:
+    """A sweep's trial gives its slot back once it is over and none of its VMs is left (seen so:
+    every zone and project answered); a trial not over keeps one slot, the lowest, and gives
+    back any other it got (two passes that claimed two at once). Last in the chain: a release
+    never comes before what the pass decided for the trial."""
+    st = v.status
+    blind = bool(v.unreachable or v.unseen_projects)
+    # Slots in a sweep the job is no longer a trial of (its spec moved it, or out of sweeps): given
+    # back once no VM of an earlier run is left, the ones the slot was taken for.
+    base = _run_base(st) if st is not None else None
+    earlier = [i for i in v.instances if base is None or i.attempt <= base]
+    moved = [ReleaseSlot(v.job, s.sweep, k, generation, "the job is no longer a trial of this sweep")
+             for s in v.other_slots for k, generation in s.held_by(v.job)] if not earlier and not blind else []
+    if v.slots is None or not (held := v.slots.held_by(v.job)):
+        return moved
+    over = not v.has_spec or v.cancelled or (st is not None and st.phase.terminal)
+    if over and (v.instances or blind):
+        return moved  # its VMs (or ones it may have, unseen) still hold quota
+    give = held if over else held[1:]
+    why = "the trial is over and its VMs are gone" if over else "the trial holds another slot"
+    return [*moved, *(ReleaseSlot(v.job, v.slots.sweep, k, generation, why) for k, generation in give)]
 
 
 def _seen_ids(actions: list[Action], instances: tuple[Instance, ...]) -> list[Action]:
@@ -118,7 +145,8 @@ def _plan_job(v: JobView, now: datetime, ctx: LaunchContext) -> list[Action]:
 
 def _running_job(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchContext) -> list[Action]:
     policy = spec.policy
-    born = st.created_at or st.started_at
+    # A sweep's trial is not under way while it waits for a slot: its deadline counts from its start.
+    born = st.started_at if spec.sweep is not None else st.created_at or st.started_at
     # The exit record that decides the attempt: rank 0's exit 0, unless a rank failed first.
     exited = v.deciding_exit(st)
     finished = exited is not None and exited.exit_code == 0
@@ -127,13 +155,13 @@ def _running_job(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: L
         return _fresh(v, _end(v, st, Phase.FAILED, f"deadline: max_runtime {fmt(policy.max_runtime)} reached", now))
     # Between attempts the current attempt's records were already acted on (counted
     # in this very status); they are consumed once the next insert is acknowledged.
-    if st.phase in (Phase.PENDING, Phase.RECOVERING):
+    if st.phase in (Phase.PENDING, Phase.QUEUED, Phase.RECOVERING):
         if st.phase == Phase.RECOVERING and exited is not None and finished and not _failed_first(st, exited):
             # The trainer finished while its VM was being replaced (a recycle whose delete
             # is slow or failing): the exit 0 wins, the next attempt never starts.
             return _end(v, st, Phase.SUCCEEDED, f"command exited 0 on {exited.instance or st.instances[0]}", now,
-                        since=exited.updated)
-        if st.phase == Phase.PENDING:
+                        since=exited.updated, result=_result(exited))
+        if st.phase in (Phase.PENDING, Phase.QUEUED):
             return _launch(v, spec, st, "start", now, ctx)
         # Read between attempts from the listing alone (a pass over a job backing off costs no
         # request): an exit 0 that landed since the listing is read before the launch commits.
@@ -167,7 +195,7 @@ def _exited(v: JobView, spec: JobSpec, st: JobStatus, exited: Record, now: datet
     the platform took a node away is that loss, not the trainer's failure."""
     if exited.exit_code == 0:
         return _end(v, st, Phase.SUCCEEDED, f"command exited 0 on {exited.instance or st.instances[0]}", now,
-                    since=exited.updated)
+                    since=exited.updated, result=_result(exited))
     code = "unreadable" if exited.exit_code is None else str(exited.exit_code)
     where = exited.instance or "a VM"
     if exited.node and len(st.instances) == 1:  # a TPU slice: one node, a record per host
@@ -190,6 +218,37 @@ def _exited(v: JobView, spec: JobSpec, st: JobStatus, exited: Record, now: datet
     # A record that says the command never ran is no evidence that the trainer ran (the ledger
     # reads an event's ``since`` as such): the attempt was all boot, not of an unknown split.
     return _failure(v, spec, st, detail, now, since=None if exited.detail else exited.updated)
+
+
+RESULT_MAX_DEPTH = 32  # a result's nesting: the status that keeps it is read back by pydantic (about 200 at most)
+
+
+def _result(exited: Record) -> Any:
+    """The JSON the trainer reported with its exit (RESPAWN_RESULT_FILE), as a value a status keeps
+    and reads back: else ``{"unreadable": why}`` (not JSON, nested past RESULT_MAX_DEPTH, NaN or an
+    infinity, a lone surrogate), never a status that could not be written or read again."""
+    if exited.result is None:
+        return None
+    try:
+        value = json.loads(exited.result)
+        if _depth(value) > RESULT_MAX_DEPTH:
+            raise ValueError(f"nested deeper than {RESULT_MAX_DEPTH} levels")
+        json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8")
+    except (ValueError, RecursionError, UnicodeError) as e:
+        return {"unreadable": f"not JSON a status keeps: {str(e)[:200]}"}
+    return value
+
+
+def _depth(value: Any) -> int:
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if deepest > RESULT_MAX_DEPTH:
+            break
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def _platform_cause(v: JobView, st: JobStatus) -> str | None:
@@ -591,6 +650,9 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
     # are all candidates, preferred in the spec's order, each with its own cooldowns. A model
     # refused everywhere was refused for the spec of its time: a spec replaced since (another
     # machine type, another list) is tried afresh, never left with no model to wait on.
+    claim, queued = _admission(v, spec, st, why, now)
+    if queued is not None:
+        return [*queued, *_delete_current(v, st, why)]
     fresh = st.but(zone_rejections={}, **({"refused_models": {}} if st.spec_generation != v.spec_generation else {}))
     choice = t.choose(spec, fresh, now, lambda m: v.zone_order(m, now))
     if choice is None:
@@ -604,7 +666,48 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
                           v.spec_generation, ctx.new_token(), model, v.advice_for(model))
     # What is left of the previous attempt is down, or stuck on its way down: its deletes
     # come after the insert, so that one that keeps failing never holds the next attempt.
-    return [WriteStatus(v.job, nxt, why), *_insert(v, spec, nxt, now, ctx), *_delete_current(v, st, why)]
+    return [*claim, WriteStatus(v.job, nxt, why), *_insert(v, spec, nxt, now, ctx), *_delete_current(v, st, why)]
+
+
+SLOT_EVENT = "waiting-for-slot"  # a trial's wait for its sweep's slot, in its history
+
+
+def _admission(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime,
+               ) -> tuple[list[Action], list[Action] | None]:
+    """A sweep's trial launches only holding a slot of its sweep, so that at most ``max_parallel``
+    trials hold VMs: (the claim to make first, if any; None, or what to do instead: wait QUEUED).
+    A trial waiting here never tried a zone: no stockout, no cooldown, no step down."""
+    if spec.sweep is None:
+        return [], None
+    slots = v.slots
+    if slots is not None and (held := slots.held_by(v.job)):
+        # Claimed again (create-if-absent, then whose it is): held by this listing, which may be
+        # older than a release, is not held now.
+        return [ClaimSlot(v.job, slots.sweep, held[0][0], why)], None
+    if slots is None or slots.limit is None:
+        problem = slots.problem if slots is not None else "not read"
+        text = (f"queued: the record of sweep {spec.sweep.name} cannot be read ({problem}); submit the sweep again "
+                "with respawn sweep submit")
+        return [], _queued(v, st, text, now)
+    if free := slots.free():
+        # Spread by the trial's number: trials queued together claim different slots in one pass.
+        return [ClaimSlot(v.job, slots.sweep, free[spec.sweep.trial % len(free)], why)], None
+    text = (f"queued: all {slots.limit} of sweep {slots.sweep}'s slots are held (max_parallel {slots.limit}); "
+            "it starts when one of its trials is over")
+    return [], _queued(v, st, text, now)
+
+
+def _queued(v: JobView, st: JobStatus, text: str, now: datetime) -> list[Action]:
+    """Wait for a slot, said once. Only a trial that has not started is QUEUED: one between attempts
+    (RECOVERING: its slot listing failed this pass, say) keeps its phase, and with it the checks made
+    between attempts, and only says why it waits. (Not the "queued" event: that is a capacity wait's,
+    which the ledger reads.)"""
+    if st.message == text:
+        return []  # said once, not a write on every pass
+    if st.phase not in (Phase.PENDING, Phase.QUEUED):
+        return _note(v, st, SLOT_EVENT, text, now)
+    return [WriteStatus(v.job, st.but(t.event(now, st, SLOT_EVENT, text), phase=Phase.QUEUED, message=text),
+                        SLOT_EVENT)]
 
 
 def _done_going_down(v: JobView, st: JobStatus, i: Instance, now: datetime) -> bool:
@@ -802,7 +905,7 @@ def _earlier_runs(v: JobView, st: JobStatus, attempt: int) -> bool:
     """Whether ``attempt``'s instances are an earlier run's: this run has begun no attempt, and
     each was created before it began (a pass of this run inserts only after its status)."""
     found = [i for i in v.instances if i.attempt == attempt]
-    return (st.phase == Phase.PENDING and st.attempt_started_at is None and st.created_at is not None
+    return (st.phase in (Phase.PENDING, Phase.QUEUED) and st.attempt_started_at is None and st.created_at is not None
             and bool(found) and all(i.created_at < st.created_at for i in found))
 
 

@@ -354,6 +354,34 @@ EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"), After
 EnvValue = Annotated[str, AfterValidator(_env_value)]
 
 
+class SweepTrial(Strict):
+    """A trial's place in its sweep (controller.core.sweep): the sweep admits it, its parameters are
+    in its environment (RESPAWN_PARAM_<NAME>, and each name as given)."""
+
+    name: str = Field(pattern=r"^[a-z]([-a-z0-9]{0,43}[a-z0-9])?$", description="the sweep's name")
+    trial: int = Field(ge=1, le=100_000, description="the trial's number in its sweep")
+    # Each is an environment variable twice (as given and as RESPAWN_PARAM_<NAME>): the env's checks.
+    params: dict[Annotated[EnvName, Field(max_length=64)], Annotated[EnvValue, Field(max_length=1024)]] = Field(
+        default={}, max_length=64)
+
+    @field_validator("params")
+    @classmethod
+    def _one_name_each(cls, params: dict[str, str]) -> dict[str, str]:
+        upper: dict[str, str] = {}
+        for name in params:
+            if (other := upper.setdefault(name.upper(), name)) != name:
+                raise ValueError(f"{other!r} and {name!r} are both RESPAWN_PARAM_{name.upper()}; rename one")
+        return params
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What the trial's environment gets: each parameter as RESPAWN_PARAM_<NAME> and as given."""
+        out: dict[str, str] = {}
+        for key, value in self.params.items():
+            out["RESPAWN_PARAM_" + key.upper()] = out[key] = value
+        return out
+
+
 class JobSpec(Strict):
     name: str | None = Field(default=None, description="defaults to the job's folder name")
     project: str | None = Field(default=None, pattern=r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
@@ -384,6 +412,8 @@ class JobSpec(Strict):
     # 120s by default: it costs nothing, and the replacement boots under it (see notice_for).
     preemption_notice: Duration | None = None
     notify: Notify | None = None
+    sweep: SweepTrial | None = Field(default=None, description="the sweep this job is a trial of: respawn sweep "
+                                                                "submit writes it")
     policy: JobPolicy = Field(default=JobPolicy(), validate_default=True)  # its idle_timeout is checked against heartbeat_interval
 
     @field_validator("name")
@@ -452,6 +482,14 @@ class JobSpec(Strict):
                 "pass large data through a file under 'code' or gs://"
             )
         return value
+
+    @model_validator(mode="after")
+    def _sweep_env_fits_metadata(self) -> JobSpec:
+        if self.sweep is not None and len(render_env({**self.env, **self.sweep.env}).encode(
+                "utf-8", "surrogatepass")) > MAX_ENV_BYTES:
+            raise FieldProblem("sweep.params", f"with env, the parameters exceed {MAX_ENV_BYTES // 1024} KiB of "
+                                               "instance metadata; fewer or shorter parameters")
+        return self
 
     @field_validator("provisioning")
     @classmethod

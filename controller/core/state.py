@@ -37,6 +37,7 @@ IDS_KEPT = 50  # instance ids remembered (name -> id), the newest
 
 class Phase(StrEnum):
     PENDING = "PENDING"
+    QUEUED = "QUEUED"  # a sweep's trial waiting for one of its sweep's slots (max_parallel)
     PROVISIONING = "PROVISIONING"
     RUNNING = "RUNNING"
     RECOVERING = "RECOVERING"
@@ -286,6 +287,12 @@ class JobStatus(BaseModel):
     message: str = ""
     errors: tuple[str, ...] = ()
     spec_generation: int | None = None
+    # The sweep whose slot the run's trial holds (its spec's, when the run began): a trial whose spec
+    # is deleted still gives its slot back (controller.service.observe ``_with_slots``).
+    sweep: str | None = Field(default=None, max_length=64)
+    # What the trainer of the attempt that ended the run wrote to RESPAWN_RESULT_FILE, as JSON (or,
+    # where it was no JSON, {"unreadable": why}); None: it wrote nothing (``sweep status`` says so).
+    result: Any = None
 
     attempt: int = 0
     project: str | None = None

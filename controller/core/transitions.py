@@ -50,7 +50,8 @@ def new_run(prev: JobStatus | None, attempt: int, spec_generation: int | None, n
     base = JobStatus(history=prev.history if prev else (), attempt_token="", tpu=prev.tpu if prev else False,
                      project=prev.project if prev else None, event_count=count,
                      ledger=ledger.Ledger(folded=count),  # a run's own ledger: none of the previous run's events
-                     run_id=run, checkpoint_uri=own, fresh=fresh, runs=past)
+                     run_id=run, checkpoint_uri=own, fresh=fresh, runs=past,
+                     sweep=spec.sweep.name if spec is not None and spec.sweep is not None else None)
     return base.but(
         Event(at=now, event="accepted", attempt=attempt, detail=detail),
         phase=Phase.PENDING,

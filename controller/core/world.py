@@ -21,6 +21,7 @@ from controller.core.state import CheckpointRef, JobStatus
 # A VM record is a few hundred bytes; anything much larger is not one (and must not
 # cost a function its memory or its 540 s).
 MAX_RECORD_BYTES = 64 * 1024
+RESULT_MAX_BYTES = 16 * 1024  # RESPAWN_RESULT_FILE: what the VM agent puts in the exit record (deploy/vm/startup.sh)
 _MAX_ATTEMPT = 10**9
 MAX_STEP = 10**18 - 1  # a step as the agent passes it on: at most 18 digits
 MAX_REPORTED_S = 7 * 86400.0  # a save or an upload reported longer than a week is not one
@@ -59,6 +60,9 @@ class Record:
     save_s: float | None = None
     upload_s: float | None = None
     saved_step: int | None = None
+    # An exit record's: the text the trainer wrote to RESPAWN_RESULT_FILE (a sweep's trial reports
+    # its result so), at most RESULT_MAX_BYTES; judged only once the record's token is.
+    result: str | None = None
 
     @classmethod
     def oversized(cls, info: BlobInfo) -> Record:
@@ -78,7 +82,9 @@ class Record:
         if len(data) > MAX_RECORD_BYTES:
             return replace(base, detail=f"unreadable: {len(data)} bytes")
         try:
-            body = json.loads(data)
+            # Bytes that are no UTF-8 (a trainer's result, copied as it wrote it) are replaced, never a
+            # record lost: the exit code beside them is the job's.
+            body = json.loads(data.decode("utf-8", "replace"))
         except (ValueError, RecursionError):
             return base
         if not isinstance(body, dict):
@@ -137,6 +143,7 @@ class Record:
             detail=reason[:200] if isinstance(reason, str) else "",
             saved=saved if isinstance(saved, bool) else None,
             trainer_started=_instant(body.get("trainer_started")),
+            result=result if isinstance(result := body.get("result"), str) and len(result) <= RESULT_MAX_BYTES else None,
             step=_whole(body.get("step"), 0, MAX_STEP),
             save_s=_seconds(body.get("save_s")),
             upload_s=_seconds(body.get("upload_s")),
@@ -234,6 +241,29 @@ def _whole(value: object, low: int, high: int) -> int | None:
     return number if low <= number <= high else None
 
 
+SLOT_HOLDER = "job"  # a slot object's custom metadata: the trial holding it, read from the listing
+
+
+@dataclass(frozen=True)
+class Slots:
+    """A sweep's admission as the pass listed it (``sweeps/<sweep>/``): at most ``limit`` trials hold
+    a slot (``slots/<k>``, k < limit); ``holders``: k -> (the trial holding it, the object's
+    generation). ``limit`` None: the sweep's record could not be read (``problem`` says why), and
+    no trial is admitted."""
+
+    sweep: str
+    limit: int | None
+    holders: Mapping[int, tuple[str, int]] = field(default_factory=dict)
+    problem: str | None = None
+
+    def held_by(self, job: str) -> list[tuple[int, int]]:
+        """(k, generation) of each slot ``job`` holds, lowest k first."""
+        return sorted((k, generation) for k, (holder, generation) in self.holders.items() if holder == job)
+
+    def free(self) -> list[int]:
+        return [k for k in range(self.limit or 0) if k not in self.holders]
+
+
 @dataclass(frozen=True)
 class JobView:
     job: str
@@ -269,6 +299,8 @@ class JobView:
     advice_model: str | None = None  # the provisioning model it was asked for
     advice_loaded: bool = False
     advice_error: str | None = None  # why there is none: the zones then keep the spec's order
+    slots: Slots | None = None  # a sweep's trial: its sweep's slots (read every pass the trial is seen)
+    other_slots: tuple[Slots, ...] = ()  # sweeps the job still holds a slot in but is no trial of now
 
     @property
     def has_spec(self) -> bool:

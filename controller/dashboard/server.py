@@ -157,6 +157,23 @@ def create_app(fleet: Fleet, guard: Guard, interval: float = DEFAULT_INTERVAL,
             return f"resubmitted {job} with --replace (spec generation {generation})"
         return _act(fleet, submit)
 
+    def sweep_data(name: str) -> dict[str, Any]:
+        from controller.service import sweeps
+
+        try:
+            record = sweeps.read_record(fleet.jobs, name)
+        except Refused:
+            abort(404)
+        return views.sweep(record, fleet.snapshot(), now())
+
+    @app.get("/sweeps/<name>")
+    def sweep_page(name: str) -> str:
+        return page("sweep.html", sweep=sweep_data(name), columns=views.SWEEP_COLUMNS)
+
+    @app.get("/api/sweeps/<name>")
+    def sweep_json(name: str) -> Response:
+        return as_json(sweep_data(name))
+
     @app.get("/metrics")
     def prometheus() -> Response:
         return Response(metrics.exposition(fleet.snapshot(), now()), mimetype=None,

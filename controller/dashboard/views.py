@@ -10,6 +10,7 @@ the JSON escape it (``controller.render.text.html_text``; ``server.as_json``).
 from __future__ import annotations
 
 import shlex
+from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
@@ -17,11 +18,13 @@ from typing import Any
 from controller.core import ledger
 from controller.core.durations import format_duration
 from controller.core.state import JobStatus, Phase
+from controller.core.sweep import SweepRecord
 from controller.dashboard.snapshot import JobView, Snapshot
 from controller.render import handover_view, report, spec_text
 from controller.render.amounts import dollars
 from controller.render.status_view import counted_down, live_step
 from controller.render.text import printable
+from controller.service import sweeps
 
 WEEK = timedelta(days=7)
 PHASES = [str(p) for p in Phase] + ["SUBMITTED"]  # a job's phase; SUBMITTED: not taken up yet
@@ -126,10 +129,36 @@ def _hours_since(span: ledger.Span, since: datetime, now: datetime) -> float:
 
 def fleet(snapshot: Snapshot, now: datetime) -> dict[str, Any]:
     """``GET /api/jobs``: every job's row (``FLEET_FIELDS``: what the page shows and sorts by; the
-    rest is in ``GET /api/jobs/JOB``), the fleet's totals, and when the bucket was read."""
+    rest is in ``GET /api/jobs/JOB``), the fleet's totals, the sweeps its trials are in (each with
+    its number of trials, linked to its page), and when the bucket was read."""
     statuses = [v.row.status for v in snapshot.jobs.values() if v.row.status is not None]
+    sweeps = Counter(st.sweep for st in statuses if st.sweep)
     return {"jobs": [{key: row[key] for key in FLEET_FIELDS} for row in (fleet_row(v, now) for v in snapshot.jobs.values())],
-            "totals": totals(statuses, now), "updated": stamp(snapshot.at)}
+            "totals": totals(statuses, now), "sweeps": dict(sorted(sweeps.items())), "updated": stamp(snapshot.at)}
+
+
+SWEEP_COLUMNS = ("trial", "params", "phase", "losses", "cost")
+
+
+def sweep(record: SweepRecord, snapshot: Snapshot, now: datetime) -> dict[str, Any]:
+    """``GET /api/sweeps/NAME``: the sweep's trials as ``respawn sweep status --json`` lists them (best
+    first by its metric), each with its cells as the page shows them, and the sweep's totals."""
+    def status_of(job: str) -> JobStatus | None:
+        view = snapshot.jobs.get(job)
+        return view.row.status if view is not None else None
+
+    rows = sweeps.rows(record, status_of, now)
+    for row in rows:
+        metric = row["metric"]
+        row["cells"] = {"trial": row["trial"], "params": " ".join(f"{k}={v}" for k, v in row["params"].items()),
+                        "phase": row["phase"], "losses": str(row["losses"]), "cost": dollars(row["cost_usd"])[0],
+                        "metric": ("no result" if row["result"] is None else "not a number") if metric is None
+                        else f"{metric:g}"}
+    summed = sweeps.totals(rows)
+    return {"sweep": record.name, "max_parallel": record.max_parallel,
+            "metric": record.metric.model_dump() if record.metric else None, "trials": rows, "totals": summed,
+            "text": {"cost": dollars(summed["cost_usd"])[0], "saved": dollars(summed["saved_usd"])[0]},
+            "updated": stamp(snapshot.at)}
 
 
 # What the fleet page uses of a row (its cells and sort keys); a job's JSON has all of them.

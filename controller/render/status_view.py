@@ -62,7 +62,7 @@ EVENT_INDENT = "    "  # the last event, under the job's name
 EVENT_LINES = 2  # the most lines the narrow view gives one event
 ELLIPSIS = "…"
 COLOURS = {"RUNNING": "green", "SUCCEEDED": "bold green", "FAILED": "red", "RECOVERING": "yellow",
-           "CANCELLED": "dim", "PROVISIONING": "cyan", "PENDING": "cyan"}
+           "CANCELLED": "dim", "PROVISIONING": "cyan", "PENDING": "cyan", "QUEUED": "cyan"}
 
 
 def _zone(r: Row, model: bool) -> Text:

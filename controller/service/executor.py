@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -17,14 +18,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from controller.core import accounting, errors, fleet, handover, ledger, names, notify, placement, transitions
-from controller.core.actions import Action, CreateInstances, DeleteInstance, DeleteRecord, ReleaseLine, WriteStatus
+from controller.core.actions import (Action, ClaimSlot, CreateInstances, DeleteInstance, DeleteRecord, ReleaseLine,
+                                     ReleaseSlot, WriteStatus)
 from controller.service.notifier import Notifier
 from controller.service.tpuzones import TpuZones
 from controller.service.vmscripts import Shelf
 from controller.core.ports import BlobInfo, BlobStore, ComputeGateway, TpuGateway, TpuRequest
 from controller.core.spec import JobSpec, Notify
 from controller.core.state import JobStatus
-from controller.core.world import JobView
+from controller.core.world import SLOT_HOLDER, JobView
 
 log = logging.getLogger(__name__)
 Tell = Callable[[Notify | None, Sequence[notify.Notice]], object]  # hands a chain's notices to its pass
@@ -239,6 +241,30 @@ class Executor:
                     self.store.delete(self.bucket, action.key, if_generation_match=action.generation)
                 except errors.NotFound:
                     pass
+            case ClaimSlot():
+                self._unchanged(chain)  # a late pass must not take a slot for a trial that has moved on
+                key = names.slot_key(action.sweep, action.k)
+                body = json.dumps({"job": action.job, "claimed_at": now.isoformat()}).encode()
+                try:
+                    self.store.write(self.bucket, key, body, if_generation_match=0, metadata={SLOT_HOLDER: action.job})
+                except errors.TransientError as e:  # a slot many trials claim at once: GCS's one write a second
+                    raise _Spared(f"slot {action.k} of sweep {action.sweep}: {e}; claimed again next pass") from e
+                except errors.PreconditionFailed as e:  # there already: this trial's (another pass's claim), or not
+                    try:
+                        holder = (self.store.stat(self.bucket, key).metadata or {}).get(SLOT_HOLDER)
+                    except errors.RespawnError as read:
+                        raise _Spared(f"slot {action.k} of sweep {action.sweep} was taken; could not read by whom: "
+                                      f"{read}") from e
+                    if holder != action.job:
+                        raise _Spared(f"slot {action.k} of sweep {action.sweep} was taken by {holder} first") from e
+            case ReleaseSlot():
+                # A pass that saw the trial over must not give back a slot a newer run of it took since.
+                self._unchanged(chain)
+                try:
+                    self.store.delete(self.bucket, names.slot_key(action.sweep, action.k),
+                                      if_generation_match=action.generation)
+                except (errors.NotFound, errors.PreconditionFailed):
+                    pass  # gone already, or taken again since: another trial's now
 
     def _failed(self, chain: _Chain, action: Action, error: errors.RespawnError, now: datetime,
                 view: JobView) -> None:
@@ -407,6 +433,10 @@ def _describe(action: Action) -> str:
             return f"delete {action.key} ({action.reason})"
         case ReleaseLine():
             return f"go {', '.join(action.names)} ({action.reason})"
+        case ClaimSlot():
+            return f"claim slot {action.k} of sweep {action.sweep} ({action.reason})"
+        case ReleaseSlot():
+            return f"release slot {action.k} of sweep {action.sweep} ({action.reason})"
     raise TypeError(action)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import enum
 import heapq
 import logging
+import re
 import sys
 import threading
 import time
@@ -42,7 +43,8 @@ from controller.core.ports import (Blob, BlobInfo, BlobStore, CapacityAdvisor, C
                               StopReason, TpuGateway, TpuList, TpuNode)
 from controller.core.spec import MAX_SPEC_BYTES, Checkpoint, JobSpec, SpecError, parse_spec
 from controller.core.state import CheckpointRef, JobStatus, Phase
-from controller.core.world import MAX_RECORD_BYTES, JobView, Record, World
+from controller.core.sweep import MAX_PARALLEL, SWEEP_LIMIT_KEY, SweepRecord
+from controller.core.world import MAX_RECORD_BYTES, SLOT_HOLDER, JobView, Record, Slots, World
 
 log = logging.getLogger(__name__)
 UNEXPECTED = "unexpected"  # prefix of a failure no retry is known to fix
@@ -51,6 +53,8 @@ UNEXPECTED = "unexpected"  # prefix of a failure no retry is known to fix
 TPU_LIST_TIMEOUT = 20.0
 # status.json is the controller's own, bounded by its history limit: a few hundred KiB.
 MAX_STATUS_BYTES = 4 * 1024 * 1024
+SWEEP_RECORD_LIMIT = 4 * 1024 * 1024  # sweeps/<sweep>/sweep.json: 1,000 trials and their parameters
+_SLOT_NUMBER = re.compile(r"[0-9]{1,3}")
 PARSED_CACHE_BYTES = 128 * 1024 * 1024  # by what the entries hold in memory (``footprint``)
 _ONE_JOB = 8  # a single job's reads sent side by side (its few objects; a gang's nodes)
 # VM records of names with neither spec nor status handed to the planner per pass, oldest
@@ -250,6 +254,9 @@ class Observer:
             self.parsed.begin()
             if self.snapshot is not None:
                 self.snapshot.load(shard, self.workers)
+        # This pass's sweeps: a pass over every job reads all their slots from one listing; a pass for
+        # one job, its sweep's when it is a trial. Never another pass's (a replan inside a tick is a pass).
+        sweeps = self._all_sweeps() if job is None else _Sweeps(self._read_slots)
         listing = self._listing(job, shard)
         if job is None:
             self._listed, self._written = (listing, shard), {}
@@ -310,7 +317,7 @@ class Observer:
                     first = self._unlabelled(first, failed, state)
                 acted.update(first)
                 with_evidence = fanout.each(list(first), lambda n: self._guarded(
-                    failed, n, self._with_evidence, first[n], side), self.workers, shared=job is None)
+                    failed, n, self._evidence, first[n], side, sweeps), self.workers, shared=job is None)
                 done = dict(zip(first, with_evidence, strict=True))
                 yield World({n: v for n, v in done.items() if v}, unreachable, why, failed, failed.transient)
             state["done"] = True
@@ -321,6 +328,10 @@ class Observer:
             for name, records in strays.items():
                 if name not in acted and name not in later:
                     later[name] = JobView(job=name, cancelled="cancel" in listing[name], **records)
+            for name in sweeps.holders if job is None else ():  # a trial whose folder is gone whole: its slot
+                if name not in acted and name not in later and name not in moved and name not in failed \
+                        and (shard is None or shard.owns(name)):
+                    later[name] = JobView(job=name)
             seen = instances(later)
             unreachable, unseen, why = tuple(seen.unreachable), tuple(sorted(seen.failed_projects)), \
                 dict(seen.failed_projects)
@@ -358,8 +369,8 @@ class Observer:
                      if _on_tpu(v) else replace(v, unreachable=unreachable, unseen_projects=unseen, unseen_why=why)
                      for n, v in views.items()}
             order_ = sorted(views)
-            found_views = fanout.each(order_, lambda n: self._guarded(failed, n, self._with_evidence, views[n], side),
-                                      self.workers)
+            found_views = fanout.each(order_, lambda n: self._guarded(failed, n, self._evidence, views[n], side,
+                                                                       sweeps), self.workers)
             done = dict(zip(order_, found_views, strict=True))
             world = World({n: v for n, v in done.items() if v}, tpu_unreachable, tpu_why, failed, failed.transient)
             for name in moved:  # committed by another pass since the listing: looked at again, alone
@@ -879,6 +890,76 @@ class Observer:
             return Record.oversized(self.store.stat(self.bucket, name)), None
         return Record.parse(blob.info, blob.data), blob.data
 
+    def _evidence(self, view: JobView, side: int, sweeps: _Sweeps) -> JobView:
+        """``_with_evidence``, and a sweep's trial's slots (``_with_slots``)."""
+        return self._with_slots(self._with_evidence(view, side), sweeps)
+
+    @staticmethod
+    def _with_slots(view: JobView, sweeps: _Sweeps) -> JobView:
+        """A sweep's trial with its sweep's slots, listed once a pass for all of its trials
+        (``sweeps/<sweep>/``: the record and at most ``max_parallel`` slots, each holder read from
+        the listing). Every pass that sees a trial reads them: a trial waits QUEUED with no other
+        change to wake it, and one that is over gives its slot back. Its sweep is its spec's, else
+        its run's (a spec deleted), else, in a pass over every job, the one a slot names it in (its
+        folder deleted whole); slots it holds in any other sweep come too (``other_slots``: a spec
+        that moved it to another sweep, or out of sweeps), to be given back."""
+        current = view.spec.sweep.name if view.spec is not None and view.spec.sweep is not None else \
+            view.status.sweep if view.status is not None and view.status.sweep else None
+        held = sweeps.sweeps_of(view.job)
+        if current is None and view.spec is None and held:
+            current = held[0]
+        others = tuple(sweeps.get(name) for name in held if name != current)
+        if current is None and not others:
+            return view
+        return replace(view, slots=sweeps.get(current) if current else None, other_slots=others)
+
+    def _read_slots(self, sweep: str) -> Slots:
+        try:
+            listed = self.store.list(self.bucket, f"{names.SWEEPS_PREFIX}{sweep}/")
+        except errors.RespawnError as e:
+            return Slots(sweep, None, problem=_short(e))
+        return self._slots_of(sweep, listed)
+
+    def _all_sweeps(self) -> _Sweeps:
+        """A pass over every job: every sweep's slots from one listing of ``sweeps/``, and who holds
+        each, so that a trial whose folder is gone whole (deleted by hand: no spec, no status)
+        still gives its slot back once its VMs are gone (``parts``' rest). A listing that fails:
+        each trial's sweep is listed on its own instead."""
+        try:
+            listed = self.store.list(self.bucket, names.SWEEPS_PREFIX)
+        except errors.RespawnError as e:
+            log.warning("cannot list the sweeps", extra={"json_fields": {"error": str(e)}})
+            return _Sweeps(self._read_slots)
+        by_sweep: dict[str, list[BlobInfo]] = defaultdict(list)
+        for info in listed:
+            sweep, _, rest = info.name.removeprefix(names.SWEEPS_PREFIX).partition("/")
+            if sweep and rest:
+                by_sweep[sweep].append(info)
+        return _Sweeps(self._read_slots, {sweep: self._slots_of(sweep, infos) for sweep, infos in by_sweep.items()})
+
+    def _slots_of(self, sweep: str, listed: list[BlobInfo]) -> Slots:
+        prefix = names.slots_prefix(sweep)
+        # A slot's number as the controller writes it (k < max_parallel <= 256); any other name under
+        # slots/ (written by hand) is no slot. A slot with no holder in its metadata holds its place.
+        holders = {int(k): ((info.metadata or {}).get(SLOT_HOLDER, ""), info.generation) for info in listed
+                   if _SLOT_NUMBER.fullmatch(k := info.name.removeprefix(prefix)) and info.name != k}
+        record = next((info for info in listed if info.name == names.sweep_key(sweep)), None)
+        if record is None:
+            return Slots(sweep, None, holders, problem=f"no gs://{self.bucket}/{names.sweep_key(sweep)}")
+        listed_limit = (record.metadata or {}).get(SWEEP_LIMIT_KEY, "")
+        if _SLOT_NUMBER.fullmatch(listed_limit) and 1 <= int(listed_limit) <= MAX_PARALLEL:
+            return Slots(sweep, int(listed_limit), holders)  # the CLI writes it beside the record: no read
+        try:
+            limit = self.parsed.get(record, lambda: self._sweep_limit(record))
+        except (errors.RespawnError, ValueError) as e:
+            return Slots(sweep, None, holders, problem=f"gs://{self.bucket}/{record.name}: {_short(e)}")
+        return Slots(sweep, limit, holders)
+
+    def _sweep_limit(self, info: BlobInfo) -> tuple[int, int]:
+        """The sweep's ``max_parallel``, and the generation it was read at (``Parsed.get``)."""
+        blob = self._read_listed(info, SWEEP_RECORD_LIMIT)
+        return SweepRecord.model_validate_json(blob.data).max_parallel, blob.info.generation
+
     def _with_evidence(self, view: JobView, side: int = 1) -> JobView:
         """For each node of the current attempt that is stopped or gone: fresh records and Compute's why.
 
@@ -907,7 +988,7 @@ class Observer:
         # Between attempts (backing off, or waiting for a zone) the loss was judged already:
         # Compute's why changes no plan, and each ask is a list request against the project's
         # per-minute quota (1,000 a tick for 1,000 jobs backing off: two thirds of the default).
-        between = judged = st.phase in (Phase.PENDING, Phase.RECOVERING)
+        between = judged = st.phase in (Phase.PENDING, Phase.QUEUED, Phase.RECOVERING)
         # A VM's own marker says why it went (the planner reads it before Compute's why), and no
         # exit record of this attempt asks whose fault a loss was: no request for it either
         # (1,000 list requests in a 1,000-VM preemption, past the quota's 1,500 a minute).
@@ -972,6 +1053,37 @@ def _strays(listing: dict[str, dict[str, BlobInfo]]) -> dict[str, dict[str, Any]
 def _raise(error: BaseException) -> JobView:
     """``error`` raised again, for ``Observer._guarded`` to record as it records any job's."""
     raise error
+
+
+class _Sweeps:
+    """One pass's sweeps (``Observer._with_slots``): each sweep's slots read once, whichever of the
+    pass's threads asks first; ``found``: read already (a pass over every job's one listing)."""
+
+    def __init__(self, read: Callable[[str], Slots], found: dict[str, Slots] | None = None) -> None:
+        self._read, self._found = read, dict(found or {})
+        self._lock = threading.Lock()
+        self._by_job: dict[str, list[str]] = defaultdict(list)
+        for name, slots in self._found.items():
+            for holder, _ in slots.holders.values():
+                if holder and name not in self._by_job[holder]:
+                    self._by_job[holder].append(name)
+
+    @property
+    def holders(self) -> list[str]:
+        """Every trial a slot names (a pass over every job's listing)."""
+        return sorted(self._by_job)
+
+    def sweeps_of(self, job: str) -> list[str]:
+        return list(self._by_job.get(job, ()))
+
+    def get(self, sweep: str) -> Slots:
+        with self._lock:
+            found = self._found.get(sweep)
+        if found is None:
+            found = self._read(sweep)
+            with self._lock:
+                found = self._found.setdefault(sweep, found)
+        return found
 
 
 class _Failed(dict[str, str]):

@@ -27,7 +27,11 @@ agent_progress_file="$agent_run_dir/progress.json"
 # notice came (epoch milliseconds).
 agent_notice_file="$agent_run_dir/notice.json"
 agent_notice_flag="$agent_run_dir/notice.sent"
-readonly agent_run_dir agent_state_dir agent_md_url agent_gcs_url agent_progress_file agent_notice_file agent_notice_flag
+# The trainer's result (RESPAWN_RESULT_FILE: a sweep's trial writes its metrics there as JSON): rank
+# 0's goes with its exit record (result_field).
+agent_result_file="$agent_run_dir/result.json"
+readonly agent_run_dir agent_state_dir agent_md_url agent_gcs_url agent_progress_file agent_notice_file agent_notice_flag \
+  agent_result_file
 
 # Deadlines. Every curl call has a per-try limit and every retry loop a total one, so a
 # hung metadata server or GCS never hangs the agent. The shutdown script, which has 30 s
@@ -382,6 +386,21 @@ progress_fields() {
     [[ "$text" =~ \"$key\"[[:space:]]*:[[:space:]]*($value)[[:space:]]*[,}] ]] && out+=", \"$key\": ${BASH_REMATCH[1]}"
   done
   printf '%s' "$out"
+}
+
+# result_field: what the trainer wrote to its result file, as the exit record's "result" member (',
+# "result": "<its text, JSON-escaped>"': the controller parses it); only a regular file, at most 16 KiB
+# (controller.core.world.RESULT_MAX_BYTES), read within 2 s, whose escaped text keeps the record under
+# the controller's 64 KiB; nothing otherwise, said in the log. The exit record is written whatever it holds.
+result_field() {
+  local LC_ALL=C text escaped
+  [ -e "$agent_result_file" ] || return 0
+  if [ ! -f "$agent_result_file" ]; then log "RESPAWN_RESULT_FILE is not a regular file: no result reported"; return 0; fi
+  text="$(timeout -s KILL 2 head -c 16385 -- "$agent_result_file" 2> /dev/null | tr -d '\000')"
+  if [ "${#text}" -gt 16384 ]; then log "RESPAWN_RESULT_FILE is over 16 KiB: no result reported"; return 0; fi
+  escaped="$(json_escape "$text")"
+  if [ "${#escaped}" -gt 32768 ]; then log "RESPAWN_RESULT_FILE escapes to over 32 KiB: no result reported"; return 0; fi
+  printf ', "result": "%s"' "$escaped"
 }
 
 # record KIND OBJECT [EXTRA_JSON]: {"instance", "attempt", "node", "at", "token", ...}

@@ -197,7 +197,7 @@ fi
 # Under the lock, no trainer of this boot exists yet: a trainer.pid is a stale one (and so are
 # its trainer.started and its progress file). The stopping flag is not touched: on a fresh run
 # directory it can only be this boot's shutdown script, already under way.
-rm -f "$agent_run_dir/trainer.pid" "$agent_run_dir/trainer.started" "$agent_progress_file"
+rm -f "$agent_run_dir/trainer.pid" "$agent_run_dir/trainer.started" "$agent_progress_file" "$agent_result_file"
 
 # Boot twice, train twice: a reset, a stop+start or a reboot runs this script again, and
 # the launch-time RESUME_FROM is stale by then. The state directory (which survives a
@@ -330,7 +330,7 @@ fi
 export RESUME_FROM="$4" RESPAWN_CHECKPOINT_URI="$5" RESPAWN_JOB="$6" RESPAWN_ATTEMPT="$7" \
   RESPAWN_BUCKET="$8" NODE_RANK="$9" NODES="${10}" MASTER_ADDR="${11}" RESUME_STEP="${12}" RESUME_TAG="${13}" \
   RESPAWN_CHECKPOINT_EVERY_S="${14}" RESPAWN_PROGRESS_FILE="${15}" RESPAWN_NOTICE_SECONDS="${16}" \
-  RESPAWN_NOTICE_FILE="${17}"
+  RESPAWN_NOTICE_FILE="${17}" RESPAWN_RESULT_FILE="${19}"
 if [ -n "$2" ]; then
   declare -A respawn_base=()
   for respawn_n in $(compgen -e); do respawn_base[$respawn_n]="${!respawn_n}"; done
@@ -370,7 +370,7 @@ fi
 export RESUME_FROM="$4" RESPAWN_CHECKPOINT_URI="$5" RESPAWN_JOB="$6" RESPAWN_ATTEMPT="$7" \
   RESPAWN_BUCKET="$8" NODE_RANK="$9" NODES="${10}" MASTER_ADDR="${11}" RESUME_STEP="${12}" RESUME_TAG="${13}" \
   RESPAWN_CHECKPOINT_EVERY_S="${14}" RESPAWN_PROGRESS_FILE="${15}" RESPAWN_NOTICE_SECONDS="${16}" \
-  RESPAWN_NOTICE_FILE="${17}"
+  RESPAWN_NOTICE_FILE="${17}" RESPAWN_RESULT_FILE="${19}"
 exec "$1" -c "$3"'
 # How much time the trainer has from the first warning it gets to the hard-off, told to it so that a
 # save that cannot finish in it is skipped (respawnkit.notice): the shutdown's (its
@@ -397,7 +397,7 @@ readonly agent_trainer_started agent_started_field
 setsid "$BASH" -c "$agent_launcher" respawn-trainer "$BASH" "$agent_env_lines" "$agent_command" \
   "$agent_resume_from" "$agent_checkpoint_uri" "$agent_job" "$agent_attempt" "$agent_bucket" \
   "$agent_rank" "$agent_nodes" "$agent_master_addr" "$agent_resume_step" "$agent_resume_tag" "$agent_checkpoint_every" \
-  "$agent_progress_file" "$agent_notice" "$agent_notice_file" "$agent_run_dir" &
+  "$agent_progress_file" "$agent_notice" "$agent_notice_file" "$agent_run_dir" "$agent_result_file" &
 agent_trainer=$!
 readonly agent_trainer
 
@@ -450,7 +450,9 @@ fi
 # Rank 0's exit record is the gang's and always written. A worker writes only a failure
 # (its exit 0 decides nothing: rank 0's does), to its own object.
 if [ "$agent_rank" = 0 ] || [ "$agent_code" != 0 ]; then
-  record exit "$(exit_object)" "\"exit_code\": $agent_code, $agent_started_field$(progress_fields)" \
+  agent_result=""
+  [ "$agent_rank" = 0 ] && agent_result="$(result_field)"
+  record exit "$(exit_object)" "\"exit_code\": $agent_code, $agent_started_field$(progress_fields)$agent_result" \
     || log "could not write the exit record"
 fi
 # A Cloud TPU worker does not power itself off: a TPU VM that goes down breaks the slice

@@ -75,7 +75,8 @@ from controller.core.ports import (QUEUED_AS_NODE, Instance, InstanceStatus, Nod
                               StopReason, TpuNode, TpuRequest)
 from controller.core.spec import SpecError
 from controller.core.state import JobStatus, Phase
-from controller.core.world import World, listing_metadata
+from controller.core.sweep import SweepRecord
+from controller.core.world import SLOT_HOLDER, World, listing_metadata
 
 BUCKET = "respawn-chaos"
 PROJECT = "chaos-proj"
@@ -109,7 +110,10 @@ TPU_TYPES = ("v4-8", "v4-16", "v5litepod-8", "v5litepod-16", "v6e-4")
 TPU_SHARE = 0.3  # of the generated jobs (and of a resubmit that changes the kind)
 # The kinds on the last line, in its order; "budgets" is reported on the line before it.
 KINDS = ("duplicates", "lost", "leaked", "foreign_deletes", "restarted_finished", "stuck", "crashes",
-         "notified_twice", "ledger", "orphan_tpu", "own_step_down", "slow_pass", "two_trainers", "stale_start")
+         "notified_twice", "ledger", "orphan_tpu", "own_step_down", "slow_pass", "two_trainers", "stale_start",
+         "sweep_limit")
+SWEEP = "sweep0"
+SWEEP_SHARE = 0.3  # of runs with two jobs or more: its jobs are the trials of one sweep
 ALL_KINDS = (*KINDS, "budgets")
 # Per-call error rate of a pass, drawn per pass: about a quarter of all passes meet an
 # injected fault (transient error, timeout or crash); a pass that fails at its first
@@ -465,6 +469,16 @@ class Run:
             job_names[-1] = f"{job_names[0]}-1"  # named like another job's instance
         for job in job_names:
             self.jobs[job] = JobSim(job, self.spec_doc(job, tpu=rng.random() < TPU_SHARE))
+        self.sweep_limit = 0
+        if count > 1 and rng.random() < SWEEP_SHARE:
+            # The jobs are a sweep's trials, fewer slots than trials: at most that many may hold VMs or
+            # TPU nodes at any moment, whatever the passes meet (check_sweep).
+            self.sweep_limit = rng.randint(1, count - 1)
+            record = SweepRecord(name=SWEEP, max_parallel=self.sweep_limit)
+            self.store.write(BUCKET, names.sweep_key(SWEEP), record.model_dump_json().encode())
+            for n, job in enumerate(job_names, start=1):
+                self.jobs[job].doc["sweep"] = {"name": SWEEP, "trial": n, "params": {"seed": str(n)}}
+            self.stats["sweep.runs"] += 1
         if rng.random() < 0.3:
             self.compute.boot_status = InstanceStatus.STAGING  # VMs take a while to boot
             self.stats["env.slow_boot"] += 1
@@ -1246,6 +1260,8 @@ class Run:
                 doc["zones"] = self.rng.sample(TPU_ZONES if tpu else ZONES, self.rng.randint(1, 3))
             elif change == "kind":  # from VMs to a TPU slice, or back (a node left behind must still go)
                 doc = self.spec_doc(job, tpu=not tpu)
+                if "sweep" in js.doc:
+                    doc["sweep"] = js.doc["sweep"]  # still the sweep's trial: check_sweep counts it
                 self.stats[f"tpu.user_{'to_vm' if tpu else 'to_tpu'}"] += 1
             js.doc = doc
             self.say(f"user: {job}'s new spec: {change} ({_kind(doc)} in {', '.join(doc['zones'])})")
@@ -1730,6 +1746,29 @@ class Run:
         self.check_budgets()
         self.check_notices()
         self.check_ledgers()
+        self.check_sweep()
+
+    def check_sweep(self) -> None:
+        """At most ``max_parallel`` of a sweep's trials hold VMs or TPU nodes (any not yet gone), at
+        every step, whatever the passes met; and at most that many hold a slot."""
+        if not self.sweep_limit:
+            return
+        trials = {j for j, sim_ in self.jobs.items() if "sweep" in sim_.doc}
+        holding = {i.job for i in self.managed() if i.job in trials} | \
+            {t.inst.job for t in self.tpu_seen() if t.inst.managed and t.inst.job in trials}
+        if len(holding) > self.sweep_limit:
+            self.violate("sweep_limit", f"{len(holding)} trials hold VMs ({', '.join(sorted(holding))}); "
+                                        f"max_parallel {self.sweep_limit}")
+        self.stats["sweep.most_holding"] = max(self.stats["sweep.most_holding"], len(holding))
+
+    def check_slot_leaks(self) -> None:
+        """Once the world settled and every trial ended: no slot is still held (each given back once
+        its trial was over and its VMs gone, a trial whose folder was deleted whole included)."""
+        if not self.sweep_limit:
+            return
+        held = {(b.metadata or {}).get(SLOT_HOLDER) for b in self.store.list(BUCKET, names.slots_prefix(SWEEP))}
+        if held:
+            self.violate("sweep_limit", f"slots still held after every trial ended: {', '.join(sorted(map(str, held)))}")
 
     def check_notices(self) -> None:
         """A transition is told at most once to each destination, however many passes raced,
@@ -1995,6 +2034,9 @@ class Run:
                 where = f"{st.phase} attempt {st.attempt}: {st.message}" if st else "no status"
                 self.violate("stuck", f"{job}: every node exited 0 but the status never said SUCCEEDED ({where})")
         self.count_notices()
+        if all((st := self.status(j)) is None or st.phase.terminal for j in self.jobs):
+            self.settle()  # a slot is given back on the pass after its trial's last VM is gone
+            self.check_slot_leaks()
         for job in self.jobs:
             st = self.status(job)
             self.stats[f"outcome.{st.phase if st else 'no status'}"] += 1
@@ -2049,6 +2091,14 @@ class Run:
             return "a spec but no status" if self.exists(names.spec_key(job)) else None
         if st.phase.terminal:
             return f"{st.phase} without a message" if require_message and not st.message.strip() else None
+        if st.phase == Phase.QUEUED and self.sweep_limit:
+            # Settled when every slot is held by a trial that is not over: it starts as one ends
+            # (the finale ends them, and check_finale_queue then wants it started).
+            holders = {(b.metadata or {}).get(SLOT_HOLDER) for b in self.store.list(BUCKET, names.slots_prefix(SWEEP))}
+            busy = {h for h in holders if h and (hs := self.status(h)) is not None and not hs.phase.terminal}
+            if len(busy) >= self.sweep_limit:
+                return None
+            return f"QUEUED with {len(busy)} of {self.sweep_limit} slots held by trials not over: {st.message}"
         nodes = {i.name: i for i in [*self.managed(), *self.tpu_managed()] if i.job == job and i.attempt == st.attempt}
         down = [n for n in st.instances if n not in nodes or nodes[n].status != InstanceStatus.RUNNING]
         hung = [t.name for t in self.trainers.values() if t.job == job and t.attempt == st.attempt and t.state == "hung"]

@@ -278,6 +278,23 @@ def test_the_trainer_is_told_its_progress_file_and_notice_and_records_carry_its_
     assert told_notice == str(NOTICE)  # the notice the shutdown script assumes
 
 
+def test_the_result_a_trainer_writes_goes_with_its_exit_record_and_a_bad_one_never_loses_the_exit(gcs, srv):
+    """RESPAWN_RESULT_FILE (a sweep's trial reports its metrics there): its text is the exit record's
+    "result"; one too large, or no file, is left out and said, and the exit is recorded all the same."""
+    result = {"eval": {"loss": 0.25}, "note": 'a "quoted" tab\t, a newline\n and é'}
+    write = f"import json, os; json.dump({result!r}, open(os.environ['RESPAWN_RESULT_FILE'], 'w'), indent=1)"
+    boot(srv, "res-1", f"python -c {shlex.quote(write)}")
+    record = until("the exit record", lambda: read(gcs, "jobs/res/exit"))
+    assert record["exit_code"] == 0 and json.loads(record["result"]) == result
+    boot(srv, "big-1", 'head -c 20000 /dev/zero | tr "\\0" x > "$RESPAWN_RESULT_FILE"; exit 3')
+    record = until("the exit record", lambda: read(gcs, "jobs/big/exit"))
+    assert record["exit_code"] == 3 and "result" not in record
+    assert "RESPAWN_RESULT_FILE is over 16 KiB" in serial(srv, "big-1")
+    boot(srv, "dir-1", 'mkdir "$RESPAWN_RESULT_FILE"')
+    record = until("the exit record", lambda: read(gcs, "jobs/dir/exit"))
+    assert record["exit_code"] == 0 and "result" not in record
+
+
 @pytest.mark.parametrize("job, what", [
     ("fifo", 'mkfifo "$RESPAWN_PROGRESS_FILE"'),  # a read would block for ever
     ("zero", 'ln -s /dev/zero "$RESPAWN_PROGRESS_FILE"'),  # endless

@@ -1169,3 +1169,28 @@ def test_the_job_page_summary_says_the_overlap_and_once_started_how_soon_after_t
     assert dict(data["facts"])["zero-gap"] == ("1 attempt booted at the notice of the one before, its trainer started "
                                                "2s after the save it resumed from")
     assert data["cells"]["event"].startswith("running: train-2 past the starting line")
+
+
+# -- a sweep's page ---------------------------------------------------------------------------------
+def test_a_sweeps_page_lists_its_trials_best_first_with_their_cells_and_the_fleet_links_to_it(h):
+    from controller.core import sweep
+
+    sw = sweep.SweepFile(name="lr", base=spec_doc(), parameters={"lr": (0.1, 0.01, EVIL_TEXT)}, max_parallel=2,
+                         metric={"key": "loss", "goal": "minimize"})
+    h.store.write(BUCKET, names.sweep_key("lr"), sweep.record(sw).model_dump_json().encode())
+    for trial in sweep.trials(sw):
+        h.submit(trial.job, sweep.trial_spec(sw.base, sw, trial))
+    h.tick()
+    h.exit("lr-2", 0, result='{"loss": 0.5}')
+    h.tick()
+    client, _, _ = _dashboard(h)
+    data = client.get("/api/sweeps/lr", base_url=BASE).get_json()
+    assert [t["trial"] for t in data["trials"]] == ["lr-2", "lr-1", "lr-3"] and data["max_parallel"] == 2
+    assert [t["cells"]["metric"] for t in data["trials"]] == ["0.5", "no result", "no result"]
+    assert data["trials"][2]["phase"] == "QUEUED"
+    page = client.get("/sweeps/lr", base_url=BASE).get_data(as_text=True)
+    assert page.index('data-trial="lr-2"') < page.index('data-trial="lr-1"') and 'href="/jobs/lr-2"' in page
+    assert EVIL_TEXT not in page and "&lt;script&gt;" in page  # a parameter's value is text
+    fleet = client.get("/", base_url=BASE).get_data(as_text=True)
+    assert 'href="/sweeps/lr"' in fleet and "(3 trials)" in fleet
+    assert client.get("/sweeps/none", base_url=BASE).status_code == 404 and client.get("/api/sweeps/none", base_url=BASE).status_code == 404

@@ -248,6 +248,8 @@ def test_the_controller_gets_the_whole_bucket_and_may_attach_only_the_trainer_ac
     ("respawn/shards/1-of-4", False),  # a shard's listing, handed through an object
     ("respawn/lease/tick.clock", False),  # what a taker writes to read GCS's time: never a trainer's either
     ("respawn/snapshot/000.json", False),  # what a fresh controller instance starts from: nor a trainer's to write
+    ("sweeps/lr/slots/0", False),  # a sweep's admission: a trial's VM taking a slot would run past max_parallel
+    ("sweeps/lr/sweep.json", False),  # nor may it change its sweep's limits
     ("ckpt/train/step-100/model.pt", False),
     ("exit", False),
 ])
