@@ -170,11 +170,13 @@ def test_a_trial_deleted_whole_gives_its_slot_back_even_in_a_tick_that_replans_a
     """The tick's sweeps are its own: a pass for one job inside it (a new run's replan) reads its own."""
     h = Harness()
     jobs = submit_sweep(h, trials=2, max_parallel=1)
+    h.submit("other")
+    h.tick()
     h.tick()
     (first,) = holding(h, jobs)
     for info in h.store.list(BUCKET, f"jobs/{first}/"):
         h.store.delete(BUCKET, info.name)
-    h.submit("other")  # its new run replans inside the next tick
     for _ in range(4):
+        h.marker("other")  # preempted: its pass commits the loss and plans again at once, inside the tick
         h.tick()
     assert holding(h, jobs) == {j for j in jobs if j != first}
