@@ -1170,10 +1170,15 @@ def sweep_remove(name: Annotated[str, typer.Argument(help="the sweep, every tria
 
     jobs = _jobs()
     record = sweeps.read_record(jobs, name)
-    running = [t.job for t in record.trials if (st := jobs.status(t.job)) is not None and not st.phase.terminal]
-    if running:
-        _fail(f"sweep {name}: {', '.join(running[:5])}{' ...' if len(running) > 5 else ''} not over; "
-              f"respawn sweep cancel {name} first")
+    refused = []
+    for trial in record.trials:  # every trial checked before any is removed
+        try:
+            jobruns.removable(jobs, trial.job)
+        except Refused as e:
+            refused.append(str(e))
+    if refused:
+        _fail(f"sweep {name}: {len(refused)} of its trials are not over ({refused[0]}); respawn sweep cancel "
+              f"{name} first")
     for trial in record.trials:
         jobruns.remove(jobs, trial.job)
     # The record goes; the slots stay with the controller, which gives each back once its trial's

@@ -58,8 +58,15 @@ def _slot_releases(v: JobView) -> list[Action]:
     # back once no VM of an earlier run is left, the ones the slot was taken for.
     base = _run_base(st) if st is not None else None
     earlier = [i for i in v.instances if base is None or i.attempt <= base]
+
+    def left(sweep: str) -> bool:
+        """Whether the VMs the slot of ``sweep`` was taken for are gone: an earlier run's; or, while
+        the run it admitted goes on (its spec moved it to another sweep meanwhile), every VM."""
+        admitted = st is not None and st.sweep == sweep and not st.phase.terminal
+        return not blind and not (v.instances if admitted else earlier)
+
     moved = [ReleaseSlot(v.job, s.sweep, k, generation, "the job is no longer a trial of this sweep")
-             for s in v.other_slots for k, generation in s.held_by(v.job)] if not earlier and not blind else []
+             for s in v.other_slots if left(s.sweep) for k, generation in s.held_by(v.job)]
     if v.slots is None or not (held := v.slots.held_by(v.job)):
         return moved
     over = not v.has_spec or v.cancelled or (st is not None and st.phase.terminal)
@@ -466,9 +473,11 @@ def _fresh(v: JobView, actions: list[Action]) -> list[Action]:
     """Restarting a VM that looked alive, launching the next attempt, failing at the deadline: ask
     for its exit record to be read again first, so an ``exit 0`` that landed since the listing is
     never lost to a restart or a deadline."""
-    if v.records_fresh or not actions or not isinstance(actions[0], WriteStatus):
+    # The decision's own write: the first one, which a sweep's trial's claim of its slot comes before.
+    first = next((i for i, a in enumerate(actions) if isinstance(a, WriteStatus)), None)
+    if v.records_fresh or first is None or any(not isinstance(a, ClaimSlot) for a in actions[:first]):
         return actions
-    return [replace(actions[0], needs=frozenset({"records"})), *actions[1:]]
+    return [*actions[:first], replace(actions[first], needs=frozenset({"records"})), *actions[first + 1:]]
 
 
 def _hung(spec: JobSpec, st: JobStatus, mine: dict[str, Instance], now: datetime) -> list[str]:

@@ -50,8 +50,8 @@ class Range(_Strict):
 
     @model_validator(mode="after")
     def _ordered(self) -> Range:
-        if not (math.isfinite(self.min) and math.isfinite(self.max)):
-            raise ValueError("min and max must be finite numbers")
+        if not (math.isfinite(self.min) and math.isfinite(self.max) and math.isfinite(self.max - self.min)):
+            raise ValueError("min and max must be finite numbers, and so must max - min")
         if self.min > self.max:
             raise ValueError(f"min ({self.min:g}) is above max ({self.max:g}); swap them")
         if self.log and self.min <= 0:

@@ -157,14 +157,22 @@ def create_app(fleet: Fleet, guard: Guard, interval: float = DEFAULT_INTERVAL,
             return f"resubmitted {job} with --replace (spec generation {generation})"
         return _act(fleet, submit)
 
+    records: dict[str, tuple[datetime, Any]] = {}  # sweep -> (the snapshot it was read with, its record)
+
     def sweep_data(name: str) -> dict[str, Any]:
+        """The sweep's page, its record read once a snapshot (the bucket once an interval, however
+        many pages poll it), its trials' statuses the snapshot's."""
         from controller.service import sweeps
 
-        try:
-            record = sweeps.read_record(fleet.jobs, name)
-        except Refused:
-            abort(404)
-        return views.sweep(record, fleet.snapshot(), now())
+        snapshot = fleet.snapshot()
+        kept = records.get(name)
+        if kept is None or kept[0] != snapshot.at:
+            try:
+                kept = records[name] = (snapshot.at, sweeps.read_record(fleet.jobs, name))
+            except Refused:
+                records.pop(name, None)
+                abort(404)
+        return views.sweep(kept[1], snapshot, now())
 
     @app.get("/sweeps/<name>")
     def sweep_page(name: str) -> str:

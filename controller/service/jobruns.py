@@ -90,11 +90,9 @@ class Removed:
     checkpoints: tuple[str, ...]  # the prefixes its checkpoints are under: kept
 
 
-def remove(jobs: Jobs, job: str) -> Removed:
-    """Forget a job that is not running: its spec first (so that no pass starts it again), then its
-    records, its status last, each by generation (one written meanwhile is someone's new decision:
-    refused, never deleted). Never a checkpoint. Nothing there: nothing removed (removing twice is
-    fine)."""
+def removable(jobs: Jobs, job: str) -> tuple[dict[str, BlobInfo], JobStatus | None]:
+    """The job's objects and status, or Refused when it may not be removed (``remove``'s check,
+    made alone: ``respawn sweep rm`` checks every trial before it removes any)."""
     if problem := names.job_name_problem(job):
         raise Refused(f"{problem}; nothing removed")
     objects = {i.name: i for i in jobs.store.list(jobs.bucket, f"{names.JOBS_PREFIX}{job}/")
@@ -106,6 +104,15 @@ def remove(jobs: Jobs, job: str) -> Removed:
     spec_info, status_info = objects.get(names.spec_key(job)), objects.get(names.status_key(job))
     status = jobs.status(job) if status_info else None
     _refuse_active(job, spec_info, status_info is not None, status)
+    return objects, status
+
+
+def remove(jobs: Jobs, job: str) -> Removed:
+    """Forget a job that is not running: its spec first (so that no pass starts it again), then its
+    records, its status last, each by generation (one written meanwhile is someone's new decision:
+    refused, never deleted). Never a checkpoint. Nothing there: nothing removed (removing twice is
+    fine)."""
+    objects, status = removable(jobs, job)
     kept = _checkpoint_prefixes(jobs, job, status)
     order = sorted(objects, key=lambda n: (n != names.spec_key(job), n == names.status_key(job), n))
     removed = []

@@ -54,7 +54,7 @@ TPU_LIST_TIMEOUT = 20.0
 # status.json is the controller's own, bounded by its history limit: a few hundred KiB.
 MAX_STATUS_BYTES = 4 * 1024 * 1024
 SWEEP_RECORD_LIMIT = 4 * 1024 * 1024  # sweeps/<sweep>/sweep.json: 1,000 trials and their parameters
-_SLOT_NUMBER = re.compile(r"[0-9]{1,3}")
+_SLOT_NUMBER = re.compile(r"0|[1-9][0-9]{0,2}")  # as the controller writes them: "00" is no slot 0
 PARSED_CACHE_BYTES = 128 * 1024 * 1024  # by what the entries hold in memory (``footprint``)
 _ONE_JOB = 8  # a single job's reads sent side by side (its few objects; a gang's nodes)
 # VM records of names with neither spec nor status handed to the planner per pass, oldest

@@ -19,7 +19,8 @@ def submit_sweep(h: Harness, trials: int, max_parallel: int, name: str = "lr", *
     """What ``respawn sweep submit`` writes: the sweep's record first, then each trial's spec."""
     sw = sweep.SweepFile(name=name, base=spec_doc(**base), parameters={"lr": tuple(range(trials))},
                          max_parallel=max_parallel)
-    h.store.write(BUCKET, names.sweep_key(name), sweep.record(sw).model_dump_json().encode())
+    h.store.write(BUCKET, names.sweep_key(name), sweep.record(sw).model_dump_json().encode(),
+                  metadata={sweep.SWEEP_LIMIT_KEY: str(max_parallel)})
     jobs = []
     for t in sweep.trials(sw):
         h.submit(t.job, sweep.trial_spec(sw.base, sw, t))
@@ -180,3 +181,15 @@ def test_a_trial_deleted_whole_gives_its_slot_back_even_in_a_tick_that_replans_a
         h.marker("other")  # preempted: its pass commits the loss and plans again at once, inside the tick
         h.tick()
     assert holding(h, jobs) == {j for j in jobs if j != first}
+
+
+
+def test_a_pass_reads_max_parallel_from_the_listing_and_never_the_record_and_ignores_odd_slot_names():
+    h = Harness()
+    jobs = submit_sweep(h, trials=3, max_parallel=1)
+    h.store.put(BUCKET, names.slots_prefix("lr") + "00", b"{}", metadata={"job": "lr-9"})  # by hand: no slot 0
+    h.store.put(BUCKET, names.slots_prefix("lr") + "x", b"{}")
+    h.store.calls.clear()
+    h.tick()
+    assert not [c for c in h.store.calls if c[0] in ("read", "read_listed") and c[1] == names.sweep_key("lr")]
+    assert len(holding(h, jobs)) == 1  # one admitted, whatever else lies under slots/

@@ -156,3 +156,46 @@ def test_an_exit_record_whose_result_is_no_utf8_keeps_its_exit_code():
     data = b'{"exit_code": 0, "attempt": 1, "instance": "job-1", "token": "' + b"t" * 32 + b'", "result": "caf\xe9 \xff"}'
     record = Record.parse(BlobInfo("bkt", "jobs/job/exit", 9, NOW), data)
     assert record.exit_code == 0 and record.attempt == 1 and record.result is not None and "\ufffd" in record.result
+
+
+
+def test_a_trials_relaunch_reads_its_records_again_first_as_any_jobs_does():
+    """An exit 0 that landed since the listing is never lost to a restart: the decision's write, after
+    the claim of its slot, asks for the records again."""
+    recovering = replace(trial(**running(phase=Phase.RECOVERING).__dict__), instances=(),
+                         slots=Slots("lr", 2, {0: ("job", 10)}))
+    actions = plan_job(recovering, NOW, CTX)
+    assert kinds(actions)[:2] == ["ClaimSlot", "WriteStatus"] and actions[1].needs == frozenset({"records"})
+
+
+def test_a_trial_moved_to_another_sweep_keeps_the_old_slot_while_the_run_it_admitted_has_vms():
+    st = running(sweep="old")
+    moved = replace(trial(**st.__dict__), instances=(vm("job-1", 1),),
+                    slots=Slots("lr", 2, {}), other_slots=(Slots("old", 2, {0: ("job", 10)}),))
+    assert not [a for a in plan_job(moved, NOW, CTX) if isinstance(a, ReleaseSlot)]
+    gone = replace(moved, instances=(), status=running(sweep="old", phase=Phase.SUCCEEDED))
+    assert [a.sweep for a in plan_job(gone, NOW, CTX) if isinstance(a, ReleaseSlot)] == ["old"]
+
+
+def test_a_queued_trials_wait_is_not_its_run_time():
+    from controller.core.spec import parse_spec as parse
+
+    spec = parse(yaml.safe_dump(spec_doc(sweep={"name": "lr", "trial": 1, "params": {}},
+                                         policy={"max_runtime": "1h"})), "job")
+    waited = replace(trial(created_at=NOW - timedelta(hours=5), phase=Phase.QUEUED), spec=spec,
+                     slots=Slots("lr", 1, {0: ("other", 10)}))
+    assert not [a for a in plan_job(waited, NOW, CTX) if getattr(a, "status", None) is not None
+                and a.status.phase == Phase.FAILED]
+
+
+def test_an_exit_0_seen_between_attempts_keeps_the_trials_result():
+    import json
+
+    from controller.core.ports import BlobInfo
+    from controller.core.world import Record
+
+    body = {"exit_code": 0, "attempt": 1, "instance": "job-1", "token": "t" * 32, "result": '{"loss": 0.1}'}
+    record = Record.parse(BlobInfo("bkt", "jobs/job/exit", 9, NOW), json.dumps(body).encode())
+    st = running(phase=Phase.RECOVERING, attempt_token="t" * 32)
+    ended = plan_job(replace(trial(**st.__dict__), exit=record, instances=(), records_fresh=True), NOW, CTX)[0]
+    assert ended.status.phase == Phase.SUCCEEDED and ended.status.result == {"loss": 0.1}

@@ -63,6 +63,7 @@ def test_each_trial_is_an_ordinary_job_with_its_parameters_its_own_checkpoints_a
     ({"name": "Bad_Name"}, "name"),
     ({"parameters": {"lr": [0.1, float("inf")]}}, "parameters.lr"),  # a record could not hold it
     ({"parameters": {"lr": {"choices": [float("nan")]}}, "count": 2}, "parameters.lr"),
+    ({"parameters": {"lr": {"min": -1e308, "max": 1e308}}, "count": 2}, "max - min"),  # a draw would be inf
 ])
 def test_a_bad_sweep_file_is_refused_naming_the_field_and_the_fix(fields, named):
     with pytest.raises(SpecError) as e:
