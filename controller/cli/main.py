@@ -1057,7 +1057,7 @@ def sweep_submit(
         sw = sweep.parse_sweep(raw, file.name)
         base, folder = _sweep_base(sw, file)
         jobs = _jobs()
-        base_raw, packed, note = submitting.with_code(yaml_dump(base), folder, None, jobs.bucket)
+        base_raw, packed, note = submitting.with_code(_yaml_dump(base), folder, None, jobs.bucket)
         base = load_document(base_raw)
         prepared = sweeps.specs(sw, base, jobs)
     except SpecError as e:
@@ -1110,7 +1110,7 @@ def _sweep_base(sw: Any, file: Path) -> tuple[dict[str, Any], Path]:
     return data, path.parent
 
 
-def yaml_dump(doc: dict[str, Any]) -> bytes:
+def _yaml_dump(doc: dict[str, Any]) -> bytes:
     import yaml
 
     return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True).encode()

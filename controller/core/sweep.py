@@ -18,7 +18,6 @@ import itertools
 import json
 import math
 import random
-import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
