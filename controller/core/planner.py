@@ -52,11 +52,13 @@ def _slot_releases(v: JobView) -> list[Action]:
     every zone and project answered); a trial not over keeps one slot, the lowest, and gives
     back any other it got (two passes that claimed two at once). Last in the chain: a release
     never comes before what the pass decided for the trial."""
+    if v.slots is None and not v.other_slots:
+        return []  # not a sweep's trial: nothing read (a status's history is parsed only when used)
     st = v.status
     blind = bool(v.unreachable or v.unseen_projects)
     # Slots in a sweep the job is no longer a trial of (its spec moved it, or out of sweeps): given
     # back once no VM of an earlier run is left, the ones the slot was taken for.
-    base = _run_base(st) if st is not None else None
+    base = _run_base(st) if st is not None and v.other_slots else None
     earlier = [i for i in v.instances if base is None or i.attempt <= base]
 
     def left(sweep: str) -> bool:

@@ -942,6 +942,7 @@ _PATTERN_WORDS = {
     r"^[A-Za-z_][A-Za-z0-9_]{0,127}$": "a variable name of letters, digits and underscores, such as BATCH_SIZE",
     r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$": "a project id: 6 to 30 lowercase letters, digits and dashes, such as my-proj",
     r"^[a-z]+-[a-z]+\d+-[a-z]$": "a zone such as us-central1-a (a region and a letter)",
+    r"^[a-z]([-a-z0-9]{0,43}[a-z0-9])?$": "a sweep's name of lowercase letters, digits and dashes, such as lr-search",
 }
 
 

@@ -13,11 +13,14 @@ import pytest
 import yaml
 
 from controller.cli import pack
+from controller.core import sweep
 from controller.core.spec import parse_spec
 from controller.service.config import REPO_ROOT
 
 EXAMPLES = REPO_ROOT / "examples"
-SPECS = sorted(p for p in EXAMPLES.rglob("*") if p.suffix in (".yaml", ".yml", ".json"))
+FILES = sorted(p for p in EXAMPLES.rglob("*") if p.suffix in (".yaml", ".yml", ".json"))
+SWEEPS = [p for p in FILES if "base" in (yaml.safe_load(p.read_bytes()) or {})]  # respawn sweep submit's files
+SPECS = [p for p in FILES if p not in SWEEPS]
 PACKED_FROM_THE_REPO = ("hf-finetune", "lightning")  # their spec says: --workdir . from the repository's root
 
 
@@ -36,6 +39,23 @@ def test_every_example_spec_parses_under_its_own_name(path: Path):
     spec = parse_spec(raw, job)
     assert spec.zones and spec.command
     assert spec.checkpoint is not None and spec.checkpoint.uri.startswith("gs://")
+
+
+def test_the_examples_folder_holds_a_sweep():
+    assert [p.name for p in SWEEPS] == ["sweep.yaml"]
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.relative_to(EXAMPLES).as_posix())
+def test_every_example_sweep_makes_trials_respawn_accepts(path: Path):
+    sw = sweep.parse_sweep(path.read_bytes(), path.name)
+    assert isinstance(sw.base, dict) and sw.metric is not None
+    assert (path.parent / sw.base["code"]).is_file()  # what respawn sweep submit packs, beside the file
+    base = {**sw.base, "code": "gs://respawn-local/code/" + "0" * 64 + ".tar.gz"}  # as it submits it once packed
+    trials = sweep.trials(sw)
+    for trial in trials:
+        spec = parse_spec(yaml.safe_dump(sweep.trial_spec(base, sw, trial)), trial.job)
+        assert spec.sweep is not None and spec.checkpoint is not None and spec.checkpoint.uri.endswith(trial.job)
+    assert len(trials) > sw.max_parallel  # some wait: the example shows the limit at work
 
 
 @pytest.fixture(scope="module")
