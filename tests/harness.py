@@ -191,3 +191,16 @@ def under_cli(monkeypatch: Any, columns: int = 400) -> Harness:
     bootstrap.override(None, Settings(bucket=BUCKET, project=PROJECT, trainer_service_account=TRAINER),
                        h.store, h.compute)
     return h
+
+
+def cli_against(cloud: Any, monkeypatch: Any, columns: int = 200) -> None:
+    """The `respawn` CLI pointed at a running local cloud (``localcloud.stack.LocalCloud``): its
+    environment, a terminal ``columns`` wide, no question asked, no process state left from before."""
+    from controller.cli import submitting
+    from controller.service import bootstrap
+
+    for key, value in cloud.env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("COLUMNS", str(columns))
+    monkeypatch.setattr(submitting, "interactive", lambda: False)
+    bootstrap.override(None)

@@ -11,12 +11,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from controller.cli import submitting
 from controller.cli.main import app
 from controller.core import names
 from controller.core.state import JobStatus, Phase
 from controller.service import bootstrap
 from localcloud.stack import LocalCloud, Options
+from tests.harness import cli_against
 from tests.wait import until
 
 # The job's own code: reads a file packed beside it, checks an ignored file stayed behind, and
@@ -38,11 +38,7 @@ def cloud() -> Iterator[LocalCloud]:
 
 
 def test_a_job_whose_code_is_a_local_folder_runs_that_code_on_its_vm(cloud, tmp_path, monkeypatch):
-    for key, value in cloud.env().items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("COLUMNS", "200")
-    monkeypatch.setattr(submitting, "interactive", lambda: False)
-    bootstrap.override(None)
+    cli_against(cloud, monkeypatch)
     src = tmp_path / "project" / "src"
     (src / "data").mkdir(parents=True)
     (src / "train.sh").write_text(TRAIN)

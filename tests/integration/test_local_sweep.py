@@ -13,12 +13,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from controller.cli import submitting
 from controller.cli.main import app
 from controller.core import names
 from controller.core.state import JobStatus, Phase
 from controller.service import bootstrap
 from localcloud.stack import LocalCloud, Options
+from tests.harness import cli_against
 from tests.wait import until
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -31,15 +31,11 @@ def cloud() -> Iterator[LocalCloud]:
 
 
 def test_the_example_sweep_runs_two_at_a_time_and_lists_its_trials_best_first(cloud, tmp_path, monkeypatch):
-    for key, value in cloud.env().items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("COLUMNS", "200")
-    monkeypatch.setattr(submitting, "interactive", lambda: False)
+    cli_against(cloud, monkeypatch)
     doc = yaml.safe_load((EXAMPLES / "sweep.yaml").read_text())
     doc["base"]["env"].update(TRAIN_STEPS="60", CHECKPOINT_EVERY="20", STEP_SECONDS="0.02")  # only: shorter
     shutil.copy(EXAMPLES / "trainer.py", tmp_path / "trainer.py")
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    bootstrap.override(None)
     runner = CliRunner()
     try:
         submitted = runner.invoke(app, ["sweep", "submit", str(tmp_path / "sweep.yaml")])
