@@ -11,12 +11,20 @@ power it off: ``shutdown`` without a time waits a minute, as systemd's does), or
 (stop, delete, preemption, a crash). Powering off runs the shutdown-script, within a time
 budget when Compute imposes one, then kills every process of the VM, as Compute's hard
 power-off does.
+
+Each VM is its own container host too (an image: job's trainer runs in a container): podman with
+the VM's own image store and container state under its folder (a fresh VM has no image until it
+pulls one), the registries the local cloud serves (``CONTAINERS_REGISTRIES_CONF``, from the VM
+environment), and every container of it carrying the VM's tag in its environment, so that the hard
+power-off kills the container's processes with the rest; its containers are then removed, as a
+VM's power-off ends them. The configuration is DESIGN.md's: runc, no default ulimits, cgroupfs.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import threading
@@ -61,6 +69,21 @@ echo "Shutdown scheduled in $delay s, use 'shutdown -c' to cancel."
 """
 
 
+_CONTAINERS_CONF = """[containers]
+default_ulimits = []
+env = ["RESPAWN_LOCAL_VM={tag}"]
+[engine]
+cgroup_manager = "cgroupfs"
+runtime = "runc"
+events_logger = "file"
+"""
+_STORAGE_CONF = """[storage]
+driver = "overlay"
+graphroot = "{root}"
+runroot = "{run}"
+"""
+
+
 class VmProcess:
     def __init__(self, workdir: Path, env: dict[str, str], on_power_off: Callable[[], None]) -> None:
         self.workdir = workdir
@@ -83,7 +106,28 @@ class VmProcess:
         # (the VM agent runs the trainer under setsid): power-off kills all that carry it.
         self.tag = f"{workdir.name}-{os.getpid()}-{id(self)}"
         self.env = {**env, "PATH": f"{bin_dir}:{env.get('PATH', os.environ.get('PATH', ''))}", "HOME": str(workdir),
-                    "RESPAWN_LOCAL_VM": self.tag}
+                    "RESPAWN_LOCAL_VM": self.tag, **self._container_host(workdir / ".containers")}
+
+    def _container_host(self, folder: Path) -> dict[str, str]:
+        """This VM's podman: its own configuration, image store and (per boot) container state."""
+        self._containers = folder
+        folder.mkdir(exist_ok=True)
+        shutil.rmtree(folder / "run", ignore_errors=True)  # /run is a tmpfs: a boot starts with none
+        (folder / "containers.conf").write_text(_CONTAINERS_CONF.format(tag=self.tag))
+        (folder / "storage.conf").write_text(_STORAGE_CONF.format(root=folder / "storage", run=folder / "run"))
+        return {"CONTAINERS_CONF": str(folder / "containers.conf"), "CONTAINERS_STORAGE_CONF": str(folder / "storage.conf")}
+
+    def _remove_containers(self) -> None:
+        """After the power-off: the VM's containers (their processes died with it) removed, their
+        file systems unmounted, as nothing of them runs on a VM that is off."""
+        podman = shutil.which("podman", path=self.env.get("PATH"))
+        if podman is None or not (self._containers / "storage").exists():
+            return
+        try:
+            subprocess.run([podman, "rm", "--all", "--force", "--time", "0"], env=self.env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
 
     def start(self, script: str | None) -> None:
         """Boot: run the startup script, if there is one (the VM runs on either way)."""
@@ -150,6 +194,7 @@ class VmProcess:
             self._proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+        self._remove_containers()
 
     def _signal_all(self, sig: int) -> None:
         for pid in self._pids():

@@ -140,6 +140,8 @@ def _metadata(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, ma
         # Where this run writes its checkpoints: a fresh run's own prefix (controller.core.runs).
         "respawn-checkpoint-uri": status.checkpoints(spec.checkpoint).uri if spec.checkpoint else "",
         "respawn-command": spec.command_line,
+        # The container the command runs in ("": on the VM itself), pulled before the starting line.
+        "respawn-image": spec.image or "",
         "respawn-code": spec.code or "",
         # Lines the startup script evaluates; keys are validated identifiers, values quoted.
         "respawn-env": render_env({**spec.env, **(spec.sweep.env if spec.sweep else {})}),

@@ -30,6 +30,9 @@ _SETTLE_LIMIT = timedelta(minutes=10)
 # How long a run whose every TPU zone the project may not use waits before it fails: IAM
 # grants take minutes to hold, and a deploy may have made them just before.
 _DENIED_GRACE = timedelta(minutes=10)
+# The VM agent's exit code for an image that cannot run here (deploy/vm/startup.sh): missing, not this
+# account's to pull, no container runtime (or none for the GPUs) on the boot image, or not started.
+NEVER_RUNS = 94
 # Causes of a lost VM that are nobody's fault but the platform's, most telling first.
 _PLATFORM = {StopReason.PREEMPTED: "preempted", StopReason.MAINTENANCE: "maintenance",
              StopReason.HOST_ERROR: "host error"}
@@ -212,6 +215,9 @@ def _exited(v: JobView, spec: JobSpec, st: JobStatus, exited: Record, now: datet
     detail = f"command exited with code {code} on {where}"
     if exited.detail:  # the agent says why the command never ran (code download failed...)
         detail = f"the command never ran on {where}: {exited.detail} (exit {code})"
+        if exited.exit_code == NEVER_RUNS:  # the image cannot run here: every next VM would fail alike
+            return _end(v, st, Phase.FAILED, f"{detail}; not retried: fix the image, its grant or the boot "
+                        "image, then submit again", now)
     if cause := _platform_cause(v, st):
         return _restart(v, spec, st, cause, f"{detail} after a node was {cause}", now, ctx)
     if len(st.instances) > 1:

@@ -59,6 +59,18 @@ MAX_COUNT = 1_000_000  # restarts, failures: anything larger is a typo
 GCS_URI = r"^gs://[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9](/[^\s\x00-\x1f\x7f]*)?$"
 _NAME = r"^[a-z][-a-z0-9]{0,62}$"  # machine types, accelerator and disk types
 _RESOURCE = r"^[-A-Za-z0-9_.:/]{1,1024}$"  # image, network, subnetwork: names, paths or URLs
+# A container image reference as docker and podman parse it (the distribution project's grammar):
+# [registry[:port]/]path[:tag][@digest]; lower-case path components; a tag of at most 128 characters.
+_LABEL = r"[A-Za-z0-9](?:[-A-Za-z0-9]*[A-Za-z0-9])?"
+# A first component is a registry when it holds a dot or a port, or is localhost (else it is a path).
+_REGISTRY = rf"(?:(?:localhost|{_LABEL}(?:\.{_LABEL})+)(?::[0-9]{{1,5}})?|{_LABEL}:[0-9]{{1,5}})/"
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_REF = rf"^(?:{_REGISTRY})?{_COMPONENT}(?:/{_COMPONENT})*(?::\w[\w.-]{{0,127}})?(?:@sha256:[a-f0-9]{{64}})?$"
+# The boot images an image: job gets unless the spec names one: each carries a container runtime the
+# VM agent drives. GPU VMs: a Deep Learning VM image (Docker with the NVIDIA Container Toolkit, and
+# the driver); others: Container-Optimized OS (Docker). A TPU VM's runtime version has Docker.
+CONTAINER_BOOT_GPU = ("common-cu128-ubuntu-2204-nvidia-570", "deeplearning-platform-release")
+CONTAINER_BOOT = ("cos-stable", "cos-cloud")
 _LABEL_RE = r"^[a-z][-_a-z0-9]{0,62}$"
 
 # Environment the VM agent sets for the command, or reads itself: a spec may not override them.
@@ -400,7 +412,11 @@ class JobSpec(Strict):
     network: Network = Network()
     # Google allows 64 labels on a VM: the controller's own four (managed, job, attempt, shard) leave 60.
     labels: dict[LabelKey, LabelValue] = Field(default={}, max_length=60)
-    command: Annotated[str | tuple[str, ...], BeforeValidator(_command_shape)]
+    # A container image the VM agent pulls and runs the command in (the VM's own account pulls it).
+    image: str | None = Field(default=None, max_length=512,
+                              description="e.g. us-central1-docker.pkg.dev/PROJECT/REPO/trainer:1")
+    # Required without image; with one, optional: the image's own entrypoint and command run then.
+    command: Annotated[str | tuple[str, ...] | None, BeforeValidator(_command_shape)] = None
     # A gs:// .tar.gz unpacked into the command's working directory. The CLI also takes a local
     # folder or file here: it packs and uploads it, and writes the gs:// URI in its place.
     code: str | None = Field(default=None, max_length=1024)
@@ -463,9 +479,34 @@ class JobSpec(Strict):
             raise ValueError(f"labels starting with 'respawn-' are the controller's: {reserved}")
         return value
 
+    @field_validator("image")
+    @classmethod
+    def _an_image_reference(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if "://" in value:
+            raise ValueError("an image reference has no scheme: e.g. us-central1-docker.pkg.dev/PROJECT/REPO/IMAGE:TAG")
+        if not re.fullmatch(IMAGE_REF, value):
+            raise ValueError("not a container image reference: [REGISTRY/]PATH[:TAG][@sha256:DIGEST], the path in "
+                             "lower case, e.g. us-central1-docker.pkg.dev/PROJECT/REPO/trainer:1")
+        return value
+
+    @model_validator(mode="after")
+    def _something_to_run(self) -> JobSpec:
+        """A command, or an image whose own entrypoint runs; an image job's boot disk carries a runtime."""
+        if self.command is None and self.image is None:
+            raise FieldProblem("command", "required: the bash line (or list of arguments) the VM runs; or give "
+                                          "'image' and the image's own entrypoint and command run")
+        if self.image is not None and "boot_disk" not in self.model_fields_set and self.tpu is None:
+            family, project = CONTAINER_BOOT_GPU if self.gpus_per_node else CONTAINER_BOOT
+            object.__setattr__(self, "boot_disk", BootDisk(image_family=family, image_project=project))
+        return self
+
     @field_validator("command")
     @classmethod
-    def _runnable(cls, value: str | tuple[str, ...]) -> str | tuple[str, ...]:
+    def _runnable(cls, value: str | tuple[str, ...] | None) -> str | tuple[str, ...] | None:
+        if value is None:
+            return value
         parts = (value,) if isinstance(value, str) else value
         if any("\x00" in p for p in parts):
             raise ValueError("contains a NUL character, which no command line can hold")
@@ -617,7 +658,9 @@ class JobSpec(Strict):
 
     @property
     def command_line(self) -> str:
-        """The command as one bash line (a list is quoted element by element)."""
+        """The command as one shell line (a list is quoted element by element); "" for an image's own."""
+        if self.command is None:
+            return ""
         return self.command if isinstance(self.command, str) else shlex.join(self.command)
 
     @property

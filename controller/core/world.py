@@ -60,6 +60,11 @@ class Record:
     save_s: float | None = None
     upload_s: float | None = None
     saved_step: int | None = None
+    # An image: job's pull of its image, by the VM's clock (before the starting line), and how long it
+    # took in whole seconds; None without an image, from an older agent, or where garbage.
+    pull_started: datetime | None = None
+    pull_ended: datetime | None = None
+    pull_s: int | None = None
     # An exit record's: the text the trainer wrote to RESPAWN_RESULT_FILE (a sweep's trial reports
     # its result so), at most RESULT_MAX_BYTES; judged only once the record's token is.
     result: str | None = None
@@ -140,7 +145,7 @@ class Record:
             node=_whole(body.get("node"), 0, 10**6),
             token=token,
             proof=proof,
-            detail=reason[:200] if isinstance(reason, str) else "",
+            detail=reason[:DETAIL_MAX] if isinstance(reason, str) else "",
             saved=saved if isinstance(saved, bool) else None,
             trainer_started=_instant(body.get("trainer_started")),
             result=result if isinstance(result := body.get("result"), str) and len(result) <= RESULT_MAX_BYTES else None,
@@ -148,6 +153,9 @@ class Record:
             save_s=_seconds(body.get("save_s")),
             upload_s=_seconds(body.get("upload_s")),
             saved_step=_whole(body.get("saved_step"), 0, MAX_STEP),
+            pull_started=_instant(body.get("pull_started")),
+            pull_ended=_instant(body.get("pull_ended")),
+            pull_s=_whole(body.get("pull_s"), 0, 10**7),
         )
 
     def belongs_to(self, status: JobStatus) -> bool:
@@ -185,7 +193,9 @@ _PROOF = re.compile(r"[0-9a-f]{64}")
 # The body's fields a record is made of (``Record._judged``): all but the token, which the listing
 # never carries.
 _FIELDS = ("attempt", "instance", "exit_code", "node", "reason", "saved", "trainer_started", "step", "save_s",
-           "upload_s", "saved_step")
+           "upload_s", "saved_step", "pull_started", "pull_ended", "pull_s")
+# An exit record's reason, as a status keeps it: room for an image reference and the registry's words.
+DETAIL_MAX = 600
 
 
 def token_proof(token: str) -> str:

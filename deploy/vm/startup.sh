@@ -4,6 +4,10 @@
 # a Cloud TPU worker stays up: see the end).
 #
 # Exit records the agent writes itself, when the command never ran, carry a "reason":
+#   94  the spec's image cannot run here: it does not exist, the VM's account may not pull it, the
+#       VM's image has no container runtime (or none for its GPUs), or the container did not start.
+#       The controller fails the job at once: the next VM would fail the same way.
+#   95  the image could not be pulled for a reason that may pass (the registry did not answer)
 #   96  the run directory or the agent's state directory cannot be used
 #   97  the code tarball could not be fetched or unpacked ("code download failed")
 #   98  a respawn-* metadata value (or instance/id) could not be read
@@ -29,6 +33,11 @@ set -uo pipefail
 agent_worker_exit_delay="${RESPAWN_WORKER_EXIT_DELAY:-10}"
 [[ "$agent_worker_exit_delay" =~ ^[0-9]{1,3}$ ]] || agent_worker_exit_delay=10
 readonly agent_worker_exit_delay
+# The VM's devices (GPUs, TPU chips), given to a container; the local cloud's tests give their own.
+agent_dev_dir="${RESPAWN_DEV_DIR:-/dev}"
+# Where the registry credentials of a pull live while it runs (the run directory: a tmpfs).
+agent_ctr_auth="$agent_run_dir/registry-auth"
+readonly agent_dev_dir agent_ctr_auth
 
 # exit_object: this rank's exit record (load_identity first).
 exit_object() {
@@ -177,6 +186,129 @@ hold_at_the_line() {
   agent_waited=$((SECONDS - began))
 }
 
+# Containers (the spec's image:). The agent drives the runtime the VM's image has through the command
+# line docker and podman share: podman where it is installed (the local cloud), else docker, whose
+# daemon may still be starting when this script runs. The image is pulled before the starting line,
+# so that a standby's pull overlaps the save of the attempt before it; the trainer runs in it with
+# host networking and IPC (NCCL, data-loader workers' shared memory), every GPU or TPU device, the
+# run directory at its own path (the notice, progress and result files) and the contract's variables.
+agent_ctr_log=""  # the runtime's last error line, for the exit record
+container_runtime() {
+  local i
+  if command -v podman > /dev/null; then agent_rt=podman; return 0; fi
+  command -v docker > /dev/null || return 1
+  for ((i = 0; i < 60; i++)); do
+    timeout 10 docker info > /dev/null 2>&1 && { agent_rt=docker; return 0; }
+    ((i == 0)) && log "waiting for the docker daemon"
+    sleep 2
+  done
+  return 2
+}
+
+# registry_auth HOST: Artifact Registry (and Container Registry) with the VM's own account: its access
+# token from the metadata server as the password of "oauth2accesstoken", in the auth file both
+# runtimes read (docker: $DOCKER_CONFIG/config.json; podman: $REGISTRY_AUTH_FILE), as
+# docker-credential-gcr would give it. No key on the VM; the file goes once the image is pulled.
+registry_auth() {
+  local json token re='"access_token"[[:space:]]*:[[:space:]]*"([^"]+)"'
+  json="$(md instance/service-accounts/default/token)"
+  case $? in
+    0) ;;
+    1) log "this VM has no service account: pulling $agent_image without credentials"; return 0 ;;
+    *) return 1 ;;
+  esac
+  [[ "$json" =~ $re ]] || return 1
+  token="$(printf 'oauth2accesstoken:%s' "${BASH_REMATCH[1]}" | base64 | tr -d '\n')"
+  mkdir -p "$agent_ctr_auth" && chmod 700 "$agent_ctr_auth" \
+    && printf '{"auths": {"%s": {"auth": "%s"}}}\n' "$(json_escape "$1")" "$token" > "$agent_ctr_auth/config.json" \
+    && chmod 600 "$agent_ctr_auth/config.json"
+}
+
+# container_pull: the image onto this VM, unless it is here already (baked into the boot image). Sets
+# agent_ctr_error and agent_ctr_code (94: it will never pull; 95: it may, later) when it fails; the
+# pull's times in agent_pull_started/agent_pull_ended (this VM's clock) and agent_pull_s.
+container_pull() {
+  local host out rc try t0
+  agent_ctr_error="" agent_ctr_code=""
+  if ! container_runtime; then
+    agent_ctr_code=94
+    agent_ctr_error="no container runtime on this VM's image (neither podman nor a docker daemon): use a boot image that has one (leave boot_disk unset: respawn picks one)"
+    return 1
+  fi
+  log "container runtime: $agent_rt"
+  if "$agent_rt" image inspect "$agent_image" > /dev/null 2>&1; then
+    log "image $agent_image is on this VM already: not pulled"
+    return 0
+  fi
+  host="${agent_image%%/*}"
+  if [[ "$agent_image" == */* && "$host" =~ ^([a-z0-9-]+-docker\.pkg\.dev|([a-z]+\.)?gcr\.io)(:[0-9]+)?$ ]]; then
+    registry_auth "$host" || log "the VM's access token is unreadable: pulling without credentials"
+  fi
+  agent_pull_started="$(now)"
+  t0="$(ms_now)"
+  log "pulling $agent_image"
+  for try in 1 2 3; do
+    out="$(DOCKER_CONFIG="$agent_ctr_auth" REGISTRY_AUTH_FILE="$agent_ctr_auth/config.json" \
+      timeout 3600 "$agent_rt" pull "$agent_image" 2>&1 > /dev/null)"
+    rc=$?
+    [ "$rc" = 0 ] && break
+    agent_ctr_log="$(printf '%s\n' "$out" | grep -v '^[[:space:]]*$' | tail -n 1 | cut -c 1-400)"
+    log "pull $try of 3 failed: $agent_ctr_log"
+    # Google's words for an image that is not there or not this account's: no second try helps.
+    case "$out" in
+      *"manifest unknown"*|*"not found"*|*"NOT_FOUND"*|*"denied"*|*"DENIED"*|*"unauthorized"*|*"UNAUTHORIZED"*|*"403"*|*"401"*|*"invalid reference"*)
+        agent_ctr_code=94; break ;;
+    esac
+    agent_ctr_code=95
+    sleep $((try * 5))
+  done
+  rm -rf "$agent_ctr_auth"
+  agent_pull_ended="$(now)"
+  agent_pull_s="$(( ($(ms_now) - t0) / 1000 ))"
+  if [ "$rc" != 0 ]; then
+    agent_ctr_error="image $agent_image could not be pulled: $agent_ctr_log"
+    return 1
+  fi
+  agent_ctr_code=""
+  log "pulled $agent_image in ${agent_pull_s} s"
+}
+
+# container_options: the run options that depend on this VM (its devices, the notice), after
+# agent_notice is known. The stop timeout is the whole notice: a runtime that stops the container
+# (docker's daemon at the guest's shutdown) never kills the trainer before its time is up.
+container_options() {
+  local stop="${agent_notice%%.*}"
+  [ "$stop" = "$agent_notice" ] || stop=$((stop + 1))
+  agent_ctr_opts=(--network host --ipc host --init --stop-timeout "$stop"
+    --label "respawn-job=$agent_job" --label "respawn-attempt=$agent_attempt")
+  if [ -e "$agent_dev_dir/nvidiactl" ]; then
+    if [ "$agent_rt" = docker ]; then agent_ctr_opts+=(--gpus all); else agent_ctr_opts+=(--device nvidia.com/gpu=all); fi
+  fi
+  # A TPU VM's chips (/dev/accel*, /dev/vfio): Google runs TPU containers privileged.
+  if [ "$agent_tpu" = 1 ] || [ -e "$agent_dev_dir/accel0" ] || [ -e "$agent_dev_dir/vfio/vfio" ]; then
+    agent_ctr_opts+=(--privileged)
+  fi
+}
+
+# container_outcome: after the container's CLI returned: the code its trainer exited with (the
+# runtime's own record of it), or never_ran 94 when it could not be created or never started.
+container_outcome() {
+  local state started code err
+  if [ -s "$agent_run_dir/container.error" ]; then
+    err="$(grep -v '^[[:space:]]*$' "$agent_run_dir/container.error" | tail -n 1 | cut -c 1-400)"
+    never_ran 94 "the container could not be created: ${err:-the runtime said nothing}"
+  fi
+  state="$("$agent_rt" inspect --format '{{.State.ExitCode}} {{.State.StartedAt}}' "$agent_ctr_name" 2> /dev/null)"
+  code="${state%% *}" started="${state#* }"
+  if [[ "$started" == 0001-01-01* ]]; then
+    err="$("$agent_rt" inspect --format '{{.State.Error}}' "$agent_ctr_name" 2> /dev/null | cut -c 1-400)"
+    "$agent_rt" rm -f "$agent_ctr_name" > /dev/null 2>&1
+    never_ran 94 "the container did not start: ${err:-the runtime gave no reason (exit $agent_code)}"
+  fi
+  [[ "$code" =~ ^[0-9]{1,3}$ ]] && agent_code="$code"
+  "$agent_rt" rm -f "$agent_ctr_name" > /dev/null 2>&1 || log "could not remove container $agent_ctr_name"
+}
+
 load_identity || give_up "identity unreadable"
 # Whether this VM waits at the starting line (a standby), read first: a standby writes no exit
 # record before its go (never_ran). A value that could not be read is never taken for "not held":
@@ -259,10 +391,20 @@ else
 fi
 agent_env_lines="$(attr_or respawn-env "")" || never_ran 98 "metadata unreadable: respawn-env"
 agent_command="$(attr_or respawn-command "")" || never_ran 98 "metadata unreadable: respawn-command"
+agent_image="$(attr_or respawn-image "")" || never_ran 98 "metadata unreadable: respawn-image"
 agent_interval="$(attr_or respawn-heartbeat-interval 60)" || never_ran 98 "metadata unreadable: respawn-heartbeat-interval"
 [[ "$agent_interval" =~ ^[1-9][0-9]{0,5}$ ]] || { log "bad heartbeat interval '$agent_interval': 60 s"; agent_interval=60; }
-[[ "$agent_command" == *[![:space:]]* ]] || never_ran 99 "no command"
-readonly agent_code_uri agent_checkpoint_uri agent_master_addr agent_env_lines agent_command agent_interval
+[[ "$agent_command" == *[![:space:]]* ]] || [ -n "$agent_image" ] || never_ran 99 "no command"
+readonly agent_code_uri agent_checkpoint_uri agent_master_addr agent_env_lines agent_command agent_interval agent_image
+
+# The image, pulled before the starting line: a failure is said after the go (a standby writes no exit
+# record before it), and the pull's time goes with every record.
+agent_rt="" agent_ctr_error="" agent_ctr_code="" agent_pull_started="" agent_pull_ended="" agent_pull_s=""
+[ -n "$agent_image" ] && container_pull
+agent_pull_fields=""
+[ -n "$agent_pull_ended" ] && [ -z "$agent_ctr_error" ] \
+  && agent_pull_fields=", \"pull_started\": \"$agent_pull_started\", \"pull_ended\": \"$agent_pull_ended\", \"pull_s\": $agent_pull_s"
+readonly agent_rt agent_ctr_error agent_ctr_code agent_pull_fields
 
 # The starting line. Where to resume from is read after the go: the controller resolves the newest
 # complete checkpoint once the attempt before this one has saved, and gives it with the go.
@@ -289,6 +431,7 @@ agent_from="from scratch"
 [ "$agent_from" = "from " ] && agent_from="from a checkpoint"
 [ -n "$agent_waited" ] && log "the go after ${agent_waited} s at the line: $agent_from"
 log "job $agent_job attempt $agent_attempt $agent_role $agent_rank/$agent_nodes, $agent_from${agent_resume_tag:+ (tag $agent_resume_tag)}"
+[ -n "$agent_ctr_error" ] && never_ran "$agent_ctr_code" "$agent_ctr_error"
 if [ -n "$agent_resume_from" ]; then
   if [ -n "$agent_checkpoint_uri" ] && [[ "$agent_resume_from" == "${agent_checkpoint_uri%/}/"* ]]; then
     log "RESUME_FROM=\$RESPAWN_CHECKPOINT_URI/${agent_resume_from#"${agent_checkpoint_uri%/}/"}"
@@ -371,7 +514,29 @@ export RESUME_FROM="$4" RESPAWN_CHECKPOINT_URI="$5" RESPAWN_JOB="$6" RESPAWN_ATT
   RESPAWN_BUCKET="$8" NODE_RANK="$9" NODES="${10}" MASTER_ADDR="${11}" RESUME_STEP="${12}" RESUME_TAG="${13}" \
   RESPAWN_CHECKPOINT_EVERY_S="${14}" RESPAWN_PROGRESS_FILE="${15}" RESPAWN_NOTICE_SECONDS="${16}" \
   RESPAWN_NOTICE_FILE="${17}" RESPAWN_RESULT_FILE="${19}"
-exec "$1" -c "$3"'
+[ -z "${20}" ] && exec "$1" -c "$3"
+# In the image: the runtime creates the container with the contract and the spec env passed by name
+# (their values stay out of every command line), then runs it attached: its CLI is the trainer the
+# shutdown script signals, and passes the SIGTERM on. A command runs under the /bin/sh of the image,
+# in place of its entrypoint, in a shell that passes a SIGTERM on to every process the command started
+# (as the process group does on a VM); without one the entrypoint and command of the image run.
+respawn_env=()
+for respawn_n in RESUME_FROM RESPAWN_CHECKPOINT_URI RESPAWN_JOB RESPAWN_ATTEMPT RESPAWN_BUCKET NODE_RANK NODES \
+    MASTER_ADDR RESUME_STEP RESUME_TAG RESPAWN_CHECKPOINT_EVERY_S RESPAWN_PROGRESS_FILE RESPAWN_NOTICE_SECONDS \
+    RESPAWN_NOTICE_FILE RESPAWN_RESULT_FILE GCE_METADATA_HOST GCE_METADATA_IP STORAGE_EMULATOR_HOST "${respawn_keys[@]}"; do
+  [[ -v "$respawn_n" ]] && respawn_env+=(--env "$respawn_n")
+done
+respawn_run=("${@:25}" --name "${22}" --volume "${18}:${18}")
+[ -n "${23}" ] && respawn_run+=(--workdir "${23}")
+if [[ "$3" == *[![:space:]]* ]]; then
+  respawn_run+=(--entrypoint /bin/sh "${21}" -c "${24}" respawn-trainer "$3")
+else
+  respawn_run+=("${21}")
+fi
+"${20}" rm -f "${22}" > /dev/null 2>&1
+"${20}" create --pull never "${respawn_env[@]}" "${respawn_run[@]}" > /dev/null 2> "${18}/container.error" || exit 94
+rm -f "${18}/container.error"
+exec "${20}" start --attach "${22}"'
 # How much time the trainer has from the first warning it gets to the hard-off, told to it so that a
 # save that cannot finish in it is skipped (respawnkit.notice): the shutdown's (its
 # RESPAWN_NOTICE_SECONDS, 30 s: Spot's), and before it the preemption notice when there is one
@@ -383,6 +548,23 @@ if [[ "$agent_preemption_notice" =~ ^[1-9] ]]; then
   ((agent_notice_total % 1000)) && agent_notice+="$(printf '.%03d' $((agent_notice_total % 1000)))"
 fi
 readonly agent_notice
+# The shell a container's command runs in (the image's /bin/sh, any POSIX one): the command in a child
+# shell, and a SIGTERM passed on to the whole process group (the command's every process, as on a VM),
+# then ignored here; it exits with the command's code once the command has exited.
+readonly agent_ctr_shell='trap "trap \"\" TERM; kill -TERM 0 2> /dev/null" TERM
+/bin/sh -c "$1" &
+c=$!
+while :; do wait "$c"; r=$?; kill -0 "$c" 2> /dev/null || exit "$r"; done'
+# The container's name (one per attempt and rank: a name left by an earlier boot is removed first),
+# where the command runs in it (the code, when the spec has some; else the image's own folder), and
+# the options this VM's devices and notice call for.
+agent_ctr_name="" agent_ctr_workdir="" agent_ctr_opts=()
+if [ -n "$agent_image" ]; then
+  agent_ctr_name="respawn-$agent_job-$agent_attempt-$agent_rank"
+  [ -n "$agent_code_uri" ] && agent_ctr_workdir="$agent_run_dir/code"
+  container_options
+fi
+readonly agent_ctr_name agent_ctr_workdir
 # When the trainer starts, by this VM's clock: every record says it, so that the controller's
 # ledger ends the attempt's boot there, not when a pass happened to see the VM RUNNING.
 agent_trainer_started="$(now)"
@@ -397,14 +579,16 @@ readonly agent_trainer_started agent_started_field
 setsid "$BASH" -c "$agent_launcher" respawn-trainer "$BASH" "$agent_env_lines" "$agent_command" \
   "$agent_resume_from" "$agent_checkpoint_uri" "$agent_job" "$agent_attempt" "$agent_bucket" \
   "$agent_rank" "$agent_nodes" "$agent_master_addr" "$agent_resume_step" "$agent_resume_tag" "$agent_checkpoint_every" \
-  "$agent_progress_file" "$agent_notice" "$agent_notice_file" "$agent_run_dir" "$agent_result_file" &
+  "$agent_progress_file" "$agent_notice" "$agent_notice_file" "$agent_run_dir" "$agent_result_file" \
+  "$agent_rt" "$agent_image" "$agent_ctr_name" "$agent_ctr_workdir" "$agent_ctr_shell" "${agent_ctr_opts[@]}" &
 agent_trainer=$!
 readonly agent_trainer
 
 if [ "$agent_rank" = 0 ]; then
   ( while kill -0 "$agent_trainer" 2>/dev/null; do
       # How far the trainer is, where it says (its progress file): the controller counts steps lost.
-      record heartbeat "jobs/$agent_job/heartbeat" "$agent_started_field$(progress_fields)" || log "heartbeat failed"
+      record heartbeat "jobs/$agent_job/heartbeat" "$agent_started_field$agent_pull_fields$(progress_fields)" \
+        || log "heartbeat failed"
       sleep "$agent_interval"
     done ) &
 fi
@@ -436,6 +620,7 @@ if [ "$agent_recorded" != "$agent_trainer" ]; then
   rm -f "$agent_run_dir/trainer.started"
   never_ran 96 "cannot write $agent_run_dir/trainer.pid"
 fi
+[ -n "$agent_image" ] && container_outcome
 
 # The command's exit is the end of the job: it must stay in the foreground. Whatever it
 # left running in its process group (a daemon, a `tensorboard &`) is stopped before the
@@ -452,7 +637,7 @@ fi
 if [ "$agent_rank" = 0 ] || [ "$agent_code" != 0 ]; then
   agent_result=""
   [ "$agent_rank" = 0 ] && agent_result="$(result_field)"
-  record exit "$(exit_object)" "\"exit_code\": $agent_code, $agent_started_field$(progress_fields)$agent_result" \
+  record exit "$(exit_object)" "\"exit_code\": $agent_code, $agent_started_field$agent_pull_fields$(progress_fields)$agent_result" \
     || log "could not write the exit record"
 fi
 # A Cloud TPU worker does not power itself off: a TPU VM that goes down breaks the slice
