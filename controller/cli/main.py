@@ -230,8 +230,6 @@ def _submit(raw: bytes, name: str, base: Path, workdir: Path | None, replace: bo
 
 @app.command(context_settings={"allow_interspersed_args": False})
 def run(
-    command: Annotated[list[str], typer.Argument(help="what the VM runs, after --: one word is a bash line, "
-                                                     "several are a list of arguments")],
     name: Annotated[str, typer.Option("--name", "-n", envvar="RESPAWN_JOB", help="the job's name")],
     zone: Annotated[list[str], typer.Option("--zone", "-z", help="a zone to run in, in order (repeat it, "
                                                                   "or separate with commas)")],
@@ -245,24 +243,33 @@ def run(
                                                            "flex-start; several: the order to step down in")] = None,
     nodes: Annotated[int, typer.Option("--nodes", min=1, help="VMs of a gang job")] = 1,
     checkpoint: Annotated[str | None, typer.Option("--checkpoint", help="gs:// prefix of its checkpoints")] = None,
+    image: Annotated[str | None, typer.Option("--image", help="a container image to run the command in, "
+                                                              "pulled by the VM's own account (e.g. from "
+                                                              "Artifact Registry)")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE for the command (repeat it)")] = None,
     workdir: Annotated[Path | None, typer.Option("--workdir", exists=True, help="code from this local folder")] = None,
     replace: Annotated[bool, typer.Option("--replace", help="overwrite the spec of a job that is still running")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="submit without asking after the estimate")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the spec and the estimate; upload nothing")] = False,
     fresh: Annotated[bool, typer.Option("--fresh", help="as submit --fresh: resume no earlier checkpoint")] = False,
+    command: Annotated[list[str] | None, typer.Argument(help="what the VM runs, after --: one word is a bash line, "
+                                                            "several are a list of arguments (with --image: optional, "
+                                                            "the image's own entrypoint runs without one)")] = None,
 ) -> None:
     """A job from flags alone: prints the spec it makes, then submits it as `respawn submit` does
     (the estimate and the question included). Example:
-    respawn run -n tune -z us-central1-a -m g2-standard-8 --workdir . -- python train.py"""
+    respawn run -n tune -z us-central1-a -m g2-standard-8 --workdir . -- python train.py
+
+    In a container: respawn run -n tune -z us-central1-a -m g2-standard-8 --image IMAGE -- python train.py"""
     import yaml
 
     from controller.cli import submitting
 
     try:
-        doc = submitting.run_spec(name=name, zones=zone, command=command, machine_type=machine_type,
+        doc = submitting.run_spec(name=name, zones=zone, command=command or [], machine_type=machine_type,
                                   accelerator=accelerator, tpu=tpu, tpu_runtime=tpu_runtime,
-                                  provisioning=provisioning or [], nodes=nodes, checkpoint=checkpoint, env=env or [])
+                                  provisioning=provisioning or [], nodes=nodes, checkpoint=checkpoint, env=env or [],
+                                  image=image)
     except SpecError as e:
         _fail("; ".join(e.problems))
     raw = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True).encode()

@@ -161,9 +161,10 @@ def _fresh_allowed(jobs: Jobs, job: str) -> None:
 
 def run_spec(*, name: str, zones: list[str], command: list[str], machine_type: str | None,
              accelerator: str | None, tpu: str | None, tpu_runtime: str | None, provisioning: list[str],
-             nodes: int, checkpoint: str | None, env: list[str]) -> dict[str, Any]:
+             nodes: int, checkpoint: str | None, env: list[str], image: str | None = None) -> dict[str, Any]:
     """The spec ``respawn run`` makes from its flags (checked later as any spec is). One COMMAND
-    word is a bash line; several are a list of arguments (each quoted as given)."""
+    word is a bash line; several are a list of arguments (each quoted as given); none, with an
+    image, runs the image's own entrypoint."""
     spec: dict[str, Any] = {"name": name, "zones": _split(zones)}
     if tpu:
         spec["tpu"] = {"type": tpu, **({"runtime_version": tpu_runtime} if tpu_runtime else {})}
@@ -177,7 +178,10 @@ def run_spec(*, name: str, zones: list[str], command: list[str], machine_type: s
         spec["provisioning"] = models[0] if len(models) == 1 else models
     if nodes != 1:
         spec["nodes"] = nodes
-    spec["command"] = command[0] if len(command) == 1 else list(command)
+    if image:
+        spec["image"] = image
+    if command:
+        spec["command"] = command[0] if len(command) == 1 else list(command)
     if checkpoint:
         spec["checkpoint"] = {"uri": checkpoint}
     if env:

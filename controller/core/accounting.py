@@ -113,7 +113,12 @@ def _reported(ledger: Ledger, span: Span, e: Event) -> Ledger:
     it from the attempt's own records only): its furthest step on its span, its latest save's
     durations on the ledger. Written by third-party code: only sane figures count."""
     if e.step is not None and 0 <= e.step <= MAX_STEP and (span.step is None or e.step > span.step):
-        ledger = with_current(ledger, span.model_copy(update={"step": e.step}))
+        span = span.model_copy(update={"step": e.step})
+        ledger = with_current(ledger, span)
+    if span.pull_started is None and e.pull_started is not None and e.pull_ended is not None \
+            and e.pull_started <= e.pull_ended:  # the image's pull, once: by the VM's clock, as its trainer's start
+        ledger = with_current(ledger, span.model_copy(update={"pull_started": e.pull_started,
+                                                              "pull_ended": e.pull_ended}))
     sane = {name: value for name in ("save_s", "upload_s")
             if isinstance(value := getattr(e, name), float | int) and math.isfinite(value) and 0 <= value <= MAX_REPORTED_S}
     return ledger.model_copy(update=sane) if sane else ledger

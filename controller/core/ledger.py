@@ -88,6 +88,9 @@ class Span(_Model):
     # When its trainer started, by its VM's clock (the agent's records): the end of its boot,
     # whenever a pass saw it RUNNING; clamped to the attempt where the clocks disagree.
     trainer_started: Instant | None = None
+    # An image: job's pull of its image, part of the boot (the agent's records, the VM's clock).
+    pull_started: Instant | None = None
+    pull_ended: Instant | None = None
     # It ran and ended between two passes, and no record said when its trainer started: how its
     # paid time splits into boot and training is unknown, and said so, never guessed.
     boot_unknown: bool = False

@@ -326,13 +326,15 @@ def _watch(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: LaunchC
         started = _trainer_started(v, st)
         text = "past the starting line: its trainer started" + (
             f" at {started:%H:%M:%S} UTC (its VM's clock)" if started else "")
-        return [*_gang_go(v, st), WriteStatus(v.job, st.but(t.event(now, st, "training", text, trainer_started=started),
+        return [*_gang_go(v, st), WriteStatus(v.job, st.but(t.event(now, st, "training", text, trainer_started=started,
+                                                                    **_progress(v, st)),
                                                  held=False, message=text), "past the starting line", replan=True)]
     if (started := _unsaid_start(v, st)) is not None:
         # Seen RUNNING before its trainer's first record: the start, said once, ends the
         # ledger's boot while the attempt runs, not only when it ends.
         text = f"trainer started at {started:%H:%M:%S} UTC (its VM's clock)"
-        return [WriteStatus(v.job, st.but(t.event(now, st, "training", text, trainer_started=started)),
+        return [WriteStatus(v.job, st.but(t.event(now, st, "training", text, trainer_started=started,
+                                                  **_progress(v, st))),
                             "trainer started", replan=True)]
     if hung := _hung(spec, st, working, now):
         # The TPU service itself says the runtime does not answer: a hang, as a stale heartbeat is.
@@ -562,13 +564,15 @@ def _unsaid_start(v: JobView, st: JobStatus) -> datetime | None:
     return started
 
 
-def _progress(v: JobView, st: JobStatus) -> dict[str, int | float]:
+def _progress(v: JobView, st: JobStatus) -> dict[str, int | float | datetime]:
     """What the current attempt's trainer reported through its agent's records (its own records
     only, by token: a trainer of another attempt or job counts for nothing here), for the ledger:
-    the furthest step it finished, and its newest save's write and upload times."""
+    the furthest step it finished, its newest save's write and upload times, and its image's pull."""
     mine = sorted((r for r in (*v.records(), v.heartbeat) if r is not None and r.belongs_to(st)),
                   key=lambda r: (r.updated, r.generation))
-    found: dict[str, int | float] = {}
+    found: dict[str, int | float | datetime] = {}
+    if pulled := next((r for r in mine if r.pull_started is not None and r.pull_ended is not None), None):
+        found.update(pull_started=pulled.pull_started, pull_ended=pulled.pull_ended)  # type: ignore[arg-type]
     if steps := [r.step for r in mine if r.step is not None]:
         found["step"] = max(steps)
     for name in ("save_s", "upload_s"):

@@ -73,6 +73,9 @@ class Event(BaseModel):
     zone: Annotated[str | None, PlainSerializer(_name)] = None
     since: Instant | None = None  # when it happened, where that is known and earlier (a VM's marker)
     trainer_started: Instant | None = None  # the attempt's trainer started, by its VM's clock (its records)
+    # An image: job's pull of its image on the attempt's VM (its records, the VM's clock).
+    pull_started: Instant | None = None
+    pull_ended: Instant | None = None
     # The attempt's progress as its trainer reported it (its records, through the VM agent): the
     # furthest step it finished, and its newest save's write (blocking) and upload times.
     step: int | None = None

@@ -527,7 +527,7 @@ def _title(job: str, status: JobStatus, now: datetime) -> str:
     return text.replace("$", r"\$")  # not mathtext
 
 
-BOOT_HATCH, UNKNOWN_HATCH, LINE_HATCH = "////", "xx", "...."
+BOOT_HATCH, UNKNOWN_HATCH, LINE_HATCH, PULL_HATCH = "////", "xx", "....", "\\\\"
 WITHDRAWN_COLOUR, GO_COLOUR = "#7f7f7f", "#111111"
 
 
@@ -593,6 +593,7 @@ def pieces(job: str, status: JobStatus, lanes: Lanes, now: datetime,
             parts += [(span.start, go, LINE_HATCH), (go, up, BOOT_HATCH)]
         else:
             parts.append((span.start, up, LINE_HATCH if go is not None else BOOT_HATCH))
+        parts = _pulled(span, parts)
         parts.append((up, end, None))
         covers = [(a, b) for lane, a, b in drawn if lane == y and a < span.start]
         out += [p for a, b, hatch in parts if b > a for p in _split(y, a, b, colour, hatch, covers, span.attempt)]
@@ -602,6 +603,19 @@ def pieces(job: str, status: JobStatus, lanes: Lanes, now: datetime,
         colour, hatch = (WITHDRAWN_COLOUR, BOOT_HATCH) if bar.withdrawn else (OUTCOMES["running"][1], LINE_HATCH)
         covers = [(a, b) for lane, a, b in drawn if lane == y and a < bar.start]
         out += _split(y, bar.start, bar.end, colour, hatch, covers, None) if bar.end > bar.start else []
+    return out
+
+
+def _pulled(span: ledger.Span, parts: list[tuple[datetime, datetime, str | None]]) -> list[tuple[datetime, datetime, str | None]]:
+    """The boot's parts with its image's pull cut out of them (an image: job), where the VM's clock
+    puts it inside them; else as they were."""
+    a, b = span.pull_started, span.pull_ended
+    if a is None or b is None or not parts or not parts[0][0] <= a < b <= parts[-1][1]:
+        return parts
+    out: list[tuple[datetime, datetime, str | None]] = []
+    for start, end, hatch in parts:
+        out += [(x, y, h) for x, y, h in ((start, min(end, a), hatch), (max(start, a), min(end, b), PULL_HATCH),
+                                          (max(start, b), end, hatch)) if y > x]
     return out
 
 
@@ -654,6 +668,7 @@ def _bars(ax: Axes, job: str, status: JobStatus, lanes: Lanes, now: datetime, si
     if book.spans:
         hatches.add(BOOT_HATCH)
     for hatch, label in ((BOOT_HATCH, "booting (until the trainer started)"),
+                         (PULL_HATCH, "pulling image"),
                          (LINE_HATCH, "booted at a notice, held until the go"),
                          (UNKNOWN_HATCH, "boot unknown (ended between passes)")):
         if hatch in hatches:
