@@ -32,13 +32,22 @@ def test_the_examples_folder_holds_every_spec_this_test_knows_of():
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.relative_to(EXAMPLES).as_posix())
 def test_every_example_spec_parses_under_its_own_name(path: Path):
     raw = path.read_bytes()
-    declared = yaml.safe_load(raw).get("name")
+    doc = yaml.safe_load(raw)
+    declared = doc.get("name")
     job = declared or path.stem
     if path.name.startswith("spec."):
         assert declared == path.parent.name, "a spec in its own folder is named after it"
+    if (code := doc.get("code")) and "://" not in code:  # a local path: what respawn submit packs, beside the spec
+        assert (path.parent / code).exists(), code
+        raw = yaml.safe_dump({**doc, "code": "gs://respawn-local/code/" + "0" * 64 + ".tar.gz"}).encode()
     spec = parse_spec(raw, job)
-    assert spec.zones and spec.command
+    assert spec.zones and (spec.command or spec.image)
     assert spec.checkpoint is not None and spec.checkpoint.uri.startswith("gs://")
+
+
+def test_the_examples_folder_holds_a_container_job_beside_the_plain_ones():
+    images = [p.name for p in SPECS if yaml.safe_load(p.read_bytes()).get("image")]
+    assert images == ["container.yaml"]  # each parses (above): an image respawn takes
 
 
 def test_the_examples_folder_holds_a_sweep():
