@@ -157,6 +157,10 @@ def validate(
         raise typer.Exit(REFUSED)
     out.print(_line("✓", "green", f"{name}: valid ({counted(len(parsed.zones), 'zone')}, {counted(parsed.nodes, 'node')}, "
                                   f"{' then '.join(parsed.provisioning)})"), soft_wrap=True)
+    if parsed.image:  # where it runs, and on what: the boot image is respawn's pick unless the spec names one
+        disk = parsed.boot_disk
+        boot = disk.image or f"{disk.image_project}/{disk.image_family}"
+        out.print(Text(f"  runs in the container image {parsed.image}, on the boot image {boot}"), soft_wrap=True)
     if not config.project:
         out.print("[dim]schema only: set RESPAWN_PROJECT (and the policy variables) to check this controller's policy[/dim]")
 

@@ -161,3 +161,17 @@ def test_the_report_draws_the_pull_inside_the_boot_as_pulling_image(h):
 
 def _z(t: Any) -> str:
     return t.isoformat().replace("+00:00", "Z")
+
+
+def test_validate_says_the_image_it_runs_in_and_the_boot_image_it_gets(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from controller.cli.main import app
+
+    monkeypatch.delenv("RESPAWN_PROJECT", raising=False)
+    path = tmp_path / "c.yaml"
+    path.write_text(f"zones: [us-central1-a]\nmachine_type: g2-standard-8\nimage: {IMAGE}\n")
+    result = CliRunner().invoke(app, ["validate", str(path)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert f"runs in the container image {IMAGE}, on the boot image {CONTAINER_BOOT_GPU[1]}/{CONTAINER_BOOT_GPU[0]}" \
+        in result.output
