@@ -25,6 +25,7 @@ Faults: ``ServiceUsageServer.disable(service)`` (and ``services.disable`` over t
 
 from __future__ import annotations
 
+import base64
 import copy
 import secrets
 import threading
@@ -113,12 +114,18 @@ class Deployment:
 
 
 class ApiError(Exception):
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, status: str | None = None) -> None:
         super().__init__(message)
-        self.code, self.message = code, message
+        self.code, self.message, self.status = code, message, status or STATUS.get(code, "UNKNOWN")
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"code": self.code, "message": self.message, "status": STATUS.get(self.code, "UNKNOWN")}}
+        return {"error": {"code": self.code, "message": self.message, "status": self.status}}
+
+
+def concurrent_change() -> ApiError:
+    """A setIamPolicy whose etag is not the policy's now: 409 ABORTED, as Google answers it."""
+    return ApiError(409, "There were concurrent policy changes. Please retry the whole read-modify-write with "
+                         "exponential backoff.", "ABORTED")
 
 
 def denied(what: str) -> ApiError:
@@ -303,7 +310,7 @@ class ResourceManagerServer(DiscoveryServer):
     def __init__(self, deployment: Deployment) -> None:
         super().__init__(deployment)
         self._bindings = deployment.project_policy()
-        self._etag = "BwYlocal="
+        self._etag = "BwYlocal"  # base64, as Google's (gcloud sends it back decoded and encoded again)
 
     def policy(self, project: str) -> list[dict[str, Any]]:
         """The project's bindings now (another project's: none); what the local registry's IAM reads."""
@@ -326,10 +333,9 @@ class ResourceManagerServer(DiscoveryServer):
         policy = body.get("policy") or {}
         with self._lock:
             if policy.get("etag") not in (None, "", self._etag):
-                raise ApiError(409, "There were concurrent policy changes. Please retry the whole read-modify-write "
-                                    "with exponential backoff.")
+                raise concurrent_change()
             self._bindings = [b for b in copy.deepcopy(policy.get("bindings") or []) if b.get("members")]
-            self._etag = f"BwY{secrets.token_urlsafe(6)}="
+            self._etag = base64.b64encode(secrets.token_bytes(6)).decode()
             return {"version": policy.get("version", 1), "etag": self._etag, "bindings": copy.deepcopy(self._bindings)}
 
 

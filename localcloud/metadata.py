@@ -62,7 +62,7 @@ class Tokens:
     def __init__(self, instance_id: str) -> None:
         self._instance = instance_id
         self._lock = threading.Lock()
-        self._issued = 0.0
+        self._issued = float("-inf")  # none yet: the first ask issues one
         self._serial = 0
         self._live: dict[str, float] = {}  # token -> when it was issued (an older one serves until it expires)
 

@@ -117,7 +117,7 @@ class Repository:
     created: str
     description: str = ""
     bindings: list[dict[str, Any]] = field(default_factory=list)  # its allow policy's
-    etag: str = "BwYlocal="
+    etag: str = "BwYlocal"  # base64, as Google's (gcloud sends it back decoded and encoded again)
     images: dict[str, Stored] = field(default_factory=dict)
 
     @property

@@ -15,17 +15,29 @@ routes are matched on the raw request path, so ``%2F`` stays within one segment.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
+import re
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 from flask import Flask, Response, request
 
-from localcloud.apis import ApiError, Deployment, DiscoveryServer
+from localcloud.apis import ApiError, Deployment, DiscoveryServer, concurrent_change
 from localcloud.host import Host, json_response
 from localcloud.registry import Registry, Repository, Stored
 
 NOT_FOUND = "Requested entity was not found."
+
+
+def _id(segment: str) -> str:
+    """A path segment as an id: unescaped until it stays the same. gcloud escapes the "%" of a package
+    id's escaped "/" once more (``team%252Ftrainer``), google-api-python-client does not
+    (``team%2Ftrainer``); Artifact Registry takes both. No id of it holds a "%" of its own."""
+    while (plain := unquote(segment)) != segment:
+        segment = plain
+    return segment
+_WITH_COLONS = re.compile(r"\(\?P<(versionsId|dockerImagesId)>\[\^/:\]\+\)")
 
 
 class ArtifactRegistryServer(DiscoveryServer):
@@ -33,12 +45,16 @@ class ArtifactRegistryServer(DiscoveryServer):
     SUPPORTED = {"projects.locations.repositories": ("get", "list", "getIamPolicy", "setIamPolicy"),
                  "projects.locations.repositories.packages": ("get",),
                  "projects.locations.repositories.packages.tags": ("get", "list"),
-                 "projects.locations.repositories.packages.versions": ("get",),
+                 "projects.locations.repositories.packages.versions": ("get", "list"),
                  "projects.locations.repositories.dockerImages": ("get", "list")}
 
     def __init__(self, deployment: Deployment, registry: Registry) -> None:
         super().__init__(deployment)
         self.registry = registry
+        # A version id is a digest (sha256:...), a docker image id IMAGE@sha256:...: a ":" inside them
+        # is no custom method's (those follow a resource id: repositories/R:getIamPolicy).
+        self._routes = [(dataclasses.replace(m, pattern=re.compile(_WITH_COLONS.sub(r"(?P<\1>[^/]+)", m.pattern.pattern))),
+                         served) for m, served in self._routes]
 
     def _app(self) -> Flask:
         app = Flask(self.name)
@@ -56,8 +72,8 @@ class ArtifactRegistryServer(DiscoveryServer):
 
     # -- repositories ------------------------------------------------------------------------------
     def _repo(self, p: dict[str, str]) -> Repository:
-        found = self.registry.repository(unquote(p["projectsId"]), unquote(p["locationsId"]),
-                                         unquote(p["repositoriesId"]))
+        found = self.registry.repository(_id(p["projectsId"]), _id(p["locationsId"]),
+                                         _id(p["repositoriesId"]))
         if found is None:
             raise ApiError(404, NOT_FOUND)
         return found
@@ -74,7 +90,7 @@ class ArtifactRegistryServer(DiscoveryServer):
         return self._repository(self._repo(p))
 
     def _repositories_list(self, p: dict[str, str], body: Any) -> dict[str, Any]:
-        project, location = unquote(p["projectsId"]), unquote(p["locationsId"])
+        project, location = _id(p["projectsId"]), _id(p["locationsId"])
         with self.registry.lock:
             found = [r for (pr, loc, _), r in sorted(self.registry.repositories.items()) if (pr, loc) == (project, location)]
         return {"repositories": [self._repository(r) for r in found]} if found else {}
@@ -89,8 +105,7 @@ class ArtifactRegistryServer(DiscoveryServer):
         policy = body.get("policy") or {}
         with self.registry.lock:
             if policy.get("etag") not in (None, "", repo.etag):
-                raise ApiError(409, "There were concurrent policy changes. Please retry the whole read-modify-write "
-                                    "with exponential backoff.")
+                raise concurrent_change()
             etag = self.registry.set_policy(repo.project, repo.location, repo.repository,
                                             [b for b in policy.get("bindings") or [] if b.get("members")])
             return {"version": policy.get("version", 1), "etag": etag,
@@ -99,7 +114,7 @@ class ArtifactRegistryServer(DiscoveryServer):
     # -- images: packages, tags, versions, docker images ---------------------------------------------
     def _stored(self, p: dict[str, str]) -> tuple[Repository, str, Stored]:
         repo = self._repo(p)
-        image = unquote(p["packagesId"] if "packagesId" in p else p["dockerImagesId"])
+        image = _id(p["packagesId"] if "packagesId" in p else p["dockerImagesId"])
         with self.registry.lock:
             stored = repo.images.get(image)
         if stored is None:
@@ -120,7 +135,7 @@ class ArtifactRegistryServer(DiscoveryServer):
 
     def _tags_get(self, p: dict[str, str], body: Any) -> dict[str, Any]:
         repo, image, stored = self._stored(p)
-        tag = unquote(p["tagsId"])
+        tag = _id(p["tagsId"])
         with self.registry.lock:
             digest = stored.tags.get(tag)
         if digest is None:
@@ -135,13 +150,20 @@ class ArtifactRegistryServer(DiscoveryServer):
 
     def _versions_get(self, p: dict[str, str], body: Any) -> dict[str, Any]:
         repo, image, stored = self._stored(p)
-        digest = unquote(p["versionsId"])
         with self.registry.lock:
-            entry = stored.manifests.get(digest)
-            tags = sorted(t for t, d in stored.tags.items() if d == digest)
-        if entry is None:
-            raise ApiError(404, NOT_FOUND)
-        media_type, _, uploaded = entry
+            if _id(p["versionsId"]) not in stored.manifests:
+                raise ApiError(404, NOT_FOUND)
+            return self._version(repo, image, stored, _id(p["versionsId"]))
+
+    def _versions_list(self, p: dict[str, str], body: Any) -> dict[str, Any]:
+        repo, image, stored = self._stored(p)
+        with self.registry.lock:
+            found = [self._version(repo, image, stored, digest) for digest in stored.manifests]
+        return {"versions": found} if found else {}
+
+    def _version(self, repo: Repository, image: str, stored: Stored, digest: str) -> dict[str, Any]:
+        media_type, _, uploaded = stored.manifests[digest]
+        tags = sorted(t for t, d in stored.tags.items() if d == digest)
         package = self._package_name(repo, image)
         version: dict[str, Any] = {"name": f"{package}/versions/{digest}", "createTime": uploaded,
                                    "updateTime": uploaded,
@@ -166,7 +188,7 @@ class ArtifactRegistryServer(DiscoveryServer):
                 "imageSizeBytes": str(self._size(stored, digest)), "uploadTime": uploaded, "updateTime": uploaded}
 
     def _dockerImages_get(self, p: dict[str, str], body: Any) -> dict[str, Any]:
-        image, _, digest = unquote(p["dockerImagesId"]).rpartition("@")
+        image, _, digest = _id(p["dockerImagesId"]).rpartition("@")
         if not image or not digest.startswith("sha256:"):
             raise ApiError(400, "Invalid docker image name: want IMAGE@sha256:DIGEST (the image's name escaped).")
         repo, _, stored = self._stored({**p, "dockerImagesId": image})

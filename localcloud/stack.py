@@ -130,7 +130,8 @@ class LocalCloud:
             # Before Compute: its environment() is what a VM's podman needs (localcloud.registry).
             self.registry = Registry(accounts=self._token_account, project_policy=self._project_policy).start()
             vm_path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
-            vm_env = {"STORAGE_EMULATOR_HOST": self.gcs.url, "PATH": vm_path}
+            # A VM's podman reaches Artifact Registry's hosts through the registry's proxy, as on Google.
+            vm_env = {"STORAGE_EMULATOR_HOST": self.gcs.url, "PATH": vm_path, **self.registry.environment()}
             scale = o.shutdown_budget / 30.0 if o.notice_scale is None else o.notice_scale
             self.compute = ComputeServer(vm_env=vm_env, boot_delay=o.boot_delay, shutdown_budget=o.shutdown_budget,
                                          realism=o.realism, notice_scale=scale).start()

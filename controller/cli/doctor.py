@@ -716,8 +716,7 @@ def _container_checks(apis: Apis, spec: JobSpec, account: str | None) -> list[Ch
         return [("container image", lambda: _finding(found))]
     roles = grants.Roles(lambda name: apis.role(name))
     return [("container image", lambda: _finding(imagecheck.exists(apis, found))),
-            ("image pull",
-             lambda: _finding(imagecheck.may_pull(apis, roles, found, account)))]
+            ("container image pull", lambda: _finding(imagecheck.may_pull(apis, roles, found, account)))]
 
 
 def _finding(found: imagecheck.Finding) -> tuple[str, bool, str]:

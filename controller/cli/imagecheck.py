@@ -90,7 +90,7 @@ def may_pull(apis: Registry, roles: grants.Roles, image: ArtifactImage, account:
     try:
         on_repo: Sequence[Mapping[str, Any]] | None = apis.repository_policy(image.repository_name)
     except errors.NotFound:
-        return Finding(True, f"not judged: {image.repository_name} does not exist (see the image check)", note=True)
+        return Finding(True, f"not judged: {image.repository_name} does not exist (see the container image check)", note=True)
     except Exception as e:  # noqa: BLE001 - said below: judged by the project's policy alone
         on_repo, repo_unread = None, _said(e)
     try:
