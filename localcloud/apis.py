@@ -10,8 +10,9 @@ method 404. Errors are one-platform JSON (``{"error": {"code", "message", "statu
 
 What they answer comes from ``Deployment``: what ``respawn deploy`` would have made of the local
 cloud. The project (its number as ``localcloud.compute.project_number`` gives it) is ACTIVE and
-every API enabled; its IAM policy, the trainer account's and the three accounts themselves are
-deploy's; the functions are the local functions-framework processes (ACTIVE while their
+every API enabled; its IAM policy (deploy's grants, the trainer's roles/artifactregistry.reader
+among them; changed by ``projects.setIamPolicy``, whose changes the local Artifact Registry's pulls
+obey), the trainer account's and the three accounts themselves are deploy's; the functions are the local functions-framework processes (ACTIVE while their
 process lives, FAILED once it has exited), ``respawn-tick`` HTTP at its local URL,
 ``respawn-on-object`` on the bucket's finalized events and, where the local cloud serves it,
 ``respawn-on-audit`` on the ``respawn-audit`` topic's messages (Pub/Sub trigger); the Scheduler job ``respawn-tick`` is

@@ -6,16 +6,16 @@ Docker Registry HTTP API V2 itself, as podman (containers/image) and docker use 
 - ``GET /v2/`` without a bearer token: 401 with ``WWW-Authenticate: Bearer realm=".../v2/token",
   service="..."``;
 - ``GET /v2/token?service=&scope=repository:NAME:pull``: HTTP Basic ``oauth2accesstoken:<OAuth access
-  token>`` (how Artifact Registry takes a Google access token, e.g. a VM's metadata-server token:
-  cloud.google.com/artifact-registry/docs/docker/authentication, "Access token"; Container Registry's
-  "advanced authentication" page says the same of ``oauth2accesstoken`` and Compute Engine's metadata
-  tokens; docker-credential-gcr answers Docker with that user name, newer releases ``_dcgcr_X_Y_Z_token``),
-  answered ``{"token", "access_token", "expires_in", "issued_at"}`` when the token's account may read
-  every repository asked for;
+  token>``, how Google's registries take an access token (Container Registry's "Advanced authentication"
+  page: user name ``oauth2accesstoken``, password the token, "such as Compute Engine instance metadata";
+  Artifact Registry's Docker authentication page lists access tokens among its methods, and users log in
+  to ``LOCATION-docker.pkg.dev`` so: GoogleCloudPlatform/aactl issue 233; docker-credential-gcr answers
+  docker with that user name, newer releases with ``_dcgcr_X_Y_Z_token``); answered ``{"token",
+  "access_token", "expires_in", "issued_at"}`` when the token's account may read every repository asked for;
 - ``HEAD``/``GET /v2/NAME/manifests/<tag or digest>`` (``Content-Type`` and ``Docker-Content-Digest``)
   and ``GET /v2/NAME/blobs/<digest>``, with that bearer token.
 
-Errors are the registry's JSON (``{"errors": [{"code", "message", "detail"}]}``) in Artifact
+Errors are the registry's JSON (``{"errors": [{"code", "message"}]}``) in Artifact
 Registry's words, as users have quoted them:
 
 - no credentials at the token endpoint: 403 DENIED ``Unauthenticated request. Unauthenticated requests

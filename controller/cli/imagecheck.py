@@ -68,16 +68,15 @@ def exists(apis: Registry, image: ArtifactImage) -> Finding:
     try:
         if image.digest:
             apis.image_version(f"{image.package_name}/versions/{image.digest}")
-        else:
-            found = apis.image_tag(f"{image.package_name}/tags/{image.reference}")
+            return Finding(True, f"{image} exists")
+        found = apis.image_tag(f"{image.package_name}/tags/{image.reference}")
     except errors.NotFound:
         which = f"digest {image.digest}" if image.digest else f"tag {image.reference}"
         return Finding(False, f"{image.uri} has no {which}: no VM can pull {image}",
                        f"gcloud artifacts docker images list {shlex.quote(image.uri)} --include-tags  "
                        "# then fix image: in the spec, or push it")
-    if image.digest:
-        return Finding(True, f"{image} exists")
-    return Finding(True, f"{image} exists ({str(found.get('version', '')).rpartition('/versions/')[2] or 'its version'})")
+    digest = str(found.get("version", "")).rpartition("/versions/")[2]
+    return Finding(True, f"{image} exists" + (f" ({digest})" if digest else ""))
 
 
 def may_pull(apis: Registry, roles: grants.Roles, image: ArtifactImage, account: str | None) -> Finding:

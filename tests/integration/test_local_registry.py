@@ -232,3 +232,13 @@ def test_a_vm_gets_the_proxy_its_certificate_and_a_registries_conf_with_no_searc
     conf = Path(env["CONTAINERS_REGISTRIES_CONF"]).read_text()
     assert "unqualified-search-registries = []" in conf and "[[registry]]" not in conf
     assert {"us", "europe", "asia", "us-central1"} <= set(registry.locations)
+
+
+def test_the_same_tar_and_settings_make_the_same_image_in_any_store(rootfs, tmp_path):
+    from localcloud import oci
+
+    first = oci.from_rootfs(oci.BlobStore(tmp_path / "a"), rootfs, cmd=["/bin/run"])
+    again = oci.from_rootfs(oci.BlobStore(tmp_path / "b"), rootfs, cmd=["/bin/run"])
+    assert first.manifest == again.manifest and first.digest == again.digest  # no time, no name in any blob
+    assert oci.from_rootfs(oci.BlobStore(tmp_path / "c"), rootfs, cmd=["/bin/sh"]).digest != first.digest
+    assert all((tmp_path / "a" / "sha256" / d.split(":")[1]).is_file() for d in first.blobs)
