@@ -76,8 +76,10 @@ class BlobStore:
             os.replace(staging.name, target)
         return digest
 
-    def put_layer(self, tar: Path, level: int = 6) -> tuple[str, str, int]:
-        """The tar gzipped as a layer blob: (its digest, the tar's own digest: the diff_id, its size)."""
+    def put_layer(self, tar: Path, level: int = 1) -> tuple[str, str, int]:
+        """The tar gzipped as a layer blob: (its digest, the tar's own digest: the diff_id, its size).
+        Level 1 by default: a 745 MB tar took 11.7 s here against 30.9 s at level 6, for 10 % more bytes,
+        which only ever travel over loopback."""
         plain = hashlib.sha256()
         with open(tar, "rb") as source:
             while chunk := source.read(_CHUNK):
