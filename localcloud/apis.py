@@ -10,8 +10,9 @@ method 404. Errors are one-platform JSON (``{"error": {"code", "message", "statu
 
 What they answer comes from ``Deployment``: what ``respawn deploy`` would have made of the local
 cloud. The project (its number as ``localcloud.compute.project_number`` gives it) is ACTIVE and
-every API enabled; its IAM policy, the trainer account's and the three accounts themselves are
-deploy's; the functions are the local functions-framework processes (ACTIVE while their
+every API enabled; its IAM policy (deploy's grants, the trainer's roles/artifactregistry.reader
+among them; changed by ``projects.setIamPolicy``, whose changes the local Artifact Registry's pulls
+obey), the trainer account's and the three accounts themselves are deploy's; the functions are the local functions-framework processes (ACTIVE while their
 process lives, FAILED once it has exited), ``respawn-tick`` HTTP at its local URL,
 ``respawn-on-object`` on the bucket's finalized events and, where the local cloud serves it,
 ``respawn-on-audit`` on the ``respawn-audit`` topic's messages (Pub/Sub trigger); the Scheduler job ``respawn-tick`` is
@@ -25,6 +26,9 @@ Faults: ``ServiceUsageServer.disable(service)`` (and ``services.disable`` over t
 
 from __future__ import annotations
 
+import base64
+import copy
+import secrets
 import threading
 from collections import defaultdict
 from collections.abc import Callable
@@ -79,6 +83,20 @@ class Deployment:
     def scheduler(self) -> str:
         return deploy.account_email("respawn-scheduler", self.project)
 
+    def project_policy(self) -> list[dict[str, Any]]:
+        """The project bindings deploy makes (controller.cli.deploy), and the service agents' own."""
+        agent = f"service-{self.number}@"
+        return [
+            {"role": "roles/logging.logWriter", "members": [f"serviceAccount:{self.trainer}"]},
+            {"role": deploy.TRAINER_REGISTRY_ROLE, "members": [f"serviceAccount:{self.trainer}"]},
+            {"role": "roles/compute.instanceAdmin.v1", "members": [f"serviceAccount:{self.controller}"]},
+            {"role": "roles/tpu.admin", "members": [f"serviceAccount:{self.controller}"]},
+            {"role": "roles/logging.logWriter", "members": [f"serviceAccount:{self.controller}"]},
+            {"role": "roles/eventarc.eventReceiver", "members": [f"serviceAccount:{self.controller}"]},
+            {"role": "roles/pubsub.publisher", "members": [f"serviceAccount:{agent}gs-project-accounts.iam.gserviceaccount.com"]},
+            {"role": "roles/pubsub.serviceAgent", "members": [f"serviceAccount:{agent}gcp-sa-pubsub.iam.gserviceaccount.com"]},
+        ]
+
     def bucket_policy(self) -> list[dict[str, Any]]:
         """The bucket bindings deploy makes (controller.cli.deploy), as the local cloud applies them."""
         return [
@@ -97,12 +115,18 @@ class Deployment:
 
 
 class ApiError(Exception):
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, status: str | None = None) -> None:
         super().__init__(message)
-        self.code, self.message = code, message
+        self.code, self.message, self.status = code, message, status or STATUS.get(code, "UNKNOWN")
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"code": self.code, "message": self.message, "status": STATUS.get(self.code, "UNKNOWN")}}
+        return {"error": {"code": self.code, "message": self.message, "status": self.status}}
+
+
+def concurrent_change() -> ApiError:
+    """A setIamPolicy whose etag is not the policy's now: 409 ABORTED, as Google answers it."""
+    return ApiError(409, "There were concurrent policy changes. Please retry the whole read-modify-write with "
+                         "exponential backoff.", "ABORTED")
 
 
 def denied(what: str) -> ApiError:
@@ -277,8 +301,22 @@ class ServiceUsageServer(DiscoveryServer):
 
 
 class ResourceManagerServer(DiscoveryServer):
+    """The project and its allow policy: deploy's grants (``Deployment.project_policy``), changed by
+    ``projects.setIamPolicy`` (what ``gcloud projects add-iam-policy-binding`` and
+    ``remove-iam-policy-binding`` call: a read, then the whole policy written with its etag)."""
+
     DOC, name = "cloudresourcemanager.v3", "resourcemanager"
-    SUPPORTED = {"projects": ("get", "getIamPolicy")}
+    SUPPORTED = {"projects": ("get", "getIamPolicy", "setIamPolicy")}
+
+    def __init__(self, deployment: Deployment) -> None:
+        super().__init__(deployment)
+        self._bindings = deployment.project_policy()
+        self._etag = "BwYlocal"  # base64, as Google's (gcloud sends it back decoded and encoded again)
+
+    def policy(self, project: str) -> list[dict[str, Any]]:
+        """The project's bindings now (another project's: none); what the local registry's IAM reads."""
+        with self._lock:
+            return copy.deepcopy(self._bindings) if project in (self.d.project, str(self.d.number)) else []
 
     def _projects_get(self, p: dict[str, str], body: Any) -> dict[str, Any]:
         project = self._project(p["projectsId"])
@@ -288,16 +326,18 @@ class ResourceManagerServer(DiscoveryServer):
 
     def _projects_getIamPolicy(self, p: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
         self._project(p["projectsId"])
-        agent = f"service-{self.d.number}@"
-        return {"version": 1, "etag": "BwYlocal=", "bindings": [
-            {"role": "roles/logging.logWriter", "members": [f"serviceAccount:{self.d.trainer}"]},
-            {"role": "roles/compute.instanceAdmin.v1", "members": [f"serviceAccount:{self.d.controller}"]},
-            {"role": "roles/tpu.admin", "members": [f"serviceAccount:{self.d.controller}"]},
-            {"role": "roles/logging.logWriter", "members": [f"serviceAccount:{self.d.controller}"]},
-            {"role": "roles/eventarc.eventReceiver", "members": [f"serviceAccount:{self.d.controller}"]},
-            {"role": "roles/pubsub.publisher", "members": [f"serviceAccount:{agent}gs-project-accounts.iam.gserviceaccount.com"]},
-            {"role": "roles/pubsub.serviceAgent", "members": [f"serviceAccount:{agent}gcp-sa-pubsub.iam.gserviceaccount.com"]},
-        ]}
+        with self._lock:
+            return {"version": 1, "etag": self._etag, "bindings": copy.deepcopy(self._bindings)}
+
+    def _projects_setIamPolicy(self, p: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
+        self._project(p["projectsId"])
+        policy = body.get("policy") or {}
+        with self._lock:
+            if policy.get("etag") not in (None, "", self._etag):
+                raise concurrent_change()
+            self._bindings = [b for b in copy.deepcopy(policy.get("bindings") or []) if b.get("members")]
+            self._etag = base64.b64encode(secrets.token_bytes(6)).decode()
+            return {"version": policy.get("version", 1), "etag": self._etag, "bindings": copy.deepcopy(self._bindings)}
 
 
 class IamServer(DiscoveryServer):

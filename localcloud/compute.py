@@ -362,6 +362,18 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
     def workdir_of(self, name: str) -> Path:
         return self.workdir / name
 
+    def token_account(self, token: str) -> str | None:
+        """The service account an access token of one of these instances' metadata servers stands for
+        (None: no instance issued it, or it expired): what Google's token check tells the services a
+        VM calls with it (the local Artifact Registry asks)."""
+        with self._lock:
+            vms = list(self._vms.values())
+        for vm in vms:
+            if vm.tokens is not None and vm.tokens.valid(token):
+                with self._lock:
+                    return self._account_email(vm)
+        return None
+
     def names(self) -> set[str]:
         """The names of every instance there is now: a cheap look, for a caller that polls."""
         with self._lock:
@@ -912,6 +924,15 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
             vm.metadata.stop()
             vm.metadata = None
 
+    def _account_email(self, vm: Vm) -> str | None:
+        """The instance's service account (None without one); "default" as the API resolves it, to the
+        project's Compute Engine default account."""
+        entries = vm.resource.get("serviceAccounts") or []
+        if not entries:
+            return None
+        email = entries[0].get("email") or "default"
+        return f"{project_number(vm.project)}-compute@developer.gserviceaccount.com" if email == "default" else email
+
     def _metadata_tree(self, vm: Vm) -> dict[str, Any]:
         """What the instance's metadata server serves (paths as on Google; see localcloud.metadata)."""
         with self._lock:
@@ -921,11 +942,9 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
             if vm.tokens is None:
                 vm.tokens = Tokens(str(r["id"]))
             accounts: dict[str, Any] = {}
+            email = self._account_email(vm)
             for entry in (r.get("serviceAccounts") or [])[:1]:  # Compute allows one per instance
-                email = entry.get("email") or "default"
-                if email == "default":  # the API resolves it to the project's Compute Engine default account
-                    email = f"{number}-compute@developer.gserviceaccount.com"
-                account = service_account(email, list(entry.get("scopes") or []), str(r["id"]), vm.tokens)
+                account = service_account(email or "", list(entry.get("scopes") or []), str(r["id"]), vm.tokens)
                 accounts = {"default": account, email: account}
             return {
                 "instance": {

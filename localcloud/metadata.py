@@ -62,18 +62,31 @@ class Tokens:
     def __init__(self, instance_id: str) -> None:
         self._instance = instance_id
         self._lock = threading.Lock()
-        self._issued = 0.0
+        self._issued = float("-inf")  # none yet: the first ask issues one
         self._serial = 0
+        self._live: dict[str, float] = {}  # token -> when it was issued (an older one serves until it expires)
 
     def access(self, args: Mapping[str, str]) -> tuple[int, str, str]:
         with self._lock:
             now = time.monotonic()
             if now - self._issued > self.lifetime - self.renew_within:
                 self._issued, self._serial = now, self._serial + 1
+                self._live = {t: at for t, at in self._live.items() if now - at < self.lifetime}
+                self._live[self._token()] = now
             left = int(self.lifetime - (now - self._issued))
-            token = f"ya29.localcloud-{self._instance}-{self._serial}"
+            token = self._token()
         body = {"access_token": token, "expires_in": left, "token_type": "Bearer"}
         return 200, json.dumps(body), "application/json"
+
+    def valid(self, token: str) -> bool:
+        """``token`` was issued here and has not expired: what Google's token check would say of it
+        (the local Artifact Registry asks, to learn whose a pull's credentials are)."""
+        with self._lock:
+            at = self._live.get(token)
+            return at is not None and time.monotonic() - at < self.lifetime
+
+    def _token(self) -> str:
+        return f"ya29.localcloud-{self._instance}-{self._serial}"
 
 
 def service_account(email: str, scopes: list[str], subject: str, tokens: Tokens) -> dict[str, Any]:

@@ -1,6 +1,8 @@
 """The whole local cloud in one object: GCS, Compute, Cloud TPU, the three functions, Scheduler, Eventarc,
-Pub/Sub and an incoming-webhook sink for notifications, and Cloud Logging with the VMs' serial output and
-Compute's System Event audit log in it.
+Pub/Sub and an incoming-webhook sink for notifications, Cloud Logging with the VMs' serial output and
+Compute's System Event audit log in it, and Artifact Registry (``LocalCloud.registry``: the Docker
+endpoint podman pulls from, ``registry.environment()`` what a VM needs for it; its REST API beside
+the other stand-ins doctor reads).
 
 The functions run as real ``functions-framework`` processes serving ``main.py``, with
 the same environment a deployment gives them, pointed at the local servers.
@@ -34,7 +36,7 @@ import yaml
 from controller.cli.deploy import AUDIT_SINK, AUDIT_TIMEOUT, AUDIT_TOPIC
 from controller.core.audit import sink_filter
 from controller.service.config import REPO_ROOT
-from localcloud.apis import SERVERS, Deployment, DiscoveryServer
+from localcloud.apis import SERVERS, Deployment, DiscoveryServer, ResourceManagerServer
 from localcloud.compute import ComputeServer
 from localcloud.events import Ticker, Watcher
 from localcloud.gcs import LocalGcs, client
@@ -42,6 +44,8 @@ from localcloud.logging import LoggingServer
 from localcloud.vmlogs import VmLogs
 from localcloud.pubsub import PubsubServer
 from localcloud.realism import Delay, Realism
+from localcloud.registry import Registry
+from localcloud.registry_api import ArtifactRegistryServer
 from localcloud.runlogs import FunctionLogs
 from localcloud.tpu import TpuServer
 from localcloud.webhook import WebhookSink
@@ -103,6 +107,9 @@ class LocalCloud:
         # Service Usage, Resource Manager, IAM, Cloud Functions and Cloud Scheduler, answering for
         # what runs here (localcloud.apis): what `respawn doctor` reads.
         self.apis: dict[str, DiscoveryServer] = {}
+        # Artifact Registry: its Docker endpoint (LOCATION-docker.pkg.dev, through an HTTPS proxy), which
+        # podman pulls from with a VM's own token; its REST API is self.apis["artifactregistry"].
+        self.registry: Registry | None = None
         self._scratch: tempfile.TemporaryDirectory[str] | None = None  # the gcloud token file's folder
 
     @property
@@ -120,8 +127,11 @@ class LocalCloud:
             self.gcloud_token.chmod(0o600)
             self.gcs.start()
             self.storage = client(self.gcs.url, o.project)
+            # Before Compute: its environment() is what a VM's podman needs (localcloud.registry).
+            self.registry = Registry(accounts=self._token_account, project_policy=self._project_policy).start()
             vm_path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
-            vm_env = {"STORAGE_EMULATOR_HOST": self.gcs.url, "PATH": vm_path}
+            # A VM's podman reaches Artifact Registry's hosts through the registry's proxy, as on Google.
+            vm_env = {"STORAGE_EMULATOR_HOST": self.gcs.url, "PATH": vm_path, **self.registry.environment()}
             scale = o.shutdown_budget / 30.0 if o.notice_scale is None else o.notice_scale
             self.compute = ComputeServer(vm_env=vm_env, boot_delay=o.boot_delay, shutdown_budget=o.shutdown_budget,
                                          realism=o.realism, notice_scale=scale).start()
@@ -139,6 +149,7 @@ class LocalCloud:
             self.deployment = Deployment(o.project, o.region, o.bucket, functions=self._function_states,
                                          ticker=self._ticker_state, shards=o.shards)
             self.apis = {server.name: server(self.deployment).start() for server in SERVERS}
+            self.apis["artifactregistry"] = ArtifactRegistryServer(self.deployment, self.registry).start()
             self._deploy_bucket_iam()
             if o.notify:
                 requests.put(f"{self.pubsub.endpoint}/v1/{self.notify_topic}", json={}, timeout=10).raise_for_status()
@@ -157,6 +168,18 @@ class LocalCloud:
             self.stop()
             raise
         return self
+
+    def _token_account(self, token: str) -> str | None:
+        """Whose an access token is: a Compute instance's or a TPU worker's metadata-server token."""
+        for server in (self.compute, self.tpu):
+            if server is not None and (email := server.token_account(token)):
+                return email
+        return None
+
+    def _project_policy(self, project: str) -> list[dict[str, Any]]:
+        """A project's bindings, as the Resource Manager stand-in holds them (deploy's, and changes since)."""
+        server = self.apis.get("resourcemanager")
+        return server.policy(project) if isinstance(server, ResourceManagerServer) else []
 
     def _function_states(self) -> dict[str, tuple[str, bool]]:
         return {target: (self.function_url(target), process.poll() is None)
@@ -272,7 +295,8 @@ class LocalCloud:
             **{f"RESPAWN_{key.upper()}_ENDPOINT": server.endpoint for key, server in self.apis.items()},
             **{f"CLOUDSDK_API_ENDPOINT_OVERRIDES_{gcloud}": f"{self.apis[key].endpoint}/"
                for key, gcloud in (("serviceusage", "SERVICEUSAGE"), ("resourcemanager", "CLOUDRESOURCEMANAGER"),
-                                   ("iam", "IAM"), ("functions", "CLOUDFUNCTIONS"), ("scheduler", "CLOUDSCHEDULER"))
+                                   ("iam", "IAM"), ("functions", "CLOUDFUNCTIONS"), ("scheduler", "CLOUDSCHEDULER"),
+                                   ("artifactregistry", "ARTIFACTREGISTRY"))
                if key in self.apis},
             **({"RESPAWN_SHARDS": str(self.options.shards), "RESPAWN_SHARD_TOPIC": SHARD_TOPIC}
                if self.options.shards > 1 else {}),
@@ -324,6 +348,9 @@ class LocalCloud:
             self.tpu.stop()
         if self.compute:
             self.compute.stop()
+        if self.registry:
+            self.registry.stop()
+            self.registry = None
         self.gcs.stop()
         if self._scratch:
             self._scratch.cleanup()

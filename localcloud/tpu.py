@@ -326,6 +326,16 @@ class TpuServer(Host):
         with self._lock:
             return [_copy(n.resource) for n in self._nodes.values()]
 
+    def token_account(self, token: str) -> str | None:
+        """The service account an access token of one of the workers' metadata servers stands for
+        (None: none issued it, or it expired); see ComputeServer.token_account."""
+        with self._lock:
+            found = [(n, w) for n in self._nodes.values() for w in n.workers if w.tokens is not None]
+            for node, worker in found:
+                if worker.tokens.valid(token):  # type: ignore[union-attr]
+                    return str(node.resource["serviceAccount"]["email"])
+        return None
+
     def names(self) -> set[str]:
         """The ids of every node there is now: a cheap look, for a caller that polls."""
         with self._lock:

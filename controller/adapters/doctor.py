@@ -2,7 +2,8 @@
 
 Service Usage v1 (v1beta1 for Cloud TPU's quota metrics), Cloud Resource Manager v3, IAM v1 (roles
 too), Cloud Functions v2, Cloud Run v2 (a function's service policy), Cloud Scheduler v1,
-Logging v2 (``projects.sinks.get``) and Pub/Sub v1 (``projects.topics.get``/``getIamPolicy``)
+Logging v2 (``projects.sinks.get``), Pub/Sub v1 (``projects.topics.get``/``getIamPolicy``) and
+Artifact Registry v1 (a spec's image: its repository, policy, tag or version)
 through google-api-python-client, whose requests are built from the same discovery documents
 the local cloud's stand-ins serve (localcloud/apis.py); Cloud Storage and Compute through their
 own client libraries, as the rest of respawn. Each endpoint may be the local cloud's
@@ -159,6 +160,32 @@ class GoogleApis:
             policy = api.projects().topics().getIamPolicy(resource=full, options_requestedPolicyVersion=3
                                                           ).execute(num_retries=1)
         return policy.get("bindings") or []
+
+    # -- Artifact Registry v1: a spec's image ---------------------------------------------------------
+    def repository(self, name: str) -> Mapping[str, Any]:
+        """``projects/P/locations/L/repositories/R``; a 403 is NotFound too (Google's "or it may not exist")."""
+        with self._api("artifactregistry", "v1", self.config.artifactregistry_endpoint, name,
+                       denied_is_missing=True) as api:
+            return api.projects().locations().repositories().get(name=name).execute(num_retries=1)
+
+    def repository_policy(self, name: str) -> Sequence[Mapping[str, Any]]:
+        with self._api("artifactregistry", "v1", self.config.artifactregistry_endpoint, name) as api:
+            policy = api.projects().locations().repositories().getIamPolicy(
+                resource=name, options_requestedPolicyVersion=3).execute(num_retries=1)
+        return policy.get("bindings") or []
+
+    def image_tag(self, name: str) -> Mapping[str, Any]:
+        """A Tag: ``<repository>/packages/<image, / escaped>/tags/<tag>``."""
+        with self._api("artifactregistry", "v1", self.config.artifactregistry_endpoint, name,
+                       denied_is_missing=True) as api:
+            return api.projects().locations().repositories().packages().tags().get(name=name).execute(num_retries=1)
+
+    def image_version(self, name: str) -> Mapping[str, Any]:
+        """A Version: ``<repository>/packages/<image, / escaped>/versions/sha256:<digest>``."""
+        with self._api("artifactregistry", "v1", self.config.artifactregistry_endpoint, name,
+                       denied_is_missing=True) as api:
+            return api.projects().locations().repositories().packages().versions().get(
+                name=name).execute(num_retries=1)
 
     # -- Cloud Storage -------------------------------------------------------------------------------
     def bucket(self, bucket: str) -> Mapping[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from controller.cli import deploy, grants
-from controller.core import audit, errors
+from controller.core import audit, errors, imageref
 from controller.core.quotas import QuotaUse
 from controller.service import lastpass
 
@@ -21,6 +21,13 @@ FUNCTION_STATES = ("ACTIVE",)
 NUMBER = "123456789012"
 STORAGE_AGENT = f"service-{NUMBER}@gs-project-accounts.iam.gserviceaccount.com"
 PUBSUB_AGENT = f"service-{NUMBER}@gcp-sa-pubsub.iam.gserviceaccount.com"
+_AR_READ = ("artifactregistry.repositories.downloadArtifacts", "artifactregistry.repositories.get",
+            "artifactregistry.repositories.list", "artifactregistry.tags.get", "artifactregistry.tags.list",
+            "artifactregistry.versions.get", "artifactregistry.dockerimages.get", "artifactregistry.dockerimages.list")
+_AR_WRITE = (*_AR_READ, "artifactregistry.repositories.uploadArtifacts", "artifactregistry.tags.create",
+             "artifactregistry.tags.update")
+_AR_REPO_ADMIN = (*_AR_WRITE, "artifactregistry.repositories.deleteArtifacts", "artifactregistry.tags.delete",
+                  "artifactregistry.versions.delete")
 # What IAM's roles.get lists for the predefined roles a deployed project holds: the permissions
 # respawn checks (controller.cli.grants) and a few others of each, as Google documents the roles;
 # a subset, never the whole list.
@@ -43,6 +50,13 @@ PREDEFINED = {
     "roles/storage.legacyBucketOwner": ("storage.buckets.get", "storage.buckets.update", "storage.objects.list",
                                         "storage.objects.create", "storage.objects.delete"),
     "roles/storage.legacyBucketReader": ("storage.buckets.get", "storage.objects.list"),
+    # Artifact Registry's, each holding the one before it: pull (downloadArtifacts), push, delete, administer.
+    "roles/artifactregistry.reader": _AR_READ,
+    "roles/artifactregistry.writer": _AR_WRITE,
+    "roles/artifactregistry.repoAdmin": _AR_REPO_ADMIN,
+    "roles/artifactregistry.admin": (*_AR_REPO_ADMIN, "artifactregistry.repositories.create",
+                                     "artifactregistry.repositories.delete", "artifactregistry.repositories.getIamPolicy",
+                                     "artifactregistry.repositories.setIamPolicy"),
 }
 
 
@@ -74,6 +88,10 @@ class MemoryProject:
     images: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (project, name | family/F)
     other_projects: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # watched project -> its bindings
     roles: dict[str, dict[str, Any]] = field(default_factory=dict)  # role name -> IAM v1 Role
+    # Artifact Registry: repository name -> its bindings; tag or version name (.../packages/P/tags/T,
+    # .../versions/sha256:D) -> Artifact Registry v1 Tag or Version
+    repositories: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    artifacts: dict[str, dict[str, Any]] = field(default_factory=dict)
     run_services: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # Cloud Run service -> bindings
     tpu_metrics: list[dict[str, Any]] = field(default_factory=list)  # tpu.googleapis.com's ConsumerQuotaMetrics
     hang: set[str] = field(default_factory=set)  # method names that answer only after hang_seconds
@@ -100,6 +118,7 @@ class MemoryProject:
         writer = "serviceAccount:service-123456789012@gcp-sa-logging.iam.gserviceaccount.com"
         me.project_bindings = [
             {"role": "roles/logging.logWriter", "members": [f"serviceAccount:{trainer}"]},
+            {"role": deploy.TRAINER_REGISTRY_ROLE, "members": [f"serviceAccount:{trainer}"]},
             {"role": "roles/owner", "members": ["user:you@example.com"]},
             {"role": "roles/compute.instanceAdmin.v1", "members": [f"serviceAccount:{controller}"]},
             {"role": "roles/tpu.admin", "members": [f"serviceAccount:{controller}"]},
@@ -165,6 +184,19 @@ class MemoryProject:
                              "pubsubTopic": f"projects/{self.project_id}/topics/{deploy.SHARD_TOPIC}"}}
         self.run_services[f"{base}/services/{deploy.ON_SHARD}"] = [{"role": "roles/run.invoker", "members": [controller]}]
         return self
+
+    def push(self, image: str, digest: str = "sha256:" + "0" * 64) -> str:
+        """An image in the project's Artifact Registry, as ``docker push`` leaves it: its repository
+        (with no bindings of its own: the project's apply), its version and its tag. Returns the digest."""
+        target = imageref.artifact(imageref.parse(image))
+        assert target is not None, f"{image} is no Artifact Registry image"
+        self.repositories.setdefault(target.repository_name, [])
+        version = f"{target.package_name}/versions/{digest}"
+        self.artifacts[version] = {"name": version}
+        if target.tag or not target.digest:
+            tag = f"{target.package_name}/tags/{target.tag or 'latest'}"
+            self.artifacts[tag] = {"name": tag, "version": version}
+        return digest
 
     def quota(self, region: str, metric: str, limit: float, usage: float = 0) -> None:
         self.quota_table.setdefault(region, {})[metric] = QuotaUse(float(limit), float(usage))
@@ -288,6 +320,31 @@ class MemoryProject:
         if key not in self.images:
             raise errors.NotFound(f"projects/{project}/global/images/{key[1]}")
         return copy.deepcopy(self.images[key])
+
+    def repository(self, name: str) -> Mapping[str, Any]:
+        self._call("repository")
+        if name not in self.repositories:
+            raise errors.NotFound(name)
+        return {"name": name, "format": "DOCKER"}
+
+    def repository_policy(self, name: str) -> Sequence[Mapping[str, Any]]:
+        self._call("repository_policy")
+        if name not in self.repositories:
+            raise errors.NotFound(name)
+        return copy.deepcopy(self.repositories[name])
+
+    def image_tag(self, name: str) -> Mapping[str, Any]:
+        self._call("image_tag")
+        return self._artifact(name)
+
+    def image_version(self, name: str) -> Mapping[str, Any]:
+        self._call("image_version")
+        return self._artifact(name)
+
+    def _artifact(self, name: str) -> Mapping[str, Any]:
+        if name not in self.artifacts:
+            raise errors.NotFound(name)
+        return copy.deepcopy(self.artifacts[name])
 
     def _bucket(self, bucket: str) -> None:
         if not self.bucket_exists or bucket != self.bucket_name:

@@ -145,6 +145,10 @@ def account_email(account_id: str, project: str) -> str:
 TRAINER_ROLE_ID = "respawnVmRecords"
 # Overwriting an object needs delete as well as create; no get, no list.
 TRAINER_PERMISSIONS = ("storage.objects.create", "storage.objects.delete")
+# What trainer VMs hold to pull a spec's ``image:`` from the project's Artifact Registry with their own
+# token: the least of its predefined roles with artifactregistry.repositories.downloadArtifacts
+# (writer, repoAdmin and admin add pushing and deleting). deploy/IAM.md says how to narrow it.
+TRAINER_REGISTRY_ROLE = "roles/artifactregistry.reader"
 
 
 def trainer_condition(bucket: str) -> str:
@@ -577,6 +581,9 @@ def plan(t: Target) -> list[Step]:
         # account: where `respawn logs` reads a VM's output when its serial port is not logged.
         grant("trainer-logs", "let the trainer VMs write their logs to Cloud Logging (roles/logging.logWriter)",
               t.project, trainer, "roles/logging.logWriter"),
+        # A spec's image: is pulled by its VM with the VM's own token (no key on the VM): read, never write.
+        grant("trainer-images", "let the trainer VMs pull container images from the project's Artifact Registry "
+              f"repositories ({TRAINER_REGISTRY_ROLE})", t.project, trainer, TRAINER_REGISTRY_ROLE),
         Step("act-as-trainer", "let the controller create VMs that run as the trainer account (on that account only)",
              ("gcloud", "iam", "service-accounts", "add-iam-policy-binding", t.trainer, f"--member={controller}",
               "--role=roles/iam.serviceAccountUser", "--condition=None", project),

@@ -10,7 +10,8 @@ the custom role's permissions, and the audit path
 the sink's right to publish there, the controller's right to read those entries), the log-based metrics
 of the fleet's figures (``deploy/metrics``); with a SPEC, also
 that spec's GPU quotas in each of its regions (Cloud TPU's quotas in each of its zones), its boot
-image and its service account.
+image, its service account and, for ``image:`` on Artifact Registry, that the container image exists
+and that the account may pull it (controller.cli.imagecheck).
 
 Checks are independent: each calls its own APIs (``Apis``, a port: Google's in
 controller.adapters.doctor, fakes in tests), runs on a thread of its own beside the others, and
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from controller.cli import deploy, grants
+from controller.cli import deploy, grants, imagecheck
 from controller.core import audit, errors, quotas
 from controller.core.quotas import QuotaUse
 from controller.core.spec import JobSpec, built_in_gpus
@@ -79,6 +80,10 @@ class Apis(Protocol):
     def role(self, name: str) -> Mapping[str, Any]: ...  # IAM v1 Role: roles/X, projects/P/roles/X
     def service_policy(self, service: str) -> Sequence[Mapping[str, Any]]: ...  # a Cloud Run v2 service's bindings
     def tpu_quotas(self, project: str) -> Sequence[Mapping[str, Any]]: ...  # Service Usage v1beta1 ConsumerQuotaMetrics
+    def repository(self, name: str) -> Mapping[str, Any]: ...  # Artifact Registry v1 Repository
+    def repository_policy(self, name: str) -> Sequence[Mapping[str, Any]]: ...  # its bindings
+    def image_tag(self, name: str) -> Mapping[str, Any]: ...  # Artifact Registry v1 Tag
+    def image_version(self, name: str) -> Mapping[str, Any]: ...  # Artifact Registry v1 Version
 
 
 @dataclass(frozen=True)
@@ -688,7 +693,8 @@ def spec_checks(apis: Apis, t: Target, spec: JobSpec, account: str | None) -> li
     if spec.tpu is not None:  # Cloud TPU's quotas are its own (per zone), not among Compute's regional ones
         return [*((f"TPU quota in {zone}", _tpu_quota_check(apis, project, zone, spec.tpu.type))
                   for zone in dict.fromkeys(spec.zones)),
-                ("image", _image_check(apis, spec)), ("service account", _account_check(apis, t, account))]
+                ("image", _image_check(apis, spec)), ("service account", _account_check(apis, t, account)),
+                *_container_checks(apis, spec, account)]
     for region in regions:
         if gpu is None:
             out.append((f"quota in {region}", lambda: ("the spec asks for no GPU", True)))
@@ -696,7 +702,27 @@ def spec_checks(apis: Apis, t: Target, spec: JobSpec, account: str | None) -> li
             out.append((f"GPU quota in {region}", _quota_check(apis, project, region, spec, *gpu)))
     out.append(("image", _image_check(apis, spec)))
     out.append(("service account", _account_check(apis, t, account)))
-    return out
+    return out + _container_checks(apis, spec, account)
+
+
+def _container_checks(apis: Apis, spec: JobSpec, account: str | None) -> list[Check]:
+    """A spec's ``image:`` (controller.cli.imagecheck): on Artifact Registry, that it exists and that
+    ``account`` may pull it; elsewhere, one line saying it is not checked. None without ``image:``."""
+    image = getattr(spec, "image", None)
+    if not image:
+        return []
+    found = imagecheck.target(image)
+    if isinstance(found, imagecheck.Finding):
+        return [("container image", lambda: _finding(found))]
+    roles = grants.Roles(lambda name: apis.role(name))
+    return [("container image", lambda: _finding(imagecheck.exists(apis, found))),
+            ("container image pull", lambda: _finding(imagecheck.may_pull(apis, roles, found, account)))]
+
+
+def _finding(found: imagecheck.Finding) -> tuple[str, bool, str]:
+    if not found.ok:
+        raise Failed(found.detail, found.fix)
+    return found.detail, found.note, found.fix
 
 
 def _gpus(spec: JobSpec) -> tuple[str, int] | None:

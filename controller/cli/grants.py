@@ -32,6 +32,7 @@ PUBLISH = ("pubsub.topics.publish",)
 OBJECTS = ("storage.objects.create", "storage.objects.delete", "storage.objects.get", "storage.objects.list")
 READ_OBJECTS = ("storage.objects.get",)
 OIDC_TOKEN = ("iam.serviceAccounts.getOpenIdToken",)
+PULL = ("artifactregistry.repositories.downloadArtifacts",)  # a VM pulling a spec's image from Artifact Registry
 
 
 @dataclass

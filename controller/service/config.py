@@ -62,6 +62,7 @@ class Settings(BaseSettings):
     iam_endpoint: str | None = None
     functions_endpoint: str | None = None
     scheduler_endpoint: str | None = None
+    artifactregistry_endpoint: str | None = None  # Artifact Registry's REST API (a spec's image:)
     # gcloud's access token file: the local cloud's dummy token (`respawn doctor`'s credentials there).
     access_token_file: Path | None = Field(default=None, validation_alias=AliasChoices(
         "RESPAWN_ACCESS_TOKEN_FILE", "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE"))

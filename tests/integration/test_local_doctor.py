@@ -123,3 +123,73 @@ def test_a_sink_whose_filter_was_changed_fails_naming_the_update_that_brings_it_
            "respawn-audit" in done.stdout
     assert "audit sink respawn-audit" in done.stderr.partition("checks failed:")[2]  # (another test aged the tick's record)
     assert line(doctor(cloud).stdout, "audit sink respawn-audit").startswith("✓")
+
+
+# -- a spec's container image on the local Artifact Registry -------------------------------------------
+def _image_spec(tmp_path: Path, image: str) -> Path:
+    path = tmp_path / "image-spec.json"
+    path.write_text(json.dumps({**SPEC, "name": "doctor-image", "image": image}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def pushed(cloud, tmp_path_factory) -> str:
+    """An image in the local cloud's Artifact Registry, made from a small root filesystem tar."""
+    import io
+    import tarfile
+
+    tar = tmp_path_factory.mktemp("rootfs") / "rootfs.tar"
+    with tarfile.open(tar, "w") as t:
+        info = tarfile.TarInfo("etc/hello")
+        info.size = 3
+        t.addfile(info, io.BytesIO(b"hi\n"))
+    image = f"us-central1-docker.pkg.dev/{cloud.options.project}/images/trainer"
+    cloud.registry.push_rootfs(f"{image}:v1", tar)
+    return image
+
+
+def test_doctor_passes_an_image_the_trainer_may_pull_and_fails_one_that_does_not_exist(cloud, pushed, tmp_path):
+    done = doctor(cloud, str(_image_spec(tmp_path, f"{pushed}:v1")))
+    assert "container image" not in done.stderr, done.stdout  # (another test may have aged the tick's record)
+    assert line(done.stdout, "container image ").startswith(f"✓ container image ") and f"{pushed}:v1 exists" in done.stdout
+    trainer = f"respawn-trainer@{cloud.options.project}.iam.gserviceaccount.com"
+    assert f"{trainer} may pull it (roles/artifactregistry.reader on project {cloud.options.project})" in \
+        line(done.stdout, "container image pull")
+    missing = doctor(cloud, str(_image_spec(tmp_path, f"{pushed}:v2")))
+    assert missing.returncode == 1
+    assert line(missing.stdout, "container image ").startswith("✗") and f"{pushed} has no tag v2" in missing.stdout
+    assert f"fix: gcloud artifacts docker images list {pushed} --include-tags" in missing.stdout
+    failed = missing.stderr.partition("checks failed: ")[2].strip().split(", ")
+    assert "container image" in failed and "container image pull" not in failed
+
+
+def test_doctor_fails_an_image_the_trainer_may_not_pull_and_its_fix_run_with_gcloud_makes_it_pass(cloud, pushed, tmp_path):
+    import shutil
+
+    import requests
+
+    gcloud = shutil.which("gcloud")
+    assert gcloud, "gcloud is not on PATH: the fix doctor prints is run with it here"
+    spec = str(_image_spec(tmp_path, f"{pushed}:v1"))
+    url = f"{cloud.apis['resourcemanager'].endpoint}/v3/projects/{cloud.options.project}"
+    policy = requests.post(f"{url}:getIamPolicy", json={}, timeout=10).json()
+    without = [b for b in policy["bindings"] if b["role"] != "roles/artifactregistry.reader"]
+    requests.post(f"{url}:setIamPolicy", json={"policy": {**policy, "bindings": without}}, timeout=10).raise_for_status()
+    try:
+        denied = doctor(cloud, spec)
+        assert denied.returncode == 1 and line(denied.stdout, "container image pull").startswith("✗")
+        assert "lacks artifactregistry.repositories.downloadArtifacts on projects/" in denied.stdout
+        fix = next(x for x in denied.stdout.splitlines() if "fix: gcloud artifacts repositories add-iam-policy-binding" in x)
+        argv = fix.split("fix: ", 1)[1].split()
+        env = {**os.environ, **cloud.env(), "CLOUDSDK_CONFIG": str(tmp_path / "gcloud"), "CLOUDSDK_CORE_DISABLE_PROMPTS": "1"}
+        ran = subprocess.run([gcloud, *argv[1:]], env=env, capture_output=True, text=True, timeout=120)
+        assert ran.returncode == 0, ran.stderr
+        granted = doctor(cloud, spec)
+        assert line(granted.stdout, "container image pull").startswith("✓"), granted.stdout
+        assert "roles/artifactregistry.reader on projects/respawn-local/locations/us-central1/repositories/images" in \
+            line(granted.stdout, "container image pull")
+    finally:
+        now = requests.post(f"{url}:getIamPolicy", json={}, timeout=10).json()
+        requests.post(f"{url}:setIamPolicy", json={"policy": {**now, "bindings": policy["bindings"]}},
+                      timeout=10).raise_for_status()
+        cloud.registry.set_policy(cloud.options.project, "us-central1", "images", [])

@@ -218,6 +218,35 @@ def test_an_instance_without_a_service_account_has_no_token(srv):
     assert answer.status_code == 404
 
 
+def test_a_vm_s_token_names_its_account_to_the_services_it_calls(srv):
+    """What Google's token check tells a service a VM calls (the local Artifact Registry asks it)."""
+    boot(srv, "tok", "echo \"$GCE_METADATA_HOST\" > md-host", accounts=[{"email": TRAINER_ACCOUNT, "scopes": [CLOUD_PLATFORM]}])
+    boot(srv, "dflt", "echo \"$GCE_METADATA_HOST\" > md-host", accounts=[{"email": "default", "scopes": [CLOUD_PLATFORM]}])
+    tokens = {}
+    for name in ("tok", "dflt"):
+        host = until("the host", lambda: _text(srv.workdir_of(name) / "md-host"))
+        tokens[name] = requests.get(f"http://{host}/computeMetadata/v1/instance/service-accounts/default/token",
+                                    headers={"Metadata-Flavor": "Google"}, timeout=5).json()["access_token"]
+    assert srv.token_account(tokens["tok"]) == TRAINER_ACCOUNT
+    assert srv.token_account(tokens["dflt"]).endswith("-compute@developer.gserviceaccount.com")
+    assert srv.token_account("ya29.made-up") is None
+
+
+def test_an_access_token_serves_until_it_expires_even_once_a_new_one_is_issued(monkeypatch):
+    from localcloud import metadata
+
+    clock = [1000.0]
+    monkeypatch.setattr(metadata.time, "monotonic", lambda: clock[0])
+    tokens = metadata.Tokens("42")
+    first = json.loads(tokens.access({})[1])["access_token"]
+    assert tokens.valid(first) and not tokens.valid("ya29.localcloud-42-9")
+    clock[0] += tokens.lifetime - tokens.renew_within + 1  # the server hands out a fresh one from now
+    second = json.loads(tokens.access({})[1])["access_token"]
+    assert second != first and tokens.valid(first) and tokens.valid(second)
+    clock[0] += tokens.renew_within  # the first one's hour is up
+    assert not tokens.valid(first) and tokens.valid(second)
+
+
 def _json(path: Path) -> Any:
     return json.loads(path.read_text()) if path.exists() and path.stat().st_size else None
 

@@ -411,7 +411,8 @@ def test_a_fresh_project_gets_everything_respawn_relies_on_and_a_second_deploy_c
         ("function:respawn-on-object", "roles/run.invoker"), ("function:respawn-on-audit", "roles/run.invoker")}
     assert roles_of(fake, f"serviceAccount:{TRAINER}") == {
         (f"gs://{BUCKET}", f"projects/{PROJECT}/roles/respawnVmRecords"), (f"gs://{BUCKET}", "roles/storage.objectViewer"),
-        (f"project:{PROJECT}", "roles/logging.logWriter")}  # objectViewer twice: code/ and respawn/vm/, conditioned
+        (f"project:{PROJECT}", "roles/logging.logWriter"),  # objectViewer twice: code/ and respawn/vm/, conditioned
+        (f"project:{PROJECT}", "roles/artifactregistry.reader")}  # an image: pulled with the VM's own token
     assert roles_of(fake, f"serviceAccount:{SCHEDULER}") == {("function:respawn-tick", "roles/run.invoker")}
     assert roles_of(fake, f"serviceAccount:{AGENT}") == {(f"project:{PROJECT}", "roles/pubsub.publisher")}
     assert roles_of(fake, WRITER) == {("respawn-audit", "roles/pubsub.publisher")}  # that topic only

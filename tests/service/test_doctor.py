@@ -618,3 +618,93 @@ def test_a_broken_fan_out_fails_the_shards_check_alone_with_its_fix(break_it, sa
     results = run_sharded(p)
     assert [name for name, r in results.items() if not r.ok] == ["4 shards"]
     assert says in results["4 shards"].detail and fix in results["4 shards"].fix
+
+
+# -- a spec's container image (controller.cli.imagecheck) -------------------------------------------
+IMAGE = f"us-central1-docker.pkg.dev/{PROJECT}/images/trainer"
+REPOSITORY = f"projects/{PROJECT}/locations/us-central1/repositories/images"
+DEBIAN = {"image_family": "debian-12", "image_project": "debian-cloud"}
+
+
+def image_spec(image: str = f"{IMAGE}:v1", **over):
+    return spec(image=image, boot_disk=DEBIAN, **over)
+
+
+def test_an_image_on_artifact_registry_passes_when_it_exists_and_the_trainer_may_pull_it():
+    p = healthy()
+    digest = p.push(f"{IMAGE}:v1")
+    found = run(p, image_spec())
+    assert [n for n, r in found.items() if not r.ok] == []
+    assert found["container image"].detail == f"{IMAGE}:v1 exists ({digest})"
+    assert found["container image pull"].detail == f"{TRAINER} may pull it (roles/artifactregistry.reader on project {PROJECT})"
+    assert not found["container image pull"].note and run(p, image_spec(f"{IMAGE}@{digest}"))["container image"].ok
+
+
+def test_an_image_tag_that_does_not_exist_fails_naming_how_to_list_the_images():
+    p = healthy()
+    p.push(f"{IMAGE}:v1")
+    found = run(p, image_spec(f"{IMAGE}:v2"))["container image"]
+    assert not found.ok and found.detail == f"{IMAGE} has no tag v2: no VM can pull {IMAGE}:v2"
+    assert found.fix.startswith(f"gcloud artifacts docker images list {IMAGE} --include-tags")
+    missing = run(p, image_spec(f"{IMAGE}@sha256:{'1' * 64}"))["container image"]
+    assert not missing.ok and f"has no digest sha256:{'1' * 64}" in missing.detail
+
+
+def test_an_image_whose_repository_does_not_exist_fails_once_and_its_pull_is_not_judged():
+    found = run(healthy(), image_spec())
+    image, pull = found["container image"], found["container image pull"]
+    assert not image.ok and image.detail == f"repository {REPOSITORY} does not exist (or you may not see it)"
+    assert "gcloud artifacts repositories create images --repository-format=docker" in image.fix
+    assert pull.ok and pull.note and "not judged" in pull.detail
+
+
+def test_a_trainer_that_may_not_pull_fails_naming_the_repository_binding_that_fixes_it():
+    p = healthy()
+    p.push(f"{IMAGE}:v1")
+    p.project_bindings = [b for b in p.project_bindings if b["role"] != deploy.TRAINER_REGISTRY_ROLE]
+    pull = run(p, image_spec())["container image pull"]
+    assert not pull.ok and pull.detail.startswith(
+        f"{TRAINER} (the account its VMs run as) lacks artifactregistry.repositories.downloadArtifacts on {REPOSITORY}")
+    assert pull.fix == (f"gcloud artifacts repositories add-iam-policy-binding images --location=us-central1 "
+                        f"--project={PROJECT} --member=serviceAccount:{TRAINER} --role=roles/artifactregistry.reader")
+    p.repositories[REPOSITORY] = [{"role": "roles/artifactregistry.writer", "members": [f"serviceAccount:{TRAINER}"]}]
+    assert run(p, image_spec())["container image pull"].detail == f"{TRAINER} may pull it (roles/artifactregistry.writer on {REPOSITORY})"
+    p.repositories[REPOSITORY] = [{"role": "roles/artifactregistry.reader", "members": [f"serviceAccount:{TRAINER}"],
+                                   "condition": {"expression": "request.time < timestamp('2020-01-01T00:00:00Z')"}}]
+    assert not run(p, image_spec())["container image pull"].ok  # a conditioned binding is not counted on
+    p.repositories[REPOSITORY] = [{"role": "roles/artifactregistry.reader", "members": ["allUsers"]}]
+    assert run(p, image_spec())["container image pull"].detail == f"{REPOSITORY} is public (allUsers may pull from {REPOSITORY})"
+
+
+def test_the_account_judged_is_the_one_the_spec_runs_as():
+    other = f"other@{PROJECT}.iam.gserviceaccount.com"
+    p = healthy()
+    p.push(f"{IMAGE}:v1")
+    p.accounts[other] = [{"role": "roles/iam.serviceAccountUser", "members": [f"serviceAccount:{CONTROLLER}"]}]
+    pull = run(p, image_spec(service_account={"email": other}))["container image pull"]
+    assert not pull.ok and pull.detail.startswith(f"{other} (the account its VMs run as) lacks")
+
+
+def test_a_repository_policy_doctor_may_not_read_leaves_the_judgment_to_the_project_s():
+    p = healthy()
+    p.push(f"{IMAGE}:v1")
+    p.failures["repository_policy"] = errors.RequestError("403 the caller lacks artifactregistry.repositories.getIamPolicy")
+    assert run(p, image_spec())["container image pull"].ok  # the project's grant is enough
+    p.project_bindings = [b for b in p.project_bindings if b["role"] != deploy.TRAINER_REGISTRY_ROLE]
+    pull = run(p, image_spec())["container image pull"]
+    assert pull.ok and pull.note and pull.detail.startswith(f"not judged: could not read {REPOSITORY}'s policy (403")
+    assert "add-iam-policy-binding images" in pull.fix
+
+
+@pytest.mark.parametrize("image", ["pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime", "gcr.io/my-proj/trainer:1",
+                                   f"nvcr.io/nvidia/nemo@sha256:{'2' * 64}"])
+def test_an_image_elsewhere_is_said_not_checked_and_why(image):
+    found = run(healthy(), image_spec(image))
+    assert "container image pull" not in found
+    said = found["container image"]
+    assert said.ok and said.note and "is not on Artifact Registry: not checked" in said.detail
+    assert "LOCATION-docker.pkg.dev" in said.detail
+
+
+def test_a_spec_without_an_image_has_no_container_check():
+    assert "container image" not in run(healthy(), spec())

@@ -128,6 +128,18 @@ def test_an_allow_list_of_service_accounts_the_user_set_is_kept():
     assert env["RESPAWN_TRAINER_SERVICE_ACCOUNT"] == TRAINER
 
 
+def test_the_trainer_may_pull_the_project_s_images_and_never_push_them():
+    # A spec's image: is pulled by its VM with the VM's own token: roles/artifactregistry.reader, the least
+    # role with artifactregistry.repositories.downloadArtifacts (writer and up could replace what others pull).
+    steps = deploy.plan(target())
+    images = named(steps, "trainer-images")
+    assert images.argv == ("gcloud", "projects", "add-iam-policy-binding", PROJECT, f"--member=serviceAccount:{TRAINER}",
+                           "--role=roles/artifactregistry.reader", "--condition=None")
+    trainer_roles = [flag(s.argv, "role") for s in steps if f"--member=serviceAccount:{TRAINER}" in s.argv]
+    assert not [r for r in trainer_roles if r.startswith("roles/artifactregistry.") and r != deploy.TRAINER_REGISTRY_ROLE]
+    assert "artifactregistry" in deploy.APIS  # the API is enabled with the others (Cloud Functions' builds use it too)
+
+
 def test_the_trainer_account_is_created_idempotently():
     create = named(deploy.plan(target()), "trainer-account")
     assert create.argv[:5] == ("gcloud", "iam", "service-accounts", "create", "respawn-trainer")
