@@ -37,6 +37,7 @@ from controller.cli.deploy import AUDIT_SINK, AUDIT_TIMEOUT, AUDIT_TOPIC
 from controller.core.audit import sink_filter
 from controller.service.config import REPO_ROOT
 from localcloud.apis import SERVERS, Deployment, DiscoveryServer, ResourceManagerServer
+from localcloud import images
 from localcloud.compute import ComputeServer
 from localcloud.events import Ticker, Watcher
 from localcloud.gcs import LocalGcs, client
@@ -81,6 +82,9 @@ class Options:
     # K > 1: the fan-out (controller.service.shards), as `respawn deploy --shards K` makes it: the tick
     # publishes each shard's listing on SHARD_TOPIC, whose push subscription (Eventarc's) runs on_shard.
     shards: int = 1
+    # The trainer image (localcloud.images.TRAINER_IMAGE, in this project) in the local Artifact Registry
+    # from the start: examples/container.yaml runs in it. A few seconds (cached), so off unless asked.
+    images: bool = False
 
 
 NOTIFY_TOPIC = "respawn-events"
@@ -129,6 +133,8 @@ class LocalCloud:
             self.storage = client(self.gcs.url, o.project)
             # Before Compute: its environment() is what a VM's podman needs (localcloud.registry).
             self.registry = Registry(accounts=self._token_account, project_policy=self._project_policy).start()
+            if o.images:
+                self.push_trainer_image()
             vm_path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
             # A VM's podman reaches Artifact Registry's hosts through the registry's proxy, as on Google.
             vm_env = {"STORAGE_EMULATOR_HOST": self.gcs.url, "PATH": vm_path, **self.registry.environment()}
@@ -168,6 +174,17 @@ class LocalCloud:
             self.stop()
             raise
         return self
+
+    @property
+    def trainer_image(self) -> str:
+        """Where the trainer image is served: TRAINER_IMAGE, in this local cloud's project."""
+        return images.TRAINER_IMAGE.replace("/respawn-local/", f"/{self.options.project}/", 1)
+
+    def push_trainer_image(self) -> str:
+        """The trainer image (localcloud.images) into the local Artifact Registry; its digest. Raises
+        images.NoBusybox where this machine cannot make one."""
+        assert self.registry is not None, "not started"
+        return self.registry.push_rootfs(self.trainer_image, images.trainer_rootfs(), env=images.TRAINER_ENV)
 
     def _token_account(self, token: str) -> str | None:
         """Whose an access token is: a Compute instance's or a TPU worker's metadata-server token."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -163,6 +164,21 @@ def validate(
         out.print(Text(f"  runs in the container image {parsed.image}, on the boot image {boot}"), soft_wrap=True)
     if not config.project:
         out.print("[dim]schema only: set RESPAWN_PROJECT (and the policy variables) to check this controller's policy[/dim]")
+
+
+def _container_images() -> bool:
+    """Whether `local up` serves the trainer image (examples/container.yaml's): where this machine can make
+    one (busybox for its /bin/sh), said otherwise, and an image: job then fails saying the image is missing."""
+    from localcloud import images
+
+    if images.busybox() is None:
+        err.print("[yellow]![/yellow] no busybox here (apt-get install busybox-static): the local Artifact Registry "
+                  "serves no trainer image, and examples/container.yaml cannot run", soft_wrap=True)
+        return False
+    if shutil.which("podman") is None:
+        err.print("[yellow]![/yellow] no podman here (apt-get install podman runc catatonit): an image: job fails "
+                  "saying its VM has no container runtime", soft_wrap=True)
+    return True
 
 
 def _jobs() -> Jobs:
@@ -1242,7 +1258,7 @@ def local_up(
     if problem := names.shards_problem(shards):
         _fail(f"--shards: {problem}")
     cloud = LocalCloud(Options(bucket=bucket, project=project, tick_interval=tick, shutdown_budget=preemption_notice,
-                               log_dir=_made(folder), realism=measured, shards=shards))
+                               log_dir=_made(folder), realism=measured, shards=shards, images=_container_images()))
     stop = threading.Event()
     # explicit: a background job inherits SIGINT ignored; SIGHUP: its terminal closed (the VMs,
     # each in a session of its own, would outlive a process killed by it, and local.env with them)

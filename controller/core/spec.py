@@ -42,6 +42,7 @@ from pydantic import (
     model_validator,
 )
 
+from controller.core import imageref
 from controller.core.checkpoints import CustomRule, rule_problem
 from controller.core.durations import Duration
 from controller.core.names import job_name_problem
@@ -59,13 +60,6 @@ MAX_COUNT = 1_000_000  # restarts, failures: anything larger is a typo
 GCS_URI = r"^gs://[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9](/[^\s\x00-\x1f\x7f]*)?$"
 _NAME = r"^[a-z][-a-z0-9]{0,62}$"  # machine types, accelerator and disk types
 _RESOURCE = r"^[-A-Za-z0-9_.:/]{1,1024}$"  # image, network, subnetwork: names, paths or URLs
-# A container image reference as docker and podman parse it (the distribution project's grammar):
-# [registry[:port]/]path[:tag][@digest]; lower-case path components; a tag of at most 128 characters.
-_LABEL = r"[A-Za-z0-9](?:[-A-Za-z0-9]*[A-Za-z0-9])?"
-# A first component is a registry when it holds a dot or a port, or is localhost (else it is a path).
-_REGISTRY = rf"(?:(?:localhost|{_LABEL}(?:\.{_LABEL})+)(?::[0-9]{{1,5}})?|{_LABEL}:[0-9]{{1,5}})/"
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-IMAGE_REF = rf"^(?:{_REGISTRY})?{_COMPONENT}(?:/{_COMPONENT})*(?::\w[\w.-]{{0,127}})?(?:@sha256:[a-f0-9]{{64}})?$"
 # The boot images an image: job gets unless the spec names one: each carries a container runtime the
 # VM agent drives. GPU VMs: a Deep Learning VM image (Docker with the NVIDIA Container Toolkit, and
 # the driver); others: Container-Optimized OS (Docker). A TPU VM's runtime version has Docker.
@@ -482,13 +476,11 @@ class JobSpec(Strict):
     @field_validator("image")
     @classmethod
     def _an_image_reference(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        if "://" in value:
-            raise ValueError("an image reference has no scheme: e.g. us-central1-docker.pkg.dev/PROJECT/REPO/IMAGE:TAG")
-        if not re.fullmatch(IMAGE_REF, value):
-            raise ValueError("not a container image reference: [REGISTRY/]PATH[:TAG][@sha256:DIGEST], the path in "
-                             "lower case, e.g. us-central1-docker.pkg.dev/PROJECT/REPO/trainer:1")
+        if value is not None:
+            try:
+                imageref.artifact(imageref.parse(value))  # Artifact Registry's: PROJECT/REPOSITORY/IMAGE too
+            except ValueError as e:
+                raise ValueError(f"{e}; e.g. us-central1-docker.pkg.dev/PROJECT/REPO/trainer:1") from None
         return value
 
     @model_validator(mode="after")

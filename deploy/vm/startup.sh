@@ -218,17 +218,30 @@ registry_auth() {
     *) return 1 ;;
   esac
   [[ "$json" =~ $re ]] || return 1
-  token="$(printf 'oauth2accesstoken:%s' "${BASH_REMATCH[1]}" | base64 | tr -d '\n')"
+  agent_ctr_token="${BASH_REMATCH[1]}"
+  token="$(printf 'oauth2accesstoken:%s' "$agent_ctr_token" | base64 | tr -d '\n')"
   mkdir -p "$agent_ctr_auth" && chmod 700 "$agent_ctr_auth" \
     && printf '{"auths": {"%s": {"auth": "%s"}}}\n' "$(json_escape "$1")" "$token" > "$agent_ctr_auth/config.json" \
     && chmod 600 "$agent_ctr_auth/config.json"
+}
+
+# registry_refusal HOST: the message of the registry's refusal to give this VM's account a pull token
+# for the image (Artifact Registry's DENIED: the permission and the repository), on stdout.
+registry_refusal() {
+  local path="${agent_image#*/}" body re='"message"[[:space:]]*:[[:space:]]*"(([^"\\]|\\.)*)"'
+  path="${path%%@*}"
+  [[ "${path##*/}" == *:* ]] && path="${path%:*}"
+  body="$(curl -sS --max-time 20 -u "oauth2accesstoken:$agent_ctr_token" \
+    "https://$1/v2/token?service=$1&scope=repository:$path:pull")" || return 1
+  [[ "$body" =~ $re ]] || return 1
+  printf '%s' "${BASH_REMATCH[1]//\\\"/\"}" | cut -c 1-300
 }
 
 # container_pull: the image onto this VM, unless it is here already (baked into the boot image). Sets
 # agent_ctr_error and agent_ctr_code (94: it will never pull; 95: it may, later) when it fails; the
 # pull's times in agent_pull_started/agent_pull_ended (this VM's clock) and agent_pull_s.
 container_pull() {
-  local host out rc try t0
+  local host out rc try t0 why
   agent_ctr_error="" agent_ctr_code=""
   if ! container_runtime; then
     agent_ctr_code=94
@@ -255,6 +268,11 @@ container_pull() {
     agent_ctr_log="$(printf '%s\n' "$out" | grep -v '^[[:space:]]*$' | tail -n 1 | cut -c 1-400)"
     log "pull $try of 3 failed: $agent_ctr_log"
     # Google's words for an image that is not there or not this account's: no second try helps.
+    # A refusal at the token endpoint: the runtime says only "403 (Forbidden)"; Google's body says why
+    # (which permission, on which repository), asked once more as the runtime asked it.
+    if [[ "$out" == *"403"* && -n "$agent_ctr_token" ]]; then
+      why="$(registry_refusal "$host" 2> /dev/null)" && agent_ctr_log="$agent_ctr_log: $why"
+    fi
     case "$out" in
       *"manifest unknown"*|*"not found"*|*"NOT_FOUND"*|*"denied"*|*"DENIED"*|*"unauthorized"*|*"UNAUTHORIZED"*|*"403"*|*"401"*|*"invalid reference"*)
         agent_ctr_code=94; break ;;
@@ -263,6 +281,7 @@ container_pull() {
     sleep $((try * 5))
   done
   rm -rf "$agent_ctr_auth"
+  agent_ctr_token=""
   agent_pull_ended="$(now)"
   agent_pull_s="$(( ($(ms_now) - t0) / 1000 ))"
   if [ "$rc" != 0 ]; then
@@ -399,7 +418,7 @@ readonly agent_code_uri agent_checkpoint_uri agent_master_addr agent_env_lines a
 
 # The image, pulled before the starting line: a failure is said after the go (a standby writes no exit
 # record before it), and the pull's time goes with every record.
-agent_rt="" agent_ctr_error="" agent_ctr_code="" agent_pull_started="" agent_pull_ended="" agent_pull_s=""
+agent_rt="" agent_ctr_error="" agent_ctr_code="" agent_ctr_token="" agent_pull_started="" agent_pull_ended="" agent_pull_s=""
 [ -n "$agent_image" ] && container_pull
 agent_pull_fields=""
 [ -n "$agent_pull_ended" ] && [ -z "$agent_ctr_error" ] \

@@ -32,7 +32,7 @@ def test_an_image_reference_docker_takes_is_taken(image):
 
 
 @pytest.mark.parametrize("image", ["gs://bucket/image", "Trainer:1", "host.io/Upper/x", "x:", "a//b", "x@sha256:12",
-                                   "two words", "x:" + "t" * 129])
+                                   "two words", "x:" + "t" * 129, "us-docker.pkg.dev/proj/image"])
 def test_a_bad_image_reference_is_refused_naming_the_field_and_the_shape(image):
     with pytest.raises(SpecError) as e:
         parse_spec(json.dumps(spec_doc(image=image)).encode(), "llm")
