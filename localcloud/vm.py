@@ -84,6 +84,23 @@ runroot = "{run}"
 """
 
 
+def _mounts_under(folder: Path) -> list[str]:
+    """Mount points at or below ``folder`` (/proc/self/mountinfo's fifth field, octal escapes undone)."""
+    prefix = str(folder.resolve())
+    found = []
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 4:
+            point = fields[4].encode().decode("unicode_escape")
+            if point == prefix or point.startswith(prefix + "/"):
+                found.append(point)
+    return found
+
+
 class VmProcess:
     def __init__(self, workdir: Path, env: dict[str, str], on_power_off: Callable[[], None]) -> None:
         self.workdir = workdir
@@ -128,6 +145,10 @@ class VmProcess:
                            stderr=subprocess.DEVNULL, timeout=60)
         except (OSError, subprocess.TimeoutExpired):
             pass
+        # podman's overlay driver mounts its own folder (and a container's shm under the run folder): what
+        # was mounted goes with the power-off, deepest first, so that the VM's folder can be removed.
+        for point in sorted(_mounts_under(self._containers), reverse=True):
+            subprocess.run(["umount", "-l", point], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
 
     def start(self, script: str | None) -> None:
         """Boot: run the startup script, if there is one (the VM runs on either way)."""

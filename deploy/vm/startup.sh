@@ -321,6 +321,10 @@ container_outcome() {
   code="${state%% *}" started="${state#* }"
   if [[ "$started" == 0001-01-01* ]]; then
     err="$("$agent_rt" inspect --format '{{.State.Error}}' "$agent_ctr_name" 2> /dev/null | cut -c 1-400)"
+    # The runtime said why on the attached start's stderr (the serial log, mixed with the trainer's): a
+    # container that never started is asked to start once more, detached, for its words alone.
+    [ -n "$err" ] || err="$("$agent_rt" start "$agent_ctr_name" 2>&1 > /dev/null | grep -v '^[[:space:]]*$' \
+      | tail -n 1 | cut -c 1-400)"
     "$agent_rt" rm -f "$agent_ctr_name" > /dev/null 2>&1
     never_ran 94 "the container did not start: ${err:-the runtime gave no reason (exit $agent_code)}"
   fi
