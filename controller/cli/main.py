@@ -909,7 +909,13 @@ def doctor(
         _fail("set RESPAWN_PROJECT, RESPAWN_BUCKET and RESPAWN_REGION (or --region): the deployment to check")
     checked = None
     if spec is not None:
+        from controller.cli import pack, submitting
+
         raw = _read(spec)
+        try:  # a local code: as respawn submit would write it (packed from beside the spec, not uploaded)
+            raw = submitting.with_code(raw, spec.parent, None, config.bucket)[0]
+        except (SpecError, pack.PackError):
+            pass  # the spec's own check says what is wrong with it
         checked = (raw, _declared_name(raw) or spec.stem)
     target, results = doctors.diagnose(GoogleApis(config, timeout), config, region,
                                        service_account or account_email("respawn-controller", config.project),

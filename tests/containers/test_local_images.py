@@ -173,3 +173,12 @@ def _processes(mark: str) -> list[int]:
             except OSError:
                 continue
     return [p for p in found if p != os.getpid()]
+
+
+def test_doctor_passes_the_shipped_container_example_its_image_there_and_the_trainer_allowed_to_pull_it(cloud):
+    from tests.integration.test_local_doctor import doctor, line
+
+    done = doctor(cloud, str(EXAMPLES / "container.yaml"))  # its local code: checked as respawn submit writes it
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert line(done.stdout, "container image ").startswith("✓") and cloud.trainer_image in done.stdout
+    assert line(done.stdout, "container image pull").startswith("✓")
