@@ -60,7 +60,8 @@ def submit(cloud: LocalCloud, monkeypatch: pytest.MonkeyPatch, folder: Path, doc
 def example(**changes: Any) -> dict[str, Any]:
     doc = yaml.safe_load((EXAMPLES / "container.yaml").read_text())
     doc["env"].update(TRAIN_STEPS=str(STEPS), CHECKPOINT_EVERY="40", STEP_SECONDS="0.05")  # as shipped but 600 steps
-    return {**doc, **changes}
+    name = changes.get("name", doc["name"])
+    return {**doc, "checkpoint": {"uri": f"gs://{doc['checkpoint']['uri'].split('/')[2]}/checkpoints/{name}"}, **changes}
 
 
 def uninterrupted_weights() -> str:
@@ -83,8 +84,8 @@ def heartbeat(cloud: LocalCloud, job: str) -> dict[str, Any] | None:
 @pytest.mark.timeout(300)  # three attempts, each pulling its image, and a 12 s notice
 def test_the_example_preempted_with_notice_then_hard_saves_in_its_container_and_ends_as_an_uninterrupted_run(
         cloud, tmp_path, monkeypatch):
-    job = "container-demo"
-    submit(cloud, monkeypatch, tmp_path, example())
+    job = "container-long"
+    submit(cloud, monkeypatch, tmp_path, example(name=job))
     beat = until("the first attempt's first heartbeat", lambda: (b := heartbeat(cloud, job)) and b.get("attempt") == 1
                  and b, timeout=90)
     assert beat["pull_s"] >= 0 and beat["pull_started"] <= beat["pull_ended"] <= beat["trainer_started"]
@@ -179,6 +180,17 @@ def test_doctor_passes_the_shipped_container_example_its_image_there_and_the_tra
     from tests.integration.test_local_doctor import doctor, line
 
     done = doctor(cloud, str(EXAMPLES / "container.yaml"))  # its local code: checked as respawn submit writes it
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert line(done.stdout, "spec container-demo").startswith("✓"), done.stdout
     assert line(done.stdout, "container image ").startswith("✓") and cloud.trainer_image in done.stdout
     assert line(done.stdout, "container image pull").startswith("✓")
+
+
+def test_the_shipped_container_example_runs_to_succeeded_as_shipped(cloud, monkeypatch):
+    cli_against(cloud, monkeypatch)
+    result = CliRunner().invoke(app, ["submit", str(EXAMPLES / "container.yaml"), "--yes"])
+    assert result.exit_code == 0, result.output
+    job = yaml.safe_load((EXAMPLES / "container.yaml").read_text())["name"]
+    st = ended(cloud, job, timeout=100)
+    assert st.phase == Phase.SUCCEEDED, st.message
+    steps = int(yaml.safe_load((EXAMPLES / "container.yaml").read_text())["env"]["TRAIN_STEPS"])
+    assert st.result is not None and st.result["step"] == steps
