@@ -215,11 +215,13 @@ def _exited(v: JobView, spec: JobSpec, st: JobStatus, exited: Record, now: datet
     detail = f"command exited with code {code} on {where}"
     if exited.detail:  # the agent says why the command never ran (code download failed...)
         detail = f"the command never ran on {where}: {exited.detail} (exit {code})"
-        if exited.exit_code == NEVER_RUNS:  # the image cannot run here: every next VM would fail alike
-            return _end(v, st, Phase.FAILED, f"{detail}; not retried: fix the image, its grant or the boot "
-                        "image, then submit again", now)
+    # A platform loss first: a VM preempted while it pulled may end its pull in words the agent takes
+    # for "never" (its network or its docker daemon going down with it); the next attempt says again.
     if cause := _platform_cause(v, st):
         return _restart(v, spec, st, cause, f"{detail} after a node was {cause}", now, ctx)
+    if exited.detail and exited.exit_code == NEVER_RUNS:  # the image cannot run here: every next VM alike
+        return _end(v, st, Phase.FAILED, f"{detail}; not retried: fix the image, its grant or the boot "
+                    "image, then submit again", now)
     if len(st.instances) > 1:
         # A gang: a rank failing because another node went away is that node's loss.
         if st.zone in v.unreachable or st.project in v.unseen_projects:

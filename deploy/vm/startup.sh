@@ -241,7 +241,7 @@ registry_refusal() {
 # agent_ctr_error and agent_ctr_code (94: it will never pull; 95: it may, later) when it fails; the
 # pull's times in agent_pull_started/agent_pull_ended (this VM's clock) and agent_pull_s.
 container_pull() {
-  local host out rc try t0 why
+  local host out rc try t0 why words tag auth=()
   agent_ctr_error="" agent_ctr_code=""
   if ! container_runtime; then
     agent_ctr_code=94
@@ -257,28 +257,40 @@ container_pull() {
   if [[ "$agent_image" == */* && "$host" =~ ^([a-z0-9-]+-docker\.pkg\.dev|([a-z]+\.)?gcr\.io)(:[0-9]+)?$ ]]; then
     registry_auth "$host" || log "the VM's access token is unreadable: pulling without credentials"
   fi
+  # The auth file only where there is one: podman refuses a REGISTRY_AUTH_FILE that does not exist
+  # ("stat ...: no such file or directory"), which would fail every pull of another registry's image.
+  [ -s "$agent_ctr_auth/config.json" ] \
+    && auth=(DOCKER_CONFIG="$agent_ctr_auth" REGISTRY_AUTH_FILE="$agent_ctr_auth/config.json")
+  # The image's tag, whose digits (a date: 20240312) are no HTTP status.
+  tag="${agent_image%%@*}" && tag="${tag##*/}"
+  if [[ "$tag" == *:* ]]; then tag="${tag##*:}"; else tag=""; fi
   agent_pull_started="$(now)"
   t0="$(ms_now)"
   log "pulling $agent_image"
   for try in 1 2 3; do
-    out="$(DOCKER_CONFIG="$agent_ctr_auth" REGISTRY_AUTH_FILE="$agent_ctr_auth/config.json" \
-      timeout 3600 "$agent_rt" pull "$agent_image" 2>&1 > /dev/null)"
+    out="$(env "${auth[@]}" timeout 3600 "$agent_rt" pull "$agent_image" 2>&1 > /dev/null)"
     rc=$?
     [ "$rc" = 0 ] && break
     agent_ctr_log="$(printf '%s\n' "$out" | grep -v '^[[:space:]]*$' | tail -n 1 | cut -c 1-400)"
     log "pull $try of 3 failed: $agent_ctr_log"
+    # The runtime's last words (podman's progress lines before them name every digest it copied), less
+    # the image's reference, its tag and any digest: their digits and names are not the registry's.
+    words="$(printf '%s\n' "$out" | grep -v '^[[:space:]]*$' | tail -n 1)"
+    words="${words//"$agent_image"/}"
+    [ -n "$tag" ] && words="${words//":$tag"/}" && words="${words//"/$tag"/}" && words="${words//"\"$tag\""/}"
+    words="$(printf '%s' "$words" | sed -E 's/sha256:[0-9a-f]+//g')"
     # Google's words for an image that is not there or not this account's: no second try helps.
     # A refusal at the token endpoint: the runtime says only "403 (Forbidden)"; Google's body says why
     # (which permission, on which repository), asked once more as the runtime asked it.
-    if [[ "$out" == *"403"* && -n "$agent_ctr_token" ]]; then
+    if [[ "$words" == *" 403"* && -n "$agent_ctr_token" ]]; then
       why="$(registry_refusal "$host" 2> /dev/null)" && agent_ctr_log="$agent_ctr_log: $why"
     fi
-    case "$out" in
-      *"manifest unknown"*|*"not found"*|*"NOT_FOUND"*|*"denied"*|*"DENIED"*|*"unauthorized"*|*"UNAUTHORIZED"*|*"403"*|*"401"*|*"invalid reference"*)
+    case "$words" in
+      *"manifest unknown"*|*"name unknown"*|*"not found"*|*"NOT_FOUND"*|*"denied"*|*"DENIED"*|*"unauthorized"*|*"UNAUTHORIZED"*|*" 403 "*|*" 401 "*|*"(Forbidden)"*|*"(Unauthorized)"*|*"invalid reference"*)
         agent_ctr_code=94; break ;;
     esac
     agent_ctr_code=95
-    sleep $((try * 5))
+    ((try < 3)) && sleep $((try * 5))
   done
   rm -rf "$agent_ctr_auth"
   agent_ctr_token=""
@@ -317,7 +329,24 @@ container_outcome() {
     err="$(grep -v '^[[:space:]]*$' "$agent_run_dir/container.error" | tail -n 1 | cut -c 1-400)"
     never_ran 94 "the container could not be created: ${err:-the runtime said nothing}"
   fi
-  state="$("$agent_rt" inspect --format '{{.State.ExitCode}} {{.State.StartedAt}}' "$agent_ctr_name" 2> /dev/null)"
+  state="$("$agent_rt" inspect --format '{{.State.Running}} {{.State.ExitCode}} {{.State.StartedAt}}' \
+    "$agent_ctr_name" 2> /dev/null)"
+  if [ "${state%% *}" = true ]; then
+    # The runtime's CLI ended before its container (killed, or docker's daemon restarted under it): the
+    # trainer still works, and its ExitCode reads 0 until it exits. Its end is waited for, then its code.
+    log "the runtime's CLI ended but container $agent_ctr_name still runs: waiting for it to exit"
+    "$agent_rt" wait "$agent_ctr_name" > /dev/null 2>&1
+    # Nothing passes the shutdown's SIGTERM on now: an end meanwhile may be the VM's, not the trainer's.
+    if stopping; then log "VM is stopping: no exit record"; exit 0; fi
+    state="$("$agent_rt" inspect --format '{{.State.Running}} {{.State.ExitCode}} {{.State.StartedAt}}' \
+      "$agent_ctr_name" 2> /dev/null)"
+    if [ "${state%% *}" != false ]; then
+      "$agent_rt" rm -f "$agent_ctr_name" > /dev/null 2>&1
+      agent_code=125
+      return 0
+    fi
+  fi
+  state="${state#* }"
   code="${state%% *}" started="${state#* }"
   if [[ "$started" == 0001-01-01* ]]; then
     err="$("$agent_rt" inspect --format '{{.State.Error}}' "$agent_ctr_name" 2> /dev/null | cut -c 1-400)"
@@ -454,7 +483,15 @@ agent_from="from scratch"
 [ "$agent_from" = "from " ] && agent_from="from a checkpoint"
 [ -n "$agent_waited" ] && log "the go after ${agent_waited} s at the line: $agent_from"
 log "job $agent_job attempt $agent_attempt $agent_role $agent_rank/$agent_nodes, $agent_from${agent_resume_tag:+ (tag $agent_resume_tag)}"
-[ -n "$agent_ctr_error" ] && never_ran "$agent_ctr_code" "$agent_ctr_error"
+if [ -n "$agent_ctr_error" ]; then
+  # A pull that failed while the VM goes down (its network, docker's daemon stopping with it) says nothing
+  # of the image: the shutdown script writes the marker, and no exit record may say otherwise.
+  if [ -e "$agent_run_dir/stopping" ]; then
+    log "the pull failed while the VM is stopping ($agent_ctr_log): no exit record"
+    exit 0
+  fi
+  never_ran "$agent_ctr_code" "$agent_ctr_error"
+fi
 if [ -n "$agent_resume_from" ]; then
   if [ -n "$agent_checkpoint_uri" ] && [[ "$agent_resume_from" == "${agent_checkpoint_uri%/}/"* ]]; then
     log "RESUME_FROM=\$RESPAWN_CHECKPOINT_URI/${agent_resume_from#"${agent_checkpoint_uri%/}/"}"

@@ -175,3 +175,16 @@ def test_validate_says_the_image_it_runs_in_and_the_boot_image_it_gets(tmp_path,
     assert result.exit_code == 0, result.output
     assert f"runs in the container image {IMAGE}, on the boot image {CONTAINER_BOOT_GPU[1]}/{CONTAINER_BOOT_GPU[0]}" \
         in result.output
+
+
+def test_a_pull_that_failed_on_a_vm_being_preempted_is_the_preemption_not_an_image_that_cannot_run(h):
+    """Review 37: a VM preempted while it pulls (its network, its docker daemon going down with it) may
+    end its pull with words the agent takes for "never" (94). Its marker says the platform took it: the
+    job is recovered, as for any other exit record beside a marker (95, 97), never FAILED at once."""
+    started(h, image=IMAGE)
+    h.marker("llm", attempt=1)
+    exit_record(h, exit_code=94, reason=f"image {IMAGE} could not be pulled: Error: copying system image: "
+                                        "reading blob sha256:4031...: connection reset by peer")
+    h.tick()
+    st = h.status("llm")
+    assert (st.phase, st.attempt, st.failures, st.preemptions) == (Phase.PROVISIONING, 2, 0, 1), st.message
