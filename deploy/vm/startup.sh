@@ -194,11 +194,12 @@ hold_at_the_line() {
 # run directory at its own path (the notice, progress and result files) and the contract's variables.
 agent_ctr_log=""  # the runtime's last error line, for the exit record
 container_runtime() {
-  local i
-  if command -v podman > /dev/null; then agent_rt=podman; return 0; fi
-  command -v docker > /dev/null || return 1
+  local i docker
+  # By its path: the launcher runs it after the spec env, which may set a PATH of its own.
+  if agent_rt="$(command -v podman)"; then agent_rt_kind=podman; return 0; fi
+  docker="$(command -v docker)" || return 1
   for ((i = 0; i < 60; i++)); do
-    timeout 10 docker info > /dev/null 2>&1 && { agent_rt=docker; return 0; }
+    timeout 10 "$docker" info > /dev/null 2>&1 && { agent_rt="$docker" agent_rt_kind=docker; return 0; }
     ((i == 0)) && log "waiting for the docker daemon"
     sleep 2
   done
@@ -248,7 +249,8 @@ container_pull() {
     agent_ctr_error="no container runtime on this VM's image (neither podman nor a docker daemon): use a boot image that has one (leave boot_disk unset: respawn picks one)"
     return 1
   fi
-  log "container runtime: $agent_rt"
+  log "container runtime: $agent_rt_kind"
+  gpu_runtime || return 1
   if "$agent_rt" image inspect "$agent_image" > /dev/null 2>&1; then
     log "image $agent_image is on this VM already: not pulled"
     return 0
@@ -304,6 +306,39 @@ container_pull() {
   log "pulled $agent_image in ${agent_pull_s} s"
 }
 
+# image_env: the image's own environment (its ENV lines) for the launcher, which expands the spec env's
+# $NAME references against it (a spec's PATH: /opt/x:$PATH extends the image's PATH, not the VM's).
+image_env() {
+  "$agent_rt" image inspect --format '{{range .Config.Env}}{{println .}}{{end}}' "$agent_image" \
+    > "$agent_run_dir/image.env" 2> /dev/null || { log "the image's environment is unreadable"; : > "$agent_run_dir/image.env"; }
+}
+
+# gpu_runtime: on a VM with NVIDIA GPUs, whether the runtime can give them to a container (the NVIDIA
+# Container Toolkit: its CDI spec for podman, its runtime for docker); else why not, as never-runs (94):
+# a container without them would train on the CPU, or not start at all.
+gpu_runtime() {
+  [ -e "$agent_dev_dir/nvidiactl" ] || return 0
+  if [ "$agent_rt_kind" = podman ]; then
+    grep -qs "nvidia.com/gpu" /etc/cdi/* /var/run/cdi/* && return 0
+    agent_ctr_error="this VM has NVIDIA GPUs, but podman has no CDI device nvidia.com/gpu (the NVIDIA Container Toolkit's nvidia-ctk cdi generate): use a boot image with the toolkit (leave boot_disk unset: respawn picks one)"
+  else
+    command -v nvidia-container-runtime-hook > /dev/null || command -v nvidia-container-runtime > /dev/null \
+      || "$agent_rt" info 2> /dev/null | grep -qi nvidia && return 0
+    agent_ctr_error="this VM has NVIDIA GPUs, but docker has no NVIDIA runtime (the NVIDIA Container Toolkit): use a boot image with it (leave boot_disk unset: respawn picks one)"
+  fi
+  agent_ctr_code=94
+  return 1
+}
+
+# ctr_failure WORDS: 94 when the runtime's words say the container can never run here as asked (what
+# the image lacks, a device the VM cannot give), else 95: a failure that may pass on the next VM.
+ctr_failure() {
+  case "$1" in
+    *"executable file not found"*|*"no such file or directory"*|*"nvidia"*|*"CDI"*|*"unresolvable"*|*"unknown device"*|*"invalid"*|*"not found"*) echo 94 ;;
+    *) echo 95 ;;
+  esac
+}
+
 # container_options: the run options that depend on this VM (its devices, the notice), after
 # agent_notice is known. The stop timeout is the whole notice: a runtime that stops the container
 # (docker's daemon at the guest's shutdown) never kills the trainer before its time is up.
@@ -313,7 +348,7 @@ container_options() {
   agent_ctr_opts=(--network host --ipc host --init --stop-timeout "$stop"
     --label "respawn-job=$agent_job" --label "respawn-attempt=$agent_attempt")
   if [ -e "$agent_dev_dir/nvidiactl" ]; then
-    if [ "$agent_rt" = docker ]; then agent_ctr_opts+=(--gpus all); else agent_ctr_opts+=(--device nvidia.com/gpu=all); fi
+    if [ "$agent_rt_kind" = docker ]; then agent_ctr_opts+=(--gpus all); else agent_ctr_opts+=(--device nvidia.com/gpu=all); fi
   fi
   # A TPU VM's chips (/dev/accel*, /dev/vfio): Google runs TPU containers privileged.
   if [ "$agent_tpu" = 1 ] || [ -e "$agent_dev_dir/accel0" ] || [ -e "$agent_dev_dir/vfio/vfio" ]; then
@@ -327,7 +362,7 @@ container_outcome() {
   local state started code err
   if [ -s "$agent_run_dir/container.error" ]; then
     err="$(grep -v '^[[:space:]]*$' "$agent_run_dir/container.error" | tail -n 1 | cut -c 1-400)"
-    never_ran 94 "the container could not be created: ${err:-the runtime said nothing}"
+    never_ran "$(ctr_failure "$err")" "the container could not be created: ${err:-the runtime said nothing}"
   fi
   state="$("$agent_rt" inspect --format '{{.State.Running}} {{.State.ExitCode}} {{.State.StartedAt}}' \
     "$agent_ctr_name" 2> /dev/null)"
@@ -350,12 +385,11 @@ container_outcome() {
   code="${state%% *}" started="${state#* }"
   if [[ "$started" == 0001-01-01* ]]; then
     err="$("$agent_rt" inspect --format '{{.State.Error}}' "$agent_ctr_name" 2> /dev/null | cut -c 1-400)"
-    # The runtime said why on the attached start's stderr (the serial log, mixed with the trainer's): a
-    # container that never started is asked to start once more, detached, for its words alone.
-    [ -n "$err" ] || err="$("$agent_rt" start "$agent_ctr_name" 2>&1 > /dev/null | grep -v '^[[:space:]]*$' \
-      | tail -n 1 | cut -c 1-400)"
     "$agent_rt" rm -f "$agent_ctr_name" > /dev/null 2>&1
-    never_ran 94 "the container did not start: ${err:-the runtime gave no reason (exit $agent_code)}"
+    # Without the runtime's own record, its words went to this VM's serial log (the attached start's
+    # stderr): never a second start to ask again, which could run the trainer after all.
+    [ -n "$err" ] || never_ran 95 "the container did not start (the runtime's exit $agent_code; its words are in this VM's serial log: respawn logs)"
+    never_ran "$(ctr_failure "$err")" "the container did not start: $err"
   fi
   [[ "$code" =~ ^[0-9]{1,3}$ ]] && agent_code="$code"
   "$agent_rt" rm -f "$agent_ctr_name" > /dev/null 2>&1 || log "could not remove container $agent_ctr_name"
@@ -451,12 +485,12 @@ readonly agent_code_uri agent_checkpoint_uri agent_master_addr agent_env_lines a
 
 # The image, pulled before the starting line: a failure is said after the go (a standby writes no exit
 # record before it), and the pull's time goes with every record.
-agent_rt="" agent_ctr_error="" agent_ctr_code="" agent_ctr_token="" agent_pull_started="" agent_pull_ended="" agent_pull_s=""
-[ -n "$agent_image" ] && container_pull
+agent_rt="" agent_rt_kind="" agent_ctr_error="" agent_ctr_code="" agent_ctr_token="" agent_pull_started="" agent_pull_ended="" agent_pull_s=""
+[ -n "$agent_image" ] && container_pull && image_env
 agent_pull_fields=""
 [ -n "$agent_pull_ended" ] && [ -z "$agent_ctr_error" ] \
   && agent_pull_fields=", \"pull_started\": \"$agent_pull_started\", \"pull_ended\": \"$agent_pull_ended\", \"pull_s\": $agent_pull_s"
-readonly agent_rt agent_ctr_error agent_ctr_code agent_pull_fields
+readonly agent_rt agent_rt_kind agent_ctr_error agent_ctr_code agent_pull_fields
 
 # The starting line. Where to resume from is read after the go: the controller resolves the newest
 # complete checkpoint once the attempt before this one has saved, and gives it with the go.
@@ -534,10 +568,22 @@ export RESUME_FROM="$4" RESPAWN_CHECKPOINT_URI="$5" RESPAWN_JOB="$6" RESPAWN_ATT
   RESPAWN_BUCKET="$8" NODE_RANK="$9" NODES="${10}" MASTER_ADDR="${11}" RESUME_STEP="${12}" RESUME_TAG="${13}" \
   RESPAWN_CHECKPOINT_EVERY_S="${14}" RESPAWN_PROGRESS_FILE="${15}" RESPAWN_NOTICE_SECONDS="${16}" \
   RESPAWN_NOTICE_FILE="${17}" RESPAWN_RESULT_FILE="${19}"
+respawn_contract="RESUME_FROM RESPAWN_CHECKPOINT_URI RESPAWN_JOB RESPAWN_ATTEMPT RESPAWN_BUCKET NODE_RANK NODES
+  MASTER_ADDR RESUME_STEP RESUME_TAG RESPAWN_CHECKPOINT_EVERY_S RESPAWN_PROGRESS_FILE RESPAWN_NOTICE_SECONDS
+  RESPAWN_NOTICE_FILE RESPAWN_RESULT_FILE"
+respawn_keys=()
 if [ -n "$2" ]; then
-  declare -A respawn_base=()
-  for respawn_n in $(compgen -e); do respawn_base[$respawn_n]="${!respawn_n}"; done
-  respawn_keys=() respawn_values=()
+  declare -A respawn_base=() respawn_vm=()
+  for respawn_n in $(compgen -e); do respawn_vm[$respawn_n]="${!respawn_n}"; done
+  if [ -z "${20}" ]; then
+    for respawn_n in "${!respawn_vm[@]}"; do respawn_base[$respawn_n]="${respawn_vm[$respawn_n]}"; done
+  else  # in an image, references are to its environment (its ENV lines) and the contract
+    for respawn_n in $respawn_contract; do respawn_base[$respawn_n]="${!respawn_n}"; done
+    while IFS= read -r respawn_line; do
+      [[ "$respawn_line" =~ ^([A-Za-z_][A-Za-z0-9_]*)=(.*)$ ]] && respawn_base[${BASH_REMATCH[1]}]="${BASH_REMATCH[2]}"
+    done < "${18}/image.env"
+  fi
+  respawn_values=()
   export() {
     local kv
     for kv; do respawn_keys+=("${kv%%=*}"); respawn_values+=("${kv#*=}"); done
@@ -575,16 +621,25 @@ export RESUME_FROM="$4" RESPAWN_CHECKPOINT_URI="$5" RESPAWN_JOB="$6" RESPAWN_ATT
   RESPAWN_CHECKPOINT_EVERY_S="${14}" RESPAWN_PROGRESS_FILE="${15}" RESPAWN_NOTICE_SECONDS="${16}" \
   RESPAWN_NOTICE_FILE="${17}" RESPAWN_RESULT_FILE="${19}"
 [ -z "${20}" ] && exec "$1" -c "$3"
-# In the image: the runtime creates the container with the contract and the spec env passed by name
-# (their values stay out of every command line), then runs it attached: its CLI is the trainer the
-# shutdown script signals, and passes the SIGTERM on. A command runs under the /bin/sh of the image,
+# In the image: the runtime creates the container with the contract and the spec env from a file of
+# their values (never on a command line; a value with a line break, which no env file can hold, is
+# left out and said), then runs it attached: its CLI is the trainer the shutdown script signals, and
+# passes the SIGTERM on. The runtime runs in the VM environment: the spec env is the container one. A command runs under the /bin/sh of the image,
 # in place of its entrypoint, in a shell that passes a SIGTERM on to every process the command started
 # (as the process group does on a VM); without one the entrypoint and command of the image run.
-respawn_env=()
-for respawn_n in RESUME_FROM RESPAWN_CHECKPOINT_URI RESPAWN_JOB RESPAWN_ATTEMPT RESPAWN_BUCKET NODE_RANK NODES \
-    MASTER_ADDR RESUME_STEP RESUME_TAG RESPAWN_CHECKPOINT_EVERY_S RESPAWN_PROGRESS_FILE RESPAWN_NOTICE_SECONDS \
-    RESPAWN_NOTICE_FILE RESPAWN_RESULT_FILE GCE_METADATA_HOST GCE_METADATA_IP STORAGE_EMULATOR_HOST "${respawn_keys[@]}"; do
-  [[ -v "$respawn_n" ]] && respawn_env+=(--env "$respawn_n")
+respawn_file="${18}/container.env" respawn_lf="
+"
+{ rm -f "$respawn_file" && (umask 077 && : > "$respawn_file"); } || exit 96
+for respawn_n in $respawn_contract GCE_METADATA_HOST GCE_METADATA_IP STORAGE_EMULATOR_HOST "${respawn_keys[@]}"; do
+  [[ -v "$respawn_n" ]] || continue
+  if [[ "${!respawn_n}" == *"$respawn_lf"* ]]; then
+    echo "respawn: $respawn_n holds a line break, which no container env file can: not set in the container" >&2
+  else
+    printf "%s=%s\n" "$respawn_n" "${!respawn_n}" >> "$respawn_file"
+  fi
+done
+for respawn_n in "${respawn_keys[@]}"; do
+  if [[ -v respawn_vm[$respawn_n] ]]; then builtin export "$respawn_n=${respawn_vm[$respawn_n]}"; else unset "$respawn_n"; fi
 done
 respawn_run=("${@:25}" --name "${22}" --volume "${18}:${18}")
 [ -n "${23}" ] && respawn_run+=(--workdir "${23}")
@@ -594,8 +649,9 @@ else
   respawn_run+=("${21}")
 fi
 "${20}" rm -f "${22}" > /dev/null 2>&1
-"${20}" create --pull never "${respawn_env[@]}" "${respawn_run[@]}" > /dev/null 2> "${18}/container.error" || exit 94
-rm -f "${18}/container.error"
+"${20}" create --pull never --env-file "$respawn_file" "${respawn_run[@]}" > /dev/null 2> "${18}/container.error" \
+  || { rm -f "$respawn_file"; exit 94; }
+rm -f "${18}/container.error" "$respawn_file"
 exec "${20}" start --attach "${22}"'
 # How much time the trainer has from the first warning it gets to the hard-off, told to it so that a
 # save that cannot finish in it is skipped (respawnkit.notice): the shutdown's (its

@@ -135,7 +135,7 @@ def test_the_exit_code_inside_the_container_is_the_jobs(cloud, tmp_path, monkeyp
     assert st.phase == Phase.FAILED and "command exited with code 3 on exits-three-1" in st.message, st.message
 
 
-def test_gpus_without_a_gpu_runtime_fail_once_saying_why_the_container_did_not_start(cloud, tmp_path, monkeypatch):
+def test_gpus_without_a_gpu_runtime_fail_once_saying_what_the_vm_lacks(cloud, tmp_path, monkeypatch):
     devices = tmp_path / "dev"
     devices.mkdir()
     (devices / "nvidiactl").touch()  # a GPU VM's device, with no NVIDIA container runtime for podman
@@ -143,7 +143,7 @@ def test_gpus_without_a_gpu_runtime_fail_once_saying_why_the_container_did_not_s
     submit(cloud, monkeypatch, tmp_path, example(name="no-gpu-runtime"))
     st = ended(cloud, "no-gpu-runtime")
     assert (st.phase, st.attempt) == (Phase.FAILED, 1), st.message
-    assert "the container did not start" in st.message and "nvidia.com/gpu" in st.message, st.message
+    assert "this VM has NVIDIA GPUs, but podman has no CDI device nvidia.com/gpu" in st.message, st.message
 
 
 def test_a_trainer_that_ignores_its_sigterm_never_outlives_its_vm(cloud, tmp_path, monkeypatch):
@@ -194,3 +194,15 @@ def test_the_shipped_container_example_runs_to_succeeded_as_shipped(cloud, monke
     assert st.phase == Phase.SUCCEEDED, st.message
     steps = int(yaml.safe_load((EXAMPLES / "container.yaml").read_text())["env"]["TRAIN_STEPS"])
     assert st.result is not None and st.result["step"] == steps
+
+
+def test_the_spec_env_extends_the_images_environment_and_never_the_runtimes(cloud, tmp_path, monkeypatch):
+    report = ("python -c 'import os, json; json.dump({k: os.environ.get(k) for k in (\"PATH\", \"EXTRA\", \"GREETING\")}, "
+              "open(os.environ[\"RESPAWN_RESULT_FILE\"], \"w\"))'")
+    env = {"PATH": "/opt/tools/bin:$PATH", "EXTRA": "${NOT_IN_THE_IMAGE}x", "GREETING": "it's \"quoted\" $$HOME"}
+    submit(cloud, monkeypatch, tmp_path, example(name="env-in-image", command=report, env=env))
+    st = ended(cloud, "env-in-image")
+    assert st.phase == Phase.SUCCEEDED, st.message
+    from localcloud import images
+    assert st.result["PATH"] == f"/opt/tools/bin:{images.TRAINER_ENV['PATH']}", "the image's PATH, not the VM's"
+    assert st.result["EXTRA"] == "${NOT_IN_THE_IMAGE}x" and st.result["GREETING"] == 'it\'s "quoted" $HOME'
