@@ -106,8 +106,10 @@ def test_the_example_preempted_with_notice_then_hard_saves_in_its_container_and_
     assert final.preemptions == 2 and final.failures == 0
     assert final.result is not None and final.result["weights"] == uninterrupted_weights()
     assert final.result["step"] == STEPS
-    pulls = [s for s in final.ledger.spans if s.pull_started is not None]
-    assert pulls and all(s.pull_started <= s.pull_ended for s in pulls), "the report's timeline shows each pull"
+    pulls = {s.attempt: s for s in final.ledger.spans if s.pull_started is not None}
+    assert len(pulls) == 3 and all(s.pull_started <= s.pull_ended for s in pulls.values()), "each pull on the timeline"
+    first = next(s for s in final.ledger.spans if s.attempt == 1)
+    assert first.end is not None and pulls[2].pull_ended < first.end, "the standby pulled while the old VM still saved"
 
 
 def test_a_missing_image_fails_the_job_once_naming_the_cause(cloud, tmp_path, monkeypatch):
