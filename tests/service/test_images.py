@@ -188,3 +188,10 @@ def test_a_pull_that_failed_on_a_vm_being_preempted_is_the_preemption_not_an_ima
     h.tick()
     st = h.status("llm")
     assert (st.phase, st.attempt, st.failures, st.preemptions) == (Phase.PROVISIONING, 2, 0, 1), st.message
+
+
+def test_a_container_jobs_env_value_with_a_line_break_is_refused_naming_the_variable():
+    with pytest.raises(SpecError) as e:
+        parse_spec(json.dumps(spec_doc(image=IMAGE, env={"OK": "x", "NOTE": "two\nlines"})).encode(), "llm")
+    assert any(p.startswith("env.NOTE: holds a line break") for p in e.value.problems), e.value.problems
+    assert parse_spec(json.dumps(spec_doc(env={"NOTE": "two\nlines"})).encode(), "llm").env["NOTE"] == "two\nlines"
