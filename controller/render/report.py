@@ -121,12 +121,24 @@ def facts(status: JobStatus, now: datetime, live: dict[str, Any] | None = None, 
                    f"{human(total.time_between_losses_s)}"),
         ("recoveries", _recoveries(book, total)),
         *((("zero-gap", gap),) if (gap := zero_gap(job, status, live)) else ()),
+        *((("image pulls", pulls),) if (pulls := image_pulls(status)) else ()),
         ("steps", _steps(total, _now_at(live, now))),
         ("checkpoint", f"advised every {human(status.checkpoint_every_s)} (Young/Daly); {_save(total)}"),
         *((("between losses", basis),) if (basis := lifetime(status.lifetime)) else ()),
         ("save time from", _save_source(total)),
         *((("latest save", latest),) if (latest := _latest_save(live, now)) else ()),
     ]
+
+
+def image_pulls(status: JobStatus) -> str | None:
+    """An image: job's pulls, part of each attempt's boot (its VM's clock): the mean and the longest, and
+    how many attempts pulled; None where no attempt reported one."""
+    took = [(s.pull_ended - s.pull_started).total_seconds() for s in status.ledger.spans
+            if s.pull_started is not None and s.pull_ended is not None]
+    if not took:
+        return None
+    return (f"{len(took)} {'attempt' if len(took) == 1 else 'attempts'} pulled the image before its trainer "
+            f"started: {seconds(sum(took) / len(took))} on average, {seconds(max(took))} at most (part of booting)")
 
 
 def zero_gap(job: str, status: JobStatus, live: dict[str, Any] | None = None) -> str | None:

@@ -157,6 +157,8 @@ def test_the_report_draws_the_pull_inside_the_boot_as_pulling_image(h):
     assert [(p.start, p.end) for p in pulls] == [pulled]
     boot = [p for p in drawn if p.hatch == report.BOOT_HATCH]
     assert boot[0].start == span.start and boot[0].end == pulled[0] and boot[-1].start == pulled[1]
+    said = dict(report.facts(st, h.clock.now()))["image pulls"]
+    assert said.startswith("1 attempt pulled the image before its trainer started: 30") and "part of booting" in said
 
 
 def _z(t: Any) -> str:
