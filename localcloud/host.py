@@ -20,7 +20,7 @@ from flask import Flask, Response, request
 
 from localcloud.http import Served
 from localcloud.metadata import MetadataServer
-from localcloud.vm import VmProcess
+from localcloud.vm import VmProcess, unmount_under
 
 
 class Host:
@@ -57,6 +57,9 @@ class Host:
             process.kill()
         if self._served:
             self._served.stop()
+        # A machine's podman may mount its store again after its power-off (conmon's cleanup of a
+        # container that died with it): nothing of it stays mounted once the server is gone.
+        unmount_under(self.workdir)
         if self._tmp:
             self._tmp.cleanup()
 

@@ -84,7 +84,7 @@ runroot = "{run}"
 """
 
 
-def _mounts_under(folder: Path) -> list[str]:
+def mounts_under(folder: Path) -> list[str]:
     """Mount points at or below ``folder`` (/proc/self/mountinfo's fifth field, octal escapes undone)."""
     prefix = str(folder.resolve())
     found = []
@@ -99,6 +99,13 @@ def _mounts_under(folder: Path) -> list[str]:
             if point == prefix or point.startswith(prefix + "/"):
                 found.append(point)
     return found
+
+
+def unmount_under(folder: Path) -> None:
+    """Whatever is mounted at or below ``folder`` unmounted, deepest first (lazily: a process still in it
+    keeps it until it leaves)."""
+    for point in sorted(mounts_under(folder), reverse=True):
+        subprocess.run(["umount", "-l", point], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
 
 
 class VmProcess:
@@ -147,8 +154,7 @@ class VmProcess:
             pass
         # podman's overlay driver mounts its own folder (and a container's shm under the run folder): what
         # was mounted goes with the power-off, deepest first, so that the VM's folder can be removed.
-        for point in sorted(_mounts_under(self._containers), reverse=True):
-            subprocess.run(["umount", "-l", point], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
+        unmount_under(self._containers)
 
     def start(self, script: str | None) -> None:
         """Boot: run the startup script, if there is one (the VM runs on either way)."""
