@@ -492,9 +492,9 @@ class JobSpec(Strict):
         given = {**{f"env.{k}": v for k, v in self.env.items()},
                  **{f"sweep.params.{k}": v for k, v in (self.sweep.params if self.sweep else {}).items()}}
         if self.image is not None and (broken := next((k for k, v in given.items() if "\n" in v or "\r" in v), None)):
-            raise FieldProblem(broken, "holds a line break, which a container's environment cannot take "
-                                                "(an env file holds one line a variable); put the text in a file under "
-                                                "'code' and pass its path")
+            raise FieldProblem(broken, "holds a line break, which a container's environment cannot take (an env "
+                                       "file holds one line a variable); put the text in a file under 'code' and "
+                                       "pass its path")
         if self.image is not None and "boot_disk" not in self.model_fields_set and self.tpu is None:
             family, project = CONTAINER_BOOT_GPU if self.gpus_per_node else CONTAINER_BOOT
             object.__setattr__(self, "boot_disk", BootDisk(image_family=family, image_project=project))
