@@ -170,12 +170,17 @@ class DiscoveryServer(Server):
         @app.route("/<path:path>", methods=["GET", "POST", "DELETE", "PATCH", "PUT"])
         def api(path: str) -> Response:
             try:
-                return json_response(self._dispatch(request.method, path))
+                return json_response(self._dispatch(request.method, self._path(path)))
             except ApiError as e:
                 return json_response(e.body(), e.code)
 
         Host._fault_route(app, self._faults())
         return app
+
+    def _path(self, path: str) -> str:
+        """The request's path as dispatched: as Flask decoded it (a server whose ids may hold an
+        escaped "/" takes it as sent instead)."""
+        return path
 
     def _dispatch(self, verb: str, path: str) -> dict[str, Any]:
         method, match, name = discovery.resolve(self._routes, verb, path, self.name, ApiError)

@@ -21,10 +21,9 @@ import re
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
-from flask import Flask, Response, request
+from flask import request
 
 from localcloud.apis import ApiError, Deployment, DiscoveryServer, concurrent_change
-from localcloud.host import Host, json_response
 from localcloud.registry import Registry, Repository, Stored
 
 NOT_FOUND = "Requested entity was not found."
@@ -56,19 +55,9 @@ class ArtifactRegistryServer(DiscoveryServer):
         self._routes = [(dataclasses.replace(m, pattern=re.compile(_WITH_COLONS.sub(r"(?P<\1>[^/]+)", m.pattern.pattern))),
                          served) for m, served in self._routes]
 
-    def _app(self) -> Flask:
-        app = Flask(self.name)
-
-        @app.route("/<path:path>", methods=["GET", "POST", "DELETE", "PATCH", "PUT"])
-        def api(path: str) -> Response:
-            raw = urlsplit(request.environ.get("REQUEST_URI") or request.full_path).path.lstrip("/")
-            try:
-                return json_response(self._dispatch(request.method, raw))
-            except ApiError as e:
-                return json_response(e.body(), e.code)
-
-        Host._fault_route(app, self._faults())
-        return app
+    def _path(self, path: str) -> str:
+        """As sent: a package id holds "/" escaped once (%2F) or twice (gcloud), which Flask would decode."""
+        return urlsplit(request.environ.get("REQUEST_URI") or request.full_path).path.lstrip("/")
 
     # -- repositories ------------------------------------------------------------------------------
     def _repo(self, p: dict[str, str]) -> Repository:
