@@ -27,7 +27,7 @@ class Host:
     def __init__(self, vm_env: dict[str, str] | None, workdir: Path | None, prefix: str) -> None:
         self.vm_env = dict(vm_env or {})
         self._closed = threading.Event()
-        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix=prefix)
+        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True)
         self.workdir = workdir or Path(self._tmp.name)  # type: ignore[union-attr]
         self._lock = threading.RLock()
         self._timers: list[threading.Timer] = []
