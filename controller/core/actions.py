@@ -60,6 +60,7 @@ class DeleteInstance:
     reason: str
     only_if_spec_absent: bool = False
     tpu: bool = False  # a TPU node: deleted through the TPU gateway
+    tpu_api: str = "tpu"  # which one: the Cloud TPU API's, or Compute Engine's slices ("compute")
     # What is left of an older attempt: a delete that fails is said, and never holds the rest
     # of the chain (the next attempt's insert above all); it is tried again every pass.
     husk: bool = False

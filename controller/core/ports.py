@@ -163,7 +163,8 @@ class Instance(Labelled):
     labels: Mapping[str, str]
     created_at: datetime
     id: str = ""
-    tpu: bool = False  # a Cloud TPU node: created and deleted through the TPU gateway
+    tpu: bool = False  # a TPU slice: created and deleted through a TPU gateway
+    tpu_api: str = "tpu"  # which: "tpu" (the Cloud TPU API's node) or "compute" (Compute Engine's instance or MIG)
     health: NodeHealth | None = None  # a TPU node's health
     upcoming_maintenance: str | None = None  # a TPU node's scheduled maintenance, in words
     # Why it is down, when the resource says so itself (a TPU node's PREEMPTED or TERMINATED
@@ -437,6 +438,11 @@ class TpuNode(Labelled):
     # The state of the queued resource that owns this node, or that is waiting to create it;
     # None for a node created directly.
     queued: QueuedState | None = None
+    # "tpu": a Cloud TPU API node. "compute": a TPU slice in Compute Engine, one instance (single
+    # host) or a MIG of ``workers`` instances; its state is read from its instances' statuses
+    # (``SLICE_STATE``) and a down host's cause from Compute's operations (``stop_reason``).
+    api: str = "tpu"
+    stop_reason: StopReason | None = None  # Compute's word on a down host of a Compute Engine slice
 
     def as_instance(self) -> Instance:
         """The node as the planner judges instances: its state read as the VM status that means
@@ -453,7 +459,8 @@ class TpuNode(Labelled):
         # maintenance took it, and asking again at once would fail again.
         reason = StopReason.REFUSED if self.queued == QueuedState.FAILED else TPU_STOP_REASONS.get(self.state)
         return Instance(self.project, self.zone, self.name, status, self.labels, self.created_at, self.id, tpu=True,
-                        health=self.health, upcoming_maintenance=self.upcoming_maintenance, stop_reason=reason)
+                        tpu_api=self.api, health=self.health, upcoming_maintenance=self.upcoming_maintenance,
+                        stop_reason=self.stop_reason or reason)
 
 
 @dataclass(frozen=True)
@@ -487,11 +494,22 @@ class TpuRequest:
     # Create through queuedResources (the spot tier when spot, else guaranteed) under the
     # node's name: a stockout then waits in the queue instead of failing the create.
     queued: bool = False
+    # "compute": a TPU slice in Compute Engine (``accelerator_type`` holds the TPU machine type,
+    # e.g. tpu7x-standard-4t; ``runtime_version`` is unused): one instance when ``topology`` is
+    # None, else a MIG of ``hosts`` instances under a workload policy naming the topology.
+    api: str = "tpu"
+    topology: str | None = None
+    hosts: int = 1
+    flex_start: bool = False  # Compute Engine only: FLEX_START, deleted after max_run_seconds
+    max_run_seconds: int | None = None
+    boot_image: str = ""  # Compute Engine only: the boot disk's image (family URL)
+    boot_disk_gb: int = 100
+    boot_disk_type: str = "pd-balanced"
 
     @property
     def provisioning(self) -> str:
         """The spec's model this request asks for (``InstanceRequest.provisioning``)."""
-        return "spot" if self.spot else "standard"
+        return "flex-start" if self.flex_start else "spot" if self.spot else "standard"
 
 
 class TpuGateway(Protocol):
@@ -545,6 +563,27 @@ TPU_AS_STATUS: Mapping[NodeState, InstanceStatus] = {
     NodeState.PREEMPTED: InstanceStatus.TERMINATED,  # a Spot TPU is never restarted: recreated
     NodeState.TERMINATED: InstanceStatus.TERMINATED,
 }
+# A Compute Engine slice's state from its hosts' statuses: the first rule a host meets decides, in
+# this order (a slice with one host down is broken, whatever the others do). Fewer hosts listed than
+# the slice has reads as CREATING (the MIG is still making them) unless one is down.
+SLICE_STATE: tuple[tuple[frozenset[InstanceStatus], NodeState], ...] = (
+    (frozenset({InstanceStatus.TERMINATED, InstanceStatus.STOPPED, InstanceStatus.SUSPENDED}), NodeState.TERMINATED),
+    (frozenset({InstanceStatus.DEPROVISIONING}), NodeState.DELETING),
+    (frozenset({InstanceStatus.STOPPING, InstanceStatus.PENDING_STOP, InstanceStatus.SUSPENDING}), NodeState.STOPPING),
+    (frozenset({InstanceStatus.REPAIRING}), NodeState.REPAIRING),
+    (frozenset({InstanceStatus.UNKNOWN}), NodeState.UNKNOWN),
+    (frozenset({InstanceStatus.PENDING, InstanceStatus.PROVISIONING, InstanceStatus.STAGING}), NodeState.CREATING),
+)
+
+
+def slice_state(statuses: Sequence[InstanceStatus], hosts: int) -> NodeState:
+    """The node state a Compute Engine slice of ``hosts`` reads as, from its listed hosts' statuses."""
+    for among, state in SLICE_STATE:
+        if any(s in among for s in statuses):
+            return state
+    return NodeState.READY if len(statuses) >= hosts else NodeState.CREATING
+
+
 # What a down TPU node's own state says of why (Compute VMs: their zone operations).
 TPU_STOP_REASONS: Mapping[NodeState, StopReason] = {
     NodeState.PREEMPTED: StopReason.PREEMPTED,

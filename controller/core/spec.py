@@ -42,7 +42,7 @@ from pydantic import (
     model_validator,
 )
 
-from controller.core import imageref
+from controller.core import imageref, tpus
 from controller.core.checkpoints import CustomRule, rule_problem
 from controller.core.durations import Duration
 from controller.core.names import job_name_problem
@@ -148,27 +148,108 @@ TPU_TYPE = r"^v\d+[a-z]*-\d{1,5}$"
 
 
 class Tpu(Strict):
-    """A Cloud TPU VM slice in place of a Compute Engine VM: one node per attempt, however many
-    hosts (workers) its accelerator type spans."""
+    """A TPU slice in place of a Compute Engine VM: one node per attempt, however many hosts
+    (workers) it spans. Either a Cloud TPU API node (``type`` and ``runtime_version``: v2 to
+    v6e) or a TPU machine type in Compute Engine (``machine_type``, and ``topology`` for a
+    multi-host slice: a managed instance group); TPU7x and later are Compute Engine only."""
 
-    type: str = Field(max_length=64, description="accelerator type, e.g. v5litepod-8, v4-32, v6e-4")
-    runtime_version: str = Field(pattern=r"^[a-z0-9][-a-z0-9.]{0,62}$",
-                                 description="TPU software version, e.g. v2-alpha-tpuv5-lite, tpu-ubuntu2204-base")
+    type: str | None = Field(default=None, max_length=64,
+                             description="Cloud TPU accelerator type, e.g. v5litepod-8, v4-32, v6e-4")
+    runtime_version: str | None = Field(default=None, pattern=r"^[a-z0-9][-a-z0-9.]{0,62}$",
+                                        description="TPU software version, e.g. v2-alpha-tpuv5-lite, "
+                                                    "tpu-ubuntu2204-base")
     # Through queuedResources (the spot tier for Spot): a stockout waits in Google's queue
     # instead of failing the create.
     queued: bool = False
+    machine_type: str | None = Field(default=None, max_length=64,
+                                     description="a Compute Engine TPU machine type, e.g. tpu7x-standard-4t")
+    topology: str | None = Field(default=None, max_length=16,
+                                 description="a multi-host slice's chips along each axis, e.g. 2x2x2")
 
     @field_validator("type")
     @classmethod
-    def _a_tpu_type(cls, value: str) -> str:
+    def _a_tpu_type(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if (machine := tpus.COMPUTE_ONLY.get(value.rpartition("-")[0])) is not None:
+            raise ValueError(f"{value.rpartition('-')[0]} is served only through Compute Engine, not the Cloud TPU "
+                             f"API: write 'machine_type: {machine}' (and 'topology' for a multi-host slice) in "
+                             "place of 'type' and 'runtime_version'")
         if not re.fullmatch(TPU_TYPE, value):
             raise ValueError("not a TPU accelerator type: a generation and its size, e.g. v5litepod-8, v4-32, v6e-4")
         return value
 
+    @field_validator("machine_type")
+    @classmethod
+    def _a_tpu_machine(cls, value: str | None) -> str | None:
+        if value is not None and value not in tpus.MACHINES:
+            close = difflib.get_close_matches(value, tpus.MACHINES, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ValueError(f"not a TPU machine type; {hint}Compute Engine's are {', '.join(tpus.MACHINES)}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_api(self) -> Tpu:
+        if self.machine_type is None:
+            if self.type is None:
+                raise FieldProblem("type", "required: a Cloud TPU type with runtime_version (e.g. v6e-8), or "
+                                   "'machine_type' for a TPU in Compute Engine (e.g. tpu7x-standard-4t)")
+            if self.runtime_version is None:
+                raise FieldProblem("runtime_version", "required with tpu.type: the TPU software version, "
+                                   "e.g. v2-alpha-tpuv6e")
+            if self.topology is not None:
+                raise FieldProblem("topology", "only with tpu.machine_type (the type sets a Cloud TPU node's "
+                                   "shape); remove it")
+            return self
+        given = [f for f in ("type", "runtime_version") if getattr(self, f) is not None]
+        if given:
+            raise FieldProblem(given[0], "not with tpu.machine_type (Compute Engine: the machine type and "
+                               "topology set the slice, the boot disk its image); remove it")
+        if self.queued:
+            raise FieldProblem("queued", "the Cloud TPU API's queue; in Compute Engine a slice that waits "
+                               "for capacity is 'provisioning: flex-start'; remove it")
+        machine = tpus.MACHINES[self.machine_type]
+        if self.topology is not None and (why := tpus.topology_problem(machine, self.topology)):
+            raise FieldProblem("topology", why)
+        return self
+
+    @property
+    def api(self) -> Literal["tpu", "compute"]:
+        """Which API serves it: the Cloud TPU API (nodes) or Compute Engine (instances, MIGs)."""
+        return "tpu" if self.machine_type is None else "compute"
+
+    @property
+    def machine(self) -> tpus.TpuMachine | None:
+        return tpus.MACHINES[self.machine_type] if self.machine_type is not None else None
+
+    @property
+    def hosts(self) -> int:
+        """The slice's VMs in Compute Engine; for a Cloud TPU node, at most its size (TPU nodes say)."""
+        if self.machine is not None:
+            return self.machine.hosts(self.topology)
+        return self.size
+
+    @property
+    def accelerator(self) -> str:
+        """The slice as a Cloud TPU type names it (``v6e-8``, ``tpu7x-8``): what prices and policy read."""
+        if self.machine is not None:
+            return self.machine.accelerator(self.topology)
+        assert self.type is not None
+        return self.type
+
     @property
     def size(self) -> int:
-        """The number the type ends in: TensorCores for v2 to v5p, chips for v5e and v6e."""
-        return int(self.type.rsplit("-", 1)[1])
+        """The number the accelerator ends in: TensorCores for v2 to v5p, chips for v5e, v6e and TPU7x."""
+        return int(self.accelerator.rsplit("-", 1)[1])
+
+    def describe(self) -> str:
+        """How it runs, in words: which API, how many hosts."""
+        if self.machine is None:
+            return f"Cloud TPU API node {self.type} (runtime {self.runtime_version})"
+        if self.hosts == 1:
+            return f"Compute Engine TPU VM {self.machine_type} (a single-host slice: one instance)"
+        return (f"Compute Engine TPU slice {self.topology}: {self.hosts} hosts of {self.machine_type} "
+                "(a managed instance group with a workload policy)")
 
 
 class BootDisk(Strict):
@@ -586,17 +667,35 @@ class JobSpec(Strict):
             return self
         fixed = {"machine_type": "the TPU's type sets its hosts", "accelerators": "a TPU has its chips",
                  "boot_disk": "the runtime version sets the TPU VM's image"}
+        if self.tpu.api == "compute":
+            fixed = {"machine_type": "write the TPU machine type as tpu.machine_type",
+                     "accelerators": "a TPU machine type has its chips"}
         if given := next((f for f in fixed if f in self.model_fields_set and getattr(self, f) is not None), None):
             raise FieldProblem(given, f"not with 'tpu' ({fixed[given]}); remove it")
         if self.nodes != 1:
             raise FieldProblem("nodes", "a TPU slice is one node, however many hosts it spans: size it with "
-                               "tpu.type (e.g. v4-32) and remove 'nodes'")
+                               "tpu.type (e.g. v4-32) or tpu.topology (e.g. 2x2x2), and remove 'nodes'")
+        if self.tpu.machine is not None:
+            return self._tpu_in_compute(self.tpu.machine)
         if "flex-start" in self.provisioning:
             raise FieldProblem("provisioning", "flex-start is for Compute Engine VMs; a TPU is spot or standard "
                                "(tpu.queued: true waits in Google's queue for capacity instead)")
         if self.placement == "capacity":
             raise FieldProblem("placement", "capacity advice covers Compute Engine VMs, not TPUs; "
                                "use 'ordered' (the zones' order) or remove it")
+        return self
+
+    def _tpu_in_compute(self, machine: tpus.TpuMachine) -> JobSpec:
+        """A TPU machine type in Compute Engine: offered in every zone listed; its boot image Google's."""
+        if missing := [z for z in self.zones if z not in machine.zones]:
+            raise FieldProblem("zones", f"{machine.name} is not offered in {', '.join(missing)}; it is offered in "
+                               f"{', '.join(machine.zones)} (Google's TPU regions and zones page)")
+        if self.placement == "capacity":
+            raise FieldProblem("placement", "Compute's capacity advice does not cover TPUs (Google: 'you can't "
+                               "view the availability of TPUs'); use 'ordered' (the zones' order) or remove it")
+        if "boot_disk" not in self.model_fields_set:
+            object.__setattr__(self, "boot_disk", BootDisk(image_family=machine.image_family,
+                                                           image_project=tpus.IMAGE_PROJECT))
         return self
 
     @property
@@ -623,7 +722,8 @@ class JobSpec(Strict):
             raise FieldProblem("preemption_notice", "only Spot VMs get a preemption notice; "
                                "remove it, or list spot in provisioning")
         if self.preemption_notice and self.tpu is not None:
-            raise FieldProblem("preemption_notice", "Cloud TPU nodes take no preemption notice; remove it")
+            raise FieldProblem("preemption_notice", "TPU slices take no preemption notice here (Cloud TPU nodes "
+                               "have none; Google does not document one for TPU machine types); remove it")
         return self
 
     def notice_for(self, model: str) -> int:

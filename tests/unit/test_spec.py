@@ -454,7 +454,7 @@ def test_a_tpu_spec_needs_no_machine_type_and_is_placed_in_the_zones_order():
     ({"tpu": {**TPU, "type": "tpu-v4-32; rm -rf /"}}, "tpu.type: not a TPU accelerator type"),
     ({"tpu": {**TPU, "runtime_version": "V2 Alpha"}}, "tpu.runtime_version:"),
     ({"tpu": {**TPU, "queue": True}}, "tpu.queue: unknown field; did you mean 'queued'?"),
-    ({"tpu": {"type": "v4-8"}}, "tpu.runtime_version: required field is missing"),
+    ({"tpu": {"type": "v4-8"}}, "tpu.runtime_version: required with tpu.type"),
 ])
 def test_invalid_tpu_combinations_name_the_field_and_the_fix(overrides, line):
     found = problems(tpu_doc(**overrides))
