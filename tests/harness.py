@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from controller.core import names
-from controller.adapters.memory import MemoryAdvisor, MemoryAuditLog, MemoryCompute, MemoryStore, MemoryTpu
+from controller.adapters.memory import MemoryAdvisor, MemoryAuditLog, MemoryCompute, MemorySlices, MemoryStore, MemoryTpu
 from controller.core.clock import FakeClock
 from controller.service.engine import Engine, Summary
 from controller.service.executor import Executor
@@ -58,16 +58,18 @@ class Harness:
         self.audit = MemoryAuditLog()
         self.compute.audit = self.audit
         self.tpu = MemoryTpu(self.clock)
+        self.slices = MemorySlices(self.clock)  # TPU slices in Compute Engine (tpu.machine_type)
         self.advisor: MemoryAdvisor | None = None  # capacity advice: none unless a test sets one (zones keep the spec's order)
         self.notifier: Notifier | None = None  # notifications: none unless a test sets one
         self.policy = policy or ControllerPolicy(default_project=PROJECT, trainer_service_account=TRAINER)
         self.ctx = LaunchContext(BUCKET, PROJECT, "#!/bin/bash\necho startup", "#!/bin/bash\necho shutdown")
 
-    def engine(self, store: Any = None, compute: Any = None, tpu: Any = None) -> Engine:
-        store, compute, tpu = store or self.store, compute or self.compute, tpu or self.tpu
+    def engine(self, store: Any = None, compute: Any = None, tpu: Any = None, slices: Any = None) -> Engine:
+        store, compute, tpu, slices = store or self.store, compute or self.compute, tpu or self.tpu, slices or self.slices
         observer = Observer(store, compute, BUCKET, self.policy, workers=self.workers, advisor=self.advisor, tpu=tpu,
-                            replayable=True, snapshot=self.snapshot)  # in order, on the test's thread: a test replays exactly
-        return Engine(observer, Executor(store, compute, BUCKET, tpu, self.notifier, written=observer.remember),
+                            replayable=True, snapshot=self.snapshot, slices=slices)  # in order, on the test's thread
+        return Engine(observer, Executor(store, compute, BUCKET, tpu, self.notifier, written=observer.remember,
+                                         slices=slices),
                       self.ctx, self.clock,
                       workers=self.workers)
 

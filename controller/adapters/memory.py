@@ -852,6 +852,43 @@ class MemoryTpu:
         self.faults.check(op)
 
 
+class MemorySlices(MemoryTpu):
+    """A fake of Compute Engine's TPU slices (``controller.adapters.tpu_compute``): one instance,
+    or a MIG of ``hosts`` instances, listed as one ``TpuNode`` with ``api`` "compute".
+
+    As ``MemoryTpu``, but as Compute Engine behaves: a listing is aggregated (every zone of the
+    project, whatever zones are asked); a Spot host preempted is TERMINATED, and Compute's
+    operations say why (``stop_reason``); a flex-start slice waits for capacity (listed PENDING,
+    as the queue's waiting node reads) instead of failing on a stockout.
+    """
+
+    def list_nodes(self, projects: Sequence[str], zones: Sequence[str], job: str | None = None) -> TpuList:
+        with self._lock:
+            every = sorted({k[1] for k in [*self._nodes, *self._queued]} | set(zones))
+        found = super().list_nodes(projects, every, job)
+        return replace(found, nodes=[replace(n, api="compute") for n in found.nodes])
+
+    def create(self, request: TpuRequest, request_id: str, wait: float | None = None) -> None:
+        if request.api != "compute":
+            raise errors.RequestError(f"{request.name}: a Cloud TPU API request sent to Compute Engine's slices")
+        super().create(replace(request, queued=request.flex_start), request_id, wait)
+
+    def preempt(self, name: str) -> None:
+        """Google reclaims a host of the slice: TERMINATED, preempted by Compute's own record."""
+        self.lose(name, StopReason.PREEMPTED)
+
+    def lose(self, name: str, why: StopReason) -> None:
+        """A host of the slice goes down for ``why`` (a preemption, host maintenance, a host error)."""
+        with self._lock:
+            key, tpu = self._find(name)
+            tpu.node = replace(tpu.node, state=NodeState.TERMINATED, stop_reason=why)
+            if key in self._queued:
+                self._queued[key].state = QueuedState.SUSPENDED
+
+    def _node(self, r: TpuRequest, state: NodeState) -> TpuNode:
+        return replace(super()._node(r, state), api="compute", workers=r.hosts)
+
+
 def tpu_workers(accelerator_type: str) -> int:
     """TPU VMs (hosts) in a slice, as Google documents them: v2/v3/v4/v5p name TensorCores
     (2 a chip) and hold 4 chips a host (v4-8: 1 host, v4-16: 2); v5e (``v5litepod``) and v6e

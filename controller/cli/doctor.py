@@ -690,10 +690,13 @@ def spec_checks(apis: Apis, t: Target, spec: JobSpec, account: str | None) -> li
     out: list[Check] = []
     gpu = _gpus(spec)
     regions = list(dict.fromkeys(z.rsplit("-", 1)[0] for z in spec.zones))
-    if spec.tpu is not None:  # Cloud TPU's quotas are its own (per zone), not among Compute's regional ones
+    if spec.tpu is not None and spec.tpu.type is not None:  # Cloud TPU's quotas: per zone, not Compute's regional ones
         return [*((f"TPU quota in {zone}", _tpu_quota_check(apis, project, zone, spec.tpu.type))
                   for zone in dict.fromkeys(spec.zones)),
                 ("image", _image_check(apis, spec)), ("service account", _account_check(apis, t, account)),
+                *_container_checks(apis, spec, account)]
+    if spec.tpu is not None:  # a TPU machine type: Compute's Quota.metric lists no TPU7x metric to read
+        return [("image", _image_check(apis, spec)), ("service account", _account_check(apis, t, account)),
                 *_container_checks(apis, spec, account)]
     for region in regions:
         if gpu is None:

@@ -26,6 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from controller.core import prices, quotas
+from controller.render.amounts import counted
 from controller.core.placement import region_of, shapes, worths, zone_order
 from controller.core.ports import CapacityAdvisor, QuotaReader, ZoneAdvice
 from controller.core.quotas import QuotaLeft, QuotaUse
@@ -166,7 +167,7 @@ def rows(spec: JobSpec, gathered: Gathered) -> list[Row]:
             region = region_of(zone)
             advice = advised.get(zone)
             rate = prices.rate(model=model, nodes=1 if spec.tpu else spec.nodes, gpus=gpus,
-                               machine_type=spec.machine_type, tpu_type=spec.tpu.type if spec.tpu else None,
+                               machine_type=spec.machine_type, tpu_type=spec.tpu.accelerator if spec.tpu else None,
                                override=override, spot_price=advice.spot_price_h if advice and model == "spot" else None)
             known = rate.source != prices.UNKNOWN
             quota, note = None, NONE
@@ -184,7 +185,9 @@ def render(spec: JobSpec, job: str, table_rows: list[Row], notes: list[str]) -> 
     """The table, with a title saying what one row prices, and a note under it for each "—"."""
     gpus = spec.gpus_per_node
     if spec.tpu is not None:
-        what = f"1 TPU node {spec.tpu.type} ({prices.tpu_chips(spec.tpu.type)} chips)"
+        what = (f"1 TPU node {spec.tpu.type}" if spec.tpu.type else
+                f"1 TPU slice of {counted(spec.tpu.hosts, 'host')} {spec.tpu.machine_type}") + \
+            f" ({prices.tpu_chips(spec.tpu.accelerator)} chips)"
     else:
         what = f"{spec.nodes} × {spec.machine_type}" + (f", {gpus[1]} {gpus[0]} each" if gpus else "")
     needs = f" (needs {spec.total_gpus})" if gpus and spec.tpu is None else ""

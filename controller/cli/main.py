@@ -158,6 +158,8 @@ def validate(
         raise typer.Exit(REFUSED)
     out.print(_line("✓", "green", f"{name}: valid ({counted(len(parsed.zones), 'zone')}, {counted(parsed.nodes, 'node')}, "
                                   f"{' then '.join(parsed.provisioning)})"), soft_wrap=True)
+    if parsed.tpu is not None:  # which API serves it: TPU7x and later only Compute Engine
+        out.print(Text(f"  runs on a {parsed.tpu.describe()}"), soft_wrap=True)
     if parsed.image:  # where it runs, and on what: the boot image is respawn's pick unless the spec names one
         disk = parsed.boot_disk
         boot = disk.image or f"{disk.image_project}/{disk.image_family}"

@@ -201,7 +201,7 @@ def _priced(span: Span, status: JobStatus, spec: JobSpec | None) -> Span:
         return span
     if span.machine_type is None and span.tpu_type is None:  # a fresh attempt: the spec it is launched with
         span = span.model_copy(update={"machine_type": spec.machine_type, "gpus": spec.gpus_per_node,
-                                       "tpu_type": spec.tpu.type if spec.tpu else None,
+                                       "tpu_type": spec.tpu.accelerator if spec.tpu else None,
                                        "nodes": 1 if spec.tpu else spec.nodes})
     score = status.zone_advice.get(span.zone or "")
     shape = prices.shape(machine_type=span.machine_type, gpus=span.gpus, tpu_type=span.tpu_type)

@@ -82,17 +82,26 @@ def requests_for(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext,
 
 
 def _tpu_request(job: str, spec: JobSpec, status: JobStatus, ctx: LaunchContext, name: str) -> TpuRequest:
-    assert spec.tpu is not None
+    tpu = spec.tpu
+    assert tpu is not None
     common = _common(job, spec, status, ctx, name)
+    model = model_of(spec, status)
+    # The node's name, which its hosts' own names (t1v-n-...-w-N on the Cloud TPU API, the MIG's
+    # <name>-w-xxxx in Compute Engine) do not carry: the agent names its records by it.
+    metadata = {**_metadata(job, spec, status, ctx, name), "respawn-node": name}
+    if tpu.machine_type is not None:  # Compute Engine: an instance, or a MIG of hosts
+        return TpuRequest(
+            **common, metadata=metadata, accelerator_type=tpu.machine_type, runtime_version="",
+            spot=model == "spot", api="compute", topology=tpu.topology if tpu.hosts > 1 else None,
+            hosts=tpu.hosts, flex_start=model == "flex-start",
+            max_run_seconds=int(spec.policy.max_run_duration.total_seconds()) if model == "flex-start"
+            and spec.policy.max_run_duration else None,
+            boot_image=boot_image(spec), boot_disk_gb=spec.boot_disk.size_gb, boot_disk_type=spec.boot_disk.type,
+        )
+    assert tpu.type is not None and tpu.runtime_version is not None
     return TpuRequest(
-        **common,
-        # The node's name, which its hosts' own names (t1v-n-...-w-N) do not carry: the agent
-        # names its records by it.
-        metadata={**_metadata(job, spec, status, ctx, name), "respawn-node": name},
-        accelerator_type=spec.tpu.type,
-        runtime_version=spec.tpu.runtime_version,
-        spot=model_of(spec, status) == "spot",
-        queued=spec.tpu.queued,
+        **common, metadata=metadata, accelerator_type=tpu.type, runtime_version=tpu.runtime_version,
+        spot=model == "spot", queued=tpu.queued,
     )
 
 

@@ -355,7 +355,7 @@ def with_current(ledger: Ledger, span: Span) -> Ledger:
 def shape_of(spec: JobSpec) -> str:
     """The shape (``prices.shape``) an attempt of ``spec`` runs on, as capacity advice is asked about it."""
     return prices.shape(machine_type=spec.machine_type, gpus=spec.gpus_per_node,
-                        tpu_type=spec.tpu.type if spec.tpu else None)
+                        tpu_type=spec.tpu.accelerator if spec.tpu else None)
 
 
 class Summary(_Model):

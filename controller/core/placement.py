@@ -77,7 +77,7 @@ def worths(spec: JobSpec, model: str, advice: Mapping[str, ZoneAdvice], save_s: 
     mean_uptime = sum(known) / len(known) if spot and known else None
     override = dict(spec.policy.prices) if spec.policy.prices else None
     rates = {z: prices.rate(model=model, nodes=1 if spec.tpu else spec.nodes, gpus=spec.gpus_per_node,
-                            machine_type=spec.machine_type, tpu_type=spec.tpu.type if spec.tpu else None,
+                            machine_type=spec.machine_type, tpu_type=spec.tpu.accelerator if spec.tpu else None,
                             override=override, spot_price=a.spot_price_h if spot and _positive(a.spot_price_h) else None)
              for z, a in scored.items()}
     priced = all(r.source != prices.UNKNOWN and r.per_hour > 0 for r in rates.values())

@@ -950,7 +950,8 @@ def _adopt(v: JobView, st: JobStatus, attempt: int, now: datetime) -> JobStatus:
               else f"found {where} newer than status attempt {st.attempt}; adopting it")
     return st.but(t.event(now, st, "adopted", detail), phase=Phase.PROVISIONING, attempt=attempt,
                   instances=names_, project=first.project, zone=first.zone, inserted=True, inserted_at=now,
-                  tpu=st.tpu or first.tpu, attempt_tpu=first.tpu,
+                  tpu=st.tpu or (first.tpu and first.tpu_api == "tpu"),
+                  tpu_compute=st.tpu_compute or (first.tpu and first.tpu_api == "compute"), attempt_tpu=first.tpu,
                   attempt_token=st.attempt_token if attempt == st.attempt else None,
                   attempt_started_at=st.attempt_started_at or now, started_at=st.started_at or now, message=detail)
 
@@ -1020,7 +1021,7 @@ def _delete(job: str, i: Instance, why: str, orphan: bool = False) -> DeleteInst
     # A VM that is stopped (TERMINATED: no machine billed, only its disk) may wait for a tick's
     # budget; one in any other state (on its way down, SUSPENDED with its memory billed, a state
     # Google adds later) never does, nor a TPU node: it holds its zone's TPU quota until deleted.
-    return DeleteInstance(job, i.project, i.zone, i.name, why, only_if_spec_absent=orphan, tpu=i.tpu,
+    return DeleteInstance(job, i.project, i.zone, i.name, why, only_if_spec_absent=orphan, tpu=i.tpu, tpu_api=i.tpu_api,
                           deferrable=not i.tpu and i.status.stopped)
 
 

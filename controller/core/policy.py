@@ -175,12 +175,14 @@ class ControllerPolicy:
     def _tpu(self, spec: JobSpec) -> list[str]:
         assert spec.tpu is not None
         out = []
-        if not _allowed(spec.tpu.type, self.allowed_tpu_types):
-            out.append(_refuse("tpu.type", spec.tpu.type, self.allowed_tpu_types))
+        # A Compute Engine slice is judged as the Cloud TPU type it amounts to (tpu7x-8: 8 chips).
+        field, given = ("tpu.type", spec.tpu.type) if spec.tpu.type else ("tpu.topology", spec.tpu.accelerator)
+        if not _allowed(spec.tpu.accelerator, self.allowed_tpu_types):
+            out.append(_refuse(field, given, self.allowed_tpu_types))
         if spec.tpu.size > self.max_tpu_size:
-            out.append(f"tpu.type: {spec.tpu.type!r} is larger than this controller's limit of {self.max_tpu_size} "
-                       f"(the number a type ends in: TensorCores, or chips for v5e/v6e); use a smaller slice, "
-                       f"or raise RESPAWN_MAX_TPU_SIZE")
+            out.append(f"{field}: {given!r} is larger than this controller's limit of {self.max_tpu_size} "
+                       f"(the number a type ends in: TensorCores, or chips for v5e, v6e and TPU7x); use a smaller "
+                       f"slice, or raise RESPAWN_MAX_TPU_SIZE")
         return out
 
     def _too_many_gpus(self, spec: JobSpec, total: int) -> str:

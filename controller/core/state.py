@@ -304,7 +304,10 @@ class JobStatus(BaseModel):
     # The job has run on a Cloud TPU node (spec.tpu) in this run or an earlier one: its
     # zones are listed for TPU nodes too, so that none is left behind when the spec changes.
     tpu: bool = False
-    attempt_tpu: bool = False  # the current attempt was committed as a TPU node (not VMs)
+    # The same for a TPU slice in Compute Engine (spec.tpu.machine_type): its projects' instances
+    # and MIGs are listed for slices. (``tpu`` is the Cloud TPU API's alone.)
+    tpu_compute: bool = False
+    attempt_tpu: bool = False  # the current attempt was committed as a TPU node (not VMs), of either API
     upcoming_maintenance: str | None = None  # a TPU node's announced maintenance, while it is
     inserted: bool = False  # the current attempt's insert was acknowledged by Compute
     inserted_at: Instant | None = None  # when it was: startup grace counts from here

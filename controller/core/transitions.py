@@ -48,6 +48,7 @@ def new_run(prev: JobStatus | None, attempt: int, spec_generation: int | None, n
     if fresh and own:
         detail += f"; run {run} starts fresh: no earlier checkpoint is resumed, its own go under {own}"
     base = JobStatus(history=prev.history if prev else (), attempt_token="", tpu=prev.tpu if prev else False,
+                     tpu_compute=prev.tpu_compute if prev else False,
                      project=prev.project if prev else None, event_count=count,
                      ledger=ledger.Ledger(folded=count),  # a run's own ledger: none of the previous run's events
                      run_id=run, checkpoint_uri=own, fresh=fresh, runs=past,
@@ -161,7 +162,8 @@ def begin_attempt(
                              *ledger.run_costs(status.ledger))
     where = f"{zone} ({model}; {placement.describe(advice.get(zone), lately, now, worth.get(zone))})" \
         if advice else f"{zone} ({model})"
-    detail = f"{why}; {verb} {', '.join(names)} in {where}, {resume}"
+    what = f" ({spec.tpu.describe()})" if spec.tpu is not None and spec.tpu.api == "compute" else ""
+    detail = f"{why}; {verb} {', '.join(names)}{what} in {where}, {resume}"
     # Against the model the status was on (a new spec may have dropped it): its cooldowns and
     # its time on that model are its own, never the new one's.
     switched = model != (status.provisioning or model_of(spec, status))
@@ -180,7 +182,8 @@ def begin_attempt(
         project=project,
         zone=zone,
         instances=tuple(names),
-        tpu=status.tpu or spec.tpu is not None,
+        tpu=status.tpu or (spec.tpu is not None and spec.tpu.api == "tpu"),
+        tpu_compute=status.tpu_compute or (spec.tpu is not None and spec.tpu.api == "compute"),
         attempt_tpu=spec.tpu is not None,
         upcoming_maintenance=None,
         inserted=False,
@@ -316,7 +319,9 @@ def switch_kind(status: JobStatus, spec: JobSpec, now: datetime) -> JobStatus:
     # Nothing a VM's capacity said holds for a TPU's, nor the other way round: every model's
     # cooldowns and refusals are dropped.
     return _afresh(status.but(model_cooldowns={}, refused_models={}, zone_cooldowns={}), now, "respec", detail,
-                   spec.provisioning[0], attempt_tpu=tpu, tpu=status.tpu or tpu)
+                   spec.provisioning[0], attempt_tpu=tpu,
+                   tpu=status.tpu or (spec.tpu is not None and spec.tpu.api == "tpu"),
+                   tpu_compute=status.tpu_compute or (spec.tpu is not None and spec.tpu.api == "compute"))
 
 
 def _afresh(status: JobStatus, now: datetime, name: str, detail: str, model: str, **changes: object) -> JobStatus:

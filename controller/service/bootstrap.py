@@ -100,14 +100,14 @@ def build(config: Settings) -> Engine:
     store, compute = adapters()
     scripts = vmscripts.load(config.vm_scripts)
     ctx = launch_context(config, scripts)
-    tpu = LazyTpu(config)
+    tpu, slices = LazyTpu(config), LazyTpu(config, api="compute")
     policy = config.policy()
     observer = Observer(store, compute, config.bucket, policy, workers=config.concurrency,
-                        advisor=LazyAdvisor(config), tpu=tpu, snapshot=True)
+                        advisor=LazyAdvisor(config), tpu=tpu, snapshot=True, slices=slices)
     notifier = Notifier(policy, LazyPublisher(config), LazyWebhook(), wait=config.notify_wait)
     clock = SystemClock()
     executor = Executor(store, compute, config.bucket, tpu, notifier, shelf=vmscripts.Shelf(store, config.bucket, scripts),
-                        written=observer.remember)
+                        written=observer.remember, slices=slices)
     return Engine(observer, executor, ctx, clock, workers=config.concurrency, operation_wait=config.operation_wait,
                   lease=Leases(store, config.bucket, clock, config.lease_terms()))
 
@@ -154,15 +154,16 @@ class LazyAdvisor:
 
 
 class LazyTpu:
-    """The TPU gateway, built on its first call."""
+    """A TPU gateway, built on its first call: the Cloud TPU API's (``api`` "tpu"), or Compute
+    Engine's TPU slices ("compute")."""
 
-    def __init__(self, config: Settings) -> None:
+    def __init__(self, config: Settings, api: str = "tpu") -> None:
         def build() -> TpuGateway:
-            from controller.adapters.google import tpu_gateway
+            from controller.adapters import google
 
-            return tpu_gateway(config)
+            return google.tpu_gateway(config) if api == "tpu" else google.compute_tpu_gateway(config)
 
-        self._built = _Once[TpuGateway]("Cloud TPU", build)
+        self._built = _Once[TpuGateway]("Cloud TPU" if api == "tpu" else "Compute Engine TPU slices", build)
 
     def list_nodes(self, projects: Sequence[str], zones: Sequence[str], job: str | None = None) -> TpuList:
         return self._built().list_nodes(projects, zones, job)

@@ -21,7 +21,7 @@ from controller.core import accounting, errors, fleet, handover, ledger, names, 
 from controller.core.actions import (Action, ClaimSlot, CreateInstances, DeleteInstance, DeleteRecord, ReleaseLine,
                                      ReleaseSlot, WriteStatus)
 from controller.service.notifier import Notifier
-from controller.service.tpuzones import TpuZones
+from controller.service.tpuzones import SLICES_KEY, TpuZones
 from controller.service.vmscripts import Shelf
 from controller.core.ports import BlobInfo, BlobStore, ComputeGateway, TpuGateway, TpuRequest
 from controller.core.spec import JobSpec, Notify
@@ -82,7 +82,8 @@ class Outcome:
 class Executor:
     def __init__(self, store: BlobStore, compute: ComputeGateway, bucket: str, tpu: TpuGateway | None = None,
                  notifier: Notifier | None = None, shelf: Shelf | None = None,
-                 written: Callable[[BlobInfo, bytes, int], None] | None = None) -> None:
+                 written: Callable[[BlobInfo, bytes, int], None] | None = None,
+                 slices: TpuGateway | None = None) -> None:
         """``shelf``: the VM scripts every insert points to, put in the bucket before the first
         insert of the process (None: the caller's VMs carry whole scripts, as the fakes' do).
         ``written``: told of each status this executor wrote, its bytes, the generation they are and
@@ -96,11 +97,15 @@ class Executor:
         self.tpu = tpu
         self.notifier = notifier  # told of each commit's state changes once the commit succeeded
         self.tpu_zones = TpuZones(store, bucket)  # where TPU nodes may be, for the orphan search
+        self.slices = slices  # TPU slices in Compute Engine (instances and MIGs)
+        self.slice_zones = TpuZones(store, bucket, SLICES_KEY)
 
-    def _tpu(self) -> TpuGateway:
-        if self.tpu is None:
-            raise errors.ConfigError("this controller was built without a TPU gateway")
-        return self.tpu
+    def _tpu(self, api: str = "tpu") -> TpuGateway:
+        gateway = self.slices if api == "compute" else self.tpu
+        if gateway is None:
+            raise errors.ConfigError(f"this controller was built without a gateway for TPUs through "
+                                     f"{'Compute Engine' if api == 'compute' else 'the Cloud TPU API'}")
+        return gateway
 
     def apply(self, view: JobView, actions: list[Action], now: datetime, wait_until: float | None = None,
               tell: Tell | None = None, acting: Acting | None = None, husks: HuskBudget | None = None) -> Outcome:
@@ -210,8 +215,8 @@ class Executor:
                 first = action.requests[0]
                 if isinstance(first, TpuRequest):  # one node, however many hosts it spans
                     # Never a node where a later pass would not look for it (tpuzones).
-                    self.tpu_zones.remember(first.project, first.zone)
-                    self._tpu().create(first, action.request_id, wait)
+                    (self.slice_zones if first.api == "compute" else self.tpu_zones).remember(first.project, first.zone)
+                    self._tpu(first.api).create(first, action.request_id, wait)
                 else:
                     # Existing names are success (port). The ids Compute names are recorded by the
                     # chain's next status write (its "inserted"): no write of their own.
@@ -222,7 +227,7 @@ class Executor:
                 else:
                     self._unchanged(chain)
                 try:
-                    gateway = self._tpu() if action.tpu else self.compute
+                    gateway = self._tpu(action.tpu_api) if action.tpu else self.compute
                     gateway.delete(action.project, action.zone, action.name)
                 except errors.NotFound:
                     pass

@@ -36,7 +36,7 @@ from controller.core import checkpoints, errors, names, placement
 from controller.service import fanout, snapshot
 from controller.service.advice import AdviceCache
 from controller.service.snapshot import Snapshot
-from controller.service.tpuzones import TpuZones
+from controller.service.tpuzones import SLICES_KEY, TpuZones
 from controller.core.policy import ControllerPolicy
 from controller.core.shards import Shard
 from controller.core.ports import (Blob, BlobInfo, BlobStore, CapacityAdvisor, ComputeGateway, Instance, InstanceList,
@@ -190,7 +190,7 @@ class Observer:
     def __init__(self, store: BlobStore, compute: ComputeGateway, bucket: str, policy: ControllerPolicy,
                  workers: int = 1, advisor: CapacityAdvisor | None = None, tpu: TpuGateway | None = None,
                  tpu_timeout: float = TPU_LIST_TIMEOUT, replayable: bool = False, chunk: int = CHUNK,
-                 snapshot: bool = False) -> None:
+                 snapshot: bool = False, slices: TpuGateway | None = None) -> None:
         self.store = store
         self.chunk = chunk  # jobs of a pass over every job read, planned and acted on together
         # Every read on the pass's own thread, in order, the TPU listing unbounded: what a seeded
@@ -199,6 +199,7 @@ class Observer:
         self.tpu_timeout = tpu_timeout  # seconds the TPU listing may take before TPU jobs are blind this pass
         self.compute = compute
         self.tpu = tpu
+        self.slices = slices  # TPU slices in Compute Engine (instances and MIGs), listed beside TPU nodes
         self.bucket = bucket
         self.policy = policy
         self.workers = workers  # jobs observed side by side (fanout.each)
@@ -213,6 +214,7 @@ class Observer:
         self._wrote: dict[str, int] = {}
         self.advice = AdviceCache(advisor)  # kept between passes, like ``parsed``
         self.tpu_zones = TpuZones(store, bucket)
+        self.slice_zones = TpuZones(store, bucket, SLICES_KEY)
 
     def world(self, job: str | None = None, shard: Shard | None = None) -> World:
         """Everything the planner needs, for every job or for one (``parts``, joined)."""
@@ -458,7 +460,7 @@ class Observer:
 
     def _tpu_unanswered(self, job: str | None, views: dict[str, JobView]) -> TpuList:
         """What a TPU listing past its bound leaves: every project it would have listed, not seen."""
-        projects, _, _ = self._tpu_targets(job, views)
+        projects = {**self._tpu_targets(job, views)[0], **self._tpu_targets(job, views, "compute")[0]}
         why = f"TransientError: the TPU API did not answer within {self.tpu_timeout:g}s"
         return TpuList([], failed_projects={p: why for p in projects})
 
@@ -469,13 +471,18 @@ class Observer:
         that ask for a TPU, and every zone a status that ever had one names (its history
         included), so a node is found to be deleted wherever it was created. (A node whose job
         folder was deleted whole is looked for by ``_recorded_tpu_nodes``.)"""
-        projects, zones, recorded = self._tpu_targets(job, views)
-        if not zones or not projects:
-            return TpuList([])
-        try:
-            found = self.tpu.list_nodes(tuple(projects), tuple(zones), job)
-        except errors.RespawnError as e:  # the TPU jobs wait (blind); the VM jobs go on
-            found = TpuList([], failed_projects={p: _short(e) for p in projects})
+        found = TpuList([])
+        recorded: dict[str, str] = {}
+        # Cloud TPU nodes zone by zone; Compute Engine slices by project (aggregated lists).
+        for gateway, api in ((self.tpu, "tpu"), (self.slices, "compute")):
+            projects, zones, its_recorded = self._tpu_targets(job, views, api)
+            recorded.update(its_recorded)
+            if gateway is None or not projects or (api == "tpu" and not zones):
+                continue
+            try:
+                found = _merged(found, gateway.list_nodes(tuple(projects), tuple(zones), job))
+            except errors.RespawnError as e:  # the TPU jobs wait (blind); the VM jobs go on
+                found = _merged(found, TpuList([], failed_projects={p: _short(e) for p in projects}))
         for project, why in found.failed_projects.items():
             log.warning("could not list TPU nodes", extra={"json_fields": {"project": project, "error": why}})
         # As for VMs: a node in a project no longer watched is kept only for the job whose
@@ -492,22 +499,33 @@ class Observer:
         launched nothing yet lists them too (for that job): a node an earlier run of its name
         left is then seen before the first launch. What fails is logged, never blinds a job (a
         TPU problem never holds a VM job; a job's own zones are listed by ``_tpu_nodes``)."""
-        if self.tpu is None or (job is not None and not _new_run(views.get(job))):
+        if job is not None and not _new_run(views.get(job)):
             return []
+        nodes: list[TpuNode] = []
+        for gateway, record, api in ((self.tpu, self.tpu_zones, "tpu"), (self.slices, self.slice_zones, "compute")):
+            if gateway is not None:
+                nodes += self._recorded(gateway, record, api, job, views)
+        return nodes
+
+    def _recorded(self, gateway: TpuGateway, record: TpuZones, api: str, job: str | None,
+                  views: dict[str, JobView]) -> list[TpuNode]:
+        """One API's share of ``_recorded_tpu_nodes`` (a Compute Engine slice's project is listed
+        whole: its list is aggregated, so a project listed for the jobs covers its recorded zones)."""
         try:
-            pairs = self.tpu_zones.read()
+            pairs = record.read()
         except errors.RespawnError as e:
             log.warning("could not read the TPU zones record", extra={"json_fields": {"error": str(e)}})
             return []
-        projects, zones, _ = self._tpu_targets(job, views)
+        projects, zones, _ = self._tpu_targets(job, views, api)
         extra: dict[str, list[str]] = defaultdict(list)
         for project, zone in sorted(pairs):
-            if project in self.policy.watched_projects and not (project in projects and zone in zones):
+            if project in self.policy.watched_projects and not (project in projects
+                                                                and (api == "compute" or zone in zones)):
                 extra[project].append(zone)
         nodes: list[TpuNode] = []
         for project, its_zones in extra.items():
             try:
-                found = self.tpu.list_nodes((project,), tuple(its_zones), job)
+                found = gateway.list_nodes((project,), tuple(its_zones), job)
             except errors.RespawnError as e:
                 log.warning("could not list TPU nodes in recorded zones",
                             extra={"json_fields": {"project": project, "error": _short(e)}})
@@ -518,10 +536,11 @@ class Observer:
             nodes += [n for n in found.nodes if n.project == project]
         return nodes
 
-    def _tpu_targets(self, job: str | None, views: dict[str, JobView],
+    def _tpu_targets(self, job: str | None, views: dict[str, JobView], api: str = "tpu",
                      ) -> tuple[dict[str, None], dict[str, None], dict[str, str]]:
-        """(projects, zones) to list TPU nodes in, and the project each job's status records."""
-        if self.tpu is None or (job is not None and names.job_name_problem(job)):
+        """(projects, zones) to list one API's TPU nodes in (``api``: "tpu", the Cloud TPU API's;
+        "compute", Compute Engine's slices), and the project each job's status records."""
+        if (self.tpu if api == "tpu" else self.slices) is None or (job is not None and names.job_name_problem(job)):
             return {}, {}, {}
         chosen = [views[job]] if job is not None and job in views else [] if job is not None else list(views.values())
         zones: dict[str, None] = {}
@@ -529,10 +548,10 @@ class Observer:
         recorded: dict[str, str] = {}
         for v in chosen:
             spec, st = v.spec, v.status
-            if spec is not None and spec.tpu is not None:
+            if spec is not None and spec.tpu is not None and spec.tpu.api == api:
                 zones.update(dict.fromkeys(spec.zones))
                 projects[self.policy.project_of(spec)] = None
-            if st is not None and st.tpu:
+            if st is not None and (st.tpu if api == "tpu" else st.tpu_compute):
                 zones.update(dict.fromkeys(z for z in (st.zone, *(e.zone for e in st.history)) if z))
                 if st.project:
                     projects[st.project] = None
@@ -1031,7 +1050,7 @@ def _ranks(status: JobStatus | None, spec: JobSpec | None) -> int:
         return 0
     ranks = len(status.instances)
     if status.attempt_tpu and spec is not None and spec.tpu is not None:
-        ranks = max(ranks, spec.tpu.size)
+        ranks = max(ranks, spec.tpu.hosts)
     return ranks
 
 
@@ -1151,7 +1170,14 @@ def _new_run(view: JobView | None) -> bool:
 
 def _on_tpu(view: JobView) -> bool:
     """A job that runs, or ran, on a TPU node."""
-    return (view.spec is not None and view.spec.tpu is not None) or (view.status is not None and view.status.tpu)
+    return (view.spec is not None and view.spec.tpu is not None) or (
+        view.status is not None and (view.status.tpu or view.status.tpu_compute))
+
+
+def _merged(a: TpuList, b: TpuList) -> TpuList:
+    """Two listings (the Cloud TPU API's and Compute Engine's slices) as one."""
+    return TpuList([*a.nodes, *b.nodes], list(dict.fromkeys([*a.unreachable, *b.unreachable])),
+                   {**a.failed_projects, **b.failed_projects}, {**a.denied, **b.denied})
 
 
 def _short(error: Exception) -> str:

@@ -27,6 +27,9 @@ from controller.core import errors
 from controller.core.ports import BlobStore
 
 KEY = "respawn/tpu-zones.json"
+# The same record for TPU slices in Compute Engine (instances and MIGs): their projects are listed
+# (aggregated, every zone) for orphans; the Cloud TPU API is never asked about them.
+SLICES_KEY = "respawn/tpu-slice-zones.json"
 MAX_PAIRS = 500  # TPU zones number a few dozen; watched projects a handful
 _PROJECT = re.compile(r"[a-z][-a-z0-9]{4,28}[a-z0-9]")
 _ZONE = re.compile(r"[a-z]+-[a-z]+[0-9]+-[a-z]")
@@ -55,16 +58,17 @@ def parse(data: bytes) -> set[Pair]:
 class TpuZones:
     """The record, read and added to by compare-and-swap; pairs known to be in it are kept in memory."""
 
-    def __init__(self, store: BlobStore, bucket: str) -> None:
+    def __init__(self, store: BlobStore, bucket: str, key: str = KEY) -> None:
         self.store = store
         self.bucket = bucket
+        self.key = key
         self._known: set[Pair] = set()
         self._lock = threading.Lock()
 
     def read(self) -> set[Pair]:
         """The pairs recorded; a record that cannot be read raises (the caller decides what blinds)."""
         try:
-            blob = self.store.read(self.bucket, KEY, limit=256 * 1024)
+            blob = self.store.read(self.bucket, self.key, limit=256 * 1024)
         except errors.NotFound:
             return set()
         except errors.TooLarge:
@@ -84,7 +88,7 @@ class TpuZones:
                 return
         for _ in range(_TRIES):
             try:
-                blob = self.store.read(self.bucket, KEY, limit=256 * 1024)
+                blob = self.store.read(self.bucket, self.key, limit=256 * 1024)
                 current, generation = parse(blob.data), blob.info.generation
             except errors.NotFound:
                 current, generation = set(), 0
@@ -92,20 +96,20 @@ class TpuZones:
                 # Not the controller's (it writes a few KiB at most), and read by no pass
                 # (``read``): written over, by generation, with the pair.
                 try:
-                    current, generation = set(), self.store.stat(self.bucket, KEY).generation
+                    current, generation = set(), self.store.stat(self.bucket, self.key).generation
                 except errors.NotFound:
                     current, generation = set(), 0
             if pair not in current:
                 if len(current) >= MAX_PAIRS:
-                    raise errors.ConfigError(f"gs://{self.bucket}/{KEY} already records {MAX_PAIRS} TPU zones; "
+                    raise errors.ConfigError(f"gs://{self.bucket}/{self.key} already records {MAX_PAIRS} TPU zones; "
                                               "remove the zones of projects no longer used")
                 body = json.dumps({"zones": sorted(map(list, current | {pair}))}, indent=1)
                 try:
-                    self.store.write(self.bucket, KEY, body.encode(), if_generation_match=generation)
+                    self.store.write(self.bucket, self.key, body.encode(), if_generation_match=generation)
                 except errors.PreconditionFailed:
                     continue  # another pass added its own: read again
                 current = current | {pair}
             with self._lock:
                 self._known |= current
             return
-        raise errors.TransientError(f"could not record TPU zone {zone} of {project} in gs://{self.bucket}/{KEY}")
+        raise errors.TransientError(f"could not record TPU zone {zone} of {project} in gs://{self.bucket}/{self.key}")

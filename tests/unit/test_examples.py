@@ -85,3 +85,15 @@ def test_the_files_a_kit_example_runs_are_in_the_packed_repository(example: str,
     for word in named:
         path = word.removeprefix("./")
         assert path in repo_members or any(m.startswith(path.rstrip("/") + "/") for m in repo_members), word
+
+
+def test_the_examples_folder_holds_a_single_host_and_a_multi_host_tpu7x_slice_on_compute_engine():
+    found = {}
+    for path in SPECS:
+        doc = yaml.safe_load(path.read_bytes())
+        if (doc.get("tpu") or {}).get("machine_type") == "tpu7x-standard-4t":
+            raw = yaml.safe_dump({**doc, "code": "gs://respawn-local/code/" + "0" * 64 + ".tar.gz"}).encode()
+            tpu = parse_spec(raw, doc["name"]).tpu
+            assert tpu is not None and tpu.api == "compute"
+            found[path.name] = tpu.hosts
+    assert found == {"tpu7x-single.yaml": 1, "tpu7x-slice.yaml": 2}

@@ -1,0 +1,162 @@
+"""TPU slices in Compute Engine (issue 38) through the whole engine over the fakes: a spec's
+``tpu.machine_type`` creates one slice per attempt through Compute Engine's slice gateway (one
+instance, or a MIG of hosts), never through the Cloud TPU API, and a slice one of whose hosts is
+lost is replaced whole, from the newest checkpoint, once the old one is gone."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.core import names
+from controller.core.ports import StopReason
+from controller.core.state import Phase
+from tests.harness import BUCKET, PROJECT, Harness, spec_doc
+
+SINGLE = {"machine_type": "tpu7x-standard-4t"}
+MULTI = {"machine_type": "tpu7x-standard-4t", "topology": "2x2x2"}
+
+
+def slice_doc(tpu=None, **overrides):
+    doc = spec_doc(zones=["us-central1-c"], tpu=tpu or MULTI)
+    del doc["machine_type"]
+    doc.update(overrides)
+    return doc
+
+
+@pytest.fixture
+def h() -> Harness:
+    harness = Harness()
+    harness.submit("ironwood", slice_doc())
+    harness.tick()
+    return harness
+
+
+def changes(h: Harness) -> list[tuple[str, str]]:
+    return [c for c in h.slices.calls if c[0] != "list"]
+
+
+def running(h: Harness) -> None:
+    h.tick()
+    assert h.status("ironwood").phase == Phase.RUNNING
+    h.slices.calls.clear()
+
+
+def gone(h: Harness) -> None:
+    """Time for the slice's delete to be done (a MIG's hosts shut down, then go), then a pass."""
+    h.advance(seconds=h.slices.delete_seconds + 1)
+    h.tick()
+
+
+def test_a_multi_host_slice_is_one_compute_engine_request_for_its_hosts_and_never_the_tpu_api(h):
+    st = h.status("ironwood")
+    assert st.phase == Phase.PROVISIONING and st.instances == ("ironwood-1",)
+    assert st.tpu_compute and not st.tpu and st.attempt_tpu
+    r = h.slices.request_of("ironwood-1")
+    assert (r.api, r.accelerator_type, r.topology, r.hosts, r.zone, r.project, r.spot) == (
+        "compute", "tpu7x-standard-4t", "2x2x2", 2, "us-central1-c", PROJECT, True)
+    assert r.boot_image == "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accel-2404-amd64-tpu-tpu7x"
+    assert r.metadata["respawn-node"] == "ironwood-1" and r.metadata["respawn-token"] == st.attempt_token
+    assert r.labels[names.JOB_LABEL] == "ironwood"
+    assert h.tpu.calls == [] and h.tpu.names() == [], "the Cloud TPU API is never asked about a TPU7x job"
+    assert h.live() == [], "no VM of the VM path"
+    running(h)
+
+
+def test_a_single_host_slice_is_one_instance_request(h):
+    h.submit("one", slice_doc(SINGLE))
+    h.tick("one")
+    r = h.slices.request_of("one-1")
+    assert (r.topology, r.hosts, r.accelerator_type) == (None, 1, "tpu7x-standard-4t")
+
+
+@pytest.mark.parametrize("why, event, counted", [
+    (StopReason.PREEMPTED, "preempted", "preemptions"),
+    (StopReason.HOST_ERROR, "host error", "restarts"),
+    (StopReason.MAINTENANCE, "maintenance", "restarts"),
+])
+def test_a_slice_one_of_whose_hosts_is_lost_is_replaced_whole_from_the_newest_checkpoint(h, why, event, counted):
+    running(h)
+    h.checkpoint(300)
+    h.slices.lose("ironwood-1", why)
+    h.tick()
+    st = h.status("ironwood")
+    # Deleted whole; its quota is held until it is gone, and the next slice waits for that.
+    assert st.phase == Phase.RECOVERING and st.attempt == 1 and "waiting for ironwood-1 to be gone" in st.message
+    assert changes(h) == [("delete", "ironwood-1")]
+    gone(h)
+    st = h.status("ironwood")
+    assert st.attempt == 2 and getattr(st, counted) == 1 and st.failures == 0
+    assert event in [e.event for e in st.history]
+    assert st.resume_from is not None and st.resume_from.step == 300
+    assert changes(h) == [("delete", "ironwood-1"), ("create", "ironwood-2")]
+    assert h.slices.names() == ["ironwood-2"]
+    assert h.slices.request_of("ironwood-2").metadata["respawn-resume-step"] == "300"
+
+
+def test_a_slice_whose_job_folder_is_deleted_whole_is_found_and_deleted_as_an_orphan(h):
+    running(h)
+    for key in (names.spec_key("ironwood"), names.status_key("ironwood")):
+        h.store.delete(BUCKET, key)
+    h.tick()
+    assert ("delete", "ironwood-1") in changes(h), "the slice bills forever: never listed again"
+    h.advance(seconds=h.slices.delete_seconds + 1)
+    assert h.slices.names() == []
+
+
+def test_a_deleted_spec_deletes_the_slice(h):
+    running(h)
+    h.store.delete(BUCKET, names.spec_key("ironwood"))
+    h.tick()
+    assert changes(h) == [("delete", "ironwood-1")]
+
+
+def test_worker_0s_exit_0_succeeds_the_job_and_deletes_the_slice(h):
+    running(h)
+    h.exit("ironwood", 0)
+    h.tick()
+    assert h.status("ironwood").phase == Phase.SUCCEEDED
+    assert ("delete", "ironwood-1") in changes(h)
+
+
+def test_a_spot_stockout_steps_down_to_standard_in_compute_engine():
+    h = Harness()
+    h.submit("v6", slice_doc({"machine_type": "ct6e-standard-4t", "topology": "4x4"}, zones=["us-central1-b"],
+                             provisioning=["spot", "standard"], policy={"fallback": {"wait": "0s"}}))
+    h.slices.stockout("us-central1-b")
+    for _ in range(4):
+        h.tick()
+        h.advance(seconds=61)
+    assert h.status("v6").provisioning == "standard" and h.slices.names() == []
+    h.slices.stockout("us-central1-b", False)
+    h.advance(seconds=600)  # past the zone's cooldown
+    h.tick()
+    st = h.status("v6")
+    assert st.provisioning == "standard" and st.phase in (Phase.PROVISIONING, Phase.RUNNING)
+    r = h.slices.request_of(st.instances[0])
+    assert (r.spot, r.hosts, r.topology) == (False, 4, "4x4")
+
+
+def test_a_flex_start_slice_waits_for_capacity_instead_of_failing():
+    h = Harness()
+    h.submit("flex", slice_doc(provisioning="flex-start", policy={"max_run_duration": "1d"}))
+    h.slices.stockout("us-central1-c")
+    h.tick()
+    h.tick()
+    st = h.status("flex")
+    assert st.phase == Phase.PROVISIONING and st.failures == 0 and st.attempt == 1
+    r = h.slices.request_of("flex-1")
+    assert r.flex_start and r.max_run_seconds == 86400
+    h.slices.stockout("us-central1-c", False)
+    h.tick()
+    h.tick()
+    assert h.status("flex").phase == Phase.RUNNING
+
+
+def test_a_compute_engine_slice_never_blinds_on_a_project_without_the_tpu_api():
+    """A TPU7x user need not enable the Cloud TPU API: its listing is never asked for one."""
+    h = Harness()
+    h.tpu.failing_projects.add(PROJECT)
+    h.submit("ironwood", slice_doc())
+    h.tick()
+    h.tick()
+    assert h.status("ironwood").phase == Phase.RUNNING
