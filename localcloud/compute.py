@@ -27,6 +27,12 @@ maintenance, a live migration) is a zone operation named ``systemevent-...`` wit
 (``localcloud.logging.system_event``), handed to ``audit_log`` (the stack points it at the local
 Cloud Logging server).
 
+TPU slices (``localcloud.migs``): TPU machine types exist only in their catalogue zones
+(``controller.core.tpus``; ``machineTypes`` get / list), a TPU VM's metadata server serves its slice
+(``accelerator-type``, ``agent-worker-number``, ``worker-network-endpoints``, ``tpu-env``), and
+workload policies (``resourcePolicies``), ``instanceTemplates`` and zonal ``instanceGroupManagers``
+(with the ``instanceGroups`` and ``autoscalers`` reads gcloud's MIG listing makes) are served.
+
 How slow and strict it is comes from a ``localcloud.realism.Realism`` (default: not at
 all): latency per call (per method if wanted), how long insert and delete operations
 stay RUNNING, bulkInsert's rate and in-flight limits, and the guest's halt time between its

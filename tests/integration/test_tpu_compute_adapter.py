@@ -14,7 +14,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
 from controller.adapters.google import compute_gateway, compute_tpu_gateway
-from controller.adapters.tpu_compute import ComputeTpu
+from controller.adapters.tpu_compute import SLICE_LABEL, ComputeTpu
 from controller.core import errors, names
 from controller.core.ports import NodeHealth, NodeState, QueuedState, StopReason, TpuNode, TpuRequest
 from controller.service.config import Settings
@@ -75,7 +75,7 @@ def raw(srv: ComputeServer) -> dict[str, Any]:
 def test_a_single_host_slice_is_one_instance_listed_as_a_node_and_never_as_a_vm(srv, gw):
     gw.create(request("one"), rid())
     vm = srv.instance("one")
-    assert vm["labels"][tpu_label()] == "one" and names.MANAGED_LABEL not in vm["labels"]
+    assert vm["labels"][SLICE_LABEL] == "one" and names.MANAGED_LABEL not in vm["labels"]
     assert vm["scheduling"]["provisioningModel"] == "SPOT" and vm["scheduling"]["instanceTerminationAction"] == "STOP"
     assert vm["scheduling"]["onHostMaintenance"] == "TERMINATE" and vm["machineType"].endswith(f"/machineTypes/{TPU}")
     found = until("one READY", lambda: (n := node(gw, "one")) and n.state == NodeState.READY and n)
@@ -95,12 +95,6 @@ def test_a_single_host_slice_is_one_instance_listed_as_a_node_and_never_as_a_vm(
         gw.delete(PROJECT, ZONE, "one")
 
 
-def tpu_label() -> str:
-    from controller.adapters.tpu_compute import SLICE_LABEL
-
-    return SLICE_LABEL
-
-
 def test_a_multi_host_slice_is_a_mig_up_when_create_returns_and_broken_when_one_host_is_preempted(srv, gw):
     gw.create(request("big", "2x2x2"), rid())
     mig = srv.mig("big")
@@ -111,7 +105,7 @@ def test_a_multi_host_slice_is_a_mig_up_when_create_returns_and_broken_when_one_
     assert len(hosts) == 2 and all(srv.instance(h)["status"] == "RUNNING" for h in hosts)  # up when create returned
     found = node(gw, "big")
     assert found is not None and found.state == NodeState.READY and found.workers == 2 and found.api == "compute"
-    assert found.labels[names.MANAGED_LABEL] == "true" and found.labels[tpu_label()] == "big" and found.spot
+    assert found.labels[names.MANAGED_LABEL] == "true" and found.labels[SLICE_LABEL] == "big" and found.spot
     assert found.id == mig["id"]
     srv.preempt(hosts[1])
     down = until("big TERMINATED", lambda: (n := node(gw, "big")) and n.state == NodeState.TERMINATED and n)
