@@ -27,6 +27,12 @@ maintenance, a live migration) is a zone operation named ``systemevent-...`` wit
 (``localcloud.logging.system_event``), handed to ``audit_log`` (the stack points it at the local
 Cloud Logging server).
 
+TPU slices (``localcloud.migs``): TPU machine types exist only in their catalogue zones
+(``controller.core.tpus``; ``machineTypes`` get / list), a TPU VM's metadata server serves its slice
+(``accelerator-type``, ``agent-worker-number``, ``worker-network-endpoints``, ``tpu-env``), and
+workload policies (``resourcePolicies``), ``instanceTemplates`` and zonal ``instanceGroupManagers``
+(with the ``instanceGroups`` and ``autoscalers`` reads gcloud's MIG listing makes) are served.
+
 How slow and strict it is comes from a ``localcloud.realism.Realism`` (default: not at
 all): latency per call (per method if wanted), how long insert and delete operations
 stay RUNNING, bulkInsert's rate and in-flight limits, and the guest's halt time between its
@@ -56,6 +62,7 @@ from localcloud.host import Host, json_response
 from controller.core import audit
 from localcloud.logging import system_event, system_event_operation
 from localcloud.http import Served
+from localcloud.migs import MigsApi
 from localcloud.operations import OperationsApi
 from localcloud.metadata import MetadataServer, Tokens, project_number, service_account
 from localcloud.realism import Realism, quota_group
@@ -70,6 +77,14 @@ SUPPORTED = {
     "advice": ("capacity", "capacityHistory"),
     "regions": ("get",),  # quotas[] (localcloud.quotas)
     "images": ("get", "getFromFamily"),  # every image exists but those the unknown("image") fault names
+    # TPU slices (localcloud.migs): templates, workload policies, MIGs, machine types, global operations
+    "instanceTemplates": ("insert", "get", "list", "delete"),
+    "resourcePolicies": ("insert", "get", "list", "delete"),
+    "instanceGroupManagers": ("insert", "get", "list", "aggregatedList", "delete", "listManagedInstances"),
+    "instanceGroups": ("get", "list"),  # a MIG's VMs as an unmanaged group: gcloud's MIG listing reads its size
+    "autoscalers": ("list",),  # none, ever: gcloud's MIG listing asks
+    "machineTypes": ("get", "list"),
+    "globalOperations": ("get", "wait", "list"),
 }
 # What the beta API (``compute/beta/...``, validated against compute.beta.json) is served for: the
 # inserts that carry ``scheduling.preemptionNoticeDuration`` from google-cloud-compute-v1beta,
@@ -98,6 +113,9 @@ class Vm:
     process: VmProcess | None = None
     metadata: MetadataServer | None = None
     tokens: Tokens | None = None
+    group: str | None = None  # the MIG it belongs to (localcloud.migs)
+    worker: int = 0  # its index in its TPU slice (agent-worker-number)
+    ip: str = "127.0.0.1"  # its address as the metadata server and its slice's peers know it
 
     @property
     def name(self) -> str:
@@ -126,7 +144,9 @@ class Faults:
     refuse_notice: bool = False  # inserts asking for a preemption notice are refused (no Preview)
 
 
-class ComputeServer(Host, OperationsApi, AdviceApi):
+class ComputeServer(Host, OperationsApi, AdviceApi, MigsApi):
+    _user = USER
+
     def __init__(self, *, vm_env: dict[str, str] | None = None, workdir: Path | None = None,
                  boot_delay: float = 0.1, shutdown_budget: float = 30.0, run_vms: bool = True,
                  zones: tuple[str, ...] = ZONES, guest_shutdown_limit: float = 300.0,
@@ -167,6 +187,7 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
         self._routes = {"v1": discovery.methods(SUPPORTED), "beta": discovery.methods(BETA, "compute.beta")}
         self.notice_scale = notice_scale
         self.urls = gce.Urls("http://127.0.0.1")
+        self._migs_init()
 
     # -- lifecycle ---------------------------------------------------------------
     def start(self) -> ComputeServer:
@@ -557,6 +578,7 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
             if replay := self._replay(project, q.get("requestId")):
                 return replay
             gce.check_instance(body, zone)
+            self._tpu_check(body, zone, "resource")
             self._notice_open(body, "resource")
             self._exists(body, zone, "resource")
             self._admit(project, zone, [body["name"]], model=_model(body))
@@ -607,6 +629,7 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
             for zone in zones:
                 try:
                     gce.properties_check({**props, "name": names[0]}, None, "resource.instanceProperties")
+                    self._tpu_check(props, zone, "resource.instanceProperties")
                     self._notice_open(props, "resource.instanceProperties")
                     self._exists(props, zone, "resource.instanceProperties")
                     self._admit(project, zone, names, bulk=True, model=_model(props))
@@ -938,7 +961,7 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
         with self._lock:
             r = vm.resource
             number = project_number(vm.project)
-            attributes = {i["key"]: i.get("value", "") for i in r["metadata"]["items"]}
+            attributes = {i["key"]: i.get("value", "") for i in r["metadata"]["items"]} | self._tpu_attributes(vm)
             if vm.tokens is None:
                 vm.tokens = Tokens(str(r["id"]))
             accounts: dict[str, Any] = {}
@@ -952,7 +975,7 @@ class ComputeServer(Host, OperationsApi, AdviceApi):
                     "id": int(r["id"]), "machine-type": f"projects/{number}/machineTypes/"
                                                          f"{r['machineType'].rsplit('/', 1)[-1]}",
                     "maintenance-event": vm.maintenance, "name": r["name"],
-                    "network-interfaces": {"0": {"ip": "127.0.0.1"}},
+                    "network-interfaces": {"0": {"ip": vm.ip}},
                     "preempted": "TRUE" if vm.preempted else "FALSE",
                     "service-accounts": accounts, "zone": f"projects/{number}/zones/{vm.zone}",
                 },

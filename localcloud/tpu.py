@@ -848,8 +848,8 @@ class TpuServer(Host):
                        "UID": r["id"], "WORKER_ID": str(worker.number), "ZONE": node.zone}
             attributes = {**(r.get("metadata") or {}),
                           "accelerator-type": a.name, "agent-worker-number": str(worker.number),
-                          "worker-network-endpoints": ",".join(f"unknown:unknown:{w.ip}" for w in node.workers),
-                          "tpu-env": "".join(f"{k}: '{v}'\n" for k, v in tpu_env.items())}
+                          "worker-network-endpoints": api.worker_endpoints([w.ip for w in node.workers]),
+                          "tpu-env": api.tpu_env_text(tpu_env)}
             if worker.tokens is None:
                 worker.tokens = Tokens(worker.id)
             email, scopes = r["serviceAccount"]["email"], list(r["serviceAccount"]["scope"])

@@ -326,3 +326,14 @@ def _enum(value: Any, enum: Any, numbers: bool) -> Any:
         known = enum.values_by_number.get(value)
         return known.name if known else value
     return value
+
+
+def worker_endpoints(ips: list[str]) -> str:
+    """A slice's ``worker-network-endpoints`` attribute: ``unknown:unknown:<ip>`` per worker, worker 0
+    first, comma-separated (what JAX's ``GceTpuCluster`` splits)."""
+    return ",".join(f"unknown:unknown:{ip}" for ip in ips)
+
+
+def tpu_env_text(env: dict[str, str]) -> str:
+    """The ``tpu-env`` attribute: one ``KEY: 'value'`` line each."""
+    return "".join(f"{k}: '{v}'\n" for k, v in env.items())

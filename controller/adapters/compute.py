@@ -413,17 +413,7 @@ class ComputeEngine:
         operations since it last started: the platform's cause (preemption, maintenance, host
         error) beats a person's stop or delete, which beats the guest's own shutdown (a
         preempted guest powers itself off too; a preempted husk we then delete was preempted)."""
-        request = v1().ListZoneOperationsRequest(project=project, zone=zone,
-                                                       filter=f'targetLink eq ".*/instances/{name}"')
-        try:
-            ops = list(self.zone_ops.list(request=request, retry=RETRY))
-        except _LIBRARY as e:
-            raise translate(e, zone) from e
-        ops = sorted((op for op in ops if op.target_link.endswith(f"/instances/{name}")), key=_inserted)
-        starts = [i for i, op in enumerate(ops) if op.operation_type in _STARTS]
-        since = ops[starts[-1] + 1 :] if starts else ops
-        causes = [_REASONS[op.operation_type] for op in since if op.operation_type in _REASONS]
-        return min(causes, key=_PRECEDENCE.__getitem__, default=StopReason.UNKNOWN)
+        return stop_reason(self.zone_ops, project, zone, name)
 
     def _beta_instances(self) -> Any:
         with self._beta_lock:
@@ -448,6 +438,20 @@ class ComputeEngine:
             except _LIBRARY as e:
                 raise translate(e, zone) from e
         return op
+
+
+def stop_reason(zone_ops: ZoneOperationsClient, project: str, zone: str, name: str) -> StopReason:
+    """``ComputeEngine.stop_reason`` on a zone operations client (TPU slices in Compute Engine ask too)."""
+    request = v1().ListZoneOperationsRequest(project=project, zone=zone, filter=f'targetLink eq ".*/instances/{name}"')
+    try:
+        ops = list(zone_ops.list(request=request, retry=RETRY))
+    except _LIBRARY as e:
+        raise translate(e, zone) from e
+    ops = sorted((op for op in ops if op.target_link.endswith(f"/instances/{name}")), key=_inserted)
+    starts = [i for i, op in enumerate(ops) if op.operation_type in _STARTS]
+    since = ops[starts[-1] + 1 :] if starts else ops
+    causes = [_REASONS[op.operation_type] for op in since if op.operation_type in _REASONS]
+    return min(causes, key=_PRECEDENCE.__getitem__, default=StopReason.UNKNOWN)
 
 
 def _done(op: compute_v1.Operation) -> bool:

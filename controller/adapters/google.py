@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from controller.adapters.advice import ComputeAdvice
     from controller.adapters.quotas import ComputeQuotas
     from controller.adapters.tpu import CloudTpu
+    from controller.adapters.tpu_compute import ComputeTpu
 
 
 def gcs_store(config: Settings) -> GcsStore:
@@ -174,6 +175,7 @@ def tpu_gateway(config: Settings) -> CloudTpu:
     from google.cloud import tpu_v2
 
     from controller.adapters.tpu import CloudTpu
+    from controller.adapters.tpu_compute import ComputeTpu
 
     kwargs: dict[str, Any] = {"transport": "rest"}
     if config.tpu_endpoint:  # the local cloud: no Google credentials anywhere
@@ -183,3 +185,21 @@ def tpu_gateway(config: Settings) -> CloudTpu:
     if (session := getattr(client._transport, "_session", None)) is not None:
         _tune(session, config.concurrency)
     return CloudTpu(client, operation_timeout=config.operation_wait)
+
+
+def compute_tpu_gateway(config: Settings) -> ComputeTpu:
+    """The TPU port for TPU slices in Compute Engine (``tpu_compute.ComputeTpu``: instances, instance
+    templates, workload policies, MIGs), on google-cloud-compute's clients at Compute's endpoint (the
+    local cloud's when ``compute_endpoint`` is set), built at its first call."""
+    from controller.adapters import tpu_compute
+
+    kwargs = _client_args(config)
+
+    def clients() -> tpu_compute.Clients:
+        built = tpu_compute.clients(**kwargs)
+        for client in vars(built).values():
+            if (session := getattr(client._transport, "_session", None)) is not None:
+                _tune(session, config.concurrency)
+        return built
+
+    return tpu_compute.ComputeTpu(clients, operation_timeout=config.operation_wait)

@@ -1,0 +1,203 @@
+"""The TPU port over Compute Engine (``tpu_compute.ComputeTpu``, issue 38) against the local Compute
+Engine: single-host slices as instances, multi-host slices as MIGs under a workload policy, as
+``compute_tpu_gateway`` builds it from settings."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from google.api_core.client_options import ClientOptions
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import compute_v1
+
+from controller.adapters.google import compute_gateway, compute_tpu_gateway
+from controller.adapters.tpu_compute import SLICE_LABEL, ComputeTpu
+from controller.core import errors, names
+from controller.core.ports import NodeHealth, NodeState, QueuedState, StopReason, TpuNode, TpuRequest
+from controller.service.config import Settings
+from localcloud.compute import ComputeServer
+from tests.wait import until
+
+PROJECT = "tpu-compute-proj"
+ZONE = "us-central1-c"
+TPU = "tpu7x-standard-4t"
+
+
+@pytest.fixture
+def srv() -> Iterator[ComputeServer]:
+    with ComputeServer(boot_delay=0.05, shutdown_budget=1.0) as s:
+        yield s
+
+
+@pytest.fixture
+def gw(srv: ComputeServer) -> ComputeTpu:
+    gateway = compute_tpu_gateway(Settings(project=PROJECT, compute_endpoint=srv.endpoint))
+    gateway.operation_timeout = 30.0
+    return gateway
+
+
+def request(name: str, topology: str | None = None, *, job: str = "train", spot: bool = True,
+            flex: bool = False) -> TpuRequest:
+    return TpuRequest(
+        project=PROJECT, zone=ZONE, name=name, accelerator_type=TPU, runtime_version="", spot=spot,
+        labels={names.MANAGED_LABEL: "true", names.JOB_LABEL: job, names.ATTEMPT_LABEL: "1"},
+        metadata={"startup-script": "true", "respawn-job": job}, service_account="default",
+        scopes=("https://www.googleapis.com/auth/cloud-platform",), network="global/networks/default",
+        subnetwork=None, external_ip=False, api="compute", topology=topology,
+        hosts=1 if topology is None else 2, flex_start=flex, max_run_seconds=3600 if flex else None,
+        boot_image="projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accel-2404-amd64-tpu-tpu7x")
+
+
+def rid() -> str:
+    return str(uuid.uuid4())
+
+
+def nodes(gw: ComputeTpu, job: str | None = None) -> dict[str, TpuNode]:
+    listed = gw.list_nodes([PROJECT], [ZONE], job)
+    assert listed.failed_projects == {} and listed.unreachable == []
+    return {n.name: n for n in listed.nodes}
+
+
+def node(gw: ComputeTpu, name: str) -> TpuNode | None:
+    return nodes(gw).get(name)
+
+
+def raw(srv: ComputeServer) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"transport": "rest", "credentials": AnonymousCredentials(),
+                              "client_options": ClientOptions(api_endpoint=srv.endpoint)}
+    return {"templates": compute_v1.InstanceTemplatesClient(**kwargs), "migs": compute_v1.InstanceGroupManagersClient(**kwargs),
+            "policies": compute_v1.ResourcePoliciesClient(**kwargs), "instances": compute_v1.InstancesClient(**kwargs)}
+
+
+def test_a_single_host_slice_is_one_instance_listed_as_a_node_and_never_as_a_vm(srv, gw):
+    gw.create(request("one"), rid())
+    vm = srv.instance("one")
+    assert vm["labels"][SLICE_LABEL] == "one" and names.MANAGED_LABEL not in vm["labels"]
+    assert vm["scheduling"]["provisioningModel"] == "SPOT" and vm["scheduling"]["instanceTerminationAction"] == "STOP"
+    assert vm["scheduling"]["onHostMaintenance"] == "TERMINATE" and vm["machineType"].endswith(f"/machineTypes/{TPU}")
+    found = until("one READY", lambda: (n := node(gw, "one")) and n.state == NodeState.READY and n)
+    assert (found.api, found.workers, found.accelerator_type, found.spot, found.zone) == ("compute", 1, TPU, True, ZONE)
+    assert found.labels[names.MANAGED_LABEL] == "true" and found.job == "train" and found.health == NodeHealth.HEALTHY
+    assert found.id == vm["id"] and found.stop_reason is None and found.queued is None
+    # The VM listing (respawn-managed) never takes a slice's host for a VM of its own.
+    vms = compute_gateway(Settings(project=PROJECT, compute_endpoint=srv.endpoint)).list_managed([PROJECT])
+    assert vms.instances == []
+    srv.preempt("one")
+    down = until("one TERMINATED", lambda: (n := node(gw, "one")) and n.state == NodeState.TERMINATED and n)
+    assert down.stop_reason == StopReason.PREEMPTED
+    assert down.as_instance().stop_reason == StopReason.PREEMPTED
+    gw.delete(PROJECT, ZONE, "one")
+    until("one gone", lambda: node(gw, "one") is None)
+    with pytest.raises(errors.NotFound):
+        gw.delete(PROJECT, ZONE, "one")
+
+
+def test_a_multi_host_slice_is_a_mig_up_when_create_returns_and_broken_when_one_host_is_preempted(srv, gw):
+    gw.create(request("big", "2x2x2"), rid())
+    mig = srv.mig("big")
+    assert mig["targetSize"] == 2 and mig["targetSizePolicy"]["mode"] == "BULK"
+    assert mig["instanceLifecyclePolicy"]["defaultActionOnFailure"] == "DO_NOTHING"
+    assert mig["resourcePolicies"]["workloadPolicy"].endswith("/regions/us-central1/resourcePolicies/respawn-slice-2x2x2")
+    hosts = sorted(n for n in srv.names() if n.startswith("big-w-"))
+    assert len(hosts) == 2 and all(srv.instance(h)["status"] == "RUNNING" for h in hosts)  # up when create returned
+    found = node(gw, "big")
+    assert found is not None and found.state == NodeState.READY and found.workers == 2 and found.api == "compute"
+    assert found.labels[names.MANAGED_LABEL] == "true" and found.labels[SLICE_LABEL] == "big" and found.spot
+    assert found.id == mig["id"]
+    srv.preempt(hosts[1])
+    down = until("big TERMINATED", lambda: (n := node(gw, "big")) and n.state == NodeState.TERMINATED and n)
+    assert down.stop_reason == StopReason.PREEMPTED
+    srv.slow_operations(delete=1.0)
+    gw.delete(PROJECT, ZONE, "big")
+    assert node(gw, "big").state == NodeState.DELETING
+    until("big gone", lambda: node(gw, "big") is None and not srv.names())
+    assert "big" in srv.template_names()  # in use when the delete was asked: left for a later delete
+    with pytest.raises(errors.NotFound):
+        gw.delete(PROJECT, ZONE, "big")
+    assert "big" not in srv.template_names()
+
+
+def test_a_second_slice_of_the_same_shape_shares_the_policy_and_a_retried_create_is_the_same_one(srv, gw):
+    first = rid()
+    gw.create(request("a1", "2x2x2"), first)
+    gw.create(request("a1", "2x2x2"), first)  # a retry with the same request id
+    gw.create(request("a1", "2x2x2"), rid())  # another pass: the MIG exists and is up: success
+    gw.create(request("a2", "2x2x2"), rid())
+    assert srv.mig_names() == {"a1", "a2"} and len(srv.names()) == 4
+    policies = list(raw(srv)["policies"].list(project=PROJECT, region="us-central1"))
+    assert [p.name for p in policies] == ["respawn-slice-2x2x2"]
+
+
+@pytest.mark.parametrize("fault, error", [("stockout", errors.CapacityError), ("quota", errors.QuotaError)])
+def test_a_slice_without_room_raises_as_an_insert_would_and_leaves_nothing_trying(srv, gw, fault, error):
+    getattr(srv, fault)(ZONE)
+    with pytest.raises(error):
+        gw.create(request("full", "2x2x2"), rid())
+    assert srv.mig_names() == set() and "full" not in srv.template_names() and srv.names() == set()
+    with pytest.raises(error):
+        gw.create(request("solo"), rid())
+    assert srv.names() == set()
+
+
+def test_a_slice_still_coming_up_at_the_wait_is_pending_and_the_next_create_reads_it(srv, gw):
+    srv.hold_operations(True)
+    with pytest.raises(errors.OperationPending):
+        gw.create(request("slow", "2x2x2"), rid(), wait=0.5)
+    assert until("listed CREATING", lambda: (n := node(gw, "slow")) and n.state == NodeState.CREATING)
+    srv.hold_operations(False)
+    gw.create(request("slow", "2x2x2"), rid())
+    assert node(gw, "slow").state == NodeState.READY
+
+
+def test_a_flex_start_slice_waiting_for_capacity_reads_as_queued(srv, gw):
+    srv.stockout(ZONE)
+    gw.create(request("flex", "2x2x2", spot=False, flex=True), rid())
+    waiting = until("flex hosts PENDING", lambda: (n := node(gw, "flex")) and n.queued and n)
+    assert waiting.queued == QueuedState.WAITING_FOR_RESOURCES and waiting.state == NodeState.CREATING
+    assert waiting.as_instance().status.value == "PENDING"
+    srv.stockout(ZONE, on=False)
+    until("flex READY", lambda: node(gw, "flex").state == NodeState.READY)
+
+
+def test_only_slices_of_respawn_are_listed_or_deleted_and_a_job_lists_its_own(srv, gw):
+    c = raw(srv)
+    props = compute_v1.InstanceProperties(
+        machine_type=TPU, labels={"team": "theirs"},
+        scheduling=compute_v1.Scheduling(provisioning_model="STANDARD", on_host_maintenance="TERMINATE",
+                                         automatic_restart=False),
+        disks=[compute_v1.AttachedDisk(boot=True, initialize_params=compute_v1.AttachedDiskInitializeParams(
+            source_image="projects/debian-cloud/global/images/family/debian-12"))],
+        network_interfaces=[compute_v1.NetworkInterface(network="global/networks/default")])
+    c["templates"].insert(project=PROJECT, instance_template_resource=compute_v1.InstanceTemplate(
+        name="theirs", properties=props))
+    c["policies"].insert(project=PROJECT, region="us-central1", resource_policy_resource=compute_v1.ResourcePolicy(
+        name="theirs", workload_policy=compute_v1.ResourcePolicyWorkloadPolicy(type_="HIGH_THROUGHPUT",
+                                                                              accelerator_topology="2x2x2")))
+    c["migs"].insert(project=PROJECT, zone=ZONE, instance_group_manager_resource=compute_v1.InstanceGroupManager(
+        name="theirs", base_instance_name="theirs", target_size=2, instance_template="global/instanceTemplates/theirs",
+        resource_policies=compute_v1.InstanceGroupManagerResourcePolicies(
+            workload_policy="regions/us-central1/resourcePolicies/theirs")))
+    c["instances"].insert(project=PROJECT, zone=ZONE, instance_resource=compute_v1.Instance(
+        name="lone", machine_type=f"zones/{ZONE}/machineTypes/{TPU}", labels={"team": "theirs"},
+        scheduling=props.scheduling, disks=props.disks, network_interfaces=props.network_interfaces))
+    gw.create(request("mine", job="train"), rid())
+    gw.create(request("yours", "2x2x2", job="eval"), rid())
+    until("their hosts up", lambda: len(srv.names()) == 6)
+    assert set(nodes(gw)) == {"mine", "yours"}
+    assert set(nodes(gw, "eval")) == {"yours"} and set(nodes(gw, "train")) == {"mine"}
+    for name in ("theirs", "lone"):
+        with pytest.raises(errors.NotFound):
+            gw.delete(PROJECT, ZONE, name)
+    assert "theirs" in srv.mig_names() and "lone" in srv.names() and "theirs" in srv.template_names()
+    with pytest.raises(errors.RequestError):
+        gw.list_nodes([PROJECT], [ZONE], 'x" OR labels.a = "b')
+
+
+def test_a_project_that_refuses_is_failed_and_the_others_are_listed(srv, gw):
+    gw.create(request("kept"), rid())
+    srv.fail_next("instances.aggregatedList", code=403, reason="forbidden", message="Required 'compute.instances.list'")
+    listed = gw.list_nodes(["elsewhere", PROJECT], [ZONE])
+    assert set(listed.failed_projects) == {"elsewhere"} and [n.name for n in listed.nodes] == ["kept"]
