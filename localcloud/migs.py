@@ -121,6 +121,17 @@ class MigsApi:
         with self._lock:
             return {n for _, _, n in self._migs}
 
+    def abandon(self, name: str) -> None:
+        """What a person's ``abandonInstances`` of every host, then the MIG's delete, leave: the MIG
+        gone, its VMs still running (and billing), no longer anyone's members."""
+        with self._lock:
+            key = next(k for k in self._migs if k[2] == name)
+            mig = self._migs.pop(key)
+            for m in mig.members:
+                if (vm := self._live(mig, m)) is not None:
+                    vm.group = None
+            self._done.notify_all()
+
     def template_names(self) -> set[str]:
         with self._lock:
             return {n for _, n in self._templates}

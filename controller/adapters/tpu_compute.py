@@ -35,12 +35,13 @@ Decisions, each for a reason:
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import requests
@@ -57,6 +58,12 @@ _DOWN = frozenset({InstanceStatus.TERMINATED, InstanceStatus.STOPPED, InstanceSt
 _CAPACITY = ("ZONE_RESOURCE_POOL_EXHAUSTED", "insufficientCapacity", "STOCKOUT")
 _QUOTA = ("QUOTA_EXCEEDED", "quotaExceeded")
 _POLL_FIRST, _POLL_MAX = 0.2, 3.0  # seconds between looks at a MIG being made
+# A template of ours with no MIG and no host older than this is what a slice deleted whole left (its
+# template was still in use when the MIG's delete was asked): listed, so that it is deleted too. A
+# younger one may be a create between its template and its MIG, and is never listed.
+TEMPLATE_GRACE_S = 600.0
+_NAME = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")  # Compute's own rule for a resource name
+_TEMPLATE_ZONE = re.compile(r"respawn: TPU slice [-a-z0-9]+ in (?P<zone>[a-z]+-[a-z]+[0-9]+-[a-z])")
 
 
 @dataclass
@@ -188,7 +195,9 @@ class ComputeTpu:
         self._ensure(lambda: self.c.templates.insert_unary(request=compute_v1.InsertInstanceTemplateRequest(
             project=r.project, request_id=_step_id(request_id, "template"),
             instance_template_resource=compute_v1.InstanceTemplate(
-                name=r.name, properties=compute_v1.InstanceProperties(**_properties(r, "")))), retry=RETRY),
+                # Its zone in words: a template outliving its MIG is listed in that zone (_leftover).
+                name=r.name, description=f"respawn: TPU slice {r.name} in {r.zone}",
+                properties=compute_v1.InstanceProperties(**_properties(r, "")))), retry=RETRY),
             lambda op: self._wait_global(r.project, op, deadline), r.zone, "instance template", wait)
         # 3. The MIG: all hosts or none, never repaired one by one.
         mig = compute_v1.InstanceGroupManager(
@@ -352,9 +361,14 @@ class ComputeTpu:
         for (zone, name), (mig, template) in sorted(migs.items()):
             nodes.append(self._node(project, zone, name, hosts.pop((zone, name), []), mig, template))
         for (zone, name), listed in sorted(hosts.items()):
-            single = [i for i in listed if i.name == name]
-            if single:  # a single-host slice (a MIG's hosts whose MIG is gone are no slice to list)
-                nodes.append(self._node(project, zone, name, single, None, None))
+            # A single-host slice; or hosts whose MIG is gone (abandoned, or deleted by hand while they
+            # stayed): still billing, so listed as their slice, to be judged and deleted like one.
+            nodes.append(self._node(project, zone, name, listed, None, None))
+        named = {n.name for n in nodes}
+        for name, template in sorted(templates.items()):
+            if name not in named and (job is None or template.properties.labels.get(names.JOB_LABEL) == job):
+                if (node := _leftover(project, template)) is not None:
+                    nodes.append(node)
         return nodes, unreachable
 
     def _node(self, project: str, zone: str, name: str, hosts: list[Any], mig: Any, template: Any) -> TpuNode:
@@ -367,9 +381,9 @@ class ComputeTpu:
             labels = dict(hosts[0].labels) if hosts else dict(props.labels)
             machine, model = props.machine_type.rsplit("/", 1)[-1], props.scheduling.provisioning_model
             created, ident = mig.creation_timestamp, str(mig.id)
-        else:
+        else:  # one instance (a single-host slice), or the hosts a MIG gone left
             vm = hosts[0]
-            workers, state = 1, slice_state(statuses, 1)
+            workers, state = len(hosts), slice_state(statuses, len(hosts))
             labels = dict(vm.labels)
             machine, model = vm.machine_type.rsplit("/", 1)[-1], vm.scheduling.provisioning_model
             created, ident = vm.creation_timestamp, str(vm.id)
@@ -411,8 +425,31 @@ class ComputeTpu:
             _raise_for(op, zone)
             return
         if mig is None and vm is None:
-            self._drop_template(project, name)  # the slice's MIG went before: its template, in use then, goes now
+            # Hosts whose MIG is gone (abandoned, or left by a MIG deleted by hand) bill on: each goes.
+            left = self._left_hosts(project, zone, name)
+            for host in left:
+                try:
+                    _raise_for(self.c.instances.delete_unary(project=project, zone=zone, instance=host,
+                                                             retry=RETRY), zone)
+                except _LIBRARY as e:
+                    if not isinstance(error := translate(e, zone), errors.NotFound):
+                        raise error from e
+            # The slice's MIG went before: its template, in use then, goes now.
+            if self._drop_template(project, name) or left:
+                return
         raise errors.NotFound(f"no TPU slice {name} of respawn's in {zone} of {project}")
+
+    def _left_hosts(self, project: str, zone: str, name: str) -> list[str]:
+        """The instances in ``zone`` labelled as hosts of slice ``name`` (``name`` is a checked node name)."""
+        compute_v1 = v1()
+        if not _NAME.fullmatch(name):
+            return []  # never put into a filter expression
+        try:
+            return [i.name for i in self.c.instances.list(request=compute_v1.ListInstancesRequest(
+                project=project, zone=zone, filter=f'labels.{SLICE_LABEL} = "{name}"'), retry=RETRY)
+                if i.labels.get(SLICE_LABEL) == name]
+        except _LIBRARY as e:
+            raise translate(e, zone) from e
 
     @staticmethod
     def _get(read: Callable[[], Any], zone: str) -> Any:
@@ -423,6 +460,21 @@ class ComputeTpu:
             if isinstance(error, errors.NotFound):
                 return None
             raise error from e
+
+
+def _leftover(project: str, template: Any) -> TpuNode | None:
+    """A template of ours whose slice is gone (no MIG, no host), once past ``TEMPLATE_GRACE_S``: a node
+    TERMINATED (stopped: nothing of the slice runs), in the zone its description names, so the
+    planner deletes it as it deletes what is left of any attempt. None while young, or zone unknown."""
+    found = _TEMPLATE_ZONE.fullmatch(template.description or "")
+    created = datetime.fromisoformat(template.creation_timestamp) if template.creation_timestamp else None
+    if found is None or created is None or (datetime.now(UTC) - created).total_seconds() < TEMPLATE_GRACE_S:
+        return None
+    props = template.properties
+    return TpuNode(project=project, zone=found["zone"], name=template.name, state=NodeState.TERMINATED,
+                   health=NodeHealth.HEALTHY, labels={**props.labels, names.MANAGED_LABEL: "true"},
+                   created_at=created, accelerator_type=props.machine_type, spot=props.scheduling.provisioning_model
+                   == "SPOT", id=str(template.id), workers=0, api="compute", stop_reason=StopReason.STOPPED)
 
 
 def _made(m: Any, flex_start: bool) -> bool:

@@ -14,6 +14,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
 from controller.adapters.google import compute_gateway, compute_tpu_gateway
+from controller.adapters import tpu_compute
 from controller.adapters.tpu_compute import SLICE_LABEL, ComputeTpu
 from controller.core import errors, names
 from controller.core.ports import NodeHealth, NodeState, QueuedState, StopReason, TpuNode, TpuRequest
@@ -115,9 +116,35 @@ def test_a_multi_host_slice_is_a_mig_up_when_create_returns_and_broken_when_one_
     assert node(gw, "big").state == NodeState.DELETING
     until("big gone", lambda: node(gw, "big") is None and not srv.names())
     assert "big" in srv.template_names()  # in use when the delete was asked: left for a later delete
+    gw.delete(PROJECT, ZONE, "big")  # what is left of the slice: its template
+    assert "big" not in srv.template_names()
     with pytest.raises(errors.NotFound):
         gw.delete(PROJECT, ZONE, "big")
-    assert "big" not in srv.template_names()
+
+
+def test_a_template_its_slice_outlived_is_listed_once_past_its_grace_so_that_it_is_deleted(srv, gw, monkeypatch):
+    gw.create(request("left", "2x2x2"), rid())
+    srv.slow_operations(delete=0.5)
+    gw.delete(PROJECT, ZONE, "left")
+    until("left gone", lambda: node(gw, "left") is None and not srv.names())
+    assert "left" in srv.template_names() and node(gw, "left") is None, "young: may be a create under way"
+    monkeypatch.setattr(tpu_compute, "TEMPLATE_GRACE_S", 0.0)
+    found = node(gw, "left")
+    assert found is not None and found.state == NodeState.TERMINATED and found.zone == ZONE
+    assert found.stop_reason == StopReason.STOPPED and found.labels[names.JOB_LABEL] == "train"
+    gw.delete(PROJECT, ZONE, "left")
+    assert "left" not in srv.template_names() and node(gw, "left") is None
+
+
+def test_hosts_whose_mig_is_gone_are_listed_as_their_slice_and_deleted_with_it(srv, gw):
+    gw.create(request("orph", "2x2x2"), rid())
+    hosts = sorted(n for n in srv.names() if n.startswith("orph-w-"))
+    srv.abandon("orph")  # the MIG goes; its hosts stay, billing
+    found = until("orph listed from its hosts", lambda: (n := node(gw, "orph")) and n.workers == 2 and n)
+    assert found.state == NodeState.READY and found.api == "compute"
+    gw.delete(PROJECT, ZONE, "orph")
+    until("orph's hosts gone", lambda: not set(hosts) & srv.names())
+    assert node(gw, "orph") is None
 
 
 def test_a_second_slice_of_the_same_shape_shares_the_policy_and_a_retried_create_is_the_same_one(srv, gw):
