@@ -22,6 +22,7 @@ from datetime import datetime, timedelta
 
 from controller.core import audit, errors, names
 from controller.adapters.pubsub import check_message
+from controller.adapters.tpu_compute import SLICE_LABEL
 from controller.adapters.webhook import check as check_webhook
 from controller.core.clock import Clock, FakeClock
 from controller.core.ports import Blob, BlobInfo, Instance, InstanceList, InstanceRequest, InstanceStatus, Shape, StopReason
@@ -611,6 +612,8 @@ class MemoryTpu:
     refused at once, as a quota on TPU chips is.
     """
 
+    stockout_reason = "RESOURCE_EXHAUSTED (no more capacity)"  # a node create's operation, code 8
+
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock = clock or FakeClock()
         self.faults = Faults()  # ops: "list", "create", "delete"
@@ -640,16 +643,16 @@ class MemoryTpu:
             self._provision()
             failed = {p: "RequestError: permission denied" for p in projects if p in self.failing_projects}
 
-            def seen(key: _Key, labels: Mapping[str, str]) -> bool:
+            def seen(key: _Key, labels: Mapping[str, str], request: TpuRequest | None) -> bool:
                 return (key[0] in projects and key[0] not in failed and key[1] in zones
-                        and key[1] not in self.unreachable and labels.get(names.MANAGED_LABEL) == "true"
+                        and key[1] not in self.unreachable and self._ours(key, labels, request)
                         and (job is None or labels.get(names.JOB_LABEL) == job))
 
             found = [replace(tpu.node, queued=self._queued[key].state if key in self._queued else None)
-                     for key, tpu in sorted(self._nodes.items()) if seen(key, tpu.node.labels)]
+                     for key, tpu in sorted(self._nodes.items()) if seen(key, tpu.node.labels, tpu.request)]
             for key, queued in sorted(self._queued.items()):
                 r = queued.request
-                if key not in self._nodes and seen(key, r.labels):
+                if key not in self._nodes and seen(key, r.labels, r):
                     found.append(TpuNode(r.project, r.zone, r.name, QUEUED_AS_NODE.get(queued.state, NodeState.UNKNOWN),
                                          NodeHealth.HEALTH_UNSPECIFIED, dict(r.labels), queued.created_at,
                                          r.accelerator_type, r.spot, queued=queued.state))
@@ -657,6 +660,10 @@ class MemoryTpu:
                       for z in zones if z in self.denied_zones}
             found = [n for n in found if n.zone not in denied]
             return TpuList(found, sorted((self.unreachable & set(zones)) - set(denied)), failed, denied)
+
+    def _ours(self, key: _Key, labels: Mapping[str, str], request: TpuRequest | None) -> bool:
+        """Whether a node (or a queued resource: ``request`` set) is listed: the managed label's."""
+        return labels.get(names.MANAGED_LABEL) == "true"
 
     def create(self, request: TpuRequest, request_id: str, wait: float | None = None) -> None:
         # Operations here finish at once, or only when ``hold`` lets them: ``wait`` changes neither.
@@ -682,7 +689,7 @@ class MemoryTpu:
                 self._nodes[key] = _Tpu(self._node(r, NodeState.CREATING), r, held=True)
                 raise errors.OperationPending(f"create of {r.name} in {r.zone} still running")
             if r.zone in self.stockouts:  # the operation finishes with code 8
-                raise errors.CapacityError(r.zone, "RESOURCE_EXHAUSTED (no more capacity)")
+                raise errors.CapacityError(r.zone, self.stockout_reason)
             self._nodes[key] = _Tpu(self._node(r, NodeState.READY), r)
 
     def _create_queued(self, key: _Key, r: TpuRequest) -> None:
@@ -828,7 +835,7 @@ class MemoryTpu:
         tpu = self._nodes[key]
         if key[1] in self.stockouts:
             del self._nodes[key]
-            raise errors.CapacityError(key[1], "RESOURCE_EXHAUSTED (no more capacity)")
+            raise errors.CapacityError(key[1], self.stockout_reason)
         tpu.held = False
         tpu.node = replace(tpu.node, state=NodeState.READY, health=NodeHealth.HEALTHY)
 
@@ -856,22 +863,55 @@ class MemorySlices(MemoryTpu):
     """A fake of Compute Engine's TPU slices (``controller.adapters.tpu_compute``): one instance,
     or a MIG of ``hosts`` instances, listed as one ``TpuNode`` with ``api`` "compute".
 
-    As ``MemoryTpu``, but as Compute Engine behaves: a listing is aggregated (every zone of the
-    project, whatever zones are asked); a Spot host preempted is TERMINATED, and Compute's
-    operations say why (``stop_reason``); a flex-start slice waits for capacity (listed PENDING,
-    as the queue's waiting node reads) instead of failing on a stockout.
+    As ``MemoryTpu``, but as Compute Engine behaves and ``ComputeTpu`` reads it (the contract:
+    tests/contract/test_tpu_slices_port.py):
+
+    - a listing is aggregated (every zone of the project, whatever zones are asked);
+    - a slice is told by its ``respawn-slice`` label naming it (the adapter puts it on every host
+      and template, and never ``respawn-managed``, which is the VM listing's): a look-alike without
+      it (``add_foreign``), a VM of respawn's included, is never listed, and deleting it is
+      ``NotFound``; a slice is listed with its labels, ``respawn-slice`` and ``respawn-managed``
+      "true" among them, and always HEALTHY (Compute has no TPU health);
+    - a stockout is Compute's ZONE_RESOURCE_POOL_EXHAUSTED;
+    - a Spot host preempted (or lost to maintenance, a host error: ``lose``) is the slice
+      TERMINATED, and Compute's operations say why (``stop_reason``);
+    - a flex-start slice waits for capacity (``queued`` WAITING_FOR_RESOURCES, as the queue's
+      waiting node reads, while its hosts are PENDING) instead of failing on a stockout; once it
+      runs it is a slice like another (``queued`` None);
+    - a delete is accepted at once; until it is done a MIG reads DELETING, a single-host slice as
+      its instance does, STOPPING (Compute has no status of its own for an instance being deleted).
     """
+
+    stockout_reason = "ZONE_RESOURCE_POOL_EXHAUSTED"
 
     def list_nodes(self, projects: Sequence[str], zones: Sequence[str], job: str | None = None) -> TpuList:
         with self._lock:
             every = sorted({k[1] for k in [*self._nodes, *self._queued]} | set(zones))
         found = super().list_nodes(projects, every, job)
-        return replace(found, nodes=[replace(n, api="compute") for n in found.nodes])
+        return replace(found, nodes=[replace(
+            n, api="compute", health=NodeHealth.HEALTHY, labels={**n.labels, names.MANAGED_LABEL: "true"},
+            queued=n.queued if n.queued == QueuedState.WAITING_FOR_RESOURCES else None) for n in found.nodes])
+
+    def _ours(self, key: _Key, labels: Mapping[str, str], request: TpuRequest | None) -> bool:
+        return request is not None or labels.get(SLICE_LABEL) == key[2]
 
     def create(self, request: TpuRequest, request_id: str, wait: float | None = None) -> None:
         if request.api != "compute":
             raise errors.RequestError(f"{request.name}: a Cloud TPU API request sent to Compute Engine's slices")
         super().create(replace(request, queued=request.flex_start), request_id, wait)
+
+    def delete(self, project: str, zone: str, name: str) -> None:
+        key = (project, zone, name)
+        with self._lock:
+            tpu = self._nodes.get(key)
+            if key not in self._queued and tpu is not None and not self._ours(key, tpu.node.labels, tpu.request):
+                self._call("delete", name)
+                raise errors.NotFound(f"no TPU slice {name} of respawn's in {zone} of {project}")
+            super().delete(project, zone, name)
+            tpu = self._nodes.get(key)
+            if tpu is not None and tpu.request is not None and tpu.request.topology is None \
+                    and tpu.node.state == NodeState.DELETING:
+                tpu.node = replace(tpu.node, state=NodeState.STOPPING)
 
     def preempt(self, name: str) -> None:
         """Google reclaims a host of the slice: TERMINATED, preempted by Compute's own record."""
@@ -886,7 +926,8 @@ class MemorySlices(MemoryTpu):
                 self._queued[key].state = QueuedState.SUSPENDED
 
     def _node(self, r: TpuRequest, state: NodeState) -> TpuNode:
-        return replace(super()._node(r, state), api="compute", workers=r.hosts)
+        node = super()._node(r, state)
+        return replace(node, api="compute", workers=r.hosts, labels={**node.labels, SLICE_LABEL: r.name})
 
 
 def tpu_workers(accelerator_type: str) -> int:

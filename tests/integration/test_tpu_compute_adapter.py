@@ -4,6 +4,10 @@ Engine: single-host slices as instances, multi-host slices as MIGs under a workl
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -228,3 +232,65 @@ def test_a_project_that_refuses_is_failed_and_the_others_are_listed(srv, gw):
     srv.fail_next("instances.aggregatedList", code=403, reason="forbidden", message="Required 'compute.instances.list'")
     listed = gw.list_nodes(["elsewhere", PROJECT], [ZONE])
     assert set(listed.failed_projects) == {"elsewhere"} and [n.name for n in listed.nodes] == ["kept"]
+
+
+# -- gcloud on what respawn creates ------------------------------------------------------------------
+def test_gcloud_lists_describes_and_deletes_the_slices_respawn_creates(srv, gw, tmp_path):
+    """The issue's proof: what ``ComputeTpu`` creates (as the controller does) is what `gcloud compute
+    instance-groups managed` and `gcloud compute instances` against the local cloud show and delete."""
+    gcloud = shutil.which("gcloud")
+    if gcloud is None:
+        pytest.skip("gcloud is not on PATH: the gcloud walk through respawn's slices was not run")
+    (tmp_path / "token").write_text("local\n")
+    env = {**os.environ, "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE": f"{srv.endpoint}/compute/v1/",
+           "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE": str(tmp_path / "token"), "CLOUDSDK_CORE_PROJECT": PROJECT,
+           "CLOUDSDK_CONFIG": str(tmp_path / "gcloud"), "CLOUDSDK_CORE_DISABLE_PROMPTS": "1"}
+
+    def run(*args: str) -> Any:
+        done = subprocess.run([gcloud, "compute", *args, "--format=json"], env=env, capture_output=True, text=True,
+                              timeout=120, stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, f"{args}: {done.stderr}"
+        return json.loads(done.stdout or "null")
+
+    gw.create(request("gbig", "2x2x2", job="gjob"), rid())
+    gw.create(request("gsolo", job="gjob"), rid())
+    until("both READY", lambda: {n.name: n.state for n in nodes(gw, "gjob").values()}
+          == {"gbig": NodeState.READY, "gsolo": NodeState.READY})
+
+    [listed] = [m for m in run("instance-groups", "managed", "list") if m["name"] == "gbig"]
+    assert listed["zone"].endswith(f"/zones/{ZONE}") and listed["targetSize"] == 2
+    mig = run("instance-groups", "managed", "describe", "gbig", f"--zone={ZONE}")
+    assert mig["instanceTemplate"].endswith("/global/instanceTemplates/gbig") and mig["baseInstanceName"] == "gbig-w"
+    assert mig["instanceLifecyclePolicy"]["defaultActionOnFailure"] == "DO_NOTHING"
+    assert mig["targetSizePolicy"]["mode"] == "BULK"
+    policy = mig["resourcePolicies"]["workloadPolicy"]
+    assert policy.endswith("/regions/us-central1/resourcePolicies/respawn-slice-2x2x2")
+    managed = run("instance-groups", "managed", "list-instances", "gbig", f"--zone={ZONE}")
+    hosts = sorted(m["instance"].rsplit("/", 1)[-1] for m in managed)
+    assert len(hosts) == 2 and all(h.startswith("gbig-w-") for h in hosts)
+    assert all(m["instanceStatus"] == "RUNNING" for m in managed)
+
+    instances = {i["name"]: i for i in run("instances", "list")}
+    assert set(instances) == {"gsolo", *hosts}
+    for name, i in instances.items():
+        slice_name = "gsolo" if name == "gsolo" else "gbig"
+        assert i["labels"] == {SLICE_LABEL: slice_name, names.JOB_LABEL: "gjob", names.ATTEMPT_LABEL: "1"}
+        assert i["machineType"].endswith(f"/zones/{ZONE}/machineTypes/{TPU}") and i["zone"].endswith(f"/zones/{ZONE}")
+        assert i["status"] == "RUNNING" and i["scheduling"]["provisioningModel"] == "SPOT"
+    filtered = run("instances", "list", f"--filter=labels.{SLICE_LABEL}=gbig")
+    assert sorted(i["name"] for i in filtered) == hosts
+    solo = run("instances", "describe", "gsolo", f"--zone={ZONE}")
+    assert solo["labels"][SLICE_LABEL] == "gsolo" and solo["id"] == nodes(gw)["gsolo"].id
+    assert solo["machineType"].endswith(f"/machineTypes/{TPU}") and solo["zone"].endswith(f"/zones/{ZONE}")
+    host = run("instances", "describe", hosts[0], f"--zone={ZONE}")
+    created_by = {i["key"]: i["value"] for i in host["metadata"]["items"]}["created-by"]
+    assert created_by.endswith(f"/zones/{ZONE}/instanceGroupManagers/gbig")
+
+    run("instance-groups", "managed", "delete", "gbig", f"--zone={ZONE}", "--quiet")
+    assert "gbig" not in srv.mig_names() and set(hosts).isdisjoint(srv.names())
+    assert set(nodes(gw)) == {"gsolo"}
+    run("instances", "delete", "gsolo", f"--zone={ZONE}", "--quiet")
+    assert srv.names() == set() and nodes(gw) == {}
+    with pytest.raises(errors.NotFound):  # and the template gcloud left goes with respawn's next delete
+        gw.delete(PROJECT, ZONE, "gbig")
+    assert "gbig" not in srv.template_names()
