@@ -358,6 +358,11 @@ class ComputeTpu:
                         continue
                     migs[(zone, m.name)] = (m, template)
         nodes = []
+        # A slice's hosts by name as well as by label: a MIG's are <base>-xxxx, a single host is the
+        # slice's own name. Another instance carrying the label (anyone may write one) is none of
+        # the slice's: it never reads as a host, never makes the slice read as broken, never goes with it.
+        hosts = {(zone, name): kept for (zone, name), listed in hosts.items()
+                 if (kept := [i for i in listed if _host_of(i.name, name)])}
         for (zone, name), (mig, template) in sorted(migs.items()):
             nodes.append(self._node(project, zone, name, hosts.pop((zone, name), []), mig, template))
         for (zone, name), listed in sorted(hosts.items()):
@@ -447,7 +452,7 @@ class ComputeTpu:
         try:
             return [i.name for i in self.c.instances.list(request=compute_v1.ListInstancesRequest(
                 project=project, zone=zone, filter=f'labels.{SLICE_LABEL} = "{name}"'), retry=RETRY)
-                if i.labels.get(SLICE_LABEL) == name]
+                if i.labels.get(SLICE_LABEL) == name and _host_of(i.name, name)]
         except _LIBRARY as e:
             raise translate(e, zone) from e
 
@@ -460,6 +465,12 @@ class ComputeTpu:
             if isinstance(error, errors.NotFound):
                 return None
             raise error from e
+
+
+def _host_of(instance: str, name: str) -> bool:
+    """Whether ``instance`` is named as a host of slice ``name``: the slice itself (one host), or a
+    VM of its MIG (``<name>-w-`` and the four characters Compute appends)."""
+    return instance == name or instance.startswith(f"{name}-w-")
 
 
 def _leftover(project: str, template: Any) -> TpuNode | None:

@@ -43,6 +43,7 @@ def submit(cloud: LocalCloud, monkeypatch: pytest.MonkeyPatch, folder: Path, exa
     doc = yaml.safe_load((EXAMPLES / example).read_text())
     doc["env"].update(TRAIN_STEPS=str(STEPS))
     doc.update(changes)
+    doc["checkpoint"] = {"uri": f"gs://{cloud.options.bucket}/checkpoints/{doc['name']}"}  # its own: never another's
     cli_against(cloud, monkeypatch)
     shutil.copy(EXAMPLES / "trainer.py", folder / "trainer.py")
     (folder / "spec.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))

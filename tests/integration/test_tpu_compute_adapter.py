@@ -227,6 +227,28 @@ def test_only_slices_of_respawn_are_listed_or_deleted_and_a_job_lists_its_own(sr
         gw.list_nodes([PROJECT], [ZONE], 'x" OR labels.a = "b')
 
 
+def test_an_instance_that_only_carries_a_slices_label_is_none_of_its_hosts(srv, gw):
+    """Anyone may label an instance ``respawn-slice: <ours>``: it never reads as a host of the slice (a
+    stranger going down must not break a healthy slice), nor lends it its labels, nor goes with it."""
+    gw.create(request("stray-1", "2x2x2"), rid())
+    c = raw(srv)
+    c["instances"].insert(project=PROJECT, zone=ZONE, instance_resource=compute_v1.Instance(
+        name="someone", machine_type=f"zones/{ZONE}/machineTypes/e2-small",
+        labels={SLICE_LABEL: "stray-1", names.JOB_LABEL: "train"},
+        disks=[compute_v1.AttachedDisk(boot=True, initialize_params=compute_v1.AttachedDiskInitializeParams(
+            source_image="projects/debian-cloud/global/images/family/debian-12"))],
+        network_interfaces=[compute_v1.NetworkInterface(network="global/networks/default")]))
+    until("someone up", lambda: srv.instance("someone")["status"] == "RUNNING")
+    srv.crash("someone")
+    until("someone down", lambda: srv.instance("someone")["status"] == "TERMINATED")
+    found = node(gw, "stray-1")
+    assert found is not None and found.state == NodeState.READY and found.workers == 2
+    assert found.labels[names.ATTEMPT_LABEL] == "1", "its own hosts' labels"
+    gw.delete(PROJECT, ZONE, "stray-1")
+    until("the slice gone", lambda: node(gw, "stray-1") is None)
+    assert "someone" in srv.names()
+
+
 def test_a_project_that_refuses_is_failed_and_the_others_are_listed(srv, gw):
     gw.create(request("kept"), rid())
     srv.fail_next("instances.aggregatedList", code=403, reason="forbidden", message="Required 'compute.instances.list'")
@@ -291,6 +313,7 @@ def test_gcloud_lists_describes_and_deletes_the_slices_respawn_creates(srv, gw, 
     assert set(nodes(gw)) == {"gsolo"}
     run("instances", "delete", "gsolo", f"--zone={ZONE}", "--quiet")
     assert srv.names() == set() and nodes(gw) == {}
-    with pytest.raises(errors.NotFound):  # and the template gcloud left goes with respawn's next delete
-        gw.delete(PROJECT, ZONE, "gbig")
+    gw.delete(PROJECT, ZONE, "gbig")  # the template gcloud left goes with respawn's next delete
     assert "gbig" not in srv.template_names()
+    with pytest.raises(errors.NotFound):
+        gw.delete(PROJECT, ZONE, "gbig")
