@@ -50,6 +50,7 @@ RESTARTS = ("compute.instances.automaticRestart", "compute.instances.migrateOnHo
 METHODS = (*LOSSES, *RESTARTS)
 # A Cloud TPU VM's worker as Compute names it (the node's name is not in it).
 _TPU_WORKER = re.compile(r"t1v-n-[0-9a-f]+-w-(0|[1-9][0-9]*)")
+_SLICE_HOST = re.compile(r"(?P<slice>[a-z][-a-z0-9]*-[1-9][0-9]*)-w-[a-z0-9]{4}")
 _RESOURCE = re.compile(r"projects/(?P<project>[^/]{1,100})/zones/(?P<zone>[^/]{1,100})/instances/(?P<name>[^/]+)")
 _INSTANCE_NAME = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")  # Compute's own rule (RFC 1035, 63 at most)
 MAX_INSERT_ID = 128  # past it (no entry of Compute's), an insertId is logged as its digest
@@ -79,15 +80,25 @@ class AuditEvent:
 
     @property
     def job(self) -> str | None:
-        """The job whose instance this is by respawn's naming; None for any other name (a TPU
-        worker's ``t1v-n-<hash>-w-3`` reads as job ``t1v-n-<hash>-w``, attempt 3: it is not one)."""
-        parsed = None if self.tpu_worker else names.parse_instance_name(self.instance)
+        """The job whose instance this is by respawn's naming (a VM's, or a host of a TPU slice's MIG:
+        ``<job>-<attempt>-w-xxxx``); None for any other name (a Cloud TPU worker's ``t1v-n-<hash>-w-3``
+        reads as job ``t1v-n-<hash>-w``, attempt 3: it is not one)."""
+        parsed = self._parsed()
         return parsed[0] if parsed else None
 
     @property
     def attempt(self) -> int | None:
-        parsed = None if self.tpu_worker else names.parse_instance_name(self.instance)
+        parsed = self._parsed()
         return parsed[1] if parsed else None
+
+    def _parsed(self) -> tuple[str, int, int | None] | None:
+        if self.tpu_worker:
+            return None
+        # A MIG's VM: its base name (the slice, <job>-<attempt>) and a hyphen, "w", and the four characters
+        # Compute appends; read first, for "-w-1234" would also read as job "<job>-<attempt>-w", attempt 1234.
+        if (host := _SLICE_HOST.fullmatch(self.instance)) is not None:
+            return names.parse_instance_name(host["slice"])
+        return names.parse_instance_name(self.instance)
 
     @property
     def tpu_worker(self) -> bool:
