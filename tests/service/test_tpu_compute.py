@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from controller.core import names
-from controller.core.ports import StopReason
+from controller.core import errors, names
+from controller.core.ports import NodeState, StopReason
 from controller.core.state import Phase
 from tests.harness import BUCKET, PROJECT, Harness, spec_doc
 
@@ -160,3 +160,39 @@ def test_a_compute_engine_slice_never_blinds_on_a_project_without_the_tpu_api():
     h.tick()
     h.tick()
     assert h.status("ironwood").phase == Phase.RUNNING
+
+
+@pytest.mark.parametrize("state", [NodeState.REPAIRING, NodeState.STOPPING, "STATE_FROM_THE_FUTURE"])
+def test_a_slice_whose_delete_keeps_failing_is_never_created_beside_while_it_may_yet_run(h, state):
+    """Chaos (issue 38): a failed attempt's slice whose delete never got through, one of its hosts
+    REPAIRING (or STOPPING, or a status Google adds later): not down, so it may yet run. Past the
+    ten minutes the next slice is created anyway beside a husk that is down or DELETING, never
+    beside this one: two live attempts of the job."""
+    running(h)
+    h.exit("ironwood", 1)
+    h.slices.faults.fail_next("delete", errors.TransientError("503 backend error"), times=1000)
+    h.tick()
+    assert h.status("ironwood").phase == Phase.RECOVERING
+    h.slices.set_state("ironwood-1", state)
+    for _ in range(4):
+        h.advance(seconds=5 * 60)
+        h.tick()
+    assert h.slices.names() == ["ironwood-1"], "a second slice beside one that may yet run"
+    assert h.status("ironwood").attempt == 1
+    h.slices.faults._queued.clear()  # the delete goes through: DELETING, then gone
+    h.tick()
+    gone(h)
+    assert h.status("ironwood").attempt == 2 and h.slices.names() == ["ironwood-2"]
+
+
+def test_a_down_slice_whose_delete_keeps_failing_no_longer_holds_the_next_one(h):
+    """The other side of it: a husk that is down (a host TERMINATED) is no longer waited for after
+    ten minutes, however its delete fails (a quota error then names it)."""
+    running(h)
+    h.slices.faults.fail_next("delete", errors.TransientError("503 backend error"), times=1000)
+    h.slices.lose("ironwood-1", StopReason.HOST_ERROR)
+    for _ in range(4):
+        h.tick()
+        h.advance(seconds=5 * 60)
+    h.tick()
+    assert h.status("ironwood").attempt == 2 and "ironwood-2" in h.slices.names()
