@@ -196,3 +196,31 @@ def test_a_down_slice_whose_delete_keeps_failing_no_longer_holds_the_next_one(h)
         h.advance(seconds=5 * 60)
     h.tick()
     assert h.status("ironwood").attempt == 2 and "ironwood-2" in h.slices.names()
+
+
+def test_a_sweep_trials_folder_deleted_whole_keeps_its_slot_while_the_slice_list_fails():
+    """Chaos (issue 38): a trial's folder deleted whole while its project's slice list is refused
+    (403): its slice, unseen, still holds quota, so its slot is not given back until a list that
+    answered shows the slice gone; never a second trial's slice beside it past max_parallel."""
+    from tests.service.test_sweeps import submit_sweep
+
+    h = Harness()
+    jobs = submit_sweep(h, trials=2, max_parallel=1, zones=["us-central1-c"], tpu=MULTI, machine_type=None)
+
+    def holding() -> set[str]:  # trials with a slice not yet gone (DELETING included)
+        return {h.slices.node(n).labels[names.JOB_LABEL] for n in h.slices.names()}
+
+    h.tick()
+    (first,) = holding()
+    h.slices.failing_projects.add(PROJECT)
+    for info in h.store.list(BUCKET, f"jobs/{first}/"):
+        h.store.delete(BUCKET, info.name)
+    for _ in range(3):
+        h.tick()
+        assert len(holding()) <= 1
+    h.slices.failing_projects.clear()
+    for _ in range(6):
+        h.tick()
+        assert len(holding()) <= 1, f"{sorted(holding())} hold slices at once; max_parallel 1"
+        h.advance(seconds=h.slices.delete_seconds + 1)
+    assert holding() == {j for j in jobs if j != first}
