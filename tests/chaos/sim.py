@@ -36,6 +36,16 @@ the starting line, whose trainers start only once the go is in their metadata; r
 more invariants: never two trainers of one job past the line at once (``two_trainers``), never a go
 from older than the newest complete checkpoint at that moment (``stale_start``).
 
+Issue 38's: a share of the TPU jobs run on TPU slices in Compute Engine (``tpu.machine_type``: one
+instance, or a MIG of hosts; Spot, standard, a list to step down, Flex-start waiting for capacity) over
+the fake slices gateway (``MemorySlices``): a host preempted, in maintenance, in error, stopped or
+crashed (the slice TERMINATED with Compute's cause), a host REPAIRING, STOPPING or in a status this code
+does not know, the slice deleted by someone else, stockouts, quota limits with slow deletes, held
+creates, failing calls and lists, unreachable zones, slices that are not the controller's; specs moved
+between the two TPU APIs. The orphan invariant covers slices (found through
+respawn/tpu-slice-zones.json once a job folder is gone), and no TPU node is created where that record
+(or respawn/tpu-zones.json) does not name its zone.
+
 Every step is followed by the invariant checks; the end of a run lets the world settle
 without faults and checks that every job ended or runs, and nothing was leaked.
 The controller's actions are deterministic per seed (``random.Random``, a fake clock, passes on
