@@ -649,10 +649,12 @@ def _launch(v: JobView, spec: JobSpec, st: JobStatus, why: str, now: datetime, c
         # A TPU node holds its zone's TPU quota until it is gone, not only until its delete is
         # accepted (it is DELETING for a minute or more): a create beside it fails on quota,
         # which must not read as a stockout. So the next node waits for every node of this job
-        # to be gone (one still alive, always: never two live attempts); not forever for one
-        # that is down (a delete that keeps failing): after _SETTLE_LIMIT it is created anyway,
-        # and a quota error then names the node that holds it.
-        if any(i.status.alive for i in husks) or now - since < _SETTLE_LIMIT:
+        # to be gone (one that may yet be READY, always: never two live attempts; REPAIRING, a
+        # state Google adds later, a slice's host STOPPING are waited for as one alive is); not
+        # forever for one that is down or DELETING (a delete that keeps failing, or slow): after
+        # _SETTLE_LIMIT it is created anyway, and a quota error then names the node that holds it.
+        if any(not (i.status.down or i.status == InstanceStatus.DEPROVISIONING) for i in husks) \
+                or now - since < _SETTLE_LIMIT:
             return _await_husks(v, st, husks, why, now)
         why = f"{why}; {', '.join(i.name for i in husks)} still not gone after {fmt(_SETTLE_LIMIT)}, creating anyway"
     if spec.checkpoint and v.checkpoint_loaded and v.checkpoint_error:

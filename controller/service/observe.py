@@ -366,9 +366,12 @@ class Observer:
             tpu_unreachable = tuple(dict.fromkeys((*unreachable, *tpus.unreachable)))
             tpu_unseen = tuple(sorted({*unseen, *tpus.failed_projects}))
             tpu_why = {**{p: f"TPU nodes: {w}" for p, w in tpus.failed_projects.items()}, **why}
+            # A job whose folder is gone whole says nothing of what it ran on: a TPU node of it may be
+            # there unseen, holding quota (and its sweep slot), so a failed TPU list blinds it too.
             views = {n: replace(v, unreachable=tpu_unreachable, unseen_projects=tpu_unseen, unseen_why=tpu_why,
                                 denied_zones=tpus.denied)
-                     if _on_tpu(v) else replace(v, unreachable=unreachable, unseen_projects=unseen, unseen_why=why)
+                     if _on_tpu(v) or (not v.has_spec and v.status is None)
+                     else replace(v, unreachable=unreachable, unseen_projects=unseen, unseen_why=why)
                      for n, v in views.items()}
             order_ = sorted(views)
             found_views = fanout.each(order_, lambda n: self._guarded(failed, n, self._evidence, views[n], side,

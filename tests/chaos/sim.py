@@ -36,6 +36,16 @@ the starting line, whose trainers start only once the go is in their metadata; r
 more invariants: never two trainers of one job past the line at once (``two_trainers``), never a go
 from older than the newest complete checkpoint at that moment (``stale_start``).
 
+Issue 38's: a share of the TPU jobs run on TPU slices in Compute Engine (``tpu.machine_type``: one
+instance, or a MIG of hosts; Spot, standard, a list to step down, Flex-start waiting for capacity) over
+the fake slices gateway (``MemorySlices``): a host preempted, in maintenance, in error, stopped or
+crashed (the slice TERMINATED with Compute's cause), a host REPAIRING, STOPPING or in a status this code
+does not know, the slice deleted by someone else, stockouts, quota limits with slow deletes, held
+creates, failing calls and lists, unreachable zones, slices that are not the controller's; specs moved
+between the two TPU APIs. The orphan invariant covers slices (found through
+respawn/tpu-slice-zones.json once a job folder is gone), and no TPU node is created where that record
+(or respawn/tpu-zones.json) does not name its zone.
+
 Every step is followed by the invariant checks; the end of a run lets the world settle
 without faults and checks that every job ended or runs, and nothing was leaked.
 The controller's actions are deterministic per seed (``random.Random``, a fake clock, passes on
@@ -47,6 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import logging
 import random
@@ -62,8 +73,9 @@ from typing import Any
 
 from controller.core import audit, errors, names, notify
 from controller.service import observe as observe_module
-from controller.adapters.memory import (MemoryAdvisor, MemoryAuditLog, MemoryCompute, MemoryPublisher, MemoryStore,
-                                       MemoryTpu, MemoryWebhook)
+from controller.service import tpuzones
+from controller.adapters.memory import (MemoryAdvisor, MemoryAuditLog, MemoryCompute, MemoryPublisher, MemorySlices,
+                                       MemoryStore, MemoryTpu, MemoryWebhook)
 from controller.core.clock import FakeClock
 from controller.service.engine import Engine, Summary
 from controller.service.executor import Executor
@@ -108,6 +120,15 @@ ZONES = ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f")
 TPU_ZONES = ("us-central2-b", "us-east5-a", "europe-west4-a", "us-central1-a")
 TPU_TYPES = ("v4-8", "v4-16", "v5litepod-8", "v5litepod-16", "v6e-4")
 TPU_SHARE = 0.3  # of the generated jobs (and of a resubmit that changes the kind)
+# Issue 38: TPU slices in Compute Engine (``tpu.machine_type``), a share of the TPU jobs: machine type
+# -> (the zones it is offered in here, its topologies: None or one host's own is a single instance,
+# a bigger one a MIG of hosts). us-central1-a/b/c are VM zones too (a spec moved between kinds).
+SLICE_SHARE = 0.4
+SLICE_MACHINES: dict[str, tuple[tuple[str, ...], tuple[str | None, ...]]] = {
+    "tpu7x-standard-4t": (("us-central1-c",), (None, "2x2x1", "2x2x2", "2x2x2", "2x2x4")),
+    "ct6e-standard-4t": (("us-central1-b", "us-east1-d"), (None, "4x4", "4x4")),
+    "ct5p-hightpu-4t": (("us-central1-a",), ("2x2x2",)),
+}
 # The kinds on the last line, in its order; "budgets" is reported on the line before it.
 KINDS = ("duplicates", "lost", "leaked", "foreign_deletes", "restarted_finished", "stuck", "crashes",
          "notified_twice", "ledger", "orphan_tpu", "own_step_down", "slow_pass", "two_trainers", "stale_start",
@@ -145,6 +166,18 @@ TPU_GLITCHES = (
     ("state", "HIDDEN", "running"),
     ("state", "STATE_FROM_THE_FUTURE", "running"),  # a state Google adds later: waited out
     ("state", "STATE_FROM_THE_FUTURE", "terminated"),
+    ("state", "STOPPING", "stopped"),
+    ("state", "DELETING", "vanish"),
+)
+# The same for a slice in Compute Engine, as its adapter reads its hosts (``ports.SLICE_STATE``;
+# health always HEALTHY): a host REPAIRING, a status this code does not know, one STOPPING, the MIG
+# deleted by someone. Fates: "running", "host_error" / "stopped" (a host TERMINATED, with
+# Compute's cause), "vanish".
+SLICE_GLITCHES = (
+    ("state", "REPAIRING", "running"),
+    ("state", "REPAIRING", "host_error"),
+    ("state", "STATE_FROM_THE_FUTURE", "running"),
+    ("state", "STATE_FROM_THE_FUTURE", "host_error"),
     ("state", "STOPPING", "stopped"),
     ("state", "DELETING", "vanish"),
 )
@@ -189,6 +222,7 @@ class Trainer:
     end: str = ""  # why it is done: success | failed | crashed | lost | deleted | <VM status>
     tpu: bool = False  # worker 0 of a TPU node (``workers`` hosts), which no worker powers off
     workers: int = 1
+    api: str = "tpu"  # a TPU node's API: "compute" for a slice in Compute Engine
     # The insert that made its VM: a gang's nodes break together only with the nodes made beside them
     # (an attempt inserted again in another zone is another gang, whose nodes never met the first's).
     made_by: str = ""
@@ -203,6 +237,7 @@ class Glitch:
     until: int  # the step it ends at
     tpu: str = ""  # a TPU node's glitch: the field set ("state" or "health"), ``value`` its value
     value: str = ""
+    api: str = "tpu"  # a TPU node's: the Cloud TPU API's, or a slice in Compute Engine ("compute")
 
 
 @dataclass(frozen=True)
@@ -213,8 +248,9 @@ class TpuSeen:
     node: TpuNode
     request: TpuRequest | None
     held: bool  # its create operation is still running
-    queued: bool  # created through a queued resource
+    queued: bool  # created through a queued resource (a Flex-start slice in Compute Engine too)
     real: bool  # a node exists (not a queued resource waiting for one)
+    api: str = "tpu"  # "tpu": the Cloud TPU API's node (``Run.tpu``); "compute": a slice (``Run.slices``)
 
 
 @dataclass
@@ -363,6 +399,10 @@ class Run:
         self.audit_handed = 0  # entries of the log already turned into messages
         self.audit_queue: list[dict[str, Any]] = []  # messages on their way (delivered in any order)
         self.tpu = MemoryTpu(self.clock)
+        # TPU slices in Compute Engine (issue 38), ids apart from the Cloud TPU nodes' (trainers,
+        # glitches and orphans are told apart by name and id).
+        self.slices = MemorySlices(self.clock)
+        self.slices._ids = itertools.count(5_000_000_000_000_000_001)
         self.advisor = MemoryAdvisor(self.compute)
         self.advisor.rates.update({z: self.rng.choice([0.0, 0.05, 0.3, 0.8]) for z in ZONES})
         # Notifications: the controller's topic, sometimes its webhook too, and jobs' own (their
@@ -386,6 +426,7 @@ class Run:
         self.glitches: list[Glitch] = []
         self.foreign: list[str] = []
         self.foreign_tpu: list[str] = []
+        self.foreign_slices: list[str] = []
         self.attempt_nodes: dict[tuple[str, int], int] = {}
         self.tokens: dict[tuple[str, int], str] = {}
         # Which job the executor is acting for, per thread: a pass fanned out over threads (WORKERS)
@@ -495,43 +536,60 @@ class Run:
             name = rng.choice([f"notebook-{i}", f"{job}-dev-{i}", f"{job}-x{i}"])
             self.compute.add_foreign(PROJECT, zone, name, labels, age=timedelta(days=3))
             self.foreign.append(name)
-        tpu_jobs = [j for j in job_names if "tpu" in self.jobs[j].doc]
-        if tpu_jobs:
-            # TPU nodes that are not the controller's, in zones its TPU jobs list (look-alike labels too).
-            zones = sorted({z for j in tpu_jobs for z in self.jobs[j].doc["zones"]})
-            for i in range(rng.randint(1, 2)):
-                job = rng.choice(tpu_jobs)
-                labels = rng.choice([
-                    {},
-                    {"team": "research"},
-                    {names.JOB_LABEL: job, names.ATTEMPT_LABEL: "1"},
-                    {names.MANAGED_LABEL: "false", names.JOB_LABEL: job, names.ATTEMPT_LABEL: "2"},
-                    {names.MANAGED_LABEL: "TRUE", names.JOB_LABEL: job, names.ATTEMPT_LABEL: "1"},
-                ])
-                name = rng.choice([f"tpu-notebook-{i}", f"{job}-dev-{i}", f"{job}-x{i}"])
-                self.tpu.add_foreign(PROJECT, rng.choice(zones), name, labels)
-                self.foreign_tpu.append(name)
-                self.stats["tpu.foreign"] += 1
-        if tpu_jobs and rng.random() < 0.5:
-            # TPU quota a few nodes deep, and deletes that take their time: a node being deleted
-            # (DELETING) still holds its zone's quota, the job's own husk included.
-            zones = sorted({z for j in tpu_jobs for z in self.jobs[j].doc["zones"]})
-            for zone in zones:
-                for spot in (True, False):
-                    if rng.random() < 0.6:
-                        self.tpu.quota_limit[(zone, spot)] = rng.choice([0, 1, 1, 2])  # 0: none of that model here
-            self.tpu.delete_seconds = rng.choice([90.0, 90.0, 300.0, 900.0, 1800.0])  # over 600: past the wait for husks
-            self.stats["tpu.env_quota_limits"] += bool(self.tpu.quota_limit)
-            self.stats["tpu.env_slow_deletes"] += self.tpu.delete_seconds > 90
+        for fake, api, foreign in ((self.tpu, "tpu", self.foreign_tpu), (self.slices, "compute", self.foreign_slices)):
+            self.tpu_trouble(fake, api, foreign, [j for j in job_names if _api(self.jobs[j].doc) == api])
         self.stats[f"notify.webhook_{self.webhook_mode}"] += 1
         shown = ", ".join(f"{j} ({_kind(s.doc)})" for j, s in self.jobs.items())
         self.say(f"setup: jobs {shown}; foreign VMs {', '.join(self.foreign)}"
-                 f"{'; foreign TPU nodes ' + ', '.join(self.foreign_tpu) if self.foreign_tpu else ''}")
+                 f"{'; foreign TPU nodes ' + ', '.join(self.foreign_tpu) if self.foreign_tpu else ''}"
+                 f"{'; foreign TPU slices ' + ', '.join(self.foreign_slices) if self.foreign_slices else ''}")
         for job in job_names:
             self.submit(job, self.jobs[job].doc)
 
-    def spec_doc(self, job: str, tpu: bool = False) -> dict[str, Any]:
+    def tpu_trouble(self, fake: MemoryTpu, api: str, foreign: list[str], tpu_jobs: list[str]) -> None:
+        """One TPU API's trouble for the run's jobs on it (the Cloud TPU API's nodes, or Compute
+        Engine's slices): nodes that are not the controller's, quota, slow deletes."""
+        if not tpu_jobs:
+            return
         rng = self.rng
+        prefix = "tpu" if api == "tpu" else "slice"
+        # TPU nodes that are not the controller's, in zones its TPU jobs list (look-alike labels too;
+        # a slice's own label naming it, which in Compute Engine alone never makes it the controller's).
+        zones = sorted({z for j in tpu_jobs for z in self.jobs[j].doc["zones"]})
+        for i in range(rng.randint(1, 2)):
+            job = rng.choice(tpu_jobs)
+            labels = rng.choice([
+                {},
+                {"team": "research"},
+                {names.JOB_LABEL: job, names.ATTEMPT_LABEL: "1"},
+                {names.MANAGED_LABEL: "false", names.JOB_LABEL: job, names.ATTEMPT_LABEL: "2"},
+                {names.MANAGED_LABEL: "TRUE", names.JOB_LABEL: job, names.ATTEMPT_LABEL: "1"},
+                *([{"respawn-slice": f"{job}-1", names.JOB_LABEL: job, names.ATTEMPT_LABEL: "1"}]
+                  if api == "compute" else []),
+            ])
+            name = rng.choice([f"tpu-notebook-{i}", f"{job}-dev-{i}", f"{job}-x{i}"])
+            fake.add_foreign(PROJECT, rng.choice(zones), name, labels)
+            foreign.append(name)
+            self.stats[f"{prefix}.foreign"] += 1
+        if rng.random() < 0.5:
+            # TPU quota a few nodes deep, and deletes that take their time: a node being deleted
+            # (DELETING) still holds its zone's quota, the job's own husk included.
+            for zone in zones:
+                for spot in (True, False):
+                    if rng.random() < 0.6:
+                        fake.quota_limit[(zone, spot)] = rng.choice([0, 1, 1, 2])  # 0: none of that model here
+            fake.delete_seconds = rng.choice([90.0, 90.0, 300.0, 900.0, 1800.0])  # over 600: past the wait for husks
+            self.stats[f"{prefix}.env_quota_limits"] += bool(fake.quota_limit)
+            self.stats[f"{prefix}.env_slow_deletes"] += fake.delete_seconds > 90
+
+    def spec_doc(self, job: str, tpu: bool = False, api: str | None = None) -> dict[str, Any]:
+        """A job's spec: VMs, a Cloud TPU node (``api`` "tpu") or a TPU slice in Compute Engine
+        ("compute"; None: either, by SLICE_SHARE)."""
+        rng = self.rng
+        if tpu and api is None:
+            api = "compute" if rng.random() < SLICE_SHARE else "tpu"
+        if tpu and api == "compute":
+            return self.slice_doc(job)
         zones = rng.sample(TPU_ZONES if tpu else ZONES, rng.randint(1, 3))
         policy: dict[str, Any] = {
             "max_restarts": rng.randint(2, 8),
@@ -591,6 +649,60 @@ class Run:
             "command": "python train.py",
             "service_account": {"email": f"trainer@{PROJECT}.iam.gserviceaccount.com"},
             "nodes": 1 if rng.random() < 0.55 or "flex-start" in extra.get("provisioning", ()) else rng.randint(2, 3),
+            "checkpoint": {"uri": f"gs://{CKPT_BUCKET}/{job}/run"},
+            "policy": policy,
+        }
+
+    def slice_block(self) -> tuple[dict[str, Any], list[str]]:
+        """A ``tpu:`` block for a slice in Compute Engine, and zones it is offered in."""
+        rng = self.rng
+        machine = rng.choice(sorted(SLICE_MACHINES))
+        offered, topologies = SLICE_MACHINES[machine]
+        block: dict[str, Any] = {"machine_type": machine}
+        if (topology := rng.choice(topologies)) is not None:
+            block["topology"] = topology
+        return block, rng.sample(offered, rng.randint(1, len(offered)))
+
+    def slice_doc(self, job: str) -> dict[str, Any]:
+        """A job on a TPU slice in Compute Engine (issue 38): one instance or a MIG of hosts, Spot or
+        standard, a list to step down (and back up), or Flex-start waiting for capacity."""
+        rng = self.rng
+        block, zones = self.slice_block()
+        policy: dict[str, Any] = {
+            "max_restarts": rng.randint(2, 8),
+            "max_failures": rng.randint(1, 3),
+            "crash_loop_failures": rng.randint(2, 4),
+            "idle_timeout": rng.choice(["10m", "15m", "20m"]),
+            "startup_grace": rng.choice(["2m", "5m"]),
+            "backoff": {"initial": "30s", "max": rng.choice(["1m", "2m", "5m"])},
+            "zone_cooldown": rng.choice(["3m", "5m", "10m"]),
+            "termination_action": rng.choice(["stop", "delete"]),
+            "maintenance_timeout": rng.choice(["20m", "40m", "1h"]),
+        }
+        if rng.random() < 0.15:
+            policy["max_instance_age"] = rng.choice(["1h", "2h"])
+        if rng.random() < 0.1:
+            policy["max_runtime"] = rng.choice(["3h", "6h"])
+        extra: dict[str, Any] = {}
+        provisioning = rng.choice([None, None, ["standard"], ["flex-start"], ["spot", "standard"], ["spot", "standard"],
+                                   ["spot", "standard", "flex-start"], ["spot", "flex-start"], ["standard", "flex-start"]])
+        if provisioning is not None:
+            extra["provisioning"] = provisioning
+        if provisioning is not None and len(provisioning) > 1:
+            policy["fallback"] = {"stockouts": rng.randint(1, 3), "wait": rng.choice(["5m", "20m"]),
+                                  "step_up_after": rng.choice(["10m", "20m", "30m", "2h"])}
+        if "flex-start" in (provisioning or ()):
+            policy["max_run_duration"] = rng.choice(["3d", "2h"])  # Compute deletes it after that (not modelled)
+        if rng.random() < 0.3:
+            extra["placement"] = "ordered"
+        if rng.random() < 0.2:
+            extra["notify"] = {"webhook": f"https://hooks.slack.com/services/T000/B000/{job}"}
+        return {
+            **extra,
+            "zones": zones,
+            "tpu": block,
+            "command": "python train.py",
+            "service_account": {"email": f"trainer@{PROJECT}.iam.gserviceaccount.com"},
             "checkpoint": {"uri": f"gs://{CKPT_BUCKET}/{job}/run"},
             "policy": policy,
         }
@@ -774,7 +886,7 @@ class Run:
         writes only a failure, to its own record; no worker powers off. A host
         that goes down breaks the slice (TIMEOUT); a broken runtime is UNHEALTHY_TENSORFLOW."""
         js = self.jobs[t.job]
-        self.stats[f"tpu.exit_{outcome}"] += 1
+        self.stats[f"{'slice' if t.api == 'compute' else 'tpu'}.exit_{outcome}"] += 1
         if outcome == "success":
             js.finished.add(t.attempt)
             self.say(f"{t.name}: every worker of {t.workers} exits 0")
@@ -797,6 +909,17 @@ class Run:
             self.event(t.job)
             return
         t.state = "hung"
+        if t.api == "compute":  # a slice's hosts: no health; a host's guest crashes, or the trainer hangs
+            if outcome == "crash" or self.rng.random() < 0.5:
+                self.stats["slice.host_crash"] += 1
+                js.causes[t.attempt].append(f"{t.name} a host's guest crashes")
+                self.say(f"{t.name}: a host's guest crashes (TERMINATED, guestTerminate)")
+                t.state, t.end = "done", "crashed"
+                self.slices.lose(t.name, StopReason.CRASHED)
+            else:
+                js.causes[t.attempt].append("hang")
+                self.say(f"{t.name}: hangs (no more heartbeats)")
+            return
         if outcome == "crash" or self.rng.random() < 0.5:
             health = NodeHealth.TIMEOUT if outcome == "crash" else NodeHealth.UNHEALTHY_TENSORFLOW
             self.stats[f"tpu.health_{health.value.lower()}"] += 1
@@ -839,7 +962,7 @@ class Run:
             if t and t.state == "running" and t.rank == 0 and self.rng.random() < 0.5:
                 self.checkpoint(t.job, complete=self.rng.random() < 0.7)  # the SIGTERM save, maybe cut off
             self.record(names.marker_key(inst.job or ""), t or self.vm_identity(inst), reason="preempted")
-        self.stats[f"{'tpu' if inst.tpu else 'fault'}.preempt_{'graceful' if graceful else 'hard'}"] += 1
+        self.stats[f"{_prefix(inst)}.preempt_{'graceful' if graceful else 'hard'}"] += 1
         if js:
             js.preempted.add(inst.attempt)
             js.lost.add(inst.attempt)
@@ -848,7 +971,8 @@ class Run:
             t.state, t.end = "done", "lost"
         self.say(f"{inst.name}: preempted ({'marker first' if graceful else 'hard: no marker'}, {inst.status})")
         if inst.tpu:
-            self.tpu.preempt(inst.name)  # PREEMPTED (its queued resource SUSPENDED)
+            # A node PREEMPTED (its queued resource SUSPENDED); a slice's host TERMINATED, preempted.
+            self.fake(inst).preempt(inst.name)
         else:
             self.compute.preempt(inst.name)
         if graceful:
@@ -951,6 +1075,8 @@ class Run:
         """What the TPU service does to a READY node: maintenance TERMINATES it (the shutdown
         script may write a maintenance marker first), someone deletes it, or maintenance is
         announced (or withdrawn), which costs nothing."""
+        if inst.tpu_api == "compute":
+            return self.slice_platform(inst, t)
         how = self.rng.choices(["terminated", "vanish", "announce"], [5, 2, 2])[0]
         self.stats[f"tpu.{how}"] += 1
         if how == "announce":
@@ -975,12 +1101,39 @@ class Run:
         else:
             self.tpu_vanish(inst)
 
+    def slice_platform(self, inst: Instance, t: Trainer | None) -> None:
+        """What Compute Engine does to a host of a running slice: host maintenance or a host error
+        TERMINATES it (maintenance: the shutdown script may write its marker first), or a person
+        stops it, or deletes the slice (its MIG, or its one instance)."""
+        how = self.rng.choices(["maintenance", "host_error", "stopped", "vanish"], [4, 4, 1, 1])[0]
+        self.stats[f"slice.{how}"] += 1
+        if js := self.jobs.get(inst.job or ""):
+            js.lost.add(inst.attempt)
+            js.causes[inst.attempt].append(f"{inst.name} a host: {how}")
+        if t:
+            t.state, t.end = "done", "lost"
+        self.say(f"{inst.name}: {'deleted by someone else' if how == 'vanish' else 'a host ' + how}")
+        if how == "vanish":
+            return self.tpu_vanish(inst)
+        graceful = how == "maintenance" and self.rng.random() < 0.5
+        if graceful:
+            self.record(names.marker_key(inst.job or ""), t or self.tpu_identity(inst), reason="maintenance")
+        why = {"maintenance": StopReason.MAINTENANCE, "host_error": StopReason.HOST_ERROR,
+               "stopped": StopReason.STOPPED}[how]
+        self.slices.lose(inst.name, why)
+        if graceful:
+            self.event(inst.job or "")
+
     def tpu_vanish(self, inst: Instance) -> None:
         """The node is gone without a word; a queued resource's is deleted by the service (SUSPENDED)."""
         key = (inst.project, inst.zone, inst.name)
-        with self.tpu._lock:
-            self.tpu._nodes.pop(key, None)
-            if (queued := self.tpu._queued.get(key)) is not None:
+        fake = self.fake(inst)
+        with fake._lock:
+            fake._nodes.pop(key, None)
+            if inst.tpu_api == "compute":  # a slice deleted (its MIG, or its instance): nothing is left
+                fake._queued.pop(key, None)
+                return
+            if (queued := fake._queued.get(key)) is not None:
                 queued.state = QueuedState.SUSPENDED
                 if js := self.jobs.get(inst.job or ""):
                     js.preempted.add(inst.attempt)  # reads as a preemption (README: SUSPENDED)
@@ -1015,7 +1168,8 @@ class Run:
         self.compute.set_status(inst.name, status)
 
     def tpu_glitch(self, inst: Instance) -> None:
-        what, value, fate = self.rng.choice(TPU_GLITCHES)
+        compute = inst.tpu_api == "compute"
+        what, value, fate = self.rng.choice(SLICE_GLITCHES if compute else TPU_GLITCHES)
         t = self.trainers.get((inst.name, inst.id))
         js = self.jobs.get(inst.job or "")
         if js and value != "HEALTH_FROM_THE_FUTURE":
@@ -1025,32 +1179,39 @@ class Run:
                 js.causes[inst.attempt].append(f"{inst.name} {what} {value} then {fate}")
         if fate != "running" and t:
             t.state, t.end = "done", "lost"
-        self.stats[f"tpu.{what}_{value.lower()}"] += 1
-        self.stats[f"tpu.fate_{fate}"] += 1
+        self.stats[f"{_prefix(inst)}.{what}_{value.lower()}"] += 1
+        self.stats[f"{_prefix(inst)}.fate_{fate}"] += 1
         until = self.step_no + self.rng.randint(1, 8)
-        self.glitches.append(Glitch(inst.name, inst.id, inst.status, fate, until, tpu=what, value=value))
-        self.say(f"{inst.name}: TPU {what} {value} until step {until}, then {fate}")
+        self.glitches.append(Glitch(inst.name, inst.id, inst.status, fate, until, tpu=what, value=value,
+                                    api=inst.tpu_api))
+        self.say(f"{inst.name}: TPU {'slice ' if compute else ''}{what} {value} until step {until}, then {fate}")
         if what == "state":
-            self.tpu.set_state(inst.name, value)
+            self.fake(inst).set_state(inst.name, value)
         else:
-            self.tpu.set_health(inst.name, value)
+            self.fake(inst).set_health(inst.name, value)
 
     def end_tpu_glitch(self, g: Glitch) -> None:
-        seen = next((s for s in self.tpu_seen() if s.real and (s.inst.name, s.inst.id) == (g.name, g.iid)), None)
+        seen = next((s for s in self.tpu_seen()
+                     if s.real and (s.inst.name, s.inst.id, s.api) == (g.name, g.iid, g.api)), None)
         now = None if seen is None else seen.node.state if g.tpu == "state" else seen.node.health
         set_to = NodeState.of(g.value) if g.tpu == "state" else NodeHealth.of(g.value)
         if seen is None or now != set_to or g.fate == "stays":
             return
         self.say(f"{g.name}: TPU {g.tpu} {g.value} over: {g.fate}")
+        fake = self.fake(seen.inst)
         if g.fate == "running":
             if g.tpu == "state":
-                self.tpu.set_state(g.name, NodeState.READY)
+                fake.set_state(g.name, NodeState.READY)
             else:
-                self.tpu.set_health(g.name, NodeHealth.HEALTHY)
+                fake.set_health(g.name, NodeHealth.HEALTHY)
+        elif g.fate == "host_error":  # a slice's host: TERMINATED, Compute's record says why
+            self.slices.lose(g.name, StopReason.HOST_ERROR)
+        elif g.fate == "stopped" and g.api == "compute":
+            self.slices.lose(g.name, StopReason.STOPPED)
         elif g.fate == "terminated":
-            self.tpu.set_state(g.name, NodeState.TERMINATED)
+            fake.set_state(g.name, NodeState.TERMINATED)
         elif g.fate == "stopped":
-            self.tpu.set_state(g.name, NodeState.STOPPED)
+            fake.set_state(g.name, NodeState.STOPPED)
         else:
             self.tpu_vanish(seen.inst)
 
@@ -1112,42 +1273,58 @@ class Run:
             self.say(f"{'GPUs' if full else 'Spot'} run short in every zone")
 
     def tpu_zone(self) -> None:
-        """Trouble in a TPU zone: a stockout (a queued resource waits it out), quota, a zone
-        that does not answer the list; or the project's TPU list refused (403: the API off)."""
+        """Trouble in a TPU zone: a stockout (a queued resource or a Flex-start slice waits it out),
+        quota, a zone that does not answer the list; or the project's TPU list refused (403: the
+        API off). On the Cloud TPU API's side or on Compute Engine's slices'."""
+        fake, api = self.tpu_side()
+        prefix = "tpu" if api == "tpu" else "slice"
         what = self.rng.choice(["stockouts", "stockouts", "quota_exhausted", "quota_exhausted", "unreachable",
                                 "failing_projects"])
         if what == "failing_projects":
-            if PROJECT in self.tpu.failing_projects:
-                self.tpu.failing_projects.discard(PROJECT)
-                self.say("TPU list of the project answers again")
+            if PROJECT in fake.failing_projects:
+                fake.failing_projects.discard(PROJECT)
+                self.say(f"{prefix.upper()} list of the project answers again")
             else:
-                self.tpu.failing_projects.add(PROJECT)
-                self.stats["tpu.env_failing_project"] += 1
-                self.say("TPU list of the project refused (403)")
+                fake.failing_projects.add(PROJECT)
+                self.stats[f"{prefix}.env_failing_project"] += 1
+                self.say(f"{prefix.upper()} list of the project refused (403)")
             return
-        zones: set[str] = getattr(self.tpu, what)
+        zones: set[str] = getattr(fake, what)
         on = not (zones and self.rng.random() < 0.5)
-        used = sorted({z for js in self.jobs.values() if "tpu" in js.doc for z in js.doc["zones"]})
+        used = sorted({z for js in self.jobs.values() if _api(js.doc) == api for z in js.doc["zones"]})
         if not on:
             zone = self.rng.choice(sorted(zones))
         else:  # mostly where the TPU jobs are
-            zone = self.rng.choice(used if used and self.rng.random() < 0.8 else TPU_ZONES)
+            zone = self.rng.choice(used if used and self.rng.random() < 0.8 else TPU_ZONES if api == "tpu" else
+                                   sorted({z for offered, _ in SLICE_MACHINES.values() for z in offered}))
         if on:
-            self.stats[f"tpu.env_{what}"] += 1
-        self.say(f"TPU {zone}: {what}{'' if on else ' over'}")
+            self.stats[f"{prefix}.env_{what}"] += 1
+        self.say(f"{prefix.upper()} {zone}: {what}{'' if on else ' over'}")
         if what == "stockouts":
-            self.tpu.stockout(zone, on)  # the queue gives waiting resources their nodes when it ends
+            fake.stockout(zone, on)  # the queue gives waiting resources their nodes when it ends
         elif what == "quota_exhausted":
-            self.tpu.quota(zone, on)
+            fake.quota(zone, on)
         else:
             (zones.add if on else zones.discard)(zone)
+
+    def tpu_side(self) -> tuple[MemoryTpu, str]:
+        """Which TPU API's trouble: the one this run's TPU jobs use (either, when both are)."""
+        sides = [(fake, api) for fake, api in ((self.tpu, "tpu"), (self.slices, "compute"))
+                 if any(_api(js.doc) == api for js in self.jobs.values())
+                 or any(s.inst.managed for s in self.tpu_seen() if s.api == api)]
+        if len(sides) == 2:
+            return sides[self.rng.random() < 0.5]
+        return sides[0] if sides else (self.tpu, "tpu")
 
     def step_tpu_api(self) -> None:
         """The TPU API's next list, create or delete fails (a transient 503, or a refusal); or a
         queued resource still waiting for capacity FAILS for good (its time constraint expired)."""
         if not self.tpu_jobs():
             return self.step_tick()
-        waiting = [s for s in self.tpu_seen() if not s.real and s.inst.managed
+        fake, api = self.tpu_side()
+        if api == "compute":
+            return self.fail_next(fake, "slice", "Compute Engine (slices)")
+        waiting = [s for s in self.tpu_seen() if not s.real and s.inst.managed and s.api == "tpu"
                    and s.node.queued == QueuedState.WAITING_FOR_RESOURCES]
         if waiting and self.rng.random() < 0.4:
             inst = self.rng.choice(waiting).inst
@@ -1160,17 +1337,21 @@ class Run:
                 self.tpu._queued[(inst.project, inst.zone, inst.name)].state = QueuedState.FAILED
             self.event(inst.job or "")
             return
+        self.fail_next(fake, "tpu", "TPU API")
+
+    def fail_next(self, fake: MemoryTpu, prefix: str, shown: str) -> None:
+        """The API's next list, create or delete fails (a transient 503, or a refusal)."""
         op = self.rng.choice(["list", "list", "create", "delete"])
         error: Exception = self.rng.choice([
-            errors.TransientError(f"injected TPU {op}: 503 backend error"),
-            errors.TransientError(f"injected TPU {op}: deadline exceeded"),
-            errors.RequestError(f"injected TPU {op}: 403 permission denied")
-            if op != "create" else errors.RequestError("injected TPU create: 400 runtime version not offered here"),
+            errors.TransientError(f"injected {prefix.upper()} {op}: 503 backend error"),
+            errors.TransientError(f"injected {prefix.upper()} {op}: deadline exceeded"),
+            errors.RequestError(f"injected {prefix.upper()} {op}: 403 permission denied")
+            if op != "create" else errors.RequestError(f"injected {prefix.upper()} create: 400 not offered here"),
         ])
         times = self.rng.randint(1, 2)
-        self.stats[f"tpu.env_fail_{op}"] += 1
-        self.say(f"TPU API: the next {times} {op} call(s) fail: {error}")
-        self.tpu.faults.fail_next(op, error, times)
+        self.stats[f"{prefix}.env_fail_{op}"] += 1
+        self.say(f"{shown}: the next {times} {op} call(s) fail: {error}")
+        fake.faults.fail_next(op, error, times)
 
     def step_inserts(self) -> None:
         """Insert operations outlive the adapter's wait (OperationPending), then finish: maybe a late stockout."""
@@ -1186,33 +1367,36 @@ class Run:
         self.release_inserts()
 
     def tpu_hold(self) -> None:
-        """TPU create operations stay running (the node CREATING, the queue standing still), then finish."""
-        if not self.tpu.hold:
-            self.stats["tpu.env_hold"] += 1
-            self.say("TPU create operations now outlive the wait (CREATING)")
-            self.tpu.hold_operations(True)
+        """TPU create operations stay running (the node CREATING, the queue standing still; a slice's
+        MIG still making its hosts), then finish."""
+        fake, api = self.tpu_side()
+        if not fake.hold:
+            self.stats[f"{'tpu' if api == 'tpu' else 'slice'}.env_hold"] += 1
+            self.say(f"{'TPU' if api == 'tpu' else 'TPU slice'} create operations now outlive the wait (CREATING)")
+            fake.hold_operations(True)
             return
-        self.release_tpu()
+        self.release_tpu(fake, api)
 
-    def release_tpu(self) -> None:
-        if not self.tpu.hold:
+    def release_tpu(self, fake: MemoryTpu, api: str) -> None:
+        if not fake.hold:
             return
-        pending = [s.inst for s in self.tpu_seen() if s.held and s.inst.managed]
+        prefix = "tpu" if api == "tpu" else "slice"
+        pending = [s.inst for s in self.tpu_seen() if s.held and s.inst.managed and s.api == api]
         if pending and self.faults_on and self.rng.random() < 0.5:  # capacity ran out while they waited
             zone = self.rng.choice(pending).zone
-            self.tpu.stockout(zone)
-            self.stats["tpu.env_stockouts"] += 1
-            self.say(f"TPU {zone}: stockouts (while creates were held)")
-        self.tpu.hold_operations(False)
-        after = {(s.inst.name, s.inst.id) for s in self.tpu_seen() if s.real}
+            fake.stockout(zone)
+            self.stats[f"{prefix}.env_stockouts"] += 1
+            self.say(f"{prefix.upper()} {zone}: stockouts (while creates were held)")
+        fake.hold_operations(False)
+        after = {(s.inst.name, s.inst.id) for s in self.tpu_seen() if s.real and s.api == api}
         late = [i for i in pending if (i.name, i.id) not in after]
-        self.stats["tpu.late_stockout"] += bool(late)
+        self.stats[f"{prefix}.late_stockout"] += bool(late)
         for i in late:  # nodes that existed (CREATING) and then went: to a pass that saw them, a lost attempt
             if js := self.jobs.get(i.job or ""):
                 js.lost.add(i.attempt)
                 js.causes[i.attempt].append(f"{i.name} removed by a late stockout")
         gone = f"; late stockout removes {', '.join(i.name for i in late)}" if late else ""
-        self.say(f"held TPU creates finish{gone}")
+        self.say(f"held {prefix.upper()} creates finish{gone}")
 
     def release_inserts(self) -> None:
         if not getattr(self.compute, "hold_inserts", False):
@@ -1248,7 +1432,13 @@ class Run:
             doc = json.loads(json.dumps(js.doc))
             tpu = "tpu" in doc
             change = self.rng.choices(["same", "size", "termination", "budget", "zones", "kind"], [2, 2, 2, 2, 2, 1])[0]
-            if change == "size" and tpu:
+            if change in ("size", "zones") and _api(doc) == "compute":  # another slice, where it is offered
+                if change == "size":
+                    doc["tpu"], doc["zones"] = self.slice_block()
+                else:
+                    offered = SLICE_MACHINES[doc["tpu"]["machine_type"]][0]
+                    doc["zones"] = self.rng.sample(offered, self.rng.randint(1, len(offered)))
+            elif change == "size" and tpu:
                 doc["tpu"]["type"] = self.rng.choice(TPU_TYPES)
             elif change == "size":
                 doc["nodes"] = 1 if "flex-start" in doc.get("provisioning", ()) else self.rng.choice([1, 2, 3])
@@ -1258,6 +1448,14 @@ class Run:
                 doc["policy"]["max_restarts"] = self.rng.randint(2, 8)
             elif change == "zones":
                 doc["zones"] = self.rng.sample(TPU_ZONES if tpu else ZONES, self.rng.randint(1, 3))
+            elif change == "kind" and tpu and self.rng.random() < 0.4:
+                # From a Cloud TPU node to a slice in Compute Engine, or back: the other API's node left
+                # behind must still go (the status's tpu / tpu_compute keep it listed).
+                api = "tpu" if _api(doc) == "compute" else "compute"
+                doc = self.spec_doc(job, tpu=True, api=api)
+                if "sweep" in js.doc:
+                    doc["sweep"] = js.doc["sweep"]
+                self.stats[f"slice.user_to_{'slice' if api == 'compute' else 'tpu_api'}"] += 1
             elif change == "kind":  # from VMs to a TPU slice, or back (a node left behind must still go)
                 doc = self.spec_doc(job, tpu=not tpu)
                 if "sweep" in js.doc:
@@ -1278,6 +1476,8 @@ class Run:
             # the simulated clock stands still between steps unless advanced).
             self.advance(timedelta(seconds=self.rng.randint(1, 30)))
             self.stats["tpu.user_purge_with_node"] += any(i.job == job for i in self.tpu_managed())
+            self.stats["slice.user_purge_with_slice"] += any(i.job == job and i.tpu_api == "compute"
+                                                             for i in self.tpu_managed())
             # Its history is gone: the next run counts attempts from 1 again. What befell the old
             # attempts says nothing of the new ones (their trainers are told apart by token).
             self.jobs[job] = JobSim(job, js.doc, spec_step=js.spec_step)
@@ -1361,7 +1561,7 @@ class Run:
                     and not seen.inst.hung and seen.inst.managed:
                 t = self.tpu_identity(seen.inst)
                 self.trainers[key] = t
-                self.stats["tpu.trainers_started"] += 1
+                self.stats[f"{_prefix(seen.inst)}.trainers_started"] += 1
                 self.heartbeat(t)
         present = {(i.name, i.id): i for i in [*self.managed(), *(s.inst for s in tpus if s.real)]}
         glitched = {(g.name, g.iid) for g in self.glitches if g.fate == "running"}
@@ -1397,11 +1597,12 @@ class Run:
 
     def tpu_identity(self, inst: Instance) -> Trainer:
         """Worker 0 of a TPU node: its records name the node (``respawn-node``), not its host."""
-        seen = next((s for s in self.tpu_seen() if (s.inst.name, s.inst.id) == (inst.name, inst.id)), None)
+        seen = next((s for s in self.tpu_seen() if (s.inst.name, s.inst.id, s.api) == (inst.name, inst.id, inst.tpu_api)),
+                    None)
         meta = dict(seen.request.metadata) if seen and seen.request else {}
         workers = seen.node.workers if seen else 1
         return Trainer(inst.job or "", inst.attempt, 0, 1, meta.get("respawn-node", inst.name), inst.id,
-                       meta.get("respawn-token", ""), tpu=True, workers=workers)
+                       meta.get("respawn-token", ""), tpu=True, workers=workers, api=inst.tpu_api)
 
     def vm_identity(self, inst: Instance) -> Trainer:
         try:
@@ -1452,22 +1653,28 @@ class Run:
 
     def tpu_seen(self) -> list[TpuSeen]:
         """Every TPU node, and every queued resource still without one, read straight from the
-        fake (no call recorded, no fault consumed), as the TPU list would show them."""
-        tpu = self.tpu
+        fakes (no call recorded, no fault consumed), as the TPU lists would show them: the Cloud
+        TPU API's nodes, then Compute Engine's slices (``api`` "compute")."""
         out: list[TpuSeen] = []
-        with tpu._lock:
-            for key, held in sorted(tpu._nodes.items()):
-                queued = key in tpu._queued
-                out.append(TpuSeen(held.node.as_instance(), held.node, held.request, held.held, queued, True))
-            for key, queued in sorted(tpu._queued.items()):
-                if key in tpu._nodes:
-                    continue
-                r = queued.request
-                node = TpuNode(r.project, r.zone, r.name, QUEUED_AS_NODE.get(queued.state, NodeState.UNKNOWN),
-                               NodeHealth.HEALTH_UNSPECIFIED, dict(r.labels), queued.created_at, r.accelerator_type,
-                               r.spot, queued=queued.state)
-                out.append(TpuSeen(node.as_instance(), node, r, False, True, False))
+        for tpu, api in ((self.tpu, "tpu"), (self.slices, "compute")):
+            with tpu._lock:
+                for key, held in sorted(tpu._nodes.items()):
+                    queued = key in tpu._queued
+                    node = dataclasses.replace(held.node, api=api)
+                    out.append(TpuSeen(node.as_instance(), node, held.request, held.held, queued, True, api))
+                for key, queued in sorted(tpu._queued.items()):
+                    if key in tpu._nodes:
+                        continue
+                    r = queued.request
+                    node = TpuNode(r.project, r.zone, r.name, QUEUED_AS_NODE.get(queued.state, NodeState.UNKNOWN),
+                                   NodeHealth.HEALTH_UNSPECIFIED, dict(r.labels), queued.created_at, r.accelerator_type,
+                                   r.spot, queued=queued.state, api=api)
+                    out.append(TpuSeen(node.as_instance(), node, r, False, True, False, api))
         return out
+
+    def fake(self, inst: Instance) -> MemoryTpu:
+        """The fake that holds a TPU node: the Cloud TPU API's, or Compute Engine's slices."""
+        return self.slices if inst.tpu_api == "compute" else self.tpu
 
     def tpu_managed(self) -> list[Instance]:
         return [s.inst for s in self.tpu_seen() if s.inst.managed]
@@ -1484,7 +1691,7 @@ class Run:
     def find(self, name: str, iid: str) -> Instance | None:
         found = next((i for i in self.compute.all() if i.name == name and i.id == iid), None)
         return found or next((s.inst for s in self.tpu_seen() if s.real and (s.inst.name, s.inst.id) == (name, iid)),
-                             None)
+                             None)  # ids: the slices' apart from the nodes' (``Run.__init__``)
 
     def instance(self, t: Trainer) -> Instance | None:
         return self.find(t.name, t.iid)
@@ -1494,9 +1701,10 @@ class Run:
         store, compute = FaultyPort(self.store, self, "store"), FaultyPort(self.compute, self, "compute")
         # Capacity advice from the zones' state and random preemption rates; now and then it fails.
         self.advisor.failure = errors.TransientError("advice: 503") if self.frng.random() < 0.2 else None
-        tpu = FaultyPort(self.tpu, self, "tpu")
+        tpu, slices = FaultyPort(self.tpu, self, "tpu"), FaultyPort(self.slices, self, "slices")
         observer = Observer(store, compute, BUCKET, self.policy, workers=WORKERS,  # type: ignore[arg-type]
                             advisor=self.advisor, tpu=tpu, replayable=True,  # type: ignore[arg-type]
+                            slices=slices,  # type: ignore[arg-type]
                             # Passes over every job in chunks of every size: a chunk acted on before
                             # the next is read, and a job a concurrent pass committed meanwhile.
                             chunk=self.frng.choice((1, 2, 5, CHUNK)))
@@ -1508,7 +1716,8 @@ class Run:
             self.webhook.fail_next(self.frng.choice([errors.TransientError("webhook: 503"),
                                                      errors.RequestError("webhook: 404 no_service")]))
             self.stats["notify.webhook_failures_injected"] += 1
-        executor = ExecutorSpy(Executor(store, compute, BUCKET, tpu, self.notifier), self)  # type: ignore[arg-type]
+        executor = ExecutorSpy(Executor(store, compute, BUCKET, tpu, self.notifier,  # type: ignore[arg-type]
+                                        slices=slices), self)  # type: ignore[arg-type]
         return Engine(observer, executor, self.ctx, self.clock, workers=WORKERS)  # type: ignore[arg-type]
 
     def new_pass_faults(self) -> PassFaults | None:
@@ -1595,22 +1804,26 @@ class Run:
                 self.stats[f"fault.transient.{port}.{op}"] += 1
                 self._injected += 1
                 raise errors.TransientError(f"injected: {port}.{op} failed (503)")
-        tpu = port == "tpu"
+        tpu = port in ("tpu", "slices")  # the Cloud TPU API's nodes, or Compute Engine's slices
+        fake, tp = (self.slices, "slice") if port == "slices" else (self.tpu, "tpu")
         if port == "compute" and op == "insert":
             self.before_insert(*args, **kwargs)
         elif tpu and op == "create":
-            self.stats["tpu.creates"] += 1
-            self.stats["tpu.queued_creates"] += args[0].queued
+            self.stats[f"{tp}.creates"] += 1
+            self.stats[f"{tp}.queued_creates"] += args[0].queued
+            self.stats[f"{tp}.flex_start_creates"] += args[0].flex_start
+            self.stats[f"{tp}.multi_host_creates"] += args[0].hosts > 1
+            self.check_recorded(args[0])
             self.before_insert([args[0]])
-        elif op == "delete" and port in ("compute", "tpu"):
-            self.before_delete(*args, tpu=tpu)
+        elif op == "delete" and port in ("compute", "tpu", "slices"):
+            self.before_delete(*args, tpu=tpu, api="compute" if port == "slices" else "tpu")
         elif port == "compute" and op == "list_managed" and self.compute.unreachable:
             self.stats["fault.unreachable_listing"] += 1
         elif tpu and op == "list_nodes":
-            self.stats["tpu.lists"] += 1
-            self.stats["tpu.unreachable_listing"] += bool(self.tpu.unreachable & set(args[1]))
-            self.stats["tpu.refused_listing"] += PROJECT in self.tpu.failing_projects
-        prefix = "tpu." if tpu else "fault."
+            self.stats[f"{tp}.lists"] += 1
+            self.stats[f"{tp}.unreachable_listing"] += bool(fake.unreachable & set(args[1]))
+            self.stats[f"{tp}.refused_listing"] += PROJECT in fake.failing_projects
+        prefix = f"{tp}." if tpu else "fault."
         try:
             result = fn(*args, **kwargs)
         except errors.CapacityError:
@@ -1619,7 +1832,7 @@ class Run:
         except errors.QuotaError:
             self.stats[f"{prefix}quota_hit"] += 1
             if tpu and op == "create":
-                self.note_quota(args[0])
+                self.note_quota(args[0], fake)
             elif port == "compute" and op == "insert":
                 self.note_vm_quota(args[0])
             raise
@@ -1632,9 +1845,9 @@ class Run:
             raise
         except errors.RespawnError as e:
             if tpu:
-                self.stats[f"tpu.{op}_failed"] += 1
+                self.stats[f"{tp}.{op}_failed"] += 1
                 self._tpu_failed += op in ("list_nodes", "delete")
-                self.say(f"TPU {op} failed: {type(e).__name__}: {e}")
+                self.say(f"{'TPU' if tp == 'tpu' else 'TPU slice'} {op} failed: {type(e).__name__}: {e}")
             raise
         if port == "compute" and op == "insert":
             self.after_insert(*args, **kwargs)
@@ -1703,8 +1916,21 @@ class Run:
     def acting_job(self, job: str | None) -> None:
         self._acting.job = job
 
-    def before_delete(self, project: str, zone: str, name: str, tpu: bool = False) -> None:
-        everything = [s.inst for s in self.tpu_seen()] if tpu else self.compute.all()
+    def check_recorded(self, request: TpuRequest) -> None:
+        """A TPU node is created only where a later pass looks for it once its job folder is gone:
+        its (project, zone) already in the controller's record (respawn/tpu-zones.json for the
+        Cloud TPU API, respawn/tpu-slice-zones.json for slices in Compute Engine)."""
+        key = tpuzones.SLICES_KEY if request.api == "compute" else tpuzones.KEY
+        try:
+            pairs = tpuzones.parse(self.store.read(BUCKET, key).data)
+        except errors.NotFound:
+            pairs = set()
+        if (request.project, request.zone) not in pairs:
+            self.violate("orphan_tpu", f"{request.name} created in {request.zone} of {request.project}, which "
+                         f"gs://{BUCKET}/{key} does not record: a node never found once its job folder is gone")
+
+    def before_delete(self, project: str, zone: str, name: str, tpu: bool = False, api: str = "tpu") -> None:
+        everything = [s.inst for s in self.tpu_seen() if s.api == api] if tpu else self.compute.all()
         target = next((i for i in everything if (i.project, i.zone, i.name) == (project, zone, name)), None)
         if target is None:
             return
@@ -1714,7 +1940,7 @@ class Run:
         elif self.acting_job is not None and target.labels.get(names.JOB_LABEL) != self.acting_job:
             self.violate("foreign_deletes", f"deleting {name} of job {target.labels.get(names.JOB_LABEL)} "
                          f"while acting for job {self.acting_job}")
-        self.stats["tpu.deletes" if tpu else "controller.deletes"] += 1
+        self.stats[("slice.deletes" if api == "compute" else "tpu.deletes") if tpu else "controller.deletes"] += 1
 
     def after_write(self, bucket: str, name: str, data: bytes, **_: Any) -> None:
         ref = names.parse_object_name(name)
@@ -1723,7 +1949,7 @@ class Run:
         js = self.jobs[ref.job]
         status = JobStatus.from_json(data)
         before, self.written[ref.job] = self.written.get(ref.job), status
-        if status.tpu:
+        if status.tpu or status.tpu_compute:
             self.check_step_down(ref.job, status, before)
         if status.phase != Phase.SUCCEEDED:
             return
@@ -1803,26 +2029,27 @@ class Run:
         ORPHAN_PASSES full passes that could see it: Cloud TPU has no aggregated list, so the
         controller finds it only in the zones it recorded (respawn/tpu-zones.json)."""
         for seen in self.tpu_seen():
-            inst = seen.inst
+            inst, fake = seen.inst, self.fake(seen.inst)
             key = (inst.project, inst.zone, inst.name, seen.node.id)
             job = inst.job or ""
-            going = (inst.project, inst.zone, inst.name) in self.tpu._deleting
+            going = (inst.project, inst.zone, inst.name) in fake._deleting
             if (not inst.managed or not job or going or self.exists(names.spec_key(job))
                     or self.exists(names.status_key(job))):
                 if key in self.orphans and going:
-                    self.stats["tpu.orphans_deleted"] += 1
+                    self.stats[f"{_prefix(inst)}.orphans_deleted"] += 1
                 self.orphans.pop(key, None)
                 continue
-            blind = (inst.zone in self.tpu.unreachable or inst.project in self.tpu.failing_projects
-                     or inst.zone in self.tpu.denied_zones)
+            blind = (inst.zone in fake.unreachable or inst.project in fake.failing_projects
+                     or inst.zone in fake.denied_zones)
             if key not in self.orphans:
                 self.orphans[key] = 0
-                self.stats["tpu.orphans_seen"] += 1
+                self.stats[f"{_prefix(inst)}.orphans_seen"] += 1
             if not clean or blind:
                 continue
             self.orphans[key] += 1
             if self.orphans[key] > ORPHAN_PASSES:
-                self.violate("orphan_tpu", f"TPU node {inst.name} in {inst.zone} ({_shown(inst)}) of job {job}, which "
+                what = "TPU slice" if inst.tpu_api == "compute" else "TPU node"
+                self.violate("orphan_tpu", f"{what} {inst.name} in {inst.zone} ({_shown(inst)}) of job {job}, which "
                              f"has neither spec nor status, still not deleted after {self.orphans[key]} clean full "
                              f"passes ({label})")
 
@@ -1836,17 +2063,16 @@ class Run:
                and i.zone.rsplit("-", 1)[0] == region for i in self.managed()):
             self.stats["vm.own_quota_hit"] += 1
 
-    def note_quota(self, request: TpuRequest) -> None:
+    def note_quota(self, request: TpuRequest, tpu: MemoryTpu) -> None:
         """A TPU create refused on quota: was it the job's own node (a husk being deleted) that held
         the zone's quota? As the fake counts it: every node and queued resource of that model
         listed in the zone; own-caused when the others alone would have left room."""
         job = request.labels.get(names.JOB_LABEL, "")
         self.own_quota.pop(job, None)
-        limit = self.tpu.quota_limit.get((request.zone, request.spot))
-        if limit is None or request.zone in self.tpu.quota_exhausted:
+        limit = tpu.quota_limit.get((request.zone, request.spot))
+        if limit is None or request.zone in tpu.quota_exhausted:
             return
-        self.stats["tpu.quota_limit_hit"] += 1
-        tpu = self.tpu
+        self.stats[f"{'slice' if request.api == 'compute' else 'tpu'}.quota_limit_hit"] += 1
         with tpu._lock:
             held = {k: t.node.labels for k, t in tpu._nodes.items() if k[1] == request.zone and t.node.spot == request.spot}
             held.update({k: q.request.labels for k, q in tpu._queued.items()
@@ -1855,7 +2081,7 @@ class Run:
                            if labels.get(names.MANAGED_LABEL) == "true" and labels.get(names.JOB_LABEL) == job))
         if own and len(held) >= limit > len(held) - len(own):
             self.own_quota[job] = (request.zone, self.clock.now(), own)
-            self.stats["tpu.own_quota_hit"] += 1
+            self.stats[f"{'slice' if request.api == 'compute' else 'tpu'}.own_quota_hit"] += 1
             self.say(f"TPU create of {request.name} in {request.zone} refused on quota held by {job}'s own {', '.join(own)}")
 
     def check_step_down(self, job: str, status: JobStatus, before: JobStatus | None) -> None:
@@ -1975,7 +2201,8 @@ class Run:
                 continue
             base = _run_base(st)
             what = "; ".join(f"attempt {a}: {', '.join(c)}" for a, c in sorted(js.causes.items()) if a > base)
-            unreachable = sorted(self.compute.unreachable | {f"{z} (TPU)" for z in self.tpu.unreachable})
+            unreachable = sorted(self.compute.unreachable | {f"{z} (TPU)" for z in self.tpu.unreachable}
+                                 | {f"{z} (TPU slices)" for z in self.slices.unreachable})
             context = (f"what befell this run: {what or 'nothing'}"
                        f"{'; unreachable now: ' + ', '.join(unreachable) if unreachable else ''}; {_last(st)}")
             preempted = len({a for a in js.preempted if a > base})
@@ -1998,17 +2225,20 @@ class Run:
         self.pass_faults = None
         for zones in (self.compute.stockouts, self.compute.spot_stockouts, self.compute.quota_exhausted,
                       self.compute.unreachable, self.tpu.quota_exhausted, self.tpu.unreachable,
-                      self.tpu.failing_projects):
+                      self.tpu.failing_projects, self.slices.quota_exhausted, self.slices.unreachable,
+                      self.slices.failing_projects):
             zones.clear()
-        for zone in sorted(self.tpu.stockouts):
-            self.tpu.stockout(zone, False)
-        self.tpu.quota_limit.clear()
+        for fake in (self.tpu, self.slices):
+            for zone in sorted(fake.stockouts):
+                fake.stockout(zone, False)
+            fake.quota_limit.clear()
+            fake.faults._queued.clear()  # failures queued by step_tpu_api and not met yet
         self.webhook_outage = (0, 0)
         self.webhook_weather()
         self.webhook.answer_now()  # posts still waiting on a slow or dead webhook are answered now
-        self.tpu.faults._queued.clear()  # failures queued by step_tpu_api and not met yet
         self.release_inserts()
-        self.release_tpu()
+        self.release_tpu(self.tpu, "tpu")
+        self.release_tpu(self.slices, "compute")
         self.end_notices(force=True)
         self.end_glitches(force=True)
         self.advance(timedelta(minutes=5))  # past every starting line's bound: a notice that came to nothing is seen so
@@ -2041,7 +2271,8 @@ class Run:
             st = self.status(job)
             self.stats[f"outcome.{st.phase if st else 'no status'}"] += 1
             if "tpu" in self.jobs[job].doc:
-                self.stats[f"tpu.outcome_{st.phase if st else 'no_status'}"] += 1
+                self.stats[f"{'slice' if _api(self.jobs[job].doc) == 'compute' else 'tpu'}.outcome_"
+                           f"{st.phase if st else 'no_status'}"] += 1
             for e in st.history if st else ():
                 if e.event in ("step-down", "stockout"):
                     self.stats[f"placement.{e.event}"] += 1
@@ -2052,6 +2283,8 @@ class Run:
                 if st.tpu and e.event in ("maintenance", "maintenance-scheduled", "preempted", "settling", "resumed",
                                           "husk"):
                     self.stats[f"tpu.history_{e.event.replace('-', '_')}"] += 1
+                if st.tpu_compute and e.event in ("maintenance", "preempted", "host error", "husk", "step-down"):
+                    self.stats[f"slice.history_{e.event.replace('-', '_').replace(' ', '_')}"] += 1
         # A VM is leaked while it is alive; a TPU node in any state (a PREEMPTED one may hold quota).
         for inst in [*self.managed(), *self.tpu_managed()]:
             if not (inst.tpu or inst.status.alive) or not inst.job:
@@ -2161,9 +2394,24 @@ def _shown(inst: Instance) -> str:
 
 
 def _kind(doc: dict[str, Any]) -> str:
+    if "tpu" in doc and _api(doc) == "compute":
+        block = doc["tpu"]
+        return f"TPU slice {block['machine_type']}{' ' + block['topology'] if 'topology' in block else ''}"
     if "tpu" in doc:
         return f"TPU {doc['tpu']['type']}{' queued' if doc['tpu'].get('queued') else ''}"
     return f"nodes {doc['nodes']}"
+
+
+def _prefix(inst: Instance) -> str:
+    """Where a node's stats go: "slice" (Compute Engine's TPU slices), "tpu" (Cloud TPU nodes), "fault" (VMs)."""
+    return "slice" if inst.tpu and inst.tpu_api == "compute" else "tpu" if inst.tpu else "fault"
+
+
+def _api(doc: dict[str, Any]) -> str | None:
+    """Which API a spec's TPU is served by ("tpu": the Cloud TPU API; "compute": a slice), or None (VMs)."""
+    if "tpu" not in doc:
+        return None
+    return "compute" if "machine_type" in doc["tpu"] else "tpu"
 
 
 def _run_base(status: JobStatus) -> int:
@@ -2316,6 +2564,33 @@ def tpu_line(totals: Totals) -> str:
             + " ".join(f"{k.replace(' ', '_')}={v}" for k, v in outcomes.items())).rstrip()
 
 
+def slice_line(totals: Totals) -> str:
+    """Issue 38: TPU slices in Compute Engine (instances and MIGs), what befell them, how they ended."""
+    s = totals.stats
+    parts = {
+        "jobs": sum(v for k, v in s.items() if k.startswith("slice.outcome_")),
+        "creates": s["slice.creates"], "multi_host": s["slice.multi_host_creates"],
+        "flex_start": s["slice.flex_start_creates"], "deletes": s["slice.deletes"], "lists": s["slice.lists"],
+        "preempt": s["slice.preempt_graceful"] + s["slice.preempt_hard"],
+        "maintenance": s["slice.maintenance"], "host_error": s["slice.host_error"] + s["slice.fate_host_error"],
+        "stopped": s["slice.stopped"], "vanish": s["slice.vanish"], "host_crash": s["slice.host_crash"],
+        "odd_state": sum(v for k, v in s.items() if k.startswith("slice.state_")),
+        "stockouts": s["slice.stockout_hit"], "quota": s["slice.quota_hit"],
+        "quota_limits_met": s["slice.quota_limit_hit"], "own_husk_quota": s["slice.own_quota_hit"],
+        "slow_delete_runs": s["slice.env_slow_deletes"], "pending": s["slice.pending_insert_hit"],
+        "late_stockouts": s["slice.late_stockout"], "unreachable": s["slice.unreachable_listing"],
+        "refused_lists": s["slice.refused_listing"],
+        "failed_calls": s["slice.list_nodes_failed"] + s["slice.create_failed"] + s["slice.delete_failed"],
+        "foreign": s["slice.foreign"], "orphans_seen": s["slice.orphans_seen"],
+        "orphans_deleted": s["slice.orphans_deleted"], "purges_with_slice": s["slice.user_purge_with_slice"],
+        "api_changes": s["slice.user_to_slice"] + s["slice.user_to_tpu_api"],
+        "exits0": s["slice.exit_success"], "nonzero": s["slice.exit_nonzero"],
+    }
+    outcomes = {k.removeprefix("slice.outcome_"): v for k, v in sorted(s.items()) if k.startswith("slice.outcome_")}
+    return ("chaos tpu slices (issue 38: faults met, outcomes): " + " ".join(f"{k}={v}" for k, v in parts.items())
+            + " " + " ".join(f"{k.replace(' ', '_')}={v}" for k, v in outcomes.items())).rstrip()
+
+
 def issue22_line(totals: Totals) -> str:
     """Provisioning lists, TPU quota with slow deletes, orphans and slow notification destinations."""
     s, t = totals.stats, totals.timing
@@ -2379,6 +2654,7 @@ def main(argv: list[str] | None = None) -> int:
     moves = {k.removeprefix("placement."): v for k, v in sorted(totals.stats.items()) if k.startswith("placement.")}
     print("chaos placement (history events): " + " ".join(f"{k.replace('-', '_')}={v}" for k, v in moves.items()))
     print(tpu_line(totals))
+    print(slice_line(totals))
     print(issue22_line(totals))
     print(issue34_line(totals))
     print("chaos outcomes (jobs at the end): " + " ".join(f"{k.replace(' ', '_')}={v}" for k, v in outcomes.items()))

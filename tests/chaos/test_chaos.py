@@ -91,6 +91,39 @@ def test_tpu_faults_really_reach_the_controller(chaos: tuple[sim.Totals, list[st
     assert all(met.values()), {k: v for k, v in met.items() if not v}
 
 
+def test_slice_faults_really_reach_the_controller(chaos: tuple[sim.Totals, list[str]]) -> None:
+    """Issue 38: jobs on TPU slices in Compute Engine (one instance, or a MIG of hosts) ran through the
+    slices gateway, and each kind of trouble was met by the controller's calls."""
+    s = chaos[0].stats
+    met = {
+        "slice jobs": sum(v for k, v in s.items() if k.startswith("slice.outcome_")),
+        "slice jobs that succeeded": s["slice.outcome_SUCCEEDED"],
+        "slices created": s["slice.creates"],
+        "multi-host slices (MIGs)": s["slice.multi_host_creates"],
+        "Flex-start slices": s["slice.flex_start_creates"],
+        "slices whose worker 0 ran": s["slice.trainers_started"],
+        "slice deletes": s["slice.deletes"],
+        "hosts preempted": s["slice.preempt_graceful"] + s["slice.preempt_hard"],
+        "hosts in maintenance or host error": s["slice.maintenance"] + s["slice.host_error"] + s["slice.fate_host_error"],
+        "hosts REPAIRING or in a status Google may add": s["slice.state_repairing"] + s["slice.state_state_from_the_future"],
+        "slices deleted by someone else": s["slice.vanish"],
+        "quota met": s["slice.quota_hit"],
+        "quota limits met": s["slice.quota_limit_hit"],
+        "runs with slow slice deletes": s["slice.env_slow_deletes"],
+        "waits for the job's own husk": s["slice.history_husk"],
+        "held creates met": s["slice.pending_insert_hit"],
+        "failed slice calls": s["slice.list_nodes_failed"] + s["slice.create_failed"] + s["slice.delete_failed"],
+        "refused project lists": s["slice.refused_listing"],
+        "unreachable zones": s["slice.unreachable_listing"],
+        "foreign slices": s["slice.foreign"],
+        "job folders deleted whole beside a slice": s["slice.user_purge_with_slice"],
+        "orphan slices deleted": s["slice.orphans_deleted"],
+        "specs moved between the Cloud TPU API and Compute Engine": s["slice.user_to_slice"] + s["slice.user_to_tpu_api"],
+        "worker 0 exits 0": s["slice.exit_success"],
+    }
+    assert all(met.values()), {k: v for k, v in met.items() if not v}
+
+
 def test_issue_22_faults_really_reach_the_controller(chaos: tuple[sim.Totals, list[str]]) -> None:
     """Provisioning lists stepped down and back up (Flex-start too), TPU quota a few nodes deep
     with deletes that hold it, job folders deleted whole beside a TPU node, and webhooks that

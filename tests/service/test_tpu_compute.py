@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from controller.core import names
-from controller.core.ports import StopReason
+from controller.core import errors, names
+from controller.core.ports import NodeState, StopReason
 from controller.core.state import Phase
 from tests.harness import BUCKET, PROJECT, Harness, spec_doc
 
@@ -160,3 +160,67 @@ def test_a_compute_engine_slice_never_blinds_on_a_project_without_the_tpu_api():
     h.tick()
     h.tick()
     assert h.status("ironwood").phase == Phase.RUNNING
+
+
+@pytest.mark.parametrize("state", [NodeState.REPAIRING, NodeState.STOPPING, "STATE_FROM_THE_FUTURE"])
+def test_a_slice_whose_delete_keeps_failing_is_never_created_beside_while_it_may_yet_run(h, state):
+    """Chaos (issue 38): a failed attempt's slice whose delete never got through, one of its hosts
+    REPAIRING (or STOPPING, or a status Google adds later): not down, so it may yet run. Past the
+    ten minutes the next slice is created anyway beside a husk that is down or DELETING, never
+    beside this one: two live attempts of the job."""
+    running(h)
+    h.exit("ironwood", 1)
+    h.slices.faults.fail_next("delete", errors.TransientError("503 backend error"), times=1000)
+    h.tick()
+    assert h.status("ironwood").phase == Phase.RECOVERING
+    h.slices.set_state("ironwood-1", state)
+    for _ in range(4):
+        h.advance(seconds=5 * 60)
+        h.tick()
+    assert h.slices.names() == ["ironwood-1"], "a second slice beside one that may yet run"
+    assert h.status("ironwood").attempt == 1
+    h.slices.faults._queued.clear()  # the delete goes through: DELETING, then gone
+    h.tick()
+    gone(h)
+    assert h.status("ironwood").attempt == 2 and h.slices.names() == ["ironwood-2"]
+
+
+def test_a_down_slice_whose_delete_keeps_failing_no_longer_holds_the_next_one(h):
+    """The other side of it: a husk that is down (a host TERMINATED) is no longer waited for after
+    ten minutes, however its delete fails (a quota error then names it)."""
+    running(h)
+    h.slices.faults.fail_next("delete", errors.TransientError("503 backend error"), times=1000)
+    h.slices.lose("ironwood-1", StopReason.HOST_ERROR)
+    for _ in range(4):
+        h.tick()
+        h.advance(seconds=5 * 60)
+    h.tick()
+    assert h.status("ironwood").attempt == 2 and "ironwood-2" in h.slices.names()
+
+
+def test_a_sweep_trials_folder_deleted_whole_keeps_its_slot_while_the_slice_list_fails():
+    """Chaos (issue 38): a trial's folder deleted whole while its project's slice list is refused
+    (403): its slice, unseen, still holds quota, so its slot is not given back until a list that
+    answered shows the slice gone; never a second trial's slice beside it past max_parallel."""
+    from tests.service.test_sweeps import submit_sweep
+
+    h = Harness()
+    jobs = submit_sweep(h, trials=2, max_parallel=1, zones=["us-central1-c"], tpu=MULTI, machine_type=None)
+
+    def holding() -> set[str]:  # trials with a slice not yet gone (DELETING included)
+        return {h.slices.node(n).labels[names.JOB_LABEL] for n in h.slices.names()}
+
+    h.tick()
+    (first,) = holding()
+    h.slices.failing_projects.add(PROJECT)
+    for info in h.store.list(BUCKET, f"jobs/{first}/"):
+        h.store.delete(BUCKET, info.name)
+    for _ in range(3):
+        h.tick()
+        assert len(holding()) <= 1
+    h.slices.failing_projects.clear()
+    for _ in range(6):
+        h.tick()
+        assert len(holding()) <= 1, f"{sorted(holding())} hold slices at once; max_parallel 1"
+        h.advance(seconds=h.slices.delete_seconds + 1)
+    assert holding() == {j for j in jobs if j != first}
