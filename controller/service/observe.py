@@ -1167,8 +1167,11 @@ def _watched(view: JobView, policy: ControllerPolicy) -> bool:
 
 
 def _new_run(view: JobView | None) -> bool:
-    """A job whose run has launched nothing yet (no status, or a status with no attempt begun)."""
-    return view is not None and view.spec is not None and (view.status is None or view.status.attempt_started_at is None)
+    """A job whose run has launched nothing yet (no status, or a status with no attempt begun), its spec
+    valid or not: an invalid one's FAILED status names no TPU, yet an earlier run of the name may have
+    left a TPU node or slice, which only the later listing (the recorded zones') shows."""
+    return view is not None and (view.spec is not None or view.has_spec) and (
+        view.status is None or view.status.attempt_started_at is None)
 
 
 def _on_tpu(view: JobView) -> bool:

@@ -224,3 +224,19 @@ def test_a_sweep_trials_folder_deleted_whole_keeps_its_slot_while_the_slice_list
         assert len(holding()) <= 1, f"{sorted(holding())} hold slices at once; max_parallel 1"
         h.advance(seconds=h.slices.delete_seconds + 1)
     assert holding() == {j for j in jobs if j != first}
+
+
+def test_a_slice_left_by_a_deleted_run_is_deleted_when_an_invalid_spec_takes_its_name(h):
+    """Chaos seed 5343: the folder deleted while the slice was down, then a spec that does not parse under
+    the same name. Its FAILED status names no TPU; the old slice must still be found and deleted."""
+    running(h)
+    h.slices.lose("ironwood-1", StopReason.PREEMPTED)
+    for key in (names.spec_key("ironwood"), names.status_key("ironwood")):
+        h.store.delete(BUCKET, key)
+    h.submit("ironwood", "zones: [us-central1-c]\nmachine_typo: x\n")
+    h.slices.failing_projects.add(PROJECT)  # the pass that writes its FAILED status does not see the slice
+    h.tick()
+    h.slices.failing_projects.clear()
+    h.tick()
+    assert h.status("ironwood").phase == Phase.FAILED
+    assert ("delete", "ironwood-1") in changes(h), "the old run's slice bills forever"
