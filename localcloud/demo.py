@@ -71,6 +71,7 @@ class Result:
     preemptions: int = 0
     stockouts: int = 0  # creates refused for want of capacity (the ledger's "stockout" marks)
     maintenance: int = 0  # restarts after host maintenance (history events "maintenance")
+    host_errors: int = 0  # restarts after a host error (history events "host error")
     failures: int = 0
     steps_lost: int = 0
     final_hash: str | None = None
@@ -89,11 +90,13 @@ class Result:
     want_maintenance: int = 0
     want_stockouts: int = 0
     want_zero_gap: int = 0
+    want_host_errors: int = 0
 
     @property
     def ok(self) -> bool:
         return (self.phase == Phase.SUCCEEDED and self.preemptions >= self.want_preemptions
                 and self.maintenance >= self.want_maintenance and self.stockouts >= self.want_stockouts
+                and self.host_errors >= self.want_host_errors
                 and self.zero_gap >= self.want_zero_gap and self.failures == 0
                 and self.final_hash == self.reference_hash)
 
@@ -104,7 +107,7 @@ class Demo:
     ``_story`` (what happens to it)."""
 
     job = JOB
-    want_preemptions, want_maintenance, want_stockouts, want_zero_gap = 3, 0, 0, 0
+    want_preemptions, want_maintenance, want_stockouts, want_zero_gap, want_host_errors = 3, 0, 0, 0, 0
     finish_timeout = 150.0
 
     def __init__(self, console: Console, notice: float = 3.0, output: Path | None = None) -> None:
@@ -124,7 +127,8 @@ class Demo:
 
     def run(self) -> Result:
         result = Result(want_preemptions=self.want_preemptions, want_maintenance=self.want_maintenance,
-                        want_stockouts=self.want_stockouts, want_zero_gap=self.want_zero_gap)
+                        want_stockouts=self.want_stockouts, want_zero_gap=self.want_zero_gap,
+                        want_host_errors=self.want_host_errors)
         with self.cloud:
             self.say(self._endpoints())
             result.reference_hash = self._reference()
@@ -430,6 +434,75 @@ class TpuDemo(Demo):
                 self.say(f"  node {node_id}: {now[0]}" + (f", {now[1]}" if now[1] else ""))
 
 
+class SliceDemo(Demo):
+    """A Spot TPU7x slice in Compute Engine (topology 2x2x2: a MIG of two tpu7x-standard-4t hosts, each
+    training; rank 0 saves): one host preempted (the slice is broken, deleted whole, its other host's
+    shutdown SIGTERMs rank 0, which saves), then rank 0's host lost to a host error with no shutdown
+    at all (the next slice resumes from the last periodic save)."""
+
+    job = f"{JOB}-tpu7x"
+    want_preemptions, want_host_errors = 1, 1
+    MACHINE, TOPOLOGY, ZONES = "tpu7x-standard-4t", "2x2x2", ["us-central1-c"]
+
+    def _spec(self) -> tuple[dict[str, Any], str]:
+        return ({"zones": self.ZONES, "tpu": {"machine_type": self.MACHINE, "topology": self.TOPOLOGY},
+                 "provisioning": "spot"},
+                f"Spot TPU7x slice {self.TOPOLOGY} (a managed instance group of 2 {self.MACHINE} hosts) "
+                f"in {', '.join(self.ZONES)}, through Compute Engine")
+
+    def __init__(self, console: Console, notice: float = 3.0, output: Path | None = None) -> None:
+        super().__init__(console, notice, output)
+        self._seen: dict[int, dict[int, str]] = {}  # attempt -> its hosts as last seen (kept once they are gone)
+
+    def _hosts(self, attempt: int) -> dict[int, str]:
+        """The slice's VMs by the worker number each one's metadata gives it (0 first); once they are
+        deleted, as they were last seen (their serial logs stay)."""
+        compute = self.cloud.compute
+        assert compute is not None
+        found = {vm.worker: vm.name for vm in compute.slice_hosts(f"{self.job}-{attempt}")}
+        if len(found) >= len(self._seen.get(attempt, {})):
+            self._seen[attempt] = found
+        return self._seen.get(attempt, {})
+
+    def _log_path(self, attempt: int, worker: int = 0) -> Path:
+        assert self.cloud.compute is not None
+        host = self._hosts(attempt).get(worker)
+        return self.cloud.compute.workdir_of(host) / "serial-port-1.log" if host else Path("/nonexistent")
+
+    def _training(self, attempt: int, past: int) -> bool:
+        """Both hosts of the attempt's slice train, and rank 0 is ``past`` steps beyond its start."""
+        on_worker_1 = self._log_path(attempt, 1)
+        return (self._started(attempt) and self._step(attempt) >= self._start(attempt) + past
+                and on_worker_1.exists() and _START.search(on_worker_1.read_text(errors="replace")) is not None)
+
+    def _story(self) -> None:
+        compute, job = self.cloud.compute, self.job
+        assert compute is not None
+        self._until("the first slice to train on both hosts", lambda: self._training(1, EVERY + 5), 60)
+        hosts = self._hosts(1)
+        self.say(f"{job}-1 is a MIG of {', '.join(hosts[w] for w in sorted(hosts))} (ranks 0 and 1; rank 0 saves); "
+                 f"[red]preempting {hosts[1]}[/red] (rank 1) at step {self._step(1)}: one host down breaks the "
+                 "slice, which respawn deletes whole; the other host's shutdown SIGTERMs rank 0, which saves")
+        compute.preempt(hosts[1])
+
+        self._until("the second slice to train", lambda: self._training(2, EVERY + 5), 60)
+        hosts = self._hosts(2)
+        self.say(f"{job}-2 resumed at step {self._start(2)}; [yellow]host error on {hosts[0]}[/yellow] (rank 0) at "
+                 f"step {self._step(2)}: no shutdown, no save; the next slice resumes from the last periodic one")
+        compute.host_error(hosts[0])
+
+        self._until("the third slice to train", lambda: self._training(3, 1), 60)
+        self.say(f"{job}-3 resumed at step {self._start(3)}")
+
+    def _collect(self, final: JobStatus, result: Result) -> None:
+        super()._collect(final, result)
+        result.host_errors = sum(1 for e in final.history if e.event == "host error")
+        rank_1 = self._log_path(final.attempt, 1)
+        match = _FINAL.search(rank_1.read_text(errors="replace")) if rank_1.exists() else None
+        if match:
+            result.story.append(f"rank 1 of {self.job}-{final.attempt} (not saving) ended with weights {match.group(3)}")
+
+
 class Overlaps:
     """What the story says of a job's standbys as it sees them go on: each stage once (booting
     beside the attempt its notice condemned, at its starting line, then started from that attempt's
@@ -481,7 +554,7 @@ def event_line(elapsed: float, text: str | Text) -> Table:
     return line
 
 
-STORIES: dict[str, type[Demo]] = {"gpu": GpuDemo, "tpu": TpuDemo}
+STORIES: dict[str, type[Demo]] = {"gpu": GpuDemo, "tpu": TpuDemo, "tpu7x": SliceDemo}
 
 
 def run(console: Console | None = None, notice: float = 3.0, story: str = "gpu", output: Path | None = None) -> Result:

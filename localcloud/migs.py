@@ -132,6 +132,13 @@ class MigsApi:
                     vm.group = None
             self._done.notify_all()
 
+    def slice_hosts(self, node: str) -> list[Any]:
+        """The VMs (``localcloud.compute.Vm``) of TPU slice ``node``: its MIG's, or its one instance."""
+        with self._lock:
+            return sorted((vm for vm in self._vms.values() if vm.group == node or vm.name == node
+                           and tpus.is_tpu_machine(vm.resource["machineType"].rsplit("/", 1)[-1])),
+                          key=lambda vm: vm.worker)
+
     def template_names(self) -> set[str]:
         with self._lock:
             return {n for _, n in self._templates}

@@ -1400,31 +1400,40 @@ def demo(
                                                "(Google gives 30 and 120; both shortened for the demo)")] = 3.0,
     tpu: Annotated[bool, typer.Option("--tpu", help="the Cloud TPU story: a Spot v4-16 slice (2 hosts) "
                                                     "preempted, then terminated by host maintenance")] = False,
+    tpu7x: Annotated[bool, typer.Option("--tpu7x", help="TPU7x through Compute Engine: a Spot 2x2x2 slice (a MIG "
+                                                        "of 2 hosts) with one host preempted, then one lost to a "
+                                                        "host error")] = False,
     output: Annotated[Path | None, typer.Option("--output", file_okay=False,
                                                 help="folder for the job's report (HTML and PNG; "
                                                      "default: a new temporary folder)")] = None,
 ) -> None:
     """Run the whole story locally: a Spot job preempted three times, twice with notice, its next
     attempt booting beside the old one at each notice (--tpu: a TPU slice preempted, then taken by
-    host maintenance) still ends exactly right."""
+    host maintenance; --tpu7x: a TPU7x slice in Compute Engine broken twice, replaced whole each time)
+    still ends exactly right."""
     from localcloud import demo as story
 
+    if tpu and tpu7x:
+        _fail("--tpu or --tpu7x: one story at a time", REFUSED)
+    which = "tpu7x" if tpu7x else "tpu" if tpu else "gpu"
     deadline.stop()  # its story takes minutes; its own waits are bounded
     try:
         with _interruptible():
-            result = story.run(out, notice, "tpu" if tpu else "gpu", output)
+            result = story.run(out, notice, which, output)
     except TimeoutError as e:
         _fail(f"demo failed: {e}", FAILED)
     except KeyboardInterrupt:  # the local cloud's `with` has stopped it (servers, functions, VMs)
         err.print("interrupted: the local cloud is stopped", soft_wrap=True, highlight=False)
         raise typer.Exit(INTERRUPTED) from None
-    table = Table(title="respawn demo --tpu" if tpu else "respawn demo", show_header=False)
+    table = Table(title="respawn demo" + {"gpu": "", "tpu": " --tpu", "tpu7x": " --tpu7x"}[which], show_header=False)
     rows = [
         ("outcome", str(result.phase)),
         ("attempts", str(result.attempts)),
         ("preemptions", str(result.preemptions)),
         ("stockouts met", str(result.stockouts)),  # creates refused for want of capacity, as the report counts them
-        *([("maintenance restarts", str(result.maintenance))] if tpu else [("zero-gap recoveries", _zero_gap(result))]),
+        *{"tpu": [("maintenance restarts", str(result.maintenance))],
+          "tpu7x": [("host-error restarts", str(result.host_errors))],
+          "gpu": [("zero-gap recoveries", _zero_gap(result))]}[which],
         ("failures", str(result.failures)),
         ("steps lost to preemption", str(result.steps_lost)),
         ("final loss", result.final_loss or "?"),

@@ -73,6 +73,19 @@ def test_demo_tpu_slice_survives_a_preemption_and_host_maintenance_with_the_unin
     assert len(resumed) == 2 and 0 < resumed[0] < resumed[1], output[-4000:]
 
 
+def test_demo_tpu7x_slice_in_compute_engine_is_replaced_whole_twice_and_ends_with_the_uninterrupted_weights(tmp_path):
+    output = demo(tmp_path, "--tpu7x")
+    said = " ".join(output.split())
+    assert re.search(r"preemptions\s+│ 1", output) and re.search(r"host-error restarts\s+│ 1", output), output[-4000:]
+    assert "Compute Engine TPU slice 2x2x2: 2 hosts of tpu7x-standard-4t" in said, output[-4000:]
+    assert re.search(r"demo-tpu7x-1 is a MIG of demo-tpu7x-1-w-\w{4}, demo-tpu7x-1-w-\w{4}", said), output[-4000:]
+    assert re.search(r"preempting demo-tpu7x-1-w-\w{4} \(rank 1\)", said)
+    assert re.search(r"host error on demo-tpu7x-2-w-\w{4} \(rank 0\)", said)
+    # Each new slice resumed from the checkpoint the one before had saved, not from scratch.
+    resumed = [int(n) for n in re.findall(r"attempt \d+ resumed at (\d+)", output)]
+    assert len(resumed) == 2 and 0 < resumed[0] < resumed[1], output[-4000:]
+
+
 def test_the_example_trainer_computes_the_same_bits_whatever_blas_kernel_or_threads():
     """The demo's VMs get a clean environment while the shell that starts it may pin OpenBLAS
     (OPENBLAS_CORETYPE) or thread counts; a resumed job may land on another CPU. None of it may
