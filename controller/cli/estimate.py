@@ -114,7 +114,9 @@ def gather(spec: JobSpec, project: str, found: Sources, wait: float = ESTIMATE_W
     regions = list(dict.fromkeys(region_of(z) for z in spec.zones))
     asks: list[tuple[str, Any]] = []
     if spec.tpu is not None:
-        notes.append("obtainability: capacity advice does not cover Cloud TPU")
+        notes.append("obtainability: capacity advice does not cover Cloud TPU" if spec.tpu.api == "tpu" else
+                     "obtainability: capacity advice does not cover TPU machine types (Google: 'you can't view the "
+                     "availability of TPUs')")
     elif found.advisor is None:
         notes.append(f"obtainability and Spot prices from Compute: capacity advice unavailable "
                      f"({found.why.get('advice', 'not configured')})")
@@ -205,6 +207,9 @@ def render(spec: JobSpec, job: str, table_rows: list[Row], notes: list[str]) -> 
     metrics = dict.fromkeys(f"{row.model} {row.quota.metric}" for row in table_rows if row.quota is not None)
     lines = [Text(f"quota: {', '.join(metrics)} (Compute regions.get: limit − usage)", style="dim")] if metrics else []
     lines += [Text(f"{NONE} {note}", style="dim") for note in dict.fromkeys(notes)]
+    if any(row.per_hour is None for row in table_rows):
+        lines.append(Text(f"{NONE} $/hour: no price for {spec.tpu.accelerator if spec.tpu else spec.machine_type} in "
+                          "respawn's table; set policy.prices (dollars an hour, by model)", style="dim"))
     if any(row.goodput is None for row in table_rows):
         lines.append(Text(f"{NONE} est. goodput: weighed only under placement: capacity, from capacity advice "
                           "(otherwise the spec's order); for Spot, only where the advice gave an estimated uptime",

@@ -258,9 +258,13 @@ def run(
     machine_type: Annotated[str | None, typer.Option("--machine-type", "-m", help="e.g. g2-standard-8")] = None,
     accelerator: Annotated[str | None, typer.Option("--accelerator", help="GPUs to attach: TYPE[:COUNT], "
                                                                          "e.g. nvidia-tesla-t4:2")] = None,
-    tpu: Annotated[str | None, typer.Option("--tpu", help="a Cloud TPU slice instead of a VM, e.g. v5litepod-8")] = None,
-    tpu_runtime: Annotated[str | None, typer.Option("--tpu-runtime", help="its software version, "
+    tpu: Annotated[str | None, typer.Option("--tpu", help="a TPU slice instead of a VM: a Cloud TPU type (e.g. "
+                                                          "v5litepod-8, with --tpu-runtime), or a Compute Engine "
+                                                          "TPU machine type (e.g. tpu7x-standard-4t)")] = None,
+    tpu_runtime: Annotated[str | None, typer.Option("--tpu-runtime", help="a Cloud TPU type's software version, "
                                                                          "e.g. v2-alpha-tpuv5-lite")] = None,
+    tpu_topology: Annotated[str | None, typer.Option("--tpu-topology", help="a TPU machine type's multi-host "
+                                                                           "slice, e.g. 2x2x2")] = None,
     provisioning: Annotated[list[str] | None, typer.Option("--provisioning", "-p", help="spot, standard, "
                                                            "flex-start; several: the order to step down in")] = None,
     nodes: Annotated[int, typer.Option("--nodes", min=1, help="VMs of a gang job")] = 1,
@@ -291,7 +295,7 @@ def run(
         doc = submitting.run_spec(name=name, zones=zone, command=command or [], machine_type=machine_type,
                                   accelerator=accelerator, tpu=tpu, tpu_runtime=tpu_runtime,
                                   provisioning=provisioning or [], nodes=nodes, checkpoint=checkpoint, env=env or [],
-                                  image=image)
+                                  image=image, tpu_topology=tpu_topology)
     except SpecError as e:
         _fail("; ".join(e.problems))
     raw = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True).encode()

@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.text import Text
 
 from controller.cli import deadline, estimate, pack
+from controller.core import tpus
 from controller.core.spec import JobSpec, SpecError, load_document
 from controller.render.amounts import counted
 from controller.render.status_view import Note
@@ -161,13 +162,20 @@ def _fresh_allowed(jobs: Jobs, job: str) -> None:
 
 def run_spec(*, name: str, zones: list[str], command: list[str], machine_type: str | None,
              accelerator: str | None, tpu: str | None, tpu_runtime: str | None, provisioning: list[str],
-             nodes: int, checkpoint: str | None, env: list[str], image: str | None = None) -> dict[str, Any]:
+             nodes: int, checkpoint: str | None, env: list[str], image: str | None = None,
+             tpu_topology: str | None = None) -> dict[str, Any]:
     """The spec ``respawn run`` makes from its flags (checked later as any spec is). One COMMAND
     word is a bash line; several are a list of arguments (each quoted as given); none, with an
-    image, runs the image's own entrypoint."""
+    image, runs the image's own entrypoint. ``--tpu`` naming a TPU machine type (tpu7x-standard-4t)
+    is a slice in Compute Engine (``tpu.machine_type``, with ``--tpu-topology``); any other, a Cloud
+    TPU type (``tpu.type``, with ``--tpu-runtime``)."""
     spec: dict[str, Any] = {"name": name, "zones": _split(zones)}
-    if tpu:
-        spec["tpu"] = {"type": tpu, **({"runtime_version": tpu_runtime} if tpu_runtime else {})}
+    if tpu and tpus.is_tpu_machine(tpu):
+        spec["tpu"] = {"machine_type": tpu, **({"runtime_version": tpu_runtime} if tpu_runtime else {}),
+                       **({"topology": tpu_topology} if tpu_topology else {})}
+    elif tpu or tpu_topology:
+        spec["tpu"] = {**({"type": tpu} if tpu else {}), **({"runtime_version": tpu_runtime} if tpu_runtime else {}),
+                       **({"topology": tpu_topology} if tpu_topology else {})}
     if machine_type:
         spec["machine_type"] = machine_type
     if accelerator:

@@ -65,7 +65,7 @@ def world(monkeypatch) -> World:
 
 def write_spec(tmp_path, **overrides: Any) -> str:
     path = tmp_path / "j.yaml"
-    path.write_text(yaml.safe_dump(spec_doc(zones=ZONES, **overrides)))
+    path.write_text(yaml.safe_dump(spec_doc(**{"zones": ZONES, **overrides})))
     return str(path)
 
 
@@ -167,6 +167,36 @@ def test_a_tpu_job_has_no_compute_advice_or_quota_and_says_so(world, tmp_path):
     assert row(result.output, "us-central1-a", "spot")[2:] == ["$3.84", "respawn's table", "—", "—", "—"]
     assert "capacity advice does not cover Cloud TPU" in result.output and "regions.get" in result.output
     assert world.advisor.calls == [] and world.quotas.calls == []
+
+
+def test_a_tpu7x_slice_in_compute_engine_says_it_has_no_known_price_and_no_capacity_advice(world, tmp_path):
+    path = write_spec(tmp_path, machine_type=None, zones=["us-central1-c"],
+                      tpu={"machine_type": "tpu7x-standard-4t", "topology": "2x2x2"})
+    result = runner.invoke(app, ["submit", path, "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "1 TPU slice of 2 hosts tpu7x-standard-4t (8 chips)" in result.output
+    assert row(result.output, "us-central1-c", "spot")[2] == "—" and "set policy.prices" in result.output
+    assert "capacity advice does not cover" in result.output
+    assert world.advisor.calls == [] and world.quotas.calls == []
+
+
+def test_a_v6e_slice_in_compute_engine_is_priced_by_its_chips(world, tmp_path):
+    path = write_spec(tmp_path, machine_type=None, zones=["us-central1-b"],
+                      tpu={"machine_type": "ct6e-standard-4t", "topology": "4x4"})
+    result = runner.invoke(app, ["submit", path, "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "1 TPU slice of 4 hosts ct6e-standard-4t (16 chips)" in result.output
+    assert row(result.output, "us-central1-b", "spot")[2:4] == ["$15.20", "respawn's table"]  # 16 x $0.95
+
+
+def test_run_takes_a_tpu_machine_type_and_its_topology(world):
+    result = runner.invoke(app, ["run", "-n", "iron", "-z", "us-central1-c", "--tpu", "tpu7x-standard-4t",
+                                 "--tpu-topology", "2x2x2", "--dry-run", "--", "python train.py"])
+    assert result.exit_code == 0, result.output
+    assert "machine_type: tpu7x-standard-4t" in result.output and "topology: 2x2x2" in result.output
+    result = runner.invoke(app, ["run", "-n", "iron", "-z", "us-central1-c", "--tpu", "tpu7x-8",
+                                 "--tpu-runtime", "x", "--", "python train.py"])
+    assert result.exit_code == 2 and "tpu7x-standard-4t" in result.output, result.output
 
 
 # -- the question ----------------------------------------------------------------------------

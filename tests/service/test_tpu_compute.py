@@ -6,6 +6,7 @@ lost is replaced whole, from the newest checkpoint, once the old one is gone."""
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from controller.core import errors, names
 from controller.core.ports import NodeState, StopReason
@@ -240,3 +241,21 @@ def test_a_slice_left_by_a_deleted_run_is_deleted_when_an_invalid_spec_takes_its
     h.tick()
     assert h.status("ironwood").phase == Phase.FAILED
     assert ("delete", "ironwood-1") in changes(h), "the old run's slice bills forever"
+
+
+def test_validate_refuses_a_zone_that_does_not_offer_the_machine_type_naming_the_zones_that_do(tmp_path):
+    from typer.testing import CliRunner
+
+    from controller.cli.main import app
+
+    doc = slice_doc(zones=["us-central1-c", "us-east1-b"])
+    path = tmp_path / "iron.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(app, ["validate", str(path)])
+    assert result.exit_code == 2
+    said = " ".join(result.output.split())
+    assert "zones: tpu7x-standard-4t is not offered in us-east1-b; it is offered in us-central1-c" in said, said
+    path.write_text(yaml.safe_dump(slice_doc()))
+    result = CliRunner().invoke(app, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "runs on a Compute Engine TPU slice 2x2x2: 2 hosts of tpu7x-standard-4t" in " ".join(result.output.split())
