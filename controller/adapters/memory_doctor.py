@@ -34,7 +34,7 @@ _AR_REPO_ADMIN = (*_AR_WRITE, "artifactregistry.repositories.deleteArtifacts", "
 PREDEFINED = {
     "roles/owner": ("storage.objects.get", "storage.objects.list", "storage.objects.create", "storage.objects.delete",
                     "resourcemanager.projects.setIamPolicy", "run.routes.invoke", "pubsub.topics.publish"),
-    "roles/compute.instanceAdmin.v1": (*grants.COMPUTE, "compute.instances.start", "compute.instances.stop"),
+    "roles/compute.instanceAdmin.v1": (*grants.COMPUTE, *grants.SLICES, "compute.instances.start", "compute.instances.stop"),
     "roles/tpu.admin": (*grants.TPU, "tpu.nodes.start", "tpu.nodes.stop"),
     "roles/logging.viewer": ("logging.logEntries.list", "logging.logMetrics.list", "logging.sinks.list"),
     "roles/logging.logWriter": ("logging.logEntries.create", "logging.logEntries.route"),

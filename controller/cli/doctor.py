@@ -105,6 +105,7 @@ class Target:
     controller_sa: str
     trainer_sa: str
     tpu: bool = False  # TPU types allowed: the tpu API is needed too
+    slices: bool = False  # TPU slices in Compute Engine (a spec's tpu.machine_type): MIGs, templates, policies
     scheduler_sa: str = ""  # when the Scheduler job names none (default: respawn-scheduler@PROJECT)
     watched: tuple[str, ...] = ()  # the other projects the controller runs jobs in (RESPAWN_ALLOWED_PROJECTS)
     shards: int = 1  # RESPAWN_SHARDS: K > 1, the fan-out is checked (its topic, the tick's grant, on_shard)
@@ -507,7 +508,7 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
     def controller_in(project: str) -> Callable[[], str]:
         """The controller's Compute (and TPU) permissions in ``project``."""
         def check() -> str:
-            wanted = {"roles/compute.instanceAdmin.v1": grants.COMPUTE,
+            wanted = {"roles/compute.instanceAdmin.v1": grants.COMPUTE + (grants.SLICES if t.slices else ()),
                       **({"roles/tpu.admin": grants.TPU} if t.tpu else {})}
             every = [perm for perms in wanted.values() for perm in perms]
             found = grants.held(roles, controller_member, every, apis.project_policy(project))
@@ -520,7 +521,8 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
                              "\n".join([*(f"gcloud projects add-iam-policy-binding {project} --member={controller_member} "
                                            f"--role={role} --condition=None" for role in short),
                                          f"# or: {t.deploy_from(steps[0])}"]))
-            return (f"may create, list and delete VMs{' and TPU nodes' if t.tpu else ''} in {project}"
+            return (f"may create, list and delete VMs{' and TPU nodes' if t.tpu else ''}"
+                    f"{' and TPU slices (MIGs)' if t.slices else ''} in {project}"
                     + f" ({', '.join(found.roles(every))})")
         return check
 
@@ -928,7 +930,9 @@ def diagnose(apis: Apis, config: Any, region: str, controller_sa: str, timeout: 
         else:
             spec_result = Result(f"spec {name}", True, "valid, within this controller's policy")
     t = Target(project, config.bucket, region, controller_sa, trainer,
-               tpu=bool(config.allowed_tpu_types) or (parsed is not None and parsed.tpu is not None),
+               tpu=bool(config.allowed_tpu_types) or (parsed is not None and parsed.tpu is not None
+                                                      and parsed.tpu.api == "tpu"),
+               slices=parsed is not None and parsed.tpu is not None and parsed.tpu.api == "compute",
                scheduler_sa=deploy.account_email(deploy.SCHEDULER_ACCOUNT_ID, project),
                watched=tuple(x for x in config.allowed_projects if x != project), shards=config.shards)
     todo = checks(apis, t)

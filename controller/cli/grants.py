@@ -24,6 +24,13 @@ COMPUTE = ("compute.instances.create", "compute.instances.delete", "compute.inst
            "compute.instances.setMetadata", "compute.instances.setLabels", "compute.instances.setServiceAccount",
            "compute.zoneOperations.get", "compute.zoneOperations.list", "compute.regionOperations.get",
            "compute.disks.create", "compute.subnetworks.use", "compute.subnetworks.useExternalIp")
+# TPU slices in Compute Engine (a multi-host one: a workload policy, an instance template, a MIG); in
+# roles/compute.instanceAdmin.v1 too.
+SLICES = ("compute.instanceGroupManagers.create", "compute.instanceGroupManagers.delete",
+          "compute.instanceGroupManagers.get", "compute.instanceGroupManagers.list",
+          "compute.instanceTemplates.create", "compute.instanceTemplates.delete", "compute.instanceTemplates.get",
+          "compute.instanceTemplates.list", "compute.instanceTemplates.useReadOnly", "compute.resourcePolicies.create",
+          "compute.resourcePolicies.get", "compute.resourcePolicies.use", "compute.globalOperations.get")
 TPU = ("tpu.nodes.create", "tpu.nodes.delete", "tpu.nodes.get", "tpu.nodes.list", "tpu.queuedResources.create",
        "tpu.queuedResources.delete", "tpu.queuedResources.get", "tpu.queuedResources.list", "tpu.operations.get")
 INVOKE = ("run.routes.invoke",)  # a gen2 function is called through its Cloud Run service

@@ -508,6 +508,29 @@ def test_the_tpu_role_is_checked_where_tpu_types_are_allowed():
     assert not found.ok and "lacks tpu.nodes.create" in found.detail and "--role=roles/tpu.admin" in found.fix
 
 
+def test_a_tpu_slice_in_compute_engine_needs_the_mig_permissions_and_never_the_tpu_api():
+    p = healthy()
+    p.disabled.add("tpu.googleapis.com")
+    narrow = f"projects/{PROJECT}/roles/respawnCompute"
+    _unbind(p.project_bindings, "roles/compute.instanceAdmin.v1")
+    p.roles[narrow] = {"name": narrow, "includedPermissions": list(grants.COMPUTE), "stage": "GA"}
+    p.project_bindings.append({"role": narrow, "members": [f"serviceAccount:{CONTROLLER}"]})
+    slices = dataclasses.replace(target(), slices=True)
+    found = {r.name: r for r in doctor.run(doctor.checks(p, slices, now=lambda: NOW), 5.0)}
+    assert found["APIs"].ok, "a TPU7x job needs no Cloud TPU API"
+    grant = found[f"controller's grants in {PROJECT}"]
+    assert not grant.ok and "compute.instanceGroupManagers.create" in grant.detail
+    assert run(p)[f"controller's grants in {PROJECT}"].ok, "a VM job needs none of them"
+    p.roles[narrow]["includedPermissions"] += list(grants.SLICES)
+    found = {r.name: r for r in doctor.run(doctor.checks(p, slices, now=lambda: NOW), 5.0)}
+    assert found[f"controller's grants in {PROJECT}"].ok and "TPU slices (MIGs)" in found[
+        f"controller's grants in {PROJECT}"].detail
+    checked = {r.name: r for r in doctor.run(doctor.spec_checks(p, slices, spec(
+        zones=["us-central1-c"], machine_type=None, tpu={"machine_type": "tpu7x-standard-4t", "topology": "2x2x2"}),
+        TRAINER), 5.0)}
+    assert not any("quota" in name for name in checked) and checked["service account"].ok
+
+
 def test_each_other_watched_project_is_checked_for_the_controllers_grants_there():
     p = healthy()
     p.other_projects["other-proj"] = [{"role": "roles/compute.instanceAdmin.v1",
