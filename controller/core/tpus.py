@@ -61,8 +61,9 @@ MACHINES: dict[str, TpuMachine] = {m.name: m for m in (
                "ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e"),
 )}
 
-# Generations only Compute Engine serves, by the prefix a Cloud TPU type would carry (tpu7x-8).
-COMPUTE_ONLY = {m.generation: m.name for m in MACHINES.values() if m.compute_only}
+# Generations only Compute Engine serves, by the prefix a Cloud TPU type would carry (tpu7x-8; its VMs'
+# accelerator-type metadata writes v7x-16).
+COMPUTE_ONLY = {m.generation: m.name for m in MACHINES.values() if m.compute_only} | {"v7x": "tpu7x-standard-4t"}
 _TOPOLOGY = re.compile(r"[1-9][0-9]{0,2}(x[1-9][0-9]{0,2}){1,2}")
 
 

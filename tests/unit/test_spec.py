@@ -514,3 +514,32 @@ def test_a_yaml_error_names_the_line_where_the_unclosed_thing_began_not_only_whe
         parse_spec(raw, "j")
     [line] = e.value.problems
     assert "quoted scalar (begun at line 3, column 10)" in line and "at line 5" in line
+
+
+@pytest.mark.parametrize("kind", ["tpu7x-8", "v7x-16"])
+def test_a_tpu7x_type_on_the_cloud_tpu_api_is_refused_with_the_machine_type_to_write(kind):
+    found = problems(tpu_doc(tpu={"type": kind, "runtime_version": "x"}))
+    assert any(p.startswith("tpu.type:") and "only through Compute Engine" in p
+               and "machine_type: tpu7x-standard-4t" in p for p in found), found
+
+
+@pytest.mark.parametrize("tpu, line", [
+    ({"machine_type": "tpu7x-standard-4t", "topology": "3x3x3"}, "tpu.topology: tpu7x-standard-4t makes slices of"),
+    ({"machine_type": "tpu7x-standard-4t", "topology": "4x4"}, "tpu.topology: not a 3D topology"),
+    ({"machine_type": "tpu7x-standard-4t", "runtime_version": "x"}, "tpu.runtime_version: not with tpu.machine_type"),
+    ({"machine_type": "tpu7x-standard-4t", "queued": True}, "tpu.queued: the Cloud TPU API's queue"),
+    ({"machine_type": "tpu7x-standard4t"}, "tpu.machine_type: not a TPU machine type; did you mean 'tpu7x-standard-4t'"),
+    ({"type": "v6e-8", "runtime_version": "x", "topology": "2x2"}, "tpu.topology: only with tpu.machine_type"),
+    ({}, "tpu.type: required"),
+])
+def test_a_compute_engine_tpu_block_names_the_field_and_the_fix(tpu, line):
+    found = problems(tpu_doc(tpu=tpu, zones=["us-central1-c"]))
+    assert any(p.startswith(line) for p in found), found
+
+
+def test_a_compute_engine_tpu_gets_googles_tpu_image_and_the_hosts_its_topology_makes():
+    spec = parse_spec(yaml.safe_dump(tpu_doc(tpu={"machine_type": "tpu7x-standard-4t", "topology": "2x4x4"},
+                                             zones=["us-central1-c"])).encode(), "j")
+    assert spec.tpu is not None and (spec.tpu.api, spec.tpu.hosts, spec.tpu.accelerator) == ("compute", 8, "tpu7x-32")
+    assert (spec.boot_disk.image_project, spec.boot_disk.image_family) == (
+        "ubuntu-os-accelerator-images", "ubuntu-accel-2404-amd64-tpu-tpu7x")
