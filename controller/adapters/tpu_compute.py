@@ -401,7 +401,7 @@ class ComputeTpu:
         return TpuNode(project=project, zone=zone, name=name, state=state, health=NodeHealth.HEALTHY,
                        labels={**labels, names.MANAGED_LABEL: "true"}, created_at=datetime.fromisoformat(created),
                        accelerator_type=machine, spot=model == "SPOT", id=ident, workers=workers, queued=queued,
-                       api="compute", stop_reason=reason)
+                       api="compute", stop_reason=reason, host_ids={i.name: str(i.id) for i in hosts if i.id})
 
     # -- delete ---------------------------------------------------------------------------------
     def delete(self, project: str, zone: str, name: str) -> None:

@@ -119,7 +119,7 @@ def attempts(job: str, status: JobStatus | None, live: Iterable[Instance] = ()) 
     ids = {**(status.instance_ids if status else {}), **{i.name: i.id for i in live if i.id}}
     by_attempt: dict[int, dict[str, str]] = {}
     for name, id_ in ids.items():
-        parsed = names.parse_instance_name(name)
+        parsed = names.parse_slice_host(name) or names.parse_instance_name(name)
         if parsed and parsed[0] == job and id_:
             by_attempt.setdefault(parsed[1], {})[name] = id_
     spans = {s.attempt: s for s in status.ledger.spans} if status else {}
@@ -143,15 +143,16 @@ def attempts(job: str, status: JobStatus | None, live: Iterable[Instance] = ()) 
 
 
 def _tpu(status: JobStatus | None, live: list[Instance], attempt: int) -> bool | None:
-    """Whether the attempt ran on a TPU node: what a live instance says, else the status (which
-    knows the current attempt's kind, and whether the run ever used a TPU)."""
-    seen = {i.tpu for i in live if i.attempt == attempt}
+    """Whether the attempt ran on a Cloud TPU node (its workers log as tpu_worker): what a live
+    instance says, else the status (which knows the current attempt's kind, and whether the run ever
+    used a TPU node). A TPU slice in Compute Engine is not one: its hosts log as the VMs they are."""
+    seen = {i.tpu and i.tpu_api == "tpu" for i in live if i.attempt == attempt}
     if len(seen) == 1:
         return seen.pop()
     if status is None:
         return None
-    if attempt == status.attempt:
-        return status.attempt_tpu
+    if attempt == status.attempt and not (status.tpu and status.tpu_compute):
+        return status.attempt_tpu and status.tpu
     return None if status.tpu else False
 
 

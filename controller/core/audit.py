@@ -50,7 +50,6 @@ RESTARTS = ("compute.instances.automaticRestart", "compute.instances.migrateOnHo
 METHODS = (*LOSSES, *RESTARTS)
 # A Cloud TPU VM's worker as Compute names it (the node's name is not in it).
 _TPU_WORKER = re.compile(r"t1v-n-[0-9a-f]+-w-(0|[1-9][0-9]*)")
-_SLICE_HOST = re.compile(r"(?P<slice>[a-z][-a-z0-9]*-[1-9][0-9]*)-w-[a-z0-9]{4}")
 _RESOURCE = re.compile(r"projects/(?P<project>[^/]{1,100})/zones/(?P<zone>[^/]{1,100})/instances/(?P<name>[^/]+)")
 _INSTANCE_NAME = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")  # Compute's own rule (RFC 1035, 63 at most)
 MAX_INSERT_ID = 128  # past it (no entry of Compute's), an insertId is logged as its digest
@@ -94,10 +93,8 @@ class AuditEvent:
     def _parsed(self) -> tuple[str, int, int | None] | None:
         if self.tpu_worker:
             return None
-        # A MIG's VM: its base name (the slice, <job>-<attempt>) and a hyphen, "w", and the four characters
-        # Compute appends; read first, for "-w-1234" would also read as job "<job>-<attempt>-w", attempt 1234.
-        if (host := _SLICE_HOST.fullmatch(self.instance)) is not None:
-            return names.parse_instance_name(host["slice"])
+        if (host := names.parse_slice_host(self.instance)) is not None:  # a host of a TPU slice's MIG
+            return (*host, None)
         return names.parse_instance_name(self.instance)
 
     @property

@@ -167,6 +167,19 @@ def parse_instance_name(name: str) -> tuple[str, int, int | None] | None:
     return match.group("job"), int(match.group("attempt")), None if rank is None else int(rank)
 
 
+# A host of a TPU slice's MIG: the slice's name (``instance_name``), "-w", and the hyphen and four
+# characters Compute appends to a MIG's base instance name.
+_SLICE_HOST_RE = re.compile(r"(?P<slice>[a-z][-a-z0-9]*-[1-9][0-9]*)-w-[a-z0-9]{4}")
+
+
+def parse_slice_host(name: str) -> tuple[str, int] | None:
+    """(job, attempt) for a host of a TPU slice's MIG (``<job>-<attempt>-w-xxxx``); None otherwise. Read
+    before ``parse_instance_name``: ``<job>-<attempt>-w-1234`` would also read as job ``<job>-<attempt>-w``."""
+    match = _SLICE_HOST_RE.fullmatch(name)
+    parsed = parse_instance_name(match["slice"]) if match else None
+    return (parsed[0], parsed[1]) if parsed and parsed[2] is None else None
+
+
 def node_names(job: str, attempt: int, nodes: int) -> list[str]:
     if nodes == 1:
         return [instance_name(job, attempt)]

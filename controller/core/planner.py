@@ -87,12 +87,14 @@ def _seen_ids(actions: list[Action], instances: tuple[Instance, ...]) -> list[Ac
     in whatever state (an attempt that went from PROVISIONING to its end between two passes was
     never seen RUNNING): their logs are found by id once they are gone. Only in writes the plan
     makes anyway; a gang's ids (its bulkInsert names none) come from here."""
-    if not any(i.id for i in instances):
+    if not any(i.id or i.host_ids for i in instances):
         return actions
 
     def recorded(st: JobStatus) -> JobStatus:
         base = _run_base(st)
-        return st.with_ids({i.name: i.id for i in instances if i.id and base < i.attempt <= st.attempt})
+        # A Compute Engine TPU slice: its hosts' ids, each a VM whose logs are found by id.
+        return st.with_ids({name: id_ for i in instances if base < i.attempt <= st.attempt
+                            for name, id_ in (i.host_ids or {i.name: i.id}).items() if id_})
 
     return [replace(a, status=recorded(a.status)) if isinstance(a, WriteStatus) else a for a in actions]
 

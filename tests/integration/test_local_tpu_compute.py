@@ -114,6 +114,13 @@ def test_a_multi_host_slice_preempted_with_notice_then_hard_is_replaced_whole_an
     assert final.result is not None and final.result["weights"] == uninterrupted_weights()
     launch = next(e for e in final.history if e.event == "launch")
     assert "Compute Engine TPU slice 2x2x2: 2 hosts of tpu7x-standard-4t" in launch.detail
+    # The hosts' logs read as VMs' (gce_instance, by the ids the status recorded), each attempt's together.
+    logs = CliRunner().invoke(app, ["logs", job, "--limit", "2000"])
+    assert logs.exit_code == 0, logs.output
+    for attempt in (1, 2, 3):
+        header = next((line for line in logs.output.splitlines() if line.startswith(f"── attempt {attempt}:")), "")
+        assert header.count(f"{job}-{attempt}-w-") == 2, logs.output[-3000:]
+    assert "(rank 1 of 2)" in logs.output and "(rank 0 of 2)" in logs.output
     until("every slice gone", lambda: not [n for n in cloud.compute.mig_names() if n.startswith(f"{job}-")]
           and not hosts(cloud, f"{job}-3"))
 

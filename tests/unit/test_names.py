@@ -103,3 +103,12 @@ def test_a_number_of_shards_that_is_no_power_of_two_up_to_the_label_s_range_is_r
     assert names.shards_problem(k)
     with pytest.raises(ValueError):
         names.shard_of("llm", k)
+
+
+def test_a_tpu_slice_hosts_name_reads_as_its_job_and_attempt_and_nothing_else_does():
+    assert names.parse_slice_host("train-3-w-ab12") == ("train", 3)
+    assert names.parse_slice_host("train-3-w-1234") == ("train", 3)  # not job "train-3-w", attempt 1234
+    assert names.parse_slice_host("a-1-2-w-zz9x") == ("a-1", 2)
+    for other in ("train-3", "train-3-n1", "train-3-w-abc", "train-3-w-ABCD", "train-0-w-abcd", "t1v-n-1f-w-0",
+                  "train-3-n1-w-abcd"):
+        assert names.parse_slice_host(other) is None, other
