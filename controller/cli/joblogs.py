@@ -151,8 +151,8 @@ def _tpu(status: JobStatus | None, live: list[Instance], attempt: int) -> bool |
         return seen.pop()
     if status is None:
         return None
-    if attempt == status.attempt and not (status.tpu and status.tpu_compute):
-        return status.attempt_tpu and status.tpu
+    if attempt == status.attempt:
+        return status.attempt_tpu and not status.attempt_compute
     return None if status.tpu else False
 
 

@@ -956,6 +956,7 @@ def _adopt(v: JobView, st: JobStatus, attempt: int, now: datetime) -> JobStatus:
                   instances=names_, project=first.project, zone=first.zone, inserted=True, inserted_at=now,
                   tpu=st.tpu or (first.tpu and first.tpu_api == "tpu"),
                   tpu_compute=st.tpu_compute or (first.tpu and first.tpu_api == "compute"), attempt_tpu=first.tpu,
+                  attempt_compute=first.tpu and first.tpu_api == "compute",
                   attempt_token=st.attempt_token if attempt == st.attempt else None,
                   attempt_started_at=st.attempt_started_at or now, started_at=st.started_at or now, message=detail)
 

@@ -308,6 +308,7 @@ class JobStatus(BaseModel):
     # and MIGs are listed for slices. (``tpu`` is the Cloud TPU API's alone.)
     tpu_compute: bool = False
     attempt_tpu: bool = False  # the current attempt was committed as a TPU node (not VMs), of either API
+    attempt_compute: bool = False  # ... as a TPU slice in Compute Engine (not a Cloud TPU API node)
     upcoming_maintenance: str | None = None  # a TPU node's announced maintenance, while it is
     inserted: bool = False  # the current attempt's insert was acknowledged by Compute
     inserted_at: Instant | None = None  # when it was: startup grace counts from here

@@ -185,6 +185,7 @@ def begin_attempt(
         tpu=status.tpu or (spec.tpu is not None and spec.tpu.api == "tpu"),
         tpu_compute=status.tpu_compute or (spec.tpu is not None and spec.tpu.api == "compute"),
         attempt_tpu=spec.tpu is not None,
+        attempt_compute=spec.tpu is not None and spec.tpu.api == "compute",
         upcoming_maintenance=None,
         inserted=False,
         inserted_at=None,
@@ -319,7 +320,8 @@ def switch_kind(status: JobStatus, spec: JobSpec, now: datetime) -> JobStatus:
     # Nothing a VM's capacity said holds for a TPU's, nor the other way round: every model's
     # cooldowns and refusals are dropped.
     return _afresh(status.but(model_cooldowns={}, refused_models={}, zone_cooldowns={}), now, "respec", detail,
-                   spec.provisioning[0], attempt_tpu=tpu,
+                   spec.provisioning[0], attempt_tpu=tpu, attempt_compute=tpu and spec.tpu is not None
+                   and spec.tpu.api == "compute",
                    tpu=status.tpu or (spec.tpu is not None and spec.tpu.api == "tpu"),
                    tpu_compute=status.tpu_compute or (spec.tpu is not None and spec.tpu.api == "compute"))
 

@@ -59,6 +59,9 @@ class JobRow:
             "zone": st.zone if st else None,
             "provisioning": st.provisioning if st else None,  # the current attempt's model
             "tpu": st.tpu if st else False,  # the job has run on a Cloud TPU node
+            "tpu_compute": st.tpu_compute if st else False,  # ... or on a TPU slice in Compute Engine
+            # Which API the current attempt's TPU is created through ("tpu", "compute"); None: VMs.
+            "tpu_api": ("compute" if st.attempt_compute else "tpu") if st and st.attempt_tpu else None,
             "upcoming_maintenance": st.upcoming_maintenance if st else None,  # announced on its TPU node
             # What capacity advice said of each zone at the last launch (placement: capacity).
             "zone_advice": {z: a.model_dump() for z, a in st.zone_advice.items()} if st else {},

@@ -51,7 +51,7 @@ def gone(h: Harness) -> None:
 def test_a_multi_host_slice_is_one_compute_engine_request_for_its_hosts_and_never_the_tpu_api(h):
     st = h.status("ironwood")
     assert st.phase == Phase.PROVISIONING and st.instances == ("ironwood-1",)
-    assert st.tpu_compute and not st.tpu and st.attempt_tpu
+    assert st.tpu_compute and not st.tpu and st.attempt_tpu and st.attempt_compute
     r = h.slices.request_of("ironwood-1")
     assert (r.api, r.accelerator_type, r.topology, r.hosts, r.zone, r.project, r.spot) == (
         "compute", "tpu7x-standard-4t", "2x2x2", 2, "us-central1-c", PROJECT, True)
