@@ -382,6 +382,8 @@ class ComputeTpu:
         if mig is not None:
             workers = int(mig.target_size)
             state = NodeState.DELETING if mig.current_actions.deleting else slice_state(statuses, workers)
+            if state == NodeState.CREATING and _lost_hosts(mig, statuses, workers):
+                state = NodeState.TERMINATED
             props = template.properties
             labels = dict(hosts[0].labels) if hosts else dict(props.labels)
             machine, model = props.machine_type.rsplit("/", 1)[-1], props.scheduling.provisioning_model
@@ -394,8 +396,9 @@ class ComputeTpu:
             created, ident = vm.creation_timestamp, str(vm.id)
         reason: StopReason | None = None
         if state == NodeState.TERMINATED:
-            down = next(i for i, s in zip(hosts, statuses) if s in _DOWN)
-            reason = stop_reason(self.c.zone_ops, project, zone, down.name)
+            down = next((i for i, s in zip(hosts, statuses) if s in _DOWN), None)
+            # A host gone (no down one to ask Compute of): its cause is not on record here.
+            reason = stop_reason(self.c.zone_ops, project, zone, down.name) if down is not None else StopReason.UNKNOWN
         queued = QueuedState.WAITING_FOR_RESOURCES if model == "FLEX_START" and InstanceStatus.PENDING in statuses \
             else None
         return TpuNode(project=project, zone=zone, name=name, state=state, health=NodeHealth.HEALTHY,
@@ -486,6 +489,20 @@ def _leftover(project: str, template: Any) -> TpuNode | None:
                    health=NodeHealth.HEALTHY, labels={**props.labels, names.MANAGED_LABEL: "true"},
                    created_at=created, accelerator_type=props.machine_type, spot=props.scheduling.provisioning_model
                    == "SPOT", id=str(template.id), workers=0, api="compute", stop_reason=StopReason.STOPPED)
+
+
+def _lost_hosts(mig: Any, statuses: Sequence[InstanceStatus], workers: int) -> bool:
+    """Whether a MIG with fewer hosts than its target lost some (deleted by hand, or by a Flex-start
+    host's termination action at its run's end) rather than is still making them: BULK makes a slice's
+    hosts all at once, so some listed, every one of them up, and one missing is one gone; none listed
+    while the MIG is stable and makes nothing (DO_NOTHING repairs nothing) is every one gone."""
+    if len(statuses) >= workers:
+        return False
+    if statuses:
+        return all(s == InstanceStatus.RUNNING for s in statuses)
+    actions = mig.current_actions
+    making = actions.creating + actions.creating_without_retries + actions.recreating + actions.verifying
+    return making == 0 and bool(mig.status.is_stable)
 
 
 def _made(m: Any, flex_start: bool) -> bool:

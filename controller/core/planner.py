@@ -806,10 +806,12 @@ def _insert(v: JobView, spec: JobSpec, st: JobStatus, now: datetime, ctx: Launch
         # would tell only that, at the price of a mutation against the project's rate quota
         # (after a mass preemption, a thousand of them in one minute: bench mass_recovery).
         return [WriteStatus(v.job, t.inserted(st, now), "inserted"), *_consume(v, st)]
-    if found and all(i.status in _UNDER_WAY for i in found):
+    if found and all(i.status in _UNDER_WAY for i in found) and not any(i.tpu_api == "compute" for i in found):
         # Accepted and under way: the operation ends with the VMs RUNNING, or they are gone
         # and the same request id, asked again, tells why. (Not PENDING: a Flex-start VM's
-        # insert is done while it waits for capacity, and only its answer says so.)
+        # insert is done while it waits for capacity, and only its answer says so. Nor a slice in
+        # Compute Engine: a MIG without room never ends its create, it keeps trying in BULK mode,
+        # and only the create, asked again, reads its stockout and stops it.)
         return _note(v, st, "insert-pending", t.insert_pending_text(st.zone), now)
     switched = not found and st.attempt_tpu != tpu
     if switched:

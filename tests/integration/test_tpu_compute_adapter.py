@@ -317,3 +317,22 @@ def test_gcloud_lists_describes_and_deletes_the_slices_respawn_creates(srv, gw, 
     assert "gbig" not in srv.template_names()
     with pytest.raises(errors.NotFound):
         gw.delete(PROJECT, ZONE, "gbig")
+
+
+def test_a_slice_a_host_of_which_is_gone_and_not_being_made_again_reads_broken_not_creating(srv, gw):
+    """A host deleted by hand (or by its termination action: a Flex-start host at its run's end) from a
+    MIG that repairs nothing: the MIG is making nothing, so the host is lost, not on its way."""
+    gw.create(request("cut", "2x2x2"), rid())
+    hosts = sorted(n for n in srv.names() if n.startswith("cut-w-"))
+    raw(srv)["instances"].delete_unary(project=PROJECT, zone=ZONE, instance=hosts[1])
+    until("the host gone", lambda: hosts[1] not in srv.names())
+    mig = raw(srv)["migs"].get(project=PROJECT, zone=ZONE, instance_group_manager="cut")
+    assert mig.current_actions.creating == 0 and mig.current_actions.recreating == 0
+    found = node(gw, "cut")
+    assert found is not None and found.state == NodeState.TERMINATED and found.workers == 2
+    assert found.as_instance().status.down and found.stop_reason == StopReason.UNKNOWN
+    raw(srv)["instances"].delete_unary(project=PROJECT, zone=ZONE, instance=hosts[0])
+    until("every host gone", lambda: not srv.names())
+    assert node(gw, "cut").state == NodeState.TERMINATED, "a stable MIG making nothing, with no host: all lost"
+    gw.create(request("young", "2x2x2"), rid())  # one whose hosts are all up reads READY still
+    assert node(gw, "young").state == NodeState.READY

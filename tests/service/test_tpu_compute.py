@@ -259,3 +259,22 @@ def test_validate_refuses_a_zone_that_does_not_offer_the_machine_type_naming_the
     result = CliRunner().invoke(app, ["validate", str(path)])
     assert result.exit_code == 0, result.output
     assert "runs on a Compute Engine TPU slice 2x2x2: 2 hosts of tpu7x-standard-4t" in " ".join(result.output.split())
+
+
+def test_a_slice_whose_create_was_pending_is_asked_again_so_that_a_stockout_since_is_read():
+    """A MIG in BULK mode without room never ends its create: it keeps trying, its hosts CREATING, and
+    only a create (the same request id) reads its last attempt's stockout and deletes it. A slice found
+    CREATING is asked again, never left as an insert under way for ever (review 38)."""
+    h = Harness()
+    h.submit("stuck", slice_doc(provisioning=["spot", "standard"], policy={"fallback": {"wait": "0s"}}))
+    h.slices.hold = True
+    h.tick()
+    assert h.status("stuck").phase == Phase.PROVISIONING and h.slices.names() == ["stuck-1"]
+    h.slices.hold = False
+    h.slices.stockout("us-central1-c")
+    for _ in range(3):
+        h.tick()
+        h.advance(seconds=61)
+    st = h.status("stuck")
+    assert "stuck-1" not in h.slices.names(), "the slice that could not get room is no longer trying"
+    assert st.provisioning == "standard" or st.attempt > 1 or st.not_before is not None, st.message
