@@ -379,6 +379,12 @@ class MigsApi:
             if not self._machine_exists(machine_name, zone):
                 raise gce.unknown_machine_type("resource.instanceTemplate", machine_name, zone)
             policy, topology = self._workload(project, zone, body, machine_name, size)
+            mode = (body.get("targetSizePolicy") or {}).get("mode", "INDIVIDUAL")
+            if mode == "BULK" and _model(props) not in ("FLEX_START", "RESERVATION_BOUND"):
+                # "Bulk mode in MIGs is only supported with instance templates that specify either a
+                # reservation-bound or flex-start provisioning model" (Create a MIG that uses the bulk mode).
+                raise gce.invalid("resource.targetSizePolicy.mode", mode, "Bulk mode is only supported with instance "
+                                  "templates that specify a reservation-bound or flex-start provisioning model.")
             scope = self.urls.zone(project, zone)
             link = f"{scope}/instanceGroupManagers/{name}"
             lifecycle = {"defaultActionOnFailure": "REPAIR", "forceUpdateOnRepair": "NO",

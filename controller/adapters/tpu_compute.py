@@ -18,8 +18,9 @@ Decisions, each for a reason:
 - ``defaultActionOnFailure`` DO_NOTHING: respawn replaces a slice whole. A MIG that recreates one
   host gives a fresh VM in a slice whose collective cannot resume; the down host is what tells the
   planner the slice is lost (state TERMINATED, with Compute's operations' cause).
-- ``targetSizePolicy.mode`` BULK: the slice's hosts all at once or none (a half-made slice costs and
-  cannot run). A MIG without room does not fail: it keeps trying, each managed instance CREATING with
+- ``targetSizePolicy.mode`` BULK for a flex-start slice (all hosts at once or none); Google takes BULK only
+  with flex-start or reservation-bound templates ("Create a MIG that uses the bulk mode"), so a Spot or
+  standard slice is INDIVIDUAL. A MIG without room does not fail: it keeps trying, each managed instance CREATING with
   ``lastAttempt.errors`` (ZONE_RESOURCE_POOL_EXHAUSTED, QUOTA_EXCEEDED). ``create`` reads those, deletes
   the MIG (and its template) so that nothing keeps trying, and raises ``CapacityError`` / ``QuotaError``
   as an instance insert would, so the planner moves on as it does for a VM.
@@ -206,8 +207,9 @@ class ComputeTpu:
             resource_policies=compute_v1.InstanceGroupManagerResourcePolicies(
                 workload_policy=f"projects/{r.project}/regions/{region}/resourcePolicies/{policy}"),
             instance_lifecycle_policy=compute_v1.InstanceGroupManagerInstanceLifecyclePolicy(
-                default_action_on_failure="DO_NOTHING"),
-            target_size_policy=compute_v1.InstanceGroupManagerTargetSizePolicy(mode="BULK"))
+                default_action_on_failure="DO_NOTHING"))
+        if r.flex_start:  # all hosts at once or none; Google takes BULK with flex-start (or reservations) only
+            mig.target_size_policy = compute_v1.InstanceGroupManagerTargetSizePolicy(mode="BULK")
         self._ensure(lambda: self.c.migs.insert_unary(request=compute_v1.InsertInstanceGroupManagerRequest(
             project=r.project, zone=r.zone, request_id=request_id, instance_group_manager_resource=mig),
             retry=RETRY), lambda op: self._wait_zone(r.project, r.zone, op, deadline), r.zone, "MIG", wait)
@@ -350,6 +352,8 @@ class ComputeTpu:
             unreachable |= {u.removeprefix("zones/") for u in page.unreachables}
             for scope, scoped in page.items.items():
                 zone = scope.removeprefix("zones/")
+                if scoped.warning and scoped.warning.code == "UNREACHABLE":
+                    unreachable.add(zone)
                 for m in scoped.instance_group_managers:
                     template = templates.get(m.instance_template.rsplit("/", 1)[-1])
                     if template is None or template.name != m.name:
@@ -493,16 +497,12 @@ def _leftover(project: str, template: Any) -> TpuNode | None:
 
 def _lost_hosts(mig: Any, statuses: Sequence[InstanceStatus], workers: int) -> bool:
     """Whether a MIG with fewer hosts than its target lost some (deleted by hand, or by a Flex-start
-    host's termination action at its run's end) rather than is still making them: BULK makes a slice's
-    hosts all at once, so some listed, every one of them up, and one missing is one gone; none listed
-    while the MIG is stable and makes nothing (DO_NOTHING repairs nothing) is every one gone."""
+    host's termination action at its run's end) rather than is still making them: it makes none
+    (no managed instance creating, recreating or being verified; DO_NOTHING repairs nothing)."""
     if len(statuses) >= workers:
         return False
-    if statuses:
-        return all(s == InstanceStatus.RUNNING for s in statuses)
     actions = mig.current_actions
-    making = actions.creating + actions.creating_without_retries + actions.recreating + actions.verifying
-    return making == 0 and bool(mig.status.is_stable)
+    return actions.creating + actions.creating_without_retries + actions.recreating + actions.verifying == 0
 
 
 def _made(m: Any, flex_start: bool) -> bool:

@@ -349,7 +349,8 @@ class Observer:
             recorded = self._recorded_instances(later) if job is None else InstanceList([])
             unseen = tuple(sorted({*unseen, *recorded.failed_projects}))
             why = {**why, **recorded.failed_projects}
-            tpus = tpu_list.result(self.tpu_timeout, lambda: self._tpu_unanswered(job, later))
+            by_api = tpu_list.result(self.tpu_timeout, lambda: self._tpu_unanswered(job, later))
+            tpus = _merged(by_api["tpu"], by_api["compute"])
             listed = {(n.project, n.zone, n.name) for n in tpus.nodes}
             orphans = orphan_list.result(self.tpu_timeout, list)
             tpus = replace(tpus, nodes=[*tpus.nodes, *(n for n in orphans if (n.project, n.zone, n.name) not in listed)])
@@ -364,11 +365,10 @@ class Observer:
             # A TPU list that failed blinds the TPU jobs alone: a project without the TPU API, or
             # a zone without TPUs, says nothing about VMs.
             tpu_unreachable = tuple(dict.fromkeys((*unreachable, *tpus.unreachable)))
-            tpu_unseen = tuple(sorted({*unseen, *tpus.failed_projects}))
             tpu_why = {**{p: f"TPU nodes: {w}" for p, w in tpus.failed_projects.items()}, **why}
             # A job whose folder is gone whole says nothing of what it ran on: a TPU node of it may be
             # there unseen, holding quota (and its sweep slot), so a failed TPU list blinds it too.
-            views = {n: replace(v, unreachable=tpu_unreachable, unseen_projects=tpu_unseen, unseen_why=tpu_why,
+            views = {n: replace(v, unreachable=tpu_unreachable, **_tpu_blind(v, by_api, unseen, why),
                                 denied_zones=tpus.denied)
                      if _on_tpu(v) or (not v.has_spec and v.status is None)
                      else replace(v, unreachable=unreachable, unseen_projects=unseen, unseen_why=why)
@@ -461,38 +461,39 @@ class Observer:
                 if i.project in self.policy.watched_projects or recorded.get(i.job or "") == i.project]
         return replace(found, instances=kept)
 
-    def _tpu_unanswered(self, job: str | None, views: dict[str, JobView]) -> TpuList:
+    def _tpu_unanswered(self, job: str | None, views: dict[str, JobView]) -> dict[str, TpuList]:
         """What a TPU listing past its bound leaves: every project it would have listed, not seen."""
-        projects = {**self._tpu_targets(job, views)[0], **self._tpu_targets(job, views, "compute")[0]}
         why = f"TransientError: the TPU API did not answer within {self.tpu_timeout:g}s"
-        return TpuList([], failed_projects={p: why for p in projects})
+        return {api: TpuList([], failed_projects={p: why for p in self._tpu_targets(job, views, api)[0]})
+                for api in ("tpu", "compute")}
 
-    def _tpu_nodes(self, job: str | None, views: dict[str, JobView]) -> TpuList:
+    def _tpu_nodes(self, job: str | None, views: dict[str, JobView]) -> dict[str, TpuList]:
         """The TPU nodes of the jobs that run, or ran, on TPUs, from the zones they can be in.
 
         TPU v2 has no aggregated list: each zone is listed. The zones are those of the specs
         that ask for a TPU, and every zone a status that ever had one names (its history
         included), so a node is found to be deleted wherever it was created. (A node whose job
-        folder was deleted whole is looked for by ``_recorded_tpu_nodes``.)"""
-        found = TpuList([])
-        recorded: dict[str, str] = {}
-        # Cloud TPU nodes zone by zone; Compute Engine slices by project (aggregated lists).
+        folder was deleted whole is looked for by ``_recorded_tpu_nodes``.) Compute Engine's TPU slices
+        are listed beside them, by project (aggregated lists). By API: a listing of one that fails
+        blinds the jobs on that API alone (``_tpu_blind``)."""
+        by_api: dict[str, TpuList] = {}
         for gateway, api in ((self.tpu, "tpu"), (self.slices, "compute")):
-            projects, zones, its_recorded = self._tpu_targets(job, views, api)
-            recorded.update(its_recorded)
+            projects, zones, recorded = self._tpu_targets(job, views, api)
             if gateway is None or not projects or (api == "tpu" and not zones):
+                by_api[api] = TpuList([])
                 continue
             try:
-                found = _merged(found, gateway.list_nodes(tuple(projects), tuple(zones), job))
+                found = gateway.list_nodes(tuple(projects), tuple(zones), job)
             except errors.RespawnError as e:  # the TPU jobs wait (blind); the VM jobs go on
-                found = _merged(found, TpuList([], failed_projects={p: _short(e) for p in projects}))
-        for project, why in found.failed_projects.items():
-            log.warning("could not list TPU nodes", extra={"json_fields": {"project": project, "error": why}})
-        # As for VMs: a node in a project no longer watched is kept only for the job whose
-        # status records that project.
-        kept = [n for n in found.nodes
-                if n.project in self.policy.watched_projects or recorded.get(n.job or "") == n.project]
-        return replace(found, nodes=kept)
+                found = TpuList([], failed_projects={p: _short(e) for p in projects})
+            for project, why in found.failed_projects.items():
+                log.warning("could not list TPU nodes", extra={"json_fields": {"project": project, "api": api,
+                                                                               "error": why}})
+            # As for VMs: a node in a project no longer watched is kept only for the job whose
+            # status records that project.
+            by_api[api] = replace(found, nodes=[n for n in found.nodes if n.project in self.policy.watched_projects
+                                                or recorded.get(n.job or "") == n.project])
+        return by_api
 
     def _recorded_tpu_nodes(self, job: str | None, views: dict[str, JobView]) -> list[TpuNode]:
         """A pass over every job also lists each zone of a watched project the controller ever
@@ -1178,6 +1179,20 @@ def _on_tpu(view: JobView) -> bool:
     """A job that runs, or ran, on a TPU node."""
     return (view.spec is not None and view.spec.tpu is not None) or (
         view.status is not None and (view.status.tpu or view.status.tpu_compute))
+
+
+def _tpu_blind(view: JobView, by_api: dict[str, TpuList], unseen: tuple[str, ...],
+               why: dict[str, str]) -> dict[str, Any]:
+    """What a TPU job is blind to: the projects no instance list saw, and those the TPU listing of each
+    API it is on (or may be: a job whose folder is gone whole says nothing of which) failed in. A
+    project without the Cloud TPU API never blinds a TPU7x job there, nor Compute's refusal a Cloud TPU one."""
+    spec, st = view.spec, view.status
+    apis = {spec.tpu.api} if spec is not None and spec.tpu is not None else set()
+    apis |= {"tpu"} if st is not None and st.tpu else set()
+    apis |= {"compute"} if st is not None and st.tpu_compute else set()
+    failed = {p: w for api in (apis or {"tpu", "compute"}) for p, w in by_api[api].failed_projects.items()}
+    return {"unseen_projects": tuple(sorted({*unseen, *failed})),
+            "unseen_why": {**{p: f"TPU nodes: {w}" for p, w in failed.items()}, **why}}
 
 
 def _merged(a: TpuList, b: TpuList) -> TpuList:

@@ -85,7 +85,7 @@ def template(gc: Clients, name: str = "tmpl", **kwargs: Any) -> None:
 
 
 def mig_body(name: str = "slice", size: int | None = 2, tmpl: str = "tmpl", workload: str | None = "slice-2x2x2",
-             action: str = "DO_NOTHING", mode: str = "BULK") -> compute_v1.InstanceGroupManager:
+             action: str = "DO_NOTHING", mode: str = "INDIVIDUAL") -> compute_v1.InstanceGroupManager:
     body = compute_v1.InstanceGroupManager(
         name=name, base_instance_name=f"{name}-w", instance_template=f"global/instanceTemplates/{tmpl}",
         instance_lifecycle_policy=compute_v1.InstanceGroupManagerInstanceLifecyclePolicy(default_action_on_failure=action),
@@ -293,7 +293,7 @@ def test_a_mig_needs_its_template_and_its_policy(srv, gc):
 
 
 @pytest.mark.parametrize("fault, code", [("stockout", "ZONE_RESOURCE_POOL_EXHAUSTED"), ("quota", "QUOTA_EXCEEDED")])
-def test_a_bulk_mig_in_a_zone_without_room_makes_nothing_and_retries_until_there_is(srv, gc, fault, code):
+def test_a_slice_mig_in_a_zone_without_room_makes_nothing_and_retries_until_there_is(srv, gc, fault, code):
     policy(gc)
     template(gc)
     getattr(srv, fault)(ZONE)
@@ -302,7 +302,7 @@ def test_a_bulk_mig_in_a_zone_without_room_makes_nothing_and_retries_until_there
         h.last_attempt.errors.errors for h in m) and m)
     assert [h.current_action for h in waiting] == ["CREATING", "CREATING"]
     assert {e.code for h in waiting for e in h.last_attempt.errors.errors} == {code}
-    assert srv.names() == set()  # BULK: not one VM while all cannot be made
+    assert srv.names() == set()  # a zone without room here makes none of the slice's VMs
     assert gc.migs.get(project=PROJECT, zone=ZONE, instance_group_manager="slice").current_actions.creating == 2
     time.sleep(0.3)
     assert srv.names() == set()
@@ -422,3 +422,23 @@ def test_gcloud_makes_lists_describes_and_deletes_a_slice(srv, tmp_path):
     assert srv.mig_names() == set() and srv.names() == set()
     run("instance-templates", "delete", "gt", "--quiet")
     run("resource-policies", "delete", "wp", f"--region={REGION}", "--quiet")
+
+
+def test_bulk_mode_is_taken_with_a_flex_start_template_and_refused_with_a_spot_one(srv, gc):
+    """Google: "Bulk mode in MIGs is only supported with instance templates that specify either a
+    reservation-bound or flex-start provisioning model" (Create a MIG that uses the bulk mode)."""
+    policy(gc)
+    template(gc, name="spot")
+    with pytest.raises(gexc.BadRequest, match="targetSizePolicy.mode"):
+        make_mig(gc, mig_body(tmpl="spot", mode="BULK"))
+    gc.templates.insert(project=PROJECT, instance_template_resource=compute_v1.InstanceTemplate(
+        name="flex", properties=flex_properties()))
+    make_mig(gc, mig_body(name="bulk", tmpl="flex", mode="BULK"))
+    assert gc.migs.get(project=PROJECT, zone=ZONE, instance_group_manager="bulk").target_size_policy.mode == "BULK"
+
+
+def flex_properties() -> compute_v1.InstanceProperties:
+    props = properties(model="FLEX_START")
+    props.scheduling.instance_termination_action = "DELETE"
+    props.scheduling.max_run_duration = compute_v1.Duration(seconds=3600)
+    return props

@@ -103,7 +103,7 @@ def test_a_single_host_slice_is_one_instance_listed_as_a_node_and_never_as_a_vm(
 def test_a_multi_host_slice_is_a_mig_up_when_create_returns_and_broken_when_one_host_is_preempted(srv, gw):
     gw.create(request("big", "2x2x2"), rid())
     mig = srv.mig("big")
-    assert mig["targetSize"] == 2 and mig["targetSizePolicy"]["mode"] == "BULK"
+    assert mig["targetSize"] == 2 and mig["targetSizePolicy"]["mode"] == "INDIVIDUAL"  # BULK: flex-start only
     assert mig["instanceLifecyclePolicy"]["defaultActionOnFailure"] == "DO_NOTHING"
     assert mig["resourcePolicies"]["workloadPolicy"].endswith("/regions/us-central1/resourcePolicies/respawn-slice-2x2x2")
     hosts = sorted(n for n in srv.names() if n.startswith("big-w-"))
@@ -284,7 +284,7 @@ def test_gcloud_lists_describes_and_deletes_the_slices_respawn_creates(srv, gw, 
     mig = run("instance-groups", "managed", "describe", "gbig", f"--zone={ZONE}")
     assert mig["instanceTemplate"].endswith("/global/instanceTemplates/gbig") and mig["baseInstanceName"] == "gbig-w"
     assert mig["instanceLifecyclePolicy"]["defaultActionOnFailure"] == "DO_NOTHING"
-    assert mig["targetSizePolicy"]["mode"] == "BULK"
+    assert mig["targetSizePolicy"]["mode"] == "INDIVIDUAL"
     policy = mig["resourcePolicies"]["workloadPolicy"]
     assert policy.endswith("/regions/us-central1/resourcePolicies/respawn-slice-2x2x2")
     managed = run("instance-groups", "managed", "list-instances", "gbig", f"--zone={ZONE}")

@@ -93,6 +93,15 @@ def test_an_entry_parses_into_its_instance_method_and_time():
     assert audit.parse_entry(entry).reason is None
 
 
+def test_a_tpu_slice_hosts_entry_names_its_slices_job_and_attempt():
+    """A MIG's VM is <job>-<attempt>-w-xxxx: its System Event entry wakes that job's pass (read before the
+    VM reading, which would take "-w-1234" for job "<job>-<attempt>-w", attempt 1234)."""
+    for host in ("iron-3-w-ab12", "iron-3-w-1234"):
+        event = audit.parse_entry(system_event_entry("p1", "us-central1-c", host, "42",
+                                                     "compute.instances.preempted", _now()))
+        assert (event.job, event.attempt) == ("iron", 3), host
+
+
 @pytest.mark.parametrize("mangle, why", [
     (lambda e: "not a dict", "JSON object"),
     (lambda e: {**e, "protoPayload": None}, "protoPayload"),

@@ -278,3 +278,28 @@ def test_a_slice_whose_create_was_pending_is_asked_again_so_that_a_stockout_sinc
     st = h.status("stuck")
     assert "stuck-1" not in h.slices.names(), "the slice that could not get room is no longer trying"
     assert st.provisioning == "standard" or st.attempt > 1 or st.not_before is not None, st.message
+
+
+def test_a_slice_listing_that_fails_never_blinds_a_cloud_tpu_job_in_the_project_nor_the_other_way_round():
+    h = Harness()
+    h.submit("ironwood", slice_doc())
+    node = spec_doc(zones=["us-central2-b"], tpu={"type": "v4-16", "runtime_version": "tpu-ubuntu2204-base"})
+    del node["machine_type"]
+    h.submit("pod", node)
+    h.tick()
+    h.tick()
+    assert h.status("ironwood").phase == h.status("pod").phase == Phase.RUNNING
+    h.slices.failing_projects.add(PROJECT)  # e.g. a role without compute.instanceGroupManagers.list
+    h.tpu.preempt("pod-1")
+    h.tick()
+    h.advance(seconds=h.tpu.delete_seconds + 1)
+    h.tick()
+    assert h.status("pod").attempt == 2 and h.status("pod").preemptions == 1, h.status("pod").message
+    assert h.status("ironwood").attempt == 1
+    h.slices.failing_projects.clear()
+    h.tpu.failing_projects.add(PROJECT)
+    h.slices.lose("ironwood-1", StopReason.PREEMPTED)
+    h.tick()
+    h.advance(seconds=h.slices.delete_seconds + 1)
+    h.tick()
+    assert h.status("ironwood").attempt == 2 and h.status("ironwood").preemptions == 1, h.status("ironwood").message
