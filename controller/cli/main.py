@@ -1,6 +1,6 @@
 """The ``respawn`` command line. Every option can also be set by environment variable.
 
-Exit codes (README, "The CLI"): 0 done; 1 an operation ran and failed (a deploy step,
+Exit codes (docs/cli.md): 0 done; 1 an operation ran and failed (a deploy step,
 the demo) or a bug; 2 usage, an invalid spec or configuration, an unknown job, or a
 request refused (by respawn or by Google); 3 Google did not answer in time or its
 retries ran out: the same command may succeed later.

@@ -183,7 +183,7 @@ class Record:
 # A heartbeat's custom metadata (``Record.listed``). The proof of the token is its SHA-256, in hex.
 # That is enough because of who sees it: only a principal that may list the bucket sees the
 # listing, which is the controller and the bucket's readers, who can read every body, the token in
-# it, anyway; trainers can neither list nor read the bucket (README, Security). The token is 192
+# it, anyway; trainers can neither list nor read the bucket (docs/deploy.md, "Threat model"). The token is 192
 # random bits: its hash cannot be turned back into it, and only a heartbeat is ever judged by the
 # hash (an exit record, a marker, a notice need the token itself), so what the hash lets one forge
 # is a heartbeat, and only to whoever could read the token.

@@ -322,15 +322,15 @@ def test_trainers_may_write_records_but_never_read_them():
 
 # -- the audit sink's filter: one source, shown as it is -------------------------------------------
 
-def test_the_readme_shows_the_sink_filter_audit_writes_for_project_PROJECT():
-    """README shows the filter once, generated from controller.core.audit.sink_filter("PROJECT"): this
-    keeps the two from drifting apart."""
+def test_the_deploy_page_shows_the_sink_filter_audit_writes_for_project_PROJECT():
+    """docs/deploy.md shows the filter once, generated from controller.core.audit.sink_filter("PROJECT"):
+    this keeps the two from drifting apart."""
     import re
     from pathlib import Path
 
     from controller.core import audit
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "deploy.md").read_text()
     shown = re.findall(r"^```\n(logName=\(.*?)\n```$", readme, re.M)
     assert shown == [audit.sink_filter("PROJECT")]
     around = readme[readme.index(shown[0]) - 2000:readme.index(shown[0]) + 2000]
