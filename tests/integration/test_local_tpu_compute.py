@@ -152,3 +152,16 @@ def test_a_slice_whose_job_folder_is_deleted_is_deleted(cloud, tmp_path, monkeyp
         blob.delete()
     until("the orphaned slice deleted", lambda: f"{job}-1" not in cloud.compute.mig_names()
           and not hosts(cloud, f"{job}-1"), timeout=90)
+
+
+@pytest.mark.timeout(180)
+def test_the_quickstart_example_runs_to_succeeded_on_the_local_cloud_as_shipped(cloud, monkeypatch):
+    """Issue 39: `respawn submit examples/quickstart.yaml -y` after `respawn local up`, the file as it is."""
+    cli_against(cloud, monkeypatch)
+    monkeypatch.chdir(EXAMPLES.parent)
+    result = CliRunner().invoke(app, ["submit", "examples/quickstart.yaml", "--yes"])
+    assert result.exit_code == 0, result.output
+    final = until("quickstart to end", lambda: (s := status(cloud, "quickstart")) is not None and s.phase.terminal
+                  and s, timeout=150)
+    assert final.phase == Phase.SUCCEEDED, final.message
+    assert final.result is None or final.result.get("step") in (None, 400)
