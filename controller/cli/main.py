@@ -32,6 +32,7 @@ from controller.service import bootstrap
 from controller.core import errors, ledger, names
 from controller.cli import deadline, joblogs
 from controller.render.amounts import counted
+from controller.render.status_view import Note
 from controller.render.text import Trimmed, plain, printable
 from controller.service.config import Settings
 from controller.service.jobs import MAX_LIVE_READS, Jobs, Refused, no_such_job
@@ -148,8 +149,9 @@ def validate(
     config = _config(fresh=True)
     try:
         parsed = parse_spec(raw, name)
-        # Without the controller's settings there is no policy to check against.
-        problems = config.policy().violations(parsed) if config.project else []
+        # Without the controller's settings there is no policy to check against; Compute's zones always.
+        policy = config.policy()
+        problems = policy.unknown_zones(parsed) + (policy.violations(parsed) if config.project else [])
     except SpecError as e:
         problems = e.named(spec.name).problems  # the file as the user named it, not spec.yaml
     if problems:
@@ -164,6 +166,9 @@ def validate(
         disk = parsed.boot_disk
         boot = disk.image or f"{disk.image_project}/{disk.image_family}"
         out.print(Text(f"  runs in the container image {parsed.image}, on the boot image {boot}"), soft_wrap=True)
+    from controller.cli.submitting import warn_no_checkpoint
+
+    warn_no_checkpoint(parsed, name, err)
     if not config.project:
         out.print("[dim]schema only: set RESPAWN_PROJECT (and the policy variables) to check this controller's policy[/dim]")
 
@@ -252,9 +257,11 @@ def _submit(raw: bytes, name: str, base: Path, workdir: Path | None, replace: bo
 
 @app.command(context_settings={"allow_interspersed_args": False})
 def run(
-    name: Annotated[str, typer.Option("--name", "-n", envvar="RESPAWN_JOB", help="the job's name")],
-    zone: Annotated[list[str], typer.Option("--zone", "-z", help="a zone to run in, in order (repeat it, "
-                                                                  "or separate with commas)")],
+    name: Annotated[str | None, typer.Option("--name", "-n", envvar="RESPAWN_JOB", help="the job's name "
+                                                                                       "(required)")] = None,
+    zone: Annotated[list[str] | None, typer.Option("--zone", "-z", help="a zone to run in, in order (repeat "
+                                                                         "it, or separate with commas; "
+                                                                         "required)")] = None,
     machine_type: Annotated[str | None, typer.Option("--machine-type", "-m", help="e.g. g2-standard-8")] = None,
     accelerator: Annotated[str | None, typer.Option("--accelerator", help="GPUs to attach: TYPE[:COUNT], "
                                                                          "e.g. nvidia-tesla-t4:2")] = None,
@@ -268,7 +275,9 @@ def run(
     provisioning: Annotated[list[str] | None, typer.Option("--provisioning", "-p", help="spot, standard, "
                                                            "flex-start; several: the order to step down in")] = None,
     nodes: Annotated[int, typer.Option("--nodes", min=1, help="VMs of a gang job")] = 1,
-    checkpoint: Annotated[str | None, typer.Option("--checkpoint", help="gs:// prefix of its checkpoints")] = None,
+    checkpoint: Annotated[str | None, typer.Option("--checkpoint", help="gs:// prefix of its checkpoints "
+                                                   "(default: gs://BUCKET/checkpoints/NAME, under the control "
+                                                   "bucket)")] = None,
     image: Annotated[str | None, typer.Option("--image", help="a container image to run the command in, "
                                                               "pulled by the VM's own account (e.g. from "
                                                               "Artifact Registry)")] = None,
@@ -284,15 +293,37 @@ def run(
 ) -> None:
     """A job from flags alone: prints the spec it makes, then submits it as `respawn submit` does
     (the estimate and the question included). Example:
-    respawn run -n tune -z us-central1-a -m g2-standard-8 --workdir . -- python train.py
+    respawn run -n tune -z us-central1-a -m g2-standard-8 --workdir . --checkpoint gs://BUCKET/ckpt/tune
+    -- python train.py
+
+    The trainer saves under $RESPAWN_CHECKPOINT_URI, which is --checkpoint (by default
+    gs://BUCKET/checkpoints/NAME, BUCKET the control bucket): a preempted job resumes from there.
 
     In a container: respawn run -n tune -z us-central1-a -m g2-standard-8 --image IMAGE -- python train.py"""
     import yaml
 
     from controller.cli import submitting
 
+    missing = submitting.missing_flags(name=name, zones=zone or [], machine_type=machine_type, tpu=tpu,
+                                       command=command or [], image=image)
+    unsent = None if workdir is not None else submitting.local_file(command or [], Path.cwd())
+    if unsent and not image:  # in an image, the file may be the image's own
+        missing.append(f"--workdir: {unsent} is in this folder, but the VM will not have it: send this folder "
+                       "with --workdir . (packed and uploaded)")
+    if missing:
+        for line in missing:
+            err.print(_line("✗", "red", line), soft_wrap=True)
+        raise typer.Exit(REFUSED)
+    assert name is not None  # missing_flags: --name given
+    if unsent:
+        err.print(Note("!", "yellow", f"{unsent} is in this folder, and the VM has it only if the image {image} "
+                                      "does: to send this folder, add --workdir ."))
+    if checkpoint is None and (bucket := _config().bucket):  # no bucket: _submit says what to set
+        checkpoint = submitting.default_checkpoint(bucket, name)
+        err.print(Note("!", "yellow", f"no --checkpoint: checkpoints go under {checkpoint} (the trainer's "
+                                      "$RESPAWN_CHECKPOINT_URI); give --checkpoint to keep them elsewhere"))
     try:
-        doc = submitting.run_spec(name=name, zones=zone, command=command or [], machine_type=machine_type,
+        doc = submitting.run_spec(name=name, zones=zone or [], command=command or [], machine_type=machine_type,
                                   accelerator=accelerator, tpu=tpu, tpu_runtime=tpu_runtime,
                                   provisioning=provisioning or [], nodes=nodes, checkpoint=checkpoint, env=env or [],
                                   image=image, tpu_topology=tpu_topology)

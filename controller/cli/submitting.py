@@ -12,6 +12,7 @@ parses the options.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,6 +96,29 @@ def with_fresh(raw: bytes) -> tuple[bytes, str | None]:
     return yaml.safe_dump(data, sort_keys=False, allow_unicode=True).encode(), None
 
 
+def default_checkpoint(bucket: str, job: str) -> str:
+    """Where ``respawn run`` keeps a job's checkpoints when ``--checkpoint`` is not given: under the
+    control bucket, which the trainer's account can already write (it writes its status there)."""
+    return f"gs://{bucket}/checkpoints/{job}"
+
+
+def no_checkpoint(spec: JobSpec, job: str) -> tuple[str, str] | None:
+    """The warning for a spec that names no checkpoint prefix (a warning: a job that is quick to
+    redo needs none), what it costs, and the line to add; None for one that names one."""
+    if spec.checkpoint is not None:
+        return None
+    return (f"{job} names no checkpoint: each preemption restarts it from step 0, and respawn has nothing to "
+            "resume it from. Add this line to the spec (a bucket the VMs' account can write), and have the "
+            "trainer save under $RESPAWN_CHECKPOINT_URI and load the latest save there when it starts:",
+            f"checkpoint: {{uri: gs://BUCKET/checkpoints/{job}}}")
+
+
+def warn_no_checkpoint(spec: JobSpec, job: str, err: Console) -> None:
+    if said := no_checkpoint(spec, job):
+        err.print(Note("!", "yellow", said[0]))
+        err.print(Text(f"  {said[1]}"), soft_wrap=True, highlight=False)
+
+
 def submit(request: Request, jobs: Jobs, sources: Callable[[], estimate.Sources], project: str,
            out: Console, err: Console, ask: Callable[[str], bool], interactive: bool,
            show_spec: bool = False) -> Done:
@@ -113,6 +137,7 @@ def submit(request: Request, jobs: Jobs, sources: Callable[[], estimate.Sources]
     for said in (note, fresh_note):
         if said:
             err.print(Text(f"! {said}", style="yellow"), soft_wrap=True)
+    warn_no_checkpoint(spec, request.job, err)
     resumes = jobruns.resume(jobs, spec, request.job)
     there = packed is not None and _there(jobs, packed)
     table_rows, notes = _estimate(spec, request.job, project or "", sources)
@@ -195,6 +220,46 @@ def run_spec(*, name: str, zones: list[str], command: list[str], machine_type: s
     if env:
         spec["env"] = dict(_pair(e) for e in env)
     return spec
+
+
+def missing_flags(*, name: str | None, zones: list[str], machine_type: str | None, tpu: str | None,
+                  command: list[str], image: str | None) -> list[str]:
+    """Every required flag ``respawn run`` was not given, all at once (each with an example)."""
+    out = []
+    if not name:
+        out.append("--name (-n): required: the job's name, e.g. --name tune")
+    if not _split(zones):
+        out.append("--zone (-z): required: a zone to run in, e.g. --zone us-central1-a (repeat it for more)")
+    if not machine_type and not tpu:
+        out.append("--machine-type (-m): required: a Compute Engine machine type, e.g. -m g2-standard-8 "
+                   "(or --tpu for a TPU slice)")
+    if not command and not image:
+        out.append("COMMAND: required: what the VM runs, after --, e.g. -- python train.py (or --image, whose "
+                   "own entrypoint runs)")
+    return out
+
+
+COMMAND_WORDS = 3  # ``python train.py``, ``python -u train.py``, ``bash run.sh``: the file is among the first words
+
+
+def local_file(command: list[str], here: Path) -> str | None:
+    """A file of ``here`` that the command's first words name (``python train.py``): the VM starts in
+    an empty folder unless code is sent, so it would not find it. None when no word names one."""
+    words = command
+    if len(command) == 1:
+        try:
+            words = shlex.split(command[0])
+        except ValueError:  # an unclosed quote: bash says so on the VM
+            return None
+    for word in words[:COMMAND_WORDS]:
+        if word.startswith("-") or "/" in word.rstrip("/").removeprefix("./"):
+            continue
+        try:
+            if (here / word).is_file():
+                return word
+        except OSError:  # a name too long for the file system
+            continue
+    return None
 
 
 def _estimate(spec: JobSpec, job: str, project: str,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from urllib.parse import urlsplit
 
+from controller.core import zones
 from controller.core.spec import BUILT_IN_GPUS, JobSpec, Notify, SpecError, built_in_gpus
 
 TRAINER_SETTING = "RESPAWN_TRAINER_SERVICE_ACCOUNT"
@@ -38,6 +39,7 @@ class ControllerPolicy:
     default_project: str
     allowed_projects: tuple[str, ...] = ()
     allowed_zones: tuple[str, ...] = ()
+    extra_zones: tuple[str, ...] = ()  # zones Google added since controller/core/zones.py's table (RESPAWN_EXTRA_ZONES)
     allowed_machine_types: tuple[str, ...] = ()
     allowed_service_accounts: tuple[str, ...] = ()  # empty: the trainer account alone
     max_nodes: int = 8
@@ -88,6 +90,12 @@ class ControllerPolicy:
             raise SpecError(problems)
         account = spec.service_account.model_copy(update={"email": self.service_account_of(spec)})
         return spec.model_copy(update={"project": self.project_of(spec), "service_account": account})
+
+    def unknown_zones(self, spec: JobSpec) -> list[str]:
+        """The spec's zones that Compute Engine does not have (``us-central1-z``), each with the zone
+        perhaps meant. The CLI's check only (validate, submit, run): the controller never refuses a
+        spec for it, since a zone Google added after this table is real, and Google's answer decides."""
+        return zones.problems(spec.zones, self.extra_zones)
 
     def violations(self, spec: JobSpec) -> list[str]:
         """One readable line per thing the spec asks for that this controller does not allow."""

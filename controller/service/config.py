@@ -35,6 +35,7 @@ class Settings(BaseSettings):
 
     allowed_projects: CsvList = ()
     allowed_zones: CsvList = ()
+    extra_zones: CsvList = ()  # zones Google added since controller/core/zones.py (the CLI's check of specs)
     allowed_machine_types: CsvList = ()
     allowed_service_accounts: CsvList = ()  # default: the trainer account alone
     trainer_service_account: str | None = None  # what VMs run as when a spec names no account
@@ -86,8 +87,8 @@ class Settings(BaseSettings):
     shard_topic: str = "respawn-shards"
 
     @field_validator(
-        "allowed_projects", "allowed_zones", "allowed_machine_types", "allowed_service_accounts", "allowed_tpu_types",
-        "allowed_notify_topics", "allowed_webhook_hosts", mode="before",
+        "allowed_projects", "allowed_zones", "extra_zones", "allowed_machine_types", "allowed_service_accounts",
+        "allowed_tpu_types", "allowed_notify_topics", "allowed_webhook_hosts", mode="before",
     )
     @classmethod
     def _csv(cls, value: object) -> object:
@@ -128,6 +129,7 @@ class Settings(BaseSettings):
             default_project=self.project,
             allowed_projects=self.allowed_projects,
             allowed_zones=self.allowed_zones,
+            extra_zones=self.extra_zones,
             allowed_machine_types=self.allowed_machine_types,
             allowed_service_accounts=self.allowed_service_accounts,
             trainer_service_account=self.trainer_service_account,

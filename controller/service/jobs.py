@@ -91,9 +91,10 @@ class Jobs:
         self.policy = policy
 
     def check(self, raw: bytes, job: str) -> JobSpec:
-        """Parse and apply the policy; SpecError lists every problem."""
+        """Parse and apply the policy, and refuse a zone Compute Engine does not have; SpecError
+        lists every problem."""
         spec = parse_spec(raw, job)
-        if problems := self.policy.violations(spec):
+        if problems := self.policy.unknown_zones(spec) + self.policy.violations(spec):
             raise SpecError(problems)
         return spec
 

@@ -1,0 +1,130 @@
+"""A newcomer's first hour, third pass (issue 39): a job without a checkpoint is warned about (and
+`respawn run` gives it one), a zone Google does not have is refused with the one meant, and `run`
+says every missing flag at once, and the file of this folder its command names that the VM lacks."""
+
+from __future__ import annotations
+
+import yaml
+from typer.testing import CliRunner
+
+from controller.cli.main import app
+from controller.core import names
+from tests.service.test_cli import BUCKET, mem  # noqa: F401 - the fixture
+
+runner = CliRunner()
+RUN = ["run", "-n", "tune", "-z", "us-central1-a", "-m", "g2-standard-8", "--yes"]
+
+
+def _spec(tmp_path, **fields) -> str:
+    from tests.harness import spec_doc
+
+    path = tmp_path / "j.yaml"
+    path.write_text(yaml.safe_dump({k: v for k, v in spec_doc(**fields).items() if v is not None}))
+    return str(path)
+
+
+def test_validate_and_submit_warn_of_a_spec_without_checkpoint_with_the_line_to_add(mem, tmp_path):  # noqa: F811
+    path = _spec(tmp_path, checkpoint=None)
+    for command in (["validate", path], ["submit", "--dry-run", path]):
+        result = runner.invoke(app, command)
+        assert result.exit_code == 0, result.output  # a warning, not a refusal
+        said = " ".join(result.output.split())
+        assert "! j names no checkpoint: each preemption restarts it from step 0" in said, command
+        assert "checkpoint: {uri: gs://BUCKET/checkpoints/j}" in result.output, command
+    assert "no checkpoint" not in runner.invoke(app, ["validate", _spec(tmp_path)]).output
+
+
+def test_run_without_checkpoint_keeps_them_under_the_control_bucket_and_says_so(mem, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, [*RUN, "--", "echo hi"])
+    assert result.exit_code == 0, result.output
+    assert f"checkpoints go under gs://{BUCKET}/checkpoints/tune" in " ".join(result.output.split())
+    assert "names no checkpoint" not in result.output
+    written = yaml.safe_load(mem.store.read(BUCKET, names.spec_key("tune")).data)
+    assert written["checkpoint"] == {"uri": f"gs://{BUCKET}/checkpoints/tune"}
+    given = runner.invoke(app, [*RUN, "-n", "mine", "--checkpoint", "gs://ckpts/mine", "--", "echo hi"])
+    assert given.exit_code == 0 and "checkpoints go under" not in given.output, given.output
+    assert yaml.safe_load(mem.store.read(BUCKET, names.spec_key("mine")).data)["checkpoint"] == {"uri": "gs://ckpts/mine"}
+
+
+def test_runs_help_example_gives_a_checkpoint():
+    text = " ".join(runner.invoke(app, ["run", "--help"], terminal_width=80).output.split())
+    assert "--checkpoint gs://" in text and "RESPAWN_CHECKPOINT_URI" in text
+
+
+def test_a_zone_google_does_not_have_is_refused_by_validate_and_submit_with_the_zone_meant(mem, tmp_path):  # noqa: F811
+    path = _spec(tmp_path, zones=["us-central1-a", "us-central1-z"])
+    for command in (["validate", path], ["submit", "--dry-run", path]):
+        result = runner.invoke(app, command)
+        assert result.exit_code == 2, result.output
+        said = " ".join(result.output.split())
+        assert "✗ zones.1: 'us-central1-z' is not a Compute Engine zone (us-central1 has zones a, b, c, f); " \
+               "did you mean us-central1-a?" in said, command
+        assert "RESPAWN_EXTRA_ZONES=us-central1-z" in said and "controller/core/zones.py" in said
+    assert not mem.store.exists(BUCKET, names.spec_key("j"))  # nothing uploaded
+    typo = runner.invoke(app, ["validate", _spec(tmp_path, zones=["us-centrl1-b"])])
+    assert typo.exit_code == 2 and "(there is no region us-centrl1); did you mean us-central1-b?" in \
+        " ".join(typo.output.split()), typo.output
+
+
+def test_a_zone_google_added_since_is_taken_when_named_in_respawn_extra_zones(mem, tmp_path, monkeypatch):  # noqa: F811
+    path = _spec(tmp_path, zones=["us-central1-z"])
+    monkeypatch.setenv("RESPAWN_EXTRA_ZONES", "us-east9-a, us-central1-z")
+    result = runner.invoke(app, ["validate", path])
+    assert result.exit_code == 0, result.output
+
+
+def test_the_controller_never_refuses_a_spec_for_its_zone_table():
+    """Google adds zones: a spec in the bucket is judged by Google's answer, not by this table."""
+    from controller.core.policy import ControllerPolicy
+    from controller.core.spec import parse_spec
+    from tests.harness import spec_doc
+
+    spec = parse_spec(yaml.safe_dump(spec_doc(zones=["us-central1-z"])).encode(), "j")
+    policy = ControllerPolicy(default_project="p", trainer_service_account="t@p.iam.gserviceaccount.com")
+    assert policy.violations(spec) == [] and len(policy.unknown_zones(spec)) == 1
+
+
+def test_the_zone_table_holds_every_zone_of_the_local_cloud_tpus_and_examples():
+    import re
+    import subprocess
+    from pathlib import Path
+
+    from controller.core import tpus, zones
+    from localcloud.compute import ZONES as COMPUTE
+    from localcloud.tpu import ZONES as TPU
+
+    assert set(COMPUTE) | set(TPU) <= zones.ZONES
+    assert {z for m in tpus.MACHINES.values() for z in m.zones} <= zones.ZONES
+    root = Path(__file__).parents[2]
+    text = subprocess.run(["git", "grep", "-h", "zones", "--", "examples", "README.md", "docs"], cwd=root,
+                          capture_output=True, text=True).stdout
+    named = set(re.findall(r"\b[a-z]+-[a-z]+\d+-[a-z]\b", text))
+    assert named and named <= zones.ZONES, named - zones.ZONES
+    assert "us-central1-f" in zones.ZONES and "europe-west1-a" not in zones.ZONES  # letters as Google has them
+
+
+def test_run_reports_every_missing_flag_at_once(mem, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["run"])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["✗ --name (-n)", "✗ --zone (-z)", "✗ --machine-type (-m)",
+                                                      "✗ COMMAND"], result.output
+    tpu = runner.invoke(app, ["run", "-n", "t", "--tpu", "v4-8", "--", "echo"])  # a TPU needs no machine type
+    assert tpu.exit_code == 2 and tpu.output.strip().splitlines() == [
+        "✗ --zone (-z): required: a zone to run in, e.g. --zone us-central1-a (repeat it for more)"], tpu.output
+
+
+def test_run_of_a_file_in_this_folder_without_workdir_says_the_vm_will_not_have_it(mem, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    for command in (["python", "train.py"], ["python -u train.py --epochs 3"]):
+        result = runner.invoke(app, [*RUN, "--", *command])
+        assert result.exit_code == 2, result.output
+        assert "✗ --workdir: train.py is in this folder, but the VM will not have it: send this folder with " \
+               "--workdir ." in " ".join(result.output.split())
+        assert not mem.store.exists(BUCKET, names.spec_key("tune"))
+    sent = runner.invoke(app, [*RUN, "--workdir", ".", "--", "python", "train.py"])
+    assert sent.exit_code == 0 and "--workdir" not in sent.output.replace("--workdir .", ""), sent.output
+    assert runner.invoke(app, [*RUN, "-n", "other", "--", "python", "other.py"]).exit_code == 0  # no such file here
