@@ -275,9 +275,9 @@ def run(
     provisioning: Annotated[list[str] | None, typer.Option("--provisioning", "-p", help="spot, standard, "
                                                            "flex-start; several: the order to step down in")] = None,
     nodes: Annotated[int, typer.Option("--nodes", min=1, help="VMs of a gang job")] = 1,
-    checkpoint: Annotated[str | None, typer.Option("--checkpoint", help="gs:// prefix of its checkpoints "
-                                                   "(default: gs://BUCKET/checkpoints/NAME, under the control "
-                                                   "bucket)")] = None,
+    checkpoint: Annotated[str | None, typer.Option("--checkpoint", help="gs:// prefix of its checkpoints, in a "
+                                                   "bucket the trainers' account may write (without one, each "
+                                                   "preemption restarts the job from step 0)")] = None,
     image: Annotated[str | None, typer.Option("--image", help="a container image to run the command in, "
                                                               "pulled by the VM's own account (e.g. from "
                                                               "Artifact Registry)")] = None,
@@ -296,8 +296,8 @@ def run(
     respawn run -n tune -z us-central1-a -m g2-standard-8 --workdir . --checkpoint gs://BUCKET/ckpt/tune
     -- python train.py
 
-    The trainer saves under $RESPAWN_CHECKPOINT_URI, which is --checkpoint (by default
-    gs://BUCKET/checkpoints/NAME, BUCKET the control bucket): a preempted job resumes from there.
+    The trainer saves under $RESPAWN_CHECKPOINT_URI, which is --checkpoint: a preempted job resumes
+    from there (without it, run warns: each preemption restarts the job from step 0).
 
     In a container: respawn run -n tune -z us-central1-a -m g2-standard-8 --image IMAGE -- python train.py"""
     import yaml
@@ -318,10 +318,6 @@ def run(
     if unsent:
         err.print(Note("!", "yellow", f"{unsent} is in this folder, and the VM has it only if the image {image} "
                                       "does: to send this folder, add --workdir ."))
-    if checkpoint is None and (bucket := _config().bucket):  # no bucket: _submit says what to set
-        checkpoint = submitting.default_checkpoint(bucket, name)
-        err.print(Note("!", "yellow", f"no --checkpoint: checkpoints go under {checkpoint} (the trainer's "
-                                      "$RESPAWN_CHECKPOINT_URI); give --checkpoint to keep them elsewhere"))
     try:
         doc = submitting.run_spec(name=name, zones=zone or [], command=command or [], machine_type=machine_type,
                                   accelerator=accelerator, tpu=tpu, tpu_runtime=tpu_runtime,

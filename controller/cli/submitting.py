@@ -96,12 +96,6 @@ def with_fresh(raw: bytes) -> tuple[bytes, str | None]:
     return yaml.safe_dump(data, sort_keys=False, allow_unicode=True).encode(), None
 
 
-def default_checkpoint(bucket: str, job: str) -> str:
-    """Where ``respawn run`` keeps a job's checkpoints when ``--checkpoint`` is not given: under the
-    control bucket, which the trainer's account can already write (it writes its status there)."""
-    return f"gs://{bucket}/checkpoints/{job}"
-
-
 def no_checkpoint(spec: JobSpec, job: str) -> tuple[str, str] | None:
     """The warning for a spec that names no checkpoint prefix (a warning: a job that is quick to
     redo needs none), what it costs, and the line to add; None for one that names one."""
