@@ -8,6 +8,7 @@ the timeline's PNG) is served from here. Every request is checked by ``guard.Gua
 
 from __future__ import annotations
 
+import difflib
 import html
 import json
 import threading
@@ -197,8 +198,18 @@ def create_app(fleet: Fleet, guard: Guard, interval: float = DEFAULT_INTERVAL,
         return as_json({"error": f"cannot read gs://{fleet.jobs.bucket}: {e or type(e).__name__}"}, 503)
 
     @app.errorhandler(404)
-    def _missing(_: Exception) -> Response:
-        return as_json({"error": "no such job or page"}, 404)
+    def _missing(_: Exception) -> Response | tuple[str, int]:
+        if request.path.startswith("/api/"):
+            return as_json({"error": "no such job or page"}, 404)
+        # A page asked for by a person (a mistyped job in the address bar): a page back, never JSON.
+        parts = request.path.strip("/").split("/")
+        if len(parts) >= 2 and parts[0] == "jobs":
+            jobs = sorted(fleet.snapshot().jobs)
+            close = difflib.get_close_matches(parts[1], jobs, n=1)
+            hint = f" Did you mean {close[0]}?" if close else ""
+            return page("missing.html", what=f"no job named {parts[1]}",
+                        why=f"gs://{fleet.jobs.bucket} holds no job of that name.{hint}"), 404
+        return page("missing.html", what="no such page", why=f"{request.path} is none of the dashboard's pages."), 404
 
     return app
 

@@ -227,6 +227,20 @@ def test_the_job_json_has_its_phase_history_newest_last_and_tables(h):
     assert client.get("/jobs/nope", base_url=BASE).status_code == 404
 
 
+def test_an_unknown_jobs_page_is_a_page_saying_so_with_the_job_meant_and_the_api_stays_json(h):
+    """Issue 39: the dashboard's page for an unknown job was JSON."""
+    _running(h)
+    client, _, _ = _dashboard(h)
+    page = client.get("/jobs/trian", base_url=BASE)
+    assert page.status_code == 404 and page.mimetype == "text/html"
+    text = page.get_data(as_text=True)
+    assert "no job named trian" in text and "Did you mean train?" in text and 'href="/"' in text
+    api = client.get("/api/jobs/trian", base_url=BASE)
+    assert api.status_code == 404 and api.get_json() == {"error": "no such job or page"}
+    other = client.get("/nowhere", base_url=BASE)
+    assert other.status_code == 404 and other.mimetype == "text/html" and "no such page" in other.get_data(as_text=True)
+
+
 def test_a_bucket_that_does_not_answer_is_a_503_saying_so_and_the_poll_after_the_interval_reads_again(h):
     from controller.core import errors
 
