@@ -40,6 +40,27 @@ def read_env(folder: Path) -> str | None:
         return None
 
 
+def running(folder: Path, timeout: float = 1.0) -> str | None:
+    """The storage address of a local cloud whose exports are in ``folder`` and which still answers
+    there (another `respawn local up`), or None: no file, or what a stopped one left behind."""
+    import urllib.error
+    import urllib.request
+
+    found = re.search(r"^export STORAGE_EMULATOR_HOST=(\S+)$", read_env(folder) or "", re.M)
+    if found is None:
+        return None
+    url = shlex.split(found.group(1))[0] if found.group(1) else ""
+    if not url.startswith("http://127.0.0.1:"):
+        return None  # only a local cloud's own address is asked
+    try:
+        with urllib.request.urlopen(f"{url}/storage/v1/b", timeout=timeout):
+            return url
+    except urllib.error.HTTPError:
+        return url  # it answered
+    except (OSError, ValueError):
+        return None
+
+
 def remove_env(folder: Path, written: str | None = None) -> None:
     """Remove the exports; given ``written`` (what this local cloud wrote), only while the file
     still says that: a second local cloud started in the same folder since wrote its own, which stay."""

@@ -1285,10 +1285,15 @@ def local_up(
     import threading
 
     from localcloud.realism import Realism
-    from localcloud.session import Actions, remove_env, write_env
+    from localcloud.session import Actions, remove_env, running, write_env
     from localcloud.stack import LocalCloud, Options
 
     deadline.stop()  # it runs until Ctrl-C
+    if (other := running(folder)) is not None:
+        # Its local.env is what every other terminal sources: a second cloud would take it over, then
+        # remove it on stop while the first still runs.
+        _fail(f"a local cloud is already up: {folder / 'local.env'} points at it (storage {other}); stop it "
+              f"(Ctrl-C in its terminal), or give this one a folder of its own (--dir DIR, or RESPAWN_LOCAL_DIR)", REFUSED)
 
     try:
         measured = Realism() if realism is None else Realism.from_canary(realism)

@@ -63,6 +63,18 @@ def test_local_up_names_one_file_a_second_terminal_sources_and_local_env_prints_
     assert none.returncode != 0 and "respawn local up" in none.stdout + none.stderr
 
 
+def test_a_second_local_up_in_the_same_folder_is_refused_and_leaves_the_first_ones_exports(up):
+    """Issue 39: a second `respawn local up` took local.env over, and removed it on its stop while the
+    first still ran."""
+    before = up["source"].read_text()
+    second = subprocess.run([sys.executable, "-m", "controller.cli", "local", "up", "--dir", str(up["folder"])],
+                            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                            env={**up["shell"], "COLUMNS": "200"})
+    said = " ".join((second.stdout + second.stderr).split())
+    assert second.returncode == 2 and "a local cloud is already up" in said and "--dir DIR" in said, said
+    assert up["source"].read_text() == before
+
+
 def test_local_up_prints_one_line_that_gives_gcloud_a_token(up):
     [value] = [up["env"][TOKEN]]
     token = Path(value)
