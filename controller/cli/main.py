@@ -81,6 +81,8 @@ class _Guarded(TyperGroup):
             _fail(str(e))
         except errors.Unreachable as e:  # already one line that says what to do
             _fail(str(e), UNAVAILABLE)
+        except errors.NoSuchBucket as e:
+            _fail(_no_bucket(e) or _message(e), _code(e))
         except errors.RespawnError as e:
             _fail(_message(e), _code(e))
         except ValidationError as e:
@@ -109,6 +111,21 @@ def _bounded(timeout: Annotated[float, typer.Option(
         help="seconds a command may wait on the cloud in all, retries included, before it gives up "
              "(exit 3); 0 or inf: no bound")] = deadline.DEFAULT) -> None:
     deadline.begin(timeout)
+
+
+def _no_bucket(error: errors.NoSuchBucket) -> str | None:
+    """The control bucket not there: RESPAWN_BUCKET named, where it came from, the fix (None: another
+    bucket, a checkpoint's: its own message says which)."""
+    from controller.cli import buckets
+    from localcloud.session import ENV_FILE
+
+    try:
+        config = _config()
+    except errors.ConfigError:
+        return None
+    if error.bucket != config.bucket:
+        return None
+    return buckets.no_bucket(config.bucket, (config.local_dir or DEFAULT_LOCAL_DIR) / ENV_FILE)
 
 
 def _settings_problem(error: ValidationError) -> str:
