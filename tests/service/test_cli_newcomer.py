@@ -373,3 +373,65 @@ def test_a_dry_run_of_a_running_job_shows_the_estimate_and_says_a_submit_would_b
     assert "! a submit would be refused: job 'j' is RUNNING; pass --replace" in result.output
     assert "estimate for j" in result.output and "dry run: nothing uploaded" in result.output
     assert runner.invoke(app, ["submit", "--dry-run", "--replace", path]).output.count("would be refused") == 0
+
+
+def test_status_follow_points_at_watch_not_all(mem):  # noqa: F811
+    for flag in ("--follow", "-f"):
+        result = runner.invoke(app, ["status", flag])
+        assert result.exit_code == 2, result.output
+        line = result.output.strip()
+        assert line.startswith("✗ status has no --follow: --watch refreshes it until Ctrl-C"), line
+        assert "--all" not in line
+
+
+def test_logs_tail_n_is_limit_n(mem, monkeypatch):  # noqa: F811
+    from datetime import UTC, datetime
+
+    from controller.cli import joblogs
+    from controller.core import names
+    from controller.core.state import JobStatus, Phase
+
+    mem.submit("lg")
+    mem.store.put(BUCKET, names.status_key("lg"), JobStatus(created_at=datetime(2026, 1, 1, tzinfo=UTC),
+                  phase=Phase.RUNNING, instances=("lg-1",), instance_ids={"lg-1": "123"}).to_json())
+    asked = []
+
+    class Reader:
+        def __init__(self, *args, **_):
+            asked.append(args[5])  # (client, job, projects, emit, show, limit)
+
+        def print_all(self, *_):
+            pass
+
+    monkeypatch.setattr(joblogs, "JobLogs", Reader)
+    monkeypatch.setattr("controller.adapters.google.logging_client", lambda config: object())
+    for flags, limit in ((["--tail", "7"], 7), (["--limit", "9"], 9), ([], 200)):
+        result = runner.invoke(app, ["logs", "lg", *flags])
+        assert result.exit_code == 0, result.output
+        assert asked.pop() == limit
+
+
+def test_version_prints_the_packages_version():
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0, result.output
+    assert result.output == f"respawn {pyproject['project']['version']}\n"
+
+
+def test_h_is_help_for_every_command():
+    import typer
+
+    for path, _ in _commands(typer.main.get_command(app)):
+        long, short = (runner.invoke(app, [*path, flag], env={"COLUMNS": "80"}, terminal_width=80)
+                       for flag in ("--help", "-h"))
+        assert short.exit_code == 0 and short.output == long.output, path
+
+
+def test_h_after_a_double_dash_is_the_jobs_own():
+    from controller.cli.main import _short_help
+
+    assert _short_help(["run", "-n", "x", "-h", "--", "python", "t.py", "-h"]) == \
+        ["run", "-n", "x", "--help", "--", "python", "t.py", "-h"]
