@@ -709,6 +709,9 @@ def remove(job: Annotated[str, typer.Argument(help="the finished job to forget")
     from controller.core.runs import RUNS_DIR
 
     for prefix in done.checkpoints:
+        if (missing := jobruns.held(jobs, prefix)) is not None:  # "kept" only where there is something
+            out.print(plain(f"  no checkpoints under {prefix}: {missing}"), soft_wrap=True)
+            continue
         # A new job resumes from its spec's checkpoint.uri itself, never from a fresh run's own prefix.
         fate = "kept, never resumed by a new job" if f"/{RUNS_DIR}/" in prefix else \
             f"a new job named {job} with this checkpoint.uri resumes from them unless submitted with --fresh"

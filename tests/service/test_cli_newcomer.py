@@ -435,3 +435,28 @@ def test_h_after_a_double_dash_is_the_jobs_own():
 
     assert _short_help(["run", "-n", "x", "-h", "--", "python", "t.py", "-h"]) == \
         ["run", "-n", "x", "--help", "--", "python", "t.py", "-h"]
+
+
+def test_rm_says_kept_only_for_checkpoints_that_are_there(mem, tmp_path):  # noqa: F811
+    from tests.harness import CKPT_BUCKET
+
+    path = _spec_file(tmp_path)  # checkpoint.uri gs://ckpts/run
+    for there in ({BUCKET, CKPT_BUCKET}, {BUCKET}):
+        mem.store.buckets = there
+        assert runner.invoke(app, ["submit", path]).exit_code == 0
+        mem.tick()
+        assert runner.invoke(app, ["cancel", "j"]).exit_code == 0
+        mem.tick()
+        said = " ".join(runner.invoke(app, ["rm", "j"]).output.split())
+        if CKPT_BUCKET in there:  # the bucket, but nothing saved under the prefix
+            assert "no checkpoints under gs://ckpts/run: nothing is there" in said, said
+        else:
+            assert "no checkpoints under gs://ckpts/run: bucket gs://ckpts does not exist" in said, said
+        assert "kept" not in said
+    mem.store.buckets = None
+    mem.store.put(CKPT_BUCKET, "run/7/state.bin", b"s")
+    assert runner.invoke(app, ["submit", path]).exit_code == 0
+    mem.tick()
+    runner.invoke(app, ["cancel", "j"])
+    mem.tick()
+    assert "checkpoints kept under gs://ckpts/run (" in " ".join(runner.invoke(app, ["rm", "j"]).output.split())
