@@ -84,8 +84,12 @@ class GcsStore:
         return _info(blob)
 
     def list(self, bucket: str, prefix: str) -> list[BlobInfo]:
-        with translated(f"gs://{bucket}/{prefix}*"):
-            return [_info(b) for b in self.client.list_blobs(bucket, prefix=prefix, page_size=self.page_size)]
+        where = f"gs://{bucket}/{prefix}*"
+        try:
+            with translated(where):
+                return [_info(b) for b in self.client.list_blobs(bucket, prefix=prefix, page_size=self.page_size)]
+        except errors.NotFound as e:  # objects.list answers 404 for the bucket alone: no prefix is "not found"
+            raise errors.NoSuchBucket(bucket, where) from e
 
     def write(self, bucket: str, name: str, data: bytes, *, if_generation_match: int | None = None,
               metadata: Mapping[str, str] | None = None) -> BlobInfo:

@@ -50,10 +50,11 @@ class Faults:
 class MemoryStore:
     """A fake GCS: generations grow per write, preconditions hold on write *and* delete."""
 
-    def __init__(self, clock: Clock | None = None) -> None:
+    def __init__(self, clock: Clock | None = None, buckets: set[str] | None = None) -> None:
         self.clock = clock or FakeClock()
         self.faults = Faults()
         self.calls: list[tuple[str, str]] = []
+        self.buckets = buckets  # the buckets there are; None: every bucket named is there
         self._objects: dict[tuple[str, str], Blob] = {}
         self._sorted: dict[str, list[str]] = defaultdict(list)  # bucket -> its names, sorted: listings cost O(k log n)
         self._generations = itertools.count(1_700_000_000_000_001)
@@ -88,6 +89,8 @@ class MemoryStore:
     def list(self, bucket: str, prefix: str) -> list[BlobInfo]:
         with self._lock:
             self._call("list", prefix)
+            if self.buckets is not None and bucket not in self.buckets:
+                raise errors.NoSuchBucket(bucket, f"gs://{bucket}/{prefix}*")
             names_ = self._sorted[bucket]
             found = []
             for name in itertools.islice(names_, bisect.bisect_left(names_, prefix), None):
@@ -100,6 +103,8 @@ class MemoryStore:
               metadata: Mapping[str, str] | None = None) -> BlobInfo:
         with self._lock:
             self._call("write", name)
+            if self.buckets is not None and bucket not in self.buckets:
+                raise errors.NotFound(f"gs://{bucket}/{name}")  # as GCS: 404, the bucket not there
             self._precondition(bucket, name, if_generation_match)
             info = BlobInfo(bucket, name, next(self._generations), self.clock.now(), len(data),
                             dict(metadata) if metadata else None)

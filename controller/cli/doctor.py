@@ -173,6 +173,16 @@ def _said(error: BaseException) -> str:
     return text if isinstance(error, errors.RespawnError) else f"{type(error).__name__}: {text}"
 
 
+def _missing(apis: Apis, bucket: str) -> bool:
+    try:
+        apis.bucket(bucket)
+    except errors.NotFound:
+        return True
+    except Exception:  # noqa: BLE001 - not known to be missing
+        return False
+    return False
+
+
 # -- the deployment's checks ---------------------------------------------------------------------
 def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> list[Check]:
     p, b, r = t.project, t.bucket, t.region
@@ -207,10 +217,26 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
                                      f"--project={p}"]))
         return f"{len(wanted)} enabled ({', '.join(wanted)})"
 
+    def deployed_bucket() -> str | None:
+        """The bucket the deployed on_object is triggered by, when it is another that exists: then
+        RESPAWN_BUCKET is what is wrong (a typo), not the deployment, which must not be moved to it."""
+        try:
+            trigger = apis.function(p, r, deploy.ON_OBJECT).get("eventTrigger") or {}
+            other = {f.get("attribute"): f.get("value") for f in trigger.get("eventFilters") or []}.get("bucket")
+            if not other or other == b:
+                return None
+            apis.bucket(other)
+        except Exception:  # noqa: BLE001 - none to point at: the usual fix
+            return None
+        return str(other)
+
     def bucket() -> str:
         try:
             apis.bucket(b)
         except errors.NotFound as e:
+            if other := deployed_bucket():
+                raise Failed(f"{gs} does not exist, and the deployed controller ({deploy.ON_OBJECT}) uses gs://{other}",
+                             f"export RESPAWN_BUCKET={shlex.quote(other)}  # the deployed controller's bucket") from e
             raise Failed(f"{gs} does not exist, or you may not see it",
                          f"gcloud storage buckets create {gs} --project={p} --location={r} "
                          "--uniform-bucket-level-access") from e
@@ -220,7 +246,8 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
         try:
             found = apis.bucket(b)
         except errors.NotFound as e:
-            raise Failed(f"{gs} does not exist", f"create it first (see the bucket check), then {t.deploy_command}") from e
+            then = "" if deployed_bucket() else f", then {t.deploy_command}"  # not to move a deployment to a typo
+            raise Failed(f"{gs} does not exist", f"create it first (see the bucket check){then}") from e
         if not found.get("uniform"):
             raise Failed(f"off on {gs}: IAM Conditions (the trainer's) need it",
                          f"gcloud storage buckets update {gs} --uniform-bucket-level-access --project={p}")
@@ -331,8 +358,12 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
                 return f"ACTIVE, {deploy.PUBLISHED} on {topic}"
             filters = {f.get("attribute"): f.get("value") for f in trigger.get("eventFilters") or []}
             if trigger.get("eventType") != FINALIZED or filters.get("bucket") != b:
-                raise Failed(f"trigger is {trigger.get('eventType') or 'HTTP'} on {filters.get('bucket') or 'no bucket'}, "
-                             f"not {FINALIZED} on {b}", redeploy)
+                said = (f"trigger is {trigger.get('eventType') or 'HTTP'} on {filters.get('bucket') or 'no bucket'}, "
+                        f"not {FINALIZED} on {b}")
+                if (other := deployed_bucket()) and trigger.get("eventType") == FINALIZED and _missing(apis, b):
+                    raise Failed(f"{said}, which does not exist",
+                                 f"export RESPAWN_BUCKET={shlex.quote(other)}  # the deployed controller's bucket")
+                raise Failed(said, redeploy)
             return f"ACTIVE, {FINALIZED} on {gs}"
         return check
 

@@ -70,6 +70,9 @@ class _Guarded(TyperGroup):
 
         tidy(self)  # --help at any width: whole paragraphs, no <bool>, no {spec}
 
+    def main(self, args: Any = None, *rest: Any, **kwargs: Any) -> Any:
+        return super().main(_short_help(args), *rest, **kwargs)
+
     def invoke(self, ctx: Any) -> Any:
         from controller.adapters import failfast
 
@@ -82,6 +85,8 @@ class _Guarded(TyperGroup):
             _fail(str(e))
         except errors.Unreachable as e:  # already one line that says what to do
             _fail(str(e), UNAVAILABLE)
+        except errors.NoSuchBucket as e:
+            _fail(_no_bucket(e) or _message(e), _code(e))
         except errors.RespawnError as e:
             _fail(_message(e), _code(e))
         except ValidationError as e:
@@ -97,6 +102,17 @@ class _Guarded(TyperGroup):
             failfast.enable(False)
 
 
+def _short_help(args: Any) -> list[str]:
+    """``-h`` is ``--help`` for every command. Rewritten here rather than made a help option name:
+    that would add a column of short options to every --help without one, and squeeze the
+    descriptions of those at 80 columns. Never after ``--`` (``respawn run ... -- cmd -h``: the job's)."""
+    import sys
+
+    words = list(sys.argv[1:] if args is None else args)
+    end = words.index("--") if "--" in words else len(words)
+    return ["--help" if i < end and word == "-h" else word for i, word in enumerate(words)]
+
+
 app = typer.Typer(cls=_Guarded, no_args_is_help=True,
                   help="Keep Spot training jobs alive on Compute Engine VMs (GPUs) and Cloud TPU slices: "
                        "a preempted job is recreated, in another zone if need be, and resumes from its checkpoint.")
@@ -104,12 +120,50 @@ out = Console(file=Trimmed())  # piped or redirected: no line padded with spaces
 err = Console(file=Trimmed(stderr=True))
 
 
+def _version(given: bool) -> None:
+    if given:
+        out.print(plain(f"respawn {version()}"))
+        raise typer.Exit()
+
+
+def version() -> str:
+    """The installed package's version (pyproject.toml's, as packaged); a checkout that was never
+    installed reads pyproject.toml itself."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("respawn")
+    except importlib.metadata.PackageNotFoundError:
+        import tomllib
+
+        from controller.service.config import REPO_ROOT
+
+        return str(tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"])
+
+
 @app.callback()
 def _bounded(timeout: Annotated[float, typer.Option(
         "--timeout", envvar="RESPAWN_TIMEOUT", min=0, metavar="SECONDS",
         help="seconds a command may wait on the cloud in all, retries included, before it gives up "
-             "(exit 3); 0 or inf: no bound")] = deadline.DEFAULT) -> None:
+             "(exit 3); 0 or inf: no bound")] = deadline.DEFAULT,
+        _shown: Annotated[bool, typer.Option("--version", is_eager=True, callback=_version,
+                                             help="print respawn's version and exit")] = False) -> None:
     deadline.begin(timeout)
+
+
+def _no_bucket(error: errors.NoSuchBucket) -> str | None:
+    """The control bucket not there: RESPAWN_BUCKET named, where it came from, the fix (None: another
+    bucket, a checkpoint's: its own message says which)."""
+    from controller.cli import buckets
+    from localcloud.session import ENV_FILE
+
+    try:
+        config = _config()
+    except errors.ConfigError:
+        return None
+    if error.bucket != config.bucket:
+        return None
+    return buckets.no_bucket(config.bucket, (config.local_dir or DEFAULT_LOCAL_DIR) / ENV_FILE)
 
 
 def _settings_problem(error: ValidationError) -> str:
@@ -347,6 +401,8 @@ def status(
     refreshes: Annotated[int, typer.Option(hidden=True, help="stop --watch after this many refreshes (0: never)")] = 0,
     every_run: Annotated[bool, typer.Option("--all", help="also each job's earlier runs (respawn history JOB): "
                                                           "outcome, goodput, cost")] = False,
+    follow: Annotated[bool, typer.Option("--follow", "-f", hidden=True,
+                                         help="not status's: said so, with --watch")] = False,
 ) -> None:
     """A table of jobs, finished ones included (one row a job: its current run): phase, attempt,
     preemptions, failures, zone, instance, checkpoint, age; each job's last event on its own line
@@ -373,6 +429,9 @@ def status(
 
     from controller.render import history_view
 
+    if follow:  # Click's guess for a mistyped option is the nearest spelling: --all
+        _fail("status has no --follow: --watch refreshes it until Ctrl-C (respawn logs JOB --follow follows a "
+              "job's output)")
     rows = _status_rows(job, every_run=True) if every_run else _status_rows(job)
     if as_json:
         print(json.dumps(rows, indent=2))
@@ -677,6 +736,9 @@ def remove(job: Annotated[str, typer.Argument(help="the finished job to forget")
     from controller.core.runs import RUNS_DIR
 
     for prefix in done.checkpoints:
+        if (missing := jobruns.held(jobs, prefix)) is not None:  # "kept" only where there is something
+            out.print(plain(f"  no checkpoints under {prefix}: {missing}"), soft_wrap=True)
+            continue
         # A new job resumes from its spec's checkpoint.uri itself, never from a fresh run's own prefix.
         fate = "kept, never resumed by a new job" if f"/{RUNS_DIR}/" in prefix else \
             f"a new job named {job} with this checkpoint.uri resumes from them unless submitted with --fresh"
@@ -697,7 +759,7 @@ def _job_status(job: str) -> JobStatus:
 @app.command()
 def logs(
     job: Annotated[str, typer.Argument(help="the job whose VMs' logs to show")],
-    limit: Annotated[int, typer.Option(envvar="RESPAWN_LOG_LIMIT",
+    limit: Annotated[int, typer.Option("--limit", "--tail", envvar="RESPAWN_LOG_LIMIT",
                                        help="at most this many entries of each attempt, its last")] = 200,
     serial: Annotated[bool, typer.Option("--serial", help="read the serial console through the Compute API "
                                                           "instead of Cloud Logging (live instances only)")] = False,

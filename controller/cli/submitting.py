@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.text import Text
 
 from controller.cli import deadline, estimate, pack
-from controller.core import tpus
+from controller.core import errors, tpus
 from controller.core.spec import JobSpec, SpecError, load_document
 from controller.render.amounts import counted
 from controller.render.status_view import Note
@@ -118,7 +118,11 @@ def submit(request: Request, jobs: Jobs, sources: Callable[[], estimate.Sources]
            show_spec: bool = False) -> Done:
     """Steps 1 to 4; raises SpecError (the spec or its code), PackError, NotSubmitted, or what
     ``Jobs.submit`` raises. A submit that starts a new run over checkpoints already there says
-    which one it will resume (or, ``--fresh``, that it resumes none), before the question."""
+    which one it will resume (or, ``--fresh``, that it resumes none), before the question.
+
+    What the upload would refuse (a job still running without --replace, a pending cancel, no such
+    bucket) is refused first, before the code is packed and the estimate made; a dry run only says it."""
+    _admit(request, jobs, err)
     raw, packed, note = with_code(request.raw, request.base, request.workdir, jobs.bucket)
     fresh_note = None
     if request.fresh:
@@ -168,6 +172,17 @@ def shown(raw: bytes) -> str:
         return raw.decode("utf-8", "replace")
     masked = {**data, "env": {key: HIDDEN for key in data["env"]}}
     return yaml.safe_dump(masked, sort_keys=False, allow_unicode=True)
+
+
+def _admit(request: Request, jobs: Jobs, err: Console) -> None:
+    """Refuse now what ``Jobs.submit`` would refuse after the estimate and the question; a dry run,
+    which uploads nothing (perhaps before the bucket is made), says it and goes on."""
+    try:
+        jobs.admit(request.job, request.replace, request.uncancel)
+    except (Refused, errors.NoSuchBucket) as e:
+        if not request.dry_run:
+            raise
+        err.print(Text(f"! a submit would be refused: {e}", style="yellow"), soft_wrap=True)
 
 
 def _fresh_allowed(jobs: Jobs, job: str) -> None:

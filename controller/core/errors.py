@@ -20,6 +20,14 @@ class NotFound(RespawnError):
     """The object or instance does not exist (HTTP 404)."""
 
 
+class NoSuchBucket(NotFound):
+    """A listing of a bucket that does not exist (a 404 on objects.list: the bucket, not an object)."""
+
+    def __init__(self, bucket: str, what: str | None = None) -> None:
+        super().__init__(f"{what or f'gs://{bucket}'}: bucket gs://{bucket} does not exist")
+        self.bucket = bucket
+
+
 class AlreadyExists(RespawnError):
     """An insert named something that already exists (HTTP 409)."""
 

@@ -31,6 +31,9 @@ class Settings(BaseSettings):
     tpu_endpoint: str | None = None  # the local cloud's TPU server, e.g. http://127.0.0.1:8124
     vm_scripts: Path = REPO_ROOT / "deploy" / "vm"
     log_format: Literal["auto", "cloud", "text"] = "auto"
+    # Where `respawn local up` writes its exports (local.env); the CLI reads it back to say where a
+    # RESPAWN_BUCKET that names no bucket came from. None: ~/.respawn/local.
+    local_dir: Path | None = None
     function_target: str | None = Field(default=None, validation_alias="FUNCTION_TARGET")
 
     allowed_projects: CsvList = ()

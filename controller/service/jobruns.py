@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from controller.core import errors, names, runlog
-from controller.core.checkpoints import Found
+from controller.core.checkpoints import Found, split_uri
 from controller.core.ports import BlobInfo
 from controller.core.runs import RunSummary, fresh_root
 from controller.core.spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec
@@ -158,6 +158,19 @@ def _checkpoint_prefixes(jobs: Jobs, job: str, status: JobStatus | None) -> tupl
             seen.append(uri)
     return tuple(seen)
 
+
+
+def held(jobs: Jobs, prefix: str) -> str | None:
+    """Whether a checkpoint prefix holds anything, said for ``rm``'s "kept": None when it does; else
+    why not (its bucket does not exist, nothing is under it, or it could not be listed)."""
+    bucket, path = split_uri(prefix)
+    try:
+        found = jobs.store.list(bucket, path)
+    except errors.NoSuchBucket:
+        return f"bucket gs://{bucket} does not exist"
+    except errors.RespawnError as e:
+        return f"could not be listed: {e}"
+    return None if found else "nothing is there"
 
 
 def _spec(jobs: Jobs, job: str) -> JobSpec | None:

@@ -110,6 +110,31 @@ class Jobs:
         finished run is removed, so that it cannot cancel the new run.
         """
         self.check(raw, job)
+        current, cancel = self._admitted(job, replace, uncancel, if_generation)
+        if cancel:
+            # Only the cancel seen above: one written since then is someone's new decision.
+            try:
+                self.store.delete(self.bucket, names.cancel_key(job), if_generation_match=cancel)
+            except errors.NotFound:
+                pass
+            except errors.PreconditionFailed:
+                raise Refused(f"job {job!r} was cancelled again while submitting; nothing was changed") from None
+        match = if_generation if if_generation is not None else (None if replace else current)
+        info = self.store.write(self.bucket, names.spec_key(job), raw, if_generation_match=match)
+        return info.generation
+
+    def admit(self, job: str, replace: bool = False, uncancel: bool = False) -> None:
+        """What ``submit`` would refuse, asked before anything is shown or asked (the estimate, the
+        question): Refused for a job still running without ``replace`` or with a pending cancel, and
+        ``errors.NoSuchBucket`` when the bucket is not there (a listing of the job's own few objects:
+        a read of a missing bucket's object is only "not found"). ``submit`` checks again."""
+        if names.job_name_problem(job):
+            return  # ``check`` says what is wrong with the name
+        self.store.list(self.bucket, f"{names.JOBS_PREFIX}{job}/")
+        self._admitted(job, replace, uncancel, None)
+
+    def _admitted(self, job: str, replace: bool, uncancel: bool, if_generation: int | None) -> tuple[int, int]:
+        """The spec's and the cancel's generations (0: none) when a submit may write; else Refused."""
         current = self._generation(names.spec_key(job))
         if if_generation is not None and current != if_generation:
             raise errors.PreconditionFailed(f"spec of {job!r} is at generation {current}, not {if_generation}")
@@ -125,17 +150,7 @@ class Jobs:
             phase = status.phase if status else "submitted"
             raise Refused(f"job {job!r} is {phase}; pass --replace to change its spec "
                           "(it applies from the next attempt)")
-        if cancel:
-            # Only the cancel seen above: one written since then is someone's new decision.
-            try:
-                self.store.delete(self.bucket, names.cancel_key(job), if_generation_match=cancel)
-            except errors.NotFound:
-                pass
-            except errors.PreconditionFailed:
-                raise Refused(f"job {job!r} was cancelled again while submitting; nothing was changed") from None
-        match = if_generation if if_generation is not None else (None if replace else current)
-        info = self.store.write(self.bucket, names.spec_key(job), raw, if_generation_match=match)
-        return info.generation
+        return current, cancel
 
     def cancel(self, job: str) -> str | None:
         """Write the job's cancel; or, writing nothing, say why there is nothing to cancel: its run

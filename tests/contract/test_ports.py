@@ -192,6 +192,15 @@ class TestBlobStore:
         with pytest.raises(errors.NotFound):
             backend.store.read(BUCKET, key)
 
+    def test_listing_a_bucket_that_does_not_exist_is_no_such_bucket_naming_it(self, backend):
+        if isinstance(backend.store, MemoryStore):
+            backend.store.buckets = {BUCKET}  # the fake's buckets, as the local cloud's: this one alone
+        with pytest.raises(errors.NoSuchBucket) as caught:
+            backend.store.list("no-such-bucket-here", "jobs/")
+        assert caught.value.bucket == "no-such-bucket-here"
+        assert str(caught.value) == "gs://no-such-bucket-here/jobs/*: bucket gs://no-such-bucket-here does not exist"
+        assert backend.store.list(BUCKET, unique("none/") + "/") == []  # an empty prefix is no error
+
     def test_list_by_prefix_across_pages(self, backend):
         prefix = unique("list/") + "/"
         for i in range(12):

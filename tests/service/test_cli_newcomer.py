@@ -285,3 +285,178 @@ def test_a_timeout_of_inf_or_more_than_a_timer_takes_is_no_bound(value):
     result = runner.invoke(app, ["--timeout", value, "validate", str(spec)])
     assert result.exit_code == 0 and "Traceback" not in result.output, result.output
     assert deadline.given == 0.0
+
+
+# -- third pass (issue 39) ------------------------------------------------------------------------
+
+def _mistyped_bucket(mem, tmp_path, local_env: str | None = None) -> None:  # noqa: F811
+    """RESPAWN_BUCKET=respawn-locall where only the harness's bucket exists; ``local_env``: what the
+    local cloud's exports say RESPAWN_BUCKET is (None: no local cloud's local.env)."""
+    from controller.service import bootstrap
+    from controller.service.config import Settings
+    from tests.harness import CKPT_BUCKET, PROJECT, TRAINER
+
+    if local_env is not None:
+        (tmp_path / "local.env").write_text(f"# written by `respawn local up`\nexport RESPAWN_BUCKET={local_env}\n")
+    mem.store.buckets = {BUCKET, CKPT_BUCKET}
+    bootstrap.override(None, Settings(bucket="respawn-locall", project=PROJECT, trainer_service_account=TRAINER,
+                                             local_dir=tmp_path),
+                       mem.store, mem.compute)
+
+
+@pytest.mark.parametrize("command", [["status"], ["submit", "--yes", "SPEC"], ["dashboard", "--no-open", "--port", "0"]])
+def test_a_mistyped_bucket_is_named_with_its_variable_its_source_and_the_fix(mem, tmp_path, command):  # noqa: F811
+    spec = _spec_file(tmp_path)
+    _mistyped_bucket(mem, tmp_path, local_env=BUCKET)
+    result = runner.invoke(app, [spec if word == "SPEC" else word for word in command])
+    assert result.exit_code == 2, result.output
+    line = result.output.strip()
+    assert "\n" not in line and "Traceback" not in line, line
+    assert line == (f"✗ bucket gs://respawn-locall does not exist: RESPAWN_BUCKET=respawn-locall is set in your "
+                    f"environment, while the local cloud's {tmp_path / 'local.env'} says {BUCKET}: `source "
+                    f"{tmp_path / 'local.env'}` (or set RESPAWN_BUCKET to your control bucket)"), line
+
+
+def test_a_bucket_not_there_without_a_local_cloud_points_at_doctor_not_at_making_it(mem, tmp_path):  # noqa: F811
+    _mistyped_bucket(mem, tmp_path)
+    line = runner.invoke(app, ["status"]).output.strip()
+    assert line.startswith("✗ bucket gs://respawn-locall does not exist: RESPAWN_BUCKET=respawn-locall is set in "
+                           "your environment: set RESPAWN_BUCKET to your control bucket (`respawn doctor` names"), line
+    assert "respawn deploy" not in line and "create" not in line
+
+
+def test_a_bucket_that_local_env_names_but_no_local_cloud_serves_says_so(mem, tmp_path):  # noqa: F811
+    _mistyped_bucket(mem, tmp_path, local_env="respawn-locall")
+    line = runner.invoke(app, ["status"]).output.strip()
+    assert f"RESPAWN_BUCKET=respawn-locall comes from {tmp_path / 'local.env'}" in line
+    assert "`respawn local up`" in line
+
+
+def test_a_checkpoint_bucket_not_there_is_its_own_message_not_respawn_buckets():
+    from controller.core import errors
+
+    e = errors.NoSuchBucket("ckpts", "gs://ckpts/run/*")
+    assert isinstance(e, errors.NotFound)
+    assert str(e) == "gs://ckpts/run/*: bucket gs://ckpts does not exist"
+
+
+def test_submit_refuses_a_running_job_without_replace_before_the_estimate_and_the_question(mem, tmp_path,  # noqa: F811
+                                                                                          monkeypatch):
+    from controller.cli import submitting
+    from controller.core.state import Phase
+
+    path = _spec_file(tmp_path)
+    assert runner.invoke(app, ["submit", path]).exit_code == 0
+    mem.tick()
+    mem.tick()  # its VM up
+    assert mem.status("j").phase == Phase.RUNNING
+
+    def never(*_):
+        raise AssertionError("reached after the refusal")
+
+    monkeypatch.setattr(submitting, "interactive", lambda: True)
+    monkeypatch.setattr(submitting, "_estimate", never)
+    monkeypatch.setattr(submitting.pack, "pack", never)
+    monkeypatch.setattr("typer.confirm", never)
+    result = runner.invoke(app, ["submit", path])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == "✗ job 'j' is RUNNING; pass --replace to change its spec (it applies from the next attempt)"
+
+
+def test_a_dry_run_of_a_running_job_shows_the_estimate_and_says_a_submit_would_be_refused(mem, tmp_path):  # noqa: F811
+    path = _spec_file(tmp_path)
+    assert runner.invoke(app, ["submit", path]).exit_code == 0
+    mem.tick()
+    mem.tick()
+    result = runner.invoke(app, ["submit", "--dry-run", path])
+    assert result.exit_code == 0, result.output
+    assert "! a submit would be refused: job 'j' is RUNNING; pass --replace" in result.output
+    assert "estimate for j" in result.output and "dry run: nothing uploaded" in result.output
+    assert runner.invoke(app, ["submit", "--dry-run", "--replace", path]).output.count("would be refused") == 0
+
+
+def test_status_follow_points_at_watch_not_all(mem):  # noqa: F811
+    for flag in ("--follow", "-f"):
+        result = runner.invoke(app, ["status", flag])
+        assert result.exit_code == 2, result.output
+        line = result.output.strip()
+        assert line.startswith("✗ status has no --follow: --watch refreshes it until Ctrl-C"), line
+        assert "--all" not in line
+
+
+def test_logs_tail_n_is_limit_n(mem, monkeypatch):  # noqa: F811
+    from datetime import UTC, datetime
+
+    from controller.cli import joblogs
+    from controller.core import names
+    from controller.core.state import JobStatus, Phase
+
+    mem.submit("lg")
+    mem.store.put(BUCKET, names.status_key("lg"), JobStatus(created_at=datetime(2026, 1, 1, tzinfo=UTC),
+                  phase=Phase.RUNNING, instances=("lg-1",), instance_ids={"lg-1": "123"}).to_json())
+    asked = []
+
+    class Reader:
+        def __init__(self, *args, **_):
+            asked.append(args[5])  # (client, job, projects, emit, show, limit)
+
+        def print_all(self, *_):
+            pass
+
+    monkeypatch.setattr(joblogs, "JobLogs", Reader)
+    monkeypatch.setattr("controller.adapters.google.logging_client", lambda config: object())
+    for flags, limit in ((["--tail", "7"], 7), (["--limit", "9"], 9), ([], 200)):
+        result = runner.invoke(app, ["logs", "lg", *flags])
+        assert result.exit_code == 0, result.output
+        assert asked.pop() == limit
+
+
+def test_version_prints_the_packages_version():
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0, result.output
+    assert result.output == f"respawn {pyproject['project']['version']}\n"
+
+
+def test_h_is_help_for_every_command():
+    import typer
+
+    for path, _ in _commands(typer.main.get_command(app)):
+        long, short = (runner.invoke(app, [*path, flag], env={"COLUMNS": "80"}, terminal_width=80)
+                       for flag in ("--help", "-h"))
+        assert short.exit_code == 0 and short.output == long.output, path
+
+
+def test_h_after_a_double_dash_is_the_jobs_own():
+    from controller.cli.main import _short_help
+
+    assert _short_help(["run", "-n", "x", "-h", "--", "python", "t.py", "-h"]) == \
+        ["run", "-n", "x", "--help", "--", "python", "t.py", "-h"]
+
+
+def test_rm_says_kept_only_for_checkpoints_that_are_there(mem, tmp_path):  # noqa: F811
+    from tests.harness import CKPT_BUCKET
+
+    path = _spec_file(tmp_path)  # checkpoint.uri gs://ckpts/run
+    for there in ({BUCKET, CKPT_BUCKET}, {BUCKET}):
+        mem.store.buckets = there
+        assert runner.invoke(app, ["submit", path]).exit_code == 0
+        mem.tick()
+        assert runner.invoke(app, ["cancel", "j"]).exit_code == 0
+        mem.tick()
+        said = " ".join(runner.invoke(app, ["rm", "j"]).output.split())
+        if CKPT_BUCKET in there:  # the bucket, but nothing saved under the prefix
+            assert "no checkpoints under gs://ckpts/run: nothing is there" in said, said
+        else:
+            assert "no checkpoints under gs://ckpts/run: bucket gs://ckpts does not exist" in said, said
+        assert "kept" not in said
+    mem.store.buckets = None
+    mem.store.put(CKPT_BUCKET, "run/7/state.bin", b"s")
+    assert runner.invoke(app, ["submit", path]).exit_code == 0
+    mem.tick()
+    runner.invoke(app, ["cancel", "j"])
+    mem.tick()
+    assert "checkpoints kept under gs://ckpts/run (" in " ".join(runner.invoke(app, ["rm", "j"]).output.split())

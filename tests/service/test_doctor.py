@@ -731,3 +731,18 @@ def test_an_image_elsewhere_is_said_not_checked_and_why(image):
 
 def test_a_spec_without_an_image_has_no_container_check():
     assert "container image" not in run(healthy(), spec())
+
+
+def test_a_mistyped_bucket_is_fixed_by_setting_respawn_bucket_to_the_deployed_one_never_by_making_it():
+    p = healthy()  # deployed on BUCKET
+    t = doctor.Target(PROJECT, "respawn-buckett", REGION, CONTROLLER, TRAINER)
+    found = {r.name: r for r in doctor.run(doctor.checks(p, t, now=lambda: NOW), 5.0)}
+    assert not found["bucket"].ok
+    assert found["bucket"].detail == (f"gs://respawn-buckett does not exist, and the deployed controller "
+                                      f"({deploy.ON_OBJECT}) uses gs://{BUCKET}")
+    assert found["bucket"].fix.startswith(f"export RESPAWN_BUCKET={BUCKET}")
+    on_object = found[f"function {deploy.ON_OBJECT}"]
+    assert not on_object.ok and on_object.fix.startswith(f"export RESPAWN_BUCKET={BUCKET}")
+    for result in found.values():
+        assert "buckets create gs://respawn-buckett" not in (result.fix or "")
+        assert "--bucket=respawn-buckett" not in (result.fix or "")

@@ -379,6 +379,7 @@ def test_rm_after_a_fresh_run_says_which_kept_checkpoints_a_new_job_would_resume
     assert _cli("submit", spec, "--fresh").exit_code == 0
     mem.tick()
     st = mem.status("j")
+    mem.store.put(CKPT_BUCKET, f"run/runs/j/{st.run}/900/state.bin", b"s")  # the fresh run's own save
     assert _cli("cancel", "j").exit_code == 0
     mem.tick()
     gone = _cli("rm", "j")
