@@ -1002,6 +1002,11 @@ def doctor(
     config = _config(fresh=True)
     if not config.project or not config.bucket or not region:
         _fail("set RESPAWN_PROJECT, RESPAWN_BUCKET and RESPAWN_REGION (or --region): the deployment to check")
+    if (down := _local_cloud_down(config)) is not None:
+        # Every check would fail on its own bound, each suggesting a Google login: one line instead.
+        _fail(f"the local cloud does not answer at {down}: is `respawn local up` still running? Start it again "
+              "(and source the local.env it names), or unset the RESPAWN_*_ENDPOINT and STORAGE_EMULATOR_HOST "
+              "variables to check a project on Google", UNAVAILABLE)
     checked = None
     if spec is not None:
         from controller.cli import pack, submitting
@@ -1550,6 +1555,24 @@ def demo(
         err.print("[red]the story did not come out right[/red]")
         raise typer.Exit(1)
     out.print("[bold green]✓ same weights as an uninterrupted run[/bold green]")
+
+
+def _local_cloud_down(config: Settings) -> str | None:
+    """The local cloud's address the environment points at (its storage, or its Compute) when it
+    does not answer; None when nothing points at one, or it answers."""
+    import os
+    import socket
+    from urllib.parse import urlsplit
+
+    for url in (os.environ.get("STORAGE_EMULATOR_HOST"), config.compute_endpoint):
+        parts = urlsplit(url or "")
+        if parts.hostname not in ("127.0.0.1", "localhost") or parts.port is None:
+            continue
+        try:
+            socket.create_connection((parts.hostname, parts.port), timeout=1.0).close()
+        except OSError:
+            return str(url)
+    return None
 
 
 def _zero_gap(result: Any) -> str:

@@ -129,3 +129,21 @@ def test_run_of_a_file_in_this_folder_without_workdir_says_the_vm_will_not_have_
     sent = runner.invoke(app, [*RUN, "--workdir", ".", "--", "python", "train.py"])
     assert sent.exit_code == 0 and "--workdir" not in sent.output.replace("--workdir .", ""), sent.output
     assert runner.invoke(app, [*RUN, "-n", "other", "--", "python", "other.py"]).exit_code == 0  # no such file here
+
+
+def test_doctor_against_a_stopped_local_cloud_says_so_at_once_instead_of_twenty_crosses(monkeypatch):
+    """Issue 39: doctor took 21.5 s, printed 20 ✗ and first suggested a Google login."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on: the local cloud that was
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("RESPAWN_PROJECT", "respawn-local")
+    monkeypatch.setenv("RESPAWN_BUCKET", "respawn-local")
+    monkeypatch.setenv("RESPAWN_REGION", "us-central1")
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("RESPAWN_COMPUTE_ENDPOINT", f"http://127.0.0.1:{port}")
+    result = runner.invoke(app, ["doctor"])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 3 and "is `respawn local up` still running?" in said, said
+    assert "gcloud auth" not in said and "✓" not in said  # one line, before any check runs
