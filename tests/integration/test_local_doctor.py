@@ -83,11 +83,14 @@ def test_a_zero_gpu_quota_in_one_of_the_spec_s_regions_fails_that_check(cloud, s
     assert "1 of 32 checks failed: GPU quota in us-east1" in done.stderr
 
 
-def test_a_missing_bucket_fails_naming_the_bucket_check_and_how_to_create_it(cloud):
+def test_a_missing_bucket_fails_naming_the_bucket_check_and_the_deployed_controllers_bucket(cloud):
+    """Issue 39: a mistyped RESPAWN_BUCKET is fixed by naming the deployed controller's bucket, never by
+    creating the misspelled one."""
     done = doctor(cloud, RESPAWN_BUCKET="respawn-no-such-bucket")
     assert done.returncode == 1
     assert line(done.stdout, "bucket ").startswith("✗ bucket") and "does not exist" in line(done.stdout, "bucket ")
-    assert "fix: gcloud storage buckets create gs://respawn-no-such-bucket" in done.stdout
+    assert "fix: export RESPAWN_BUCKET=respawn-local" in done.stdout
+    assert "buckets create gs://respawn-no-such-bucket" not in done.stdout
     assert line(done.stdout, "project").startswith("✓") and line(done.stdout, "APIs").startswith("✓")
 
 
