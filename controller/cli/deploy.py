@@ -28,7 +28,7 @@ import re
 import shlex
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -780,6 +780,21 @@ class StepFailed(Exception):
 
 
 Runner = Callable[..., str]  # (argv) or (argv, stdin) -> what it printed; CalledProcessError when it failed
+
+
+def summary(steps: Sequence[Step], first: int = 1) -> str:
+    """What a dry run's plan comes to, in one paragraph: how many steps, and each one's name in order."""
+    shown = steps[first - 1:]
+    return f"{len(shown)} steps, in order: {', '.join(step.name for step in shown)}"
+
+
+def gcloud_account(run: Callable[[tuple[str, ...]], str] | None = None) -> str | None:
+    """The account gcloud is logged in as (what every step runs as), or None: no gcloud, or no login."""
+    try:
+        found = (run or run_command)(("gcloud", "auth", "list", "--filter=status:ACTIVE", "--format=value(account)"))
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return found.strip().splitlines()[0] if found.strip() else None
 
 
 def run_command(argv: tuple[str, ...], stdin: str | None = None) -> str:

@@ -917,6 +917,12 @@ def deploy(
             if number >= first:
                 out.print(plain(f"# {number}. {step.name}: {step.title}", "bold"), soft_wrap=True)
                 print(step.render())
+        out.print(plain(f"\nthe plan: {deployment.summary(steps, first)}", "bold"), soft_wrap=True)
+        if (account := deployment.gcloud_account()) is None:
+            err.print(_line("!", "yellow", "gcloud is not logged in (or not installed): every step runs as gcloud's "
+                                           "account; run `gcloud auth login` before the real deploy"), soft_wrap=True)
+        else:
+            out.print(plain(f"every step runs as gcloud's account: {account}", "dim"), soft_wrap=True)
         return
     try:
         deployment.execute(steps, target, start=first,

@@ -387,6 +387,7 @@ def cli(monkeypatch) -> Any:
     """`respawn deploy` with no RESPAWN_* setting from the environment but those a test sets."""
     for key in [k for k in os.environ if k.startswith("RESPAWN_")]:
         monkeypatch.delenv(key)
+    monkeypatch.setattr(deploy, "gcloud_account", lambda run=None: "owner@example.com")  # never this machine's gcloud
 
     def invoke(*args: str) -> Any:
         return runner.invoke(app, ["deploy", "--project", PROJECT, "--region", REGION, "--bucket", BUCKET, *args])
@@ -562,6 +563,27 @@ def test_the_controller_reads_no_logs_anywhere_and_the_sink_is_the_deploy_projec
     assert {("project:prod-proj", "roles/compute.instanceAdmin.v1"), ("project:other-proj", "roles/compute.instanceAdmin.v1")} <= mine
     # the sink is the deploy project's own (a project sink sees that project's entries only)
     assert len(fake.sinks) == 1 and f"projects/{PROJECT}/logs/" in fake.sinks["respawn-audit"]["filter"]
+
+
+def test_the_dry_run_ends_with_a_summary_of_its_steps_and_whom_they_run_as(cli, monkeypatch):
+    """Issue 39: the dry run had no summary of what it will create and did not check gcloud's login."""
+    result = cli("--dry-run")
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert re.search(r"the plan: \d+ steps, in order: [-a-z0-9@]+, [-a-z0-9@]+", said), said[-800:]
+    assert "every step runs as gcloud's account: owner@example.com" in said
+    monkeypatch.setattr(deploy, "gcloud_account", lambda run=None: None)
+    said = " ".join(cli("--dry-run").output.split())
+    assert "gcloud is not logged in (or not installed)" in said and "gcloud auth login" in said
+
+
+def test_gcloud_account_reads_the_active_login_and_none_without_one():
+    assert deploy.gcloud_account(lambda argv: "me@example.com\n") == "me@example.com"
+    assert deploy.gcloud_account(lambda argv: "") is None
+
+    def missing(argv):
+        raise FileNotFoundError("gcloud")
+    assert deploy.gcloud_account(missing) is None
 
 
 def test_the_dry_run_shows_the_audit_steps_and_says_the_filter_cannot_select_respawns_instances(cli):
