@@ -32,7 +32,7 @@ from controller.service import bootstrap
 from controller.core import errors, ledger, names
 from controller.cli import deadline, joblogs
 from controller.render.amounts import counted
-from controller.render.text import Trimmed, plain, printable
+from controller.render.text import Hanging, Trimmed, plain, printable
 from controller.service.config import Settings
 from controller.service.jobs import MAX_LIVE_READS, Jobs, Refused, no_such_job
 from controller.cli.joblogs import logs_filter  # noqa: F401 - the query `respawn logs` sends, named for tests
@@ -927,12 +927,13 @@ def doctor(
                                        service_account or account_email("respawn-controller", config.project),
                                        timeout, checked)
     out.print(plain(f"respawn doctor: project {target.project}, bucket gs://{target.bucket}, region {target.region}",
-                    "bold"), soft_wrap=True)
+                    "bold"))
     for line in doctors.render(results):
-        out.print(line, soft_wrap=True)
+        out.print(line)
     failed = [r.name for r in results if not r.ok]
     if failed:
-        err.print(_line("✗", "red", f"{len(failed)} of {counted(len(results), 'check')} failed: {', '.join(failed)}"), soft_wrap=True)
+        err.print(Hanging(Text("✗ ", style="red"), plain(f"{len(failed)} of {counted(len(results), 'check')} failed: "
+                                                         f"{', '.join(failed)}")))
         raise typer.Exit(FAILED)
     out.print(_line("✓", "green", f"all {len(results)} checks passed"), soft_wrap=True)
 

@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from controller.cli.main import app
 from tests.service.test_cli import BUCKET, mem  # noqa: F401 - the fixture
+from tests.service.test_estimate import world  # noqa: F401 - the fixture
 
 runner = CliRunner()
 
@@ -174,6 +175,56 @@ def test_every_help_reads_well_at_80_columns():
     for line, after in zip(listed, listed[1:]):
         if after[:11].strip() == "":  # the summary goes on: this line was filled up to the width
             assert len(line) > 60, (line, after)
+
+
+def test_at_80_columns_the_estimate_shows_every_zone_whole_on_its_row(world, tmp_path, monkeypatch):  # noqa: F811
+    """Issue 39: the one table submit asks the user to confirm read ``us-central…`` on every row."""
+    from tests.service.test_estimate import write_spec
+
+    monkeypatch.setenv("COLUMNS", "80")
+    world.advisor.spot_prices["g2-standard-8"] = 0.30
+    zones = ["us-central1-a", "northamerica-northeast1-b", "europe-west4-a"]
+    path = write_spec(tmp_path, nodes=1, provisioning=["spot", "flex-start", "standard"], zones=zones,
+                      policy={"max_run_duration": "4h"})
+    result = runner.invoke(app, ["submit", path, "--dry-run"], terminal_width=80)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= 80, result.output
+    assert "…" not in result.output, result.output
+    rows = [line.split() for line in lines if line.split()[:1] and line.split()[0] in zones]
+    assert sorted((r[0], r[1]) for r in rows) == sorted((z, m) for z in zones for m in ("spot", "flex-start", "standard"))
+    for header in ("zone", "model", "$/hour", "obtainable", "goodput"):
+        assert header in result.output, header
+    wide = runner.invoke(app, ["submit", path, "--dry-run"], env={"COLUMNS": "200"}, terminal_width=200).output
+    assert "┃ zone " in wide and "│ northamerica-northeast1-b │" in wide  # where it fits, the boxed table as ever
+
+
+def test_at_80_columns_each_doctor_line_wraps_under_its_mark_and_its_fix_under_the_command(monkeypatch):
+    """Issue 39: doctor's lines ran to 150-220 characters in an 80-column terminal."""
+    from controller.cli import doctor as doctors
+    from tests.service.test_doctor import healthy, run, target
+
+    p = healthy()
+    p.images.clear()  # a spec's image that is not there: a long detail and a long fix
+    results = list(run(p).values()) + [doctors.Result(
+        "spec j", False, "image projects/debian-cloud/global/images/family/debian-12 is not there: " + "x " * 60,
+        "gcloud compute images describe-from-family debian-12 --project debian-cloud " + "--flag=value " * 8)]
+    monkeypatch.setattr(doctors, "diagnose", lambda *a, **k: (target(False), results))
+    env = {"COLUMNS": "80", "RESPAWN_PROJECT": "my-proj", "RESPAWN_BUCKET": "my-bucket", "RESPAWN_REGION": "us-east1"}
+    result = runner.invoke(app, ["doctor"], env=env, terminal_width=80)
+    assert result.exit_code == 1, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= 80, result.output
+    first = next(i for i, line in enumerate(lines) if line[:1] in ("✓", "!", "✗"))  # after the heading
+    for line in lines[first:]:
+        assert line[:1] in ("✓", "!", "✗") or line.startswith("  "), line  # a further line sits under the text
+    at = next(i for i, line in enumerate(lines) if line.startswith("✗ spec j"))
+    assert lines[at + 1].startswith("  ") and not lines[at + 1].startswith("    fix:")  # the detail goes on
+    fix = next(i for i in range(at, len(lines)) if lines[i].startswith("    fix: gcloud compute images"))
+    assert lines[fix + 1].startswith(" " * len("    fix: ")) and lines[fix + 1][len("    fix: ")] != " "
+    assert " ".join(lines[fix:fix + 3]).split()[1:] == results[-1].fix.split()  # the command whole, in order
+    said = " ".join(line.strip() for line in lines[at:fix])
+    assert said.split() == ["✗", "spec", "j", *results[-1].detail.split()]  # nothing lost in the wrap
 
 
 def test_deploy_refuses_a_project_region_or_bucket_that_cannot_be_one_each_with_its_fix():
