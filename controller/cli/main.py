@@ -839,10 +839,11 @@ def deploy(
                             ("--trainer-account", trainer_account), ("--schedule", schedule)):
             if value and not (flag == "--schedule" and value == "* * * * *"):
                 given += [flag, value]
-        err.print(_line("✗", "red", f"step {failed.number} ({failed.step.name}) failed: {failed.reason}"),
-                  soft_wrap=True)
+        # gcloud's message and an API error's run over several lines: printed as lines, never as `\n`
+        err.print(Text.assemble(("✗", "red"), " ", printable(f"step {failed.number} ({failed.step.name}) failed: "
+                                                             f"{failed.reason}", keep="\n")), soft_wrap=True)
         if failed.output:
-            err.print(plain(failed.output), soft_wrap=True)
+            err.print(Text(printable(failed.output, keep="\n")), soft_wrap=True)
         err.print(plain(f"Fix that, then resume from it: {shlex.join(['respawn', 'deploy', *given, '--from', failed.step.name])}"
                         " (with the same RESPAWN_* policy variables set), or run the whole deploy again: "
                         "every step is safe to repeat."), soft_wrap=True)

@@ -240,6 +240,43 @@ def test_deploy_refuses_a_project_region_or_bucket_that_cannot_be_one_each_with_
         "`gcloud compute regions list`", "")  # no step printed
 
 
+def test_a_failed_deploy_step_prints_gclouds_message_as_lines_not_backslash_n(monkeypatch):
+    from controller.cli import deploy
+    from tests.service.test_deploy import BUCKET as DEPLOY_BUCKET, PROJECT, REGION, FakeProject
+
+    fake = FakeProject()
+    monkeypatch.setattr(deploy, "run_command", fake)
+    monkeypatch.setattr(deploy, "_upsert_scheduler_job", fake.schedule)
+    monkeypatch.setattr(deploy.time, "sleep", lambda _: None)
+    fake.fail_once["functions deploy respawn-on-object"] = ("INVALID_ARGUMENT: the build failed:\n"
+                                                            "- quota exceeded for builds\n- try again later")
+    result = runner.invoke(app, ["deploy", "--project", PROJECT, "--region", REGION, "--bucket", DEPLOY_BUCKET])
+    assert result.exit_code == 1, result.output
+    assert "\\n" not in result.output, result.output
+    lines = result.output.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.endswith("INVALID_ARGUMENT: the build failed:"))
+    assert lines[at + 1:at + 3] == ["- quota exceeded for builds", "- try again later"]
+
+
+def test_a_deploy_step_failed_by_an_api_error_of_several_lines_prints_them_as_lines(monkeypatch):
+    from controller.cli import deploy
+    from tests.service.test_deploy import BUCKET as DEPLOY_BUCKET, PROJECT, REGION, FakeProject
+
+    fake = FakeProject()
+    monkeypatch.setattr(deploy, "run_command", fake)
+    monkeypatch.setattr(deploy.time, "sleep", lambda _: None)
+
+    def refused(job):
+        raise RuntimeError("403 Cloud Scheduler API has not been used in project prod-proj\nEnable it by visiting "
+                           "the console, then retry")
+
+    monkeypatch.setattr(deploy, "_upsert_scheduler_job", refused)
+    result = runner.invoke(app, ["deploy", "--project", PROJECT, "--region", REGION, "--bucket", DEPLOY_BUCKET])
+    assert result.exit_code == 1, result.output
+    assert "\\n" not in result.output, result.output
+    assert "Enable it by visiting the console, then retry" in result.output.splitlines()
+
+
 def test_deploy_rules_for_project_ids_and_regions():
     from controller.cli import targets
 
