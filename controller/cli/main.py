@@ -524,7 +524,7 @@ def report(
 
 
 def _sweep_report(name: str, as_json: bool) -> None:
-    from controller.render.amounts import dollars
+    from controller.render.amounts import dollars, figures
     from controller.service import sweeps
 
     jobs = _jobs()
@@ -536,7 +536,8 @@ def _sweep_report(name: str, as_json: bool) -> None:
     goodput = "unknown yet" if total["goodput"] is None else f"{total['goodput']:.0%}"
     table = Table(title=f"sweep {name}", title_justify="left", show_header=False)
     for what, figure in (("trials", ", ".join(f"{p} {n}" for p, n in sorted(total["phases"].items()))),
-                         ("accelerator-hours", f"{total['accelerator_hours']:.2f} paid, {total['useful_hours']:.2f} useful"),
+                         ("accelerator-hours", "{} paid, {} useful".format(
+                             *figures(total["accelerator_hours"], total["useful_hours"]))),
                          ("goodput", goodput), ("losses", str(total["losses"])),
                          ("cost", f"{cost} against {on_demand} on demand: {saved} saved")):
         table.add_row(what, figure)
@@ -1164,6 +1165,7 @@ def sweep_status(
 ) -> None:
     """Every trial of a sweep with its parameters, phase, losses, cost and metric, best first by the
     sweep's metric (the trials without a result last, in their order)."""
+    from controller.render.amounts import dollars
     from controller.service import sweeps
 
     jobs = _jobs()
@@ -1180,13 +1182,13 @@ def sweep_status(
     for row in rows:
         params = " ".join(f"{k}={v}" for k, v in row["params"].items())
         shown = ("no result" if row["result"] is None else "not a number") if row["metric"] is None else f"{row['metric']:g}"
-        table.add_row(row["trial"], Text(params), row["phase"], str(row["losses"]), f"${row['cost_usd']:.2f}",
+        table.add_row(row["trial"], Text(params), row["phase"], str(row["losses"]), dollars(row["cost_usd"])[0],
                       *([shown] if metric else []))
     out.print(table)
     summed = sweeps.totals(rows)
     if summed["on_demand_usd"]:
-        out.print(plain(f"spent ${summed['cost_usd']:.2f}; on demand it would have been ${summed['on_demand_usd']:.2f} "
-                        f"(${summed['saved_usd']:.2f} saved)"), soft_wrap=True)
+        spent, on_demand, saved = dollars(summed["cost_usd"], summed["on_demand_usd"], summed["saved_usd"])
+        out.print(plain(f"spent {spent}; on demand it would have been {on_demand} ({saved} saved)"), soft_wrap=True)
 
 
 @sweep_app.command("cancel")

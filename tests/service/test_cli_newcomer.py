@@ -68,6 +68,46 @@ def test_the_figures_of_one_money_line_share_one_precision():
     assert report._cost(tiny) == "$0.0036 against $0.0116 on demand: $0.0080 saved (69%)"
 
 
+def test_a_small_figure_keeps_two_significant_digits_never_rounding_to_nothing():
+    from controller.render.amounts import dollars, figure, figures
+
+    assert figure(0.0255, places=1) in ("0.025", "0.026") and figure(12.34, places=1) == "12.3"
+    assert figures(0.0012, 0.004, 1.0333) == ("0.0012", "0.004", "1.03") and figures(0.5, 3.25) == ("0.50", "3.25")
+    assert figure(0) == "0.00" and figure(1e-9) == "< 0.000001"
+    assert dollars(0.00003) == ("$0.00003",) and dollars(1e-9) == ("< $0.000001",)
+    assert dollars(0.0036, 0.0116, 0.008) == ("$0.0036", "$0.0116", "$0.0080")  # a line of figures still aligns
+
+
+def test_status_report_and_dashboard_show_a_tiny_runs_hours_and_cost_with_their_digits():
+    """Issue 39: '0.00 of 0.00 accelerator-hours useful', the dashboard's '0.0 accelerator-hours this
+    week' beside /metrics' 0.0255, and '$0.000030 spent'."""
+    from datetime import datetime, timedelta, timezone
+
+    from controller.core.ledger import Ledger, Span, Totals
+    from controller.core.state import JobStatus, Phase
+    from controller.dashboard import views
+    from controller.render import report, status_view
+
+    row = {"goodput": {"accelerator_hours": 0.0256, "useful_hours": 0.0124, "goodput": 0.49, "unknown_hours": 0.0},
+           "checkpoint_every_s": None, "job": "j"}
+    assert "(0.012 of 0.026 accelerator-hours useful)" in status_view.goodput_line(row).text
+
+    now = datetime(2026, 1, 5, tzinfo=timezone.utc)
+    start = now - timedelta(seconds=92)  # 92 s of one accelerator: 0.0255 h
+    span = Span(attempt=1, zone="us-central1-a", model="spot", accelerators=1, per_hour=0.0012,
+                on_demand_per_hour=0.0035, start=start, inserted=start, running=start + timedelta(seconds=10),
+                end=now, cause="exited")
+    book = Ledger(spans=(span,), totals=Totals(attempts=1, paid_acc_s=92, boot_acc_s=10, running_s=82,
+                                               cost=0.00003, on_demand_cost=0.00009))
+    status = JobStatus(created_at=start, phase=Phase.SUCCEEDED, attempt=1, zone="us-central1-a",
+                       provisioning="spot", ledger=book)
+    shown = views.totals([status], now)
+    assert shown["text"]["accelerator_hours_week"] in ("0.025", "0.026"), shown["text"]
+    assert shown["text"]["cost"] == "$0.00003", shown["text"]
+    paid = dict(report.facts(status, now))
+    assert paid["accelerator-minutes"] == "1.53 paid: 0.17 booting, 0.00 redone, 1.37 useful"  # a true 0 is 0.00
+
+
 def _spec_file(tmp_path) -> str:
     import yaml
 
