@@ -180,6 +180,16 @@ def test_one_wording_for_a_job_that_is_not_there(mem):  # noqa: F811
     assert said == {f"✗ no job named 'nosuch' in gs://{BUCKET}"}
 
 
+def test_status_of_an_empty_fleet_says_there_are_no_jobs_and_how_to_submit_one(mem):  # noqa: F811
+    result = runner.invoke(app, ["status"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert text.startswith(f"no jobs in gs://{BUCKET} yet: submit one with `respawn submit SPEC.yaml`"), text
+    assert "JOB" not in result.output  # no bare header
+    mem.submit("known")
+    assert "known" in runner.invoke(app, ["status"]).output
+
+
 def _commands(command, path=()):
     """Every command and group under ``command``, with the words that reach it."""
     yield list(path), command
