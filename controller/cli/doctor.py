@@ -973,19 +973,24 @@ def diagnose(apis: Apis, config: Any, region: str, controller_sa: str, timeout: 
     return t, results + ([spec_result] if spec_result else [])
 
 
+NAME_WIDTH = 28  # the details align after the names up to this long; a longer name is followed by two spaces
+
+
 def render(results: Sequence[Result]) -> list[Any]:
-    """One line per check (✓, ✗, or ! for a ✓ with a reservation), each ✗'s (and !'s) fix under it."""
+    """One line per check (✓, ✗, or ! for a ✓ with a reservation), each ✗'s (and !'s) fix under it,
+    each wrapped at the terminal's width (``str`` of one is its whole line)."""
     from rich.text import Text
 
-    from controller.render.text import printable
+    from controller.render.text import Hanging, printable
 
-    width = max((len(r.name) for r in results), default=0)
+    width = min(NAME_WIDTH, max((len(r.name) for r in results), default=0))
     lines: list[Any] = []
-    for r in results:
+    for r in results:  # each wrapped at the terminal's width under its mark, its fix under the command
         mark, style = ("✓", "green") if r.ok and not r.note else ("!", "yellow") if r.ok else ("✗", "red")
-        lines.append(Text.assemble((mark, style), " ", (r.name.ljust(width), "bold"), "  ", printable(r.detail)))
+        lines.append(Hanging(Text.assemble((mark, style), " "),
+                             Text.assemble((r.name.ljust(width), "bold"), "  ", printable(r.detail))))
         for fix in r.fix.splitlines() if not r.ok or r.note else ():
-            lines.append(Text.assemble("    fix: ", (printable(fix), "cyan")))
+            lines.append(Hanging(Text("    fix: "), Text(printable(fix), style="cyan")))
     return lines
 
 

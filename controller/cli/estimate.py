@@ -21,7 +21,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rich.console import Group
+from rich import box
+from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -193,17 +195,7 @@ def render(spec: JobSpec, job: str, table_rows: list[Row], notes: list[str]) -> 
     else:
         what = f"{spec.nodes} × {spec.machine_type}" + (f", {gpus[1]} {gpus[0]} each" if gpus else "")
     needs = f" (needs {spec.total_gpus})" if gpus and spec.tpu is None else ""
-    table = Table(title=Text(f"estimate for {job}: {what}"), title_justify="left")
-    for header, justify in (("zone", "left"), ("model", "left"), ("$/hour (job)", "right"), ("price from", "left"),
-                            ("obtainable now", "right"), (f"GPU quota left{needs}", "left"),
-                            ("est. goodput", "right")):
-        table.add_column(header, justify=justify)  # type: ignore[arg-type]
-    for row in table_rows:
-        table.add_row(Text(row.zone), Text(row.model), Text(NONE if row.per_hour is None else f"${row.per_hour:,.2f}"),
-                      Text(row.price_from, style="dim"),
-                      Text(NONE if row.obtainability is None else f"{row.obtainability:.2f}",
-                           style="red" if row.obtainability == 0 else ""),
-                      _quota_cell(row), Text(NONE if row.goodput is None else f"{row.goodput:.0%}"))
+    table = _Fitted(Text(f"estimate for {job}: {what}"), needs, table_rows)
     metrics = dict.fromkeys(f"{row.model} {row.quota.metric}" for row in table_rows if row.quota is not None)
     lines = [Text(f"quota: {', '.join(metrics)} (Compute regions.get: limit − usage)", style="dim")] if metrics else []
     lines += [Text(f"{NONE} {note}", style="dim") for note in dict.fromkeys(notes)]
@@ -219,11 +211,56 @@ def render(spec: JobSpec, job: str, table_rows: list[Row], notes: list[str]) -> 
 
 def as_text(spec: JobSpec, job: str, table_rows: list[Row], notes: list[str], width: int = 120) -> str:
     """``render`` as plain text (what a test or a log reads)."""
-    from rich.console import Console
-
     console = Console(width=width, record=True, file=_Null(), color_system=None)
     console.print(render(spec, job, table_rows, notes))
     return console.export_text()
+
+
+class _Fitted:
+    """The table, drawn with its full box where it fits and, in a narrower terminal (80 columns),
+    with no lines between the columns and the zone kept whole: the zone is what the user confirms
+    (issue 39: every row read ``us-central…``); the other cells wrap under their header."""
+
+    def __init__(self, title: Text, needs: str, table_rows: list[Row]) -> None:
+        self.title, self.needs, self.rows = title, needs, table_rows
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        table = self.table(box.HEAVY_HEAD)
+        if Measurement.get(console, options.update_width(10_000), table).maximum > options.max_width:
+            table = self.table(box.SIMPLE_HEAD, options.max_width)
+        yield table
+
+    def table(self, lines: box.Box, room: int | None = None) -> Table:
+        """The full box, or (``room``: the width there is) one space between columns, each column
+        as wide as its longest word and then, the narrowest needs first, as its longest line."""
+        table = Table(title=self.title, title_justify="left", box=lines, show_edge=room is None,
+                      padding=(0, 1) if room is None else 0)
+        cells = [self.cells(row) for row in self.rows]
+        headers = ("zone", "model", "$/hour (job)", "price from", "obtainable now", f"GPU quota left{self.needs}",
+                   "est. goodput")
+        texts = [[header, *(c[i].plain for c in cells)] for i, header in enumerate(headers)]
+        least = [max(len(w) for t in column for w in (t.split() if i > 1 else [t])) for i, column in enumerate(texts)]
+        most = [max(len(t) for t in column) for column in texts]
+        widths = list(least)
+        if room is not None:
+            spare = room - sum(least) - (len(headers) - 1)
+            for i in sorted(range(len(headers)), key=lambda i: most[i] - least[i]):
+                grown = min(most[i] - least[i], max(0, spare))
+                widths[i], spare = widths[i] + grown, spare - grown
+        for i, header in enumerate(headers):
+            table.add_column(header, justify="left" if i in (0, 1, 3, 5) else "right", no_wrap=i < 2,
+                             min_width=least[i], width=widths[i] if room is not None else None)
+        for row in cells:
+            table.add_row(*row)
+        return table
+
+    @staticmethod
+    def cells(row: Row) -> tuple[Text, ...]:
+        return (Text(row.zone), Text(row.model), Text(NONE if row.per_hour is None else f"${row.per_hour:,.2f}"),
+                Text(row.price_from, style="dim"),
+                Text(NONE if row.obtainability is None else f"{row.obtainability:.2f}",
+                     style="red" if row.obtainability == 0 else ""),
+                _quota_cell(row), Text(NONE if row.goodput is None else f"{row.goodput:.0%}"))
 
 
 def _quota_cell(row: Row) -> Text:

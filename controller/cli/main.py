@@ -33,7 +33,7 @@ from controller.core import errors, ledger, names
 from controller.cli import deadline, joblogs
 from controller.render.amounts import counted
 from controller.render.status_view import Note
-from controller.render.text import Trimmed, plain, printable
+from controller.render.text import Hanging, Trimmed, plain, printable
 from controller.service.config import Settings
 from controller.service.jobs import MAX_LIVE_READS, Jobs, Refused, no_such_job
 from controller.cli.joblogs import logs_filter  # noqa: F401 - the query `respawn logs` sends, named for tests
@@ -436,6 +436,11 @@ def status(
     if as_json:
         print(json.dumps(rows, indent=2))
         return
+    if not watch and job is None and not rows:  # never a bare header: say what there is and how to start
+        out.print(plain(f"no jobs in gs://{_config().bucket} yet: submit one with `respawn submit SPEC.yaml` "
+                        "(`respawn validate SPEC.yaml` checks it first), or `respawn run --help` for one "
+                        "made from flags"))
+        return
     if not watch:  # soft_wrap: a --wide line wider than the terminal is wrapped by it, never cut
         out.print(view.StatusView(rows, wide), soft_wrap=True)
         if job is not None and rows:  # one job's details, each after a blank line
@@ -610,7 +615,7 @@ def report(
 
 
 def _sweep_report(name: str, as_json: bool) -> None:
-    from controller.render.amounts import dollars
+    from controller.render.amounts import dollars, figures
     from controller.service import sweeps
 
     jobs = _jobs()
@@ -622,7 +627,8 @@ def _sweep_report(name: str, as_json: bool) -> None:
     goodput = "unknown yet" if total["goodput"] is None else f"{total['goodput']:.0%}"
     table = Table(title=f"sweep {name}", title_justify="left", show_header=False)
     for what, figure in (("trials", ", ".join(f"{p} {n}" for p, n in sorted(total["phases"].items()))),
-                         ("accelerator-hours", f"{total['accelerator_hours']:.2f} paid, {total['useful_hours']:.2f} useful"),
+                         ("accelerator-hours", "{} paid, {} useful".format(
+                             *figures(total["accelerator_hours"], total["useful_hours"]))),
                          ("goodput", goodput), ("losses", str(total["losses"])),
                          ("cost", f"{cost} against {on_demand} on demand: {saved} saved")):
         table.add_row(what, figure)
@@ -934,10 +940,11 @@ def deploy(
                             ("--trainer-account", trainer_account), ("--schedule", schedule)):
             if value and not (flag == "--schedule" and value == "* * * * *"):
                 given += [flag, value]
-        err.print(_line("✗", "red", f"step {failed.number} ({failed.step.name}) failed: {failed.reason}"),
-                  soft_wrap=True)
+        # gcloud's message and an API error's run over several lines: printed as lines, never as `\n`
+        err.print(Text.assemble(("✗", "red"), " ", printable(f"step {failed.number} ({failed.step.name}) failed: "
+                                                             f"{failed.reason}", keep="\n")), soft_wrap=True)
         if failed.output:
-            err.print(plain(failed.output), soft_wrap=True)
+            err.print(Text(printable(failed.output, keep="\n")), soft_wrap=True)
         err.print(plain(f"Fix that, then resume from it: {shlex.join(['respawn', 'deploy', *given, '--from', failed.step.name])}"
                         " (with the same RESPAWN_* policy variables set), or run the whole deploy again: "
                         "every step is safe to repeat."), soft_wrap=True)
@@ -1027,12 +1034,13 @@ def doctor(
                                        service_account or account_email("respawn-controller", config.project),
                                        timeout, checked)
     out.print(plain(f"respawn doctor: project {target.project}, bucket gs://{target.bucket}, region {target.region}",
-                    "bold"), soft_wrap=True)
+                    "bold"))
     for line in doctors.render(results):
-        out.print(line, soft_wrap=True)
+        out.print(line)
     failed = [r.name for r in results if not r.ok]
     if failed:
-        err.print(_line("✗", "red", f"{len(failed)} of {counted(len(results), 'check')} failed: {', '.join(failed)}"), soft_wrap=True)
+        err.print(Hanging(Text("✗ ", style="red"), plain(f"{len(failed)} of {counted(len(results), 'check')} failed: "
+                                                         f"{', '.join(failed)}")))
         raise typer.Exit(FAILED)
     out.print(_line("✓", "green", f"all {len(results)} checks passed"), soft_wrap=True)
 
@@ -1262,6 +1270,7 @@ def sweep_status(
 ) -> None:
     """Every trial of a sweep with its parameters, phase, losses, cost and metric, best first by the
     sweep's metric (the trials without a result last, in their order)."""
+    from controller.render.amounts import dollars
     from controller.service import sweeps
 
     jobs = _jobs()
@@ -1278,13 +1287,13 @@ def sweep_status(
     for row in rows:
         params = " ".join(f"{k}={v}" for k, v in row["params"].items())
         shown = ("no result" if row["result"] is None else "not a number") if row["metric"] is None else f"{row['metric']:g}"
-        table.add_row(row["trial"], Text(params), row["phase"], str(row["losses"]), f"${row['cost_usd']:.2f}",
+        table.add_row(row["trial"], Text(params), row["phase"], str(row["losses"]), dollars(row["cost_usd"])[0],
                       *([shown] if metric else []))
     out.print(table)
     summed = sweeps.totals(rows)
     if summed["on_demand_usd"]:
-        out.print(plain(f"spent ${summed['cost_usd']:.2f}; on demand it would have been ${summed['on_demand_usd']:.2f} "
-                        f"(${summed['saved_usd']:.2f} saved)"), soft_wrap=True)
+        spent, on_demand, saved = dollars(summed["cost_usd"], summed["on_demand_usd"], summed["saved_usd"])
+        out.print(plain(f"spent {spent}; on demand it would have been {on_demand} ({saved} saved)"), soft_wrap=True)
 
 
 @sweep_app.command("cancel")

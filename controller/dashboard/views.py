@@ -21,7 +21,7 @@ from controller.core.state import JobStatus, Phase
 from controller.core.sweep import SweepRecord
 from controller.dashboard.snapshot import JobView, Snapshot
 from controller.render import handover_view, report, spec_text
-from controller.render.amounts import dollars
+from controller.render.amounts import dollars, figure
 from controller.render.status_view import counted_down, live_step
 from controller.render.text import printable
 from controller.service import sweeps
@@ -108,11 +108,11 @@ def totals(statuses: Iterable[JobStatus], now: datetime) -> dict[str, Any]:
             zones.setdefault(zone, {"preemptions": 0, "stockouts": 0})["preemptions"] += causes.get("preempted", 0)
         for zone, n in book.totals.stockouts.items():
             zones.setdefault(zone, {"preemptions": 0, "stockouts": 0})["stockouts"] += n
-    spent_text, saved_text = dollars(cost, saved)
+    spent_text, saved_text = dollars(cost)[0], dollars(saved)[0]  # two tiles: each figure alone
     return {"accelerators_running": running, "accelerator_hours_week": round(week, 4),
             "goodput": useful / paid if paid > 0 else None, "cost": cost, "saved": saved, "on_demand": on_demand,
             "zones": dict(sorted(zones.items())),
-            "text": {"accelerators_running": f"{running:g}", "accelerator_hours_week": f"{week:.1f}",
+            "text": {"accelerators_running": f"{running:g}", "accelerator_hours_week": figure(week, places=1),
                      "goodput": "—" if paid <= 0 else f"{useful / paid:.1%}", "cost": spent_text,
                      "saved": saved_text}}
 

@@ -31,7 +31,7 @@ from rich.table import Table
 from rich.text import Text
 
 from controller.core import checkpoints, ledger
-from controller.render.amounts import dollars
+from controller.render.amounts import dollars, figure, figures
 from controller.render.status_view import live_line, rough
 from controller.render.text import html_text, printable
 from controller.core.durations import format_duration, measured
@@ -104,14 +104,15 @@ def facts(status: JobStatus, now: datetime, live: dict[str, Any] | None = None, 
     that recovered with zero gap, or has a standby now, has a line for it (``job`` names its VMs)."""
     book, total = status.ledger, ledger.summary(status.ledger, now)
     unit, k = _unit(total.accelerator_hours)
+    hours = figures(*(h * k for h in (total.accelerator_hours, total.boot_hours, total.redone_hours,
+                                      total.useful_hours, total.unknown_hours)))
     return [
         ("run", f"{status.run or '—'}" + (" (fresh)" if status.fresh else "")
                 + (f", after {len(status.runs)} earlier (respawn history)" if status.runs else "")),
         ("phase", f"{status.phase}" + (f" — {status.message}" if status.message else "")),
         ("attempts", f"{book.totals.attempts + (book.open is not None)} ({total.losses} lost)"),
-        (unit, f"{total.accelerator_hours * k:.2f} paid: {total.boot_hours * k:.2f} booting, "
-               f"{total.redone_hours * k:.2f} redone, {total.useful_hours * k:.2f} useful"
-               + (f", {total.unknown_hours * k:.2f} boot unknown" if total.unknown_hours else "")),
+        (unit, "{} paid: {} booting, {} redone, {} useful".format(*hours[:4])
+               + (f", {hours[4]} boot unknown" if total.unknown_hours else "")),
         ("waiting", f"{human(total.waiting_hours * 3600) if total.waiting_hours else 'none'} for capacity "
                     "(Flex-start PENDING, a queued TPU: not billed, not in goodput)"),
         ("goodput", _goodput(total)),
@@ -238,7 +239,7 @@ def _goodput(total: ledger.Summary) -> str:
     if not total.unknown_hours:
         return _percent(total.goodput)
     unit, k = _unit(total.accelerator_hours)
-    return (f"{_percent(total.goodput)} of the time whose split is known; {total.unknown_hours * k:.2f} "
+    return (f"{_percent(total.goodput)} of the time whose split is known; {figure(total.unknown_hours * k)} "
             f"{unit} boot unknown (attempts that ended between two passes, no trainer start recorded)")
 
 
@@ -531,9 +532,11 @@ def _lanes(book: ledger.Ledger, more: Sequence[tuple[datetime, str | None]] = ()
 def _title(job: str, status: JobStatus, now: datetime) -> str:
     total = ledger.summary(status.ledger, now)
     unit, k = _unit(total.accelerator_hours)
-    unknown = f" ({total.unknown_hours * k:.1f} boot unknown, not in goodput)" if total.unknown_hours else ""
+    useful, paid, unknown_h = figures(total.useful_hours * k, total.accelerator_hours * k, total.unknown_hours * k,
+                                      places=1)
+    unknown = f" ({unknown_h} boot unknown, not in goodput)" if total.unknown_hours else ""
     text = (f"{printable(job)}: {status.phase}, goodput {_percent(total.goodput)}\n"
-            f"{total.useful_hours * k:.1f} of {total.accelerator_hours * k:.1f} {unit} useful{unknown}; "
+            f"{useful} of {paid} {unit} useful{unknown}; "
             "{} against {} on demand".format(*dollars(total.cost, total.on_demand_cost))
             + (f"; {total.steps_lost} steps lost" if any(n is not None for n in total.steps_lost_each) else ""))
     return text.replace("$", r"\$")  # not mathtext

@@ -52,6 +52,7 @@ from rich.cells import cell_len, chop_cells
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.text import Text
 
+from controller.render.amounts import figure, figures
 from controller.render.text import plain, printable
 from controller.core.durations import format_duration
 from controller.core.placement import fraction
@@ -326,11 +327,12 @@ def goodput_line(row: Row) -> Note:
     if not total or not total.get("accelerator_hours"):
         text = "goodput: not started (nothing paid yet)"  # never "0.0% (0.00 of 0.00)" before anything ran
     elif total["goodput"] is None:
-        text = f"goodput unknown ({unknown:.2f} accelerator-hours paid, boot unknown)"
+        text = f"goodput unknown ({figure(unknown)} accelerator-hours paid, boot unknown)"
     else:
         known = total["accelerator_hours"] - unknown
-        text = (f"goodput {total['goodput']:.1%} ({total['useful_hours']:.2f} of {known:.2f} accelerator-hours useful"
-                + (f"; {unknown:.2f} more paid, boot unknown)" if unknown else ")"))
+        useful, paid, more = figures(total["useful_hours"], known, unknown)
+        text = (f"goodput {total['goodput']:.1%} ({useful} of {paid} accelerator-hours useful"
+                + (f"; {more} more paid, boot unknown)" if unknown else ")"))
     if total and isinstance(waited := total.get("waiting_hours"), float | int) and waited > 0:
         text += f"; {format_duration(timedelta(seconds=round(waited * 3600)))} waiting for capacity, not billed"
     if total:

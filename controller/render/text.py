@@ -6,6 +6,7 @@ import html
 import io
 import re
 import sys
+from typing import Any
 
 from rich.text import Text
 
@@ -39,6 +40,25 @@ def html_text(text: object) -> str:
 def plain(text: object, style: str = "") -> Text:
     """User or cloud text as a Rich renderable: no markup parsed, no control character kept."""
     return Text(printable(text), style=style)
+
+
+class Hanging:
+    """``head`` then ``body``, the body wrapped at the console's width with each further line
+    indented under the body's start (a doctor's line under its mark, a fix under its command):
+    never a line that runs on past the terminal. ``str`` is the whole line, as a test reads it."""
+
+    def __init__(self, head: Text, body: Text) -> None:
+        self.head, self.body = head, body
+
+    def __str__(self) -> str:
+        return self.head.plain + self.body.plain
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        indent = self.head.cell_len
+        lines = self.body.wrap(console, max(20, options.max_width - indent))
+        for i, line in enumerate(lines):
+            line.rstrip()
+            yield Text.assemble(self.head if i == 0 else " " * indent, line, end="\n")
 
 
 _PADDING = re.compile(r" +((?:\x1b\[[0-9;]*m)*)(?=\n)")  # spaces, then only style codes, to a line's end

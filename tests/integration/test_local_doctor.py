@@ -43,7 +43,7 @@ def spec(tmp_path: Path) -> Path:
 def doctor(cloud: LocalCloud, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("RESPAWN_", "CLOUDSDK_", "STORAGE_EMULATOR"))}
     return subprocess.run([sys.executable, "-m", "controller.cli", "doctor", *args], capture_output=True, text=True,
-                          env={**clean, **cloud.env(), "COLUMNS": "200", **env}, timeout=120, stdin=subprocess.DEVNULL)
+                          env={**clean, **cloud.env(), "COLUMNS": "1000", **env}, timeout=120, stdin=subprocess.DEVNULL)
 
 
 def line(out: str, check: str) -> str:

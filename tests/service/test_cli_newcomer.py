@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from controller.cli.main import app
 from tests.service.test_cli import BUCKET, mem  # noqa: F401 - the fixture
+from tests.service.test_estimate import world  # noqa: F401 - the fixture
 
 runner = CliRunner()
 
@@ -65,6 +66,46 @@ def test_the_figures_of_one_money_line_share_one_precision():
     assert dollars(0.00061) == ("$0.00061",) and dollars(0) == ("$0.00",) and dollars(1234.5) == ("$1,234.50",)
     tiny = SimpleNamespace(cost=0.0036, on_demand_cost=0.0116, savings=0.008)
     assert report._cost(tiny) == "$0.0036 against $0.0116 on demand: $0.0080 saved (69%)"
+
+
+def test_a_small_figure_keeps_two_significant_digits_never_rounding_to_nothing():
+    from controller.render.amounts import dollars, figure, figures
+
+    assert figure(0.0255, places=1) in ("0.025", "0.026") and figure(12.34, places=1) == "12.3"
+    assert figures(0.0012, 0.004, 1.0333) == ("0.0012", "0.004", "1.03") and figures(0.5, 3.25) == ("0.50", "3.25")
+    assert figure(0) == "0.00" and figure(1e-9) == "< 0.000001"
+    assert dollars(0.00003) == ("$0.00003",) and dollars(1e-9) == ("< $0.000001",)
+    assert dollars(0.0036, 0.0116, 0.008) == ("$0.0036", "$0.0116", "$0.0080")  # a line of figures still aligns
+
+
+def test_status_report_and_dashboard_show_a_tiny_runs_hours_and_cost_with_their_digits():
+    """Issue 39: '0.00 of 0.00 accelerator-hours useful', the dashboard's '0.0 accelerator-hours this
+    week' beside /metrics' 0.0255, and '$0.000030 spent'."""
+    from datetime import datetime, timedelta, timezone
+
+    from controller.core.ledger import Ledger, Span, Totals
+    from controller.core.state import JobStatus, Phase
+    from controller.dashboard import views
+    from controller.render import report, status_view
+
+    row = {"goodput": {"accelerator_hours": 0.0256, "useful_hours": 0.0124, "goodput": 0.49, "unknown_hours": 0.0},
+           "checkpoint_every_s": None, "job": "j"}
+    assert "(0.012 of 0.026 accelerator-hours useful)" in status_view.goodput_line(row).text
+
+    now = datetime(2026, 1, 5, tzinfo=timezone.utc)
+    start = now - timedelta(seconds=92)  # 92 s of one accelerator: 0.0255 h
+    span = Span(attempt=1, zone="us-central1-a", model="spot", accelerators=1, per_hour=0.0012,
+                on_demand_per_hour=0.0035, start=start, inserted=start, running=start + timedelta(seconds=10),
+                end=now, cause="exited")
+    book = Ledger(spans=(span,), totals=Totals(attempts=1, paid_acc_s=92, boot_acc_s=10, running_s=82,
+                                               cost=0.00003, on_demand_cost=0.00009))
+    status = JobStatus(created_at=start, phase=Phase.SUCCEEDED, attempt=1, zone="us-central1-a",
+                       provisioning="spot", ledger=book)
+    shown = views.totals([status], now)
+    assert shown["text"]["accelerator_hours_week"] in ("0.025", "0.026"), shown["text"]
+    assert shown["text"]["cost"] == "$0.00003", shown["text"]
+    paid = dict(report.facts(status, now))
+    assert paid["accelerator-minutes"] == "1.53 paid: 0.17 booting, 0.00 redone, 1.37 useful"  # a true 0 is 0.00
 
 
 def _spec_file(tmp_path) -> str:
@@ -139,6 +180,16 @@ def test_one_wording_for_a_job_that_is_not_there(mem):  # noqa: F811
     assert said == {f"✗ no job named 'nosuch' in gs://{BUCKET}"}
 
 
+def test_status_of_an_empty_fleet_says_there_are_no_jobs_and_how_to_submit_one(mem):  # noqa: F811
+    result = runner.invoke(app, ["status"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert text.startswith(f"no jobs in gs://{BUCKET} yet: submit one with `respawn submit SPEC.yaml`"), text
+    assert "JOB" not in result.output  # no bare header
+    mem.submit("known")
+    assert "known" in runner.invoke(app, ["status"]).output
+
+
 def _commands(command, path=()):
     """Every command and group under ``command``, with the words that reach it."""
     yield list(path), command
@@ -176,6 +227,56 @@ def test_every_help_reads_well_at_80_columns():
             assert len(line) > 60, (line, after)
 
 
+def test_at_80_columns_the_estimate_shows_every_zone_whole_on_its_row(world, tmp_path, monkeypatch):  # noqa: F811
+    """Issue 39: the one table submit asks the user to confirm read ``us-central…`` on every row."""
+    from tests.service.test_estimate import write_spec
+
+    monkeypatch.setenv("COLUMNS", "80")
+    world.advisor.spot_prices["g2-standard-8"] = 0.30
+    zones = ["us-central1-a", "northamerica-northeast1-b", "europe-west4-a"]
+    path = write_spec(tmp_path, nodes=1, provisioning=["spot", "flex-start", "standard"], zones=zones,
+                      policy={"max_run_duration": "4h"})
+    result = runner.invoke(app, ["submit", path, "--dry-run"], terminal_width=80)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= 80, result.output
+    assert "…" not in result.output, result.output
+    rows = [line.split() for line in lines if line.split()[:1] and line.split()[0] in zones]
+    assert sorted((r[0], r[1]) for r in rows) == sorted((z, m) for z in zones for m in ("spot", "flex-start", "standard"))
+    for header in ("zone", "model", "$/hour", "obtainable", "goodput"):
+        assert header in result.output, header
+    wide = runner.invoke(app, ["submit", path, "--dry-run"], env={"COLUMNS": "200"}, terminal_width=200).output
+    assert "┃ zone " in wide and "│ northamerica-northeast1-b │" in wide  # where it fits, the boxed table as ever
+
+
+def test_at_80_columns_each_doctor_line_wraps_under_its_mark_and_its_fix_under_the_command(monkeypatch):
+    """Issue 39: doctor's lines ran to 150-220 characters in an 80-column terminal."""
+    from controller.cli import doctor as doctors
+    from tests.service.test_doctor import healthy, run, target
+
+    p = healthy()
+    p.images.clear()  # a spec's image that is not there: a long detail and a long fix
+    results = list(run(p).values()) + [doctors.Result(
+        "spec j", False, "image projects/debian-cloud/global/images/family/debian-12 is not there: " + "x " * 60,
+        "gcloud compute images describe-from-family debian-12 --project debian-cloud " + "--flag=value " * 8)]
+    monkeypatch.setattr(doctors, "diagnose", lambda *a, **k: (target(False), results))
+    env = {"COLUMNS": "80", "RESPAWN_PROJECT": "my-proj", "RESPAWN_BUCKET": "my-bucket", "RESPAWN_REGION": "us-east1"}
+    result = runner.invoke(app, ["doctor"], env=env, terminal_width=80)
+    assert result.exit_code == 1, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= 80, result.output
+    first = next(i for i, line in enumerate(lines) if line[:1] in ("✓", "!", "✗"))  # after the heading
+    for line in lines[first:]:
+        assert line[:1] in ("✓", "!", "✗") or line.startswith("  "), line  # a further line sits under the text
+    at = next(i for i, line in enumerate(lines) if line.startswith("✗ spec j"))
+    assert lines[at + 1].startswith("  ") and not lines[at + 1].startswith("    fix:")  # the detail goes on
+    fix = next(i for i in range(at, len(lines)) if lines[i].startswith("    fix: gcloud compute images"))
+    assert lines[fix + 1].startswith(" " * len("    fix: ")) and lines[fix + 1][len("    fix: ")] != " "
+    assert " ".join(lines[fix:fix + 3]).split()[1:] == results[-1].fix.split()  # the command whole, in order
+    said = " ".join(line.strip() for line in lines[at:fix])
+    assert said.split() == ["✗", "spec", "j", *results[-1].detail.split()]  # nothing lost in the wrap
+
+
 def test_deploy_refuses_a_project_region_or_bucket_that_cannot_be_one_each_with_its_fix():
     result = runner.invoke(app, ["deploy", "--dry-run", "--project", "MY_PROJ", "--region", "uscentral",
                                  "--bucket", "gs://my-bucket"])
@@ -187,6 +288,43 @@ def test_deploy_refuses_a_project_region_or_bucket_that_cannot_be_one_each_with_
     assert "drop gs://" in lines[2] and "--bucket my-bucket" in lines[2] and "refused" in lines[2]
     assert "gcloud" not in result.output.replace("`gcloud projects list`", "").replace(
         "`gcloud compute regions list`", "")  # no step printed
+
+
+def test_a_failed_deploy_step_prints_gclouds_message_as_lines_not_backslash_n(monkeypatch):
+    from controller.cli import deploy
+    from tests.service.test_deploy import BUCKET as DEPLOY_BUCKET, PROJECT, REGION, FakeProject
+
+    fake = FakeProject()
+    monkeypatch.setattr(deploy, "run_command", fake)
+    monkeypatch.setattr(deploy, "_upsert_scheduler_job", fake.schedule)
+    monkeypatch.setattr(deploy.time, "sleep", lambda _: None)
+    fake.fail_once["functions deploy respawn-on-object"] = ("INVALID_ARGUMENT: the build failed:\n"
+                                                            "- quota exceeded for builds\n- try again later")
+    result = runner.invoke(app, ["deploy", "--project", PROJECT, "--region", REGION, "--bucket", DEPLOY_BUCKET])
+    assert result.exit_code == 1, result.output
+    assert "\\n" not in result.output, result.output
+    lines = result.output.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.endswith("INVALID_ARGUMENT: the build failed:"))
+    assert lines[at + 1:at + 3] == ["- quota exceeded for builds", "- try again later"]
+
+
+def test_a_deploy_step_failed_by_an_api_error_of_several_lines_prints_them_as_lines(monkeypatch):
+    from controller.cli import deploy
+    from tests.service.test_deploy import BUCKET as DEPLOY_BUCKET, PROJECT, REGION, FakeProject
+
+    fake = FakeProject()
+    monkeypatch.setattr(deploy, "run_command", fake)
+    monkeypatch.setattr(deploy.time, "sleep", lambda _: None)
+
+    def refused(job):
+        raise RuntimeError("403 Cloud Scheduler API has not been used in project prod-proj\nEnable it by visiting "
+                           "the console, then retry")
+
+    monkeypatch.setattr(deploy, "_upsert_scheduler_job", refused)
+    result = runner.invoke(app, ["deploy", "--project", PROJECT, "--region", REGION, "--bucket", DEPLOY_BUCKET])
+    assert result.exit_code == 1, result.output
+    assert "\\n" not in result.output, result.output
+    assert "Enable it by visiting the console, then retry" in result.output.splitlines()
 
 
 def test_deploy_rules_for_project_ids_and_regions():

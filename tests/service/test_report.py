@@ -90,7 +90,7 @@ def test_the_summary_gives_the_ledgers_figures(day):
     st = day.status("llm")
     text = text_of(report.render_text("llm", st, day.clock.now()))
     assert table_row(text, "goodput")[1] == f"{USEFUL_MIN / PAID_MIN:.1%}" == "76.6%"
-    assert table_row(text, "accelerator-hours")[1] == "1.78 paid: 0.08 booting, 0.33 redone, 1.37 useful"
+    assert table_row(text, "accelerator-hours")[1] == "1.78 paid: 0.083 booting, 0.33 redone, 1.37 useful"
     assert table_row(text, "cost")[1] == "$0.39 against $1.27 on demand: $0.87 saved (69%)"
     assert "respawn's price table" in table_row(text, "prices from")[1]
     assert table_row(text, "recoveries")[1] == "1, mean 2m10s; per loss p50 2m10s, max 2m10s (last 1)"
