@@ -442,7 +442,7 @@ def status(
                         "made from flags"))
         return
     if not watch:  # soft_wrap: a --wide line wider than the terminal is wrapped by it, never cut
-        out.print(view.StatusView(rows, wide), soft_wrap=True)
+        out.print(view.StatusView(rows, wide, whole_events=job is not None), soft_wrap=True)
         if job is not None and rows:  # one job's details, each after a blank line
             out.print()
             out.print(history_view.run_line(rows[0]))
@@ -501,7 +501,7 @@ def _status_rows(job: str | None, every_run: bool = False) -> list[dict[str, obj
     _, compute = bootstrap.adapters()
     found = jobs.rows(job)
     if job is not None and not found:
-        raise _no_job(job, config.bucket)
+        raise no_such_job(job, config.bucket, jobs.job_names())
     # A job whose name is not one never had an instance (nor may it go into a filter).
     listed = [] if job is not None and names.job_name_problem(job) else \
         compute.list_managed(config.policy().watched_projects, job).instances

@@ -252,8 +252,9 @@ class StatusView:
     delay is told from ``clock`` at each drawing (``counted_down``): ``--watch`` counts it down."""
 
     def __init__(self, rows: Sequence[Row], wide: bool = False, notes: Iterable[Note] = (),
-                 fit_height: bool = False, clock: Callable[[], datetime] = _utcnow) -> None:
+                 fit_height: bool = False, clock: Callable[[], datetime] = _utcnow, whole_events: bool = False) -> None:
         self.rows, self.wide, self.notes, self.fit_height = list(rows), wide, list(notes), fit_height
+        self.whole_events = whole_events
         self.clock = clock
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
@@ -266,7 +267,9 @@ class StatusView:
         said = [[text for text in (printable(r.get("overlap") or ""), printable(counted_down(r, now))) if text]
                 for r in self.rows]
         room = width - cell_len(EVENT_INDENT)
-        events = [_under(texts, room, None if self.wide else EVENT_LINES) for texts in said]
+        # One job's status (``whole_events``) shows its last event whole: it may end with the fix. A fleet's,
+        # two lines each.
+        events = [_under(texts, room, None if self.wide or self.whole_events else EVENT_LINES) for texts in said]
         if self.fit_height:
             spare = options.size.height - len(lines) - sum(len(console.render_lines(n, options)) for n in self.notes)
             if sum(map(len, events)) > spare:

@@ -5,6 +5,8 @@ The CLI's verbs, kept apart from the CLI so they are tested over the in-memory s
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -30,10 +32,11 @@ class Refused(Exception):
     """The request was understood and declined; the message says what to do instead."""
 
 
-def no_such_job(job: str, bucket: str) -> Refused:
+def no_such_job(job: str, bucket: str, known: Iterable[str] = ()) -> Refused:
     """One wording for a job that is not there, whichever command asked (status, report, logs,
-    reconcile, cancel...)."""
-    return Refused(f"no job named {job!r} in gs://{bucket}")
+    reconcile, cancel...); with the jobs that are (``known``), the one likely meant."""
+    close = difflib.get_close_matches(job, list(known), n=1)
+    return Refused(f"no job named {job!r} in gs://{bucket}" + (f"; did you mean {close[0]!r}?" if close else ""))
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,14 @@ class Jobs:
             return None
         except (ValueError, RecursionError):
             return None
+
+    def job_names(self) -> list[str]:
+        """Every job's name (a spec or a status under it): one listing, no status read."""
+        kinds: dict[str, set[str]] = {}
+        for info in self.store.list(self.bucket, names.JOBS_PREFIX):
+            if ref := names.parse_object_name(info.name):
+                kinds.setdefault(ref.job, set()).add(ref.kind)
+        return sorted(name for name, k in kinds.items() if "spec" in k or "status" in k)
 
     def rows(self, job: str | None = None) -> list[JobRow]:
         prefix = names.JOBS_PREFIX + (f"{job}/" if job else "")

@@ -598,3 +598,30 @@ def test_rm_says_kept_only_for_checkpoints_that_are_there(mem, tmp_path):  # noq
     runner.invoke(app, ["cancel", "j"])
     mem.tick()
     assert "checkpoints kept under gs://ckpts/run (" in " ".join(runner.invoke(app, ["rm", "j"]).output.split())
+
+
+def test_an_unknown_job_gets_the_job_likely_meant(mem):  # noqa: F811
+    """Issue 39: unknown job names got no suggestion."""
+    mem.submit("finetune")
+    result = runner.invoke(app, ["status", "fintune"])
+    assert result.exit_code == 2
+    assert result.output.strip() == f"✗ no job named 'fintune' in gs://{BUCKET}; did you mean 'finetune'?"
+
+
+def test_status_of_one_job_shows_its_last_event_whole(mem, monkeypatch):  # noqa: F811
+    """Issue 39: `respawn status JOB` cut the last event to two lines, hiding the fix at its end."""
+    from controller.core import names
+    from controller.core.state import Event
+
+    mem.submit("long")
+    mem.tick()
+    st = mem.status("long")
+    words = " ".join(f"word{i}" for i in range(60))
+    said = f"{words}; fix: run THE-FIX"
+    st = st.but(Event(at=st.history[-1].at, event="note", attempt=st.attempt, detail=said), message=said)
+    mem.store.put(BUCKET, names.status_key("long"), st.to_json())
+    monkeypatch.setenv("COLUMNS", "80")
+    one = runner.invoke(app, ["status", "long"])
+    assert "THE-FIX" in one.output, one.output
+    fleet = runner.invoke(app, ["status"])
+    assert "THE-FIX" not in fleet.output  # the fleet's view keeps two lines an event
