@@ -137,6 +137,13 @@ def submit(request: Request, jobs: Jobs, sources: Callable[[], estimate.Sources]
             err.print(Text(f"! {said}", style="yellow"), soft_wrap=True)
     warn_no_checkpoint(spec, request.job, err)
     resumes = jobruns.resume(jobs, spec, request.job)
+    if resumes is not None and resumes.missing_bucket:
+        # The controller would wait for ever on a prefix it cannot list (the example's placeholder bucket).
+        raise Refused(f"checkpoint.uri {resumes.where}: bucket gs://{resumes.missing_bucket} does not exist, so the "
+                      f"job could never find its checkpoints and would wait for ever: create it (gcloud storage "
+                      f"buckets create gs://{resumes.missing_bucket}) or point checkpoint.uri at a bucket of yours")
+    if packed is None and spec.code and spec.code.startswith("gs://"):
+        _code_there(jobs, spec.code)
     there = packed is not None and _there(jobs, packed)
     table_rows, notes = _estimate(spec, request.job, project or "", sources)
     out.print(estimate.render(spec, request.job, table_rows, notes))
@@ -278,6 +285,20 @@ def _estimate(spec: JobSpec, job: str, project: str,
     except Exception as e:  # noqa: BLE001 - an estimate that cannot be made never stops a submit
         gathered = estimate.Gathered({}, {}, [f"no estimate from Google: {e}"])
     return estimate.rows(spec, gathered), gathered.notes
+
+
+def _code_there(jobs: Jobs, uri: str) -> None:
+    """A spec's ``code:`` gs:// tarball exists (a VM that cannot fetch it fails at boot, every attempt);
+    Refused naming it when Google says it does not. Anything else (no read right here) is left to the VM."""
+    bucket, _, name = uri.removeprefix("gs://").partition("/")
+    try:
+        jobs.store.stat(bucket, name)
+    except errors.NotFound:
+        raise Refused(f"code: {uri} does not exist (no such object, or no bucket gs://{bucket}): the VM could "
+                      "never fetch it; upload it there, or give a local folder (respawn submit packs and "
+                      "uploads it)") from None
+    except errors.RespawnError:
+        pass
 
 
 def _there(jobs: Jobs, packed: pack.Packed) -> bool:

@@ -30,6 +30,7 @@ class Resume:
     where: str  # the prefix listed
     fresh: bool  # the spec asks for a fresh run: ``found`` is kept, never resumed
     error: str | None = None  # why the prefix could not be listed
+    missing_bucket: str | None = None  # the bucket of the prefix, when it does not exist
 
     def warning(self) -> str | None:
         """In words, what the new run will do with the checkpoints already there; None: nothing to say."""
@@ -63,10 +64,11 @@ def resume(jobs: Jobs, spec: JobSpec, job: str) -> Resume | None:
         return None  # a running job: a spec replaced there applies to its next attempt, same run
     where = status.checkpoints(spec.checkpoint) if status is not None else spec.checkpoint
     try:
-        found, error = discover(jobs.store, where), None
+        found, error, missing = discover(jobs.store, where), None, None
     except errors.RespawnError as e:
         found, error = None, str(e) or type(e).__name__
-    return Resume(job, status, found, where.uri, spec.checkpoint.fresh, error)
+        missing = e.bucket if isinstance(e, errors.NoSuchBucket) else None
+    return Resume(job, status, found, where.uri, spec.checkpoint.fresh, error, missing)
 
 
 def history(jobs: Jobs, job: str, now: datetime) -> list[RunSummary]:

@@ -147,3 +147,19 @@ def test_doctor_against_a_stopped_local_cloud_says_so_at_once_instead_of_twenty_
     said = " ".join(result.output.split())
     assert result.exit_code == 3 and "is `respawn local up` still running?" in said, said
     assert "gcloud auth" not in said and "✓" not in said  # one line, before any check runs
+
+
+def test_submit_refuses_a_checkpoint_bucket_or_a_code_tarball_that_does_not_exist_naming_the_fix(mem, tmp_path):  # noqa: F811
+    """Issue 39: the shipped example passed doctor and submit, then sat PENDING for ever: its checkpoint.uri
+    and code: named a bucket that does not exist."""
+    mem.store.buckets = {BUCKET, "ckpts"}
+    path = _spec(tmp_path, checkpoint={"uri": "gs://my-ckpts-bucket/llm"})
+    result = runner.invoke(app, ["submit", "--yes", path])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "bucket gs://my-ckpts-bucket does not exist" in said, said
+    assert "gcloud storage buckets create gs://my-ckpts-bucket" in said
+    assert mem.store.list(BUCKET, "jobs/") == []
+    path = _spec(tmp_path, checkpoint={"uri": "gs://ckpts/llm"}, code="gs://ckpts/code/missing.tar.gz")
+    result = runner.invoke(app, ["submit", "--yes", path])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "code: gs://ckpts/code/missing.tar.gz does not exist" in said, said

@@ -318,6 +318,7 @@ def test_a_gs_code_spec_is_uploaded_byte_for_byte(world, tmp_path):
     path = tmp_path / "j.yaml"
     text = "# my comment\n" + yaml.safe_dump(spec_doc(zones=ZONES, code="gs://my-bucket/code.tar.gz"))
     path.write_text(text)
+    world.h.store.put("my-bucket", "code.tar.gz", b"tarball")  # there: submit checks that it is
     assert runner.invoke(app, ["submit", str(path)]).exit_code == 0
     assert world.h.store.read(BUCKET, names.spec_key("j")).data == text.encode()
 
