@@ -96,7 +96,12 @@ def removable(jobs: Jobs, job: str) -> tuple[dict[str, BlobInfo], JobStatus | No
     """The job's objects and status, or Refused when it may not be removed (``remove``'s check,
     made alone: ``respawn sweep rm`` checks every trial before it removes any)."""
     if problem := names.job_name_problem(job):
-        raise Refused(f"{problem}; nothing removed")
+        # A folder under jobs/ whose name is no job's (status lists it; the controller never runs it): its
+        # own objects may go, where the name is one plain path segment; anything else is refused whole.
+        folder = _plain_segment(job) and {i.name: i for i in jobs.store.list(jobs.bucket, f"{names.JOBS_PREFIX}{job}/")}
+        if not folder:
+            raise Refused(f"{problem}; nothing removed")
+        return folder, None
     objects = {i.name: i for i in jobs.store.list(jobs.bucket, f"{names.JOBS_PREFIX}{job}/")
                if (ref := names.parse_object_name(i.name)) is not None and ref.job == job}
     try:
@@ -109,13 +114,18 @@ def removable(jobs: Jobs, job: str) -> tuple[dict[str, BlobInfo], JobStatus | No
     return objects, status
 
 
+def _plain_segment(name: str) -> bool:
+    """One path segment of printable characters: never '.', '..', a '/' or a control character."""
+    return bool(name) and name not in (".", "..") and "/" not in name and name.isprintable() and len(name) <= 200
+
+
 def remove(jobs: Jobs, job: str) -> Removed:
     """Forget a job that is not running: its spec first (so that no pass starts it again), then its
     records, its status last, each by generation (one written meanwhile is someone's new decision:
     refused, never deleted). Never a checkpoint. Nothing there: nothing removed (removing twice is
     fine)."""
     objects, status = removable(jobs, job)
-    kept = _checkpoint_prefixes(jobs, job, status)
+    kept = _checkpoint_prefixes(jobs, job, status) if not names.job_name_problem(job) else ()
     order = sorted(objects, key=lambda n: (n != names.spec_key(job), n == names.status_key(job), n))
     removed = []
     for name in order:

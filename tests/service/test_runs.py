@@ -388,3 +388,15 @@ def test_rm_after_a_fresh_run_says_which_kept_checkpoints_a_new_job_would_resume
     assert ("checkpoints kept under gs://ckpts/run (a new job named j with this checkpoint.uri resumes from them "
             "unless submitted with --fresh)") in said
     assert f"checkpoints kept under gs://ckpts/run/runs/j/{st.run}/ (kept, never resumed by a new job)" in said
+
+
+def test_rm_removes_a_job_folder_whose_name_is_no_jobs_and_only_its_own_objects(mem):
+    """Issue 39: a folder with an invalid name showed in `status` but `rm` could not remove it."""
+    mem.submit("other")
+    mem.store.put(BUCKET, "jobs/My_Job/spec.yaml", b"zones: [us-central1-a]\n")
+    mem.store.put(BUCKET, "jobs/My_Job/notes.txt", b"x")
+    mem.store.put(BUCKET, "jobs/My_Job2/spec.yaml", b"x")
+    result = _cli("rm", "My_Job")
+    assert result.exit_code == 0, result.output
+    assert not mem.store.exists(BUCKET, "jobs/My_Job/spec.yaml") and not mem.store.exists(BUCKET, "jobs/My_Job/notes.txt")
+    assert mem.store.exists(BUCKET, "jobs/My_Job2/spec.yaml") and mem.store.exists(BUCKET, names.spec_key("other"))
