@@ -478,15 +478,27 @@ def note_png(note: str) -> bytes:
 
 
 def _drawn(job: str, status: JobStatus, now: datetime) -> bytes:
+    fig = timeline_figure(job, status, now)
+    out = io.BytesIO()
+    fig.savefig(out, format="png")
+    return out.getvalue()
+
+
+def timeline_figure(job: str, status: JobStatus, now: datetime) -> Any:
+    """The timeline as a matplotlib Figure (what ``_drawn`` saves)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     sides = side_bars(status, now)
     lanes = _lanes(status.ledger, [(bar.start, bar.zone) for bar in sides])
     room = 0.3 if sides or status.go_at or any(e.since and e.event == "launch" for e in status.history) else 0.0
-    fig = Figure(figsize=(12, 2.9 + room + 0.6 * len(lanes)), dpi=100, layout="constrained")
+    rows = 4 if room else 3
+    # The two legends one under the other, each in a strip as tall as its title and rows (inches): side
+    # by side, a long one ran into the other ("booting" over "stockout").
+    strip = 0.35 + 0.25 * (rows + 1)
+    fig = Figure(figsize=(12, 1.5 + 0.6 * len(lanes) + 2 * strip), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
-    ax, key = fig.subplots(2, 1, height_ratios=(1.4 + 0.6 * len(lanes), 1.0 + room))
+    ax, key, key_events = fig.subplots(3, 1, height_ratios=(1.4 + 0.6 * len(lanes), strip, strip))
     bars = _bars(ax, job, status, lanes, now, sides)
     steps = _checkpoints(ax, status.ledger)
     # The marks over everything, the checkpoint line's axes included.
@@ -496,19 +508,17 @@ def _drawn(job: str, status: JobStatus, now: datetime) -> bytes:
     if status.ledger.open is not None:
         events.append(ax.axvline(now, color="#999999", linestyle=":", linewidth=1, label="now"))
     _axes(ax, lanes, _title(job, status, now))
-    _legends(key, bars, events, 4 if room else 3)
-    out = io.BytesIO()
-    fig.savefig(out, format="png")
-    return out.getvalue()
+    _legends((key, key_events), bars, events, rows)
+    return fig
 
 
-def _legends(key: Axes, bars: list[Any], events: list[Any], rows: int = 3) -> None:
-    """Under the timeline, side by side and top-aligned: the attempts' colours, then the events, in
-    columns of ``rows`` (4 where zero-gap recovery's entries make them wider)."""
-    key.axis("off")
-    for handles, title, where in ((bars, "attempts, by how they ended", "upper left"), (events, "events", "upper right")):
+def _legends(keys: tuple[Axes, Axes], bars: list[Any], events: list[Any], rows: int = 3) -> None:
+    """Under the timeline, one under the other, each left-aligned in its own strip: the attempts'
+    colours, then the events, in columns of ``rows`` (4 where zero-gap recovery's entries make them wider)."""
+    for key, handles, title in ((keys[0], bars, "attempts, by how they ended"), (keys[1], events, "events")):
+        key.axis("off")
         if handles:
-            key.add_artist(key.legend(handles=handles, title=title, loc=where, ncol=-(-len(handles) // rows),
+            key.add_artist(key.legend(handles=handles, title=title, loc="upper left", ncol=-(-len(handles) // rows),
                                       frameon=False, alignment="left", borderaxespad=0))
 
 

@@ -596,3 +596,15 @@ def test_any_standby_a_hand_edit_can_write_gives_a_picture_and_a_summary_never_a
     assert picture.png.startswith(b"\x89PNG")
     assert picture.note is None or (picture.note.startswith("timeline not drawn: ") and "\n" not in picture.note)
     report.facts(st, now, job="hand")
+
+
+def test_the_pictures_two_legends_never_overlap(day):
+    """Issue 39: the PNG's legend overlapped itself ("booting" over "stockout")."""
+    from matplotlib.legend import Legend
+
+    fig = report.timeline_figure("llm", day.status("llm"), day.clock.now())
+    fig.canvas.draw()
+    legends = {id(c): c for a in fig.axes for c in a.get_children() if isinstance(c, Legend)}
+    boxes = [legend.get_window_extent() for legend in legends.values()]
+    assert len(boxes) == 2
+    assert not boxes[0].overlaps(boxes[1]), boxes
