@@ -436,13 +436,13 @@ def status(
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    if not watch and job is None and not rows:  # never a bare header: say what there is and how to start
-        out.print(plain(f"no jobs in gs://{_config().bucket} yet: submit one with `respawn submit SPEC.yaml` "
-                        "(`respawn validate SPEC.yaml` checks it first), or `respawn run --help` for one "
-                        "made from flags"))
-        return
     if not watch:  # soft_wrap: a --wide line wider than the terminal is wrapped by it, never cut
-        out.print(view.StatusView(rows, wide, whole_events=job is not None), soft_wrap=True)
+        if job is None and not rows:  # never a bare header: say what there is and how to start
+            out.print(plain(f"no jobs in gs://{_config().bucket} yet: submit one with `respawn submit SPEC.yaml` "
+                            "(`respawn validate SPEC.yaml` checks it first), or `respawn run --help` for one "
+                            "made from flags"))
+        else:
+            out.print(view.StatusView(rows, wide, whole_events=job is not None), soft_wrap=True)
         if job is not None and rows:  # one job's details, each after a blank line
             out.print()
             out.print(history_view.run_line(rows[0]))
