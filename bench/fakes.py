@@ -354,9 +354,9 @@ class CostlyCompute:
                 pass
             return True
 
-    def stop_reason(self, project: str, zone: str, name: str) -> Any:
+    def stopped(self, project: str, zone: str, name: str) -> Any:
         self.g.compute("compute.zoneOperations.list", LIST)
-        return self.target.stop_reason(project, zone, name)
+        return self.target.stopped(project, zone, name)
 
     def poll(self, project: str, zone: str, job: str) -> InstanceList:
         """One zonal ``instances.list`` of one job (a polling controller's status read)."""

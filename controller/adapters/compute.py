@@ -60,7 +60,8 @@ from controller.adapters import reasons
 from controller.adapters.lean import lean
 from controller.core import audit, errors, names
 from controller.service import fanout
-from controller.core.ports import PROVISIONING_MODELS, Instance, InstanceList, InstanceRequest, InstanceStatus, StopReason
+from controller.core.ports import (PROVISIONING_MODELS, Instance, InstanceList, InstanceRequest, InstanceStatus,
+                                   StopReason, Stopped)
 
 if TYPE_CHECKING:
     from google.cloud.compute_v1.services.instances import InstancesClient
@@ -408,12 +409,12 @@ class ComputeEngine:
             return True
         raise errors.TransientError(f"the metadata of {name} in {zone} changed under each of {_METADATA_RACES} writes")
 
-    def stop_reason(self, project: str, zone: str, name: str) -> StopReason:
+    def stopped(self, project: str, zone: str, name: str) -> Stopped:
         """Compute's own record of what stopped this instance, among the stop-causing
         operations since it last started: the platform's cause (preemption, maintenance, host
         error) beats a person's stop or delete, which beats the guest's own shutdown (a
         preempted guest powers itself off too; a preempted husk we then delete was preempted)."""
-        return stop_reason(self.zone_ops, project, zone, name)
+        return stopped(self.zone_ops, project, zone, name)
 
     def _beta_instances(self) -> Any:
         with self._beta_lock:
@@ -440,8 +441,10 @@ class ComputeEngine:
         return op
 
 
-def stop_reason(zone_ops: ZoneOperationsClient, project: str, zone: str, name: str) -> StopReason:
-    """``ComputeEngine.stop_reason`` on a zone operations client (TPU slices in Compute Engine ask too)."""
+def stopped(zone_ops: ZoneOperationsClient, project: str, zone: str, name: str) -> Stopped:
+    """``ComputeEngine.stopped`` on a zone operations client (TPU slices in Compute Engine ask too).
+    When: the first operation of the winning cause since the last start, by its ``startTime``
+    (its ``insertTime`` where it has none)."""
     request = v1().ListZoneOperationsRequest(project=project, zone=zone, filter=f'targetLink eq ".*/instances/{name}"')
     try:
         ops = list(zone_ops.list(request=request, retry=RETRY))
@@ -450,8 +453,11 @@ def stop_reason(zone_ops: ZoneOperationsClient, project: str, zone: str, name: s
     ops = sorted((op for op in ops if op.target_link.endswith(f"/instances/{name}")), key=_inserted)
     starts = [i for i, op in enumerate(ops) if op.operation_type in _STARTS]
     since = ops[starts[-1] + 1 :] if starts else ops
-    causes = [_REASONS[op.operation_type] for op in since if op.operation_type in _REASONS]
-    return min(causes, key=_PRECEDENCE.__getitem__, default=StopReason.UNKNOWN)
+    causes = [(_REASONS[op.operation_type], op) for op in since if op.operation_type in _REASONS]
+    if not causes:
+        return Stopped()
+    reason, op = min(causes, key=lambda c: _PRECEDENCE[c[0]])  # the first of the strongest: min is stable
+    return Stopped(reason, _stamp(op.start_time) or _stamp(op.insert_time))
 
 
 def _done(op: compute_v1.Operation) -> bool:
@@ -459,7 +465,16 @@ def _done(op: compute_v1.Operation) -> bool:
 
 
 def _inserted(op: compute_v1.Operation) -> datetime:
-    return datetime.fromisoformat(op.insert_time) if op.insert_time else datetime.min.replace(tzinfo=timezone.utc)
+    return _stamp(op.insert_time) or datetime.min.replace(tzinfo=timezone.utc)
+
+
+def _stamp(text: str) -> datetime | None:
+    """An operation's RFC 3339 time; None where it is empty or unreadable (never a pass's failure)."""
+    try:
+        at = datetime.fromisoformat(text) if text else None
+    except ValueError:
+        return None
+    return at if at is None or at.tzinfo is not None else at.replace(tzinfo=timezone.utc)
 
 
 # Compute's synchronous quota refusal names the quota and where it counts: "Quota

@@ -25,7 +25,8 @@ from controller.adapters.pubsub import check_message
 from controller.adapters.tpu_compute import SLICE_LABEL
 from controller.adapters.webhook import check as check_webhook
 from controller.core.clock import Clock, FakeClock
-from controller.core.ports import Blob, BlobInfo, Instance, InstanceList, InstanceRequest, InstanceStatus, Shape, StopReason
+from controller.core.ports import (Blob, BlobInfo, Instance, InstanceList, InstanceRequest, InstanceStatus, Shape, StopReason,
+                                  Stopped)
 from controller.core.ports import ZoneAdvice
 from controller.core.quotas import GPU_METRICS, PREEMPTIBLE, QuotaUse
 from controller.core.quotas import metric as quota_metric
@@ -151,6 +152,8 @@ class _Vm:
     instance: Instance
     request: InstanceRequest | None
     causes: list[StopReason] = field(default_factory=list)  # stop causes Compute recorded, in order
+    # When each cause was first recorded (a cause a test appends through ``causes_of`` has none).
+    causes_at: dict[StopReason, datetime] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)  # the instance's, as its VM reads it (``release``)
     request_id: str = ""  # the insert that created it
 
@@ -202,8 +205,9 @@ _PRECEDENCE = {StopReason.PREEMPTED: 0, StopReason.MAINTENANCE: 0, StopReason.HO
                StopReason.STOPPED: 1, StopReason.CRASHED: 2}
 
 
-def _strongest(causes: list[StopReason]) -> StopReason:
-    return min(causes, key=_PRECEDENCE.__getitem__, default=StopReason.UNKNOWN)
+def _strongest(causes: list[StopReason], at: Mapping[StopReason, datetime]) -> Stopped:
+    reason = min(causes, key=_PRECEDENCE.__getitem__, default=StopReason.UNKNOWN)
+    return Stopped(reason, at.get(reason))
 
 
 class MemoryCompute:
@@ -236,7 +240,7 @@ class MemoryCompute:
         self._requests: dict[str, Exception | _Pending | None] = {}
         self._made: dict[str, list[tuple[str, str, str]]] = {}  # request id -> the instances it created
         self._ids = itertools.count(4_000_000_000_000_000_001)
-        self._gone: dict[tuple[str, str, str], list[StopReason]] = {}
+        self._gone: dict[tuple[str, str, str], _Vm] = {}  # deleted, as Compute's records keep them
         self._lock = threading.RLock()
         # Compute's System Event audit log: each system event below is also written there, when set.
         self.audit: MemoryAuditLog | None = None
@@ -301,7 +305,8 @@ class MemoryCompute:
             if (project, zone, name) not in self._vms:
                 raise errors.NotFound(f"instance {name} in {zone}")
             vm = self._vms.pop((project, zone, name))
-            self._gone[(project, zone, name)] = [*vm.causes, StopReason.STOPPED]
+            self._record(vm, StopReason.STOPPED)
+            self._gone[(project, zone, name)] = vm
             self.deleted.append(name)
 
     def release(self, project: str, zone: str, name: str, items: Mapping[str, str],
@@ -316,11 +321,16 @@ class MemoryCompute:
             vm.metadata.update(items)
             return True
 
-    def stop_reason(self, project: str, zone: str, name: str) -> StopReason:
+    def stopped(self, project: str, zone: str, name: str) -> Stopped:
         with self._lock:
-            self._call("stop_reason", name)
-            vm = self._vms.get((project, zone, name))
-            return _strongest(vm.causes if vm else self._gone.get((project, zone, name), []))
+            self._call("stopped", name)
+            vm = self._vms.get((project, zone, name)) or self._gone.get((project, zone, name))
+            return _strongest(vm.causes, vm.causes_at) if vm else Stopped()
+
+    def _record(self, vm: _Vm, reason: StopReason) -> None:
+        """Compute records a stop cause now (its zone operation)."""
+        vm.causes.append(reason)
+        vm.causes_at.setdefault(reason, self.clock.now())
 
     # -- test helpers: what Google, a user or a guest OS would do -----------------
     def live(self, job: str | None = None) -> list[Instance]:
@@ -387,10 +397,10 @@ class MemoryCompute:
         """Compute reclaims a Spot VM: TERMINATED (or gone, for termination action DELETE)."""
         with self._lock:
             key, vm = self._find(name)
-            vm.causes.append(StopReason.PREEMPTED)
+            self._record(vm, StopReason.PREEMPTED)
             self._audit(vm.instance, StopReason.PREEMPTED)
             if vm.request and vm.request.termination_action == "delete":
-                self._gone[key] = vm.causes
+                self._gone[key] = vm
                 del self._vms[key]
             else:
                 vm.instance = replace(vm.instance, status=InstanceStatus.TERMINATED)
@@ -401,7 +411,7 @@ class MemoryCompute:
         with self._lock:
             _, vm = self._find(name)
             if reason != StopReason.UNKNOWN:
-                vm.causes.append(reason)
+                self._record(vm, reason)
                 self._audit(vm.instance, reason)
             vm.instance = replace(vm.instance, status=InstanceStatus.TERMINATED)
 

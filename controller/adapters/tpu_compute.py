@@ -47,7 +47,7 @@ from typing import Any
 
 import requests
 
-from controller.adapters.compute import _LIBRARY, RETRY, _done, _raise_for, stop_reason, translate, v1
+from controller.adapters.compute import _LIBRARY, RETRY, _done, _raise_for, stopped, translate, v1
 from controller.adapters.lean import lean
 from controller.core import errors, names, tpus
 from controller.core.ports import (InstanceStatus, NodeHealth, NodeState, QueuedState, StopReason, TpuList, TpuNode,
@@ -318,7 +318,7 @@ class ComputeTpu:
             except _LIBRARY as e:  # one project's trouble blinds only its jobs
                 failed[project] = str(translate(e, "*"))
                 continue
-            except errors.RespawnError as e:  # stop_reason's
+            except errors.RespawnError as e:  # stopped's
                 failed[project] = str(e)
                 continue
             nodes += found
@@ -402,7 +402,7 @@ class ComputeTpu:
         if state == NodeState.TERMINATED:
             down = next((i for i, s in zip(hosts, statuses) if s in _DOWN), None)
             # A host gone (no down one to ask Compute of): its cause is not on record here.
-            reason = stop_reason(self.c.zone_ops, project, zone, down.name) if down is not None else StopReason.UNKNOWN
+            reason = stopped(self.c.zone_ops, project, zone, down.name).reason if down is not None else StopReason.UNKNOWN
         queued = QueuedState.WAITING_FOR_RESOURCES if model == "FLEX_START" and InstanceStatus.PENDING in statuses \
             else None
         return TpuNode(project=project, zone=zone, name=name, state=state, health=NodeHealth.HEALTHY,

@@ -162,9 +162,11 @@ def _lost(ledger: Ledger, e: Event, cause: str) -> Ledger:
     open_ = ledger.open
     if open_ is None:
         return ledger  # a restart decided before the attempt was ever launched (hand-edited)
-    lost_at = e.since if e.since and e.since <= e.at else None
-    # A marker (lost_at) is written by the VM's agent while its trainer runs.
-    ledger = close(ledger, lost_at or e.at, cause, ran=lost_at is not None)
+    told = e.since if e.since and e.since <= e.at else None
+    # A marker (``since``) is written by the VM's agent while its trainer runs; Compute's record
+    # of a loss no VM told of (``recorded``) says when, not that the trainer ran.
+    lost_at = told or (e.recorded if e.recorded and e.recorded <= e.at else None)
+    ledger = close(ledger, lost_at or e.at, cause, ran=told is not None)
     totals = ledger.totals
     zone = open_.zone or "?"
     by_zone = {**totals.losses, zone: {**totals.losses.get(zone, {}), cause: totals.losses.get(zone, {}).get(cause, 0) + 1}}

@@ -108,7 +108,7 @@ class Loss(_Model):
     cause: str
     zone: str | None = None
     accelerators: float = 0.0
-    lost_at: Instant | None = None  # when the VM said so (its marker), where it did
+    lost_at: Instant | None = None  # when the VM said so (its marker), or else Compute recorded it
     seen_at: Instant  # when the controller acted on it
     issued_at: Instant | None = None  # the replacement's insert issued
     running_at: Instant | None = None  # the replacement RUNNING

@@ -373,13 +373,15 @@ def _lost(v: JobView, spec: JobSpec, st: JobStatus, mine: dict[str, Instance], l
     """Some node of the current attempt is down or gone: whose fault, and what next."""
     reasons = {n: v.stop_reasons.get(n, StopReason.UNKNOWN) for n in lost}
     detail = ", ".join(f"{n} {_lost_how(mine.get(n), reasons[n])}" for n in lost) + (f"; {also}" if also else "")
+    # When Compute recorded the first of them: the loss's time for the ledger (a pass sees it later).
+    recorded = min((at for n in lost if (at := v.stopped_at.get(n)) is not None and at <= now), default=None)
     if cause := _platform_cause(replace(v, stop_reasons=reasons), st):
-        return _restart(v, spec, st, cause, detail, now, ctx)
+        return _restart(v, spec, st, cause, detail, now, ctx, recorded=recorded)
     if all(r in (StopReason.CRASHED, StopReason.REFUSED) for r in reasons.values()):
         return _failure(v, spec, st, detail, now)  # backs off: the same request again would fail again
     # A node stopped by a person or gone for reasons unknown: the other nodes' crashes
     # are the broken collective's echo, not the trainer's fault.
-    return _restart(v, spec, st, "lost", detail, now, ctx)
+    return _restart(v, spec, st, "lost", detail, now, ctx, recorded=recorded)
 
 
 def _withdraw(v: JobView, spec: JobSpec, st: JobStatus, working: dict[str, Instance], now: datetime) -> list[Action]:
@@ -529,11 +531,12 @@ def _stale_heartbeat(v: JobView, spec: JobSpec, st: JobStatus, mine: dict[str, I
 
 
 def _restart(v: JobView, spec: JobSpec, st: JobStatus, cause: str, detail: str, now: datetime,
-             ctx: LaunchContext, since: datetime | None = None) -> list[Action]:
+             ctx: LaunchContext, since: datetime | None = None, recorded: datetime | None = None) -> list[Action]:
     """A loss that is not the trainer's fault: preemption, maintenance, host error, recycling.
 
-    ``since``: when the VM said so (its marker), for the ledger."""
-    lost = _loss_event(now, st, cause, detail, since, _trainer_started(v, st), _progress(v, st))
+    ``since``: when the VM said so (its marker); ``recorded``: when Compute did, where no VM
+    said; both for the ledger."""
+    lost = _loss_event(now, st, cause, detail, since, _trainer_started(v, st), _progress(v, st), recorded)
     if cause == "recycled":
         st = st.but(recycles=st.recycles + 1)
     else:
@@ -546,11 +549,14 @@ def _restart(v: JobView, spec: JobSpec, st: JobStatus, cause: str, detail: str, 
 
 
 def _loss_event(now: datetime, st: JobStatus, cause: str, detail: str, since: datetime | None = None,
-                trainer_started: datetime | None = None, progress: Mapping[str, int | float] | None = None) -> Event:
-    """The current attempt lost: where it was, when the VM said so (``since``), when its
-    trainer had started (``_trainer_started``) and how far it had got (``_progress``)."""
-    return t.event(now, st, cause, detail, since=since, zone=st.zone, instance=st.instances[0] if st.instances else None,
-                   trainer_started=trainer_started, **(progress or {}))
+                trainer_started: datetime | None = None, progress: Mapping[str, int | float] | None = None,
+                recorded: datetime | None = None) -> Event:
+    """The current attempt lost: where it was, when the VM said so (``since``) or else Compute
+    recorded it (``recorded``), when its trainer had started (``_trainer_started``) and how far it
+    had got (``_progress``)."""
+    return t.event(now, st, cause, detail, since=since, recorded=None if since else recorded, zone=st.zone,
+                   instance=st.instances[0] if st.instances else None, trainer_started=trainer_started,
+                   **(progress or {}))
 
 
 def _unsaid_start(v: JobView, st: JobStatus) -> datetime | None:

@@ -287,6 +287,16 @@ class StopReason(StrEnum):
 
 
 @dataclass(frozen=True)
+class Stopped:
+    """Compute's record of why a VM stopped, and when: the start of the zone operation that says
+    so (``compute.instances.preempted``...), where one does. A hard preemption leaves no marker:
+    this time is the only one that says when the loss was, not when a pass saw it."""
+
+    reason: StopReason = StopReason.UNKNOWN
+    at: datetime | None = None
+
+
+@dataclass(frozen=True)
 class InstanceList:
     instances: list[Instance]
     unreachable: list[str] = field(default_factory=list)  # zones that did not answer
@@ -338,8 +348,8 @@ class ComputeGateway(Protocol):
         the instance is gone. ``wait`` as for ``insert``."""
         ...
 
-    def stop_reason(self, project: str, zone: str, name: str) -> StopReason:
-        """Why a VM stopped or vanished, from Compute's own records."""
+    def stopped(self, project: str, zone: str, name: str) -> Stopped:
+        """Why a VM stopped or vanished, and when, from Compute's own records."""
         ...
 
 

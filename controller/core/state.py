@@ -72,6 +72,9 @@ class Event(BaseModel):
     instance: Annotated[str | None, PlainSerializer(_name)] = None
     zone: Annotated[str | None, PlainSerializer(_name)] = None
     since: Instant | None = None  # when it happened, where that is known and earlier (a VM's marker)
+    # A loss no VM told of (a hard preemption, a host error): when Compute recorded it (the start
+    # of its zone operation), where that is earlier than the pass that saw it.
+    recorded: Instant | None = None
     trainer_started: Instant | None = None  # the attempt's trainer started, by its VM's clock (its records)
     # An image: job's pull of its image on the attempt's VM (its records, the VM's clock).
     pull_started: Instant | None = None

@@ -294,6 +294,7 @@ class JobView:
     ready: Record | None = None
     instances: tuple[Instance, ...] = ()
     stop_reasons: Mapping[str, StopReason] = field(default_factory=dict)
+    stopped_at: Mapping[str, datetime] = field(default_factory=dict)  # when Compute recorded each (``Stopped.at``)
     checkpoint: CheckpointRef | None = None
     checkpoint_loaded: bool = False  # observed lazily, only when a plan launches or fails
     checkpoint_error: str | None = None  # why the checkpoint prefix could not be listed

@@ -40,7 +40,7 @@ from controller.service.tpuzones import SLICES_KEY, TpuZones
 from controller.core.policy import ControllerPolicy
 from controller.core.shards import Shard
 from controller.core.ports import (Blob, BlobInfo, BlobStore, CapacityAdvisor, ComputeGateway, Instance, InstanceList,
-                              StopReason, TpuGateway, TpuList, TpuNode)
+                              StopReason, Stopped, TpuGateway, TpuList, TpuNode)
 from controller.core.spec import MAX_SPEC_BYTES, Checkpoint, JobSpec, SpecError, parse_spec
 from controller.core.state import CheckpointRef, JobStatus, Phase
 from controller.core.sweep import MAX_PARALLEL, SWEEP_LIMIT_KEY, SweepRecord
@@ -609,16 +609,16 @@ class Observer:
             log.exception("could not observe job", extra={"json_fields": {"job": job}})
         return None
 
-    def _stop_reason(self, view: JobView, seen: Instance | None, name: str) -> StopReason:
-        """Why a node of the current attempt is down or gone: a TPU node's own state says so
-        (Compute's operations know nothing of TPUs); a VM's, Compute's operations."""
+    def _stopped(self, view: JobView, seen: Instance | None, name: str) -> Stopped:
+        """Why a node of the current attempt is down or gone, and when: a TPU node's own state
+        says why (Compute's operations know nothing of TPUs), not when; a VM's, Compute's operations."""
         st = view.status
         assert st is not None and st.project and st.zone
         if seen is not None and seen.tpu:
-            return seen.stop_reason or StopReason.UNKNOWN
+            return Stopped(seen.stop_reason or StopReason.UNKNOWN)
         if seen is None and st.attempt_tpu:
-            return StopReason.UNKNOWN  # a TPU node deleted by someone else: gone, no record of why
-        return self.compute.stop_reason(st.project, st.zone, name)
+            return Stopped()  # a TPU node deleted by someone else: gone, no record of why
+        return self.compute.stopped(st.project, st.zone, name)
 
     def with_checkpoint(self, view: JobView) -> JobView:
         """The view plus its latest complete checkpoint (listed only when a plan needs it).
@@ -1018,7 +1018,7 @@ class Observer:
         told = view.marker is not None and view.marker.belongs_to(st) and view.deciding_exit(st) is None
         judged = judged or told
         reads: dict[Any, Callable[[], Any]] = {} if judged else {
-            n: (lambda n=n: self._stop_reason(view, seen.get(n), n)) for n in lost}
+            n: (lambda n=n: self._stopped(view, seen.get(n), n)) for n in lost}
         # Between attempts no record is read again here either (two requests a pass for each job
         # backing off: 2,000 a tick for 1,000): the loss was judged on records read after the VM
         # was seen down, and a plan that commits a launch asks for them first (planner ``_fresh``).
@@ -1028,7 +1028,8 @@ class Observer:
         if side > 1 and off and view.spec and view.spec.checkpoint and not view.checkpoint_loaded:
             reads["checkpoint"] = lambda: self._checkpoint_fields(view)
         got = dict(zip(reads, fanout.each(reads.values(), lambda read: read(), side), strict=True))
-        return replace(got.get("records", view), stop_reasons={n: got[n] for n in lost if n in got},
+        return replace(got.get("records", view), stop_reasons={n: got[n].reason for n in lost if n in got},
+                       stopped_at={n: got[n].at for n in lost if n in got and got[n].at is not None},
                        **got.get("checkpoint", {}))
 
 

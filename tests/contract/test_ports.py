@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -353,18 +355,33 @@ class TestComputeGateway:
         backend.crash(f"{b}-1")
         for job in (a, b):
             until("TERMINATED", lambda j=job: mine(backend, j)[f"{j}-1"].status == InstanceStatus.TERMINATED)
-        assert backend.compute.stop_reason(PROJECT, "us-central1-a", f"{a}-1") == StopReason.PREEMPTED
-        assert backend.compute.stop_reason(PROJECT, "us-central1-a", f"{b}-1") == StopReason.CRASHED
+        assert backend.compute.stopped(PROJECT, "us-central1-a", f"{a}-1").reason == StopReason.PREEMPTED
+        assert backend.compute.stopped(PROJECT, "us-central1-a", f"{b}-1").reason == StopReason.CRASHED
         # deleting the husk afterwards does not rewrite why it stopped
         backend.compute.delete(PROJECT, "us-central1-a", f"{a}-1")
-        assert backend.compute.stop_reason(PROJECT, "us-central1-a", f"{a}-1") == StopReason.PREEMPTED
+        assert backend.compute.stopped(PROJECT, "us-central1-a", f"{a}-1").reason == StopReason.PREEMPTED
+
+    def test_a_preemption_is_timed_by_computes_record_not_by_when_it_is_asked(self, backend):
+        job = unique("t")
+        backend.compute.insert([request_for(job)], names.request_id(job, 1, 0))
+        until("RUNNING", lambda: mine(backend, job)[f"{job}-1"].status == InstanceStatus.RUNNING)
+        before = datetime.now(UTC) - timedelta(seconds=1)  # Compute's times are to the millisecond
+        backend.preempt(f"{job}-1")
+        until("TERMINATED", lambda: mine(backend, job)[f"{job}-1"].status == InstanceStatus.TERMINATED)
+        after = datetime.now(UTC) + timedelta(seconds=1)
+        first = backend.compute.stopped(PROJECT, "us-central1-a", f"{job}-1")
+        assert first.reason == StopReason.PREEMPTED and first.at is not None and before <= first.at <= after
+        time.sleep(1.1)
+        backend.compute.delete(PROJECT, "us-central1-a", f"{job}-1")  # a later stop does not move it
+        assert backend.compute.stopped(PROJECT, "us-central1-a", f"{job}-1") == first
+        assert backend.compute.stopped(PROJECT, "us-central1-a", unique("never")).at is None
 
     def test_deleted_by_someone_else_reads_as_stopped(self, backend):
         job = unique("d")
         backend.compute.insert([request_for(job)], names.request_id(job, 1, 0))
         backend.compute.delete(PROJECT, "us-central1-a", f"{job}-1")
-        assert backend.compute.stop_reason(PROJECT, "us-central1-a", f"{job}-1") == StopReason.STOPPED
-        assert backend.compute.stop_reason(PROJECT, "us-central1-a", unique("never")) == StopReason.UNKNOWN
+        assert backend.compute.stopped(PROJECT, "us-central1-a", f"{job}-1").reason == StopReason.STOPPED
+        assert backend.compute.stopped(PROJECT, "us-central1-a", unique("never")).reason == StopReason.UNKNOWN
 
     @pytest.mark.parametrize("fault, reason", [("maintenance", StopReason.MAINTENANCE),
                                                ("host_error", StopReason.HOST_ERROR)])
@@ -374,7 +391,7 @@ class TestComputeGateway:
         until("RUNNING", lambda: mine(backend, job)[f"{job}-1"].status == InstanceStatus.RUNNING)
         getattr(backend, fault)(f"{job}-1")
         until("TERMINATED", lambda: mine(backend, job)[f"{job}-1"].status == InstanceStatus.TERMINATED)
-        assert backend.compute.stop_reason(PROJECT, "us-central1-a", f"{job}-1") == reason
+        assert backend.compute.stopped(PROJECT, "us-central1-a", f"{job}-1").reason == reason
 
     def test_a_preempted_guest_shutting_itself_down_still_reads_preempted(self, backend):
         job = unique("p")
@@ -383,9 +400,9 @@ class TestComputeGateway:
         backend.preempt(f"{job}-1")
         until("TERMINATED", lambda: mine(backend, job)[f"{job}-1"].status == InstanceStatus.TERMINATED)
         backend.crash(f"{job}-1")  # compute.instances.guestTerminate, recorded after the preemption
-        assert backend.compute.stop_reason(PROJECT, "us-central1-a", f"{job}-1") == StopReason.PREEMPTED
+        assert backend.compute.stopped(PROJECT, "us-central1-a", f"{job}-1").reason == StopReason.PREEMPTED
         backend.compute.delete(PROJECT, "us-central1-a", f"{job}-1")
-        assert backend.compute.stop_reason(PROJECT, "us-central1-a", f"{job}-1") == StopReason.PREEMPTED
+        assert backend.compute.stopped(PROJECT, "us-central1-a", f"{job}-1").reason == StopReason.PREEMPTED
 
     @pytest.mark.parametrize("sent, read", [
         ("SOMETHING_NEW", InstanceStatus.UNKNOWN),

@@ -10,6 +10,7 @@ identity's publisher grant, Eventarc's push subscription to ``on_audit``.
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from collections.abc import Iterator
 from typing import Any
 
@@ -122,6 +123,12 @@ def test_a_hard_preemption_is_recovered_within_seconds_without_a_tick(cloud):
     pushed = until("on_audit's answer", lambda: [p for p in cloud.pubsub.pushes
                                                  if p["subscription"] == cloud.audit_subscription])
     assert all(p["status"] in (200, 204) for p in pushed)
+    # The loss is timed by Compute's record of it (its zone operation, the entry's moment), not
+    # by the pass that saw it later: the report's recovery counts from there.
+    [lost] = [e for e in hard.history if e.event == "preempted"]
+    at = datetime.fromisoformat(entry["timestamp"])
+    assert lost.since is None and lost.recorded is not None and abs((lost.recorded - at).total_seconds()) < 0.5
+    assert lost.recorded < lost.at and hard.ledger.losses[0].lost_at == lost.recorded
 
 
 def test_a_crash_is_recovered_within_seconds_without_a_tick(cloud):

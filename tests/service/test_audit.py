@@ -61,7 +61,7 @@ def entries(h: Harness) -> list[dict[str, Any]]:
 
 
 def asked_why(h: Harness) -> list[str]:
-    return [what for op, what in h.compute.calls if op == "stop_reason"]
+    return [what for op, what in h.compute.calls if op == "stopped"]
 
 
 # -- the entry and the filter -------------------------------------------------------------

@@ -72,6 +72,34 @@ def test_a_preemption_is_accounted_with_its_recovery_in_three_parts_and_the_work
     assert h.metadata(names.instance_name("llm", 2))["respawn-checkpoint-every-s"] == str(round(expected))
 
 
+def test_a_hard_preemption_is_timed_from_computes_record_not_from_the_pass_that_saw_it():
+    """No marker (the guest never saw it coming): the loss, the attempt's end and the recovery
+    count from Compute's zone operation, not from the pass a minute later."""
+    h = Harness()
+    running(h)
+    h.advance(minutes=30)
+    save(h, 100, write_s=60)
+    saved = h.clock.now()
+    h.advance(minutes=10)
+    h.compute.preempt(names.instance_name("llm", 1))  # Compute's record: now
+    lost = h.clock.now()
+    h.advance(seconds=50)
+    h.tick()  # seen 50 s later: attempt 2 launched
+    seen = h.clock.now()
+    h.advance(minutes=2)
+    h.tick()
+    back = h.clock.now()
+
+    st = h.status("llm")
+    (event,) = [e for e in st.history if e.event == "preempted"]
+    assert (event.at, event.since, event.recorded) == (seen, None, lost)
+    (loss,) = st.ledger.losses
+    assert (loss.lost_at, loss.seen_at, loss.running_at) == (lost, seen, back)
+    assert loss.recovery_s == (back - lost).total_seconds()
+    assert loss.redone_s == (lost - saved).total_seconds() == 10 * 60
+    assert st.ledger.spans[0].end == lost  # not billed past Compute's stop
+
+
 def test_the_ledger_closes_on_success_and_a_new_run_starts_a_new_one():
     h = Harness()
     running(h)

@@ -312,7 +312,7 @@ def test_a_job_backing_off_costs_no_compute_request_for_why_its_vm_stopped():
         h.advance(minutes=1)
         engine.reconcile()
     assert h.status("job").phase == Phase.RECOVERING
-    assert [c for c in h.compute.calls if c[0] == "stop_reason"] == []
+    assert [c for c in h.compute.calls if c[0] == "stopped"] == []
 
 
 def test_a_job_backing_off_costs_no_request_at_all_until_its_next_attempt():
@@ -351,7 +351,7 @@ def test_a_vm_whose_marker_says_why_it_went_costs_no_compute_request_for_why():
     h.compute.calls.clear()
     engine.reconcile("job")
     assert h.status("job").attempt == 2 and h.status("job").preemptions == 1
-    assert [c for c in h.compute.calls if c[0] == "stop_reason"] == []
+    assert [c for c in h.compute.calls if c[0] == "stopped"] == []
 
 
 def _running(h: Harness, count: int, width: int = 3) -> tuple[list[str], Any]:

@@ -102,6 +102,19 @@ def test_lost_vm_counted_against_the_right_budget(reason, counted, gone):
     assert {k: getattr(status, k) for k in counted} == counted
 
 
+@pytest.mark.parametrize("reason", [StopReason.PREEMPTED, StopReason.STOPPED])
+@pytest.mark.parametrize("after", [timedelta(seconds=-40), timedelta(0), timedelta(seconds=5)],
+                         ids=["earlier", "same", "later"])
+def test_a_loss_no_vm_told_of_carries_computes_record_time_unless_it_is_past_the_pass(reason, after):
+    """Compute's record is when the loss was (the ledger's loss time); a time past the pass's own
+    (a skewed clock) is never taken for it."""
+    recorded = NOW + after
+    seen = view(instances=(vm("job-1", 1, InstanceStatus.TERMINATED),), stop_reasons={"job-1": reason},
+                stopped_at={"job-1": recorded})
+    (lost,) = [e for e in plan_job(seen, NOW, CTX)[0].status.history if e.attempt == 1 and e.event in ("preempted", "lost")]
+    assert (lost.since, lost.recorded) == (None, recorded if after <= timedelta(0) else None)
+
+
 @pytest.mark.parametrize("settling", [InstanceStatus.STOPPING, InstanceStatus.REPAIRING, InstanceStatus.PENDING_STOP,
                                       InstanceStatus.DEPROVISIONING, InstanceStatus.UNKNOWN])
 def test_settling_vm_is_waited_for_and_said_once(settling):
