@@ -35,7 +35,7 @@ from controller.render.amounts import counted
 from controller.render.status_view import Note
 from controller.render.text import Hanging, Trimmed, plain, printable
 from controller.service.config import Settings
-from controller.service.jobs import MAX_LIVE_READS, Jobs, Refused, no_such_job
+from controller.service.jobs import MAX_LIVE_READS, Jobs, Refused
 from controller.cli.joblogs import logs_filter  # noqa: F401 - the query `respawn logs` sends, named for tests
 from controller.core.spec import SpecError, load_document, parse_spec
 from controller.core.state import JobStatus
@@ -501,7 +501,7 @@ def _status_rows(job: str | None, every_run: bool = False) -> list[dict[str, obj
     _, compute = bootstrap.adapters()
     found = jobs.rows(job)
     if job is not None and not found:
-        raise no_such_job(job, config.bucket, jobs.job_names())
+        raise jobs.no_such_job(job)
     # A job whose name is not one never had an instance (nor may it go into a filter).
     listed = [] if job is not None and names.job_name_problem(job) else \
         compute.list_managed(config.policy().watched_projects, job).instances
@@ -559,10 +559,6 @@ def _run(status: JobStatus | None, every_run: bool) -> dict[str, object]:
     return {"run": status.run if status else None, "fresh": status.fresh if status else False,
             "run_checkpoints": status.checkpoint_uri if status else None, "earlier_runs": len(past),
             **({"runs": [r.model_dump(mode="json") for r in past]} if every_run else {})}
-
-
-def _no_job(job: str, bucket: str) -> Refused:
-    return no_such_job(job, bucket)
 
 
 def _goodput(status: JobStatus | None, now: datetime) -> dict[str, object]:
@@ -733,7 +729,7 @@ def remove(job: Annotated[str, typer.Argument(help="the finished job to forget")
     jobs = _jobs()
     done = jobruns.remove(jobs, job)
     if not done.removed:
-        out.print(_line("✓", "green", f"nothing to remove: no job named {job!r} in gs://{jobs.bucket}"), soft_wrap=True)
+        out.print(_line("✓", "green", f"nothing to remove: {jobs.no_such_job(job)}"), soft_wrap=True)
         return
     from controller.render.amounts import counted
 
@@ -757,7 +753,7 @@ def _job_status(job: str) -> JobStatus:
     status = jobs.status(job)
     if status is None:
         if not jobs.rows(job):
-            raise _no_job(job, jobs.bucket)
+            raise jobs.no_such_job(job)
         raise Refused(f"job {job!r} has no readable status yet: the controller has not taken it up")
     return status
 
@@ -786,7 +782,7 @@ def logs(
     jobs = _jobs()
     status = jobs.status(job)
     if status is None and not jobs.rows(job):
-        raise _no_job(job, jobs.bucket)
+        raise jobs.no_such_job(job)
     _, compute = bootstrap.adapters()
     live = compute.list_managed(config.policy().watched_projects, job).instances
     runs = joblogs.attempts(job, status, live)
@@ -1150,9 +1146,9 @@ def reconcile(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Run one reconcile pass from the terminal."""
-    config = _config()
-    if job is not None and not _jobs().rows(job):  # as status: an unknown JOB is an error, not an empty row
-        raise _no_job(job, config.bucket)
+    _config()  # a bad setting is said as one line before the engine is built
+    if job is not None and not (jobs := _jobs()).rows(job):  # as status: an unknown JOB is an error, not an empty row
+        raise jobs.no_such_job(job)
     summary = bootstrap.engine().reconcile(job, dry_run=dry_run)
     if as_json:
         print(json.dumps(summary.as_dict(), indent=2))
