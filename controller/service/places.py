@@ -50,7 +50,7 @@ def checkpoints(store: BlobStore, where: Checkpoint) -> Listed:
         return Listed(None, Place("checkpoint.uri", False,
                                   f"bucket gs://{bucket} does not exist ({where.uri}), so the job could never find "
                                   "its checkpoints and would wait for ever",
-                                  f"gcloud storage buckets create gs://{bucket}, or point checkpoint.uri at a "
+                                  f"gcloud storage buckets create gs://{bucket}  # or point checkpoint.uri at a "
                                   "bucket of yours"), _said(e))
     except errors.RespawnError as e:
         return Listed(None, Place("checkpoint.uri", None,
@@ -69,7 +69,8 @@ def code(store: BlobStore, uri: str) -> Place:
     except errors.NotFound:
         return Place("code", False, f"{uri} does not exist (no such object, or no bucket gs://{bucket}): the VM "
                                     "could never fetch it",
-                     "upload it there, or give a local folder (respawn submit packs and uploads it)")
+                     f"gcloud storage cp CODE.tar.gz {uri}  # or give code: a local folder (respawn submit "
+                     "packs and uploads it)")
     except errors.RespawnError as e:
         return Place("code", None, f"cannot read {uri} from here ({_said(e)}): not judged; the VMs fetch it as "
                                    "their own account")
