@@ -994,7 +994,8 @@ def _check_target(project: str, region: str, bucket: str) -> None:
 def doctor(
     spec: Annotated[Path | None, typer.Argument(exists=True, dir_okay=False,
                                                 help="also check this spec: its GPU quota in each of its zones' "
-                                                     "regions, its image, its service account")] = None,
+                                                     "regions, its image, its service account, its checkpoint "
+                                                     "bucket and its code tarball")] = None,
     region: Annotated[str, typer.Option(envvar="RESPAWN_REGION", help="region of the functions and the scheduler")] = "",
     service_account: Annotated[str | None, typer.Option(envvar="RESPAWN_SERVICE_ACCOUNT",
                                                         help="the controller's service account")] = None,
@@ -1016,19 +1017,20 @@ def doctor(
         _fail(f"the local cloud does not answer at {down}: is `respawn local up` still running? Start it again "
               "(and source the local.env it names), or unset the RESPAWN_*_ENDPOINT and STORAGE_EMULATOR_HOST "
               "variables to check a project on Google", UNAVAILABLE)
-    checked = None
+    checked, packed = None, False
     if spec is not None:
         from controller.cli import pack, submitting
 
         raw = _read(spec)
         try:  # a local code: as respawn submit would write it (packed from beside the spec, not uploaded)
-            raw = submitting.with_code(raw, spec.parent, None, config.bucket)[0]
+            raw, code, _ = submitting.with_code(raw, spec.parent, None, config.bucket)
+            packed = code is not None
         except (SpecError, pack.PackError):
             pass  # the spec's own check says what is wrong with it
         checked = (raw, _declared_name(raw) or spec.stem)
     target, results = doctors.diagnose(GoogleApis(config, timeout), config, region,
                                        service_account or account_email("respawn-controller", config.project),
-                                       timeout, checked)
+                                       timeout, checked, packed)
     out.print(plain(f"respawn doctor: project {target.project}, bucket gs://{target.bucket}, region {target.region}",
                     "bold"))
     for line in doctors.render(results):
