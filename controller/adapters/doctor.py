@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from controller.core import errors
+from controller.core.ports import BlobStore
 from controller.core.quotas import QuotaUse
 from controller.service import lastpass
 from controller.service.config import Settings
@@ -213,9 +214,12 @@ class GoogleApis:
         return [{**b, "members": sorted(b.get("members") or ())} for b in policy.bindings]
 
     def last_pass(self, bucket: str) -> lastpass.LastPass | None:
+        return lastpass.read(self.store(), bucket)
+
+    def store(self) -> BlobStore:
         from controller.adapters.gcs import GcsStore
 
-        return lastpass.read(GcsStore(self._storage()), bucket)
+        return GcsStore(self._storage())
 
     # -- Compute -------------------------------------------------------------------------------------
     def region_quotas(self, project: str, region: str) -> dict[str, QuotaUse]:

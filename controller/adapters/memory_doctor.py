@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from controller.adapters.memory import MemoryStore
 from controller.cli import deploy, grants
 from controller.core import audit, errors, imageref
 from controller.core.quotas import QuotaUse
@@ -97,6 +98,7 @@ class MemoryProject:
     hang: set[str] = field(default_factory=set)  # method names that answer only after hang_seconds
     hang_seconds: float = 2.0
     failures: dict[str, Exception] = field(default_factory=dict)  # method name -> raised
+    objects: MemoryStore = field(default_factory=MemoryStore)  # a spec's checkpoint bucket and code tarball
 
     @classmethod
     def deployed(cls, project: str, bucket: str, region: str, now: datetime, **kw: Any) -> MemoryProject:
@@ -340,6 +342,10 @@ class MemoryProject:
     def image_version(self, name: str) -> Mapping[str, Any]:
         self._call("image_version")
         return self._artifact(name)
+
+    def store(self) -> MemoryStore:
+        self._call("store")
+        return self.objects
 
     def _artifact(self, name: str) -> Mapping[str, Any]:
         if name not in self.artifacts:

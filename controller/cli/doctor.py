@@ -10,8 +10,9 @@ the custom role's permissions, and the audit path
 the sink's right to publish there, the controller's right to read those entries), the log-based metrics
 of the fleet's figures (``deploy/metrics``); with a SPEC, also
 that spec's GPU quotas in each of its regions (Cloud TPU's quotas in each of its zones), its boot
-image, its service account and, for ``image:`` on Artifact Registry, that the container image exists
-and that the account may pull it (controller.cli.imagecheck).
+image, its service account, for ``image:`` on Artifact Registry that the container image exists
+and that the account may pull it (controller.cli.imagecheck), and that its checkpoint bucket and its
+``code:`` tarball are there, judged as ``respawn submit`` judges them (controller.service.places).
 
 Checks are independent: each calls its own APIs (``Apis``, a port: Google's in
 controller.adapters.doctor, fakes in tests), runs on a thread of its own beside the others, and
@@ -32,9 +33,10 @@ from typing import Any, Protocol
 
 from controller.cli import deploy, grants, imagecheck
 from controller.core import audit, errors, quotas
+from controller.core.ports import BlobStore
 from controller.core.quotas import QuotaUse
 from controller.core.spec import JobSpec, built_in_gpus
-from controller.service import lastpass, vmscripts
+from controller.service import lastpass, places, vmscripts
 
 FINALIZED = "google.cloud.storage.object.v1.finalized"
 # The APIs respawn (its deploy, its functions, its VMs) calls. tpu only where TPU jobs may run.
@@ -84,6 +86,7 @@ class Apis(Protocol):
     def repository_policy(self, name: str) -> Sequence[Mapping[str, Any]]: ...  # its bindings
     def image_tag(self, name: str) -> Mapping[str, Any]: ...  # Artifact Registry v1 Tag
     def image_version(self, name: str) -> Mapping[str, Any]: ...  # Artifact Registry v1 Version
+    def store(self) -> BlobStore: ...  # a spec's checkpoint bucket and code tarball, read as submit reads them
 
 
 @dataclass(frozen=True)
@@ -716,29 +719,47 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
 
 
 # -- a spec's checks -------------------------------------------------------------------------------
-def spec_checks(apis: Apis, t: Target, spec: JobSpec, account: str | None) -> list[Check]:
+def spec_checks(apis: Apis, t: Target, spec: JobSpec, account: str | None, packed: bool = False) -> list[Check]:
     """Quotas in each region of the spec's zones, its image, its service account (``account``: the
-    one it runs as, the policy's trainer account when it names none)."""
+    one it runs as, the policy's trainer account when it names none), and where it points beyond the
+    control bucket (its checkpoint bucket, its code tarball: ``packed``, local code submit uploads)."""
     project = spec.project or t.project
-    out: list[Check] = []
-    gpu = _gpus(spec)
-    regions = list(dict.fromkeys(z.rsplit("-", 1)[0] for z in spec.zones))
+    rest: list[Check] = [("image", _image_check(apis, spec)), ("service account", _account_check(apis, t, account)),
+                         *_container_checks(apis, spec, account), *_place_checks(apis, spec, packed)]
     if spec.tpu is not None and spec.tpu.type is not None:  # Cloud TPU's quotas: per zone, not Compute's regional ones
         return [*((f"TPU quota in {zone}", _tpu_quota_check(apis, project, zone, spec.tpu.type))
-                  for zone in dict.fromkeys(spec.zones)),
-                ("image", _image_check(apis, spec)), ("service account", _account_check(apis, t, account)),
-                *_container_checks(apis, spec, account)]
+                  for zone in dict.fromkeys(spec.zones)), *rest]
     if spec.tpu is not None:  # a TPU machine type: Compute's Quota.metric lists no TPU7x metric to read
-        return [("image", _image_check(apis, spec)), ("service account", _account_check(apis, t, account)),
-                *_container_checks(apis, spec, account)]
-    for region in regions:
+        return rest
+    out: list[Check] = []
+    gpu = _gpus(spec)
+    for region in dict.fromkeys(z.rsplit("-", 1)[0] for z in spec.zones):
         if gpu is None:
             out.append((f"quota in {region}", lambda: ("the spec asks for no GPU", True)))
         else:
             out.append((f"GPU quota in {region}", _quota_check(apis, project, region, spec, *gpu)))
-    out.append(("image", _image_check(apis, spec)))
-    out.append(("service account", _account_check(apis, t, account)))
-    return out + _container_checks(apis, spec, account)
+    return out + rest
+
+
+def _place_checks(apis: Apis, spec: JobSpec, packed: bool) -> list[Check]:
+    """The spec's checkpoint bucket and ``code:`` tarball, judged as ``respawn submit`` judges them
+    (controller.service.places): one that is not there fails, one not readable here is said."""
+    out: list[Check] = []
+    if spec.checkpoint is not None:
+        where = spec.checkpoint
+        out.append(("checkpoint.uri", lambda: _place(places.checkpoints(apis.store(), where).place)))
+    if spec.code and packed:
+        out.append(("code", lambda: f"local: respawn submit packs it and uploads it ({spec.code})"))
+    elif spec.code:
+        uri = spec.code
+        out.append(("code", lambda: _place(places.code(apis.store(), uri))))
+    return out
+
+
+def _place(found: places.Place) -> str | tuple[str, bool]:
+    if found.there is False:
+        raise Failed(found.detail, found.fix)
+    return found.detail if found.there else (found.detail, True)
 
 
 def _container_checks(apis: Apis, spec: JobSpec, account: str | None) -> list[Check]:
@@ -939,9 +960,10 @@ def _may_act_as(apis: Apis, t: Target, account: str) -> bool:
 
 # -- the command -------------------------------------------------------------------------------------
 def diagnose(apis: Apis, config: Any, region: str, controller_sa: str, timeout: float,
-             spec: tuple[bytes, str] | None = None) -> tuple[Target, list[Result]]:
+             spec: tuple[bytes, str] | None = None, packed: bool = False) -> tuple[Target, list[Result]]:
     """Every check of the deployment ``config`` (Settings) names, and of ``spec`` (its bytes, its job
-    name) if given, run side by side."""
+    name) if given, run side by side. ``packed``: the spec's code is local (a folder or a file),
+    written into it as submit writes it (``gs://BUCKET/code/<sha256>.tar.gz``) but not uploaded."""
     from controller.core.spec import SpecError, parse_spec
 
     project = config.project
@@ -968,7 +990,7 @@ def diagnose(apis: Apis, config: Any, region: str, controller_sa: str, timeout: 
                watched=tuple(x for x in config.allowed_projects if x != project), shards=config.shards)
     todo = checks(apis, t)
     if parsed is not None:
-        todo += spec_checks(apis, t, parsed, config.policy().service_account_of(parsed))
+        todo += spec_checks(apis, t, parsed, config.policy().service_account_of(parsed), packed)
     results = run(todo, timeout)
     return t, results + ([spec_result] if spec_result else [])
 

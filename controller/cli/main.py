@@ -35,7 +35,7 @@ from controller.render.amounts import counted
 from controller.render.status_view import Note
 from controller.render.text import Hanging, Trimmed, plain, printable
 from controller.service.config import Settings
-from controller.service.jobs import MAX_LIVE_READS, Jobs, Refused, no_such_job
+from controller.service.jobs import MAX_LIVE_READS, Jobs, Refused
 from controller.cli.joblogs import logs_filter  # noqa: F401 - the query `respawn logs` sends, named for tests
 from controller.core.spec import SpecError, load_document, parse_spec
 from controller.core.state import JobStatus
@@ -501,7 +501,7 @@ def _status_rows(job: str | None, every_run: bool = False) -> list[dict[str, obj
     _, compute = bootstrap.adapters()
     found = jobs.rows(job)
     if job is not None and not found:
-        raise no_such_job(job, config.bucket, jobs.job_names())
+        raise jobs.no_such_job(job)
     # A job whose name is not one never had an instance (nor may it go into a filter).
     listed = [] if job is not None and names.job_name_problem(job) else \
         compute.list_managed(config.policy().watched_projects, job).instances
@@ -559,10 +559,6 @@ def _run(status: JobStatus | None, every_run: bool) -> dict[str, object]:
     return {"run": status.run if status else None, "fresh": status.fresh if status else False,
             "run_checkpoints": status.checkpoint_uri if status else None, "earlier_runs": len(past),
             **({"runs": [r.model_dump(mode="json") for r in past]} if every_run else {})}
-
-
-def _no_job(job: str, bucket: str) -> Refused:
-    return no_such_job(job, bucket)
 
 
 def _goodput(status: JobStatus | None, now: datetime) -> dict[str, object]:
@@ -733,7 +729,7 @@ def remove(job: Annotated[str, typer.Argument(help="the finished job to forget")
     jobs = _jobs()
     done = jobruns.remove(jobs, job)
     if not done.removed:
-        out.print(_line("✓", "green", f"nothing to remove: no job named {job!r} in gs://{jobs.bucket}"), soft_wrap=True)
+        out.print(_line("✓", "green", f"nothing to remove: {jobs.no_such_job(job)}"), soft_wrap=True)
         return
     from controller.render.amounts import counted
 
@@ -757,7 +753,7 @@ def _job_status(job: str) -> JobStatus:
     status = jobs.status(job)
     if status is None:
         if not jobs.rows(job):
-            raise _no_job(job, jobs.bucket)
+            raise jobs.no_such_job(job)
         raise Refused(f"job {job!r} has no readable status yet: the controller has not taken it up")
     return status
 
@@ -786,7 +782,7 @@ def logs(
     jobs = _jobs()
     status = jobs.status(job)
     if status is None and not jobs.rows(job):
-        raise _no_job(job, jobs.bucket)
+        raise jobs.no_such_job(job)
     _, compute = bootstrap.adapters()
     live = compute.list_managed(config.policy().watched_projects, job).instances
     runs = joblogs.attempts(job, status, live)
@@ -998,7 +994,8 @@ def _check_target(project: str, region: str, bucket: str) -> None:
 def doctor(
     spec: Annotated[Path | None, typer.Argument(exists=True, dir_okay=False,
                                                 help="also check this spec: its GPU quota in each of its zones' "
-                                                     "regions, its image, its service account")] = None,
+                                                     "regions, its image, its service account, its checkpoint "
+                                                     "bucket and its code tarball")] = None,
     region: Annotated[str, typer.Option(envvar="RESPAWN_REGION", help="region of the functions and the scheduler")] = "",
     service_account: Annotated[str | None, typer.Option(envvar="RESPAWN_SERVICE_ACCOUNT",
                                                         help="the controller's service account")] = None,
@@ -1020,19 +1017,20 @@ def doctor(
         _fail(f"the local cloud does not answer at {down}: is `respawn local up` still running? Start it again "
               "(and source the local.env it names), or unset the RESPAWN_*_ENDPOINT and STORAGE_EMULATOR_HOST "
               "variables to check a project on Google", UNAVAILABLE)
-    checked = None
+    checked, packed = None, False
     if spec is not None:
         from controller.cli import pack, submitting
 
         raw = _read(spec)
         try:  # a local code: as respawn submit would write it (packed from beside the spec, not uploaded)
-            raw = submitting.with_code(raw, spec.parent, None, config.bucket)[0]
+            raw, code, _ = submitting.with_code(raw, spec.parent, None, config.bucket)
+            packed = code is not None
         except (SpecError, pack.PackError):
             pass  # the spec's own check says what is wrong with it
         checked = (raw, _declared_name(raw) or spec.stem)
     target, results = doctors.diagnose(GoogleApis(config, timeout), config, region,
                                        service_account or account_email("respawn-controller", config.project),
-                                       timeout, checked)
+                                       timeout, checked, packed)
     out.print(plain(f"respawn doctor: project {target.project}, bucket gs://{target.bucket}, region {target.region}",
                     "bold"))
     for line in doctors.render(results):
@@ -1150,9 +1148,9 @@ def reconcile(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Run one reconcile pass from the terminal."""
-    config = _config()
-    if job is not None and not _jobs().rows(job):  # as status: an unknown JOB is an error, not an empty row
-        raise _no_job(job, config.bucket)
+    _config()  # a bad setting is said as one line before the engine is built
+    if job is not None and not (jobs := _jobs()).rows(job):  # as status: an unknown JOB is an error, not an empty row
+        raise jobs.no_such_job(job)
     summary = bootstrap.engine().reconcile(job, dry_run=dry_run)
     if as_json:
         print(json.dumps(summary.as_dict(), indent=2))

@@ -27,7 +27,7 @@ from controller.core import errors, tpus
 from controller.core.spec import JobSpec, SpecError, load_document
 from controller.render.amounts import counted
 from controller.render.status_view import Note
-from controller.service import jobruns
+from controller.service import jobruns, places
 from controller.service.jobs import Jobs, Refused
 
 
@@ -137,13 +137,12 @@ def submit(request: Request, jobs: Jobs, sources: Callable[[], estimate.Sources]
             err.print(Text(f"! {said}", style="yellow"), soft_wrap=True)
     warn_no_checkpoint(spec, request.job, err)
     resumes = jobruns.resume(jobs, spec, request.job)
-    if resumes is not None and resumes.missing_bucket:
-        # The controller would wait for ever on a prefix it cannot list (the example's placeholder bucket).
-        raise Refused(f"checkpoint.uri {resumes.where}: bucket gs://{resumes.missing_bucket} does not exist, so the "
-                      f"job could never find its checkpoints and would wait for ever: create it (gcloud storage "
-                      f"buckets create gs://{resumes.missing_bucket}) or point checkpoint.uri at a bucket of yours")
-    if packed is None and spec.code and spec.code.startswith("gs://"):
-        _code_there(jobs, spec.code)
+    # A place not there (the example's placeholder bucket) is refused; one not readable here is left to
+    # the controller and the VMs (places: respawn doctor SPEC judges them alike).
+    if resumes is not None and resumes.bucket is not None and resumes.bucket.there is False:
+        raise Refused(resumes.bucket.refusal())
+    if packed is None and spec.code and (code := places.code(jobs.store, spec.code)).there is False:
+        raise Refused(code.refusal())
     there = packed is not None and _there(jobs, packed)
     table_rows, notes = _estimate(spec, request.job, project or "", sources)
     out.print(estimate.render(spec, request.job, table_rows, notes))
@@ -285,20 +284,6 @@ def _estimate(spec: JobSpec, job: str, project: str,
     except Exception as e:  # noqa: BLE001 - an estimate that cannot be made never stops a submit
         gathered = estimate.Gathered({}, {}, [f"no estimate from Google: {e}"])
     return estimate.rows(spec, gathered), gathered.notes
-
-
-def _code_there(jobs: Jobs, uri: str) -> None:
-    """A spec's ``code:`` gs:// tarball exists (a VM that cannot fetch it fails at boot, every attempt);
-    Refused naming it when Google says it does not. Anything else (no read right here) is left to the VM."""
-    bucket, _, name = uri.removeprefix("gs://").partition("/")
-    try:
-        jobs.store.stat(bucket, name)
-    except errors.NotFound:
-        raise Refused(f"code: {uri} does not exist (no such object, or no bucket gs://{bucket}): the VM could "
-                      "never fetch it; upload it there, or give a local folder (respawn submit packs and "
-                      "uploads it)") from None
-    except errors.RespawnError:
-        pass
 
 
 def _there(jobs: Jobs, packed: pack.Packed) -> bool:

@@ -8,7 +8,6 @@ the timeline's PNG) is served from here. Every request is checked by ``guard.Gua
 
 from __future__ import annotations
 
-import difflib
 import html
 import json
 import threading
@@ -26,7 +25,7 @@ from controller.dashboard.logtail import Recent, Tail, Tails
 from controller.dashboard.guard import TOKEN_HEADER, Guard
 from controller.dashboard.snapshot import Fleet
 from controller.render.text import html_text
-from controller.service.jobs import Refused
+from controller.service.jobs import Refused, likely_meant
 
 DEFAULT_INTERVAL = 5.0
 
@@ -204,9 +203,8 @@ def create_app(fleet: Fleet, guard: Guard, interval: float = DEFAULT_INTERVAL,
         # A page asked for by a person (a mistyped job in the address bar): a page back, never JSON.
         parts = request.path.strip("/").split("/")
         if len(parts) >= 2 and parts[0] == "jobs":
-            jobs = sorted(fleet.snapshot().jobs)
-            close = difflib.get_close_matches(parts[1], jobs, n=1)
-            hint = f" Did you mean {close[0]}?" if close else ""
+            near = likely_meant(parts[1], sorted(fleet.snapshot().jobs))  # the CLI's rule
+            hint = f" Did you mean {near}?" if near else ""
             return page("missing.html", what=f"no job named {parts[1]}",
                         why=f"gs://{fleet.jobs.bucket} holds no job of that name.{hint}"), 404
         return page("missing.html", what="no such page", why=f"{request.path} is none of the dashboard's pages."), 404

@@ -16,8 +16,8 @@ from controller.core.ports import BlobInfo
 from controller.core.runs import RunSummary, fresh_root
 from controller.core.spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec
 from controller.core.state import CheckpointRef, JobStatus
-from controller.service.jobs import Jobs, Refused, no_such_job
-from controller.service.observe import discover
+from controller.service import places
+from controller.service.jobs import Jobs, Refused
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class Resume:
     where: str  # the prefix listed
     fresh: bool  # the spec asks for a fresh run: ``found`` is kept, never resumed
     error: str | None = None  # why the prefix could not be listed
-    missing_bucket: str | None = None  # the bucket of the prefix, when it does not exist
+    bucket: places.Place | None = None  # the prefix's bucket: there, not there (submit refuses), or not readable here
 
     def warning(self) -> str | None:
         """In words, what the new run will do with the checkpoints already there; None: nothing to say."""
@@ -63,12 +63,8 @@ def resume(jobs: Jobs, spec: JobSpec, job: str) -> Resume | None:
     if status is not None and not status.phase.terminal:
         return None  # a running job: a spec replaced there applies to its next attempt, same run
     where = status.checkpoints(spec.checkpoint) if status is not None else spec.checkpoint
-    try:
-        found, error, missing = discover(jobs.store, where), None, None
-    except errors.RespawnError as e:
-        found, error = None, str(e) or type(e).__name__
-        missing = e.bucket if isinstance(e, errors.NoSuchBucket) else None
-    return Resume(job, status, found, where.uri, spec.checkpoint.fresh, error, missing)
+    listed = places.checkpoints(jobs.store, where)
+    return Resume(job, status, listed.found, where.uri, spec.checkpoint.fresh, listed.error, listed.place)
 
 
 def history(jobs: Jobs, job: str, now: datetime) -> list[RunSummary]:
@@ -76,7 +72,7 @@ def history(jobs: Jobs, job: str, now: datetime) -> list[RunSummary]:
     status = jobs.status(job)
     if status is None:
         if not jobs.rows(job):
-            raise no_such_job(job, jobs.bucket)
+            raise jobs.no_such_job(job)
         raise Refused(f"job {job!r} has no readable status yet: the controller has not taken it up")
     try:
         found = jobs.checkpoint(job)

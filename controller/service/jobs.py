@@ -32,11 +32,11 @@ class Refused(Exception):
     """The request was understood and declined; the message says what to do instead."""
 
 
-def no_such_job(job: str, bucket: str, known: Iterable[str] = ()) -> Refused:
-    """One wording for a job that is not there, whichever command asked (status, report, logs,
-    reconcile, cancel...); with the jobs that are (``known``), the one likely meant."""
+def likely_meant(job: str, known: Iterable[str]) -> str | None:
+    """The one of ``known`` that a mistyped ``job`` most likely meant; None when none is close. One rule
+    wherever an unknown job is named (every CLI command taking a JOB, the dashboard's page)."""
     close = difflib.get_close_matches(job, list(known), n=1)
-    return Refused(f"no job named {job!r} in gs://{bucket}" + (f"; did you mean {close[0]!r}?" if close else ""))
+    return close[0] if close else None
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,7 @@ class Jobs:
         spec = self._generation(names.spec_key(job))
         status = self.status(job)
         if not spec and status is None:
-            raise no_such_job(job, self.bucket)
+            raise self.no_such_job(job)
         # A spec whose generation the ended run did not take (None included: a run ended by its spec's
         # deletion) is a new submission, which the planner starts: it can still be cancelled.
         if status is not None and status.phase.terminal and (not spec or status.spec_generation == spec):
@@ -177,6 +177,13 @@ class Jobs:
             return None
         except (ValueError, RecursionError):
             return None
+
+    def no_such_job(self, job: str) -> Refused:
+        """One wording for a job that is not there, whichever command asked (status, report, logs,
+        history, reconcile, cancel, rm), with the job likely meant: one listing, made only on the way
+        to this error."""
+        near = likely_meant(job, self.job_names())
+        return Refused(f"no job named {job!r} in gs://{self.bucket}" + (f"; did you mean {near!r}?" if near else ""))
 
     def job_names(self) -> list[str]:
         """Every job's name (a spec or a status under it): one listing, no status read."""

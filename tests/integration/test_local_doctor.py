@@ -70,6 +70,31 @@ def test_doctor_passes_every_check_on_a_healthy_local_cloud(cloud, spec):
     assert re.match(r"✓ scheduler job respawn-tick +ENABLED", line(done.stdout, "scheduler job respawn-tick"))
 
 
+def test_doctor_passes_the_quickstart_and_fails_a_checkpoint_bucket_or_code_tarball_submit_would_refuse(cloud, tmp_path):
+    """Issue 39: doctor passed a spec whose checkpoint bucket and code tarball were not there, which submit
+    then refused; the shipped quickstart (its bucket the local cloud's, its code a file beside it) passes."""
+    import yaml
+
+    quickstart = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
+    done = doctor(cloud, str(quickstart))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert line(done.stdout, "checkpoint.uri").startswith("✓ checkpoint.uri") and \
+        f"bucket gs://{cloud.options.bucket} is there" in line(done.stdout, "checkpoint.uri")
+    assert line(done.stdout, "code").startswith("✓ code") and "local: respawn submit packs it" in line(done.stdout, "code")
+    doc = yaml.safe_load(quickstart.read_text())
+    broken = tmp_path / "quickstart.yaml"
+    broken.write_text(yaml.safe_dump({**doc, "checkpoint": {"uri": "gs://respawn-no-such-ckpts/quickstart"},
+                                      "code": f"gs://{cloud.options.bucket}/code/no-such.tar.gz"}))
+    refused = doctor(cloud, str(broken))
+    assert refused.returncode == 1
+    assert line(refused.stdout, "checkpoint.uri").startswith("✗") and \
+        "bucket gs://respawn-no-such-ckpts does not exist" in refused.stdout
+    assert "fix: gcloud storage buckets create gs://respawn-no-such-ckpts" in refused.stdout
+    assert line(refused.stdout, "code").startswith("✗") and \
+        f"gs://{cloud.options.bucket}/code/no-such.tar.gz does not exist" in refused.stdout
+    assert refused.stderr.partition("checks failed: ")[2].strip() == "checkpoint.uri, code"
+
+
 def test_a_zero_gpu_quota_in_one_of_the_spec_s_regions_fails_that_check(cloud, spec):
     cloud.compute.quota_limit("us-east1", "PREEMPTIBLE_NVIDIA_L4_GPUS", 0)
     try:

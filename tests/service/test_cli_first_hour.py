@@ -4,6 +4,10 @@ says every missing flag at once, and the file of this folder its command names t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -163,3 +167,37 @@ def test_submit_refuses_a_checkpoint_bucket_or_a_code_tarball_that_does_not_exis
     result = runner.invoke(app, ["submit", "--yes", path])
     said = " ".join(result.output.split())
     assert result.exit_code == 2 and "code: gs://ckpts/code/missing.tar.gz does not exist" in said, said
+
+
+# Every command taking a JOB, with the words around it; rm of a job not there does nothing and exits 0.
+JOB_COMMANDS = {"status": [], "report": [], "logs": [], "history": [], "cancel": [], "reconcile": [],
+                "reconcile --dry-run": ["--dry-run"], "rm": []}
+
+
+@pytest.mark.parametrize("command", list(JOB_COMMANDS))
+def test_every_command_taking_a_job_suggests_the_job_likely_meant(mem, command):  # noqa: F811
+    """Issue 39: only status said "did you mean"; report, logs, cancel... said only "no job named"."""
+    mem.submit("finetune")
+    result = runner.invoke(app, [command.split()[0], "fintune", *JOB_COMMANDS[command]])
+    said = f"no job named 'fintune' in gs://{BUCKET}; did you mean 'finetune'?"
+    if command == "rm":
+        assert result.exit_code == 0 and result.output.strip() == f"✓ nothing to remove: {said}", result.output
+    else:
+        assert result.exit_code == 2 and result.output.strip() == f"✗ {said}", result.output
+    assert mem.store.exists(BUCKET, names.spec_key("finetune"))  # nothing done to the job meant
+
+
+def test_the_list_of_commands_taking_a_job_is_every_one():
+    """The test above covers each command with a JOB argument, a command added later included."""
+    import typer
+
+    def commands(group: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+        for name, command in group.commands.items():
+            if hasattr(command, "commands"):  # a group of its own (sweep, local)
+                yield from commands(command, f"{prefix}{name} ")
+            else:
+                yield f"{prefix}{name}", command
+
+    taking = {name for name, command in commands(typer.main.get_command(app))
+              if any(p.param_type_name == "argument" and p.name == "job" for p in command.params)}
+    assert taking == {c.split()[0] for c in JOB_COMMANDS}

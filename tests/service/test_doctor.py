@@ -375,6 +375,51 @@ def test_a_spec_s_service_account_must_exist_and_be_usable_by_the_controller():
     assert run(p, spec(service_account={"email": other}))["service account"].ok
 
 
+def test_a_checkpoint_bucket_or_a_code_tarball_that_does_not_exist_fails_naming_the_field_and_the_fix():
+    """Issue 39: doctor SPEC said "all checks passed" for a spec that submit then refused (its checkpoint
+    bucket and its code tarball not there); it judges them as submit does (controller.service.places)."""
+    p = healthy()
+    p.objects.buckets = {"ckpts"}
+    p.objects.put("ckpts", "code/train.tar.gz", b"tarball")
+    found = run(p, spec(checkpoint={"uri": "gs://my-ckpts-bucket/llm"}, code="gs://ckpts/code/missing.tar.gz"))
+    assert {n for n, r in found.items() if not r.ok} == {"checkpoint.uri", "code"}
+    assert "bucket gs://my-ckpts-bucket does not exist (gs://my-ckpts-bucket/llm)" in found["checkpoint.uri"].detail
+    assert found["checkpoint.uri"].fix == "gcloud storage buckets create gs://my-ckpts-bucket  # or point " \
+                                          "checkpoint.uri at a bucket of yours"
+    assert found["code"].detail.startswith("gs://ckpts/code/missing.tar.gz does not exist")
+    assert found["code"].fix.startswith("gcloud storage cp CODE.tar.gz gs://ckpts/code/missing.tar.gz  # or give "
+                                        "code: a local folder")
+    there = run(p, spec(checkpoint={"uri": "gs://ckpts/llm"}, code="gs://ckpts/code/train.tar.gz"))
+    assert [n for n, r in there.items() if not r.ok] == []
+    assert not there["checkpoint.uri"].note and not there["code"].note
+    assert there["checkpoint.uri"].detail == ("bucket gs://ckpts is there; under gs://ckpts/llm, no complete "
+                                              "checkpoint there yet (a first run starts from scratch)")
+    assert there["code"].detail == "gs://ckpts/code/train.tar.gz is there"
+
+
+def test_a_checkpoint_bucket_or_a_code_tarball_not_readable_here_is_said_never_failed():
+    # A 403 for this account says nothing of the controller's (which lists the checkpoints) nor the VMs'
+    # (which fetch the code): submit goes on, and doctor says it could not judge.
+    p = healthy()
+    p.objects.faults.fail_next("list", errors.RequestError("403 you@example.com does not have storage.objects.list "
+                                                           "access to the Google Cloud Storage bucket"))
+    p.objects.faults.fail_next("stat", errors.RequestError("403 you@example.com does not have storage.objects.get"))
+    found = run(p, spec(checkpoint={"uri": "gs://theirs/llm"}, code="gs://theirs/code/t.tar.gz"))
+    for name in ("checkpoint.uri", "code"):
+        assert found[name].ok and found[name].note and "not judged" in found[name].detail, found[name]
+        assert "403 you@example.com does not have" in found[name].detail
+
+
+def test_a_code_folder_submit_packs_is_not_looked_for_in_the_bucket():
+    p = healthy()
+    p.objects.buckets = set()  # a tarball not uploaded yet: doctor packs the folder as submit does, uploads nothing
+    t = target()
+    checked = doctor.spec_checks(p, t, spec(code=f"gs://{BUCKET}/code/abc.tar.gz"), TRAINER, packed=True)
+    found = {r.name: r for r in doctor.run(checked, 5.0)}["code"]
+    assert found.ok and not found.note and "local: respawn submit packs it and uploads it" in found.detail
+    assert p.objects.calls == []
+
+
 def _tpu_metric(name: str, unit: str, buckets: list[tuple[dict, str]]) -> dict:
     return {"metric": f"tpu.googleapis.com/{name}", "displayName": name, "consumerQuotaLimits": [
         {"unit": unit, "quotaBuckets": [{"dimensions": d, "effectiveLimit": v} for d, v in buckets]}]}
