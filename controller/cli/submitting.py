@@ -22,7 +22,7 @@ import yaml
 from rich.console import Console
 from rich.text import Text
 
-from controller.cli import deadline, estimate, pack
+from controller.cli import buckets, deadline, estimate, pack
 from controller.core import errors, tpus
 from controller.core.spec import JobSpec, SpecError, load_document
 from controller.render.amounts import counted
@@ -107,6 +107,24 @@ def no_checkpoint(spec: JobSpec, job: str) -> tuple[str, str] | None:
             f"checkpoint: {{uri: gs://BUCKET/checkpoints/{job}}}")
 
 
+def no_checkpoint_bucket(where: str, missing: str, control: str) -> str:
+    """Why a spec whose checkpoint bucket ``missing`` does not exist is refused, and the fix: the
+    deploy's checkpoints bucket (``respawn run``'s default) is made by deploying again."""
+    said = (f"checkpoint.uri {where}: bucket gs://{missing} does not exist, so the job could never find its "
+            "checkpoints and would wait for ever: ")
+    try:
+        ours = buckets.checkpoints_bucket(control)
+    except ValueError:
+        ours = None
+    if missing == ours:
+        return said + (f"it is the checkpoints bucket respawn deploy makes beside gs://{control} (a deploy older "
+                       "than it made none): run respawn deploy again (or resume it with --from checkpoints-bucket; "
+                       "on the local cloud, restart respawn local up), or give the job another place "
+                       "(respawn run --checkpoint gs://...)")
+    return said + (f"create it (gcloud storage buckets create gs://{missing}) or point checkpoint.uri at a bucket "
+                   "of yours")
+
+
 def warn_no_checkpoint(spec: JobSpec, job: str, err: Console) -> None:
     if said := no_checkpoint(spec, job):
         err.print(Note("!", "yellow", said[0]))
@@ -139,9 +157,7 @@ def submit(request: Request, jobs: Jobs, sources: Callable[[], estimate.Sources]
     resumes = jobruns.resume(jobs, spec, request.job)
     if resumes is not None and resumes.missing_bucket:
         # The controller would wait for ever on a prefix it cannot list (the example's placeholder bucket).
-        raise Refused(f"checkpoint.uri {resumes.where}: bucket gs://{resumes.missing_bucket} does not exist, so the "
-                      f"job could never find its checkpoints and would wait for ever: create it (gcloud storage "
-                      f"buckets create gs://{resumes.missing_bucket}) or point checkpoint.uri at a bucket of yours")
+        raise Refused(no_checkpoint_bucket(resumes.where, resumes.missing_bucket, jobs.bucket))
     if packed is None and spec.code and spec.code.startswith("gs://"):
         _code_there(jobs, spec.code)
     there = packed is not None and _there(jobs, packed)
