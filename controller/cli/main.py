@@ -919,7 +919,8 @@ def deploy(
                                              "the listing on Pub/Sub and on_shard reconciles it; 'auto': one shard per "
                                              "10,000 specs in the bucket")] = "1",
 ) -> None:
-    """Set up everything respawn relies on: APIs, the control bucket, the service accounts and their roles,
+    """Set up everything respawn relies on: APIs, the control bucket, the checkpoints bucket beside it
+    (BUCKET-checkpoints: respawn run's default place for checkpoints), the service accounts and their roles,
     the audit sink and its topic, the three functions, the Cloud Scheduler job and the VM scripts. Safe to
     run again."""
     import shlex
