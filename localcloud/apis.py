@@ -113,6 +113,13 @@ class Deployment:
                            "expression": deploy.trainer_scripts_condition(self.bucket)}},
         ]
 
+    def checkpoints_policy(self) -> list[dict[str, Any]]:
+        """The checkpoints bucket's bindings deploy makes: the trainer reads and writes, the controller reads."""
+        return [
+            {"role": "roles/storage.objectUser", "members": [f"serviceAccount:{self.trainer}"]},
+            {"role": "roles/storage.objectViewer", "members": [f"serviceAccount:{self.controller}"]},
+        ]
+
 
 class ApiError(Exception):
     def __init__(self, code: int, message: str, status: str | None = None) -> None:

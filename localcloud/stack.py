@@ -33,6 +33,7 @@ from urllib.parse import quote
 import requests
 import yaml
 
+from controller.cli import buckets
 from controller.cli.deploy import AUDIT_SINK, AUDIT_TIMEOUT, AUDIT_TOPIC
 from controller.core.audit import sink_filter
 from controller.service.config import REPO_ROOT
@@ -95,7 +96,7 @@ PUBLISHER = "roles/pubsub.publisher"
 class LocalCloud:
     def __init__(self, options: Options | None = None) -> None:
         self.options = options or Options()
-        self.gcs = LocalGcs(buckets=(self.options.bucket,), project=self.options.project,
+        self.gcs = LocalGcs(buckets=(self.options.bucket, *self.checkpoints_buckets), project=self.options.project,
                             write_interval=self.options.gcs_write_interval,
                             pin_generations=self.options.gcs_pin_generations, realism=self.options.realism)
         self.compute: ComputeServer | None = None
@@ -206,17 +207,29 @@ class LocalCloud:
         ticker = self.ticker
         return (False, None, None) if ticker is None else (ticker.running, ticker.last_attempt, ticker.last_status)
 
+    @property
+    def checkpoints_buckets(self) -> tuple[str, ...]:
+        """The checkpoints bucket `respawn deploy` makes beside the control bucket (controller.cli.buckets:
+        `respawn run`'s default place for checkpoints); none where the control bucket's name leaves none."""
+        try:
+            return (buckets.checkpoints_bucket(self.options.bucket),)
+        except ValueError:
+            return ()
+
     def _deploy_bucket_iam(self) -> None:
         """What `respawn deploy` does to the control bucket: uniform bucket-level access on, then the
-        controller's and the trainer's (conditional) bindings, through the JSON API."""
-        bucket = self.storage.get_bucket(self.options.bucket)
-        bucket.iam_configuration.uniform_bucket_level_access_enabled = True
-        bucket.patch()
-        policy = bucket.get_iam_policy(requested_policy_version=3)
-        policy.version = 3
-        for binding in self.deployment.bucket_policy():
-            policy.bindings.append({**binding, "members": set(binding["members"])})
-        bucket.set_iam_policy(policy)
+        controller's and the trainer's (conditional) bindings, through the JSON API; and to the
+        checkpoints bucket: uniform access, the trainer's read and write, the controller's read."""
+        for name, bindings in ((self.options.bucket, self.deployment.bucket_policy()),
+                               *((name, self.deployment.checkpoints_policy()) for name in self.checkpoints_buckets)):
+            bucket = self.storage.get_bucket(name)
+            bucket.iam_configuration.uniform_bucket_level_access_enabled = True
+            bucket.patch()
+            policy = bucket.get_iam_policy(requested_policy_version=3)
+            policy.version = 3
+            for binding in bindings:
+                policy.bindings.append({**binding, "members": set(binding["members"])})
+            bucket.set_iam_policy(policy)
 
     @property
     def audit_topic(self) -> str:

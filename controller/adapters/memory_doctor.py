@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from collections.abc import Mapping, Sequence
@@ -13,7 +14,7 @@ from typing import Any
 import yaml
 
 from controller.adapters.memory import MemoryStore
-from controller.cli import deploy, grants
+from controller.cli import buckets, deploy, grants
 from controller.core import audit, errors, imageref
 from controller.core.quotas import QuotaUse
 from controller.service import lastpass
@@ -77,6 +78,8 @@ class MemoryProject:
     writable: bool = True
     probes: list[str] = field(default_factory=list)  # objects written (and deleted) by write_probe
     bucket_bindings: list[dict[str, Any]] = field(default_factory=list)
+    # Buckets besides the control bucket (the checkpoints bucket deploy makes): name -> its policy's bindings
+    other_buckets: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     project_bindings: list[dict[str, Any]] = field(default_factory=list)
     accounts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # email -> its policy's bindings
     functions: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -117,6 +120,12 @@ class MemoryProject:
              "condition": {"title": deploy.TRAINER_SCRIPTS_CONDITION_TITLE,
                            "expression": deploy.trainer_scripts_condition(bucket)}},
         ]
+        with contextlib.suppress(ValueError):  # a control bucket whose name leaves none: deploy makes none
+            me.other_buckets = {buckets.checkpoints_bucket(bucket): [
+                {"role": "roles/storage.objectUser", "members": [f"serviceAccount:{trainer}"]},
+                {"role": "roles/storage.objectViewer", "members": [f"serviceAccount:{controller}"]},
+                {"role": "roles/storage.legacyBucketOwner", "members": [f"projectOwner:{project}"]},
+            ]}
         writer = "serviceAccount:service-123456789012@gcp-sa-logging.iam.gserviceaccount.com"
         me.project_bindings = [
             {"role": "roles/logging.logWriter", "members": [f"serviceAccount:{trainer}"]},
@@ -235,7 +244,7 @@ class MemoryProject:
     def bucket_policy(self, bucket: str) -> Sequence[Mapping[str, Any]]:
         self._call("bucket_policy")
         self._bucket(bucket)
-        return copy.deepcopy(self.bucket_bindings)
+        return copy.deepcopy(self.other_buckets.get(bucket, self.bucket_bindings))
 
     def project_policy(self, project: str) -> Sequence[Mapping[str, Any]]:
         self._call("project_policy")
@@ -353,6 +362,8 @@ class MemoryProject:
         return copy.deepcopy(self.artifacts[name])
 
     def _bucket(self, bucket: str) -> None:
+        if bucket in self.other_buckets:
+            return
         if not self.bucket_exists or bucket != self.bucket_name:
             raise errors.NotFound(f"gs://{bucket}")
 

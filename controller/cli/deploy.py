@@ -1,6 +1,7 @@
 """``respawn deploy``: everything respawn relies on in a project, as a plan of steps.
 
 The APIs, the control bucket (created if absent, refused if its settings would break respawn),
+the checkpoints bucket beside it (``respawn run``'s default place for checkpoints: controller.cli.buckets),
 the three service accounts, every role deploy/IAM.md marks **(deploy)**, the Logging sink of
 Compute's System Event audit entries and its Pub/Sub topic, the log-based metrics of the fleet's
 figures (``deploy/metrics``), the secret settings in Secret Manager, the three functions (``tick``,
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controller.cli import revision
+from controller.cli import buckets, revision
 from controller.cli.pack import CODE_PREFIX  # where respawn submit packs a local folder
 from controller.core import audit, names
 from controller.service import vmscripts
@@ -218,6 +219,15 @@ class Target:
     def trainer(self) -> str:
         return self.trainer_sa or account_email(TRAINER_ACCOUNT_ID, self.project)
 
+    @property
+    def checkpoints(self) -> str | None:
+        """The checkpoints bucket deploy makes (controller.cli.buckets), or None where the control
+        bucket's name leaves none (``checkpoints_note`` says so)."""
+        try:
+            return buckets.checkpoints_bucket(self.bucket)
+        except ValueError:
+            return None
+
     def function_env(self) -> dict[str, str]:
         """What the functions are deployed with: bucket, project, policy, trainer account.
 
@@ -361,24 +371,57 @@ def usable_bucket(bucket: str, description: str, values: Mapping[str, str]) -> N
     only objects given a retention, and respawn gives none); uniform access off (the next step
     turns it on).
     """
-    found = json.loads(description)
+    problems = _bucket_problems(json.loads(description), values,
+                                "respawn rewrites status.json and deletes the records it has read",
+                                "status.json could not be rewritten nor a read record deleted until released",
+                                "a Cloud Storage trigger must be in its bucket's project")
+    if problems:
+        raise Refusal(f"gs://{bucket} cannot be respawn's control bucket: {'; '.join(problems)}. Change those "
+                      "settings, or deploy with a new bucket name (deploy creates it).")
+
+
+def usable_checkpoints_bucket(bucket: str, description: str, values: Mapping[str, str]) -> None:
+    """Refuse an existing checkpoints bucket (``CONTROL-checkpoints``) whose settings break checkpoints,
+    as ``usable_bucket`` does the control bucket's. Another project's is refused above all: bucket names
+    are one namespace, anyone may make that one first, and every job's checkpoints would go to it."""
+    problems = _bucket_problems(json.loads(description), values,
+                                "trainers overwrite and delete their checkpoints",
+                                "a checkpoint could not be overwritten nor deleted until released",
+                                "every job's checkpoints would go to a bucket this project does not own")
+    if problems:
+        raise Refusal(f"gs://{bucket} cannot be the checkpoints bucket: {'; '.join(problems)}. Change those "
+                      "settings, or deploy with another control bucket name (--bucket), whose -checkpoints "
+                      "bucket deploy creates.")
+
+
+def _bucket_problems(found: Mapping[str, Any], values: Mapping[str, str], replaced: str, held: str,
+                     elsewhere: str) -> list[str]:
+    """What in an existing bucket's settings (the JSON API's resource) breaks respawn, each with why."""
     problems = []
     period = int((found.get("retentionPolicy") or {}).get("retentionPeriod") or 0)
     if period > 0:
         problems.append(f"a retention policy of {period} s (objects could not be deleted or replaced for that long: "
-                        "respawn rewrites status.json and deletes the records it has read)")
+                        f"{replaced})")
     if found.get("defaultEventBasedHold"):
-        problems.append("a default event-based hold (every new object held: status.json could not be rewritten "
-                        "nor a read record deleted until released)")
+        problems.append(f"a default event-based hold (every new object held: {held})")
     if (found.get("billing") or {}).get("requesterPays"):
         problems.append("requester pays (respawn's requests name no billing project, so every one would fail)")
     number = values.get(PROJECT_NUMBER)
     if number and str(found.get("projectNumber", "")) != number:
         problems.append(f"it belongs to project number {found.get('projectNumber')}, not this project ({number}): "
-                        "a Cloud Storage trigger must be in its bucket's project")
-    if problems:
-        raise Refusal(f"gs://{bucket} cannot be respawn's control bucket: {'; '.join(problems)}. Change those "
-                      "settings, or deploy with a new bucket name (deploy creates it).")
+                        f"{elsewhere}")
+    return problems
+
+
+def checkpoints_note(bucket: str) -> str | None:
+    """What deploy says when the control bucket ``bucket`` leaves no checkpoints bucket (its name too
+    long for ``-checkpoints``): ``respawn run`` then needs ``--checkpoint``; None where it has one."""
+    try:
+        buckets.checkpoints_bucket(bucket)
+    except ValueError as e:
+        return (f"no checkpoints bucket: {e}. respawn run will ask each job for --checkpoint gs://... (or "
+                "--no-checkpoint); for its default, deploy with a shorter --bucket")
+    return None
 
 
 def audit_destination(project: str) -> str:
@@ -514,6 +557,7 @@ def plan(t: Target) -> list[Step]:
              "access prevention on the control bucket",
              ("gcloud", "storage", "buckets", "update", bucket, "--uniform-bucket-level-access",
               "--public-access-prevention", project)),
+        *checkpoints_bucket_steps(t),
     ]
     for key, email, display, description in (
             ("controller", t.controller_sa, "respawn controller", "runs the respawn functions: tick, on_object, on_audit"),
@@ -577,6 +621,7 @@ def plan(t: Target) -> list[Step]:
                   "description": "the VM scripts the controller writes, read-only"}),
               project),
              retry_if=_IAM_LAG),
+        *checkpoints_grant_steps(t),
         # The guest agent writes the startup script's lines to GCEMetadataScripts with the VM's
         # account: where `respawn logs` reads a VM's output when its serial port is not logged.
         grant("trainer-logs", "let the trainer VMs write their logs to Cloud Logging (roles/logging.logWriter)",
@@ -683,6 +728,47 @@ def plan(t: Target) -> list[Step]:
     ]
     redacted = secrets_of(env)
     return [dataclasses.replace(step, secrets=redacted) for step in steps]
+
+
+def checkpoints_bucket_steps(t: Target) -> list[Step]:
+    """The checkpoints bucket (``respawn run``'s default place: gs://CONTROL-checkpoints/<job>), where the
+    control bucket is, private and uniform as it is; an existing one is kept unless it would break
+    checkpoints (``usable_checkpoints_bucket``). None where the control bucket's name leaves none."""
+    if t.checkpoints is None:
+        return []
+    project, bucket = f"--project={t.project}", f"gs://{t.checkpoints}"
+    return [Step(
+        "checkpoints-bucket", f"create the checkpoints bucket {bucket} (respawn run's default checkpoint.uri: "
+        f"{bucket}/<job>) where the control bucket is, private, uniform access (if absent)",
+        ("gcloud", "storage", "buckets", "create", bucket, f"--location={BUCKET_LOCATION}",
+         "--uniform-bucket-level-access", "--public-access-prevention", project),
+        lookups=(Lookup(PROJECT_NUMBER, ("gcloud", "projects", "describe", t.project, "--format=value(projectNumber)")),
+                 Lookup(BUCKET_LOCATION, ("gcloud", "storage", "buckets", "describe", f"gs://{t.bucket}",
+                                          "--format=value(location)"), lower=True)),
+        probe=("gcloud", "storage", "buckets", "describe", bucket, "--raw", "--format=json"),
+        check=functools.partial(usable_checkpoints_bucket, t.checkpoints),
+        check_says="kept, unless it is another project's or has a retention policy, a default event-based hold "
+                   "or requester pays (refused, saying which)")]
+
+
+def checkpoints_grant_steps(t: Target) -> list[Step]:
+    """Trainers read and write checkpoints there (every job's: they share the account, deploy/IAM.md),
+    and the controller lists them to find a job's latest complete one. On that bucket only: the
+    trainers' grants on the control bucket stay its records' writes and two reads."""
+    if t.checkpoints is None:
+        return []
+    project, bucket = f"--project={t.project}", f"gs://{t.checkpoints}"
+    return [
+        Step("trainer-checkpoints", f"let the trainer VMs read and write checkpoints in {bucket} "
+             "(roles/storage.objectUser, on that bucket only)",
+             ("gcloud", "storage", "buckets", "add-iam-policy-binding", bucket, f"--member=serviceAccount:{t.trainer}",
+              "--role=roles/storage.objectUser", "--condition=None", project), retry_if=_IAM_LAG),
+        Step("controller-checkpoints", f"let the controller list and read checkpoints in {bucket} "
+             "(roles/storage.objectViewer, on that bucket only)",
+             ("gcloud", "storage", "buckets", "add-iam-policy-binding", bucket,
+              f"--member=serviceAccount:{t.controller_sa}", "--role=roles/storage.objectViewer", "--condition=None",
+              project), retry_if=_IAM_LAG),
+    ]
 
 
 def shard_steps(t: Target, common: tuple[str, ...], function: Callable[..., Step]) -> list[Step]:

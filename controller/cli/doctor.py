@@ -3,7 +3,8 @@ the command that fixes it (as ``sky check`` does for SkyPilot).
 
 The checks read what ``respawn deploy`` makes (controller.cli.deploy) and compare: the project,
 the APIs respawn needs, the control bucket and its IAM, the three functions, the Scheduler job,
-the controller's last pass (``respawn/controller.json``) and the errors it recorded, the IAM bindings
+the controller's last pass (``respawn/controller.json``) and the errors it recorded, the checkpoints
+bucket (``respawn run``'s default place: there, the trainer's read and write, the controller's list), the IAM bindings
 (what each identity may do, judged by the permissions of the roles it holds: controller.cli.grants),
 the custom role's permissions, and the audit path
 (the Logging sink of Compute's System Event audit entries, its filter and exclusions, its Pub/Sub topic,
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from controller.cli import deploy, grants, imagecheck
+from controller.cli import buckets, deploy, grants, imagecheck
 from controller.core import audit, errors, quotas
 from controller.core.ports import BlobStore
 from controller.core.quotas import QuotaUse
@@ -292,6 +293,43 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
             raise Failed("; ".join(problems), "\n".join(fixes))
         return (f"the controller may read, write and list its objects ({', '.join(found.roles(grants.OBJECTS))}); "
                 f"trainer {deploy.TRAINER_ROLE_ID} on its records only, and a read of {vmscripts.PREFIX}")
+
+    def checkpoints_bucket() -> str | tuple[str, bool]:
+        """``respawn run``'s default place for checkpoints (controller.cli.buckets): there, the trainer
+        may read, write and list it, the controller list and read it."""
+        try:
+            name = buckets.checkpoints_bucket(b)
+        except ValueError as e:
+            return f"none: {e}: respawn run asks each job for --checkpoint gs://...", True
+        where, trainer = f"gs://{name}", f"serviceAccount:{t.trainer_sa}"
+        grant = {trainer: "roles/storage.objectUser", controller_member: "roles/storage.objectViewer"}
+        fix = {m: f"gcloud storage buckets add-iam-policy-binding {where} --member={m} --role={role} --condition=None "
+                  f"--project={p}" for m, role in grant.items()}
+        try:
+            policy = apis.bucket_policy(name)
+        except errors.NotFound as e:
+            if _missing(apis, b):  # a mistyped RESPAWN_BUCKET: never a -checkpoints bucket made for the typo
+                raise Failed(f"{gs} does not exist", "create it first (see the bucket check)") from e
+            raise Failed(f"{where} does not exist: respawn run's default checkpoints ({where}/<job>) have nowhere to "
+                         "go, and such a job is refused",
+                         "\n".join([f"gcloud storage buckets create {where} --project={p} --location={r} "
+                                    "--uniform-bucket-level-access --public-access-prevention", *fix.values(),
+                                    f"# or: {t.deploy_from('checkpoints-bucket')}"])) from e
+        trainer_holds = grants.held(roles, trainer, grants.OBJECTS, policy)
+        controller_holds = grants.held(roles, controller_member, grants.LIST_OBJECTS, policy, apis.project_policy(p))
+        problems, fixes = [], []
+        if missing := trainer_holds.missing(grants.OBJECTS):
+            problems.append(_lacks(f"the trainer ({t.trainer_sa})", missing, where, trainer_holds.unread)
+                            + ": its jobs can neither save nor resume there")
+            fixes.append(fix[trainer])
+        if missing := controller_holds.missing(grants.LIST_OBJECTS):
+            problems.append(_lacks(f"the controller ({t.controller_sa})", missing, where, controller_holds.unread)
+                            + ": it cannot find a job's latest checkpoint there")
+            fixes.append(fix[controller_member])
+        if problems:
+            raise Failed("; ".join(problems), "\n".join(fixes))
+        return (f"{where}: the trainer may read and write it ({', '.join(trainer_holds.roles(grants.OBJECTS))}), "
+                f"the controller list it ({', '.join(controller_holds.roles(grants.LIST_OBJECTS))})")
 
     def trainer_reads() -> str:
         trainer = f"serviceAccount:{t.trainer_sa}"
@@ -695,6 +733,7 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
         ("bucket writable", writable),
         ("trainer cannot read the bucket", trainer_reads),
         ("bucket IAM", bucket_iam),
+        ("checkpoints bucket", checkpoints_bucket),
         ("project IAM", project_iam),
         ("trainer account", trainer_account),
         (f"function {deploy.TICK}", function(deploy.TICK, http=True)),

@@ -38,6 +38,7 @@ RECEIVE = ("eventarc.events.receiveEvent",)
 PUBLISH = ("pubsub.topics.publish",)
 OBJECTS = ("storage.objects.create", "storage.objects.delete", "storage.objects.get", "storage.objects.list")
 READ_OBJECTS = ("storage.objects.get",)
+LIST_OBJECTS = ("storage.objects.get", "storage.objects.list")  # the controller's look for a job's latest checkpoint
 OIDC_TOKEN = ("iam.serviceAccounts.getOpenIdToken",)
 PULL = ("artifactregistry.repositories.downloadArtifacts",)  # a VM pulling a spec's image from Artifact Registry
 

@@ -330,8 +330,11 @@ def run(
                                                            "flex-start; several: the order to step down in")] = None,
     nodes: Annotated[int, typer.Option("--nodes", min=1, help="VMs of a gang job")] = 1,
     checkpoint: Annotated[str | None, typer.Option("--checkpoint", help="gs:// prefix of its checkpoints, in a "
-                                                   "bucket the trainers' account may write (without one, each "
-                                                   "preemption restarts the job from step 0)")] = None,
+                                                   "bucket the trainers' account may write (default: "
+                                                   "gs://BUCKET-checkpoints/NAME, the bucket respawn deploy "
+                                                   "makes)")] = None,
+    no_checkpoint: Annotated[bool, typer.Option("--no-checkpoint", help="no checkpoints: each preemption restarts "
+                                                                        "the job from step 0")] = False,
     image: Annotated[str | None, typer.Option("--image", help="a container image to run the command in, "
                                                               "pulled by the VM's own account (e.g. from "
                                                               "Artifact Registry)")] = None,
@@ -347,11 +350,12 @@ def run(
 ) -> None:
     """A job from flags alone: prints the spec it makes, then submits it as `respawn submit` does
     (the estimate and the question included). Example:
-    respawn run -n tune -z us-central1-a -m g2-standard-8 --workdir . --checkpoint gs://BUCKET/ckpt/tune
-    -- python train.py
+    respawn run -n tune -z us-central1-a -m g2-standard-8 --workdir . -- python train.py
 
-    The trainer saves under $RESPAWN_CHECKPOINT_URI, which is --checkpoint: a preempted job resumes
-    from there (without it, run warns: each preemption restarts the job from step 0).
+    Its checkpoints go to gs://BUCKET-checkpoints/tune (BUCKET: the control bucket, RESPAWN_BUCKET),
+    the bucket respawn deploy makes for them: the trainer saves under $RESPAWN_CHECKPOINT_URI, and a
+    preempted job resumes from there. --checkpoint gs://... puts them elsewhere; --no-checkpoint gives
+    the job none (run warns: each preemption then restarts it from step 0).
 
     In a container: respawn run -n tune -z us-central1-a -m g2-standard-8 --image IMAGE -- python train.py"""
     import yaml
@@ -372,6 +376,10 @@ def run(
     if unsent:
         err.print(Note("!", "yellow", f"{unsent} is in this folder, and the VM has it only if the image {image} "
                                       "does: to send this folder, add --workdir ."))
+    if checkpoint is not None and no_checkpoint:
+        _fail("--checkpoint and --no-checkpoint: give one or the other")
+    if checkpoint is None and not no_checkpoint:
+        checkpoint = _default_checkpoint(name)
     try:
         doc = submitting.run_spec(name=name, zones=zone or [], command=command or [], machine_type=machine_type,
                                   accelerator=accelerator, tpu=tpu, tpu_runtime=tpu_runtime,
@@ -381,6 +389,21 @@ def run(
         _fail("; ".join(e.problems))
     raw = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True).encode()
     _submit(raw, name, Path.cwd(), workdir, replace, False, yes, dry_run, show_spec=True, fresh=fresh)
+
+
+def _default_checkpoint(job: str) -> str | None:
+    """``run``'s checkpoint prefix when given none: the job's own in the deploy's checkpoints bucket
+    (None without a control bucket: the submit says what to set)."""
+    from controller.cli import buckets
+
+    config = _config()
+    if not config.bucket:
+        return None
+    try:
+        return buckets.default_checkpoint(config.bucket, job)
+    except ValueError as e:
+        _fail(f"no default place for {job}'s checkpoints: {e}. Give it one with --checkpoint gs://BUCKET/{job} "
+              "(a bucket the trainers' account may write), or run it without: --no-checkpoint")
 
 
 @app.command()
@@ -892,7 +915,8 @@ def deploy(
                                              "the listing on Pub/Sub and on_shard reconciles it; 'auto': one shard per "
                                              "10,000 specs in the bucket")] = "1",
 ) -> None:
-    """Set up everything respawn relies on: APIs, the control bucket, the service accounts and their roles,
+    """Set up everything respawn relies on: APIs, the control bucket, the checkpoints bucket beside it
+    (BUCKET-checkpoints: respawn run's default place for checkpoints), the service accounts and their roles,
     the audit sink and its topic, the three functions, the Cloud Scheduler job and the VM scripts. Safe to
     run again."""
     import shlex
@@ -901,6 +925,8 @@ def deploy(
 
     deadline.stop()  # each step (a gcloud command, an API request) is bounded by its own timeout
     _check_target(project, region, bucket)
+    if note := deployment.checkpoints_note(bucket):  # respawn run's default place for checkpoints
+        err.print(_line("!", "yellow", note), soft_wrap=True)
     config = _config(fresh=True)
     policy_env = deployment.policy_env(config)  # an empty list set on purpose is passed on empty
     target = deployment.Target(

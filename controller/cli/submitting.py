@@ -22,8 +22,9 @@ import yaml
 from rich.console import Console
 from rich.text import Text
 
-from controller.cli import deadline, estimate, pack
+from controller.cli import buckets, deadline, estimate, pack
 from controller.core import errors, tpus
+from controller.core.checkpoints import split_uri
 from controller.core.spec import JobSpec, SpecError, load_document
 from controller.render.amounts import counted
 from controller.render.status_view import Note
@@ -107,6 +108,22 @@ def no_checkpoint(spec: JobSpec, job: str) -> tuple[str, str] | None:
             f"checkpoint: {{uri: gs://BUCKET/checkpoints/{job}}}")
 
 
+def no_checkpoint_bucket(place: places.Place, where: str, control: str) -> str:
+    """Why a spec whose checkpoint bucket is not there is refused, and the fix: the deploy's
+    checkpoints bucket (``respawn run``'s default) is made by deploying again."""
+    try:
+        ours = buckets.checkpoints_bucket(control)
+    except ValueError:
+        ours = None
+    if ours is None or split_uri(where)[0] != ours:
+        return place.refusal()
+    return (f"checkpoint.uri {where}: bucket gs://{ours} does not exist, so the job could never find its checkpoints "
+            f"and would wait for ever: it is the checkpoints bucket respawn deploy makes beside gs://{control} (a "
+            "deploy older than it made none): run respawn deploy again (or resume it with --from checkpoints-bucket; "
+            "on the local cloud, restart respawn local up), or give the job another place "
+            "(respawn run --checkpoint gs://...)")
+
+
 def warn_no_checkpoint(spec: JobSpec, job: str, err: Console) -> None:
     if said := no_checkpoint(spec, job):
         err.print(Note("!", "yellow", said[0]))
@@ -140,7 +157,7 @@ def submit(request: Request, jobs: Jobs, sources: Callable[[], estimate.Sources]
     # A place not there (the example's placeholder bucket) is refused; one not readable here is left to
     # the controller and the VMs (places: respawn doctor SPEC judges them alike).
     if resumes is not None and resumes.bucket is not None and resumes.bucket.there is False:
-        raise Refused(resumes.bucket.refusal())
+        raise Refused(no_checkpoint_bucket(resumes.bucket, resumes.where, jobs.bucket))
     if packed is None and spec.code and (code := places.code(jobs.store, spec.code)).there is False:
         raise Refused(code.refusal())
     there = packed is not None and _there(jobs, packed)

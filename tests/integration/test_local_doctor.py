@@ -53,7 +53,7 @@ def line(out: str, check: str) -> str:
 def test_doctor_passes_every_check_on_a_healthy_local_cloud(cloud, spec):
     done = doctor(cloud, str(spec))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "✗" not in done.stdout and f"all 32 checks passed" in done.stdout
+    assert "✗" not in done.stdout and f"all 33 checks passed" in done.stdout
     assert line(done.stdout, "controller last ran").startswith("✓")
     # the audit path the local cloud makes as respawn deploy does: sink, topic, grant, on_audit (the entries
     # only wake passes: the controller reads no logs, issue 35 item 15); no project refused the 120 s notice
@@ -64,7 +64,7 @@ def test_doctor_passes_every_check_on_a_healthy_local_cloud(cloud, spec):
     # who may do what, by the permissions of the roles the local IAM describes (issue 35, item 10)
     for check in ("controller's grants in respawn-local", "scheduler may invoke tick",
                   "triggers may invoke on_object and on_audit", "on_object's trigger receives events", "service agents",
-                  "custom role respawnVmRecords", "who may read the bucket"):
+                  "custom role respawnVmRecords", "who may read the bucket", "checkpoints bucket"):
         assert line(done.stdout, check).startswith(f"✓ {check}"), done.stdout
     assert "PREEMPTIBLE_NVIDIA_L4_GPUS 64 free of 64" in line(done.stdout, "GPU quota in us-east1")
     assert re.match(r"✓ scheduler job respawn-tick +ENABLED", line(done.stdout, "scheduler job respawn-tick"))
@@ -105,7 +105,7 @@ def test_a_zero_gpu_quota_in_one_of_the_spec_s_regions_fails_that_check(cloud, s
     assert line(done.stdout, "GPU quota in us-east1").startswith("✗")
     assert "PREEMPTIBLE_NVIDIA_L4_GPUS 0 free of 0" in line(done.stdout, "GPU quota in us-east1")
     assert line(done.stdout, "GPU quota in us-central1").startswith("✓")
-    assert "1 of 32 checks failed: GPU quota in us-east1" in done.stderr
+    assert "1 of 33 checks failed: GPU quota in us-east1" in done.stderr
 
 
 def test_a_missing_bucket_fails_naming_the_bucket_check_and_the_deployed_controllers_bucket(cloud):
@@ -127,7 +127,7 @@ def test_a_tick_not_run_for_five_minutes_fails_naming_the_controller_check(cloud
     assert line(done.stdout, "controller last ran").startswith("✗ controller last ran")
     assert "controller last ran 5 min ago" in done.stdout and "more than 3 minutes" in done.stdout
     assert "fix: gcloud scheduler jobs run respawn-tick --location=us-central1" in done.stdout
-    assert "1 of 27 checks failed: controller last ran" in done.stderr
+    assert "1 of 28 checks failed: controller last ran" in done.stderr
 
 
 def test_a_sink_whose_filter_was_changed_fails_naming_the_update_that_brings_it_back(cloud):

@@ -167,3 +167,56 @@ def test_respawn_heals_a_job_preempted_from_another_terminal(up, tmp_path):
     except AssertionError:
         shown = "".join(up["lines"])
         assert [a for a in actions if a not in shown] == [], shown[-3000:]
+
+
+def test_local_up_makes_the_checkpoints_bucket(up):
+    """`respawn run`'s default place for checkpoints, made as `respawn deploy` makes it: beside the control
+    bucket, uniform access on, the trainer's read and write and the controller's read on it alone."""
+    env = up["env"]
+    storage = client(env["STORAGE_EMULATOR_HOST"], env["RESPAWN_PROJECT"])
+    made = storage.get_bucket(f"{env['RESPAWN_BUCKET']}-checkpoints")
+    assert made.iam_configuration.uniform_bucket_level_access_enabled
+    project = env["RESPAWN_PROJECT"]
+    assert {(b["role"], tuple(sorted(b["members"]))) for b in made.get_iam_policy(requested_policy_version=3).bindings} \
+        == {("roles/storage.objectUser", (f"serviceAccount:respawn-trainer@{project}.iam.gserviceaccount.com",)),
+            ("roles/storage.objectViewer", (f"serviceAccount:respawn-controller@{project}.iam.gserviceaccount.com",))}
+
+
+def test_respawn_run_with_its_default_checkpoint_resumes_a_preempted_job_from_the_checkpoints_bucket(up, tmp_path):
+    """Issue 39: `respawn run` without --checkpoint on the local cloud. The trainer saves under
+    gs://respawn-local-checkpoints/<job>; preempted, the job is recreated by the controller from the
+    checkpoint it found there, and finishes."""
+    env = terminal(up, tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(REPO_ROOT / "examples" / "trainer.py", work / "trainer.py")
+
+    def respawn(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "controller.cli", *args], env=env, capture_output=True,
+                              text=True, timeout=60, cwd=tmp_path, stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout + done.stderr
+
+    storage = client(env["STORAGE_EMULATOR_HOST"], env["RESPAWN_PROJECT"])
+    control, checkpoints = storage.bucket(env["RESPAWN_BUCKET"]), storage.bucket(f"{env['RESPAWN_BUCKET']}-checkpoints")
+
+    def status() -> JobStatus | None:
+        blob = control.get_blob(names.status_key("ckdefault"))
+        return JobStatus.from_json(blob.download_as_bytes()) if blob else None
+
+    said = respawn("run", "-n", "ckdefault", "-z", "us-central1-a", "-m", "g2-standard-8", "--workdir", str(work),
+                   "-e", "TRAIN_STEPS=900", "-e", "CHECKPOINT_EVERY=30", "-e", "STEP_SECONDS=0.03", "--yes",
+                   "--", "python trainer.py")
+    assert "uri: gs://respawn-local-checkpoints/ckdefault" in said and "names no checkpoint" not in said, said
+    until("ckdefault-1 running", lambda: (s := status()) and s.phase == Phase.RUNNING and s.instances == ("ckdefault-1",),
+          60)
+    until("a checkpoint in the checkpoints bucket", lambda: any(
+        b.name.endswith("/_SUCCESS") for b in checkpoints.list_blobs(prefix="ckdefault/")), 60)
+    assert "ckdefault-1 (Compute Engine): preempted" in respawn("local", "preempt", "ckdefault-1")
+    final = until("ckdefault to finish", lambda: (s := status()) and s.phase.terminal and s, 120)
+    assert final.phase == Phase.SUCCEEDED, final.message
+    assert (final.attempt, final.preemptions) == (2, 1)
+    # the controller found the checkpoint there, and the second attempt resumed from it
+    assert final.resume_from is not None and final.resume_from.step
+    assert final.resume_from.uri.startswith("gs://respawn-local-checkpoints/ckdefault/"), final.resume_from
+    assert not list(control.list_blobs(prefix="checkpoints/ckdefault"))  # nothing of it in the control bucket

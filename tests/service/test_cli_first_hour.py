@@ -1,5 +1,5 @@
 """A newcomer's first hour, third pass (issue 39): a job without a checkpoint is warned about (and
-`respawn run` gives it one), a zone Google does not have is refused with the one meant, and `run`
+`respawn run` gives it one: its own folder in the checkpoints bucket deploy makes), a zone Google does not have is refused with the one meant, and `run`
 says every missing flag at once, and the file of this folder its command names that the VM lacks."""
 
 from __future__ import annotations
@@ -11,8 +11,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from controller.cli import buckets
 from controller.cli.main import app
 from controller.core import names
+from controller.service import bootstrap
+from controller.service.config import Settings
+from tests.harness import PROJECT, TRAINER, under_cli
 from tests.service.test_cli import BUCKET, mem  # noqa: F401 - the fixture
 
 runner = CliRunner()
@@ -38,23 +42,72 @@ def test_validate_and_submit_warn_of_a_spec_without_checkpoint_with_the_line_to_
     assert "no checkpoint" not in runner.invoke(app, ["validate", _spec(tmp_path)]).output
 
 
-def test_run_without_checkpoint_warns_that_a_preemption_restarts_it_from_step_0(mem, tmp_path, monkeypatch):  # noqa: F811
-    # No default place: the trainers' account may neither read nor write the control bucket's other
-    # objects (deploy/IAM.md), so a default there would fail on a deployed controller.
+def test_run_defaults_its_checkpoint_to_the_deploys_checkpoints_bucket_under_the_jobs_name(mem, tmp_path, monkeypatch):  # noqa: F811
+    # Not under the control bucket: the trainers' account may neither list nor read its other objects
+    # (deploy/IAM.md), and resuming lists the checkpoint folder. The bucket deploy makes beside it.
     monkeypatch.chdir(tmp_path)
     result = runner.invoke(app, [*RUN, "--", "echo hi"])
     assert result.exit_code == 0, result.output
-    said = " ".join(result.output.split())
-    assert "tune names no checkpoint: each preemption restarts it from step 0" in said, said
-    assert "checkpoint" not in yaml.safe_load(mem.store.read(BUCKET, names.spec_key("tune")).data)
+    assert "names no checkpoint" not in result.output, result.output
+    assert f"uri: gs://{BUCKET}-checkpoints/tune" in result.output  # the spec it made, printed
+    stored = yaml.safe_load(mem.store.read(BUCKET, names.spec_key("tune")).data)
+    assert stored["checkpoint"] == {"uri": f"gs://{BUCKET}-checkpoints/tune"}
+    assert buckets.default_checkpoint(BUCKET, "tune") == f"gs://{buckets.checkpoints_bucket(BUCKET)}/tune"
     given = runner.invoke(app, [*RUN, "-n", "mine", "--checkpoint", "gs://ckpts/mine", "--", "echo hi"])
     assert given.exit_code == 0 and "names no checkpoint" not in given.output, given.output
     assert yaml.safe_load(mem.store.read(BUCKET, names.spec_key("mine")).data)["checkpoint"] == {"uri": "gs://ckpts/mine"}
 
 
-def test_runs_help_example_gives_a_checkpoint():
+def test_run_no_checkpoint_keeps_none_and_warns_that_a_preemption_restarts_it_from_step_0(mem, tmp_path,  # noqa: F811
+                                                                                         monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, [*RUN, "--no-checkpoint", "--", "echo hi"])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "tune names no checkpoint: each preemption restarts it from step 0" in said, said
+    assert "checkpoint" not in yaml.safe_load(mem.store.read(BUCKET, names.spec_key("tune")).data)
+    both = runner.invoke(app, [*RUN, "-n", "both", "--no-checkpoint", "--checkpoint", "gs://c/b", "--", "echo hi"])
+    assert both.exit_code == 2 and "--checkpoint and --no-checkpoint: give one or the other" in both.output
+    assert not mem.store.exists(BUCKET, names.spec_key("both"))
+
+
+@pytest.mark.parametrize("control, why", [
+    ("b" * 52, f"gs://{'b' * 52}-checkpoints would be 64 characters long, and a bucket name is at most 63"),
+    ("ckpt.example.com", "gs://ckpt.example.com-checkpoints has dots"),
+])
+def test_run_asks_for_a_checkpoint_where_the_control_bucket_leaves_no_checkpoints_bucket(tmp_path, monkeypatch,
+                                                                                          control, why):
+    h = under_cli(monkeypatch)
+    bootstrap.override(None, Settings(bucket=control, project=PROJECT, trainer_service_account=TRAINER), h.store,
+                       h.compute)
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, [*RUN, "--", "echo hi"])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert f"✗ no default place for tune's checkpoints: {why}" in said, said
+    assert "--checkpoint gs://BUCKET/tune" in said and "--no-checkpoint" in said
+    assert not h.store.exists(control, names.spec_key("tune"))
+    assert runner.invoke(app, [*RUN, "--no-checkpoint", "--", "echo hi"]).exit_code == 0
+
+
+def test_a_run_whose_default_checkpoints_bucket_is_not_there_is_refused_naming_deploy(tmp_path, monkeypatch):
+    """An older deploy made no checkpoints bucket: the controller could never list the job's checkpoints."""
+    h = under_cli(monkeypatch)
+    h.store.buckets = {BUCKET}  # the control bucket alone, as a deploy older than the checkpoints bucket left it
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, [*RUN, "--", "echo hi"])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert f"bucket gs://{BUCKET}-checkpoints does not exist" in said and "run respawn deploy again" in said, said
+    assert "--from checkpoints-bucket" in said and "restart respawn local up" in said
+    assert not h.store.exists(BUCKET, names.spec_key("tune"))
+
+
+def test_runs_help_example_shows_its_default_checkpoint():
     text = " ".join(runner.invoke(app, ["run", "--help"], terminal_width=80).output.split())
-    assert "--checkpoint gs://" in text and "RESPAWN_CHECKPOINT_URI" in text
+    assert "respawn run -n tune -z us-central1-a -m g2-standard-8 --workdir . -- python train.py" in text
+    assert "Its checkpoints go to gs://BUCKET-checkpoints/tune" in text and "RESPAWN_CHECKPOINT_URI" in text
+    assert "--no-checkpoint" in text and "--checkpoint gs://" in text
 
 
 def test_a_zone_google_does_not_have_is_refused_by_validate_and_submit_with_the_zone_meant(mem, tmp_path):  # noqa: F811

@@ -36,6 +36,7 @@ from controller.cli.main import app
 from controller.core import audit
 
 PROJECT, NUMBER, REGION, BUCKET = "prod-proj", "123456789012", "us-central1", "prod-bucket"
+CHECKPOINTS = f"{BUCKET}-checkpoints"  # respawn run's default place for checkpoints
 DOMAIN = f"{PROJECT}.iam.gserviceaccount.com"
 CONTROLLER, SCHEDULER, TRAINER = (f"respawn-{k}@{DOMAIN}" for k in ("controller", "scheduler", "trainer"))
 AGENT = f"service-{NUMBER}@gs-project-accounts.iam.gserviceaccount.com"
@@ -407,13 +408,15 @@ def test_a_fresh_project_gets_everything_respawn_relies_on_and_a_second_deploy_c
     assert fake.accounts == {CONTROLLER, SCHEDULER, TRAINER} and fake.agent
     assert roles_of(fake, f"serviceAccount:{CONTROLLER}") == {
         (f"gs://{BUCKET}", "roles/storage.objectUser"), (f"account:{TRAINER}", "roles/iam.serviceAccountUser"),
+        (f"gs://{CHECKPOINTS}", "roles/storage.objectViewer"),
         (f"project:{PROJECT}", "roles/compute.instanceAdmin.v1"), (f"project:{PROJECT}", "roles/tpu.admin"),
         (f"project:{PROJECT}", "roles/logging.logWriter"), (f"project:{PROJECT}", "roles/eventarc.eventReceiver"),
         ("function:respawn-on-object", "roles/run.invoker"), ("function:respawn-on-audit", "roles/run.invoker")}
     assert roles_of(fake, f"serviceAccount:{TRAINER}") == {
         (f"gs://{BUCKET}", f"projects/{PROJECT}/roles/respawnVmRecords"), (f"gs://{BUCKET}", "roles/storage.objectViewer"),
         (f"project:{PROJECT}", "roles/logging.logWriter"),  # objectViewer twice: code/ and respawn/vm/, conditioned
-        (f"project:{PROJECT}", "roles/artifactregistry.reader")}  # an image: pulled with the VM's own token
+        (f"project:{PROJECT}", "roles/artifactregistry.reader"),  # an image: pulled with the VM's own token
+        (f"gs://{CHECKPOINTS}", "roles/storage.objectUser")}
     assert roles_of(fake, f"serviceAccount:{SCHEDULER}") == {("function:respawn-tick", "roles/run.invoker")}
     assert roles_of(fake, f"serviceAccount:{AGENT}") == {(f"project:{PROJECT}", "roles/pubsub.publisher")}
     assert roles_of(fake, WRITER) == {("respawn-audit", "roles/pubsub.publisher")}  # that topic only
@@ -621,7 +624,9 @@ def test_an_existing_usable_bucket_elsewhere_is_kept_its_access_made_uniform_and
     fake.buckets[BUCKET] = {"name": BUCKET, "projectNumber": NUMBER, "location": "US", "versioning": {"enabled": True},
                             "iamConfiguration": {"uniformBucketLevelAccess": {"enabled": False}}}
     run(fake)
-    assert not [c for c in fake.commands if c[1:4] == ("storage", "buckets", "create")]
+    created = [c[4] for c in fake.commands if c[1:4] == ("storage", "buckets", "create")]
+    assert created == [f"gs://{CHECKPOINTS}"]  # the checkpoints bucket only, where the control bucket is
+    assert fake.buckets[CHECKPOINTS]["location"] == "US"
     assert fake.buckets[BUCKET]["iamConfiguration"]["uniformBucketLevelAccess"]["enabled"]
     assert "--trigger-location=us" in fake.functions["respawn-on-object"]
 
@@ -635,6 +640,70 @@ def test_an_existing_bucket_kept_is_made_as_private_as_a_created_one(fake):
                                                  "publicAccessPrevention": "inherited"}}
     run(fake)
     assert fake.buckets[BUCKET]["iamConfiguration"]["publicAccessPrevention"] == "enforced"
+
+
+# -- the checkpoints bucket: respawn run's default place for checkpoints (issue 39) -----------------------
+
+def test_deploy_creates_the_checkpoints_bucket_and_grants_trainer_and_controller_on_it_only(fake):
+    run(fake)
+    made = fake.buckets[CHECKPOINTS]
+    assert made["location"] == fake.buckets[BUCKET]["location"] and made["projectNumber"] == NUMBER
+    assert made["iamConfiguration"] == {"uniformBucketLevelAccess": {"enabled": True},
+                                        "publicAccessPrevention": "enforced"}
+    on_it = {(member, role, title) for resource, member, role, title in fake.bindings if resource == f"gs://{CHECKPOINTS}"}
+    assert on_it == {(f"serviceAccount:{TRAINER}", "roles/storage.objectUser", ""),
+                     (f"serviceAccount:{CONTROLLER}", "roles/storage.objectViewer", "")}
+    # the control bucket's contract untouched: the trainer's grants there are all conditioned, none lists
+    on_control = [(role, title) for resource, member, role, title in fake.bindings
+                  if resource == f"gs://{BUCKET}" and member == f"serviceAccount:{TRAINER}"]
+    assert len(on_control) == 3 and all(title for _, title in on_control)
+    # deploy/IAM.md marks both grants **(deploy)**, on that bucket
+    rows = [line for line in IAM_MD.read_text().splitlines() if line.startswith("| ") and "**(deploy)**" in line
+            and "BUCKET-checkpoints" in line]
+    assert {re.findall(r"`(roles/[\w.]+)`", row.split("|")[1])[0] for row in rows} == {
+        "roles/storage.objectUser", "roles/storage.objectViewer"}
+
+
+def test_the_dry_run_shows_the_checkpoints_bucket_and_its_grants_and_its_summary_names_them(cli):
+    result = cli("--dry-run")
+    assert result.exit_code == 0, result.output
+    said = result.output
+    assert (f"gcloud storage buckets create gs://{CHECKPOINTS} '--location=<location of the control bucket>' "
+            "--uniform-bucket-level-access --public-access-prevention") in said
+    assert f"#   <location of the control bucket> = gcloud storage buckets describe gs://{BUCKET}" in said
+    for member, role in ((TRAINER, "roles/storage.objectUser"), (CONTROLLER, "roles/storage.objectViewer")):
+        assert (f"gcloud storage buckets add-iam-policy-binding gs://{CHECKPOINTS} --member=serviceAccount:{member} "
+                f"--role={role} --condition=None") in said
+    summary = " ".join(said.split()).split("the plan: ")[1]
+    assert re.search(r"uniform-access, checkpoints-bucket, .*trainer-checkpoints, controller-checkpoints", summary)
+
+
+def test_an_existing_checkpoints_bucket_of_another_project_is_refused_and_nothing_granted_on_it(fake, cli):
+    # Bucket names are one namespace: anyone may make BUCKET-checkpoints first, and every job's checkpoints
+    # would go to it.
+    fake.apis.add("storage.googleapis.com")
+    fake.buckets[CHECKPOINTS] = {"name": CHECKPOINTS, "projectNumber": "999", "location": "US-CENTRAL1",
+                                 "iamConfiguration": {"uniformBucketLevelAccess": {"enabled": True}}}
+    result = cli()
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert (f"(checkpoints-bucket) failed: gs://{CHECKPOINTS} cannot be the checkpoints bucket: it belongs to "
+            "project number 999") in said and "--from checkpoints-bucket" in said
+    assert not [b for b in fake.bindings if b[0] == f"gs://{CHECKPOINTS}"]
+
+
+def test_a_control_bucket_too_long_for_a_checkpoints_bucket_is_deployed_without_one_saying_which_flag(cli):
+    long = "b" * 60  # 72 characters with -checkpoints
+    result = cli("--dry-run", "--bucket", long)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert (f"! no checkpoints bucket: gs://{long}-checkpoints would be 72 characters long, and a bucket name is at "
+            "most 63") in said
+    assert "respawn run will ask each job for --checkpoint gs://... (or --no-checkpoint)" in said
+    assert "deploy with a shorter --bucket" in said
+    assert "checkpoints-bucket" not in said and "-checkpoints --member" not in said
+    t = deploy.Target(PROJECT, REGION, long, CONTROLLER, SCHEDULER)
+    assert t.checkpoints is None and not {"trainer-checkpoints", "controller-checkpoints"} & {s.name for s in deploy.plan(t)}
 
 
 # -- what the plan holds depends on the policy ---------------------------------------------------------

@@ -20,6 +20,7 @@ from controller.core.spec import parse_spec
 from controller.service import lastpass
 
 PROJECT, BUCKET, REGION = "respawn-proj", "respawn-bucket", "us-central1"
+CHECKPOINTS = f"{BUCKET}-checkpoints"  # respawn run's default place for checkpoints, which deploy makes
 NOW = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
 TRAINER = deploy.account_email(deploy.TRAINER_ACCOUNT_ID, PROJECT)
 CONTROLLER = deploy.account_email("respawn-controller", PROJECT)
@@ -90,6 +91,11 @@ BREAKS: dict[str, tuple[Callable[[MemoryProject], None], str, str]] = {
         "the trainer holds roles/storage.objectViewer", f"gcloud storage buckets remove-iam-policy-binding gs://{BUCKET} "
                                                         f"--member=serviceAccount:{TRAINER} --role=roles/storage.objectViewer"),
     "bucket IAM": (lambda p: p.bucket_bindings.pop(0), "the controller", "--role=roles/storage.objectUser --condition=None"),
+    "checkpoints bucket": (lambda p: _unbind(p.other_buckets[CHECKPOINTS], "roles/storage.objectUser"),
+                           f"the trainer ({TRAINER}) lacks storage.objects.create, storage.objects.delete, "
+                           f"storage.objects.get and 1 more on gs://{CHECKPOINTS}",
+                           f"gcloud storage buckets add-iam-policy-binding gs://{CHECKPOINTS} "
+                           f"--member=serviceAccount:{TRAINER} --role=roles/storage.objectUser --condition=None"),
     "project IAM": (lambda p: p.project_bindings.pop(0), "lacks roles/logging.logWriter",
                     f"gcloud projects add-iam-policy-binding {PROJECT} --member=serviceAccount:{TRAINER} "
                     "--role=roles/logging.logWriter"),
@@ -791,3 +797,53 @@ def test_a_mistyped_bucket_is_fixed_by_setting_respawn_bucket_to_the_deployed_on
     for result in found.values():
         assert "buckets create gs://respawn-buckett" not in (result.fix or "")
         assert "--bucket=respawn-buckett" not in (result.fix or "")
+
+
+def test_doctor_checks_the_checkpoints_bucket_is_there_and_the_trainer_and_controller_grants_on_it_with_the_fix():
+    found = run(healthy())["checkpoints bucket"]
+    assert found.ok and not found.note and found.detail == (
+        f"gs://{CHECKPOINTS}: the trainer may read and write it (roles/storage.objectUser), the controller list it "
+        "(roles/storage.objectViewer)")
+    # not there (a deploy older than it): how to make it, and the grants, or the deploy step that does
+    p = healthy()
+    del p.other_buckets[CHECKPOINTS]
+    found = run(p)
+    assert [n for n, r in found.items() if not r.ok] == ["checkpoints bucket"]
+    gone = found["checkpoints bucket"]
+    assert gone.detail.startswith(f"gs://{CHECKPOINTS} does not exist: respawn run's default checkpoints")
+    assert gone.fix.splitlines() == [
+        f"gcloud storage buckets create gs://{CHECKPOINTS} --project={PROJECT} --location={REGION} "
+        "--uniform-bucket-level-access --public-access-prevention",
+        f"gcloud storage buckets add-iam-policy-binding gs://{CHECKPOINTS} --member=serviceAccount:{TRAINER} "
+        f"--role=roles/storage.objectUser --condition=None --project={PROJECT}",
+        f"gcloud storage buckets add-iam-policy-binding gs://{CHECKPOINTS} --member=serviceAccount:{CONTROLLER} "
+        f"--role=roles/storage.objectViewer --condition=None --project={PROJECT}",
+        f"# or: {DEPLOY_FROM} checkpoints-bucket"]
+    # the controller may not list it: its own fix alone
+    p = healthy()
+    _unbind(p.other_buckets[CHECKPOINTS], "roles/storage.objectViewer")
+    found = run(p)["checkpoints bucket"]
+    assert not found.ok and f"the controller ({CONTROLLER}) lacks storage.objects.get, storage.objects.list on " \
+        f"gs://{CHECKPOINTS}" in found.detail and "cannot find a job's latest checkpoint" in found.detail
+    assert found.fix == (f"gcloud storage buckets add-iam-policy-binding gs://{CHECKPOINTS} "
+                         f"--member=serviceAccount:{CONTROLLER} --role=roles/storage.objectViewer --condition=None "
+                         f"--project={PROJECT}")
+    # ...which a project role of the controller's may give instead; a trainer's grant conditioned to a prefix
+    # is none (listing is checked against the bucket)
+    p.project_bindings.append({"role": "roles/storage.objectViewer", "members": [f"serviceAccount:{CONTROLLER}"]})
+    for x in p.other_buckets[CHECKPOINTS]:
+        if x["role"] == "roles/storage.objectUser":
+            x["condition"] = {"title": "mine", "expression": 'resource.name.startsWith("projects/_/buckets/x/objects/a/")'}
+    found = run(p)["checkpoints bucket"]
+    assert not found.ok and found.detail.startswith(f"the trainer ({TRAINER}) lacks") and CONTROLLER not in found.fix
+
+
+def test_a_control_bucket_that_leaves_no_checkpoints_bucket_is_said_never_failed():
+    long = "b" * 52
+    p = MemoryProject.deployed(PROJECT, long, REGION, NOW - timedelta(seconds=40))
+    t = doctor.Target(PROJECT, long, REGION, CONTROLLER, TRAINER)
+    found = {r.name: r for r in doctor.run(doctor.checks(p, t, now=lambda: NOW), 5.0)}["checkpoints bucket"]
+    assert found.ok and found.note
+    assert found.detail == (f"none: gs://{long}-checkpoints would be 64 characters long, and a bucket name is at most "
+                            "63 (a control bucket of at most 51 has one): respawn run asks each job for --checkpoint "
+                            "gs://...")

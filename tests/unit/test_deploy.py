@@ -172,7 +172,8 @@ def test_a_trainer_account_outside_the_project_is_used_not_created():
 
 def test_the_trainer_binding_is_conditional_to_exactly_the_vm_records():
     steps = deploy.plan(target())
-    bindings = [s for s in steps if s.argv[:4] == ("gcloud", "storage", "buckets", "add-iam-policy-binding")]
+    bindings = [s for s in steps if s.argv[:5] == ("gcloud", "storage", "buckets", "add-iam-policy-binding",
+                                                    f"gs://{BUCKET}")]  # the checkpoints bucket's: their own test
     (trainer, code, scripts) = [s for s in bindings if f"--member=serviceAccount:{TRAINER}" in s.argv]
     assert trainer.argv[4] == f"gs://{BUCKET}"
     assert flag(trainer.argv, "role") == f"projects/{PROJECT}/roles/{deploy.TRAINER_ROLE_ID}"
@@ -233,7 +234,8 @@ def test_the_scripts_condition_admits_the_vm_scripts_and_nothing_else(name, admi
 
 def test_the_controller_gets_the_whole_bucket_and_may_attach_only_the_trainer_account():
     steps = deploy.plan(target())
-    (controller,) = [s for s in steps if s.argv[:4] == ("gcloud", "storage", "buckets", "add-iam-policy-binding")
+    (controller,) = [s for s in steps if s.argv[:5] == ("gcloud", "storage", "buckets", "add-iam-policy-binding",
+                                                        f"gs://{BUCKET}")
                      and f"--member=serviceAccount:{CONTROLLER}" in s.argv]
     assert flag(controller.argv, "role") == "roles/storage.objectUser"
     assert flag(controller.argv, "condition") == "None"  # explicit: the bucket policy has conditions
