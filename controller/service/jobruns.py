@@ -16,7 +16,7 @@ from controller.core.ports import BlobInfo
 from controller.core.runs import RunSummary, fresh_root
 from controller.core.spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec
 from controller.core.state import CheckpointRef, JobStatus
-from controller.service.jobs import Jobs, Refused, no_such_job
+from controller.service.jobs import Jobs, Refused
 from controller.service.observe import discover
 
 
@@ -76,7 +76,7 @@ def history(jobs: Jobs, job: str, now: datetime) -> list[RunSummary]:
     status = jobs.status(job)
     if status is None:
         if not jobs.rows(job):
-            raise no_such_job(job, jobs.bucket)
+            raise jobs.missing(job)
         raise Refused(f"job {job!r} has no readable status yet: the controller has not taken it up")
     try:
         found = jobs.checkpoint(job)

@@ -161,7 +161,7 @@ class Jobs:
         spec = self._generation(names.spec_key(job))
         status = self.status(job)
         if not spec and status is None:
-            raise no_such_job(job, self.bucket)
+            raise self.missing(job)
         # A spec whose generation the ended run did not take (None included: a run ended by its spec's
         # deletion) is a new submission, which the planner starts: it can still be cancelled.
         if status is not None and status.phase.terminal and (not spec or status.spec_generation == spec):
@@ -177,6 +177,17 @@ class Jobs:
             return None
         except (ValueError, RecursionError):
             return None
+
+    def missing(self, job: str) -> Refused:
+        """No job named ``job``: Refused, with the job likely meant (one listing of jobs/, on this
+        error's path only). A bucket that is not there raises ``errors.NoSuchBucket`` from that
+        listing instead: the bucket, not the job, is what is wrong (RESPAWN_BUCKET mistyped)."""
+        return no_such_job(job, self.bucket, self.job_names())
+
+    def bucket_there(self) -> None:
+        """``errors.NoSuchBucket`` when the control bucket is not there: a listing of the pass's lease
+        (a write of a missing bucket's object is only "not found", naming the object)."""
+        self.store.list(self.bucket, "respawn/lease/")
 
     def job_names(self) -> list[str]:
         """Every job's name (a spec or a status under it): one listing, no status read."""
