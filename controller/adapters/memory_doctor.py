@@ -72,6 +72,7 @@ class MemoryProject:
     state: str = "ACTIVE"
     disabled: set[str] = field(default_factory=set)  # "compute.googleapis.com", ...
     bucket_exists: bool = True
+    other_buckets: set[str] = field(default_factory=set)  # buckets besides the control bucket (a spec's checkpoints)
     uniform: bool = True
     writable: bool = True
     probes: list[str] = field(default_factory=list)  # objects written (and deleted) by write_probe
@@ -347,6 +348,8 @@ class MemoryProject:
         return copy.deepcopy(self.artifacts[name])
 
     def _bucket(self, bucket: str) -> None:
+        if bucket in self.other_buckets:
+            return
         if not self.bucket_exists or bucket != self.bucket_name:
             raise errors.NotFound(f"gs://{bucket}")
 

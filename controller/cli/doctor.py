@@ -718,7 +718,36 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
 # -- a spec's checks -------------------------------------------------------------------------------
 def spec_checks(apis: Apis, t: Target, spec: JobSpec, account: str | None) -> list[Check]:
     """Quotas in each region of the spec's zones, its image, its service account (``account``: the
-    one it runs as, the policy's trainer account when it names none)."""
+    one it runs as, the policy's trainer account when it names none), and the buckets its checkpoint.uri
+    and code: name besides the control bucket."""
+    return _spec_checks(apis, t, spec, account) + _bucket_checks(apis, t, spec)
+
+
+def _bucket_checks(apis: Apis, t: Target, spec: JobSpec) -> list[Check]:
+    """One check per bucket the spec's checkpoint.uri and code: name, other than the control bucket (checked
+    already): a bucket that is not there leaves the job waiting for ever (submit refuses it too)."""
+    named: dict[str, list[str]] = {}
+    for field_, uri in (("checkpoint.uri", spec.checkpoint.uri if spec.checkpoint else None), ("code:", spec.code)):
+        if uri and uri.startswith("gs://") and (bucket := uri[5:].partition("/")[0]) != t.bucket:
+            named.setdefault(bucket, []).append(field_)
+    return [(f"bucket gs://{bucket} ({', '.join(fields)})", _named_bucket_check(apis, t, spec, bucket, fields))
+            for bucket, fields in named.items()]
+
+
+def _named_bucket_check(apis: Apis, t: Target, spec: JobSpec, bucket: str, fields: list[str]) -> Callable[[], str]:
+    def check() -> str:
+        try:
+            apis.bucket(bucket)
+        except errors.NotFound as e:
+            raise Failed(f"gs://{bucket} does not exist, or you may not see it: the job would wait for ever",
+                         f"gcloud storage buckets create gs://{bucket} --project={spec.project or t.project} "
+                         f"--location={t.region} --uniform-bucket-level-access  # or point "
+                         f"{' and '.join(fields)} at a bucket of yours") from e
+        return f"gs://{bucket} exists"
+    return check
+
+
+def _spec_checks(apis: Apis, t: Target, spec: JobSpec, account: str | None) -> list[Check]:
     project = spec.project or t.project
     out: list[Check] = []
     gpu = _gpus(spec)

@@ -105,3 +105,21 @@ def test_deploys_dry_run_prints_its_summary_after_a_blank_line_never_a_literal_b
     assert result.exit_code == 0, result.output
     assert "\\nthe plan" not in result.output, result.output[-400:]
     assert "\n\nthe plan: " in result.output
+
+
+def test_doctor_of_a_spec_fails_a_checkpoint_or_code_bucket_that_does_not_exist_naming_the_fix():
+    """Item 2: the shipped example passed doctor ("all checks passed"), then submit refused its bucket;
+    README's route 2 runs `respawn doctor examples/llm-finetune.yaml` first, for every check ✓ or its fix."""
+    from tests.service.test_doctor import PROJECT, healthy, run, spec
+
+    p = healthy()
+    found = run(p, spec(checkpoint={"uri": "gs://my-training-bucket/checkpoints/j"},
+                        code="gs://my-training-bucket/code/j.tar.gz"))
+    check = found["bucket gs://my-training-bucket (checkpoint.uri, code:)"]
+    assert not check.ok and "does not exist" in check.detail, check
+    assert f"gcloud storage buckets create gs://my-training-bucket --project={PROJECT}" in check.fix
+    assert "checkpoint.uri" in check.fix
+    p.other_buckets.add("my-training-bucket")
+    found = run(p, spec(checkpoint={"uri": "gs://my-training-bucket/checkpoints/j"}))
+    assert found["bucket gs://my-training-bucket (checkpoint.uri)"].ok
+    assert not any(name.startswith("bucket gs://") for name in run(p, spec()))  # none named: nothing to check
