@@ -198,16 +198,23 @@ def validate(
     job: Annotated[str | None, typer.Option(envvar="RESPAWN_JOB", help="job name (default: spec's name or file stem)")] = None,
 ) -> None:
     """Check a spec against the schema and this controller's policy. Exit 2 if invalid."""
+    from controller.cli import pack, submitting
+
     raw = _read(spec)
     name = job or _declared_name(raw) or spec.stem
     config = _config(fresh=True)
+    packed = None
     try:
+        # A local code: is packed as submit packs it (nothing uploaded), and its place in the bucket checked.
+        raw, packed, _ = submitting.with_code(raw, spec.resolve().parent, None, config.bucket or "bucket")
         parsed = parse_spec(raw, name)
         # Without the controller's settings there is no policy to check against; Compute's zones always.
         policy = config.policy()
         problems = policy.unknown_zones(parsed) + (policy.violations(parsed) if config.project else [])
     except SpecError as e:
         problems = e.named(spec.name).problems  # the file as the user named it, not spec.yaml
+    except pack.PackError as e:
+        problems = [f"code: {e}"]
     if problems:
         for line in problems:
             err.print(_line("✗", "red", line), soft_wrap=True)
@@ -216,6 +223,9 @@ def validate(
                                   f"{' then '.join(parsed.provisioning)})"), soft_wrap=True)
     if parsed.tpu is not None:  # which API serves it: TPU7x and later only Compute Engine
         out.print(Text(f"  runs on a {parsed.tpu.describe()}"), soft_wrap=True)
+    if packed is not None:
+        out.print(plain(f"  code: {packed.source} ({counted(packed.files, 'file')}), packed and uploaded by "
+                        "`respawn submit`"), soft_wrap=True)
     if parsed.image:  # where it runs, and on what: the boot image is respawn's pick unless the spec names one
         disk = parsed.boot_disk
         boot = disk.image or f"{disk.image_project}/{disk.image_family}"
@@ -285,13 +295,15 @@ def submit(
 
 
 def _submit(raw: bytes, name: str, base: Path, workdir: Path | None, replace: bool, uncancel: bool, yes: bool,
-            dry_run: bool, show_spec: bool = False, source: str = "spec.yaml", fresh: bool = False) -> None:
-    """``source``: what the spec's problems call it (the local file's name; run's spec is made from flags)."""
+            dry_run: bool, show_spec: bool = False, source: str = "spec.yaml", fresh: bool = False,
+            from_flags: bool = False) -> None:
+    """``source``: what the spec's problems call it (the local file's name; run's spec is made from flags,
+    ``from_flags``)."""
     from controller.cli import pack, submitting
 
     config = _config()
     jobs = _jobs()
-    request = submitting.Request(raw, name, base, workdir, replace, uncancel, yes, dry_run, fresh)
+    request = submitting.Request(raw, name, base, workdir, replace, uncancel, yes, dry_run, fresh, from_flags)
     try:
         done = submitting.submit(request, jobs, submitting.google_sources(config), config.project, out, err,
                                  ask=lambda q: deadline.paused(typer.confirm, q, default=True), interactive=submitting.interactive(),
@@ -388,7 +400,7 @@ def run(
     except SpecError as e:
         _fail("; ".join(e.problems))
     raw = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True).encode()
-    _submit(raw, name, Path.cwd(), workdir, replace, False, yes, dry_run, show_spec=True, fresh=fresh)
+    _submit(raw, name, Path.cwd(), workdir, replace, False, yes, dry_run, show_spec=True, fresh=fresh, from_flags=True)
 
 
 def _default_checkpoint(job: str) -> str | None:
@@ -945,7 +957,8 @@ def deploy(
             if number >= first:
                 out.print(plain(f"# {number}. {step.name}: {step.title}", "bold"), soft_wrap=True)
                 print(step.render())
-        out.print(plain(f"\nthe plan: {deployment.summary(steps, first)}", "bold"), soft_wrap=True)
+        out.print()  # plain() escapes a newline in its text as `\n`
+        out.print(plain(f"the plan: {deployment.summary(steps, first)}", "bold"), soft_wrap=True)
         if (account := deployment.gcloud_account()) is None:
             err.print(_line("!", "yellow", "gcloud is not logged in (or not installed): every step runs as gcloud's "
                                            "account; run `gcloud auth login` before the real deploy"), soft_wrap=True)
@@ -1175,7 +1188,9 @@ def reconcile(
 ) -> None:
     """Run one reconcile pass from the terminal."""
     _config()  # a bad setting is said as one line before the engine is built
-    if job is not None and not (jobs := _jobs()).rows(job):  # as status: an unknown JOB is an error, not an empty row
+    jobs = _jobs()
+    jobs.bucket_there()  # a mistyped RESPAWN_BUCKET said as such, not as the lease object not found
+    if job is not None and not jobs.rows(job):  # as status: an unknown JOB is an error, not an empty row
         raise jobs.no_such_job(job)
     summary = bootstrap.engine().reconcile(job, dry_run=dry_run)
     if as_json:

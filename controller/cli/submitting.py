@@ -15,7 +15,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
@@ -47,6 +47,7 @@ class Request:
     yes: bool = False
     dry_run: bool = False
     fresh: bool = False  # --fresh: a new run that resumes no earlier checkpoint (checkpoint.fresh)
+    from_flags: bool = False  # respawn run: no spec file, so a fix is a flag, never a line to add
 
 
 @dataclass(frozen=True)
@@ -97,15 +98,19 @@ def with_fresh(raw: bytes) -> tuple[bytes, str | None]:
     return yaml.safe_dump(data, sort_keys=False, allow_unicode=True).encode(), None
 
 
-def no_checkpoint(spec: JobSpec, job: str) -> tuple[str, str] | None:
+def no_checkpoint(spec: JobSpec, job: str, from_flags: bool = False) -> tuple[str, str] | None:
     """The warning for a spec that names no checkpoint prefix (a warning: a job that is quick to
-    redo needs none), what it costs, and the line to add; None for one that names one."""
+    redo needs none), what it costs, and the line to add (``from_flags``, respawn run's: the flag
+    to give); None for one that names one."""
     if spec.checkpoint is not None:
         return None
+    where = ("Leave out --no-checkpoint (run then gives it a folder in the checkpoints bucket respawn deploy "
+             "makes) or give it this flag") if from_flags else "Add this line to the spec"
+    fix = f"--checkpoint gs://BUCKET/checkpoints/{job}" if from_flags else \
+        f"checkpoint: {{uri: gs://BUCKET/checkpoints/{job}}}"
     return (f"{job} names no checkpoint: each preemption restarts it from step 0, and respawn has nothing to "
-            "resume it from. Add this line to the spec (a bucket the VMs' account can write), and have the "
-            "trainer save under $RESPAWN_CHECKPOINT_URI and load the latest save there when it starts:",
-            f"checkpoint: {{uri: gs://BUCKET/checkpoints/{job}}}")
+            f"resume it from. {where} (a bucket the VMs' account can write), and have the trainer save "
+            "under $RESPAWN_CHECKPOINT_URI and load the latest save there when it starts:", fix)
 
 
 def no_checkpoint_bucket(place: places.Place, where: str, control: str) -> str:
@@ -124,8 +129,8 @@ def no_checkpoint_bucket(place: places.Place, where: str, control: str) -> str:
             "(respawn run --checkpoint gs://...)")
 
 
-def warn_no_checkpoint(spec: JobSpec, job: str, err: Console) -> None:
-    if said := no_checkpoint(spec, job):
+def warn_no_checkpoint(spec: JobSpec, job: str, err: Console, from_flags: bool = False) -> None:
+    if said := no_checkpoint(spec, job, from_flags):
         err.print(Note("!", "yellow", said[0]))
         err.print(Text(f"  {said[1]}"), soft_wrap=True, highlight=False)
 
@@ -152,7 +157,7 @@ def submit(request: Request, jobs: Jobs, sources: Callable[[], estimate.Sources]
     for said in (note, fresh_note):
         if said:
             err.print(Text(f"! {said}", style="yellow"), soft_wrap=True)
-    warn_no_checkpoint(spec, request.job, err)
+    warn_no_checkpoint(spec, request.job, err, request.from_flags)
     resumes = jobruns.resume(jobs, spec, request.job)
     # A place not there (the example's placeholder bucket) is refused; one not readable here is left to
     # the controller and the VMs (places: respawn doctor SPEC judges them alike).
@@ -275,8 +280,10 @@ COMMAND_WORDS = 3  # ``python train.py``, ``python -u train.py``, ``bash run.sh`
 
 
 def local_file(command: list[str], here: Path) -> str | None:
-    """A file of ``here`` that the command's first words name (``python train.py``): the VM starts in
-    an empty folder unless code is sent, so it would not find it. None when no word names one."""
+    """A file under ``here`` that the command's first words name (``python train.py``, ``bash
+    scripts/train.sh``): the VM starts in an empty folder unless code is sent, so it would not find
+    it. None when no word names one; an absolute path, or one that leaves this folder (``..``), is
+    not what ``--workdir .`` would send."""
     words = command
     if len(command) == 1:
         try:
@@ -284,11 +291,12 @@ def local_file(command: list[str], here: Path) -> str | None:
         except ValueError:  # an unclosed quote: bash says so on the VM
             return None
     for word in words[:COMMAND_WORDS]:
-        if word.startswith("-") or "/" in word.rstrip("/").removeprefix("./"):
+        path = PurePosixPath(word)
+        if word.startswith("-") or path.is_absolute() or ".." in path.parts or not path.parts:
             continue
         try:
-            if (here / word).is_file():
-                return word
+            if (here / path).is_file():
+                return str(path)  # ./src/train.py as src/train.py
         except OSError:  # a name too long for the file system
             continue
     return None

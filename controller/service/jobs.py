@@ -185,6 +185,11 @@ class Jobs:
         near = likely_meant(job, self.job_names())
         return Refused(f"no job named {job!r} in gs://{self.bucket}" + (f"; did you mean {near!r}?" if near else ""))
 
+    def bucket_there(self) -> None:
+        """``errors.NoSuchBucket`` when the control bucket is not there: a listing of the pass's lease
+        (a write of a missing bucket's object is only "not found", naming the object)."""
+        self.store.list(self.bucket, "respawn/lease/")
+
     def job_names(self) -> list[str]:
         """Every job's name (a spec or a status under it): one listing, no status read."""
         kinds: dict[str, set[str]] = {}
