@@ -44,6 +44,13 @@ def spec_doc(**overrides: Any) -> dict[str, Any]:
     return doc
 
 
+def tpu_spec_doc(**overrides: Any) -> dict[str, Any]:
+    """A TPU job's spec: ``spec_doc``'s with ``overrides`` (its ``tpu:`` block among them), and no machine type."""
+    doc = spec_doc(**overrides)
+    del doc["machine_type"]
+    return doc
+
+
 class Harness:
     def __init__(self, policy: ControllerPolicy | None = None, workers: int = 1, snapshot: bool = True) -> None:
         self.workers = workers  # jobs observed and reconciled side by side in one pass

@@ -61,7 +61,7 @@ from controller.adapters.lean import lean
 from controller.core import audit, errors, names
 from controller.service import fanout
 from controller.core.ports import (PROVISIONING_MODELS, Instance, InstanceList, InstanceRequest, InstanceStatus,
-                                   StopReason, Stopped)
+                                   StopReason, Stopped, TpuRequest)
 
 if TYPE_CHECKING:
     from google.cloud.compute_v1.services.instances import InstancesClient
@@ -525,13 +525,45 @@ def _instance(project: str, zone: str, i: Mapping[str, Any]) -> Instance:
                     id=str(i.get("id", "0")))
 
 
-def _scheduling(r: InstanceRequest) -> compute_v1.Scheduling:
+def _typed(zone_prefix: str, kind: str, name: str) -> str:
+    """A type's name as an Instance takes it (``zones/Z/<kind>/<name>``), or bare in InstanceProperties."""
+    return f"{zone_prefix}{kind}/{name}" if zone_prefix else name
+
+
+def instance_properties(r: InstanceRequest | TpuRequest, zone_prefix: str, *, machine_type: str,
+                        labels: Mapping[str, str], spot_action: str, accelerators: Sequence[Any] = ()) -> dict[str, Any]:
+    """The fields of an Instance (``zone_prefix`` ``zones/Z/``) or of InstanceProperties (a gang's or an
+    instance template's: bare type names, ``zone_prefix`` empty), for a VM (``_common``) or a TPU slice's
+    host (``tpu_compute``). What differs between the two is given: the machine type, the labels, what a
+    preempted Spot instance becomes (``instanceTerminationAction``), the GPUs attached."""
     compute_v1 = v1()
-    # GPUs cannot live-migrate; and respawn, not Compute, decides when to bring a VM back.
+    nic = compute_v1.NetworkInterface(network=r.network)
+    if r.subnetwork:
+        nic.subnetwork = r.subnetwork
+    if r.external_ip:
+        nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
+    return dict(
+        machine_type=_typed(zone_prefix, "machineTypes", machine_type),
+        labels=dict(labels),
+        metadata=compute_v1.Metadata(items=[compute_v1.Items(key=k, value=v) for k, v in r.metadata.items()]),
+        disks=[compute_v1.AttachedDisk(boot=True, auto_delete=True, initialize_params=compute_v1.AttachedDiskInitializeParams(
+            source_image=r.boot_image, disk_size_gb=r.boot_disk_gb,
+            disk_type=_typed(zone_prefix, "diskTypes", r.boot_disk_type)))],
+        network_interfaces=[nic],
+        service_accounts=[compute_v1.ServiceAccount(email=r.service_account, scopes=list(r.scopes))],
+        tags=compute_v1.Tags(items=list(r.tags)),
+        guest_accelerators=list(accelerators),
+        scheduling=_scheduling(r, spot_action),
+    )
+
+
+def _scheduling(r: InstanceRequest | TpuRequest, spot_action: str) -> compute_v1.Scheduling:
+    compute_v1 = v1()
+    # GPUs and TPUs cannot live-migrate; and respawn, not Compute, decides when to bring a VM back.
     scheduling = compute_v1.Scheduling(on_host_maintenance="TERMINATE", automatic_restart=False,
                                        provisioning_model=PROVISIONING_MODELS[r.provisioning])
-    if r.spot:
-        scheduling.instance_termination_action = r.termination_action.upper()
+    if r.provisioning == "spot":
+        scheduling.instance_termination_action = spot_action
     elif r.provisioning == "flex-start":
         # Compute requires both for FLEX_START: a bounded run, and deletion when it ends.
         scheduling.instance_termination_action = "DELETE"
@@ -540,31 +572,15 @@ def _scheduling(r: InstanceRequest) -> compute_v1.Scheduling:
 
 
 def _common(r: InstanceRequest, zone_prefix: str) -> dict[str, Any]:
-    """Fields shared by an Instance and bulk InstanceProperties (which take bare type names)."""
+    """A VM's fields, shared by an Instance and bulk InstanceProperties (which take bare type names)."""
     compute_v1 = v1()
     accelerators = []
     if r.accelerator_type:
-        accelerators = [compute_v1.AcceleratorConfig(accelerator_type=f"{zone_prefix}acceleratorTypes/{r.accelerator_type}"
-                                                     if zone_prefix else r.accelerator_type,
-                                                     accelerator_count=r.accelerator_count)]
-    disk_type = f"{zone_prefix}diskTypes/{r.boot_disk_type}" if zone_prefix else r.boot_disk_type
-    nic = compute_v1.NetworkInterface(network=r.network)
-    if r.subnetwork:
-        nic.subnetwork = r.subnetwork
-    if r.external_ip:
-        nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
-    return dict(
-        machine_type=f"{zone_prefix}machineTypes/{r.machine_type}" if zone_prefix else r.machine_type,
-        labels=dict(r.labels),
-        metadata=compute_v1.Metadata(items=[compute_v1.Items(key=k, value=v) for k, v in r.metadata.items()]),
-        disks=[compute_v1.AttachedDisk(boot=True, auto_delete=True, initialize_params=compute_v1.AttachedDiskInitializeParams(
-            source_image=r.boot_image, disk_size_gb=r.boot_disk_gb, disk_type=disk_type))],
-        network_interfaces=[nic],
-        service_accounts=[compute_v1.ServiceAccount(email=r.service_account, scopes=list(r.scopes))],
-        tags=compute_v1.Tags(items=list(r.tags)),
-        guest_accelerators=accelerators,
-        scheduling=_scheduling(r),
-    )
+        accelerators = [compute_v1.AcceleratorConfig(
+            accelerator_type=_typed(zone_prefix, "acceleratorTypes", r.accelerator_type),
+            accelerator_count=r.accelerator_count)]
+    return instance_properties(r, zone_prefix, machine_type=r.machine_type, labels=r.labels,
+                               spot_action=r.termination_action.upper(), accelerators=accelerators)
 
 
 def instance_body(r: InstanceRequest) -> compute_v1.Instance:

@@ -47,7 +47,8 @@ from typing import Any
 
 import requests
 
-from controller.adapters.compute import _LIBRARY, RETRY, _done, _raise_for, stopped, translate, v1
+from controller.adapters.compute import (_LIBRARY, RETRY, _done, _raise_for, instance_properties, stopped, translate,
+                                        v1)
 from controller.adapters.lean import lean
 from controller.core import errors, names, tpus
 from controller.core.ports import (InstanceStatus, NodeHealth, NodeState, QueuedState, StopReason, TpuList, TpuNode,
@@ -528,32 +529,8 @@ def _refusal(listed: Sequence[Any], zone: str) -> errors.RespawnError | None:
 
 
 def _properties(r: TpuRequest, zone_prefix: str) -> dict[str, Any]:
-    """An instance's (``zone_prefix`` ``zones/Z/``) or a template's (bare names) properties."""
-    compute_v1 = v1()
-    model = "FLEX_START" if r.flex_start else "SPOT" if r.spot else "STANDARD"
-    # TPU VMs cannot live-migrate; and respawn, not Compute, decides when a slice comes back.
-    scheduling = compute_v1.Scheduling(on_host_maintenance="TERMINATE", automatic_restart=False,
-                                       provisioning_model=model)
-    if r.flex_start:  # Compute requires both for FLEX_START: a bounded run, and deletion when it ends
-        scheduling.instance_termination_action = "DELETE"
-        scheduling.max_run_duration = compute_v1.Duration(seconds=r.max_run_seconds or 0)
-    elif r.spot:  # a preempted host stays, TERMINATED, for its cause to be read
-        scheduling.instance_termination_action = "STOP"
-    nic = compute_v1.NetworkInterface(network=r.network)
-    if r.subnetwork:
-        nic.subnetwork = r.subnetwork
-    if r.external_ip:
-        nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
+    """An instance's (``zone_prefix`` ``zones/Z/``) or a template's (bare names) properties: a VM's
+    (``compute.instance_properties``) of the TPU machine type, labelled as the slice's host."""
     labels = {k: v for k, v in r.labels.items() if k != names.MANAGED_LABEL} | {SLICE_LABEL: r.name}
-    disk_type = f"{zone_prefix}diskTypes/{r.boot_disk_type}" if zone_prefix else r.boot_disk_type
-    return dict(
-        machine_type=f"{zone_prefix}machineTypes/{r.accelerator_type}" if zone_prefix else r.accelerator_type,
-        labels=labels,
-        metadata=compute_v1.Metadata(items=[compute_v1.Items(key=k, value=v) for k, v in r.metadata.items()]),
-        disks=[compute_v1.AttachedDisk(boot=True, auto_delete=True, initialize_params=compute_v1.AttachedDiskInitializeParams(
-            source_image=r.boot_image, disk_size_gb=r.boot_disk_gb, disk_type=disk_type))],
-        network_interfaces=[nic],
-        service_accounts=[compute_v1.ServiceAccount(email=r.service_account, scopes=list(r.scopes))],
-        tags=compute_v1.Tags(items=list(r.tags)),
-        scheduling=scheduling,
-    )
+    # A preempted Spot host stays, TERMINATED, for its cause to be read.
+    return instance_properties(r, zone_prefix, machine_type=r.accelerator_type, labels=labels, spot_action="STOP")

@@ -591,20 +591,7 @@ class Run:
         if tpu and api == "compute":
             return self.slice_doc(job)
         zones = rng.sample(TPU_ZONES if tpu else ZONES, rng.randint(1, 3))
-        policy: dict[str, Any] = {
-            "max_restarts": rng.randint(2, 8),
-            "max_failures": rng.randint(1, 3),
-            "crash_loop_failures": rng.randint(2, 4),
-            "idle_timeout": rng.choice(["10m", "15m", "20m"]),
-            "startup_grace": rng.choice(["2m", "5m"]),
-            "backoff": {"initial": "30s", "max": rng.choice(["1m", "2m", "5m"])},
-            "zone_cooldown": rng.choice(["3m", "5m", "10m"]),
-            "termination_action": rng.choice(["stop", "delete"]),
-        }
-        if rng.random() < 0.15:
-            policy["max_instance_age"] = rng.choice(["1h", "2h"])
-        if rng.random() < 0.1:
-            policy["max_runtime"] = rng.choice(["3h", "6h"])
+        policy = self.policy_doc()
         extra: dict[str, Any] = {}
         if rng.random() < (0.5 if tpu else 0.35):  # step down the list when a model cannot be had, and back up
             # A VM job may end on Flex-start (one VM: PENDING until Compute finds capacity).
@@ -629,15 +616,7 @@ class Run:
             block: dict[str, Any] = {"type": rng.choice(TPU_TYPES), "runtime_version": "tpu-ubuntu2204-base"}
             if rng.random() < 0.35:
                 block["queued"] = True  # a stockout waits in Google's queue
-            return {
-                **extra,
-                "zones": zones,
-                "tpu": block,
-                "command": "python train.py",
-                "service_account": {"email": f"trainer@{PROJECT}.iam.gserviceaccount.com"},
-                "checkpoint": {"uri": f"gs://{CKPT_BUCKET}/{job}/run"},
-                "policy": policy,
-            }
+            return self.tpu_doc(job, extra, zones, block, policy)
         if rng.random() < 0.3:
             extra["placement"] = rng.choice(["ordered", "capacity"])
         if rng.random() < 0.2 and "spot" in extra.get("provisioning", ("spot",)):
@@ -649,6 +628,42 @@ class Run:
             "command": "python train.py",
             "service_account": {"email": f"trainer@{PROJECT}.iam.gserviceaccount.com"},
             "nodes": 1 if rng.random() < 0.55 or "flex-start" in extra.get("provisioning", ()) else rng.randint(2, 3),
+            "checkpoint": {"uri": f"gs://{CKPT_BUCKET}/{job}/run"},
+            "policy": policy,
+        }
+
+    def policy_doc(self, maintenance: bool = False) -> dict[str, Any]:
+        """A job's ``policy:`` block; with ``maintenance``, a ``maintenance_timeout`` too (a TPU slice's, drawn
+        among the others: a Cloud TPU node's is drawn by spec_doc, later)."""
+        rng = self.rng
+        policy: dict[str, Any] = {
+            "max_restarts": rng.randint(2, 8),
+            "max_failures": rng.randint(1, 3),
+            "crash_loop_failures": rng.randint(2, 4),
+            "idle_timeout": rng.choice(["10m", "15m", "20m"]),
+            "startup_grace": rng.choice(["2m", "5m"]),
+            "backoff": {"initial": "30s", "max": rng.choice(["1m", "2m", "5m"])},
+            "zone_cooldown": rng.choice(["3m", "5m", "10m"]),
+            "termination_action": rng.choice(["stop", "delete"]),
+        }
+        if maintenance:
+            policy["maintenance_timeout"] = rng.choice(["20m", "40m", "1h"])
+        if rng.random() < 0.15:
+            policy["max_instance_age"] = rng.choice(["1h", "2h"])
+        if rng.random() < 0.1:
+            policy["max_runtime"] = rng.choice(["3h", "6h"])
+        return policy
+
+    @staticmethod
+    def tpu_doc(job: str, extra: dict[str, Any], zones: list[str], block: dict[str, Any],
+                policy: dict[str, Any]) -> dict[str, Any]:
+        """A TPU job's spec (a Cloud TPU node's or a slice's: ``block``, its ``tpu:``)."""
+        return {
+            **extra,
+            "zones": zones,
+            "tpu": block,
+            "command": "python train.py",
+            "service_account": {"email": f"trainer@{PROJECT}.iam.gserviceaccount.com"},
             "checkpoint": {"uri": f"gs://{CKPT_BUCKET}/{job}/run"},
             "policy": policy,
         }
@@ -668,21 +683,7 @@ class Run:
         standard, a list to step down (and back up), or Flex-start waiting for capacity."""
         rng = self.rng
         block, zones = self.slice_block()
-        policy: dict[str, Any] = {
-            "max_restarts": rng.randint(2, 8),
-            "max_failures": rng.randint(1, 3),
-            "crash_loop_failures": rng.randint(2, 4),
-            "idle_timeout": rng.choice(["10m", "15m", "20m"]),
-            "startup_grace": rng.choice(["2m", "5m"]),
-            "backoff": {"initial": "30s", "max": rng.choice(["1m", "2m", "5m"])},
-            "zone_cooldown": rng.choice(["3m", "5m", "10m"]),
-            "termination_action": rng.choice(["stop", "delete"]),
-            "maintenance_timeout": rng.choice(["20m", "40m", "1h"]),
-        }
-        if rng.random() < 0.15:
-            policy["max_instance_age"] = rng.choice(["1h", "2h"])
-        if rng.random() < 0.1:
-            policy["max_runtime"] = rng.choice(["3h", "6h"])
+        policy = self.policy_doc(maintenance=True)
         extra: dict[str, Any] = {}
         provisioning = rng.choice([None, None, ["standard"], ["flex-start"], ["spot", "standard"], ["spot", "standard"],
                                    ["spot", "standard", "flex-start"], ["spot", "flex-start"], ["standard", "flex-start"]])
@@ -697,15 +698,7 @@ class Run:
             extra["placement"] = "ordered"
         if rng.random() < 0.2:
             extra["notify"] = {"webhook": f"https://hooks.slack.com/services/T000/B000/{job}"}
-        return {
-            **extra,
-            "zones": zones,
-            "tpu": block,
-            "command": "python train.py",
-            "service_account": {"email": f"trainer@{PROJECT}.iam.gserviceaccount.com"},
-            "checkpoint": {"uri": f"gs://{CKPT_BUCKET}/{job}/run"},
-            "policy": policy,
-        }
+        return self.tpu_doc(job, extra, zones, block, policy)
 
     # -- the steps -----------------------------------------------------------------------------------
     STEPS = (("tick", 12), ("event", 12), ("late", 8), ("advance", 12), ("checkpoint", 7), ("exit", 7),

@@ -2,13 +2,13 @@
 
 The real adapter (``CloudTpu`` on ``tpu_v2.TpuClient``, REST) talks to the local TPU
 server over HTTP, so a fake that drifts from what the adapter reads fails here for one
-backend and not the other.
+backend and not the other. The tests TPU slices in Compute Engine pass alike (test_tpu_slices_port.py)
+are tpu_contract.TpuPortContract's.
 """
 
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
@@ -22,8 +22,11 @@ from controller.adapters.google import tpu_gateway
 from controller.adapters.memory import MemoryTpu
 from controller.core.clock import SystemClock
 from controller.service.config import Settings
-from controller.core.ports import NodeHealth, NodeState, QueuedState, TpuGateway, TpuNode, TpuRequest
+from controller.core.ports import NodeHealth, NodeState, QueuedState, TpuNode, TpuRequest
 from localcloud.tpu import TpuServer
+from tests.contract import tpu_contract
+from tests.contract.tpu_contract import (BACKENDS, Port, Shape, TpuPortContract, backend_for, create,
+                                          not_found_once_gone, unique)
 from tests.wait import until
 
 PROJECT = "contract-proj"
@@ -32,18 +35,13 @@ DARK = "us-west9-z"  # a zone that does not answer (the local server offers no s
 
 
 @dataclass
-class Backend:
+class Backend(tpu_contract.Backend):
     """A TPU gateway, and what Google (or a person) would do to the nodes behind it."""
 
-    name: str
-    tpu: TpuGateway
-    stockout: Callable[[str, bool], None]
-    quota: Callable[[str, bool], None]
     preempt: Callable[[str], None]
     set_state: Callable[[str, str], None]
     set_health: Callable[[str, str], None]
     maintenance_notice: Callable[[str, bool], None]  # Node.upcomingMaintenance set (True) or cleared
-    hold: Callable[[bool], None]  # True: create operations stay running past the wait; False: they finish now
     foreign: Callable[[str, dict[str, str]], None]  # a node someone else created in ZONE
     denied: Callable[[str, bool], None]  # the project may (not) use DARK: Google's 403 on the location
 
@@ -87,15 +85,9 @@ def _local(srv: TpuServer) -> Backend:
     )
 
 
-@pytest.fixture(params=["memory", "local"])
+@pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> Backend:
-    if request.param == "memory":
-        return _memory()
-    return _local(request.getfixturevalue("server"))
-
-
-def unique(prefix: str = "t") -> str:
-    return f"{prefix}{uuid.uuid4().hex[:8]}"
+    return backend_for(request, _memory, _local)
 
 
 def request_for(job: str, attempt: int = 1, zone: str = ZONE, *, spot: bool = True, queued: bool = False,
@@ -109,10 +101,6 @@ def request_for(job: str, attempt: int = 1, zone: str = ZONE, *, spot: bool = Tr
         network="default", subnetwork=None, external_ip=False, tags=("respawn",), queued=queued)
 
 
-def create(backend: Backend, r: TpuRequest, retry: int = 0) -> None:
-    backend.tpu.create(r, names.request_id(r.labels[names.JOB_LABEL], int(r.labels[names.ATTEMPT_LABEL]), retry))
-
-
 def mine(backend: Backend, job: str, zones: tuple[str, ...] = (ZONE,)) -> dict[str, TpuNode]:
     return {n.name: n for n in backend.tpu.list_nodes([PROJECT], list(zones), job).nodes}
 
@@ -123,7 +111,17 @@ def ready(backend: Backend, job: str) -> TpuNode:
     return until("READY", lambda: (n := mine(backend, job).get(name)) and n.state == NodeState.READY and n)
 
 
-class TestTpuGateway:
+@pytest.fixture
+def port() -> Port:
+    return Port(PROJECT, ZONE, mine, ready)
+
+
+@pytest.fixture
+def shape() -> Shape:
+    return Shape(request_for, workers=1)  # v5litepod-8: one host
+
+
+class TestTpuGateway(TpuPortContract):
     def test_create_then_list_shows_the_node_as_requested(self, backend):
         job = unique()
         create(backend, request_for(job))
@@ -135,25 +133,12 @@ class TestTpuGateway:
         assert node.health == NodeHealth.HEALTHY and node.id and node.created_at.tzinfo is not None
         assert node.queued is None and node.upcoming_maintenance is None
 
-    def test_a_standard_node_is_not_spot(self, backend):
-        job = unique()
-        create(backend, request_for(job, spot=False))
-        assert ready(backend, job).spot is False
-
     @pytest.mark.parametrize("accelerator, workers", [("v4-8", 1), ("v4-16", 2), ("v5litepod-16", 4)])
     def test_a_multi_host_slice_has_one_worker_per_host(self, backend, accelerator, workers):
         job = unique()
         create(backend, request_for(job, accelerator_type=accelerator))
         node = ready(backend, job)
         assert (node.accelerator_type, node.workers) == (accelerator, workers)
-
-    def test_create_of_an_existing_name_is_success_without_a_duplicate(self, backend):
-        job = unique()
-        create(backend, request_for(job))
-        ready(backend, job)
-        create(backend, request_for(job))  # the same request again
-        create(backend, request_for(job), retry=1)  # another request id, the same name
-        assert list(mine(backend, job)) == [f"{job}-1"]
 
     def test_list_shows_only_managed_nodes_and_one_jobs_with_job(self, backend):
         job, other = unique("j"), unique("o")
@@ -205,22 +190,6 @@ class TestTpuGateway:
             backend.quota("us-central1-c", False)
         assert mine(backend, job, ("us-central1-c",)) == {}
 
-    def test_a_held_create_is_pending_then_the_same_request_succeeds_without_a_duplicate(self, backend):
-        job = unique()
-        r = request_for(job)
-        backend.hold(True)
-        try:
-            with pytest.raises(errors.OperationPending):
-                create(backend, r)
-            assert [n.state for n in mine(backend, job).values()] == [NodeState.CREATING]
-            with pytest.raises(errors.OperationPending):  # still running: asking again does not make it done
-                create(backend, r)
-        finally:
-            backend.hold(False)
-        create(backend, r)
-        node = ready(backend, job)
-        assert list(mine(backend, job)) == [node.name]
-
     def test_a_held_create_then_stocked_out_reads_the_stockout(self, backend):
         job = unique()
         r = request_for(job, zone="us-east1-b")
@@ -245,10 +214,7 @@ class TestTpuGateway:
         ready(backend, job)
         backend.tpu.delete(PROJECT, ZONE, f"{job}-1")
         until("the node to go", lambda: mine(backend, job) == {})
-        with pytest.raises(errors.NotFound):
-            backend.tpu.delete(PROJECT, ZONE, f"{job}-1")
-        with pytest.raises(errors.NotFound):
-            backend.tpu.delete(PROJECT, ZONE, unique("never"))
+        not_found_once_gone(backend, PROJECT, ZONE, f"{job}-1")
 
     def test_preempted_reads_preempted(self, backend):
         job = unique()
@@ -303,11 +269,6 @@ class TestTpuGateway:
         assert [n.name for n in listed.nodes] == [f"{job}-1"]
         assert list(listed.denied) == [DARK] and "Permission denied on 'locations/us-west9-z'" in listed.denied[DARK]
         assert listed.unreachable == [] and listed.failed_projects == {}
-
-    @pytest.mark.parametrize("job", ['x" OR labels.respawn-job = "y', "Upper", "-dash", "a" * 51, "a-"])
-    def test_an_invalid_job_name_is_refused(self, backend, job):
-        with pytest.raises(errors.RequestError):
-            backend.tpu.list_nodes([PROJECT], [ZONE], job)
 
     @pytest.mark.parametrize("spot", [True, False])
     def test_a_queued_create_waits_out_a_stockout_then_gets_its_node(self, backend, spot):

@@ -1,6 +1,7 @@
 """The TPU port's contract for TPU slices in Compute Engine (issue 38), run against the in-memory fake
 (``MemorySlices``) and the real adapter (``ComputeTpu`` on google-cloud-compute, REST) over the local
-Compute Engine alike, as test_tpu_port.py runs the Cloud TPU API's.
+Compute Engine alike, as test_tpu_port.py runs the Cloud TPU API's (the tests both pass alike are
+tpu_contract.TpuPortContract's).
 
 A single-host slice is one instance, a multi-host one a MIG of ``hosts`` instances under a workload
 policy; both are one ``TpuNode`` with ``api`` "compute". Compute lists every zone of a project at once
@@ -10,9 +11,9 @@ and a single-host slice being deleted as its instance reads (STOPPING), a MIG be
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 
 import pytest
 from google.api_core.client_options import ClientOptions
@@ -25,10 +26,13 @@ from controller.adapters.memory import MemorySlices
 from controller.adapters.tpu_compute import SLICE_LABEL
 from controller.core import errors, names, tpus
 from controller.core.clock import SystemClock
-from controller.core.ports import InstanceStatus, NodeHealth, NodeState, QueuedState, StopReason, TpuGateway, TpuNode
+from controller.core.ports import InstanceStatus, NodeHealth, NodeState, QueuedState, StopReason, TpuNode
 from controller.core.ports import TpuRequest
 from controller.service.config import Settings
 from localcloud.compute import ComputeServer
+from tests.contract import tpu_contract
+from tests.contract.tpu_contract import (BACKENDS, Port, Shape, TpuPortContract, backend_for, create,
+                                          not_found_once_gone, unique)
 from tests.wait import until
 
 PROJECT = "slices-contract"
@@ -41,15 +45,10 @@ IMAGE = "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accel
 
 
 @dataclass
-class Backend:
+class Backend(tpu_contract.Backend):
     """A TPU gateway over Compute Engine, and what Google (or someone else) does to the slices behind it."""
 
-    name: str
-    tpu: TpuGateway
-    stockout: Callable[[str, bool], None]
-    quota: Callable[[str, bool], None]
     lose: Callable[[str, StopReason], None]  # a host of the slice goes down for this cause
-    hold: Callable[[bool], None]  # True: creates stay unfinished past the wait; False: they finish now
     foreign_vm: Callable[[str, dict[str, str]], None]  # an instance someone else made in ZONE
     foreign_mig: Callable[[str, dict[str, str]], None]  # a MIG someone else made in ZONE, its template so labelled
     exists: Callable[[str], bool]  # an instance or a MIG of that name is there (ours or not)
@@ -126,15 +125,9 @@ def _local(srv: ComputeServer) -> Backend:
                    exists=lambda name: name in srv.names() or name in srv.mig_names())
 
 
-@pytest.fixture(params=["memory", "local"])
+@pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> Backend:
-    if request.param == "memory":
-        return _memory()
-    return _local(request.getfixturevalue("server"))
-
-
-def unique(prefix: str = "s") -> str:
-    return f"{prefix}{uuid.uuid4().hex[:8]}"
+    return backend_for(request, _memory, _local)
 
 
 def request_for(job: str, attempt: int = 1, topology: str | None = None, *, zone: str = ZONE, machine: str = TPU,
@@ -152,10 +145,6 @@ def request_for(job: str, attempt: int = 1, topology: str | None = None, *, zone
         boot_image=f"projects/{tpus.IMAGE_PROJECT}/global/images/family/{shape.image_family}")
 
 
-def create(backend: Backend, r: TpuRequest, retry: int = 0) -> None:
-    backend.tpu.create(r, names.request_id(r.labels[names.JOB_LABEL], int(r.labels[names.ATTEMPT_LABEL]), retry))
-
-
 def mine(backend: Backend, job: str, zones: tuple[str, ...] = (ZONE,)) -> dict[str, TpuNode]:
     listed = backend.tpu.list_nodes([PROJECT], list(zones), job)
     assert listed.failed_projects == {} and listed.unreachable == []
@@ -168,7 +157,18 @@ def ready(backend: Backend, job: str, zones: tuple[str, ...] = (ZONE,)) -> TpuNo
     return until("READY", lambda: (n := mine(backend, job, zones).get(name)) and n.state == NodeState.READY and n)
 
 
-class TestComputeSlices:
+@pytest.fixture
+def port() -> Port:
+    return Port(PROJECT, ZONE, mine, ready)
+
+
+@pytest.fixture(params=[pytest.param(p.values, id=p.id) for p in SHAPES])
+def shape(request: pytest.FixtureRequest) -> Shape:
+    topology, workers = request.param
+    return Shape(partial(request_for, topology=topology), workers)
+
+
+class TestComputeSlices(TpuPortContract):
     @pytest.mark.parametrize("topology, workers", SHAPES)
     def test_create_then_list_shows_the_slice_as_requested(self, backend, topology, workers):
         job = unique()
@@ -183,11 +183,6 @@ class TestComputeSlices:
         assert node.queued is None and node.upcoming_maintenance is None and node.stop_reason is None
         assert node.as_instance().status == InstanceStatus.RUNNING and node.as_instance().tpu_api == "compute"
 
-    def test_a_standard_slice_is_not_spot(self, backend):
-        job = unique()
-        create(backend, request_for(job, topology=MULTI, spot=False))
-        assert ready(backend, job).spot is False
-
     def test_another_tpu_machine_type_in_its_own_zone(self, backend):
         job = unique()
         create(backend, request_for(job, topology="4x4", zone="us-east1-d", machine=V6E))
@@ -199,15 +194,6 @@ class TestComputeSlices:
         with pytest.raises(errors.RequestError):
             create(backend, request_for(job, api="tpu"))
         assert mine(backend, job) == {}
-
-    @pytest.mark.parametrize("topology, workers", SHAPES)
-    def test_create_again_is_success_without_a_duplicate(self, backend, topology, workers):
-        job = unique()
-        create(backend, request_for(job, topology=topology))
-        create(backend, request_for(job, topology=topology))  # the same request again
-        create(backend, request_for(job, topology=topology), retry=1)  # another request id, the same name
-        node = ready(backend, job)
-        assert list(mine(backend, job)) == [f"{job}-1"] and node.workers == workers
 
     def test_a_listing_is_of_every_zone_of_the_project_and_of_one_job_with_job(self, backend):
         job, other = unique("j"), unique("o")
@@ -241,11 +227,6 @@ class TestComputeSlices:
                 backend.tpu.delete(PROJECT, ZONE, name)
             assert backend.exists(name)
 
-    @pytest.mark.parametrize("job", ['x" OR labels.respawn-job = "y', "Upper", "-dash", "a" * 51, "a-"])
-    def test_an_invalid_job_name_is_refused(self, backend, job):
-        with pytest.raises(errors.RequestError):
-            backend.tpu.list_nodes([PROJECT], [ZONE], job)
-
     @pytest.mark.parametrize("topology, workers", SHAPES)
     @pytest.mark.parametrize("why", [StopReason.PREEMPTED, StopReason.MAINTENANCE, StopReason.HOST_ERROR])
     def test_a_host_lost_is_the_slice_terminated_with_computes_cause(self, backend, topology, workers, why):
@@ -274,10 +255,7 @@ class TestComputeSlices:
             backend.tpu.delete(PROJECT, ZONE, f"{job}-1")
         except errors.NotFound:
             pass
-        with pytest.raises(errors.NotFound):
-            backend.tpu.delete(PROJECT, ZONE, f"{job}-1")
-        with pytest.raises(errors.NotFound):
-            backend.tpu.delete(PROJECT, ZONE, unique("never"))
+        not_found_once_gone(backend, PROJECT, ZONE, f"{job}-1")
 
     def test_a_slice_with_a_host_down_is_deleted_whole(self, backend):
         job = unique()
@@ -312,24 +290,6 @@ class TestComputeSlices:
             backend.quota(ZONE, False)
         assert e.value.zone == ZONE and e.value.reason.startswith("QUOTA_EXCEEDED")
         until("nothing left of the slice", lambda: mine(backend, job) == {} and not backend.exists(f"{job}-1"))
-
-    @pytest.mark.parametrize("topology, workers", SHAPES)
-    def test_a_held_create_is_pending_then_the_same_request_succeeds_without_a_duplicate(self, backend, topology,
-                                                                                          workers):
-        job = unique()
-        r = request_for(job, topology=topology)
-        backend.hold(True)
-        try:
-            with pytest.raises(errors.OperationPending):
-                create(backend, r)
-            assert [n.state for n in mine(backend, job).values()] == [NodeState.CREATING]
-            with pytest.raises(errors.OperationPending):  # still running: asking again does not make it done
-                create(backend, r)
-        finally:
-            backend.hold(False)
-        create(backend, r)
-        node = ready(backend, job)
-        assert list(mine(backend, job)) == [node.name] and node.workers == workers
 
     @pytest.mark.parametrize("topology, workers", SHAPES)
     def test_a_held_create_then_stocked_out_reads_the_stockout(self, backend, topology, workers):

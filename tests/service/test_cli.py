@@ -6,7 +6,7 @@ import yaml
 from typer.testing import CliRunner
 
 from controller.cli.main import app
-from tests.harness import spec_doc
+from tests.harness import spec_doc, tpu_spec_doc
 
 runner = CliRunner()
 
@@ -317,8 +317,7 @@ def test_status_of_a_job_shows_each_zones_advice_and_the_model_it_runs_on(mem):
 
 def test_status_shows_a_tpu_nodes_announced_maintenance(mem, tmp_path):
     path = tmp_path / "tpu.yaml"
-    doc = spec_doc(zones=["us-central2-b"], tpu={"type": "v4-8", "runtime_version": "tpu-ubuntu2204-base"})
-    del doc["machine_type"]
+    doc = tpu_spec_doc(zones=["us-central2-b"], tpu={"type": "v4-8", "runtime_version": "tpu-ubuntu2204-base"})
     path.write_text(yaml.safe_dump(doc))
     assert runner.invoke(app, ["validate", str(path)]).exit_code == 0
     mem.submit("tpu", doc)

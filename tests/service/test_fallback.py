@@ -19,7 +19,7 @@ from controller.core.spec import parse_spec
 from controller.core.ports import QueuedState
 from controller.core.state import JobStatus
 from controller.core.state import Phase
-from tests.harness import Harness, spec_doc
+from tests.harness import Harness, spec_doc, tpu_spec_doc
 
 ZONES = ["us-central1-a", "us-central1-b"]
 
@@ -147,12 +147,9 @@ def test_the_cooldowns_of_the_model_left_behind_are_kept_for_its_return():
 
 
 def tpu_doc(**overrides):
-    doc = spec_doc(zones=["us-central2-b"], tpu={"type": "v4-16", "runtime_version": "tpu-ubuntu2204-base",
-                                                "queued": True},
-                   provisioning=["spot", "standard"], policy={"fallback": {"wait": "30m"}})
-    del doc["machine_type"]
-    doc.update(overrides)
-    return doc
+    tpu = {"type": "v4-16", "runtime_version": "tpu-ubuntu2204-base", "queued": True}
+    return tpu_spec_doc(**{"zones": ["us-central2-b"], "tpu": tpu, "provisioning": ["spot", "standard"],
+                           "policy": {"fallback": {"wait": "30m"}}, **overrides})
 
 
 def test_a_queued_spot_tpu_past_fallback_wait_is_withdrawn_and_the_job_steps_down():

@@ -18,7 +18,7 @@ from controller.core.state import Phase
 from controller.service import bootstrap, functions, observe
 from controller.service.config import Settings
 from controller.service.engine import Summary
-from tests.harness import BUCKET, Harness, spec_doc
+from tests.harness import BUCKET, Harness, spec_doc, tpu_spec_doc
 
 
 def started(h: Harness, job: str = "dist", nodes: int = 3, **spec: Any) -> None:
@@ -165,8 +165,7 @@ def test_a_flood_of_rank_names_costs_no_read_and_a_bounded_cleanup_per_pass(h):
 
 
 def test_a_tpu_hosts_failure_before_worker_0s_exit_0_fails_the_job(h):
-    doc = spec_doc(zones=["us-central2-b"], tpu={"type": "v4-16", "runtime_version": "tpu-ubuntu2204-base"})
-    del doc["machine_type"]
+    doc = tpu_spec_doc(zones=["us-central2-b"], tpu={"type": "v4-16", "runtime_version": "tpu-ubuntu2204-base"})
     h.submit("tpu", doc)
     h.tick()
     h.tick()

@@ -12,7 +12,7 @@ import pytest
 
 from controller.cli import joblogs
 from controller.core.state import JobStatus, Phase
-from tests.harness import Harness, spec_doc
+from tests.harness import Harness, spec_doc, tpu_spec_doc
 
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -144,8 +144,7 @@ def test_every_vm_and_tpu_node_respawn_launches_turns_on_serial_port_logging():
     h.submit("sp", spec_doc())
     h.tick()
     assert h.metadata("sp-1")["serial-port-logging-enable"] == "TRUE"
-    doc = spec_doc(zones=["us-central2-b"], tpu={"type": "v4-8", "runtime_version": "tpu-ubuntu2204-base"})
-    del doc["machine_type"]
+    doc = tpu_spec_doc(zones=["us-central2-b"], tpu={"type": "v4-8", "runtime_version": "tpu-ubuntu2204-base"})
     (node,) = launch.requests_for("tp", parse_spec(json.dumps(doc), "tp"), JobStatus(attempt=1), h.ctx)
     assert node.metadata["serial-port-logging-enable"] == "TRUE"
 

@@ -10,18 +10,15 @@ import pytest
 from controller.core import errors, names
 from controller.core.ports import NodeHealth, NodeState, QueuedState
 from controller.core.state import Phase
-from tests.harness import PROJECT, Harness, spec_doc
+from tests.harness import PROJECT, Harness, spec_doc, tpu_spec_doc
 
 ZONES = ["us-central2-b", "us-east5-a"]
 TPU = {"type": "v4-16", "runtime_version": "tpu-ubuntu2204-base"}
 
 
 def tpu_doc(**overrides):
-    doc = spec_doc(zones=ZONES, tpu=TPU, policy={"backoff": {"initial": "30s", "max": "5m"},
-                                                   "maintenance_timeout": "20m"})
-    del doc["machine_type"]
-    doc.update(overrides)
-    return doc
+    return tpu_spec_doc(**{"zones": ZONES, "tpu": TPU, "policy": {"backoff": {"initial": "30s", "max": "5m"},
+                                                                   "maintenance_timeout": "20m"}, **overrides})
 
 
 @pytest.fixture

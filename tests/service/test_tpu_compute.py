@@ -11,17 +11,14 @@ import yaml
 from controller.core import errors, names
 from controller.core.ports import NodeState, StopReason
 from controller.core.state import Phase
-from tests.harness import BUCKET, PROJECT, Harness, spec_doc
+from tests.harness import BUCKET, PROJECT, Harness, tpu_spec_doc
 
 SINGLE = {"machine_type": "tpu7x-standard-4t"}
 MULTI = {"machine_type": "tpu7x-standard-4t", "topology": "2x2x2"}
 
 
 def slice_doc(tpu=None, **overrides):
-    doc = spec_doc(zones=["us-central1-c"], tpu=tpu or MULTI)
-    del doc["machine_type"]
-    doc.update(overrides)
-    return doc
+    return tpu_spec_doc(**{"zones": ["us-central1-c"], "tpu": tpu or MULTI, **overrides})
 
 
 @pytest.fixture
@@ -283,9 +280,8 @@ def test_a_slice_whose_create_was_pending_is_asked_again_so_that_a_stockout_sinc
 def test_a_slice_listing_that_fails_never_blinds_a_cloud_tpu_job_in_the_project_nor_the_other_way_round():
     h = Harness()
     h.submit("ironwood", slice_doc())
-    node = spec_doc(zones=["us-central2-b"], tpu={"type": "v4-16", "runtime_version": "tpu-ubuntu2204-base"})
-    del node["machine_type"]
-    h.submit("pod", node)
+    h.submit("pod", tpu_spec_doc(zones=["us-central2-b"],
+                                 tpu={"type": "v4-16", "runtime_version": "tpu-ubuntu2204-base"}))
     h.tick()
     h.tick()
     assert h.status("ironwood").phase == h.status("pod").phase == Phase.RUNNING
