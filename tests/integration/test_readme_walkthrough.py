@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from controller.cli import buckets
 from controller.core import names
 from controller.core.state import JobStatus, Phase
 from controller.service.config import REPO_ROOT
@@ -117,8 +118,12 @@ def test_the_readmes_walkthrough_heals_the_job_as_it_is_written(terminals):
         st = status()
         return bool(st and st.attempt == attempt and st.phase == Phase.RUNNING and (zone is None or st.zone == zone))
 
+    # The walkthrough's spec keeps its checkpoints where deploy (and local up) would have them.
+    kept = client(exports["STORAGE_EMULATOR_HOST"], exports["RESPAWN_PROJECT"]).bucket(
+        buckets.checkpoints_bucket(exports["RESPAWN_BUCKET"]))
+
     def checkpointed() -> bool:
-        return any(b.name.endswith("/_SUCCESS") for b in storage.list_blobs(prefix=f"checkpoints/{job}/"))
+        return any(b.name.endswith("/_SUCCESS") for b in kept.list_blobs(prefix=f"{job}/"))
 
     ran: list[str] = []
     for step in steps:
