@@ -112,6 +112,8 @@ class Vm:
     maintenance: str = "NONE"
     process: VmProcess | None = None
     metadata: MetadataServer | None = None
+    # A power-off under way (its shutdown script): set once the guest is off; the process it stops.
+    off: tuple[threading.Event, VmProcess] | None = None
     tokens: Tokens | None = None
     group: str | None = None  # the MIG it belongs to (localcloud.migs)
     worker: int = 0  # its index in its TPU slice (agent-worker-number)
@@ -937,15 +939,31 @@ class ComputeServer(Host, OperationsApi, AdviceApi, MigsApi):
             self._done.notify_all()
 
     def _power_off(self, vm: Vm, budget: float, notice: float | None = None) -> None:
+        """The guest off: its shutdown script (within ``budget``), then its metadata server. A second
+        power-off while one is under way (a delete while the guest shuts itself down) waits for that
+        one: the guest keeps its metadata server until it is off, as on Google."""
         with self._lock:
             process, vm.process = vm.process, None
-        if process is not None:
+            going = vm.off
+            off = vm.off = (threading.Event(), process) if process is not None else None
+        if process is None:
+            # Within this power-off's own budget (a guest's own shutdown has no deadline; a delete
+            # has one): past it, its hard-off, which ends the other's shutdown script too.
+            if going is not None and not going[0].wait(timeout=budget):
+                going[1].kill()
+                going[0].wait(timeout=10)
+            return
+        assert off is not None
+        try:
             process.stop(vm.attribute("shutdown-script"), budget, notice)
             with self._lock:
                 self._processes.discard(process)
-        if vm.metadata is not None:
-            vm.metadata.stop()
-            vm.metadata = None
+        finally:
+            with self._lock:
+                metadata, vm.metadata = vm.metadata, None
+            if metadata is not None:
+                metadata.stop()
+            off[0].set()
 
     def _account_email(self, vm: Vm) -> str | None:
         """The instance's service account (None without one); "default" as the API resolves it, to the

@@ -101,6 +101,34 @@ def test_a_guest_poweroff_after_the_script_ended_runs_the_shutdown_script_then_t
     assert (srv.workdir_of("later") / "shutdown-ran").read_text().strip() == "notice=none"
 
 
+def test_a_delete_while_the_guest_shuts_itself_down_keeps_its_metadata_server_until_that_shutdown_ends(srv):
+    """The controller deletes a VM whose trainer is done while its guest still runs the shutdown
+    script its own poweroff began: the guest keeps its metadata server until it is off (a second
+    power-off stopped it at once: the agent's last lines were "metadata instance/name unreadable
+    (curl 7, HTTP 000)"), and the delete is done only once that shutdown is over."""
+    md = 'curl -s -o /dev/null -w "%{http_code}" -H "Metadata-Flavor: Google" ' \
+         '"http://$GCE_METADATA_HOST/computeMetadata/v1/instance/name" > md'
+    boot(srv, "bye", "(sleep 0.3; poweroff) >/dev/null 2>&1 &\nexit 0", shutdown=f"sleep 1.5; {md}; touch done")
+    until("STOPPING", lambda: status(srv, "bye") == "STOPPING", timeout=15)
+    requests.delete(f"{srv.endpoint}/compute/v1/projects/{PROJECT}/zones/us-central1-a/instances/bye",
+                    timeout=10).raise_for_status()
+    until("gone", lambda: "bye" not in srv.names(), timeout=15)
+    assert (srv.workdir_of("bye") / "done").exists()  # gone only once its shutdown was over
+    assert (srv.workdir_of("bye") / "md").read_text() == "200"
+
+
+def test_a_delete_while_the_guest_shuts_itself_down_still_ends_it_at_the_deletes_own_deadline(srv):
+    """A guest's own shutdown has no deadline; a delete has one (``shutdown_budget``, 3 s here):
+    past it the guest is off, its shutdown script cut short."""
+    boot(srv, "slow", "(sleep 0.3; poweroff) >/dev/null 2>&1 &\nexit 0", shutdown="sleep 60; touch done")
+    until("STOPPING", lambda: status(srv, "slow") == "STOPPING", timeout=15)
+    asked = time.monotonic()
+    requests.delete(f"{srv.endpoint}/compute/v1/projects/{PROJECT}/zones/us-central1-a/instances/slow",
+                    timeout=10).raise_for_status()
+    until("gone", lambda: "slow" not in srv.names(), timeout=20)
+    assert time.monotonic() - asked < 15 and not (srv.workdir_of("slow") / "done").exists()
+
+
 def test_shutdown_without_a_time_waits_a_minute_and_can_be_cancelled(srv):
     boot(srv, "sched", "shutdown\nsleep 1.5\nshutdown -c\necho still up\nshutdown -h now\nsleep 30")
     until("TERMINATED", lambda: status(srv, "sched") == "TERMINATED", timeout=15)
