@@ -321,10 +321,14 @@ def test_deploy_runs_the_plan_in_order(monkeypatch):
     target = deploy.Target("p-proj", "us-central1", "b-bucket", "c@p-proj.iam.gserviceaccount.com",
                            "s@p-proj.iam.gserviceaccount.com")
     deploy.execute(deploy.plan(target), target, run=fake_gcloud, say=lambda _: None)
-    assert [a[1:4] for a in ran[:6]] == [("services", "enable", "compute.googleapis.com"),
-                                         ("projects", "describe", "p-proj"), ("storage", "buckets", "describe"),
-                                         ("storage", "buckets", "create"), ("storage", "buckets", "update"),
-                                         ("iam", "service-accounts", "create")]
+    assert [a[1:4] for a in ran[:10]] == [("services", "enable", "compute.googleapis.com"),
+                                          ("projects", "describe", "p-proj"), ("storage", "buckets", "describe"),
+                                          ("storage", "buckets", "create"), ("storage", "buckets", "update"),
+                                          # the checkpoints bucket: where the control bucket is (its lookups), if absent
+                                          ("projects", "describe", "p-proj"), ("storage", "buckets", "describe"),
+                                          ("storage", "buckets", "describe"), ("storage", "buckets", "create"),
+                                          ("iam", "service-accounts", "create")]
+    assert ran[8][4] == "gs://b-bucket-checkpoints"
     functions = [a[2:4] for a in ran if a[1] == "functions"]
     assert functions == [("describe", "respawn-tick"), ("deploy", "respawn-tick"),  # what is deployed, read first
                          ("describe", "respawn-on-object"), ("deploy", "respawn-on-object"),
