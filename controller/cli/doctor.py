@@ -234,6 +234,21 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
             return None
         return str(other)
 
+    def no_bucket(then: str = "") -> Failed:
+        """A check of the control bucket, which is not there: its fix is the bucket check's, never another.
+        Where RESPAWN_BUCKET is a typo of the deployed controller's bucket, setting it (never making the
+        typo's bucket); otherwise making it (``then``: what follows)."""
+        if other := deployed_bucket():
+            return Failed(f"{gs} does not exist",
+                          f"export RESPAWN_BUCKET={shlex.quote(other)}  # see the bucket check: the deployed controller's")
+        return Failed(f"{gs} does not exist", f"create it first (see the bucket check){then}")
+
+    def control_policy() -> Sequence[Mapping[str, Any]]:
+        try:
+            return apis.bucket_policy(b)
+        except errors.NotFound as e:
+            raise no_bucket() from e
+
     def bucket() -> str:
         try:
             apis.bucket(b)
@@ -250,8 +265,7 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
         try:
             found = apis.bucket(b)
         except errors.NotFound as e:
-            then = "" if deployed_bucket() else f", then {t.deploy_command}"  # not to move a deployment to a typo
-            raise Failed(f"{gs} does not exist", f"create it first (see the bucket check){then}") from e
+            raise no_bucket(then=f", then {t.deploy_command}") from e
         if not found.get("uniform"):
             raise Failed(f"off on {gs}: IAM Conditions (the trainer's) need it",
                          f"gcloud storage buckets update {gs} --uniform-bucket-level-access --project={p}")
@@ -262,7 +276,7 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
         try:
             apis.write_probe(b, name)
         except errors.NotFound as e:
-            raise Failed(f"{gs} does not exist", "create it first (see the bucket check)") from e
+            raise no_bucket() from e
         except Exception as e:  # noqa: BLE001
             raise Failed(f"could not write and delete {gs}/{name}: {_said(e)}",
                          f"gcloud storage buckets add-iam-policy-binding {gs} --member=user:YOU "
@@ -270,7 +284,7 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
         return f"wrote and deleted {gs}/{name}"
 
     def bucket_iam() -> str:
-        policy = apis.bucket_policy(b)
+        policy = control_policy()
         bindings = _bindings(policy)
         controller, trainer = f"serviceAccount:{t.controller_sa}", f"serviceAccount:{t.trainer_sa}"
         problems, fixes = [], []
@@ -309,7 +323,7 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
             policy = apis.bucket_policy(name)
         except errors.NotFound as e:
             if _missing(apis, b):  # a mistyped RESPAWN_BUCKET: never a -checkpoints bucket made for the typo
-                raise Failed(f"{gs} does not exist", "create it first (see the bucket check)") from e
+                raise no_bucket() from e
             raise Failed(f"{where} does not exist: respawn run's default checkpoints ({where}/<job>) have nowhere to "
                          "go, and such a job is refused",
                          "\n".join([f"gcloud storage buckets create {where} --project={p} --location={r} "
@@ -334,7 +348,7 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
     def trainer_reads() -> str:
         trainer = f"serviceAccount:{t.trainer_sa}"
         problems, fixes = [], []
-        for x in _bindings(apis.bucket_policy(b)):
+        for x in _bindings(control_policy()):
             public = [m for m in x.members if m in PUBLIC]
             if public:  # whatever the role: anyone, the trainer included
                 problems.append(f"{gs} grants {x.role} to {', '.join(public)}")
@@ -545,7 +559,7 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
         try:
             record = apis.last_pass(b)
         except errors.NotFound as e:
-            raise Failed(f"{gs} does not exist", "create it first (see the bucket check)") from e
+            raise no_bucket() from e
         run_now = f"gcloud scheduler jobs run {deploy.TICK} --location={r} --project={p}"
         if record is None:
             raise Failed(f"the controller has never run ({gs}/{lastpass.KEY} missing)", run_now)
@@ -567,7 +581,7 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
         try:
             record = apis.last_pass(b)
         except errors.NotFound as e:
-            raise Failed(f"{gs} does not exist", "create it first (see the bucket check)") from e
+            raise no_bucket() from e
         if record is None or not record.notice_refused:
             return "no project refused a Spot VM's 120 s preemption notice"
         each = "; ".join(f"{project}: {why}" for project, why in record.notice_refused.items())
@@ -713,10 +727,7 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
     def bucket_readers() -> str | tuple[str, bool]:
         """Everyone who may read the control bucket's objects: every spec (its env, the webhook of its
         notify) and every record (its attempt's secret). Public members are the trainer check's ✗."""
-        try:
-            policy = apis.bucket_policy(b)
-        except errors.NotFound as e:
-            raise Failed(f"{gs} does not exist", "create it first (see the bucket check)") from e
+        policy = control_policy()
         found = grants.members_with(roles, grants.READ_OBJECTS[0], policy, apis.project_policy(p))
         others = {m: role for m, role in found.items() if m != controller_member and m not in PUBLIC}
         if not others:

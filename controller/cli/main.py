@@ -936,6 +936,7 @@ def deploy(
     from controller.cli import deploy as deployment
 
     deadline.stop()  # each step (a gcloud command, an API request) is bounded by its own timeout
+    _not_from_a_local_shell(project)
     _check_target(project, region, bucket)
     if note := deployment.checkpoints_note(bucket):  # respawn run's default place for checkpoints
         err.print(_line("!", "yellow", note), soft_wrap=True)
@@ -1013,6 +1014,17 @@ def _shards(given: str, project: str, bucket: str) -> int:
     if problem := names.shards_problem(k):
         _fail(f"--shards: {problem}")
     return k
+
+
+def _not_from_a_local_shell(project: str) -> None:
+    """Refuse (exit 2) a deploy to a project of Google's from a shell that sourced the local cloud's
+    local.env (controller.cli.localshell), dry run or not, before anything is planned or run."""
+    import os
+
+    from controller.cli import localshell
+
+    if (refused := localshell.refusal(os.environ, project)) is not None:
+        _fail(refused)
 
 
 def _check_target(project: str, region: str, bucket: str) -> None:

@@ -85,6 +85,9 @@ def read_record(jobs: Jobs, name: str) -> SweepRecord:
         return SweepRecord.model_validate_json(jobs.store.read(jobs.bucket, names.sweep_key(name),
                                                                limit=MAX_RECORD_BYTES).data)
     except errors.NotFound:
+        # A read of a missing bucket's object is only "not found": a mistyped RESPAWN_BUCKET is said as
+        # such (errors.NoSuchBucket, as every command says it), not as a sweep that is not there.
+        jobs.bucket_there()
         raise Refused(f"no sweep named {name!r} in gs://{jobs.bucket} (respawn sweep submit FILE makes one)") from None
     except ValueError as e:
         raise Refused(f"gs://{jobs.bucket}/{names.sweep_key(name)} cannot be read as a sweep's record: "

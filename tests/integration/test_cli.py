@@ -50,6 +50,15 @@ def cli(servers, monkeypatch) -> Any:
     return invoke
 
 
+@pytest.fixture
+def deploying(cli, monkeypatch) -> Any:
+    """`respawn deploy` to a project of Google's: from a shell that does not point at the local servers
+    (one that does is refused: controller.cli.localshell)."""
+    for key in ("STORAGE_EMULATOR_HOST", "RESPAWN_COMPUTE_ENDPOINT"):
+        monkeypatch.delenv(key)
+    return cli
+
+
 def spec_file(tmp_path: Path, job: str, **overrides: Any) -> Path:
     path = tmp_path / f"{job}.yaml"
     doc = spec_doc(command="sleep 600", **overrides)
@@ -154,7 +163,7 @@ def _dict_flag(value: str) -> dict[str, str]:
     return dict(item.split("=", 1) for item in value.split(delim))
 
 
-def test_deploy_dry_run_prints_every_command_with_the_right_flags(cli, monkeypatch):
+def test_deploy_dry_run_prints_every_command_with_the_right_flags(deploying, monkeypatch):
     import shlex
 
     from controller.cli import deploy
@@ -164,7 +173,8 @@ def test_deploy_dry_run_prints_every_command_with_the_right_flags(cli, monkeypat
     monkeypatch.setenv("RESPAWN_NOTIFY_TOPIC", "projects/prod-proj/topics/respawn")
     monkeypatch.setenv("RESPAWN_NOTIFY_WEBHOOK", "https://hooks.slack.com/services/T0/B0/x,y")
     monkeypatch.delenv("RESPAWN_TRAINER_SERVICE_ACCOUNT", raising=False)
-    result = cli("deploy", "--project", "prod-proj", "--region", "us-central1", "--bucket", "prod-bucket", "--dry-run")
+    result = deploying("deploy", "--project", "prod-proj", "--region", "us-central1", "--bucket", "prod-bucket",
+                       "--dry-run")
     assert result.exit_code == 0, result.output
     text = result.output
     lines = text.splitlines()
@@ -209,11 +219,11 @@ def test_deploy_dry_run_prints_every_command_with_the_right_flags(cli, monkeypat
     assert [int(t.split(".")[0][2:]) for t in titles] == list(range(1, len(steps) + 1))  # every step, one line each
 
 
-def test_deploy_takes_the_trainer_account_and_the_users_allow_list(cli, monkeypatch):
+def test_deploy_takes_the_trainer_account_and_the_users_allow_list(deploying, monkeypatch):
     import shlex
 
     monkeypatch.setenv("RESPAWN_ALLOWED_SERVICE_ACCOUNTS", "x@prod-proj.iam.gserviceaccount.com,y@prod-proj.iam.gserviceaccount.com")
-    result = cli("deploy", "--project", "prod-proj", "--region", "us-central1", "--bucket", "prod-bucket",
+    result = deploying("deploy", "--project", "prod-proj", "--region", "us-central1", "--bucket", "prod-bucket",
                  "--trainer-account", "ml@prod-proj.iam.gserviceaccount.com", "--dry-run")
     assert result.exit_code == 0, result.output
     assert "gcloud iam service-accounts create ml --project=prod-proj" in result.output
@@ -223,13 +233,14 @@ def test_deploy_takes_the_trainer_account_and_the_users_allow_list(cli, monkeypa
     assert env["RESPAWN_ALLOWED_SERVICE_ACCOUNTS"] == "x@prod-proj.iam.gserviceaccount.com,y@prod-proj.iam.gserviceaccount.com"
 
 
-def test_deploy_sets_up_what_respawn_logs_reads(cli, monkeypatch):
+def test_deploy_sets_up_what_respawn_logs_reads(deploying, monkeypatch):
     """The guest agent writes a VM's script lines with the VM's account: deploy grants the trainer
     account roles/logging.logWriter on the project (serial-port logging is each VM's own metadata)."""
     import shlex
 
     monkeypatch.delenv("RESPAWN_TRAINER_SERVICE_ACCOUNT", raising=False)
-    result = cli("deploy", "--project", "prod-proj", "--region", "us-central1", "--bucket", "prod-bucket", "--dry-run")
+    result = deploying("deploy", "--project", "prod-proj", "--region", "us-central1", "--bucket", "prod-bucket",
+                       "--dry-run")
     assert result.exit_code == 0, result.output
     grant = shlex.split(next(l for l in result.output.splitlines() if l.startswith("gcloud projects add-iam")))
     assert grant == ["gcloud", "projects", "add-iam-policy-binding", "prod-proj",
@@ -237,14 +248,15 @@ def test_deploy_sets_up_what_respawn_logs_reads(cli, monkeypatch):
                      "--role=roles/logging.logWriter", "--condition=None"]
 
 
-def test_an_empty_webhook_host_list_is_deployed_empty(cli, monkeypatch):
+def test_an_empty_webhook_host_list_is_deployed_empty(deploying, monkeypatch):
     """RESPAWN_ALLOWED_WEBHOOK_HOSTS="" means no host: the functions get it empty, never their default."""
     import shlex
 
     from controller.service.config import Settings
 
     monkeypatch.setenv("RESPAWN_ALLOWED_WEBHOOK_HOSTS", "")
-    result = cli("deploy", "--project", "prod-proj", "--region", "us-central1", "--bucket", "prod-bucket", "--dry-run")
+    result = deploying("deploy", "--project", "prod-proj", "--region", "us-central1", "--bucket", "prod-bucket",
+                       "--dry-run")
     assert result.exit_code == 0, result.output
     tick = next(l for l in result.output.splitlines() if l.startswith("gcloud functions deploy respawn-tick"))
     env = _dict_flag(next(a for a in shlex.split(tick) if a.startswith("--set-env-vars=")).split("=", 1)[1])
@@ -254,7 +266,7 @@ def test_an_empty_webhook_host_list_is_deployed_empty(cli, monkeypatch):
     assert Settings().allowed_webhook_hosts == ()
 
 
-def test_a_failing_deploy_step_never_prints_the_webhook_url(cli, monkeypatch):
+def test_a_failing_deploy_step_never_prints_the_webhook_url(deploying, monkeypatch):
     """The notification webhook's URL (a secret) reaches gcloud on its standard input alone, and
     gcloud may echo what it read back: neither a failure's message nor its output shows it."""
     import subprocess
@@ -272,19 +284,19 @@ def test_a_failing_deploy_step_never_prints_the_webhook_url(cli, monkeypatch):
         return subprocess.CompletedProcess(argv, 0, "", "")
 
     monkeypatch.setattr(subprocess, "run", gcloud)
-    result = cli("deploy", "--project", "p-proj", "--region", "us-central1", "--bucket", "b-bucket")
+    result = deploying("deploy", "--project", "p-proj", "--region", "us-central1", "--bucket", "b-bucket")
     assert result.exit_code == 1 and "gcloud secrets versions add respawn-notify-webhook" in result.output
     assert "(gcloud.secrets.versions.add) invalid: https://hooks.slack.com/<redacted>" in result.output
     assert "T0SECRET" not in result.output and "xyzzy" not in result.output
     assert [stdin for argv, stdin in given if secret in " ".join(argv) or stdin] == [secret]  # stdin, once
 
 
-def test_deploy_refuses_a_bucket_name_that_is_not_one(cli):
-    result = cli("deploy", "--project", "p", "--region", "r", "--bucket", 'b"||true', "--dry-run")
+def test_deploy_refuses_a_bucket_name_that_is_not_one(deploying):
+    result = deploying("deploy", "--project", "p", "--region", "r", "--bucket", 'b"||true', "--dry-run")
     assert result.exit_code == 2 and "not a Cloud Storage bucket name" in result.output
 
 
-def test_deploy_reports_the_failing_command_and_stops(cli, monkeypatch):
+def test_deploy_reports_the_failing_command_and_stops(deploying, monkeypatch):
     import subprocess
 
     from controller.cli import deploy
@@ -295,7 +307,7 @@ def test_deploy_reports_the_failing_command_and_stops(cli, monkeypatch):
                                 output="ERROR: PERMISSION_DENIED")
 
     monkeypatch.setattr(deploy, "execute", fail)
-    result = cli("deploy", "--project", "p-proj", "--region", "us-central1", "--bucket", "b-bucket")
+    result = deploying("deploy", "--project", "p-proj", "--region", "us-central1", "--bucket", "b-bucket")
     assert result.exit_code == 1
     assert "step 3 (uniform-access) failed: gcloud storage buckets update gs://b-bucket failed" in result.output
     assert "PERMISSION_DENIED" in result.output and "--from uniform-access" in result.output
@@ -321,10 +333,14 @@ def test_deploy_runs_the_plan_in_order(monkeypatch):
     target = deploy.Target("p-proj", "us-central1", "b-bucket", "c@p-proj.iam.gserviceaccount.com",
                            "s@p-proj.iam.gserviceaccount.com")
     deploy.execute(deploy.plan(target), target, run=fake_gcloud, say=lambda _: None)
-    assert [a[1:4] for a in ran[:6]] == [("services", "enable", "compute.googleapis.com"),
-                                         ("projects", "describe", "p-proj"), ("storage", "buckets", "describe"),
-                                         ("storage", "buckets", "create"), ("storage", "buckets", "update"),
-                                         ("iam", "service-accounts", "create")]
+    assert [a[1:4] for a in ran[:10]] == [("services", "enable", "compute.googleapis.com"),
+                                          ("projects", "describe", "p-proj"), ("storage", "buckets", "describe"),
+                                          ("storage", "buckets", "create"), ("storage", "buckets", "update"),
+                                          # the checkpoints bucket: where the control bucket is (its lookups), if absent
+                                          ("projects", "describe", "p-proj"), ("storage", "buckets", "describe"),
+                                          ("storage", "buckets", "describe"), ("storage", "buckets", "create"),
+                                          ("iam", "service-accounts", "create")]
+    assert ran[8][4] == "gs://b-bucket-checkpoints"
     functions = [a[2:4] for a in ran if a[1] == "functions"]
     assert functions == [("describe", "respawn-tick"), ("deploy", "respawn-tick"),  # what is deployed, read first
                          ("describe", "respawn-on-object"), ("deploy", "respawn-on-object"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -73,6 +74,30 @@ def test_a_second_local_up_in_the_same_folder_is_refused_and_leaves_the_first_on
     said = " ".join((second.stdout + second.stderr).split())
     assert second.returncode == 2 and "a local cloud is already up" in said and "--dir DIR" in said, said
     assert up["source"].read_text() == before
+
+
+def test_a_deploy_to_another_project_from_a_shell_that_sourced_local_env_is_refused_and_its_unset_line_clears_it(
+        up, tmp_path):
+    """Issue 39: `respawn deploy --project my-proj --dry-run` there planned my-proj's roles for the local
+    project's trainer. Refused, naming every variable local.env exported in its `unset` line; that line
+    run, the plan is my-proj's. A deploy to the local cloud's own project from that shell is planned."""
+    env = terminal(up, tmp_path)
+    deploy = [sys.executable, "-m", "controller.cli", "deploy", "--dry-run"]
+    refused = subprocess.run([*deploy, "--project", "my-proj"], capture_output=True, text=True, timeout=60,
+                             stdin=subprocess.DEVNULL, env=env)
+    said = " ".join((refused.stdout + refused.stderr).split())
+    assert refused.returncode == 2 and "this shell points at the local cloud (project respawn-local)" in said, said
+    unset = said.rpartition("or first: unset ")[2].split()
+    assert sorted(unset) == sorted(up["env"]), said  # every variable local.env exports, and only those
+    cleared = subprocess.run(["bash", "-c", f"source {shlex.quote(str(up['source']))} && unset {' '.join(unset)} && "
+                              f"{shlex.join(deploy)} --project my-proj --region us-central1 --bucket my-bucket"],
+                             capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                             env={k: v for k, v in env.items() if k not in up["env"]})
+    assert cleared.returncode == 0, cleared.stdout + cleared.stderr
+    assert "--member=serviceAccount:respawn-trainer@my-proj.iam.gserviceaccount.com" in cleared.stdout
+    assert "respawn-local" not in cleared.stdout and "127.0.0.1" not in cleared.stdout
+    own = subprocess.run(deploy, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, env=env)
+    assert own.returncode == 0 and "gs://respawn-local" in own.stdout, own.stdout + own.stderr
 
 
 def test_local_up_prints_one_line_that_gives_gcloud_a_token(up):

@@ -100,6 +100,29 @@ def test_reconcile_in_a_mistyped_bucket_says_the_bucket_is_not_there(mem, tmp_pa
     assert line.startswith("✗ bucket gs://respawn-locall does not exist: RESPAWN_BUCKET=respawn-locall"), line
 
 
+@pytest.mark.parametrize("command", [["sweep", "status"], ["sweep", "cancel"], ["sweep", "rm"], ["report", "--sweep"]])
+def test_every_sweep_command_in_a_mistyped_bucket_says_the_bucket_is_not_there_not_that_the_sweep_is_not(
+        mem, tmp_path, command):  # noqa: F811
+    """They said "no sweep named 'lr' in gs://respawn-locall (respawn sweep submit FILE makes one)"."""
+    _mistyped_bucket(mem, tmp_path, local_env=BUCKET)
+    result = runner.invoke(app, [*command, "lr"])
+    assert result.exit_code == 2, result.output
+    line = result.output.strip()
+    assert line == (f"✗ bucket gs://respawn-locall does not exist: RESPAWN_BUCKET=respawn-locall is set in your "
+                    f"environment, while the local cloud's {tmp_path / 'local.env'} says {BUCKET}: `source "
+                    f"{tmp_path / 'local.env'}` (or set RESPAWN_BUCKET to your control bucket)"), line
+    # ...and in the bucket that is there, a sweep that is not is said as before
+    from controller.service import bootstrap
+    from controller.service.config import Settings
+    from tests.harness import PROJECT, TRAINER
+
+    bootstrap.override(None, Settings(bucket=BUCKET, project=PROJECT, trainer_service_account=TRAINER,
+                                      local_dir=tmp_path), mem.store, mem.compute)
+    result = runner.invoke(app, [*command, "lr"])
+    assert result.exit_code == 2 and result.output.strip() == (
+        f"✗ no sweep named 'lr' in gs://{BUCKET} (respawn sweep submit FILE makes one)"), result.output
+
+
 def test_deploys_dry_run_prints_its_summary_after_a_blank_line_never_a_literal_backslash_n(cli):  # noqa: F811
     """Item 13's own complaint, back in the summary the fix added: `\\nthe plan: 37 steps...`."""
     result = cli("--dry-run")

@@ -385,8 +385,9 @@ def fake(monkeypatch) -> FakeProject:
 
 @pytest.fixture
 def cli(monkeypatch) -> Any:
-    """`respawn deploy` with no RESPAWN_* setting from the environment but those a test sets."""
-    for key in [k for k in os.environ if k.startswith("RESPAWN_")]:
+    """`respawn deploy` with no RESPAWN_* setting from the environment but those a test sets (nor a local
+    cloud's addresses: this machine's shell may have sourced one's local.env)."""
+    for key in [k for k in os.environ if k.startswith(("RESPAWN_", "CLOUDSDK_", "STORAGE_EMULATOR_HOST"))]:
         monkeypatch.delenv(key)
     monkeypatch.setattr(deploy, "gcloud_account", lambda run=None: "owner@example.com")  # never this machine's gcloud
 
@@ -394,6 +395,75 @@ def cli(monkeypatch) -> Any:
         return runner.invoke(app, ["deploy", "--project", PROJECT, "--region", REGION, "--bucket", BUCKET, *args])
 
     return invoke
+
+
+# -- from a shell that sourced the local cloud's local.env -----------------------------------------
+
+LOCAL = "respawn-local"
+# What such a shell holds (localcloud.stack.LocalCloud.env, in part): addresses on 127.0.0.1 for the
+# clients and gcloud, and the local project's settings.
+LOCAL_ENV = {
+    "STORAGE_EMULATOR_HOST": "http://127.0.0.1:40101", "RESPAWN_COMPUTE_ENDPOINT": "http://127.0.0.1:40102",
+    "RESPAWN_IAM_ENDPOINT": "http://127.0.0.1:40103", "RESPAWN_FUNCTIONS_ENDPOINT": "http://localhost:40104",
+    "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE": "http://127.0.0.1:40102/compute/v1/",
+    "CLOUDSDK_API_ENDPOINT_OVERRIDES_IAM": "http://127.0.0.1:40103/",
+    "CLOUDSDK_API_ENDPOINT_OVERRIDES_CLOUDFUNCTIONS": "http://localhost:40104/",
+    "CLOUDSDK_CORE_PROJECT": LOCAL, "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE": "/home/me/.respawn/local/gcloud-token",
+    "RESPAWN_PROJECT": LOCAL, "RESPAWN_BUCKET": LOCAL, "RESPAWN_REGION": "us-central1",
+    "RESPAWN_TRAINER_SERVICE_ACCOUNT": f"respawn-trainer@{LOCAL}.iam.gserviceaccount.com",
+    "RESPAWN_VM_SCRIPTS": "/src/respawn/deploy/vm",
+}
+ADDRESSES = sorted(k for k, v in LOCAL_ENV.items() if "://" in v)
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_deploy_to_google_from_a_shell_that_sourced_local_env_is_refused_naming_what_points_at_the_local_cloud(
+        cli, fake, monkeypatch, dry_run):
+    """Issue 39: `respawn deploy --project my-proj --dry-run` there planned my-proj's roles for
+    respawn-trainer@respawn-local, and its gcloud calls went to the local cloud."""
+    for key, value in LOCAL_ENV.items():
+        monkeypatch.setenv(key, value)
+    result = runner.invoke(app, ["deploy", "--project", "my-proj", *(["--dry-run"] if dry_run else [])])
+    assert result.exit_code == 2, result.output
+    line = result.output.strip()
+    assert "\n" not in line and line.startswith(
+        f"✗ respawn deploy --project my-proj refused: this shell points at the local cloud (project {LOCAL}): "
+        f"{', '.join(ADDRESSES)} point at 127.0.0.1/localhost, where the deploy's calls would go, and "
+        f"RESPAWN_TRAINER_SERVICE_ACCOUNT=respawn-trainer@{LOCAL}.iam.gserviceaccount.com would get my-proj's "
+        "trainer roles. Deploy from a new shell"), line
+    assert line.endswith(f"or first: unset {' '.join(sorted(LOCAL_ENV))}"), line  # every variable it set, exactly
+    assert fake.commands == [] and "# 1. " not in result.output  # nothing planned, nothing run
+    # The line it gives, run: the plan is my-proj's, with my-proj's trainer, and nothing of the local cloud's.
+    for key in line.rpartition("unset ")[2].split():
+        monkeypatch.delenv(key)
+    result = runner.invoke(app, ["deploy", "--project", "my-proj", "--region", "us-central1", "--bucket", "my-bucket",
+                                 "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "--member=serviceAccount:respawn-trainer@my-proj.iam.gserviceaccount.com" in result.output
+    assert LOCAL not in result.output and "127.0.0.1" not in result.output
+
+
+def test_only_an_address_on_this_machine_counts_as_the_local_cloud():
+    from controller.cli import localshell
+
+    google = {"RESPAWN_COMPUTE_ENDPOINT": "https://compute.googleapis.com", "RESPAWN_PROJECT": LOCAL,
+              "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE": "https://compute.googleapis.com/compute/v1/",
+              "RESPAWN_TRAINER_SERVICE_ACCOUNT": f"ml@{LOCAL}.iam.gserviceaccount.com", "HOME": "/home/me"}
+    assert localshell.refusal(google, "my-proj") is None
+    for value in ("127.0.0.1:4443", "http://localhost:4443", "http://[::1]:4443/"):  # bare host:port, as GCS's may be
+        assert localshell.pointing({**google, "STORAGE_EMULATOR_HOST": value}) == ["STORAGE_EMULATOR_HOST"]
+        said = localshell.refusal({**google, "STORAGE_EMULATOR_HOST": value}, "my-proj")
+        assert said is not None and said.endswith("or first: unset RESPAWN_PROJECT RESPAWN_TRAINER_SERVICE_ACCOUNT "
+                                                  "STORAGE_EMULATOR_HOST"), said
+
+
+def test_a_deploy_to_the_local_clouds_own_project_from_its_shell_is_planned_as_before(cli, monkeypatch):
+    for key, value in LOCAL_ENV.items():
+        monkeypatch.setenv(key, value)
+    result = runner.invoke(app, ["deploy", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "this shell points at the local cloud" not in result.output
+    assert f"--member=serviceAccount:respawn-trainer@{LOCAL}.iam.gserviceaccount.com" in result.output
 
 
 # -- a fresh project, twice ------------------------------------------------------------------

@@ -799,6 +799,29 @@ def test_a_mistyped_bucket_is_fixed_by_setting_respawn_bucket_to_the_deployed_on
         assert "--bucket=respawn-buckett" not in (result.fix or "")
 
 
+def test_with_a_mistyped_bucket_every_check_that_needs_it_gives_the_bucket_checks_fix_never_create_it():
+    """Issue 39: the bucket check said `export RESPAWN_BUCKET=<deployed bucket>`, while the checks that
+    depend on it said "fix: create it first (see the bucket check)" (and two, no fix at all)."""
+    t = doctor.Target(PROJECT, "respawn-buckett", REGION, CONTROLLER, TRAINER)
+    found = {r.name: r for r in doctor.run(doctor.checks(healthy(), t, now=lambda: NOW), 5.0)}
+    dependent = ["uniform bucket-level access", "bucket writable", "trainer cannot read the bucket", "bucket IAM",
+                 "checkpoints bucket", "controller last ran", "preemption notice", "who may read the bucket"]
+    for name in dependent:
+        assert not found[name].ok and found[name].detail == "gs://respawn-buckett does not exist", name
+        assert found[name].fix == (f"export RESPAWN_BUCKET={BUCKET}  # see the bucket check: the deployed "
+                                   "controller's"), (name, found[name].fix)
+    assert not any("create" in (r.fix or "") for r in found.values())
+    # A bucket simply not there (no deployment on another): each says to make it, as the bucket check does.
+    p = healthy()
+    del p.functions[deploy.ON_OBJECT]
+    found = {r.name: r for r in doctor.run(doctor.checks(p, t, now=lambda: NOW), 5.0)}
+    assert found["bucket"].fix.startswith("gcloud storage buckets create gs://respawn-buckett")
+    for name in dependent:
+        assert found[name].fix.startswith("create it first (see the bucket check)"), (name, found[name].fix)
+    assert found["uniform bucket-level access"].fix.endswith(
+        f", then respawn deploy --project={PROJECT} --region={REGION} --bucket=respawn-buckett")
+
+
 def test_doctor_checks_the_checkpoints_bucket_is_there_and_the_trainer_and_controller_grants_on_it_with_the_fix():
     found = run(healthy())["checkpoints bucket"]
     assert found.ok and not found.note and found.detail == (
