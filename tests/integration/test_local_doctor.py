@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from controller.cli import buckets
 from controller.service import lastpass
 from localcloud.stack import LocalCloud, Options
 
@@ -72,14 +73,15 @@ def test_doctor_passes_every_check_on_a_healthy_local_cloud(cloud, spec):
 
 def test_doctor_passes_the_quickstart_and_fails_a_checkpoint_bucket_or_code_tarball_submit_would_refuse(cloud, tmp_path):
     """Issue 39: doctor passed a spec whose checkpoint bucket and code tarball were not there, which submit
-    then refused; the shipped quickstart (its bucket the local cloud's, its code a file beside it) passes."""
+    then refused; the shipped quickstart (its bucket the local cloud's checkpoints bucket, its code a file beside
+    it) passes."""
     import yaml
 
     quickstart = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
     done = doctor(cloud, str(quickstart))
     assert done.returncode == 0, done.stdout + done.stderr
     assert line(done.stdout, "checkpoint.uri").startswith("✓ checkpoint.uri") and \
-        f"bucket gs://{cloud.options.bucket} is there" in line(done.stdout, "checkpoint.uri")
+        f"bucket gs://{buckets.checkpoints_bucket(cloud.options.bucket)} is there" in line(done.stdout, "checkpoint.uri")
     assert line(done.stdout, "code").startswith("✓ code") and "local: respawn submit packs it" in line(done.stdout, "code")
     doc = yaml.safe_load(quickstart.read_text())
     broken = tmp_path / "quickstart.yaml"
