@@ -135,6 +135,19 @@ def warn_no_checkpoint(spec: JobSpec, job: str, err: Console, from_flags: bool =
         err.print(Text(f"  {said[1]}"), soft_wrap=True, highlight=False)
 
 
+def warn_control_bucket(spec: JobSpec, job: str, control: str, err: Console, from_flags: bool = False) -> None:
+    """A warning, not a refusal, for a checkpoint prefix in the control bucket (places.in_control_bucket):
+    an operator may have granted the trainers' account more there (``respawn doctor SPEC`` judges the
+    grant it finds). The fix is the spec's line, or (``from_flags``, respawn run's) the flag."""
+    if spec.checkpoint is None or (wrong := places.in_control_bucket(spec.checkpoint.uri, control, job)) is None:
+        return
+    field, fix = ("--checkpoint", f"--checkpoint {wrong.instead}  # or leave it out: respawn run's default") \
+        if from_flags else (wrong.field, wrong.fix)
+    err.print(Note("!", "yellow", f"{field}: {wrong.detail}, unless you granted it more there (respawn doctor SPEC "
+                                  "checks the grant). Give the job its own prefix in the checkpoints bucket:"))
+    err.print(Text(f"  {fix}"), soft_wrap=True, highlight=False)
+
+
 def submit(request: Request, jobs: Jobs, sources: Callable[[], estimate.Sources], project: str,
            out: Console, err: Console, ask: Callable[[str], bool], interactive: bool,
            show_spec: bool = False) -> Done:
@@ -158,6 +171,7 @@ def submit(request: Request, jobs: Jobs, sources: Callable[[], estimate.Sources]
         if said:
             err.print(Text(f"! {said}", style="yellow"), soft_wrap=True)
     warn_no_checkpoint(spec, request.job, err, request.from_flags)
+    warn_control_bucket(spec, request.job, jobs.bucket, err, request.from_flags)
     resumes = jobruns.resume(jobs, spec, request.job)
     # A place not there (the example's placeholder bucket) is refused; one not readable here is left to
     # the controller and the VMs (places: respawn doctor SPEC judges them alike).

@@ -103,6 +103,36 @@ def test_a_run_whose_default_checkpoints_bucket_is_not_there_is_refused_naming_d
     assert not h.store.exists(BUCKET, names.spec_key("tune"))
 
 
+def test_submit_warns_of_a_checkpoint_in_the_control_bucket_naming_the_checkpoints_bucket_as_the_fix(mem, tmp_path):  # noqa: F811
+    """The examples had gs://respawn-local/checkpoints/<job>: the trainers' account may write only its VM
+    records there (deploy/IAM.md), so a trainer could never save. A warning, not a refusal: an operator may
+    have granted it more (respawn doctor SPEC judges the grant)."""
+    result = runner.invoke(app, ["submit", "--yes", _spec(tmp_path, checkpoint={"uri": f"gs://{BUCKET}/checkpoints/j"})])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert f"! checkpoint.uri: gs://{BUCKET}/checkpoints/j is in the control bucket gs://{BUCKET}, where the " \
+           "trainers' account may write only its VM records (deploy/IAM.md): the trainer could save no checkpoint" in said
+    assert "unless you granted it more there (respawn doctor SPEC checks the grant)" in said, said
+    assert f"  checkpoint: {{uri: gs://{BUCKET}-checkpoints/j}}  # the checkpoints bucket respawn deploy makes" \
+        in result.output.splitlines(), result.output
+    assert mem.store.exists(BUCKET, names.spec_key("j"))  # submitted as it is
+
+
+def test_run_with_a_checkpoint_in_the_control_bucket_warns_with_the_flag_that_fixes_it(mem, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, [*RUN, "--checkpoint", f"gs://{BUCKET}/tune", "--", "echo hi"])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert f"! --checkpoint: gs://{BUCKET}/tune is in the control bucket gs://{BUCKET}" in said, said
+    assert f"--checkpoint gs://{BUCKET}-checkpoints/tune # or leave it out: respawn run's default" in said
+
+
+def test_a_checkpoint_in_the_checkpoints_bucket_or_another_is_not_warned_of(mem, tmp_path):  # noqa: F811
+    for uri in (f"gs://{BUCKET}-checkpoints/j", "gs://ckpts/j", f"gs://{BUCKET}-other/j"):
+        result = runner.invoke(app, ["submit", "--dry-run", _spec(tmp_path, checkpoint={"uri": uri})])
+        assert result.exit_code == 0 and "control bucket" not in result.output, (uri, result.output)
+
+
 def test_runs_help_example_shows_its_default_checkpoint():
     text = " ".join(runner.invoke(app, ["run", "--help"], terminal_width=80).output.split())
     assert "respawn run -n tune -z us-central1-a -m g2-standard-8 --workdir . -- python train.py" in text
