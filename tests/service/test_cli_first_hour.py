@@ -133,6 +133,19 @@ def test_a_checkpoint_in_the_checkpoints_bucket_or_another_is_not_warned_of(mem,
         assert result.exit_code == 0 and "control bucket" not in result.output, (uri, result.output)
 
 
+def test_validate_and_submit_of_a_sweep_file_say_in_one_line_it_is_one_and_the_command_that_takes_it(mem):  # noqa: F811
+    """Issue 39: `respawn validate examples/sweep.yaml` said five unknown fields and two missing ones."""
+    from pathlib import Path
+
+    path = str(Path(__file__).parents[2] / "examples" / "sweep.yaml")
+    for command in (["validate", path], ["submit", "--yes", path]):
+        result = runner.invoke(app, command)
+        assert result.exit_code == 2, result.output
+        assert result.output.strip() == (f"✗ {path} is a sweep file (its base: and parameters: make trials, each a "
+                                         f"job), not a job spec: respawn sweep submit {path}"), result.output
+    assert mem.store.list(BUCKET, "jobs/") == [] and mem.store.list(BUCKET, "code/") == []
+
+
 def test_runs_help_example_shows_its_default_checkpoint():
     text = " ".join(runner.invoke(app, ["run", "--help"], terminal_width=80).output.split())
     assert "respawn run -n tune -z us-central1-a -m g2-standard-8 --workdir . -- python train.py" in text
