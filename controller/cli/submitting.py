@@ -106,11 +106,12 @@ def no_checkpoint(spec: JobSpec, job: str, from_flags: bool = False) -> tuple[st
         return None
     where = ("Leave out --no-checkpoint (run then gives it a folder in the checkpoints bucket respawn deploy "
              "makes) or give it this flag") if from_flags else "Add this line to the spec"
-    fix = f"--checkpoint gs://BUCKET/checkpoints/{job}" if from_flags else \
-        f"checkpoint: {{uri: gs://BUCKET/checkpoints/{job}}}"
+    fix = f"--checkpoint gs://BUCKET-checkpoints/{job}" if from_flags else \
+        f"checkpoint: {{uri: gs://BUCKET-checkpoints/{job}}}"
     return (f"{job} names no checkpoint: each preemption restarts it from step 0, and respawn has nothing to "
-            f"resume it from. {where} (a bucket the VMs' account can write), and have the trainer save "
-            "under $RESPAWN_CHECKPOINT_URI and load the latest save there when it starts:", fix)
+            f"resume it from. {where} (BUCKET-checkpoints: the bucket respawn deploy makes beside your control "
+            "bucket, or another the VMs' account can write), and have the trainer save under "
+            "$RESPAWN_CHECKPOINT_URI and load the latest save there when it starts:", fix)
 
 
 def no_checkpoint_bucket(place: places.Place, where: str, control: str) -> str:

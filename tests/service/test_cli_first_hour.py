@@ -38,7 +38,7 @@ def test_validate_and_submit_warn_of_a_spec_without_checkpoint_with_the_line_to_
         assert result.exit_code == 0, result.output  # a warning, not a refusal
         said = " ".join(result.output.split())
         assert "! j names no checkpoint: each preemption restarts it from step 0" in said, command
-        assert "checkpoint: {uri: gs://BUCKET/checkpoints/j}" in result.output, command
+        assert "checkpoint: {uri: gs://BUCKET-checkpoints/j}" in result.output, command
     assert "no checkpoint" not in runner.invoke(app, ["validate", _spec(tmp_path)]).output
 
 
