@@ -8,41 +8,12 @@ bucket, where ``respawn run`` puts a job's checkpoints when it is given no ``--c
 
 from __future__ import annotations
 
-import re
 import shlex
 from pathlib import Path
 
+from controller.core.names import CHECKPOINTS_SUFFIX, checkpoints_bucket, default_checkpoint  # noqa: F401 - named here too
+
 VARIABLE = "RESPAWN_BUCKET"
-CHECKPOINTS_SUFFIX = "-checkpoints"
-# Cloud Storage's bucket names (cloud.google.com/storage/docs/naming-buckets): 3 to 63 lowercase letters,
-# digits, '-' and '_', starting and ending with a letter or digit. A name with dots may be longer, but
-# "names containing dots require verification" of the domain they name: CONTROL-checkpoints is no domain.
-_PLAIN_BUCKET = re.compile(r"[a-z0-9][a-z0-9_-]{1,61}[a-z0-9]")
-MAX_BUCKET = 63
-
-
-def checkpoints_bucket(control: str) -> str:
-    """The checkpoints bucket of the control bucket ``control``: ``CONTROL-checkpoints``, which
-    ``respawn deploy`` (and ``respawn local up``) makes, the trainers' account may read and write, and
-    the controller's may list. A bucket of its own, not a prefix of the control bucket: the trainers
-    may neither list nor read that one (deploy/IAM.md). ValueError, saying why, where that name
-    cannot be a bucket's."""
-    name = f"{control}{CHECKPOINTS_SUFFIX}"
-    if len(name) > MAX_BUCKET:
-        raise ValueError(f"gs://{name} would be {len(name)} characters long, and a bucket name is at most "
-                         f"{MAX_BUCKET} (a control bucket of at most {MAX_BUCKET - len(CHECKPOINTS_SUFFIX)} has one)")
-    if "." in name:
-        raise ValueError(f"gs://{name} has dots, and Cloud Storage makes a bucket with dots only for a domain "
-                         "verified as yours")
-    if not _PLAIN_BUCKET.fullmatch(name):
-        raise ValueError(f"gs://{name} is not a Cloud Storage bucket name")
-    return name
-
-
-def default_checkpoint(control: str, job: str) -> str:
-    """``respawn run``'s checkpoint prefix for ``job`` when given none: its name in the checkpoints
-    bucket. ValueError as ``checkpoints_bucket``."""
-    return f"gs://{checkpoints_bucket(control)}/{job}"
 
 
 def exported(env_file: Path, variable: str = VARIABLE) -> str | None:

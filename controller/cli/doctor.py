@@ -775,7 +775,7 @@ def spec_checks(apis: Apis, t: Target, spec: JobSpec, account: str | None, packe
     control bucket (its checkpoint bucket, its code tarball: ``packed``, local code submit uploads)."""
     project = spec.project or t.project
     rest: list[Check] = [("image", _image_check(apis, spec)), ("service account", _account_check(apis, t, account)),
-                         *_container_checks(apis, spec, account), *_place_checks(apis, spec, packed)]
+                         *_container_checks(apis, spec, account), *_place_checks(apis, t, spec, account, packed)]
     if spec.tpu is not None and spec.tpu.type is not None:  # Cloud TPU's quotas: per zone, not Compute's regional ones
         return [*((f"TPU quota in {zone}", _tpu_quota_check(apis, project, zone, spec.tpu.type))
                   for zone in dict.fromkeys(spec.zones)), *rest]
@@ -791,19 +791,35 @@ def spec_checks(apis: Apis, t: Target, spec: JobSpec, account: str | None, packe
     return out + rest
 
 
-def _place_checks(apis: Apis, spec: JobSpec, packed: bool) -> list[Check]:
+def _place_checks(apis: Apis, t: Target, spec: JobSpec, account: str | None, packed: bool) -> list[Check]:
     """The spec's checkpoint bucket and ``code:`` tarball, judged as ``respawn submit`` judges them
-    (controller.service.places): one that is not there fails, one not readable here is said."""
+    (controller.service.places): one that is not there fails, one not readable here is said; a
+    checkpoint prefix in the control bucket fails unless ``account`` (the trainers') may save there."""
     out: list[Check] = []
     if spec.checkpoint is not None:
         where = spec.checkpoint
-        out.append(("checkpoint.uri", lambda: _place(places.checkpoints(apis.store(), where).place)))
+        if (wrong := places.in_control_bucket(where.uri, t.bucket, spec.name or "JOB")) is not None:
+            out.append(("checkpoint.uri", lambda: _control_checkpoints(apis, t, account or t.trainer_sa, wrong)))
+        else:
+            out.append(("checkpoint.uri", lambda: _place(places.checkpoints(apis.store(), where).place)))
     if spec.code and packed:
         out.append(("code", lambda: f"local: respawn submit packs it and uploads it ({spec.code})"))
     elif spec.code:
         uri = spec.code
         out.append(("code", lambda: _place(places.code(apis.store(), uri))))
     return out
+
+
+def _control_checkpoints(apis: Apis, t: Target, account: str, wrong: places.Misplaced) -> tuple[str, bool]:
+    """A checkpoint prefix in the control bucket: ✗, as submit warns, unless the trainers' account holds
+    what it holds on the checkpoints bucket (read, write, list), unconditioned, on the control bucket too:
+    an operator's grant beyond deploy's (which lets every trainer read every job's records)."""
+    roles = grants.Roles(lambda name: apis.role(name))
+    found = grants.held(roles, f"serviceAccount:{account}", grants.OBJECTS, apis.bucket_policy(t.bucket))
+    if found.missing(grants.OBJECTS):
+        raise Failed(wrong.detail, wrong.fix)
+    return (f"{wrong.detail.partition(',')[0]}, and {account} may read, write and list it there "
+            f"({', '.join(found.roles(grants.OBJECTS))}): a grant beyond deploy's (deploy/IAM.md)", True)
 
 
 def _place(found: places.Place) -> str | tuple[str, bool]:

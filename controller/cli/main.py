@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 import shutil
 import time
 from collections.abc import Iterator
@@ -192,6 +193,15 @@ def _read(spec: Path) -> bytes:
         _fail(f"cannot read {spec}: {e.strerror or e}")
 
 
+def _not_a_sweep(raw: bytes, path: Path) -> None:
+    """A sweep file given to validate or submit: one line naming the command that takes it."""
+    from controller.core import sweep
+
+    if sweep.is_sweep_file(raw):
+        _fail(f"{path} is a sweep file (its base: and parameters: make trials, each a job), not a job spec: "
+              f"respawn sweep submit {shlex.quote(str(path))}")
+
+
 @app.command()
 def validate(
     spec: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="the job's spec file, YAML or JSON")],
@@ -201,6 +211,7 @@ def validate(
     from controller.cli import pack, submitting
 
     raw = _read(spec)
+    _not_a_sweep(raw, spec)
     name = job or _declared_name(raw) or spec.stem
     config = _config(fresh=True)
     packed = None
@@ -290,6 +301,7 @@ def submit(
     packed (honouring .gitignore and .respawnignore) and uploaded to gs://BUCKET/code/<sha256>.tar.gz
     first. The question is asked only on a terminal; --yes skips it."""
     raw = _read(spec)
+    _not_a_sweep(raw, spec)
     _submit(raw, job or _declared_name(raw) or spec.stem, spec.resolve().parent, workdir, replace, uncancel, yes, dry_run,
             source=spec.name, fresh=fresh)
 

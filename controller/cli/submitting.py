@@ -106,11 +106,12 @@ def no_checkpoint(spec: JobSpec, job: str, from_flags: bool = False) -> tuple[st
         return None
     where = ("Leave out --no-checkpoint (run then gives it a folder in the checkpoints bucket respawn deploy "
              "makes) or give it this flag") if from_flags else "Add this line to the spec"
-    fix = f"--checkpoint gs://BUCKET/checkpoints/{job}" if from_flags else \
-        f"checkpoint: {{uri: gs://BUCKET/checkpoints/{job}}}"
+    fix = f"--checkpoint gs://BUCKET-checkpoints/{job}" if from_flags else \
+        f"checkpoint: {{uri: gs://BUCKET-checkpoints/{job}}}"
     return (f"{job} names no checkpoint: each preemption restarts it from step 0, and respawn has nothing to "
-            f"resume it from. {where} (a bucket the VMs' account can write), and have the trainer save "
-            "under $RESPAWN_CHECKPOINT_URI and load the latest save there when it starts:", fix)
+            f"resume it from. {where} (BUCKET-checkpoints: the bucket respawn deploy makes beside your control "
+            "bucket, or another the VMs' account can write), and have the trainer save under "
+            "$RESPAWN_CHECKPOINT_URI and load the latest save there when it starts:", fix)
 
 
 def no_checkpoint_bucket(place: places.Place, where: str, control: str) -> str:
@@ -133,6 +134,19 @@ def warn_no_checkpoint(spec: JobSpec, job: str, err: Console, from_flags: bool =
     if said := no_checkpoint(spec, job, from_flags):
         err.print(Note("!", "yellow", said[0]))
         err.print(Text(f"  {said[1]}"), soft_wrap=True, highlight=False)
+
+
+def warn_control_bucket(spec: JobSpec, job: str, control: str, err: Console, from_flags: bool = False) -> None:
+    """A warning, not a refusal, for a checkpoint prefix in the control bucket (places.in_control_bucket):
+    an operator may have granted the trainers' account more there (``respawn doctor SPEC`` judges the
+    grant it finds). The fix is the spec's line, or (``from_flags``, respawn run's) the flag."""
+    if spec.checkpoint is None or (wrong := places.in_control_bucket(spec.checkpoint.uri, control, job)) is None:
+        return
+    field, fix = ("--checkpoint", f"--checkpoint {wrong.instead}  # or leave it out: respawn run's default") \
+        if from_flags else (wrong.field, wrong.fix)
+    err.print(Note("!", "yellow", f"{field}: {wrong.detail}, unless you granted it more there (respawn doctor SPEC "
+                                  "checks the grant). Give the job its own prefix in the checkpoints bucket:"))
+    err.print(Text(f"  {fix}"), soft_wrap=True, highlight=False)
 
 
 def submit(request: Request, jobs: Jobs, sources: Callable[[], estimate.Sources], project: str,
@@ -158,6 +172,7 @@ def submit(request: Request, jobs: Jobs, sources: Callable[[], estimate.Sources]
         if said:
             err.print(Text(f"! {said}", style="yellow"), soft_wrap=True)
     warn_no_checkpoint(spec, request.job, err, request.from_flags)
+    warn_control_bucket(spec, request.job, jobs.bucket, err, request.from_flags)
     resumes = jobruns.resume(jobs, spec, request.job)
     # A place not there (the example's placeholder bucket) is refused; one not readable here is left to
     # the controller and the VMs (places: respawn doctor SPEC judges them alike).

@@ -60,6 +60,41 @@ def job_name_problem(name: str) -> str | None:
     return None
 
 
+# The checkpoints bucket beside a control bucket (deploy/IAM.md): the CLI names it (respawn run's default
+# checkpoint, deploy, doctor) and so does the service (controller.service.places: a spec's checkpoint.uri
+# in the control bucket, where no trainer may save, is pointed there).
+CHECKPOINTS_SUFFIX = "-checkpoints"
+# Cloud Storage's bucket names (cloud.google.com/storage/docs/naming-buckets): 3 to 63 lowercase letters,
+# digits, '-' and '_', starting and ending with a letter or digit. A name with dots may be longer, but
+# "names containing dots require verification" of the domain they name: CONTROL-checkpoints is no domain.
+_PLAIN_BUCKET = re.compile(r"[a-z0-9][a-z0-9_-]{1,61}[a-z0-9]")
+MAX_BUCKET = 63
+
+
+def checkpoints_bucket(control: str) -> str:
+    """The checkpoints bucket of the control bucket ``control``: ``CONTROL-checkpoints``, which
+    ``respawn deploy`` (and ``respawn local up``) makes, the trainers' account may read and write, and
+    the controller's may list. A bucket of its own, not a prefix of the control bucket: the trainers
+    may neither list nor read that one (deploy/IAM.md). ValueError, saying why, where that name
+    cannot be a bucket's."""
+    name = f"{control}{CHECKPOINTS_SUFFIX}"
+    if len(name) > MAX_BUCKET:
+        raise ValueError(f"gs://{name} would be {len(name)} characters long, and a bucket name is at most "
+                         f"{MAX_BUCKET} (a control bucket of at most {MAX_BUCKET - len(CHECKPOINTS_SUFFIX)} has one)")
+    if "." in name:
+        raise ValueError(f"gs://{name} has dots, and Cloud Storage makes a bucket with dots only for a domain "
+                         "verified as yours")
+    if not _PLAIN_BUCKET.fullmatch(name):
+        raise ValueError(f"gs://{name} is not a Cloud Storage bucket name")
+    return name
+
+
+def default_checkpoint(control: str, job: str) -> str:
+    """``respawn run``'s checkpoint prefix for ``job`` when given none: its name in the checkpoints
+    bucket. ValueError as ``checkpoints_bucket``."""
+    return f"gs://{checkpoints_bucket(control)}/{job}"
+
+
 def sweep_key(sweep: str) -> str:
     return f"{SWEEPS_PREFIX}{sweep}/sweep.json"
 

@@ -198,6 +198,17 @@ def parse_sweep(raw: bytes | str, source: str = "sweep.yaml") -> SweepFile:
         raise SpecError(lines) from e
 
 
+def is_sweep_file(raw: bytes | str) -> bool:
+    """A sweep file given where a job spec is wanted (``respawn validate``, ``submit``): it has a
+    ``base:`` or ``parameters:``, which no job spec has, and no ``zones:``, which every job spec has.
+    Said in one line rather than as five unknown fields."""
+    try:
+        data = load_document(raw)
+    except SpecError:
+        return False  # parse_spec says what is wrong with it
+    return isinstance(data, dict) and bool({"base", "parameters"} & data.keys()) and "zones" not in data
+
+
 def _where(loc: tuple[Any, ...]) -> str:
     # pydantic names the union member it tried ("tuple[...]", "Range"): the field's path is what a person needs.
     parts = [str(p) for p in loc if not (isinstance(p, str) and (p[:1].isupper() or "[" in p))]

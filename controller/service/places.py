@@ -6,13 +6,18 @@ is there), so that doctor never passes a spec that submit refuses.
 
 A place that cannot be read from here (a 403: this account is neither the controller's, which lists
 the checkpoints, nor the VMs', which fetch the code) is said and left to them, never refused.
+
+A ``checkpoint.uri`` in the control bucket itself is there, but the trainers' account may write only
+its VM records in that bucket (deploy/IAM.md): ``in_control_bucket`` says so, with the checkpoints
+bucket deploy makes as the fix; submit warns (an operator may have granted more), doctor judges the
+grant it finds.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controller.core import errors
+from controller.core import errors, names
 from controller.core.checkpoints import Found, split_uri
 from controller.core.ports import BlobStore
 from controller.core.spec import Checkpoint
@@ -59,6 +64,39 @@ def checkpoints(store: BlobStore, where: Checkpoint) -> Listed:
     held = f"its latest complete checkpoint is {found.label}" if found else \
         "no complete checkpoint there yet (a first run starts from scratch)"
     return Listed(found, Place("checkpoint.uri", True, f"bucket gs://{bucket} is there; under {where.uri}, {held}"))
+
+
+@dataclass(frozen=True)
+class Misplaced:
+    """A spec's ``checkpoint.uri`` in the control bucket: what is wrong, and where to point it instead."""
+
+    field: str
+    detail: str
+    instead: str  # the checkpoint prefix to give: the job's in the checkpoints bucket deploy makes
+    why: str  # what that bucket is
+
+    @property
+    def fix(self) -> str:
+        """The spec's line that fixes it."""
+        return f"checkpoint: {{uri: {self.instead}}}  # {self.why}"
+
+
+def in_control_bucket(uri: str, control: str, job: str) -> Misplaced | None:
+    """``uri`` (a spec's ``checkpoint.uri``) in the control bucket ``control``: the trainers' account
+    may create there only its VM records (a conditioned custom role), so the trainer could save no
+    checkpoint; the fix, the job's prefix in the checkpoints bucket ``respawn deploy`` makes. None
+    for a uri in any other bucket."""
+    if split_uri(uri)[0] != control:
+        return None
+    detail = (f"{uri} is in the control bucket gs://{control}, where the trainers' account may write only its VM "
+              "records (deploy/IAM.md): the trainer could save no checkpoint, and each preemption would restart the "
+              "job from step 0")
+    try:
+        return Misplaced("checkpoint.uri", detail, names.default_checkpoint(control, job),
+                         "the checkpoints bucket respawn deploy makes")
+    except ValueError:  # a control bucket whose name leaves no checkpoints bucket
+        return Misplaced("checkpoint.uri", detail, f"gs://YOUR-BUCKET/{job}",
+                         "a bucket of yours the trainers' account may write (roles/storage.objectUser)")
 
 
 def code(store: BlobStore, uri: str) -> Place:

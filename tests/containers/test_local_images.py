@@ -61,7 +61,8 @@ def example(**changes: Any) -> dict[str, Any]:
     doc = yaml.safe_load((EXAMPLES / "container.yaml").read_text())
     doc["env"].update(TRAIN_STEPS=str(STEPS), CHECKPOINT_EVERY="40", STEP_SECONDS="0.05")  # as shipped but 600 steps
     name = changes.get("name", doc["name"])
-    return {**doc, "checkpoint": {"uri": f"gs://{doc['checkpoint']['uri'].split('/')[2]}/checkpoints/{name}"}, **changes}
+    where = doc["checkpoint"]["uri"].rsplit("/", 1)[0]  # the example's checkpoints bucket, a prefix of its own there
+    return {**doc, "checkpoint": {"uri": f"{where}/{name}"}, **changes}
 
 
 def uninterrupted_weights() -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from controller.cli import buckets
 from controller.service import lastpass
 from localcloud.stack import LocalCloud, Options
 
@@ -72,14 +73,15 @@ def test_doctor_passes_every_check_on_a_healthy_local_cloud(cloud, spec):
 
 def test_doctor_passes_the_quickstart_and_fails_a_checkpoint_bucket_or_code_tarball_submit_would_refuse(cloud, tmp_path):
     """Issue 39: doctor passed a spec whose checkpoint bucket and code tarball were not there, which submit
-    then refused; the shipped quickstart (its bucket the local cloud's, its code a file beside it) passes."""
+    then refused; the shipped quickstart (its bucket the local cloud's checkpoints bucket, its code a file beside
+    it) passes."""
     import yaml
 
     quickstart = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
     done = doctor(cloud, str(quickstart))
     assert done.returncode == 0, done.stdout + done.stderr
     assert line(done.stdout, "checkpoint.uri").startswith("✓ checkpoint.uri") and \
-        f"bucket gs://{cloud.options.bucket} is there" in line(done.stdout, "checkpoint.uri")
+        f"bucket gs://{buckets.checkpoints_bucket(cloud.options.bucket)} is there" in line(done.stdout, "checkpoint.uri")
     assert line(done.stdout, "code").startswith("✓ code") and "local: respawn submit packs it" in line(done.stdout, "code")
     doc = yaml.safe_load(quickstart.read_text())
     broken = tmp_path / "quickstart.yaml"
@@ -93,6 +95,26 @@ def test_doctor_passes_the_quickstart_and_fails_a_checkpoint_bucket_or_code_tarb
     assert line(refused.stdout, "code").startswith("✗") and \
         f"gs://{cloud.options.bucket}/code/no-such.tar.gz does not exist" in refused.stdout
     assert refused.stderr.partition("checks failed: ")[2].strip() == "checkpoint.uri, code"
+
+
+def test_doctor_fails_the_quickstart_with_its_checkpoint_in_the_control_bucket_naming_the_checkpoints_bucket(
+        cloud, tmp_path):
+    """The examples had gs://respawn-local/checkpoints/<job>: the local cloud's trainer holds deploy's grants,
+    its VM records alone in the control bucket, so doctor fails it as on Google, with the line to write."""
+    import yaml
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    doc = yaml.safe_load((examples / "quickstart.yaml").read_text())
+    (tmp_path / "trainer.py").write_bytes((examples / "trainer.py").read_bytes())  # its code: beside it
+    old = tmp_path / "quickstart.yaml"
+    old.write_text(yaml.safe_dump({**doc, "checkpoint": {"uri": f"gs://{cloud.options.bucket}/checkpoints/quickstart"}}))
+    done = doctor(cloud, str(old))
+    assert done.returncode == 1 and line(done.stdout, "checkpoint.uri").startswith("✗"), done.stdout
+    assert done.stderr.partition("checks failed: ")[2].strip() == "checkpoint.uri", done.stderr
+    assert f"is in the control bucket gs://{cloud.options.bucket}, where the trainers' account may write only its VM " \
+           "records" in done.stdout
+    ours = buckets.default_checkpoint(cloud.options.bucket, "quickstart")
+    assert f"fix: checkpoint: {{uri: {ours}}}  # the checkpoints bucket respawn deploy makes" in done.stdout, done.stdout
 
 
 def test_a_zero_gpu_quota_in_one_of_the_spec_s_regions_fails_that_check(cloud, spec):

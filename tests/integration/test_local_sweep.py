@@ -13,6 +13,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from controller.cli import buckets
 from controller.cli.main import app
 from controller.core import names
 from controller.core.state import JobStatus, Phase
@@ -60,8 +61,8 @@ def test_the_example_sweep_runs_two_at_a_time_and_lists_its_trials_best_first(cl
         assert most <= 2  # max_parallel
         assert [final[j].result["lr"] for j in trials] == [0.01, 0.03, 0.1]
         assert all(final[j].result["step"] == 60 for j in trials)
-        ckpts = {b.name.split("/")[2] for b in cloud.storage.bucket(cloud.options.bucket).list_blobs(prefix="checkpoints/")}
-        assert ckpts == set(trials)  # each trial under a prefix of its own
+        saved = cloud.storage.bucket(buckets.checkpoints_bucket(cloud.options.bucket)).list_blobs(prefix="lr-search/")
+        assert {b.name.split("/")[1] for b in saved} == set(trials)  # in the checkpoints bucket, each under its own prefix
         rows = json.loads(runner.invoke(app, ["sweep", "status", "lr-search", "--json"]).stdout)
         losses = [r["metric"] for r in rows]
         assert losses == sorted(losses) and {r["trial"] for r in rows} == set(trials)

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from controller.cli import buckets
 from controller.cli.main import app
 from controller.core import names
 from controller.core.state import JobStatus, Phase
@@ -43,7 +44,8 @@ def submit(cloud: LocalCloud, monkeypatch: pytest.MonkeyPatch, folder: Path, exa
     doc = yaml.safe_load((EXAMPLES / example).read_text())
     doc["env"].update(TRAIN_STEPS=str(STEPS))
     doc.update(changes)
-    doc["checkpoint"] = {"uri": f"gs://{cloud.options.bucket}/checkpoints/{doc['name']}"}  # its own: never another's
+    # Its own prefix in the checkpoints bucket, as the examples have it: never another job's.
+    doc["checkpoint"] = {"uri": buckets.default_checkpoint(cloud.options.bucket, doc["name"])}
     cli_against(cloud, monkeypatch)
     shutil.copy(EXAMPLES / "trainer.py", folder / "trainer.py")
     (folder / "spec.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))

@@ -38,7 +38,7 @@ def test_validate_and_submit_warn_of_a_spec_without_checkpoint_with_the_line_to_
         assert result.exit_code == 0, result.output  # a warning, not a refusal
         said = " ".join(result.output.split())
         assert "! j names no checkpoint: each preemption restarts it from step 0" in said, command
-        assert "checkpoint: {uri: gs://BUCKET/checkpoints/j}" in result.output, command
+        assert "checkpoint: {uri: gs://BUCKET-checkpoints/j}" in result.output, command
     assert "no checkpoint" not in runner.invoke(app, ["validate", _spec(tmp_path)]).output
 
 
@@ -101,6 +101,49 @@ def test_a_run_whose_default_checkpoints_bucket_is_not_there_is_refused_naming_d
     assert f"bucket gs://{BUCKET}-checkpoints does not exist" in said and "run respawn deploy again" in said, said
     assert "--from checkpoints-bucket" in said and "restart respawn local up" in said
     assert not h.store.exists(BUCKET, names.spec_key("tune"))
+
+
+def test_submit_warns_of_a_checkpoint_in_the_control_bucket_naming_the_checkpoints_bucket_as_the_fix(mem, tmp_path):  # noqa: F811
+    """The examples had gs://respawn-local/checkpoints/<job>: the trainers' account may write only its VM
+    records there (deploy/IAM.md), so a trainer could never save. A warning, not a refusal: an operator may
+    have granted it more (respawn doctor SPEC judges the grant)."""
+    result = runner.invoke(app, ["submit", "--yes", _spec(tmp_path, checkpoint={"uri": f"gs://{BUCKET}/checkpoints/j"})])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert f"! checkpoint.uri: gs://{BUCKET}/checkpoints/j is in the control bucket gs://{BUCKET}, where the " \
+           "trainers' account may write only its VM records (deploy/IAM.md): the trainer could save no checkpoint" in said
+    assert "unless you granted it more there (respawn doctor SPEC checks the grant)" in said, said
+    assert f"  checkpoint: {{uri: gs://{BUCKET}-checkpoints/j}}  # the checkpoints bucket respawn deploy makes" \
+        in result.output.splitlines(), result.output
+    assert mem.store.exists(BUCKET, names.spec_key("j"))  # submitted as it is
+
+
+def test_run_with_a_checkpoint_in_the_control_bucket_warns_with_the_flag_that_fixes_it(mem, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, [*RUN, "--checkpoint", f"gs://{BUCKET}/tune", "--", "echo hi"])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert f"! --checkpoint: gs://{BUCKET}/tune is in the control bucket gs://{BUCKET}" in said, said
+    assert f"--checkpoint gs://{BUCKET}-checkpoints/tune # or leave it out: respawn run's default" in said
+
+
+def test_a_checkpoint_in_the_checkpoints_bucket_or_another_is_not_warned_of(mem, tmp_path):  # noqa: F811
+    for uri in (f"gs://{BUCKET}-checkpoints/j", "gs://ckpts/j", f"gs://{BUCKET}-other/j"):
+        result = runner.invoke(app, ["submit", "--dry-run", _spec(tmp_path, checkpoint={"uri": uri})])
+        assert result.exit_code == 0 and "control bucket" not in result.output, (uri, result.output)
+
+
+def test_validate_and_submit_of_a_sweep_file_say_in_one_line_it_is_one_and_the_command_that_takes_it(mem):  # noqa: F811
+    """Issue 39: `respawn validate examples/sweep.yaml` said five unknown fields and two missing ones."""
+    from pathlib import Path
+
+    path = str(Path(__file__).parents[2] / "examples" / "sweep.yaml")
+    for command in (["validate", path], ["submit", "--yes", path]):
+        result = runner.invoke(app, command)
+        assert result.exit_code == 2, result.output
+        assert result.output.strip() == (f"✗ {path} is a sweep file (its base: and parameters: make trials, each a "
+                                         f"job), not a job spec: respawn sweep submit {path}"), result.output
+    assert mem.store.list(BUCKET, "jobs/") == [] and mem.store.list(BUCKET, "code/") == []
 
 
 def test_runs_help_example_shows_its_default_checkpoint():

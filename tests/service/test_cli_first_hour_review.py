@@ -70,7 +70,7 @@ def test_run_no_checkpoint_names_its_own_flags_as_the_fix(mem, tmp_path, monkeyp
     assert result.exit_code == 0, result.output
     said = " ".join(result.output.split())
     assert "tune names no checkpoint: each preemption restarts it from step 0" in said, said
-    assert "Leave out --no-checkpoint" in said and "--checkpoint gs://BUCKET/checkpoints/tune" in said, said
+    assert "Leave out --no-checkpoint" in said and "--checkpoint gs://BUCKET-checkpoints/tune" in said, said
     assert "to the spec" not in said, said
 
 

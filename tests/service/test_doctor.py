@@ -403,6 +403,31 @@ def test_a_checkpoint_bucket_or_a_code_tarball_that_does_not_exist_fails_naming_
     assert there["code"].detail == "gs://ckpts/code/train.tar.gz is there"
 
 
+def test_doctor_fails_a_checkpoint_in_the_control_bucket_with_the_checkpoints_bucket_as_the_fix():
+    """As submit warns: the trainer may write only its VM records in the control bucket (deploy/IAM.md)."""
+    found = run(healthy(), spec(checkpoint={"uri": f"gs://{BUCKET}/checkpoints/job"}))["checkpoint.uri"]
+    assert not found.ok
+    assert found.detail.startswith(f"gs://{BUCKET}/checkpoints/job is in the control bucket gs://{BUCKET}, where the "
+                                   "trainers' account may write only its VM records (deploy/IAM.md)"), found.detail
+    assert found.fix == f"checkpoint: {{uri: gs://{CHECKPOINTS}/job}}  # the checkpoints bucket respawn deploy makes"
+    in_ours = run(healthy(), spec(checkpoint={"uri": f"gs://{CHECKPOINTS}/job"}))["checkpoint.uri"]
+    assert in_ours.ok and not in_ours.note and in_ours.detail.startswith(f"bucket gs://{CHECKPOINTS} is there")
+
+
+def test_a_checkpoint_in_the_control_bucket_passes_where_the_trainer_was_granted_it_unconditioned():
+    p = healthy()
+    p.bucket_bindings.append({"role": "roles/storage.objectUser", "members": [f"serviceAccount:{TRAINER}"]})
+    found = run(p, spec(checkpoint={"uri": f"gs://{BUCKET}/checkpoints/job"}))["checkpoint.uri"]
+    assert found.ok and found.note, found
+    assert found.detail == (f"gs://{BUCKET}/checkpoints/job is in the control bucket gs://{BUCKET}, and {TRAINER} may "
+                            "read, write and list it there (roles/storage.objectUser): a grant beyond deploy's "
+                            "(deploy/IAM.md)")
+    # a grant conditioned to a prefix admits no listing (checked against the bucket's own name): still a ✗
+    p.bucket_bindings[-1]["condition"] = {"title": "ckpt", "expression":
+                                          f'resource.name.startsWith("projects/_/buckets/{BUCKET}/objects/checkpoints/")'}
+    assert not run(p, spec(checkpoint={"uri": f"gs://{BUCKET}/checkpoints/job"}))["checkpoint.uri"].ok
+
+
 def test_a_checkpoint_bucket_or_a_code_tarball_not_readable_here_is_said_never_failed():
     # A 403 for this account says nothing of the controller's (which lists the checkpoints) nor the VMs'
     # (which fetch the code): submit goes on, and doctor says it could not judge.
