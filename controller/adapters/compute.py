@@ -469,12 +469,16 @@ def _inserted(op: compute_v1.Operation) -> datetime:
 
 
 def _stamp(text: str) -> datetime | None:
-    """An operation's RFC 3339 time; None where it is empty or unreadable (never a pass's failure)."""
+    """An operation's RFC 3339 time, in UTC; None where it is empty or unreadable (never a pass's
+    failure). Compute writes them in Pacific time ("2026-11-29T23:37:48.123-08:00"): kept as given,
+    a status printed its hour eight hours off the rest."""
     try:
         at = datetime.fromisoformat(text) if text else None
     except ValueError:
         return None
-    return at if at is None or at.tzinfo is not None else at.replace(tzinfo=timezone.utc)
+    if at is None:
+        return None
+    return at.astimezone(timezone.utc) if at.tzinfo is not None else at.replace(tzinfo=timezone.utc)
 
 
 # Compute's synchronous quota refusal names the quota and where it counts: "Quota

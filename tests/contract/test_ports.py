@@ -371,6 +371,7 @@ class TestComputeGateway:
         after = datetime.now(UTC) + timedelta(seconds=1)
         first = backend.compute.stopped(PROJECT, "us-central1-a", f"{job}-1")
         assert first.reason == StopReason.PREEMPTED and first.at is not None and before <= first.at <= after
+        assert first.at.utcoffset() == timedelta(0)  # Compute writes Pacific time: read as UTC, as every time we keep
         time.sleep(1.1)
         backend.compute.delete(PROJECT, "us-central1-a", f"{job}-1")  # a later stop does not move it
         assert backend.compute.stopped(PROJECT, "us-central1-a", f"{job}-1") == first
