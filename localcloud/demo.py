@@ -193,7 +193,7 @@ class Demo:
             **placement,
             "code": f"gs://{bucket.name}/code/{self.job}.tar.gz", "command": "python trainer.py",
             "env": {"TRAIN_STEPS": str(STEPS), "CHECKPOINT_EVERY": str(EVERY), "STEP_SECONDS": str(PAUSE)},
-            "checkpoint": {"uri": f"gs://{bucket.name}/checkpoints/{self.job}"}, "heartbeat_interval": "2s",
+            "checkpoint": {"uri": names.default_checkpoint(bucket.name, self.job)}, "heartbeat_interval": "2s",
             "policy": {"max_restarts": 10, "startup_grace": "1m", "idle_timeout": "2m", "zone_cooldown": "10m"},
         }
         bucket.blob(names.spec_key(self.job)).upload_from_string(yaml.safe_dump(spec))
