@@ -74,15 +74,6 @@ def test_run_no_checkpoint_names_its_own_flags_as_the_fix(mem, tmp_path, monkeyp
     assert "to the spec" not in said, said
 
 
-@pytest.mark.parametrize("command", [["logs"], ["report"], ["history"], ["cancel"], ["reconcile"]])
-def test_every_command_given_an_unknown_job_says_the_job_likely_meant(mem, command):  # noqa: F811
-    """Only `status` said "did you mean"; the others said only "no job named"."""
-    mem.submit("quickstart")
-    result = runner.invoke(app, [*command, "quickstar"])
-    assert result.exit_code == 2, result.output
-    assert result.output.strip() == f"✗ no job named 'quickstar' in gs://{BUCKET}; did you mean 'quickstart'?"
-
-
 def test_cancel_in_a_mistyped_bucket_says_the_bucket_is_not_there_not_that_the_job_is_not(mem, tmp_path):  # noqa: F811
     _mistyped_bucket(mem, tmp_path, local_env=BUCKET)
     result = runner.invoke(app, ["cancel", "quickstart"])
