@@ -1278,6 +1278,8 @@ def sweep_submit(
         _fail(f"base: code: {e}")
     if note:
         err.print(Text(f"! {note}", style="yellow"), soft_wrap=True)
+    if prepared:  # every trial's checkpoints go under the base's prefix: said once, for the sweep
+        submitting.warn_control_bucket(parse_spec(prepared[0][1], prepared[0][0].job), sw.name, jobs.bucket, err)
     # Every name and value is the file's text, never Rich markup.
     table = Table(title=Text(f"sweep {sw.name}: {counted(len(prepared), 'trial')}, at most {sw.max_parallel} at once"
                              + (f", best by {sw.metric.key} ({sw.metric.goal})" if sw.metric else "")),

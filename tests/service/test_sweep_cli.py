@@ -44,6 +44,20 @@ def test_a_sweep_is_submitted_as_its_record_and_one_spec_a_trial_and_again_chang
     assert other.exit_code != 0 and "exists with other trials, limits or base spec" in other.output
 
 
+def test_a_sweep_whose_checkpoints_go_to_the_control_bucket_is_warned_once_naming_the_checkpoints_bucket(mem, tmp_path):
+    """Every trial saves under the base's prefix: in the control bucket the trainers could save nothing."""
+    path = sweep_file(tmp_path)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec_doc(checkpoint={"uri": f"gs://{BUCKET}/checkpoints/lr"})))
+    done = runner.invoke(app, ["sweep", "submit", path, "--yes"])
+    assert done.exit_code == 0, done.output
+    said = " ".join(done.output.split())
+    assert said.count(f"is in the control bucket gs://{BUCKET}") == 1, said
+    assert f"checkpoint: {{uri: gs://{BUCKET}-checkpoints/lr}}" in said, said
+    (elsewhere := tmp_path / "elsewhere").mkdir()
+    quiet = runner.invoke(app, ["sweep", "submit", sweep_file(elsewhere, name="ok"), "--yes"])
+    assert quiet.exit_code == 0 and "control bucket" not in quiet.output, quiet.output
+
+
 def test_a_dry_run_lists_the_trials_and_uploads_nothing(mem, tmp_path):
     done = runner.invoke(app, ["sweep", "submit", sweep_file(tmp_path), "--dry-run"])
     assert done.exit_code == 0 and "lr-3" in done.output and "0.001" in done.output and "dry run" in done.output
