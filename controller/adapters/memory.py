@@ -936,7 +936,7 @@ class MemorySlices(MemoryTpu):
         """A host of the slice goes down for ``why`` (a preemption, host maintenance, a host error)."""
         with self._lock:
             key, tpu = self._find(name)
-            tpu.node = replace(tpu.node, state=NodeState.TERMINATED, stop_reason=why)
+            tpu.node = replace(tpu.node, state=NodeState.TERMINATED, stop_reason=why, stopped_at=self.clock.now())
             if key in self._queued:
                 self._queued[key].state = QueuedState.SUSPENDED
 

@@ -51,8 +51,8 @@ from controller.adapters.compute import (_LIBRARY, RETRY, _done, _raise_for, ins
                                         v1)
 from controller.adapters.lean import lean
 from controller.core import errors, names, tpus
-from controller.core.ports import (InstanceStatus, NodeHealth, NodeState, QueuedState, StopReason, TpuList, TpuNode,
-                                   TpuRequest, slice_state)
+from controller.core.ports import (InstanceStatus, NodeHealth, NodeState, QueuedState, StopReason, Stopped, TpuList,
+                                   TpuNode, TpuRequest, slice_state)
 
 SLICE_LABEL = "respawn-slice"
 POLICY_PREFIX = "respawn-slice-"
@@ -399,17 +399,18 @@ class ComputeTpu:
             labels = dict(vm.labels)
             machine, model = vm.machine_type.rsplit("/", 1)[-1], vm.scheduling.provisioning_model
             created, ident = vm.creation_timestamp, str(vm.id)
-        reason: StopReason | None = None
+        record: Stopped | None = None
         if state == NodeState.TERMINATED:
             down = next((i for i, s in zip(hosts, statuses) if s in _DOWN), None)
             # A host gone (no down one to ask Compute of): its cause is not on record here.
-            reason = stopped(self.c.zone_ops, project, zone, down.name).reason if down is not None else StopReason.UNKNOWN
+            record = stopped(self.c.zone_ops, project, zone, down.name) if down is not None else Stopped()
         queued = QueuedState.WAITING_FOR_RESOURCES if model == "FLEX_START" and InstanceStatus.PENDING in statuses \
             else None
         return TpuNode(project=project, zone=zone, name=name, state=state, health=NodeHealth.HEALTHY,
                        labels={**labels, names.MANAGED_LABEL: "true"}, created_at=datetime.fromisoformat(created),
                        accelerator_type=machine, spot=model == "SPOT", id=ident, workers=workers, queued=queued,
-                       api="compute", stop_reason=reason, host_ids={i.name: str(i.id) for i in hosts if i.id})
+                       api="compute", stop_reason=record.reason if record else None,
+                       stopped_at=record.at if record else None, host_ids={i.name: str(i.id) for i in hosts if i.id})
 
     # -- delete ---------------------------------------------------------------------------------
     def delete(self, project: str, zone: str, name: str) -> None:

@@ -13,11 +13,11 @@ on purpose, is left alone.
 
 from __future__ import annotations
 
+import ipaddress
 import shlex
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # What local.env sets that is no address (LocalCloud.env): the local project's settings, and gcloud's.
 SETTINGS = ("RESPAWN_BUCKET", "RESPAWN_PROJECT", "RESPAWN_REGION", "RESPAWN_TRAINER_SERVICE_ACCOUNT",
             "RESPAWN_VM_SCRIPTS", "RESPAWN_ALLOW_LOOPBACK_WEBHOOKS", "RESPAWN_NOTIFY_TOPIC", "RESPAWN_SHARDS",
@@ -33,10 +33,27 @@ def host(value: str) -> str | None:
         return None
 
 
+def on_this_machine(name: str | None) -> bool:
+    """``name`` (a URL's host) is this machine: localhost (fully qualified too), 127.0.0.0/8, IPv6's
+    loopback however written (an IPv4-mapped one included), or 0.0.0.0 / :: (a client connects to
+    them here)."""
+    if name is None:
+        return False
+    if name.rstrip(".") == "localhost":  # urlsplit's hostname is lowercased already
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback or address.is_unspecified
+
+
 def pointing(env: Mapping[str, str]) -> list[str]:
     """The variables of ``env`` that point a client or gcloud at a server on this machine, by name."""
     return sorted(key for key, value in env.items()
-                  if (key == "STORAGE_EMULATOR_HOST" or key.startswith(_ADDRESSED)) and host(value) in LOOPBACK)
+                  if (key == "STORAGE_EMULATOR_HOST" or key.startswith(_ADDRESSED)) and on_this_machine(host(value)))
 
 
 def local_project(env: Mapping[str, str]) -> str | None:
@@ -54,7 +71,8 @@ def refusal(env: Mapping[str, str], project: str) -> str | None:
     hosts = "/".join(sorted({str(host(env[key])) for key in found}))
     said = f"respawn deploy --project {project} refused: this shell points at the local cloud"
     said += f" (project {local})" if local else ""
-    said += f": {', '.join(found)} point at {hosts}, where the deploy's calls would go"
+    verb = "points" if len(found) == 1 else "point"
+    said += f": {', '.join(found)} {verb} at {hosts}, where the deploy's calls would go"
     trainer = env.get("RESPAWN_TRAINER_SERVICE_ACCOUNT", "")
     if trainer and not trainer.endswith(f"@{project}.iam.gserviceaccount.com"):
         said += f", and RESPAWN_TRAINER_SERVICE_ACCOUNT={trainer} would get {project}'s trainer roles"

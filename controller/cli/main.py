@@ -319,7 +319,7 @@ def _submit(raw: bytes, name: str, base: Path, workdir: Path | None, replace: bo
     try:
         done = submitting.submit(request, jobs, submitting.google_sources(config), config.project, out, err,
                                  ask=lambda q: deadline.paused(typer.confirm, q, default=True), interactive=submitting.interactive(),
-                                 show_spec=show_spec)
+                                 show_spec=show_spec, no_bucket=_no_bucket)
     except SpecError as e:
         for line in e.named(source).problems:
             err.print(_line("✗", "red", line), soft_wrap=True)
@@ -1267,6 +1267,7 @@ def sweep_submit(
         sw = sweep.parse_sweep(raw, file.name)
         base, folder = _sweep_base(sw, file)
         jobs = _jobs()
+        _sweep_bucket(jobs, dry_run)
         base_raw, packed, note = submitting.with_code(_yaml_dump(base), folder, None, jobs.bucket)
         base = load_document(base_raw)
         prepared = sweeps.specs(sw, base, jobs)
@@ -1303,6 +1304,17 @@ def sweep_submit(
     out.print(_line("✓", "green", f"submitted sweep {sw.name}: {counted(len(done.written), 'trial')} written to "
                                   f"gs://{jobs.bucket}/jobs/{again}; respawn sweep status {sw.name} follows it"),
               soft_wrap=True)
+
+
+def _sweep_bucket(jobs: Jobs, dry_run: bool) -> None:
+    """A control bucket that is not there (a mistyped RESPAWN_BUCKET) said as such before the sweep is
+    expanded, as submit says it: a dry run goes on (perhaps before the deploy), a submit is refused."""
+    try:
+        jobs.bucket_there()
+    except errors.NoSuchBucket as e:
+        if not dry_run:
+            raise
+        err.print(Text(f"! a submit would be refused: {_no_bucket(e) or e}", style="yellow"), soft_wrap=True)
 
 
 def _sweep_base(sw: Any, file: Path) -> tuple[dict[str, Any], Path]:

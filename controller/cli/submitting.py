@@ -151,14 +151,15 @@ def warn_control_bucket(spec: JobSpec, job: str, control: str, err: Console, fro
 
 def submit(request: Request, jobs: Jobs, sources: Callable[[], estimate.Sources], project: str,
            out: Console, err: Console, ask: Callable[[str], bool], interactive: bool,
-           show_spec: bool = False) -> Done:
+           show_spec: bool = False, no_bucket: Callable[[errors.NoSuchBucket], str | None] = lambda e: None) -> Done:
     """Steps 1 to 4; raises SpecError (the spec or its code), PackError, NotSubmitted, or what
     ``Jobs.submit`` raises. A submit that starts a new run over checkpoints already there says
     which one it will resume (or, ``--fresh``, that it resumes none), before the question.
 
     What the upload would refuse (a job still running without --replace, a pending cancel, no such
-    bucket) is refused first, before the code is packed and the estimate made; a dry run only says it."""
-    _admit(request, jobs, err)
+    bucket) is refused first, before the code is packed and the estimate made; a dry run only says it.
+    ``no_bucket``: the line for a control bucket that is not there (RESPAWN_BUCKET named, the fix)."""
+    control_missing = _admit(request, jobs, err, no_bucket)
     raw, packed, note = with_code(request.raw, request.base, request.workdir, jobs.bucket)
     fresh_note = None
     if request.fresh:
@@ -177,7 +178,12 @@ def submit(request: Request, jobs: Jobs, sources: Callable[[], estimate.Sources]
     # A place not there (the example's placeholder bucket) is refused; one not readable here is left to
     # the controller and the VMs (places: respawn doctor SPEC judges them alike).
     if resumes is not None and resumes.bucket is not None and resumes.bucket.there is False:
-        raise Refused(no_checkpoint_bucket(resumes.bucket, resumes.where, jobs.bucket))
+        if not (control_missing and _beside_control(resumes.where, jobs.bucket)):
+            raise Refused(no_checkpoint_bucket(resumes.bucket, resumes.where, jobs.bucket))
+        # A dry run with no control bucket (mistyped, or not deployed yet): its checkpoints bucket is
+        # missing with it, which the line above said the fix of; never "run respawn deploy again" alone.
+        err.print(Text(f"! checkpoint.uri {resumes.where}: its bucket is missing with the control bucket "
+                       "(respawn deploy makes both)", style="yellow"), soft_wrap=True)
     if packed is None and spec.code and (code := places.code(jobs.store, spec.code)).there is False:
         raise Refused(code.refusal())
     there = packed is not None and _there(jobs, packed)
@@ -217,15 +223,29 @@ def shown(raw: bytes) -> str:
     return yaml.safe_dump(masked, sort_keys=False, allow_unicode=True)
 
 
-def _admit(request: Request, jobs: Jobs, err: Console) -> None:
+def _admit(request: Request, jobs: Jobs, err: Console,
+           no_bucket: Callable[[errors.NoSuchBucket], str | None] = lambda e: None) -> bool:
     """Refuse now what ``Jobs.submit`` would refuse after the estimate and the question; a dry run,
-    which uploads nothing (perhaps before the bucket is made), says it and goes on."""
+    which uploads nothing (perhaps before the bucket is made), says it and goes on. True: a dry run
+    found no control bucket."""
     try:
         jobs.admit(request.job, request.replace, request.uncancel)
     except (Refused, errors.NoSuchBucket) as e:
         if not request.dry_run:
             raise
-        err.print(Text(f"! a submit would be refused: {e}", style="yellow"), soft_wrap=True)
+        missing = isinstance(e, errors.NoSuchBucket)
+        said = (no_bucket(e) if isinstance(e, errors.NoSuchBucket) else None) or str(e)
+        err.print(Text(f"! a submit would be refused: {said}", style="yellow"), soft_wrap=True)
+        return missing
+    return False
+
+
+def _beside_control(where: str, control: str) -> bool:
+    """``where`` is in the checkpoints bucket of the control bucket ``control``."""
+    try:
+        return split_uri(where)[0] == buckets.checkpoints_bucket(control)
+    except ValueError:
+        return False
 
 
 def _fresh_allowed(jobs: Jobs, job: str) -> None:

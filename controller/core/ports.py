@@ -170,6 +170,7 @@ class Instance(Labelled):
     # Why it is down, when the resource says so itself (a TPU node's PREEMPTED or TERMINATED
     # state); None: Compute's operations are asked (StopReason).
     stop_reason: StopReason | None = None
+    stopped_at: datetime | None = None  # when Compute recorded ``stop_reason`` (a Compute Engine slice's host)
     # A Compute Engine TPU slice's hosts, name -> Compute id (their logs are found by id).
     host_ids: Mapping[str, str] = field(default_factory=dict, hash=False)
 
@@ -455,6 +456,8 @@ class TpuNode(Labelled):
     # (``SLICE_STATE``) and a down host's cause from Compute's operations (``stop_reason``).
     api: str = "tpu"
     stop_reason: StopReason | None = None  # Compute's word on a down host of a Compute Engine slice
+    # When Compute recorded it (``Stopped.at``): a hard preemption's loss is timed from there, as a VM's.
+    stopped_at: datetime | None = None
     # A Compute Engine slice's hosts, name -> Compute id: their logs are a VM's, found by id.
     host_ids: Mapping[str, str] = field(default_factory=dict, hash=False)
 
@@ -474,7 +477,7 @@ class TpuNode(Labelled):
         reason = StopReason.REFUSED if self.queued == QueuedState.FAILED else TPU_STOP_REASONS.get(self.state)
         return Instance(self.project, self.zone, self.name, status, self.labels, self.created_at, self.id, tpu=True,
                         tpu_api=self.api, health=self.health, upcoming_maintenance=self.upcoming_maintenance,
-                        stop_reason=self.stop_reason or reason, host_ids=self.host_ids)
+                        stop_reason=self.stop_reason or reason, stopped_at=self.stopped_at, host_ids=self.host_ids)
 
 
 @dataclass(frozen=True)

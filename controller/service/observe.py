@@ -611,11 +611,12 @@ class Observer:
 
     def _stopped(self, view: JobView, seen: Instance | None, name: str) -> Stopped:
         """Why a node of the current attempt is down or gone, and when: a TPU node's own state
-        says why (Compute's operations know nothing of TPUs), not when; a VM's, Compute's operations."""
+        says why (Compute's operations know nothing of Cloud TPU nodes), and a Compute Engine
+        slice's also when (its adapter asked Compute's operations); a VM's, Compute's operations."""
         st = view.status
         assert st is not None and st.project and st.zone
-        if seen is not None and seen.tpu:
-            return Stopped(seen.stop_reason or StopReason.UNKNOWN)
+        if seen is not None and seen.tpu:  # a Compute Engine slice's host: when Compute recorded it, too
+            return Stopped(seen.stop_reason or StopReason.UNKNOWN, seen.stopped_at)
         if seen is None and st.attempt_tpu:
             return Stopped()  # a TPU node deleted by someone else: gone, no record of why
         return self.compute.stopped(st.project, st.zone, name)

@@ -12,6 +12,7 @@ and a single-host slice being deleted as its instance reads (STOPPING), a MIG be
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -233,11 +234,14 @@ class TestComputeSlices(TpuPortContract):
         job = unique()
         create(backend, request_for(job, topology=topology))
         ready(backend, job)
+        before = datetime.now(timezone.utc) - timedelta(seconds=5)  # the local cloud's clock is this one
         backend.lose(f"{job}-1", why)
         down = until("TERMINATED", lambda: (n := mine(backend, job)[f"{job}-1"]).state == NodeState.TERMINATED and n)
         assert (down.stop_reason, down.workers) == (why, workers)
+        # When Compute recorded it: a hard preemption's loss is timed from there, not from the pass.
+        assert down.stopped_at is not None and before <= down.stopped_at <= datetime.now(timezone.utc)
         seen = down.as_instance()
-        assert (seen.status, seen.stop_reason) == (InstanceStatus.TERMINATED, why)
+        assert (seen.status, seen.stop_reason, seen.stopped_at) == (InstanceStatus.TERMINATED, why, down.stopped_at)
 
     @pytest.mark.parametrize("topology, going", [pytest.param(None, NodeState.STOPPING, id="single-host"),
                                                  pytest.param(MULTI, NodeState.DELETING, id="multi-host")])

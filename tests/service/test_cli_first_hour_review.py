@@ -120,3 +120,40 @@ def test_deploys_dry_run_prints_its_summary_after_a_blank_line_never_a_literal_b
     assert result.exit_code == 0, result.output
     assert "\\nthe plan" not in result.output, result.output[-400:]
     assert "\n\nthe plan: " in result.output
+
+
+LOCALL = "✗ bucket gs://respawn-locall does not exist: RESPAWN_BUCKET=respawn-locall"
+WOULD = "! a submit would be refused: bucket gs://respawn-locall does not exist: RESPAWN_BUCKET=respawn-locall"
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_sweep_submit_in_a_mistyped_bucket_says_the_bucket_is_not_there(mem, tmp_path, dry_run):  # noqa: F811
+    """It printed a bare `✗ gs://respawn-locall/code/<sha256>.tar.gz` after the trials' table (its base's
+    code upload), and its dry run said nothing of the bucket at all."""
+    _mistyped_bucket(mem, tmp_path, local_env=BUCKET)
+    result = runner.invoke(app, ["sweep", "submit", str(EXAMPLES / "sweep.yaml"),
+                                 *(["--dry-run"] if dry_run else ["--yes"])])
+    said = " ".join(result.output.split())
+    if dry_run:
+        assert result.exit_code == 0 and WOULD in said and "dry run: nothing uploaded" in said, result.output
+    else:
+        assert result.exit_code == 2 and result.output.strip().startswith(LOCALL), result.output
+    assert not [b for b in mem.store.buckets if b.startswith("respawn-locall")]  # no bucket made
+
+
+@pytest.mark.parametrize("command", [["submit", "SPEC", "--dry-run"], [*RUN, "--dry-run", "--", "echo hi"]],
+                         ids=["submit", "run"])
+def test_a_dry_run_in_a_mistyped_bucket_names_respawn_bucket_not_a_deploy(mem, tmp_path, monkeypatch,  # noqa: F811
+                                                                          command):
+    """submit's dry run said only "bucket gs://respawn-locall does not exist"; run's, with its default
+    checkpoint in gs://respawn-locall-checkpoints, a ✗ whose fix was "run respawn deploy again"."""
+    from tests.harness import spec_doc
+
+    _mistyped_bucket(mem, tmp_path, local_env=BUCKET)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec_doc()))
+    result = runner.invoke(app, [str(tmp_path / "job.yaml") if word == "SPEC" else word for word in command])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    assert WOULD in said and "respawn deploy again" not in said, said
+    assert "dry run: nothing uploaded" in said

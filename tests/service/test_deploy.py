@@ -457,6 +457,19 @@ def test_only_an_address_on_this_machine_counts_as_the_local_cloud():
                                                   "STORAGE_EMULATOR_HOST"), said
 
 
+@pytest.mark.parametrize("value", ["http://127.0.0.2:4443", "http://LOCALHOST:4443", "http://localhost.:4443",
+                                   "http://[::ffff:127.0.0.1]:4443", "http://[0:0:0:0:0:0:0:1]:4443",
+                                   "http://0.0.0.0:4443"])
+def test_every_spelling_of_this_machine_counts_as_the_local_cloud_and_one_variable_points(value):
+    """127.0.0.0/8, IPv6's loopback however written (an IPv4-mapped one included), a fully qualified
+    localhost and 0.0.0.0 (which a client connects to here) are this machine as much as 127.0.0.1."""
+    from controller.cli import localshell
+
+    assert localshell.pointing({"STORAGE_EMULATOR_HOST": value}) == ["STORAGE_EMULATOR_HOST"]
+    said = localshell.refusal({"STORAGE_EMULATOR_HOST": value}, "my-proj")
+    assert said is not None and ": STORAGE_EMULATOR_HOST points at " in said, said
+
+
 def test_a_deploy_to_the_local_clouds_own_project_from_its_shell_is_planned_as_before(cli, monkeypatch):
     for key, value in LOCAL_ENV.items():
         monkeypatch.setenv(key, value)

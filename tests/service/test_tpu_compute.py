@@ -91,6 +91,24 @@ def test_a_slice_one_of_whose_hosts_is_lost_is_replaced_whole_from_the_newest_ch
     assert h.slices.request_of("ironwood-2").metadata["respawn-resume-step"] == "300"
 
 
+def test_a_slices_hard_preemption_is_timed_from_computes_record_not_from_the_pass_that_saw_it(h):
+    """A host of a Compute Engine slice preempted without notice: Compute's record says when (its zone
+    operation), as for a VM; the loss and the attempt's end count from there, not from the pass."""
+    running(h)
+    h.advance(minutes=10)
+    h.slices.lose("ironwood-1", StopReason.PREEMPTED)
+    lost = h.clock.now()
+    h.advance(seconds=50)
+    h.tick()
+    seen = h.clock.now()
+    st = h.status("ironwood")
+    (event,) = [e for e in st.history if e.event == "preempted"]
+    assert (event.at, event.since, event.recorded) == (seen, None, lost)
+    (loss,) = st.ledger.losses
+    assert (loss.lost_at, loss.seen_at) == (lost, seen)
+    assert st.ledger.spans[0].end == lost
+
+
 def test_a_slice_whose_job_folder_is_deleted_whole_is_found_and_deleted_as_an_orphan(h):
     running(h)
     for key in (names.spec_key("ironwood"), names.status_key("ironwood")):
