@@ -189,6 +189,16 @@ class Harness:
         self.clock.advance(timedelta(**kw))
 
 
+def lost_unseen(h: Harness, lose: Any, job: str) -> tuple[datetime, datetime, JobStatus]:
+    """A loss no VM tells of (``lose``: a hard preemption, Compute's record made now), and the pass
+    that sees it 50 s later: when it was lost, when seen, and the job's status after that pass."""
+    lose()
+    lost = h.clock.now()
+    h.advance(seconds=50)
+    h.tick()
+    return lost, h.clock.now(), h.status(job)
+
+
 def under_cli(monkeypatch: Any, columns: int = 400) -> Harness:
     """A harness that the `respawn` CLI reads and writes (its store and compute in place of
     Google's), on a terminal ``columns`` wide."""

@@ -371,27 +371,30 @@ def usable_bucket(bucket: str, description: str, values: Mapping[str, str]) -> N
     only objects given a retention, and respawn gives none); uniform access off (the next step
     turns it on).
     """
-    problems = _bucket_problems(json.loads(description), values,
-                                "respawn rewrites status.json and deletes the records it has read",
-                                "status.json could not be rewritten nor a read record deleted until released",
-                                "a Cloud Storage trigger must be in its bucket's project")
-    if problems:
-        raise Refusal(f"gs://{bucket} cannot be respawn's control bucket: {'; '.join(problems)}. Change those "
-                      "settings, or deploy with a new bucket name (deploy creates it).")
+    _refuse_unusable(bucket, "respawn's control bucket", description, values,
+                     "respawn rewrites status.json and deletes the records it has read",
+                     "status.json could not be rewritten nor a read record deleted until released",
+                     "a Cloud Storage trigger must be in its bucket's project",
+                     "Change those settings, or deploy with a new bucket name (deploy creates it).")
 
 
 def usable_checkpoints_bucket(bucket: str, description: str, values: Mapping[str, str]) -> None:
     """Refuse an existing checkpoints bucket (``CONTROL-checkpoints``) whose settings break checkpoints,
     as ``usable_bucket`` does the control bucket's. Another project's is refused above all: bucket names
     are one namespace, anyone may make that one first, and every job's checkpoints would go to it."""
-    problems = _bucket_problems(json.loads(description), values,
-                                "trainers overwrite and delete their checkpoints",
-                                "a checkpoint could not be overwritten nor deleted until released",
-                                "every job's checkpoints would go to a bucket this project does not own")
-    if problems:
-        raise Refusal(f"gs://{bucket} cannot be the checkpoints bucket: {'; '.join(problems)}. Change those "
-                      "settings, or deploy with another control bucket name (--bucket), whose -checkpoints "
-                      "bucket deploy creates.")
+    _refuse_unusable(bucket, "the checkpoints bucket", description, values,
+                     "trainers overwrite and delete their checkpoints",
+                     "a checkpoint could not be overwritten nor deleted until released",
+                     "every job's checkpoints would go to a bucket this project does not own",
+                     "Change those settings, or deploy with another control bucket name (--bucket), whose "
+                     "-checkpoints bucket deploy creates.")
+
+
+def _refuse_unusable(bucket: str, what: str, description: str, values: Mapping[str, str], replaced: str,
+                     held: str, elsewhere: str, fix: str) -> None:
+    """Refusal naming each setting of the existing bucket that breaks it as ``what`` (_bucket_problems), and the fix."""
+    if problems := _bucket_problems(json.loads(description), values, replaced, held, elsewhere):
+        raise Refusal(f"gs://{bucket} cannot be {what}: {'; '.join(problems)}. {fix}")
 
 
 def _bucket_problems(found: Mapping[str, Any], values: Mapping[str, str], replaced: str, held: str,

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from controller.core import ledger, names
 from controller.core.state import Phase
-from tests.harness import BUCKET, Harness, spec_doc
+from tests.harness import BUCKET, Harness, lost_unseen, spec_doc
 
 
 def running(h: Harness, job: str = "llm", **spec) -> None:
@@ -81,11 +81,8 @@ def test_a_hard_preemption_is_timed_from_computes_record_not_from_the_pass_that_
     save(h, 100, write_s=60)
     saved = h.clock.now()
     h.advance(minutes=10)
-    h.compute.preempt(names.instance_name("llm", 1))  # Compute's record: now
-    lost = h.clock.now()
-    h.advance(seconds=50)
-    h.tick()  # seen 50 s later: attempt 2 launched
-    seen = h.clock.now()
+    # Compute's record made now; seen 50 s later: attempt 2 launched.
+    lost, seen, _ = lost_unseen(h, lambda: h.compute.preempt(names.instance_name("llm", 1)), "llm")
     h.advance(minutes=2)
     h.tick()
     back = h.clock.now()

@@ -11,7 +11,7 @@ import yaml
 from controller.core import errors, names
 from controller.core.ports import NodeState, StopReason
 from controller.core.state import Phase
-from tests.harness import BUCKET, PROJECT, Harness, tpu_spec_doc
+from tests.harness import BUCKET, PROJECT, Harness, lost_unseen, tpu_spec_doc
 
 SINGLE = {"machine_type": "tpu7x-standard-4t"}
 MULTI = {"machine_type": "tpu7x-standard-4t", "topology": "2x2x2"}
@@ -96,12 +96,7 @@ def test_a_slices_hard_preemption_is_timed_from_computes_record_not_from_the_pas
     operation), as for a VM; the loss and the attempt's end count from there, not from the pass."""
     running(h)
     h.advance(minutes=10)
-    h.slices.lose("ironwood-1", StopReason.PREEMPTED)
-    lost = h.clock.now()
-    h.advance(seconds=50)
-    h.tick()
-    seen = h.clock.now()
-    st = h.status("ironwood")
+    lost, seen, st = lost_unseen(h, lambda: h.slices.lose("ironwood-1", StopReason.PREEMPTED), "ironwood")
     (event,) = [e for e in st.history if e.event == "preempted"]
     assert (event.at, event.since, event.recorded) == (seen, None, lost)
     (loss,) = st.ledger.losses
