@@ -221,9 +221,22 @@ def checks(apis: Apis, t: Target, now: Callable[[], datetime] = lambda: datetime
                                      f"--project={p}"]))
         return f"{len(wanted)} enabled ({', '.join(wanted)})"
 
+    deployed: list[concurrent.futures.Future[str | None]] = []
+    deployed_lock = threading.Lock()
+
     def deployed_bucket() -> str | None:
         """The bucket the deployed on_object is triggered by, when it is another that exists: then
-        RESPAWN_BUCKET is what is wrong (a typo), not the deployment, which must not be moved to it."""
+        RESPAWN_BUCKET is what is wrong (a typo), not the deployment, which must not be moved to it.
+        Asked once per doctor run, however many checks find the control bucket missing (as ``Roles``)."""
+        with deployed_lock:
+            mine = not deployed
+            if mine:
+                deployed.append(concurrent.futures.Future())
+        if mine:
+            deployed[0].set_result(_deployed_bucket())
+        return deployed[0].result()
+
+    def _deployed_bucket() -> str | None:
         try:
             trigger = apis.function(p, r, deploy.ON_OBJECT).get("eventTrigger") or {}
             other = {f.get("attribute"): f.get("value") for f in trigger.get("eventFilters") or []}.get("bucket")

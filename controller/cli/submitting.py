@@ -117,12 +117,9 @@ def no_checkpoint(spec: JobSpec, job: str, from_flags: bool = False) -> tuple[st
 def no_checkpoint_bucket(place: places.Place, where: str, control: str) -> str:
     """Why a spec whose checkpoint bucket is not there is refused, and the fix: the deploy's
     checkpoints bucket (``respawn run``'s default) is made by deploying again."""
-    try:
-        ours = buckets.checkpoints_bucket(control)
-    except ValueError:
-        ours = None
-    if ours is None or split_uri(where)[0] != ours:
+    if not _beside_control(where, control):
         return place.refusal()
+    ours = buckets.checkpoints_bucket(control)
     return (f"checkpoint.uri {where}: bucket gs://{ours} does not exist, so the job could never find its checkpoints "
             f"and would wait for ever: it is the checkpoints bucket respawn deploy makes beside gs://{control} (a "
             "deploy older than it made none): run respawn deploy again (or resume it with --from checkpoints-bucket; "
