@@ -14,6 +14,7 @@ import shlex
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from controller.cli import buckets
 from localcloud.events import Loop
 
 ENV_FILE = "local.env"
@@ -46,10 +47,9 @@ def running(folder: Path, timeout: float = 1.0) -> str | None:
     import urllib.error
     import urllib.request
 
-    found = re.search(r"^export STORAGE_EMULATOR_HOST=(\S+)$", read_env(folder) or "", re.M)
-    if found is None:
+    url = buckets.exported(folder / ENV_FILE, "STORAGE_EMULATOR_HOST")
+    if url is None:
         return None
-    url = shlex.split(found.group(1))[0] if found.group(1) else ""
     if not url.startswith("http://127.0.0.1:"):
         return None  # only a local cloud's own address is asked
     try:

@@ -45,11 +45,11 @@ def dollars(*amounts: float) -> tuple[str, ...]:
     return tuple(_written(a, "$", places, len(amounts) == 1, 2) for a in amounts)
 
 
-def decimals(*amounts: float, places: int = 2) -> int:
-    """``places`` (2: cents), or more for a non-zero amount under 10**-places: two significant digits of the smallest."""
+def decimals(*amounts: float) -> int:
+    """2 (cents), or more for a non-zero amount under a cent: two significant digits of the smallest."""
     smallest = min((abs(a) for a in amounts if a and math.isfinite(a)), default=1.0)
-    if smallest >= 10.0 ** -places:
-        return places
+    if smallest >= 0.01:
+        return 2
     return min(MAX_DECIMALS, 1 - math.floor(math.log10(smallest)))
 
 
